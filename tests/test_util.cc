@@ -1,0 +1,60 @@
+#include "tests/test_util.h"
+
+#include <cmath>
+#include <fstream>
+#include <sstream>
+#include <sys/stat.h>
+
+namespace thetaserve::testing {
+
+std::string SourceDir() { return THETASERVE_SOURCE_DIR; }
+
+std::string TestDataPath(const std::string& relative) {
+  return SourceDir() + "/tests/data/" + relative;
+}
+
+std::string DefaultModelPath() {
+  std::string path = SourceDir() + "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
+  struct stat st;
+  if (stat(path.c_str(), &st) != 0) {
+    ADD_FAILURE() << "missing " << path << ": run scripts/fetch-model.sh first";
+  }
+  return path;
+}
+
+std::string ReadFileOrDie(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    ADD_FAILURE() << "cannot read " << path;
+    return "";
+  }
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+::testing::AssertionResult AllClose(const float* a, const float* b, size_t n, float atol,
+                                    float rtol) {
+  size_t bad = 0;
+  size_t worst = 0;
+  double worst_excess = -1;
+  for (size_t i = 0; i < n; ++i) {
+    double diff = std::fabs(double(a[i]) - double(b[i]));
+    double allowed = atol + rtol * std::fabs(double(b[i]));
+    bool ok = diff <= allowed;  // false for NaN
+    if (!ok) {
+      ++bad;
+      double excess = std::isnan(diff) ? 1e300 : diff - allowed;
+      if (excess > worst_excess) {
+        worst_excess = excess;
+        worst = i;
+      }
+    }
+  }
+  if (bad == 0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure()
+         << bad << " of " << n << " elements differ beyond atol=" << atol << " rtol=" << rtol
+         << "; worst at [" << worst << "]: " << a[worst] << " vs " << b[worst];
+}
+
+}  // namespace thetaserve::testing

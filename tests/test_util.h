@@ -1,0 +1,34 @@
+// Helpers shared by the tests: where data lives, and element-wise float comparison.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace thetaserve::testing {
+
+// The repository root (tests run from there, but the path is absolute for clarity).
+std::string SourceDir();
+// tests/data/<relative>
+std::string TestDataPath(const std::string& relative);
+// models/SmolLM2-135M-Instruct.Q4_1.gguf; the test fails (does not skip) when it is missing,
+// with a message to run scripts/fetch-model.sh.
+std::string DefaultModelPath();
+std::string ReadFileOrDie(const std::string& path);
+
+// |a-b| <= atol + rtol*|b| on every element; NaN never passes. Reports the worst element.
+::testing::AssertionResult AllClose(const float* a, const float* b, size_t n, float atol,
+                                    float rtol);
+inline ::testing::AssertionResult AllClose(const std::vector<float>& a,
+                                           const std::vector<float>& b, float atol,
+                                           float rtol) {
+  if (a.size() != b.size()) {
+    return ::testing::AssertionFailure()
+           << "size mismatch: " << a.size() << " vs " << b.size();
+  }
+  return AllClose(a.data(), b.data(), a.size(), atol, rtol);
+}
+
+}  // namespace thetaserve::testing
