@@ -1,0 +1,63 @@
+// The Backend interface: one forward pass over a batch that mixes prefill chunks and decode
+// tokens of several sequences, reading and writing K/V through paged views.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "kernels/paged_kv.h"
+#include "model/model.h"
+
+namespace thetaserve::kernels {
+
+// One sequence's share of a step: `num_tokens` new tokens at positions
+// [start_pos, start_pos + num_tokens). Their K/V rows are written into the pages named by
+// `pages` (which must already cover those positions) before attention reads them.
+struct SeqChunk {
+  int32_t token_offset = 0;  // first row of this sequence in ForwardBatch::tokens
+  int32_t num_tokens = 0;
+  int32_t start_pos = 0;     // tokens already in the cache
+  bool want_logits = true;   // logits of the last new token
+  SeqPageTables pages;
+};
+
+struct ForwardBatch {
+  std::span<const int32_t> tokens;  // [num_tokens], all sequences' new tokens back to back
+  std::span<const SeqChunk> seqs;
+  bool all_logits = false;  // logits for every token (evaluation) instead of the last ones
+};
+
+// Number of logit rows Forward writes for this batch.
+int64_t NumLogitRows(const ForwardBatch& batch);
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;
+  const model::Model& model() const { return *model_; }
+
+  // (Re)allocates KV storage for `num_pages` pages of `block_size` rows.
+  virtual absl::Status AllocateKvPool(int64_t num_pages, int32_t block_size) = 0;
+  const KvPoolLayout& kv_layout() const { return kv_layout_; }
+
+  // Runs the model. `logits` receives NumLogitRows(batch) rows of vocab_size floats, in
+  // sequence order (and token order within a sequence when all_logits).
+  virtual absl::Status Forward(const ForwardBatch& batch, float* logits) = 0;
+
+ protected:
+  explicit Backend(const model::Model& model) : model_(&model) {}
+  const model::Model* model_;
+  KvPoolLayout kv_layout_;
+};
+
+enum class Device { kCpu, kCuda, kAuto };
+
+// The one place that knows which backends are built in. `threads` <= 0 means all cores.
+absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const model::Model& model, Device device,
+                                                       int threads);
+bool CudaAvailable();
+
+}  // namespace thetaserve::kernels

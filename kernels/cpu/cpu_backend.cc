@@ -1,0 +1,117 @@
+#include "kernels/cpu/cpu_backend.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "absl/strings/str_format.h"
+#include "kernels/cpu/attention.h"
+
+namespace thetaserve::kernels::cpu {
+
+CpuBackend::CpuBackend(const model::Model& model, int threads)
+    : Backend(model), pool_(threads), rope_(model.config()) {}
+
+void CpuBackend::Scratch::Resize(int64_t T, const model::ModelConfig& c) {
+  auto grow = [](std::vector<float>& v, int64_t n) {
+    if (static_cast<int64_t>(v.size()) < n) v.resize(n);
+  };
+  grow(x, T * c.hidden_size);
+  grow(h, T * c.hidden_size);
+  grow(q, T * c.q_dim());
+  grow(k, T * c.kv_dim());
+  grow(v, T * c.kv_dim());
+  grow(attn, T * c.q_dim());
+  grow(gate, T * c.intermediate_size);
+  grow(up, T * c.intermediate_size);
+  grow(act, T * c.intermediate_size);
+  grow(last, T * c.hidden_size);
+}
+
+absl::Status CpuBackend::AllocateKvPool(int64_t num_pages, int32_t block_size) {
+  const auto& c = model_->config();
+  if (num_pages <= 0 || block_size <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("KV pool needs pages > 0 and block size > 0 (got %d pages of %d rows)",
+                        num_pages, block_size));
+  }
+  kv_layout_ = KvPoolLayout{block_size, static_cast<int32_t>(c.head_dim), num_pages};
+  kv_pool_.assign(num_pages * kv_layout_.PageElems(), 0.0f);
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::Forward(const ForwardBatch& batch, float* logits) {
+  const model::ModelConfig& c = model_->config();
+  const model::ModelWeights& w = model_->weights();
+  const int64_t T = static_cast<int64_t>(batch.tokens.size());
+  if (T == 0) return absl::OkStatus();
+  if (kv_pool_.empty()) return absl::FailedPreconditionError("KV pool not allocated");
+  for (int32_t tok : batch.tokens) {
+    if (tok < 0 || tok >= c.vocab_size) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("token id %d outside the vocabulary [0, %d)", tok, c.vocab_size));
+    }
+  }
+  scratch_.Resize(T, c);
+  float* x = scratch_.x.data();
+  float* h = scratch_.h.data();
+  float* q = scratch_.q.data();
+  float* k = scratch_.k.data();
+  float* v = scratch_.v.data();
+  float* attn = scratch_.attn.data();
+  const int64_t hidden = c.hidden_size;
+  const int64_t inter = c.intermediate_size;
+
+  AttentionShape shape{c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim,
+                       1.0f / std::sqrt(static_cast<float>(c.head_dim))};
+
+  Embed(pool_, w.tok_embeddings, batch.tokens.data(), T, x);
+
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const model::LayerWeights& lw = w.layers[l];
+    RmsNorm(x, static_cast<const float*>(lw.attn_norm.data), T, hidden, c.rms_norm_eps, h);
+    MatMul(pool_, h, T, lw.wq, static_cast<const float*>(lw.bq.data), q);
+    MatMul(pool_, h, T, lw.wk, static_cast<const float*>(lw.bk.data), k);
+    MatMul(pool_, h, T, lw.wv, static_cast<const float*>(lw.bv.data), v);
+    for (const SeqChunk& seq : batch.seqs) {
+      for (int32_t i = 0; i < seq.num_tokens; ++i) {
+        const int64_t row = seq.token_offset + i;
+        rope_.Apply(q + row * c.q_dim(), c.num_heads, seq.start_pos + i);
+        rope_.Apply(k + row * c.kv_dim(), c.num_kv_heads, seq.start_pos + i);
+      }
+    }
+    WriteKv(batch, shape, l, k, v, kv_layout_, kv_pool_.data());
+    PagedAttention(pool_, batch, shape, l, q, kv_layout_, kv_pool_.data(), attn);
+    MatMul(pool_, attn, T, lw.wo, nullptr, x, /*accumulate=*/true);
+
+    RmsNorm(x, static_cast<const float*>(lw.ffn_norm.data), T, hidden, c.rms_norm_eps, h);
+    MatMul(pool_, h, T, lw.w_gate, nullptr, scratch_.gate.data());
+    MatMul(pool_, h, T, lw.w_up, nullptr, scratch_.up.data());
+    pool_.ParallelFor(T, 8, [&](int64_t b, int64_t e) {
+      SiluMul(scratch_.gate.data() + b * inter, scratch_.up.data() + b * inter, (e - b) * inter,
+              scratch_.act.data() + b * inter);
+    });
+    MatMul(pool_, scratch_.act.data(), T, lw.w_down, nullptr, x, /*accumulate=*/true);
+  }
+
+  // Final norm and LM head only for the rows whose logits are wanted.
+  float* last = scratch_.last.data();
+  int64_t rows = 0;
+  for (const SeqChunk& seq : batch.seqs) {
+    if (batch.all_logits) {
+      std::memcpy(last + rows * hidden, x + int64_t(seq.token_offset) * hidden,
+                  seq.num_tokens * hidden * sizeof(float));
+      rows += seq.num_tokens;
+    } else if (seq.want_logits && seq.num_tokens > 0) {
+      std::memcpy(last + rows * hidden,
+                  x + int64_t(seq.token_offset + seq.num_tokens - 1) * hidden,
+                  hidden * sizeof(float));
+      rows += 1;
+    }
+  }
+  if (rows == 0) return absl::OkStatus();
+  RmsNorm(last, static_cast<const float*>(w.output_norm.data), rows, hidden, c.rms_norm_eps, h);
+  MatMul(pool_, h, rows, w.output, nullptr, logits);
+  return absl::OkStatus();
+}
+
+}  // namespace thetaserve::kernels::cpu

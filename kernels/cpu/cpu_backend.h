@@ -1,0 +1,36 @@
+// The CPU backend: the full LLaMA-family forward pass, multithreaded, AVX2 inner loops.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "kernels/backend.h"
+#include "kernels/cpu/ops.h"
+#include "kernels/cpu/thread_pool.h"
+
+namespace thetaserve::kernels::cpu {
+
+class CpuBackend : public Backend {
+ public:
+  CpuBackend(const model::Model& model, int threads);
+  std::string name() const override { return "cpu"; }
+  absl::Status AllocateKvPool(int64_t num_pages, int32_t block_size) override;
+  absl::Status Forward(const ForwardBatch& batch, float* logits) override;
+
+  ThreadPool& pool() { return pool_; }
+  const float* kv_data() const { return kv_pool_.data(); }
+
+ private:
+  // Per-step activations, grown to the largest batch seen.
+  struct Scratch {
+    std::vector<float> x, h, q, k, v, attn, gate, up, act, last;
+    void Resize(int64_t T, const model::ModelConfig& c);
+  };
+
+  ThreadPool pool_;
+  Rope rope_;
+  std::vector<float> kv_pool_;  // [num_pages, block_size, head_dim]
+  Scratch scratch_;
+};
+
+}  // namespace thetaserve::kernels::cpu

@@ -1,0 +1,138 @@
+// `thetaserve generate`: continue one prompt with a local model, streaming text to stdout.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "kernels/sequence_runner.h"
+#include "model/tokenizer.h"
+#include "scheduler/sampler.h"
+#include "server/cli_args.h"
+#include "server/commands.h"
+#include "server/model_loading.h"
+
+namespace thetaserve::server {
+namespace {
+
+constexpr char kUsage[] =
+    "usage: thetaserve generate --model PATH --prompt TEXT [flags]\n"
+    "  --model PATH        GGUF file or Hugging Face directory\n"
+    "  --prompt TEXT       text to continue (with --chat: the user's message)\n"
+    "  --chat              wrap the prompt in the model's chat template\n"
+    "  --system TEXT       system message for --chat\n"
+    "  --max-tokens N      tokens to generate (default 64)\n"
+    "  --temperature T     0 = greedy (default 0)\n"
+    "  --top-p P --top-k K --min-p P --seed S --repetition-penalty R\n"
+    "  --ignore-eos        keep going past end-of-sequence tokens\n"
+    "  --threads N         CPU threads (default: all cores)\n"
+    "  --device cpu|cuda|auto (default auto)\n";
+
+double Seconds(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+}  // namespace
+
+int RunGenerate(const std::vector<std::string>& argv) {
+  auto args = CliArgs::Parse(
+      argv, {{"model", true}, {"prompt", true}, {"chat", false}, {"system", true},
+             {"max-tokens", true}, {"temperature", true}, {"top-p", true}, {"top-k", true},
+             {"min-p", true}, {"seed", true}, {"repetition-penalty", true},
+             {"ignore-eos", false}, {"threads", true}, {"device", true}, {"help", false}});
+  if (!args.ok() || args->Has("help")) {
+    if (!args.ok()) std::fprintf(stderr, "thetaserve generate: %s\n", args.status().ToString().c_str());
+    std::fprintf(stderr, "%s", kUsage);
+    return args.ok() ? 0 : 2;
+  }
+  auto fail = [](const absl::Status& st) {
+    std::fprintf(stderr, "thetaserve generate: %s\n", std::string(st.message()).c_str());
+    return 1;
+  };
+  auto max_tokens = args->GetInt("max-tokens", 64);
+  auto threads = args->GetInt("threads", 0);
+  auto temperature = args->GetDouble("temperature", 0.0);
+  auto top_p = args->GetDouble("top-p", 1.0);
+  auto top_k = args->GetInt("top-k", 0);
+  auto min_p = args->GetDouble("min-p", 0.0);
+  auto rep = args->GetDouble("repetition-penalty", 1.0);
+  auto seed = args->GetInt("seed", -1);
+  auto device = ParseDevice(args->GetString("device", "auto"));
+  for (const absl::Status& st :
+       {max_tokens.status(), threads.status(), temperature.status(), top_p.status(),
+        top_k.status(), min_p.status(), rep.status(), seed.status(), device.status()}) {
+    if (!st.ok()) return fail(st);
+  }
+  if (!args->Has("prompt")) return fail(absl::InvalidArgumentError("--prompt is required"));
+
+  auto loaded = LoadModelForCli(args->GetString("model"), *device, static_cast<int>(*threads));
+  if (!loaded.ok()) return fail(loaded.status());
+  const model::Tokenizer& tok = loaded->model->tokenizer();
+
+  std::string text = args->GetString("prompt");
+  if (args->Has("chat")) {
+    std::vector<model::ChatMessage> messages;
+    if (args->Has("system")) messages.push_back({"system", args->GetString("system")});
+    messages.push_back({"user", text});
+    auto rendered = tok.ApplyChatTemplate(messages, /*add_generation_prompt=*/true);
+    if (!rendered.ok()) return fail(rendered.status());
+    text = *rendered;
+  }
+  std::vector<int32_t> prompt = tok.Encode(text, /*add_bos=*/true, /*parse_special=*/true);
+  if (prompt.empty()) return fail(absl::InvalidArgumentError("the prompt encodes to no tokens"));
+  const int64_t max_ctx = loaded->model->config().max_context;
+  const int64_t capacity = std::min<int64_t>(max_ctx, prompt.size() + *max_tokens);
+
+  auto runner = kernels::SequenceRunner::Create(*loaded->backend, capacity);
+  if (!runner.ok()) return fail(runner.status());
+
+  scheduler::SamplingParams sp;
+  sp.temperature = static_cast<float>(*temperature);
+  sp.top_p = static_cast<float>(*top_p);
+  sp.top_k = static_cast<int32_t>(*top_k);
+  sp.min_p = static_cast<float>(*min_p);
+  sp.repetition_penalty = static_cast<float>(*rep);
+  if (*seed >= 0) sp.seed = static_cast<uint64_t>(*seed);
+  scheduler::Sampler sampler(sp);
+  model::StreamDecoder decoder(tok);
+  const bool ignore_eos = args->Has("ignore-eos");
+  const auto& stops = tok.stop_ids();
+
+  auto t0 = std::chrono::steady_clock::now();
+  auto logits = runner->Append(prompt);
+  if (!logits.ok()) return fail(logits.status());
+  auto t1 = std::chrono::steady_clock::now();
+  std::vector<int32_t> output;
+  std::string finish = "length";
+  while (static_cast<int64_t>(output.size()) < *max_tokens) {
+    scheduler::SampleResult r = sampler.Sample(*logits, prompt, output);
+    output.push_back(r.token);
+    if (!ignore_eos && std::find(stops.begin(), stops.end(), r.token) != stops.end()) {
+      finish = "eos";
+      break;
+    }
+    std::string delta = decoder.Push(r.token);
+    std::fwrite(delta.data(), 1, delta.size(), stdout);
+    std::fflush(stdout);
+    if (static_cast<int64_t>(output.size()) >= *max_tokens) break;
+    if (runner->length() >= capacity) break;
+    int32_t next = r.token;
+    logits = runner->Append(std::span<const int32_t>(&next, 1));
+    if (!logits.ok()) return fail(logits.status());
+  }
+  std::string rest = decoder.Flush();
+  std::fwrite(rest.data(), 1, rest.size(), stdout);
+  std::fputc('\n', stdout);
+  auto t2 = std::chrono::steady_clock::now();
+  const double prefill = Seconds(t0, t1);
+  const double decode = Seconds(t1, t2);
+  std::fprintf(stderr,
+               "prompt %zu tokens in %.3f s (%.1f tok/s); generated %zu tokens in %.3f s "
+               "(%.1f tok/s); finish: %s\n",
+               prompt.size(), prefill, prompt.size() / std::max(prefill, 1e-9), output.size(),
+               decode, output.size() > 1 ? (output.size() - 1) / std::max(decode, 1e-9) : 0.0,
+               finish.c_str());
+  return 0;
+}
+
+}  // namespace thetaserve::server

@@ -1,0 +1,34 @@
+// thetaserve: an LLM serving server with a paged sparse KV cache (Top-θ attention).
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "server/commands.h"
+
+namespace {
+
+void PrintUsage() {
+  std::fprintf(stderr,
+               "usage: thetaserve <command> [flags]\n"
+               "commands:\n"
+               "  generate   continue a prompt with a local model, streaming text to stdout\n"
+               "  eval       perplexity of a model on a text file\n"
+               "run 'thetaserve <command> --help' for the flags of a command\n");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
+    PrintUsage();
+    return argc < 2 ? 2 : 0;
+  }
+  std::string command = argv[1];
+  std::vector<std::string> args(argv + 2, argv + argc);
+  if (command == "generate") return thetaserve::server::RunGenerate(args);
+  if (command == "eval") return thetaserve::server::RunEval(args);
+  std::fprintf(stderr, "thetaserve: unknown command '%s'\n", command.c_str());
+  PrintUsage();
+  return 2;
+}

@@ -1,0 +1,47 @@
+#include "server/model_loading.h"
+
+#include <chrono>
+#include <cstdio>
+
+#include "absl/strings/str_cat.h"
+
+namespace thetaserve::server {
+
+absl::StatusOr<kernels::Device> ParseDevice(const std::string& name) {
+  if (name == "cpu") return kernels::Device::kCpu;
+  if (name == "cuda") return kernels::Device::kCuda;
+  if (name == "auto" || name.empty()) return kernels::Device::kAuto;
+  return absl::InvalidArgumentError(
+      absl::StrCat("--device must be cpu, cuda or auto, got '", name, "'"));
+}
+
+absl::StatusOr<LoadedModel> LoadModelForCli(const std::string& path, kernels::Device device,
+                                            int threads) {
+  if (path.empty()) {
+    return absl::InvalidArgumentError(
+        "--model is required (e.g. models/SmolLM2-135M-Instruct.Q4_1.gguf; "
+        "scripts/fetch-model.sh downloads it)");
+  }
+  auto start = std::chrono::steady_clock::now();
+  std::fprintf(stderr, "loading %s ...\n", path.c_str());
+  LoadedModel out;
+  auto model = model::Model::Load(path);
+  if (!model.ok()) return model.status();
+  out.model = std::move(*model);
+  auto backend = kernels::CreateBackend(*out.model, device, threads);
+  if (!backend.ok()) return backend.status();
+  out.backend = std::move(*backend);
+  const auto& c = out.model->config();
+  double secs =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::fprintf(stderr,
+               "loaded %s: %s, %lld layers, hidden %lld, %lld/%lld heads, vocab %lld, "
+               "%.1f MB of weights, backend %s, in %.2f s\n",
+               c.name.c_str(), c.architecture.c_str(), (long long)c.num_layers,
+               (long long)c.hidden_size, (long long)c.num_heads, (long long)c.num_kv_heads,
+               (long long)c.vocab_size, out.model->weight_bytes() / 1e6,
+               out.backend->name().c_str(), secs);
+  return out;
+}
+
+}  // namespace thetaserve::server
