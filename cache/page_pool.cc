@@ -1,0 +1,46 @@
+#include "cache/page_pool.h"
+
+#include "base/check.h"
+
+namespace thetaserve::cache {
+
+PagePool::PagePool(int64_t num_pages, int32_t block_size)
+    : block_size_(block_size), refs_(num_pages, 0), kinds_(num_pages, PageKind::kFree) {
+  CHECK_GT(block_size, 0);
+  free_.reserve(num_pages);
+  // Lowest ids on top of the stack.
+  for (int64_t p = num_pages - 1; p >= 0; --p) free_.push_back(static_cast<int32_t>(p));
+}
+
+int64_t PagePool::PagesForBytes(int64_t bytes, int32_t block_size, int64_t head_dim,
+                                int64_t elem_bytes) {
+  const int64_t page_bytes = int64_t(block_size) * head_dim * elem_bytes;
+  return page_bytes > 0 ? bytes / page_bytes : 0;
+}
+
+int32_t PagePool::Allocate(PageKind kind) {
+  CHECK(!free_.empty()) << "Allocate without CanAllocate";
+  CHECK(kind != PageKind::kFree);
+  int32_t page = free_.back();
+  free_.pop_back();
+  refs_[page] = 1;
+  kinds_[page] = kind;
+  ++used_[static_cast<int>(kind)];
+  return page;
+}
+
+void PagePool::Ref(int32_t page) {
+  CHECK_GT(refs_[page], 0) << "Ref of a free page " << page;
+  ++refs_[page];
+}
+
+void PagePool::Release(int32_t page) {
+  CHECK_GT(refs_[page], 0) << "double release of page " << page;
+  if (--refs_[page] == 0) {
+    --used_[static_cast<int>(kinds_[page])];
+    kinds_[page] = PageKind::kFree;
+    free_.push_back(page);
+  }
+}
+
+}  // namespace thetaserve::cache

@@ -1,0 +1,46 @@
+// A pool of equal KV pages. A page holds `block_size` rows × head_dim of one (layer, KV head);
+// K and V pages come from the same pool, so every V page freed is capacity for new work.
+// Thread-safety: none; the engine thread owns the pool.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace thetaserve::cache {
+
+enum class PageKind : uint8_t { kFree = 0, kK = 1, kV = 2 };
+
+class PagePool {
+ public:
+  PagePool(int64_t num_pages, int32_t block_size);
+
+  // Pages that fit in `bytes` for pages of block_size × head_dim elements of elem_bytes.
+  static int64_t PagesForBytes(int64_t bytes, int32_t block_size, int64_t head_dim,
+                               int64_t elem_bytes);
+
+  int64_t num_pages() const { return static_cast<int64_t>(refs_.size()); }
+  int32_t block_size() const { return block_size_; }
+  int64_t num_free() const { return static_cast<int64_t>(free_.size()); }
+  int64_t num_used(PageKind kind) const { return used_[static_cast<int>(kind)]; }
+  int64_t num_used() const { return num_pages() - num_free(); }
+
+  // Check, then commit: Allocate must only be called after CanAllocate said yes.
+  bool CanAllocate(int64_t n) const { return n <= num_free(); }
+  int32_t Allocate(PageKind kind);
+  // Adds a reference (a page shared by two sequences, e.g. a common prefix).
+  void Ref(int32_t page);
+  // Drops a reference; the page returns to the free list at zero. Freed pages are reused
+  // first (LIFO), which keeps the working set warm in caches.
+  void Release(int32_t page);
+  int32_t refcount(int32_t page) const { return refs_[page]; }
+  PageKind kind(int32_t page) const { return kinds_[page]; }
+
+ private:
+  int32_t block_size_;
+  std::vector<int32_t> free_;     // stack of free page ids
+  std::vector<int32_t> refs_;     // [num_pages]
+  std::vector<PageKind> kinds_;   // [num_pages]
+  int64_t used_[3] = {0, 0, 0};   // by PageKind
+};
+
+}  // namespace thetaserve::cache

@@ -1,0 +1,291 @@
+#include "scheduler/engine.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "base/check.h"
+
+namespace thetaserve::scheduler {
+namespace {
+
+double SecondsBetween(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& config,
+                                                       kernels::Backend& backend) {
+  const auto& c = backend.model().config();
+  const int64_t page_bytes = int64_t(config.block_size) * c.head_dim * int64_t(sizeof(float));
+  const int64_t num_pages = config.kv_cache_bytes / page_bytes;
+  const int64_t min_pages = 2 * c.num_layers * c.num_kv_heads;  // one block of K and V
+  if (num_pages < min_pages) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--kv-cache-memory %d bytes holds %d pages of %d bytes; this model needs at least %d "
+        "(%d bytes) for a single block of one sequence",
+        config.kv_cache_bytes, num_pages, page_bytes, min_pages, min_pages * page_bytes));
+  }
+  absl::Status st = backend.AllocateKvPool(num_pages, config.block_size);
+  if (!st.ok()) return st;
+  std::unique_ptr<Engine> engine(new Engine(config, backend, num_pages));
+  engine->PublishStats(nullptr);
+  engine->thread_ = std::thread([e = engine.get()] { e->Loop(); });
+  return engine;
+}
+
+Engine::Engine(const EngineConfig& config, kernels::Backend& backend, int64_t num_pages)
+    : config_(config),
+      backend_(&backend),
+      pool_(num_pages, config.block_size),
+      kv_shape_{static_cast<int32_t>(backend.model().config().num_layers),
+                static_cast<int32_t>(backend.model().config().num_kv_heads), config.block_size},
+      scheduler_(config.scheduler, pool_),
+      tokenizer_(&backend.model().tokenizer()) {}
+
+Engine::~Engine() { Stop(); }
+
+absl::Status Engine::Submit(Request request, std::shared_ptr<TokenSink> sink) {
+  const auto& c = backend_->model().config();
+  if (request.prompt.empty()) return absl::InvalidArgumentError("the prompt is empty");
+  for (int32_t t : request.prompt) {
+    if (t < 0 || t >= c.vocab_size) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "prompt token id %d is outside the vocabulary [0, %d)", t, c.vocab_size));
+    }
+  }
+  const int64_t total = int64_t(request.prompt.size()) + request.stopping.max_tokens;
+  if (total > c.max_context) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "prompt (%d tokens) + max_tokens (%d) = %d exceeds the model's context of %d tokens",
+        request.prompt.size(), request.stopping.max_tokens, total, c.max_context));
+  }
+  cache::SequenceKv probe(kv_shape_);
+  const int64_t pages = probe.PagesNeeded(total);
+  if (pages > pool_.num_pages()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "prompt + max_tokens = %d tokens needs %d KV pages but the whole cache has %d; "
+        "shorten the request or start the server with a larger --kv-cache-memory",
+        total, pages, pool_.num_pages()));
+  }
+  auto seq = std::make_unique<Sequence>(std::move(request), std::move(sink), *tokenizer_,
+                                        kv_shape_);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stop_ || draining_.load()) {
+      return absl::UnavailableError("the server is shutting down; retry on another replica");
+    }
+    const int64_t queued = pending_ - stats_.running;
+    if (queued >= config_.max_queue) {
+      return absl::ResourceExhaustedError(absl::StrFormat(
+          "the request queue is full (%d waiting); retry later", queued));
+    }
+    ++pending_;
+    inbox_.push_back(std::move(seq));
+  }
+  cv_.notify_one();
+  return absl::OkStatus();
+}
+
+void Engine::Cancel(const std::string& request_id, absl::Status why) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    cancels_.emplace_back(request_id, std::move(why));
+  }
+  cv_.notify_one();
+}
+
+void Engine::StartDrain() { draining_.store(true); }
+
+bool Engine::WaitIdle(double timeout_seconds) {
+  std::unique_lock<std::mutex> lock(mu_);
+  return idle_cv_.wait_for(lock, std::chrono::duration<double>(timeout_seconds),
+                           [&] { return pending_ == 0; });
+}
+
+void Engine::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_one();
+  if (thread_.joinable()) thread_.join();
+}
+
+EngineStats Engine::Stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+void Engine::PublishStats(const StepStats* step) {
+  EngineStats s;
+  s.running = static_cast<int64_t>(scheduler_.running().size());
+  s.waiting = static_cast<int64_t>(scheduler_.waiting().size());
+  s.pages_total = pool_.num_pages();
+  s.pages_free = pool_.num_free();
+  s.pages_used_k = pool_.num_used(cache::PageKind::kK);
+  s.pages_used_v = pool_.num_used(cache::PageKind::kV);
+  s.block_size = config_.block_size;
+  s.page_bytes = int64_t(config_.block_size) * backend_->model().config().head_dim * 4;
+  s.counters = counters_;
+  std::lock_guard<std::mutex> lock(mu_);
+  s.waiting += static_cast<int64_t>(inbox_.size());
+  if (step) {
+    s.last_step = *step;
+  } else {
+    s.last_step = stats_.last_step;
+  }
+  stats_ = s;
+}
+
+void Engine::DrainInbox() {
+  std::vector<std::unique_ptr<Sequence>> arrived;
+  std::vector<std::pair<std::string, absl::Status>> cancels;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    arrived.swap(inbox_);
+    cancels.swap(cancels_);
+  }
+  for (auto& seq : arrived) scheduler_.AddWaiting(std::move(seq));
+  for (auto& [id, why] : cancels) {
+    if (Sequence* seq = scheduler_.Find(id)) Finish(seq, FinishReason::kCancelled, why);
+  }
+}
+
+void Engine::CheckDeadlines() {
+  const auto now = Clock::now();
+  std::vector<Sequence*> expired;
+  for (const auto& s : scheduler_.running()) {
+    if (s->request().deadline && *s->request().deadline <= now) expired.push_back(s.get());
+  }
+  for (const auto& s : scheduler_.waiting()) {
+    if (s->request().deadline && *s->request().deadline <= now) expired.push_back(s.get());
+  }
+  for (Sequence* s : expired) {
+    Finish(s, FinishReason::kCancelled,
+           absl::DeadlineExceededError("the request's deadline passed before it finished"));
+  }
+}
+
+void Engine::Finish(Sequence* seq, FinishReason reason, absl::Status status) {
+  std::unique_ptr<Sequence> owned = scheduler_.Remove(seq);
+  const auto now = Clock::now();
+  const auto arrival = owned->request().arrival;
+  FinishInfo info;
+  info.reason = reason;
+  info.status = std::move(status);
+  info.prompt_tokens = static_cast<int64_t>(owned->request().prompt.size());
+  info.completion_tokens = owned->num_output();
+  info.queue_seconds =
+      owned->first_scheduled ? SecondsBetween(arrival, *owned->first_scheduled) : SecondsBetween(arrival, now);
+  info.ttft_seconds = owned->first_token ? SecondsBetween(arrival, *owned->first_token) : 0.0;
+  info.total_seconds = SecondsBetween(arrival, now);
+  info.preemptions = owned->preemptions;
+  owned->sink().OnFinish(info);
+  ++counters_.requests_finished;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (--pending_ == 0) idle_cv_.notify_all();
+}
+
+void Engine::RunStep(StepPlan& plan) {
+  const auto& c = backend_->model().config();
+  const auto t0 = Clock::now();
+  tokens_.clear();
+  chunks_.clear();
+  StepStats step;
+  for (const ScheduledChunk& sc : plan.chunks) {
+    kernels::SeqChunk chunk;
+    chunk.token_offset = static_cast<int32_t>(tokens_.size());
+    chunk.num_tokens = static_cast<int32_t>(sc.num_tokens);
+    chunk.start_pos = static_cast<int32_t>(sc.seq->num_computed);
+    chunk.want_logits = sc.samples;
+    chunk.pages = kernels::SeqPageTables{sc.seq->kv().k_table(), sc.seq->kv().v_table(),
+                                         sc.seq->kv().stride()};
+    const auto& toks = sc.seq->tokens();
+    tokens_.insert(tokens_.end(), toks.begin() + sc.seq->num_computed,
+                   toks.begin() + sc.seq->num_computed + sc.num_tokens);
+    chunks_.push_back(chunk);
+    // A chunk is prefill while it computes prompt tokens (or recomputes after preemption).
+    if (sc.num_tokens == 1 && sc.seq->num_computed >= int64_t(sc.seq->request().prompt.size())) {
+      ++step.decode_tokens;
+    } else {
+      step.prefill_tokens += sc.num_tokens;
+    }
+  }
+  kernels::ForwardBatch batch{tokens_, chunks_, false};
+  logits_.resize(kernels::NumLogitRows(batch) * c.vocab_size);
+  absl::Status st = backend_->Forward(batch, logits_.data());
+  const auto t1 = Clock::now();
+  if (!st.ok()) {
+    for (const ScheduledChunk& sc : plan.chunks) {
+      Finish(sc.seq, FinishReason::kError,
+             absl::InternalError(absl::StrCat("forward pass failed: ", st.message())));
+    }
+    return;
+  }
+  scheduler_.Commit(plan);
+  counters_.prompt_tokens += step.prefill_tokens;
+
+  int64_t row = 0;
+  std::vector<std::pair<Sequence*, FinishReason>> done;
+  for (const ScheduledChunk& sc : plan.chunks) {
+    if (!sc.samples) continue;
+    Sequence* seq = sc.seq;
+    std::span<float> logits(logits_.data() + row * c.vocab_size, c.vocab_size);
+    ++row;
+    SampleResult r = seq->sampler().Sample(logits, seq->request().prompt, seq->output());
+    if (!seq->first_token) seq->first_token = Clock::now();
+    ++counters_.generation_tokens;
+    if (seq->AppendToken(r, *tokenizer_)) done.emplace_back(seq, seq->finish_reason());
+  }
+  for (auto& [seq, reason] : done) Finish(seq, reason, absl::OkStatus());
+  ++counters_.steps;
+  counters_.preemptions = scheduler_.num_preemptions();
+
+  step.seconds = SecondsBetween(t0, Clock::now());
+  step.forward_seconds = SecondsBetween(t0, t1);
+  step.num_seqs = static_cast<int64_t>(plan.chunks.size());
+  step.num_tokens = plan.num_tokens;
+  if (step_observer_) step_observer_(step);
+  PublishStats(&step);
+}
+
+void Engine::Loop() {
+  while (true) {
+    const bool has_work = !scheduler_.running().empty() || !scheduler_.waiting().empty();
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      if (!has_work) {
+        cv_.wait(lock, [&] { return stop_ || !inbox_.empty() || !cancels_.empty(); });
+      }
+      if (stop_) break;
+    }
+    DrainInbox();
+    CheckDeadlines();
+    StepPlan plan = scheduler_.Schedule();
+    if (plan.empty()) {
+      // Submit checked that every request fits the pool alone, so an empty plan with work
+      // waiting can only be a sequence that no longer fits; fail it rather than spin.
+      if (scheduler_.running().empty() && !scheduler_.waiting().empty()) {
+        Finish(scheduler_.waiting().front().get(), FinishReason::kError,
+               absl::ResourceExhaustedError("the request does not fit in the KV cache"));
+      }
+      PublishStats(nullptr);
+      continue;
+    }
+    RunStep(plan);
+  }
+  // Shutting down: whatever is left is cancelled.
+  DrainInbox();
+  std::vector<Sequence*> left;
+  for (const auto& s : scheduler_.running()) left.push_back(s.get());
+  for (const auto& s : scheduler_.waiting()) left.push_back(s.get());
+  for (Sequence* s : left) {
+    Finish(s, FinishReason::kCancelled, absl::UnavailableError("the server is shutting down"));
+  }
+  PublishStats(nullptr);
+}
+
+}  // namespace thetaserve::scheduler

@@ -1,0 +1,99 @@
+// The engine: one thread owns the scheduler, the page pool, every Sequence and the backend.
+// Other threads talk to it only through Submit / Cancel (a locked inbox) and read Stats (a
+// locked snapshot updated every step).
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "cache/page_pool.h"
+#include "kernels/backend.h"
+#include "scheduler/request.h"
+#include "scheduler/scheduler.h"
+#include "scheduler/stats.h"
+
+namespace thetaserve::scheduler {
+
+struct EngineConfig {
+  SchedulerConfig scheduler;
+  int64_t kv_cache_bytes = int64_t(256) << 20;  // K and V pages together
+  int32_t block_size = 16;
+  int64_t max_queue = 1024;  // waiting requests before Submit says RESOURCE_EXHAUSTED
+};
+
+class Engine {
+ public:
+  // Sizes the page pool from config.kv_cache_bytes and starts the engine thread.
+  static absl::StatusOr<std::unique_ptr<Engine>> Create(const EngineConfig& config,
+                                                        kernels::Backend& backend);
+  ~Engine();  // Stop(0)
+
+  // Thread-safe. Validates what the engine must (length against the pool and context) and
+  // queues the request; the sink hears everything else. Errors: RESOURCE_EXHAUSTED when the
+  // queue is full, UNAVAILABLE when draining, INVALID_ARGUMENT when it can never fit.
+  absl::Status Submit(Request request, std::shared_ptr<TokenSink> sink);
+  // Thread-safe. Cancels at the next step boundary (pages freed then); the sink gets
+  // OnFinish(kCancelled, status). Unknown ids are ignored (the request may have finished).
+  void Cancel(const std::string& request_id, absl::Status why = absl::CancelledError("cancelled"));
+
+  // Stop admitting new requests (Submit says UNAVAILABLE); running ones continue.
+  void StartDrain();
+  bool draining() const { return draining_.load(); }
+  // Waits until nothing is running or waiting, or `timeout_seconds` pass; returns true if idle.
+  bool WaitIdle(double timeout_seconds);
+  // Cancels everything left and joins the engine thread.
+  void Stop();
+
+  EngineStats Stats() const;
+  const cache::PagePool& pool_for_tests() const { return pool_; }
+  const EngineConfig& config() const { return config_; }
+  // Called on the engine thread after every step (metrics hook); set before traffic starts.
+  void SetStepObserver(std::function<void(const StepStats&)> observer) {
+    step_observer_ = std::move(observer);
+  }
+
+ private:
+  Engine(const EngineConfig& config, kernels::Backend& backend, int64_t num_pages);
+  void Loop();
+  void DrainInbox();
+  void RunStep(StepPlan& plan);
+  void Finish(Sequence* seq, FinishReason reason, absl::Status status);
+  void CheckDeadlines();
+  void PublishStats(const StepStats* step);
+
+  EngineConfig config_;
+  kernels::Backend* backend_;
+  cache::PagePool pool_;
+  cache::KvShape kv_shape_;
+  Scheduler scheduler_;
+  const model::Tokenizer* tokenizer_;
+  std::function<void(const StepStats&)> step_observer_;
+
+  // Inbox: guarded by mu_.
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::unique_ptr<Sequence>> inbox_;
+  std::vector<std::pair<std::string, absl::Status>> cancels_;
+  int64_t pending_ = 0;  // inbox + waiting + running, for the queue limit and WaitIdle
+  bool stop_ = false;
+  std::condition_variable idle_cv_;
+  EngineStats stats_;  // snapshot, guarded by mu_
+
+  std::atomic<bool> draining_{false};
+  std::thread thread_;
+
+  // Engine-thread state.
+  std::vector<float> logits_;
+  std::vector<int32_t> tokens_;
+  std::vector<kernels::SeqChunk> chunks_;
+  EngineCounters counters_;
+};
+
+}  // namespace thetaserve::scheduler

@@ -1,0 +1,66 @@
+// What the API hands the engine (Request: immutable once submitted) and what the engine hands
+// back (TokenSink callbacks).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "scheduler/sampler.h"
+
+namespace thetaserve::scheduler {
+
+using Clock = std::chrono::steady_clock;
+
+struct StoppingCriteria {
+  int32_t max_tokens = 16;
+  std::vector<std::string> stop;         // stop strings; matched across tokens, not emitted
+  std::vector<int32_t> stop_token_ids;   // end generation when sampled (emitted as ids only)
+  bool ignore_eos = false;
+};
+
+struct Request {
+  std::string id;
+  std::vector<int32_t> prompt;
+  SamplingParams sampling;
+  StoppingCriteria stopping;
+  Clock::time_point arrival = Clock::now();
+  std::optional<Clock::time_point> deadline;
+};
+
+enum class FinishReason { kStop, kLength, kEos, kCancelled, kError };
+const char* FinishReasonName(FinishReason r);
+
+struct TokenDelta {
+  std::vector<int32_t> token_ids;
+  std::string text;                                          // complete UTF-8 only
+  std::vector<float> logprobs;                               // per token, when asked
+  std::vector<std::vector<std::pair<int32_t, float>>> top;   // per token top-n, when asked
+};
+
+struct FinishInfo {
+  FinishReason reason = FinishReason::kLength;
+  absl::Status status;          // why, for kCancelled (deadline, abort) and kError
+  int64_t prompt_tokens = 0;
+  int64_t completion_tokens = 0;
+  double queue_seconds = 0;     // arrival to first scheduled
+  double ttft_seconds = 0;      // arrival to first token
+  double total_seconds = 0;     // arrival to finish
+  int64_t preemptions = 0;
+};
+
+// Receives a request's output. Called on the engine thread only: implementations must not
+// block (push into a buffer and return).
+class TokenSink {
+ public:
+  virtual ~TokenSink() = default;
+  virtual void OnTokens(const TokenDelta& delta) = 0;
+  // Called exactly once, last.
+  virtual void OnFinish(const FinishInfo& info) = 0;
+};
+
+}  // namespace thetaserve::scheduler

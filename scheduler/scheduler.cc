@@ -1,0 +1,109 @@
+#include "scheduler/scheduler.h"
+
+#include <algorithm>
+
+#include "base/check.h"
+
+namespace thetaserve::scheduler {
+
+Scheduler::Scheduler(const SchedulerConfig& config, cache::PagePool& pool)
+    : config_(config), pool_(&pool) {}
+
+void Scheduler::AddWaiting(std::unique_ptr<Sequence> seq) {
+  seq->state = SequenceState::kWaiting;
+  waiting_.push_back(std::move(seq));
+}
+
+void Scheduler::Preempt(size_t running_index) {
+  std::unique_ptr<Sequence> seq = std::move(running_[running_index]);
+  running_.erase(running_.begin() + running_index);
+  seq->kv().ReleaseAll(*pool_);
+  seq->num_computed = 0;  // recompute prompt + output so far
+  seq->state = SequenceState::kWaiting;
+  ++seq->preemptions;
+  ++preemptions_;
+  waiting_.push_front(std::move(seq));
+}
+
+StepPlan Scheduler::Schedule() {
+  StepPlan plan;
+  int64_t budget = config_.max_num_batched_tokens;
+
+  // Running sequences first, oldest first; preempt the newest when pages run out.
+  for (size_t i = 0; i < running_.size() && budget > 0;) {
+    Sequence* seq = running_[i].get();
+    const int64_t n = std::min(seq->num_uncomputed(), budget);
+    if (n <= 0) {
+      ++i;
+      continue;
+    }
+    const int64_t need = seq->kv().PagesNeeded(seq->num_computed + n);
+    if (!pool_->CanAllocate(need)) {
+      // Free the newest running sequence (possibly this one) and retry.
+      const size_t victim = running_.size() - 1;
+      plan.preempted.push_back(running_[victim].get());
+      Preempt(victim);
+      if (victim == i) break;
+      continue;
+    }
+    seq->kv().Grow(*pool_, seq->num_computed + n);
+    plan.chunks.push_back({seq, n, seq->num_computed + n == int64_t(seq->tokens().size())});
+    budget -= n;
+    ++i;
+  }
+
+  // Then admit waiting sequences while the budget, the sequence limit and the pool allow.
+  // Nothing is admitted in a step that had to preempt: the pool is already short.
+  while (plan.preempted.empty() && budget > 0 && !waiting_.empty() &&
+         int64_t(running_.size()) < config_.max_num_seqs) {
+    Sequence* seq = waiting_.front().get();
+    const int64_t n = std::min(seq->num_uncomputed(), budget);
+    if (!pool_->CanAllocate(seq->kv().PagesNeeded(seq->num_computed + n))) break;
+    seq->kv().Grow(*pool_, seq->num_computed + n);
+    seq->state = SequenceState::kRunning;
+    if (!seq->first_scheduled) seq->first_scheduled = Clock::now();
+    running_.push_back(std::move(waiting_.front()));
+    waiting_.pop_front();
+    plan.chunks.push_back({seq, n, seq->num_computed + n == int64_t(seq->tokens().size())});
+    budget -= n;
+  }
+  // Preempted sequences that were already planned must not run.
+  if (!plan.preempted.empty()) {
+    std::erase_if(plan.chunks, [&](const ScheduledChunk& c) {
+      return c.seq->state != SequenceState::kRunning;
+    });
+  }
+  for (const auto& c : plan.chunks) plan.num_tokens += c.num_tokens;
+  return plan;
+}
+
+void Scheduler::Commit(const StepPlan& plan) {
+  for (const ScheduledChunk& c : plan.chunks) c.seq->num_computed += c.num_tokens;
+}
+
+std::unique_ptr<Sequence> Scheduler::Remove(Sequence* seq) {
+  std::unique_ptr<Sequence> out;
+  auto it = std::find_if(running_.begin(), running_.end(),
+                         [&](const auto& p) { return p.get() == seq; });
+  if (it != running_.end()) {
+    out = std::move(*it);
+    running_.erase(it);
+  } else {
+    auto wit = std::find_if(waiting_.begin(), waiting_.end(),
+                            [&](const auto& p) { return p.get() == seq; });
+    CHECK(wit != waiting_.end()) << "Remove of an unknown sequence";
+    out = std::move(*wit);
+    waiting_.erase(wit);
+  }
+  out->kv().ReleaseAll(*pool_);
+  out->state = SequenceState::kFinished;
+  return out;
+}
+
+Sequence* Scheduler::Find(const std::string& request_id) {
+  for (auto& s : running_) if (s->request().id == request_id) return s.get();
+  for (auto& s : waiting_) if (s->request().id == request_id) return s.get();
+  return nullptr;
+}
+
+}  // namespace thetaserve::scheduler

@@ -1,0 +1,63 @@
+// Iteration-level (continuous) batching: each step mixes the decode tokens of running
+// sequences and prefill chunks of new ones under one token budget. Admission is check-then-
+// commit against the page pool; when pages run out the newest running sequence is preempted
+// (its pages freed, requeued for recompute). Engine-thread only.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <vector>
+
+#include "cache/page_pool.h"
+#include "scheduler/sequence.h"
+
+namespace thetaserve::scheduler {
+
+struct SchedulerConfig {
+  int64_t max_num_batched_tokens = 512;  // token budget per step
+  int64_t max_num_seqs = 64;             // running sequences at once
+};
+
+// One sequence's share of a step.
+struct ScheduledChunk {
+  Sequence* seq;
+  int64_t num_tokens;   // tokens [seq->num_computed, + num_tokens) are computed this step
+  bool samples;         // the chunk reaches the sequence's last token: sample after the step
+};
+
+struct StepPlan {
+  std::vector<ScheduledChunk> chunks;
+  std::vector<Sequence*> preempted;  // preempted while planning this step
+  int64_t num_tokens = 0;
+  bool empty() const { return chunks.empty(); }
+};
+
+class Scheduler {
+ public:
+  Scheduler(const SchedulerConfig& config, cache::PagePool& pool);
+
+  void AddWaiting(std::unique_ptr<Sequence> seq);
+  // Plans the next step; allocates the pages it needs.
+  StepPlan Schedule();
+  // Marks a step done: advances num_computed of every chunk.
+  void Commit(const StepPlan& plan);
+  // Removes a sequence (finished or cancelled) and frees its pages.
+  std::unique_ptr<Sequence> Remove(Sequence* seq);
+
+  const std::deque<std::unique_ptr<Sequence>>& waiting() const { return waiting_; }
+  const std::vector<std::unique_ptr<Sequence>>& running() const { return running_; }
+  int64_t num_preemptions() const { return preemptions_; }
+  Sequence* Find(const std::string& request_id);
+
+ private:
+  void Preempt(size_t running_index);
+
+  SchedulerConfig config_;
+  cache::PagePool* pool_;
+  std::deque<std::unique_ptr<Sequence>> waiting_;    // FIFO; preempted go to the front
+  std::vector<std::unique_ptr<Sequence>> running_;   // in admission order
+  int64_t preemptions_ = 0;
+};
+
+}  // namespace thetaserve::scheduler

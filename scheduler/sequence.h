@@ -1,0 +1,63 @@
+// Engine-owned, mutable state of one request: its tokens, how many have K/V in the cache, its
+// pages, sampler and text decoder. Engine-thread only.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cache/sequence_kv.h"
+#include "model/tokenizer.h"
+#include "scheduler/request.h"
+#include "scheduler/sampler.h"
+
+namespace thetaserve::scheduler {
+
+enum class SequenceState { kWaiting, kRunning, kFinished };
+
+class Sequence {
+ public:
+  Sequence(Request request, std::shared_ptr<TokenSink> sink, const model::Tokenizer& tokenizer,
+           const cache::KvShape& kv_shape);
+
+  const Request& request() const { return request_; }
+  TokenSink& sink() { return *sink_; }
+  SequenceState state = SequenceState::kWaiting;
+
+  // All tokens: the prompt, then the output so far.
+  const std::vector<int32_t>& tokens() const { return tokens_; }
+  std::span<const int32_t> output() const {
+    return std::span<const int32_t>(tokens_).subspan(request_.prompt.size());
+  }
+  int64_t num_output() const { return int64_t(tokens_.size()) - int64_t(request_.prompt.size()); }
+  // Tokens whose K/V are in the cache.
+  int64_t num_computed = 0;
+  int64_t num_uncomputed() const { return int64_t(tokens_.size()) - num_computed; }
+
+  cache::SequenceKv& kv() { return kv_; }
+  Sampler& sampler() { return sampler_; }
+
+  // Appends a sampled token and decides whether the sequence is done; emits the delta to the
+  // sink (text held back while it could still be the start of a stop string).
+  // Returns true when finished (reason in finish_reason()).
+  bool AppendToken(const SampleResult& sample, const model::Tokenizer& tokenizer);
+  FinishReason finish_reason() const { return finish_reason_; }
+
+  // Timing, for FinishInfo.
+  std::optional<Clock::time_point> first_scheduled;
+  std::optional<Clock::time_point> first_token;
+  int64_t preemptions = 0;
+
+ private:
+  Request request_;
+  std::shared_ptr<TokenSink> sink_;
+  std::vector<int32_t> tokens_;
+  cache::SequenceKv kv_;
+  Sampler sampler_;
+  model::StreamDecoder decoder_;
+  std::string held_text_;  // decoded but not yet emitted (possible stop-string prefix)
+  size_t max_stop_len_ = 0;
+  FinishReason finish_reason_ = FinishReason::kLength;
+};
+
+}  // namespace thetaserve::scheduler

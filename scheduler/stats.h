@@ -1,0 +1,40 @@
+// Plain stats structs the metrics layer reads (no Prometheus types here).
+#pragma once
+
+#include <cstdint>
+
+namespace thetaserve::scheduler {
+
+// Totals since start (monotonic).
+struct EngineCounters {
+  int64_t steps = 0;
+  int64_t preemptions = 0;
+  int64_t prompt_tokens = 0;      // prompt tokens computed (recomputation included)
+  int64_t generation_tokens = 0;  // tokens sampled
+  int64_t requests_finished = 0;
+};
+
+// One step, reported to the step observer.
+struct StepStats {
+  double seconds = 0;         // forward + sampling
+  double forward_seconds = 0;
+  int64_t num_seqs = 0;       // sequences in the batch
+  int64_t num_tokens = 0;     // tokens in the batch
+  int64_t prefill_tokens = 0;
+  int64_t decode_tokens = 0;
+};
+
+struct EngineStats {
+  int64_t running = 0;
+  int64_t waiting = 0;
+  int64_t pages_total = 0;
+  int64_t pages_free = 0;
+  int64_t pages_used_k = 0;
+  int64_t pages_used_v = 0;
+  int32_t block_size = 0;
+  int64_t page_bytes = 0;
+  EngineCounters counters;
+  StepStats last_step;
+};
+
+}  // namespace thetaserve::scheduler
