@@ -1,0 +1,119 @@
+#include "scheduler/sampler.h"
+
+#include <cmath>
+#include <map>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace thetaserve::scheduler {
+namespace {
+
+std::vector<float> Logits() { return {1.0f, 3.0f, 2.5f, -1.0f, 0.5f, 2.9f}; }
+
+std::vector<int32_t> Draw(SamplingParams p, int n) {
+  Sampler s(p);
+  std::vector<int32_t> out;
+  for (int i = 0; i < n; ++i) {
+    auto l = Logits();
+    out.push_back(s.Sample(l, {}, {}).token);
+  }
+  return out;
+}
+
+TEST(SamplerTest, ZeroTemperatureIsArgmax) {
+  SamplingParams p;
+  p.temperature = 0;
+  for (int32_t t : Draw(p, 5)) EXPECT_EQ(t, 1);
+}
+
+TEST(SamplerTest, SameSeedSameTokensDifferentSeedDifferentTokens) {
+  SamplingParams p;
+  p.temperature = 1.5f;
+  p.seed = 42;
+  auto a = Draw(p, 64), b = Draw(p, 64);
+  EXPECT_EQ(a, b);
+  p.seed = 43;
+  EXPECT_NE(Draw(p, 64), a);
+}
+
+TEST(SamplerTest, TopKOneAndTinyTopPAreGreedy) {
+  SamplingParams p;
+  p.temperature = 1.0f;
+  p.seed = 1;
+  p.top_k = 1;
+  for (int32_t t : Draw(p, 20)) EXPECT_EQ(t, 1);
+  p.top_k = 0;
+  p.top_p = 1e-6f;
+  for (int32_t t : Draw(p, 20)) EXPECT_EQ(t, 1);
+}
+
+TEST(SamplerTest, TopKRestrictsToTheKMostLikely) {
+  SamplingParams p;
+  p.temperature = 5.0f;  // flat: every token would appear without top-k
+  p.seed = 7;
+  p.top_k = 3;
+  for (int32_t t : Draw(p, 300)) EXPECT_TRUE(t == 1 || t == 5 || t == 2) << t;
+}
+
+TEST(SamplerTest, MinPDropsUnlikelyTokens) {
+  SamplingParams p;
+  p.temperature = 1.0f;
+  p.seed = 3;
+  p.min_p = 0.5f;  // keeps tokens with p >= 0.5 * p_max: logits within ln 2 of the max
+  for (int32_t t : Draw(p, 300)) EXPECT_TRUE(t == 1 || t == 5 || t == 2) << t;
+}
+
+TEST(SamplerTest, FrequencyDistributionFollowsSoftmax) {
+  SamplingParams p;
+  p.temperature = 1.0f;
+  p.seed = 11;
+  const int n = 20000;
+  std::map<int32_t, int> counts;
+  for (int32_t t : Draw(p, n)) ++counts[t];
+  auto l = Logits();
+  double z = 0;
+  for (float v : l) z += std::exp(v);
+  for (int i = 0; i < 6; ++i) {
+    const double expected = std::exp(l[i]) / z;
+    EXPECT_NEAR(counts[i] / double(n), expected, 0.015) << "token " << i;
+  }
+}
+
+TEST(SamplerTest, PenaltiesPushRepeatedTokensDown) {
+  SamplingParams p;
+  p.temperature = 0;
+  p.repetition_penalty = 2.0f;  // 3.0 -> 1.5, below 2.9 and 2.5
+  Sampler s(p);
+  auto l = Logits();
+  std::vector<int32_t> prompt = {1};
+  EXPECT_EQ(s.Sample(l, prompt, {}).token, 5);
+
+  SamplingParams q;
+  q.temperature = 0;
+  q.presence_penalty = 0.2f;
+  q.frequency_penalty = 0.1f;  // token 1 seen twice: 3.0 - 0.2 - 0.2 = 2.6 < 2.9
+  Sampler s2(q);
+  l = Logits();
+  std::vector<int32_t> out = {1, 1};
+  EXPECT_EQ(s2.Sample(l, {}, out).token, 5);
+}
+
+TEST(SamplerTest, LogprobsAreOfTheModelDistribution) {
+  SamplingParams p;
+  p.temperature = 0;
+  p.logprobs = 2;
+  Sampler s(p);
+  auto l = Logits();
+  SampleResult r = s.Sample(l, {}, {});
+  double z = 0;
+  for (float v : Logits()) z += std::exp(v);
+  EXPECT_NEAR(r.logprob, 3.0 - std::log(z), 1e-5);
+  ASSERT_EQ(r.top.size(), 2u);
+  EXPECT_EQ(r.top[0].first, 1);
+  EXPECT_EQ(r.top[1].first, 5);
+  EXPECT_NEAR(r.top[1].second, 2.9 - std::log(z), 1e-5);
+}
+
+}  // namespace
+}  // namespace thetaserve::scheduler
