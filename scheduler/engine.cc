@@ -130,14 +130,19 @@ void Engine::PublishStats(const StepStats* step) {
   s.block_size = config_.block_size;
   s.page_bytes = int64_t(config_.block_size) * backend_->model().config().head_dim * 4;
   s.counters = counters_;
-  std::lock_guard<std::mutex> lock(mu_);
-  s.waiting += static_cast<int64_t>(inbox_.size());
-  if (step) {
-    s.last_step = *step;
-  } else {
-    s.last_step = stats_.last_step;
+  const int64_t tables = kv_shape_.tables();
+  for (const auto& seq : scheduler_.running()) {
+    s.v_rows_dense_equivalent += seq->num_computed * tables;
   }
-  stats_ = s;
+  s.v_rows_resident = s.v_rows_dense_equivalent;  // dense V store
+  s.v_row_bytes = backend_->model().config().head_dim * 4;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    s.waiting += static_cast<int64_t>(inbox_.size());
+    s.last_step = step ? *step : stats_.last_step;
+    stats_ = s;
+  }
+  if (observer_) observer_(s, step);
 }
 
 void Engine::DrainInbox() {
@@ -207,6 +212,13 @@ void Engine::RunStep(StepPlan& plan) {
     tokens_.insert(tokens_.end(), toks.begin() + sc.seq->num_computed,
                    toks.begin() + sc.seq->num_computed + sc.num_tokens);
     chunks_.push_back(chunk);
+    // Dense attention reads every V row: position p attends to p + 1 rows.
+    const int64_t n = sc.num_tokens, p0 = sc.seq->num_computed;
+    const int64_t rows = n * p0 + n * (n + 1) / 2;
+    counters_.v_rows_read += rows * kv_shape_.tables();
+    counters_.v_rows_read_dense += rows * kv_shape_.tables();
+    counters_.attn_elements_kept += rows * c.num_layers * c.num_heads;
+    counters_.attn_elements_dense += rows * c.num_layers * c.num_heads;
     // A chunk is prefill while it computes prompt tokens (or recomputes after preemption).
     if (sc.num_tokens == 1 && sc.seq->num_computed >= int64_t(sc.seq->request().prompt.size())) {
       ++step.decode_tokens;
@@ -248,7 +260,6 @@ void Engine::RunStep(StepPlan& plan) {
   step.forward_seconds = SecondsBetween(t0, t1);
   step.num_seqs = static_cast<int64_t>(plan.chunks.size());
   step.num_tokens = plan.num_tokens;
-  if (step_observer_) step_observer_(step);
   PublishStats(&step);
 }
 

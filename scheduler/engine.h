@@ -54,10 +54,11 @@ class Engine {
   EngineStats Stats() const;
   const cache::PagePool& pool_for_tests() const { return pool_; }
   const EngineConfig& config() const { return config_; }
-  // Called on the engine thread after every step (metrics hook); set before traffic starts.
-  void SetStepObserver(std::function<void(const StepStats&)> observer) {
-    step_observer_ = std::move(observer);
-  }
+  // Called on the engine thread whenever the stats change: after every step (with that
+  // step's figures) and after cancellations (step == nullptr). The metrics hook; set it
+  // before traffic starts.
+  using Observer = std::function<void(const EngineStats&, const StepStats* step)>;
+  void SetObserver(Observer observer) { observer_ = std::move(observer); }
 
  private:
   Engine(const EngineConfig& config, kernels::Backend& backend, int64_t num_pages);
@@ -74,7 +75,7 @@ class Engine {
   cache::KvShape kv_shape_;
   Scheduler scheduler_;
   const model::Tokenizer* tokenizer_;
-  std::function<void(const StepStats&)> step_observer_;
+  Observer observer_;
 
   // Inbox: guarded by mu_.
   mutable std::mutex mu_;

@@ -12,6 +12,14 @@ struct EngineCounters {
   int64_t prompt_tokens = 0;      // prompt tokens computed (recomputation included)
   int64_t generation_tokens = 0;  // tokens sampled
   int64_t requests_finished = 0;
+  // Attention savings (Top-θ). Rows are counted per (layer, KV head); under dense attention
+  // read == read_dense and kept == dense.
+  int64_t v_rows_read = 0;
+  int64_t v_rows_read_dense = 0;
+  int64_t attn_elements_kept = 0;   // (query head, key) pairs kept
+  int64_t attn_elements_dense = 0;
+  int64_t v_rows_evicted = 0;
+  int64_t v_rows_retained_but_evicted = 0;
 };
 
 // One step, reported to the step observer.
@@ -33,6 +41,9 @@ struct EngineStats {
   int64_t pages_used_v = 0;
   int32_t block_size = 0;
   int64_t page_bytes = 0;
+  int64_t v_rows_resident = 0;          // V rows stored, all running sequences
+  int64_t v_rows_dense_equivalent = 0;  // V rows a dense cache would store
+  int64_t v_row_bytes = 0;
   EngineCounters counters;
   StepStats last_step;
 };

@@ -9,5 +9,7 @@ namespace thetaserve::server {
 
 int RunGenerate(const std::vector<std::string>& args);
 int RunEval(const std::vector<std::string>& args);
+int RunServe(const std::vector<std::string>& args);
+int RunClient(const std::vector<std::string>& args);
 
 }  // namespace thetaserve::server

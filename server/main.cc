@@ -13,6 +13,8 @@ void PrintUsage() {
                "usage: thetaserve <command> [flags]\n"
                "commands:\n"
                "  generate   continue a prompt with a local model, streaming text to stdout\n"
+               "  serve      run the gRPC server\n"
+               "  client     stream a completion from a running server\n"
                "  eval       perplexity of a model on a text file\n"
                "run 'thetaserve <command> --help' for the flags of a command\n");
 }
@@ -27,6 +29,8 @@ int main(int argc, char** argv) {
   std::string command = argv[1];
   std::vector<std::string> args(argv + 2, argv + argc);
   if (command == "generate") return thetaserve::server::RunGenerate(args);
+  if (command == "serve") return thetaserve::server::RunServe(args);
+  if (command == "client") return thetaserve::server::RunClient(args);
   if (command == "eval") return thetaserve::server::RunEval(args);
   std::fprintf(stderr, "thetaserve: unknown command '%s'\n", command.c_str());
   PrintUsage();

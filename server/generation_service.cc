@@ -1,0 +1,186 @@
+#include "server/generation_service.h"
+
+#include "absl/strings/str_cat.h"
+#include "server/generate_stream.h"
+#include "server/validation.h"
+
+namespace thetaserve::server {
+namespace {
+
+// A Generate call rejected before it reached the engine.
+class RejectedStream : public grpc::ServerWriteReactor<v1::GenerateResponse> {
+ public:
+  explicit RejectedStream(const grpc::Status& status) { Finish(status); }
+  void OnDone() override { delete this; }
+};
+
+grpc::ServerUnaryReactor* FinishUnary(grpc::CallbackServerContext* ctx, const grpc::Status& s) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  reactor->Finish(s);
+  return reactor;
+}
+
+}  // namespace
+
+grpc::Status ToGrpcStatus(const absl::Status& status) {
+  if (status.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
+}
+
+GenerationService::GenerationService(scheduler::Engine& engine, const model::Model& model,
+                                     const std::string& backend_name, Metrics* metrics,
+                                     ServiceOptions options)
+    : engine_(&engine),
+      model_(&model),
+      backend_name_(backend_name),
+      metrics_(metrics),
+      options_(std::move(options)) {}
+
+grpc::Status GenerationService::CheckAuth(grpc::CallbackServerContext* ctx) const {
+  if (options_.api_key.empty()) return grpc::Status::OK;
+  const auto& md = ctx->client_metadata();
+  auto it = md.find("authorization");
+  if (it == md.end()) {
+    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                        "missing 'authorization: Bearer <api key>' metadata");
+  }
+  const std::string value(it->second.data(), it->second.size());
+  if (value != "Bearer " + options_.api_key) {
+    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "invalid API key");
+  }
+  return grpc::Status::OK;
+}
+
+bool GenerationService::Track(const std::string& id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return active_.insert(id).second;
+}
+
+void GenerationService::Untrack(const std::string& id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  active_.erase(id);
+}
+
+grpc::ServerWriteReactor<v1::GenerateResponse>* GenerationService::Generate(
+    grpc::CallbackServerContext* ctx, const v1::GenerateRequest* request) {
+  auto reject = [&](const grpc::Status& s) {
+    if (metrics_) metrics_->OnRejected();
+    return new RejectedStream(s);
+  };
+  if (grpc::Status auth = CheckAuth(ctx); !auth.ok()) return reject(auth);
+  if (!ready_.load()) {
+    return reject(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the model is still loading"));
+  }
+  if (engine_->draining()) {
+    return reject(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                               "the server is draining; retry on another replica"));
+  }
+  auto built = BuildRequest(*request, *model_);
+  if (!built.ok()) return reject(ToGrpcStatus(built.status()));
+  scheduler::Request req = std::move(*built);
+  if (req.id.empty()) req.id = absl::StrCat("req-", next_id_.fetch_add(1));
+  if (ctx->deadline() != std::chrono::system_clock::time_point::max()) {
+    req.deadline = scheduler::Clock::now() + (ctx->deadline() - std::chrono::system_clock::now());
+  }
+  if (!Track(req.id)) {
+    return reject(grpc::Status(grpc::StatusCode::ALREADY_EXISTS,
+                               absl::StrCat("request_id '", req.id, "' is already in flight")));
+  }
+  const std::string id = req.id;
+  auto sink = std::make_shared<StreamSink>(this, id);
+  absl::Status st = engine_->Submit(std::move(req), sink);
+  if (!st.ok()) {
+    Untrack(id);
+    return reject(ToGrpcStatus(st));
+  }
+  return new GenerateStream(this, std::move(sink), id);
+}
+
+grpc::ServerUnaryReactor* GenerationService::Abort(grpc::CallbackServerContext* ctx,
+                                                   const v1::AbortRequest* request,
+                                                   v1::AbortResponse* response) {
+  if (grpc::Status auth = CheckAuth(ctx); !auth.ok()) return FinishUnary(ctx, auth);
+  if (request->request_id().empty()) {
+    return FinishUnary(ctx, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                         "request_id is required"));
+  }
+  bool found;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    found = active_.count(request->request_id()) > 0;
+  }
+  if (found) {
+    engine_->Cancel(request->request_id(), absl::CancelledError("aborted by an Abort call"));
+  }
+  response->set_found(found);
+  return FinishUnary(ctx, grpc::Status::OK);
+}
+
+grpc::ServerUnaryReactor* GenerationService::GetModelInfo(grpc::CallbackServerContext* ctx,
+                                                          const v1::GetModelInfoRequest*,
+                                                          v1::ModelInfo* info) {
+  if (grpc::Status auth = CheckAuth(ctx); !auth.ok()) return FinishUnary(ctx, auth);
+  const auto& c = model_->config();
+  info->set_name(c.name);
+  info->set_architecture(c.architecture);
+  info->set_context_length(static_cast<uint32_t>(c.max_context));
+  info->set_vocab_size(static_cast<uint32_t>(c.vocab_size));
+  info->set_num_layers(static_cast<uint32_t>(c.num_layers));
+  info->set_num_heads(static_cast<uint32_t>(c.num_heads));
+  info->set_num_kv_heads(static_cast<uint32_t>(c.num_kv_heads));
+  info->set_head_dim(static_cast<uint32_t>(c.head_dim));
+  info->set_block_size(static_cast<uint32_t>(engine_->config().block_size));
+  info->set_theta_mode(options_.theta_mode);
+  info->set_kv_policy(options_.kv_policy);
+  info->set_calibration_fingerprint(options_.calibration_fingerprint);
+  info->set_model_fingerprint(model_->fingerprint());
+  info->set_backend(backend_name_);
+  info->set_eos_token_id(static_cast<uint32_t>(std::max(0, model_->tokenizer().eos_id())));
+  info->set_bos_token_id(static_cast<uint32_t>(std::max(0, model_->tokenizer().bos_id())));
+  return FinishUnary(ctx, grpc::Status::OK);
+}
+
+grpc::ServerUnaryReactor* GenerationService::GetServerStatus(grpc::CallbackServerContext* ctx,
+                                                             const v1::GetServerStatusRequest*,
+                                                             v1::ServerStatus* out) {
+  if (grpc::Status auth = CheckAuth(ctx); !auth.ok()) return FinishUnary(ctx, auth);
+  const scheduler::EngineStats s = engine_->Stats();
+  out->set_running(static_cast<uint32_t>(s.running));
+  out->set_waiting(static_cast<uint32_t>(s.waiting));
+  auto* pages = out->mutable_pages();
+  pages->set_total(s.pages_total);
+  pages->set_used_k(s.pages_used_k);
+  pages->set_used_v(s.pages_used_v);
+  pages->set_free(s.pages_free);
+  pages->set_page_bytes(s.page_bytes);
+  out->set_draining(engine_->draining());
+  out->set_steps(s.counters.steps);
+  out->set_preemptions(s.counters.preemptions);
+  return FinishUnary(ctx, grpc::Status::OK);
+}
+
+grpc::ServerUnaryReactor* GenerationService::Tokenize(grpc::CallbackServerContext* ctx,
+                                                      const v1::TokenizeRequest* request,
+                                                      v1::TokenizeResponse* response) {
+  if (grpc::Status auth = CheckAuth(ctx); !auth.ok()) return FinishUnary(ctx, auth);
+  const bool add_special = !request->has_add_special_tokens() || request->add_special_tokens();
+  std::string text;
+  if (request->has_chat()) {
+    auto rendered = RenderChat(request->chat(), *model_);
+    if (!rendered.ok()) return FinishUnary(ctx, ToGrpcStatus(rendered.status()));
+    text = *rendered;
+    response->set_rendered(text);
+  } else {
+    if (!IsValidUtf8(request->text())) {
+      return FinishUnary(ctx, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                           "text is not valid UTF-8"));
+    }
+    text = request->text();
+  }
+  for (int32_t id : model_->tokenizer().Encode(text, add_special, /*parse_special=*/true)) {
+    response->add_ids(static_cast<uint32_t>(id));
+  }
+  return FinishUnary(ctx, grpc::Status::OK);
+}
+
+}  // namespace thetaserve::server

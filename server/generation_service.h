@@ -1,0 +1,72 @@
+// The gRPC Generation service on the callback API. Each Generate call is a ServerWriteReactor
+// fed by a StreamSink the engine pushes into; reactions never block.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+
+#include "grpcpp/grpcpp.h"
+#include "model/model.h"
+#include "scheduler/engine.h"
+#include "server/metrics.h"
+#include "thetaserve/v1/generation.grpc.pb.h"
+
+namespace thetaserve::server {
+
+struct ServiceOptions {
+  std::string api_key;      // empty: no authentication
+  std::string theta_mode = "dense";
+  std::string kv_policy = "full";
+  std::string calibration_fingerprint;
+};
+
+class GenerationService final : public v1::Generation::CallbackService {
+ public:
+  GenerationService(scheduler::Engine& engine, const model::Model& model,
+                    const std::string& backend_name, Metrics* metrics, ServiceOptions options);
+
+  // Generate answers UNAVAILABLE until the server is ready (loaded and warmed up).
+  void SetReady(bool ready) { ready_.store(ready); }
+
+  grpc::ServerWriteReactor<v1::GenerateResponse>* Generate(
+      grpc::CallbackServerContext* ctx, const v1::GenerateRequest* request) override;
+  grpc::ServerUnaryReactor* Abort(grpc::CallbackServerContext* ctx,
+                                  const v1::AbortRequest* request,
+                                  v1::AbortResponse* response) override;
+  grpc::ServerUnaryReactor* GetModelInfo(grpc::CallbackServerContext* ctx,
+                                         const v1::GetModelInfoRequest* request,
+                                         v1::ModelInfo* response) override;
+  grpc::ServerUnaryReactor* GetServerStatus(grpc::CallbackServerContext* ctx,
+                                            const v1::GetServerStatusRequest* request,
+                                            v1::ServerStatus* response) override;
+  grpc::ServerUnaryReactor* Tokenize(grpc::CallbackServerContext* ctx,
+                                     const v1::TokenizeRequest* request,
+                                     v1::TokenizeResponse* response) override;
+
+  // Request ids in flight (Abort's "found", duplicate detection). Thread-safe.
+  bool Track(const std::string& id);
+  void Untrack(const std::string& id);
+
+  scheduler::Engine& engine() { return *engine_; }
+  Metrics* metrics() { return metrics_; }
+
+ private:
+  grpc::Status CheckAuth(grpc::CallbackServerContext* ctx) const;
+
+  scheduler::Engine* engine_;
+  const model::Model* model_;
+  std::string backend_name_;
+  Metrics* metrics_;
+  ServiceOptions options_;
+  std::atomic<bool> ready_{false};
+  std::atomic<uint64_t> next_id_{1};
+  std::mutex mu_;
+  std::set<std::string> active_;  // guarded by mu_
+};
+
+grpc::Status ToGrpcStatus(const absl::Status& status);
+
+}  // namespace thetaserve::server

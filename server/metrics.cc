@@ -1,0 +1,182 @@
+#include "server/metrics.h"
+
+#include <exception>
+
+#include "prometheus/text_serializer.h"
+
+namespace thetaserve::server {
+namespace {
+
+using prometheus::BuildCounter;
+using prometheus::BuildGauge;
+using prometheus::BuildHistogram;
+using prometheus::Histogram;
+
+// Latency buckets from 1 ms to 2 minutes.
+Histogram::BucketBoundaries LatencyBuckets() {
+  return {0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.25, 0.5,
+          0.75,  1.0,    2.5,   5.0,  10,   20,   40,   80,   120};
+}
+
+Histogram::BucketBoundaries CountBuckets() {
+  return {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192};
+}
+
+}  // namespace
+
+Metrics::Metrics(const MetricsInfo& info)
+    : registry_(std::make_shared<prometheus::Registry>()),
+      requests_(BuildCounter()
+                    .Name("thetaserve_requests_total")
+                    .Help("Requests by outcome: the finish reason, or rejected at submission")
+                    .Register(*registry_)),
+      rejected_(requests_.Add({{"outcome", "rejected"}})),
+      running_(BuildGauge().Name("thetaserve_requests_running")
+                   .Help("Requests in the running batch").Register(*registry_).Add({})),
+      waiting_(BuildGauge().Name("thetaserve_requests_waiting")
+                   .Help("Requests queued or preempted, waiting for pages").Register(*registry_).Add({})),
+      ttft_(BuildHistogram().Name("thetaserve_time_to_first_token_seconds")
+                .Help("Arrival to first generated token").Register(*registry_)
+                .Add({}, LatencyBuckets())),
+      itl_(BuildHistogram().Name("thetaserve_inter_token_latency_seconds")
+               .Help("Time between consecutive streamed token messages of a request")
+               .Register(*registry_).Add({}, LatencyBuckets())),
+      e2e_(BuildHistogram().Name("thetaserve_e2e_request_latency_seconds")
+               .Help("Arrival to finish").Register(*registry_).Add({}, LatencyBuckets())),
+      queue_(BuildHistogram().Name("thetaserve_request_queue_time_seconds")
+                 .Help("Arrival to first scheduled step").Register(*registry_)
+                 .Add({}, LatencyBuckets())),
+      prompt_tokens_(BuildCounter().Name("thetaserve_prompt_tokens_total")
+                         .Help("Prompt tokens computed (recomputation after preemption included)")
+                         .Register(*registry_).Add({})),
+      generation_tokens_(BuildCounter().Name("thetaserve_generation_tokens_total")
+                             .Help("Tokens generated").Register(*registry_).Add({})),
+      preemptions_(BuildCounter().Name("thetaserve_preemptions_total")
+                       .Help("Sequences preempted (pages freed, recomputed later)")
+                       .Register(*registry_).Add({})),
+      pages_total_(BuildGauge().Name("thetaserve_kv_pages_total")
+                       .Help("Pages in the KV page pool").Register(*registry_).Add({})),
+      pages_free_(BuildGauge().Name("thetaserve_kv_pages_free")
+                      .Help("Free KV pages").Register(*registry_).Add({})),
+      kv_usage_(BuildGauge().Name("thetaserve_kv_cache_usage_ratio")
+                    .Help("Used pages / total pages (0..1)").Register(*registry_).Add({})),
+      batch_size_(BuildHistogram().Name("thetaserve_batch_size")
+                      .Help("Sequences per engine step").Register(*registry_)
+                      .Add({}, CountBuckets())),
+      batch_tokens_(BuildHistogram().Name("thetaserve_batch_tokens")
+                        .Help("Tokens per engine step").Register(*registry_)
+                        .Add({}, CountBuckets())),
+      v_rows_resident_(BuildGauge().Name("thetaserve_v_rows_resident")
+                           .Help("V rows stored in the cache, per (layer, KV head) row")
+                           .Register(*registry_).Add({})),
+      v_rows_dense_(BuildGauge().Name("thetaserve_v_rows_dense_equivalent")
+                        .Help("V rows a dense cache would store for the same sequences")
+                        .Register(*registry_).Add({})),
+      v_bytes_saved_(BuildGauge().Name("thetaserve_v_bytes_saved")
+                         .Help("Bytes of V not stored compared with a dense cache")
+                         .Register(*registry_).Add({})),
+      v_rows_read_(BuildCounter().Name("thetaserve_v_rows_read_total")
+                       .Help("V rows read by attention").Register(*registry_).Add({})),
+      v_rows_read_dense_(BuildCounter().Name("thetaserve_v_rows_read_dense_total")
+                             .Help("V rows dense attention would read").Register(*registry_)
+                             .Add({})),
+      attn_elements_kept_(BuildCounter().Name("thetaserve_attention_elements_kept_total")
+                              .Help("Attention (query head, key) elements kept")
+                              .Register(*registry_).Add({})),
+      attn_elements_dense_(BuildCounter().Name("thetaserve_attention_elements_dense_total")
+                               .Help("Attention elements of dense causal attention")
+                               .Register(*registry_).Add({})),
+      v_rows_evicted_(BuildCounter().Name("thetaserve_v_rows_evicted_total")
+                          .Help("V rows dropped from the cache by the sparse policy")
+                          .Register(*registry_).Add({})),
+      v_rows_retained_but_evicted_(
+          BuildCounter().Name("thetaserve_v_rows_retained_but_evicted_total")
+              .Help("Dropped V rows that a later query retained (mass moved to compensation)")
+              .Register(*registry_).Add({})) {
+  auto& used = BuildGauge()
+                   .Name("thetaserve_kv_pages_used")
+                   .Help("KV pages in use, by kind (k or v)")
+                   .Register(*registry_);
+  pages_used_k_ = &used.Add({{"kind", "k"}});
+  pages_used_v_ = &used.Add({{"kind", "v"}});
+  const char* reasons[5] = {"stop", "length", "eos", "cancelled", "error"};
+  for (int i = 0; i < 5; ++i) finished_[i] = &requests_.Add({{"outcome", reasons[i]}});
+  auto& step_family = BuildHistogram()
+                          .Name("thetaserve_step_duration_seconds")
+                          .Help("Engine step time (forward + sampling), by phase of the batch")
+                          .Register(*registry_);
+  const char* phases[3] = {"prefill", "decode", "mixed"};
+  for (int i = 0; i < 3; ++i) step_duration_[i] = &step_family.Add({{"phase", phases[i]}}, LatencyBuckets());
+  BuildGauge()
+      .Name("thetaserve_build_info")
+      .Help("Build and configuration; the value is always 1")
+      .Register(*registry_)
+      .Add({{"version", info.version}, {"backend", info.backend}, {"model", info.model},
+            {"theta_mode", info.theta_mode}, {"kv_policy", info.kv_policy}})
+      .Set(1);
+}
+
+bool Metrics::StartExposer(const std::string& address, std::string* error) {
+  try {
+    exposer_ = std::make_unique<prometheus::Exposer>(address);
+    exposer_->RegisterCollectable(registry_);
+    return true;
+  } catch (const std::exception& e) {
+    *error = e.what();
+    return false;
+  }
+}
+
+std::string Metrics::Serialize() const {
+  prometheus::TextSerializer serializer;
+  return serializer.Serialize(registry_->Collect());
+}
+
+void Metrics::OnRejected() { rejected_.Increment(); }
+
+void Metrics::OnFinish(const scheduler::FinishInfo& info) {
+  finished_[static_cast<int>(info.reason)]->Increment();
+  e2e_.Observe(info.total_seconds);
+  queue_.Observe(info.queue_seconds);
+  if (info.completion_tokens > 0) ttft_.Observe(info.ttft_seconds);
+}
+
+void Metrics::OnInterTokenLatency(double seconds) { itl_.Observe(seconds); }
+
+void Metrics::OnEngineStats(const scheduler::EngineStats& s, const scheduler::StepStats* step) {
+  running_.Set(double(s.running));
+  waiting_.Set(double(s.waiting));
+  pages_total_.Set(double(s.pages_total));
+  pages_used_k_->Set(double(s.pages_used_k));
+  pages_used_v_->Set(double(s.pages_used_v));
+  pages_free_.Set(double(s.pages_free));
+  kv_usage_.Set(s.pages_total ? double(s.pages_total - s.pages_free) / s.pages_total : 0.0);
+  v_rows_resident_.Set(double(s.v_rows_resident));
+  v_rows_dense_.Set(double(s.v_rows_dense_equivalent));
+  v_bytes_saved_.Set(double(s.v_rows_dense_equivalent - s.v_rows_resident) * s.v_row_bytes);
+
+  // Counters follow the engine's totals (called on the engine thread only).
+  auto advance = [](prometheus::Counter& c, int64_t total) {
+    const double delta = double(total) - c.Value();
+    if (delta > 0) c.Increment(delta);
+  };
+  const auto& k = s.counters;
+  advance(prompt_tokens_, k.prompt_tokens);
+  advance(generation_tokens_, k.generation_tokens);
+  advance(preemptions_, k.preemptions);
+  advance(v_rows_read_, k.v_rows_read);
+  advance(v_rows_read_dense_, k.v_rows_read_dense);
+  advance(attn_elements_kept_, k.attn_elements_kept);
+  advance(attn_elements_dense_, k.attn_elements_dense);
+  advance(v_rows_evicted_, k.v_rows_evicted);
+  advance(v_rows_retained_but_evicted_, k.v_rows_retained_but_evicted);
+
+  if (step) {
+    const int phase = step->decode_tokens == 0 ? 0 : (step->prefill_tokens == 0 ? 1 : 2);
+    step_duration_[phase]->Observe(step->seconds);
+    batch_size_.Observe(double(step->num_seqs));
+    batch_tokens_.Observe(double(step->num_tokens));
+  }
+}
+
+}  // namespace thetaserve::server

@@ -1,0 +1,80 @@
+// Prometheus metrics of the server (prefix thetaserve_, units in names, counters end in
+// _total). Thread-safety: every method may be called from any thread (prometheus-cpp metrics
+// are atomic; the Counter/Gauge/Histogram references are resolved once at construction).
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "prometheus/counter.h"
+#include "prometheus/exposer.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+#include "scheduler/request.h"
+#include "scheduler/stats.h"
+
+namespace thetaserve::server {
+
+struct MetricsInfo {
+  std::string version;
+  std::string backend;
+  std::string model;
+  std::string theta_mode;  // "dense" until Top-θ is configured
+  std::string kv_policy;   // "full" / "sparse"
+};
+
+class Metrics {
+ public:
+  explicit Metrics(const MetricsInfo& info);
+
+  // Serves /metrics on `address` ("0.0.0.0:9090"); throws nothing, returns false on failure.
+  bool StartExposer(const std::string& address, std::string* error);
+
+  void OnRejected();  // refused at submission (bad input, queue full, draining)
+  void OnFinish(const scheduler::FinishInfo& info);
+  void OnInterTokenLatency(double seconds);
+  void OnEngineStats(const scheduler::EngineStats& stats, const scheduler::StepStats* step);
+
+  std::shared_ptr<prometheus::Registry> registry() const { return registry_; }
+  // The text exposition (what /metrics serves), for tests and tools.
+  std::string Serialize() const;
+
+ private:
+  std::shared_ptr<prometheus::Registry> registry_;
+  std::unique_ptr<prometheus::Exposer> exposer_;
+
+  prometheus::Family<prometheus::Counter>& requests_;
+  prometheus::Counter& rejected_;
+  prometheus::Counter* finished_[5];  // by scheduler::FinishReason
+  prometheus::Gauge& running_;
+  prometheus::Gauge& waiting_;
+  prometheus::Histogram& ttft_;
+  prometheus::Histogram& itl_;
+  prometheus::Histogram& e2e_;
+  prometheus::Histogram& queue_;
+  prometheus::Counter& prompt_tokens_;
+  prometheus::Counter& generation_tokens_;
+  prometheus::Counter& preemptions_;
+  prometheus::Gauge& pages_total_;
+  prometheus::Gauge* pages_used_k_;
+  prometheus::Gauge* pages_used_v_;
+  prometheus::Gauge& pages_free_;
+  prometheus::Gauge& kv_usage_;
+  prometheus::Histogram* step_duration_[3];  // prefill, decode, mixed
+  prometheus::Histogram& batch_size_;
+  prometheus::Histogram& batch_tokens_;
+  // Top-θ savings. Under dense attention resident == dense equivalent and read == dense.
+  prometheus::Gauge& v_rows_resident_;
+  prometheus::Gauge& v_rows_dense_;
+  prometheus::Gauge& v_bytes_saved_;
+  prometheus::Counter& v_rows_read_;
+  prometheus::Counter& v_rows_read_dense_;
+  prometheus::Counter& attn_elements_kept_;
+  prometheus::Counter& attn_elements_dense_;
+  prometheus::Counter& v_rows_evicted_;
+  prometheus::Counter& v_rows_retained_but_evicted_;
+
+};
+
+}  // namespace thetaserve::server

@@ -1,0 +1,203 @@
+// `thetaserve serve`: the gRPC server. Loads the model, warms up, serves Generate with health,
+// reflection and /metrics, and drains on SIGTERM/SIGINT.
+#include <signal.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <future>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/grpcpp.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "scheduler/engine.h"
+#include "server/cli_args.h"
+#include "server/commands.h"
+#include "server/generation_service.h"
+#include "server/metrics.h"
+#include "server/model_loading.h"
+
+namespace thetaserve::server {
+namespace {
+
+constexpr char kUsage[] =
+    "usage: thetaserve serve --model PATH [flags]\n"
+    "  --model PATH                 GGUF file or Hugging Face directory\n"
+    "  --host ADDR                  listen address (default 0.0.0.0)\n"
+    "  --port N                     gRPC port (default 50051)\n"
+    "  --metrics-port N             Prometheus /metrics port (default 9090; 0 = off)\n"
+    "  --max-num-seqs N             running sequences at once (default 64)\n"
+    "  --max-num-batched-tokens N   token budget per engine step (default 512)\n"
+    "  --kv-cache-memory SIZE       KV page pool size, e.g. 512M (default 256M)\n"
+    "  --block-size N               rows per KV page (default 16)\n"
+    "  --max-queue N                waiting requests before RESOURCE_EXHAUSTED (default 1024)\n"
+    "  --threads N                  CPU threads (default: all cores)\n"
+    "  --device cpu|cuda|auto       (default auto)\n"
+    "  --drain-timeout SECONDS      grace period for in-flight requests on SIGTERM (default 30)\n"
+    "  --tls-cert FILE --tls-key FILE   serve TLS\n"
+    "  --api-key KEY                require 'authorization: Bearer KEY' (or THETASERVE_API_KEY)\n";
+
+std::string ReadFile(const std::string& path, bool* ok) {
+  std::ifstream in(path, std::ios::binary);
+  *ok = static_cast<bool>(in);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// Waits for one generation to finish (the warm-up).
+class WarmupSink : public scheduler::TokenSink {
+ public:
+  void OnTokens(const scheduler::TokenDelta&) override {}
+  void OnFinish(const scheduler::FinishInfo& info) override { done.set_value(info); }
+  std::promise<scheduler::FinishInfo> done;
+};
+
+}  // namespace
+
+int RunServe(const std::vector<std::string>& argv) {
+  auto args = CliArgs::Parse(
+      argv, {{"model", true}, {"host", true}, {"port", true}, {"metrics-port", true},
+             {"max-num-seqs", true}, {"max-num-batched-tokens", true},
+             {"kv-cache-memory", true}, {"block-size", true}, {"max-queue", true},
+             {"threads", true}, {"device", true}, {"drain-timeout", true}, {"tls-cert", true},
+             {"tls-key", true}, {"api-key", true}, {"help", false}});
+  if (!args.ok() || args->Has("help")) {
+    if (!args.ok()) std::fprintf(stderr, "thetaserve serve: %s\n", args.status().ToString().c_str());
+    std::fprintf(stderr, "%s", kUsage);
+    return args.ok() ? 0 : 2;
+  }
+  auto fail = [](const absl::Status& st) {
+    std::fprintf(stderr, "thetaserve serve: %s\n", std::string(st.message()).c_str());
+    return 1;
+  };
+  auto port = args->GetInt("port", 50051);
+  auto metrics_port = args->GetInt("metrics-port", 9090);
+  auto max_seqs = args->GetInt("max-num-seqs", 64);
+  auto max_tokens = args->GetInt("max-num-batched-tokens", 512);
+  auto kv_bytes = args->GetBytes("kv-cache-memory", int64_t(256) << 20);
+  auto block_size = args->GetInt("block-size", 16);
+  auto max_queue = args->GetInt("max-queue", 1024);
+  auto threads = args->GetInt("threads", 0);
+  auto drain = args->GetDouble("drain-timeout", 30);
+  auto device = ParseDevice(args->GetString("device", "auto"));
+  for (const absl::Status& st :
+       {port.status(), metrics_port.status(), max_seqs.status(), max_tokens.status(),
+        kv_bytes.status(), block_size.status(), max_queue.status(), threads.status(),
+        drain.status(), device.status()}) {
+    if (!st.ok()) return fail(st);
+  }
+  if (*max_seqs < 1 || *max_tokens < 1 || *block_size < 1 || *max_queue < 1) {
+    return fail(absl::InvalidArgumentError(
+        "--max-num-seqs, --max-num-batched-tokens, --block-size and --max-queue must be >= 1"));
+  }
+  std::string api_key = args->GetString("api-key");
+  if (api_key.empty()) {
+    if (const char* env = std::getenv("THETASERVE_API_KEY")) api_key = env;
+  }
+
+  // Signals go to the main thread's sigwait only: block them before any thread starts.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  auto loaded = LoadModelForCli(args->GetString("model"), *device, static_cast<int>(*threads));
+  if (!loaded.ok()) return fail(loaded.status());
+
+  scheduler::EngineConfig ec;
+  ec.scheduler.max_num_seqs = *max_seqs;
+  ec.scheduler.max_num_batched_tokens = *max_tokens;
+  ec.kv_cache_bytes = *kv_bytes;
+  ec.block_size = static_cast<int32_t>(*block_size);
+  ec.max_queue = *max_queue;
+  auto engine = scheduler::Engine::Create(ec, *loaded->backend);
+  if (!engine.ok()) return fail(engine.status());
+
+  MetricsInfo mi{THETASERVE_VERSION, loaded->backend->name(), loaded->model->config().name,
+                 "dense", "full"};
+  Metrics metrics(mi);
+  (*engine)->SetObserver([&metrics](const scheduler::EngineStats& s,
+                                    const scheduler::StepStats* step) {
+    metrics.OnEngineStats(s, step);
+  });
+  if (*metrics_port > 0) {
+    std::string error;
+    const std::string addr = absl::StrCat(args->GetString("host", "0.0.0.0"), ":", *metrics_port);
+    if (!metrics.StartExposer(addr, &error)) {
+      return fail(absl::UnavailableError(absl::StrCat("cannot serve /metrics on ", addr, ": ", error)));
+    }
+    std::fprintf(stderr, "metrics on http://%s/metrics\n", addr.c_str());
+  }
+
+  ServiceOptions options;
+  options.api_key = api_key;
+  GenerationService service(**engine, *loaded->model, loaded->backend->name(), &metrics, options);
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  std::shared_ptr<grpc::ServerCredentials> creds = grpc::InsecureServerCredentials();
+  if (args->Has("tls-cert") || args->Has("tls-key")) {
+    bool ok_cert = false, ok_key = false;
+    std::string cert = ReadFile(args->GetString("tls-cert"), &ok_cert);
+    std::string key = ReadFile(args->GetString("tls-key"), &ok_key);
+    if (!ok_cert || !ok_key) {
+      return fail(absl::InvalidArgumentError("--tls-cert and --tls-key must both name readable PEM files"));
+    }
+    grpc::SslServerCredentialsOptions ssl;
+    ssl.pem_key_cert_pairs.push_back({key, cert});
+    creds = grpc::SslServerCredentials(ssl);
+  }
+  const std::string address = absl::StrCat(args->GetString("host", "0.0.0.0"), ":", *port);
+  int bound_port = 0;
+  builder.AddListeningPort(address, creds, &bound_port);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (!server || bound_port == 0) {
+    return fail(absl::UnavailableError(absl::StrCat("cannot listen on ", address)));
+  }
+  auto* health = server->GetHealthCheckService();
+  health->SetServingStatus(false);
+
+  // Warm up: one short generation through the whole engine before declaring SERVING.
+  {
+    auto sink = std::make_shared<WarmupSink>();
+    auto done = sink->done.get_future();
+    scheduler::Request warm;
+    warm.id = "warmup";
+    warm.prompt = loaded->model->tokenizer().Encode("Hello", true, false);
+    warm.sampling.temperature = 0;
+    warm.stopping.max_tokens = 2;
+    warm.stopping.ignore_eos = true;
+    absl::Status st = (*engine)->Submit(std::move(warm), sink);
+    if (!st.ok()) return fail(st);
+    scheduler::FinishInfo info = done.get();
+    if (!info.status.ok()) return fail(info.status);
+  }
+  service.SetReady(true);
+  health->SetServingStatus(true);
+  std::fprintf(stderr, "serving thetaserve.v1.Generation on %s (%s)\n", address.c_str(),
+               args->Has("tls-cert") ? "TLS" : "plaintext");
+
+  int sig = 0;
+  sigwait(&signals, &sig);
+  std::fprintf(stderr, "received %s: draining (up to %.0f s)\n", sig == SIGTERM ? "SIGTERM" : "SIGINT",
+               *drain);
+  health->SetServingStatus(false);
+  (*engine)->StartDrain();
+  const bool idle = (*engine)->WaitIdle(*drain);
+  if (!idle) std::fprintf(stderr, "drain timeout: cancelling the remaining requests\n");
+  (*engine)->Stop();  // cancels whatever is left; their streams finish with UNAVAILABLE
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  std::fprintf(stderr, "stopped\n");
+  return 0;
+}
+
+}  // namespace thetaserve::server

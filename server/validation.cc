@@ -1,0 +1,193 @@
+#include "server/validation.h"
+
+#include <cmath>
+
+#include "absl/strings/str_format.h"
+
+namespace thetaserve::server {
+
+bool IsValidUtf8(std::string_view s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    const unsigned char c = s[i];
+    if (c < 0x80) {
+      ++i;
+      continue;
+    }
+    int n;
+    uint32_t cp;
+    if ((c >> 5) == 0x6) {
+      n = 1, cp = c & 0x1F;
+    } else if ((c >> 4) == 0xE) {
+      n = 2, cp = c & 0x0F;
+    } else if ((c >> 3) == 0x1E) {
+      n = 3, cp = c & 0x07;
+    } else {
+      return false;
+    }
+    if (i + n >= s.size()) return false;  // truncated sequence
+    for (int k = 1; k <= n; ++k) {
+      const unsigned char cc = s[i + k];
+      if ((cc >> 6) != 0x2) return false;
+      cp = (cp << 6) | (cc & 0x3F);
+    }
+    // Overlong forms, surrogates and values past U+10FFFF are invalid.
+    if ((n == 1 && cp < 0x80) || (n == 2 && cp < 0x800) || (n == 3 && cp < 0x10000) ||
+        cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) {
+      return false;
+    }
+    i += n + 1;
+  }
+  return true;
+}
+
+absl::StatusOr<std::string> RenderChat(const v1::ChatMessages& chat, const model::Model& model) {
+  if (chat.messages_size() == 0) {
+    return absl::InvalidArgumentError("chat has no messages");
+  }
+  std::vector<model::ChatMessage> messages;
+  for (int i = 0; i < chat.messages_size(); ++i) {
+    const auto& m = chat.messages(i);
+    if (m.role() != "system" && m.role() != "user" && m.role() != "assistant") {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "chat.messages[%d].role is '%s'; use system, user or assistant", i, m.role()));
+    }
+    if (!IsValidUtf8(m.content())) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("chat.messages[%d].content is not valid UTF-8", i));
+    }
+    messages.push_back({m.role(), m.content()});
+  }
+  return model.tokenizer().ApplyChatTemplate(messages, /*add_generation_prompt=*/true);
+}
+
+absl::StatusOr<scheduler::Request> BuildRequest(const v1::GenerateRequest& req,
+                                                const model::Model& model) {
+  const auto& config = model.config();
+  const auto& tok = model.tokenizer();
+  scheduler::Request out;
+  out.id = req.request_id();
+  const bool add_special = !req.has_add_special_tokens() || req.add_special_tokens();
+
+  switch (req.input_case()) {
+    case v1::GenerateRequest::kPrompt:
+      if (req.prompt().empty()) {
+        return absl::InvalidArgumentError("prompt is empty; send some text to continue");
+      }
+      if (!IsValidUtf8(req.prompt())) return absl::InvalidArgumentError("prompt is not valid UTF-8");
+      out.prompt = tok.Encode(req.prompt(), add_special, /*parse_special=*/true);
+      break;
+    case v1::GenerateRequest::kPromptTokenIds: {
+      const auto& ids = req.prompt_token_ids().ids();
+      if (ids.empty()) return absl::InvalidArgumentError("prompt_token_ids is empty");
+      for (int i = 0; i < ids.size(); ++i) {
+        if (ids[i] >= static_cast<uint64_t>(config.vocab_size)) {
+          return absl::InvalidArgumentError(absl::StrFormat(
+              "prompt_token_ids[%d] = %d is outside the vocabulary [0, %d)", i, ids[i],
+              config.vocab_size));
+        }
+        out.prompt.push_back(static_cast<int32_t>(ids[i]));
+      }
+      break;
+    }
+    case v1::GenerateRequest::kChat: {
+      auto text = RenderChat(req.chat(), model);
+      if (!text.ok()) return text.status();
+      out.prompt = tok.Encode(*text, add_special, /*parse_special=*/true);
+      break;
+    }
+    default:
+      return absl::InvalidArgumentError("one of prompt, prompt_token_ids or chat is required");
+  }
+  if (out.prompt.empty()) return absl::InvalidArgumentError("the prompt encodes to no tokens");
+  const int64_t prompt_len = static_cast<int64_t>(out.prompt.size());
+  if (prompt_len >= config.max_context) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "the prompt has %d tokens; the model's context is %d tokens, and at least one must be "
+        "left to generate",
+        prompt_len, config.max_context));
+  }
+
+  const auto& st = req.stopping();
+  int64_t max_tokens = kDefaultMaxTokens;
+  if (st.has_max_tokens()) {
+    if (st.max_tokens() < 1) return absl::InvalidArgumentError("stopping.max_tokens must be >= 1");
+    max_tokens = st.max_tokens();
+  }
+  if (prompt_len + max_tokens > config.max_context) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "stopping.max_tokens = %d with a %d-token prompt exceeds the model's context of %d; "
+        "use max_tokens <= %d",
+        max_tokens, prompt_len, config.max_context, config.max_context - prompt_len));
+  }
+  out.stopping.max_tokens = static_cast<int32_t>(max_tokens);
+  if (st.stop_size() > kMaxStopStrings) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%d stop strings given; at most %d are allowed", st.stop_size(), kMaxStopStrings));
+  }
+  for (int i = 0; i < st.stop_size(); ++i) {
+    const std::string& s = st.stop(i);
+    if (s.empty()) return absl::InvalidArgumentError(absl::StrFormat("stopping.stop[%d] is empty", i));
+    if (s.size() > kMaxStopStringBytes) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "stopping.stop[%d] is %d bytes; at most %d are allowed", i, s.size(), kMaxStopStringBytes));
+    }
+    if (!IsValidUtf8(s)) {
+      return absl::InvalidArgumentError(absl::StrFormat("stopping.stop[%d] is not valid UTF-8", i));
+    }
+    out.stopping.stop.push_back(s);
+  }
+  for (int i = 0; i < st.stop_token_ids_size(); ++i) {
+    if (st.stop_token_ids(i) >= static_cast<uint64_t>(config.vocab_size)) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "stopping.stop_token_ids[%d] = %d is outside the vocabulary [0, %d)", i,
+          st.stop_token_ids(i), config.vocab_size));
+    }
+    out.stopping.stop_token_ids.push_back(static_cast<int32_t>(st.stop_token_ids(i)));
+  }
+  out.stopping.ignore_eos = st.ignore_eos();
+
+  const auto& sp = req.sampling();
+  auto& o = out.sampling;
+  o.temperature = sp.has_temperature() ? sp.temperature() : 1.0f;
+  if (!(o.temperature >= 0.0f) || !std::isfinite(o.temperature)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "sampling.temperature = %g; it must be >= 0 (0 = greedy)", sp.temperature()));
+  }
+  o.top_p = sp.has_top_p() ? sp.top_p() : 1.0f;
+  if (!(o.top_p > 0.0f && o.top_p <= 1.0f)) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("sampling.top_p = %g; it must be in (0, 1]", sp.top_p()));
+  }
+  if (sp.top_k() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("sampling.top_k = %d; it must be >= 0 (0 = off)", sp.top_k()));
+  }
+  o.top_k = sp.top_k();
+  if (!(sp.min_p() >= 0.0f && sp.min_p() <= 1.0f)) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("sampling.min_p = %g; it must be in [0, 1]", sp.min_p()));
+  }
+  o.min_p = sp.min_p();
+  o.repetition_penalty = sp.has_repetition_penalty() ? sp.repetition_penalty() : 1.0f;
+  if (!(o.repetition_penalty > 0.0f) || !std::isfinite(o.repetition_penalty)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "sampling.repetition_penalty = %g; it must be > 0 (1 = off)", sp.repetition_penalty()));
+  }
+  if (!std::isfinite(sp.presence_penalty()) || std::fabs(sp.presence_penalty()) > 2.0f ||
+      !std::isfinite(sp.frequency_penalty()) || std::fabs(sp.frequency_penalty()) > 2.0f) {
+    return absl::InvalidArgumentError(
+        "sampling.presence_penalty and frequency_penalty must be in [-2, 2]");
+  }
+  o.presence_penalty = sp.presence_penalty();
+  o.frequency_penalty = sp.frequency_penalty();
+  if (sp.has_seed()) o.seed = sp.seed();
+  if (sp.logprobs() < 0 || sp.logprobs() > kMaxLogprobs) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "sampling.logprobs = %d; it must be in [0, %d]", sp.logprobs(), kMaxLogprobs));
+  }
+  o.logprobs = sp.logprobs();
+  return out;
+}
+
+}  // namespace thetaserve::server

@@ -1,0 +1,25 @@
+// Turns an API GenerateRequest into an engine Request, or says precisely what is wrong with
+// it (INVALID_ARGUMENT with a message that names the field and the allowed range).
+#pragma once
+
+#include "absl/status/statusor.h"
+#include "model/model.h"
+#include "scheduler/request.h"
+#include "thetaserve/v1/generation.pb.h"
+
+namespace thetaserve::server {
+
+constexpr int kMaxStopStrings = 16;
+constexpr int kMaxStopStringBytes = 256;
+constexpr int kMaxLogprobs = 20;
+constexpr int kDefaultMaxTokens = 16;
+
+absl::StatusOr<scheduler::Request> BuildRequest(const v1::GenerateRequest& req,
+                                                const model::Model& model);
+
+// Renders chat messages with the model's template (validating roles and UTF-8).
+absl::StatusOr<std::string> RenderChat(const v1::ChatMessages& chat, const model::Model& model);
+
+bool IsValidUtf8(std::string_view s);
+
+}  // namespace thetaserve::server
