@@ -1,0 +1,475 @@
+// End to end over loopback TCP with the real model: the `thetaserve serve` binary, real gRPC
+// clients, real /metrics scrapes checked by promtool.
+#include <signal.h>
+
+#include <array>
+#include <atomic>
+#include <cstdio>
+#include <fstream>
+#include <thread>
+
+#include "gtest/gtest.h"
+#include "tests/server/server_process.h"
+#include "tests/test_util.h"
+
+namespace thetaserve::testing {
+namespace {
+
+struct StreamResult {
+  std::string text;
+  std::vector<uint32_t> ids;
+  v1::Complete complete;
+  grpc::Status status;
+  int chunks = 0;
+};
+
+StreamResult Generate(v1::Generation::Stub& stub, const v1::GenerateRequest& req,
+                      double timeout_s = 300, const std::string& api_key = "") {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() +
+                   std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)));
+  if (!api_key.empty()) ctx.AddMetadata("authorization", "Bearer " + api_key);
+  auto reader = stub.Generate(&ctx, req);
+  StreamResult out;
+  v1::GenerateResponse resp;
+  while (reader->Read(&resp)) {
+    if (resp.has_chunk()) {
+      out.text += resp.chunk().text();
+      out.ids.insert(out.ids.end(), resp.chunk().token_ids().begin(), resp.chunk().token_ids().end());
+      ++out.chunks;
+    } else {
+      out.complete = resp.complete();
+    }
+  }
+  out.status = reader->Finish();
+  return out;
+}
+
+v1::GenerateRequest Prompt(const std::string& text, int max_tokens, float temperature = 0) {
+  v1::GenerateRequest req;
+  req.set_prompt(text);
+  req.mutable_sampling()->set_temperature(temperature);
+  req.mutable_stopping()->set_max_tokens(max_tokens);
+  return req;
+}
+
+std::string RunGenerateBinary(const std::string& args) {
+  std::string cmd = BinaryPath() + " generate --model " + DefaultModelPath() + " " + args + " 2>/dev/null";
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
+  pclose(p);
+  return out;
+}
+
+double MetricValue(const std::string& exposition, const std::string& series) {
+  for (size_t pos = 0; (pos = exposition.find(series, pos)) != std::string::npos; pos += series.size()) {
+    if (pos > 0 && exposition[pos - 1] != '\n') continue;
+    size_t sp = pos + series.size();
+    if (exposition[sp] != ' ') continue;
+    return std::stod(exposition.substr(sp + 1));
+  }
+  return -1;
+}
+
+class ServerE2ETest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    server_ = new ServerProcess({"--max-num-seqs", "32", "--kv-cache-memory", "256M"});
+  }
+  static void TearDownTestSuite() { delete server_; }
+  static ServerProcess* server_;
+};
+ServerProcess* ServerE2ETest::server_ = nullptr;
+
+TEST_F(ServerE2ETest, HealthIsServingAndReflectionListsTheService) {
+  ASSERT_TRUE(server_->started());
+  EXPECT_EQ(server_->HealthStatus(), "SERVING");
+  EXPECT_EQ(server_->HealthStatus("thetaserve.v1.Generation"), "SERVING");
+  // grpc.reflection.v1alpha ServerReflectionRequest{list_services: ""} (field 7), by hand.
+  grpc::GenericStub stub(server_->channel());
+  grpc::CompletionQueue cq;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  auto call = stub.PrepareCall(&ctx, "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", &cq);
+  void* tag;
+  bool ok;
+  call->StartCall(reinterpret_cast<void*>(1));
+  ASSERT_TRUE(cq.Next(&tag, &ok) && ok);
+  std::string req("\x3a\x00", 2);
+  grpc::Slice slice(req);
+  grpc::ByteBuffer buffer(&slice, 1);
+  call->Write(buffer, reinterpret_cast<void*>(2));
+  ASSERT_TRUE(cq.Next(&tag, &ok) && ok);
+  grpc::ByteBuffer response;
+  call->Read(&response, reinterpret_cast<void*>(3));
+  ASSERT_TRUE(cq.Next(&tag, &ok) && ok);
+  std::vector<grpc::Slice> slices;
+  response.Dump(&slices);
+  std::string bytes;
+  for (auto& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  EXPECT_NE(bytes.find("thetaserve.v1.Generation"), std::string::npos);
+  EXPECT_NE(bytes.find("grpc.health.v1.Health"), std::string::npos);
+  ctx.TryCancel();
+  grpc::Status finish;
+  call->Finish(&finish, reinterpret_cast<void*>(4));
+  while (cq.Next(&tag, &ok) && tag != reinterpret_cast<void*>(4)) {
+  }
+  cq.Shutdown();
+  while (cq.Next(&tag, &ok)) {
+  }
+}
+
+TEST_F(ServerE2ETest, StreamEqualsGenerateCommandWithTheSameSeed) {
+  auto stub = server_->stub();
+  auto req = Prompt("Once upon a time", 24, 0.8f);
+  req.mutable_sampling()->set_seed(1234);
+  req.mutable_stopping()->set_ignore_eos(true);
+  StreamResult r = Generate(*stub, req);
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.complete.finish_reason(), v1::FINISH_REASON_LENGTH);
+  EXPECT_EQ(r.complete.usage().completion_tokens(), 24u);
+  EXPECT_GT(r.chunks, 1) << "tokens should stream, not arrive in one message";
+  std::string cli = RunGenerateBinary(
+      "--prompt 'Once upon a time' --max-tokens 24 --temperature 0.8 --seed 1234 --ignore-eos");
+  EXPECT_EQ(r.text + "\n", cli);
+}
+
+TEST_F(ServerE2ETest, ThirtyTwoConcurrentStreamsAllComplete) {
+  const std::vector<std::string> prompts = {"The capital of France is", "def add(a, b):",
+                                            "In the beginning", "My favourite colour is"};
+  std::vector<std::string> solo;
+  {
+    auto stub = server_->stub();
+    for (auto& p : prompts) {
+      StreamResult r = Generate(*stub, Prompt(p, 16));
+      ASSERT_TRUE(r.status.ok());
+      solo.push_back(r.text);
+    }
+  }
+  std::vector<StreamResult> results(32);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 32; ++i) {
+    threads.emplace_back([&, i] {
+      auto stub = server_->stub();
+      results[i] = Generate(*stub, Prompt(prompts[i % prompts.size()], 16));
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int i = 0; i < 32; ++i) {
+    ASSERT_TRUE(results[i].status.ok()) << i << ": " << results[i].status.error_message();
+    EXPECT_EQ(results[i].text, solo[i % prompts.size()]) << "stream " << i;
+    EXPECT_NE(results[i].complete.finish_reason(), v1::FINISH_REASON_UNSPECIFIED);
+  }
+}
+
+TEST_F(ServerE2ETest, ClientCancelFreesPagesWithinAStep) {
+  auto stub = server_->stub();
+  auto req = Prompt("Tell me a very long story about a dragon", 400);
+  req.mutable_stopping()->set_ignore_eos(true);
+  grpc::ClientContext ctx;
+  auto reader = stub->Generate(&ctx, req);
+  v1::GenerateResponse resp;
+  int tokens = 0;
+  while (tokens < 5 && reader->Read(&resp)) tokens += resp.chunk().token_ids_size();
+  ASSERT_GE(tokens, 5);
+  v1::ServerStatus before;
+  {
+    grpc::ClientContext c;
+    ASSERT_TRUE(stub->GetServerStatus(&c, {}, &before).ok());
+  }
+  EXPECT_GT(before.pages().used_k() + before.pages().used_v(), 0u);
+  ctx.TryCancel();
+  reader->Finish();
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  v1::ServerStatus after;
+  while (std::chrono::steady_clock::now() < until) {
+    grpc::ClientContext c;
+    ASSERT_TRUE(stub->GetServerStatus(&c, {}, &after).ok());
+    if (after.pages().used_k() + after.pages().used_v() == 0 && after.running() == 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_EQ(after.pages().used_k() + after.pages().used_v(), 0u);
+  EXPECT_EQ(after.pages().free(), after.pages().total());
+  EXPECT_EQ(after.running(), 0u);
+}
+
+TEST_F(ServerE2ETest, BadInputGetsItsCodeAndTheServerKeepsServing) {
+  auto stub = server_->stub();
+  struct Case {
+    std::string name;
+    v1::GenerateRequest req;
+    grpc::StatusCode code;
+    std::string message_part;
+  };
+  std::vector<Case> cases;
+  auto base = [] { return Prompt("Hello", 4); };
+  {
+    v1::GenerateRequest r;
+    cases.push_back({"no input", r, grpc::StatusCode::INVALID_ARGUMENT, "prompt"});
+  }
+  {
+    auto r = base();
+    r.set_prompt("");
+    cases.push_back({"empty prompt", r, grpc::StatusCode::INVALID_ARGUMENT, "prompt is empty"});
+  }
+  {
+    auto r = base();
+    std::string big;
+    for (int i = 0; i < 9000; ++i) big += " word";
+    r.set_prompt(big);
+    cases.push_back({"prompt too long", r, grpc::StatusCode::INVALID_ARGUMENT, "context"});
+  }
+  {
+    auto r = base();
+    r.mutable_stopping()->set_max_tokens(0);
+    cases.push_back({"max_tokens 0", r, grpc::StatusCode::INVALID_ARGUMENT, "max_tokens"});
+  }
+  {
+    auto r = base();
+    r.mutable_stopping()->set_max_tokens(100000);
+    cases.push_back({"max_tokens beyond context", r, grpc::StatusCode::INVALID_ARGUMENT, "max_tokens"});
+  }
+  {
+    auto r = base();
+    r.mutable_sampling()->set_temperature(-1);
+    cases.push_back({"negative temperature", r, grpc::StatusCode::INVALID_ARGUMENT, "temperature"});
+  }
+  for (float p : {0.0f, 1.5f}) {
+    auto r = base();
+    r.mutable_sampling()->set_top_p(p);
+    cases.push_back({"top_p " + std::to_string(p), r, grpc::StatusCode::INVALID_ARGUMENT, "top_p"});
+  }
+  {
+    auto r = base();
+    r.mutable_sampling()->set_top_k(-2);
+    cases.push_back({"negative top_k", r, grpc::StatusCode::INVALID_ARGUMENT, "top_k"});
+  }
+  {
+    v1::GenerateRequest r = base();
+    r.mutable_prompt_token_ids()->add_ids(1);
+    r.mutable_prompt_token_ids()->add_ids(49152);
+    cases.push_back({"token id outside vocab", r, grpc::StatusCode::INVALID_ARGUMENT, "vocabulary"});
+  }
+  {
+    auto r = base();
+    for (int i = 0; i < 17; ++i) r.mutable_stopping()->add_stop("x" + std::to_string(i));
+    cases.push_back({"too many stop strings", r, grpc::StatusCode::INVALID_ARGUMENT, "stop strings"});
+  }
+  {
+    auto r = base();
+    r.mutable_stopping()->add_stop(std::string(300, 'a'));
+    cases.push_back({"stop string too long", r, grpc::StatusCode::INVALID_ARGUMENT, "bytes"});
+  }
+  {
+    auto r = base();
+    r.mutable_stopping()->add_stop_token_ids(99999);
+    cases.push_back({"stop token outside vocab", r, grpc::StatusCode::INVALID_ARGUMENT, "vocabulary"});
+  }
+  for (const Case& c : cases) {
+    StreamResult r = Generate(*stub, c.req);
+    EXPECT_EQ(r.status.error_code(), c.code) << c.name << ": " << r.status.error_message();
+    EXPECT_NE(r.status.error_message().find(c.message_part), std::string::npos)
+        << c.name << ": '" << r.status.error_message() << "' should mention '" << c.message_part << "'";
+    StreamResult ok = Generate(*stub, base());
+    EXPECT_TRUE(ok.status.ok()) << "after " << c.name << ": " << ok.status.error_message();
+  }
+}
+
+TEST_F(ServerE2ETest, InvalidUtf8PromptIsRejected) {
+  // Bytes on the wire that are not UTF-8: sent as a raw message so the client library does
+  // not refuse to serialize them. GenerateRequest{prompt (field 2) = "\xff\xfe"}.
+  grpc::GenericStub stub(server_->channel());
+  grpc::ClientContext ctx;
+  std::string raw("\x12\x02\xff\xfe", 4);
+  grpc::Slice slice(raw);
+  grpc::ByteBuffer request(&slice, 1);
+  grpc::CompletionQueue cq;
+  auto call = stub.PrepareCall(&ctx, "/thetaserve.v1.Generation/Generate", &cq);
+  void* tag;
+  bool ok;
+  call->StartCall(reinterpret_cast<void*>(1));
+  ASSERT_TRUE(cq.Next(&tag, &ok) && ok);
+  call->Write(request, reinterpret_cast<void*>(2));
+  cq.Next(&tag, &ok);
+  call->WritesDone(reinterpret_cast<void*>(3));
+  cq.Next(&tag, &ok);
+  grpc::Status status;
+  call->Finish(&status, reinterpret_cast<void*>(4));
+  while (cq.Next(&tag, &ok) && tag != reinterpret_cast<void*>(4)) {
+  }
+  EXPECT_NE(status.error_code(), grpc::StatusCode::OK);
+  EXPECT_TRUE(status.error_code() == grpc::StatusCode::INVALID_ARGUMENT ||
+              status.error_code() == grpc::StatusCode::INTERNAL)
+      << status.error_code() << " " << status.error_message();
+  cq.Shutdown();
+  while (cq.Next(&tag, &ok)) {
+  }
+  auto s = server_->stub();
+  EXPECT_TRUE(Generate(*s, Prompt("Hello", 2)).status.ok());
+}
+
+TEST_F(ServerE2ETest, DeadlineExceededEndsTheStreamAndFreesPages) {
+  auto stub = server_->stub();
+  auto req = Prompt("Write a long essay", 2000);
+  req.mutable_stopping()->set_ignore_eos(true);
+  StreamResult r = Generate(*stub, req, /*timeout_s=*/0.5);
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << r.status.error_message();
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  v1::ServerStatus st;
+  while (std::chrono::steady_clock::now() < until) {
+    grpc::ClientContext c;
+    ASSERT_TRUE(stub->GetServerStatus(&c, {}, &st).ok());
+    if (st.pages().free() == st.pages().total()) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_EQ(st.pages().free(), st.pages().total());
+}
+
+TEST_F(ServerE2ETest, AbortCancelsByRequestId) {
+  auto stub = server_->stub();
+  auto req = Prompt("Count from one to a thousand:", 1000);
+  req.set_request_id("abort-me");
+  req.mutable_stopping()->set_ignore_eos(true);
+  StreamResult r;
+  std::thread t([&] {
+    auto s = server_->stub();
+    r = Generate(*s, req);
+  });
+  v1::AbortResponse resp;
+  bool found = false;
+  for (int i = 0; i < 500 && !found; ++i) {
+    grpc::ClientContext c;
+    v1::AbortRequest a;
+    a.set_request_id("abort-me");
+    ASSERT_TRUE(stub->Abort(&c, a, &resp).ok());
+    found = resp.found();
+    if (!found) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  t.join();
+  EXPECT_TRUE(found);
+  EXPECT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.complete.finish_reason(), v1::FINISH_REASON_CANCELLED);
+  EXPECT_LT(r.complete.usage().completion_tokens(), 1000u);
+}
+
+TEST_F(ServerE2ETest, ModelInfoDescribesTheModel) {
+  auto stub = server_->stub();
+  grpc::ClientContext c;
+  v1::ModelInfo info;
+  ASSERT_TRUE(stub->GetModelInfo(&c, {}, &info).ok());
+  EXPECT_EQ(info.architecture(), "llama");
+  EXPECT_EQ(info.num_layers(), 30u);
+  EXPECT_EQ(info.vocab_size(), 49152u);
+  EXPECT_EQ(info.theta_mode(), "dense");
+  EXPECT_FALSE(info.model_fingerprint().empty());
+}
+
+TEST_F(ServerE2ETest, MetricsPassPromtoolAndMoveWithRequests) {
+  std::string before = server_->ScrapeMetrics();
+  ASSERT_FALSE(before.empty());
+  const double gen_before = MetricValue(before, "thetaserve_generation_tokens_total");
+  const double done_before = MetricValue(before, "thetaserve_requests_total{outcome=\"length\"}");
+  // Scrape while requests run.
+  std::vector<std::thread> load;
+  for (int i = 0; i < 4; ++i) {
+    load.emplace_back([&] {
+      auto s = server_->stub();
+      auto req = Prompt("The weather today", 24);
+      req.mutable_stopping()->set_ignore_eos(true);
+      Generate(*s, req);
+    });
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  std::string during = server_->ScrapeMetrics();
+  for (auto& t : load) t.join();
+  std::string after = server_->ScrapeMetrics();
+
+  for (const std::string* text : {&during, &after}) {
+    const std::string path = ::testing::TempDir() + "/metrics.txt";
+    std::ofstream(path) << *text;
+    std::string cmd = "promtool check metrics < " + path + " 2>&1";
+    FILE* p = popen(cmd.c_str(), "r");
+    std::string out;
+    char buf[4096];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
+    int rc = pclose(p);
+    EXPECT_EQ(rc, 0) << "promtool check metrics failed:\n" << out;
+  }
+  EXPECT_GE(MetricValue(after, "thetaserve_generation_tokens_total"), gen_before + 4 * 24);
+  EXPECT_GE(MetricValue(after, "thetaserve_requests_total{outcome=\"length\"}"), done_before + 4);
+  EXPECT_GT(MetricValue(after, "thetaserve_time_to_first_token_seconds_count"), 0);
+  EXPECT_GT(MetricValue(after, "thetaserve_kv_pages_total"), 0);
+  EXPECT_GT(MetricValue(after, "thetaserve_v_rows_read_total"), 0);
+}
+
+TEST(ServerLifecycleTest, DrainsOnSigtermWithHealthNotServing) {
+  ServerProcess server({"--drain-timeout", "60"});
+  ASSERT_TRUE(server.started());
+  StreamResult r;
+  std::thread t([&] {
+    auto s = server.stub();
+    auto req = Prompt("A long time ago", 48);
+    req.mutable_stopping()->set_ignore_eos(true);
+    r = Generate(*s, req);
+  });
+  // Wait until the request runs, then signal.
+  auto stub = server.stub();
+  for (int i = 0; i < 500; ++i) {
+    grpc::ClientContext c;
+    v1::ServerStatus st;
+    if (stub->GetServerStatus(&c, {}, &st).ok() && st.running() > 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  server.Signal(SIGTERM);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_EQ(server.HealthStatus(), "NOT_SERVING");
+  StreamResult late = Generate(*stub, Prompt("Hello", 2));
+  EXPECT_EQ(late.status.error_code(), grpc::StatusCode::UNAVAILABLE) << late.status.error_message();
+  t.join();
+  EXPECT_TRUE(r.status.ok()) << "in-flight request should finish during drain: " << r.status.error_message();
+  EXPECT_EQ(r.complete.usage().completion_tokens(), 48u);
+  EXPECT_EQ(server.Wait(60), 0);
+}
+
+TEST(ServerLifecycleTest, ApiKeyIsRequiredWhenSet) {
+  ServerProcess server({"--api-key", "sesame"});
+  ASSERT_TRUE(server.started());
+  auto stub = server.stub();
+  StreamResult none = Generate(*stub, Prompt("Hello", 2));
+  EXPECT_EQ(none.status.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  StreamResult wrong = Generate(*stub, Prompt("Hello", 2), 60, "wrong");
+  EXPECT_EQ(wrong.status.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  StreamResult right = Generate(*stub, Prompt("Hello", 2), 60, "sesame");
+  EXPECT_TRUE(right.status.ok()) << right.status.error_message();
+  EXPECT_EQ(server.HealthStatus(), "SERVING") << "health stays open for probes";
+}
+
+TEST(ServerLifecycleTest, FullQueueIsResourceExhausted) {
+  ServerProcess server({"--max-num-seqs", "1", "--max-queue", "1"});
+  ASSERT_TRUE(server.started());
+  auto long_req = Prompt("Once upon a time", 300);
+  long_req.mutable_stopping()->set_ignore_eos(true);
+  std::vector<StreamResult> results(3);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 3; ++i) {
+    threads.emplace_back([&, i] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(300 * i));
+      auto s = server.stub();
+      results[i] = Generate(*s, long_req, 120);
+    });
+  }
+  // Abort the long ones once the third has been answered.
+  threads[2].join();
+  EXPECT_EQ(results[2].status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+      << results[2].status.error_message();
+  server.Signal(SIGKILL);
+  threads[0].join();
+  threads[1].join();
+}
+
+}  // namespace
+}  // namespace thetaserve::testing

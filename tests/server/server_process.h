@@ -1,0 +1,52 @@
+// Starts the real `thetaserve serve` binary on loopback ports for end-to-end tests.
+#pragma once
+
+#include <sys/types.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "grpcpp/grpcpp.h"
+#include "thetaserve/v1/generation.grpc.pb.h"
+
+namespace thetaserve::testing {
+
+int FreePort();
+std::string BinaryPath();  // build/thetaserve
+
+class ServerProcess {
+ public:
+  // Starts the server with the default model and `extra` flags; waits until health says
+  // SERVING (fails the test after `timeout_s`).
+  explicit ServerProcess(std::vector<std::string> extra = {}, double timeout_s = 180);
+  ~ServerProcess();  // SIGKILL if still running
+
+  int port() const { return port_; }
+  int metrics_port() const { return metrics_port_; }
+  std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
+  pid_t pid() const { return pid_; }
+  bool started() const { return started_; }
+  std::shared_ptr<grpc::Channel> channel() const { return channel_; }
+  std::unique_ptr<v1::Generation::Stub> stub() const { return v1::Generation::NewStub(channel_); }
+
+  // "SERVING", "NOT_SERVING", or an error string.
+  std::string HealthStatus(const std::string& service = "") const;
+  // Sends a signal; Wait returns the exit code (or -1 on timeout).
+  void Signal(int sig) const;
+  int Wait(double timeout_s);
+  // GET /metrics over loopback.
+  std::string ScrapeMetrics() const;
+  const std::string& log_path() const { return log_path_; }
+
+ private:
+  pid_t pid_ = -1;
+  int port_ = 0;
+  int metrics_port_ = 0;
+  bool started_ = false;
+  bool exited_ = false;
+  std::string log_path_;
+  std::shared_ptr<grpc::Channel> channel_;
+};
+
+}  // namespace thetaserve::testing
