@@ -1,0 +1,204 @@
+// Decode benchmark: tokens/s at given batch sizes through the real engine, and the bandwidth
+// ratio = (weight bytes as stored ÷ decode step time) ÷ (memory copy bandwidth measured in the
+// same run). Also offline generation throughput at given concurrencies.
+//
+//   build/thetaserve_bench --model models/SmolLM2-135M-Instruct.Q4_1.gguf \
+//       --batches 1,16 --concurrency 1,8,32,64 --repeats 5
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "kernels/backend.h"
+#include "model/model.h"
+#include "scheduler/engine.h"
+
+namespace ts = thetaserve;
+
+namespace {
+
+double Now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+// Copy bandwidth in bytes/s (read + write traffic) over a buffer far larger than the caches,
+// using `threads` threads like the forward pass does.
+double CopyBandwidth(int threads) {
+  const size_t bytes = size_t(1) << 30;  // 1 GiB each way, > 4x the largest L3 seen here
+  std::vector<char> a(bytes, 1), b(bytes, 2);
+  std::vector<double> runs;
+  for (int r = 0; r < 5; ++r) {
+    double t0 = Now();
+    std::vector<std::thread> ts;
+    for (int t = 0; t < threads; ++t) {
+      ts.emplace_back([&, t] {
+        size_t chunk = bytes / threads;
+        std::memcpy(b.data() + t * chunk, a.data() + t * chunk, chunk);
+      });
+    }
+    for (auto& th : ts) th.join();
+    runs.push_back(2.0 * bytes / (Now() - t0));
+  }
+  return Median(runs);
+}
+
+class CountingSink : public ts::scheduler::TokenSink {
+ public:
+  void OnTokens(const ts::scheduler::TokenDelta& d) override {}
+  void OnFinish(const ts::scheduler::FinishInfo& i) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++finished_;
+    tokens_ += i.completion_tokens;
+    cv_.notify_all();
+  }
+  void WaitFor(int n) {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return finished_ >= n; });
+  }
+  int64_t tokens() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return tokens_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int finished_ = 0;
+  int64_t tokens_ = 0;
+};
+
+std::vector<int> ParseList(const std::string& s) {
+  std::vector<int> out;
+  for (auto part : absl::StrSplit(s, ',')) {
+    int v;
+    if (absl::SimpleAtoi(part, &v)) out.push_back(v);
+  }
+  return out;
+}
+
+ts::scheduler::Request MakeRequest(const ts::model::Model& model, int i, int prompt_tokens,
+                                   int max_tokens) {
+  ts::scheduler::Request r;
+  r.id = "bench-" + std::to_string(i);
+  // Distinct prompts of a fixed length from a repeating text.
+  std::vector<int32_t> text = model.tokenizer().Encode(
+      "It is a truth universally acknowledged, that a single man in possession of a good "
+      "fortune, must be in want of a wife. However little known the feelings or views of such "
+      "a man may be on his first entering a neighbourhood, this truth is so well fixed.",
+      false);
+  for (int k = 0; k < prompt_tokens; ++k) r.prompt.push_back(text[(i + k) % text.size()]);
+  r.sampling.temperature = 0;
+  r.stopping.max_tokens = max_tokens;
+  r.stopping.ignore_eos = true;
+  return r;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string model_path = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
+  std::string batches = "1,16", concurrency = "1,8,32,64";
+  int repeats = 5, threads = 0, prompt_tokens = 32, decode_tokens = 32;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    std::string k = argv[i], v = argv[i + 1];
+    if (k == "--model") model_path = v;
+    else if (k == "--batches") batches = v;
+    else if (k == "--concurrency") concurrency = v;
+    else if (k == "--repeats") repeats = std::stoi(v);
+    else if (k == "--threads") threads = std::stoi(v);
+    else if (k == "--prompt-tokens") prompt_tokens = std::stoi(v);
+    else if (k == "--decode-tokens") decode_tokens = std::stoi(v);
+    else {
+      std::fprintf(stderr, "unknown flag %s\n", k.c_str());
+      return 2;
+    }
+  }
+  std::fprintf(stderr, "loading %s ...\n", model_path.c_str());
+  auto model = ts::model::Model::Load(model_path);
+  if (!model.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(model.status().message()).c_str());
+    return 1;
+  }
+  auto backend = ts::kernels::CreateBackend(**model, ts::kernels::Device::kCpu, threads);
+  if (!backend.ok()) return 1;
+  const int nthreads = threads > 0 ? threads : static_cast<int>(std::thread::hardware_concurrency());
+  std::fprintf(stderr, "measuring copy bandwidth (1 GiB buffers, %d threads) ...\n", nthreads);
+  const double bw = CopyBandwidth(nthreads);
+  const double weight_bytes = double((*model)->weight_bytes());
+  std::printf("machine: %u hardware threads; copy bandwidth %.2f GB/s (read+write, median of 5)\n",
+              std::thread::hardware_concurrency(), bw / 1e9);
+  std::printf("model: %s, %.1f MB of weights as stored\n\n", (*model)->config().name.c_str(),
+              weight_bytes / 1e6);
+
+  ts::scheduler::EngineConfig config;
+  config.kv_cache_bytes = int64_t(1) << 30;
+  config.scheduler.max_num_batched_tokens = 2048;
+
+  std::printf("%-8s %-16s %-14s %-16s\n", "batch", "step ms (median)", "tokens/s", "bandwidth ratio");
+  for (int b : ParseList(batches)) {
+    std::vector<double> step_ms;
+    for (int rep = 0; rep < repeats; ++rep) {
+      config.scheduler.max_num_seqs = b;
+      auto engine = ts::scheduler::Engine::Create(config, **backend);
+      std::vector<double> steps;
+      std::mutex mu;
+      (*engine)->SetObserver([&](const ts::scheduler::EngineStats&, const ts::scheduler::StepStats* s) {
+        if (s && s->prefill_tokens == 0 && s->num_seqs == b) {
+          std::lock_guard<std::mutex> lock(mu);
+          steps.push_back(s->seconds);
+        }
+      });
+      auto sink = std::make_shared<CountingSink>();
+      for (int i = 0; i < b; ++i) {
+        auto st = (*engine)->Submit(MakeRequest(**model, i, prompt_tokens, decode_tokens), sink);
+        if (!st.ok()) return 1;
+      }
+      sink->WaitFor(b);
+      (*engine)->Stop();
+      step_ms.push_back(Median(steps) * 1e3);
+      std::fprintf(stderr, "\rbatch %d: repeat %d/%d, step %.2f ms   ", b, rep + 1, repeats, step_ms.back());
+    }
+    std::fprintf(stderr, "\n");
+    const double ms = Median(step_ms);
+    const double ratio = (weight_bytes / (ms / 1e3)) / bw;
+    std::printf("%-8d %-16.2f %-14.1f %-16.3f\n", b, ms, b / (ms / 1e3), ratio);
+  }
+
+  std::printf("\noffline throughput (all requests queued at once; %d-token prompts, %d output tokens)\n",
+              prompt_tokens, decode_tokens * 2);
+  std::printf("%-12s %-10s %-16s\n", "concurrency", "requests", "output tok/s (median)");
+  for (int c : ParseList(concurrency)) {
+    std::vector<double> tps;
+    for (int rep = 0; rep < repeats; ++rep) {
+      config.scheduler.max_num_seqs = c;
+      auto engine = ts::scheduler::Engine::Create(config, **backend);
+      auto sink = std::make_shared<CountingSink>();
+      const int n = std::max(c * 2, 4);
+      double t0 = Now();
+      for (int i = 0; i < n; ++i) {
+        auto st = (*engine)->Submit(MakeRequest(**model, i, prompt_tokens, decode_tokens * 2), sink);
+        if (!st.ok()) return 1;
+      }
+      sink->WaitFor(n);
+      tps.push_back(sink->tokens() / (Now() - t0));
+      (*engine)->Stop();
+      std::fprintf(stderr, "\rconcurrency %d: repeat %d/%d, %.1f tok/s   ", c, rep + 1, repeats, tps.back());
+    }
+    std::fprintf(stderr, "\n");
+    std::printf("%-12d %-10d %-16.1f\n", c, std::max(c * 2, 4), Median(tps));
+  }
+  return 0;
+}
