@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Starts the real server on free loopback ports and streams a completion with the Python
+# example client (Debian's python3 with python3-grpcio and python3-grpc-tools).
+set -euo pipefail
+root="$(cd "$(dirname "$0")/../.." && pwd)"
+bin="$1"
+py=/usr/bin/python3
+port=$($py -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+mport=$($py -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+log=$(mktemp)
+"$bin" serve --model "$root/models/SmolLM2-135M-Instruct.Q4_1.gguf" --host 127.0.0.1 \
+  --port "$port" --metrics-port "$mport" >"$log" 2>&1 &
+pid=$!
+trap 'kill $pid 2>/dev/null || true; wait $pid 2>/dev/null || true' EXIT
+for _ in $(seq 1 300); do
+  grep -q "serving thetaserve" "$log" && break
+  kill -0 $pid 2>/dev/null || { cat "$log"; echo "server died"; exit 1; }
+  sleep 0.2
+done
+out=$($py "$root/examples/python/client.py" --addr "127.0.0.1:$port" \
+  --prompt "The capital of France is" --max-tokens 12)
+echo "client output: $out"
+[ -n "$(echo "$out" | tr -d '[:space:]')" ] || { echo "empty completion"; exit 1; }
+kill -TERM $pid
+wait $pid
+echo "python client test: passed"
