@@ -1,7 +1,6 @@
 #include "kernels/cpu/thread_pool.h"
 
 #include <algorithm>
-#include <chrono>
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -25,33 +24,40 @@ ThreadPool::~ThreadPool() {
   for (auto& t : workers_) t.join();
 }
 
-void ThreadPool::RunChunks() {
+void ThreadPool::RunChunks(uint32_t job) {
+  uint64_t w = work_.load(std::memory_order_acquire);
   while (true) {
-    int64_t c = next_chunk_.fetch_add(1, std::memory_order_relaxed);
-    if (c >= num_chunks_) break;
-    int64_t begin = c * chunk_;
-    int64_t end = std::min(n_, begin + chunk_);
+    if (static_cast<uint32_t>(w >> 32) != job) return;
+    const int64_t idx = static_cast<int64_t>(w & 0xffffffffu);
+    if (idx >= num_chunks_) return;
+    if (!work_.compare_exchange_weak(w, w + 1, std::memory_order_acq_rel)) continue;
+    // Claimed: the caller cannot finish (or start another job) before this chunk is done,
+    // so the job's fields stay valid.
+    const int64_t begin = idx * chunk_;
+    const int64_t end = std::min(n_, begin + chunk_);
     (*fn_)(begin, end);
+    done_.fetch_add(1, std::memory_order_acq_rel);
+    w = work_.load(std::memory_order_acquire);
   }
 }
 
 void ThreadPool::WorkerLoop() {
-  uint64_t seen = 0;
+  uint64_t seen = generation_.load();
   while (true) {
-    // Spin for a short while (~tens of microseconds), then sleep on the futex.
     uint64_t g = generation_.load(std::memory_order_acquire);
-    for (int spin = 0; g == seen && spin < 20000; ++spin) {
+    for (int spin = 0; g == seen && spin < 4000; ++spin) {
       TS_CPU_RELAX();
       g = generation_.load(std::memory_order_acquire);
     }
-    while (g == seen) {
+    if (g == seen) {
+      sleepers_.fetch_add(1);
       generation_.wait(seen, std::memory_order_acquire);
+      sleepers_.fetch_sub(1);
       g = generation_.load(std::memory_order_acquire);
     }
     seen = g;
     if (stop_.load()) return;
-    RunChunks();
-    active_.fetch_sub(1, std::memory_order_acq_rel);
+    RunChunks(static_cast<uint32_t>(work_.load(std::memory_order_acquire) >> 32));
   }
 }
 
@@ -64,18 +70,19 @@ void ThreadPool::ParallelFor(int64_t n, int64_t grain,
     fn(0, n);
     return;
   }
-  // A few chunks per thread so uneven chunks balance out.
-  int64_t chunks = std::min<int64_t>((n + grain - 1) / grain, threads * 4);
+  // A few chunks per thread so uneven chunks (and late workers) balance out.
+  const int64_t chunks = std::min<int64_t>((n + grain - 1) / grain, threads * 4);
   fn_ = &fn;
   n_ = n;
   chunk_ = (n + chunks - 1) / chunks;
   num_chunks_ = (n + chunk_ - 1) / chunk_;
-  next_chunk_.store(0, std::memory_order_relaxed);
-  active_.store(static_cast<int>(workers_.size()), std::memory_order_release);
+  done_.store(0, std::memory_order_relaxed);
+  const uint32_t job = ++job_;
+  work_.store(uint64_t(job) << 32, std::memory_order_release);
   generation_.fetch_add(1, std::memory_order_acq_rel);
-  generation_.notify_all();
-  RunChunks();
-  while (active_.load(std::memory_order_acquire) != 0) TS_CPU_RELAX();
+  if (sleepers_.load() > 0) generation_.notify_all();
+  RunChunks(job);
+  while (done_.load(std::memory_order_acquire) < num_chunks_) TS_CPU_RELAX();
 }
 
 }  // namespace thetaserve::kernels::cpu

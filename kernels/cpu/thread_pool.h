@@ -1,6 +1,8 @@
-// A fork-join pool for the CPU kernels. Workers spin briefly before sleeping, because a decode
-// step runs hundreds of short parallel regions and a condition-variable wake per region would
-// cost more than the work. Thread-safety: ParallelFor may be called from one thread at a time.
+// A fork-join pool for the CPU kernels. The caller takes part in its own job and waits only for
+// chunks that were claimed, never for a worker to wake up: on a busy or oversubscribed machine
+// a sleeping worker costs nothing, and a decode step's hundreds of short parallel regions do
+// not each pay a wake-up. Workers spin briefly, then sleep on a futex.
+// Thread-safety: ParallelFor may be called from one thread at a time.
 #pragma once
 
 #include <atomic>
@@ -26,14 +28,19 @@ class ThreadPool {
 
  private:
   void WorkerLoop();
-  void RunChunks();
+  // Claims and runs chunks of job `job` until none are left.
+  void RunChunks(uint32_t job);
 
   std::vector<std::thread> workers_;
-  std::atomic<uint64_t> generation_{0};
-  std::atomic<int64_t> next_chunk_{0};
-  std::atomic<int> active_{0};
+  // High 32 bits: job id; low 32 bits: next chunk to claim. Claims are CAS on the whole word,
+  // so a worker that wakes late can never claim a chunk of a newer job by mistake.
+  std::atomic<uint64_t> work_{0};
+  std::atomic<int64_t> done_{0};      // chunks finished of the current job
+  std::atomic<uint64_t> generation_{0};  // bumped per job; workers wait on it
+  std::atomic<int> sleepers_{0};
   std::atomic<bool> stop_{false};
-  // The current job; written by the caller before generation_ is bumped.
+  uint32_t job_ = 0;
+  // The current job; written before work_ is published.
   const std::function<void(int64_t, int64_t)>* fn_ = nullptr;
   int64_t n_ = 0;
   int64_t chunk_ = 1;
