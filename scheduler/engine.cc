@@ -102,7 +102,7 @@ void Engine::StartDrain() { draining_.store(true); }
 bool Engine::WaitIdle(double timeout_seconds) {
   std::unique_lock<std::mutex> lock(mu_);
   return idle_cv_.wait_for(lock, std::chrono::duration<double>(timeout_seconds),
-                           [&] { return pending_ == 0; });
+                           [&] { return pending_ == 0 && stats_.running == 0 && stats_.waiting == 0; });
 }
 
 void Engine::Stop() {
@@ -141,6 +141,8 @@ void Engine::PublishStats(const StepStats* step) {
     s.waiting += static_cast<int64_t>(inbox_.size());
     s.last_step = step ? *step : stats_.last_step;
     stats_ = s;
+    // Idle is announced from here so that WaitIdle's caller sees up-to-date stats.
+    if (pending_ == 0 && s.running == 0 && s.waiting == 0) idle_cv_.notify_all();
   }
   if (observer_) observer_(s, step);
 }
@@ -191,7 +193,7 @@ void Engine::Finish(Sequence* seq, FinishReason reason, absl::Status status) {
   owned->sink().OnFinish(info);
   ++counters_.requests_finished;
   std::lock_guard<std::mutex> lock(mu_);
-  if (--pending_ == 0) idle_cv_.notify_all();
+  --pending_;
 }
 
 void Engine::RunStep(StepPlan& plan) {
@@ -235,6 +237,7 @@ void Engine::RunStep(StepPlan& plan) {
       Finish(sc.seq, FinishReason::kError,
              absl::InternalError(absl::StrCat("forward pass failed: ", st.message())));
     }
+    PublishStats(nullptr);
     return;
   }
   scheduler_.Commit(plan);

@@ -80,6 +80,7 @@ TEST(MixedBatchTest, MixedBatchLogitsEqualSingleSequenceLogits) {
   step({{0, n0 - 5}, {1, n1}, {2, 3}});
   step({{0, 1}, {1, 1}, {2, n2 - 3}});
   step({{2, 1}, {0, 1}, {1, 1}});
+  step({{2, 1}});
 
   for (int s = 0; s < 3; ++s) {
     auto runner = SequenceRunner::Create(**alone, 128, 16);

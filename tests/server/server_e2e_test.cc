@@ -8,6 +8,7 @@
 #include <fstream>
 #include <thread>
 
+#include "grpcpp/generic/generic_stub.h"
 #include "gtest/gtest.h"
 #include "tests/server/server_process.h"
 #include "tests/test_util.h"

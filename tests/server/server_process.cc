@@ -11,6 +11,7 @@
 #include <cstring>
 #include <thread>
 
+#include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "gtest/gtest.h"
 #include "tests/test_util.h"
