@@ -1,5 +1,6 @@
 #include "server/generate_stream.h"
 
+#include "grpcpp/support/proto_buffer_writer.h"
 #include "server/generation_service.h"
 
 namespace thetaserve::server {
@@ -110,7 +111,10 @@ void StreamSink::Pump() {
     if (stream_ == nullptr || writing_ || finish_started_) return;
     if (broken_) queue_.clear();
     if (!queue_.empty()) {
-      in_flight_ = std::move(queue_.front());
+      bool own_buffer;
+      in_flight_.Clear();  // the serializer wants an empty buffer
+      grpc::GenericSerialize<grpc::ProtoBufferWriter, v1::GenerateResponse>(
+          queue_.front(), &in_flight_, &own_buffer);
       queue_.pop_front();
       writing_ = true;
       write = true;

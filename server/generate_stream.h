@@ -43,7 +43,7 @@ class StreamSink : public scheduler::TokenSink {
   std::mutex mu_;
   GenerateStream* stream_ = nullptr;                 // guarded by mu_
   std::deque<v1::GenerateResponse> queue_;           // guarded by mu_
-  v1::GenerateResponse in_flight_;                   // owned by the write in flight
+  grpc::ByteBuffer in_flight_;                       // owned by the write in flight
   bool writing_ = false;                             // guarded by mu_
   std::optional<grpc::Status> final_status_;         // guarded by mu_
   bool finish_started_ = false;                      // guarded by mu_
@@ -51,7 +51,7 @@ class StreamSink : public scheduler::TokenSink {
   std::optional<std::chrono::steady_clock::time_point> last_tokens_;  // engine thread
 };
 
-class GenerateStream : public grpc::ServerWriteReactor<v1::GenerateResponse> {
+class GenerateStream : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
   GenerateStream(GenerationService* service, std::shared_ptr<StreamSink> sink,
                  std::string request_id);

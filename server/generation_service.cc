@@ -1,6 +1,7 @@
 #include "server/generation_service.h"
 
 #include "absl/strings/str_cat.h"
+#include "grpcpp/support/proto_buffer_reader.h"
 #include "server/generate_stream.h"
 #include "server/validation.h"
 
@@ -8,7 +9,7 @@ namespace thetaserve::server {
 namespace {
 
 // A Generate call rejected before it reached the engine.
-class RejectedStream : public grpc::ServerWriteReactor<v1::GenerateResponse> {
+class RejectedStream : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
   explicit RejectedStream(const grpc::Status& status) { Finish(status); }
   void OnDone() override { delete this; }
@@ -61,12 +62,20 @@ void GenerationService::Untrack(const std::string& id) {
   active_.erase(id);
 }
 
-grpc::ServerWriteReactor<v1::GenerateResponse>* GenerationService::Generate(
-    grpc::CallbackServerContext* ctx, const v1::GenerateRequest* request) {
+grpc::ServerWriteReactor<grpc::ByteBuffer>* GenerationService::Generate(
+    grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* raw) {
   auto reject = [&](const grpc::Status& s) {
     if (metrics_) metrics_->OnRejected();
     return new RejectedStream(s);
   };
+  v1::GenerateRequest parsed;
+  grpc::ByteBuffer copy(*raw);
+  if (!grpc::GenericDeserialize<grpc::ProtoBufferReader, v1::GenerateRequest>(&copy, &parsed).ok()) {
+    return reject(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                               "the request is not a valid GenerateRequest; string fields "
+                               "(prompt, chat content, stop) must be valid UTF-8"));
+  }
+  const v1::GenerateRequest* request = &parsed;
   if (grpc::Status auth = CheckAuth(ctx); !auth.ok()) return reject(auth);
   if (!ready_.load()) {
     return reject(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the model is still loading"));

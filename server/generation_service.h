@@ -23,7 +23,12 @@ struct ServiceOptions {
   std::string calibration_fingerprint;
 };
 
-class GenerationService final : public v1::Generation::CallbackService {
+// Generate is registered raw (ByteBuffer in and out) so that a request protobuf cannot parse —
+// proto3 strings that are not UTF-8 — is answered INVALID_ARGUMENT instead of gRPC's generic
+// failure; everything else goes through the typed handlers.
+using GenerationBase = v1::Generation::WithRawCallbackMethod_Generate<v1::Generation::CallbackService>;
+
+class GenerationService final : public GenerationBase {
  public:
   GenerationService(scheduler::Engine& engine, const model::Model& model,
                     const std::string& backend_name, Metrics* metrics, ServiceOptions options);
@@ -31,8 +36,8 @@ class GenerationService final : public v1::Generation::CallbackService {
   // Generate answers UNAVAILABLE until the server is ready (loaded and warmed up).
   void SetReady(bool ready) { ready_.store(ready); }
 
-  grpc::ServerWriteReactor<v1::GenerateResponse>* Generate(
-      grpc::CallbackServerContext* ctx, const v1::GenerateRequest* request) override;
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* Generate(grpc::CallbackServerContext* ctx,
+                                                      const grpc::ByteBuffer* raw) override;
   grpc::ServerUnaryReactor* Abort(grpc::CallbackServerContext* ctx,
                                   const v1::AbortRequest* request,
                                   v1::AbortResponse* response) override;

@@ -54,7 +54,7 @@ Metrics::Metrics(const MetricsInfo& info)
       preemptions_(BuildCounter().Name("thetaserve_preemptions_total")
                        .Help("Sequences preempted (pages freed, recomputed later)")
                        .Register(*registry_).Add({})),
-      pages_total_(BuildGauge().Name("thetaserve_kv_pages_total")
+      pages_total_(BuildGauge().Name("thetaserve_kv_pages_capacity")
                        .Help("Pages in the KV page pool").Register(*registry_).Add({})),
       pages_free_(BuildGauge().Name("thetaserve_kv_pages_free")
                       .Help("Free KV pages").Register(*registry_).Add({})),

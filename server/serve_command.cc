@@ -164,7 +164,9 @@ int RunServe(const std::vector<std::string>& argv) {
     return fail(absl::UnavailableError(absl::StrCat("cannot listen on ", address)));
   }
   auto* health = server->GetHealthCheckService();
-  health->SetServingStatus(false);
+  const std::string kService = "thetaserve.v1.Generation";
+  health->SetServingStatus("", false);
+  health->SetServingStatus(kService, false);
 
   // Warm up: one short generation through the whole engine before declaring SERVING.
   {
@@ -182,7 +184,8 @@ int RunServe(const std::vector<std::string>& argv) {
     if (!info.status.ok()) return fail(info.status);
   }
   service.SetReady(true);
-  health->SetServingStatus(true);
+  health->SetServingStatus("", true);
+  health->SetServingStatus(kService, true);
   std::fprintf(stderr, "serving thetaserve.v1.Generation on %s (%s)\n", address.c_str(),
                args->Has("tls-cert") ? "TLS" : "plaintext");
 
@@ -190,7 +193,8 @@ int RunServe(const std::vector<std::string>& argv) {
   sigwait(&signals, &sig);
   std::fprintf(stderr, "received %s: draining (up to %.0f s)\n", sig == SIGTERM ? "SIGTERM" : "SIGINT",
                *drain);
-  health->SetServingStatus(false);
+  health->SetServingStatus("", false);
+  health->SetServingStatus(kService, false);
   (*engine)->StartDrain();
   const bool idle = (*engine)->WaitIdle(*drain);
   if (!idle) std::fprintf(stderr, "drain timeout: cancelling the remaining requests\n");
