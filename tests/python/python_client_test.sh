@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
 # Starts the real server on free loopback ports and streams a completion with the Python
-# example client (Debian's python3 with python3-grpcio and python3-grpc-tools).
+# example client, in a virtualenv with grpcio and grpcio-tools from PyPI (what a user installs).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 bin="$1"
-py=/usr/bin/python3
+venv="$root/build/python-example-venv"
+if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c 'import grpc_tools, grpc' 2>/dev/null; then
+  python3 -m venv "$venv"
+  "$venv/bin/python" -m pip install -q -r "$root/examples/python/requirements.txt"
+fi
+py="$venv/bin/python"
 port=$($py -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 mport=$($py -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 log=$(mktemp)
