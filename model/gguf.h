@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "model/config.h"
 #include "model/mapped_file.h"
 #include "model/tensor.h"
 
@@ -59,5 +60,11 @@ class GgufFile {
   std::vector<TensorView> tensors_;
   std::map<std::string, size_t, std::less<>> tensor_index_;
 };
+
+// The ModelConfig of a GGUF file from its `<arch>.*` metadata (architectures llama — which
+// mistral GGUFs use too — and qwen2), its vocabulary and which tensors it holds (no
+// output.weight means tied embeddings; Llama 3's rope_freqs.weight becomes kLlama3 scaling).
+// Other architectures and missing keys fail with a Status naming the file and the key.
+absl::StatusOr<ModelConfig> ParseGgufConfig(const GgufFile& gguf);
 
 }  // namespace thetaserve::model

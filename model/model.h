@@ -3,6 +3,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "model/config.h"
@@ -41,6 +42,9 @@ class Model {
   std::unique_ptr<Tokenizer> tokenizer_;
   std::unique_ptr<GgufFile> gguf_;
   std::unique_ptr<SafetensorsCheckpoint> safetensors_;
+  // 1-D weights (norms, biases) stored as F16/BF16 (or unaligned) are converted to F32 here
+  // so kernels can read them as float*; the views in weights_ point into these buffers.
+  std::vector<std::vector<float>> owned_f32_;
   uint64_t weight_bytes_ = 0;
   std::string fingerprint_;
 };
