@@ -19,6 +19,7 @@ struct ChatMessage {
   std::string content;
 };
 
+// Thread-safe: every const method may run concurrently (Encode shares a locked word cache).
 class Tokenizer {
  public:
   virtual ~Tokenizer() = default;
@@ -49,10 +50,26 @@ class Tokenizer {
 
   // Renders the conversation with the model's chat template. Known families (ChatML,
   // Llama 2 [INST], Llama 3 headers, Mistral) are recognised from the template text.
+  // The text contains BOS when the template writes it: encode it with add_bos = false
+  // (and parse_special = true), as HF apply_chat_template(tokenize=True) does. An empty
+  // template falls back to ChatML when the vocabulary has <|im_start|>/<|im_end|>; any
+  // other template fails with InvalidArgument naming the supported families.
   absl::StatusOr<std::string> ApplyChatTemplate(const std::vector<ChatMessage>& messages,
                                                 bool add_generation_prompt = true) const;
+  const std::string& chat_template() const { return chat_template_; }
+
+  // The id whose piece is exactly `piece`, or -1 (linear scan; for setup, not hot paths).
+  int32_t PieceToId(std::string_view piece) const;
 
  protected:
+  friend class StreamDecoder;
+  // Joins the pieces of `ids` (special tokens already filtered) through the decoder, like
+  // HF Tokenizer.decode.
+  virtual std::string DecodeIds(const std::vector<int32_t>& ids) const = 0;
+  // The bytes `id` adds to a stream of decoded text; `first` when it is the first token
+  // decoded (SPM decoders drop the space that the encoder's prefix added).
+  virtual std::string StreamBytes(int32_t id, bool first) const { return TokenBytes(id); }
+
   std::vector<std::string> pieces_;      // id -> vocabulary string as stored
   std::vector<uint8_t> special_;         // id -> 1 for control/special tokens
   int32_t bos_id_ = -1;
@@ -63,7 +80,10 @@ class Tokenizer {
 };
 
 // Turns a stream of token ids into text deltas; bytes of a UTF-8 character split across
-// tokens are held back until the character is complete.
+// tokens are held back until the character is complete. The deltas concatenate to
+// Decode(ids, skip_special) (for well-formed UTF-8; ill-formed bytes become U+FFFD per
+// maximal ill-formed subsequence), so an SPM model's first token loses its leading space
+// like in HF decode of the generated ids, and later tokens keep theirs. Not thread-safe.
 class StreamDecoder {
  public:
   explicit StreamDecoder(const Tokenizer& tokenizer, bool skip_special = true)
@@ -75,7 +95,8 @@ class StreamDecoder {
  private:
   const Tokenizer& tokenizer_;
   bool skip_special_;
-  std::string pending_;
+  bool first_ = true;    // no token has been decoded yet
+  std::string pending_;  // bytes of an incomplete UTF-8 character
 };
 
 }  // namespace thetaserve::model
