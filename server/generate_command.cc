@@ -78,7 +78,9 @@ int RunGenerate(const std::vector<std::string>& argv) {
     if (!rendered.ok()) return fail(rendered.status());
     text = *rendered;
   }
-  std::vector<int32_t> prompt = tok.Encode(text, /*add_bos=*/true, /*parse_special=*/true);
+  // A rendered chat template already holds BOS where the model wants one.
+  std::vector<int32_t> prompt =
+      tok.Encode(text, /*add_bos=*/!args->Has("chat"), /*parse_special=*/true);
   if (prompt.empty()) return fail(absl::InvalidArgumentError("the prompt encodes to no tokens"));
   const int64_t max_ctx = loaded->model->config().max_context;
   const int64_t capacity = std::min<int64_t>(max_ctx, prompt.size() + *max_tokens);

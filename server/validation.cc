@@ -93,7 +93,9 @@ absl::StatusOr<scheduler::Request> BuildRequest(const v1::GenerateRequest& req,
     case v1::GenerateRequest::kChat: {
       auto text = RenderChat(req.chat(), model);
       if (!text.ok()) return text.status();
-      out.prompt = tok.Encode(*text, add_special, /*parse_special=*/true);
+      // The chat template writes BOS itself where the model wants one (HF encodes rendered
+      // chats with add_special_tokens=False).
+      out.prompt = tok.Encode(*text, /*add_bos=*/false, /*parse_special=*/true);
       break;
     }
     default:
