@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 namespace thetaserve::scheduler {
 
@@ -44,6 +45,7 @@ struct EngineStats {
   int64_t v_rows_resident = 0;          // V rows stored, all running sequences
   int64_t v_rows_dense_equivalent = 0;  // V rows a dense cache would store
   int64_t v_row_bytes = 0;
+  std::vector<double> layer_kept_ratio;  // [num_layers]; empty until Top-θ reports it
   EngineCounters counters;
   StepStats last_step;
 };

@@ -107,6 +107,15 @@ Metrics::Metrics(const MetricsInfo& info)
                           .Register(*registry_);
   const char* phases[3] = {"prefill", "decode", "mixed"};
   for (int i = 0; i < 3; ++i) step_duration_[i] = &step_family.Add({{"phase", phases[i]}}, LatencyBuckets());
+  auto& kept = BuildGauge()
+                   .Name("thetaserve_attention_kept_ratio")
+                   .Help("Fraction of attention elements kept in the last step, by layer "
+                         "(1 under dense attention)")
+                   .Register(*registry_);
+  for (int l = 0; l < info.num_layers; ++l) {
+    layer_kept_ratio_.push_back(&kept.Add({{"layer", std::to_string(l)}}));
+    layer_kept_ratio_.back()->Set(1.0);
+  }
   BuildGauge()
       .Name("thetaserve_build_info")
       .Help("Build and configuration; the value is always 1")
@@ -171,6 +180,9 @@ void Metrics::OnEngineStats(const scheduler::EngineStats& s, const scheduler::St
   advance(v_rows_evicted_, k.v_rows_evicted);
   advance(v_rows_retained_but_evicted_, k.v_rows_retained_but_evicted);
 
+  for (size_t l = 0; l < layer_kept_ratio_.size() && l < s.layer_kept_ratio.size(); ++l) {
+    layer_kept_ratio_[l]->Set(s.layer_kept_ratio[l]);
+  }
   if (step) {
     const int phase = step->decode_tokens == 0 ? 0 : (step->prefill_tokens == 0 ? 1 : 2);
     step_duration_[phase]->Observe(step->seconds);

@@ -5,6 +5,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "prometheus/counter.h"
 #include "prometheus/exposer.h"
@@ -22,6 +23,7 @@ struct MetricsInfo {
   std::string model;
   std::string theta_mode;  // "dense" until Top-θ is configured
   std::string kv_policy;   // "full" / "sparse"
+  int num_layers = 0;      // for the per-layer kept-ratio gauges
 };
 
 class Metrics {
@@ -74,6 +76,7 @@ class Metrics {
   prometheus::Counter& attn_elements_dense_;
   prometheus::Counter& v_rows_evicted_;
   prometheus::Counter& v_rows_retained_but_evicted_;
+  std::vector<prometheus::Gauge*> layer_kept_ratio_;  // [num_layers]
 
 };
 

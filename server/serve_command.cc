@@ -121,7 +121,7 @@ int RunServe(const std::vector<std::string>& argv) {
   if (!engine.ok()) return fail(engine.status());
 
   MetricsInfo mi{THETASERVE_VERSION, loaded->backend->name(), loaded->model->config().name,
-                 "dense", "full"};
+                 "dense", "full", static_cast<int>(loaded->model->config().num_layers)};
   Metrics metrics(mi);
   (*engine)->SetObserver([&metrics](const scheduler::EngineStats& s,
                                     const scheduler::StepStats* step) {
