@@ -9,6 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "kernels/paged_kv.h"
+#include "kernels/top_theta.h"
 #include "model/model.h"
 
 namespace thetaserve::kernels {
@@ -28,6 +29,7 @@ struct ForwardBatch {
   std::span<const int32_t> tokens;  // [num_tokens], all sequences' new tokens back to back
   std::span<const SeqChunk> seqs;
   bool all_logits = false;  // logits for every token (evaluation) instead of the last ones
+  AttentionStats* stats = nullptr;  // when set, attention adds its counters here
 };
 
 // Number of logit rows Forward writes for this batch.
@@ -47,10 +49,15 @@ class Backend {
   // sequence order (and token order within a sequence when all_logits).
   virtual absl::Status Forward(const ForwardBatch& batch, float* logits) = 0;
 
+  // Top-θ settings for every following Forward (the table must outlive its use).
+  void SetTopTheta(const TopThetaConfig& config) { top_theta_ = config; }
+  const TopThetaConfig& top_theta() const { return top_theta_; }
+
  protected:
   explicit Backend(const model::Model& model) : model_(&model) {}
   const model::Model* model_;
   KvPoolLayout kv_layout_;
+  TopThetaConfig top_theta_;
 };
 
 enum class Device { kCpu, kCuda, kAuto };

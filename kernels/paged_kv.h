@@ -29,16 +29,40 @@ struct KvPoolLayout {
 // Page tables of one sequence. Table index lh = layer * num_kv_heads + kv_head.
 // Position `pos` of (layer, kv head) lives in page table[lh * stride + pos / block_size],
 // row pos % block_size.
+//
+// V has two parts per (layer, kv head): a dense tail holding positions >= v_tail_start (a
+// multiple of block_size; tail page (pos - v_tail_start) / block_size), and a compact sparse
+// store of older rows that attention retained, row r at sparse page r / block_size with its
+// position in v_sparse_pos (ascending). Positions below v_tail_start that are not in the
+// sparse store were dropped. Dense V: v_tail_start = 0 and no sparse rows.
 struct SeqPageTables {
   const int32_t* k_pages = nullptr;  // [num_layers * num_kv_heads, stride]
-  const int32_t* v_pages = nullptr;  // [num_layers * num_kv_heads, stride]
+  const int32_t* v_pages = nullptr;  // [num_layers * num_kv_heads, stride] (the V tail)
   int32_t stride = 0;                // pages per (layer, kv head) row of the tables
+  int32_t v_tail_start = 0;
+
+  const int32_t* v_sparse_pages = nullptr;  // [tables, sparse_stride]
+  const int32_t* v_sparse_pos = nullptr;    // [tables, sparse_pos_stride]
+  const int32_t* v_sparse_count = nullptr;  // [tables]
+  int32_t sparse_stride = 0;
+  int32_t sparse_pos_stride = 0;
+
+  // Running fp32 sums of every V row ever written (dropped ones too), for VMC.
+  float* v_sum = nullptr;  // [tables, head_dim]; null: no VMC
+  // Hit bits: set to 1 where a query at position >= hit_min_pos retained the row.
+  uint8_t* hits = nullptr;  // [tables, hits_stride]; null: not recorded
+  int32_t hits_stride = 0;
+  int32_t hit_min_pos = 0;
 
   TS_HOST_DEVICE int32_t KPage(int64_t lh, int64_t pos, int32_t block_size) const {
     return k_pages[lh * stride + pos / block_size];
   }
+  // The tail page of `pos` (pos >= v_tail_start).
   TS_HOST_DEVICE int32_t VPage(int64_t lh, int64_t pos, int32_t block_size) const {
-    return v_pages[lh * stride + pos / block_size];
+    return v_pages[lh * stride + (pos - v_tail_start) / block_size];
+  }
+  TS_HOST_DEVICE int32_t SparseCount(int64_t lh) const {
+    return v_sparse_count ? v_sparse_count[lh] : 0;
   }
 };
 

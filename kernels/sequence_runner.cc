@@ -22,11 +22,13 @@ absl::StatusOr<SequenceRunner> SequenceRunner::Create(Backend& backend, int64_t 
   runner.v_pages_.resize(tables * stride);
   std::iota(runner.k_pages_.begin(), runner.k_pages_.end(), 0);
   std::iota(runner.v_pages_.begin(), runner.v_pages_.end(), int32_t(tables * stride));
+  runner.v_sum_.assign(tables * c.head_dim, 0.0f);
   return runner;
 }
 
 absl::StatusOr<std::vector<float>> SequenceRunner::Append(std::span<const int32_t> tokens,
-                                                          bool all_logits, int64_t chunk) {
+                                                          bool all_logits, int64_t chunk,
+                                                          AttentionStats* stats) {
   const int64_t vocab = backend_->model().config().vocab_size;
   if (length_ + static_cast<int64_t>(tokens.size()) > max_len_) {
     return absl::OutOfRangeError(absl::StrFormat(
@@ -43,8 +45,12 @@ absl::StatusOr<std::vector<float>> SequenceRunner::Append(std::span<const int32_
     seq.num_tokens = static_cast<int32_t>(n);
     seq.start_pos = static_cast<int32_t>(length_);
     seq.want_logits = true;
-    seq.pages = SeqPageTables{k_pages_.data(), v_pages_.data(), stride_};
-    ForwardBatch batch{tokens.subspan(begin, n), std::span<const SeqChunk>(&seq, 1), all_logits};
+    seq.pages.k_pages = k_pages_.data();
+    seq.pages.v_pages = v_pages_.data();
+    seq.pages.stride = stride_;
+    seq.pages.v_sum = v_sum_.data();
+    ForwardBatch batch{tokens.subspan(begin, n), std::span<const SeqChunk>(&seq, 1), all_logits,
+                       stats};
     logits.resize(NumLogitRows(batch) * vocab);
     absl::Status st = backend_->Forward(batch, logits.data());
     if (!st.ok()) return st;

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <algorithm>
 #include <span>
 #include <vector>
 
@@ -20,8 +21,12 @@ class SequenceRunner {
   // Appends `tokens` (in chunks of at most `chunk` tokens) and returns the logits of the
   // last one, or of every one when `all_logits` ([n, vocab] row-major).
   absl::StatusOr<std::vector<float>> Append(std::span<const int32_t> tokens,
-                                            bool all_logits = false, int64_t chunk = 512);
-  void Reset() { length_ = 0; }
+                                            bool all_logits = false, int64_t chunk = 512,
+                                            AttentionStats* stats = nullptr);
+  void Reset() {
+    length_ = 0;
+    std::fill(v_sum_.begin(), v_sum_.end(), 0.0f);
+  }
   int64_t length() const { return length_; }
   int64_t max_len() const { return max_len_; }
 
@@ -33,6 +38,7 @@ class SequenceRunner {
   int32_t stride_;
   std::vector<int32_t> k_pages_;  // [num_layers * num_kv_heads, stride]
   std::vector<int32_t> v_pages_;  // [num_layers * num_kv_heads, stride]
+  std::vector<float> v_sum_;      // [num_layers * num_kv_heads, head_dim] running V sums
 };
 
 }  // namespace thetaserve::kernels

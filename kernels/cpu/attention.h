@@ -1,4 +1,5 @@
-// Causal GQA attention over the paged KV cache, on the CPU.
+// Causal GQA attention over the paged KV cache, on the CPU: dense, or Top-θ (thresholds,
+// SDC, VMC, sparse V store, hit bits) following DESIGN.md §4–5.
 #pragma once
 
 #include <cstdint>
@@ -6,6 +7,7 @@
 #include "kernels/backend.h"
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/paged_kv.h"
+#include "kernels/top_theta.h"
 
 namespace thetaserve::kernels::cpu {
 
@@ -17,20 +19,26 @@ struct AttentionShape {
   float scale = 1.0f;  // 1/sqrt(head_dim)
 };
 
-// Writes K and V rows of this step's tokens into their pages for `layer`.
+// Writes K and V rows of this step's tokens into their pages for `layer`, adds V to the
+// sequences' running sums, and leaves in `vsum_rows` each token's running V sum including
+// itself (what VMC's mean over rows 0..pos needs).
 void WriteKv(const ForwardBatch& batch, const AttentionShape& shape, int64_t layer,
              const float* k,      // [num_tokens, num_kv_heads * head_dim]
              const float* v,      // [num_tokens, num_kv_heads * head_dim]
              const KvPoolLayout& layout,
-             float* pool);        // [num_pages, block_size, head_dim]
+             float* pool,         // [num_pages, block_size, head_dim]
+             float* vsum_rows);   // [num_tokens, num_kv_heads * head_dim] or nullptr
 
-// o = softmax(q·Kᵀ·scale, causal) · V for every new token of every sequence in `batch`.
-// Token t of a sequence at position p attends to positions [0, p].
+// o = attention(q, K, V) for every new token of every sequence in `batch`; token t of a
+// sequence at position p attends to positions [0, p]. With an active Top-θ config, rows longer
+// than the layer's k keep only x_j > θ and are compensated; counters go to batch.stats.
 void PagedAttention(ThreadPool& pool, const ForwardBatch& batch, const AttentionShape& shape,
                     int64_t layer,
-                    const float* q,         // [num_tokens, num_heads * head_dim]
+                    const float* q,          // [num_tokens, num_heads * head_dim]
                     const KvPoolLayout& layout,
-                    const float* kv_pool,   // [num_pages, block_size, head_dim]
-                    float* o);              // [num_tokens, num_heads * head_dim]
+                    const float* kv_pool,    // [num_pages, block_size, head_dim]
+                    const float* vsum_rows,  // [num_tokens, num_kv_heads * head_dim] or null
+                    const TopThetaConfig& config,
+                    float* o);               // [num_tokens, num_heads * head_dim]
 
 }  // namespace thetaserve::kernels::cpu

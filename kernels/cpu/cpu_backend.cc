@@ -25,6 +25,7 @@ void CpuBackend::Scratch::Resize(int64_t T, const model::ModelConfig& c) {
   grow(up, T * c.intermediate_size);
   grow(act, T * c.intermediate_size);
   grow(last, T * c.hidden_size);
+  grow(vsum, T * c.kv_dim());
 }
 
 absl::Status CpuBackend::AllocateKvPool(int64_t num_pages, int32_t block_size) {
@@ -79,8 +80,10 @@ absl::Status CpuBackend::Forward(const ForwardBatch& batch, float* logits) {
         rope_.Apply(k + row * c.kv_dim(), c.num_kv_heads, seq.start_pos + i);
       }
     }
-    WriteKv(batch, shape, l, k, v, kv_layout_, kv_pool_.data());
-    PagedAttention(pool_, batch, shape, l, q, kv_layout_, kv_pool_.data(), attn);
+    float* vsum = top_theta_.active() ? scratch_.vsum.data() : nullptr;
+    WriteKv(batch, shape, l, k, v, kv_layout_, kv_pool_.data(), vsum);
+    PagedAttention(pool_, batch, shape, l, q, kv_layout_, kv_pool_.data(), vsum, top_theta_,
+                   attn);
     MatMul(pool_, attn, T, lw.wo, nullptr, x, /*accumulate=*/true);
 
     RmsNorm(x, static_cast<const float*>(lw.ffn_norm.data), T, hidden, c.rms_norm_eps, h);

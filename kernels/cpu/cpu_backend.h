@@ -23,7 +23,7 @@ class CpuBackend : public Backend {
  private:
   // Per-step activations, grown to the largest batch seen.
   struct Scratch {
-    std::vector<float> x, h, q, k, v, attn, gate, up, act, last;
+    std::vector<float> x, h, q, k, v, attn, gate, up, act, last, vsum;
     void Resize(int64_t T, const model::ModelConfig& c);
   };
 

@@ -12,11 +12,13 @@ namespace {
 
 constexpr int64_t kTileN = 16;  // weight rows dequantized per tile
 constexpr int kRegN = 4;        // weight rows per micro-kernel call
+constexpr int kRegT = 3;        // activation rows per micro-kernel call: 3×4 accumulators + 4
+                                // weight vectors fill AVX2's 16 registers (4×4 would spill)
 
 // out[t][r] = dot(x[t], w[r]) for TT activation rows and 4 weight rows.
 template <int TT>
 void MicroKernel(const float* x, int64_t ldx, const float* const w[kRegN], int64_t K,
-                 float out[4][kRegN]) {
+                 float out[kRegT][kRegN]) {
   int64_t k = 0;
 #if TS_AVX2
   __m256 acc[TT][kRegN];
@@ -42,12 +44,11 @@ void MicroKernel(const float* x, int64_t ldx, const float* const w[kRegN], int64
 }
 
 void RunMicroKernel(int tt, const float* x, int64_t ldx, const float* const w[kRegN],
-                    int64_t K, float out[4][kRegN]) {
+                    int64_t K, float out[kRegT][kRegN]) {
   switch (tt) {
     case 1: MicroKernel<1>(x, ldx, w, K, out); break;
     case 2: MicroKernel<2>(x, ldx, w, K, out); break;
-    case 3: MicroKernel<3>(x, ldx, w, K, out); break;
-    default: MicroKernel<4>(x, ldx, w, K, out); break;
+    default: MicroKernel<3>(x, ldx, w, K, out); break;
   }
 }
 
@@ -67,14 +68,14 @@ void MatMul(ThreadPool& pool, const float* x, int64_t T, const model::TensorView
       for (int64_t r = 0; r < nn; ++r) {
         model::DequantizeRow(w.dtype, w.row(n0 + r), tile.data() + r * K, K);
       }
-      for (int64_t t = 0; t < T; t += 4) {
-        const int tt = static_cast<int>(std::min<int64_t>(4, T - t));
+      for (int64_t t = 0; t < T; t += kRegT) {
+        const int tt = static_cast<int>(std::min<int64_t>(kRegT, T - t));
         for (int64_t r = 0; r < nn; r += kRegN) {
           const float* rows[kRegN];
           for (int j = 0; j < kRegN; ++j) {
             rows[j] = tile.data() + std::min(r + j, nn - 1) * K;  // clamp at the tile edge
           }
-          float out[4][kRegN];
+          float out[kRegT][kRegN];
           RunMicroKernel(tt, x + t * K, K, rows, K, out);
           for (int i = 0; i < tt; ++i) {
             for (int j = 0; j < kRegN && r + j < nn; ++j) {
