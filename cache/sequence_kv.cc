@@ -15,14 +15,49 @@ void SequenceKv::EnsureStride(int64_t blocks) {
   if (blocks <= stride_) return;
   const int32_t new_stride = static_cast<int32_t>(std::max<int64_t>(blocks, 2 * int64_t(stride_)));
   const int64_t tables = shape_.tables();
+  const int64_t tail_blocks = blocks_ - v_tail_start_ / shape_.block_size;
   std::vector<int32_t> k(tables * new_stride, -1), v(tables * new_stride, -1);
   for (int64_t t = 0; t < tables; ++t) {
     std::copy_n(k_table_.begin() + t * stride_, blocks_, k.begin() + t * new_stride);
-    std::copy_n(v_table_.begin() + t * stride_, blocks_, v.begin() + t * new_stride);
+    std::copy_n(v_table_.begin() + t * stride_, tail_blocks, v.begin() + t * new_stride);
   }
   k_table_.swap(k);
   v_table_.swap(v);
+  // Hit bits are indexed by absolute position.
+  const int32_t new_hits = new_stride * shape_.block_size;
+  std::vector<uint8_t> hits(tables * new_hits, 0);
+  for (int64_t t = 0; t < tables; ++t) {
+    std::copy_n(hits_.begin() + t * hits_stride_, hits_stride_, hits.begin() + t * new_hits);
+  }
+  hits_.swap(hits);
+  hits_stride_ = new_hits;
   stride_ = new_stride;
+  if (v_sum_.empty()) v_sum_.assign(tables * shape_.head_dim, 0.0f);
+  if (sparse_count_.empty()) sparse_count_.assign(tables, 0);
+}
+
+void SequenceKv::EnsureSparse(int64_t rows) {
+  const int64_t pages = (rows + shape_.block_size - 1) / shape_.block_size;
+  const int64_t tables = shape_.tables();
+  if (rows > pos_stride_) {
+    const int32_t ns = static_cast<int32_t>(std::max<int64_t>(rows, 2 * int64_t(pos_stride_)));
+    std::vector<int32_t> pos(tables * ns, -1);
+    for (int64_t t = 0; t < tables; ++t) {
+      std::copy_n(sparse_pos_.begin() + t * pos_stride_, sparse_count_[t], pos.begin() + t * ns);
+    }
+    sparse_pos_.swap(pos);
+    pos_stride_ = ns;
+  }
+  if (pages > sparse_stride_) {
+    const int32_t ns = static_cast<int32_t>(std::max<int64_t>(pages, 2 * int64_t(sparse_stride_)));
+    std::vector<int32_t> sp(tables * ns, -1);
+    for (int64_t t = 0; t < tables; ++t) {
+      const int64_t used = (sparse_count_[t] + shape_.block_size - 1) / shape_.block_size;
+      std::copy_n(sparse_pages_.begin() + t * sparse_stride_, used, sp.begin() + t * ns);
+    }
+    sparse_pages_.swap(sp);
+    sparse_stride_ = ns;
+  }
 }
 
 void SequenceKv::Grow(PagePool& pool, int64_t new_length) {
@@ -30,29 +65,93 @@ void SequenceKv::Grow(PagePool& pool, int64_t new_length) {
   if (blocks <= blocks_) return;
   CHECK(pool.CanAllocate(PagesNeeded(new_length))) << "Grow without CanAllocate";
   EnsureStride(blocks);
+  const int64_t tail_base = v_tail_start_ / shape_.block_size;
   for (int64_t t = 0; t < shape_.tables(); ++t) {
     for (int64_t b = blocks_; b < blocks; ++b) {
       k_table_[t * stride_ + b] = pool.Allocate(PageKind::kK);
-      v_table_[t * stride_ + b] = pool.Allocate(PageKind::kV);
+      v_table_[t * stride_ + (b - tail_base)] = pool.Allocate(PageKind::kV);
     }
   }
   blocks_ = blocks;
 }
 
-void SequenceKv::ReleaseAll(PagePool& pool) {
-  for (int64_t t = 0; t < shape_.tables(); ++t) {
-    for (int64_t b = 0; b < blocks_; ++b) {
-      pool.Release(k_table_[t * stride_ + b]);
-      pool.Release(v_table_[t * stride_ + b]);
+bool SequenceKv::CompactV(PagePool& pool, int64_t length, const SparsePolicy& policy,
+                          std::vector<RowMove>* moves, CompactResult* result) {
+  *result = CompactResult();
+  const int32_t bs = shape_.block_size;
+  // Whole tail blocks that end at or before length - local_window leave the tail.
+  const int64_t limit = std::max<int64_t>(0, length - policy.local_window) / bs * bs;
+  if (!policy.enabled || limit <= v_tail_start_) return true;
+  const int64_t n_blocks = (limit - v_tail_start_) / bs;
+  const int64_t tables = shape_.tables();
+
+  // Count the rows that stay, per table, to size the sparse pages (check, then commit).
+  std::vector<int32_t> keep(tables, 0);
+  int64_t new_pages = 0;
+  for (int64_t t = 0; t < tables; ++t) {
+    const uint8_t* hit = hits_.data() + t * hits_stride_;
+    for (int64_t p = v_tail_start_; p < limit; ++p) {
+      if (hit[p] || p < policy.sink_tokens) ++keep[t];
     }
+    const int64_t have = (sparse_count_[t] + bs - 1) / bs;
+    new_pages += (sparse_count_[t] + keep[t] + bs - 1) / bs - have;
   }
-  blocks_ = 0;
-  stride_ = 0;
-  k_table_.clear();
-  v_table_.clear();
-  v_tail_start_ = 0;
+  if (!pool.CanAllocate(new_pages)) return false;
+  int64_t max_rows = 0;
+  for (int64_t t = 0; t < tables; ++t) max_rows = std::max<int64_t>(max_rows, sparse_count_[t] + keep[t]);
+  EnsureSparse(max_rows);
+
+  for (int64_t t = 0; t < tables; ++t) {
+    const uint8_t* hit = hits_.data() + t * hits_stride_;
+    int32_t* pages = sparse_pages_.data() + t * sparse_stride_;
+    int32_t* pos = sparse_pos_.data() + t * pos_stride_;
+    int32_t& count = sparse_count_[t];
+    for (int64_t p = v_tail_start_; p < limit; ++p) {
+      if (!(hit[p] || p < policy.sink_tokens)) {
+        ++result->rows_dropped;
+        continue;
+      }
+      if (count % bs == 0) pages[count / bs] = pool.Allocate(PageKind::kV);
+      const int32_t src_page = v_table_[t * stride_ + (p - v_tail_start_) / bs];
+      moves->push_back({src_page, static_cast<int32_t>(p % bs), pages[count / bs], count % bs});
+      pos[count++] = static_cast<int32_t>(p);
+      ++result->rows_kept;
+    }
+    // The tail pages of those blocks go back to the pool (their rows are copied before any
+    // later allocation can be written: the engine runs the moves before the next forward).
+    int32_t* tail = v_table_.data() + t * stride_;
+    for (int64_t b = 0; b < n_blocks; ++b) pool.Release(tail[b]);
+    std::copy(tail + n_blocks, tail + stride_, tail);
+    std::fill(tail + stride_ - n_blocks, tail + stride_, -1);
+  }
+  result->pages_freed = n_blocks * tables - new_pages;
+  v_tail_start_ = limit;
+  return true;
 }
 
-int64_t SequenceKv::num_pages() const { return 2 * blocks_ * shape_.tables(); }
+void SequenceKv::ReleaseAll(PagePool& pool) {
+  const int64_t tail_blocks = blocks_ - v_tail_start_ / shape_.block_size;
+  for (int64_t t = 0; t < shape_.tables(); ++t) {
+    for (int64_t b = 0; b < blocks_; ++b) pool.Release(k_table_[t * stride_ + b]);
+    for (int64_t b = 0; b < tail_blocks; ++b) pool.Release(v_table_[t * stride_ + b]);
+    if (!sparse_count_.empty()) {
+      const int64_t sp = (sparse_count_[t] + shape_.block_size - 1) / shape_.block_size;
+      for (int64_t b = 0; b < sp; ++b) pool.Release(sparse_pages_[t * sparse_stride_ + b]);
+    }
+  }
+  *this = SequenceKv(shape_);
+}
+
+int64_t SequenceKv::num_pages() const {
+  int64_t n = blocks_ * shape_.tables() + (blocks_ - v_tail_start_ / shape_.block_size) * shape_.tables();
+  for (int32_t c : sparse_count_) n += (c + shape_.block_size - 1) / shape_.block_size;
+  return n;
+}
+
+int64_t SequenceKv::VRowsResident(int64_t length) const {
+  int64_t rows = std::max<int64_t>(0, length - v_tail_start_) * shape_.tables();
+  for (int32_t c : sparse_count_) rows += c;
+  return rows;
+}
 
 }  // namespace thetaserve::cache

@@ -1,7 +1,9 @@
 // The KV pages of one sequence: for every (layer, KV head), a K page list (dense: every score
-// needs every key) and a V store. The V store has the design's two parts — a compact sparse
-// store of older retained rows (with their positions) and a dense tail from `v_tail_start` —
-// and under the dense policy the tail simply starts at 0.
+// needs every key) and a V store in the design's two parts — a dense tail of recent rows from
+// `v_tail_start`, and a compact, append-only sparse store of older rows that attention
+// retained, with their positions. Under the dense ("full") policy the tail starts at 0 and
+// the sparse store stays empty. Also per (layer, KV head): the running fp32 V sum (for VMC)
+// and hit bits (which positions a query retained).
 // Thread-safety: none; owned by the engine thread.
 #pragma once
 
@@ -16,40 +18,90 @@ struct KvShape {
   int32_t num_layers = 0;
   int32_t num_kv_heads = 0;
   int32_t block_size = 16;
+  int32_t head_dim = 64;
   int64_t tables() const { return int64_t(num_layers) * num_kv_heads; }
+};
+
+// The sparse V policy (DESIGN.md §5). Disabled = "full": every V row stays stored.
+struct SparsePolicy {
+  bool enabled = false;
+  int32_t local_window = 256;  // the dense tail keeps at least this many recent rows
+  int32_t sink_tokens = 4;     // the first rows are always kept
+  int32_t obs_window = 32;     // prompt queries whose hits decide at the end of prefill
+};
+
+// A V row to copy from a tail page into the sparse store (done by the backend).
+struct RowMove {
+  int32_t src_page, src_row, dst_page, dst_row;
 };
 
 class SequenceKv {
  public:
   explicit SequenceKv(const KvShape& shape) : shape_(shape) {}
 
-  // Tokens whose K/V rows have pages (row storage may still be filled by the next step).
+  // Tokens whose K/V rows have pages.
   int64_t capacity_tokens() const { return blocks_ * shape_.block_size; }
   // Pages (K and V together) needed so that positions [0, new_length) have rows.
   int64_t PagesNeeded(int64_t new_length) const;
   // Check, then commit: the caller made sure pool.CanAllocate(PagesNeeded(new_length)).
   void Grow(PagePool& pool, int64_t new_length);
-  // Returns every page to the pool (finish, cancel, preemption).
+  // Returns every page to the pool and forgets all rows (finish, cancel, preemption).
   void ReleaseAll(PagePool& pool);
   int64_t num_pages() const;
 
+  // Moves V rows of whole tail blocks that ended more than `local_window` rows before
+  // `length` out of the tail: rows with a hit (or among the sinks) are appended to the sparse
+  // store, the others are dropped; the tail pages return to the pool. `moves` lists the row
+  // copies the backend must do before the next forward pass. Returns false (and changes
+  // nothing) when the pool cannot hold the sparse pages this needs.
+  struct CompactResult {
+    int64_t rows_kept = 0;
+    int64_t rows_dropped = 0;
+    int64_t pages_freed = 0;  // net
+  };
+  bool CompactV(PagePool& pool, int64_t length, const SparsePolicy& policy,
+                std::vector<RowMove>* moves, CompactResult* result);
+
   // Page tables in the layout kernels read: [tables, stride], row lh lists the pages of
-  // (layer, kv head) lh in position order.
+  // (layer, kv head) lh in position order (for V: the tail, from v_tail_start).
   const int32_t* k_table() const { return k_table_.data(); }
   const int32_t* v_table() const { return v_table_.data(); }
   int32_t stride() const { return stride_; }
-  // First position held by the V tail; earlier positions live in the sparse store.
   int64_t v_tail_start() const { return v_tail_start_; }
+  // The sparse store: [tables, sparse_stride] pages, [tables, pos_stride] positions.
+  const int32_t* sparse_pages() const { return sparse_pages_.data(); }
+  const int32_t* sparse_pos() const { return sparse_pos_.data(); }
+  const int32_t* sparse_count() const { return sparse_count_.data(); }
+  int32_t sparse_stride() const { return sparse_stride_; }
+  int32_t pos_stride() const { return pos_stride_; }
+  // Running V sums [tables, head_dim] and hit bits [tables, hits_stride].
+  float* v_sum() { return v_sum_.data(); }
+  uint8_t* hits() { return hits_.data(); }
+  int32_t hits_stride() const { return hits_stride_; }
+
+  // V rows stored (tail + sparse), summed over tables, for `length` computed tokens.
+  int64_t VRowsResident(int64_t length) const;
 
  private:
   void EnsureStride(int64_t blocks);
+  void EnsureSparse(int64_t rows);
 
   KvShape shape_;
-  int64_t blocks_ = 0;        // blocks per table
-  int32_t stride_ = 0;        // capacity of a table row, in pages
+  int64_t blocks_ = 0;            // K blocks per table (positions [0, blocks_ * bs))
+  int32_t stride_ = 0;            // capacity of a table row, in pages
   std::vector<int32_t> k_table_;  // [tables, stride]
-  std::vector<int32_t> v_table_;  // [tables, stride] (the V tail)
-  int64_t v_tail_start_ = 0;
+  std::vector<int32_t> v_table_;  // [tables, stride]: tail pages from v_tail_start
+  int64_t v_tail_start_ = 0;      // multiple of block_size
+
+  std::vector<int32_t> sparse_pages_;  // [tables, sparse_stride]
+  std::vector<int32_t> sparse_pos_;    // [tables, pos_stride]
+  std::vector<int32_t> sparse_count_;  // [tables]
+  int32_t sparse_stride_ = 0;
+  int32_t pos_stride_ = 0;
+
+  std::vector<float> v_sum_;     // [tables, head_dim]
+  std::vector<uint8_t> hits_;    // [tables, hits_stride]
+  int32_t hits_stride_ = 0;
 };
 
 }  // namespace thetaserve::cache

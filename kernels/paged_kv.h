@@ -66,4 +66,9 @@ struct SeqPageTables {
   }
 };
 
+// One V row copied inside the pool (sparse-store compaction).
+struct KvRowCopy {
+  int32_t src_page, src_row, dst_page, dst_row;
+};
+
 }  // namespace thetaserve::kernels

@@ -41,7 +41,8 @@ Engine::Engine(const EngineConfig& config, kernels::Backend& backend, int64_t nu
       backend_(&backend),
       pool_(num_pages, config.block_size),
       kv_shape_{static_cast<int32_t>(backend.model().config().num_layers),
-                static_cast<int32_t>(backend.model().config().num_kv_heads), config.block_size},
+                static_cast<int32_t>(backend.model().config().num_kv_heads), config.block_size,
+                static_cast<int32_t>(backend.model().config().head_dim)},
       scheduler_(config.scheduler, pool_),
       tokenizer_(&backend.model().tokenizer()) {}
 
@@ -133,8 +134,9 @@ void Engine::PublishStats(const StepStats* step) {
   const int64_t tables = kv_shape_.tables();
   for (const auto& seq : scheduler_.running()) {
     s.v_rows_dense_equivalent += seq->num_computed * tables;
+    s.v_rows_resident += seq->kv().VRowsResident(seq->num_computed);
   }
-  s.v_rows_resident = s.v_rows_dense_equivalent;  // dense V store
+  s.layer_kept_ratio = layer_kept_ratio_;
   s.v_row_bytes = backend_->model().config().head_dim * 4;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -208,19 +210,28 @@ void Engine::RunStep(StepPlan& plan) {
     chunk.num_tokens = static_cast<int32_t>(sc.num_tokens);
     chunk.start_pos = static_cast<int32_t>(sc.seq->num_computed);
     chunk.want_logits = sc.samples;
-    chunk.pages = kernels::SeqPageTables{sc.seq->kv().k_table(), sc.seq->kv().v_table(),
-                                         sc.seq->kv().stride()};
+    cache::SequenceKv& kv = sc.seq->kv();
+    auto& p = chunk.pages;
+    p.k_pages = kv.k_table();
+    p.v_pages = kv.v_table();
+    p.stride = kv.stride();
+    p.v_tail_start = static_cast<int32_t>(kv.v_tail_start());
+    p.v_sparse_pages = kv.sparse_pages();
+    p.v_sparse_pos = kv.sparse_pos();
+    p.v_sparse_count = kv.sparse_count();
+    p.sparse_stride = kv.sparse_stride();
+    p.sparse_pos_stride = kv.pos_stride();
+    p.v_sum = kv.v_sum();
+    p.hits = kv.hits();
+    p.hits_stride = kv.hits_stride();
+    // Hits count from the observation window (the prompt's last queries) on.
+    p.hit_min_pos = static_cast<int32_t>(std::max<int64_t>(
+        0, int64_t(sc.seq->request().prompt.size()) - config_.sparse.obs_window));
     const auto& toks = sc.seq->tokens();
     tokens_.insert(tokens_.end(), toks.begin() + sc.seq->num_computed,
                    toks.begin() + sc.seq->num_computed + sc.num_tokens);
     chunks_.push_back(chunk);
-    // Dense attention reads every V row: position p attends to p + 1 rows.
-    const int64_t n = sc.num_tokens, p0 = sc.seq->num_computed;
-    const int64_t rows = n * p0 + n * (n + 1) / 2;
-    counters_.v_rows_read += rows * kv_shape_.tables();
-    counters_.v_rows_read_dense += rows * kv_shape_.tables();
-    counters_.attn_elements_kept += rows * c.num_layers * c.num_heads;
-    counters_.attn_elements_dense += rows * c.num_layers * c.num_heads;
+
     // A chunk is prefill while it computes prompt tokens (or recomputes after preemption).
     if (sc.num_tokens == 1 && sc.seq->num_computed >= int64_t(sc.seq->request().prompt.size())) {
       ++step.decode_tokens;
@@ -228,7 +239,8 @@ void Engine::RunStep(StepPlan& plan) {
       step.prefill_tokens += sc.num_tokens;
     }
   }
-  kernels::ForwardBatch batch{tokens_, chunks_, false};
+  attn_stats_.Reset(c.num_layers);
+  kernels::ForwardBatch batch{tokens_, chunks_, false, &attn_stats_};
   logits_.resize(kernels::NumLogitRows(batch) * c.vocab_size);
   absl::Status st = backend_->Forward(batch, logits_.data());
   const auto t1 = Clock::now();
@@ -242,6 +254,17 @@ void Engine::RunStep(StepPlan& plan) {
   }
   scheduler_.Commit(plan);
   counters_.prompt_tokens += step.prefill_tokens;
+  counters_.v_rows_read += attn_stats_.v_rows_read;
+  counters_.v_rows_read_dense += attn_stats_.v_rows_read_dense;
+  counters_.attn_elements_kept += attn_stats_.elements_kept;
+  counters_.attn_elements_dense += attn_stats_.elements_dense;
+  counters_.v_rows_retained_but_evicted += attn_stats_.retained_but_evicted;
+  layer_kept_ratio_.resize(c.num_layers);
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    layer_kept_ratio_[l] = attn_stats_.layer_dense[l]
+                               ? double(attn_stats_.layer_kept[l]) / attn_stats_.layer_dense[l]
+                               : 1.0;
+  }
 
   int64_t row = 0;
   std::vector<std::pair<Sequence*, FinishReason>> done;
@@ -256,6 +279,7 @@ void Engine::RunStep(StepPlan& plan) {
     if (seq->AppendToken(r, *tokenizer_)) done.emplace_back(seq, seq->finish_reason());
   }
   for (auto& [seq, reason] : done) Finish(seq, reason, absl::OkStatus());
+  CompactSparseV(plan);
   ++counters_.steps;
   counters_.preemptions = scheduler_.num_preemptions();
 
@@ -264,6 +288,24 @@ void Engine::RunStep(StepPlan& plan) {
   step.num_seqs = static_cast<int64_t>(plan.chunks.size());
   step.num_tokens = plan.num_tokens;
   PublishStats(&step);
+}
+
+void Engine::CompactSparseV(const StepPlan& plan) {
+  if (!config_.sparse.enabled) return;
+  std::vector<cache::RowMove> moves;
+  for (const auto& seq : scheduler_.running()) {
+    // Only once the prompt is in: its last queries (the observation window) decided the hits.
+    if (seq->num_computed < int64_t(seq->request().prompt.size())) continue;
+    cache::SequenceKv::CompactResult r;
+    if (!seq->kv().CompactV(pool_, seq->num_computed, config_.sparse, &moves, &r)) continue;
+    counters_.v_rows_evicted += r.rows_dropped;
+  }
+  if (moves.empty()) return;
+  std::vector<kernels::KvRowCopy> copies;
+  copies.reserve(moves.size());
+  for (const auto& m : moves) copies.push_back({m.src_page, m.src_row, m.dst_page, m.dst_row});
+  absl::Status st = backend_->CopyKvRows(copies);
+  CHECK(st.ok()) << "KV row copy failed: " << st.message();
 }
 
 void Engine::Loop() {

@@ -26,6 +26,7 @@ struct EngineConfig {
   int64_t kv_cache_bytes = int64_t(256) << 20;  // K and V pages together
   int32_t block_size = 16;
   int64_t max_queue = 1024;  // waiting requests before Submit says RESOURCE_EXHAUSTED
+  cache::SparsePolicy sparse;  // V policy: disabled = "full"
 };
 
 class Engine {
@@ -68,6 +69,8 @@ class Engine {
   void Finish(Sequence* seq, FinishReason reason, absl::Status status);
   void CheckDeadlines();
   void PublishStats(const StepStats* step);
+  // Applies the sparse V policy to sequences past their prompt; copies rows in the backend.
+  void CompactSparseV(const StepPlan& plan);
 
   EngineConfig config_;
   kernels::Backend* backend_;
@@ -94,6 +97,8 @@ class Engine {
   std::vector<float> logits_;
   std::vector<int32_t> tokens_;
   std::vector<kernels::SeqChunk> chunks_;
+  kernels::AttentionStats attn_stats_;
+  std::vector<double> layer_kept_ratio_;
   EngineCounters counters_;
 };
 

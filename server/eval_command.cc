@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/sequence_runner.h"
+#include "scheduler/sequence_runner.h"
 #include "server/cli_args.h"
 #include "server/commands.h"
 #include "server/model_loading.h"
@@ -70,7 +70,7 @@ int RunEval(const std::vector<std::string>& argv) {
   if (windows == 0) {
     return fail(absl::InvalidArgumentError("the text has fewer tokens than one --context window"));
   }
-  auto runner = kernels::SequenceRunner::Create(*loaded->backend, *context);
+  auto runner = scheduler::SequenceRunner::Create(*loaded->backend, *context);
   if (!runner.ok()) return fail(runner.status());
   const int64_t vocab = loaded->model->config().vocab_size;
 

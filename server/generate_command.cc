@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/sequence_runner.h"
+#include "scheduler/sequence_runner.h"
 #include "model/tokenizer.h"
 #include "scheduler/sampler.h"
 #include "server/cli_args.h"
@@ -85,7 +85,7 @@ int RunGenerate(const std::vector<std::string>& argv) {
   const int64_t max_ctx = loaded->model->config().max_context;
   const int64_t capacity = std::min<int64_t>(max_ctx, prompt.size() + *max_tokens);
 
-  auto runner = kernels::SequenceRunner::Create(*loaded->backend, capacity);
+  auto runner = scheduler::SequenceRunner::Create(*loaded->backend, capacity);
   if (!runner.ok()) return fail(runner.status());
 
   scheduler::SamplingParams sp;

@@ -40,6 +40,20 @@ absl::Status CpuBackend::AllocateKvPool(int64_t num_pages, int32_t block_size) {
   return absl::OkStatus();
 }
 
+absl::Status CpuBackend::CopyKvRows(std::span<const KvRowCopy> copies) {
+  const size_t row_bytes = kv_layout_.head_dim * sizeof(float);
+  for (const KvRowCopy& c : copies) {
+    if (c.src_page < 0 || c.dst_page < 0 || c.src_page >= kv_layout_.num_pages ||
+        c.dst_page >= kv_layout_.num_pages) {
+      return absl::InternalError(absl::StrFormat("KV row copy with page out of range (%d -> %d)",
+                                                 c.src_page, c.dst_page));
+    }
+    std::memcpy(kv_pool_.data() + kv_layout_.RowOffset(c.dst_page, c.dst_row),
+                kv_pool_.data() + kv_layout_.RowOffset(c.src_page, c.src_row), row_bytes);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CpuBackend::Forward(const ForwardBatch& batch, float* logits) {
   const model::ModelConfig& c = model_->config();
   const model::ModelWeights& w = model_->weights();

@@ -16,6 +16,7 @@ class CpuBackend : public Backend {
   std::string name() const override { return "cpu"; }
   absl::Status AllocateKvPool(int64_t num_pages, int32_t block_size) override;
   absl::Status Forward(const ForwardBatch& batch, float* logits) override;
+  absl::Status CopyKvRows(std::span<const KvRowCopy> copies) override;
 
   ThreadPool& pool() { return pool_; }
   const float* kv_data() const { return kv_pool_.data(); }

@@ -5,7 +5,7 @@
 
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
-#include "kernels/sequence_runner.h"
+#include "scheduler/sequence_runner.h"
 #include "model/model.h"
 #include "tests/test_util.h"
 
@@ -83,7 +83,7 @@ TEST(MixedBatchTest, MixedBatchLogitsEqualSingleSequenceLogits) {
   step({{2, 1}});
 
   for (int s = 0; s < 3; ++s) {
-    auto runner = SequenceRunner::Create(**alone, 128, 16);
+    auto runner = scheduler::SequenceRunner::Create(**alone, 128, 16);
     ASSERT_TRUE(runner.ok());
     auto ref = runner->Append(prompts[s]);
     ASSERT_TRUE(ref.ok());

@@ -10,7 +10,7 @@
 
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
-#include "kernels/sequence_runner.h"
+#include "scheduler/sequence_runner.h"
 #include "model/model.h"
 #include "nlohmann/json.hpp"
 #include "tests/test_util.h"
@@ -74,7 +74,7 @@ TEST_P(ReferenceLogitsTest, LogitsAndGreedyTokensMatchTransformers) {
     const auto prompt = c["prompt_ids"].get<std::vector<int32_t>>();
     const auto greedy = c["greedy_ids"].get<std::vector<int32_t>>();
     const int64_t first = c["logits_first_row"].get<int64_t>();
-    auto runner = SequenceRunner::Create(**backend, prompt.size() + greedy.size() + 1, 16);
+    auto runner = scheduler::SequenceRunner::Create(**backend, prompt.size() + greedy.size() + 1, 16);
     ASSERT_TRUE(runner.ok());
     if (all_positions) {
       // Every position of prompt + reference continuation, in one prefill of mixed chunks.

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "kernels/sequence_runner.h"
+#include "scheduler/sequence_runner.h"
 #include "model/model.h"
 #include "tests/test_util.h"
 
@@ -68,7 +68,7 @@ class EngineTest : public ::testing::Test {
 
   // Greedy continuation computed alone, without the engine.
   static std::vector<int32_t> Solo(const std::vector<int32_t>& prompt, int max_tokens) {
-    auto runner = kernels::SequenceRunner::Create(*solo_backend_, prompt.size() + max_tokens);
+    auto runner = scheduler::SequenceRunner::Create(*solo_backend_, prompt.size() + max_tokens);
     EXPECT_TRUE(runner.ok());
     auto logits = runner->Append(prompt);
     std::vector<int32_t> out;
@@ -176,7 +176,7 @@ TEST_F(EngineTest, TinyPoolForcesChunkedPrefillAndPreemptionWithIdenticalOutput)
   for (auto& s : sinks) ASSERT_TRUE(s->Wait(300));
   EXPECT_GT((*engine)->Stats().counters.preemptions, 0) << "the pool was meant to force preemption";
   for (size_t i = 0; i < requests.size(); ++i) {
-    auto runner = kernels::SequenceRunner::Create(*solo_backend_, 64);
+    auto runner = scheduler::SequenceRunner::Create(*solo_backend_, 64);
     ASSERT_TRUE(runner.ok());
     auto logits = runner->Append(requests[i].prompt);
     std::vector<int32_t> want;

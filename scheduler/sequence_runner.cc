@@ -1,0 +1,101 @@
+#include "scheduler/sequence_runner.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_format.h"
+
+namespace thetaserve::scheduler {
+
+SequenceRunner::SequenceRunner(kernels::Backend& backend, int64_t max_len, cache::KvShape shape,
+                               cache::SparsePolicy policy, int64_t num_pages)
+    : backend_(&backend),
+      max_len_(max_len),
+      shape_(shape),
+      policy_(policy),
+      pool_(std::make_unique<cache::PagePool>(num_pages, shape.block_size)),
+      kv_(std::make_unique<cache::SequenceKv>(shape)) {}
+
+absl::StatusOr<SequenceRunner> SequenceRunner::Create(kernels::Backend& backend, int64_t max_len,
+                                                      int32_t block_size,
+                                                      cache::SparsePolicy policy) {
+  const auto& c = backend.model().config();
+  cache::KvShape shape{static_cast<int32_t>(c.num_layers), static_cast<int32_t>(c.num_kv_heads),
+                       block_size, static_cast<int32_t>(c.head_dim)};
+  const int64_t blocks = (max_len + block_size - 1) / block_size;
+  // K and V for every block, plus one spare page per table for the sparse store's last page.
+  const int64_t num_pages = (2 * blocks + 1) * shape.tables();
+  absl::Status st = backend.AllocateKvPool(num_pages, block_size);
+  if (!st.ok()) return st;
+  return SequenceRunner(backend, max_len, shape, policy, num_pages);
+}
+
+void SequenceRunner::Reset() {
+  kv_->ReleaseAll(*pool_);
+  length_ = 0;
+  hit_min_pos_ = 0;
+}
+
+absl::StatusOr<cache::SequenceKv::CompactResult> SequenceRunner::Compact() {
+  std::vector<cache::RowMove> moves;
+  cache::SequenceKv::CompactResult result;
+  if (!kv_->CompactV(*pool_, length_, policy_, &moves, &result)) {
+    return absl::ResourceExhaustedError("no pages for the sparse store");
+  }
+  std::vector<kernels::KvRowCopy> copies;
+  copies.reserve(moves.size());
+  for (const auto& m : moves) copies.push_back({m.src_page, m.src_row, m.dst_page, m.dst_row});
+  absl::Status st = backend_->CopyKvRows(copies);
+  if (!st.ok()) return st;
+  return result;
+}
+
+absl::StatusOr<std::vector<float>> SequenceRunner::Append(std::span<const int32_t> tokens,
+                                                          bool all_logits, int64_t chunk,
+                                                          kernels::AttentionStats* stats) {
+  const int64_t vocab = backend_->model().config().vocab_size;
+  if (length_ + static_cast<int64_t>(tokens.size()) > max_len_) {
+    return absl::OutOfRangeError(absl::StrFormat(
+        "sequence of %d tokens exceeds the runner's capacity of %d", length_ + tokens.size(),
+        max_len_));
+  }
+  std::vector<float> out;
+  if (all_logits) out.reserve(tokens.size() * vocab);
+  std::vector<float> logits;
+  for (size_t begin = 0; begin < tokens.size(); begin += chunk) {
+    const int64_t n = std::min<int64_t>(chunk, tokens.size() - begin);
+    if (!pool_->CanAllocate(kv_->PagesNeeded(length_ + n))) {
+      return absl::ResourceExhaustedError("the runner's page pool is full");
+    }
+    kv_->Grow(*pool_, length_ + n);
+    kernels::SeqChunk seq;
+    seq.token_offset = 0;
+    seq.num_tokens = static_cast<int32_t>(n);
+    seq.start_pos = static_cast<int32_t>(length_);
+    seq.want_logits = true;
+    auto& p = seq.pages;
+    p.k_pages = kv_->k_table();
+    p.v_pages = kv_->v_table();
+    p.stride = kv_->stride();
+    p.v_tail_start = static_cast<int32_t>(kv_->v_tail_start());
+    p.v_sparse_pages = kv_->sparse_pages();
+    p.v_sparse_pos = kv_->sparse_pos();
+    p.v_sparse_count = kv_->sparse_count();
+    p.sparse_stride = kv_->sparse_stride();
+    p.sparse_pos_stride = kv_->pos_stride();
+    p.v_sum = kv_->v_sum();
+    p.hits = kv_->hits();
+    p.hits_stride = kv_->hits_stride();
+    p.hit_min_pos = static_cast<int32_t>(hit_min_pos_);
+    kernels::ForwardBatch batch{tokens.subspan(begin, n), std::span<const kernels::SeqChunk>(&seq, 1),
+                                all_logits, stats};
+    logits.resize(kernels::NumLogitRows(batch) * vocab);
+    absl::Status st = backend_->Forward(batch, logits.data());
+    if (!st.ok()) return st;
+    length_ += n;
+    if (all_logits) out.insert(out.end(), logits.begin(), logits.end());
+  }
+  if (!all_logits) out = std::move(logits);
+  return out;
+}
+
+}  // namespace thetaserve::scheduler

@@ -1,0 +1,54 @@
+// Runs one sequence through a Backend outside the engine, with the same paged cache (and
+// sparse V policy) the engine uses. For tools and tests that want logits: reference checks,
+// perplexity and Top-θ fidelity evaluation, calibration.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "cache/page_pool.h"
+#include "cache/sequence_kv.h"
+#include "kernels/backend.h"
+
+namespace thetaserve::scheduler {
+
+class SequenceRunner {
+ public:
+  // Allocates the backend's KV pool for one sequence of up to `max_len` tokens.
+  static absl::StatusOr<SequenceRunner> Create(kernels::Backend& backend, int64_t max_len,
+                                               int32_t block_size = 16,
+                                               cache::SparsePolicy policy = {});
+
+  // Appends `tokens` (in chunks of at most `chunk` tokens) and returns the logits of the
+  // last one, or of every one when `all_logits` ([n, vocab] row-major).
+  absl::StatusOr<std::vector<float>> Append(std::span<const int32_t> tokens,
+                                            bool all_logits = false, int64_t chunk = 512,
+                                            kernels::AttentionStats* stats = nullptr);
+  // Queries from this position on record hit bits (the observation window; decode queries).
+  void SetHitStart(int64_t pos) { hit_min_pos_ = pos; }
+  // Applies the sparse policy: moves retained tail rows to the sparse store, drops the rest.
+  absl::StatusOr<cache::SequenceKv::CompactResult> Compact();
+
+  void Reset();
+  int64_t length() const { return length_; }
+  int64_t max_len() const { return max_len_; }
+  int64_t v_rows_resident() const { return kv_->VRowsResident(length_); }
+  int64_t v_rows_dense() const { return length_ * shape_.tables(); }
+
+ private:
+  SequenceRunner(kernels::Backend& backend, int64_t max_len, cache::KvShape shape,
+                 cache::SparsePolicy policy, int64_t num_pages);
+  kernels::Backend* backend_;
+  int64_t max_len_;
+  cache::KvShape shape_;
+  cache::SparsePolicy policy_;
+  std::unique_ptr<cache::PagePool> pool_;
+  std::unique_ptr<cache::SequenceKv> kv_;
+  int64_t length_ = 0;
+  int64_t hit_min_pos_ = 0;
+};
+
+}  // namespace thetaserve::scheduler
