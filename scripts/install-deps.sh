@@ -8,7 +8,7 @@ PACKAGES=(
   libgrpc++-dev libgrpc-dev protobuf-compiler protobuf-compiler-grpc libprotobuf-dev
   libabsl-dev prometheus-cpp-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev googletest libbenchmark-dev
-  prometheus yamllint python3-grpcio python3-venv
+  prometheus yamllint python3-grpcio python3-venv docker-compose shellcheck
   bible-kjv-text r-cran-janeaustenr fortunes-min fortunes
 )
 
