@@ -11,5 +11,6 @@ int RunGenerate(const std::vector<std::string>& args);
 int RunEval(const std::vector<std::string>& args);
 int RunServe(const std::vector<std::string>& args);
 int RunClient(const std::vector<std::string>& args);
+int RunCalibrate(const std::vector<std::string>& args);
 
 }  // namespace thetaserve::server

@@ -1,18 +1,29 @@
-// `thetaserve eval`: perplexity of a model on a text file, in fixed windows of `--context`
-// tokens (each window starts from an empty cache; every token but the first of a window is
-// predicted).
+// `thetaserve eval`: perplexity of a model on a text file in windows of `--context` tokens,
+// and, with --theta, the fidelity of Top-θ against dense attention on the same windows:
+// perplexity (and its change), next-token agreement, mean KL(dense ‖ Top-θ), V rows read and
+// stored per L, attention elements kept.
+//
+// Each window: the first half is a prompt (prefill), the second half is teacher-forced
+// decoding. Under policy full a row's attention is the same whether prefilled or decoded, so
+// the second half runs as one more prefill chunk; under policy sparse the cache is compacted
+// after the prompt (observation window) and the second half is decoded token by token.
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <map>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_format.h"
+#include "kernels/backend.h"
 #include "scheduler/sequence_runner.h"
 #include "server/cli_args.h"
 #include "server/commands.h"
 #include "server/model_loading.h"
+#include "server/theta_options.h"
 
 namespace thetaserve::server {
 namespace {
@@ -22,17 +33,35 @@ constexpr char kUsage[] =
     "  --context N       window length in tokens (default 2048)\n"
     "  --max-tokens N    tokens of the text to evaluate (default 65536)\n"
     "  --threads N --device cpu|cuda|auto\n"
-    "  --out FILE        append a JSON line with the result\n";
+    "  --out FILE        append one JSON line with the result\n";
+
+struct RowStats {
+  double nll = 0, nll_ref = 0, kl = 0;
+  int64_t n = 0, agree = 0;
+};
+
+// log-softmax of a row into `out`.
+void LogSoftmax(const float* row, int64_t vocab, std::vector<double>& out) {
+  out.resize(vocab);
+  float m = row[0];
+  for (int64_t v = 1; v < vocab; ++v) m = std::max(m, row[v]);
+  double s = 0;
+  for (int64_t v = 0; v < vocab; ++v) s += std::exp(double(row[v]) - m);
+  const double lse = m + std::log(s);
+  for (int64_t v = 0; v < vocab; ++v) out[v] = row[v] - lse;
+}
 
 }  // namespace
 
 int RunEval(const std::vector<std::string>& argv) {
-  auto args = CliArgs::Parse(argv, {{"model", true}, {"text", true}, {"context", true},
-                                    {"max-tokens", true}, {"threads", true}, {"device", true},
-                                    {"out", true}, {"help", false}});
+  std::map<std::string, bool> known = {{"model", true}, {"text", true}, {"context", true},
+                                       {"max-tokens", true}, {"threads", true}, {"device", true},
+                                       {"out", true}, {"help", false}};
+  for (const auto& [name, v] : ThetaFlags()) known[name] = v;
+  auto args = CliArgs::Parse(argv, known);
   if (!args.ok() || args->Has("help")) {
     if (!args.ok()) std::fprintf(stderr, "thetaserve eval: %s\n", args.status().ToString().c_str());
-    std::fprintf(stderr, "%s", kUsage);
+    std::fprintf(stderr, "%s%s", kUsage, kThetaUsage);
     return args.ok() ? 0 : 2;
   }
   auto fail = [](const absl::Status& st) {
@@ -43,11 +72,10 @@ int RunEval(const std::vector<std::string>& argv) {
   auto max_tokens = args->GetInt("max-tokens", 65536);
   auto threads = args->GetInt("threads", 0);
   auto device = ParseDevice(args->GetString("device", "auto"));
-  for (const absl::Status& st :
-       {context.status(), max_tokens.status(), threads.status(), device.status()}) {
+  for (const absl::Status& st : {context.status(), max_tokens.status(), threads.status(), device.status()}) {
     if (!st.ok()) return fail(st);
   }
-  if (*context < 2) return fail(absl::InvalidArgumentError("--context must be at least 2"));
+  if (*context < 4) return fail(absl::InvalidArgumentError("--context must be at least 4"));
   const std::string text_path = args->GetString("text");
   std::ifstream in(text_path, std::ios::binary);
   if (!in) {
@@ -56,57 +84,141 @@ int RunEval(const std::vector<std::string>& argv) {
   }
   std::stringstream ss;
   ss << in.rdbuf();
-  std::string text = ss.str();
+  const std::string text = ss.str();
 
   auto loaded = LoadModelForCli(args->GetString("model"), *device, static_cast<int>(*threads));
   if (!loaded.ok()) return fail(loaded.status());
+  auto theta = ParseThetaOptions(*args, *loaded->model);
+  if (!theta.ok()) return fail(theta.status());
+  const bool compare = theta->table != nullptr;
   const auto& tok = loaded->model->tokenizer();
-  // ~4 bytes per token in English: encode a generous prefix rather than the whole file.
   const size_t prefix = std::min(text.size(), static_cast<size_t>(*max_tokens) * 8 + 1024);
-  std::vector<int32_t> ids = tok.Encode(std::string_view(text).substr(0, prefix),
-                                        /*add_bos=*/false, /*parse_special=*/false);
+  std::vector<int32_t> ids = tok.Encode(std::string_view(text).substr(0, prefix), false, false);
   if (static_cast<int64_t>(ids.size()) > *max_tokens) ids.resize(*max_tokens);
   const int64_t windows = static_cast<int64_t>(ids.size()) / *context;
   if (windows == 0) {
     return fail(absl::InvalidArgumentError("the text has fewer tokens than one --context window"));
   }
-  auto runner = scheduler::SequenceRunner::Create(*loaded->backend, *context);
-  if (!runner.ok()) return fail(runner.status());
   const int64_t vocab = loaded->model->config().vocab_size;
+  const int64_t P = *context / 2;  // prompt part of each window
 
-  double nll = 0;
-  int64_t count = 0;
-  auto start = std::chrono::steady_clock::now();
+  // The dense reference runs on a second backend over the same weights.
+  std::unique_ptr<kernels::Backend> dense_backend;
+  std::optional<scheduler::SequenceRunner> dense_runner;
+  if (compare) {
+    auto b = kernels::CreateBackend(*loaded->model, *device, static_cast<int>(*threads));
+    if (!b.ok()) return fail(b.status());
+    dense_backend = std::move(*b);
+    auto r = scheduler::SequenceRunner::Create(*dense_backend, *context);
+    if (!r.ok()) return fail(r.status());
+    dense_runner.emplace(std::move(*r));
+    loaded->backend->SetTopTheta(theta->config);
+  }
+  auto runner = scheduler::SequenceRunner::Create(*loaded->backend, *context, 16, theta->sparse);
+  if (!runner.ok()) return fail(runner.status());
+
+  RowStats rows;
+  kernels::AttentionStats prefill_stats, decode_stats;
+  prefill_stats.Reset(loaded->model->config().num_layers);
+  decode_stats.Reset(loaded->model->config().num_layers);
+  double stored_ratio_sum = 0;
+  int64_t evicted = 0;
+  std::vector<double> lp, lq;
+  const auto start = std::chrono::steady_clock::now();
   for (int64_t w = 0; w < windows; ++w) {
-    runner->Reset();
     std::span<const int32_t> window(ids.data() + w * *context, *context);
-    auto logits = runner->Append(window, /*all_logits=*/true);
-    if (!logits.ok()) return fail(logits.status());
-    for (int64_t i = 0; i + 1 < *context; ++i) {
-      const float* row = logits->data() + i * vocab;
-      float m = row[0];
-      for (int64_t v = 1; v < vocab; ++v) m = std::max(m, row[v]);
-      double s = 0;
-      for (int64_t v = 0; v < vocab; ++v) s += std::exp(double(row[v]) - m);
-      nll += (m + std::log(s)) - row[window[i + 1]];
-      ++count;
+    runner->Reset();
+    runner->SetHitStart(std::max<int64_t>(0, P - theta->sparse.obs_window));
+    // Logits for every position, [context, vocab].
+    std::vector<float> logits;
+    auto head = runner->Append(window.subspan(0, P), true, 512, &prefill_stats);
+    if (!head.ok()) return fail(head.status());
+    logits = std::move(*head);
+    if (theta->sparse.enabled) {
+      auto compacted = runner->Compact();
+      if (!compacted.ok()) return fail(compacted.status());
+      evicted += compacted->rows_dropped;
+      for (int64_t i = P; i < *context; ++i) {
+        auto row = runner->Append(window.subspan(i, 1), true, 1, &decode_stats);
+        if (!row.ok()) return fail(row.status());
+        logits.insert(logits.end(), row->begin(), row->end());
+        auto c = runner->Compact();
+        if (!c.ok()) return fail(c.status());
+        evicted += c->rows_dropped;
+      }
+    } else {
+      auto tail = runner->Append(window.subspan(P), true, 512, &decode_stats);
+      if (!tail.ok()) return fail(tail.status());
+      logits.insert(logits.end(), tail->begin(), tail->end());
     }
-    double secs =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    std::fprintf(stderr, "\r[%lld/%lld windows] ppl so far %.4f, %.0f tok/s   ",
-                 (long long)(w + 1), (long long)windows, std::exp(nll / count),
-                 (w + 1) * *context / secs);
+    stored_ratio_sum += double(runner->v_rows_resident()) / runner->v_rows_dense();
+
+    std::vector<float> ref;
+    if (compare) {
+      dense_runner->Reset();
+      auto r = dense_runner->Append(window, true);
+      if (!r.ok()) return fail(r.status());
+      ref = std::move(*r);
+    }
+    for (int64_t i = 0; i + 1 < *context; ++i) {
+      LogSoftmax(logits.data() + i * vocab, vocab, lq);
+      rows.nll -= lq[window[i + 1]];
+      ++rows.n;
+      if (compare) {
+        LogSoftmax(ref.data() + i * vocab, vocab, lp);
+        rows.nll_ref -= lp[window[i + 1]];
+        double kl = 0;
+        int64_t a = 0, b = 0;
+        for (int64_t v = 0; v < vocab; ++v) {
+          kl += std::exp(lp[v]) * (lp[v] - lq[v]);
+          if (lp[v] > lp[a]) a = v;
+          if (lq[v] > lq[b]) b = v;
+        }
+        rows.kl += kl;
+        rows.agree += a == b;
+      }
+    }
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    std::fprintf(stderr, "\r[%lld/%lld windows] ppl %.4f%s, %.0f s, eta %.0f s   ", (long long)(w + 1),
+                 (long long)windows, std::exp(rows.nll / rows.n),
+                 compare ? absl::StrFormat(" (dense %.4f)", std::exp(rows.nll_ref / rows.n)).c_str() : "",
+                 secs, secs / (w + 1) * (windows - w - 1));
     std::fflush(stderr);
   }
   std::fprintf(stderr, "\n");
-  const double ppl = std::exp(nll / count);
+  const double ppl = std::exp(rows.nll / rows.n);
+  auto ratio = [](int64_t a, int64_t b) { return b ? double(a) / b : 1.0; };
+  std::string json = absl::StrFormat(
+      "{\"model\":\"%s\",\"text\":\"%s\",\"context\":%d,\"tokens\":%d,\"mode\":\"%s\","
+      "\"policy\":\"%s\",\"sdc\":\"%s\",\"vmc\":%s,\"theta_file\":\"%s\",\"perplexity\":%.5f",
+      loaded->model->config().name, text_path, *context, rows.n, theta->mode(), theta->policy,
+      kernels::SdcModeName(theta->config.sdc), theta->config.vmc ? "true" : "false",
+      args->GetString("theta"), ppl);
+  if (compare) {
+    const double ref_ppl = std::exp(rows.nll_ref / rows.n);
+    const auto& k = theta->table->k_per_layer;
+    json += absl::StrFormat(
+        ",\"k\":%d,\"dense_perplexity\":%.5f,\"ppl_change_pct\":%.3f,\"agreement\":%.5f,"
+        "\"mean_kl\":%.6f,\"decode_v_rows_read_per_L\":%.5f,\"prefill_v_rows_read_per_L\":%.5f,"
+        "\"v_rows_stored_per_L\":%.5f,\"prefill_elements_kept\":%.5f,"
+        "\"decode_elements_kept\":%.5f,\"retained_but_evicted_per_decode_row\":%.6f,"
+        "\"rows_evicted\":%d",
+        k.empty() ? 0 : k.back(), ref_ppl, 100.0 * (ppl / ref_ppl - 1.0),
+        double(rows.agree) / rows.n, rows.kl / rows.n,
+        ratio(decode_stats.v_rows_read, decode_stats.v_rows_read_dense),
+        ratio(prefill_stats.v_rows_read, prefill_stats.v_rows_read_dense),
+        stored_ratio_sum / windows,
+        ratio(prefill_stats.elements_kept, prefill_stats.elements_dense),
+        ratio(decode_stats.elements_kept, decode_stats.elements_dense),
+        ratio(decode_stats.retained_but_evicted, decode_stats.v_rows_read_dense), evicted);
+  }
+  json += "}";
   std::printf("perplexity %.4f over %lld predicted tokens (%lld windows of %lld) on %s\n", ppl,
-              (long long)count, (long long)windows, (long long)*context, text_path.c_str());
+              (long long)rows.n, (long long)windows, (long long)*context, text_path.c_str());
+  std::printf("%s\n", json.c_str());
   if (args->Has("out")) {
     std::ofstream out(args->GetString("out"), std::ios::app);
-    out << "{\"model\":\"" << loaded->model->config().name << "\",\"text\":\"" << text_path
-        << "\",\"context\":" << *context << ",\"tokens\":" << count << ",\"perplexity\":" << ppl
-        << ",\"mode\":\"dense\"}\n";
+    out << json << "\n";
   }
   return 0;
 }

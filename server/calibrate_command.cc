@@ -1,0 +1,133 @@
+// `thetaserve calibrate`: runs calibration text through the model with exact top-k attention
+// and records, per (layer, query head, row length), the (k+1)-th largest value of each row;
+// writes a θ file (mean + 0.1·std per log-spaced length bucket).
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/theta_calibrator.h"
+#include "scheduler/sequence_runner.h"
+#include "server/cli_args.h"
+#include "server/commands.h"
+#include "server/model_loading.h"
+
+namespace thetaserve::server {
+namespace {
+
+constexpr char kUsage[] =
+    "usage: thetaserve calibrate --model PATH --corpus FILE --out FILE [flags]\n"
+    "  --k N                 survivors per row in calibrated layers (default 64)\n"
+    "  --dense-layers N      first layers kept (nearly) dense (default 2)\n"
+    "  --dense-k N           k of those layers (default 512)\n"
+    "  --placement pre|post  threshold scores (pre) or probabilities (post; default)\n"
+    "  --context N           window length in tokens (default 2048)\n"
+    "  --max-tokens N        calibration tokens (default 32768)\n"
+    "  --std-factor F        θ = mean + F·std (default 0.1)\n"
+    "  --threads N --device cpu|cuda|auto\n";
+
+}  // namespace
+
+int RunCalibrate(const std::vector<std::string>& argv) {
+  auto args = CliArgs::Parse(
+      argv, {{"model", true}, {"corpus", true}, {"out", true}, {"k", true},
+             {"dense-layers", true}, {"dense-k", true}, {"placement", true}, {"context", true},
+             {"max-tokens", true}, {"std-factor", true}, {"threads", true}, {"device", true},
+             {"help", false}});
+  if (!args.ok() || args->Has("help")) {
+    if (!args.ok()) std::fprintf(stderr, "thetaserve calibrate: %s\n", args.status().ToString().c_str());
+    std::fprintf(stderr, "%s", kUsage);
+    return args.ok() ? 0 : 2;
+  }
+  auto fail = [](const absl::Status& st) {
+    std::fprintf(stderr, "thetaserve calibrate: %s\n", std::string(st.message()).c_str());
+    return 1;
+  };
+  auto k = args->GetInt("k", 64);
+  auto dense_layers = args->GetInt("dense-layers", 2);
+  auto dense_k = args->GetInt("dense-k", 512);
+  auto context = args->GetInt("context", 2048);
+  auto max_tokens = args->GetInt("max-tokens", 32768);
+  auto std_factor = args->GetDouble("std-factor", 0.1);
+  auto threads = args->GetInt("threads", 0);
+  auto device = ParseDevice(args->GetString("device", "auto"));
+  for (const absl::Status& st : {k.status(), dense_layers.status(), dense_k.status(), context.status(),
+                                 max_tokens.status(), std_factor.status(), threads.status(), device.status()}) {
+    if (!st.ok()) return fail(st);
+  }
+  const std::string placement = args->GetString("placement", "post");
+  if (placement != "pre" && placement != "post") {
+    return fail(absl::InvalidArgumentError("--placement must be pre or post"));
+  }
+  if (!args->Has("out") || !args->Has("corpus")) {
+    return fail(absl::InvalidArgumentError("--corpus and --out are required"));
+  }
+  if (*k < 1 || *context <= *k) {
+    return fail(absl::InvalidArgumentError("need 1 <= --k < --context"));
+  }
+  std::ifstream in(args->GetString("corpus"), std::ios::binary);
+  if (!in) {
+    return fail(absl::NotFoundError(absl::StrCat("cannot read --corpus ", args->GetString("corpus"),
+                                                 " (scripts/fetch-corpora.sh writes data/*.txt)")));
+  }
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const std::string text = ss.str();
+
+  auto loaded = LoadModelForCli(args->GetString("model"), *device, static_cast<int>(*threads));
+  if (!loaded.ok()) return fail(loaded.status());
+  const auto& c = loaded->model->config();
+  const size_t prefix = std::min(text.size(), static_cast<size_t>(*max_tokens) * 8 + 1024);
+  std::vector<int32_t> ids = loaded->model->tokenizer().Encode(
+      std::string_view(text).substr(0, prefix), false, false);
+  if (int64_t(ids.size()) > *max_tokens) ids.resize(*max_tokens);
+  const int64_t windows = int64_t(ids.size()) / *context;
+  if (windows == 0) return fail(absl::InvalidArgumentError("the corpus is shorter than one --context window"));
+
+  model::ThetaTable shape(static_cast<int32_t>(c.num_layers), static_cast<int32_t>(c.num_heads),
+                          model::ThetaTable::DefaultBuckets(static_cast<int32_t>(*context)));
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    shape.k_per_layer[l] = static_cast<int32_t>(l < *dense_layers ? *dense_k : *k);
+  }
+  shape.placement = placement == "pre" ? model::ThetaPlacement::kPreSoftmax
+                                       : model::ThetaPlacement::kPostSoftmax;
+  shape.model_fingerprint = loaded->model->fingerprint();
+  shape.model_name = c.name;
+  shape.corpus = args->GetString("corpus");
+  kernels::ThetaCalibrator calibrator(shape);
+  kernels::TopThetaConfig cfg;
+  cfg.table = &shape;  // k per layer and placement; θ values come from exact top-k
+  cfg.recorder = &calibrator;
+  cfg.sdc = kernels::SdcMode::kExact;
+  cfg.vmc = true;
+  loaded->backend->SetTopTheta(cfg);
+
+  auto runner = scheduler::SequenceRunner::Create(*loaded->backend, *context);
+  if (!runner.ok()) return fail(runner.status());
+  const auto start = std::chrono::steady_clock::now();
+  for (int64_t w = 0; w < windows; ++w) {
+    runner->Reset();
+    auto out = runner->Append(std::span<const int32_t>(ids.data() + w * *context, *context));
+    if (!out.ok()) return fail(out.status());
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const int width = 30, done = static_cast<int>(width * (w + 1) / windows);
+    std::fprintf(stderr, "\rcalibrating [%s%s] %lld/%lld windows, %lld rows, %.0f s, eta %.0f s   ",
+                 std::string(done, '#').c_str(), std::string(width - done, '.').c_str(),
+                 (long long)(w + 1), (long long)windows, (long long)calibrator.rows(), secs,
+                 secs / (w + 1) * (windows - w - 1));
+  }
+  std::fprintf(stderr, "\n");
+  model::ThetaTable table = calibrator.Build(*std_factor);
+  table.calibration_tokens = windows * *context;
+  absl::Status st = table.Save(args->GetString("out"));
+  if (!st.ok()) return fail(st);
+  std::printf("wrote %s: %s placement, k=%lld (first %lld layers k=%lld), %lld tokens, %lld rows, fingerprint %s\n",
+              args->GetString("out").c_str(), placement.c_str(), (long long)*k, (long long)*dense_layers,
+              (long long)*dense_k, (long long)table.calibration_tokens, (long long)calibrator.rows(),
+              table.fingerprint.c_str());
+  return 0;
+}
+
+}  // namespace thetaserve::server

@@ -1,0 +1,81 @@
+#include "server/theta_options.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace thetaserve::server {
+
+const char kThetaUsage[] =
+    "  --theta FILE          Top-θ thresholds from `thetaserve calibrate` (default: dense)\n"
+    "  --sdc MODE            softmax-denominator compensation: exact (default), exp-threshold,\n"
+    "                        offline, none\n"
+    "  --no-vmc              no V-mean compensation\n"
+    "  --top-k               exact top-k per row (k from the θ file) instead of θ (baseline)\n"
+    "  --policy full|sparse  V store: full keeps every row (savings are rows read); sparse\n"
+    "                        drops rows attention did not retain (default full)\n"
+    "  --local-window N      sparse: recent rows always kept dense (default 256)\n"
+    "  --sink-tokens N       sparse: first rows always kept (default 4)\n"
+    "  --obs-window N        sparse: last prompt queries whose hits decide (default 32)\n";
+
+std::vector<std::pair<std::string, bool>> ThetaFlags() {
+  return {{"theta", true},  {"sdc", true},          {"no-vmc", false},
+          {"top-k", false}, {"policy", true},       {"local-window", true},
+          {"sink-tokens", true}, {"obs-window", true}};
+}
+
+std::string ThetaOptions::mode() const {
+  if (!table) return "dense";
+  if (config.top_k) return "top-k";
+  return absl::StrCat("top-theta-", model::PlacementName(table->placement));
+}
+
+absl::StatusOr<ThetaOptions> ParseThetaOptions(const CliArgs& args, const model::Model& model) {
+  ThetaOptions out;
+  const std::string sdc = args.GetString("sdc", "exact");
+  if (sdc == "exact") out.config.sdc = kernels::SdcMode::kExact;
+  else if (sdc == "exp-threshold") out.config.sdc = kernels::SdcMode::kExpThreshold;
+  else if (sdc == "offline") out.config.sdc = kernels::SdcMode::kOffline;
+  else if (sdc == "none") out.config.sdc = kernels::SdcMode::kNone;
+  else return absl::InvalidArgumentError(absl::StrCat("--sdc must be exact, exp-threshold, offline or none, got '", sdc, "'"));
+  out.config.vmc = !args.Has("no-vmc");
+  out.config.top_k = args.Has("top-k");
+
+  out.policy = args.GetString("policy", "full");
+  if (out.policy != "full" && out.policy != "sparse") {
+    return absl::InvalidArgumentError(absl::StrCat("--policy must be full or sparse, got '", out.policy, "'"));
+  }
+  auto lw = args.GetInt("local-window", 256);
+  auto sink = args.GetInt("sink-tokens", 4);
+  auto obs = args.GetInt("obs-window", 32);
+  for (const auto* st : {&lw, &sink, &obs}) {
+    if (!st->ok()) return st->status();
+  }
+  if (*lw < 1 || *sink < 0 || *obs < 1) {
+    return absl::InvalidArgumentError("--local-window and --obs-window must be >= 1, --sink-tokens >= 0");
+  }
+  out.sparse.enabled = out.policy == "sparse";
+  out.sparse.local_window = static_cast<int32_t>(*lw);
+  out.sparse.sink_tokens = static_cast<int32_t>(*sink);
+  out.sparse.obs_window = static_cast<int32_t>(*obs);
+
+  if (!args.Has("theta")) {
+    if (out.sparse.enabled) {
+      return absl::InvalidArgumentError("--policy sparse needs --theta (dense attention retains every row)");
+    }
+    return out;
+  }
+  auto table = model::ThetaTable::Load(args.GetString("theta"));
+  if (!table.ok()) return table.status();
+  const auto& c = model.config();
+  if (table->model_fingerprint != model.fingerprint() || table->num_layers() != c.num_layers ||
+      table->num_heads() != c.num_heads) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "θ file ", args.GetString("theta"), " was calibrated for model '", table->model_name,
+        "' (fingerprint ", table->model_fingerprint, "), not for this model '", c.name,
+        "' (fingerprint ", model.fingerprint(), "); calibrate it with `thetaserve calibrate`"));
+  }
+  out.table = std::make_unique<model::ThetaTable>(std::move(*table));
+  out.config.table = out.table.get();
+  return out;
+}
+
+}  // namespace thetaserve::server

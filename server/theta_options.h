@@ -1,0 +1,35 @@
+// Command-line options shared by generate, eval, calibrate and serve for Top-θ and the
+// sparse V policy, and the loading of a θ file against a model.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "cache/sequence_kv.h"
+#include "kernels/top_theta.h"
+#include "model/model.h"
+#include "model/theta_table.h"
+#include "server/cli_args.h"
+
+namespace thetaserve::server {
+
+// Flags: --theta FILE --sdc none|exact|exp-threshold|offline --no-vmc --top-k
+// --policy full|sparse --local-window N --sink-tokens N --obs-window N
+std::vector<std::pair<std::string, bool>> ThetaFlags();
+extern const char kThetaUsage[];
+
+struct ThetaOptions {
+  std::unique_ptr<model::ThetaTable> table;  // null: dense attention
+  kernels::TopThetaConfig config;            // points into `table`
+  cache::SparsePolicy sparse;
+  std::string policy = "full";
+  std::string mode() const;  // "dense", "top-theta-pre", "top-theta-post", "top-k"
+};
+
+// Reads the flags; loads and checks the θ file against `model` (a file calibrated for another
+// model is an INVALID_ARGUMENT that names both fingerprints).
+absl::StatusOr<ThetaOptions> ParseThetaOptions(const CliArgs& args, const model::Model& model);
+
+}  // namespace thetaserve::server
