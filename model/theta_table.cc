@@ -13,7 +13,9 @@ namespace thetaserve::model {
 namespace {
 
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
-constexpr int kSlopeBuckets = 4;  // buckets the extrapolation slope is fitted over
+// Buckets (8 per doubling) the extrapolation slope is fitted over: two doublings, since a
+// slope fitted over half a doubling amplifies the noise of the per-bucket means.
+constexpr int kSlopeBuckets = 16;
 
 std::string Hex64(uint64_t v) { return absl::StrFormat("%016x", v); }
 

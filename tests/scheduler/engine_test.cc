@@ -14,6 +14,7 @@
 #include "gtest/gtest.h"
 #include "scheduler/sequence_runner.h"
 #include "model/model.h"
+#include "model/theta_table.h"
 #include "tests/test_util.h"
 
 namespace thetaserve::scheduler {
@@ -240,6 +241,61 @@ TEST_F(EngineTest, RejectsARequestThatCanNeverFitThePool) {
   absl::Status st = (*engine)->Submit(big, std::make_shared<CollectingSink>());
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
   EXPECT_NE(std::string(st.message()).find("--kv-cache-memory"), std::string::npos) << st;
+}
+
+TEST_F(EngineTest, SparsePolicyStoresFewerVRowsAndReturnsEveryPage) {
+  const auto& c = model_->config();
+  auto backend = kernels::CreateBackend(*model_, kernels::Device::kCpu, 0);
+  ASSERT_TRUE(backend.ok());
+  // A constant post-softmax θ: rows past k keep keys with probability > 2%.
+  model::ThetaTable table(c.num_layers, c.num_heads, model::ThetaTable::DefaultBuckets(4096));
+  for (int32_t l = 0; l < c.num_layers; ++l) {
+    table.k_per_layer[l] = l < 2 ? 512 : 16;
+    for (int32_t h = 0; h < c.num_heads; ++h) {
+      for (size_t b = 0; b < table.buckets().size(); ++b) table.theta_at(l, h, b) = 0.02f;
+    }
+  }
+  table.Finalize();
+  kernels::TopThetaConfig cfg;
+  cfg.table = &table;
+  (*backend)->SetTopTheta(cfg);
+  EngineConfig config;
+  config.kv_cache_bytes = int64_t(256) << 20;
+  config.sparse.enabled = true;
+  config.sparse.local_window = 32;
+  config.sparse.sink_tokens = 4;
+  config.sparse.obs_window = 16;
+  auto engine = Engine::Create(config, **backend);
+  ASSERT_TRUE(engine.ok());
+  std::atomic<int64_t> min_resident_ratio_permille{1000};
+  (*engine)->SetObserver([&](const EngineStats& s, const StepStats*) {
+    if (s.v_rows_dense_equivalent > 0 && s.running > 0) {
+      const int64_t r = 1000 * s.v_rows_resident / s.v_rows_dense_equivalent;
+      if (r < min_resident_ratio_permille.load()) min_resident_ratio_permille.store(r);
+    }
+  });
+  std::string text;
+  for (const auto& p : Prompts()) text += p + " ";
+  text += text;  // ~200 tokens
+  std::vector<std::shared_ptr<CollectingSink>> sinks;
+  for (int i = 0; i < 4; ++i) {
+    Request r = MakeRequest("s" + std::to_string(i), text, 48);
+    r.stopping.ignore_eos = true;
+    sinks.push_back(std::make_shared<CollectingSink>());
+    ASSERT_TRUE((*engine)->Submit(r, sinks.back()).ok());
+  }
+  for (auto& s : sinks) {
+    ASSERT_TRUE(s->Wait(300));
+    EXPECT_EQ(s->info.reason, FinishReason::kLength);
+    EXPECT_EQ(s->info.completion_tokens, 48);
+  }
+  ASSERT_TRUE((*engine)->WaitIdle(10));
+  const EngineStats s = (*engine)->Stats();
+  EXPECT_LT(min_resident_ratio_permille.load(), 700) << "the sparse store should hold well under the dense rows";
+  EXPECT_GT(s.counters.v_rows_evicted, 0);
+  EXPECT_LT(s.counters.v_rows_read, s.counters.v_rows_read_dense);
+  EXPECT_EQ((*engine)->pool_for_tests().num_free(), (*engine)->pool_for_tests().num_pages())
+      << "pages leaked under the sparse policy";
 }
 
 }  // namespace
