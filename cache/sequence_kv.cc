@@ -75,58 +75,53 @@ void SequenceKv::Grow(PagePool& pool, int64_t new_length) {
   blocks_ = blocks;
 }
 
-bool SequenceKv::CompactV(PagePool& pool, int64_t length, const SparsePolicy& policy,
+void SequenceKv::CompactV(PagePool& pool, int64_t length, const SparsePolicy& policy,
                           std::vector<RowMove>* moves, CompactResult* result) {
   *result = CompactResult();
   const int32_t bs = shape_.block_size;
   // Whole tail blocks that end at or before length - local_window leave the tail.
   const int64_t limit = std::max<int64_t>(0, length - policy.local_window) / bs * bs;
-  if (!policy.enabled || limit <= v_tail_start_) return true;
+  if (!policy.enabled || limit <= v_tail_start_) return;
   const int64_t n_blocks = (limit - v_tail_start_) / bs;
   const int64_t tables = shape_.tables();
 
-  // Count the rows that stay, per table, to size the sparse pages (check, then commit).
-  std::vector<int32_t> keep(tables, 0);
-  int64_t new_pages = 0;
-  for (int64_t t = 0; t < tables; ++t) {
-    const uint8_t* hit = hits_.data() + t * hits_stride_;
-    for (int64_t p = v_tail_start_; p < limit; ++p) {
-      if (hit[p] || p < policy.sink_tokens) ++keep[t];
-    }
-    const int64_t have = (sparse_count_[t] + bs - 1) / bs;
-    new_pages += (sparse_count_[t] + keep[t] + bs - 1) / bs - have;
-  }
-  if (!pool.CanAllocate(new_pages)) return false;
   int64_t max_rows = 0;
-  for (int64_t t = 0; t < tables; ++t) max_rows = std::max<int64_t>(max_rows, sparse_count_[t] + keep[t]);
+  for (int64_t t = 0; t < tables; ++t) {
+    max_rows = std::max<int64_t>(max_rows, sparse_count_[t] + n_blocks * bs);
+  }
   EnsureSparse(max_rows);
 
+  // Compaction in place: a kept row never needs a fresh page. New sparse pages are the freed
+  // tail pages themselves, taken in position order; a row goes to a slot at or before the one
+  // it came from, so the moves are safe when run in order (each slot is read before it is
+  // overwritten). What is left of the freed tail pages goes back to the pool.
   for (int64_t t = 0; t < tables; ++t) {
     const uint8_t* hit = hits_.data() + t * hits_stride_;
     int32_t* pages = sparse_pages_.data() + t * sparse_stride_;
     int32_t* pos = sparse_pos_.data() + t * pos_stride_;
     int32_t& count = sparse_count_[t];
+    int32_t* tail = v_table_.data() + t * stride_;
+    int64_t reused = 0;  // freed tail blocks turned into sparse pages
     for (int64_t p = v_tail_start_; p < limit; ++p) {
       if (!(hit[p] || p < policy.sink_tokens)) {
         ++result->rows_dropped;
         continue;
       }
-      if (count % bs == 0) pages[count / bs] = pool.Allocate(PageKind::kV);
-      const int32_t src_page = v_table_[t * stride_ + (p - v_tail_start_) / bs];
-      moves->push_back({src_page, static_cast<int32_t>(p % bs), pages[count / bs], count % bs});
+      const int64_t block = (p - v_tail_start_) / bs;
+      if (count % bs == 0) {
+        CHECK_LE(reused, block) << "in-place compaction would overwrite unread rows";
+        pages[count / bs] = tail[reused++];
+      }
+      moves->push_back({tail[block], static_cast<int32_t>(p % bs), pages[count / bs], count % bs});
       pos[count++] = static_cast<int32_t>(p);
       ++result->rows_kept;
     }
-    // The tail pages of those blocks go back to the pool (their rows are copied before any
-    // later allocation can be written: the engine runs the moves before the next forward).
-    int32_t* tail = v_table_.data() + t * stride_;
-    for (int64_t b = 0; b < n_blocks; ++b) pool.Release(tail[b]);
+    for (int64_t b = reused; b < n_blocks; ++b) pool.Release(tail[b]);
+    result->pages_freed += n_blocks - reused;
     std::copy(tail + n_blocks, tail + stride_, tail);
     std::fill(tail + stride_ - n_blocks, tail + stride_, -1);
   }
-  result->pages_freed = n_blocks * tables - new_pages;
   v_tail_start_ = limit;
-  return true;
 }
 
 void SequenceKv::ReleaseAll(PagePool& pool) {

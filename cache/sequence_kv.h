@@ -52,14 +52,14 @@ class SequenceKv {
   // Moves V rows of whole tail blocks that ended more than `local_window` rows before
   // `length` out of the tail: rows with a hit (or among the sinks) are appended to the sparse
   // store, the others are dropped; the tail pages return to the pool. `moves` lists the row
-  // copies the backend must do before the next forward pass. Returns false (and changes
-  // nothing) when the pool cannot hold the sparse pages this needs.
+  // copies the backend must do, in order, before the next forward pass. Compaction happens in
+  // place (the freed tail pages become the sparse pages), so it needs no free pages.
   struct CompactResult {
     int64_t rows_kept = 0;
     int64_t rows_dropped = 0;
     int64_t pages_freed = 0;  // net
   };
-  bool CompactV(PagePool& pool, int64_t length, const SparsePolicy& policy,
+  void CompactV(PagePool& pool, int64_t length, const SparsePolicy& policy,
                 std::vector<RowMove>* moves, CompactResult* result);
 
   // Page tables in the layout kernels read: [tables, stride], row lh lists the pages of

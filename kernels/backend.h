@@ -49,7 +49,8 @@ class Backend {
   // sequence order (and token order within a sequence when all_logits).
   virtual absl::Status Forward(const ForwardBatch& batch, float* logits) = 0;
 
-  // Copies rows inside the KV pool (done before the next Forward).
+  // Copies rows inside the KV pool, in the given order (later copies may overwrite the
+  // sources of earlier ones), before the next Forward.
   virtual absl::Status CopyKvRows(std::span<const KvRowCopy> copies) = 0;
 
   // Top-θ settings for every following Forward (the table must outlive its use).

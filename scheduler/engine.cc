@@ -297,7 +297,7 @@ void Engine::CompactSparseV(const StepPlan& plan) {
     // Only once the prompt is in: its last queries (the observation window) decided the hits.
     if (seq->num_computed < int64_t(seq->request().prompt.size())) continue;
     cache::SequenceKv::CompactResult r;
-    if (!seq->kv().CompactV(pool_, seq->num_computed, config_.sparse, &moves, &r)) continue;
+    seq->kv().CompactV(pool_, seq->num_computed, config_.sparse, &moves, &r);
     counters_.v_rows_evicted += r.rows_dropped;
   }
   if (moves.empty()) return;

@@ -38,9 +38,7 @@ void SequenceRunner::Reset() {
 absl::StatusOr<cache::SequenceKv::CompactResult> SequenceRunner::Compact() {
   std::vector<cache::RowMove> moves;
   cache::SequenceKv::CompactResult result;
-  if (!kv_->CompactV(*pool_, length_, policy_, &moves, &result)) {
-    return absl::ResourceExhaustedError("no pages for the sparse store");
-  }
+  kv_->CompactV(*pool_, length_, policy_, &moves, &result);
   std::vector<kernels::KvRowCopy> copies;
   copies.reserve(moves.size());
   for (const auto& m : moves) copies.push_back({m.src_page, m.src_row, m.dst_page, m.dst_row});

@@ -12,5 +12,6 @@ int RunEval(const std::vector<std::string>& args);
 int RunServe(const std::vector<std::string>& args);
 int RunClient(const std::vector<std::string>& args);
 int RunCalibrate(const std::vector<std::string>& args);
+int RunHealth(const std::vector<std::string>& args);
 
 }  // namespace thetaserve::server

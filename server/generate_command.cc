@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -11,6 +12,7 @@
 #include "server/cli_args.h"
 #include "server/commands.h"
 #include "server/model_loading.h"
+#include "server/theta_options.h"
 
 namespace thetaserve::server {
 namespace {
@@ -35,14 +37,16 @@ double Seconds(std::chrono::steady_clock::time_point a, std::chrono::steady_cloc
 }  // namespace
 
 int RunGenerate(const std::vector<std::string>& argv) {
-  auto args = CliArgs::Parse(
-      argv, {{"model", true}, {"prompt", true}, {"chat", false}, {"system", true},
-             {"max-tokens", true}, {"temperature", true}, {"top-p", true}, {"top-k", true},
-             {"min-p", true}, {"seed", true}, {"repetition-penalty", true},
-             {"ignore-eos", false}, {"threads", true}, {"device", true}, {"help", false}});
+  std::map<std::string, bool> known = {
+      {"model", true}, {"prompt", true}, {"chat", false}, {"system", true},
+      {"max-tokens", true}, {"temperature", true}, {"top-p", true}, {"top-k", true},
+      {"min-p", true}, {"seed", true}, {"repetition-penalty", true},
+      {"ignore-eos", false}, {"threads", true}, {"device", true}, {"help", false}};
+  for (const auto& [name, v] : ThetaFlags()) known[name] = v;
+  auto args = CliArgs::Parse(argv, known);
   if (!args.ok() || args->Has("help")) {
     if (!args.ok()) std::fprintf(stderr, "thetaserve generate: %s\n", args.status().ToString().c_str());
-    std::fprintf(stderr, "%s", kUsage);
+    std::fprintf(stderr, "%s%s", kUsage, kThetaUsage);
     return args.ok() ? 0 : 2;
   }
   auto fail = [](const absl::Status& st) {
@@ -68,6 +72,9 @@ int RunGenerate(const std::vector<std::string>& argv) {
   auto loaded = LoadModelForCli(args->GetString("model"), *device, static_cast<int>(*threads));
   if (!loaded.ok()) return fail(loaded.status());
   const model::Tokenizer& tok = loaded->model->tokenizer();
+  auto theta = ParseThetaOptions(*args, *loaded->model);
+  if (!theta.ok()) return fail(theta.status());
+  loaded->backend->SetTopTheta(theta->config);
 
   std::string text = args->GetString("prompt");
   if (args->Has("chat")) {
@@ -85,7 +92,7 @@ int RunGenerate(const std::vector<std::string>& argv) {
   const int64_t max_ctx = loaded->model->config().max_context;
   const int64_t capacity = std::min<int64_t>(max_ctx, prompt.size() + *max_tokens);
 
-  auto runner = scheduler::SequenceRunner::Create(*loaded->backend, capacity);
+  auto runner = scheduler::SequenceRunner::Create(*loaded->backend, capacity, 16, theta->sparse);
   if (!runner.ok()) return fail(runner.status());
 
   scheduler::SamplingParams sp;
@@ -101,6 +108,7 @@ int RunGenerate(const std::vector<std::string>& argv) {
   const auto& stops = tok.stop_ids();
 
   auto t0 = std::chrono::steady_clock::now();
+  runner->SetHitStart(std::max<int64_t>(0, int64_t(prompt.size()) - theta->sparse.obs_window));
   auto logits = runner->Append(prompt);
   if (!logits.ok()) return fail(logits.status());
   auto t1 = std::chrono::steady_clock::now();
@@ -119,6 +127,10 @@ int RunGenerate(const std::vector<std::string>& argv) {
     if (static_cast<int64_t>(output.size()) >= *max_tokens) break;
     if (runner->length() >= capacity) break;
     int32_t next = r.token;
+    if (theta->sparse.enabled) {
+      auto compacted = runner->Compact();
+      if (!compacted.ok()) return fail(compacted.status());
+    }
     logits = runner->Append(std::span<const int32_t>(&next, 1));
     if (!logits.ok()) return fail(logits.status());
   }

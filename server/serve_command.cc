@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <future>
+#include <map>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -21,6 +22,7 @@
 #include "server/generation_service.h"
 #include "server/metrics.h"
 #include "server/model_loading.h"
+#include "server/theta_options.h"
 
 namespace thetaserve::server {
 namespace {
@@ -61,15 +63,17 @@ class WarmupSink : public scheduler::TokenSink {
 }  // namespace
 
 int RunServe(const std::vector<std::string>& argv) {
-  auto args = CliArgs::Parse(
-      argv, {{"model", true}, {"host", true}, {"port", true}, {"metrics-port", true},
-             {"max-num-seqs", true}, {"max-num-batched-tokens", true},
-             {"kv-cache-memory", true}, {"block-size", true}, {"max-queue", true},
-             {"threads", true}, {"device", true}, {"drain-timeout", true}, {"tls-cert", true},
-             {"tls-key", true}, {"api-key", true}, {"help", false}});
+  std::map<std::string, bool> known = {
+      {"model", true}, {"host", true}, {"port", true}, {"metrics-port", true},
+      {"max-num-seqs", true}, {"max-num-batched-tokens", true}, {"kv-cache-memory", true},
+      {"block-size", true}, {"max-queue", true}, {"threads", true}, {"device", true},
+      {"drain-timeout", true}, {"tls-cert", true}, {"tls-key", true}, {"api-key", true},
+      {"help", false}};
+  for (const auto& [name, v] : ThetaFlags()) known[name] = v;
+  auto args = CliArgs::Parse(argv, known);
   if (!args.ok() || args->Has("help")) {
     if (!args.ok()) std::fprintf(stderr, "thetaserve serve: %s\n", args.status().ToString().c_str());
-    std::fprintf(stderr, "%s", kUsage);
+    std::fprintf(stderr, "%s%s", kUsage, kThetaUsage);
     return args.ok() ? 0 : 2;
   }
   auto fail = [](const absl::Status& st) {
@@ -111,7 +115,12 @@ int RunServe(const std::vector<std::string>& argv) {
   auto loaded = LoadModelForCli(args->GetString("model"), *device, static_cast<int>(*threads));
   if (!loaded.ok()) return fail(loaded.status());
 
+  auto theta = ParseThetaOptions(*args, *loaded->model);
+  if (!theta.ok()) return fail(theta.status());
+  loaded->backend->SetTopTheta(theta->config);
+
   scheduler::EngineConfig ec;
+  ec.sparse = theta->sparse;
   ec.scheduler.max_num_seqs = *max_seqs;
   ec.scheduler.max_num_batched_tokens = *max_tokens;
   ec.kv_cache_bytes = *kv_bytes;
@@ -121,7 +130,8 @@ int RunServe(const std::vector<std::string>& argv) {
   if (!engine.ok()) return fail(engine.status());
 
   MetricsInfo mi{THETASERVE_VERSION, loaded->backend->name(), loaded->model->config().name,
-                 "dense", "full", static_cast<int>(loaded->model->config().num_layers)};
+                 theta->mode(), theta->policy,
+                 static_cast<int>(loaded->model->config().num_layers)};
   Metrics metrics(mi);
   (*engine)->SetObserver([&metrics](const scheduler::EngineStats& s,
                                     const scheduler::StepStats* step) {
@@ -138,6 +148,9 @@ int RunServe(const std::vector<std::string>& argv) {
 
   ServiceOptions options;
   options.api_key = api_key;
+  options.theta_mode = theta->mode();
+  options.kv_policy = theta->policy;
+  options.calibration_fingerprint = theta->table ? theta->table->fingerprint : "";
   GenerationService service(**engine, *loaded->model, loaded->backend->name(), &metrics, options);
 
   grpc::EnableDefaultHealthCheckService(true);

@@ -48,7 +48,8 @@ absl::Status CpuBackend::CopyKvRows(std::span<const KvRowCopy> copies) {
       return absl::InternalError(absl::StrFormat("KV row copy with page out of range (%d -> %d)",
                                                  c.src_page, c.dst_page));
     }
-    std::memcpy(kv_pool_.data() + kv_layout_.RowOffset(c.dst_page, c.dst_row),
+    // In order, and memmove: compaction may copy a row onto itself or an earlier slot.
+    std::memmove(kv_pool_.data() + kv_layout_.RowOffset(c.dst_page, c.dst_row),
                 kv_pool_.data() + kv_layout_.RowOffset(c.src_page, c.src_row), row_bytes);
   }
   return absl::OkStatus();

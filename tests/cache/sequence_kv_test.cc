@@ -57,5 +57,40 @@ TEST(SequenceKvTest, ReleaseAllReturnsEveryPage) {
   EXPECT_EQ(pool.num_used(PageKind::kK) + pool.num_used(PageKind::kV), 0);
 }
 
+TEST(SequenceKvTest, CompactionKeepsHitsAndSinksInPlaceAndFreesTheRest) {
+  KvShape shape{1, 2, 4, 8};  // 2 tables, 4 rows a page
+  PagePool pool(64, 4);
+  SequenceKv kv(shape);
+  kv.Grow(pool, 20);  // 5 blocks: K 10 pages + V tail 10 pages
+  ASSERT_EQ(pool.num_free(), 64 - 20);
+  // Table 0 retained positions 5, 6, 9; table 1 retained nothing. Sinks: position 0.
+  uint8_t* hits = kv.hits();
+  hits[5] = hits[6] = hits[9] = 1;
+  SparsePolicy policy{true, /*local_window=*/8, /*sink_tokens=*/1, /*obs_window=*/4};
+  std::vector<RowMove> moves;
+  SequenceKv::CompactResult r;
+  kv.CompactV(pool, 20, policy, &moves, &r);
+  // Blocks whose rows end at or before 20 - 8 = 12 leave the tail: positions 0..11.
+  EXPECT_EQ(kv.v_tail_start(), 12);
+  EXPECT_EQ(r.rows_kept, 4 + 1);          // table 0: 0, 5, 6, 9; table 1: 0
+  EXPECT_EQ(r.rows_dropped, 24 - 5);
+  EXPECT_EQ(kv.sparse_count()[0], 4);
+  EXPECT_EQ(kv.sparse_count()[1], 1);
+  EXPECT_EQ(std::vector<int32_t>(kv.sparse_pos(), kv.sparse_pos() + 4), (std::vector<int32_t>{0, 5, 6, 9}));
+  // Each table keeps one page (its first freed tail page, reused) and returns two.
+  EXPECT_EQ(r.pages_freed, 4);
+  EXPECT_EQ(pool.num_free(), 64 - 20 + 4);
+  // In place and in order: no move writes a slot that a later move still has to read.
+  for (size_t i = 0; i < moves.size(); ++i) {
+    for (size_t j = i + 1; j < moves.size(); ++j) {
+      EXPECT_FALSE(moves[j].src_page == moves[i].dst_page && moves[j].src_row == moves[i].dst_row)
+          << "move " << i << " overwrites the source of move " << j;
+    }
+  }
+  EXPECT_EQ(kv.VRowsResident(20), (20 - 12) * 2 + 5);
+  kv.ReleaseAll(pool);
+  EXPECT_EQ(pool.num_free(), 64);
+}
+
 }  // namespace
 }  // namespace thetaserve::cache
