@@ -13,5 +13,6 @@ int RunServe(const std::vector<std::string>& args);
 int RunClient(const std::vector<std::string>& args);
 int RunCalibrate(const std::vector<std::string>& args);
 int RunHealth(const std::vector<std::string>& args);
+int RunStatus(const std::vector<std::string>& args);
 
 }  // namespace thetaserve::server

@@ -15,6 +15,7 @@ void PrintUsage() {
                "  generate   continue a prompt with a local model, streaming text to stdout\n"
                "  serve      run the gRPC server\n"
                "  client     stream a completion from a running server\n"
+               "  status     print a server's running/waiting requests and KV pages\n"
                "  health     check a server's gRPC health (exit 0 when SERVING)\n"
                "  calibrate  calibrate Top-θ thresholds on a text corpus\n"
                "  eval       perplexity of a model on a text file\n"
@@ -33,6 +34,7 @@ int main(int argc, char** argv) {
   if (command == "generate") return thetaserve::server::RunGenerate(args);
   if (command == "serve") return thetaserve::server::RunServe(args);
   if (command == "client") return thetaserve::server::RunClient(args);
+  if (command == "status") return thetaserve::server::RunStatus(args);
   if (command == "health") return thetaserve::server::RunHealth(args);
   if (command == "calibrate") return thetaserve::server::RunCalibrate(args);
   if (command == "eval") return thetaserve::server::RunEval(args);

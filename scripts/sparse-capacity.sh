@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# How many long-prompt sequences the server holds at once, dense vs Top-θ policy sparse, at
+# the same --kv-cache-memory. Starts the server on loopback for each configuration, sends N
+# concurrent requests (prompts of ~PROMPT_WORDS words of Austen, OUT output tokens), samples
+# GetServerStatus twice a second, and prints the mean and max running count.
+#
+#   THETA=out/fidelity/theta_k64_post.json scripts/sparse-capacity.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BIN=${BIN:-build/thetaserve}
+MODEL=${MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}
+THETA=${THETA:?set THETA to a θ file from thetaserve calibrate}
+KV=${KV:-160M}
+N=${N:-24}
+OUT=${OUT:-32}
+PROMPT_WORDS=${PROMPT_WORDS:-1000}
+PORT=${PORT:-51051}
+LW=${LW:-128}
+
+prompt_for() {  # a distinct ~PROMPT_WORDS-word slice of Austen per request
+  python3 - "$1" "$PROMPT_WORDS" <<'PY'
+import sys
+i, n = int(sys.argv[1]), int(sys.argv[2])
+words = open("data/austen.txt", encoding="utf-8").read().split()
+print(" ".join(words[i * n:(i + 1) * n]))
+PY
+}
+
+measure() {  # name, then server flags
+  local name=$1; shift
+  "$BIN" serve --model "$MODEL" --host 127.0.0.1 --port "$PORT" --metrics-port 0 \
+    --kv-cache-memory "$KV" --max-num-seqs 64 "$@" >"/tmp/capacity-$name.log" 2>&1 &
+  local pid=$!
+  for _ in $(seq 1 100); do "$BIN" health --addr "127.0.0.1:$PORT" >/dev/null 2>&1 && break; sleep 0.3; done
+  local clients=()
+  for i in $(seq 0 $((N - 1))); do
+    "$BIN" client --addr "127.0.0.1:$PORT" --prompt "$(prompt_for "$i")" --max-tokens "$OUT" \
+      >/dev/null 2>&1 &
+    clients+=($!)
+  done
+  local samples="/tmp/capacity-$name.samples"
+  : >"$samples"
+  while kill -0 "${clients[@]}" 2>/dev/null; do
+    "$BIN" status --addr "127.0.0.1:$PORT" >>"$samples" 2>/dev/null || true
+    sleep 0.5
+  done
+  wait "${clients[@]}" 2>/dev/null || true
+  kill -TERM "$pid"; wait "$pid" || true
+  awk -v name="$name" '{r=$2; s+=r; n++; if (r>m) m=r; if ($14>p) p=$14}
+    END {printf "%-8s samples %d  running mean %.2f  max %d  preemptions %d\n", name, n, s/n, m, p}' "$samples"
+}
+
+echo "kv-cache-memory $KV, $N requests of ~$PROMPT_WORDS words + $OUT tokens, local window $LW"
+measure dense
+measure sparse --theta "$THETA" --policy sparse --local-window "$LW"

@@ -1,0 +1,39 @@
+// `thetaserve status`: one line of a server's GetServerStatus (running, waiting, pages).
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "grpcpp/grpcpp.h"
+#include "server/cli_args.h"
+#include "server/commands.h"
+#include "thetaserve/v1/generation.grpc.pb.h"
+
+namespace thetaserve::server {
+
+int RunStatus(const std::vector<std::string>& argv) {
+  auto args = CliArgs::Parse(argv, {{"addr", true}, {"api-key", true}, {"help", false}});
+  if (!args.ok() || args->Has("help")) {
+    std::fprintf(stderr, "usage: thetaserve status [--addr HOST:PORT] [--api-key KEY]\n");
+    return args.ok() ? 0 : 2;
+  }
+  auto stub = v1::Generation::NewStub(grpc::CreateChannel(
+      args->GetString("addr", "localhost:50051"), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  if (args->Has("api-key")) ctx.AddMetadata("authorization", "Bearer " + args->GetString("api-key"));
+  v1::ServerStatus st;
+  grpc::Status s = stub->GetServerStatus(&ctx, {}, &st);
+  if (!s.ok()) {
+    std::fprintf(stderr, "thetaserve status: %s\n", s.error_message().c_str());
+    return 1;
+  }
+  std::printf("running %u waiting %u pages_total %llu used_k %llu used_v %llu free %llu "
+              "preemptions %llu draining %d\n",
+              st.running(), st.waiting(), (unsigned long long)st.pages().total(),
+              (unsigned long long)st.pages().used_k(), (unsigned long long)st.pages().used_v(),
+              (unsigned long long)st.pages().free(), (unsigned long long)st.preemptions(),
+              st.draining() ? 1 : 0);
+  return 0;
+}
+
+}  // namespace thetaserve::server
