@@ -25,7 +25,7 @@ void SequenceKv::EnsureStride(int64_t blocks) {
   v_table_.swap(v);
   // Hit bits are indexed by absolute position.
   const int32_t new_hits = new_stride * shape_.block_size;
-  std::vector<uint8_t> hits(tables * new_hits, 0);
+  std::vector<int32_t> hits(tables * new_hits, -1);
   for (int64_t t = 0; t < tables; ++t) {
     std::copy_n(hits_.begin() + t * hits_stride_, hits_stride_, hits.begin() + t * new_hits);
   }
@@ -95,15 +95,16 @@ void SequenceKv::CompactV(PagePool& pool, int64_t length, const SparsePolicy& po
   // tail pages themselves, taken in position order; a row goes to a slot at or before the one
   // it came from, so the moves are safe when run in order (each slot is read before it is
   // overwritten). What is left of the freed tail pages goes back to the pool.
+  const int64_t recent = length - policy.obs_window;  // queries at positions >= recent decide
   for (int64_t t = 0; t < tables; ++t) {
-    const uint8_t* hit = hits_.data() + t * hits_stride_;
+    const int32_t* hit = hits_.data() + t * hits_stride_;
     int32_t* pages = sparse_pages_.data() + t * sparse_stride_;
     int32_t* pos = sparse_pos_.data() + t * pos_stride_;
     int32_t& count = sparse_count_[t];
     int32_t* tail = v_table_.data() + t * stride_;
     int64_t reused = 0;  // freed tail blocks turned into sparse pages
     for (int64_t p = v_tail_start_; p < limit; ++p) {
-      if (!(hit[p] || p < policy.sink_tokens)) {
+      if (!(hit[p] >= recent || p < policy.sink_tokens)) {
         ++result->rows_dropped;
         continue;
       }

@@ -27,7 +27,9 @@ struct SparsePolicy {
   bool enabled = false;
   int32_t local_window = 256;  // the dense tail keeps at least this many recent rows
   int32_t sink_tokens = 4;     // the first rows are always kept
-  int32_t obs_window = 32;     // prompt queries whose hits decide at the end of prefill
+  // A row leaving the tail is kept when one of the last `obs_window` queries retained it
+  // (at the end of prefill: the prompt's last queries, as in SnapKV).
+  int32_t obs_window = 32;
 };
 
 // A V row to copy from a tail page into the sparse store (done by the backend).
@@ -50,8 +52,8 @@ class SequenceKv {
   int64_t num_pages() const;
 
   // Moves V rows of whole tail blocks that ended more than `local_window` rows before
-  // `length` out of the tail: rows with a hit (or among the sinks) are appended to the sparse
-  // store, the others are dropped; the tail pages return to the pool. `moves` lists the row
+  // `length` out of the tail: rows retained by one of the last `obs_window` queries (or among
+  // the sinks) are appended to the sparse store, the others are dropped; the tail pages return to the pool. `moves` lists the row
   // copies the backend must do, in order, before the next forward pass. Compaction happens in
   // place (the freed tail pages become the sparse pages), so it needs no free pages.
   struct CompactResult {
@@ -74,9 +76,9 @@ class SequenceKv {
   const int32_t* sparse_count() const { return sparse_count_.data(); }
   int32_t sparse_stride() const { return sparse_stride_; }
   int32_t pos_stride() const { return pos_stride_; }
-  // Running V sums [tables, head_dim] and hit bits [tables, hits_stride].
+  // Running V sums [tables, head_dim]; per row the latest retaining query [tables, hits_stride].
   float* v_sum() { return v_sum_.data(); }
-  uint8_t* hits() { return hits_.data(); }
+  int32_t* hits() { return hits_.data(); }
   int32_t hits_stride() const { return hits_stride_; }
 
   // V rows stored (tail + sparse), summed over tables, for `length` computed tokens.
@@ -100,7 +102,7 @@ class SequenceKv {
   int32_t pos_stride_ = 0;
 
   std::vector<float> v_sum_;     // [tables, head_dim]
-  std::vector<uint8_t> hits_;    // [tables, hits_stride]
+  std::vector<int32_t> hits_;    // [tables, hits_stride], -1 = never retained
   int32_t hits_stride_ = 0;
 };
 

@@ -49,10 +49,10 @@ struct SeqPageTables {
 
   // Running fp32 sums of every V row ever written (dropped ones too), for VMC.
   float* v_sum = nullptr;  // [tables, head_dim]; null: no VMC
-  // Hit bits: set to 1 where a query at position >= hit_min_pos retained the row.
-  uint8_t* hits = nullptr;  // [tables, hits_stride]; null: not recorded
+  // Hits: per row, the position of the latest query that retained it (-1: none yet). The
+  // sparse policy keeps rows retained by the last queries before they leave the tail.
+  int32_t* hits = nullptr;  // [tables, hits_stride]; null: not recorded
   int32_t hits_stride = 0;
-  int32_t hit_min_pos = 0;
 
   TS_HOST_DEVICE int32_t KPage(int64_t lh, int64_t pos, int32_t block_size) const {
     return k_pages[lh * stride + pos / block_size];

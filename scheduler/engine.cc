@@ -224,9 +224,6 @@ void Engine::RunStep(StepPlan& plan) {
     p.v_sum = kv.v_sum();
     p.hits = kv.hits();
     p.hits_stride = kv.hits_stride();
-    // Hits count from the observation window (the prompt's last queries) on.
-    p.hit_min_pos = static_cast<int32_t>(std::max<int64_t>(
-        0, int64_t(sc.seq->request().prompt.size()) - config_.sparse.obs_window));
     const auto& toks = sc.seq->tokens();
     tokens_.insert(tokens_.end(), toks.begin() + sc.seq->num_computed,
                    toks.begin() + sc.seq->num_computed + sc.num_tokens);

@@ -32,7 +32,6 @@ absl::StatusOr<SequenceRunner> SequenceRunner::Create(kernels::Backend& backend,
 void SequenceRunner::Reset() {
   kv_->ReleaseAll(*pool_);
   length_ = 0;
-  hit_min_pos_ = 0;
 }
 
 absl::StatusOr<cache::SequenceKv::CompactResult> SequenceRunner::Compact() {
@@ -83,7 +82,6 @@ absl::StatusOr<std::vector<float>> SequenceRunner::Append(std::span<const int32_
     p.v_sum = kv_->v_sum();
     p.hits = kv_->hits();
     p.hits_stride = kv_->hits_stride();
-    p.hit_min_pos = static_cast<int32_t>(hit_min_pos_);
     kernels::ForwardBatch batch{tokens.subspan(begin, n), std::span<const kernels::SeqChunk>(&seq, 1),
                                 all_logits, stats};
     logits.resize(kernels::NumLogitRows(batch) * vocab);

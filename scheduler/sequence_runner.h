@@ -27,8 +27,6 @@ class SequenceRunner {
   absl::StatusOr<std::vector<float>> Append(std::span<const int32_t> tokens,
                                             bool all_logits = false, int64_t chunk = 512,
                                             kernels::AttentionStats* stats = nullptr);
-  // Queries from this position on record hit bits (the observation window; decode queries).
-  void SetHitStart(int64_t pos) { hit_min_pos_ = pos; }
   // Applies the sparse policy: moves retained tail rows to the sparse store, drops the rest.
   absl::StatusOr<cache::SequenceKv::CompactResult> Compact();
 
@@ -48,7 +46,6 @@ class SequenceRunner {
   std::unique_ptr<cache::PagePool> pool_;
   std::unique_ptr<cache::SequenceKv> kv_;
   int64_t length_ = 0;
-  int64_t hit_min_pos_ = 0;
 };
 
 }  // namespace thetaserve::scheduler

@@ -128,7 +128,6 @@ int RunEval(const std::vector<std::string>& argv) {
   for (int64_t w = 0; w < windows; ++w) {
     std::span<const int32_t> window(ids.data() + w * *context, *context);
     runner->Reset();
-    runner->SetHitStart(std::max<int64_t>(0, P - theta->sparse.obs_window));
     // Logits for every position, [context, vocab].
     std::vector<float> logits;
     auto head = runner->Append(window.subspan(0, P), true, 512, &prefill_stats);

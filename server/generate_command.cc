@@ -108,7 +108,6 @@ int RunGenerate(const std::vector<std::string>& argv) {
   const auto& stops = tok.stop_ids();
 
   auto t0 = std::chrono::steady_clock::now();
-  runner->SetHitStart(std::max<int64_t>(0, int64_t(prompt.size()) - theta->sparse.obs_window));
   auto logits = runner->Append(prompt);
   if (!logits.ok()) return fail(logits.status());
   auto t1 = std::chrono::steady_clock::now();

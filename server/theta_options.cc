@@ -14,7 +14,8 @@ const char kThetaUsage[] =
     "                        drops rows attention did not retain (default full)\n"
     "  --local-window N      sparse: recent rows always kept dense (default 256)\n"
     "  --sink-tokens N       sparse: first rows always kept (default 4)\n"
-    "  --obs-window N        sparse: last prompt queries whose hits decide (default 32)\n";
+    "  --obs-window N        sparse: a row leaving the tail is kept when one of the last N\n"
+    "                        queries retained it (default 32)\n";
 
 std::vector<std::pair<std::string, bool>> ThetaFlags() {
   return {{"theta", true},  {"sdc", true},          {"no-vmc", false},

@@ -160,8 +160,7 @@ void TopThetaUnit(const SeqChunk& seq, int64_t layer, int64_t lh, int64_t pos, i
   float d_kept[kMaxGroup] = {};
   int64_t kept[kMaxGroup] = {};
   int64_t rows_read = 0, evicted_hits = 0;
-  uint8_t* hits = seq.pages.hits ? seq.pages.hits + lh * seq.pages.hits_stride : nullptr;
-  const bool record_hits = hits && pos >= seq.pages.hit_min_pos;
+  int32_t* hits = seq.pages.hits ? seq.pages.hits + lh * seq.pages.hits_stride : nullptr;
   auto visit = [&](int64_t j, const float* vr) {
     bool any = false;
     for (int64_t h = 0; h < group; ++h) {
@@ -181,7 +180,14 @@ void TopThetaUnit(const SeqChunk& seq, int64_t layer, int64_t lh, int64_t pos, i
     } else {
       ++evicted_hits;  // retained, but its V row was dropped: its mass stays in D_miss
     }
-    if (record_hits) std::atomic_ref<uint8_t>(hits[j]).store(1, std::memory_order_relaxed);
+    if (hits) {
+      // Latest retaining query: several prefill queries may race for the same row.
+      std::atomic_ref<int32_t> h(hits[j]);
+      int32_t seen = h.load(std::memory_order_relaxed);
+      while (seen < pos && !h.compare_exchange_weak(seen, static_cast<int32_t>(pos),
+                                                     std::memory_order_relaxed)) {
+      }
+    }
   };
   const int32_t tail_start = std::min<int32_t>(seq.pages.v_tail_start, static_cast<int32_t>(L));
   const int32_t sparse_n = seq.pages.SparseCount(lh);

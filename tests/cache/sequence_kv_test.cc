@@ -63,9 +63,13 @@ TEST(SequenceKvTest, CompactionKeepsHitsAndSinksInPlaceAndFreesTheRest) {
   SequenceKv kv(shape);
   kv.Grow(pool, 20);  // 5 blocks: K 10 pages + V tail 10 pages
   ASSERT_EQ(pool.num_free(), 64 - 20);
-  // Table 0 retained positions 5, 6, 9; table 1 retained nothing. Sinks: position 0.
-  uint8_t* hits = kv.hits();
-  hits[5] = hits[6] = hits[9] = 1;
+  // Table 0: positions 5, 6, 9 retained by recent queries (>= 20 - 4), position 7 only by an
+  // old one (query 10); table 1 retained nothing. Sinks: position 0.
+  int32_t* hits = kv.hits();
+  hits[5] = 19;
+  hits[6] = 16;
+  hits[9] = 18;
+  hits[7] = 10;
   SparsePolicy policy{true, /*local_window=*/8, /*sink_tokens=*/1, /*obs_window=*/4};
   std::vector<RowMove> moves;
   SequenceKv::CompactResult r;

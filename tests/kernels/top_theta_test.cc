@@ -93,7 +93,7 @@ class HandBuiltTest : public ::testing::Test {
     q_ = {1, 0, 0, 0, 0, 0, 1, 0};
     scores_[0] = {1, 0, 0.5, -1, 0};
     scores_[1] = {0, 0, 0, 0, 1};
-    hits_.assign(8, 0);
+    hits_.assign(8, -1);
   }
 
   // Runs the CPU kernel for the last position (decode of token 4, L = 5).
@@ -159,7 +159,7 @@ class HandBuiltTest : public ::testing::Test {
   std::vector<float> q_;
   std::vector<float> scores_[kGroup];
   float vsum_[kD] = {0, 0, 0, 0};
-  std::vector<uint8_t> hits_;
+  std::vector<int32_t> hits_;
   int32_t sparse_count_ = 0;
 };
 
@@ -175,7 +175,7 @@ TEST_F(HandBuiltTest, PreSoftmaxSurvivorsSdcAndVmcEqualHandComputedValues) {
       cfg.vmc = vmc;
       AttentionStats stats;
       stats.Reset(1);
-      hits_.assign(8, 0);
+      hits_.assign(8, -1);
       std::vector<float> out = Run(cfg, &stats);
       const std::vector<bool> all(kL, true);
       auto e0 = Expected(0, {true, false, true, false, false}, all, sdc, vmc, std::exp(0.25f - 1.0f));
@@ -189,7 +189,8 @@ TEST_F(HandBuiltTest, PreSoftmaxSurvivorsSdcAndVmcEqualHandComputedValues) {
       EXPECT_EQ(stats.v_rows_read_dense, 5);
       EXPECT_EQ(stats.elements_kept, 3);
       EXPECT_EQ(stats.elements_dense, 10);
-      EXPECT_EQ(hits_, (std::vector<uint8_t>{1, 0, 1, 0, 1, 0, 0, 0}));
+      // The retaining query is at position 4.
+      EXPECT_EQ(hits_, (std::vector<int32_t>{4, -1, 4, -1, 4, -1, -1, -1}));
     }
   }
 }
