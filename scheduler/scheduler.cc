@@ -53,12 +53,21 @@ StepPlan Scheduler::Schedule() {
   }
 
   // Then admit waiting sequences while the budget, the sequence limit and the pool allow.
-  // Nothing is admitted in a step that had to preempt: the pool is already short.
+  // Nothing is admitted in a step that had to preempt: the pool is already short. A sequence
+  // is admitted only when the pool can also hold the rest of its prompt (and its first output
+  // token) on top of what running prefills still need: admitting on the next chunk alone lets
+  // long prompts push each other out before they finish (preemption thrash).
+  int64_t reserved = 0;
+  for (const auto& r : running_) {
+    reserved += r->kv().PagesNeeded(int64_t(r->tokens().size()) + 1);
+  }
   while (plan.preempted.empty() && budget > 0 && !waiting_.empty() &&
          int64_t(running_.size()) < config_.max_num_seqs) {
     Sequence* seq = waiting_.front().get();
     const int64_t n = std::min(seq->num_uncomputed(), budget);
-    if (!pool_->CanAllocate(seq->kv().PagesNeeded(seq->num_computed + n))) break;
+    const int64_t whole = seq->kv().PagesNeeded(int64_t(seq->tokens().size()) + 1);
+    if (!pool_->CanAllocate(reserved + whole)) break;
+    reserved += whole - seq->kv().PagesNeeded(seq->num_computed + n);
     seq->kv().Grow(*pool_, seq->num_computed + n);
     seq->state = SequenceState::kRunning;
     if (!seq->first_scheduled) seq->first_scheduled = Clock::now();
