@@ -14,22 +14,11 @@
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "gtest/gtest.h"
+#include "server/health_probe.h"
 #include "tests/test_util.h"
 
 namespace thetaserve::testing {
 namespace {
-
-// grpc.health.v1.HealthCheckRequest{service} and the status out of HealthCheckResponse,
-// encoded by hand (the health proto's generated code is not installed by Debian).
-std::string EncodeHealthRequest(const std::string& service) {
-  std::string out;
-  if (!service.empty()) {
-    out.push_back(0x0a);
-    out.push_back(static_cast<char>(service.size()));
-    out += service;
-  }
-  return out;
-}
 
 }  // namespace
 
@@ -95,33 +84,7 @@ ServerProcess::~ServerProcess() {
 }
 
 std::string ServerProcess::HealthStatus(const std::string& service) const {
-  grpc::GenericStub stub(channel_);
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
-  std::string req = EncodeHealthRequest(service);
-  grpc::Slice slice(req);
-  grpc::ByteBuffer request(&slice, 1), response;
-  std::mutex mu;
-  std::condition_variable cv;
-  bool done = false;
-  grpc::Status status;
-  stub.UnaryCall(&ctx, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request, &response,
-                 [&](grpc::Status s) {
-                   std::lock_guard<std::mutex> lock(mu);
-                   status = s;
-                   done = true;
-                   cv.notify_all();
-                 });
-  std::unique_lock<std::mutex> lock(mu);
-  cv.wait(lock, [&] { return done; });
-  if (!status.ok()) return "error: " + status.error_message();
-  std::vector<grpc::Slice> slices;
-  response.Dump(&slices);
-  std::string bytes;
-  for (auto& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
-  // HealthCheckResponse{status = 1}: field 1 varint. Absent = UNKNOWN (0).
-  int value = bytes.size() >= 2 && bytes[0] == 0x08 ? bytes[1] : 0;
-  return value == 1 ? "SERVING" : value == 2 ? "NOT_SERVING" : "UNKNOWN";
+  return server::ProbeHealth(channel_, service, 2.0);
 }
 
 void ServerProcess::Signal(int sig) const { kill(pid_, sig); }
