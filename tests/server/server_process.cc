@@ -18,10 +18,6 @@
 #include "tests/test_util.h"
 
 namespace thetaserve::testing {
-namespace {
-
-}  // namespace
-
 int FreePort() {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
