@@ -67,4 +67,8 @@ for ctx in "${CONTEXTS[@]}"; do
     done
   done
 done
-python3 scripts/plot_fidelity.py "$RESULTS" docs/plots || echo "plotting skipped (matplotlib missing?)"
+PY=python3
+if ! python3 -c "import matplotlib" 2>/dev/null; then
+  python3 -m venv build/plot-venv && build/plot-venv/bin/pip install -q matplotlib && PY=build/plot-venv/bin/python
+fi
+"$PY" scripts/plot_fidelity.py "$RESULTS" docs/plots | tee "$OUT/fidelity_table.md"
