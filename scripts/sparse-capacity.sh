@@ -45,11 +45,13 @@ measure() {  # name, then server flags
     sleep 0.5
   done
   wait "${clients[@]}" 2>/dev/null || true
-  kill -TERM "$pid"; wait "$pid" || true
-  awk -v name="$name" '{r=$2; s+=r; n++; if (r>m) m=r; if ($14>p) p=$14}
-    END {printf "%-8s samples %d  running mean %.2f  max %d  preemptions %d\n", name, n, s/n, m, p}' "$samples"
+  kill -TERM "$pid"; wait "$pid" 2>/dev/null || true
+  # Capacity = sequences running while others wait for pages (the pool is the limit).
+  awk -v name="$name" '$4 > 0 {r=$2; s+=r; n++; if (r>m) m=r} {if ($14>p) p=$14}
+    END {printf "%-8s samples with requests waiting %d  running mean %.2f  max %d  preemptions %d\n", name, n, s/n, m, p}' "$samples"
 }
 
 echo "kv-cache-memory $KV, $N requests of ~$PROMPT_WORDS words + $OUT tokens, local window $LW"
 measure dense
+PORT=$((PORT + 1))
 measure sparse --theta "$THETA" --policy sparse --local-window "$LW"
