@@ -16,6 +16,7 @@ OUT=${OUT:-32}
 PROMPT_WORDS=${PROMPT_WORDS:-1000}
 PORT=${PORT:-51051}
 LW=${LW:-128}
+OBS=${OBS:-32}
 
 prompt_for() {  # a distinct ~PROMPT_WORDS-word slice of Austen per request
   python3 - "$1" "$PROMPT_WORDS" <<'PY'
@@ -51,7 +52,7 @@ measure() {  # name, then server flags
     END {printf "%-8s samples with requests waiting %d  running mean %.2f  max %d  preemptions %d\n", name, n, s/n, m, p}' "$samples"
 }
 
-echo "kv-cache-memory $KV, $N requests of ~$PROMPT_WORDS words + $OUT tokens, local window $LW"
+echo "kv-cache-memory $KV, $N requests of ~$PROMPT_WORDS words + $OUT tokens, local window $LW, obs window $OBS"
 measure dense
 PORT=$((PORT + 1))
-measure sparse --theta "$THETA" --policy sparse --local-window "$LW"
+measure sparse --theta "$THETA" --policy sparse --local-window "$LW" --obs-window "$OBS"
