@@ -46,12 +46,14 @@ def main():
         marker = "o" if r["policy"] == "full" else "s"
         color = {"top-theta-post": "C0", "top-theta-pre": "C1", "top-k": "C2"}.get(r["mode"], "C3")
         ax.scatter(r["decode_v_rows_read_per_L"], r["ppl_change_pct"], marker=marker, color=color)
-        ax.annotate(f"k={r['k']} {r['context']}", (r["decode_v_rows_read_per_L"], r["ppl_change_pct"]),
+        comp = "" if (r["sdc"] == "exact" and r["vmc"]) else f" sdc={r['sdc']}{'' if r['vmc'] else ' no-vmc'}"
+        ax.annotate(f"k={r['k']} L={r['context']}{comp}", (r["decode_v_rows_read_per_L"], r["ppl_change_pct"]),
                     fontsize=6, xytext=(3, 2), textcoords="offset points")
+    ax.set_yscale("symlog", linthresh=1.0)
     ax.axhline(1.0, color="gray", lw=0.8, ls="--")
     ax.axvline(1 / 3, color="gray", lw=0.8, ls=":")
     ax.set_xlabel("V rows read per decode step / L")
-    ax.set_ylabel("perplexity change vs dense (%)")
+    ax.set_ylabel("perplexity change vs dense (%, symlog)")
     ax.set_title("SmolLM2-135M, calibrated on KJV, evaluated on Austen\n"
                  "blue: Top-θ post, orange: pre, green: exact top-k; squares: policy sparse")
     fig.tight_layout()
