@@ -10,6 +10,8 @@
 
 #include "grpcpp/generic/generic_stub.h"
 #include "gtest/gtest.h"
+#include "model/model.h"
+#include "model/theta_table.h"
 #include "tests/server/server_process.h"
 #include "tests/test_util.h"
 
@@ -469,6 +471,73 @@ TEST(ServerLifecycleTest, FullQueueIsResourceExhausted) {
   server.Signal(SIGKILL);
   threads[0].join();
   threads[1].join();
+}
+
+TEST(ServerTopThetaTest, SparsePolicyReportsItselfAndItsSavingsMove) {
+  // A θ file for the real model: constant post-softmax θ = 2% beyond k = 16 (layers 0-1 dense).
+  auto model = model::Model::Load(DefaultModelPath());
+  ASSERT_TRUE(model.ok()) << model.status();
+  const auto& c = (*model)->config();
+  model::ThetaTable table(c.num_layers, c.num_heads, model::ThetaTable::DefaultBuckets(8192));
+  for (int32_t l = 0; l < c.num_layers; ++l) {
+    table.k_per_layer[l] = l < 2 ? 512 : 16;
+    for (int32_t h = 0; h < c.num_heads; ++h) {
+      for (size_t b = 0; b < table.buckets().size(); ++b) table.theta_at(l, h, b) = 0.02f;
+    }
+  }
+  table.model_fingerprint = (*model)->fingerprint();
+  table.model_name = c.name;
+  table.Finalize();
+  const std::string path = ::testing::TempDir() + "/theta_const.json";
+  ASSERT_TRUE(table.Save(path).ok());
+
+  ServerProcess server({"--theta", path, "--policy", "sparse", "--local-window", "32"});
+  ASSERT_TRUE(server.started());
+  auto stub = server.stub();
+  {
+    grpc::ClientContext ctx;
+    v1::ModelInfo info;
+    ASSERT_TRUE(stub->GetModelInfo(&ctx, {}, &info).ok());
+    EXPECT_EQ(info.theta_mode(), "top-theta-post");
+    EXPECT_EQ(info.kv_policy(), "sparse");
+    EXPECT_EQ(info.calibration_fingerprint(), table.fingerprint);
+  }
+  std::string prompt;
+  for (int i = 0; i < 40; ++i) prompt += "It is a truth universally acknowledged, that a single man. ";
+  auto req = Prompt(prompt, 24);
+  req.mutable_stopping()->set_ignore_eos(true);
+  StreamResult r = Generate(*stub, req);
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.complete.usage().completion_tokens(), 24u);
+  const std::string m = server.ScrapeMetrics();
+  const double read = MetricValue(m, "thetaserve_v_rows_read_total");
+  const double dense = MetricValue(m, "thetaserve_v_rows_read_dense_total");
+  EXPECT_GT(read, 0);
+  EXPECT_LT(read, 0.8 * dense) << "Top-θ should read well under the dense rows";
+  EXPECT_GT(MetricValue(m, "thetaserve_v_rows_evicted_total"), 0) << "the sparse policy dropped nothing";
+  EXPECT_LT(MetricValue(m, "thetaserve_attention_elements_kept_total"),
+            MetricValue(m, "thetaserve_attention_elements_dense_total"));
+  EXPECT_NE(m.find("theta_mode=\"top-theta-post\""), std::string::npos);
+  // Every page comes back after the request.
+  grpc::ClientContext ctx;
+  v1::ServerStatus st;
+  ASSERT_TRUE(stub->GetServerStatus(&ctx, {}, &st).ok());
+  EXPECT_EQ(st.pages().free(), st.pages().total());
+
+  // A θ file from another model is refused with a message naming both.
+  table.model_fingerprint = "0123456789abcdef";
+  table.Finalize();
+  const std::string wrong = ::testing::TempDir() + "/theta_wrong.json";
+  ASSERT_TRUE(table.Save(wrong).ok());
+  std::string cmd = BinaryPath() + " generate --model " + DefaultModelPath() + " --prompt hi --theta " + wrong + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
+  EXPECT_NE(pclose(p), 0);
+  EXPECT_NE(out.find("was calibrated for model"), std::string::npos) << out;
+  EXPECT_NE(out.find("0123456789abcdef"), std::string::npos) << out;
 }
 
 }  // namespace
