@@ -3,6 +3,7 @@
 #include <signal.h>
 
 #include <array>
+#include <cstdlib>
 #include <atomic>
 #include <cstdio>
 #include <fstream>
@@ -448,6 +449,35 @@ TEST(ServerLifecycleTest, ApiKeyIsRequiredWhenSet) {
   StreamResult right = Generate(*stub, Prompt("Hello", 2), 60, "sesame");
   EXPECT_TRUE(right.status.ok()) << right.status.error_message();
   EXPECT_EQ(server.HealthStatus(), "SERVING") << "health stays open for probes";
+}
+
+TEST(ServerLifecycleTest, ServesTlsWithTheGivenCertificate) {
+  // A self-signed certificate for localhost, made here with the openssl CLI.
+  const std::string dir = ::testing::TempDir();
+  const std::string cert = dir + "/tls-cert.pem", key = dir + "/tls-key.pem";
+  const std::string cmd = "openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=localhost "
+                          "-addext subjectAltName=DNS:localhost -keyout " + key + " -out " + cert +
+                          " >/dev/null 2>&1";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << "openssl could not make a test certificate";
+  // The fixture's plaintext health probe cannot reach a TLS server: probe over TLS here.
+  ServerProcess server({"--tls-cert", cert, "--tls-key", key}, /*timeout_s=*/0);
+  grpc::SslCredentialsOptions ssl;
+  ssl.pem_root_certs = ReadFileOrDie(cert);
+  auto channel = grpc::CreateChannel("localhost:" + std::to_string(server.port()), grpc::SslCredentials(ssl));
+  auto stub = v1::Generation::NewStub(channel);
+  StreamResult r;
+  for (int i = 0; i < 600; ++i) {  // until loaded and warmed up
+    r = Generate(*stub, Prompt("Hello", 4), 30);
+    if (r.status.error_code() != grpc::StatusCode::UNAVAILABLE) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.complete.usage().completion_tokens(), 4u);
+  // Plaintext clients are refused by a TLS server.
+  auto plain = v1::Generation::NewStub(
+      grpc::CreateChannel("localhost:" + std::to_string(server.port()), grpc::InsecureChannelCredentials()));
+  StreamResult p = Generate(*plain, Prompt("Hello", 2), 5);
+  EXPECT_FALSE(p.status.ok());
 }
 
 TEST(ServerLifecycleTest, FullQueueIsResourceExhausted) {

@@ -18,7 +18,7 @@ std::string BinaryPath();  // build/thetaserve
 class ServerProcess {
  public:
   // Starts the server with the default model and `extra` flags; waits until health says
-  // SERVING (fails the test after `timeout_s`).
+  // SERVING over plaintext (fails the test after `timeout_s`; timeout_s <= 0: no wait).
   explicit ServerProcess(std::vector<std::string> extra = {}, double timeout_s = 180);
   ~ServerProcess();  // SIGKILL if still running
 
