@@ -557,8 +557,16 @@ async def _run_async(cfg, reqs):
         if cfg.warmup > 0:
             w = BenchRequest(prompt=WARMUP_PROMPT, prompt_len=0, output_len=4)
             for _ in range(cfg.warmup):
-                o = await backend.generate(w, RequestOutput(), time.perf_counter())
-                if not o.success:
+                deadline = time.time() + 300
+                while True:
+                    o = await backend.generate(w, RequestOutput(), time.perf_counter())
+                    if o.success:
+                        break
+                    # still loading (thetaserve: UNAVAILABLE; HTTP servers: 503)
+                    if time.time() < deadline and ("UNAVAILABLE" in o.error
+                                                   or "HTTP 503" in o.error):
+                        await asyncio.sleep(1)
+                        continue
                     raise RuntimeError(f"warm-up request failed: {o.error}")
         desc = cfg.label or (f"c={cfg.max_concurrency}" if cfg.max_concurrency
                              else f"rate={cfg.request_rate}")
@@ -735,8 +743,10 @@ def main(argv=None):
     reqs = get_dataset(cfg)
     result = run_benchmark(cfg, reqs)
     print(format_summary(result))
-    if result["errors"] if "errors" in result else False:
-        print("errors: " + "; ".join(result["errors"]), file=sys.stderr)
+    errors = result.get("errors") or sorted(
+        {r["error"] for r in result.get("requests", []) if r["error"]})[:10]
+    if errors:
+        print("errors: " + "; ".join(errors), file=sys.stderr)
     if cfg.result_file:
         pathlib.Path(cfg.result_file).parent.mkdir(parents=True, exist_ok=True)
         with open(cfg.result_file, "w") as f:

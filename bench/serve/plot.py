@@ -6,7 +6,10 @@
 
 One line per file (server + configuration), one marker per load point, labelled with its
 concurrency (c8) or request rate (r2). Panels: output tokens/s against the load; median and p99
-TTFT against output tokens/s; median TPOT against output tokens/s. Also prints a Markdown table.
+TTFT against output tokens/s; median TPOT against output tokens/s; the server's CPU time per
+output token against the load (from /proc, when the sweep recorded it: on a shared machine it
+moves less with the background load than wall-clock throughput does). Also prints a Markdown
+table.
 """
 from __future__ import annotations
 
@@ -60,8 +63,10 @@ def main(argv=None):
     if not runs:
         print("no sweep JSON files", file=sys.stderr)
         return 1
-    fig, axes = plt.subplots(1, 3, figsize=(16, 4.8))
-    ax_load, ax_ttft, ax_tpot = axes
+    fig, grid = plt.subplots(2, 2, figsize=(13, 9))
+    axes = grid.ravel()
+    ax_load, ax_ttft, ax_tpot, ax_cpu = axes
+    all_loads = set()
     xlabel = "load"
     rows = []
     for _, d in runs:
@@ -74,8 +79,12 @@ def main(argv=None):
         xlabel = load_value(pts[0])[1]
         tput = [pt["output_throughput"] for pt in pts]
         labels = [pt.get("label", "").split("/")[-1] for pt in pts]
+        all_loads.update(x for x in loads if x != float("inf"))
         line, = ax_load.plot(loads, tput, marker="o", label=name)
         color = line.get_color()
+        cpu = [pt.get("server_cpu_ms_per_output_token") for pt in pts]
+        if all(c is not None for c in cpu):
+            ax_cpu.plot(loads, cpu, marker="o", color=color, label=name)
         ax_ttft.plot(tput, [pt["median_ttft_ms"] for pt in pts], marker="o", color=color,
                      label=f"{name} median")
         if all("p99_ttft_ms" in pt for pt in pts):
@@ -94,9 +103,17 @@ def main(argv=None):
 
     ax_load.set_xlabel(xlabel)
     ax_load.set_ylabel("output tokens/s")
-    if xlabel == "concurrency":
-        ax_load.set_xscale("log", base=2)
+    for ax in (ax_load, ax_cpu):
+        if xlabel == "concurrency":
+            ax.set_xscale("log", base=2)
+            ticks = sorted(all_loads)
+            ax.set_xticks(ticks)
+            ax.set_xticklabels([f"{t:g}" for t in ticks])
+        ax.set_xlabel(xlabel)
     ax_load.set_title("throughput vs load")
+    ax_cpu.set_ylabel("server CPU ms per output token")
+    ax_cpu.set_yscale("log")
+    ax_cpu.set_title("server CPU time per output token")
     ax_ttft.set_xlabel("output tokens/s")
     ax_ttft.set_ylabel("TTFT (ms)")
     ax_ttft.set_yscale("log")

@@ -125,6 +125,10 @@ class Server:
         self.log.close()
 
 
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def loadavg():
     try:
         with open("/proc/loadavg") as f:
@@ -142,14 +146,17 @@ def tail(path, n=20):
 
 
 def grpc_ready(addr):
-    pb, pb_grpc = bench_serve.ensure_stubs()
+    """True once grpc.health.v1.Health/Check says SERVING (the model is loaded and warmed up;
+    the server answers other RPCs, and refuses Generate with UNAVAILABLE, before that). The
+    health messages are encoded by hand: HealthCheckRequest{} is empty, and
+    HealthCheckResponse{status: SERVING} is field 1 varint 1."""
     import grpc
 
     def check():
         ch = grpc.insecure_channel(addr)
         try:
-            pb_grpc.GenerationStub(ch).GetServerStatus(pb.GetServerStatusRequest(), timeout=2)
-            return True
+            call = ch.unary_unary("/grpc.health.v1.Health/Check")
+            return call(b"", timeout=2) == b"\x08\x01"
         except grpc.RpcError:
             return False
         finally:
@@ -243,6 +250,8 @@ def main(argv=None):
                    help="keep the points already in RESULTS/<tag>-<NAME>.json (other labels) "
                         "and add these: lets a schedule alternate servers point by point")
     args = p.parse_args(argv)
+    # SIGTERM (e.g. a killed script) unwinds like Ctrl-C, so the server is always stopped.
+    signal.signal(signal.SIGTERM, _raise_interrupt)
     results = pathlib.Path(args.results_dir)
     results.mkdir(parents=True, exist_ok=True)
     pts = points_of(args) if (args.concurrency or args.request_rate) else []
