@@ -123,7 +123,7 @@ case "$peer" in
     ctx=$((slots * ctx_per_slot))
     cmd="$server -m {model} --host {host} --port {port} --no-webui -t $threads -tb $threads -np $slots -c $ctx"
     config="np$slots-t$threads"
-    extra_body=()
+    peer_args=()
     ;;
   llama-cpp-python)
     pvenv="$work/venv"
@@ -137,14 +137,15 @@ case "$peer" in
     # One Llama context: n_ctx must hold the longest request; requests run one at a time.
     cmd="$pvenv/bin/python -m llama_cpp.server --model {model} --host {host} --port {port} --n_threads $threads --n_threads_batch $threads --n_ctx 8192 --interrupt_requests false --verbose false"
     config="serial-t$threads"
-    extra_body=()
+    # its server has no ignore_eos: min_tokens = max_tokens holds EOS back instead
+    peer_args=(--min-tokens-eq-max)
     ;;
   *) echo "bench-serve-peer: --peer llama-server|llama-cpp-python" >&2; exit 2 ;;
 esac
 
 args=(--backend openai --server-cmd "$cmd" --model "$model" --peer-name "$peer"
       --peer-version "$version" --tag "$peer" --config "$config=" --results-dir "$results"
-      --dataset "$results/dataset.json" "${mix_args[@]}")
+      --dataset "$results/dataset.json" "${mix_args[@]}" "${peer_args[@]}")
 [ -z "$concurrency" ] || args+=(--concurrency "$concurrency")
 [ -z "$rate" ] || args+=(--request-rate "$rate")
 

@@ -325,7 +325,8 @@ class OpenAICompletionsBackend:
     name = "openai"
 
     def __init__(self, base_url, model="default", api_key=None, temperature=0.0,
-                 ignore_eos=False, seed=None, extra_body=None, timeout=3600.0):
+                 ignore_eos=False, seed=None, extra_body=None, min_tokens_eq_max=False,
+                 timeout=3600.0):
         import aiohttp
         self.aiohttp = aiohttp
         self.url = base_url.rstrip("/") + "/v1/completions"
@@ -336,6 +337,7 @@ class OpenAICompletionsBackend:
             self.headers["Authorization"] = f"Bearer {api_key}"
         self.temperature, self.ignore_eos, self.seed = temperature, ignore_eos, seed
         self.extra_body = extra_body or {}
+        self.min_tokens_eq_max = min_tokens_eq_max
         # A new connection per request (as vLLM's client, which opens a session per request):
         # reusing keep-alive connections across requests races with servers that close idle
         # or much-used connections (cpp-httplib in llama-server) and fails requests.
@@ -376,6 +378,8 @@ class OpenAICompletionsBackend:
                 "stream_options": {"include_usage": True}}
         if self.ignore_eos:
             body["ignore_eos"] = True
+        if self.min_tokens_eq_max:
+            body["min_tokens"] = req.output_len
         if self.seed is not None:
             body["seed"] = self.seed + self.counter
         body.update(self.extra_body)
@@ -450,7 +454,8 @@ def make_backend(cfg):
         extra = json.loads(cfg.extra_body) if cfg.extra_body else None
         return OpenAICompletionsBackend(cfg.base_url, model=cfg.model_name, api_key=cfg.api_key,
                                         temperature=cfg.temperature, ignore_eos=cfg.ignore_eos,
-                                        seed=cfg.sampling_seed, extra_body=extra)
+                                        seed=cfg.sampling_seed, extra_body=extra,
+                                        min_tokens_eq_max=cfg.min_tokens_eq_max)
     raise ValueError(f"unknown backend {cfg.backend}")
 
 
@@ -702,6 +707,9 @@ def add_args(p: argparse.ArgumentParser, load_points=True):
     p.add_argument("--output-len", default="64", help="N or A:B (uniform)")
     p.add_argument("--ignore-eos", action="store_true",
                    help="generate exactly the output length (stopping.ignore_eos / ignore_eos)")
+    p.add_argument("--min-tokens-eq-max", action="store_true",
+                   help="openai backend: also send min_tokens = max_tokens (for servers without "
+                        "ignore_eos, e.g. llama-cpp-python's)")
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--sampling-seed", type=int, help="per-request sampling seed base")
     # load

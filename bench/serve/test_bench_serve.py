@@ -185,7 +185,7 @@ class OpenAIBackendTest(unittest.TestCase):
             bench_serve.add_args(p)
             cfg = bench_serve.finalize_cfg(p.parse_args(
                 ["--backend", "openai", "--base-url", f"http://127.0.0.1:{srv.port}",
-                 "--concurrency", "3", "--ignore-eos", "--disable-tqdm",
+                 "--concurrency", "3", "--ignore-eos", "--min-tokens-eq-max", "--disable-tqdm",
                  "--goodput", "ttft:5000"]))
             reqs = [bench_serve.BenchRequest(prompt="a b c", prompt_len=3, output_len=4 + i)
                     for i in range(7)]
@@ -196,6 +196,7 @@ class OpenAIBackendTest(unittest.TestCase):
         self.assertEqual(r["good_requests"], 7)
         self.assertGreater(r["median_tpot_ms"], 1.0)
         self.assertTrue(all(b["ignore_eos"] and b["stream"] for b in srv.bodies))
+        self.assertTrue(all(b["min_tokens"] == b["max_tokens"] for b in srv.bodies))
         self.assertEqual(len(srv.bodies), 8)  # 7 + the warm-up request
 
 
