@@ -67,22 +67,13 @@ int RunCalibrate(const std::vector<std::string>& argv) {
   if (*k < 1 || *context <= *k) {
     return fail(absl::InvalidArgumentError("need 1 <= --k < --context"));
   }
-  std::ifstream in(args->GetString("corpus"), std::ios::binary);
-  if (!in) {
-    return fail(absl::NotFoundError(absl::StrCat("cannot read --corpus ", args->GetString("corpus"),
-                                                 " (scripts/fetch-corpora.sh writes data/*.txt)")));
-  }
-  std::stringstream ss;
-  ss << in.rdbuf();
-  const std::string text = ss.str();
+  auto text = ReadCorpus("corpus", args->GetString("corpus"));
+  if (!text.ok()) return fail(text.status());
 
   auto loaded = LoadModelForCli(args->GetString("model"), *device, static_cast<int>(*threads));
   if (!loaded.ok()) return fail(loaded.status());
   const auto& c = loaded->model->config();
-  const size_t prefix = std::min(text.size(), static_cast<size_t>(*max_tokens) * 8 + 1024);
-  std::vector<int32_t> ids = loaded->model->tokenizer().Encode(
-      std::string_view(text).substr(0, prefix), false, false);
-  if (int64_t(ids.size()) > *max_tokens) ids.resize(*max_tokens);
+  const std::vector<int32_t> ids = TokenizePrefix(loaded->model->tokenizer(), *text, *max_tokens);
   const int64_t windows = int64_t(ids.size()) / *context;
   if (windows == 0) return fail(absl::InvalidArgumentError("the corpus is shorter than one --context window"));
 

@@ -77,24 +77,15 @@ int RunEval(const std::vector<std::string>& argv) {
   }
   if (*context < 4) return fail(absl::InvalidArgumentError("--context must be at least 4"));
   const std::string text_path = args->GetString("text");
-  std::ifstream in(text_path, std::ios::binary);
-  if (!in) {
-    return fail(absl::NotFoundError("cannot read --text '" + text_path +
-                                    "' (scripts/fetch-corpora.sh writes data/*.txt)"));
-  }
-  std::stringstream ss;
-  ss << in.rdbuf();
-  const std::string text = ss.str();
+  auto text = ReadCorpus("text", text_path);
+  if (!text.ok()) return fail(text.status());
 
   auto loaded = LoadModelForCli(args->GetString("model"), *device, static_cast<int>(*threads));
   if (!loaded.ok()) return fail(loaded.status());
   auto theta = ParseThetaOptions(*args, *loaded->model);
   if (!theta.ok()) return fail(theta.status());
   const bool compare = theta->table != nullptr;
-  const auto& tok = loaded->model->tokenizer();
-  const size_t prefix = std::min(text.size(), static_cast<size_t>(*max_tokens) * 8 + 1024);
-  std::vector<int32_t> ids = tok.Encode(std::string_view(text).substr(0, prefix), false, false);
-  if (static_cast<int64_t>(ids.size()) > *max_tokens) ids.resize(*max_tokens);
+  const std::vector<int32_t> ids = TokenizePrefix(loaded->model->tokenizer(), *text, *max_tokens);
   const int64_t windows = static_cast<int64_t>(ids.size()) / *context;
   if (windows == 0) {
     return fail(absl::InvalidArgumentError("the text has fewer tokens than one --context window"));

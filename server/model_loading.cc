@@ -1,7 +1,10 @@
 #include "server/model_loading.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <fstream>
+#include <sstream>
 
 #include "absl/strings/str_cat.h"
 
@@ -13,6 +16,27 @@ absl::StatusOr<kernels::Device> ParseDevice(const std::string& name) {
   if (name == "auto" || name.empty()) return kernels::Device::kAuto;
   return absl::InvalidArgumentError(
       absl::StrCat("--device must be cpu, cuda or auto, got '", name, "'"));
+}
+
+absl::StatusOr<std::string> ReadCorpus(const std::string& flag, const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    return absl::NotFoundError(absl::StrCat("cannot read --", flag, " '", path,
+                                            "' (scripts/fetch-corpora.sh writes data/*.txt)"));
+  }
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::vector<int32_t> TokenizePrefix(const model::Tokenizer& tokenizer, const std::string& text,
+                                    int64_t max_tokens) {
+  const size_t prefix = std::min(text.size(), static_cast<size_t>(max_tokens) * 8 + 1024);
+  std::vector<int32_t> ids =
+      tokenizer.Encode(std::string_view(text).substr(0, prefix), /*add_bos=*/false,
+                       /*parse_special=*/false);
+  if (static_cast<int64_t>(ids.size()) > max_tokens) ids.resize(max_tokens);
+  return ids;
 }
 
 absl::StatusOr<LoadedModel> LoadModelForCli(const std::string& path, kernels::Device device,

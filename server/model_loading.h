@@ -17,6 +17,13 @@ struct LoadedModel {
 
 absl::StatusOr<kernels::Device> ParseDevice(const std::string& name);
 
+// Reads a corpus named by `--<flag>`; a missing file says how to fetch the corpora.
+absl::StatusOr<std::string> ReadCorpus(const std::string& flag, const std::string& path);
+// The first `max_tokens` tokens of `text`, no special tokens (encodes a generous prefix of
+// ~8 bytes a token rather than the whole file).
+std::vector<int32_t> TokenizePrefix(const model::Tokenizer& tokenizer, const std::string& text,
+                                    int64_t max_tokens);
+
 // Loads `path`, prints "loading <path> ..." and a summary line to stderr.
 absl::StatusOr<LoadedModel> LoadModelForCli(const std::string& path, kernels::Device device,
                                             int threads);
