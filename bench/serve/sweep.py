@@ -307,7 +307,8 @@ def main(argv=None):
                                                      model=args.model or "")) + flags
             args.base_url = f"http://{HOST}:{port}"
             ready = http_ready(args.base_url)
-        log_path = results / f"{tag}-{name}.server.log"
+        point_names = "_".join(pt["label"] for pt in pts) or "dataset"
+        log_path = results / f"{tag}-{name}-{point_names}.server.log"
         server = Server(cmd, str(log_path), ready, name)
         print(f"[{name}] starting: {' '.join(shlex.quote(c) for c in cmd)}", file=sys.stderr)
         load_s = server.start(timeout=args.ready_timeout)
@@ -348,6 +349,11 @@ def main(argv=None):
                     cfg, reqs[pt["offset"]:pt["offset"] + pt["num_prompts"]])
                 r["dataset_offset"] = pt["offset"]
                 cpu1 = server.cpu_seconds()
+                r["server_log"] = log_path.name
+                if server.proc.poll() is not None:
+                    r["server_exit_code"] = server.proc.returncode
+                    print(f"[{name}] the server exited with {server.proc.returncode} during "
+                          f"{pt['label']}; log: {log_path}\n{tail(log_path)}", file=sys.stderr)
                 r["loadavg_before"], r["loadavg_after"] = la0, loadavg()
                 if cpu0 is not None and cpu1 is not None:
                     # includes the warm-up request and any spinning of the server's threads
