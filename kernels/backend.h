@@ -44,6 +44,9 @@ class Backend {
   // (Re)allocates KV storage for `num_pages` pages of `block_size` rows.
   virtual absl::Status AllocateKvPool(int64_t num_pages, int32_t block_size) = 0;
   const KvPoolLayout& kv_layout() const { return kv_layout_; }
+  // Bytes of one K or V element in the pool (f32 on the CPU, bf16 on the GPU): the engine
+  // sizes the pool from --kv-cache-memory with it.
+  virtual int64_t kv_element_bytes() const { return sizeof(float); }
 
   // Runs the model. `logits` receives NumLogitRows(batch) rows of vocab_size floats, in
   // sequence order (and token order within a sequence when all_logits).

@@ -19,7 +19,7 @@ double SecondsBetween(Clock::time_point a, Clock::time_point b) {
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& config,
                                                        kernels::Backend& backend) {
   const auto& c = backend.model().config();
-  const int64_t page_bytes = int64_t(config.block_size) * c.head_dim * int64_t(sizeof(float));
+  const int64_t page_bytes = int64_t(config.block_size) * c.head_dim * backend.kv_element_bytes();
   const int64_t num_pages = config.kv_cache_bytes / page_bytes;
   const int64_t min_pages = 2 * c.num_layers * c.num_kv_heads;  // one block of K and V
   if (num_pages < min_pages) {
@@ -129,7 +129,8 @@ void Engine::PublishStats(const StepStats* step) {
   s.pages_used_k = pool_.num_used(cache::PageKind::kK);
   s.pages_used_v = pool_.num_used(cache::PageKind::kV);
   s.block_size = config_.block_size;
-  s.page_bytes = int64_t(config_.block_size) * backend_->model().config().head_dim * 4;
+  s.page_bytes =
+      int64_t(config_.block_size) * backend_->model().config().head_dim * backend_->kv_element_bytes();
   s.counters = counters_;
   const int64_t tables = kv_shape_.tables();
   for (const auto& seq : scheduler_.running()) {
@@ -137,7 +138,7 @@ void Engine::PublishStats(const StepStats* step) {
     s.v_rows_resident += seq->kv().VRowsResident(seq->num_computed);
   }
   s.layer_kept_ratio = layer_kept_ratio_;
-  s.v_row_bytes = backend_->model().config().head_dim * 4;
+  s.v_row_bytes = backend_->model().config().head_dim * backend_->kv_element_bytes();
   {
     std::lock_guard<std::mutex> lock(mu_);
     s.waiting += static_cast<int64_t>(inbox_.size());

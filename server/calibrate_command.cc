@@ -26,7 +26,7 @@ constexpr char kUsage[] =
     "  --context N           window length in tokens (default 2048)\n"
     "  --max-tokens N        calibration tokens (default 32768)\n"
     "  --std-factor F        θ = mean + F·std (default 0.1)\n"
-    "  --threads N --device cpu|cuda|auto\n";
+    "  --threads N --device cpu|cuda|auto (default cpu: exact top-k runs on the CPU)\n";
 
 }  // namespace
 
@@ -52,7 +52,7 @@ int RunCalibrate(const std::vector<std::string>& argv) {
   auto max_tokens = args->GetInt("max-tokens", 32768);
   auto std_factor = args->GetDouble("std-factor", 0.1);
   auto threads = args->GetInt("threads", 0);
-  auto device = ParseDevice(args->GetString("device", "auto"));
+  auto device = ParseDevice(args->GetString("device", "cpu"));
   for (const absl::Status& st : {k.status(), dense_layers.status(), dense_k.status(), context.status(),
                                  max_tokens.status(), std_factor.status(), threads.status(), device.status()}) {
     if (!st.ok()) return fail(st);

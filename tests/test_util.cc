@@ -1,13 +1,19 @@
 #include "tests/test_util.h"
 
 #include <cmath>
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 #include <sys/stat.h>
 
 namespace thetaserve::testing {
 
-std::string SourceDir() { return THETASERVE_SOURCE_DIR; }
+// THETASERVE_SOURCE_DIR in the environment wins: test binaries carried to another machine
+// (scripts/gpu-check.sh --prebuilt) find the checkout there.
+std::string SourceDir() {
+  if (const char* dir = std::getenv("THETASERVE_SOURCE_DIR"); dir && *dir) return dir;
+  return THETASERVE_SOURCE_DIR;
+}
 
 std::string TestDataPath(const std::string& relative) {
   return SourceDir() + "/tests/data/" + relative;

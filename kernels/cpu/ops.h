@@ -35,6 +35,8 @@ class Rope {
   explicit Rope(const model::ModelConfig& config);
   // Rotates `num_heads` heads of head_dim in place at position `pos`.
   void Apply(float* x, int64_t num_heads, int64_t pos) const;
+  const std::vector<float>& inv_freq() const { return inv_freq_; }
+  bool interleaved() const { return interleaved_; }
 
  private:
   int64_t head_dim_;

@@ -1,8 +1,11 @@
-// The CUDA backend's entry points. Built only when nvcc is found (THETASERVE_HAVE_CUDA=1);
-// CUDA errors stay inside kernels/ and come out as absl::Status.
+// The CUDA backend: the LLaMA-family forward pass on one GPU. Weights live on the device in
+// bf16 (GGUF blocks dequantized at load), GEMMs go through cuBLAS (bf16 in, f32 accumulate),
+// the residual stream stays f32, K/V pages are bf16, attention is paged (dense or Top-θ).
+// Built only when nvcc is found (THETASERVE_HAVE_CUDA=1); CUDA errors come out as Status.
 #pragma once
 
 #include <memory>
+#include <string>
 
 #include "absl/status/statusor.h"
 #include "kernels/backend.h"
@@ -12,8 +15,10 @@ namespace thetaserve::kernels::cuda {
 // Visible CUDA devices; 0 when there is no driver or no device (never an error).
 int DeviceCount();
 
-// The CUDA Backend. Until the CUDA forward pass lands this reports UNIMPLEMENTED with the
-// device it found, so `--device auto` keeps choosing the CPU.
+// Name, compute capability and memory of device 0, for logs ("" when none).
+std::string DeviceDescription();
+
+// The CUDA Backend on device 0: uploads the weights (bf16) and creates the cuBLAS handle.
 absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const model::Model& model);
 
 }  // namespace thetaserve::kernels::cuda

@@ -1,5 +1,7 @@
 #include <cuda_runtime.h>
 
+#include <string>
+
 #include "absl/strings/str_format.h"
 #include "kernels/cuda/cuda_backend.h"
 
@@ -14,16 +16,12 @@ int DeviceCount() {
   return count;
 }
 
-absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const model::Model& model) {
-  const int count = DeviceCount();
-  if (count == 0) {
-    return absl::UnavailableError("no CUDA device is visible; use --device cpu");
-  }
+std::string DeviceDescription() {
+  if (DeviceCount() == 0) return "";
   cudaDeviceProp prop;
-  cudaGetDeviceProperties(&prop, 0);
-  return absl::UnimplementedError(absl::StrFormat(
-      "found %s (sm_%d%d) but the CUDA forward pass is not built yet; use --device cpu",
-      prop.name, prop.major, prop.minor));
+  if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) return "";
+  return absl::StrFormat("%s (sm_%d%d, %d SMs, %.1f GiB)", prop.name, prop.major, prop.minor,
+                         prop.multiProcessorCount, prop.totalGlobalMem / double(1 << 30));
 }
 
 }  // namespace thetaserve::kernels::cuda

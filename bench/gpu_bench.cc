@@ -1,0 +1,389 @@
+// GPU benchmarks (built with CUDA only; run by scripts/gpu-check.sh):
+//  1. device copy bandwidth (cudaMemcpy device to device, read + write bytes);
+//  2. decode attention, dense vs Top-θ, at contexts × batch sizes: median time, the ratio
+//     measured in the same run, V rows read, and the bytes/s dense attention reached against
+//     the copy bandwidth;
+//  3. dense prefill attention TFLOP/s;
+//  4. end-to-end decode tokens/s on a model through the real engine (when --model exists).
+//
+//   build/thetaserve_gpu_bench [--contexts 1024,4096,16384,32768,131072] [--batches 1,8,32,64]
+//       [--prefill 1024,4096,16384] [--model models/SmolLM2-135M-Instruct.Q4_1.gguf]
+//       [--e2e-batches 1,8,32,64] [--theta thetas.json] [--repeats 5]
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "kernels/backend.h"
+#include "kernels/cuda/cuda_attention.h"
+#include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/device_batch.h"
+#include "model/model.h"
+#include "model/theta_table.h"
+#include "scheduler/engine.h"
+
+namespace ts = thetaserve;
+namespace cu = thetaserve::kernels::cuda;
+
+namespace {
+
+#define CHECK_CUDA(expr)                                                                  \
+  do {                                                                                    \
+    if (cudaError_t e_ = (expr); e_ != cudaSuccess) {                                     \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                       \
+    }                                                                                     \
+  } while (0)
+#define CHECK_OK(expr)                                                                    \
+  do {                                                                                    \
+    if (absl::Status s_ = (expr); !s_.ok()) {                                             \
+      std::fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, std::string(s_.message()).c_str()); \
+      std::exit(1);                                                                       \
+    }                                                                                     \
+  } while (0)
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+std::vector<int> ParseList(const std::string& s) {
+  std::vector<int> out;
+  for (auto part : absl::StrSplit(s, ',')) {
+    int v;
+    if (absl::SimpleAtoi(part, &v)) out.push_back(v);
+  }
+  return out;
+}
+
+// Milliseconds per call of fn, median of `repeats` timings of `iters` back-to-back calls.
+template <typename Fn>
+double TimeMs(Fn&& fn, int iters, int repeats) {
+  cudaEvent_t a, b;
+  CHECK_CUDA(cudaEventCreate(&a));
+  CHECK_CUDA(cudaEventCreate(&b));
+  fn();  // warm-up
+  CHECK_CUDA(cudaDeviceSynchronize());
+  std::vector<double> ms;
+  for (int r = 0; r < repeats; ++r) {
+    CHECK_CUDA(cudaEventRecord(a));
+    for (int i = 0; i < iters; ++i) fn();
+    CHECK_CUDA(cudaEventRecord(b));
+    CHECK_CUDA(cudaEventSynchronize(b));
+    float t = 0;
+    CHECK_CUDA(cudaEventElapsedTime(&t, a, b));
+    ms.push_back(t / iters);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  return Median(ms);
+}
+
+double CopyBandwidth(int repeats) {
+  const size_t bytes = size_t(2) << 30;  // 2 GiB each way: far beyond the 60 MB L2
+  void *src, *dst;
+  CHECK_CUDA(cudaMalloc(&src, bytes));
+  CHECK_CUDA(cudaMalloc(&dst, bytes));
+  CHECK_CUDA(cudaMemset(src, 1, bytes));
+  const double ms = TimeMs([&] { CHECK_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice)); },
+                           5, repeats);
+  cudaFree(src);
+  cudaFree(dst);
+  return 2.0 * bytes / (ms / 1e3);
+}
+
+struct Row {
+  std::string what;
+  std::string value;
+};
+std::vector<Row> g_summary;
+
+// SmolLM2's attention shape: 3 KV heads × 3 query heads, head_dim 64, 16-row pages.
+void DecodeAttention(const std::vector<int>& contexts, const std::vector<int>& batches, double copy_bw,
+                     int repeats, int sms) {
+  const int kvh = 3, group = 3, H = kvh * group, d = 64, bs = 16;
+  int64_t max_pages = 0;
+  for (int L : contexts)
+    for (int B : batches) max_pages = std::max<int64_t>(max_pages, int64_t(2) * ((L + bs - 1) / bs) * kvh * B);
+  const ts::kernels::KvPoolLayout full{bs, d, max_pages};
+  std::printf("\n## decode attention, one layer (%d KV heads × %d query heads, d %d), bf16 K/V\n", kvh, group, d);
+  std::printf("pool: %.2f GB of random K/V\n", max_pages * full.PageElems() * 2 / 1e9);
+  uint16_t* pool;
+  CHECK_CUDA(cudaMalloc(&pool, max_pages * full.PageElems() * 2));
+  CHECK_CUDA(cu::LaunchFillRandomBf16(pool, max_pages * full.PageElems(), 7, 1.0f, nullptr));
+  std::printf("%-8s %-6s %-10s %-10s %-7s %-9s %-10s %-8s\n", "context", "batch", "dense us",
+              "top-θ us", "ratio", "V read", "dense GB/s", "of copy");
+  for (int L : contexts) {
+    for (int B : batches) {
+      const int blocks = (L + bs - 1) / bs;
+      if (int64_t(2) * blocks * kvh * B > max_pages) continue;
+      std::vector<std::vector<int32_t>> kt(B), vt(B);
+      std::vector<ts::kernels::SeqChunk> seqs(B);
+      std::vector<int32_t> tokens(B, 0);
+      for (int b = 0; b < B; ++b) {
+        kt[b].resize(kvh * blocks);
+        vt[b].resize(kvh * blocks);
+        for (int i = 0; i < kvh * blocks; ++i) {
+          kt[b][i] = (b * kvh * blocks + i) * 2;
+          vt[b][i] = (b * kvh * blocks + i) * 2 + 1;
+        }
+        seqs[b].token_offset = b;
+        seqs[b].num_tokens = 1;
+        seqs[b].start_pos = L - 1;
+        seqs[b].pages = ts::kernels::SeqPageTables{kt[b].data(), vt[b].data(), blocks};
+      }
+      // Peaked queries (3·N(0,1)) and θ = 1/L post-softmax, as bench/attention_bench.cc.
+      std::vector<float> q(size_t(B) * H * d);
+      uint64_t st = 12345;
+      for (float& x : q) {
+        st = st * 6364136223846793005ull + 1442695040888963407ull;
+        const double u1 = ((st >> 11) + 1.0) / 9007199254740993.0;
+        st = st * 6364136223846793005ull + 1442695040888963407ull;
+        const double u2 = (st >> 11) / 9007199254740992.0;
+        x = float(3.0 * std::sqrt(-2 * std::log(u1)) * std::cos(2 * M_PI * u2));
+      }
+      float *dq, *dout, *dvsum;
+      CHECK_CUDA(cudaMalloc(&dq, q.size() * 4));
+      CHECK_CUDA(cudaMalloc(&dout, q.size() * 4));
+      CHECK_CUDA(cudaMalloc(&dvsum, size_t(B) * kvh * d * 4));
+      CHECK_CUDA(cudaMemcpy(dq, q.data(), q.size() * 4, cudaMemcpyHostToDevice));
+      CHECK_CUDA(cudaMemset(dvsum, 0, size_t(B) * kvh * d * 4));
+      ts::model::ThetaTable table(1, H, ts::model::ThetaTable::DefaultBuckets(1 << 18));
+      table.k_per_layer = {16};
+      table.placement = ts::model::ThetaPlacement::kPostSoftmax;
+      for (int h = 0; h < H; ++h)
+        for (size_t k = 0; k < table.buckets().size(); ++k) table.theta_at(0, h, k) = 1.0f / table.buckets()[k];
+      table.Finalize();
+      ts::kernels::TopThetaConfig dense_cfg, theta_cfg;
+      theta_cfg.table = &table;
+      ts::kernels::ForwardBatch batch{tokens, seqs, false, nullptr};
+      const ts::kernels::KvPoolLayout layout{bs, d, max_pages};
+      const cu::AttnShape shape{H, kvh, d, 0.125f};
+      cu::DeviceBatch db;
+      CHECK_OK(db.Upload(batch, kvh, d, nullptr));
+      cu::CudaAttention dense(sms), theta(sms);
+      CHECK_OK(dense.Prepare(batch, db, shape, 1, dense_cfg, nullptr));
+      CHECK_OK(theta.Prepare(batch, db, shape, 1, theta_cfg, nullptr));
+      std::vector<double> td, tt;
+      const int iters = L * B >= (1 << 20) ? 5 : 20;
+      for (int r = 0; r < repeats; ++r) {  // alternate: noise hits both alike
+        td.push_back(TimeMs([&] { CHECK_OK(dense.Run(0, db, dq, H * d, layout, pool, nullptr, dout, nullptr)); }, iters, 1));
+        tt.push_back(TimeMs([&] { CHECK_OK(theta.Run(0, db, dq, H * d, layout, pool, dvsum, dout, nullptr)); }, iters, 1));
+      }
+      // One more Top-θ run on fresh counters for the V rows read.
+      ts::kernels::AttentionStats stats;
+      stats.Reset(1);
+      CHECK_OK(theta.Prepare(batch, db, shape, 1, theta_cfg, nullptr));
+      CHECK_OK(theta.Run(0, db, dq, H * d, layout, pool, dvsum, dout, nullptr));
+      CHECK_OK(theta.Finish(&stats, nullptr));
+      const double md = Median(td), mt = Median(tt);
+      const double bytes = 2.0 * L * d * 2 * kvh * B;  // K and V, bf16, read once
+      const double gbs = bytes / (md / 1e3) / 1e9;
+      const double read = double(stats.v_rows_read) / stats.v_rows_read_dense;
+      std::printf("%-8d %-6d %-10.1f %-10.1f %-7.2f %-9.3f %-10.0f %-8.2f\n", L, B, md * 1e3, mt * 1e3,
+                  md / mt, read, gbs, gbs * 1e9 / copy_bw);
+      std::fflush(stdout);
+      if (L == 32768) {
+        char buf[160];
+        std::snprintf(buf, sizeof buf, "dense %.1f us, top-θ %.1f us, ratio %.2f, dense at %.0f%% of copy bw (V read %.2f)",
+                      md * 1e3, mt * 1e3, md / mt, 100 * gbs * 1e9 / copy_bw, read);
+        g_summary.push_back({"decode attn 32k, batch " + std::to_string(B), buf});
+      }
+      cudaFree(dq);
+      cudaFree(dout);
+      cudaFree(dvsum);
+    }
+  }
+  cudaFree(pool);
+}
+
+void PrefillAttention(const std::vector<int>& lengths, int repeats, int sms) {
+  const int kvh = 3, group = 3, H = kvh * group, d = 64, bs = 16;
+  std::printf("\n## dense prefill attention, one sequence, one layer (causal)\n");
+  std::printf("%-8s %-10s %-10s\n", "tokens", "ms", "TFLOP/s");
+  for (int L : lengths) {
+    const int blocks = (L + bs - 1) / bs;
+    const ts::kernels::KvPoolLayout layout{bs, d, int64_t(2) * blocks * kvh};
+    uint16_t* pool;
+    CHECK_CUDA(cudaMalloc(&pool, layout.num_pages * layout.PageElems() * 2));
+    CHECK_CUDA(cu::LaunchFillRandomBf16(pool, layout.num_pages * layout.PageElems(), 3, 1.0f, nullptr));
+    std::vector<int32_t> kt(kvh * blocks), vt(kvh * blocks), tokens(L, 0);
+    for (int i = 0; i < kvh * blocks; ++i) kt[i] = 2 * i, vt[i] = 2 * i + 1;
+    std::vector<ts::kernels::SeqChunk> seqs(1);
+    seqs[0].num_tokens = L;
+    seqs[0].pages = ts::kernels::SeqPageTables{kt.data(), vt.data(), blocks};
+    ts::kernels::ForwardBatch batch{tokens, seqs, false, nullptr};
+    uint16_t* qb;
+    float *q, *o;
+    CHECK_CUDA(cudaMalloc(&qb, size_t(L) * H * d * 2));
+    CHECK_CUDA(cudaMalloc(&q, size_t(L) * H * d * 4));
+    CHECK_CUDA(cudaMalloc(&o, size_t(L) * H * d * 4));
+    CHECK_CUDA(cu::LaunchFillRandomBf16(qb, int64_t(L) * H * d, 5, 1.0f, nullptr));
+    CHECK_CUDA(cudaMemset(q, 0, size_t(L) * H * d * 4));
+    cu::DeviceBatch db;
+    CHECK_OK(db.Upload(batch, kvh, d, nullptr));
+    cu::CudaAttention att(sms);
+    CHECK_OK(att.Prepare(batch, db, cu::AttnShape{H, kvh, d, 0.125f}, 1, ts::kernels::TopThetaConfig{}, nullptr));
+    const double ms = TimeMs([&] { CHECK_OK(att.Run(0, db, q, H * d, layout, pool, nullptr, o, nullptr)); }, 3, repeats);
+    const double flops = 2.0 * double(L) * (L + 1) * H * d;  // QKᵀ and PV over the causal half
+    std::printf("%-8d %-10.3f %-10.2f\n", L, ms, flops / (ms / 1e3) / 1e12);
+    std::fflush(stdout);
+    if (L == lengths.back()) {
+      char buf[96];
+      std::snprintf(buf, sizeof buf, "%.2f TFLOP/s (%.2f ms)", flops / (ms / 1e3) / 1e12, ms);
+      g_summary.push_back({"prefill attn " + std::to_string(L) + " tokens", buf});
+    }
+    cudaFree(pool);
+    cudaFree(qb);
+    cudaFree(q);
+    cudaFree(o);
+  }
+}
+
+class CountingSink : public ts::scheduler::TokenSink {
+ public:
+  void OnTokens(const ts::scheduler::TokenDelta&) override {}
+  void OnFinish(const ts::scheduler::FinishInfo&) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++finished_;
+    cv_.notify_all();
+  }
+  void WaitFor(int n) {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return finished_ >= n; });
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int finished_ = 0;
+};
+
+void EndToEnd(const std::string& path, const std::string& theta_path, const std::vector<int>& batches,
+              double copy_bw, int repeats) {
+  std::printf("\n## end-to-end decode through the engine: %s\n", path.c_str());
+  auto model = ts::model::Model::Load(path);
+  if (!model.ok()) {
+    std::printf("cannot load: %s\n", std::string(model.status().message()).c_str());
+    return;
+  }
+  auto backend = ts::kernels::CreateBackend(**model, ts::kernels::Device::kCuda, 0);
+  CHECK_OK(backend.status());
+  const auto& c = (*model)->config();
+  const double params = double(c.vocab_size) * c.hidden_size * (c.tied_embeddings ? 1 : 2) +
+                        double(c.num_layers) * c.hidden_size *
+                            (c.q_dim() + 2 * c.kv_dim() + c.q_dim() + 3 * c.intermediate_size);
+  const double weight_bytes = 2 * params;  // bf16 on the device; the LM head reads the table
+  std::optional<ts::model::ThetaTable> table;
+  if (!theta_path.empty()) {
+    auto t = ts::model::ThetaTable::Load(theta_path);
+    if (t.ok()) table = std::move(*t);
+    else std::printf("θ file %s: %s\n", theta_path.c_str(), std::string(t.status().message()).c_str());
+  }
+  std::printf("bf16 weights on the device: %.1f MB\n", weight_bytes / 1e6);
+  std::printf("%-8s %-8s %-12s %-12s %-10s\n", "mode", "batch", "step ms", "tokens/s", "weights bw");
+  for (int mode = 0; mode < (table ? 2 : 1); ++mode) {
+    ts::kernels::TopThetaConfig cfg;
+    if (mode == 1) cfg.table = &*table;
+    (*backend)->SetTopTheta(cfg);
+    for (int B : batches) {
+      std::vector<double> step_ms;
+      for (int rep = 0; rep < repeats; ++rep) {
+        ts::scheduler::EngineConfig config;
+        config.kv_cache_bytes = int64_t(4) << 30;
+        config.scheduler.max_num_seqs = B;
+        config.scheduler.max_num_batched_tokens = 8192;
+        auto engine = ts::scheduler::Engine::Create(config, **backend);
+        CHECK_OK(engine.status());
+        std::vector<double> steps;
+        std::mutex mu;
+        (*engine)->SetObserver([&](const ts::scheduler::EngineStats&, const ts::scheduler::StepStats* s) {
+          if (s && s->prefill_tokens == 0 && s->num_seqs == B) {
+            std::lock_guard<std::mutex> lock(mu);
+            steps.push_back(s->seconds);
+          }
+        });
+        auto sink = std::make_shared<CountingSink>();
+        const auto text = (*model)->tokenizer().Encode(
+            "It is a truth universally acknowledged, that a single man in possession of a good "
+            "fortune, must be in want of a wife.", false);
+        for (int i = 0; i < B; ++i) {
+          ts::scheduler::Request r;
+          r.id = "bench-" + std::to_string(i);
+          for (int k = 0; k < 128; ++k) r.prompt.push_back(text[(i + k) % text.size()]);
+          r.sampling.temperature = 0;
+          r.stopping.max_tokens = 64;
+          r.stopping.ignore_eos = true;
+          CHECK_OK((*engine)->Submit(std::move(r), sink));
+        }
+        sink->WaitFor(B);
+        (*engine)->Stop();
+        step_ms.push_back(Median(steps) * 1e3);
+      }
+      const double ms = Median(step_ms);
+      const double bw = weight_bytes / (ms / 1e3) / copy_bw;
+      std::printf("%-8s %-8d %-12.3f %-12.0f %-10.3f\n", mode ? "top-θ" : "dense", B, ms, B / (ms / 1e3), bw);
+      std::fflush(stdout);
+      char buf[96];
+      std::snprintf(buf, sizeof buf, "%.0f tok/s (%.3f ms/step, weights at %.0f%% of copy bw)", B / (ms / 1e3), ms, 100 * bw);
+      g_summary.push_back({std::string("e2e decode ") + (mode ? "top-θ" : "dense") + ", batch " + std::to_string(B), buf});
+    }
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<int> contexts = {1024, 4096, 16384, 32768, 131072};
+  std::vector<int> batches = {1, 8, 32, 64};
+  std::vector<int> prefill = {1024, 4096, 16384};
+  std::vector<int> e2e = {1, 8, 32, 64};
+  std::string model = "models/SmolLM2-135M-Instruct.Q4_1.gguf", theta;
+  int repeats = 5;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string k = argv[i], v = argv[i + 1];
+    if (k == "--contexts") contexts = ParseList(v);
+    else if (k == "--batches") batches = ParseList(v);
+    else if (k == "--prefill") prefill = ParseList(v);
+    else if (k == "--e2e-batches") e2e = ParseList(v);
+    else if (k == "--model") model = v;
+    else if (k == "--theta") theta = v;
+    else if (k == "--repeats") repeats = std::stoi(v);
+    else {
+      std::fprintf(stderr, "unknown flag %s\n", k.c_str());
+      return 2;
+    }
+  }
+  if (cu::DeviceCount() == 0) {
+    std::fprintf(stderr, "no CUDA device is visible\n");
+    return 1;
+  }
+  cudaDeviceProp prop;
+  CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
+  std::printf("device: %s\n", cu::DeviceDescription().c_str());
+  const double bw = CopyBandwidth(repeats);
+  std::printf("copy bandwidth: %.0f GB/s (device to device, read + write, median of %d)\n", bw / 1e9, repeats);
+  g_summary.push_back({"copy bandwidth", std::to_string(int(bw / 1e9)) + " GB/s"});
+  DecodeAttention(contexts, batches, bw, repeats, prop.multiProcessorCount);
+  PrefillAttention(prefill, repeats, prop.multiProcessorCount);
+  if (!model.empty() && std::filesystem::exists(model)) {
+    EndToEnd(model, theta, e2e, bw, std::max(1, repeats / 2));
+  } else {
+    std::printf("\n## end-to-end decode: model %s not found, skipped\n", model.c_str());
+  }
+  std::printf("\n## summary (%s)\n", cu::DeviceDescription().c_str());
+  for (const Row& r : g_summary) std::printf("%-34s %s\n", r.what.c_str(), r.value.c_str());
+  return 0;
+}

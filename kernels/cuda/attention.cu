@@ -1,0 +1,603 @@
+// Paged attention on the GPU (DESIGN.md §5): flash-decoding split kernels, dense and Top-θ
+// (pass 1: scores, row max and D_full over every K row; pass 2: keep test, gather of the
+// retained V rows only, hit marks; SDC and VMC in the final reduction), and a tiled causal
+// prefill kernel with an online softmax. The CPU backend's attention is the reference.
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/cuda_ops.h"
+
+namespace thetaserve::kernels::cuda {
+namespace {
+
+constexpr int kMaxGroup = 8;    // query heads per KV head the kernels support
+constexpr int kThreads = 128;   // split kernels
+
+struct SplitArgs {
+  const int32_t* row_ids;
+  const DevRow* rows;
+  const DevSeq* seqs;
+  AttnShape shape;
+  int32_t layer;
+  const float* q;
+  int64_t q_stride;
+  KvPoolLayout layout;
+  const uint16_t* pool;
+  int32_t chunk;
+  AttentionWorkspace ws;
+  ThetaArgs theta;
+  bool top_theta;
+  float* o;
+};
+
+__device__ __forceinline__ int64_t PartIndex(const SplitArgs& a, int64_t r, int32_t head,
+                                             int32_t split) {
+  return (r * a.shape.num_heads + head) * a.ws.max_splits + split;
+}
+
+// Scores of this block's keys for the group's heads: sc[h * chunk + jl] = q_h · k_j · scale.
+template <int D>
+__device__ void Scores(const SplitArgs& a, const DevSeq& seq, int64_t lh, int32_t j0, int32_t n,
+                       int32_t G, const float* qs, float* sc) {
+  const int32_t bs = a.layout.block_size;
+  for (int32_t jl = threadIdx.x; jl < n; jl += blockDim.x) {
+    const int32_t j = j0 + jl;
+    const uint16_t* kr = a.pool + a.layout.RowOffset(seq.pages.KPage(lh, j, bs), j % bs);
+    float acc[kMaxGroup];
+#pragma unroll
+    for (int h = 0; h < kMaxGroup; ++h) acc[h] = 0.0f;
+#pragma unroll
+    for (int c = 0; c < D; c += 8) {
+      float kf[8];
+      LoadBf16x8(kr + c, kf);
+#pragma unroll
+      for (int h = 0; h < kMaxGroup; ++h) {
+        if (h < G) {
+#pragma unroll
+          for (int e = 0; e < 8; ++e) acc[h] = fmaf(qs[h * D + c + e], kf[e], acc[h]);
+        }
+      }
+    }
+#pragma unroll
+    for (int h = 0; h < kMaxGroup; ++h) {
+      if (h < G) sc[h * a.chunk + jl] = acc[h];
+    }
+  }
+}
+
+// Sums acc[h][0..8) of every row group into red and writes the group's partial outputs.
+template <int D>
+__device__ void ReduceRowGroups(const SplitArgs& a, float (&acc)[kMaxGroup][8], int32_t G,
+                                float* red, int64_t r, int32_t first_head, int32_t split) {
+  constexpr int kRowGroups = kThreads / (D / 8);
+  const int rg = threadIdx.x / (D / 8), lane8 = threadIdx.x % (D / 8);
+  __syncthreads();
+#pragma unroll
+  for (int h = 0; h < kMaxGroup; ++h) {
+    if (h < G) {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) red[(rg * G + h) * D + lane8 * 8 + e] = acc[h][e];
+    }
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < G * D; i += blockDim.x) {
+    float s = 0.0f;
+    for (int g = 0; g < kRowGroups; ++g) s += red[g * G * D + i];
+    const int h = i / D, c = i % D;
+    a.ws.part_o[PartIndex(a, r, first_head + h, split) * D + c] = s;
+  }
+}
+
+// Dense split: scores, chunk max and Σe, and Σ e·V over the chunk.
+// Top-θ pass 1: scores to the workspace, chunk max and Σe; no V.
+template <int D>
+__global__ void __launch_bounds__(kThreads) SplitPass1Kernel(SplitArgs a) {
+  extern __shared__ float smem[];
+  __shared__ float scratch[32];
+  const int32_t G = a.shape.num_heads / a.shape.num_kv_heads;
+  const int64_t r = blockIdx.y;
+  const int32_t t = a.row_ids[r];
+  const DevRow row = a.rows[t];
+  const DevSeq& seq = a.seqs[row.seq];
+  const int32_t L = row.pos + 1;
+  const int32_t split = blockIdx.x;
+  const int32_t j0 = split * a.chunk;
+  if (j0 >= L) return;
+  const int32_t n = min(a.chunk, L - j0);
+  const int32_t g = blockIdx.z;
+  const int32_t first_head = g * G;
+  const int64_t lh = int64_t(a.layer) * a.shape.num_kv_heads + g;
+
+  float* qs = smem;             // [G, D]
+  float* sc = smem + G * D;     // [G, chunk]; later the row-group reduction
+  for (int i = threadIdx.x; i < G * D; i += blockDim.x) {
+    qs[i] = a.q[int64_t(t) * a.q_stride + int64_t(first_head) * D + i] * a.shape.scale;
+  }
+  __syncthreads();
+  Scores<D>(a, seq, lh, j0, n, G, qs, sc);
+  __syncthreads();
+
+  // Chunk max and Σ exp(s - m) per head; e replaces s in shared memory.
+  for (int h = 0; h < G; ++h) {
+    float m = -INFINITY;
+    for (int jl = threadIdx.x; jl < n; jl += blockDim.x) m = fmaxf(m, sc[h * a.chunk + jl]);
+    m = BlockMax(m, scratch);
+    float l = 0.0f;
+    const int64_t srow = (int64_t(r) * a.shape.num_heads + first_head + h) * a.ws.score_stride;
+    for (int jl = threadIdx.x; jl < n; jl += blockDim.x) {
+      const float s = sc[h * a.chunk + jl];
+      if (a.top_theta) a.ws.scores[srow + j0 + jl] = s;
+      const float e = expf(s - m);
+      sc[h * a.chunk + jl] = e;
+      l += e;
+    }
+    l = BlockSum(l, scratch);
+    if (threadIdx.x == 0) {
+      a.ws.part_m[PartIndex(a, r, first_head + h, split)] = m;
+      a.ws.part_l[PartIndex(a, r, first_head + h, split)] = l;
+    }
+  }
+  if (a.top_theta) return;
+  __syncthreads();
+
+  // Σ e_j · V_j: row groups of D/8 threads, 16 bytes of the row each.
+  constexpr int kRowGroups = kThreads / (D / 8);
+  const int rg = threadIdx.x / (D / 8), lane8 = threadIdx.x % (D / 8);
+  const int32_t bs = a.layout.block_size;
+  float acc[kMaxGroup][8];
+#pragma unroll
+  for (int h = 0; h < kMaxGroup; ++h)
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc[h][e] = 0.0f;
+  for (int32_t jl = rg; jl < n; jl += kRowGroups) {
+    const int32_t j = j0 + jl;
+    float vf[8];
+    LoadBf16x8(a.pool + a.layout.RowOffset(seq.pages.VPage(lh, j, bs), j % bs) + lane8 * 8, vf);
+#pragma unroll
+    for (int h = 0; h < kMaxGroup; ++h) {
+      if (h < G) {
+        const float p = sc[h * a.chunk + jl];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[h][e] = fmaf(p, vf[e], acc[h][e]);
+      }
+    }
+  }
+  ReduceRowGroups<D>(a, acc, G, sc, r, first_head, split);
+}
+
+// Top-θ between the passes: global max, D_full and the keep threshold per (row, head).
+__global__ void ThresholdKernel(SplitArgs a) {
+  const int64_t r = blockIdx.x;
+  const int32_t head = threadIdx.x;
+  if (head >= a.shape.num_heads) return;
+  const int32_t t = a.row_ids[r];
+  const int32_t L = a.rows[t].pos + 1;
+  const int32_t splits = (L + a.chunk - 1) / a.chunk;
+  float m = -INFINITY;
+  for (int s = 0; s < splits; ++s) m = fmaxf(m, a.ws.part_m[PartIndex(a, r, head, s)]);
+  float d_full = 0.0f;
+  for (int s = 0; s < splits; ++s) {
+    const int64_t p = PartIndex(a, r, head, s);
+    d_full += a.ws.part_l[p] * expf(a.ws.part_m[p] - m);
+  }
+  float thr = -1.0f;  // keeps everything: e > 0 > -1
+  if (L > a.theta.k) {
+    const float theta = a.theta.theta[int64_t(t) * a.shape.num_heads + head];
+    if (!isnan(theta)) thr = a.theta.post_softmax ? theta * d_full : expf(theta - m);
+  }
+  float* st = a.ws.row_stat + (r * a.shape.num_heads + head) * 3;
+  st[0] = m;
+  st[1] = d_full;
+  st[2] = thr;
+}
+
+// Top-θ pass 2 over one split: positions [j0, j0 + chunk) for hit marks and the retained
+// count, and stored V rows [i0, i0 + chunk) (sparse store first, then the tail) for the
+// gather of retained rows.
+template <int D>
+__global__ void __launch_bounds__(kThreads) SplitPass2Kernel(SplitArgs a) {
+  extern __shared__ float smem[];
+  __shared__ float s_m[kMaxGroup], s_thr[kMaxGroup], s_dk[kMaxGroup], s_kc[kMaxGroup];
+  __shared__ unsigned long long s_rows_read, s_retained;
+  const int32_t G = a.shape.num_heads / a.shape.num_kv_heads;
+  const int64_t r = blockIdx.y;
+  const int32_t t = a.row_ids[r];
+  const DevRow row = a.rows[t];
+  const DevSeq& seq = a.seqs[row.seq];
+  const int32_t L = row.pos + 1;
+  const int32_t split = blockIdx.x;
+  const int32_t j0 = split * a.chunk;
+  if (j0 >= L) return;
+  const int32_t g = blockIdx.z;
+  const int32_t first_head = g * G;
+  const int64_t lh = int64_t(a.layer) * a.shape.num_kv_heads + g;
+  if (threadIdx.x < G) {
+    const float* st = a.ws.row_stat + (r * a.shape.num_heads + first_head + threadIdx.x) * 3;
+    s_m[threadIdx.x] = st[0];
+    s_thr[threadIdx.x] = st[2];
+    s_dk[threadIdx.x] = 0.0f;
+    s_kc[threadIdx.x] = 0.0f;
+  }
+  if (threadIdx.x == 0) s_rows_read = s_retained = 0;
+  __syncthreads();
+  const float* srow0 = a.ws.scores + (r * a.shape.num_heads + first_head) * a.ws.score_stride;
+
+  // Positions: any head of the group keeps j -> retained, and the hit mark. Without a
+  // sparse store (tail at 0) stored rows are the positions, and the gather loop below does
+  // this itself: the scores are read once.
+  const int32_t tail = min(seq.pages.v_tail_start, L);
+  int32_t* hits = seq.pages.hits ? seq.pages.hits + lh * seq.pages.hits_stride : nullptr;
+  if (tail > 0) {
+    const int32_t n = min(a.chunk, L - j0);
+    unsigned long long retained = 0;
+    for (int32_t jl = threadIdx.x; jl < n; jl += blockDim.x) {
+      const int32_t j = j0 + jl;
+      bool any = false;
+      for (int h = 0; h < G; ++h) {
+        any |= expf(srow0[h * a.ws.score_stride + j] - s_m[h]) > s_thr[h];
+      }
+      if (any) {
+        ++retained;
+        if (hits) atomicMax(hits + j, row.pos);
+      }
+    }
+    if (retained) atomicAdd(&s_retained, retained);
+  }
+
+  // Stored V rows: the sparse store's rows below the tail, then the tail.
+  const int32_t bs = a.layout.block_size;
+  const int32_t sparse_n = seq.pages.SparseCount(lh);
+  const int32_t* sparse_pos =
+      sparse_n ? seq.pages.v_sparse_pos + lh * seq.pages.sparse_pos_stride : nullptr;
+  int32_t lo = 0, hi = sparse_n;  // sparse rows with position < tail
+  while (lo < hi) {
+    const int32_t mid = (lo + hi) / 2;
+    if (sparse_pos[mid] < tail) lo = mid + 1; else hi = mid;
+  }
+  const int32_t sparse_vis = lo;
+  const int32_t stored = sparse_vis + (L - tail);
+  const int32_t i0 = split * a.chunk;
+  const int32_t ni = max(0, min(a.chunk, stored - i0));
+
+  constexpr int kRowGroups = kThreads / (D / 8);
+  const int rg = threadIdx.x / (D / 8), lane8 = threadIdx.x % (D / 8);
+  float acc[kMaxGroup][8];
+  float dk[kMaxGroup], kc[kMaxGroup];
+#pragma unroll
+  for (int h = 0; h < kMaxGroup; ++h) {
+    dk[h] = kc[h] = 0.0f;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc[h][e] = 0.0f;
+  }
+  unsigned long long rows_read = 0;
+  for (int32_t il = rg; il < ni; il += kRowGroups) {
+    const int32_t i = i0 + il;
+    int32_t j, page, slot;
+    if (i < sparse_vis) {
+      j = sparse_pos[i];
+      page = seq.pages.v_sparse_pages[lh * seq.pages.sparse_stride + i / bs];
+      slot = i % bs;
+    } else {
+      j = tail + (i - sparse_vis);
+      page = seq.pages.VPage(lh, j, bs);
+      slot = j % bs;
+    }
+    float ev[kMaxGroup];
+    bool any = false;
+#pragma unroll
+    for (int h = 0; h < kMaxGroup; ++h) {
+      ev[h] = 0.0f;
+      if (h < G) {
+        const float e = expf(srow0[h * a.ws.score_stride + j] - s_m[h]);
+        if (e > s_thr[h]) {
+          ev[h] = e;
+          any = true;
+        }
+      }
+    }
+    if (!any) continue;
+    float vf[8];
+    LoadBf16x8(a.pool + a.layout.RowOffset(page, slot) + lane8 * 8, vf);
+#pragma unroll
+    for (int h = 0; h < kMaxGroup; ++h) {
+      if (h < G && ev[h] > 0.0f) {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[h][e] = fmaf(ev[h], vf[e], acc[h][e]);
+      }
+    }
+    if (lane8 == 0) {
+      ++rows_read;
+      if (tail == 0 && hits) atomicMax(hits + j, row.pos);
+#pragma unroll
+      for (int h = 0; h < kMaxGroup; ++h) {
+        if (h < G && ev[h] > 0.0f) {
+          dk[h] += ev[h];
+          kc[h] += 1.0f;
+        }
+      }
+    }
+  }
+  if (lane8 == 0) {
+#pragma unroll
+    for (int h = 0; h < kMaxGroup; ++h) {
+      if (h < G && kc[h] > 0.0f) {
+        atomicAdd(&s_dk[h], dk[h]);
+        atomicAdd(&s_kc[h], kc[h]);
+      }
+    }
+    if (rows_read) atomicAdd(&s_rows_read, rows_read);
+  }
+  ReduceRowGroups<D>(a, acc, G, smem, r, first_head, split);  // syncs first
+  if (threadIdx.x < G) {
+    const int64_t p = PartIndex(a, r, first_head + threadIdx.x, split);
+    a.ws.part_l[p] = s_dk[threadIdx.x];
+    a.ws.part_n[p] = s_kc[threadIdx.x];
+  }
+  if (threadIdx.x == 0) {
+    if (s_rows_read) atomicAdd(a.theta.counters + 0, s_rows_read);
+    const unsigned long long retained = tail > 0 ? s_retained : s_rows_read;
+    if (retained) atomicAdd(a.theta.counters + 2, retained);
+  }
+}
+
+// Dense reduction over splits: one block of D threads per (row, head).
+template <int D>
+__global__ void DenseCombineKernel(SplitArgs a) {
+  const int64_t r = blockIdx.x;
+  const int32_t head = blockIdx.y;
+  const int32_t t = a.row_ids[r];
+  const int32_t L = a.rows[t].pos + 1;
+  const int32_t splits = (L + a.chunk - 1) / a.chunk;
+  float m = -INFINITY;
+  for (int s = 0; s < splits; ++s) m = fmaxf(m, a.ws.part_m[PartIndex(a, r, head, s)]);
+  float l = 0.0f, o = 0.0f;
+  for (int s = 0; s < splits; ++s) {
+    const int64_t p = PartIndex(a, r, head, s);
+    const float w = expf(a.ws.part_m[p] - m);
+    l += a.ws.part_l[p] * w;
+    o += a.ws.part_o[p * D + threadIdx.x] * w;
+  }
+  a.o[int64_t(t) * a.shape.num_heads * D + int64_t(head) * D + threadIdx.x] = o / l;
+}
+
+// Top-θ reduction: Σ over splits of the gathered rows, then SDC and VMC.
+template <int D>
+__global__ void ThetaCombineKernel(SplitArgs a) {
+  const int64_t r = blockIdx.x;
+  const int32_t head = blockIdx.y;
+  const int32_t t = a.row_ids[r];
+  const int32_t L = a.rows[t].pos + 1;
+  const int32_t splits = (L + a.chunk - 1) / a.chunk;
+  const float* st = a.ws.row_stat + (r * a.shape.num_heads + head) * 3;
+  const float d_full = st[1], thr = st[2];
+  float o = 0.0f, d_kept = 0.0f, kept = 0.0f;
+  for (int s = 0; s < splits; ++s) {
+    const int64_t p = PartIndex(a, r, head, s);
+    o += a.ws.part_o[p * D + threadIdx.x];
+    d_kept += a.ws.part_l[p];
+    kept += a.ws.part_n[p];
+  }
+  float denom = d_kept;
+  switch (a.theta.sdc) {
+    case SdcMode::kNone: break;
+    case SdcMode::kExact: denom = d_full; break;
+    case SdcMode::kExpThreshold:
+      if (thr > 0) denom = d_kept + (float(L) - kept) * thr;
+      break;
+    case SdcMode::kOffline:
+      if (thr > 0) denom = d_kept * (1.0f + a.theta.sdc_ratio[int64_t(t) * a.shape.num_heads + head]);
+      break;
+  }
+  const int32_t G = a.shape.num_heads / a.shape.num_kv_heads;
+  const float* vsum = a.theta.vsum_rows && a.theta.vmc
+                          ? a.theta.vsum_rows + int64_t(t) * a.shape.num_kv_heads * D +
+                                int64_t(head / G) * D
+                          : nullptr;
+  const float inv_L = 1.0f / float(L);
+  float out = 0.0f;
+  if (denom > 0) {
+    out = o * (1.0f / denom);
+    if (vsum) {
+      const float missing = fmaxf(0.0f, 1.0f - d_kept / denom);
+      if (missing > 0) out = fmaf(missing * inv_L, vsum[threadIdx.x], out);
+    }
+  } else if (vsum) {
+    out = vsum[threadIdx.x] * inv_L;
+  }
+  a.o[int64_t(t) * a.shape.num_heads * D + int64_t(head) * D + threadIdx.x] = out;
+  if (threadIdx.x == 0) atomicAdd(a.theta.counters + 1, (unsigned long long)(kept));
+}
+
+// ---- Prefill ----
+
+constexpr int kTileRows = 32;  // query rows (token × head) per block
+constexpr int kKeyTile = 32;   // keys per step
+constexpr int kRowsPerWarp = kTileRows / 4;
+
+struct PrefillArgs {
+  const PrefillTile* tiles;
+  const DevSeq* seqs;
+  AttnShape shape;
+  int32_t layer;
+  const float* q;
+  int64_t q_stride;
+  KvPoolLayout layout;
+  const uint16_t* pool;
+  float* o;
+};
+
+template <int D>
+__global__ void __launch_bounds__(128) PrefillKernel(PrefillArgs a) {
+  constexpr int kPerLane = D / 32;
+  __shared__ float qs[kTileRows][D];
+  __shared__ float ks[kKeyTile][D + 1];
+  __shared__ __align__(16) uint16_t vs[kKeyTile][D];  // bf16: keeps D = 128 under 48 KB
+  const PrefillTile tile = a.tiles[blockIdx.x];
+  const DevSeq& seq = a.seqs[tile.seq];
+  const int32_t G = a.shape.num_heads / a.shape.num_kv_heads;
+  const int32_t g = blockIdx.y;
+  const int64_t lh = int64_t(a.layer) * a.shape.num_kv_heads + g;
+  const int32_t rows = tile.ntok * G;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+
+  for (int i = threadIdx.x; i < kTileRows * D; i += blockDim.x) {
+    const int rr = i / D, c = i % D;
+    float v = 0.0f;
+    if (rr < rows) {
+      const int64_t t = seq.token_offset + tile.tok0 + rr / G;
+      v = a.q[t * a.q_stride + int64_t(g * G + rr % G) * D + c] * a.shape.scale;
+    }
+    qs[rr][c] = v;
+  }
+  float m[kRowsPerWarp], l[kRowsPerWarp], acc[kRowsPerWarp][kPerLane];
+#pragma unroll
+  for (int k = 0; k < kRowsPerWarp; ++k) {
+    m[k] = -INFINITY;
+    l[k] = 0.0f;
+#pragma unroll
+    for (int e = 0; e < kPerLane; ++e) acc[k][e] = 0.0f;
+  }
+  const int32_t first_pos = seq.start_pos + tile.tok0;
+  const int32_t last_pos = first_pos + tile.ntok - 1;
+  const int32_t bs = a.layout.block_size;
+  for (int32_t j0 = 0; j0 <= last_pos; j0 += kKeyTile) {
+    __syncthreads();
+    for (int i = threadIdx.x; i < kKeyTile * (D / 8); i += blockDim.x) {
+      const int jj = i / (D / 8), c = (i % (D / 8)) * 8;
+      const int32_t j = j0 + jj;
+      float kf[8] = {};
+      uint4 vraw = make_uint4(0, 0, 0, 0);
+      if (j <= last_pos) {
+        LoadBf16x8(a.pool + a.layout.RowOffset(seq.pages.KPage(lh, j, bs), j % bs) + c, kf);
+        vraw = *reinterpret_cast<const uint4*>(
+            a.pool + a.layout.RowOffset(seq.pages.VPage(lh, j, bs), j % bs) + c);
+      }
+#pragma unroll
+      for (int e = 0; e < 8; ++e) ks[jj][c + e] = kf[e];
+      *reinterpret_cast<uint4*>(&vs[jj][c]) = vraw;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int k = 0; k < kRowsPerWarp; ++k) {
+      const int rr = warp + 4 * k;
+      if (rr >= rows) continue;  // uniform across the warp
+      const int32_t pos = first_pos + rr / G;
+      if (j0 > pos) continue;
+      const int32_t j = j0 + lane;
+      float s = -INFINITY;
+      if (j <= pos) {
+        s = 0.0f;
+#pragma unroll 16
+        for (int c = 0; c < D; ++c) s = fmaf(qs[rr][c], ks[lane][c], s);
+      }
+      const float m_new = fmaxf(m[k], WarpMax(s));
+      const float p = j <= pos ? expf(s - m_new) : 0.0f;
+      const float corr = expf(m[k] - m_new);  // 0 on the first tile (m = -inf)
+      l[k] = l[k] * corr + WarpSum(p);
+#pragma unroll
+      for (int e = 0; e < kPerLane; ++e) acc[k][e] *= corr;
+#pragma unroll 8
+      for (int jj = 0; jj < kKeyTile; ++jj) {
+        const float pj = __shfl_sync(0xffffffffu, p, jj);
+#pragma unroll
+        for (int e = 0; e < kPerLane; ++e) acc[k][e] = fmaf(pj, Bf16ToF32(vs[jj][lane + 32 * e]), acc[k][e]);
+      }
+      m[k] = m_new;
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < kRowsPerWarp; ++k) {
+    const int rr = warp + 4 * k;
+    if (rr >= rows) continue;
+    const int64_t t = seq.token_offset + tile.tok0 + rr / G;
+    float* out = a.o + t * int64_t(a.shape.num_heads) * D + int64_t(g * G + rr % G) * D;
+#pragma unroll
+    for (int e = 0; e < kPerLane; ++e) out[lane + 32 * e] = acc[k][e] / l[k];
+  }
+}
+
+size_t SplitSmemBytes(int D, int G, int chunk) {
+  const int row_groups = kThreads / (D / 8);
+  const size_t scores = size_t(G) * chunk;
+  const size_t reduce = size_t(row_groups) * G * D;
+  return (size_t(G) * D + std::max(scores, reduce)) * sizeof(float);
+}
+
+template <int D>
+cudaError_t RunSplit(const SplitArgs& a, int32_t num_rows, const SplitPlan& plan,
+                     cudaStream_t stream) {
+  const int32_t G = a.shape.num_heads / a.shape.num_kv_heads;
+  const size_t smem = SplitSmemBytes(D, G, plan.chunk);
+  static bool configured = false;
+  if (!configured) {
+    cudaError_t e = cudaFuncSetAttribute(SplitPass1Kernel<D>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, 96 * 1024);
+    if (e != cudaSuccess) return e;
+    e = cudaFuncSetAttribute(SplitPass2Kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             96 * 1024);
+    if (e != cudaSuccess) return e;
+    configured = true;
+  }
+  const dim3 grid(plan.max_splits, num_rows, a.shape.num_kv_heads);
+  SplitPass1Kernel<D><<<grid, kThreads, smem, stream>>>(a);
+  if (!a.top_theta) {
+    DenseCombineKernel<D><<<dim3(num_rows, a.shape.num_heads), D, 0, stream>>>(a);
+    return cudaGetLastError();
+  }
+  ThresholdKernel<<<num_rows, ((a.shape.num_heads + 31) / 32) * 32, 0, stream>>>(a);
+  SplitPass2Kernel<D><<<grid, kThreads, smem, stream>>>(a);
+  ThetaCombineKernel<D><<<dim3(num_rows, a.shape.num_heads), D, 0, stream>>>(a);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+SplitPlan PlanSplits(int64_t num_rows, int32_t num_kv_heads, int64_t max_len, int num_sms) {
+  SplitPlan plan;
+  const int64_t units = std::max<int64_t>(1, num_rows * num_kv_heads);
+  // About four blocks per multiprocessor; chunks of 64..1024 keys.
+  const int64_t want_splits = std::max<int64_t>(1, (4 * int64_t(num_sms) + units - 1) / units);
+  int64_t chunk = (max_len + want_splits - 1) / want_splits;
+  chunk = std::clamp<int64_t>((chunk + 63) / 64 * 64, 64, 1024);
+  plan.chunk = static_cast<int32_t>(chunk);
+  plan.max_splits = static_cast<int32_t>(std::max<int64_t>(1, (max_len + chunk - 1) / chunk));
+  return plan;
+}
+
+int32_t PrefillTileTokens(int32_t group) { return std::max(1, kTileRows / group); }
+
+cudaError_t LaunchSplitAttention(const int32_t* row_ids, int32_t num_rows, const DevRow* rows,
+                                 const DevSeq* seqs, const AttnShape& shape, int32_t layer,
+                                 const float* q, int64_t q_stride, const KvPoolLayout& layout,
+                                 const bf16* pool, const SplitPlan& plan,
+                                 const AttentionWorkspace& ws, const ThetaArgs* theta, float* o,
+                                 cudaStream_t stream) {
+  if (num_rows == 0) return cudaSuccess;
+  if (shape.num_heads / shape.num_kv_heads > kMaxGroup) return cudaErrorInvalidValue;
+  SplitArgs a{row_ids, rows, seqs, shape, layer, q, q_stride, layout, pool, plan.chunk, ws,
+              theta ? *theta : ThetaArgs{}, theta != nullptr, o};
+  switch (shape.head_dim) {
+    case 64: return RunSplit<64>(a, num_rows, plan, stream);
+    case 128: return RunSplit<128>(a, num_rows, plan, stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+cudaError_t LaunchPrefillAttention(const PrefillTile* tiles, int32_t num_tiles,
+                                   const DevSeq* seqs, const AttnShape& shape, int32_t layer,
+                                   const float* q, int64_t q_stride, const KvPoolLayout& layout,
+                                   const bf16* pool, float* o, cudaStream_t stream) {
+  if (num_tiles == 0) return cudaSuccess;
+  if (shape.num_heads / shape.num_kv_heads > kTileRows) return cudaErrorInvalidValue;
+  PrefillArgs a{tiles, seqs, shape, layer, q, q_stride, layout, pool, o};
+  const dim3 grid(num_tiles, shape.num_kv_heads);
+  switch (shape.head_dim) {
+    case 64: PrefillKernel<64><<<grid, 128, 0, stream>>>(a); break;
+    case 128: PrefillKernel<128><<<grid, 128, 0, stream>>>(a); break;
+    default: return cudaErrorInvalidValue;
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace thetaserve::kernels::cuda

@@ -1,0 +1,181 @@
+#include "kernels/cuda/cuda_attention.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+namespace thetaserve::kernels::cuda {
+namespace {
+
+size_t Align(size_t n) { return (n + 255) / 256 * 256; }
+
+}  // namespace
+
+absl::Status CudaAttention::Prepare(const ForwardBatch& batch, const DeviceBatch& db,
+                                    const AttnShape& shape, int32_t num_layers,
+                                    const TopThetaConfig& config, cudaStream_t stream) {
+  shape_ = shape;
+  num_layers_ = num_layers;
+  config_ = config;
+  if (config.active() && (config.top_k || config.recorder)) {
+    return absl::UnimplementedError(
+        "exact top-k attention and calibration run on the CPU backend (--device cpu)");
+  }
+  const int32_t group = shape.num_heads / shape.num_kv_heads;
+  const std::vector<DevRow>& rows = db.host_rows();
+  num_rows_ = static_cast<int64_t>(rows.size());
+  std::vector<int32_t> row_ids;
+  std::vector<PrefillTile> tiles;
+  int64_t split_max_len = 1;
+  sum_len_ = 0;
+  for (const DevRow& r : rows) sum_len_ += r.pos + 1;
+  const int32_t tile_tokens = PrefillTileTokens(group);
+  for (int32_t s = 0; s < static_cast<int32_t>(batch.seqs.size()); ++s) {
+    const SeqChunk& c = batch.seqs[s];
+    if (config.active() || c.num_tokens == 1) {
+      for (int32_t i = 0; i < c.num_tokens; ++i) {
+        row_ids.push_back(c.token_offset + i);
+        split_max_len = std::max<int64_t>(split_max_len, c.start_pos + i + 1);
+      }
+    } else {
+      for (int32_t i = 0; i < c.num_tokens; i += tile_tokens) {
+        tiles.push_back({s, i, std::min(tile_tokens, c.num_tokens - i)});
+      }
+    }
+  }
+  num_split_rows_ = static_cast<int32_t>(row_ids.size());
+  num_tiles_ = static_cast<int32_t>(tiles.size());
+  plan_ = PlanSplits(num_split_rows_, shape.num_kv_heads, split_max_len, num_sms_);
+
+  // Inputs: row ids, tiles, θ and SDC ratios, counters.
+  const int64_t T = num_rows_;
+  const int64_t H = shape.num_heads;
+  const bool theta = config.active();
+  const bool offline = theta && config.sdc == SdcMode::kOffline;
+  const size_t ids_bytes = Align(row_ids.size() * sizeof(int32_t));
+  const size_t tiles_bytes = Align(tiles.size() * sizeof(PrefillTile));
+  const size_t theta_bytes = theta ? Align(size_t(num_layers) * T * H * sizeof(float)) : 0;
+  const size_t ratio_bytes = offline ? theta_bytes : 0;
+  const size_t counter_bytes = Align(size_t(num_layers) * 3 * sizeof(unsigned long long));
+  const size_t total = ids_bytes + tiles_bytes + theta_bytes + ratio_bytes + counter_bytes;
+  if (absl::Status st = staging_.Reserve(total); !st.ok()) return st;
+  if (absl::Status st = inputs_.Reserve(total); !st.ok()) return st;
+  uint8_t* host = staging_.data();
+  uint8_t* dev = inputs_.as<uint8_t>();
+  std::memcpy(host, row_ids.data(), row_ids.size() * sizeof(int32_t));
+  std::memcpy(host + ids_bytes, tiles.data(), tiles.size() * sizeof(PrefillTile));
+  size_t off = ids_bytes + tiles_bytes;
+  row_ids_ = reinterpret_cast<const int32_t*>(dev);
+  tiles_ = reinterpret_cast<const PrefillTile*>(dev + ids_bytes);
+  theta_ = sdc_ratio_ = nullptr;
+  if (theta) {
+    const model::ThetaTable& table = *config.table;
+    float* th = reinterpret_cast<float*>(host + off);
+    float* ra = offline ? reinterpret_cast<float*>(host + off + theta_bytes) : nullptr;
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    for (int32_t l = 0; l < num_layers; ++l) {
+      const int32_t k = table.k_per_layer[l];
+      for (int64_t t = 0; t < T; ++t) {
+        const int64_t L = rows[t].pos + 1;
+        for (int32_t h = 0; h < H; ++h) {
+          const size_t i = (size_t(l) * T + t) * H + h;
+          th[i] = L > k ? table.Theta(l, h, L) : nan;
+          if (ra) ra[i] = L > k ? table.SdcRatio(l, h, L) : 0.0f;
+        }
+      }
+    }
+    theta_ = reinterpret_cast<const float*>(dev + off);
+    if (offline) sdc_ratio_ = reinterpret_cast<const float*>(dev + off + theta_bytes);
+    off += theta_bytes + ratio_bytes;
+  }
+  std::memset(host + off, 0, counter_bytes);
+  counters_ = reinterpret_cast<unsigned long long*>(dev + off);
+  TS_CUDA_RETURN(cudaMemcpyAsync(dev, host, total, cudaMemcpyHostToDevice, stream));
+
+  // Workspace for the split kernels.
+  const int64_t R = num_split_rows_;
+  const int32_t d = shape.head_dim;
+  const int64_t parts = R * H * plan_.max_splits;
+  const int64_t score_stride = theta ? (split_max_len + 3) / 4 * 4 : 0;
+  const size_t o_bytes = Align(parts * d * sizeof(float));
+  const size_t p_bytes = Align(parts * sizeof(float));
+  const size_t stat_bytes = Align(R * H * 3 * sizeof(float));
+  const size_t score_bytes = Align(size_t(R) * H * score_stride * sizeof(float));
+  if (absl::Status st = workspace_.Reserve(o_bytes + 3 * p_bytes + stat_bytes + score_bytes);
+      !st.ok()) {
+    return st;
+  }
+  uint8_t* w = workspace_.as<uint8_t>();
+  ws_.part_o = reinterpret_cast<float*>(w);
+  ws_.part_m = reinterpret_cast<float*>(w + o_bytes);
+  ws_.part_l = reinterpret_cast<float*>(w + o_bytes + p_bytes);
+  ws_.part_n = reinterpret_cast<float*>(w + o_bytes + 2 * p_bytes);
+  ws_.row_stat = reinterpret_cast<float*>(w + o_bytes + 3 * p_bytes);
+  ws_.scores = reinterpret_cast<float*>(w + o_bytes + 3 * p_bytes + stat_bytes);
+  ws_.score_stride = score_stride;
+  ws_.max_splits = plan_.max_splits;
+  return absl::OkStatus();
+}
+
+absl::Status CudaAttention::Run(int32_t layer, const DeviceBatch& db, const float* q,
+                                int64_t q_stride, const KvPoolLayout& layout, const bf16* pool,
+                                const float* vsum_rows, float* o, cudaStream_t stream) {
+  if (num_split_rows_ > 0) {
+    ThetaArgs args;
+    ThetaArgs* theta = nullptr;
+    if (config_.active()) {
+      const int64_t layer_off = int64_t(layer) * num_rows_ * shape_.num_heads;
+      args.theta = theta_ + layer_off;
+      args.sdc_ratio = sdc_ratio_ ? sdc_ratio_ + layer_off : nullptr;
+      args.k = config_.table->k_per_layer[layer];
+      args.post_softmax = config_.placement() == model::ThetaPlacement::kPostSoftmax;
+      args.sdc = config_.sdc;
+      args.vmc = config_.vmc;
+      args.vsum_rows = vsum_rows;
+      args.counters = counters_ + 3 * layer;
+      theta = &args;
+    }
+    TS_CUDA_RETURN(LaunchSplitAttention(row_ids_, num_split_rows_, db.rows(), db.seqs(), shape_,
+                                        layer, q, q_stride, layout, pool, plan_, ws_, theta, o,
+                                        stream));
+  }
+  if (num_tiles_ > 0) {
+    TS_CUDA_RETURN(LaunchPrefillAttention(tiles_, num_tiles_, db.seqs(), shape_, layer, q,
+                                          q_stride, layout, pool, o, stream));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaAttention::Finish(AttentionStats* stats, cudaStream_t stream) {
+  if (!stats) return absl::OkStatus();
+  if (stats->layer_kept.size() < size_t(num_layers_)) stats->Reset(num_layers_);
+  // Per layer, every (row, KV head) reads L rows densely and has L · group elements.
+  const int64_t dense_rows = sum_len_ * shape_.num_kv_heads;
+  const int64_t dense_elems = sum_len_ * shape_.num_heads;
+  if (config_.active()) {
+    host_counters_.assign(size_t(num_layers_) * 3, 0);
+    TS_CUDA_RETURN(cudaMemcpyAsync(host_counters_.data(), counters_,
+                                   host_counters_.size() * sizeof(unsigned long long),
+                                   cudaMemcpyDeviceToHost, stream));
+    TS_CUDA_RETURN(cudaStreamSynchronize(stream));
+  }
+  for (int32_t l = 0; l < num_layers_; ++l) {
+    int64_t read = dense_rows, kept = dense_elems, evicted = 0;
+    if (config_.active()) {
+      read = static_cast<int64_t>(host_counters_[3 * l]);
+      kept = static_cast<int64_t>(host_counters_[3 * l + 1]);
+      evicted = static_cast<int64_t>(host_counters_[3 * l + 2]) - read;
+    }
+    stats->v_rows_read += read;
+    stats->v_rows_read_dense += dense_rows;
+    stats->elements_kept += kept;
+    stats->elements_dense += dense_elems;
+    stats->retained_but_evicted += evicted;
+    stats->layer_kept[l] += kept;
+    stats->layer_dense[l] += dense_elems;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace thetaserve::kernels::cuda

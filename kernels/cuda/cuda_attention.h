@@ -1,0 +1,60 @@
+// Host side of the GPU attention of one step: which rows take the split (flash-decoding)
+// kernels and which the tiled prefill kernel, the workspace, Top-θ's per-row thresholds, and
+// the counters that become AttentionStats. Used by the CUDA backend and the GPU tests.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "kernels/backend.h"
+#include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/device_batch.h"
+#include "kernels/cuda/device_memory.h"
+
+namespace thetaserve::kernels::cuda {
+
+class CudaAttention {
+ public:
+  explicit CudaAttention(int num_sms) : num_sms_(num_sms) {}
+
+  // Plans the step: dense attention sends single-token (decode) rows to the split kernels
+  // and prefill chunks to the tiled kernel; Top-θ sends every row to the split kernels, with
+  // θ (and the offline SDC ratio) of every layer, row and head computed here from the table.
+  absl::Status Prepare(const ForwardBatch& batch, const DeviceBatch& db, const AttnShape& shape,
+                       int32_t num_layers, const TopThetaConfig& config, cudaStream_t stream);
+
+  // o [T, num_heads·d] = attention of layer `layer` for every row of the step.
+  absl::Status Run(int32_t layer, const DeviceBatch& db, const float* q, int64_t q_stride,
+                   const KvPoolLayout& layout, const bf16* pool, const float* vsum_rows,
+                   float* o, cudaStream_t stream);
+
+  // Adds this step's counters to `stats` (synchronizes the stream when Top-θ counted).
+  absl::Status Finish(AttentionStats* stats, cudaStream_t stream);
+
+  const SplitPlan& plan() const { return plan_; }
+  void set_num_sms(int n) { num_sms_ = n; }
+
+ private:
+  int num_sms_;
+  AttnShape shape_;
+  int32_t num_layers_ = 0;
+  TopThetaConfig config_;
+  SplitPlan plan_;
+  int32_t num_split_rows_ = 0;
+  int32_t num_tiles_ = 0;
+  int64_t sum_len_ = 0;  // Σ over rows of L
+  AttentionWorkspace ws_;
+  const int32_t* row_ids_ = nullptr;
+  const PrefillTile* tiles_ = nullptr;
+  const float* theta_ = nullptr;      // [layers, T, heads]
+  const float* sdc_ratio_ = nullptr;  // [layers, T, heads]
+  unsigned long long* counters_ = nullptr;  // [layers, 3]
+  int64_t num_rows_ = 0;
+  PinnedBuffer staging_;
+  DeviceBuffer inputs_;
+  DeviceBuffer workspace_;
+  std::vector<unsigned long long> host_counters_;
+};
+
+}  // namespace thetaserve::kernels::cuda

@@ -1,0 +1,331 @@
+#include "kernels/cuda/cuda_backend.h"
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+#include "kernels/cpu/ops.h"
+#include "kernels/cuda/cuda_attention.h"
+#include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/device_batch.h"
+#include "kernels/cuda/device_memory.h"
+#include "model/quant.h"
+
+namespace thetaserve::kernels::cuda {
+namespace {
+
+#define TS_CUBLAS_RETURN(expr)                                                          \
+  do {                                                                                  \
+    if (cublasStatus_t ts_st_ = (expr); ts_st_ != CUBLAS_STATUS_SUCCESS)                \
+      return absl::InternalError(absl::StrFormat("cuBLAS error in %s: %s", #expr,       \
+                                                 cublasGetStatusString(ts_st_)));       \
+  } while (0)
+
+// A weight matrix [rows, cols] in bf16 on the device.
+struct DevMatrix {
+  DeviceBuffer buf;
+  const bf16* ptr = nullptr;  // buf's, or another matrix's (tied embeddings)
+  int64_t rows = 0, cols = 0;
+};
+
+// Appends the tensor's rows, dequantized and rounded to bf16, to `out`.
+void AppendBf16Rows(const model::TensorView& t, std::vector<bf16>& out) {
+  const int64_t rows = t.rows(), cols = t.cols();
+  const size_t base = out.size();
+  out.resize(base + size_t(rows) * cols);
+  if (t.dtype == model::DType::kBF16) {
+    std::memcpy(out.data() + base, t.data, size_t(rows) * cols * sizeof(bf16));
+    return;
+  }
+  std::vector<float> row(cols);
+  for (int64_t r = 0; r < rows; ++r) {
+    model::DequantizeRow(t.dtype, t.row(r), row.data(), cols);
+    bf16* dst = out.data() + base + size_t(r) * cols;
+    for (int64_t c = 0; c < cols; ++c) dst[c] = model::FloatToBF16(row[c]);
+  }
+}
+
+absl::Status Upload(const void* src, size_t bytes, DeviceBuffer& dst) {
+  if (absl::Status st = dst.Reserve(bytes); !st.ok()) return st;
+  TS_CUDA_RETURN(cudaMemcpy(dst.get(), src, bytes, cudaMemcpyHostToDevice));
+  return absl::OkStatus();
+}
+
+absl::Status UploadMatrix(std::initializer_list<const model::TensorView*> parts, DevMatrix& m) {
+  std::vector<bf16> host;
+  m.rows = 0;
+  m.cols = (*parts.begin())->cols();
+  for (const model::TensorView* t : parts) {
+    if (t->cols() != m.cols) {
+      return absl::InternalError(absl::StrFormat("tensor %s has %d columns, expected %d",
+                                                 t->name, t->cols(), m.cols));
+    }
+    AppendBf16Rows(*t, host);
+    m.rows += t->rows();
+  }
+  if (absl::Status st = Upload(host.data(), host.size() * sizeof(bf16), m.buf); !st.ok()) {
+    return st;
+  }
+  m.ptr = m.buf.as<bf16>();
+  return absl::OkStatus();
+}
+
+absl::Status UploadF32(const model::TensorView& t, DeviceBuffer& dst) {
+  if (t.dtype != model::DType::kF32) {
+    return absl::InternalError(absl::StrFormat("%s: expected an f32 vector", t.name));
+  }
+  return Upload(t.data, size_t(t.numel()) * sizeof(float), dst);
+}
+
+class CudaBackend : public Backend {
+ public:
+  explicit CudaBackend(const model::Model& model) : Backend(model), attention_(1) {}
+  ~CudaBackend() override {
+    if (cublas_) cublasDestroy(cublas_);
+    if (stream_) cudaStreamDestroy(stream_);
+  }
+
+  absl::Status Init();
+  std::string name() const override { return "cuda"; }
+  int64_t kv_element_bytes() const override { return sizeof(bf16); }
+  absl::Status AllocateKvPool(int64_t num_pages, int32_t block_size) override;
+  absl::Status Forward(const ForwardBatch& batch, float* logits) override;
+  absl::Status CopyKvRows(std::span<const KvRowCopy> copies) override;
+
+ private:
+  struct Layer {
+    DevMatrix wqkv, wo, wgu, wdown;
+    DeviceBuffer bqkv, attn_norm, ffn_norm;
+    bool has_bias = false;
+  };
+  // y [T, w.rows] = x [T, w.cols] · wᵀ (+ y when accumulate).
+  absl::Status Gemm(const bf16* x, int64_t T, const DevMatrix& w, float* y, bool accumulate);
+  absl::Status Reserve(int64_t T, int64_t logit_rows);
+
+  cudaStream_t stream_ = nullptr;
+  cublasHandle_t cublas_ = nullptr;
+  AttnShape shape_;
+  std::vector<Layer> layers_;
+  DevMatrix embed_, output_;
+  DeviceBuffer output_norm_, inv_freq_;
+  DeviceBuffer pool_;
+  DeviceBatch batch_;
+  CudaAttention attention_;
+  // Activations, grown to the largest step.
+  DeviceBuffer x_, hb_, qkv_, attn_, attn_bf_, gu_, act_, vsum_rows_, logits_, logit_rows_;
+  std::vector<int32_t> host_logit_rows_;
+  DeviceBuffer copies_;
+};
+
+absl::Status CudaBackend::Init() {
+  const model::ModelConfig& c = model_->config();
+  const model::ModelWeights& w = model_->weights();
+  if (c.head_dim != 64 && c.head_dim != 128) {
+    return absl::UnimplementedError(absl::StrFormat(
+        "the CUDA attention kernels support head_dim 64 and 128, this model has %d", c.head_dim));
+  }
+  if (c.num_heads % c.num_kv_heads != 0 || c.num_heads / c.num_kv_heads > 8) {
+    return absl::UnimplementedError(absl::StrFormat(
+        "the CUDA attention kernels support up to 8 query heads per KV head (model: %d / %d)",
+        c.num_heads, c.num_kv_heads));
+  }
+  TS_CUDA_RETURN(cudaSetDevice(0));
+  cudaDeviceProp prop;
+  TS_CUDA_RETURN(cudaGetDeviceProperties(&prop, 0));
+  attention_.set_num_sms(prop.multiProcessorCount);
+  TS_CUDA_RETURN(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  TS_CUBLAS_RETURN(cublasCreate(&cublas_));
+  TS_CUBLAS_RETURN(cublasSetStream(cublas_, stream_));
+  shape_ = AttnShape{static_cast<int32_t>(c.num_heads), static_cast<int32_t>(c.num_kv_heads),
+                     static_cast<int32_t>(c.head_dim), 1.0f / std::sqrt(float(c.head_dim))};
+
+  layers_.resize(c.num_layers);
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const model::LayerWeights& lw = w.layers[l];
+    Layer& d = layers_[l];
+    absl::Status st = UploadMatrix({&lw.wq, &lw.wk, &lw.wv}, d.wqkv);
+    if (st.ok()) st = UploadMatrix({&lw.wo}, d.wo);
+    if (st.ok()) st = UploadMatrix({&lw.w_gate, &lw.w_up}, d.wgu);
+    if (st.ok()) st = UploadMatrix({&lw.w_down}, d.wdown);
+    if (st.ok()) st = UploadF32(lw.attn_norm, d.attn_norm);
+    if (st.ok()) st = UploadF32(lw.ffn_norm, d.ffn_norm);
+    if (st.ok() && !lw.bq.empty()) {
+      std::vector<float> bias;
+      for (const model::TensorView* b : {&lw.bq, &lw.bk, &lw.bv}) {
+        const float* p = static_cast<const float*>(b->data);
+        bias.insert(bias.end(), p, p + b->numel());
+      }
+      st = Upload(bias.data(), bias.size() * sizeof(float), d.bqkv);
+      d.has_bias = true;
+    }
+    if (!st.ok()) return st;
+  }
+  if (absl::Status st = UploadMatrix({&w.tok_embeddings}, embed_); !st.ok()) return st;
+  if (w.output.data == w.tok_embeddings.data) {
+    output_.ptr = embed_.ptr;  // tied
+    output_.rows = embed_.rows;
+    output_.cols = embed_.cols;
+  } else if (absl::Status st = UploadMatrix({&w.output}, output_); !st.ok()) {
+    return st;
+  }
+  if (absl::Status st = UploadF32(w.output_norm, output_norm_); !st.ok()) return st;
+  const cpu::Rope rope(c);
+  return Upload(rope.inv_freq().data(), rope.inv_freq().size() * sizeof(float), inv_freq_);
+}
+
+absl::Status CudaBackend::AllocateKvPool(int64_t num_pages, int32_t block_size) {
+  const auto& c = model_->config();
+  if (num_pages <= 0 || block_size <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("KV pool needs pages > 0 and block size > 0 (got %d pages of %d rows)",
+                        num_pages, block_size));
+  }
+  kv_layout_ = KvPoolLayout{block_size, static_cast<int32_t>(c.head_dim), num_pages};
+  const size_t bytes = size_t(num_pages) * kv_layout_.PageElems() * sizeof(bf16);
+  pool_ = DeviceBuffer();
+  if (absl::Status st = pool_.Reserve(bytes); !st.ok()) return st;
+  TS_CUDA_RETURN(cudaMemset(pool_.get(), 0, bytes));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::CopyKvRows(std::span<const KvRowCopy> copies) {
+  if (copies.empty()) return absl::OkStatus();
+  for (const KvRowCopy& c : copies) {
+    if (c.src_page < 0 || c.dst_page < 0 || c.src_page >= kv_layout_.num_pages ||
+        c.dst_page >= kv_layout_.num_pages) {
+      return absl::InternalError(absl::StrFormat("KV row copy with page out of range (%d -> %d)",
+                                                 c.src_page, c.dst_page));
+    }
+  }
+  const size_t bytes = copies.size() * sizeof(KvRowCopy);
+  if (absl::Status st = copies_.Reserve(bytes); !st.ok()) return st;
+  TS_CUDA_RETURN(cudaMemcpyAsync(copies_.get(), copies.data(), bytes, cudaMemcpyHostToDevice,
+                                 stream_));
+  TS_CUDA_RETURN(LaunchCopyKvRows(copies_.as<KvRowCopy>(), static_cast<int32_t>(copies.size()),
+                                  kv_layout_, pool_.as<bf16>(), stream_));
+  TS_CUDA_RETURN(cudaStreamSynchronize(stream_));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::Gemm(const bf16* x, int64_t T, const DevMatrix& w, float* y,
+                               bool accumulate) {
+  const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+  // Row-major y[T, N] = x[T, K] · W[N, K]ᵀ is column-major yᵀ[N, T] = W[K, N]ᵀ · xᵀ[K, T].
+  TS_CUBLAS_RETURN(cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, int(w.rows), int(T),
+                                int(w.cols), &alpha, w.ptr, CUDA_R_16BF, int(w.cols), x,
+                                CUDA_R_16BF, int(w.cols), &beta, y, CUDA_R_32F, int(w.rows),
+                                CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::Reserve(int64_t T, int64_t logit_rows) {
+  const auto& c = model_->config();
+  const int64_t qkv_dim = c.q_dim() + 2 * c.kv_dim();
+  absl::Status st = x_.Reserve(T * c.hidden_size * sizeof(float));
+  if (st.ok()) st = hb_.Reserve(T * c.hidden_size * sizeof(bf16));
+  if (st.ok()) st = qkv_.Reserve(T * qkv_dim * sizeof(float));
+  if (st.ok()) st = attn_.Reserve(T * c.q_dim() * sizeof(float));
+  if (st.ok()) st = attn_bf_.Reserve(T * c.q_dim() * sizeof(bf16));
+  if (st.ok()) st = gu_.Reserve(T * 2 * c.intermediate_size * sizeof(float));
+  if (st.ok()) st = act_.Reserve(T * c.intermediate_size * sizeof(bf16));
+  if (st.ok()) st = vsum_rows_.Reserve(T * c.kv_dim() * sizeof(float));
+  if (st.ok()) st = logits_.Reserve(std::max<int64_t>(1, logit_rows) * c.vocab_size * sizeof(float));
+  if (st.ok()) st = logit_rows_.Reserve(std::max<int64_t>(1, logit_rows) * sizeof(int32_t));
+  return st;
+}
+
+absl::Status CudaBackend::Forward(const ForwardBatch& batch, float* logits) {
+  const model::ModelConfig& c = model_->config();
+  const int64_t T = static_cast<int64_t>(batch.tokens.size());
+  if (T == 0) return absl::OkStatus();
+  if (pool_.get() == nullptr) return absl::FailedPreconditionError("KV pool not allocated");
+  for (int32_t tok : batch.tokens) {
+    if (tok < 0 || tok >= c.vocab_size) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("token id %d outside the vocabulary [0, %d)", tok, c.vocab_size));
+    }
+  }
+  // Rows whose logits are wanted, in sequence order.
+  host_logit_rows_.clear();
+  for (const SeqChunk& seq : batch.seqs) {
+    if (batch.all_logits) {
+      for (int32_t i = 0; i < seq.num_tokens; ++i) host_logit_rows_.push_back(seq.token_offset + i);
+    } else if (seq.want_logits && seq.num_tokens > 0) {
+      host_logit_rows_.push_back(seq.token_offset + seq.num_tokens - 1);
+    }
+  }
+  const int64_t R = static_cast<int64_t>(host_logit_rows_.size());
+  if (absl::Status st = Reserve(T, R); !st.ok()) return st;
+  const int32_t tables = static_cast<int32_t>(c.num_layers * c.num_kv_heads);
+  if (absl::Status st = batch_.Upload(batch, tables, c.head_dim, stream_); !st.ok()) return st;
+  if (absl::Status st = attention_.Prepare(batch, batch_, shape_, c.num_layers, top_theta_,
+                                           stream_);
+      !st.ok()) {
+    return st;
+  }
+  const int64_t hidden = c.hidden_size;
+  const int64_t qkv_dim = c.q_dim() + 2 * c.kv_dim();
+  const float eps = c.rms_norm_eps;
+  float* x = x_.as<float>();
+  bf16* hb = hb_.as<bf16>();
+  float* qkv = qkv_.as<float>();
+  bf16* pool = pool_.as<bf16>();
+  const bool vmc_rows = top_theta_.active() && top_theta_.vmc && batch_.any_vsum();
+
+  TS_CUDA_RETURN(LaunchEmbed(embed_.ptr, batch_.tokens(), T, hidden, x, stream_));
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const Layer& L = layers_[l];
+    const int32_t layer = static_cast<int32_t>(l);
+    TS_CUDA_RETURN(LaunchRmsNormBf16(x, nullptr, L.attn_norm.as<float>(), T, hidden, eps, hb, stream_));
+    if (absl::Status st = Gemm(hb, T, L.wqkv, qkv, false); !st.ok()) return st;
+    TS_CUDA_RETURN(LaunchRopeWriteKv(qkv, L.has_bias ? L.bqkv.as<float>() : nullptr,
+                                     batch_.rows(), batch_.seqs(), T, shape_, layer,
+                                     inv_freq_.as<float>(), c.rope_interleaved, kv_layout_, pool,
+                                     stream_));
+    if (batch_.any_vsum()) {
+      TS_CUDA_RETURN(LaunchVSum(qkv, batch_.seqs(), batch_.num_seqs(), shape_, layer,
+                                vmc_rows ? vsum_rows_.as<float>() : nullptr, stream_));
+    }
+    if (absl::Status st = attention_.Run(layer, batch_, qkv, qkv_dim, kv_layout_, pool,
+                                         vmc_rows ? vsum_rows_.as<float>() : nullptr,
+                                         attn_.as<float>(), stream_);
+        !st.ok()) {
+      return st;
+    }
+    TS_CUDA_RETURN(LaunchF32ToBf16(attn_.as<float>(), T * c.q_dim(), attn_bf_.as<bf16>(), stream_));
+    if (absl::Status st = Gemm(attn_bf_.as<bf16>(), T, L.wo, x, true); !st.ok()) return st;
+    TS_CUDA_RETURN(LaunchRmsNormBf16(x, nullptr, L.ffn_norm.as<float>(), T, hidden, eps, hb, stream_));
+    if (absl::Status st = Gemm(hb, T, L.wgu, gu_.as<float>(), false); !st.ok()) return st;
+    TS_CUDA_RETURN(LaunchSiluMul(gu_.as<float>(), T, c.intermediate_size, act_.as<bf16>(), stream_));
+    if (absl::Status st = Gemm(act_.as<bf16>(), T, L.wdown, x, true); !st.ok()) return st;
+  }
+  if (R > 0) {
+    TS_CUDA_RETURN(cudaMemcpyAsync(logit_rows_.get(), host_logit_rows_.data(), R * sizeof(int32_t),
+                                   cudaMemcpyHostToDevice, stream_));
+    TS_CUDA_RETURN(LaunchRmsNormBf16(x, logit_rows_.as<int32_t>(), output_norm_.as<float>(), R,
+                                     hidden, eps, hb, stream_));
+    if (absl::Status st = Gemm(hb, R, output_, logits_.as<float>(), false); !st.ok()) return st;
+    TS_CUDA_RETURN(cudaMemcpyAsync(logits, logits_.get(), R * c.vocab_size * sizeof(float),
+                                   cudaMemcpyDeviceToHost, stream_));
+  }
+  if (absl::Status st = batch_.Download(stream_); !st.ok()) return st;  // synchronizes
+  TS_CUDA_RETURN(cudaGetLastError());
+  return attention_.Finish(batch.stats, stream_);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const model::Model& model) {
+  if (DeviceCount() == 0) {
+    return absl::UnavailableError("no CUDA device is visible; use --device cpu");
+  }
+  auto backend = std::make_unique<CudaBackend>(model);
+  if (absl::Status st = backend->Init(); !st.ok()) return st;
+  return std::unique_ptr<Backend>(std::move(backend));
+}
+
+}  // namespace thetaserve::kernels::cuda

@@ -1,0 +1,140 @@
+// Host-side launchers of the CUDA kernels. Plain C++ (no CUDA syntax) so the backend and the
+// GPU tests, compiled by the host compiler, can call them. Every pointer is device memory;
+// every launcher enqueues on `stream` and returns the launch error (cudaSuccess when queued).
+// KV pages and GEMM operands are bf16, stored here as uint16_t bit patterns.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+#include "kernels/paged_kv.h"
+#include "kernels/top_theta.h"
+
+namespace thetaserve::kernels::cuda {
+
+using bf16 = uint16_t;
+
+// One sequence of a step, as the kernels see it: the SeqChunk fields with device page tables.
+struct DevSeq {
+  int32_t token_offset = 0;
+  int32_t num_tokens = 0;
+  int32_t start_pos = 0;
+  SeqPageTables pages;  // device pointers (v_sum, hits: device copies)
+};
+
+// One token row of a step: its sequence and position.
+struct DevRow {
+  int32_t seq = 0;
+  int32_t pos = 0;
+};
+
+struct AttnShape {
+  int32_t num_heads = 0;
+  int32_t num_kv_heads = 0;
+  int32_t head_dim = 0;  // 64 or 128
+  float scale = 1.0f;
+};
+
+// out[t] = table[tokens[t]] (bf16 -> f32).
+cudaError_t LaunchEmbed(const bf16* table, const int32_t* tokens, int64_t T, int64_t hidden,
+                        float* out, cudaStream_t stream);
+
+// y[t] = x[t] / rms(x[t]) * w; `rows` (optional) picks the input rows: y[i] from x[rows[i]].
+cudaError_t LaunchRmsNormBf16(const float* x, const int32_t* rows, const float* w, int64_t T,
+                              int64_t n, float eps, bf16* y, cudaStream_t stream);
+cudaError_t LaunchRmsNormF32(const float* x, const int32_t* rows, const float* w, int64_t T,
+                             int64_t n, float eps, float* y, cudaStream_t stream);
+
+// out[t, i] = silu(gu[t, i]) * gu[t, inter + i] (gate and up side by side).
+cudaError_t LaunchSiluMul(const float* gu, int64_t T, int64_t inter, bf16* out,
+                          cudaStream_t stream);
+
+cudaError_t LaunchF32ToBf16(const float* x, int64_t n, bf16* y, cudaStream_t stream);
+
+// qkv rows hold [q (num_heads·d) | k (num_kv_heads·d) | v (num_kv_heads·d)] in f32. Adds the
+// bias (optional), rotates q and k at each row's position (inv_freq: [d/2]; pairs (2i, 2i+1)
+// when interleaved, else (i, i + d/2)), writes K and V of `layer` into their pages as bf16.
+// q and k are rotated in place; v stays as computed.
+cudaError_t LaunchRopeWriteKv(float* qkv, const float* bias, const DevRow* rows,
+                              const DevSeq* seqs, int64_t T, const AttnShape& shape,
+                              int32_t layer, const float* inv_freq, bool interleaved,
+                              const KvPoolLayout& layout, bf16* pool, cudaStream_t stream);
+
+// VMC's running V sums: adds each new V row (in token order within each sequence) to its
+// sequence's v_sum and writes each row's sum including itself to vsum_rows [T, kv_dim].
+// Sequences without v_sum get nothing.
+cudaError_t LaunchVSum(const float* qkv, const DevSeq* seqs, int32_t num_seqs,
+                       const AttnShape& shape, int32_t layer, float* vsum_rows,
+                       cudaStream_t stream);
+
+// Copies KV rows in order (later copies may read what earlier ones wrote).
+cudaError_t LaunchCopyKvRows(const KvRowCopy* copies, int32_t n, const KvPoolLayout& layout,
+                             bf16* pool, cudaStream_t stream);
+
+// Fills n bf16 values with approximately N(0, scale²) noise from a counter-based hash of
+// (seed, index): benchmarks fill gigabytes of K/V without a host round trip.
+cudaError_t LaunchFillRandomBf16(bf16* p, int64_t n, uint64_t seed, float scale,
+                                 cudaStream_t stream);
+
+// Device arrays the attention kernels need; sized by AttentionWorkspace::Bytes.
+struct AttentionWorkspace {
+  float* part_o = nullptr;    // [rows, heads, max_splits, d]
+  float* part_m = nullptr;    // [rows, heads, max_splits]
+  float* part_l = nullptr;    // [rows, heads, max_splits] (dense: Σe; Top-θ: D_kept)
+  float* part_n = nullptr;    // [rows, heads, max_splits] kept elements (Top-θ)
+  float* row_stat = nullptr;  // [rows, heads, 3] m, D_full, threshold (Top-θ)
+  float* scores = nullptr;    // [rows, heads, score_stride] (Top-θ)
+  int64_t score_stride = 0;
+  int32_t max_splits = 0;
+};
+
+// How a step's attention is split: `chunk` keys per block (a multiple of 64, at most 1024).
+struct SplitPlan {
+  int32_t chunk = 1024;
+  int32_t max_splits = 1;
+};
+SplitPlan PlanSplits(int64_t num_rows, int32_t num_kv_heads, int64_t max_len, int num_sms);
+
+// Top-θ inputs of one layer. θ and the offline SDC ratio per (row, query head), computed by
+// the host from the table at each row's length (NaN θ: keep everything).
+struct ThetaArgs {
+  const float* theta = nullptr;      // [rows, heads]
+  const float* sdc_ratio = nullptr;  // [rows, heads] (offline SDC) or null
+  int32_t k = 0;                     // rows with L <= k are dense
+  bool post_softmax = true;
+  SdcMode sdc = SdcMode::kExact;
+  bool vmc = true;
+  const float* vsum_rows = nullptr;  // [T, kv_dim] (VMC) or null
+  // Counters of this layer: [0] V rows read, [1] elements kept, [2] positions retained by
+  // any head of the group (stored or not).
+  unsigned long long* counters = nullptr;
+};
+
+// Causal paged attention for the rows in `row_ids` (indices into the step's token rows),
+// flash-decoding style: each row's keys are split into plan.chunk-sized pieces, then reduced.
+// Dense when theta is null. q: [T, q_stride] f32 (heads at column 0), o: [T, num_heads·d].
+cudaError_t LaunchSplitAttention(const int32_t* row_ids, int32_t num_rows, const DevRow* rows,
+                                 const DevSeq* seqs, const AttnShape& shape, int32_t layer,
+                                 const float* q, int64_t q_stride, const KvPoolLayout& layout,
+                                 const bf16* pool, const SplitPlan& plan,
+                                 const AttentionWorkspace& ws, const ThetaArgs* theta, float* o,
+                                 cudaStream_t stream);
+
+// One prefill tile: tokens [tok0, tok0 + ntok) of sequence `seq` (indices within its chunk).
+struct PrefillTile {
+  int32_t seq = 0;
+  int32_t tok0 = 0;
+  int32_t ntok = 0;
+};
+// Query tokens per prefill tile for a GQA group size (tiles hold 32 query rows).
+int32_t PrefillTileTokens(int32_t group);
+
+// Dense causal attention for prefill chunks, tiled with an online softmax: each block holds
+// one tile's query rows of one KV head and walks that sequence's K/V pages 32 rows at a time.
+cudaError_t LaunchPrefillAttention(const PrefillTile* tiles, int32_t num_tiles,
+                                   const DevSeq* seqs, const AttnShape& shape, int32_t layer,
+                                   const float* q, int64_t q_stride, const KvPoolLayout& layout,
+                                   const bf16* pool, float* o, cudaStream_t stream);
+
+}  // namespace thetaserve::kernels::cuda

@@ -1,0 +1,91 @@
+// Device memory and error plumbing of the CUDA backend (host side): CUDA errors become
+// absl::Status here and never cross the kernels/ boundary as anything else.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include <cuda_runtime_api.h>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_format.h"
+
+namespace thetaserve::kernels::cuda {
+
+inline absl::Status CudaStatus(cudaError_t e, const char* what) {
+  if (e == cudaSuccess) return absl::OkStatus();
+  return absl::InternalError(
+      absl::StrFormat("CUDA error in %s: %s (%s)", what, cudaGetErrorName(e), cudaGetErrorString(e)));
+}
+
+#define TS_CUDA_RETURN(expr)                                            \
+  do {                                                                  \
+    if (cudaError_t ts_cuda_err_ = (expr); ts_cuda_err_ != cudaSuccess) \
+      return ::thetaserve::kernels::cuda::CudaStatus(ts_cuda_err_, #expr); \
+  } while (0)
+
+// A device allocation that only grows (plain cudaMalloc; contents are not kept on growth).
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  DeviceBuffer(DeviceBuffer&& o) noexcept : ptr_(std::exchange(o.ptr_, nullptr)), bytes_(std::exchange(o.bytes_, 0)) {}
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+    std::swap(ptr_, o.ptr_);
+    std::swap(bytes_, o.bytes_);
+    return *this;
+  }
+  ~DeviceBuffer() { if (ptr_) cudaFree(ptr_); }
+
+  absl::Status Reserve(size_t bytes) {
+    if (bytes <= bytes_) return absl::OkStatus();
+    if (ptr_) cudaFree(ptr_);
+    ptr_ = nullptr;
+    bytes_ = 0;
+    const size_t rounded = (bytes + 255) / 256 * 256;
+    if (cudaError_t e = cudaMalloc(&ptr_, rounded); e != cudaSuccess) {
+      cudaGetLastError();
+      return absl::ResourceExhaustedError(absl::StrFormat(
+          "cudaMalloc of %d bytes failed: %s", rounded, cudaGetErrorString(e)));
+    }
+    bytes_ = rounded;
+    return absl::OkStatus();
+  }
+  template <typename T>
+  T* as() const { return static_cast<T*>(ptr_); }
+  void* get() const { return ptr_; }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// Page-locked host memory that only grows.
+class PinnedBuffer {
+ public:
+  PinnedBuffer() = default;
+  PinnedBuffer(const PinnedBuffer&) = delete;
+  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+  ~PinnedBuffer() { if (ptr_) cudaFreeHost(ptr_); }
+  absl::Status Reserve(size_t bytes) {
+    if (bytes <= bytes_) return absl::OkStatus();
+    if (ptr_) cudaFreeHost(ptr_);
+    ptr_ = nullptr;
+    bytes_ = 0;
+    const size_t rounded = (bytes + 4095) / 4096 * 4096;
+    TS_CUDA_RETURN(cudaMallocHost(&ptr_, rounded));
+    bytes_ = rounded;
+    return absl::OkStatus();
+  }
+  uint8_t* data() const { return static_cast<uint8_t*>(ptr_); }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+}  // namespace thetaserve::kernels::cuda

@@ -1,0 +1,237 @@
+// Elementwise and row kernels of the CUDA forward pass: embedding gather, RMSNorm, SwiGLU,
+// bias + RoPE + paged K/V write, VMC's running V sums, and KV row copies.
+#include <cmath>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/cuda_ops.h"
+
+namespace thetaserve::kernels::cuda {
+namespace {
+
+__global__ void EmbedKernel(const uint16_t* table, const int32_t* tokens, int64_t hidden,
+                            float* out) {
+  const int64_t t = blockIdx.x;
+  const uint16_t* src = table + int64_t(tokens[t]) * hidden;
+  for (int64_t i = threadIdx.x; i < hidden; i += blockDim.x) {
+    out[t * hidden + i] = Bf16ToF32(src[i]);
+  }
+}
+
+template <typename Out>
+__device__ __forceinline__ void Store(Out* p, float v);
+template <>
+__device__ __forceinline__ void Store<float>(float* p, float v) { *p = v; }
+template <>
+__device__ __forceinline__ void Store<uint16_t>(uint16_t* p, float v) { *p = F32ToBf16(v); }
+
+template <typename Out>
+__global__ void RmsNormKernel(const float* x, const int32_t* rows, const float* w, int64_t n,
+                              float eps, Out* y) {
+  __shared__ float scratch[32];
+  const int64_t t = blockIdx.x;
+  const float* xr = x + (rows ? int64_t(rows[t]) : t) * n;
+  float ss = 0.0f;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) ss += xr[i] * xr[i];
+  ss = BlockSum(ss, scratch);
+  const float inv = 1.0f / sqrtf(ss / float(n) + eps);
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) Store(y + t * n + i, xr[i] * inv * w[i]);
+}
+
+__global__ void SiluMulKernel(const float* gu, int64_t T, int64_t inter, uint16_t* out) {
+  const int64_t n = T * inter;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t t = i / inter, c = i % inter;
+    const float g = gu[t * 2 * inter + c];
+    const float u = gu[t * 2 * inter + inter + c];
+    out[i] = F32ToBf16(g / (1.0f + expf(-g)) * u);
+  }
+}
+
+__global__ void F32ToBf16Kernel(const float* x, int64_t n, uint16_t* y) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    y[i] = F32ToBf16(x[i]);
+  }
+}
+
+// One thread per (row, head slot, rotation pair). Head slots: q heads, then k, then v.
+__global__ void RopeWriteKvKernel(float* qkv, const float* bias, const DevRow* rows,
+                                  const DevSeq* seqs, int64_t T, AttnShape shape, int32_t layer,
+                                  const float* inv_freq, bool interleaved, KvPoolLayout layout,
+                                  uint16_t* pool) {
+  const int32_t d = shape.head_dim, half = d / 2;
+  const int32_t slots = shape.num_heads + 2 * shape.num_kv_heads;
+  const int64_t per_row = int64_t(slots) * half;
+  const int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (idx >= T * per_row) return;
+  const int64_t t = idx / per_row;
+  const int32_t slot = int32_t((idx % per_row) / half);
+  const int32_t i = int32_t(idx % half);
+  const int32_t a = interleaved ? 2 * i : i;
+  const int32_t b = interleaved ? 2 * i + 1 : i + half;
+  const int64_t width = int64_t(slots) * d;
+  float* head = qkv + t * width + int64_t(slot) * d;
+  float x0 = head[a], x1 = head[b];
+  if (bias) {
+    x0 += bias[slot * d + a];
+    x1 += bias[slot * d + b];
+  }
+  const DevRow row = rows[t];
+  if (slot < shape.num_heads + shape.num_kv_heads) {
+    // Angles in double, as the CPU reference: positions reach 1e5+.
+    double s, c;
+    sincos(double(row.pos) * double(inv_freq[i]), &s, &c);
+    const float cs = float(c), sn = float(s);
+    const float r0 = x0 * cs - x1 * sn;
+    const float r1 = x0 * sn + x1 * cs;
+    x0 = r0;
+    x1 = r1;
+  }
+  head[a] = x0;
+  head[b] = x1;
+  if (slot < shape.num_heads) return;
+  const DevSeq& seq = seqs[row.seq];
+  const bool is_k = slot < shape.num_heads + shape.num_kv_heads;
+  const int32_t g = is_k ? slot - shape.num_heads : slot - shape.num_heads - shape.num_kv_heads;
+  const int64_t lh = int64_t(layer) * shape.num_kv_heads + g;
+  const int32_t bs = layout.block_size;
+  const int32_t page = is_k ? seq.pages.KPage(lh, row.pos, bs) : seq.pages.VPage(lh, row.pos, bs);
+  uint16_t* dst = pool + layout.RowOffset(page, row.pos % bs);
+  dst[a] = F32ToBf16(x0);
+  dst[b] = F32ToBf16(x1);
+}
+
+// One thread per (sequence, kv head, element): a running sum down the sequence's new rows.
+__global__ void VSumKernel(const float* qkv, const DevSeq* seqs, AttnShape shape, int32_t layer,
+                           float* vsum_rows) {
+  const DevSeq& seq = seqs[blockIdx.x];
+  if (!seq.pages.v_sum) return;
+  const int32_t d = shape.head_dim;
+  const int64_t kv_dim = int64_t(shape.num_kv_heads) * d;
+  const int64_t width = int64_t(shape.num_heads) * d + 2 * kv_dim;
+  const int64_t v_col = int64_t(shape.num_heads) * d + kv_dim;
+  for (int32_t e = threadIdx.x; e < shape.num_kv_heads * d; e += blockDim.x) {
+    const int32_t g = e / d, c = e % d;
+    float* sum = seq.pages.v_sum + (int64_t(layer) * shape.num_kv_heads + g) * d + c;
+    float acc = *sum;
+    for (int32_t i = 0; i < seq.num_tokens; ++i) {
+      const int64_t row = seq.token_offset + i;
+      acc += qkv[row * width + v_col + e];
+      if (vsum_rows) vsum_rows[row * kv_dim + e] = acc;
+    }
+    *sum = acc;
+  }
+}
+
+// One block walks the copies in order; a barrier between copies keeps that order.
+__global__ void CopyKvRowsKernel(const KvRowCopy* copies, int32_t n, KvPoolLayout layout,
+                                 uint16_t* pool) {
+  for (int32_t i = 0; i < n; ++i) {
+    const KvRowCopy c = copies[i];
+    const uint16_t* src = pool + layout.RowOffset(c.src_page, c.src_row);
+    uint16_t* dst = pool + layout.RowOffset(c.dst_page, c.dst_row);
+    uint16_t v = 0;
+    if (threadIdx.x < layout.head_dim) v = src[threadIdx.x];
+    __syncthreads();
+    if (threadIdx.x < layout.head_dim) dst[threadIdx.x] = v;
+    __syncthreads();
+  }
+}
+
+__device__ __forceinline__ uint64_t Mix(uint64_t x) {
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdull;
+  x ^= x >> 33;
+  x *= 0xc4ceb9fe1a85ec53ull;
+  x ^= x >> 33;
+  return x;
+}
+
+__global__ void FillRandomKernel(uint16_t* p, int64_t n, uint64_t seed, float scale) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const uint64_t h = Mix(seed * 0x9e3779b97f4a7c15ull + uint64_t(i));
+    // Box-Muller from two 24-bit uniforms in (0, 1].
+    const float u1 = (float((h >> 40) & 0xffffff) + 1.0f) * (1.0f / 16777216.0f);
+    const float u2 = float((h >> 8) & 0xffffff) * (1.0f / 16777216.0f);
+    p[i] = F32ToBf16(scale * sqrtf(-2.0f * logf(u1)) * cospif(2.0f * u2));
+  }
+}
+
+int GridFor(int64_t n, int threads) {
+  const int64_t blocks = (n + threads - 1) / threads;
+  return int(blocks < 65535 * 16 ? (blocks > 0 ? blocks : 1) : 65535 * 16);
+}
+
+}  // namespace
+
+cudaError_t LaunchEmbed(const bf16* table, const int32_t* tokens, int64_t T, int64_t hidden,
+                        float* out, cudaStream_t stream) {
+  if (T == 0) return cudaSuccess;
+  EmbedKernel<<<T, 256, 0, stream>>>(table, tokens, hidden, out);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchRmsNormBf16(const float* x, const int32_t* rows, const float* w, int64_t T,
+                              int64_t n, float eps, bf16* y, cudaStream_t stream) {
+  if (T == 0) return cudaSuccess;
+  RmsNormKernel<uint16_t><<<T, 256, 0, stream>>>(x, rows, w, n, eps, y);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchRmsNormF32(const float* x, const int32_t* rows, const float* w, int64_t T,
+                             int64_t n, float eps, float* y, cudaStream_t stream) {
+  if (T == 0) return cudaSuccess;
+  RmsNormKernel<float><<<T, 256, 0, stream>>>(x, rows, w, n, eps, y);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchSiluMul(const float* gu, int64_t T, int64_t inter, bf16* out,
+                          cudaStream_t stream) {
+  if (T == 0) return cudaSuccess;
+  SiluMulKernel<<<GridFor(T * inter, 256), 256, 0, stream>>>(gu, T, inter, out);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchF32ToBf16(const float* x, int64_t n, bf16* y, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  F32ToBf16Kernel<<<GridFor(n, 256), 256, 0, stream>>>(x, n, y);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchRopeWriteKv(float* qkv, const float* bias, const DevRow* rows,
+                              const DevSeq* seqs, int64_t T, const AttnShape& shape,
+                              int32_t layer, const float* inv_freq, bool interleaved,
+                              const KvPoolLayout& layout, bf16* pool, cudaStream_t stream) {
+  const int64_t n = T * (shape.num_heads + 2 * shape.num_kv_heads) * (shape.head_dim / 2);
+  if (n == 0) return cudaSuccess;
+  RopeWriteKvKernel<<<(n + 255) / 256, 256, 0, stream>>>(qkv, bias, rows, seqs, T, shape, layer,
+                                                         inv_freq, interleaved, layout, pool);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchVSum(const float* qkv, const DevSeq* seqs, int32_t num_seqs,
+                       const AttnShape& shape, int32_t layer, float* vsum_rows,
+                       cudaStream_t stream) {
+  if (num_seqs == 0) return cudaSuccess;
+  VSumKernel<<<num_seqs, 256, 0, stream>>>(qkv, seqs, shape, layer, vsum_rows);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchFillRandomBf16(bf16* p, int64_t n, uint64_t seed, float scale,
+                                 cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  FillRandomKernel<<<GridFor(n, 256), 256, 0, stream>>>(p, n, seed, scale);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchCopyKvRows(const KvRowCopy* copies, int32_t n, const KvPoolLayout& layout,
+                             bf16* pool, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  const int threads = ((layout.head_dim + 31) / 32) * 32;
+  CopyKvRowsKernel<<<1, threads, 0, stream>>>(copies, n, layout, pool);
+  return cudaGetLastError();
+}
+
+}  // namespace thetaserve::kernels::cuda

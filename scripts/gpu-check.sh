@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# The GPU check, one command (DESIGN.md §9): builds with CUDA, runs the `gpu` tests (every
+# kernel and the whole forward pass against the CPU reference), then the GPU benchmarks
+# (copy bandwidth; decode attention dense vs Top-θ at 1k-128k context and batch 1-64;
+# prefill attention TFLOP/s; end-to-end decode tokens/s on SmolLM2), and prints a short table
+# last. Logs go to $OUT when it is set (else out/gpu-check/). Under 8 minutes on an H200.
+#
+#   scripts/gpu-check.sh                    # configure + build (needs scripts/install-deps.sh)
+#   scripts/gpu-check.sh --prebuilt DIR     # binaries from scripts/gpu-pack.sh (DIR/bin, DIR/lib)
+#   scripts/gpu-check.sh --model FILE --theta FILE   # defaults: models/SmolLM2…gguf, none
+set -uo pipefail
+cd "$(dirname "$0")/.."
+root=$(pwd)
+prebuilt="" model="models/SmolLM2-135M-Instruct.Q4_1.gguf" theta="" quick=0 only_model=0
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --prebuilt) prebuilt=$2; shift 2 ;;
+    --model) model=$2; shift 2 ;;
+    --theta) theta=$2; shift 2 ;;
+    --quick) quick=1; shift ;;
+    --only-model) only_model=1; shift ;;  # just the model's forward test and decode benchmark
+    *) echo "unknown flag $1" >&2; exit 2 ;;
+  esac
+done
+out=${OUT:-$root/out/gpu-check}
+mkdir -p "$out"
+start=$(date +%s)
+stamp() { echo "[gpu-check +$(( $(date +%s) - start ))s] $*"; }
+
+stamp "device"
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem --format=csv 2>&1 | tee "$out/device.txt"
+
+if [ -n "$prebuilt" ]; then
+  bin="$prebuilt/bin"
+  # cuBLAS comes from the machine (the CUDA toolkit or the nvidia-cublas wheel PyTorch uses).
+  cublas=$(ldconfig -p 2>/dev/null | awk '/libcublas.so.13 /{print $NF; exit}')
+  [ -z "$cublas" ] && cublas=$(find /usr/local/cuda*/ /usr/lib /opt /usr/local/lib -name 'libcublas.so.13*' 2>/dev/null | head -1)
+  [ -z "$cublas" ] && cublas=$(python3 -c 'import nvidia, os; print(os.path.dirname(nvidia.__path__[0]))' 2>/dev/null | xargs -I{} find {} -name 'libcublas.so.13*' 2>/dev/null | head -1)
+  stamp "prebuilt binaries in $bin; cuBLAS: ${cublas:-not found}"
+  export LD_LIBRARY_PATH="$root/$prebuilt/lib:${cublas:+$(dirname "$cublas"):}${LD_LIBRARY_PATH:-}"
+  export THETASERVE_SOURCE_DIR="$root"
+  bin="$root/$bin"
+else
+  stamp "configure + build (CUDA, sm_90)"
+  if ! command -v nvcc >/dev/null 2>&1 && [ -x /usr/local/cuda/bin/nvcc ]; then export PATH="/usr/local/cuda/bin:$PATH"; fi
+  cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DTHETASERVE_CUDA=ON >"$out/build.log" 2>&1 &&
+    cmake --build build-gpu -j"$(nproc)" --target gpu_ops_test gpu_attention_test gpu_forward_test \
+      thetaserve_gpu_bench >>"$out/build.log" 2>&1 || { tail -30 "$out/build.log"; exit 1; }
+  bin="$root/build-gpu/tests"
+  cp build-gpu/thetaserve_gpu_bench build-gpu/tests/ 2>/dev/null
+fi
+
+declare -A result
+failed=0
+tests=(gpu_ops_test gpu_attention_test gpu_forward_test)
+filter='*'
+if [ "$only_model" = 1 ]; then tests=(gpu_forward_test); filter='*SmolLM2*'; fi
+for t in "${tests[@]}"; do
+  stamp "test $t"
+  timeout 240 "$bin/$t" --gtest_color=no --gtest_filter="$filter" 2>&1 | tee "$out/$t.log" | grep -E '^\[ +(OK|FAILED|SKIPPED) +\]|^\[ .* \]|Failure|error|THETASERVE_SEED' | head -60
+  rc=${PIPESTATUS[0]}
+  passed=$(grep -c '^\[       OK \]' "$out/$t.log")
+  fails=$(grep -c '^\[  FAILED  \] .* ms)$' "$out/$t.log")
+  skipped=$(grep -c '^\[  SKIPPED \] .* ms)$' "$out/$t.log")
+  result[$t]="rc $rc: $passed passed, $fails failed, $skipped skipped"
+  [ "$rc" -ne 0 ] && failed=1
+done
+
+stamp "benchmarks"
+args=(--model "$model")
+[ -n "$theta" ] && args+=(--theta "$theta")
+[ "$only_model" = 1 ] && args+=(--contexts "" --prefill "")
+[ "$quick" = 1 ] && args+=(--contexts 1024,32768 --batches 1,32 --prefill 4096 --e2e-batches 1,32 --repeats 3)
+timeout 300 "$bin/thetaserve_gpu_bench" "${args[@]}" 2>&1 | tee "$out/gpu-bench.log"
+bench_rc=${PIPESTATUS[0]}
+
+stamp "done"
+echo
+echo "== gpu-check summary ($(head -2 "$out/device.txt" | tail -1)) =="
+for t in "${tests[@]}"; do printf '%-22s %s\n' "$t" "${result[$t]}"; done
+printf '%-22s rc %s\n' "thetaserve_gpu_bench" "$bench_rc"
+sed -n '/^## summary/,$p' "$out/gpu-bench.log" | tail -n +2
+[ "$failed" = 0 ] && [ "$bench_rc" = 0 ]

@@ -1,0 +1,310 @@
+// GPU paged attention against the CPU reference (kernels/cpu/attention.cc): dense decode
+// (flash-decoding splits) and tiled prefill, and Top-θ with every placement, SDC mode and VMC,
+// over a sparse V store with dropped rows; outputs, hit marks and counters.
+#include <algorithm>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/thread_pool.h"
+#include "kernels/cuda/cuda_attention.h"
+#include "kernels/cuda/device_batch.h"
+#include "model/theta_table.h"
+#include "tests/gpu/gpu_test_util.h"
+
+namespace thetaserve::kernels::cuda {
+namespace {
+
+using testing::GuardedArray;
+using testing::RoundBf16;
+
+struct SeqSpec {
+  int32_t start_pos;
+  int32_t num_tokens;
+  int32_t v_tail_start = 0;  // > 0: older V rows live in a sparse store (every third kept)
+};
+
+struct Shape {
+  int32_t num_layers = 2, layer = 1, num_heads = 9, num_kv_heads = 3, head_dim = 64;
+  int32_t block_size = 16;
+};
+
+// Keys are noise plus, at every tenth position, a large component along a direction the
+// queries share: scores are bimodal (about N(0, 0.35) and 4 ± 0.5), so a threshold between
+// the modes keeps the same rows on both sides regardless of rounding.
+class AttentionCase {
+ public:
+  AttentionCase(const Shape& s, std::vector<SeqSpec> specs, uint64_t seed)
+      : s_(s), specs_(std::move(specs)), rng_(seed) {
+    const int32_t d = s.head_dim, bs = s.block_size;
+    tables_ = s.num_layers * s.num_kv_heads;
+    int32_t max_end = 0;
+    for (const SeqSpec& sp : specs_) max_end = std::max(max_end, sp.start_pos + sp.num_tokens);
+    stride_ = (max_end + bs - 1) / bs;
+    // Pages: a shuffled pool, so neighbouring table entries are far apart.
+    const int64_t per_seq = int64_t(tables_) * stride_ * 3;  // K, V tail, sparse
+    num_pages_ = per_seq * int64_t(specs_.size()) + 8;
+    std::vector<int32_t> ids(num_pages_);
+    std::iota(ids.begin(), ids.end(), 0);
+    std::shuffle(ids.begin(), ids.end(), rng_);
+    layout_ = KvPoolLayout{bs, d, num_pages_};
+    pool_.resize(num_pages_ * layout_.PageElems());
+    std::normal_distribution<float> n01(0.0f, 1.0f);
+    for (float& v : pool_) v = RoundBf16(n01(rng_) * 3.0f);  // junk in unused pages
+    u_.resize(d);
+    double norm = 0;
+    for (float& v : u_) v = n01(rng_), norm += v * v;
+    for (float& v : u_) v = float(v / std::sqrt(norm));
+
+    size_t next = 0;
+    seqs_.resize(specs_.size());
+    int32_t offset = 0;
+    for (size_t si = 0; si < specs_.size(); ++si) {
+      const SeqSpec& sp = specs_[si];
+      Seq& q = seqs_[si];
+      const int32_t end = sp.start_pos + sp.num_tokens;
+      q.k.resize(size_t(tables_) * stride_);
+      q.v.resize(size_t(tables_) * stride_);
+      for (auto& p : q.k) p = ids[next++];
+      for (auto& p : q.v) p = ids[next++];
+      for (int32_t j = 0; j < sp.v_tail_start; ++j) {
+        if (j < 4 || j % 3 == 0) q.sparse_positions.push_back(j);
+      }
+      const int32_t n_sparse = static_cast<int32_t>(q.sparse_positions.size());
+      q.sparse_stride = std::max(1, (n_sparse + bs - 1) / bs);
+      q.sparse_pages.resize(size_t(tables_) * q.sparse_stride);
+      for (auto& p : q.sparse_pages) p = ids[next++];
+      q.sparse_pos.resize(size_t(tables_) * std::max(1, n_sparse));
+      q.sparse_count.assign(tables_, n_sparse);
+      for (int32_t t = 0; t < tables_; ++t) {
+        std::copy(q.sparse_positions.begin(), q.sparse_positions.end(),
+                  q.sparse_pos.begin() + size_t(t) * std::max(1, n_sparse));
+      }
+      q.hits_cpu.assign(size_t(tables_) * end, -1);
+      q.hits_gpu = q.hits_cpu;
+
+      SeqChunk c;
+      c.token_offset = offset;
+      c.num_tokens = sp.num_tokens;
+      c.start_pos = sp.start_pos;
+      c.pages.k_pages = q.k.data();
+      c.pages.v_pages = q.v.data();
+      c.pages.stride = stride_;
+      c.pages.v_tail_start = sp.v_tail_start;
+      if (sp.v_tail_start > 0) {
+        c.pages.v_sparse_pages = q.sparse_pages.data();
+        c.pages.v_sparse_pos = q.sparse_pos.data();
+        c.pages.v_sparse_count = q.sparse_count.data();
+        c.pages.sparse_stride = q.sparse_stride;
+        c.pages.sparse_pos_stride = std::max(1, n_sparse);
+      }
+      c.pages.hits_stride = end;
+      chunks_cpu_.push_back(c);
+      chunks_cpu_.back().pages.hits = q.hits_cpu.data();
+      chunks_gpu_.push_back(c);
+      chunks_gpu_.back().pages.hits = q.hits_gpu.data();
+      offset += sp.num_tokens;
+
+      // K and V rows of every (layer, KV head) and position.
+      for (int32_t t = 0; t < tables_; ++t) {
+        for (int32_t j = 0; j < end; ++j) {
+          float* kr = &pool_[layout_.RowOffset(c.pages.KPage(t, j, bs), j % bs)];
+          const float lift = j % 10 == 3 ? 8.0f : 0.0f;
+          for (int32_t e = 0; e < d; ++e) kr[e] = RoundBf16(0.5f * n01(rng_) + lift * u_[e]);
+          float* vr = nullptr;
+          if (j >= sp.v_tail_start) {
+            vr = &pool_[layout_.RowOffset(c.pages.VPage(t, j, bs), j % bs)];
+          } else {
+            auto it = std::find(q.sparse_positions.begin(), q.sparse_positions.end(), j);
+            if (it != q.sparse_positions.end()) {
+              const int32_t r = int32_t(it - q.sparse_positions.begin());
+              vr = &pool_[layout_.RowOffset(q.sparse_pages[size_t(t) * q.sparse_stride + r / bs], r % bs)];
+            }
+          }
+          if (vr) for (int32_t e = 0; e < d; ++e) vr[e] = RoundBf16(n01(rng_));
+        }
+      }
+    }
+    num_tokens_ = offset;
+    tokens_.assign(num_tokens_, 0);
+    const int32_t qd = s.num_heads * d;
+    q_.resize(size_t(num_tokens_) * qd);
+    for (int32_t t = 0; t < num_tokens_; ++t) {
+      for (int32_t h = 0; h < s.num_heads; ++h) {
+        for (int32_t e = 0; e < d; ++e) q_[size_t(t) * qd + h * d + e] = 0.5f * n01(rng_) + 4.0f * u_[e];
+      }
+    }
+    vsum_.resize(size_t(num_tokens_) * s.num_kv_heads * d);
+    for (float& v : vsum_) v = n01(rng_) * 10.0f;
+  }
+
+  int32_t num_tokens() const { return num_tokens_; }
+
+  // Runs both sides; fills outputs and stats.
+  void Run(const TopThetaConfig& config, bool with_vsum) {
+    const int32_t d = s_.head_dim;
+    const float scale = 1.0f / std::sqrt(float(d));
+    // CPU.
+    cpu::ThreadPool threads(2);
+    cpu_stats_.Reset(s_.num_layers);
+    ForwardBatch cpu_batch{tokens_, chunks_cpu_, false, &cpu_stats_};
+    cpu::AttentionShape cs{s_.num_layers, s_.num_heads, s_.num_kv_heads, d, scale};
+    cpu_out_.assign(size_t(num_tokens_) * s_.num_heads * d, 0.0f);
+    cpu::PagedAttention(threads, cpu_batch, cs, s_.layer, q_.data(), layout_, pool_.data(),
+                        with_vsum ? vsum_.data() : nullptr, config, cpu_out_.data());
+    // GPU.
+    gpu_stats_.Reset(s_.num_layers);
+    ForwardBatch gpu_batch{tokens_, chunks_gpu_, false, &gpu_stats_};
+    std::vector<uint16_t> pool_bf(pool_.size());
+    for (size_t i = 0; i < pool_.size(); ++i) pool_bf[i] = model::FloatToBF16(pool_[i]);
+    GuardedArray<uint16_t> pool(pool_bf.size());
+    GuardedArray<float> q(q_.size()), vsum(vsum_.size()), out(cpu_out_.size());
+    ASSERT_TRUE(pool.ok() && q.ok() && vsum.ok() && out.ok());
+    pool.Upload(pool_bf);
+    q.Upload(q_);
+    vsum.Upload(vsum_);
+    cudaDeviceProp prop;
+    CUDA_ASSERT(cudaGetDeviceProperties(&prop, 0));
+    DeviceBatch db;
+    ASSERT_TRUE(db.Upload(gpu_batch, s_.num_layers * s_.num_kv_heads, d, nullptr).ok());
+    CudaAttention att(prop.multiProcessorCount);
+    AttnShape shape{s_.num_heads, s_.num_kv_heads, d, scale};
+    absl::Status st = att.Prepare(gpu_batch, db, shape, s_.num_layers, config, nullptr);
+    ASSERT_TRUE(st.ok()) << st;
+    st = att.Run(s_.layer, db, q.get(), int64_t(s_.num_heads) * d, layout_, pool.get(),
+                 with_vsum ? vsum.get() : nullptr, out.get(), nullptr);
+    ASSERT_TRUE(st.ok()) << st;
+    st = att.Finish(&gpu_stats_, nullptr);
+    ASSERT_TRUE(st.ok()) << st;
+    st = db.Download(nullptr);
+    ASSERT_TRUE(st.ok()) << st;
+    CUDA_ASSERT(cudaDeviceSynchronize());
+    gpu_out_ = out.Download();
+    EXPECT_TRUE(out.GuardsIntact());
+    EXPECT_TRUE(pool.GuardsIntact());
+    splits_ = att.plan().max_splits;
+  }
+
+  void ExpectSame() {
+    EXPECT_TRUE(testing::Close(gpu_out_, cpu_out_, 2e-4f, 2e-3f, "attention output"))
+        << "(" << splits_ << " splits)";
+    EXPECT_EQ(gpu_stats_.v_rows_read, cpu_stats_.v_rows_read);
+    EXPECT_EQ(gpu_stats_.v_rows_read_dense, cpu_stats_.v_rows_read_dense);
+    EXPECT_EQ(gpu_stats_.elements_kept, cpu_stats_.elements_kept);
+    EXPECT_EQ(gpu_stats_.elements_dense, cpu_stats_.elements_dense);
+    EXPECT_EQ(gpu_stats_.retained_but_evicted, cpu_stats_.retained_but_evicted);
+    EXPECT_EQ(gpu_stats_.layer_kept, cpu_stats_.layer_kept);
+    for (const Seq& q : seqs_) EXPECT_EQ(q.hits_gpu, q.hits_cpu) << "hit marks differ";
+  }
+
+  const AttentionStats& cpu_stats() const { return cpu_stats_; }
+
+ private:
+  struct Seq {
+    std::vector<int32_t> k, v, sparse_pages, sparse_pos, sparse_count, sparse_positions;
+    int32_t sparse_stride = 1;
+    std::vector<int32_t> hits_cpu, hits_gpu;
+  };
+  Shape s_;
+  std::vector<SeqSpec> specs_;
+  std::mt19937_64 rng_;
+  int32_t tables_ = 0, stride_ = 0, num_tokens_ = 0, splits_ = 0;
+  int64_t num_pages_ = 0;
+  KvPoolLayout layout_;
+  std::vector<float> pool_, u_, q_, vsum_, cpu_out_, gpu_out_;
+  std::vector<int32_t> tokens_;
+  std::vector<Seq> seqs_;
+  std::vector<SeqChunk> chunks_cpu_, chunks_gpu_;
+  AttentionStats cpu_stats_, gpu_stats_;
+};
+
+model::ThetaTable MakeTable(const Shape& s, model::ThetaPlacement placement, int32_t k) {
+  model::ThetaTable t(s.num_layers, s.num_heads, model::ThetaTable::DefaultBuckets(8192));
+  const auto& b = t.buckets();
+  for (int32_t l = 0; l < s.num_layers; ++l) {
+    for (int32_t h = 0; h < s.num_heads; ++h) {
+      for (int32_t i = 0; i < int32_t(b.size()); ++i) {
+        // Between the modes: pre-softmax scores 0 vs 4; post-softmax e^s/D_full with
+        // D_full ≈ 6.4·L, i.e. about 0.16/L vs 8.5/L.
+        t.theta_at(l, h, i) = placement == model::ThetaPlacement::kPreSoftmax ? 2.0f : 1.0f / b[i];
+        t.sdc_at(l, h, i) = 0.3f;
+        t.count_at(l, h, i) = 100;
+      }
+    }
+  }
+  t.k_per_layer.assign(s.num_layers, k);
+  t.placement = placement;
+  t.Finalize();
+  return t;
+}
+
+TEST(GpuAttentionTest, DenseDecodeAndPrefillMatchCpu) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  const uint64_t seed = testing::TestSeed();
+  SCOPED_TRACE("THETASERVE_SEED=" + std::to_string(seed));
+  for (Shape s : {Shape{}, Shape{2, 1, 8, 2, 128, 16}, Shape{2, 0, 4, 4, 64, 32}, Shape{2, 1, 8, 1, 64, 16}}) {
+    SCOPED_TRACE(::testing::Message() << "heads " << s.num_heads << "/" << s.num_kv_heads << " d " << s.head_dim);
+    // Decode rows of many lengths (one crossing several 1024-key splits), a whole prefill,
+    // a chunked prefill after cached tokens, and a first token.
+    AttentionCase c(s, {{37, 1}, {0, 70}, {130, 45}, {2100, 1}, {0, 1}, {511, 1}}, seed);
+    c.Run(TopThetaConfig{}, false);
+    c.ExpectSame();
+  }
+}
+
+TEST(GpuAttentionTest, ManyDecodeRowsAtLongContext) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  const uint64_t seed = testing::TestSeed();
+  SCOPED_TRACE("THETASERVE_SEED=" + std::to_string(seed));
+  std::vector<SeqSpec> specs;
+  for (int i = 0; i < 12; ++i) specs.push_back({1000 + 617 * i, 1});
+  AttentionCase c(Shape{}, specs, seed);
+  c.Run(TopThetaConfig{}, false);
+  c.ExpectSame();
+}
+
+TEST(GpuAttentionTest, TopThetaEveryPlacementSdcAndVmcMatchesCpu) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  const uint64_t seed = testing::TestSeed();
+  SCOPED_TRACE("THETASERVE_SEED=" + std::to_string(seed));
+  const Shape s;
+  for (auto placement : {model::ThetaPlacement::kPreSoftmax, model::ThetaPlacement::kPostSoftmax}) {
+    const model::ThetaTable table = MakeTable(s, placement, 16);
+    for (SdcMode sdc : {SdcMode::kNone, SdcMode::kExact, SdcMode::kExpThreshold, SdcMode::kOffline}) {
+      for (bool vmc : {false, true}) {
+        SCOPED_TRACE(::testing::Message() << model::PlacementName(placement) << " sdc "
+                                          << SdcModeName(sdc) << " vmc " << vmc);
+        // Rows longer and shorter than k, a prefill chunk, and a long decode row.
+        AttentionCase c(s, {{200, 1}, {50, 40}, {1500, 1}, {5, 1}, {0, 12}}, seed);
+        TopThetaConfig cfg;
+        cfg.table = &table;
+        cfg.sdc = sdc;
+        cfg.vmc = vmc;
+        c.Run(cfg, true);
+        c.ExpectSame();
+        // The threshold really prunes: about a tenth of the elements survive.
+        EXPECT_LT(c.cpu_stats().elements_kept, c.cpu_stats().elements_dense / 4);
+      }
+    }
+  }
+}
+
+TEST(GpuAttentionTest, TopThetaOverSparseVStoreMatchesCpu) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  const uint64_t seed = testing::TestSeed();
+  SCOPED_TRACE("THETASERVE_SEED=" + std::to_string(seed));
+  const Shape s;
+  const model::ThetaTable table = MakeTable(s, model::ThetaPlacement::kPostSoftmax, 16);
+  TopThetaConfig cfg;
+  cfg.table = &table;
+  // Decode and a prefill chunk over a V store whose rows below 256 are two thirds dropped.
+  AttentionCase c(s, {{300, 1, 256}, {320, 20, 256}, {1200, 1, 1024}}, seed);
+  c.Run(cfg, true);
+  c.ExpectSame();
+  EXPECT_GT(c.cpu_stats().retained_but_evicted, 0);
+}
+
+}  // namespace
+}  // namespace thetaserve::kernels::cuda

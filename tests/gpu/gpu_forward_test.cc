@@ -1,0 +1,181 @@
+// The CUDA backend's whole forward pass against the CPU backend's, on the committed tiny
+// models (f32 safetensors, bf16 sharded Qwen2 with QKV bias, mixed-quant GGUF) and on
+// SmolLM2 when models/ has it: mixed prefill/decode batches over shared paged pools, dense
+// and Top-θ. Both sides are fed the same (CPU-greedy) tokens so every step is compared.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/backend.h"
+#include "model/model.h"
+#include "model/theta_table.h"
+#include "tests/gpu/gpu_test_util.h"
+#include "tests/test_util.h"
+
+namespace thetaserve::kernels {
+namespace {
+
+struct Report {
+  double worst_rel = 0;   // max over rows of max|Δ| / max|ref|
+  int rows = 0, agree = 0;
+};
+
+// Runs three sequences through both backends: prefill (one chunked), then decode steps of
+// all three together. Returns the comparison.
+Report Compare(const model::Model& m, const TopThetaConfig& theta, int decode_steps) {
+  const auto& c = m.config();
+  auto cpu = CreateBackend(m, Device::kCpu, 0);
+  auto gpu = CreateBackend(m, Device::kCuda, 0);
+  EXPECT_TRUE(cpu.ok() && gpu.ok()) << (gpu.ok() ? cpu.status() : gpu.status());
+  Report rep;
+  if (!cpu.ok() || !gpu.ok()) return rep;
+  (*cpu)->SetTopTheta(theta);
+  (*gpu)->SetTopTheta(theta);
+  const int32_t bs = 16, stride = 32;  // 512 positions per sequence
+  const int64_t tables = c.num_layers * c.num_kv_heads;
+  for (auto* b : {&*cpu, &*gpu}) EXPECT_TRUE((*b)->AllocateKvPool(2 * tables * stride * 3, bs).ok());
+  std::vector<std::vector<int32_t>> ktab(3), vtab(3);
+  for (int s = 0; s < 3; ++s) {
+    ktab[s].resize(tables * stride);
+    vtab[s].resize(tables * stride);
+    for (int64_t i = 0; i < tables * stride; ++i) {
+      ktab[s][i] = static_cast<int32_t>((2 * i) * 3 + s);
+      vtab[s][i] = static_cast<int32_t>((2 * i + 1) * 3 + s);
+    }
+  }
+  // V sums for VMC, one set per backend.
+  std::vector<std::vector<float>> vsum_cpu(3, std::vector<float>(tables * c.head_dim, 0.0f));
+  std::vector<std::vector<float>> vsum_gpu = vsum_cpu;
+  const auto& tok = m.tokenizer();
+  std::vector<std::vector<int32_t>> seq_tokens = {
+      tok.Encode("It is a truth universally acknowledged, that a single man in possession of a "
+                 "good fortune, must be in want of a wife. However little known the feelings",
+                 false),
+      tok.Encode("In the beginning God created the heaven and the earth.", false),
+      tok.Encode("The capital of France is", false),
+  };
+  std::vector<int32_t> done(3, 0);
+  auto step = [&](std::vector<std::pair<int, int>> parts) {
+    std::vector<int32_t> tokens;
+    std::vector<SeqChunk> cpu_seqs, gpu_seqs;
+    for (auto [s, n] : parts) {
+      SeqChunk ch;
+      ch.token_offset = static_cast<int32_t>(tokens.size());
+      ch.num_tokens = n;
+      ch.start_pos = done[s];
+      ch.pages = SeqPageTables{ktab[s].data(), vtab[s].data(), stride};
+      for (int i = 0; i < n; ++i) tokens.push_back(seq_tokens[s][done[s] + i]);
+      cpu_seqs.push_back(ch);
+      gpu_seqs.push_back(ch);
+      if (theta.active()) {
+        cpu_seqs.back().pages.v_sum = vsum_cpu[s].data();
+        gpu_seqs.back().pages.v_sum = vsum_gpu[s].data();
+      }
+    }
+    ForwardBatch cb{tokens, cpu_seqs, false}, gb{tokens, gpu_seqs, false};
+    const int64_t rows = NumLogitRows(cb);
+    std::vector<float> want(rows * c.vocab_size), got(rows * c.vocab_size, std::nanf(""));
+    ASSERT_TRUE((*cpu)->Forward(cb, want.data()).ok());
+    absl::Status st = (*gpu)->Forward(gb, got.data());
+    ASSERT_TRUE(st.ok()) << st;
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* w = want.data() + r * c.vocab_size;
+      const float* g = got.data() + r * c.vocab_size;
+      double max_ref = 0, max_diff = 0;
+      for (int64_t v = 0; v < c.vocab_size; ++v) {
+        ASSERT_FALSE(std::isnan(g[v])) << "NaN logit";
+        max_ref = std::max(max_ref, double(std::abs(w[v])));
+        max_diff = std::max(max_diff, double(std::abs(w[v] - g[v])));
+      }
+      rep.worst_rel = std::max(rep.worst_rel, max_diff / max_ref);
+      const int64_t a = std::max_element(w, w + c.vocab_size) - w;
+      const int64_t b = std::max_element(g, g + c.vocab_size) - g;
+      ++rep.rows;
+      rep.agree += a == b;
+      // Teacher forcing: both continue with the CPU's greedy token.
+      const int s = parts[r].first;
+      done[s] += parts[r].second;
+      if (done[s] == static_cast<int32_t>(seq_tokens[s].size())) seq_tokens[s].push_back(int32_t(a));
+    }
+  };
+  const int n0 = static_cast<int>(seq_tokens[0].size());
+  step({{0, 7}});
+  step({{0, n0 - 7}, {1, static_cast<int>(seq_tokens[1].size())}, {2, 3}});
+  step({{0, 1}, {1, 1}, {2, static_cast<int>(seq_tokens[2].size()) - 3}});
+  for (int i = 0; i < decode_steps && !::testing::Test::HasFatalFailure(); ++i) step({{0, 1}, {1, 1}, {2, 1}});
+  return rep;
+}
+
+// Post-softmax θ = 1/L (keep above-average probabilities), layers 0-1 dense.
+model::ThetaTable AboveAverageTable(const model::ModelConfig& c) {
+  model::ThetaTable t(c.num_layers, c.num_heads, model::ThetaTable::DefaultBuckets(4096));
+  for (int32_t l = 0; l < c.num_layers; ++l)
+    for (int32_t h = 0; h < c.num_heads; ++h)
+      for (int32_t i = 0; i < int32_t(t.buckets().size()); ++i) {
+        t.theta_at(l, h, i) = 1.0f / t.buckets()[i];
+        t.sdc_at(l, h, i) = 0.5f;
+        t.count_at(l, h, i) = 1;
+      }
+  t.k_per_layer.assign(c.num_layers, 8);
+  for (int32_t l = 0; l < std::min<int32_t>(2, c.num_layers); ++l) t.k_per_layer[l] = 1 << 30;
+  t.placement = model::ThetaPlacement::kPostSoftmax;
+  t.Finalize();
+  return t;
+}
+
+void CheckModel(const std::string& path, int decode_steps, double tol) {
+  auto m = model::Model::Load(path);
+  ASSERT_TRUE(m.ok()) << m.status();
+  {
+    SCOPED_TRACE("dense");
+    const Report r = Compare(**m, TopThetaConfig{}, decode_steps);
+    std::printf("[ %s dense ] worst max|Δ|/max|ref| %.2e, greedy agreement %d/%d\n",
+                path.c_str(), r.worst_rel, r.agree, r.rows);
+    EXPECT_LE(r.worst_rel, tol);
+    EXPECT_GE(r.agree, r.rows * 9 / 10);
+  }
+  {
+    SCOPED_TRACE("top-theta");
+    const model::ThetaTable table = AboveAverageTable((*m)->config());
+    TopThetaConfig cfg;
+    cfg.table = &table;
+    const Report r = Compare(**m, cfg, decode_steps);
+    std::printf("[ %s top-theta ] worst max|Δ|/max|ref| %.2e, greedy agreement %d/%d\n",
+                path.c_str(), r.worst_rel, r.agree, r.rows);
+    EXPECT_LE(r.worst_rel, 2 * tol);
+    EXPECT_GE(r.agree, r.rows * 8 / 10);
+  }
+}
+
+// bf16 weights and activations against an f32 reference: a few percent of the largest
+// logit at most; a broken kernel is off by O(1).
+constexpr double kTol = 5e-2;
+
+TEST(GpuForwardTest, TinyLlamaSafetensors) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  CheckModel(testing::TestDataPath("tiny_llama"), 24, kTol);
+}
+
+TEST(GpuForwardTest, TinyQwen2Bf16ShardedWithBias) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  CheckModel(testing::TestDataPath("tiny_qwen2"), 24, kTol);
+}
+
+TEST(GpuForwardTest, TinyLlamaGgufMixedQuant) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  CheckModel(testing::TestDataPath("tiny_llama_gguf/tiny_llama.gguf"), 24, kTol);
+}
+
+TEST(GpuForwardTest, SmolLM2) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  const std::string path = testing::SourceDir() + "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
+  if (!std::filesystem::exists(path)) GTEST_SKIP() << path << " is missing (scripts/fetch-model.sh)";
+  CheckModel(path, 32, kTol);
+}
+
+}  // namespace
+}  // namespace thetaserve::kernels
