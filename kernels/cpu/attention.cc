@@ -279,7 +279,10 @@ void PagedAttention(ThreadPool& pool, const ForwardBatch& batch, const Attention
       const float* qg = q + row * q_dim + unit.kv_head * group * d;  // [group, d]
       float* og = o + row * q_dim + unit.kv_head * group * d;        // [group, d]
       if (config.active()) {
-        const float* vsum = vsum_rows ? vsum_rows + row * kv_dim + unit.kv_head * d : nullptr;
+        // VMC needs the sequence's running V sums (WriteKv fills these rows only then).
+        const float* vsum = vsum_rows && seq.pages.v_sum
+                                ? vsum_rows + row * kv_dim + unit.kv_head * d
+                                : nullptr;
         TopThetaUnit(seq, layer, lh, pos, group, unit.kv_head * group, shape, layout, kv_pool,
                      qg, vsum, og, config, scratch);
       } else {

@@ -150,6 +150,7 @@ __global__ void __launch_bounds__(kThreads) SplitPass1Kernel(SplitArgs a) {
   for (int h = 0; h < kMaxGroup; ++h)
 #pragma unroll
     for (int e = 0; e < 8; ++e) acc[h][e] = 0.0f;
+#pragma unroll 4  // several 16-byte loads in flight per thread
   for (int32_t jl = rg; jl < n; jl += kRowGroups) {
     const int32_t j = j0 + jl;
     float vf[8];
@@ -390,7 +391,8 @@ __global__ void ThetaCombineKernel(SplitArgs a) {
       break;
   }
   const int32_t G = a.shape.num_heads / a.shape.num_kv_heads;
-  const float* vsum = a.theta.vsum_rows && a.theta.vmc
+  const bool has_sum = a.seqs[a.rows[t].seq].pages.v_sum != nullptr;
+  const float* vsum = a.theta.vsum_rows && a.theta.vmc && has_sum
                           ? a.theta.vsum_rows + int64_t(t) * a.shape.num_kv_heads * D +
                                 int64_t(head / G) * D
                           : nullptr;
@@ -529,16 +531,6 @@ cudaError_t RunSplit(const SplitArgs& a, int32_t num_rows, const SplitPlan& plan
                      cudaStream_t stream) {
   const int32_t G = a.shape.num_heads / a.shape.num_kv_heads;
   const size_t smem = SplitSmemBytes(D, G, plan.chunk);
-  static bool configured = false;
-  if (!configured) {
-    cudaError_t e = cudaFuncSetAttribute(SplitPass1Kernel<D>,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize, 96 * 1024);
-    if (e != cudaSuccess) return e;
-    e = cudaFuncSetAttribute(SplitPass2Kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             96 * 1024);
-    if (e != cudaSuccess) return e;
-    configured = true;
-  }
   const dim3 grid(plan.max_splits, num_rows, a.shape.num_kv_heads);
   SplitPass1Kernel<D><<<grid, kThreads, smem, stream>>>(a);
   if (!a.top_theta) {
@@ -567,6 +559,8 @@ SplitPlan PlanSplits(int64_t num_rows, int32_t num_kv_heads, int64_t max_len, in
 
 int32_t PrefillTileTokens(int32_t group) { return std::max(1, kTileRows / group); }
 
+bool PrefillSupports(int32_t head_dim) { return head_dim == 64 || head_dim == 128; }
+
 cudaError_t LaunchSplitAttention(const int32_t* row_ids, int32_t num_rows, const DevRow* rows,
                                  const DevSeq* seqs, const AttnShape& shape, int32_t layer,
                                  const float* q, int64_t q_stride, const KvPoolLayout& layout,
@@ -578,6 +572,8 @@ cudaError_t LaunchSplitAttention(const int32_t* row_ids, int32_t num_rows, const
   SplitArgs a{row_ids, rows, seqs, shape, layer, q, q_stride, layout, pool, plan.chunk, ws,
               theta ? *theta : ThetaArgs{}, theta != nullptr, o};
   switch (shape.head_dim) {
+    case 16: return RunSplit<16>(a, num_rows, plan, stream);
+    case 32: return RunSplit<32>(a, num_rows, plan, stream);
     case 64: return RunSplit<64>(a, num_rows, plan, stream);
     case 128: return RunSplit<128>(a, num_rows, plan, stream);
     default: return cudaErrorInvalidValue;

@@ -5,6 +5,8 @@
 #include <cstring>
 #include <limits>
 
+#include "absl/strings/str_format.h"
+
 namespace thetaserve::kernels::cuda {
 namespace {
 
@@ -17,6 +19,7 @@ absl::Status CudaAttention::Prepare(const ForwardBatch& batch, const DeviceBatch
                                     const TopThetaConfig& config, cudaStream_t stream) {
   shape_ = shape;
   num_layers_ = num_layers;
+  ran_.assign(num_layers, false);
   config_ = config;
   if (config.active() && (config.top_k || config.recorder)) {
     return absl::UnimplementedError(
@@ -33,7 +36,7 @@ absl::Status CudaAttention::Prepare(const ForwardBatch& batch, const DeviceBatch
   const int32_t tile_tokens = PrefillTileTokens(group);
   for (int32_t s = 0; s < static_cast<int32_t>(batch.seqs.size()); ++s) {
     const SeqChunk& c = batch.seqs[s];
-    if (config.active() || c.num_tokens == 1) {
+    if (config.active() || c.num_tokens == 1 || !PrefillSupports(shape.head_dim)) {
       for (int32_t i = 0; i < c.num_tokens; ++i) {
         row_ids.push_back(c.token_offset + i);
         split_max_len = std::max<int64_t>(split_max_len, c.start_pos + i + 1);
@@ -93,11 +96,18 @@ absl::Status CudaAttention::Prepare(const ForwardBatch& batch, const DeviceBatch
   counters_ = reinterpret_cast<unsigned long long*>(dev + off);
   TS_CUDA_RETURN(cudaMemcpyAsync(dev, host, total, cudaMemcpyHostToDevice, stream));
 
-  // Workspace for the split kernels.
-  const int64_t R = num_split_rows_;
+  // Workspace for the split kernels, for `row_batch_` rows at a time: Top-θ keeps every
+  // row's scores, so a long prefill chunk runs in slices of at most 256 MiB of scores.
+  const int64_t score_stride_pre = theta ? (split_max_len + 3) / 4 * 4 : 0;
+  int64_t row_batch = std::max<int64_t>(1, num_split_rows_);
+  if (theta) {
+    row_batch = std::min<int64_t>(row_batch, std::max<int64_t>(1, (int64_t(256) << 20) / (H * score_stride_pre * 4)));
+  }
+  row_batch_ = static_cast<int32_t>(std::min<int64_t>(row_batch, 65535));  // grid.y limit
+  const int64_t R = row_batch_;
   const int32_t d = shape.head_dim;
   const int64_t parts = R * H * plan_.max_splits;
-  const int64_t score_stride = theta ? (split_max_len + 3) / 4 * 4 : 0;
+  const int64_t score_stride = score_stride_pre;
   const size_t o_bytes = Align(parts * d * sizeof(float));
   const size_t p_bytes = Align(parts * sizeof(float));
   const size_t stat_bytes = Align(R * H * 3 * sizeof(float));
@@ -121,6 +131,10 @@ absl::Status CudaAttention::Prepare(const ForwardBatch& batch, const DeviceBatch
 absl::Status CudaAttention::Run(int32_t layer, const DeviceBatch& db, const float* q,
                                 int64_t q_stride, const KvPoolLayout& layout, const bf16* pool,
                                 const float* vsum_rows, float* o, cudaStream_t stream) {
+  if (layer < 0 || layer >= num_layers_) {
+    return absl::InvalidArgumentError(absl::StrFormat("attention layer %d of %d", layer, num_layers_));
+  }
+  ran_[layer] = true;
   if (num_split_rows_ > 0) {
     ThetaArgs args;
     ThetaArgs* theta = nullptr;
@@ -136,9 +150,12 @@ absl::Status CudaAttention::Run(int32_t layer, const DeviceBatch& db, const floa
       args.counters = counters_ + 3 * layer;
       theta = &args;
     }
-    TS_CUDA_RETURN(LaunchSplitAttention(row_ids_, num_split_rows_, db.rows(), db.seqs(), shape_,
-                                        layer, q, q_stride, layout, pool, plan_, ws_, theta, o,
-                                        stream));
+    for (int32_t first = 0; first < num_split_rows_; first += row_batch_) {
+      const int32_t n = std::min(row_batch_, num_split_rows_ - first);
+      TS_CUDA_RETURN(LaunchSplitAttention(row_ids_ + first, n, db.rows(), db.seqs(), shape_, layer,
+                                          q, q_stride, layout, pool, plan_, ws_, theta, o,
+                                          stream));
+    }
   }
   if (num_tiles_ > 0) {
     TS_CUDA_RETURN(LaunchPrefillAttention(tiles_, num_tiles_, db.seqs(), shape_, layer, q,
@@ -161,6 +178,7 @@ absl::Status CudaAttention::Finish(AttentionStats* stats, cudaStream_t stream) {
     TS_CUDA_RETURN(cudaStreamSynchronize(stream));
   }
   for (int32_t l = 0; l < num_layers_; ++l) {
+    if (!ran_[l]) continue;  // only the layers attention ran for since Prepare
     int64_t read = dense_rows, kept = dense_elems, evicted = 0;
     if (config_.active()) {
       read = static_cast<int64_t>(host_counters_[3 * l]);

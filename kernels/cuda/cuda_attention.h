@@ -42,6 +42,8 @@ class CudaAttention {
   TopThetaConfig config_;
   SplitPlan plan_;
   int32_t num_split_rows_ = 0;
+  int32_t row_batch_ = 1;        // split rows per launch (workspace and grid bound)
+  std::vector<bool> ran_;        // layers Run saw since Prepare
   int32_t num_tiles_ = 0;
   int64_t sum_len_ = 0;  // Σ over rows of L
   AttentionWorkspace ws_;

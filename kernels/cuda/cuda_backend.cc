@@ -124,9 +124,10 @@ class CudaBackend : public Backend {
 absl::Status CudaBackend::Init() {
   const model::ModelConfig& c = model_->config();
   const model::ModelWeights& w = model_->weights();
-  if (c.head_dim != 64 && c.head_dim != 128) {
+  if (c.head_dim != 16 && c.head_dim != 32 && c.head_dim != 64 && c.head_dim != 128) {
     return absl::UnimplementedError(absl::StrFormat(
-        "the CUDA attention kernels support head_dim 64 and 128, this model has %d", c.head_dim));
+        "the CUDA attention kernels support head_dim 16, 32, 64 and 128; this model has %d",
+        c.head_dim));
   }
   if (c.num_heads % c.num_kv_heads != 0 || c.num_heads / c.num_kv_heads > 8) {
     return absl::UnimplementedError(absl::StrFormat(
@@ -174,7 +175,12 @@ absl::Status CudaBackend::Init() {
   }
   if (absl::Status st = UploadF32(w.output_norm, output_norm_); !st.ok()) return st;
   const cpu::Rope rope(c);
-  return Upload(rope.inv_freq().data(), rope.inv_freq().size() * sizeof(float), inv_freq_);
+  if (absl::Status st = Upload(rope.inv_freq().data(), rope.inv_freq().size() * sizeof(float), inv_freq_);
+      !st.ok()) {
+    return st;
+  }
+  TS_CUDA_RETURN(cudaDeviceSynchronize());  // uploads done before the first step's stream
+  return absl::OkStatus();
 }
 
 absl::Status CudaBackend::AllocateKvPool(int64_t num_pages, int32_t block_size) {
@@ -188,7 +194,8 @@ absl::Status CudaBackend::AllocateKvPool(int64_t num_pages, int32_t block_size) 
   const size_t bytes = size_t(num_pages) * kv_layout_.PageElems() * sizeof(bf16);
   pool_ = DeviceBuffer();
   if (absl::Status st = pool_.Reserve(bytes); !st.ok()) return st;
-  TS_CUDA_RETURN(cudaMemset(pool_.get(), 0, bytes));
+  TS_CUDA_RETURN(cudaMemsetAsync(pool_.get(), 0, bytes, stream_));
+  TS_CUDA_RETURN(cudaStreamSynchronize(stream_));
   return absl::OkStatus();
 }
 

@@ -32,7 +32,7 @@ struct DevRow {
 struct AttnShape {
   int32_t num_heads = 0;
   int32_t num_kv_heads = 0;
-  int32_t head_dim = 0;  // 64 or 128
+  int32_t head_dim = 0;  // 16, 32, 64 or 128
   float scale = 1.0f;
 };
 
@@ -129,6 +129,9 @@ struct PrefillTile {
 };
 // Query tokens per prefill tile for a GQA group size (tiles hold 32 query rows).
 int32_t PrefillTileTokens(int32_t group);
+// Whether the tiled prefill kernel supports this head_dim (64, 128); other sizes (16, 32)
+// send prefill rows to the split kernels.
+bool PrefillSupports(int32_t head_dim);
 
 // Dense causal attention for prefill chunks, tiled with an online softmax: each block holds
 // one tile's query rows of one KV head and walks that sequence's K/V pages 32 rows at a time.

@@ -24,6 +24,7 @@ struct SeqSpec {
   int32_t start_pos;
   int32_t num_tokens;
   int32_t v_tail_start = 0;  // > 0: older V rows live in a sparse store (every third kept)
+  bool v_sum = true;         // the sequence has running V sums (VMC applies to it)
 };
 
 struct Shape {
@@ -84,6 +85,8 @@ class AttentionCase {
       }
       q.hits_cpu.assign(size_t(tables_) * end, -1);
       q.hits_gpu = q.hits_cpu;
+      q.vsum_cpu.assign(size_t(tables_) * d, 0.0f);
+      q.vsum_gpu = q.vsum_cpu;
 
       SeqChunk c;
       c.token_offset = offset;
@@ -103,8 +106,10 @@ class AttentionCase {
       c.pages.hits_stride = end;
       chunks_cpu_.push_back(c);
       chunks_cpu_.back().pages.hits = q.hits_cpu.data();
+      if (sp.v_sum) chunks_cpu_.back().pages.v_sum = q.vsum_cpu.data();
       chunks_gpu_.push_back(c);
       chunks_gpu_.back().pages.hits = q.hits_gpu.data();
+      if (sp.v_sum) chunks_gpu_.back().pages.v_sum = q.vsum_gpu.data();
       offset += sp.num_tokens;
 
       // K and V rows of every (layer, KV head) and position.
@@ -206,6 +211,7 @@ class AttentionCase {
     std::vector<int32_t> k, v, sparse_pages, sparse_pos, sparse_count, sparse_positions;
     int32_t sparse_stride = 1;
     std::vector<int32_t> hits_cpu, hits_gpu;
+    std::vector<float> vsum_cpu, vsum_gpu;
   };
   Shape s_;
   std::vector<SeqSpec> specs_;
@@ -244,7 +250,8 @@ TEST(GpuAttentionTest, DenseDecodeAndPrefillMatchCpu) {
   SKIP_WITHOUT_CUDA_DEVICE();
   const uint64_t seed = testing::TestSeed();
   SCOPED_TRACE("THETASERVE_SEED=" + std::to_string(seed));
-  for (Shape s : {Shape{}, Shape{2, 1, 8, 2, 128, 16}, Shape{2, 0, 4, 4, 64, 32}, Shape{2, 1, 8, 1, 64, 16}}) {
+  for (Shape s : {Shape{}, Shape{2, 1, 8, 2, 128, 16}, Shape{2, 0, 4, 4, 64, 32}, Shape{2, 1, 8, 1, 64, 16},
+                  Shape{2, 1, 4, 2, 16, 16}, Shape{2, 1, 4, 1, 32, 16}}) {
     SCOPED_TRACE(::testing::Message() << "heads " << s.num_heads << "/" << s.num_kv_heads << " d " << s.head_dim);
     // Decode rows of many lengths (one crossing several 1024-key splits), a whole prefill,
     // a chunked prefill after cached tokens, and a first token.
@@ -258,8 +265,9 @@ TEST(GpuAttentionTest, ManyDecodeRowsAtLongContext) {
   SKIP_WITHOUT_CUDA_DEVICE();
   const uint64_t seed = testing::TestSeed();
   SCOPED_TRACE("THETASERVE_SEED=" + std::to_string(seed));
+  // 64 rows: few splits per row, so chunks reach their 1024-key maximum.
   std::vector<SeqSpec> specs;
-  for (int i = 0; i < 12; ++i) specs.push_back({1000 + 617 * i, 1});
+  for (int i = 0; i < 64; ++i) specs.push_back({1000 + 37 * i, 1});
   AttentionCase c(Shape{}, specs, seed);
   c.Run(TopThetaConfig{}, false);
   c.ExpectSame();
@@ -269,15 +277,17 @@ TEST(GpuAttentionTest, TopThetaEveryPlacementSdcAndVmcMatchesCpu) {
   SKIP_WITHOUT_CUDA_DEVICE();
   const uint64_t seed = testing::TestSeed();
   SCOPED_TRACE("THETASERVE_SEED=" + std::to_string(seed));
-  const Shape s;
+  for (const Shape s : {Shape{}, Shape{2, 1, 8, 1, 128, 16}})
   for (auto placement : {model::ThetaPlacement::kPreSoftmax, model::ThetaPlacement::kPostSoftmax}) {
     const model::ThetaTable table = MakeTable(s, placement, 16);
     for (SdcMode sdc : {SdcMode::kNone, SdcMode::kExact, SdcMode::kExpThreshold, SdcMode::kOffline}) {
       for (bool vmc : {false, true}) {
-        SCOPED_TRACE(::testing::Message() << model::PlacementName(placement) << " sdc "
+        SCOPED_TRACE(::testing::Message() << "d " << s.head_dim << " group " << s.num_heads / s.num_kv_heads
+                                          << " " << model::PlacementName(placement) << " sdc "
                                           << SdcModeName(sdc) << " vmc " << vmc);
-        // Rows longer and shorter than k, a prefill chunk, and a long decode row.
-        AttentionCase c(s, {{200, 1}, {50, 40}, {1500, 1}, {5, 1}, {0, 12}}, seed);
+        // Rows longer and shorter than k, a prefill chunk, a long decode row, and a
+        // sequence without V sums (no VMC for it).
+        AttentionCase c(s, {{200, 1}, {50, 40}, {1500, 1}, {5, 1}, {0, 12, 0, false}}, seed);
         TopThetaConfig cfg;
         cfg.table = &table;
         cfg.sdc = sdc;

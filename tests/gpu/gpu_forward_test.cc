@@ -110,7 +110,8 @@ Report Compare(const model::Model& m, const TopThetaConfig& theta, int decode_st
   return rep;
 }
 
-// Post-softmax θ = 1/L (keep above-average probabilities), layers 0-1 dense.
+// Post-softmax θ = 1/L (keep above-average probabilities) in every layer (the tiny models
+// have two).
 model::ThetaTable AboveAverageTable(const model::ModelConfig& c) {
   model::ThetaTable t(c.num_layers, c.num_heads, model::ThetaTable::DefaultBuckets(4096));
   for (int32_t l = 0; l < c.num_layers; ++l)
@@ -121,7 +122,6 @@ model::ThetaTable AboveAverageTable(const model::ModelConfig& c) {
         t.count_at(l, h, i) = 1;
       }
   t.k_per_layer.assign(c.num_layers, 8);
-  for (int32_t l = 0; l < std::min<int32_t>(2, c.num_layers); ++l) t.k_per_layer[l] = 1 << 30;
   t.placement = model::ThetaPlacement::kPostSoftmax;
   t.Finalize();
   return t;
