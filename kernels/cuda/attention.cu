@@ -37,31 +37,40 @@ __device__ __forceinline__ int64_t PartIndex(const SplitArgs& a, int64_t r, int3
 }
 
 // Scores of this block's keys for the group's heads: sc[h * chunk + jl] = q_h · k_j · scale.
+// D/8 lanes share a key (16 bytes each), so a warp reads 512 contiguous bytes of K rows per
+// load instruction; the partial dots meet through shuffles.
 template <int D>
 __device__ void Scores(const SplitArgs& a, const DevSeq& seq, int64_t lh, int32_t j0, int32_t n,
                        int32_t G, const float* qs, float* sc) {
+  constexpr int kLanes = D / 8;
+  constexpr int kKeysPerWarp = 32 / kLanes;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int sub = lane % kLanes, kw = lane / kLanes;
   const int32_t bs = a.layout.block_size;
-  for (int32_t jl = threadIdx.x; jl < n; jl += blockDim.x) {
-    const int32_t j = j0 + jl;
-    const uint16_t* kr = a.pool + a.layout.RowOffset(seq.pages.KPage(lh, j, bs), j % bs);
-    float acc[kMaxGroup];
+  float qr[kMaxGroup][8];
 #pragma unroll
-    for (int h = 0; h < kMaxGroup; ++h) acc[h] = 0.0f;
+  for (int h = 0; h < kMaxGroup; ++h)
 #pragma unroll
-    for (int c = 0; c < D; c += 8) {
-      float kf[8];
-      LoadBf16x8(kr + c, kf);
-#pragma unroll
-      for (int h = 0; h < kMaxGroup; ++h) {
-        if (h < G) {
-#pragma unroll
-          for (int e = 0; e < 8; ++e) acc[h] = fmaf(qs[h * D + c + e], kf[e], acc[h]);
-        }
-      }
+    for (int e = 0; e < 8; ++e) qr[h][e] = h < G ? qs[h * D + sub * 8 + e] : 0.0f;
+  const int32_t step = (blockDim.x >> 5) * kKeysPerWarp;
+#pragma unroll 4
+  for (int32_t base = warp * kKeysPerWarp; base < n; base += step) {  // warp-uniform
+    const int32_t jl = base + kw;
+    float kf[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    if (jl < n) {
+      const int32_t j = j0 + jl;
+      LoadBf16x8(a.pool + a.layout.RowOffset(seq.pages.KPage(lh, j, bs), j % bs) + sub * 8, kf);
     }
 #pragma unroll
     for (int h = 0; h < kMaxGroup; ++h) {
-      if (h < G) sc[h * a.chunk + jl] = acc[h];
+      if (h < G) {  // G is uniform: every lane shuffles
+        float p = 0.0f;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) p = fmaf(qr[h][e], kf[e], p);
+#pragma unroll
+        for (int o = kLanes / 2; o > 0; o >>= 1) p += __shfl_xor_sync(0xffffffffu, p, o);
+        if (sub == 0 && jl < n) sc[h * a.chunk + jl] = p;
+      }
     }
   }
 }
@@ -200,7 +209,8 @@ template <int D>
 __global__ void __launch_bounds__(kThreads) SplitPass2Kernel(SplitArgs a) {
   extern __shared__ float smem[];
   __shared__ float s_m[kMaxGroup], s_thr[kMaxGroup], s_dk[kMaxGroup], s_kc[kMaxGroup];
-  __shared__ unsigned long long s_rows_read, s_retained;
+  __shared__ unsigned long long s_retained;
+  __shared__ int s_count;
   const int32_t G = a.shape.num_heads / a.shape.num_kv_heads;
   const int64_t r = blockIdx.y;
   const int32_t t = a.row_ids[r];
@@ -220,7 +230,10 @@ __global__ void __launch_bounds__(kThreads) SplitPass2Kernel(SplitArgs a) {
     s_dk[threadIdx.x] = 0.0f;
     s_kc[threadIdx.x] = 0.0f;
   }
-  if (threadIdx.x == 0) s_rows_read = s_retained = 0;
+  if (threadIdx.x == 0) {
+    s_retained = 0;
+    s_count = 0;
+  }
   __syncthreads();
   const float* srow0 = a.ws.scores + (r * a.shape.num_heads + first_head) * a.ws.score_stride;
 
@@ -261,18 +274,14 @@ __global__ void __launch_bounds__(kThreads) SplitPass2Kernel(SplitArgs a) {
   const int32_t i0 = split * a.chunk;
   const int32_t ni = max(0, min(a.chunk, stored - i0));
 
-  constexpr int kRowGroups = kThreads / (D / 8);
-  const int rg = threadIdx.x / (D / 8), lane8 = threadIdx.x % (D / 8);
-  float acc[kMaxGroup][8];
+  // Keep test over this split's stored rows, every thread a row: kept rows go to a compact
+  // list (row index in the pool, e per head) in shared memory...
+  uint32_t* list_row = reinterpret_cast<uint32_t*>(smem);  // [chunk]
+  float* list_e = smem + a.chunk;                          // [chunk, G]
   float dk[kMaxGroup], kc[kMaxGroup];
 #pragma unroll
-  for (int h = 0; h < kMaxGroup; ++h) {
-    dk[h] = kc[h] = 0.0f;
-#pragma unroll
-    for (int e = 0; e < 8; ++e) acc[h][e] = 0.0f;
-  }
-  unsigned long long rows_read = 0;
-  for (int32_t il = rg; il < ni; il += kRowGroups) {
+  for (int h = 0; h < kMaxGroup; ++h) dk[h] = kc[h] = 0.0f;
+  for (int32_t il = threadIdx.x; il < ni; il += blockDim.x) {
     const int32_t i = i0 + il;
     int32_t j, page, slot;
     if (i < sparse_vis) {
@@ -293,41 +302,51 @@ __global__ void __launch_bounds__(kThreads) SplitPass2Kernel(SplitArgs a) {
         const float e = expf(srow0[h * a.ws.score_stride + j] - s_m[h]);
         if (e > s_thr[h]) {
           ev[h] = e;
+          dk[h] += e;
+          kc[h] += 1.0f;
           any = true;
         }
       }
     }
     if (!any) continue;
-    float vf[8];
-    LoadBf16x8(a.pool + a.layout.RowOffset(page, slot) + lane8 * 8, vf);
+    const int k = atomicAdd(&s_count, 1);
+    list_row[k] = uint32_t(page) * uint32_t(bs) + uint32_t(slot);
 #pragma unroll
     for (int h = 0; h < kMaxGroup; ++h) {
-      if (h < G && ev[h] > 0.0f) {
-#pragma unroll
-        for (int e = 0; e < 8; ++e) acc[h][e] = fmaf(ev[h], vf[e], acc[h][e]);
-      }
+      if (h < G) list_e[k * G + h] = ev[h];
     }
-    if (lane8 == 0) {
-      ++rows_read;
-      if (tail == 0 && hits) atomicMax(hits + j, row.pos);
+    if (tail == 0 && hits) atomicMax(hits + j, row.pos);
+  }
 #pragma unroll
-      for (int h = 0; h < kMaxGroup; ++h) {
-        if (h < G && ev[h] > 0.0f) {
-          dk[h] += ev[h];
-          kc[h] += 1.0f;
-        }
-      }
+  for (int h = 0; h < kMaxGroup; ++h) {
+    if (h < G && kc[h] > 0.0f) {
+      atomicAdd(&s_dk[h], dk[h]);
+      atomicAdd(&s_kc[h], kc[h]);
     }
   }
-  if (lane8 == 0) {
+  __syncthreads();
+
+  // ...then row groups of D/8 threads gather the listed V rows, several loads in flight.
+  constexpr int kRowGroups = kThreads / (D / 8);
+  const int rg = threadIdx.x / (D / 8), lane8 = threadIdx.x % (D / 8);
+  const int count = s_count;
+  float acc[kMaxGroup][8];
+#pragma unroll
+  for (int h = 0; h < kMaxGroup; ++h)
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc[h][e] = 0.0f;
+#pragma unroll 4
+  for (int k = rg; k < count; k += kRowGroups) {
+    float vf[8];
+    LoadBf16x8(a.pool + size_t(list_row[k]) * D + lane8 * 8, vf);
 #pragma unroll
     for (int h = 0; h < kMaxGroup; ++h) {
-      if (h < G && kc[h] > 0.0f) {
-        atomicAdd(&s_dk[h], dk[h]);
-        atomicAdd(&s_kc[h], kc[h]);
+      if (h < G) {
+        const float p = list_e[k * G + h];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[h][e] = fmaf(p, vf[e], acc[h][e]);
       }
     }
-    if (rows_read) atomicAdd(&s_rows_read, rows_read);
   }
   ReduceRowGroups<D>(a, acc, G, smem, r, first_head, split);  // syncs first
   if (threadIdx.x < G) {
@@ -336,8 +355,8 @@ __global__ void __launch_bounds__(kThreads) SplitPass2Kernel(SplitArgs a) {
     a.ws.part_n[p] = s_kc[threadIdx.x];
   }
   if (threadIdx.x == 0) {
-    if (s_rows_read) atomicAdd(a.theta.counters + 0, s_rows_read);
-    const unsigned long long retained = tail > 0 ? s_retained : s_rows_read;
+    if (count) atomicAdd(a.theta.counters + 0, (unsigned long long)count);
+    const unsigned long long retained = tail > 0 ? s_retained : (unsigned long long)count;
     if (retained) atomicAdd(a.theta.counters + 2, retained);
   }
 }
@@ -521,7 +540,7 @@ __global__ void __launch_bounds__(128) PrefillKernel(PrefillArgs a) {
 
 size_t SplitSmemBytes(int D, int G, int chunk) {
   const int row_groups = kThreads / (D / 8);
-  const size_t scores = size_t(G) * chunk;
+  const size_t scores = size_t(G + 1) * chunk;  // pass 1: G·chunk scores; pass 2: the kept list
   const size_t reduce = size_t(row_groups) * G * D;
   return (size_t(G) * D + std::max(scores, reduce)) * sizeof(float);
 }

@@ -164,6 +164,14 @@ absl::Status CudaAttention::Run(int32_t layer, const DeviceBatch& db, const floa
   return absl::OkStatus();
 }
 
+std::string CudaAttention::Signature() const {
+  return absl::StrFormat("%d/%d/%d/%d/%d/%d/%p/%p/%p/%p/%p/%p/%p/%p/%d/%p/%d/%d/%d", num_split_rows_,
+                         num_tiles_, row_batch_, plan_.chunk, plan_.max_splits, num_layers_,
+                         row_ids_, tiles_, theta_, sdc_ratio_, counters_, ws_.part_o,
+                         ws_.row_stat, ws_.scores, int(ws_.score_stride), config_.table,
+                         int(config_.sdc), int(config_.vmc), int(num_rows_));
+}
+
 absl::Status CudaAttention::Finish(AttentionStats* stats, cudaStream_t stream) {
   if (!stats) return absl::OkStatus();
   if (stats->layer_kept.size() < size_t(num_layers_)) stats->Reset(num_layers_);

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -33,6 +34,11 @@ class CudaAttention {
   absl::Status Finish(AttentionStats* stats, cudaStream_t stream);
 
   const SplitPlan& plan() const { return plan_; }
+  // Everything a captured launch sequence depends on (pointers and launch shapes): two steps
+  // with equal signatures can replay the same CUDA graph.
+  std::string Signature() const;
+  // A replayed graph ran every layer without calling Run.
+  void MarkAllLayersRan() { ran_.assign(num_layers_, true); }
   void set_num_sms(int n) { num_sms_ = n; }
 
  private:

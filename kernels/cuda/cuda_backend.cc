@@ -3,7 +3,10 @@
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -85,6 +88,7 @@ class CudaBackend : public Backend {
  public:
   explicit CudaBackend(const model::Model& model) : Backend(model), attention_(1) {}
   ~CudaBackend() override {
+    for (auto& [key, exec] : graphs_) cudaGraphExecDestroy(exec);
     if (cublas_) cublasDestroy(cublas_);
     if (stream_) cudaStreamDestroy(stream_);
   }
@@ -105,6 +109,11 @@ class CudaBackend : public Backend {
   // y [T, w.rows] = x [T, w.cols] · wᵀ (+ y when accumulate).
   absl::Status Gemm(const bf16* x, int64_t T, const DevMatrix& w, float* y, bool accumulate);
   absl::Status Reserve(int64_t T, int64_t logit_rows);
+  // Every kernel of one step (embedding to logits), on stream_, no host work: what a CUDA
+  // graph captures.
+  absl::Status LaunchStep(int64_t T, int64_t R, bool vmc_rows);
+  // Replays (capturing first if new) the graph of a decode step with this signature.
+  absl::Status LaunchStepGraph(int64_t T, int64_t R, bool vmc_rows);
 
   cudaStream_t stream_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
@@ -119,6 +128,11 @@ class CudaBackend : public Backend {
   DeviceBuffer x_, hb_, qkv_, attn_, attn_bf_, gu_, act_, vsum_rows_, logits_, logit_rows_;
   std::vector<int32_t> host_logit_rows_;
   DeviceBuffer copies_;
+  DeviceBuffer cublas_workspace_;
+  // Decode steps replay CUDA graphs keyed by everything they depend on (THETASERVE_CUDA_GRAPHS=0
+  // turns this off; a failed capture turns it off for the process).
+  bool graphs_enabled_ = true;
+  std::vector<std::pair<std::string, cudaGraphExec_t>> graphs_;  // most recent last
 };
 
 absl::Status CudaBackend::Init() {
@@ -141,6 +155,12 @@ absl::Status CudaBackend::Init() {
   TS_CUDA_RETURN(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   TS_CUBLAS_RETURN(cublasCreate(&cublas_));
   TS_CUBLAS_RETURN(cublasSetStream(cublas_, stream_));
+  // A fixed workspace, so cuBLAS allocates nothing while a graph is being captured.
+  if (absl::Status st = cublas_workspace_.Reserve(size_t(32) << 20); !st.ok()) return st;
+  TS_CUBLAS_RETURN(cublasSetWorkspace(cublas_, cublas_workspace_.get(), cublas_workspace_.bytes()));
+  if (const char* g = std::getenv("THETASERVE_CUDA_GRAPHS"); g && std::string(g) == "0") {
+    graphs_enabled_ = false;
+  }
   shape_ = AttnShape{static_cast<int32_t>(c.num_heads), static_cast<int32_t>(c.num_kv_heads),
                      static_cast<int32_t>(c.head_dim), 1.0f / std::sqrt(float(c.head_dim))};
 
@@ -245,35 +265,8 @@ absl::Status CudaBackend::Reserve(int64_t T, int64_t logit_rows) {
   return st;
 }
 
-absl::Status CudaBackend::Forward(const ForwardBatch& batch, float* logits) {
+absl::Status CudaBackend::LaunchStep(int64_t T, int64_t R, bool vmc_rows) {
   const model::ModelConfig& c = model_->config();
-  const int64_t T = static_cast<int64_t>(batch.tokens.size());
-  if (T == 0) return absl::OkStatus();
-  if (pool_.get() == nullptr) return absl::FailedPreconditionError("KV pool not allocated");
-  for (int32_t tok : batch.tokens) {
-    if (tok < 0 || tok >= c.vocab_size) {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("token id %d outside the vocabulary [0, %d)", tok, c.vocab_size));
-    }
-  }
-  // Rows whose logits are wanted, in sequence order.
-  host_logit_rows_.clear();
-  for (const SeqChunk& seq : batch.seqs) {
-    if (batch.all_logits) {
-      for (int32_t i = 0; i < seq.num_tokens; ++i) host_logit_rows_.push_back(seq.token_offset + i);
-    } else if (seq.want_logits && seq.num_tokens > 0) {
-      host_logit_rows_.push_back(seq.token_offset + seq.num_tokens - 1);
-    }
-  }
-  const int64_t R = static_cast<int64_t>(host_logit_rows_.size());
-  if (absl::Status st = Reserve(T, R); !st.ok()) return st;
-  const int32_t tables = static_cast<int32_t>(c.num_layers * c.num_kv_heads);
-  if (absl::Status st = batch_.Upload(batch, tables, c.head_dim, stream_); !st.ok()) return st;
-  if (absl::Status st = attention_.Prepare(batch, batch_, shape_, c.num_layers, top_theta_,
-                                           stream_);
-      !st.ok()) {
-    return st;
-  }
   const int64_t hidden = c.hidden_size;
   const int64_t qkv_dim = c.q_dim() + 2 * c.kv_dim();
   const float eps = c.rms_norm_eps;
@@ -281,7 +274,6 @@ absl::Status CudaBackend::Forward(const ForwardBatch& batch, float* logits) {
   bf16* hb = hb_.as<bf16>();
   float* qkv = qkv_.as<float>();
   bf16* pool = pool_.as<bf16>();
-  const bool vmc_rows = top_theta_.active() && top_theta_.vmc && batch_.any_vsum();
 
   TS_CUDA_RETURN(LaunchEmbed(embed_.ptr, batch_.tokens(), T, hidden, x, stream_));
   for (int64_t l = 0; l < c.num_layers; ++l) {
@@ -311,11 +303,94 @@ absl::Status CudaBackend::Forward(const ForwardBatch& batch, float* logits) {
     if (absl::Status st = Gemm(act_.as<bf16>(), T, L.wdown, x, true); !st.ok()) return st;
   }
   if (R > 0) {
-    TS_CUDA_RETURN(cudaMemcpyAsync(logit_rows_.get(), host_logit_rows_.data(), R * sizeof(int32_t),
-                                   cudaMemcpyHostToDevice, stream_));
     TS_CUDA_RETURN(LaunchRmsNormBf16(x, logit_rows_.as<int32_t>(), output_norm_.as<float>(), R,
                                      hidden, eps, hb, stream_));
     if (absl::Status st = Gemm(hb, R, output_, logits_.as<float>(), false); !st.ok()) return st;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::LaunchStepGraph(int64_t T, int64_t R, bool vmc_rows) {
+  const std::string key = absl::StrFormat(
+      "%d/%d/%d/%d/%d/%p/%p/%p/%p/%p/%p/%p/%p/%p/%p/%p/%p/%p/%p/%s", T, R, int(vmc_rows),
+      int(batch_.any_vsum()), batch_.num_seqs(), batch_.tokens(), batch_.rows(), batch_.seqs(),
+      x_.get(), hb_.get(), qkv_.get(), attn_.get(), attn_bf_.get(), gu_.get(), act_.get(),
+      vsum_rows_.get(), logits_.get(), logit_rows_.get(), pool_.get(), attention_.Signature());
+  auto it = std::find_if(graphs_.begin(), graphs_.end(), [&](const auto& g) { return g.first == key; });
+  if (it == graphs_.end()) {
+    TS_CUDA_RETURN(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+    absl::Status st = LaunchStep(T, R, vmc_rows);
+    cudaGraph_t graph = nullptr;
+    const cudaError_t end = cudaStreamEndCapture(stream_, &graph);
+    cudaGraphExec_t exec = nullptr;
+    cudaError_t inst = cudaErrorUnknown;
+    if (st.ok() && end == cudaSuccess) inst = cudaGraphInstantiate(&exec, graph, 0);
+    if (graph) cudaGraphDestroy(graph);
+    if (!st.ok() || end != cudaSuccess || inst != cudaSuccess) {
+      // Not capturable here: run the step directly from now on.
+      cudaGetLastError();
+      graphs_enabled_ = false;
+      std::fprintf(stderr, "cuda: CUDA graph capture failed (%s); decode steps launch directly\n",
+                   !st.ok() ? std::string(st.message()).c_str()
+                            : cudaGetErrorString(end != cudaSuccess ? end : inst));
+      return LaunchStep(T, R, vmc_rows);
+    }
+    if (graphs_.size() >= 64) {  // evict the least recently used
+      cudaGraphExecDestroy(graphs_.front().second);
+      graphs_.erase(graphs_.begin());
+    }
+    graphs_.emplace_back(key, exec);
+    it = graphs_.end() - 1;
+  } else if (it != graphs_.end() - 1) {
+    std::rotate(it, it + 1, graphs_.end());  // most recent last
+    it = graphs_.end() - 1;
+  }
+  attention_.MarkAllLayersRan();
+  TS_CUDA_RETURN(cudaGraphLaunch(it->second, stream_));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::Forward(const ForwardBatch& batch, float* logits) {
+  const model::ModelConfig& c = model_->config();
+  const int64_t T = static_cast<int64_t>(batch.tokens.size());
+  if (T == 0) return absl::OkStatus();
+  if (pool_.get() == nullptr) return absl::FailedPreconditionError("KV pool not allocated");
+  for (int32_t tok : batch.tokens) {
+    if (tok < 0 || tok >= c.vocab_size) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("token id %d outside the vocabulary [0, %d)", tok, c.vocab_size));
+    }
+  }
+  // Rows whose logits are wanted, in sequence order.
+  host_logit_rows_.clear();
+  for (const SeqChunk& seq : batch.seqs) {
+    if (batch.all_logits) {
+      for (int32_t i = 0; i < seq.num_tokens; ++i) host_logit_rows_.push_back(seq.token_offset + i);
+    } else if (seq.want_logits && seq.num_tokens > 0) {
+      host_logit_rows_.push_back(seq.token_offset + seq.num_tokens - 1);
+    }
+  }
+  const int64_t R = static_cast<int64_t>(host_logit_rows_.size());
+  if (absl::Status st = Reserve(T, R); !st.ok()) return st;
+  const int32_t tables = static_cast<int32_t>(c.num_layers * c.num_kv_heads);
+  if (absl::Status st = batch_.Upload(batch, tables, c.head_dim, stream_); !st.ok()) return st;
+  if (absl::Status st = attention_.Prepare(batch, batch_, shape_, c.num_layers, top_theta_,
+                                           stream_);
+      !st.ok()) {
+    return st;
+  }
+  const bool vmc_rows = top_theta_.active() && top_theta_.vmc && batch_.any_vsum();
+  if (R > 0) {
+    TS_CUDA_RETURN(cudaMemcpyAsync(logit_rows_.get(), host_logit_rows_.data(), R * sizeof(int32_t),
+                                   cudaMemcpyHostToDevice, stream_));
+  }
+  bool decode_only = graphs_enabled_;
+  for (const SeqChunk& seq : batch.seqs) decode_only &= seq.num_tokens == 1;
+  if (absl::Status st = decode_only ? LaunchStepGraph(T, R, vmc_rows) : LaunchStep(T, R, vmc_rows);
+      !st.ok()) {
+    return st;
+  }
+  if (R > 0) {
     TS_CUDA_RETURN(cudaMemcpyAsync(logits, logits_.get(), R * c.vocab_size * sizeof(float),
                                    cudaMemcpyDeviceToHost, stream_));
   }

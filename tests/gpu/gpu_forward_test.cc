@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -127,7 +129,11 @@ model::ThetaTable AboveAverageTable(const model::ModelConfig& c) {
   return t;
 }
 
-void CheckModel(const std::string& path, int decode_steps, double tol) {
+// theta_tol < 0: no bound on the Top-θ logits difference. The tiny models' random weights give
+// nearly uniform attention, so θ = 1/L sits among the probabilities and bf16 K/V (GPU) vs f32
+// (CPU) flip keep decisions; their Top-θ kernels are checked exactly in gpu_attention_test on
+// data with a clear gap instead, and here only for finite logits and greedy agreement.
+void CheckModel(const std::string& path, int decode_steps, double tol, double theta_tol) {
   auto m = model::Model::Load(path);
   ASSERT_TRUE(m.ok()) << m.status();
   {
@@ -146,7 +152,9 @@ void CheckModel(const std::string& path, int decode_steps, double tol) {
     const Report r = Compare(**m, cfg, decode_steps);
     std::printf("[ %s top-theta ] worst max|Δ|/max|ref| %.2e, greedy agreement %d/%d\n",
                 path.c_str(), r.worst_rel, r.agree, r.rows);
-    EXPECT_LE(r.worst_rel, 2 * tol);
+    if (theta_tol >= 0) {
+      EXPECT_LE(r.worst_rel, theta_tol);
+    }
     EXPECT_GE(r.agree, r.rows * 8 / 10);
   }
 }
@@ -157,24 +165,64 @@ constexpr double kTol = 5e-2;
 
 TEST(GpuForwardTest, TinyLlamaSafetensors) {
   SKIP_WITHOUT_CUDA_DEVICE();
-  CheckModel(testing::TestDataPath("tiny_llama"), 24, kTol);
+  CheckModel(testing::TestDataPath("tiny_llama"), 24, kTol, -1);
 }
 
 TEST(GpuForwardTest, TinyQwen2Bf16ShardedWithBias) {
   SKIP_WITHOUT_CUDA_DEVICE();
-  CheckModel(testing::TestDataPath("tiny_qwen2"), 24, kTol);
+  CheckModel(testing::TestDataPath("tiny_qwen2"), 24, kTol, -1);
 }
 
 TEST(GpuForwardTest, TinyLlamaGgufMixedQuant) {
   SKIP_WITHOUT_CUDA_DEVICE();
-  CheckModel(testing::TestDataPath("tiny_llama_gguf/tiny_llama.gguf"), 24, kTol);
+  CheckModel(testing::TestDataPath("tiny_llama_gguf/tiny_llama.gguf"), 24, kTol, -1);
 }
 
 TEST(GpuForwardTest, SmolLM2) {
   SKIP_WITHOUT_CUDA_DEVICE();
   const std::string path = testing::SourceDir() + "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
   if (!std::filesystem::exists(path)) GTEST_SKIP() << path << " is missing (scripts/fetch-model.sh)";
-  CheckModel(path, 32, kTol);
+  // Trained attention is peaked: θ separates kept from pruned rows, so Top-θ stays close.
+  CheckModel(path, 32, kTol, 2 * kTol);
+}
+
+// Decode steps replay captured CUDA graphs; the same steps launched directly give the same
+// logits, bit for bit (dense attention is deterministic).
+TEST(GpuForwardTest, CudaGraphReplayEqualsDirectLaunch) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  std::string path = testing::SourceDir() + "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
+  if (!std::filesystem::exists(path)) path = testing::TestDataPath("tiny_llama_gguf/tiny_llama.gguf");
+  auto m = model::Model::Load(path);
+  ASSERT_TRUE(m.ok()) << m.status();
+  const auto& c = (*m)->config();
+  setenv("THETASERVE_CUDA_GRAPHS", "0", 1);
+  auto direct = CreateBackend(**m, Device::kCuda, 0);
+  unsetenv("THETASERVE_CUDA_GRAPHS");
+  auto graphed = CreateBackend(**m, Device::kCuda, 0);
+  ASSERT_TRUE(direct.ok() && graphed.ok());
+  const int32_t bs = 16, stride = 16;
+  const int64_t tables = c.num_layers * c.num_kv_heads;
+  std::vector<int32_t> ktab(tables * stride), vtab(tables * stride);
+  for (int64_t i = 0; i < tables * stride; ++i) ktab[i] = int32_t(2 * i), vtab[i] = int32_t(2 * i + 1);
+  for (auto* b : {&*direct, &*graphed}) ASSERT_TRUE((*b)->AllocateKvPool(2 * tables * stride, bs).ok());
+  std::vector<int32_t> tokens = (*m)->tokenizer().Encode("The capital of France is", false);
+  int32_t done = 0;
+  for (int step = 0; step < 24; ++step) {
+    const int32_t n = step == 0 ? static_cast<int32_t>(tokens.size()) : 1;
+    SeqChunk ch;
+    ch.num_tokens = n;
+    ch.start_pos = done;
+    ch.pages = SeqPageTables{ktab.data(), vtab.data(), stride};
+    std::vector<int32_t> step_tokens(tokens.begin() + done, tokens.begin() + done + n);
+    std::vector<SeqChunk> seqs = {ch};
+    ForwardBatch batch{step_tokens, seqs, false};
+    std::vector<float> a(c.vocab_size), b(c.vocab_size);
+    ASSERT_TRUE((*direct)->Forward(batch, a.data()).ok());
+    ASSERT_TRUE((*graphed)->Forward(batch, b.data()).ok());
+    ASSERT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float))) << "step " << step;
+    done += n;
+    tokens.push_back(int32_t(std::max_element(a.begin(), a.end()) - a.begin()));
+  }
 }
 
 }  // namespace
