@@ -4,6 +4,8 @@
 // prefill kernel with an online softmax. The CPU backend's attention is the reference.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <string>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_ops.h"
@@ -29,6 +31,7 @@ struct SplitArgs {
   ThetaArgs theta;
   bool top_theta;
   float* o;
+  bool scores_per_warp;
 };
 
 __device__ __forceinline__ int64_t PartIndex(const SplitArgs& a, int64_t r, int32_t head,
@@ -37,10 +40,41 @@ __device__ __forceinline__ int64_t PartIndex(const SplitArgs& a, int64_t r, int3
 }
 
 // Scores of this block's keys for the group's heads: sc[h * chunk + jl] = q_h · k_j · scale.
-// D/8 lanes share a key (16 bytes each), so a warp reads 512 contiguous bytes of K rows per
+// A thread per key: eight independent 16-byte loads per key, two keys in flight.
+template <int D>
+__device__ void ScoresPerThread(const SplitArgs& a, const DevSeq& seq, int64_t lh, int32_t j0,
+                                int32_t n, int32_t G, const float* qs, float* sc) {
+  const int32_t bs = a.layout.block_size;
+#pragma unroll 2
+  for (int32_t jl = threadIdx.x; jl < n; jl += blockDim.x) {
+    const int32_t j = j0 + jl;
+    const uint16_t* kr = a.pool + a.layout.RowOffset(seq.pages.KPage(lh, j, bs), j % bs);
+    float acc[kMaxGroup];
+#pragma unroll
+    for (int h = 0; h < kMaxGroup; ++h) acc[h] = 0.0f;
+#pragma unroll
+    for (int c = 0; c < D; c += 8) {
+      float kf[8];
+      LoadBf16x8(kr + c, kf);
+#pragma unroll
+      for (int h = 0; h < kMaxGroup; ++h) {
+        if (h < G) {
+#pragma unroll
+          for (int e = 0; e < 8; ++e) acc[h] = fmaf(qs[h * D + c + e], kf[e], acc[h]);
+        }
+      }
+    }
+#pragma unroll
+    for (int h = 0; h < kMaxGroup; ++h) {
+      if (h < G) sc[h * a.chunk + jl] = acc[h];
+    }
+  }
+}
+
+// Variant (THETASERVE_ATTN_SCORES=warp): // D/8 lanes share a key (16 bytes each), so a warp reads 512 contiguous bytes of K rows per
 // load instruction; the partial dots meet through shuffles.
 template <int D>
-__device__ void Scores(const SplitArgs& a, const DevSeq& seq, int64_t lh, int32_t j0, int32_t n,
+__device__ void ScoresPerWarp(const SplitArgs& a, const DevSeq& seq, int64_t lh, int32_t j0, int32_t n,
                        int32_t G, const float* qs, float* sc) {
   constexpr int kLanes = D / 8;
   constexpr int kKeysPerWarp = 32 / kLanes;
@@ -72,6 +106,17 @@ __device__ void Scores(const SplitArgs& a, const DevSeq& seq, int64_t lh, int32_
         if (sub == 0 && jl < n) sc[h * a.chunk + jl] = p;
       }
     }
+  }
+}
+
+template <int D>
+__device__ __forceinline__ void Scores(const SplitArgs& a, const DevSeq& seq, int64_t lh,
+                                       int32_t j0, int32_t n, int32_t G, const float* qs,
+                                       float* sc) {
+  if (a.scores_per_warp) {
+    ScoresPerWarp<D>(a, seq, lh, j0, n, G, qs, sc);
+  } else {
+    ScoresPerThread<D>(a, seq, lh, j0, n, G, qs, sc);
   }
 }
 
@@ -176,13 +221,11 @@ __global__ void __launch_bounds__(kThreads) SplitPass1Kernel(SplitArgs a) {
   ReduceRowGroups<D>(a, acc, G, sc, r, first_head, split);
 }
 
-// Top-θ between the passes: global max, D_full and the keep threshold per (row, head).
-__global__ void ThresholdKernel(SplitArgs a) {
-  const int64_t r = blockIdx.x;
-  const int32_t head = threadIdx.x;
-  if (head >= a.shape.num_heads) return;
-  const int32_t t = a.row_ids[r];
-  const int32_t L = a.rows[t].pos + 1;
+// Top-θ between the passes: global max, D_full and the keep threshold of (row r, head) from
+// every split's pass-1 partials.
+__device__ __forceinline__ void Threshold(const SplitArgs& a, int64_t r, int32_t t, int32_t L,
+                                          int32_t head, float* m_out, float* d_out,
+                                          float* thr_out) {
   const int32_t splits = (L + a.chunk - 1) / a.chunk;
   float m = -INFINITY;
   for (int s = 0; s < splits; ++s) m = fmaxf(m, a.ws.part_m[PartIndex(a, r, head, s)]);
@@ -196,10 +239,9 @@ __global__ void ThresholdKernel(SplitArgs a) {
     const float theta = a.theta.theta[int64_t(t) * a.shape.num_heads + head];
     if (!isnan(theta)) thr = a.theta.post_softmax ? theta * d_full : expf(theta - m);
   }
-  float* st = a.ws.row_stat + (r * a.shape.num_heads + head) * 3;
-  st[0] = m;
-  st[1] = d_full;
-  st[2] = thr;
+  *m_out = m;
+  *d_out = d_full;
+  *thr_out = thr;
 }
 
 // Top-θ pass 2 over one split: positions [j0, j0 + chunk) for hit marks and the retained
@@ -224,9 +266,18 @@ __global__ void __launch_bounds__(kThreads) SplitPass2Kernel(SplitArgs a) {
   const int32_t first_head = g * G;
   const int64_t lh = int64_t(a.layer) * a.shape.num_kv_heads + g;
   if (threadIdx.x < G) {
-    const float* st = a.ws.row_stat + (r * a.shape.num_heads + first_head + threadIdx.x) * 3;
-    s_m[threadIdx.x] = st[0];
-    s_thr[threadIdx.x] = st[2];
+    // Every split of the row computes the thresholds (cheap: a few partials per split);
+    // split 0 keeps them for the final reduction.
+    float m, d_full, thr;
+    Threshold(a, r, t, L, first_head + threadIdx.x, &m, &d_full, &thr);
+    s_m[threadIdx.x] = m;
+    s_thr[threadIdx.x] = thr;
+    if (split == 0) {
+      float* st = a.ws.row_stat + (r * a.shape.num_heads + first_head + threadIdx.x) * 3;
+      st[0] = m;
+      st[1] = d_full;
+      st[2] = thr;
+    }
     s_dk[threadIdx.x] = 0.0f;
     s_kc[threadIdx.x] = 0.0f;
   }
@@ -351,7 +402,7 @@ __global__ void __launch_bounds__(kThreads) SplitPass2Kernel(SplitArgs a) {
   ReduceRowGroups<D>(a, acc, G, smem, r, first_head, split);  // syncs first
   if (threadIdx.x < G) {
     const int64_t p = PartIndex(a, r, first_head + threadIdx.x, split);
-    a.ws.part_l[p] = s_dk[threadIdx.x];
+    a.ws.part_dk[p] = s_dk[threadIdx.x];  // not part_l: other splits still read it
     a.ws.part_n[p] = s_kc[threadIdx.x];
   }
   if (threadIdx.x == 0) {
@@ -395,7 +446,7 @@ __global__ void ThetaCombineKernel(SplitArgs a) {
   for (int s = 0; s < splits; ++s) {
     const int64_t p = PartIndex(a, r, head, s);
     o += a.ws.part_o[p * D + threadIdx.x];
-    d_kept += a.ws.part_l[p];
+    d_kept += a.ws.part_dk[p];
     kept += a.ws.part_n[p];
   }
   float denom = d_kept;
@@ -556,7 +607,6 @@ cudaError_t RunSplit(const SplitArgs& a, int32_t num_rows, const SplitPlan& plan
     DenseCombineKernel<D><<<dim3(num_rows, a.shape.num_heads), D, 0, stream>>>(a);
     return cudaGetLastError();
   }
-  ThresholdKernel<<<num_rows, ((a.shape.num_heads + 31) / 32) * 32, 0, stream>>>(a);
   SplitPass2Kernel<D><<<grid, kThreads, smem, stream>>>(a);
   ThetaCombineKernel<D><<<dim3(num_rows, a.shape.num_heads), D, 0, stream>>>(a);
   return cudaGetLastError();
@@ -588,8 +638,12 @@ cudaError_t LaunchSplitAttention(const int32_t* row_ids, int32_t num_rows, const
                                  cudaStream_t stream) {
   if (num_rows == 0) return cudaSuccess;
   if (shape.num_heads / shape.num_kv_heads > kMaxGroup) return cudaErrorInvalidValue;
+  static const bool per_warp = [] {
+    const char* v = std::getenv("THETASERVE_ATTN_SCORES");
+    return v && std::string(v) == "warp";
+  }();
   SplitArgs a{row_ids, rows, seqs, shape, layer, q, q_stride, layout, pool, plan.chunk, ws,
-              theta ? *theta : ThetaArgs{}, theta != nullptr, o};
+              theta ? *theta : ThetaArgs{}, theta != nullptr, o, per_warp};
   switch (shape.head_dim) {
     case 16: return RunSplit<16>(a, num_rows, plan, stream);
     case 32: return RunSplit<32>(a, num_rows, plan, stream);

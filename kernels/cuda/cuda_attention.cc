@@ -112,7 +112,7 @@ absl::Status CudaAttention::Prepare(const ForwardBatch& batch, const DeviceBatch
   const size_t p_bytes = Align(parts * sizeof(float));
   const size_t stat_bytes = Align(R * H * 3 * sizeof(float));
   const size_t score_bytes = Align(size_t(R) * H * score_stride * sizeof(float));
-  if (absl::Status st = workspace_.Reserve(o_bytes + 3 * p_bytes + stat_bytes + score_bytes);
+  if (absl::Status st = workspace_.Reserve(o_bytes + 4 * p_bytes + stat_bytes + score_bytes);
       !st.ok()) {
     return st;
   }
@@ -121,8 +121,9 @@ absl::Status CudaAttention::Prepare(const ForwardBatch& batch, const DeviceBatch
   ws_.part_m = reinterpret_cast<float*>(w + o_bytes);
   ws_.part_l = reinterpret_cast<float*>(w + o_bytes + p_bytes);
   ws_.part_n = reinterpret_cast<float*>(w + o_bytes + 2 * p_bytes);
-  ws_.row_stat = reinterpret_cast<float*>(w + o_bytes + 3 * p_bytes);
-  ws_.scores = reinterpret_cast<float*>(w + o_bytes + 3 * p_bytes + stat_bytes);
+  ws_.part_dk = reinterpret_cast<float*>(w + o_bytes + 3 * p_bytes);
+  ws_.row_stat = reinterpret_cast<float*>(w + o_bytes + 4 * p_bytes);
+  ws_.scores = reinterpret_cast<float*>(w + o_bytes + 4 * p_bytes + stat_bytes);
   ws_.score_stride = score_stride;
   ws_.max_splits = plan_.max_splits;
   return absl::OkStatus();

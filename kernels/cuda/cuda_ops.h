@@ -81,7 +81,8 @@ cudaError_t LaunchFillRandomBf16(bf16* p, int64_t n, uint64_t seed, float scale,
 struct AttentionWorkspace {
   float* part_o = nullptr;    // [rows, heads, max_splits, d]
   float* part_m = nullptr;    // [rows, heads, max_splits]
-  float* part_l = nullptr;    // [rows, heads, max_splits] (dense: Σe; Top-θ: D_kept)
+  float* part_l = nullptr;    // [rows, heads, max_splits] Σe over the split
+  float* part_dk = nullptr;   // [rows, heads, max_splits] D_kept (Top-θ pass 2)
   float* part_n = nullptr;    // [rows, heads, max_splits] kept elements (Top-θ)
   float* row_stat = nullptr;  // [rows, heads, 3] m, D_full, threshold (Top-θ)
   float* scores = nullptr;    // [rows, heads, score_stride] (Top-θ)

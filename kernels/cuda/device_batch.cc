@@ -11,7 +11,7 @@ size_t Align(size_t n) { return (n + 15) / 16 * 16; }
 }  // namespace
 
 absl::Status DeviceBatch::Upload(const ForwardBatch& batch, int32_t num_tables,
-                                 int32_t head_dim, cudaStream_t stream) {
+                                 int32_t head_dim, cudaStream_t stream, bool with_hits) {
   const size_t T = batch.tokens.size();
   const size_t S = batch.seqs.size();
   host_rows_.assign(T, DevRow{});
@@ -62,7 +62,7 @@ absl::Status DeviceBatch::Upload(const ForwardBatch& batch, int32_t num_tables,
       back_.push_back({p.v_sum, 0, so[s].vsum, size_t(num_tables) * head_dim * sizeof(float), 1});
       any_vsum_ = true;
     }
-    if (p.hits) {
+    if (p.hits && with_hits) {
       const size_t width = size_t(std::min<int64_t>(p.hits_stride, end));
       so[s].hits_width = width;
       so[s].hits = add(p.hits, size_t(p.hits_stride) * sizeof(int32_t), width * sizeof(int32_t),
@@ -93,9 +93,12 @@ absl::Status DeviceBatch::Upload(const ForwardBatch& batch, int32_t num_tables,
       d.pages.v_sparse_count = reinterpret_cast<const int32_t*>(dev + so[s].scount);
     }
     if (p.v_sum) d.pages.v_sum = reinterpret_cast<float*>(dev + so[s].vsum);
-    if (p.hits) {
+    if (p.hits && with_hits) {
       d.pages.hits = reinterpret_cast<int32_t*>(dev + so[s].hits);
       d.pages.hits_stride = static_cast<int32_t>(so[s].hits_width);
+    } else {
+      d.pages.hits = nullptr;
+      d.pages.hits_stride = 0;
     }
   }
   for (const Piece& pc : pieces) {

@@ -16,8 +16,9 @@ class DeviceBatch {
  public:
   // `num_tables` = layers × KV heads. Hits are copied for positions below each sequence's
   // end (start_pos + num_tokens), V sums whole.
+  // Hit marks travel only `with_hits` (Top-θ: dense attention never writes them).
   absl::Status Upload(const ForwardBatch& batch, int32_t num_tables, int32_t head_dim,
-                      cudaStream_t stream);
+                      cudaStream_t stream, bool with_hits = true);
   // Copies the sequences' V sums and hit marks back into the host arrays they came from
   // (synchronizes the stream).
   absl::Status Download(cudaStream_t stream);

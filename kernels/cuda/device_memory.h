@@ -2,6 +2,7 @@
 // absl::Status here and never cross the kernels/ boundary as anything else.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <utility>
@@ -44,8 +45,13 @@ class DeviceBuffer {
     if (bytes <= bytes_) return absl::OkStatus();
     if (ptr_) cudaFree(ptr_);
     ptr_ = nullptr;
+    const size_t old = bytes_;
     bytes_ = 0;
-    const size_t rounded = (bytes + 255) / 256 * 256;
+    // Grow by half again at least: steps whose needs creep up (page tables, hit marks growing
+    // with the context) must not reallocate every step (cudaFree synchronizes the device, and
+    // a new address invalidates captured CUDA graphs).
+    const size_t wanted = std::max(bytes, old + old / 2);
+    const size_t rounded = (std::max<size_t>(wanted, 64 << 10) + 255) / 256 * 256;
     if (cudaError_t e = cudaMalloc(&ptr_, rounded); e != cudaSuccess) {
       cudaGetLastError();
       return absl::ResourceExhaustedError(absl::StrFormat(
@@ -76,7 +82,7 @@ class PinnedBuffer {
     if (ptr_) cudaFreeHost(ptr_);
     ptr_ = nullptr;
     bytes_ = 0;
-    const size_t rounded = (bytes + 4095) / 4096 * 4096;
+    const size_t rounded = (std::max<size_t>(bytes, 64 << 10) * 3 / 2 + 4095) / 4096 * 4096;
     TS_CUDA_RETURN(cudaMallocHost(&ptr_, rounded));
     bytes_ = rounded;
     return absl::OkStatus();
