@@ -41,23 +41,24 @@ __device__ __forceinline__ int64_t PartIndex(const SplitArgs& a, int64_t r, int3
 
 // Scores of this block's keys for the group's heads: sc[h * chunk + jl] = q_h · k_j · scale.
 // A thread per key: eight independent 16-byte loads per key, two keys in flight.
-template <int D>
+template <int D, int GT>
 __device__ void ScoresPerThread(const SplitArgs& a, const DevSeq& seq, int64_t lh, int32_t j0,
                                 int32_t n, int32_t G, const float* qs, float* sc) {
+  constexpr int kG = GT > 0 ? GT : kMaxGroup;  // compile-time group size when known
   const int32_t bs = a.layout.block_size;
 #pragma unroll 2
   for (int32_t jl = threadIdx.x; jl < n; jl += blockDim.x) {
     const int32_t j = j0 + jl;
     const uint16_t* kr = a.pool + a.layout.RowOffset(seq.pages.KPage(lh, j, bs), j % bs);
-    float acc[kMaxGroup];
+    float acc[kG];
 #pragma unroll
-    for (int h = 0; h < kMaxGroup; ++h) acc[h] = 0.0f;
+    for (int h = 0; h < kG; ++h) acc[h] = 0.0f;
 #pragma unroll
     for (int c = 0; c < D; c += 8) {
       float kf[8];
       LoadBf16x8(kr + c, kf);
 #pragma unroll
-      for (int h = 0; h < kMaxGroup; ++h) {
+      for (int h = 0; h < kG; ++h) {
         if (h < G) {
 #pragma unroll
           for (int e = 0; e < 8; ++e) acc[h] = fmaf(qs[h * D + c + e], kf[e], acc[h]);
@@ -65,7 +66,7 @@ __device__ void ScoresPerThread(const SplitArgs& a, const DevSeq& seq, int64_t l
       }
     }
 #pragma unroll
-    for (int h = 0; h < kMaxGroup; ++h) {
+    for (int h = 0; h < kG; ++h) {
       if (h < G) sc[h * a.chunk + jl] = acc[h];
     }
   }
@@ -73,17 +74,18 @@ __device__ void ScoresPerThread(const SplitArgs& a, const DevSeq& seq, int64_t l
 
 // Variant (THETASERVE_ATTN_SCORES=warp): // D/8 lanes share a key (16 bytes each), so a warp reads 512 contiguous bytes of K rows per
 // load instruction; the partial dots meet through shuffles.
-template <int D>
+template <int D, int GT>
 __device__ void ScoresPerWarp(const SplitArgs& a, const DevSeq& seq, int64_t lh, int32_t j0, int32_t n,
                        int32_t G, const float* qs, float* sc) {
+  constexpr int kG = GT > 0 ? GT : kMaxGroup;  // compile-time group size when known
   constexpr int kLanes = D / 8;
   constexpr int kKeysPerWarp = 32 / kLanes;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int sub = lane % kLanes, kw = lane / kLanes;
   const int32_t bs = a.layout.block_size;
-  float qr[kMaxGroup][8];
+  float qr[kG][8];
 #pragma unroll
-  for (int h = 0; h < kMaxGroup; ++h)
+  for (int h = 0; h < kG; ++h)
 #pragma unroll
     for (int e = 0; e < 8; ++e) qr[h][e] = h < G ? qs[h * D + sub * 8 + e] : 0.0f;
   const int32_t step = (blockDim.x >> 5) * kKeysPerWarp;
@@ -96,7 +98,7 @@ __device__ void ScoresPerWarp(const SplitArgs& a, const DevSeq& seq, int64_t lh,
       LoadBf16x8(a.pool + a.layout.RowOffset(seq.pages.KPage(lh, j, bs), j % bs) + sub * 8, kf);
     }
 #pragma unroll
-    for (int h = 0; h < kMaxGroup; ++h) {
+    for (int h = 0; h < kG; ++h) {
       if (h < G) {  // G is uniform: every lane shuffles
         float p = 0.0f;
 #pragma unroll
@@ -109,26 +111,27 @@ __device__ void ScoresPerWarp(const SplitArgs& a, const DevSeq& seq, int64_t lh,
   }
 }
 
-template <int D>
+template <int D, int GT>
 __device__ __forceinline__ void Scores(const SplitArgs& a, const DevSeq& seq, int64_t lh,
                                        int32_t j0, int32_t n, int32_t G, const float* qs,
                                        float* sc) {
   if (a.scores_per_warp) {
-    ScoresPerWarp<D>(a, seq, lh, j0, n, G, qs, sc);
+    ScoresPerWarp<D, GT>(a, seq, lh, j0, n, G, qs, sc);
   } else {
-    ScoresPerThread<D>(a, seq, lh, j0, n, G, qs, sc);
+    ScoresPerThread<D, GT>(a, seq, lh, j0, n, G, qs, sc);
   }
 }
 
 // Sums acc[h][0..8) of every row group into red and writes the group's partial outputs.
-template <int D>
-__device__ void ReduceRowGroups(const SplitArgs& a, float (&acc)[kMaxGroup][8], int32_t G,
+template <int D, int GT>
+__device__ void ReduceRowGroups(const SplitArgs& a, float (&acc)[GT > 0 ? GT : kMaxGroup][8], int32_t G,
                                 float* red, int64_t r, int32_t first_head, int32_t split) {
+  constexpr int kG = GT > 0 ? GT : kMaxGroup;  // compile-time group size when known
   constexpr int kRowGroups = kThreads / (D / 8);
   const int rg = threadIdx.x / (D / 8), lane8 = threadIdx.x % (D / 8);
   __syncthreads();
 #pragma unroll
-  for (int h = 0; h < kMaxGroup; ++h) {
+  for (int h = 0; h < kG; ++h) {
     if (h < G) {
 #pragma unroll
       for (int e = 0; e < 8; ++e) red[(rg * G + h) * D + lane8 * 8 + e] = acc[h][e];
@@ -145,11 +148,12 @@ __device__ void ReduceRowGroups(const SplitArgs& a, float (&acc)[kMaxGroup][8], 
 
 // Dense split: scores, chunk max and Σe, and Σ e·V over the chunk.
 // Top-θ pass 1: scores to the workspace, chunk max and Σe; no V.
-template <int D>
-__global__ void __launch_bounds__(kThreads) SplitPass1Kernel(SplitArgs a) {
+template <int D, int GT>
+__global__ void __launch_bounds__(kThreads, (GT > 0 && GT <= 4) ? 6 : 4) SplitPass1Kernel(SplitArgs a) {
+  constexpr int kG = GT > 0 ? GT : kMaxGroup;  // compile-time group size when known
   extern __shared__ float smem[];
   __shared__ float scratch[32];
-  const int32_t G = a.shape.num_heads / a.shape.num_kv_heads;
+  const int32_t G = GT > 0 ? GT : a.shape.num_heads / a.shape.num_kv_heads;
   const int64_t r = blockIdx.y;
   const int32_t t = a.row_ids[r];
   const DevRow row = a.rows[t];
@@ -169,7 +173,7 @@ __global__ void __launch_bounds__(kThreads) SplitPass1Kernel(SplitArgs a) {
     qs[i] = a.q[int64_t(t) * a.q_stride + int64_t(first_head) * D + i] * a.shape.scale;
   }
   __syncthreads();
-  Scores<D>(a, seq, lh, j0, n, G, qs, sc);
+  Scores<D, GT>(a, seq, lh, j0, n, G, qs, sc);
   __syncthreads();
 
   // Chunk max and Σ exp(s - m) per head; e replaces s in shared memory.
@@ -199,9 +203,9 @@ __global__ void __launch_bounds__(kThreads) SplitPass1Kernel(SplitArgs a) {
   constexpr int kRowGroups = kThreads / (D / 8);
   const int rg = threadIdx.x / (D / 8), lane8 = threadIdx.x % (D / 8);
   const int32_t bs = a.layout.block_size;
-  float acc[kMaxGroup][8];
+  float acc[kG][8];
 #pragma unroll
-  for (int h = 0; h < kMaxGroup; ++h)
+  for (int h = 0; h < kG; ++h)
 #pragma unroll
     for (int e = 0; e < 8; ++e) acc[h][e] = 0.0f;
 #pragma unroll 4  // several 16-byte loads in flight per thread
@@ -210,7 +214,7 @@ __global__ void __launch_bounds__(kThreads) SplitPass1Kernel(SplitArgs a) {
     float vf[8];
     LoadBf16x8(a.pool + a.layout.RowOffset(seq.pages.VPage(lh, j, bs), j % bs) + lane8 * 8, vf);
 #pragma unroll
-    for (int h = 0; h < kMaxGroup; ++h) {
+    for (int h = 0; h < kG; ++h) {
       if (h < G) {
         const float p = sc[h * a.chunk + jl];
 #pragma unroll
@@ -218,7 +222,7 @@ __global__ void __launch_bounds__(kThreads) SplitPass1Kernel(SplitArgs a) {
       }
     }
   }
-  ReduceRowGroups<D>(a, acc, G, sc, r, first_head, split);
+  ReduceRowGroups<D, GT>(a, acc, G, sc, r, first_head, split);
 }
 
 // Top-θ between the passes: global max, D_full and the keep threshold of (row r, head) from
@@ -247,13 +251,14 @@ __device__ __forceinline__ void Threshold(const SplitArgs& a, int64_t r, int32_t
 // Top-θ pass 2 over one split: positions [j0, j0 + chunk) for hit marks and the retained
 // count, and stored V rows [i0, i0 + chunk) (sparse store first, then the tail) for the
 // gather of retained rows.
-template <int D>
-__global__ void __launch_bounds__(kThreads) SplitPass2Kernel(SplitArgs a) {
+template <int D, int GT>
+__global__ void __launch_bounds__(kThreads, (GT > 0 && GT <= 4) ? 7 : 4) SplitPass2Kernel(SplitArgs a) {
+  constexpr int kG = GT > 0 ? GT : kMaxGroup;  // compile-time group size when known
   extern __shared__ float smem[];
-  __shared__ float s_m[kMaxGroup], s_thr[kMaxGroup], s_dk[kMaxGroup], s_kc[kMaxGroup];
+  __shared__ float s_m[kG], s_thr[kG], s_dk[kG], s_kc[kG];
   __shared__ unsigned long long s_retained;
   __shared__ int s_count;
-  const int32_t G = a.shape.num_heads / a.shape.num_kv_heads;
+  const int32_t G = GT > 0 ? GT : a.shape.num_heads / a.shape.num_kv_heads;
   const int64_t r = blockIdx.y;
   const int32_t t = a.row_ids[r];
   const DevRow row = a.rows[t];
@@ -329,9 +334,9 @@ __global__ void __launch_bounds__(kThreads) SplitPass2Kernel(SplitArgs a) {
   // list (row index in the pool, e per head) in shared memory...
   uint32_t* list_row = reinterpret_cast<uint32_t*>(smem);  // [chunk]
   float* list_e = smem + a.chunk;                          // [chunk, G]
-  float dk[kMaxGroup], kc[kMaxGroup];
+  float dk[kG], kc[kG];
 #pragma unroll
-  for (int h = 0; h < kMaxGroup; ++h) dk[h] = kc[h] = 0.0f;
+  for (int h = 0; h < kG; ++h) dk[h] = kc[h] = 0.0f;
   for (int32_t il = threadIdx.x; il < ni; il += blockDim.x) {
     const int32_t i = i0 + il;
     int32_t j, page, slot;
@@ -344,10 +349,10 @@ __global__ void __launch_bounds__(kThreads) SplitPass2Kernel(SplitArgs a) {
       page = seq.pages.VPage(lh, j, bs);
       slot = j % bs;
     }
-    float ev[kMaxGroup];
+    float ev[kG];
     bool any = false;
 #pragma unroll
-    for (int h = 0; h < kMaxGroup; ++h) {
+    for (int h = 0; h < kG; ++h) {
       ev[h] = 0.0f;
       if (h < G) {
         const float e = expf(srow0[h * a.ws.score_stride + j] - s_m[h]);
@@ -363,13 +368,13 @@ __global__ void __launch_bounds__(kThreads) SplitPass2Kernel(SplitArgs a) {
     const int k = atomicAdd(&s_count, 1);
     list_row[k] = uint32_t(page) * uint32_t(bs) + uint32_t(slot);
 #pragma unroll
-    for (int h = 0; h < kMaxGroup; ++h) {
+    for (int h = 0; h < kG; ++h) {
       if (h < G) list_e[k * G + h] = ev[h];
     }
     if (tail == 0 && hits) atomicMax(hits + j, row.pos);
   }
 #pragma unroll
-  for (int h = 0; h < kMaxGroup; ++h) {
+  for (int h = 0; h < kG; ++h) {
     if (h < G && kc[h] > 0.0f) {
       atomicAdd(&s_dk[h], dk[h]);
       atomicAdd(&s_kc[h], kc[h]);
@@ -381,9 +386,9 @@ __global__ void __launch_bounds__(kThreads) SplitPass2Kernel(SplitArgs a) {
   constexpr int kRowGroups = kThreads / (D / 8);
   const int rg = threadIdx.x / (D / 8), lane8 = threadIdx.x % (D / 8);
   const int count = s_count;
-  float acc[kMaxGroup][8];
+  float acc[kG][8];
 #pragma unroll
-  for (int h = 0; h < kMaxGroup; ++h)
+  for (int h = 0; h < kG; ++h)
 #pragma unroll
     for (int e = 0; e < 8; ++e) acc[h][e] = 0.0f;
 #pragma unroll 4
@@ -391,7 +396,7 @@ __global__ void __launch_bounds__(kThreads) SplitPass2Kernel(SplitArgs a) {
     float vf[8];
     LoadBf16x8(a.pool + size_t(list_row[k]) * D + lane8 * 8, vf);
 #pragma unroll
-    for (int h = 0; h < kMaxGroup; ++h) {
+    for (int h = 0; h < kG; ++h) {
       if (h < G) {
         const float p = list_e[k * G + h];
 #pragma unroll
@@ -399,7 +404,7 @@ __global__ void __launch_bounds__(kThreads) SplitPass2Kernel(SplitArgs a) {
       }
     }
   }
-  ReduceRowGroups<D>(a, acc, G, smem, r, first_head, split);  // syncs first
+  ReduceRowGroups<D, GT>(a, acc, G, smem, r, first_head, split);  // syncs first
   if (threadIdx.x < G) {
     const int64_t p = PartIndex(a, r, first_head + threadIdx.x, split);
     a.ws.part_dk[p] = s_dk[threadIdx.x];  // not part_l: other splits still read it
@@ -596,20 +601,36 @@ size_t SplitSmemBytes(int D, int G, int chunk) {
   return (size_t(G) * D + std::max(scores, reduce)) * sizeof(float);
 }
 
-template <int D>
+template <int D, int GT>
 cudaError_t RunSplit(const SplitArgs& a, int32_t num_rows, const SplitPlan& plan,
                      cudaStream_t stream) {
   const int32_t G = a.shape.num_heads / a.shape.num_kv_heads;
   const size_t smem = SplitSmemBytes(D, G, plan.chunk);
   const dim3 grid(plan.max_splits, num_rows, a.shape.num_kv_heads);
-  SplitPass1Kernel<D><<<grid, kThreads, smem, stream>>>(a);
+  SplitPass1Kernel<D, GT><<<grid, kThreads, smem, stream>>>(a);
   if (!a.top_theta) {
     DenseCombineKernel<D><<<dim3(num_rows, a.shape.num_heads), D, 0, stream>>>(a);
     return cudaGetLastError();
   }
-  SplitPass2Kernel<D><<<grid, kThreads, smem, stream>>>(a);
+  SplitPass2Kernel<D, GT><<<grid, kThreads, smem, stream>>>(a);
   ThetaCombineKernel<D><<<dim3(num_rows, a.shape.num_heads), D, 0, stream>>>(a);
   return cudaGetLastError();
+}
+
+template <int D>
+cudaError_t DispatchGroup(int group, const SplitArgs& a, int32_t num_rows, const SplitPlan& plan,
+                          cudaStream_t stream) {
+  switch (group) {
+    case 1: return RunSplit<D, 1>(a, num_rows, plan, stream);
+    case 2: return RunSplit<D, 2>(a, num_rows, plan, stream);
+    case 3: return RunSplit<D, 3>(a, num_rows, plan, stream);
+    case 4: return RunSplit<D, 4>(a, num_rows, plan, stream);
+    case 5: return RunSplit<D, 5>(a, num_rows, plan, stream);
+    case 6: return RunSplit<D, 6>(a, num_rows, plan, stream);
+    case 7: return RunSplit<D, 7>(a, num_rows, plan, stream);
+    case 8: return RunSplit<D, 8>(a, num_rows, plan, stream);
+    default: return cudaErrorInvalidValue;
+  }
 }
 
 }  // namespace
@@ -644,11 +665,14 @@ cudaError_t LaunchSplitAttention(const int32_t* row_ids, int32_t num_rows, const
   }();
   SplitArgs a{row_ids, rows, seqs, shape, layer, q, q_stride, layout, pool, plan.chunk, ws,
               theta ? *theta : ThetaArgs{}, theta != nullptr, o, per_warp};
+  // Group sizes are compile-time for the common head sizes (registers: the accumulators are
+  // [group][8]); 16 and 32 (test models) take the generic kernels.
+  const int group = shape.num_heads / shape.num_kv_heads;
   switch (shape.head_dim) {
-    case 16: return RunSplit<16>(a, num_rows, plan, stream);
-    case 32: return RunSplit<32>(a, num_rows, plan, stream);
-    case 64: return RunSplit<64>(a, num_rows, plan, stream);
-    case 128: return RunSplit<128>(a, num_rows, plan, stream);
+    case 16: return RunSplit<16, 0>(a, num_rows, plan, stream);
+    case 32: return RunSplit<32, 0>(a, num_rows, plan, stream);
+    case 64: return DispatchGroup<64>(group, a, num_rows, plan, stream);
+    case 128: return DispatchGroup<128>(group, a, num_rows, plan, stream);
     default: return cudaErrorInvalidValue;
   }
 }
