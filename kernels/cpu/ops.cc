@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "base/check.h"
+#include "kernels/cpu/quant_dot.h"
 #include "kernels/cpu/vec.h"
 #include "model/quant.h"
 
@@ -52,12 +53,56 @@ void RunMicroKernel(int tt, const float* x, int64_t ldx, const float* const w[kR
   }
 }
 
+constexpr int kQuantRegT = 4;  // activation rows per QuantizedDotRows call
+
+// The kQuantized path: x is quantized once (on the calling thread's buffer), then each tile of
+// weight rows is multiplied with every activation row while it is in L1.
+void MatMulQuantized(ThreadPool& pool, const float* x, int64_t T, const model::TensorView& w,
+                     const float* bias, float* y, bool accumulate) {
+  const int64_t N = w.rows();
+  const int64_t K = w.cols();
+  const int64_t nb = K / kQ8Block;
+  thread_local std::vector<BlockQ8> xq;  // [T, nb]
+  xq.resize(T * nb);
+  // The lambdas run on workers too, where `xq` would name the worker's own buffer.
+  BlockQ8* xqd = xq.data();
+  pool.ParallelFor(T, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) QuantizeRowQ8(x + t * K, K, xqd + t * nb);
+  });
+  const int64_t num_tiles = (N + kTileN - 1) / kTileN;
+  const int64_t w_stride = model::RowBytes(w.dtype, K);
+  const uint8_t* wd = static_cast<const uint8_t*>(w.data);
+  pool.ParallelFor(num_tiles, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t ti = begin; ti < end; ++ti) {
+      const int64_t n0 = ti * kTileN;
+      const int64_t nn = std::min(kTileN, N - n0);
+      for (int64_t t = 0; t < T; t += kQuantRegT) {
+        const int tt = static_cast<int>(std::min<int64_t>(kQuantRegT, T - t));
+        float out[kTileN * kQuantRegT];  // [nn, tt]
+        QuantizedDotRows(w.dtype, wd + n0 * w_stride, w_stride, nn, xqd + t * nb, nb, tt, nb,
+                         out);
+        for (int64_t r = 0; r < nn; ++r) {
+          const int64_t n = n0 + r;
+          for (int i = 0; i < tt; ++i) {
+            float v = out[r * tt + i] + (bias ? bias[n] : 0.0f);
+            float& dst = y[(t + i) * N + n];
+            dst = accumulate ? dst + v : v;
+          }
+        }
+      }
+    }
+  });
+}
+
 }  // namespace
 
 void MatMul(ThreadPool& pool, const float* x, int64_t T, const model::TensorView& w,
-            const float* bias, float* y, bool accumulate) {
+            const float* bias, float* y, bool accumulate, MatMulMode mode) {
   const int64_t N = w.rows();
   const int64_t K = w.cols();
+  if (mode == MatMulMode::kQuantized && HasQuantizedDot(w.dtype) && K % kQ8Block == 0) {
+    return MatMulQuantized(pool, x, T, w, bias, y, accumulate);
+  }
   const int64_t num_tiles = (N + kTileN - 1) / kTileN;
   pool.ParallelFor(num_tiles, 1, [&](int64_t begin, int64_t end) {
     thread_local std::vector<float> tile;

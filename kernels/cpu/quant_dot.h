@@ -1,0 +1,47 @@
+// Dot products of quantized weight rows with int8-quantized activation rows, computed on the
+// stored blocks with integer SIMD (llama.cpp's vec_dot_q*_q8 scheme). Decode is bound by
+// how fast weights stream through the cores; dequantizing every weight to f32 first made it
+// compute-bound, so the activations are quantized once per MatMul instead.
+//
+// Covered weight types: Q8_0, Q4_0, Q4_1 (32-element blocks). The K-quants (Q4_K, Q5_K, Q6_K)
+// and float types keep the f32 dequantize-then-FMA path in MatMul.
+#pragma once
+
+#include <cstdint>
+
+#include "model/tensor.h"
+
+namespace thetaserve::kernels::cpu {
+
+inline constexpr int64_t kQ8Block = 32;
+
+// 32 activations as int8 with one f32 scale: x[i] ≈ d * qs[i]. `s` = d * Σ qs, which the
+// formats with an offset (Q4_1's min, Q4_0's -8) need: Σ (a q_w + m) d q_x = a d Σ q_w q_x + m s.
+struct BlockQ8 {
+  float d;
+  float s;
+  int8_t qs[kQ8Block];
+};
+
+// True when `t` has an integer dot product here (rows must be a multiple of 32 long).
+bool HasQuantizedDot(model::DType t);
+
+// Quantizes `n` (a multiple of 32) floats to n / 32 blocks: d = max|x| / 127, qs = round(x / d)
+// (ties to even), so |qs| <= 127.
+void QuantizeRowQ8(const float* x, int64_t n, BlockQ8* out);  // out: [n / 32]
+
+// out[r * tt + t] = Σ_k w_r[k] · x_t[k] for `nrows` weight rows w_r = w + r * w_stride (bytes)
+// of `nb` blocks of type `t` (HasQuantizedDot(t)), and `tt` activation rows x_t = x + t * ldx
+// (1 <= tt <= 4), the Q8 blocks of each. Each result is bit-identical whatever `tt` is, so a
+// sequence gets the same logits alone and in a batch.
+void QuantizedDotRows(model::DType t, const uint8_t* w, int64_t w_stride,  // [nrows, w_stride]
+                      int64_t nrows, const BlockQ8* x,                    // [tt, ldx]
+                      int64_t ldx, int tt, int64_t nb, float* out);       // [nrows, tt]
+
+// Whether QuantizedDotRows runs its AVX-VNNI build (chosen once, from the CPU).
+bool QuantizedDotUsesVnni();
+// The AVX2 (or, without AVX2, scalar) build alone, for tests that compare the two.
+void QuantizedDotRowsAvx2(model::DType t, const uint8_t* w, int64_t w_stride, int64_t nrows,
+                          const BlockQ8* x, int64_t ldx, int tt, int64_t nb, float* out);
+
+}  // namespace thetaserve::kernels::cpu

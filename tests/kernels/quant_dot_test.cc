@@ -1,0 +1,238 @@
+// Integer dot products of quantized weight blocks with Q8 activation blocks (quant_dot.h), on
+// hand-built blocks, and MatMul's quantized mode against its exact f32 mode.
+#include "kernels/cpu/quant_dot.h"
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/cpu/ops.h"
+#include "model/quant.h"
+#include "tests/test_util.h"
+
+namespace thetaserve::kernels::cpu {
+namespace {
+
+using model::DType;
+
+void PutHalf(uint8_t* p, float f) {
+  const uint16_t h = model::FloatToHalf(f);
+  std::memcpy(p, &h, 2);
+}
+
+// One weight row of `nb` random blocks of type `t` (random scales, offsets and quants).
+std::vector<uint8_t> RandomRow(DType t, int64_t nb, std::mt19937& rng) {
+  std::vector<uint8_t> row(nb * model::BlockBytes(t));
+  std::uniform_real_distribution<float> scale(0.001f, 0.05f);
+  std::uniform_int_distribution<int> byte(0, 255);
+  for (int64_t b = 0; b < nb; ++b) {
+    uint8_t* p = row.data() + b * model::BlockBytes(t);
+    PutHalf(p, scale(rng));
+    int first = 2;
+    if (t == DType::kQ4_1) {
+      PutHalf(p + 2, -8.0f * scale(rng));  // a min, as Q4_1 blocks of centred weights have
+      first = 4;
+    }
+    for (int64_t i = first; i < model::BlockBytes(t); ++i) p[i] = uint8_t(byte(rng));
+  }
+  return row;
+}
+
+std::vector<float> RandomFloats(int64_t n, std::mt19937& rng) {
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> v(n);
+  for (float& f : v) f = dist(rng);
+  return v;
+}
+
+// Σ w[k] · d_b · qs[k] in double: what the integer path must give up to f32 rounding.
+double ReferenceDot(DType t, const std::vector<uint8_t>& w, const std::vector<BlockQ8>& x,
+                    int64_t nb, double* abs_sum) {
+  std::vector<float> wf(nb * kQ8Block);
+  model::DequantizeRow(t, w.data(), wf.data(), nb * kQ8Block);
+  double sum = 0;
+  *abs_sum = 0;
+  for (int64_t k = 0; k < nb * kQ8Block; ++k) {
+    const double xv = double(x[k / kQ8Block].d) * x[k / kQ8Block].qs[k % kQ8Block];
+    sum += double(wf[k]) * xv;
+    *abs_sum += std::fabs(double(wf[k]) * xv);
+  }
+  return sum;
+}
+
+TEST(QuantizeRowQ8Test, ScaleIsMaxOver127AndQuantsRoundToNearest) {
+  std::vector<float> x(64);
+  for (int i = 0; i < 64; ++i) x[i] = 0.37f * float(i - 20);
+  x[40] = -25.4f;  // the largest magnitude of block 1
+  std::vector<BlockQ8> q(2);
+  QuantizeRowQ8(x.data(), 64, q.data());
+  EXPECT_FLOAT_EQ(q[0].d, 0.37f * 20 / 127.0f);
+  EXPECT_EQ(q[0].qs[0], -127);
+  EXPECT_FLOAT_EQ(q[1].d, 25.4f / 127.0f);
+  EXPECT_EQ(q[1].qs[40 - 32], -127);
+  for (int b = 0; b < 2; ++b) {
+    const float max_abs = b == 0 ? std::fabs(x[0]) : std::fabs(x[40]);
+    int32_t sum = 0;
+    for (int i = 0; i < 32; ++i) {
+      const float want = x[b * 32 + i] / q[b].d;
+      EXPECT_LE(std::fabs(q[b].qs[i] - want), 0.5f + 1e-4f) << "block " << b << " elem " << i;
+      EXPECT_EQ(q[b].qs[i], int(std::nearbyint(x[b * 32 + i] * (127.0f / max_abs))))
+          << "block " << b << " elem " << i;
+      sum += q[b].qs[i];
+    }
+    EXPECT_FLOAT_EQ(q[b].s, q[b].d * float(sum));
+  }
+}
+
+TEST(QuantizeRowQ8Test, ZeroBlockHasZeroScaleAndQuants) {
+  std::vector<float> x(32, 0.0f);
+  BlockQ8 q;
+  QuantizeRowQ8(x.data(), 32, &q);
+  EXPECT_EQ(q.d, 0.0f);
+  EXPECT_EQ(q.s, 0.0f);
+  for (int i = 0; i < 32; ++i) EXPECT_EQ(q.qs[i], 0);
+}
+
+// A Q4_1 block with d = 0.5, m = -2 and quants 0..15, 15..0 against integer activations:
+// every term is exact in f32, so is the result.
+TEST(QuantizedDotTest, HandBuiltQ4_1BlockIsExact) {
+  uint8_t w[20];
+  PutHalf(w, 0.5f);
+  PutHalf(w + 2, -2.0f);
+  for (int i = 0; i < 16; ++i) w[4 + i] = uint8_t(i | ((15 - i) << 4));  // elems i and 16+i
+  std::vector<float> x(32);
+  for (int i = 0; i < 32; ++i) x[i] = float((i * 7) % 23 - 11);  // max |x| = 11
+  BlockQ8 xq;
+  QuantizeRowQ8(x.data(), 32, &xq);
+  double want = 0;
+  for (int i = 0; i < 32; ++i) {
+    const int q = i < 16 ? i : 15 - (i - 16);
+    want += (0.5 * q - 2.0) * double(xq.d) * xq.qs[i];
+  }
+  float got;
+  QuantizedDotRows(DType::kQ4_1, w, 20, 1, &xq, 1, 1, 1, &got);
+  EXPECT_NEAR(got, want, 1e-5 * std::fabs(want) + 1e-6);
+}
+
+TEST(QuantizedDotTest, HandBuiltQ8_0AndQ4_0BlocksMatchTheirDequantizedValues) {
+  // Q8_0 with the extreme quants -128 and 127 (maddubs' pair sum stays inside int16).
+  uint8_t w8[34];
+  PutHalf(w8, 0.25f);
+  for (int i = 0; i < 32; ++i) w8[2 + i] = uint8_t(int8_t(i % 2 ? 127 : -128));
+  uint8_t w4[18];
+  PutHalf(w4, 0.125f);
+  for (int i = 0; i < 16; ++i) w4[2 + i] = uint8_t((i % 16) | (((i * 3) % 16) << 4));
+  std::vector<float> x(32);
+  for (int i = 0; i < 32; ++i) x[i] = i % 3 == 0 ? 127.0f : -127.0f + i;
+  BlockQ8 xq;
+  QuantizeRowQ8(x.data(), 32, &xq);
+  ASSERT_EQ(xq.d, 1.0f);  // x are the quants themselves
+  double want8 = 0, want4 = 0;
+  for (int i = 0; i < 32; ++i) {
+    want8 += 0.25 * (i % 2 ? 127 : -128) * xq.qs[i];
+    const int q4 = i < 16 ? i : (((i - 16) * 3) % 16);
+    want4 += 0.125 * (q4 - 8) * xq.qs[i];
+  }
+  float got8, got4;
+  QuantizedDotRows(DType::kQ8_0, w8, 34, 1, &xq, 1, 1, 1, &got8);
+  QuantizedDotRows(DType::kQ4_0, w4, 18, 1, &xq, 1, 1, 1, &got4);
+  EXPECT_EQ(got8, want8);  // small integers times powers of two: exact
+  EXPECT_EQ(got4, want4);
+}
+
+class QuantizedDotTypeTest : public ::testing::TestWithParam<DType> {};
+
+// Random rows of 1..9 blocks (odd counts exercise the unpaired last block) against 1..4
+// activation rows: the result equals the double-precision dot of the dequantized values up to
+// f32 rounding, each activation row's result does not depend on how many rows ran with it, and
+// the AVX2 and AVX-VNNI builds agree bit for bit.
+TEST_P(QuantizedDotTypeTest, MatchesDequantizedDotAndIsIndependentOfRowCount) {
+  const DType t = GetParam();
+  std::printf("quantized dot product: %s\n", QuantizedDotUsesVnni() ? "AVX-VNNI" : "AVX2");
+  const unsigned seed = 1234 + static_cast<unsigned>(t);
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937 rng(seed);
+  for (int64_t nb = 1; nb <= 9; ++nb) {
+    const std::vector<uint8_t> w = RandomRow(t, nb, rng);
+    std::vector<BlockQ8> x(4 * nb);
+    for (int r = 0; r < 4; ++r) {
+      std::vector<float> xf = RandomFloats(nb * kQ8Block, rng);
+      QuantizeRowQ8(xf.data(), nb * kQ8Block, x.data() + r * nb);
+    }
+    float all[4];
+    QuantizedDotRows(t, w.data(), 0, 1, x.data(), nb, 4, nb, all);
+    // The AVX-VNNI build (where the CPU has it) computes the same int32 sums as the AVX2 one.
+    float avx2[4];
+    QuantizedDotRowsAvx2(t, w.data(), 0, 1, x.data(), nb, 4, nb, avx2);
+    for (int r = 0; r < 4; ++r) EXPECT_EQ(avx2[r], all[r]) << "nb " << nb << " row " << r;
+    for (int tt = 1; tt <= 4; ++tt) {
+      float some[4];
+      QuantizedDotRows(t, w.data(), 0, 1, x.data(), nb, tt, nb, some);
+      for (int r = 0; r < tt; ++r) EXPECT_EQ(some[r], all[r]) << "nb " << nb << " tt " << tt;
+    }
+    for (int r = 0; r < 4; ++r) {
+      std::vector<BlockQ8> xr(x.begin() + r * nb, x.begin() + (r + 1) * nb);
+      double abs_sum;
+      const double want = ReferenceDot(t, w, xr, nb, &abs_sum);
+      EXPECT_NEAR(all[r], want, 1e-5 * abs_sum) << "nb " << nb << " row " << r;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Types, QuantizedDotTypeTest,
+                         ::testing::Values(DType::kQ8_0, DType::kQ4_0, DType::kQ4_1),
+                         [](const auto& info) { return std::string(model::DTypeName(info.param)); });
+
+// MatMul's quantized mode against its exact mode on a weight of 37 rows (crossing the 16-row
+// tile) and 1..9 activation rows, with bias and accumulation. The only difference is the
+// activations' rounding to 8 bits: |Δ| <= Σ_k |w[n,k]| · d_x / 2 per element, bounded here
+// by 1% of Σ_k |w[n,k] x[t,k]| plus a small absolute term.
+TEST(QuantizedMatMulTest, QuantizedModeMatchesExactModeWithinActivationRounding) {
+  ThreadPool pool(2);
+  for (DType t : {DType::kQ8_0, DType::kQ4_0, DType::kQ4_1}) {
+    const unsigned seed = 99 + static_cast<unsigned>(t);
+    SCOPED_TRACE(std::string(model::DTypeName(t)) + " seed " + std::to_string(seed));
+    std::mt19937 rng(seed);
+    const int64_t N = 37, nb = 6, K = nb * kQ8Block;
+    std::vector<uint8_t> wdata;
+    for (int64_t n = 0; n < N; ++n) {
+      std::vector<uint8_t> row = RandomRow(t, nb, rng);
+      wdata.insert(wdata.end(), row.begin(), row.end());
+    }
+    model::TensorView w;
+    w.dtype = t;
+    w.shape = {N, K};
+    w.data = wdata.data();
+    w.nbytes = wdata.size();
+    std::vector<float> wf(N * K);
+    model::DequantizeRow(t, wdata.data(), wf.data(), N * K);
+    const std::vector<float> bias = RandomFloats(N, rng);
+    for (int64_t T : {1, 2, 3, 4, 5, 9}) {
+      const std::vector<float> x = RandomFloats(T * K, rng);
+      const std::vector<float> y0 = RandomFloats(T * N, rng);
+      std::vector<float> exact = y0, quant = y0;
+      MatMul(pool, x.data(), T, w, bias.data(), exact.data(), /*accumulate=*/true,
+             MatMulMode::kExact);
+      MatMul(pool, x.data(), T, w, bias.data(), quant.data(), /*accumulate=*/true,
+             MatMulMode::kQuantized);
+      for (int64_t r = 0; r < T; ++r) {
+        for (int64_t n = 0; n < N; ++n) {
+          double mag = 0;
+          for (int64_t k = 0; k < K; ++k) mag += std::fabs(wf[n * K + k] * x[r * K + k]);
+          const double diff = std::fabs(double(quant[r * N + n]) - exact[r * N + n]);
+          EXPECT_LE(diff, 0.01 * mag + 1e-5) << "T " << T << " row " << r << " col " << n;
+        }
+      }
+      // The quantized rows do not depend on the batch: row 0 alone gives the same numbers.
+      std::vector<float> alone(y0.begin(), y0.begin() + N);
+      MatMul(pool, x.data(), 1, w, bias.data(), alone.data(), true, MatMulMode::kQuantized);
+      for (int64_t n = 0; n < N; ++n) EXPECT_EQ(alone[n], quant[n]) << "T " << T << " col " << n;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace thetaserve::kernels::cpu
