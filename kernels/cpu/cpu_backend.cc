@@ -85,9 +85,10 @@ absl::Status CpuBackend::Forward(const ForwardBatch& batch, float* logits) {
   for (int64_t l = 0; l < c.num_layers; ++l) {
     const model::LayerWeights& lw = w.layers[l];
     RmsNorm(x, static_cast<const float*>(lw.attn_norm.data), T, hidden, c.rms_norm_eps, h);
-    MatMul(pool_, h, T, lw.wq, static_cast<const float*>(lw.bq.data), q, /*accumulate=*/false, matmul_);
-    MatMul(pool_, h, T, lw.wk, static_cast<const float*>(lw.bk.data), k, /*accumulate=*/false, matmul_);
-    MatMul(pool_, h, T, lw.wv, static_cast<const float*>(lw.bv.data), v, /*accumulate=*/false, matmul_);
+    const MatMulOut qkv[] = {{&lw.wq, static_cast<const float*>(lw.bq.data), q},
+                             {&lw.wk, static_cast<const float*>(lw.bk.data), k},
+                             {&lw.wv, static_cast<const float*>(lw.bv.data), v}};
+    MatMuls(pool_, h, T, qkv, matmul_);
     for (const SeqChunk& seq : batch.seqs) {
       for (int32_t i = 0; i < seq.num_tokens; ++i) {
         const int64_t row = seq.token_offset + i;
@@ -102,8 +103,9 @@ absl::Status CpuBackend::Forward(const ForwardBatch& batch, float* logits) {
     MatMul(pool_, attn, T, lw.wo, nullptr, x, /*accumulate=*/true, matmul_);
 
     RmsNorm(x, static_cast<const float*>(lw.ffn_norm.data), T, hidden, c.rms_norm_eps, h);
-    MatMul(pool_, h, T, lw.w_gate, nullptr, scratch_.gate.data(), /*accumulate=*/false, matmul_);
-    MatMul(pool_, h, T, lw.w_up, nullptr, scratch_.up.data(), /*accumulate=*/false, matmul_);
+    const MatMulOut gate_up[] = {{&lw.w_gate, nullptr, scratch_.gate.data()},
+                                 {&lw.w_up, nullptr, scratch_.up.data()}};
+    MatMuls(pool_, h, T, gate_up, matmul_);
     pool_.ParallelFor(T, 8, [&](int64_t b, int64_t e) {
       SiluMul(scratch_.gate.data() + b * inter, scratch_.up.data() + b * inter, (e - b) * inter,
               scratch_.act.data() + b * inter);

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "kernels/cpu/thread_pool.h"
@@ -22,6 +23,20 @@ void MatMul(ThreadPool& pool, const float* x,  // [T, K]
             const float* bias,                      // [N] or nullptr
             float* y,                               // [T, N]
             bool accumulate = false, MatMulMode mode = MatMulMode::kQuantized);
+
+// One product of MatMuls: y = x · wᵀ (+ bias) (+ y when `accumulate`), as MatMul.
+struct MatMulOut {
+  const model::TensorView* w;  // [N, K]
+  const float* bias;           // [N] or nullptr
+  float* y;                    // [T, N]
+  bool accumulate = false;
+};
+
+// Up to 4 products of the same x (Q, K and V; gate and up) at once: in kQuantized mode, when
+// all weights take the quantized path, x is quantized once and all tiles share one parallel
+// region (a decode step otherwise pays a fork-join per matrix). Same results as MatMul each.
+void MatMuls(ThreadPool& pool, const float* x,  // [T, K]
+             int64_t T, std::span<const MatMulOut> outs, MatMulMode mode = MatMulMode::kQuantized);
 
 // y[t] = x[t] / rms(x[t]) * weight, rows of `n`.
 void RmsNorm(const float* x,  // [T, n]

@@ -48,15 +48,17 @@ std::vector<float> RandomFloats(int64_t n, std::mt19937& rng) {
   return v;
 }
 
-// Σ w[k] · d_b · qs[k] in double: what the integer path must give up to f32 rounding.
-double ReferenceDot(DType t, const std::vector<uint8_t>& w, const std::vector<BlockQ8>& x,
-                    int64_t nb, double* abs_sum) {
+// Σ w[k] · d_b · q[k] in double: what the integer path must give up to f32 rounding.
+double ReferenceDot(DType t, const std::vector<uint8_t>& w, const BlockQ8x2* x, int64_t nb,
+                    double* abs_sum) {
   std::vector<float> wf(nb * kQ8Block);
   model::DequantizeRow(t, w.data(), wf.data(), nb * kQ8Block);
   double sum = 0;
   *abs_sum = 0;
   for (int64_t k = 0; k < nb * kQ8Block; ++k) {
-    const double xv = double(x[k / kQ8Block].d) * x[k / kQ8Block].qs[k % kQ8Block];
+    const BlockQ8x2& p = x[k / (2 * kQ8Block)];
+    const int j = static_cast<int>(k % (2 * kQ8Block));
+    const double xv = double(p.d(j / kQ8Block)) * p.quant(j);
     sum += double(wf[k]) * xv;
     *abs_sum += std::fabs(double(wf[k]) * xv);
   }
@@ -67,33 +69,41 @@ TEST(QuantizeRowQ8Test, ScaleIsMaxOver127AndQuantsRoundToNearest) {
   std::vector<float> x(64);
   for (int i = 0; i < 64; ++i) x[i] = 0.37f * float(i - 20);
   x[40] = -25.4f;  // the largest magnitude of block 1
-  std::vector<BlockQ8> q(2);
-  QuantizeRowQ8(x.data(), 64, q.data());
-  EXPECT_FLOAT_EQ(q[0].d, 0.37f * 20 / 127.0f);
-  EXPECT_EQ(q[0].qs[0], -127);
-  EXPECT_FLOAT_EQ(q[1].d, 25.4f / 127.0f);
-  EXPECT_EQ(q[1].qs[40 - 32], -127);
+  BlockQ8x2 q;
+  QuantizeRowQ8(x.data(), 64, &q);
+  EXPECT_FLOAT_EQ(q.d(0), 0.37f * 20 / 127.0f);
+  EXPECT_EQ(q.quant(0), -127);
+  EXPECT_FLOAT_EQ(q.d(1), 25.4f / 127.0f);
+  EXPECT_EQ(q.quant(40), -127);
+  // The layout the kernels load: elements 0..15 of each block in lo, 16..31 in hi.
+  EXPECT_EQ(q.lo[16 + 8], q.quant(40));
+  EXPECT_EQ(q.hi[3], q.quant(19));
   for (int b = 0; b < 2; ++b) {
     const float max_abs = b == 0 ? std::fabs(x[0]) : std::fabs(x[40]);
     int32_t sum = 0;
     for (int i = 0; i < 32; ++i) {
-      const float want = x[b * 32 + i] / q[b].d;
-      EXPECT_LE(std::fabs(q[b].qs[i] - want), 0.5f + 1e-4f) << "block " << b << " elem " << i;
-      EXPECT_EQ(q[b].qs[i], int(std::nearbyint(x[b * 32 + i] * (127.0f / max_abs))))
+      const float want = x[b * 32 + i] / q.d(b);
+      const int got = q.quant(b * 32 + i);
+      EXPECT_LE(std::fabs(got - want), 0.5f + 1e-4f) << "block " << b << " elem " << i;
+      EXPECT_EQ(got, int(std::nearbyint(x[b * 32 + i] * (127.0f / max_abs))))
           << "block " << b << " elem " << i;
-      sum += q[b].qs[i];
+      sum += got;
     }
-    EXPECT_FLOAT_EQ(q[b].s, q[b].d * float(sum));
+    EXPECT_FLOAT_EQ(q.s(b), q.d(b) * float(sum));
   }
 }
 
-TEST(QuantizeRowQ8Test, ZeroBlockHasZeroScaleAndQuants) {
+// A zero block, and the absent second block of a row with an odd block count, are all zeros.
+TEST(QuantizeRowQ8Test, ZeroBlockAndAbsentBlockAreZero) {
   std::vector<float> x(32, 0.0f);
-  BlockQ8 q;
+  BlockQ8x2 q;
+  std::memset(&q, 0x5A, sizeof(q));
   QuantizeRowQ8(x.data(), 32, &q);
-  EXPECT_EQ(q.d, 0.0f);
-  EXPECT_EQ(q.s, 0.0f);
-  for (int i = 0; i < 32; ++i) EXPECT_EQ(q.qs[i], 0);
+  for (int u = 0; u < 2; ++u) {
+    EXPECT_EQ(q.d(u), 0.0f);
+    EXPECT_EQ(q.s(u), 0.0f);
+  }
+  for (int j = 0; j < 64; ++j) EXPECT_EQ(q.quant(j), 0) << j;
 }
 
 // A Q4_1 block with d = 0.5, m = -2 and quants 0..15, 15..0 against integer activations:
@@ -105,12 +115,12 @@ TEST(QuantizedDotTest, HandBuiltQ4_1BlockIsExact) {
   for (int i = 0; i < 16; ++i) w[4 + i] = uint8_t(i | ((15 - i) << 4));  // elems i and 16+i
   std::vector<float> x(32);
   for (int i = 0; i < 32; ++i) x[i] = float((i * 7) % 23 - 11);  // max |x| = 11
-  BlockQ8 xq;
+  BlockQ8x2 xq;
   QuantizeRowQ8(x.data(), 32, &xq);
   double want = 0;
   for (int i = 0; i < 32; ++i) {
     const int q = i < 16 ? i : 15 - (i - 16);
-    want += (0.5 * q - 2.0) * double(xq.d) * xq.qs[i];
+    want += (0.5 * q - 2.0) * double(xq.d(0)) * xq.quant(i);
   }
   float got;
   QuantizedDotRows(DType::kQ4_1, w, 20, 1, &xq, 1, 1, 1, &got);
@@ -127,14 +137,14 @@ TEST(QuantizedDotTest, HandBuiltQ8_0AndQ4_0BlocksMatchTheirDequantizedValues) {
   for (int i = 0; i < 16; ++i) w4[2 + i] = uint8_t((i % 16) | (((i * 3) % 16) << 4));
   std::vector<float> x(32);
   for (int i = 0; i < 32; ++i) x[i] = i % 3 == 0 ? 127.0f : -127.0f + i;
-  BlockQ8 xq;
+  BlockQ8x2 xq;
   QuantizeRowQ8(x.data(), 32, &xq);
-  ASSERT_EQ(xq.d, 1.0f);  // x are the quants themselves
+  ASSERT_EQ(xq.d(0), 1.0f);  // x are the quants themselves
   double want8 = 0, want4 = 0;
   for (int i = 0; i < 32; ++i) {
-    want8 += 0.25 * (i % 2 ? 127 : -128) * xq.qs[i];
+    want8 += 0.25 * (i % 2 ? 127 : -128) * xq.quant(i);
     const int q4 = i < 16 ? i : (((i - 16) * 3) % 16);
-    want4 += 0.125 * (q4 - 8) * xq.qs[i];
+    want4 += 0.125 * (q4 - 8) * xq.quant(i);
   }
   float got8, got4;
   QuantizedDotRows(DType::kQ8_0, w8, 34, 1, &xq, 1, 1, 1, &got8);
@@ -157,26 +167,26 @@ TEST_P(QuantizedDotTypeTest, MatchesDequantizedDotAndIsIndependentOfRowCount) {
   std::mt19937 rng(seed);
   for (int64_t nb = 1; nb <= 9; ++nb) {
     const std::vector<uint8_t> w = RandomRow(t, nb, rng);
-    std::vector<BlockQ8> x(4 * nb);
+    const int64_t np = Q8PairsPerRow(nb * kQ8Block);
+    std::vector<BlockQ8x2> x(4 * np);
     for (int r = 0; r < 4; ++r) {
       std::vector<float> xf = RandomFloats(nb * kQ8Block, rng);
-      QuantizeRowQ8(xf.data(), nb * kQ8Block, x.data() + r * nb);
+      QuantizeRowQ8(xf.data(), nb * kQ8Block, x.data() + r * np);
     }
     float all[4];
-    QuantizedDotRows(t, w.data(), 0, 1, x.data(), nb, 4, nb, all);
+    QuantizedDotRows(t, w.data(), 0, 1, x.data(), np, 4, nb, all);
     // The AVX-VNNI build (where the CPU has it) computes the same int32 sums as the AVX2 one.
     float avx2[4];
-    QuantizedDotRowsAvx2(t, w.data(), 0, 1, x.data(), nb, 4, nb, avx2);
+    QuantizedDotRowsAvx2(t, w.data(), 0, 1, x.data(), np, 4, nb, avx2);
     for (int r = 0; r < 4; ++r) EXPECT_EQ(avx2[r], all[r]) << "nb " << nb << " row " << r;
     for (int tt = 1; tt <= 4; ++tt) {
       float some[4];
-      QuantizedDotRows(t, w.data(), 0, 1, x.data(), nb, tt, nb, some);
+      QuantizedDotRows(t, w.data(), 0, 1, x.data(), np, tt, nb, some);
       for (int r = 0; r < tt; ++r) EXPECT_EQ(some[r], all[r]) << "nb " << nb << " tt " << tt;
     }
     for (int r = 0; r < 4; ++r) {
-      std::vector<BlockQ8> xr(x.begin() + r * nb, x.begin() + (r + 1) * nb);
       double abs_sum;
-      const double want = ReferenceDot(t, w, xr, nb, &abs_sum);
+      const double want = ReferenceDot(t, w, x.data() + r * np, nb, &abs_sum);
       EXPECT_NEAR(all[r], want, 1e-5 * abs_sum) << "nb " << nb << " row " << r;
     }
   }
@@ -231,6 +241,45 @@ TEST(QuantizedMatMulTest, QuantizedModeMatchesExactModeWithinActivationRounding)
       MatMul(pool, x.data(), 1, w, bias.data(), alone.data(), true, MatMulMode::kQuantized);
       for (int64_t n = 0; n < N; ++n) EXPECT_EQ(alone[n], quant[n]) << "T " << T << " col " << n;
     }
+  }
+}
+
+// MatMuls (one parallel region over several weights of one x) gives what MatMul gives for each,
+// in both modes.
+TEST(QuantizedMatMulTest, MatMulsEqualsOneMatMulPerWeight) {
+  ThreadPool pool(2);
+  const unsigned seed = 4242;
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937 rng(seed);
+  const int64_t nb = 3, K = nb * kQ8Block, T = 5;
+  const DType types[] = {DType::kQ4_1, DType::kQ8_0, DType::kQ4_0};
+  const int64_t rows[] = {40, 7, 16};
+  std::vector<std::vector<uint8_t>> data(3);
+  std::vector<model::TensorView> ws(3);
+  for (int i = 0; i < 3; ++i) {
+    for (int64_t n = 0; n < rows[i]; ++n) {
+      std::vector<uint8_t> row = RandomRow(types[i], nb, rng);
+      data[i].insert(data[i].end(), row.begin(), row.end());
+    }
+    ws[i].dtype = types[i];
+    ws[i].shape = {rows[i], K};
+    ws[i].data = data[i].data();
+    ws[i].nbytes = data[i].size();
+  }
+  const std::vector<float> x = RandomFloats(T * K, rng);
+  const std::vector<float> bias = RandomFloats(40, rng);
+  for (MatMulMode mode : {MatMulMode::kQuantized, MatMulMode::kExact}) {
+    std::vector<std::vector<float>> fused(3), alone(3);
+    for (int i = 0; i < 3; ++i) {
+      fused[i] = alone[i] = RandomFloats(T * rows[i], rng);
+      MatMul(pool, x.data(), T, ws[i], i == 0 ? bias.data() : nullptr, alone[i].data(),
+             /*accumulate=*/i == 1, mode);
+    }
+    const MatMulOut outs[] = {{&ws[0], bias.data(), fused[0].data(), false},
+                              {&ws[1], nullptr, fused[1].data(), true},
+                              {&ws[2], nullptr, fused[2].data(), false}};
+    MatMuls(pool, x.data(), T, outs, mode);
+    for (int i = 0; i < 3; ++i) EXPECT_EQ(fused[i], alone[i]) << "weight " << i;
   }
 }
 
