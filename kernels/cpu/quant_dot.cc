@@ -110,7 +110,13 @@ void QuantizeRowQ8(const float* x, int64_t n, BlockQ8x2* out) {
   }
 }
 
-bool QuantizedDotUsesVnni() { return CpuHasVnni(); }
+const char* QuantizedDotIsa() {
+#if TS_AVX2
+  return CpuHasVnni() ? "avx-vnni" : "avx2";
+#else
+  return "scalar";
+#endif
+}
 
 void QuantizedDotRows(DType t, const uint8_t* w, int64_t w_stride, int64_t nrows,
                       const BlockQ8x2* x, int64_t ldx, int tt, int64_t nb, float* out) {

@@ -54,8 +54,8 @@ void QuantizedDotRows(model::DType t, const uint8_t* w, int64_t w_stride,  // [n
                       int64_t nrows, const BlockQ8x2* x,                  // [tt, ldx]
                       int64_t ldx, int tt, int64_t nb, float* out);       // [nrows, tt]
 
-// Whether QuantizedDotRows runs its AVX-VNNI build (chosen once, from the CPU).
-bool QuantizedDotUsesVnni();
+// The build QuantizedDotRows runs, chosen once from the CPU: "avx-vnni", "avx2" or "scalar".
+const char* QuantizedDotIsa();
 // The AVX2 (or, without AVX2, scalar) build alone, for tests that compare the two.
 void QuantizedDotRowsAvx2(model::DType t, const uint8_t* w, int64_t w_stride, int64_t nrows,
                           const BlockQ8x2* x, int64_t ldx, int tt, int64_t nb, float* out);

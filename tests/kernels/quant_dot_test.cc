@@ -161,7 +161,7 @@ class QuantizedDotTypeTest : public ::testing::TestWithParam<DType> {};
 // the AVX2 and AVX-VNNI builds agree bit for bit.
 TEST_P(QuantizedDotTypeTest, MatchesDequantizedDotAndIsIndependentOfRowCount) {
   const DType t = GetParam();
-  std::printf("quantized dot product: %s\n", QuantizedDotUsesVnni() ? "AVX-VNNI" : "AVX2");
+  std::printf("quantized dot product: %s\n", QuantizedDotIsa());
   const unsigned seed = 1234 + static_cast<unsigned>(t);
   SCOPED_TRACE("seed " + std::to_string(seed));
   std::mt19937 rng(seed);
