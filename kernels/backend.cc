@@ -31,7 +31,7 @@ bool CudaAvailable() {
 
 // The only place that asks whether CUDA is built in.
 absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const model::Model& model, Device device,
-                                                       int threads) {
+                                                       int threads, MatMulMode matmul) {
   if (device == Device::kAuto) device = CudaAvailable() ? Device::kCuda : Device::kCpu;
   if (device == Device::kCuda) {
 #if THETASERVE_HAVE_CUDA
@@ -41,7 +41,7 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const model::Model& model
         "this build has no CUDA backend (nvcc was not found at configure time); use --device cpu");
 #endif
   }
-  return std::unique_ptr<Backend>(new cpu::CpuBackend(model, threads));
+  return std::unique_ptr<Backend>(new cpu::CpuBackend(model, threads, matmul));
 }
 
 }  // namespace thetaserve::kernels

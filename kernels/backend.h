@@ -8,6 +8,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "kernels/matmul_mode.h"
 #include "kernels/paged_kv.h"
 #include "kernels/top_theta.h"
 #include "model/model.h"
@@ -70,8 +71,11 @@ class Backend {
 enum class Device { kCpu, kCuda, kAuto };
 
 // The one place that knows which backends are built in. `threads` <= 0 means all cores.
-absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const model::Model& model, Device device,
-                                                       int threads);
+// `matmul` selects the CPU backend's arithmetic for quantized weights (matmul_mode.h); the
+// CUDA backend ignores it.
+absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(
+    const model::Model& model, Device device, int threads,
+    MatMulMode matmul = MatMulMode::kQuantized);
 bool CudaAvailable();
 
 }  // namespace thetaserve::kernels

@@ -33,6 +33,7 @@ constexpr char kUsage[] =
     "  --context N       window length in tokens (default 2048)\n"
     "  --max-tokens N    tokens of the text to evaluate (default 65536)\n"
     "  --threads N --device cpu|cuda|auto\n"
+    "  --exact-matmul    CPU: f32 activations for quantized weights (default: int8, faster)\n"
     "  --out FILE        append one JSON line with the result\n";
 
 struct RowStats {
@@ -56,7 +57,7 @@ void LogSoftmax(const float* row, int64_t vocab, std::vector<double>& out) {
 int RunEval(const std::vector<std::string>& argv) {
   std::map<std::string, bool> known = {{"model", true}, {"text", true}, {"context", true},
                                        {"max-tokens", true}, {"threads", true}, {"device", true},
-                                       {"out", true}, {"help", false}};
+                                       {"out", true}, {"exact-matmul", false}, {"help", false}};
   for (const auto& [name, v] : ThetaFlags()) known[name] = v;
   auto args = CliArgs::Parse(argv, known);
   if (!args.ok() || args->Has("help")) {
@@ -80,7 +81,10 @@ int RunEval(const std::vector<std::string>& argv) {
   auto text = ReadCorpus("text", text_path);
   if (!text.ok()) return fail(text.status());
 
-  auto loaded = LoadModelForCli(args->GetString("model"), *device, static_cast<int>(*threads));
+  const kernels::MatMulMode matmul = args->Has("exact-matmul") ? kernels::MatMulMode::kExact
+                                                                : kernels::MatMulMode::kQuantized;
+  auto loaded =
+      LoadModelForCli(args->GetString("model"), *device, static_cast<int>(*threads), matmul);
   if (!loaded.ok()) return fail(loaded.status());
   auto theta = ParseThetaOptions(*args, *loaded->model);
   if (!theta.ok()) return fail(theta.status());
@@ -97,7 +101,7 @@ int RunEval(const std::vector<std::string>& argv) {
   std::unique_ptr<kernels::Backend> dense_backend;
   std::optional<scheduler::SequenceRunner> dense_runner;
   if (compare) {
-    auto b = kernels::CreateBackend(*loaded->model, *device, static_cast<int>(*threads));
+    auto b = kernels::CreateBackend(*loaded->model, *device, static_cast<int>(*threads), matmul);
     if (!b.ok()) return fail(b.status());
     dense_backend = std::move(*b);
     auto r = scheduler::SequenceRunner::Create(*dense_backend, *context);

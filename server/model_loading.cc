@@ -40,7 +40,7 @@ std::vector<int32_t> TokenizePrefix(const model::Tokenizer& tokenizer, const std
 }
 
 absl::StatusOr<LoadedModel> LoadModelForCli(const std::string& path, kernels::Device device,
-                                            int threads) {
+                                            int threads, kernels::MatMulMode matmul) {
   if (path.empty()) {
     return absl::InvalidArgumentError(
         "--model is required (e.g. models/SmolLM2-135M-Instruct.Q4_1.gguf; "
@@ -52,7 +52,7 @@ absl::StatusOr<LoadedModel> LoadModelForCli(const std::string& path, kernels::De
   auto model = model::Model::Load(path);
   if (!model.ok()) return model.status();
   out.model = std::move(*model);
-  auto backend = kernels::CreateBackend(*out.model, device, threads);
+  auto backend = kernels::CreateBackend(*out.model, device, threads, matmul);
   if (!backend.ok()) return backend.status();
   out.backend = std::move(*backend);
   const auto& c = out.model->config();

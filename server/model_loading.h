@@ -24,8 +24,10 @@ absl::StatusOr<std::string> ReadCorpus(const std::string& flag, const std::strin
 std::vector<int32_t> TokenizePrefix(const model::Tokenizer& tokenizer, const std::string& text,
                                     int64_t max_tokens);
 
-// Loads `path`, prints "loading <path> ..." and a summary line to stderr.
-absl::StatusOr<LoadedModel> LoadModelForCli(const std::string& path, kernels::Device device,
-                                            int threads);
+// Loads `path`, prints "loading <path> ..." and a summary line to stderr. `matmul`: see
+// kernels/matmul_mode.h (CPU backend only).
+absl::StatusOr<LoadedModel> LoadModelForCli(
+    const std::string& path, kernels::Device device, int threads,
+    kernels::MatMulMode matmul = kernels::MatMulMode::kQuantized);
 
 }  // namespace thetaserve::server

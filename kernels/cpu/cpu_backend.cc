@@ -8,8 +8,8 @@
 
 namespace thetaserve::kernels::cpu {
 
-CpuBackend::CpuBackend(const model::Model& model, int threads)
-    : Backend(model), pool_(threads), rope_(model.config()) {}
+CpuBackend::CpuBackend(const model::Model& model, int threads, MatMulMode matmul)
+    : Backend(model), pool_(threads), matmul_(matmul), rope_(model.config()) {}
 
 void CpuBackend::Scratch::Resize(int64_t T, const model::ModelConfig& c) {
   auto grow = [](std::vector<float>& v, int64_t n) {
@@ -85,9 +85,10 @@ absl::Status CpuBackend::Forward(const ForwardBatch& batch, float* logits) {
   for (int64_t l = 0; l < c.num_layers; ++l) {
     const model::LayerWeights& lw = w.layers[l];
     RmsNorm(x, static_cast<const float*>(lw.attn_norm.data), T, hidden, c.rms_norm_eps, h);
-    MatMul(pool_, h, T, lw.wq, static_cast<const float*>(lw.bq.data), q);
-    MatMul(pool_, h, T, lw.wk, static_cast<const float*>(lw.bk.data), k);
-    MatMul(pool_, h, T, lw.wv, static_cast<const float*>(lw.bv.data), v);
+    const MatMulOut qkv[] = {{&lw.wq, static_cast<const float*>(lw.bq.data), q},
+                             {&lw.wk, static_cast<const float*>(lw.bk.data), k},
+                             {&lw.wv, static_cast<const float*>(lw.bv.data), v}};
+    MatMuls(pool_, h, T, qkv, matmul_);
     for (const SeqChunk& seq : batch.seqs) {
       for (int32_t i = 0; i < seq.num_tokens; ++i) {
         const int64_t row = seq.token_offset + i;
@@ -99,16 +100,17 @@ absl::Status CpuBackend::Forward(const ForwardBatch& batch, float* logits) {
     WriteKv(batch, shape, l, k, v, kv_layout_, kv_pool_.data(), vsum);
     PagedAttention(pool_, batch, shape, l, q, kv_layout_, kv_pool_.data(), vsum, top_theta_,
                    attn);
-    MatMul(pool_, attn, T, lw.wo, nullptr, x, /*accumulate=*/true);
+    MatMul(pool_, attn, T, lw.wo, nullptr, x, /*accumulate=*/true, matmul_);
 
     RmsNorm(x, static_cast<const float*>(lw.ffn_norm.data), T, hidden, c.rms_norm_eps, h);
-    MatMul(pool_, h, T, lw.w_gate, nullptr, scratch_.gate.data());
-    MatMul(pool_, h, T, lw.w_up, nullptr, scratch_.up.data());
+    const MatMulOut gate_up[] = {{&lw.w_gate, nullptr, scratch_.gate.data()},
+                                 {&lw.w_up, nullptr, scratch_.up.data()}};
+    MatMuls(pool_, h, T, gate_up, matmul_);
     pool_.ParallelFor(T, 8, [&](int64_t b, int64_t e) {
       SiluMul(scratch_.gate.data() + b * inter, scratch_.up.data() + b * inter, (e - b) * inter,
               scratch_.act.data() + b * inter);
     });
-    MatMul(pool_, scratch_.act.data(), T, lw.w_down, nullptr, x, /*accumulate=*/true);
+    MatMul(pool_, scratch_.act.data(), T, lw.w_down, nullptr, x, /*accumulate=*/true, matmul_);
   }
 
   // Final norm and LM head only for the rows whose logits are wanted.
@@ -128,7 +130,7 @@ absl::Status CpuBackend::Forward(const ForwardBatch& batch, float* logits) {
   }
   if (rows == 0) return absl::OkStatus();
   RmsNorm(last, static_cast<const float*>(w.output_norm.data), rows, hidden, c.rms_norm_eps, h);
-  MatMul(pool_, h, rows, w.output, nullptr, logits);
+  MatMul(pool_, h, rows, w.output, nullptr, logits, /*accumulate=*/false, matmul_);
   return absl::OkStatus();
 }
 

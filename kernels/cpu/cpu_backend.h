@@ -12,8 +12,10 @@ namespace thetaserve::kernels::cpu {
 
 class CpuBackend : public Backend {
  public:
-  CpuBackend(const model::Model& model, int threads);
+  CpuBackend(const model::Model& model, int threads,
+             MatMulMode matmul = MatMulMode::kQuantized);
   std::string name() const override { return "cpu"; }
+  MatMulMode matmul_mode() const { return matmul_; }
   absl::Status AllocateKvPool(int64_t num_pages, int32_t block_size) override;
   absl::Status Forward(const ForwardBatch& batch, float* logits) override;
   absl::Status CopyKvRows(std::span<const KvRowCopy> copies) override;
@@ -29,6 +31,7 @@ class CpuBackend : public Backend {
   };
 
   ThreadPool pool_;
+  MatMulMode matmul_;
   Rope rope_;
   std::vector<float> kv_pool_;  // [num_pages, block_size, head_dim]
   Scratch scratch_;

@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <span>
 
 #include "base/check.h"
+#include "kernels/cpu/quant_dot.h"
 #include "kernels/cpu/vec.h"
 #include "model/quant.h"
 
@@ -52,12 +54,70 @@ void RunMicroKernel(int tt, const float* x, int64_t ldx, const float* const w[kR
   }
 }
 
+constexpr int kQuantRegT = 4;  // activation rows per QuantizedDotRows call
+
+bool QuantizedPathApplies(const model::TensorView& w, MatMulMode mode) {
+  return mode == MatMulMode::kQuantized && HasQuantizedDot(w.dtype) && w.cols() % kQ8Block == 0;
+}
+
+// The kQuantized path for products of one x: x is quantized once (on the calling thread's
+// buffer), then the tiles of all weights run in one parallel region, each tile of weight rows
+// multiplied with every activation row while it is in L1.
+void MatMulsQuantized(ThreadPool& pool, const float* x, int64_t T,
+                      std::span<const MatMulOut> outs) {
+  const int64_t K = outs[0].w->cols();
+  const int64_t nb = K / kQ8Block;
+  const int64_t np = Q8PairsPerRow(K);
+  thread_local std::vector<BlockQ8x2> xq;  // [T, np]
+  xq.resize(T * np);
+  // The lambdas run on workers too, where `xq` would name the worker's own buffer.
+  BlockQ8x2* xqd = xq.data();
+  pool.ParallelFor(T, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) QuantizeRowQ8(x + t * K, K, xqd + t * np);
+  });
+  constexpr size_t kMaxOuts = 4;
+  CHECK_LE(outs.size(), kMaxOuts);
+  int64_t first_tile[kMaxOuts + 1] = {0};  // tiles of outs[i]: [first_tile[i], first_tile[i+1])
+  for (size_t i = 0; i < outs.size(); ++i) {
+    first_tile[i + 1] = first_tile[i] + (outs[i].w->rows() + kTileN - 1) / kTileN;
+  }
+  pool.ParallelFor(first_tile[outs.size()], 1, [&](int64_t begin, int64_t end) {
+    size_t i = 0;
+    for (int64_t tile = begin; tile < end; ++tile) {
+      while (tile >= first_tile[i + 1]) ++i;
+      const MatMulOut& o = outs[i];
+      const int64_t N = o.w->rows();
+      const int64_t w_stride = model::RowBytes(o.w->dtype, K);
+      const int64_t n0 = (tile - first_tile[i]) * kTileN;
+      const int64_t nn = std::min(kTileN, N - n0);
+      const uint8_t* w = static_cast<const uint8_t*>(o.w->data) + n0 * w_stride;
+      for (int64_t t = 0; t < T; t += kQuantRegT) {
+        const int tt = static_cast<int>(std::min<int64_t>(kQuantRegT, T - t));
+        float out[kTileN * kQuantRegT];  // [nn, tt]
+        QuantizedDotRows(o.w->dtype, w, w_stride, nn, xqd + t * np, np, tt, nb, out);
+        for (int64_t r = 0; r < nn; ++r) {
+          const int64_t n = n0 + r;
+          for (int j = 0; j < tt; ++j) {
+            float v = out[r * tt + j] + (o.bias ? o.bias[n] : 0.0f);
+            float& dst = o.y[(t + j) * N + n];
+            dst = o.accumulate ? dst + v : v;
+          }
+        }
+      }
+    }
+  });
+}
+
 }  // namespace
 
 void MatMul(ThreadPool& pool, const float* x, int64_t T, const model::TensorView& w,
-            const float* bias, float* y, bool accumulate) {
+            const float* bias, float* y, bool accumulate, MatMulMode mode) {
   const int64_t N = w.rows();
   const int64_t K = w.cols();
+  if (QuantizedPathApplies(w, mode)) {
+    const MatMulOut out{&w, bias, y, accumulate};
+    return MatMulsQuantized(pool, x, T, std::span<const MatMulOut>(&out, 1));
+  }
   const int64_t num_tiles = (N + kTileN - 1) / kTileN;
   pool.ParallelFor(num_tiles, 1, [&](int64_t begin, int64_t end) {
     thread_local std::vector<float> tile;
@@ -89,6 +149,16 @@ void MatMul(ThreadPool& pool, const float* x, int64_t T, const model::TensorView
       }
     }
   });
+}
+
+void MatMuls(ThreadPool& pool, const float* x, int64_t T, std::span<const MatMulOut> outs,
+             MatMulMode mode) {
+  bool fused = !outs.empty();
+  for (const MatMulOut& o : outs) {
+    fused = fused && QuantizedPathApplies(*o.w, mode) && o.w->cols() == outs[0].w->cols();
+  }
+  if (fused) return MatMulsQuantized(pool, x, T, outs);
+  for (const MatMulOut& o : outs) MatMul(pool, x, T, *o.w, o.bias, o.y, o.accumulate, mode);
 }
 
 void RmsNorm(const float* x, const float* weight, int64_t T, int64_t n, float eps, float* y) {

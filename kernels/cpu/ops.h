@@ -3,22 +3,40 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "kernels/cpu/thread_pool.h"
+#include "kernels/matmul_mode.h"
 #include "model/config.h"
 #include "model/tensor.h"
 
 namespace thetaserve::kernels::cpu {
 
 // y[t, n] = sum_k x[t, k] * w[n, k] (+ bias[n]) (+ y[t, n] when `accumulate`).
-// w is {N, K} in any stored type; rows are dequantized on the fly into a per-thread tile,
-// so the weights are read from memory in their stored (quantized) size.
+// w is {N, K} in any stored type, read from memory in its stored (quantized) size. In
+// kQuantized mode, Q8_0/Q4_0/Q4_1 weights are multiplied with x quantized to Q8 blocks
+// (quant_dot.h); other types, and every type in kExact mode, are dequantized on the fly into
+// a per-thread f32 tile.
 void MatMul(ThreadPool& pool, const float* x,  // [T, K]
             int64_t T, const model::TensorView& w,  // [N, K]
             const float* bias,                      // [N] or nullptr
             float* y,                               // [T, N]
-            bool accumulate = false);
+            bool accumulate = false, MatMulMode mode = MatMulMode::kQuantized);
+
+// One product of MatMuls: y = x · wᵀ (+ bias) (+ y when `accumulate`), as MatMul.
+struct MatMulOut {
+  const model::TensorView* w;  // [N, K]
+  const float* bias;           // [N] or nullptr
+  float* y;                    // [T, N]
+  bool accumulate = false;
+};
+
+// Up to 4 products of the same x (Q, K and V; gate and up) at once: in kQuantized mode, when
+// all weights take the quantized path, x is quantized once and all tiles share one parallel
+// region (a decode step otherwise pays a fork-join per matrix). Same results as MatMul each.
+void MatMuls(ThreadPool& pool, const float* x,  // [T, K]
+             int64_t T, std::span<const MatMulOut> outs, MatMulMode mode = MatMulMode::kQuantized);
 
 // y[t] = x[t] / rms(x[t]) * weight, rows of `n`.
 void RmsNorm(const float* x,  // [T, n]

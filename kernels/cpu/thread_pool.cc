@@ -42,7 +42,9 @@ void ThreadPool::RunChunks(uint32_t job) {
 }
 
 void ThreadPool::WorkerLoop() {
-  uint64_t seen = generation_.load();
+  // Generation 0 is the one before any job, not the one current when this thread first runs:
+  // a worker that starts after the destructor's bump would otherwise wait for another forever.
+  uint64_t seen = 0;
   while (true) {
     uint64_t g = generation_.load(std::memory_order_acquire);
     for (int spin = 0; g == seen && spin < 4000; ++spin) {

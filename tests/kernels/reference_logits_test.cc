@@ -65,7 +65,9 @@ TEST_P(ReferenceLogitsTest, LogitsAndGreedyTokensMatchTransformers) {
   auto model = model::Model::Load(path);
   ASSERT_TRUE(model.ok()) << model.status();
   ASSERT_EQ((*model)->config().vocab_size, ref.vocab);
-  auto backend = CreateBackend(**model, Device::kCpu, 0);
+  // Exact mode: the int8-activation default moves logits by more than this test allows
+  // (quantized_matmul_fidelity_test.cc bounds it against this mode instead).
+  auto backend = CreateBackend(**model, Device::kCpu, 0, MatMulMode::kExact);
   ASSERT_TRUE(backend.ok());
   const bool all_positions = ref.meta["logits_scope"] == "all_positions";
   double worst = 0;

@@ -412,10 +412,13 @@ TEST_F(ServerE2ETest, MetricsPassPromtoolAndMoveWithRequests) {
 TEST(ServerLifecycleTest, DrainsOnSigtermWithHealthNotServing) {
   ServerProcess server({"--drain-timeout", "60"});
   ASSERT_TRUE(server.started());
+  // Long enough to still be running 200 ms after the signal: at ~4 ms per decode step, 48
+  // tokens were not.
+  constexpr uint32_t kTokens = 400;
   StreamResult r;
   std::thread t([&] {
     auto s = server.stub();
-    auto req = Prompt("A long time ago", 48);
+    auto req = Prompt("A long time ago", kTokens);
     req.mutable_stopping()->set_ignore_eos(true);
     r = Generate(*s, req);
   });
@@ -434,7 +437,7 @@ TEST(ServerLifecycleTest, DrainsOnSigtermWithHealthNotServing) {
   EXPECT_EQ(late.status.error_code(), grpc::StatusCode::UNAVAILABLE) << late.status.error_message();
   t.join();
   EXPECT_TRUE(r.status.ok()) << "in-flight request should finish during drain: " << r.status.error_message();
-  EXPECT_EQ(r.complete.usage().completion_tokens(), 48u);
+  EXPECT_EQ(r.complete.usage().completion_tokens(), kTokens);
   EXPECT_EQ(server.Wait(60), 0);
 }
 
