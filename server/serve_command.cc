@@ -141,6 +141,7 @@ int RunServe(const std::vector<std::string>& argv) {
     std::string error;
     const std::string addr = absl::StrCat(args->GetString("host", "0.0.0.0"), ":", *metrics_port);
     if (!metrics.StartExposer(addr, &error)) {
+      (*engine)->Stop();  // its observer points at `metrics`, which dies first
       return fail(absl::UnavailableError(absl::StrCat("cannot serve /metrics on ", addr, ": ", error)));
     }
     std::fprintf(stderr, "metrics on http://%s/metrics\n", addr.c_str());

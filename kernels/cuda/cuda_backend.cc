@@ -1,6 +1,7 @@
 #include "kernels/cuda/cuda_backend.h"
 
 #include <cublas_v2.h>
+#include <dlfcn.h>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -8,6 +9,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <string>
+#include <type_traits>
 #include <vector>
 
 #include "absl/strings/str_format.h"
@@ -21,11 +24,56 @@
 namespace thetaserve::kernels::cuda {
 namespace {
 
+// cuBLAS is loaded with dlopen(RTLD_LOCAL) when the first CUDA backend is created, not linked:
+// as a global DT_NEEDED library its symbols interposed on civetweb's (the metrics server failed
+// to start in every thetaserve process, GPU or not), and a CPU-only run should not load 700 MB
+// of GPU libraries anyway.
+struct CublasApi {
+  cublasStatus_t (*create)(cublasHandle_t*);
+  cublasStatus_t (*destroy)(cublasHandle_t);
+  cublasStatus_t (*set_stream)(cublasHandle_t, cudaStream_t);
+  cublasStatus_t (*set_workspace)(cublasHandle_t, void*, size_t);
+  cublasStatus_t (*gemm_ex)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int,
+                            const void*, const void*, cudaDataType, int, const void*,
+                            cudaDataType, int, const void*, void*, cudaDataType, int,
+                            cublasComputeType_t, cublasGemmAlgo_t);
+  const char* (*status_string)(cublasStatus_t);
+};
+
+absl::StatusOr<const CublasApi*> LoadCublas() {
+  static absl::StatusOr<const CublasApi*> api = []() -> absl::StatusOr<const CublasApi*> {
+    void* lib = nullptr;
+    std::string tried;
+    for (const char* name : {"libcublas.so.13", "/usr/local/cuda/lib64/libcublas.so.13",
+                             "/usr/local/cuda/targets/x86_64-linux/lib/libcublas.so.13"}) {
+      lib = dlopen(name, RTLD_NOW | RTLD_LOCAL);
+      if (lib) break;
+      tried += std::string(tried.empty() ? "" : "; ") + dlerror();
+    }
+    if (!lib) return absl::UnavailableError("cannot load cuBLAS: " + tried);
+    auto* a = new CublasApi;
+    bool ok = true;
+    auto sym = [&](auto& fn, const char* name) {
+      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(lib, name));
+      ok &= fn != nullptr;
+    };
+    sym(a->create, "cublasCreate_v2");
+    sym(a->destroy, "cublasDestroy_v2");
+    sym(a->set_stream, "cublasSetStream_v2");
+    sym(a->set_workspace, "cublasSetWorkspace_v2");
+    sym(a->gemm_ex, "cublasGemmEx");
+    sym(a->status_string, "cublasGetStatusString");
+    if (!ok) return absl::UnavailableError("libcublas.so.13 lacks a function thetaserve needs");
+    return a;
+  }();
+  return api;
+}
+
 #define TS_CUBLAS_RETURN(expr)                                                          \
   do {                                                                                  \
     if (cublasStatus_t ts_st_ = (expr); ts_st_ != CUBLAS_STATUS_SUCCESS)                \
       return absl::InternalError(absl::StrFormat("cuBLAS error in %s: %s", #expr,       \
-                                                 cublasGetStatusString(ts_st_)));       \
+                                                 cublas_->status_string(ts_st_)));      \
   } while (0)
 
 // A weight matrix [rows, cols] in bf16 on the device.
@@ -89,7 +137,7 @@ class CudaBackend : public Backend {
   explicit CudaBackend(const model::Model& model) : Backend(model), attention_(1) {}
   ~CudaBackend() override {
     for (auto& [key, exec] : graphs_) cudaGraphExecDestroy(exec);
-    if (cublas_) cublasDestroy(cublas_);
+    if (handle_) cublas_->destroy(handle_);
     if (stream_) cudaStreamDestroy(stream_);
   }
 
@@ -116,7 +164,8 @@ class CudaBackend : public Backend {
   absl::Status LaunchStepGraph(int64_t T, int64_t R, bool vmc_rows);
 
   cudaStream_t stream_ = nullptr;
-  cublasHandle_t cublas_ = nullptr;
+  const CublasApi* cublas_ = nullptr;
+  cublasHandle_t handle_ = nullptr;
   AttnShape shape_;
   std::vector<Layer> layers_;
   DevMatrix embed_, output_;
@@ -153,11 +202,14 @@ absl::Status CudaBackend::Init() {
   TS_CUDA_RETURN(cudaGetDeviceProperties(&prop, 0));
   attention_.set_num_sms(prop.multiProcessorCount);
   TS_CUDA_RETURN(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-  TS_CUBLAS_RETURN(cublasCreate(&cublas_));
-  TS_CUBLAS_RETURN(cublasSetStream(cublas_, stream_));
+  auto api = LoadCublas();
+  if (!api.ok()) return api.status();
+  cublas_ = *api;
+  TS_CUBLAS_RETURN(cublas_->create(&handle_));
+  TS_CUBLAS_RETURN(cublas_->set_stream(handle_, stream_));
   // A fixed workspace, so cuBLAS allocates nothing while a graph is being captured.
   if (absl::Status st = cublas_workspace_.Reserve(size_t(32) << 20); !st.ok()) return st;
-  TS_CUBLAS_RETURN(cublasSetWorkspace(cublas_, cublas_workspace_.get(), cublas_workspace_.bytes()));
+  TS_CUBLAS_RETURN(cublas_->set_workspace(handle_, cublas_workspace_.get(), cublas_workspace_.bytes()));
   if (const char* g = std::getenv("THETASERVE_CUDA_GRAPHS"); g && std::string(g) == "0") {
     graphs_enabled_ = false;
   }
@@ -242,7 +294,7 @@ absl::Status CudaBackend::Gemm(const bf16* x, int64_t T, const DevMatrix& w, flo
                                bool accumulate) {
   const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
   // Row-major y[T, N] = x[T, K] · W[N, K]ᵀ is column-major yᵀ[N, T] = W[K, N]ᵀ · xᵀ[K, T].
-  TS_CUBLAS_RETURN(cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, int(w.rows), int(T),
+  TS_CUBLAS_RETURN(cublas_->gemm_ex(handle_, CUBLAS_OP_T, CUBLAS_OP_N, int(w.rows), int(T),
                                 int(w.cols), &alpha, w.ptr, CUDA_R_16BF, int(w.cols), x,
                                 CUDA_R_16BF, int(w.cols), &beta, y, CUDA_R_32F, int(w.rows),
                                 CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
