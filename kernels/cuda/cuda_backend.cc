@@ -40,6 +40,15 @@ struct CublasApi {
   const char* (*status_string)(cublasStatus_t);
 };
 
+// The pointers have exactly the types of the functions the header declares.
+static_assert(std::is_same_v<decltype(CublasApi::create), decltype(&cublasCreate_v2)>);
+static_assert(std::is_same_v<decltype(CublasApi::destroy), decltype(&cublasDestroy_v2)>);
+static_assert(std::is_same_v<decltype(CublasApi::set_stream), decltype(&cublasSetStream_v2)>);
+static_assert(std::is_same_v<decltype(CublasApi::set_workspace), decltype(&cublasSetWorkspace_v2)>);
+// (cublasGemmEx is overloaded: the conversion picks the declaration with exactly this type.)
+[[maybe_unused]] constexpr decltype(CublasApi::gemm_ex) kGemmExHasThisType = &cublasGemmEx;
+static_assert(std::is_same_v<decltype(CublasApi::status_string), decltype(&cublasGetStatusString)>);
+
 absl::StatusOr<const CublasApi*> LoadCublas() {
   static absl::StatusOr<const CublasApi*> api = []() -> absl::StatusOr<const CublasApi*> {
     void* lib = nullptr;
