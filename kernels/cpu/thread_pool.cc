@@ -28,8 +28,14 @@ void ThreadPool::RunChunks(uint32_t job) {
   uint64_t w = work_.load(std::memory_order_acquire);
   while (true) {
     if (static_cast<uint32_t>(w >> 32) != job) return;
-    const int64_t idx = static_cast<int64_t>(w & 0xffffffffu);
-    if (idx >= num_chunks_) return;
+    // The chunk count comes from the same word as the index: the num_chunks_ member may
+    // already hold the next job's count (the caller writes it before publishing work_), and a
+    // worker comparing an exhausted job's index against it used to claim a chunk that did
+    // not exist, run it with the next job's fields and count it done: the next ParallelFor
+    // could then return while one of its chunks still ran.
+    const int64_t chunks = static_cast<int64_t>((w >> 16) & 0xffffu);
+    const int64_t idx = static_cast<int64_t>(w & 0xffffu);
+    if (idx >= chunks) return;
     if (!work_.compare_exchange_weak(w, w + 1, std::memory_order_acq_rel)) continue;
     // Claimed: the caller cannot finish (or start another job) before this chunk is done,
     // so the job's fields stay valid.
@@ -73,14 +79,14 @@ void ThreadPool::ParallelFor(int64_t n, int64_t grain,
     return;
   }
   // A few chunks per thread so uneven chunks (and late workers) balance out.
-  const int64_t chunks = std::min<int64_t>((n + grain - 1) / grain, threads * 4);
+  const int64_t chunks = std::min<int64_t>({(n + grain - 1) / grain, threads * 4, 0xffff});
   fn_ = &fn;
   n_ = n;
   chunk_ = (n + chunks - 1) / chunks;
   num_chunks_ = (n + chunk_ - 1) / chunk_;
   done_.store(0, std::memory_order_relaxed);
   const uint32_t job = ++job_;
-  work_.store(uint64_t(job) << 32, std::memory_order_release);
+  work_.store((uint64_t(job) << 32) | (uint64_t(num_chunks_) << 16), std::memory_order_release);
   generation_.fetch_add(1, std::memory_order_acq_rel);
   if (sleepers_.load() > 0) generation_.notify_all();
   RunChunks(job);

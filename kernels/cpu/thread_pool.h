@@ -32,8 +32,9 @@ class ThreadPool {
   void RunChunks(uint32_t job);
 
   std::vector<std::thread> workers_;
-  // High 32 bits: job id; low 32 bits: next chunk to claim. Claims are CAS on the whole word,
-  // so a worker that wakes late can never claim a chunk of a newer job by mistake.
+  // Bits 63-32: job id; 31-16: the job's chunk count; 15-0: next chunk to claim. Claims are
+  // CAS on the whole word, so a worker that wakes late can never claim a chunk of a newer job,
+  // nor one past the end of its own.
   std::atomic<uint64_t> work_{0};
   std::atomic<int64_t> done_{0};      // chunks finished of the current job
   std::atomic<uint64_t> generation_{0};  // bumped per job; workers wait on it
