@@ -74,12 +74,7 @@ work="$root/build/bench-peer"
 mkdir -p "$work" "$results"
 
 # The benchmark client's environment (same as bench-serve.sh).
-venv="$root/build/bench-serve-venv"
-if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c 'import grpc_tools, grpc, aiohttp, tqdm, matplotlib, numpy' 2>/dev/null; then
-  python3 -m venv "$venv"
-  "$venv/bin/python" -m pip install -q -r "$root/bench/serve/requirements.txt"
-fi
-py="$venv/bin/python"
+py="$(bash "$root/scripts/bench-serve-venv.sh")"
 [ -f "$model" ] || bash "$root/scripts/fetch-model.sh"
 ls "$root"/data/*.txt >/dev/null 2>&1 || bash "$root/scripts/fetch-corpora.sh"
 

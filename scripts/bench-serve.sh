@@ -57,12 +57,7 @@ results="${results:-$root/build/bench-serve/$mix}"
 plot="${plot:-$results/thetaserve.png}"
 
 # Python environment (PyPI packages, like tests/python/python_client_test.sh).
-venv="$root/build/bench-serve-venv"
-if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c 'import grpc_tools, grpc, aiohttp, tqdm, matplotlib, numpy' 2>/dev/null; then
-  python3 -m venv "$venv"
-  "$venv/bin/python" -m pip install -q -r "$root/bench/serve/requirements.txt"
-fi
-py="$venv/bin/python"
+py="$(bash "$root/scripts/bench-serve-venv.sh")"
 
 # Model, corpora, binary.
 [ -f "$root/models/SmolLM2-135M-Instruct.Q4_1.gguf" ] || bash "$root/scripts/fetch-model.sh"
