@@ -1,6 +1,9 @@
 #include "cache/sequence_kv.h"
 
 #include <algorithm>
+#include <cmath>
+#include <functional>
+#include <utility>
 
 #include "base/check.h"
 
@@ -30,6 +33,11 @@ void SequenceKv::EnsureStride(int64_t blocks) {
     std::copy_n(hits_.begin() + t * hits_stride_, hits_stride_, hits.begin() + t * new_hits);
   }
   hits_.swap(hits);
+  std::vector<float> mass(tables * new_hits, 0.0f);
+  for (int64_t t = 0; t < tables; ++t) {
+    std::copy_n(hit_mass_.begin() + t * hits_stride_, hits_stride_, mass.begin() + t * new_hits);
+  }
+  hit_mass_.swap(mass);
   hits_stride_ = new_hits;
   stride_ = new_stride;
   if (v_sum_.empty()) v_sum_.assign(tables * shape_.head_dim, 0.0f);
@@ -96,15 +104,32 @@ void SequenceKv::CompactV(PagePool& pool, int64_t length, const SparsePolicy& po
   // it came from, so the moves are safe when run in order (each slot is read before it is
   // overwritten). What is left of the freed tail pages goes back to the pool.
   const int64_t recent = length - policy.obs_window;  // queries at positions >= recent decide
+  std::vector<uint8_t> keep(limit - v_tail_start_);
+  std::vector<std::pair<float, int64_t>> ranked;
   for (int64_t t = 0; t < tables; ++t) {
     const int32_t* hit = hits_.data() + t * hits_stride_;
+    if (policy.keep_fraction > 0) {
+      // The mass budget: rank the leaving rows by mean retained probability.
+      const float* mass = hit_mass_.data() + t * hits_stride_;
+      ranked.clear();
+      for (int64_t p = v_tail_start_; p < limit; ++p) {
+        ranked.emplace_back(mass[p] / static_cast<float>(length - p), p);
+      }
+      const int64_t budget = std::min<int64_t>(
+          ranked.size(), static_cast<int64_t>(std::ceil(policy.keep_fraction * double(ranked.size()))));
+      std::nth_element(ranked.begin(), ranked.begin() + budget, ranked.end(), std::greater<>());
+      std::fill(keep.begin(), keep.end(), 0);
+      for (int64_t i = 0; i < budget; ++i) keep[ranked[i].second - v_tail_start_] = ranked[i].first > 0;
+    } else {
+      for (int64_t p = v_tail_start_; p < limit; ++p) keep[p - v_tail_start_] = hit[p] >= recent;
+    }
     int32_t* pages = sparse_pages_.data() + t * sparse_stride_;
     int32_t* pos = sparse_pos_.data() + t * pos_stride_;
     int32_t& count = sparse_count_[t];
     int32_t* tail = v_table_.data() + t * stride_;
     int64_t reused = 0;  // freed tail blocks turned into sparse pages
     for (int64_t p = v_tail_start_; p < limit; ++p) {
-      if (!(hit[p] >= recent || p < policy.sink_tokens)) {
+      if (!(keep[p - v_tail_start_] || p < policy.sink_tokens)) {
         ++result->rows_dropped;
         continue;
       }

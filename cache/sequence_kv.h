@@ -30,6 +30,10 @@ struct SparsePolicy {
   // A row leaving the tail is kept when one of the last `obs_window` queries retained it
   // (at the end of prefill: the prompt's last queries, as in SnapKV).
   int32_t obs_window = 32;
+  // Mass budget instead of the rule above when > 0: of the rows leaving the tail together,
+  // keep this fraction (rounded up), those with the highest mean retained probability
+  // (hit mass / queries that have seen the row; H2O-like, per table). Bounds what is stored.
+  double keep_fraction = 0.0;
 };
 
 // A V row to copy from a tail page into the sparse store (done by the backend).
@@ -52,8 +56,9 @@ class SequenceKv {
   int64_t num_pages() const;
 
   // Moves V rows of whole tail blocks that ended more than `local_window` rows before
-  // `length` out of the tail: rows retained by one of the last `obs_window` queries (or among
-  // the sinks) are appended to the sparse store, the others are dropped; the tail pages return to the pool. `moves` lists the row
+  // `length` out of the tail: the sinks and the rows the policy keeps (retained by one of the
+  // last `obs_window` queries, or the top `keep_fraction` by mean retained mass) are appended
+  // to the sparse store, the others are dropped; the tail pages return to the pool. `moves` lists the row
   // copies the backend must do, in order, before the next forward pass. Compaction happens in
   // place (the freed tail pages become the sparse pages), so it needs no free pages.
   struct CompactResult {
@@ -80,6 +85,8 @@ class SequenceKv {
   float* v_sum() { return v_sum_.data(); }
   int32_t* hits() { return hits_.data(); }
   int32_t hits_stride() const { return hits_stride_; }
+  // Retained mass per row [tables, hits_stride] (see SeqPageTables::hit_mass).
+  float* hit_mass() { return hit_mass_.data(); }
 
   // V rows stored (tail + sparse), summed over tables, for `length` computed tokens.
   int64_t VRowsResident(int64_t length) const;
@@ -104,6 +111,7 @@ class SequenceKv {
   std::vector<float> v_sum_;     // [tables, head_dim]
   std::vector<int32_t> hits_;    // [tables, hits_stride], -1 = never retained
   int32_t hits_stride_ = 0;
+  std::vector<float> hit_mass_;  // [tables, hits_stride]
 };
 
 }  // namespace thetaserve::cache

@@ -53,6 +53,10 @@ struct SeqPageTables {
   // sparse policy keeps rows retained by the last queries before they leave the tail.
   int32_t* hits = nullptr;  // [tables, hits_stride]; null: not recorded
   int32_t hits_stride = 0;
+  // Retained mass: per row, the summed probability (over queries and the group's heads) with
+  // which attention retained it; the sparse policy's mass budget ranks rows by it. Same
+  // stride as `hits`; null: not recorded.
+  float* hit_mass = nullptr;
 
   TS_HOST_DEVICE int32_t KPage(int64_t lh, int64_t pos, int32_t block_size) const {
     return k_pages[lh * stride + pos / block_size];

@@ -36,6 +36,10 @@ struct TopThetaConfig {
   bool vmc = true;
   // Exact top-k per row (k from the table's k_per_layer) instead of θ: the paper's baseline.
   bool top_k = false;
+  // Hit marks (the sparse V store's retention signal) only for rows some head of the group
+  // keeps with margin: e > retain_factor · threshold. 1 = every retained row (DESIGN.md §5);
+  // larger values mark only strongly retained rows, so the sparse store keeps fewer.
+  float retain_factor = 1.0f;
   // Calibration: exact top-k, and every row's (k+1)-th value goes to the recorder.
   CalibrationRecorder* recorder = nullptr;
   model::ThetaPlacement placement() const {

@@ -225,6 +225,7 @@ void Engine::RunStep(StepPlan& plan) {
     p.v_sum = kv.v_sum();
     p.hits = kv.hits();
     p.hits_stride = kv.hits_stride();
+    p.hit_mass = kv.hit_mass();
     const auto& toks = sc.seq->tokens();
     tokens_.insert(tokens_.end(), toks.begin() + sc.seq->num_computed,
                    toks.begin() + sc.seq->num_computed + sc.num_tokens);

@@ -82,6 +82,7 @@ absl::StatusOr<std::vector<float>> SequenceRunner::Append(std::span<const int32_
     p.v_sum = kv_->v_sum();
     p.hits = kv_->hits();
     p.hits_stride = kv_->hits_stride();
+    p.hit_mass = kv_->hit_mass();
     kernels::ForwardBatch batch{tokens.subspan(begin, n), std::span<const kernels::SeqChunk>(&seq, 1),
                                 all_logits, stats};
     logits.resize(kernels::NumLogitRows(batch) * vocab);

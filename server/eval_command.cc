@@ -39,6 +39,10 @@ constexpr char kUsage[] =
 struct RowStats {
   double nll = 0, nll_ref = 0, kl = 0;
   int64_t n = 0, agree = 0;
+  // The decoded half of each window alone (rows after the prompt): what the sparse policy's
+  // dropped rows can affect; the prompt half's rows see every V row.
+  double decode_nll = 0, decode_nll_ref = 0;
+  int64_t decode_n = 0;
 };
 
 // log-softmax of a row into `out`.
@@ -86,7 +90,7 @@ int RunEval(const std::vector<std::string>& argv) {
   auto loaded =
       LoadModelForCli(args->GetString("model"), *device, static_cast<int>(*threads), matmul);
   if (!loaded.ok()) return fail(loaded.status());
-  auto theta = ParseThetaOptions(*args, *loaded->model);
+  auto theta = ParseThetaOptions(*args, *loaded->model, loaded->backend->name());
   if (!theta.ok()) return fail(theta.status());
   const bool compare = theta->table != nullptr;
   const std::vector<int32_t> ids = TokenizePrefix(loaded->model->tokenizer(), *text, *max_tokens);
@@ -158,9 +162,15 @@ int RunEval(const std::vector<std::string>& argv) {
       LogSoftmax(logits.data() + i * vocab, vocab, lq);
       rows.nll -= lq[window[i + 1]];
       ++rows.n;
+      const bool decoded = i >= P;
+      if (decoded) {
+        rows.decode_nll -= lq[window[i + 1]];
+        ++rows.decode_n;
+      }
       if (compare) {
         LogSoftmax(ref.data() + i * vocab, vocab, lp);
         rows.nll_ref -= lp[window[i + 1]];
+        if (decoded) rows.decode_nll_ref -= lp[window[i + 1]];
         double kl = 0;
         int64_t a = 0, b = 0;
         for (int64_t v = 0; v < vocab; ++v) {
@@ -196,7 +206,8 @@ int RunEval(const std::vector<std::string>& argv) {
         "\"mean_kl\":%.6f,\"decode_v_rows_read_per_L\":%.5f,\"prefill_v_rows_read_per_L\":%.5f,"
         "\"v_rows_stored_per_L\":%.5f,\"prefill_elements_kept\":%.5f,"
         "\"decode_elements_kept\":%.5f,\"retained_but_evicted_per_decode_row\":%.6f,"
-        "\"rows_evicted\":%d",
+        "\"rows_evicted\":%d,\"decode_perplexity\":%.5f,\"dense_decode_perplexity\":%.5f,"
+        "\"decode_ppl_change_pct\":%.3f,\"retain_factor\":%g,\"local_window\":%d,\"obs_window\":%d",
         k.empty() ? 0 : k.back(), ref_ppl, 100.0 * (ppl / ref_ppl - 1.0),
         double(rows.agree) / rows.n, rows.kl / rows.n,
         ratio(decode_stats.v_rows_read, decode_stats.v_rows_read_dense),
@@ -204,7 +215,10 @@ int RunEval(const std::vector<std::string>& argv) {
         stored_ratio_sum / windows,
         ratio(prefill_stats.elements_kept, prefill_stats.elements_dense),
         ratio(decode_stats.elements_kept, decode_stats.elements_dense),
-        ratio(decode_stats.retained_but_evicted, decode_stats.v_rows_read_dense), evicted);
+        ratio(decode_stats.retained_but_evicted, decode_stats.v_rows_read_dense), evicted,
+        std::exp(rows.decode_nll / rows.decode_n), std::exp(rows.decode_nll_ref / rows.decode_n),
+        100.0 * (std::exp((rows.decode_nll - rows.decode_nll_ref) / rows.decode_n) - 1.0),
+        theta->config.retain_factor, theta->sparse.local_window, theta->sparse.obs_window);
   }
   json += "}";
   std::printf("perplexity %.4f over %lld predicted tokens (%lld windows of %lld) on %s\n", ppl,

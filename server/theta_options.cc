@@ -1,5 +1,7 @@
 #include "server/theta_options.h"
 
+#include <cmath>
+
 #include "absl/strings/str_cat.h"
 
 namespace thetaserve::server {
@@ -15,12 +17,18 @@ const char kThetaUsage[] =
     "  --local-window N      sparse: recent rows always kept dense (default 256)\n"
     "  --sink-tokens N       sparse: first rows always kept (default 4)\n"
     "  --obs-window N        sparse: a row leaving the tail is kept when one of the last N\n"
-    "                        queries retained it (default 32)\n";
+    "                        queries retained it (default 32)\n"
+    "  --retain-factor X     sparse: only rows kept with margin (e > X·θ) count as retained\n"
+    "                        for the V store (default 1: every kept row)\n"
+    "  --keep-fraction F     sparse: instead of the obs-window rule, keep the fraction F of the\n"
+    "                        rows leaving the tail with the highest mean retained probability\n"
+    "                        (a budget; CPU backend only)\n";
 
 std::vector<std::pair<std::string, bool>> ThetaFlags() {
   return {{"theta", true},  {"sdc", true},          {"no-vmc", false},
           {"top-k", false}, {"policy", true},       {"local-window", true},
-          {"sink-tokens", true}, {"obs-window", true}};
+          {"sink-tokens", true}, {"obs-window", true}, {"retain-factor", true},
+          {"keep-fraction", true}};
 }
 
 std::string ThetaOptions::mode() const {
@@ -29,7 +37,8 @@ std::string ThetaOptions::mode() const {
   return absl::StrCat("top-theta-", model::PlacementName(table->placement));
 }
 
-absl::StatusOr<ThetaOptions> ParseThetaOptions(const CliArgs& args, const model::Model& model) {
+absl::StatusOr<ThetaOptions> ParseThetaOptions(const CliArgs& args, const model::Model& model,
+                                               const std::string& backend_name) {
   ThetaOptions out;
   const std::string sdc = args.GetString("sdc", "exact");
   if (sdc == "exact") out.config.sdc = kernels::SdcMode::kExact;
@@ -57,6 +66,25 @@ absl::StatusOr<ThetaOptions> ParseThetaOptions(const CliArgs& args, const model:
   out.sparse.local_window = static_cast<int32_t>(*lw);
   out.sparse.sink_tokens = static_cast<int32_t>(*sink);
   out.sparse.obs_window = static_cast<int32_t>(*obs);
+  auto retain = args.GetDouble("retain-factor", 1.0);
+  if (!retain.ok()) return retain.status();
+  if (!(*retain >= 1.0) || !std::isfinite(*retain)) {
+    return absl::InvalidArgumentError(absl::StrCat("--retain-factor must be a finite number >= 1, got ",
+                                                   args.GetString("retain-factor")));
+  }
+  out.config.retain_factor = static_cast<float>(*retain);
+  auto keep = args.GetDouble("keep-fraction", 0.0);
+  if (!keep.ok()) return keep.status();
+  if (args.Has("keep-fraction") && !(*keep > 0.0 && *keep <= 1.0)) {
+    return absl::InvalidArgumentError(absl::StrCat("--keep-fraction must be in (0, 1], got ",
+                                                   args.GetString("keep-fraction")));
+  }
+  if (*keep > 0.0 && backend_name != "cpu") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--keep-fraction needs the cpu backend: the ", backend_name,
+        " kernels do not record the retained mass it ranks by (use --obs-window there)"));
+  }
+  out.sparse.keep_fraction = *keep;
 
   if (!args.Has("theta")) {
     if (out.sparse.enabled) {

@@ -16,7 +16,8 @@
 namespace thetaserve::server {
 
 // Flags: --theta FILE --sdc none|exact|exp-threshold|offline --no-vmc --top-k
-// --policy full|sparse --local-window N --sink-tokens N --obs-window N
+// --policy full|sparse --local-window N --sink-tokens N --obs-window N --retain-factor X
+// --keep-fraction F
 std::vector<std::pair<std::string, bool>> ThetaFlags();
 extern const char kThetaUsage[];
 
@@ -29,7 +30,9 @@ struct ThetaOptions {
 };
 
 // Reads the flags; loads and checks the θ file against `model` (a file calibrated for another
-// model is an INVALID_ARGUMENT that names both fingerprints).
-absl::StatusOr<ThetaOptions> ParseThetaOptions(const CliArgs& args, const model::Model& model);
+// model is an INVALID_ARGUMENT that names both fingerprints) and the options against the
+// backend that will run them (`backend_name`: "cpu" or "cuda").
+absl::StatusOr<ThetaOptions> ParseThetaOptions(const CliArgs& args, const model::Model& model,
+                                               const std::string& backend_name);
 
 }  // namespace thetaserve::server

@@ -161,8 +161,11 @@ void TopThetaUnit(const SeqChunk& seq, int64_t layer, int64_t lh, int64_t pos, i
   int64_t kept[kMaxGroup] = {};
   int64_t rows_read = 0, evicted_hits = 0;
   int32_t* hits = seq.pages.hits ? seq.pages.hits + lh * seq.pages.hits_stride : nullptr;
+  float* hit_mass = seq.pages.hit_mass ? seq.pages.hit_mass + lh * seq.pages.hits_stride : nullptr;
+  const float retain = cfg.retain_factor;
   auto visit = [&](int64_t j, const float* vr) {
-    bool any = false;
+    bool any = false, strong = false;
+    float mass = 0.0f;
     for (int64_t h = 0; h < group; ++h) {
       const float ej = e[h * L + j];
       if (ej > thr[h]) {
@@ -172,6 +175,8 @@ void TopThetaUnit(const SeqChunk& seq, int64_t layer, int64_t lh, int64_t pos, i
           ++kept[h];
         }
         any = true;
+        strong |= ej > retain * thr[h];
+        mass += ej / d_full[h];
       }
     }
     if (!any) return;
@@ -180,7 +185,10 @@ void TopThetaUnit(const SeqChunk& seq, int64_t layer, int64_t lh, int64_t pos, i
     } else {
       ++evicted_hits;  // retained, but its V row was dropped: its mass stays in D_miss
     }
-    if (hits) {
+    if (hit_mass) {
+      std::atomic_ref<float>(hit_mass[j]).fetch_add(mass, std::memory_order_relaxed);
+    }
+    if (hits && strong) {
       // Latest retaining query: several prefill queries may race for the same row.
       std::atomic_ref<int32_t> h(hits[j]);
       int32_t seen = h.load(std::memory_order_relaxed);

@@ -303,13 +303,15 @@ __global__ void __launch_bounds__(kThreads, (GT > 0 && GT <= 4) ? 7 : 4) SplitPa
     unsigned long long retained = 0;
     for (int32_t jl = threadIdx.x; jl < n; jl += blockDim.x) {
       const int32_t j = j0 + jl;
-      bool any = false;
+      bool any = false, strong = false;
       for (int h = 0; h < G; ++h) {
-        any |= expf(srow0[h * a.ws.score_stride + j] - s_m[h]) > s_thr[h];
+        const float e = expf(srow0[h * a.ws.score_stride + j] - s_m[h]);
+        any |= e > s_thr[h];
+        strong |= e > a.theta.retain_factor * s_thr[h];
       }
       if (any) {
         ++retained;
-        if (hits) atomicMax(hits + j, row.pos);
+        if (hits && strong) atomicMax(hits + j, row.pos);
       }
     }
     if (retained) atomicAdd(&s_retained, retained);
@@ -350,7 +352,7 @@ __global__ void __launch_bounds__(kThreads, (GT > 0 && GT <= 4) ? 7 : 4) SplitPa
       slot = j % bs;
     }
     float ev[kG];
-    bool any = false;
+    bool any = false, strong = false;
 #pragma unroll
     for (int h = 0; h < kG; ++h) {
       ev[h] = 0.0f;
@@ -361,6 +363,7 @@ __global__ void __launch_bounds__(kThreads, (GT > 0 && GT <= 4) ? 7 : 4) SplitPa
           dk[h] += e;
           kc[h] += 1.0f;
           any = true;
+          strong |= e > a.theta.retain_factor * s_thr[h];
         }
       }
     }
@@ -371,7 +374,7 @@ __global__ void __launch_bounds__(kThreads, (GT > 0 && GT <= 4) ? 7 : 4) SplitPa
     for (int h = 0; h < kG; ++h) {
       if (h < G) list_e[k * G + h] = ev[h];
     }
-    if (tail == 0 && hits) atomicMax(hits + j, row.pos);
+    if (tail == 0 && hits && strong) atomicMax(hits + j, row.pos);
   }
 #pragma unroll
   for (int h = 0; h < kG; ++h) {

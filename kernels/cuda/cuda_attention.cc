@@ -147,6 +147,7 @@ absl::Status CudaAttention::Run(int32_t layer, const DeviceBatch& db, const floa
       args.post_softmax = config_.placement() == model::ThetaPlacement::kPostSoftmax;
       args.sdc = config_.sdc;
       args.vmc = config_.vmc;
+      args.retain_factor = config_.retain_factor;
       args.vsum_rows = vsum_rows;
       args.counters = counters_ + 3 * layer;
       theta = &args;
@@ -166,11 +167,12 @@ absl::Status CudaAttention::Run(int32_t layer, const DeviceBatch& db, const floa
 }
 
 std::string CudaAttention::Signature() const {
-  return absl::StrFormat("%d/%d/%d/%d/%d/%d/%p/%p/%p/%p/%p/%p/%p/%p/%d/%p/%d/%d/%d", num_split_rows_,
+  return absl::StrFormat("%d/%d/%d/%d/%d/%d/%p/%p/%p/%p/%p/%p/%p/%p/%d/%p/%d/%d/%g/%d", num_split_rows_,
                          num_tiles_, row_batch_, plan_.chunk, plan_.max_splits, num_layers_,
                          row_ids_, tiles_, theta_, sdc_ratio_, counters_, ws_.part_o,
                          ws_.row_stat, ws_.scores, int(ws_.score_stride), config_.table,
-                         int(config_.sdc), int(config_.vmc), int(num_rows_));
+                         int(config_.sdc), int(config_.vmc), config_.retain_factor,
+                         int(num_rows_));
 }
 
 absl::Status CudaAttention::Finish(AttentionStats* stats, cudaStream_t stream) {

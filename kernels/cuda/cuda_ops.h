@@ -106,6 +106,7 @@ struct ThetaArgs {
   bool post_softmax = true;
   SdcMode sdc = SdcMode::kExact;
   bool vmc = true;
+  float retain_factor = 1.0f;        // hit marks only where e > retain_factor · threshold
   const float* vsum_rows = nullptr;  // [T, kv_dim] (VMC) or null
   // Counters of this layer: [0] V rows read, [1] elements kept, [2] positions retained by
   // any head of the group (stored or not).

@@ -100,6 +100,7 @@ absl::Status DeviceBatch::Upload(const ForwardBatch& batch, int32_t num_tables,
       d.pages.hits = nullptr;
       d.pages.hits_stride = 0;
     }
+    d.pages.hit_mass = nullptr;  // not recorded on the device (the mass budget is CPU-only)
   }
   for (const Piece& pc : pieces) {
     if (!pc.src) continue;

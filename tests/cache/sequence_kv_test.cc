@@ -96,5 +96,44 @@ TEST(SequenceKvTest, CompactionKeepsHitsAndSinksInPlaceAndFreesTheRest) {
   EXPECT_EQ(pool.num_free(), 64);
 }
 
+TEST(SequenceKvTest, MassBudgetKeepsTheRowsWithTheHighestMeanRetainedProbability) {
+  KvShape shape{1, 1, 4, 8};  // 1 table, 4 rows a page
+  PagePool pool(32, 4);
+  SequenceKv kv(shape);
+  kv.Grow(pool, 16);  // 4 blocks: K 4 pages + V tail 4 pages
+  // Positions 0..7 leave the tail (16 - 8). Mean mass = mass / (16 - p): position 1 has
+  // 1.5 / 15 = 0.100, 3 has 1.6 / 13 ≈ 0.123, 4 has 0.3 / 12 = 0.025, 6 has 1.05 / 10 = 0.105,
+  // 7 has 0.95 / 9 ≈ 0.106: position 1 has less total mass than 3 but more than 6 and 7,
+  // and still ranks below them (it was seen by more queries).
+  float* mass = kv.hit_mass();
+  mass[1] = 1.5f;
+  mass[3] = 1.6f;
+  mass[4] = 0.3f;
+  mass[6] = 1.05f;
+  mass[7] = 0.95f;
+  SparsePolicy policy{true, /*local_window=*/8, /*sink_tokens=*/1, /*obs_window=*/4};
+  policy.keep_fraction = 0.5;  // 4 of the 8 leaving rows at most; row 0 is a sink anyway
+  std::vector<RowMove> moves;
+  SequenceKv::CompactResult r;
+  kv.CompactV(pool, 16, policy, &moves, &r);
+  EXPECT_EQ(kv.v_tail_start(), 8);
+  // Ranking: 3 (0.123), 7 (0.106), 6 (0.105), 1 (0.100), then 4 (0.025): the top 4 and the sink.
+  ASSERT_EQ(kv.sparse_count()[0], 5);
+  EXPECT_EQ(std::vector<int32_t>(kv.sparse_pos(), kv.sparse_pos() + 5), (std::vector<int32_t>{0, 1, 3, 6, 7}));
+  EXPECT_EQ(r.rows_dropped, 3);
+
+  // A budget larger than the rows with any mass keeps only those: no mass, no row.
+  SequenceKv kv2(shape);
+  kv2.Grow(pool, 16);
+  kv2.hit_mass()[5] = 0.2f;
+  policy.keep_fraction = 1.0;
+  kv2.CompactV(pool, 16, policy, &moves, &r);
+  ASSERT_EQ(kv2.sparse_count()[0], 2);
+  EXPECT_EQ(std::vector<int32_t>(kv2.sparse_pos(), kv2.sparse_pos() + 2), (std::vector<int32_t>{0, 5}));
+  kv.ReleaseAll(pool);
+  kv2.ReleaseAll(pool);
+  EXPECT_EQ(pool.num_free(), 32);
+}
+
 }  // namespace
 }  // namespace thetaserve::cache

@@ -115,6 +115,7 @@ class HandBuiltTest : public ::testing::Test {
     seq.pages.sparse_pos_stride = 8;
     seq.pages.hits = hits_.data();
     seq.pages.hits_stride = 8;
+    seq.pages.hit_mass = mass_.empty() ? nullptr : mass_.data();
     seq.pages.v_sum = vsum_;
     std::vector<int32_t> token = {0};
     ForwardBatch batch{token, std::span<const SeqChunk>(&seq, 1), false, stats};
@@ -160,6 +161,7 @@ class HandBuiltTest : public ::testing::Test {
   std::vector<float> scores_[kGroup];
   float vsum_[kD] = {0, 0, 0, 0};
   std::vector<int32_t> hits_;
+  std::vector<float> mass_;  // retained mass per position; empty: not recorded
   int32_t sparse_count_ = 0;
 };
 
@@ -193,6 +195,51 @@ TEST_F(HandBuiltTest, PreSoftmaxSurvivorsSdcAndVmcEqualHandComputedValues) {
       EXPECT_EQ(hits_, (std::vector<int32_t>{4, -1, 4, -1, 4, -1, -1, -1}));
     }
   }
+}
+
+TEST_F(HandBuiltTest, RetainFactorMarksOnlyRowsKeptWithMarginAndLeavesTheOutputAlone) {
+  // Pre-softmax θ = 0.25: the e-threshold is e^(0.25 - 1) ≈ 0.472 for both heads. Head 0 keeps
+  // positions 0 (e = 1) and 2 (e = e^-0.5 ≈ 0.607); head 1 keeps 4 (e = 1). With a retain
+  // factor of 1.5 (1.5 · 0.472 ≈ 0.708) position 2 is still attended but no longer marked.
+  model::ThetaTable table = ConstantTable(1, kGroup, 0.25f, 2, model::ThetaPlacement::kPreSoftmax);
+  TopThetaConfig cfg;
+  cfg.table = &table;
+  AttentionStats base_stats;
+  base_stats.Reset(1);
+  const std::vector<float> base = Run(cfg, &base_stats);
+  EXPECT_EQ(hits_, (std::vector<int32_t>{4, -1, 4, -1, 4, -1, -1, -1}));
+
+  cfg.retain_factor = 1.5f;
+  hits_.assign(8, -1);
+  AttentionStats stats;
+  stats.Reset(1);
+  const std::vector<float> out = Run(cfg, &stats);
+  EXPECT_EQ(hits_, (std::vector<int32_t>{4, -1, -1, -1, 4, -1, -1, -1}));
+  EXPECT_EQ(out, base);
+  EXPECT_EQ(stats.v_rows_read, base_stats.v_rows_read);
+  EXPECT_EQ(stats.elements_kept, base_stats.elements_kept);
+
+  // A factor above every margin marks nothing.
+  cfg.retain_factor = 4.0f;
+  hits_.assign(8, -1);
+  Run(cfg, nullptr);
+  EXPECT_EQ(hits_, std::vector<int32_t>(8, -1));
+}
+
+TEST_F(HandBuiltTest, RetainedMassIsTheSumOfTheRetainingHeadsProbabilities) {
+  // Pre-softmax θ = 0.25 as above: head 0 retains 0 (p = 1/D0) and 2 (e^-.5/D0), head 1
+  // retains 4 (1/D1); D0 = 1 + 2e^-1 + e^-.5 + e^-2, D1 = 4e^-1 + 1. Twice: the mass adds up.
+  model::ThetaTable table = ConstantTable(1, kGroup, 0.25f, 2, model::ThetaPlacement::kPreSoftmax);
+  TopThetaConfig cfg;
+  cfg.table = &table;
+  mass_.assign(8, 0.0f);
+  Run(cfg, nullptr);
+  Run(cfg, nullptr);
+  const double d0 = 1 + 2 * std::exp(-1.0) + std::exp(-0.5) + std::exp(-2.0);
+  const double d1 = 4 * std::exp(-1.0) + 1;
+  const std::vector<float> want = {float(2 / d0), 0, float(2 * std::exp(-0.5) / d0), 0,
+                                   float(2 / d1), 0, 0, 0};
+  EXPECT_TRUE(testing::AllClose(mass_, want, 1e-6f, 1e-5f));
 }
 
 TEST_F(HandBuiltTest, PostSoftmaxThresholdIsOnProbabilities) {
