@@ -14,6 +14,21 @@ int64_t SequenceKv::PagesNeeded(int64_t new_length) const {
   return blocks <= blocks_ ? 0 : 2 * (blocks - blocks_) * shape_.tables();
 }
 
+int64_t SequenceKv::PagesToReach(int64_t length, const SparsePolicy& policy, int64_t chunk) const {
+  if (!policy.enabled || policy.keep_fraction <= 0) return PagesNeeded(length);
+  const int64_t bs = shape_.block_size;
+  const int64_t tables = shape_.tables();
+  const int64_t blocks = (length + bs - 1) / bs;
+  const int64_t k_more = std::max<int64_t>(0, blocks - blocks_) * tables;
+  const int64_t tail_blocks = (policy.local_window + chunk + bs - 1) / bs + 1;
+  const double sparse_rows = policy.sink_tokens + policy.keep_fraction * double(length) +
+                             double(length) / double(bs);
+  const int64_t sparse_blocks = static_cast<int64_t>(std::ceil(sparse_rows / double(bs))) + 1;
+  const int64_t v_bound = std::min(blocks, tail_blocks + sparse_blocks) * tables;
+  const int64_t v_now = num_pages() - blocks_ * tables;
+  return k_more + std::max<int64_t>(0, v_bound - v_now);
+}
+
 void SequenceKv::EnsureStride(int64_t blocks) {
   if (blocks <= stride_) return;
   const int32_t new_stride = static_cast<int32_t>(std::max<int64_t>(blocks, 2 * int64_t(stride_)));

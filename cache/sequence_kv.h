@@ -49,6 +49,12 @@ class SequenceKv {
   int64_t capacity_tokens() const { return blocks_ * shape_.block_size; }
   // Pages (K and V together) needed so that positions [0, new_length) have rows.
   int64_t PagesNeeded(int64_t new_length) const;
+  // An upper bound on the further pages this sequence needs to reach `length` when it is
+  // compacted after every step of at most `chunk` tokens under `policy`: with a mass budget
+  // (keep_fraction > 0) the V store is bounded — tail ≤ local_window + chunk + a block, sparse
+  // rows ≤ sinks + keep_fraction·L + one rounding row per compacted block — so admission can
+  // reserve less than the dense V; otherwise it is PagesNeeded(length).
+  int64_t PagesToReach(int64_t length, const SparsePolicy& policy, int64_t chunk) const;
   // Check, then commit: the caller made sure pool.CanAllocate(PagesNeeded(new_length)).
   void Grow(PagePool& pool, int64_t new_length);
   // Returns every page to the pool and forgets all rows (finish, cancel, preemption).

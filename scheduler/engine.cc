@@ -14,6 +14,11 @@ double SecondsBetween(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
 
+SchedulerConfig WithSparse(SchedulerConfig config, const cache::SparsePolicy& sparse) {
+  config.sparse = sparse;
+  return config;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& config,
@@ -43,7 +48,7 @@ Engine::Engine(const EngineConfig& config, kernels::Backend& backend, int64_t nu
       kv_shape_{static_cast<int32_t>(backend.model().config().num_layers),
                 static_cast<int32_t>(backend.model().config().num_kv_heads), config.block_size,
                 static_cast<int32_t>(backend.model().config().head_dim)},
-      scheduler_(config.scheduler, pool_),
+      scheduler_(WithSparse(config.scheduler, config.sparse), pool_),
       tokenizer_(&backend.model().tokenizer()) {}
 
 Engine::~Engine() { Stop(); }
@@ -293,8 +298,8 @@ void Engine::CompactSparseV(const StepPlan& plan) {
   if (!config_.sparse.enabled) return;
   std::vector<cache::RowMove> moves;
   for (const auto& seq : scheduler_.running()) {
-    // Only once the prompt is in: its last queries (the observation window) decided the hits.
-    if (seq->num_computed < int64_t(seq->request().prompt.size())) continue;
+    // Also between prefill chunks: a long prompt never holds more than its window of dense V
+    // rows (the chunk's last queries are the observation window so far).
     cache::SequenceKv::CompactResult r;
     seq->kv().CompactV(pool_, seq->num_computed, config_.sparse, &moves, &r);
     counters_.v_rows_evicted += r.rows_dropped;

@@ -57,17 +57,22 @@ StepPlan Scheduler::Schedule() {
   // is admitted only when the pool can also hold the rest of its prompt (and its first output
   // token) on top of what running prefills still need: admitting on the next chunk alone lets
   // long prompts push each other out before they finish (preemption thrash).
+  const int64_t chunk = config_.max_num_batched_tokens;
+  auto to_finish_prompt = [&](const Sequence& s) {
+    const int64_t next = int64_t(s.tokens().size()) + 1;
+    // Past its prompt a sequence only needs its next block (a bound would over-reserve).
+    if (s.num_computed >= int64_t(s.request().prompt.size())) return s.kv().PagesNeeded(next);
+    return s.kv().PagesToReach(next, config_.sparse, chunk);
+  };
   int64_t reserved = 0;
-  for (const auto& r : running_) {
-    reserved += r->kv().PagesNeeded(int64_t(r->tokens().size()) + 1);
-  }
+  for (const auto& r : running_) reserved += to_finish_prompt(*r);
   while (plan.preempted.empty() && budget > 0 && !waiting_.empty() &&
          int64_t(running_.size()) < config_.max_num_seqs) {
     Sequence* seq = waiting_.front().get();
     const int64_t n = std::min(seq->num_uncomputed(), budget);
-    const int64_t whole = seq->kv().PagesNeeded(int64_t(seq->tokens().size()) + 1);
+    const int64_t whole = to_finish_prompt(*seq);
     if (!pool_->CanAllocate(reserved + whole)) break;
-    reserved += whole - seq->kv().PagesNeeded(seq->num_computed + n);
+    reserved += std::max<int64_t>(0, whole - seq->kv().PagesNeeded(seq->num_computed + n));
     seq->kv().Grow(*pool_, seq->num_computed + n);
     seq->state = SequenceState::kRunning;
     if (!seq->first_scheduled) seq->first_scheduled = Clock::now();

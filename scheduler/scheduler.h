@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "cache/page_pool.h"
+#include "cache/sequence_kv.h"
 #include "scheduler/sequence.h"
 
 namespace thetaserve::scheduler {
@@ -17,6 +18,9 @@ namespace thetaserve::scheduler {
 struct SchedulerConfig {
   int64_t max_num_batched_tokens = 512;  // token budget per step
   int64_t max_num_seqs = 64;             // running sequences at once
+  // The engine compacts V after every step under this policy; with a mass budget admission
+  // reserves the bounded V store instead of a dense one (SequenceKv::PagesToReach).
+  cache::SparsePolicy sparse;
 };
 
 // One sequence's share of a step.

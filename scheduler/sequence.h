@@ -35,6 +35,7 @@ class Sequence {
   int64_t num_uncomputed() const { return int64_t(tokens_.size()) - num_computed; }
 
   cache::SequenceKv& kv() { return kv_; }
+  const cache::SequenceKv& kv() const { return kv_; }
   Sampler& sampler() { return sampler_; }
 
   // Appends a sampled token and decides whether the sequence is done; emits the delta to the

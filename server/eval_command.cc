@@ -6,7 +6,9 @@
 // Each window: the first half is a prompt (prefill), the second half is teacher-forced
 // decoding. Under policy full a row's attention is the same whether prefilled or decoded, so
 // the second half runs as one more prefill chunk; under policy sparse the cache is compacted
-// after the prompt (observation window) and the second half is decoded token by token.
+// after every 512-token prompt chunk (as the server does) and the second half is decoded token
+// by token, compacted after each.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -129,13 +131,17 @@ int RunEval(const std::vector<std::string>& argv) {
     runner->Reset();
     // Logits for every position, [context, vocab].
     std::vector<float> logits;
-    auto head = runner->Append(window.subspan(0, P), true, 512, &prefill_stats);
-    if (!head.ok()) return fail(head.status());
-    logits = std::move(*head);
     if (theta->sparse.enabled) {
-      auto compacted = runner->Compact();
-      if (!compacted.ok()) return fail(compacted.status());
-      evicted += compacted->rows_dropped;
+      // As the server does: the prompt in chunks of 512, compacted after each.
+      for (int64_t i = 0; i < P; i += 512) {
+        auto part = runner->Append(window.subspan(i, std::min<int64_t>(512, P - i)), true, 512,
+                                   &prefill_stats);
+        if (!part.ok()) return fail(part.status());
+        logits.insert(logits.end(), part->begin(), part->end());
+        auto compacted = runner->Compact();
+        if (!compacted.ok()) return fail(compacted.status());
+        evicted += compacted->rows_dropped;
+      }
       for (int64_t i = P; i < *context; ++i) {
         auto row = runner->Append(window.subspan(i, 1), true, 1, &decode_stats);
         if (!row.ok()) return fail(row.status());
@@ -145,6 +151,9 @@ int RunEval(const std::vector<std::string>& argv) {
         evicted += c->rows_dropped;
       }
     } else {
+      auto head = runner->Append(window.subspan(0, P), true, 512, &prefill_stats);
+      if (!head.ok()) return fail(head.status());
+      logits = std::move(*head);
       auto tail = runner->Append(window.subspan(P), true, 512, &decode_stats);
       if (!tail.ok()) return fail(tail.status());
       logits.insert(logits.end(), tail->begin(), tail->end());

@@ -135,5 +135,46 @@ TEST(SequenceKvTest, MassBudgetKeepsTheRowsWithTheHighestMeanRetainedProbability
   EXPECT_EQ(pool.num_free(), 32);
 }
 
+TEST(SequenceKvTest, PagesToReachBoundsWhatAMassBudgetSequenceEverHolds) {
+  KvShape shape{2, 2, 16, 8};  // 4 tables
+  SparsePolicy policy{true, /*local_window=*/64, /*sink_tokens=*/4, /*obs_window=*/8};
+  SequenceKv probe(shape);
+  EXPECT_EQ(probe.PagesToReach(1000, policy, 128), probe.PagesNeeded(1000))
+      << "without a budget the V store is unbounded: reserve it dense";
+  policy.keep_fraction = 0.1;
+  const int64_t bound = probe.PagesToReach(1000, policy, 128);
+  EXPECT_LT(bound, probe.PagesNeeded(1000) * 3 / 4);
+
+  // Grow in chunks, with every row given some mass, compacting after each step as the
+  // engine does: the pages held never exceed the bound taken at the start.
+  for (int64_t chunk : {1, 7, 128}) {
+    PagePool pool(4096, 16);
+    SequenceKv kv(shape);
+    const int64_t start_bound = kv.PagesToReach(1000, policy, chunk);
+    uint32_t rng = 12345;
+    std::vector<RowMove> moves;
+    for (int64_t len = 0; len < 1000;) {
+      const int64_t n = std::min<int64_t>(chunk, 1000 - len);
+      ASSERT_TRUE(pool.CanAllocate(kv.PagesNeeded(len + n)));
+      kv.Grow(pool, len + n);
+      for (int64_t t = 0; t < shape.tables(); ++t) {
+        for (int64_t p = len; p < len + n; ++p) {
+          rng = rng * 1664525u + 1013904223u;
+          kv.hit_mass()[t * kv.hits_stride() + p] = 1.0f + float(rng >> 16);
+        }
+      }
+      len += n;
+      ASSERT_LE(kv.num_pages(), start_bound) << "chunk " << chunk << " at length " << len;
+      SequenceKv::CompactResult r;
+      moves.clear();
+      kv.CompactV(pool, len, policy, &moves, &r);
+      ASSERT_LE(kv.num_pages(), start_bound);
+      ASSERT_EQ(kv.num_pages(), pool.num_pages() - pool.num_free());
+    }
+    kv.ReleaseAll(pool);
+    EXPECT_EQ(pool.num_free(), pool.num_pages());
+  }
+}
+
 }  // namespace
 }  // namespace thetaserve::cache

@@ -298,5 +298,71 @@ TEST_F(EngineTest, SparsePolicyStoresFewerVRowsAndReturnsEveryPage) {
       << "pages leaked under the sparse policy";
 }
 
+// With a mass budget the engine compacts between prefill chunks and admission reserves the
+// bounded V store: two long prompts that the pool cannot hold together dense run together.
+TEST_F(EngineTest, MassBudgetAdmitsLongPromptsThatDenseMustRunOneAtATime) {
+  const auto& c = model_->config();
+  model::ThetaTable table(c.num_layers, c.num_heads, model::ThetaTable::DefaultBuckets(4096));
+  for (int32_t l = 0; l < c.num_layers; ++l) {
+    table.k_per_layer[l] = l < 2 ? 512 : 16;
+    for (int32_t h = 0; h < c.num_heads; ++h) {
+      for (size_t b = 0; b < table.buckets().size(); ++b) table.theta_at(l, h, b) = 0.02f;
+    }
+  }
+  table.Finalize();
+  std::string text;
+  for (const auto& p : Prompts()) text += p + " ";
+  text = text + text + text + text + text + text;  // ~600 tokens
+
+  auto run = [&](bool sparse, int* max_running, int64_t* preemptions) {
+    auto backend = kernels::CreateBackend(*model_, kernels::Device::kCpu, 0);
+    ASSERT_TRUE(backend.ok());
+    kernels::TopThetaConfig cfg;
+    cfg.table = &table;
+    (*backend)->SetTopTheta(cfg);
+    EngineConfig config;
+    config.scheduler.max_num_batched_tokens = 64;  // many prefill chunks
+    const int64_t page_bytes = int64_t(config.block_size) * c.head_dim * sizeof(float);
+    const int64_t tokens = int64_t(model_->tokenizer().Encode(text).size()) + 8;
+    const int64_t dense_pages = 2 * ((tokens + 15) / 16) * c.num_layers * c.num_kv_heads;
+    config.kv_cache_bytes = dense_pages * 7 / 5 * page_bytes;  // 1.4 dense prompts
+    config.sparse.enabled = sparse;
+    config.sparse.local_window = 32;
+    config.sparse.sink_tokens = 4;
+    config.sparse.keep_fraction = 0.05;
+    auto engine = Engine::Create(config, **backend);
+    ASSERT_TRUE(engine.ok());
+    std::atomic<int> most{0};
+    (*engine)->SetObserver([&](const EngineStats& s, const StepStats*) {
+      most.store(std::max<int>(most.load(), static_cast<int>(s.running)));
+    });
+    std::vector<std::shared_ptr<CollectingSink>> sinks;
+    for (int i = 0; i < 2; ++i) {
+      Request r = MakeRequest("long" + std::to_string(i), text, 8);
+      r.stopping.ignore_eos = true;
+      sinks.push_back(std::make_shared<CollectingSink>());
+      ASSERT_TRUE((*engine)->Submit(r, sinks.back()).ok());
+    }
+    for (auto& sk : sinks) {
+      ASSERT_TRUE(sk->Wait(300));
+      EXPECT_EQ(sk->info.reason, FinishReason::kLength);
+      EXPECT_EQ(sk->info.completion_tokens, 8);
+    }
+    ASSERT_TRUE((*engine)->WaitIdle(10));
+    *max_running = most.load();
+    *preemptions = (*engine)->Stats().counters.preemptions;
+    EXPECT_EQ((*engine)->pool_for_tests().num_free(), (*engine)->pool_for_tests().num_pages())
+        << "pages leaked (sparse " << sparse << ")";
+  };
+  int dense_running = 0, sparse_running = 0;
+  int64_t dense_preempt = 0, sparse_preempt = 0;
+  run(false, &dense_running, &dense_preempt);
+  run(true, &sparse_running, &sparse_preempt);
+  EXPECT_EQ(dense_running, 1) << "the pool was meant to hold one dense prompt";
+  EXPECT_EQ(sparse_running, 2);
+  EXPECT_EQ(dense_preempt, 0);
+  EXPECT_EQ(sparse_preempt, 0) << "the reservation must cover what the prompts grow to";
+}
+
 }  // namespace
 }  // namespace thetaserve::scheduler
