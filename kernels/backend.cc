@@ -21,6 +21,29 @@ int64_t NumLogitRows(const ForwardBatch& batch) {
   return rows;
 }
 
+absl::Status Backend::SetKvLayout(int64_t num_pages, int32_t block_size) {
+  if (num_pages <= 0 || block_size <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("KV pool needs pages > 0 and block size > 0 (got %d pages of %d rows)",
+                        num_pages, block_size));
+  }
+  kv_layout_ = KvPoolLayout{block_size, static_cast<int32_t>(model_->config().head_dim), num_pages};
+  return absl::OkStatus();
+}
+
+absl::Status Backend::CheckKvRowCopies(std::span<const KvRowCopy> copies) const {
+  const auto page_ok = [&](int32_t p) { return p >= 0 && p < kv_layout_.num_pages; };
+  const auto row_ok = [&](int32_t r) { return r >= 0 && r < kv_layout_.block_size; };
+  for (const KvRowCopy& c : copies) {
+    if (!page_ok(c.src_page) || !page_ok(c.dst_page) || !row_ok(c.src_row) || !row_ok(c.dst_row)) {
+      return absl::InternalError(absl::StrFormat(
+          "KV row copy outside the pool (page %d row %d -> page %d row %d; %d pages of %d rows)",
+          c.src_page, c.src_row, c.dst_page, c.dst_row, kv_layout_.num_pages, kv_layout_.block_size));
+    }
+  }
+  return absl::OkStatus();
+}
+
 bool CudaAvailable() {
 #if THETASERVE_HAVE_CUDA
   return cuda::DeviceCount() > 0;

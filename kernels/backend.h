@@ -63,6 +63,10 @@ class Backend {
 
  protected:
   explicit Backend(const model::Model& model) : model_(&model) {}
+  // What every AllocateKvPool starts with: checks the sizes and sets kv_layout_.
+  absl::Status SetKvLayout(int64_t num_pages, int32_t block_size);
+  // What every CopyKvRows starts with: each copy's pages and rows lie inside the pool.
+  absl::Status CheckKvRowCopies(std::span<const KvRowCopy> copies) const;
   const model::Model* model_;
   KvPoolLayout kv_layout_;
   TopThetaConfig top_theta_;

@@ -5,6 +5,8 @@
 # GetServerStatus twice a second, and prints the mean and max running count.
 #
 #   THETA=out/fidelity/theta_k64_post.json scripts/sparse-capacity.sh
+#   THETA=... KEEP=0.05 LW=512 PROMPT_WORDS=3000 KV=500M N=10 scripts/sparse-capacity.sh
+# KEEP: the sparse policy's mass budget (--keep-fraction); unset: the obs-window rule.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-build/thetaserve}
@@ -17,6 +19,7 @@ PROMPT_WORDS=${PROMPT_WORDS:-1000}
 PORT=${PORT:-51051}
 LW=${LW:-128}
 OBS=${OBS:-32}
+KEEP=${KEEP:-}
 
 prompt_for() {  # a distinct ~PROMPT_WORDS-word slice of Austen per request
   python3 - "$1" "$PROMPT_WORDS" <<'PY'
@@ -52,7 +55,9 @@ measure() {  # name, then server flags
     END {printf "%-8s samples with requests waiting %d  running mean %.2f  max %d  preemptions %d\n", name, n, s/n, m, p}' "$samples"
 }
 
-echo "kv-cache-memory $KV, $N requests of ~$PROMPT_WORDS words + $OUT tokens, local window $LW, obs window $OBS"
+rule=(--obs-window "$OBS")
+[ -z "$KEEP" ] || rule=(--keep-fraction "$KEEP")
+echo "kv-cache-memory $KV, $N requests of ~$PROMPT_WORDS words + $OUT tokens, local window $LW, ${rule[*]}"
 measure dense
 PORT=$((PORT + 1))
-measure sparse --theta "$THETA" --policy sparse --local-window "$LW" --obs-window "$OBS"
+measure sparse --theta "$THETA" --policy sparse --local-window "$LW" "${rule[@]}"

@@ -29,25 +29,15 @@ void CpuBackend::Scratch::Resize(int64_t T, const model::ModelConfig& c) {
 }
 
 absl::Status CpuBackend::AllocateKvPool(int64_t num_pages, int32_t block_size) {
-  const auto& c = model_->config();
-  if (num_pages <= 0 || block_size <= 0) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("KV pool needs pages > 0 and block size > 0 (got %d pages of %d rows)",
-                        num_pages, block_size));
-  }
-  kv_layout_ = KvPoolLayout{block_size, static_cast<int32_t>(c.head_dim), num_pages};
+  if (absl::Status st = SetKvLayout(num_pages, block_size); !st.ok()) return st;
   kv_pool_.assign(num_pages * kv_layout_.PageElems(), 0.0f);
   return absl::OkStatus();
 }
 
 absl::Status CpuBackend::CopyKvRows(std::span<const KvRowCopy> copies) {
+  if (absl::Status st = CheckKvRowCopies(copies); !st.ok()) return st;
   const size_t row_bytes = kv_layout_.head_dim * sizeof(float);
   for (const KvRowCopy& c : copies) {
-    if (c.src_page < 0 || c.dst_page < 0 || c.src_page >= kv_layout_.num_pages ||
-        c.dst_page >= kv_layout_.num_pages) {
-      return absl::InternalError(absl::StrFormat("KV row copy with page out of range (%d -> %d)",
-                                                 c.src_page, c.dst_page));
-    }
     // In order, and memmove: compaction may copy a row onto itself or an earlier slot.
     std::memmove(kv_pool_.data() + kv_layout_.RowOffset(c.dst_page, c.dst_row),
                 kv_pool_.data() + kv_layout_.RowOffset(c.src_page, c.src_row), row_bytes);

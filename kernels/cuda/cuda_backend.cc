@@ -265,13 +265,7 @@ absl::Status CudaBackend::Init() {
 }
 
 absl::Status CudaBackend::AllocateKvPool(int64_t num_pages, int32_t block_size) {
-  const auto& c = model_->config();
-  if (num_pages <= 0 || block_size <= 0) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("KV pool needs pages > 0 and block size > 0 (got %d pages of %d rows)",
-                        num_pages, block_size));
-  }
-  kv_layout_ = KvPoolLayout{block_size, static_cast<int32_t>(c.head_dim), num_pages};
+  if (absl::Status st = SetKvLayout(num_pages, block_size); !st.ok()) return st;
   const size_t bytes = size_t(num_pages) * kv_layout_.PageElems() * sizeof(bf16);
   pool_ = DeviceBuffer();
   if (absl::Status st = pool_.Reserve(bytes); !st.ok()) return st;
@@ -282,13 +276,7 @@ absl::Status CudaBackend::AllocateKvPool(int64_t num_pages, int32_t block_size) 
 
 absl::Status CudaBackend::CopyKvRows(std::span<const KvRowCopy> copies) {
   if (copies.empty()) return absl::OkStatus();
-  for (const KvRowCopy& c : copies) {
-    if (c.src_page < 0 || c.dst_page < 0 || c.src_page >= kv_layout_.num_pages ||
-        c.dst_page >= kv_layout_.num_pages) {
-      return absl::InternalError(absl::StrFormat("KV row copy with page out of range (%d -> %d)",
-                                                 c.src_page, c.dst_page));
-    }
-  }
+  if (absl::Status st = CheckKvRowCopies(copies); !st.ok()) return st;
   const size_t bytes = copies.size() * sizeof(KvRowCopy);
   if (absl::Status st = copies_.Reserve(bytes); !st.ok()) return st;
   TS_CUDA_RETURN(cudaMemcpyAsync(copies_.get(), copies.data(), bytes, cudaMemcpyHostToDevice,
