@@ -216,7 +216,8 @@ int RunEval(const std::vector<std::string>& argv) {
         "\"v_rows_stored_per_L\":%.5f,\"prefill_elements_kept\":%.5f,"
         "\"decode_elements_kept\":%.5f,\"retained_but_evicted_per_decode_row\":%.6f,"
         "\"rows_evicted\":%d,\"decode_perplexity\":%.5f,\"dense_decode_perplexity\":%.5f,"
-        "\"decode_ppl_change_pct\":%.3f,\"retain_factor\":%g,\"local_window\":%d,\"obs_window\":%d",
+        "\"decode_ppl_change_pct\":%.3f,\"retain_factor\":%g,\"local_window\":%d,\"obs_window\":%d,"
+        "\"keep_fraction\":%g",
         k.empty() ? 0 : k.back(), ref_ppl, 100.0 * (ppl / ref_ppl - 1.0),
         double(rows.agree) / rows.n, rows.kl / rows.n,
         ratio(decode_stats.v_rows_read, decode_stats.v_rows_read_dense),
@@ -227,7 +228,8 @@ int RunEval(const std::vector<std::string>& argv) {
         ratio(decode_stats.retained_but_evicted, decode_stats.v_rows_read_dense), evicted,
         std::exp(rows.decode_nll / rows.decode_n), std::exp(rows.decode_nll_ref / rows.decode_n),
         100.0 * (std::exp((rows.decode_nll - rows.decode_nll_ref) / rows.decode_n) - 1.0),
-        theta->config.retain_factor, theta->sparse.local_window, theta->sparse.obs_window);
+        theta->config.retain_factor, theta->sparse.local_window, theta->sparse.obs_window,
+        theta->sparse.keep_fraction);
   }
   json += "}";
   std::printf("perplexity %.4f over %lld predicted tokens (%lld windows of %lld) on %s\n", ppl,
