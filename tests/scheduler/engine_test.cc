@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "scheduler/sequence_runner.h"
 #include "model/model.h"
@@ -130,7 +131,7 @@ TEST_F(EngineTest, SixtyFourConcurrentGreedyRequestsMatchTheirSoloRuns) {
     // Mixed prompt lengths (repeat a prompt up to 3 times) and output lengths 4..19.
     std::string text = prompts[i % prompts.size()];
     for (int r = 0; r < i % 3; ++r) text += " " + prompts[(i + r + 1) % prompts.size()];
-    requests.push_back(MakeRequest("r" + std::to_string(i), text, 4 + (i * 7) % 16));
+    requests.push_back(MakeRequest(absl::StrCat("r", i), text, 4 + (i * 7) % 16));
   }
   for (auto& r : requests) {
     sinks.push_back(std::make_shared<CollectingSink>());
@@ -169,7 +170,7 @@ TEST_F(EngineTest, TinyPoolForcesChunkedPrefillAndPreemptionWithIdenticalOutput)
   std::vector<Request> requests;
   std::vector<std::shared_ptr<CollectingSink>> sinks;
   for (int i = 0; i < 4; ++i) {
-    requests.push_back(MakeRequest("p" + std::to_string(i), prompts[i % 2 ? 0 : 4], 14));
+    requests.push_back(MakeRequest(absl::StrCat("p", i), prompts[i % 2 ? 0 : 4], 14));
     requests.back().stopping.ignore_eos = true;
     sinks.push_back(std::make_shared<CollectingSink>());
     ASSERT_TRUE((*engine)->Submit(requests.back(), sinks.back()).ok());
@@ -203,7 +204,7 @@ TEST_F(EngineTest, CancellingHalfMidwayReturnsEveryPage) {
   const auto prompts = Prompts();
   std::vector<std::shared_ptr<CollectingSink>> sinks;
   for (int i = 0; i < 16; ++i) {
-    Request r = MakeRequest("c" + std::to_string(i), prompts[i % prompts.size()], 40);
+    Request r = MakeRequest(absl::StrCat("c", i), prompts[i % prompts.size()], 40);
     r.stopping.ignore_eos = true;
     sinks.push_back(std::make_shared<CollectingSink>());
     ASSERT_TRUE((*engine)->Submit(r, sinks.back()).ok());
@@ -211,7 +212,7 @@ TEST_F(EngineTest, CancellingHalfMidwayReturnsEveryPage) {
   // Cancel the even ones once they have produced a few tokens.
   for (int i = 0; i < 16; i += 2) {
     while (sinks[i]->count() < 3 && !sinks[i]->finished) std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    (*engine)->Cancel("c" + std::to_string(i));
+    (*engine)->Cancel(absl::StrCat("c", i));
   }
   for (int i = 0; i < 16; ++i) {
     ASSERT_TRUE(sinks[i]->Wait(300));
@@ -279,7 +280,7 @@ TEST_F(EngineTest, SparsePolicyStoresFewerVRowsAndReturnsEveryPage) {
   text += text;  // ~200 tokens
   std::vector<std::shared_ptr<CollectingSink>> sinks;
   for (int i = 0; i < 4; ++i) {
-    Request r = MakeRequest("s" + std::to_string(i), text, 48);
+    Request r = MakeRequest(absl::StrCat("s", i), text, 48);
     r.stopping.ignore_eos = true;
     sinks.push_back(std::make_shared<CollectingSink>());
     ASSERT_TRUE((*engine)->Submit(r, sinks.back()).ok());
@@ -338,7 +339,7 @@ TEST_F(EngineTest, MassBudgetAdmitsLongPromptsThatDenseMustRunOneAtATime) {
     });
     std::vector<std::shared_ptr<CollectingSink>> sinks;
     for (int i = 0; i < 2; ++i) {
-      Request r = MakeRequest("long" + std::to_string(i), text, 8);
+      Request r = MakeRequest(absl::StrCat("long", i), text, 8);
       r.stopping.ignore_eos = true;
       sinks.push_back(std::make_shared<CollectingSink>());
       ASSERT_TRUE((*engine)->Submit(r, sinks.back()).ok());

@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "grpcpp/generic/generic_stub.h"
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "model/model.h"
 #include "model/theta_table.h"
@@ -259,7 +260,7 @@ TEST_F(ServerE2ETest, BadInputGetsItsCodeAndTheServerKeepsServing) {
   }
   {
     auto r = base();
-    for (int i = 0; i < 17; ++i) r.mutable_stopping()->add_stop("x" + std::to_string(i));
+    for (int i = 0; i < 17; ++i) r.mutable_stopping()->add_stop(absl::StrCat("x", i));
     cases.push_back({"too many stop strings", r, grpc::StatusCode::INVALID_ARGUMENT, "stop strings"});
   }
   {
