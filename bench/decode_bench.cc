@@ -2,8 +2,8 @@
 // ratio = (weight bytes as stored ÷ decode step time) ÷ (memory copy bandwidth measured in the
 // same run). Also offline generation throughput at given concurrencies.
 //
-//   build/thetaserve_bench --model models/SmolLM2-135M-Instruct.Q4_1.gguf \
-//       --batches 1,16 --concurrency 1,8,32,64 --repeats 5
+//   build/thetaserve_bench --model models/SmolLM2-135M-Instruct.Q4_1.gguf --batches 1,16
+//       --concurrency 1,8,32,64 --repeats 5   (one command)
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
