@@ -107,6 +107,39 @@ class EngineTest : public ::testing::Test {
     return r;
   }
 
+  // The same post-softmax θ everywhere (layers 0-1 dense up to 512 rows, k = 16 after): rows
+  // past k keep keys with probability > theta.
+  static model::ThetaTable ConstantPostTheta(float theta) {
+    const auto& c = model_->config();
+    model::ThetaTable table(c.num_layers, c.num_heads, model::ThetaTable::DefaultBuckets(4096));
+    for (int32_t l = 0; l < c.num_layers; ++l) {
+      table.k_per_layer[l] = l < 2 ? 512 : 16;
+      for (int32_t h = 0; h < c.num_heads; ++h) {
+        for (size_t b = 0; b < table.buckets().size(); ++b) table.theta_at(l, h, b) = theta;
+      }
+    }
+    table.Finalize();
+    return table;
+  }
+
+  // Submits `count` requests of `text` that each generate exactly `tokens` tokens (EOS
+  // ignored) and waits until every one finished with that many.
+  static void RunFixedLength(Engine& engine, const std::string& id_prefix, const std::string& text,
+                             int count, int tokens) {
+    std::vector<std::shared_ptr<CollectingSink>> sinks;
+    for (int i = 0; i < count; ++i) {
+      Request r = MakeRequest(absl::StrCat(id_prefix, i), text, tokens);
+      r.stopping.ignore_eos = true;
+      sinks.push_back(std::make_shared<CollectingSink>());
+      ASSERT_TRUE(engine.Submit(r, sinks.back()).ok());
+    }
+    for (auto& sk : sinks) {
+      ASSERT_TRUE(sk->Wait(300));
+      EXPECT_EQ(sk->info.reason, FinishReason::kLength);
+      EXPECT_EQ(sk->info.completion_tokens, tokens);
+    }
+  }
+
   static model::Model* model_;
   static kernels::Backend* solo_backend_;
 };
@@ -245,18 +278,9 @@ TEST_F(EngineTest, RejectsARequestThatCanNeverFitThePool) {
 }
 
 TEST_F(EngineTest, SparsePolicyStoresFewerVRowsAndReturnsEveryPage) {
-  const auto& c = model_->config();
   auto backend = kernels::CreateBackend(*model_, kernels::Device::kCpu, 0);
   ASSERT_TRUE(backend.ok());
-  // A constant post-softmax θ: rows past k keep keys with probability > 2%.
-  model::ThetaTable table(c.num_layers, c.num_heads, model::ThetaTable::DefaultBuckets(4096));
-  for (int32_t l = 0; l < c.num_layers; ++l) {
-    table.k_per_layer[l] = l < 2 ? 512 : 16;
-    for (int32_t h = 0; h < c.num_heads; ++h) {
-      for (size_t b = 0; b < table.buckets().size(); ++b) table.theta_at(l, h, b) = 0.02f;
-    }
-  }
-  table.Finalize();
+  const model::ThetaTable table = ConstantPostTheta(0.02f);
   kernels::TopThetaConfig cfg;
   cfg.table = &table;
   (*backend)->SetTopTheta(cfg);
@@ -278,18 +302,7 @@ TEST_F(EngineTest, SparsePolicyStoresFewerVRowsAndReturnsEveryPage) {
   std::string text;
   for (const auto& p : Prompts()) text += p + " ";
   text += text;  // ~200 tokens
-  std::vector<std::shared_ptr<CollectingSink>> sinks;
-  for (int i = 0; i < 4; ++i) {
-    Request r = MakeRequest(absl::StrCat("s", i), text, 48);
-    r.stopping.ignore_eos = true;
-    sinks.push_back(std::make_shared<CollectingSink>());
-    ASSERT_TRUE((*engine)->Submit(r, sinks.back()).ok());
-  }
-  for (auto& s : sinks) {
-    ASSERT_TRUE(s->Wait(300));
-    EXPECT_EQ(s->info.reason, FinishReason::kLength);
-    EXPECT_EQ(s->info.completion_tokens, 48);
-  }
+  ASSERT_NO_FATAL_FAILURE(RunFixedLength(**engine, "s", text, 4, 48));
   ASSERT_TRUE((*engine)->WaitIdle(10));
   const EngineStats s = (*engine)->Stats();
   EXPECT_LT(min_resident_ratio_permille.load(), 700) << "the sparse store should hold well under the dense rows";
@@ -303,14 +316,7 @@ TEST_F(EngineTest, SparsePolicyStoresFewerVRowsAndReturnsEveryPage) {
 // bounded V store: two long prompts that the pool cannot hold together dense run together.
 TEST_F(EngineTest, MassBudgetAdmitsLongPromptsThatDenseMustRunOneAtATime) {
   const auto& c = model_->config();
-  model::ThetaTable table(c.num_layers, c.num_heads, model::ThetaTable::DefaultBuckets(4096));
-  for (int32_t l = 0; l < c.num_layers; ++l) {
-    table.k_per_layer[l] = l < 2 ? 512 : 16;
-    for (int32_t h = 0; h < c.num_heads; ++h) {
-      for (size_t b = 0; b < table.buckets().size(); ++b) table.theta_at(l, h, b) = 0.02f;
-    }
-  }
-  table.Finalize();
+  const model::ThetaTable table = ConstantPostTheta(0.02f);
   std::string text;
   for (const auto& p : Prompts()) text += p + " ";
   text = text + text + text + text + text + text;  // ~600 tokens
@@ -337,18 +343,7 @@ TEST_F(EngineTest, MassBudgetAdmitsLongPromptsThatDenseMustRunOneAtATime) {
     (*engine)->SetObserver([&](const EngineStats& s, const StepStats*) {
       most.store(std::max<int>(most.load(), static_cast<int>(s.running)));
     });
-    std::vector<std::shared_ptr<CollectingSink>> sinks;
-    for (int i = 0; i < 2; ++i) {
-      Request r = MakeRequest(absl::StrCat("long", i), text, 8);
-      r.stopping.ignore_eos = true;
-      sinks.push_back(std::make_shared<CollectingSink>());
-      ASSERT_TRUE((*engine)->Submit(r, sinks.back()).ok());
-    }
-    for (auto& sk : sinks) {
-      ASSERT_TRUE(sk->Wait(300));
-      EXPECT_EQ(sk->info.reason, FinishReason::kLength);
-      EXPECT_EQ(sk->info.completion_tokens, 8);
-    }
+    ASSERT_NO_FATAL_FAILURE(RunFixedLength(**engine, "long", text, 2, 8));
     ASSERT_TRUE((*engine)->WaitIdle(10));
     *max_running = most.load();
     *preemptions = (*engine)->Stats().counters.preemptions;
