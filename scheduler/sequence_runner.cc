@@ -32,18 +32,18 @@ absl::StatusOr<SequenceRunner> SequenceRunner::Create(kernels::Backend& backend,
 void SequenceRunner::Reset() {
   kv_->ReleaseAll(*pool_);
   length_ = 0;
+  rows_dropped_ = 0;
 }
 
-absl::StatusOr<cache::SequenceKv::CompactResult> SequenceRunner::Compact() {
+absl::Status SequenceRunner::Compact() {
   std::vector<cache::RowMove> moves;
   cache::SequenceKv::CompactResult result;
   kv_->CompactV(*pool_, length_, policy_, &moves, &result);
   std::vector<kernels::KvRowCopy> copies;
   copies.reserve(moves.size());
   for (const auto& m : moves) copies.push_back({m.src_page, m.src_row, m.dst_page, m.dst_row});
-  absl::Status st = backend_->CopyKvRows(copies);
-  if (!st.ok()) return st;
-  return result;
+  rows_dropped_ += result.rows_dropped;
+  return backend_->CopyKvRows(copies);
 }
 
 absl::StatusOr<std::vector<float>> SequenceRunner::Append(std::span<const int32_t> tokens,
@@ -89,6 +89,10 @@ absl::StatusOr<std::vector<float>> SequenceRunner::Append(std::span<const int32_
     absl::Status st = backend_->Forward(batch, logits.data());
     if (!st.ok()) return st;
     length_ += n;
+    if (policy_.enabled) {
+      st = Compact();
+      if (!st.ok()) return st;
+    }
     if (all_logits) out.insert(out.end(), logits.begin(), logits.end());
   }
   if (!all_logits) out = std::move(logits);

@@ -23,22 +23,28 @@ class SequenceRunner {
                                                cache::SparsePolicy policy = {});
 
   // Appends `tokens` (in chunks of at most `chunk` tokens) and returns the logits of the
-  // last one, or of every one when `all_logits` ([n, vocab] row-major).
+  // last one, or of every one when `all_logits` ([n, vocab] row-major). Under an enabled
+  // sparse policy the cache is compacted after every chunk, as the engine does after every
+  // step: appending a prompt with `chunk` = the server's prefill chunk and then one token at
+  // a time reproduces what the server stores.
   absl::StatusOr<std::vector<float>> Append(std::span<const int32_t> tokens,
                                             bool all_logits = false, int64_t chunk = 512,
                                             kernels::AttentionStats* stats = nullptr);
-  // Applies the sparse policy: moves retained tail rows to the sparse store, drops the rest.
-  absl::StatusOr<cache::SequenceKv::CompactResult> Compact();
 
   void Reset();
   int64_t length() const { return length_; }
   int64_t max_len() const { return max_len_; }
   int64_t v_rows_resident() const { return kv_->VRowsResident(length_); }
   int64_t v_rows_dense() const { return length_ * shape_.tables(); }
+  // V rows the sparse policy dropped since Create or the last Reset.
+  int64_t rows_dropped() const { return rows_dropped_; }
 
  private:
   SequenceRunner(kernels::Backend& backend, int64_t max_len, cache::KvShape shape,
                  cache::SparsePolicy policy, int64_t num_pages);
+  // Applies the sparse policy: moves retained tail rows to the sparse store, drops the rest.
+  absl::Status Compact();
+
   kernels::Backend* backend_;
   int64_t max_len_;
   cache::KvShape shape_;
@@ -46,6 +52,7 @@ class SequenceRunner {
   std::unique_ptr<cache::PagePool> pool_;
   std::unique_ptr<cache::SequenceKv> kv_;
   int64_t length_ = 0;
+  int64_t rows_dropped_ = 0;
 };
 
 }  // namespace thetaserve::scheduler

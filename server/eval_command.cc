@@ -129,35 +129,16 @@ int RunEval(const std::vector<std::string>& argv) {
   for (int64_t w = 0; w < windows; ++w) {
     std::span<const int32_t> window(ids.data() + w * *context, *context);
     runner->Reset();
-    // Logits for every position, [context, vocab].
-    std::vector<float> logits;
-    if (theta->sparse.enabled) {
-      // As the server does: the prompt in chunks of 512, compacted after each.
-      for (int64_t i = 0; i < P; i += 512) {
-        auto part = runner->Append(window.subspan(i, std::min<int64_t>(512, P - i)), true, 512,
-                                   &prefill_stats);
-        if (!part.ok()) return fail(part.status());
-        logits.insert(logits.end(), part->begin(), part->end());
-        auto compacted = runner->Compact();
-        if (!compacted.ok()) return fail(compacted.status());
-        evicted += compacted->rows_dropped;
-      }
-      for (int64_t i = P; i < *context; ++i) {
-        auto row = runner->Append(window.subspan(i, 1), true, 1, &decode_stats);
-        if (!row.ok()) return fail(row.status());
-        logits.insert(logits.end(), row->begin(), row->end());
-        auto c = runner->Compact();
-        if (!c.ok()) return fail(c.status());
-        evicted += c->rows_dropped;
-      }
-    } else {
-      auto head = runner->Append(window.subspan(0, P), true, 512, &prefill_stats);
-      if (!head.ok()) return fail(head.status());
-      logits = std::move(*head);
-      auto tail = runner->Append(window.subspan(P), true, 512, &decode_stats);
-      if (!tail.ok()) return fail(tail.status());
-      logits.insert(logits.end(), tail->begin(), tail->end());
-    }
+    // Logits for every position, [context, vocab]: the prompt in the server's 512-token chunks; then, under policy sparse, one token at a
+    // time as decoding would (the runner compacts after each chunk). Under policy full a
+    // row's attention is the same prefilled or decoded, so the rest goes in 512-token chunks.
+    auto logits = runner->Append(window.subspan(0, P), true, 512, &prefill_stats);
+    if (!logits.ok()) return fail(logits.status());
+    auto tail = runner->Append(window.subspan(P), true, theta->sparse.enabled ? 1 : 512,
+                               &decode_stats);
+    if (!tail.ok()) return fail(tail.status());
+    logits->insert(logits->end(), tail->begin(), tail->end());
+    evicted += runner->rows_dropped();
     stored_ratio_sum += double(runner->v_rows_resident()) / runner->v_rows_dense();
 
     std::vector<float> ref;
@@ -168,7 +149,7 @@ int RunEval(const std::vector<std::string>& argv) {
       ref = std::move(*r);
     }
     for (int64_t i = 0; i + 1 < *context; ++i) {
-      LogSoftmax(logits.data() + i * vocab, vocab, lq);
+      LogSoftmax(logits->data() + i * vocab, vocab, lq);
       rows.nll -= lq[window[i + 1]];
       ++rows.n;
       const bool decoded = i >= P;

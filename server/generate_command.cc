@@ -126,10 +126,6 @@ int RunGenerate(const std::vector<std::string>& argv) {
     if (static_cast<int64_t>(output.size()) >= *max_tokens) break;
     if (runner->length() >= capacity) break;
     int32_t next = r.token;
-    if (theta->sparse.enabled) {
-      auto compacted = runner->Compact();
-      if (!compacted.ok()) return fail(compacted.status());
-    }
     logits = runner->Append(std::span<const int32_t>(&next, 1));
     if (!logits.ok()) return fail(logits.status());
   }

@@ -5,9 +5,12 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <memory>
 #include <mutex>
+#include <span>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -310,6 +313,56 @@ TEST_F(EngineTest, SparsePolicyStoresFewerVRowsAndReturnsEveryPage) {
   EXPECT_LT(s.counters.v_rows_read, s.counters.v_rows_read_dense);
   EXPECT_EQ((*engine)->pool_for_tests().num_free(), (*engine)->pool_for_tests().num_pages())
       << "pages leaked under the sparse policy";
+}
+
+// The runner applies the sparse policy itself after every chunk, as the engine does after
+// every step: every V row is either resident or counted as dropped, the cache holds well
+// under the dense rows after the prompt, and decoding goes on from the compacted cache.
+TEST_F(EngineTest, SequenceRunnerCompactsAfterEveryChunkUnderASparsePolicy) {
+  auto backend = kernels::CreateBackend(*model_, kernels::Device::kCpu, 0);
+  ASSERT_TRUE(backend.ok());
+  const model::ThetaTable table = ConstantPostTheta(0.02f);
+  kernels::TopThetaConfig cfg;
+  cfg.table = &table;
+  (*backend)->SetTopTheta(cfg);
+  cache::SparsePolicy policy;
+  policy.enabled = true;
+  policy.local_window = 32;
+  policy.sink_tokens = 4;
+  policy.keep_fraction = 0.05;
+  std::string text;
+  for (const auto& p : Prompts()) text += p + " ";
+  const std::vector<int32_t> prompt = model_->tokenizer().Encode(text + text + text, true);
+  ASSERT_GT(prompt.size(), 200u);
+  const auto& c = model_->config();
+  const int64_t tables = int64_t(c.num_layers) * c.num_kv_heads;
+
+  auto runner = SequenceRunner::Create(**backend, prompt.size() + 8, 16, policy);
+  ASSERT_TRUE(runner.ok());
+  // Chunks of 64, compacted after each: rows leave the 32-row window as the prompt grows.
+  auto first = runner->Append(std::span<const int32_t>(prompt).first(64), false, 64);
+  ASSERT_TRUE(first.ok());
+  EXPECT_EQ(runner->v_rows_resident() + runner->rows_dropped(), runner->v_rows_dense());
+  auto rest = runner->Append(std::span<const int32_t>(prompt).subspan(64), false, 64);
+  ASSERT_TRUE(rest.ok());
+  EXPECT_GT(runner->rows_dropped(), 0);
+  EXPECT_EQ(runner->v_rows_resident() + runner->rows_dropped(), runner->v_rows_dense());
+  EXPECT_LT(runner->v_rows_resident(), runner->v_rows_dense() / 2)
+      << "window 32 + 5% of the older rows should hold well under half of "
+      << prompt.size() * tables << " rows";
+  // Decoding continues from the compacted cache, compacting after each token.
+  const int64_t dropped_after_prompt = runner->rows_dropped();
+  for (int i = 0; i < 8; ++i) {
+    const int32_t t = static_cast<int32_t>(std::max_element(rest->begin(), rest->end()) - rest->begin());
+    rest = runner->Append(std::span<const int32_t>(&t, 1));
+    ASSERT_TRUE(rest.ok());
+    for (float x : *rest) ASSERT_TRUE(std::isfinite(x));
+  }
+  EXPECT_GE(runner->rows_dropped(), dropped_after_prompt);
+  EXPECT_EQ(runner->v_rows_resident() + runner->rows_dropped(), runner->v_rows_dense());
+  runner->Reset();
+  EXPECT_EQ(runner->rows_dropped(), 0);
+  EXPECT_EQ(runner->v_rows_resident(), 0);
 }
 
 // With a mass budget the engine compacts between prefill chunks and admission reserves the
