@@ -1,5 +1,6 @@
 #include "model/theta_table.h"
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <limits>
@@ -98,6 +99,7 @@ void ThetaTable::Finalize() {
   std::ostringstream ss;
   ss << model_fingerprint << PlacementName(placement);
   for (int32_t k : k_per_layer) ss << "," << k;
+  for (const auto& [L, k] : k_schedule) ss << ";" << L << ":" << k;
   for (float t : theta_) ss << "," << t;
   fingerprint = Hex64(Fnv1a(ss.str()));
 }
@@ -128,6 +130,41 @@ float ThetaTable::Interpolate(const std::vector<float>& values, int32_t layer, i
   return static_cast<float>(v[lo] + t * (v[hi] - v[lo]));
 }
 
+int32_t ThetaTable::KAt(int32_t layer, int64_t L) const {
+  const int32_t base = k_per_layer[layer];
+  if (k_schedule.empty()) return base;
+  int32_t k;
+  if (L <= k_schedule.front().first) {
+    k = k_schedule.front().second;
+  } else if (L >= k_schedule.back().first) {
+    k = k_schedule.back().second;
+  } else {
+    size_t i = 1;
+    while (k_schedule[i].first < L) ++i;
+    const auto& [L0, k0] = k_schedule[i - 1];
+    const auto& [L1, k1] = k_schedule[i];
+    const double t = std::log(double(L) / double(L0)) / std::log(double(L1) / double(L0));
+    k = static_cast<int32_t>(std::lround(std::exp(std::log(double(k0)) +
+                                                  t * std::log(double(k1) / double(k0)))));
+  }
+  return std::max(base, k);
+}
+
+absl::Status ThetaTable::ValidateKSchedule(const std::vector<std::pair<int64_t, int32_t>>& schedule) {
+  for (size_t i = 0; i < schedule.size(); ++i) {
+    const auto& [L, k] = schedule[i];
+    if (k < 1 || k >= L) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("k schedule point ", L, ":", k, ": need 1 <= k < L"));
+    }
+    if (i > 0 && (L <= schedule[i - 1].first || k < schedule[i - 1].second)) {
+      return absl::InvalidArgumentError(
+          "k schedule: lengths must increase and k must not decrease");
+    }
+  }
+  return absl::OkStatus();
+}
+
 float ThetaTable::Theta(int32_t layer, int32_t head, int64_t L) const {
   return Interpolate(theta_, layer, head, L, /*extrapolate=*/true);
 }
@@ -148,6 +185,7 @@ absl::Status ThetaTable::Save(const std::string& path) const {
   j["num_layers"] = num_layers_;
   j["num_heads"] = num_heads_;
   j["k_per_layer"] = k_per_layer;
+  if (!k_schedule.empty()) j["k_schedule"] = k_schedule;  // [[L, k], ...]
   j["buckets"] = buckets_;
   j["fingerprint"] = fingerprint;
   // NaN is not JSON: empty buckets are written as null.
@@ -184,6 +222,11 @@ absl::StatusOr<ThetaTable> ThetaTable::Load(const std::string& path) {
     t.corpus = j.value("corpus", "");
     t.calibration_tokens = j.value("calibration_tokens", int64_t(0));
     t.k_per_layer = j.at("k_per_layer").get<std::vector<int32_t>>();
+    if (j.contains("k_schedule")) {
+      t.k_schedule = j.at("k_schedule").get<std::vector<std::pair<int64_t, int32_t>>>();
+      absl::Status st = ValidateKSchedule(t.k_schedule);
+      if (!st.ok()) return absl::InvalidArgumentError(absl::StrCat(path, ": ", st.message()));
+    }
     const size_t n = t.theta_.size();
     const auto& theta = j.at("theta");
     const auto& sdc = j.at("sdc_offline");

@@ -7,7 +7,9 @@
 #include <map>
 #include <sstream>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "kernels/theta_calibrator.h"
 #include "scheduler/sequence_runner.h"
 #include "server/cli_args.h"
@@ -20,6 +22,9 @@ namespace {
 constexpr char kUsage[] =
     "usage: thetaserve calibrate --model PATH --corpus FILE --out FILE [flags]\n"
     "  --k N                 survivors per row in calibrated layers (default 64)\n"
+    "  --k-schedule L:K,...  k growing with the row length instead of one --k: K at length L,\n"
+    "                        log-log interpolated between points, held outside (e.g.\n"
+    "                        2048:64,8192:128); the θ file records it\n"
     "  --dense-layers N      first layers kept (nearly) dense (default 2)\n"
     "  --dense-k N           k of those layers (default 512)\n"
     "  --placement pre|post  threshold scores (pre) or probabilities (post; default)\n"
@@ -28,11 +33,29 @@ constexpr char kUsage[] =
     "  --std-factor F        θ = mean + F·std (default 0.1)\n"
     "  --threads N --device cpu|cuda|auto (default cpu: exact top-k runs on the CPU)\n";
 
+// "2048:64,8192:128" -> {(2048, 64), (8192, 128)}, validated.
+absl::StatusOr<std::vector<std::pair<int64_t, int32_t>>> ParseKSchedule(const std::string& text) {
+  std::vector<std::pair<int64_t, int32_t>> schedule;
+  for (absl::string_view part : absl::StrSplit(text, ',')) {
+    std::pair<absl::string_view, absl::string_view> lk = absl::StrSplit(part, ':');
+    int64_t L = 0;
+    int32_t k = 0;
+    if (!absl::SimpleAtoi(lk.first, &L) || !absl::SimpleAtoi(lk.second, &k)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--k-schedule: '", part, "' is not LENGTH:K (e.g. 2048:64,8192:128)"));
+    }
+    schedule.emplace_back(L, k);
+  }
+  absl::Status st = model::ThetaTable::ValidateKSchedule(schedule);
+  if (!st.ok()) return absl::InvalidArgumentError(absl::StrCat("--k-schedule: ", st.message()));
+  return schedule;
+}
+
 }  // namespace
 
 int RunCalibrate(const std::vector<std::string>& argv) {
   auto args = CliArgs::Parse(
-      argv, {{"model", true}, {"corpus", true}, {"out", true}, {"k", true},
+      argv, {{"model", true}, {"corpus", true}, {"out", true}, {"k", true}, {"k-schedule", true},
              {"dense-layers", true}, {"dense-k", true}, {"placement", true}, {"context", true},
              {"max-tokens", true}, {"std-factor", true}, {"threads", true}, {"device", true},
              {"help", false}});
@@ -64,6 +87,14 @@ int RunCalibrate(const std::vector<std::string>& argv) {
   if (!args->Has("out") || !args->Has("corpus")) {
     return fail(absl::InvalidArgumentError("--corpus and --out are required"));
   }
+  std::vector<std::pair<int64_t, int32_t>> schedule;
+  if (args->Has("k-schedule")) {
+    if (args->Has("k")) return fail(absl::InvalidArgumentError("give --k or --k-schedule, not both"));
+    auto parsed = ParseKSchedule(args->GetString("k-schedule"));
+    if (!parsed.ok()) return fail(parsed.status());
+    schedule = std::move(*parsed);
+    *k = schedule.front().second;
+  }
   if (*k < 1 || *context <= *k) {
     return fail(absl::InvalidArgumentError("need 1 <= --k < --context"));
   }
@@ -82,6 +113,7 @@ int RunCalibrate(const std::vector<std::string>& argv) {
   for (int64_t l = 0; l < c.num_layers; ++l) {
     shape.k_per_layer[l] = static_cast<int32_t>(l < *dense_layers ? *dense_k : *k);
   }
+  shape.k_schedule = schedule;
   shape.placement = placement == "pre" ? model::ThetaPlacement::kPreSoftmax
                                        : model::ThetaPlacement::kPostSoftmax;
   shape.model_fingerprint = loaded->model->fingerprint();
@@ -114,8 +146,10 @@ int RunCalibrate(const std::vector<std::string>& argv) {
   table.calibration_tokens = windows * *context;
   absl::Status st = table.Save(args->GetString("out"));
   if (!st.ok()) return fail(st);
-  std::printf("wrote %s: %s placement, k=%lld (first %lld layers k=%lld), %lld tokens, %lld rows, fingerprint %s\n",
-              args->GetString("out").c_str(), placement.c_str(), (long long)*k, (long long)*dense_layers,
+  std::printf("wrote %s: %s placement, k=%s (first %lld layers k=%lld), %lld tokens, %lld rows, fingerprint %s\n",
+              args->GetString("out").c_str(), placement.c_str(),
+              schedule.empty() ? absl::StrCat(*k).c_str() : args->GetString("k-schedule").c_str(),
+              (long long)*dense_layers,
               (long long)*dense_k, (long long)table.calibration_tokens, (long long)calibrator.rows(),
               table.fingerprint.c_str());
   return 0;

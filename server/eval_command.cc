@@ -19,7 +19,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "kernels/backend.h"
 #include "scheduler/sequence_runner.h"
 #include "server/cli_args.h"
@@ -211,6 +213,11 @@ int RunEval(const std::vector<std::string>& argv) {
         100.0 * (std::exp((rows.decode_nll - rows.decode_nll_ref) / rows.decode_n) - 1.0),
         theta->config.retain_factor, theta->sparse.local_window, theta->sparse.obs_window,
         theta->sparse.keep_fraction);
+    if (!theta->table->k_schedule.empty()) {
+      std::vector<std::string> points;
+      for (const auto& [L, kk] : theta->table->k_schedule) points.push_back(absl::StrCat(L, ":", kk));
+      json += absl::StrCat(",\"k_schedule\":\"", absl::StrJoin(points, ","), "\"");
+    }
   }
   json += "}";
   std::printf("perplexity %.4f over %lld predicted tokens (%lld windows of %lld) on %s\n", ppl,

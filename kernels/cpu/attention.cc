@@ -103,7 +103,7 @@ void TopThetaUnit(const SeqChunk& seq, int64_t layer, int64_t lh, int64_t pos, i
   const int64_t L = pos + 1;
   const int32_t bs = layout.block_size;
   const model::ThetaTable& table = *cfg.table;
-  const int32_t k = table.k_per_layer[layer];
+  const int32_t k = table.KAt(static_cast<int32_t>(layer), L);
   const bool post = table.placement == model::ThetaPlacement::kPostSoftmax;
   std::vector<float>& e = scratch.e;
   e.resize(group * L);

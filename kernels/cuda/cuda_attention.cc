@@ -78,9 +78,9 @@ absl::Status CudaAttention::Prepare(const ForwardBatch& batch, const DeviceBatch
     float* ra = offline ? reinterpret_cast<float*>(host + off + theta_bytes) : nullptr;
     const float nan = std::numeric_limits<float>::quiet_NaN();
     for (int32_t l = 0; l < num_layers; ++l) {
-      const int32_t k = table.k_per_layer[l];
       for (int64_t t = 0; t < T; ++t) {
         const int64_t L = rows[t].pos + 1;
+        const int32_t k = table.KAt(l, L);
         for (int32_t h = 0; h < H; ++h) {
           const size_t i = (size_t(l) * T + t) * H + h;
           th[i] = L > k ? table.Theta(l, h, L) : nan;

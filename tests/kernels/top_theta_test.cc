@@ -5,6 +5,8 @@
 #include <limits>
 #include <numeric>
 #include <random>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -349,6 +351,83 @@ TEST(ThetaCalibratorTest, TopKCalibrationRecordsTheKPlusFirstLargest) {
   int64_t expected = 0;
   for (int64_t L = 1; L <= 40; ++L) expected += std::min<int64_t>(L, 8);
   EXPECT_EQ(stats.elements_kept, expected * c.num_layers * c.num_heads);
+}
+
+TEST(ThetaCalibratorTest, KScheduleSetsSurvivorsPerRowLength) {
+  // The same kernel run with k growing with L (8 up to L = 16, log-log to 16 at L = 32, then
+  // held): exact top-k keeps k(L) elements in each long row, and calibration records a row
+  // only where L > k(L).
+  auto model = model::Model::Load(testing::SourceDir() + "/tests/data/tiny_llama");
+  ASSERT_TRUE(model.ok());
+  const auto& c = (*model)->config();
+  model::ThetaTable shape(c.num_layers, c.num_heads, model::ThetaTable::DefaultBuckets(256));
+  for (auto& k : shape.k_per_layer) k = 8;
+  shape.k_schedule = {{16, 8}, {32, 16}};
+  ASSERT_TRUE(model::ThetaTable::ValidateKSchedule(shape.k_schedule).ok());
+  struct Count : CalibrationRecorder {
+    void Record(int32_t, int32_t, int64_t, float, float) override {
+      std::lock_guard<std::mutex> lock(mu);
+      ++rows;
+    }
+    std::mutex mu;
+    int64_t rows = 0;
+  } count;
+  TopThetaConfig cfg;
+  cfg.table = &shape;
+  cfg.recorder = &count;
+  auto backend = CreateBackend(**model, Device::kCpu, 1);
+  (*backend)->SetTopTheta(cfg);
+  auto runner = scheduler::SequenceRunner::Create(**backend, 64);
+  std::vector<int32_t> tokens(48);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>(i * 7 % c.vocab_size);
+  AttentionStats stats;
+  stats.Reset(c.num_layers);
+  ASSERT_TRUE(runner->Append(tokens, false, 512, &stats).ok());
+  int64_t kept = 0, recorded = 0;
+  for (int64_t L = 1; L <= 48; ++L) {
+    const int32_t k = shape.KAt(0, L);
+    kept += std::min<int64_t>(L, k);
+    recorded += L > k;
+  }
+  EXPECT_EQ(stats.elements_kept, kept * c.num_layers * c.num_heads);
+  EXPECT_EQ(count.rows, recorded * c.num_layers * c.num_heads);
+  EXPECT_GT(kept, 8 * 40) << "the schedule must keep more than a fixed k = 8 would";
+}
+
+TEST(ThetaTableTest, KScheduleInterpolatesInLogLogAndRoundTrips) {
+  model::ThetaTable t(2, 1, model::ThetaTable::DefaultBuckets(64));
+  t.k_per_layer = {512, 64};
+  EXPECT_EQ(t.KAt(1, 8192), 64) << "no schedule: the layer's k";
+  t.k_schedule = {{2048, 64}, {8192, 128}};
+  EXPECT_EQ(t.KAt(1, 100), 64);
+  EXPECT_EQ(t.KAt(1, 2048), 64);
+  EXPECT_EQ(t.KAt(1, 4096), 91);  // 64 · 2^0.5 = 90.5: halfway in ln L is halfway in ln k
+  EXPECT_EQ(t.KAt(1, 8192), 128);
+  EXPECT_EQ(t.KAt(1, 100000), 128) << "held beyond the last point";
+  EXPECT_EQ(t.KAt(0, 8192), 512) << "a dense layer's larger k stays";
+  for (int32_t b = 0; b < int32_t(t.buckets().size()); ++b) t.theta_at(1, 0, b) = 0.01f;
+  t.Finalize();
+  const std::string with = t.fingerprint;
+  const std::string path = ::testing::TempDir() + "/k_schedule_theta.json";
+  ASSERT_TRUE(t.Save(path).ok());
+  auto loaded = model::ThetaTable::Load(path);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->k_schedule, t.k_schedule);
+  EXPECT_EQ(loaded->fingerprint, with);
+  t.k_schedule.clear();
+  t.Finalize();
+  EXPECT_NE(t.fingerprint, with) << "the schedule is part of the file's identity";
+}
+
+TEST(ThetaTableTest, KScheduleValidation) {
+  using S = std::vector<std::pair<int64_t, int32_t>>;
+  EXPECT_TRUE(model::ThetaTable::ValidateKSchedule(S{{2048, 64}, {8192, 128}}).ok());
+  EXPECT_FALSE(model::ThetaTable::ValidateKSchedule(S{{2048, 128}, {8192, 64}}).ok())
+      << "k must not shrink";
+  EXPECT_FALSE(model::ThetaTable::ValidateKSchedule(S{{8192, 64}, {2048, 128}}).ok())
+      << "lengths must increase";
+  EXPECT_FALSE(model::ThetaTable::ValidateKSchedule(S{{64, 64}}).ok()) << "k < L";
+  EXPECT_FALSE(model::ThetaTable::ValidateKSchedule(S{{64, 0}}).ok());
 }
 
 }  // namespace
