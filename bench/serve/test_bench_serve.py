@@ -17,6 +17,7 @@ HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import bench_serve  # noqa: E402
 import metrics  # noqa: E402
+import sustainable  # noqa: E402
 
 
 class Out:
@@ -118,6 +119,38 @@ def free_port():
     p = s.getsockname()[1]
     s.close()
     return p
+
+
+class SustainableRateTest(unittest.TestCase):
+    @staticmethod
+    def point(rate, completed_rate, p99_s, failed=0):
+        return {"request_rate": rate, "request_throughput": completed_rate, "p99_ttft_ms": p99_s * 1000,
+                "completed": 8 - failed, "failed": failed, "num_prompts": 8, "median_ttft_ms": 0,
+                "median_tpot_ms": 0}
+
+    def test_slo_and_growing_queue(self):
+        run = {"config": "x", "points": [self.point(0.04, 0.035, 150), self.point(0.01, 0.01, 50),
+                                         self.point(0.02, 0.019, 100)]}
+        _, maxima = sustainable.summarize([run], slo_ms=120_000, min_completed=0.9)
+        cfg, by_slo, by_sustained, best, last_passes = maxima[0]
+        # 0.01 and 0.02 meet the SLO (sorted by rate, whatever the file order); 0.04 misses it.
+        self.assertEqual(by_slo, 0.02)
+        self.assertEqual(by_sustained, 0.02)
+        self.assertAlmostEqual(best, 0.035)
+        self.assertFalse(last_passes)
+
+    def test_a_point_that_keeps_a_growing_queue_is_not_sustained(self):
+        run = {"config": "x", "points": [self.point(0.02, 0.02, 50), self.point(0.04, 0.03, 60)]}
+        _, maxima = sustainable.summarize([run], slo_ms=120_000, min_completed=0.9)
+        self.assertEqual(maxima[0][1], 0.04)  # the SLO alone passes both
+        self.assertEqual(maxima[0][2], 0.02)  # 0.03 of 0.04 offered is a growing queue
+        self.assertTrue(maxima[0][4])
+
+    def test_a_failed_request_or_a_first_miss_leaves_nothing(self):
+        run = {"config": "x", "points": [self.point(0.01, 0.01, 50, failed=1), self.point(0.02, 0.02, 50)]}
+        _, maxima = sustainable.summarize([run], slo_ms=120_000, min_completed=0.9)
+        self.assertIsNone(maxima[0][1], "a pass after a failure must not count")
+        self.assertIsNone(maxima[0][2])
 
 
 class FakeOpenAIServer:
