@@ -34,7 +34,7 @@ struct TopThetaConfig {
   const model::ThetaTable* table = nullptr;
   SdcMode sdc = SdcMode::kExact;
   bool vmc = true;
-  // Exact top-k per row (k from the table's k_per_layer) instead of θ: the paper's baseline.
+  // Exact top-k per row (k = the table's KAt(layer, L)) instead of θ: the paper's baseline.
   bool top_k = false;
   // Hit marks (the sparse V store's retention signal) only for rows some head of the group
   // keeps with margin: e > retain_factor · threshold. 1 = every retained row (DESIGN.md §5);

@@ -150,7 +150,7 @@ int32_t ThetaTable::KAt(int32_t layer, int64_t L) const {
   return std::max(base, k);
 }
 
-absl::Status ThetaTable::ValidateKSchedule(const std::vector<std::pair<int64_t, int32_t>>& schedule) {
+absl::Status ThetaTable::ValidateKSchedule(const KSchedule& schedule) {
   for (size_t i = 0; i < schedule.size(); ++i) {
     const auto& [L, k] = schedule[i];
     if (k < 1 || k >= L) {
@@ -223,7 +223,7 @@ absl::StatusOr<ThetaTable> ThetaTable::Load(const std::string& path) {
     t.calibration_tokens = j.value("calibration_tokens", int64_t(0));
     t.k_per_layer = j.at("k_per_layer").get<std::vector<int32_t>>();
     if (j.contains("k_schedule")) {
-      t.k_schedule = j.at("k_schedule").get<std::vector<std::pair<int64_t, int32_t>>>();
+      t.k_schedule = j.at("k_schedule").get<KSchedule>();
       absl::Status st = ValidateKSchedule(t.k_schedule);
       if (!st.ok()) return absl::InvalidArgumentError(absl::StrCat(path, ": ", st.message()));
     }

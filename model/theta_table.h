@@ -54,19 +54,20 @@ class ThetaTable {
   // k_per_layer[layer], raised by the k schedule when there is one. Rows with L <= KAt are
   // dense.
   int32_t KAt(int32_t layer, int64_t L) const;
+  // (row length L, k) points, lengths increasing.
+  using KSchedule = std::vector<std::pair<int64_t, int32_t>>;
   // Checks a k schedule: lengths strictly increasing, k non-decreasing, 1 <= k < L at every
   // point (then k(L) < L for every L past the first point, so KAt and k_per_layer agree on
-  // which rows are dense).
-  static absl::Status ValidateKSchedule(const std::vector<std::pair<int64_t, int32_t>>& schedule);
+  // which rows are dense: the CUDA kernel's dense-row test uses k_per_layer).
+  static absl::Status ValidateKSchedule(const KSchedule& schedule);
 
   // Rows with L <= k(layer) are dense. With a k schedule, the calibrated layers hold the
   // schedule's first k (its minimum) and the dense layers their own k.
   std::vector<int32_t> k_per_layer;
-  // Optional (L, k) points: k grows with the row length, interpolated linearly in (ln L, ln k)
-  // between points and held constant outside them; k(L) = max(k_per_layer, schedule(L)). A
-  // fixed k is a count: at 8,192 rows k = 64 keeps 0.8% of them, and the thresholds it yields
-  // cost this model +2.6% perplexity there against +0.6% at 2,048 (docs/results.md).
-  std::vector<std::pair<int64_t, int32_t>> k_schedule;
+  // Optional: k grows with the row length, interpolated linearly in (ln L, ln k) between the
+  // points and held constant outside them; k(L) = max(k_per_layer, schedule(L)). A fixed k
+  // is a count, a smaller and smaller fraction of longer rows (docs/top-theta.md).
+  KSchedule k_schedule;
   ThetaPlacement placement = ThetaPlacement::kPostSoftmax;
   std::string model_fingerprint;
   std::string model_name;

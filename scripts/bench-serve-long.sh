@@ -40,7 +40,7 @@ if [ ! -f "$theta" ]; then
     --context 2048 --max-tokens 8192 --out "$theta"
 fi
 dense="dense=--kv-cache-memory $KV"
-sparse="sparse=--kv-cache-memory $KV --theta $theta $SPARSE_FLAGS"
+sparse="sparse=--kv-cache-memory $KV --theta $(printf '%q' "$theta") $SPARSE_FLAGS"
 py="$(bash scripts/bench-serve-venv.sh)"
 export THETASERVE_BIN="$bin"
 
@@ -52,13 +52,15 @@ import json, sys
 p = json.load(open(sys.argv[1]))["points"][0]
 assert p["completed"] == 1, "the unloaded request did not complete"
 print(round(2 * p["median_ttft_ms"]))' "$RESULTS/unloaded/thetaserve-dense.json")
-echo "bench-serve-long: SLO p99 TTFT <= ${slo_ms} ms (2 x dense unloaded)"
+echo "bench-serve-long: SLO p99 TTFT <= ${slo_ms} ms (2 x dense unloaded; sparse unloaded:" \
+  "$("$py" -c 'import json,sys; print(round(json.load(open(sys.argv[1]))["points"][0]["median_ttft_ms"]))' \
+     "$RESULTS/unloaded/thetaserve-sparse.json") ms)"
 
 echo "bench-serve-long: 2/3 sweeps ($(date -u +%T))"
 bash scripts/bench-serve.sh --mix long --results "$RESULTS/sweep" --config "$dense" \
-  --request-rate "$DENSE_RATES" -- --num-prompts "$NUM_PROMPTS" --goodput "ttft:$slo_ms"
+  --request-rate "$DENSE_RATES" -- --num-prompts "$NUM_PROMPTS" --goodput "ttft:$slo_ms" --save-detailed
 bash scripts/bench-serve.sh --mix long --results "$RESULTS/sweep" --config "$sparse" \
-  --request-rate "$SPARSE_RATES" -- --num-prompts "$NUM_PROMPTS" --goodput "ttft:$slo_ms"
+  --request-rate "$SPARSE_RATES" -- --num-prompts "$NUM_PROMPTS" --goodput "ttft:$slo_ms" --save-detailed
 
 echo "bench-serve-long: 3/3 table and plot ($(date -u +%T))"
 "$py" bench/serve/plot.py "$RESULTS/sweep/thetaserve-dense.json" "$RESULTS/sweep/thetaserve-sparse.json" \

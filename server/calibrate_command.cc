@@ -34,8 +34,8 @@ constexpr char kUsage[] =
     "  --threads N --device cpu|cuda|auto (default cpu: exact top-k runs on the CPU)\n";
 
 // "2048:64,8192:128" -> {(2048, 64), (8192, 128)}, validated.
-absl::StatusOr<std::vector<std::pair<int64_t, int32_t>>> ParseKSchedule(const std::string& text) {
-  std::vector<std::pair<int64_t, int32_t>> schedule;
+absl::StatusOr<model::ThetaTable::KSchedule> ParseKSchedule(const std::string& text) {
+  model::ThetaTable::KSchedule schedule;
   for (absl::string_view part : absl::StrSplit(text, ',')) {
     std::pair<absl::string_view, absl::string_view> lk = absl::StrSplit(part, ':');
     int64_t L = 0;
@@ -87,13 +87,22 @@ int RunCalibrate(const std::vector<std::string>& argv) {
   if (!args->Has("out") || !args->Has("corpus")) {
     return fail(absl::InvalidArgumentError("--corpus and --out are required"));
   }
-  std::vector<std::pair<int64_t, int32_t>> schedule;
+  model::ThetaTable::KSchedule schedule;
   if (args->Has("k-schedule")) {
-    if (args->Has("k")) return fail(absl::InvalidArgumentError("give --k or --k-schedule, not both"));
+    if (args->Has("k")) {
+      return fail(absl::InvalidArgumentError("give --k or --k-schedule, not both"));
+    }
     auto parsed = ParseKSchedule(args->GetString("k-schedule"));
     if (!parsed.ok()) return fail(parsed.status());
     schedule = std::move(*parsed);
     *k = schedule.front().second;
+    // θ past --context is extrapolated from shorter rows, not calibrated with the schedule's
+    // larger k: a schedule reaching past the windows would silently not apply there.
+    if (*context < schedule.back().first) {
+      return fail(absl::InvalidArgumentError(absl::StrCat(
+          "--context ", *context, " is shorter than the k schedule's last length ",
+          schedule.back().first, ": calibrate with --context >= it")));
+    }
   }
   if (*k < 1 || *context <= *k) {
     return fail(absl::InvalidArgumentError("need 1 <= --k < --context"));

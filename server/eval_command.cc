@@ -131,9 +131,10 @@ int RunEval(const std::vector<std::string>& argv) {
   for (int64_t w = 0; w < windows; ++w) {
     std::span<const int32_t> window(ids.data() + w * *context, *context);
     runner->Reset();
-    // Logits for every position, [context, vocab]: the prompt in the server's 512-token chunks; then, under policy sparse, one token at a
-    // time as decoding would (the runner compacts after each chunk). Under policy full a
-    // row's attention is the same prefilled or decoded, so the rest goes in 512-token chunks.
+    // Logits for every position, [context, vocab]: the prompt in the server's 512-token
+    // chunks; then, under policy sparse, one token at a time as decoding would (the runner
+    // compacts after each chunk). Under policy full a row's attention is the same prefilled
+    // or decoded, so the rest goes in 512-token chunks.
     auto logits = runner->Append(window.subspan(0, P), true, 512, &prefill_stats);
     if (!logits.ok()) return fail(logits.status());
     auto tail = runner->Append(window.subspan(P), true, theta->sparse.enabled ? 1 : 512,

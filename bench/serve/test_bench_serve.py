@@ -123,34 +123,71 @@ def free_port():
 
 class SustainableRateTest(unittest.TestCase):
     @staticmethod
-    def point(rate, completed_rate, p99_s, failed=0):
-        return {"request_rate": rate, "request_throughput": completed_rate, "p99_ttft_ms": p99_s * 1000,
-                "completed": 8 - failed, "failed": failed, "num_prompts": 8, "median_ttft_ms": 0,
-                "median_tpot_ms": 0}
+    def point(rate, completed_rate, p99_s, failed=0, requests=None):
+        p = {"request_rate": rate, "request_throughput": completed_rate, "p99_ttft_ms": p99_s * 1000,
+             "completed": 8 - failed, "failed": failed, "num_prompts": 8, "median_ttft_ms": 0,
+             "median_tpot_ms": 0}
+        if requests is not None:
+            p["requests"] = requests
+        return p
 
     def test_slo_and_growing_queue(self):
         run = {"config": "x", "points": [self.point(0.04, 0.035, 150), self.point(0.01, 0.01, 50),
                                          self.point(0.02, 0.019, 100)]}
-        _, maxima = sustainable.summarize([run], slo_ms=120_000, min_completed=0.9)
-        cfg, by_slo, by_sustained, best, last_passes = maxima[0]
+        _, (m,) = sustainable.summarize([run], slo_ms=120_000, min_completed=0.9)
         # 0.01 and 0.02 meet the SLO (sorted by rate, whatever the file order); 0.04 misses it.
-        self.assertEqual(by_slo, 0.02)
-        self.assertEqual(by_sustained, 0.02)
-        self.assertAlmostEqual(best, 0.035)
-        self.assertFalse(last_passes)
+        self.assertEqual(m.by_slo, 0.02)
+        self.assertEqual(m.by_sustained, 0.02)
+        self.assertAlmostEqual(m.best_completed, 0.035)
+        self.assertFalse(m.slo_open_ended)
 
     def test_a_point_that_keeps_a_growing_queue_is_not_sustained(self):
         run = {"config": "x", "points": [self.point(0.02, 0.02, 50), self.point(0.04, 0.03, 60)]}
-        _, maxima = sustainable.summarize([run], slo_ms=120_000, min_completed=0.9)
-        self.assertEqual(maxima[0][1], 0.04)  # the SLO alone passes both
-        self.assertEqual(maxima[0][2], 0.02)  # 0.03 of 0.04 offered is a growing queue
-        self.assertTrue(maxima[0][4])
+        _, (m,) = sustainable.summarize([run], slo_ms=120_000, min_completed=0.9)
+        self.assertEqual(m.by_slo, 0.04)  # the SLO alone passes both
+        self.assertEqual(m.by_sustained, 0.02)  # 0.03 of 0.04 offered is a growing queue
+        self.assertTrue(m.slo_open_ended)
 
-    def test_a_failed_request_or_a_first_miss_leaves_nothing(self):
-        run = {"config": "x", "points": [self.point(0.01, 0.01, 50, failed=1), self.point(0.02, 0.02, 50)]}
-        _, maxima = sustainable.summarize([run], slo_ms=120_000, min_completed=0.9)
-        self.assertIsNone(maxima[0][1], "a pass after a failure must not count")
-        self.assertIsNone(maxima[0][2])
+    def test_failures_and_a_first_miss_leave_nothing(self):
+        failed = {"config": "x", "points": [self.point(0.01, 0.01, 50, failed=1), self.point(0.02, 0.02, 50)]}
+        missed = {"config": "y", "points": [self.point(0.01, 0.01, 500), self.point(0.02, 0.02, 50)]}
+        _, maxima = sustainable.summarize([failed, missed], slo_ms=120_000, min_completed=0.9)
+        for m in maxima:
+            self.assertIsNone(m.by_slo, f"{m.config}: a pass after a failure must not count")
+            self.assertIsNone(m.by_sustained)
+            self.assertFalse(m.slo_open_ended)
+
+    def test_pass_fail_pass_is_not_open_ended(self):
+        run = {"config": "x", "points": [self.point(0.01, 0.01, 50), self.point(0.02, 0.02, 500),
+                                         self.point(0.03, 0.03, 50)]}
+        _, (m,) = sustainable.summarize([run], slo_ms=120_000, min_completed=0.9)
+        self.assertEqual(m.by_slo, 0.01)
+        self.assertFalse(m.slo_open_ended)
+
+    def test_an_empty_run_prints(self):
+        path = pathlib.Path(self.tmp()) / "empty.json"
+        path.write_text(json.dumps({"config": "x", "points": []}))
+        self.assertEqual(sustainable.main([str(path), "--slo-ttft-ms", "1000"]), 0)
+
+    def test_departures_against_arrivals_when_requests_were_saved(self):
+        # Sends every 10 s; a stable server finishes each 100 s later (ratio 1) although the
+        # drain makes completed/offered look low; a growing queue finishes every 20 s.
+        def reqs(service_gap):
+            return [{"success": True, "start_time": 10.0 * i, "latency": 100.0 + (service_gap - 10.0) * i}
+                    for i in range(8)]
+        stable = self.point(0.1, 0.8 / (70 + 100) * 10, 100, requests=reqs(10.0))
+        growing = self.point(0.1, 0.8 / (140 + 100) * 10, 100, requests=reqs(20.0))
+        self.assertAlmostEqual(sustainable.keeps_up(stable)[0], 1.0)
+        self.assertAlmostEqual(sustainable.keeps_up(growing)[0], 0.5)
+        self.assertTrue(sustainable.sustained(stable, 120_000, 0.9))
+        self.assertFalse(sustainable.sustained(growing, 120_000, 0.9))
+        self.assertLess(sustainable.keeps_up({k: v for k, v in stable.items() if k != "requests"})[0], 0.9,
+                        "without per-request data the drain biases the ratio down")
+
+    @staticmethod
+    def tmp():
+        import tempfile
+        return tempfile.mkdtemp()
 
 
 class FakeOpenAIServer:

@@ -143,6 +143,9 @@ absl::Status CudaAttention::Run(int32_t layer, const DeviceBatch& db, const floa
       const int64_t layer_off = int64_t(layer) * num_rows_ * shape_.num_heads;
       args.theta = theta_ + layer_off;
       args.sdc_ratio = sdc_ratio_ ? sdc_ratio_ + layer_off : nullptr;
+      // The kernel's own dense-row test (L <= k); rows the host found dense by KAt(layer, L)
+      // were uploaded with θ = NaN, which keeps everything, and ValidateKSchedule makes the
+      // two tests agree.
       args.k = config_.table->k_per_layer[layer];
       args.post_softmax = config_.placement() == model::ThetaPlacement::kPostSoftmax;
       args.sdc = config_.sdc;

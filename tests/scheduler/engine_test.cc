@@ -316,8 +316,9 @@ TEST_F(EngineTest, SparsePolicyStoresFewerVRowsAndReturnsEveryPage) {
 }
 
 // The runner applies the sparse policy itself after every chunk, as the engine does after
-// every step: every V row is either resident or counted as dropped, the cache holds well
-// under the dense rows after the prompt, and decoding goes on from the compacted cache.
+// every step: one Append in chunks of 64 leaves the same cache and logits as separate Appends
+// of 64 tokens (each compacted), every V row is either resident or counted as dropped, the
+// cache holds well under the dense rows, and decoding goes on from the compacted cache.
 TEST_F(EngineTest, SequenceRunnerCompactsAfterEveryChunkUnderASparsePolicy) {
   auto backend = kernels::CreateBackend(*model_, kernels::Device::kCpu, 0);
   ASSERT_TRUE(backend.ok());
@@ -334,35 +335,45 @@ TEST_F(EngineTest, SequenceRunnerCompactsAfterEveryChunkUnderASparsePolicy) {
   for (const auto& p : Prompts()) text += p + " ";
   const std::vector<int32_t> prompt = model_->tokenizer().Encode(text + text + text, true);
   ASSERT_GT(prompt.size(), 200u);
-  const auto& c = model_->config();
-  const int64_t tables = int64_t(c.num_layers) * c.num_kv_heads;
+  const std::span<const int32_t> all(prompt);
 
-  auto runner = SequenceRunner::Create(**backend, prompt.size() + 8, 16, policy);
-  ASSERT_TRUE(runner.ok());
-  // Chunks of 64, compacted after each: rows leave the 32-row window as the prompt grows.
-  auto first = runner->Append(std::span<const int32_t>(prompt).first(64), false, 64);
-  ASSERT_TRUE(first.ok());
-  EXPECT_EQ(runner->v_rows_resident() + runner->rows_dropped(), runner->v_rows_dense());
-  auto rest = runner->Append(std::span<const int32_t>(prompt).subspan(64), false, 64);
-  ASSERT_TRUE(rest.ok());
-  EXPECT_GT(runner->rows_dropped(), 0);
-  EXPECT_EQ(runner->v_rows_resident() + runner->rows_dropped(), runner->v_rows_dense());
-  EXPECT_LT(runner->v_rows_resident(), runner->v_rows_dense() / 2)
-      << "window 32 + 5% of the older rows should hold well under half of "
-      << prompt.size() * tables << " rows";
-  // Decoding continues from the compacted cache, compacting after each token.
-  const int64_t dropped_after_prompt = runner->rows_dropped();
-  for (int i = 0; i < 8; ++i) {
-    const int32_t t = static_cast<int32_t>(std::max_element(rest->begin(), rest->end()) - rest->begin());
-    rest = runner->Append(std::span<const int32_t>(&t, 1));
-    ASSERT_TRUE(rest.ok());
-    for (float x : *rest) ASSERT_TRUE(std::isfinite(x));
+  auto whole = SequenceRunner::Create(**backend, prompt.size() + 40, 16, policy);
+  ASSERT_TRUE(whole.ok());
+  auto logits = whole->Append(all, false, 64);
+  ASSERT_TRUE(logits.ok());
+  EXPECT_GT(whole->rows_dropped(), 0);
+  EXPECT_EQ(whole->v_rows_resident() + whole->rows_dropped(), whole->v_rows_dense());
+  EXPECT_LT(whole->v_rows_resident(), whole->v_rows_dense() / 2)
+      << "window 32 + 5% of the older rows should hold well under half the dense rows";
+
+  // The same prompt in separate calls of one chunk each: compaction after every call. Were
+  // Append to compact once per call (or not at all), the two caches would differ.
+  auto parts = SequenceRunner::Create(**backend, prompt.size() + 40, 16, policy);
+  ASSERT_TRUE(parts.ok());
+  absl::StatusOr<std::vector<float>> last;
+  for (size_t i = 0; i < prompt.size(); i += 64) {
+    last = parts->Append(all.subspan(i, std::min<size_t>(64, prompt.size() - i)), false, 64);
+    ASSERT_TRUE(last.ok());
   }
-  EXPECT_GE(runner->rows_dropped(), dropped_after_prompt);
-  EXPECT_EQ(runner->v_rows_resident() + runner->rows_dropped(), runner->v_rows_dense());
-  runner->Reset();
-  EXPECT_EQ(runner->rows_dropped(), 0);
-  EXPECT_EQ(runner->v_rows_resident(), 0);
+  EXPECT_EQ(parts->rows_dropped(), whole->rows_dropped());
+  EXPECT_EQ(parts->v_rows_resident(), whole->v_rows_resident());
+  EXPECT_EQ(*last, *logits);
+
+  // Decoding continues from the compacted cache; 32 more tokens push two more blocks out of
+  // the window, and the budget drops most of their rows.
+  const int64_t dropped_after_prompt = whole->rows_dropped();
+  for (int i = 0; i < 32; ++i) {
+    const auto best = std::max_element(logits->begin(), logits->end());
+    const int32_t t = static_cast<int32_t>(best - logits->begin());
+    logits = whole->Append(std::span<const int32_t>(&t, 1));
+    ASSERT_TRUE(logits.ok());
+    for (float x : *logits) ASSERT_TRUE(std::isfinite(x));
+  }
+  EXPECT_GT(whole->rows_dropped(), dropped_after_prompt);
+  EXPECT_EQ(whole->v_rows_resident() + whole->rows_dropped(), whole->v_rows_dense());
+  whole->Reset();
+  EXPECT_EQ(whole->rows_dropped(), 0);
+  EXPECT_EQ(whole->v_rows_resident(), 0);
 }
 
 // With a mass budget the engine compacts between prefill chunks and admission reserves the
