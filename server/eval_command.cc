@@ -187,10 +187,11 @@ int RunEval(const std::vector<std::string>& argv) {
   auto ratio = [](int64_t a, int64_t b) { return b ? double(a) / b : 1.0; };
   std::string json = absl::StrFormat(
       "{\"model\":\"%s\",\"text\":\"%s\",\"context\":%d,\"tokens\":%d,\"mode\":\"%s\","
-      "\"policy\":\"%s\",\"sdc\":\"%s\",\"vmc\":%s,\"theta_file\":\"%s\",\"perplexity\":%.5f",
+      "\"policy\":\"%s\",\"sdc\":\"%s\",\"vmc\":%s,\"theta_file\":\"%s\",\"perplexity\":%.5f,"
+      "\"matmul\":\"%s\"",
       loaded->model->config().name, text_path, *context, rows.n, theta->mode(), theta->policy,
       kernels::SdcModeName(theta->config.sdc), theta->config.vmc ? "true" : "false",
-      args->GetString("theta"), ppl);
+      args->GetString("theta"), ppl, matmul == kernels::MatMulMode::kExact ? "f32" : "int8");
   if (compare) {
     const double ref_ppl = std::exp(rows.nll_ref / rows.n);
     const auto& k = theta->table->k_per_layer;
