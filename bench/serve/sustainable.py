@@ -81,8 +81,8 @@ def summarize(runs, slo_ms, min_completed):
 
 def fmt_rate(r, open_ended=False):
     if r is None:
-        return "below the grid"
-    return f"≥ {r:g}" if open_ended else f"{r:g}"
+        return "below the grid's lowest"
+    return f"≥ {r:g} req/s" if open_ended else f"{r:g} req/s"
 
 
 def main(argv=None):
@@ -118,8 +118,8 @@ def main(argv=None):
     base = maxima[0]
     for m in maxima:
         best = f"{m.best_completed:.3f}" if m.best_completed is not None else "—"
-        line = (f"{m.config}: max rate meeting the SLO {fmt_rate(m.by_slo, m.slo_open_ended)} "
-                f"req/s; sustained {fmt_rate(m.by_sustained)} req/s; highest completed {best} req/s")
+        line = (f"{m.config}: max rate meeting the SLO {fmt_rate(m.by_slo, m.slo_open_ended)}; "
+                f"sustained {fmt_rate(m.by_sustained)}; highest completed {best} req/s")
         if m.config != base.config:
             ratios = []
             if m.by_slo and base.by_slo:
