@@ -3,6 +3,7 @@
 #include <signal.h>
 
 #include <array>
+#include <cmath>
 #include <cstdlib>
 #include <atomic>
 #include <cstdio>
@@ -572,6 +573,53 @@ TEST(ServerTopThetaTest, SparsePolicyReportsItselfAndItsSavingsMove) {
   EXPECT_NE(pclose(p), 0);
   EXPECT_NE(out.find("was calibrated for model"), std::string::npos) << out;
   EXPECT_NE(out.find("0123456789abcdef"), std::string::npos) << out;
+}
+
+// `calibrate --k-schedule` on the real model: the file records the schedule, θ is unchanged
+// where k is (rows up to the first point see the same k, and attention is causal) and lower
+// past it (post-softmax, the (k+1)-th largest probability falls as k grows); a schedule that
+// reaches past --context is refused.
+TEST(CalibrateCommandTest, KScheduleRaisesKWithTheRowLength) {
+  auto run = [](const std::string& args, int* rc) {
+    const std::string cmd = BinaryPath() + " calibrate --model " + DefaultModelPath() +
+                            " --corpus " + SourceDir() + "/data/kjv.txt " + args + " 2>&1";
+    FILE* p = popen(cmd.c_str(), "r");
+    std::string out;
+    std::array<char, 4096> buf;
+    size_t n;
+    while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
+    *rc = pclose(p);
+    return out;
+  };
+  const std::string fixed = ::testing::TempDir() + "/theta_k16.json";
+  const std::string scheduled = ::testing::TempDir() + "/theta_k16_64.json";
+  int rc = 0;
+  std::string out = run("--context 512 --max-tokens 512 --k 16 --out " + fixed, &rc);
+  ASSERT_EQ(rc, 0) << out;
+  out = run("--context 512 --max-tokens 512 --k-schedule 128:16,512:64 --out " + scheduled, &rc);
+  ASSERT_EQ(rc, 0) << out;
+  out = run("--context 256 --max-tokens 512 --k-schedule 128:16,512:64 --out " + scheduled + ".x", &rc);
+  EXPECT_NE(rc, 0);
+  EXPECT_NE(out.find("shorter than the k schedule's last length 512"), std::string::npos) << out;
+
+  auto a = model::ThetaTable::Load(fixed);
+  auto b = model::ThetaTable::Load(scheduled);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_TRUE(a->k_schedule.empty());
+  ASSERT_EQ(b->k_schedule.size(), 2u);
+  EXPECT_EQ(b->k_schedule[1], std::make_pair(int64_t(512), 64));
+  EXPECT_NE(a->fingerprint, b->fingerprint);
+  int lower = 0, heads = 0;
+  for (int32_t l = 2; l < a->num_layers(); ++l) {  // layers 0-1 are dense (k = 512)
+    for (int32_t h = 0; h < a->num_heads(); ++h) {
+      // Equal up to the order in which threads summed the rows.
+      EXPECT_NEAR(a->Theta(l, h, 100), b->Theta(l, h, 100), 1e-5f * std::fabs(a->Theta(l, h, 100)))
+          << l << " " << h;
+      lower += b->Theta(l, h, 480) < a->Theta(l, h, 480);
+      ++heads;
+    }
+  }
+  EXPECT_EQ(lower, heads) << "k = 60 at L = 480 must give a lower probability threshold than k = 16";
 }
 
 }  // namespace
