@@ -8,7 +8,9 @@
 #   QUICK=1 scripts/fidelity-study.sh    # context 2048 only
 #
 # Resumable: every finished configuration is recorded in $OUT/fidelity.done ("context flags"),
-# and a rerun skips it, so an interrupted study continues where it stopped.
+# and a rerun skips it, so an interrupted study continues where it stopped (for the same model
+# and token counts; the file's first line says which). Starting over means removing both
+# fidelity.done and fidelity.jsonl: rows are appended.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-build/thetaserve}
@@ -21,7 +23,15 @@ mkdir -p "$OUT"
 [ -f data/kjv.txt ] || bash scripts/fetch-corpora.sh
 RESULTS="$OUT/fidelity.jsonl"
 DONE="$OUT/fidelity.done"
-touch "$DONE"
+# A resume is only valid for the same evaluation: the done file starts with what it was for.
+SIGNATURE="# model=$(basename "$MODEL") eval-tokens=$EVAL_TOKENS cal-tokens=$CAL_TOKENS"
+if [ ! -s "$DONE" ]; then
+  echo "$SIGNATURE" > "$DONE"
+elif [ "$(head -1 "$DONE")" != "$SIGNATURE" ]; then
+  echo "fidelity-study: $DONE was written for '$(head -1 "$DONE")', not '$SIGNATURE':" \
+       "move it and $RESULTS away to start over" >&2
+  exit 2
+fi
 # The policy-sparse configuration the 2048 study chose (docs/results.md, "Which V rows to
 # store"): 512 recent rows plus the 7% of older rows with the most retained mass.
 SPARSE=(--policy sparse --local-window 512 --keep-fraction 0.07)

@@ -82,7 +82,8 @@ def main():
                           and (policy == "full" or r.get("keep_fraction"))), key=lambda r: r["k"])
             if not sel:
                 continue
-            name = f"{mode} {policy_label(sel[0])} ({sel[0].get('matmul', '?')} matmul)"
+            matmuls = sorted({r.get("matmul", "?") for r in sel})
+            name = f"{mode} {policy_label(sel[0])} ({'/'.join(matmuls)} matmul)"
             ks = [r["k"] for r in sel]
             row[0].plot(ks, [r["ppl_change_pct"] for r in sel], "o-", color=color, label=name)
             row[1].plot(ks, [r["decode_v_rows_read_per_L"] for r in sel], "o-", color=color,
