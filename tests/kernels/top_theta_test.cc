@@ -315,6 +315,25 @@ TEST(ThetaCalibratorTest, RecoversMeanPlusTenthOfStdPerBucket) {
   }
 }
 
+// Prefills `n` deterministic tokens through the real CPU kernel in calibration mode (exact
+// top-k with `shape`'s k, every long row's value to `recorder`), one 512-token chunk.
+void RunCalibration(const model::Model& model, const model::ThetaTable& shape,
+                    CalibrationRecorder* recorder, int n, AttentionStats* stats) {
+  const auto& c = model.config();
+  TopThetaConfig cfg;
+  cfg.table = &shape;
+  cfg.recorder = recorder;
+  auto backend = CreateBackend(model, Device::kCpu, 1);
+  ASSERT_TRUE(backend.ok());
+  (*backend)->SetTopTheta(cfg);
+  auto runner = scheduler::SequenceRunner::Create(**backend, 64);
+  ASSERT_TRUE(runner.ok());
+  std::vector<int32_t> tokens(n);
+  for (int i = 0; i < n; ++i) tokens[i] = static_cast<int32_t>(i * 7 % c.vocab_size);
+  stats->Reset(c.num_layers);
+  ASSERT_TRUE(runner->Append(tokens, false, 512, stats).ok());
+}
+
 TEST(ThetaCalibratorTest, TopKCalibrationRecordsTheKPlusFirstLargest) {
   // Through the real kernel: with a recorder, each row's value is its (k+1)-th largest.
   auto model = model::Model::Load(testing::SourceDir() + "/tests/data/tiny_llama");
@@ -333,17 +352,8 @@ TEST(ThetaCalibratorTest, TopKCalibrationRecordsTheKPlusFirstLargest) {
   model::ThetaTable shape(c.num_layers, c.num_heads, model::ThetaTable::DefaultBuckets(256));
   for (auto& k : shape.k_per_layer) k = 8;
   shape.placement = model::ThetaPlacement::kPostSoftmax;
-  TopThetaConfig cfg;
-  cfg.table = &shape;
-  cfg.recorder = &check;
-  auto backend = CreateBackend(**model, Device::kCpu, 1);
-  (*backend)->SetTopTheta(cfg);
-  auto runner = scheduler::SequenceRunner::Create(**backend, 64);
-  std::vector<int32_t> tokens(40);
-  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>(i * 7 % c.vocab_size);
   AttentionStats stats;
-  stats.Reset(c.num_layers);
-  ASSERT_TRUE(runner->Append(tokens, false, 512, &stats).ok());
+  ASSERT_NO_FATAL_FAILURE(RunCalibration(**model, shape, &check, 40, &stats));
   // Rows with L > 8: positions 8..39, every layer and head.
   EXPECT_EQ(check.rows, (40 - 8) * c.num_layers * c.num_heads);
   EXPECT_TRUE(check.ok);
@@ -372,17 +382,8 @@ TEST(ThetaCalibratorTest, KScheduleSetsSurvivorsPerRowLength) {
     std::mutex mu;
     int64_t rows = 0;
   } count;
-  TopThetaConfig cfg;
-  cfg.table = &shape;
-  cfg.recorder = &count;
-  auto backend = CreateBackend(**model, Device::kCpu, 1);
-  (*backend)->SetTopTheta(cfg);
-  auto runner = scheduler::SequenceRunner::Create(**backend, 64);
-  std::vector<int32_t> tokens(48);
-  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>(i * 7 % c.vocab_size);
   AttentionStats stats;
-  stats.Reset(c.num_layers);
-  ASSERT_TRUE(runner->Append(tokens, false, 512, &stats).ok());
+  ASSERT_NO_FATAL_FAILURE(RunCalibration(**model, shape, &count, 48, &stats));
   int64_t kept = 0, recorded = 0;
   for (int64_t L = 1; L <= 48; ++L) {
     const int32_t k = shape.KAt(0, L);

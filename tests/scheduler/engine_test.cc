@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "scheduler/sequence_runner.h"
@@ -123,6 +124,17 @@ class EngineTest : public ::testing::Test {
     }
     table.Finalize();
     return table;
+  }
+
+  // A CPU backend over the test model whose attention applies `table` (which must outlive it).
+  static absl::StatusOr<std::unique_ptr<kernels::Backend>> TopThetaBackend(
+      const model::ThetaTable& table) {
+    auto backend = kernels::CreateBackend(*model_, kernels::Device::kCpu, 0);
+    if (!backend.ok()) return backend.status();
+    kernels::TopThetaConfig cfg;
+    cfg.table = &table;
+    (*backend)->SetTopTheta(cfg);
+    return backend;
   }
 
   // Submits `count` requests of `text` that each generate exactly `tokens` tokens (EOS
@@ -281,12 +293,9 @@ TEST_F(EngineTest, RejectsARequestThatCanNeverFitThePool) {
 }
 
 TEST_F(EngineTest, SparsePolicyStoresFewerVRowsAndReturnsEveryPage) {
-  auto backend = kernels::CreateBackend(*model_, kernels::Device::kCpu, 0);
-  ASSERT_TRUE(backend.ok());
   const model::ThetaTable table = ConstantPostTheta(0.02f);
-  kernels::TopThetaConfig cfg;
-  cfg.table = &table;
-  (*backend)->SetTopTheta(cfg);
+  auto backend = TopThetaBackend(table);
+  ASSERT_TRUE(backend.ok());
   EngineConfig config;
   config.kv_cache_bytes = int64_t(256) << 20;
   config.sparse.enabled = true;
@@ -320,12 +329,9 @@ TEST_F(EngineTest, SparsePolicyStoresFewerVRowsAndReturnsEveryPage) {
 // of 64 tokens (each compacted), every V row is either resident or counted as dropped, the
 // cache holds well under the dense rows, and decoding goes on from the compacted cache.
 TEST_F(EngineTest, SequenceRunnerCompactsAfterEveryChunkUnderASparsePolicy) {
-  auto backend = kernels::CreateBackend(*model_, kernels::Device::kCpu, 0);
-  ASSERT_TRUE(backend.ok());
   const model::ThetaTable table = ConstantPostTheta(0.02f);
-  kernels::TopThetaConfig cfg;
-  cfg.table = &table;
-  (*backend)->SetTopTheta(cfg);
+  auto backend = TopThetaBackend(table);
+  ASSERT_TRUE(backend.ok());
   cache::SparsePolicy policy;
   policy.enabled = true;
   policy.local_window = 32;
@@ -386,11 +392,8 @@ TEST_F(EngineTest, MassBudgetAdmitsLongPromptsThatDenseMustRunOneAtATime) {
   text = text + text + text + text + text + text;  // ~600 tokens
 
   auto run = [&](bool sparse, int* max_running, int64_t* preemptions) {
-    auto backend = kernels::CreateBackend(*model_, kernels::Device::kCpu, 0);
+    auto backend = TopThetaBackend(table);
     ASSERT_TRUE(backend.ok());
-    kernels::TopThetaConfig cfg;
-    cfg.table = &table;
-    (*backend)->SetTopTheta(cfg);
     EngineConfig config;
     config.scheduler.max_num_batched_tokens = 64;  // many prefill chunks
     const int64_t page_bytes = int64_t(config.block_size) * c.head_dim * sizeof(float);

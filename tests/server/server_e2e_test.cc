@@ -59,15 +59,20 @@ v1::GenerateRequest Prompt(const std::string& text, int max_tokens, float temper
   return req;
 }
 
-std::string RunGenerateBinary(const std::string& args) {
-  std::string cmd = BinaryPath() + " generate --model " + DefaultModelPath() + " " + args + " 2>/dev/null";
+// Runs a shell command; returns its stdout and, through `rc`, pclose's status.
+std::string RunCommand(const std::string& cmd, int* rc = nullptr) {
   FILE* p = popen(cmd.c_str(), "r");
   std::string out;
   std::array<char, 4096> buf;
   size_t n;
   while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
-  pclose(p);
+  const int status = pclose(p);
+  if (rc) *rc = status;
   return out;
+}
+
+std::string RunGenerateBinary(const std::string& args) {
+  return RunCommand(BinaryPath() + " generate --model " + DefaultModelPath() + " " + args + " 2>/dev/null");
 }
 
 double MetricValue(const std::string& exposition, const std::string& series) {
@@ -395,13 +400,8 @@ TEST_F(ServerE2ETest, MetricsPassPromtoolAndMoveWithRequests) {
   for (const std::string* text : {&during, &after}) {
     const std::string path = ::testing::TempDir() + "/metrics.txt";
     std::ofstream(path) << *text;
-    std::string cmd = "promtool check metrics < " + path + " 2>&1";
-    FILE* p = popen(cmd.c_str(), "r");
-    std::string out;
-    char buf[4096];
-    size_t n;
-    while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
-    int rc = pclose(p);
+    int rc = 0;
+    const std::string out = RunCommand("promtool check metrics < " + path + " 2>&1", &rc);
     EXPECT_EQ(rc, 0) << "promtool check metrics failed:\n" << out;
   }
   EXPECT_GE(MetricValue(after, "thetaserve_generation_tokens_total"), gen_before + 4 * 24);
@@ -564,13 +564,10 @@ TEST(ServerTopThetaTest, SparsePolicyReportsItselfAndItsSavingsMove) {
   table.Finalize();
   const std::string wrong = ::testing::TempDir() + "/theta_wrong.json";
   ASSERT_TRUE(table.Save(wrong).ok());
-  std::string cmd = BinaryPath() + " generate --model " + DefaultModelPath() + " --prompt hi --theta " + wrong + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
-  EXPECT_NE(pclose(p), 0);
+  int rc = 0;
+  const std::string out = RunCommand(BinaryPath() + " generate --model " + DefaultModelPath() +
+                                     " --prompt hi --theta " + wrong + " 2>&1", &rc);
+  EXPECT_NE(rc, 0);
   EXPECT_NE(out.find("was calibrated for model"), std::string::npos) << out;
   EXPECT_NE(out.find("0123456789abcdef"), std::string::npos) << out;
 }
@@ -581,15 +578,9 @@ TEST(ServerTopThetaTest, SparsePolicyReportsItselfAndItsSavingsMove) {
 // reaches past --context is refused.
 TEST(CalibrateCommandTest, KScheduleRaisesKWithTheRowLength) {
   auto run = [](const std::string& args, int* rc) {
-    const std::string cmd = BinaryPath() + " calibrate --model " + DefaultModelPath() +
-                            " --corpus " + SourceDir() + "/data/kjv.txt " + args + " 2>&1";
-    FILE* p = popen(cmd.c_str(), "r");
-    std::string out;
-    std::array<char, 4096> buf;
-    size_t n;
-    while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
-    *rc = pclose(p);
-    return out;
+    return RunCommand(BinaryPath() + " calibrate --model " + DefaultModelPath() + " --corpus " +
+                          SourceDir() + "/data/kjv.txt " + args + " 2>&1",
+                      rc);
   };
   const std::string fixed = ::testing::TempDir() + "/theta_k16.json";
   const std::string scheduled = ::testing::TempDir() + "/theta_k16_64.json";
