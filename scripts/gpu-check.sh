@@ -57,7 +57,7 @@ filter='*'
 if [ "$only_model" = 1 ]; then tests=(gpu_forward_test); filter='*SmolLM2*'; fi
 for t in "${tests[@]}"; do
   stamp "test $t"
-  timeout 240 stdbuf -oL -eL "$bin/$t" --gtest_color=no --gtest_filter="$filter" 2>&1 | tee "$out/$t.log" | grep -E '^\[ +(OK|FAILED|SKIPPED) +\]|^\[ .* \]|Failure|error|THETASERVE_SEED' | head -60
+  timeout "${GPU_CHECK_TEST_TIMEOUT:-240}" stdbuf -oL -eL "$bin/$t" --gtest_color=no --gtest_filter="$filter" 2>&1 | tee "$out/$t.log" | grep -E '^\[ +(OK|FAILED|SKIPPED) +\]|^\[ .* \]|Failure|error|THETASERVE_SEED' | head -60
   rc=${PIPESTATUS[0]}
   passed=$(grep -c '^\[       OK \]' "$out/$t.log")
   fails=$(grep -c '^\[  FAILED  \] .* ms)$' "$out/$t.log")

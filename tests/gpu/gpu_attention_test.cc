@@ -148,8 +148,12 @@ class AttentionCase {
   int32_t num_tokens() const { return num_tokens_; }
 
   // Runs both sides; fills outputs and stats.
-  void Run(const TopThetaConfig& config, bool with_vsum) {
+  void Run(const TopThetaConfig& config, bool with_vsum, AttnKernel kernel) {
     const int32_t d = s_.head_dim;
+    for (Seq& q : seqs_) {  // hit marks start unset on both sides every run
+      std::fill(q.hits_cpu.begin(), q.hits_cpu.end(), -1);
+      std::fill(q.hits_gpu.begin(), q.hits_gpu.end(), -1);
+    }
     const float scale = 1.0f / std::sqrt(float(d));
     // CPU.
     cpu::ThreadPool threads(2);
@@ -174,7 +178,7 @@ class AttentionCase {
     CUDA_ASSERT(cudaGetDeviceProperties(&prop, 0));
     DeviceBatch db;
     ASSERT_TRUE(db.Upload(gpu_batch, s_.num_layers * s_.num_kv_heads, d, nullptr).ok());
-    CudaAttention att(prop.multiProcessorCount);
+    CudaAttention att(prop.multiProcessorCount, kernel);
     AttnShape shape{s_.num_heads, s_.num_kv_heads, d, scale};
     absl::Status st = att.Prepare(gpu_batch, db, shape, s_.num_layers, config, nullptr);
     ASSERT_TRUE(st.ok()) << st;
@@ -190,11 +194,23 @@ class AttentionCase {
     EXPECT_TRUE(out.GuardsIntact());
     EXPECT_TRUE(pool.GuardsIntact());
     splits_ = att.plan().max_splits;
+    planned_ = att.plan().kernel;
+    chunk_ = att.plan().chunk;
+  }
+
+  // Both kernels (the plan may fall back to kSplit; `planned` says which ran).
+  void RunAndExpectSame(const TopThetaConfig& config, bool with_vsum) {
+    for (AttnKernel kernel : {AttnKernel::kSplit, AttnKernel::kCluster}) {
+      SCOPED_TRACE(std::string("kernel ") + AttnKernelName(kernel));
+      Run(config, with_vsum, kernel);
+      EXPECT_EQ(planned_, kernel) << "the plan fell back";
+      ExpectSame();
+    }
   }
 
   void ExpectSame() {
     EXPECT_TRUE(testing::Close(gpu_out_, cpu_out_, 2e-4f, 2e-3f, "attention output"))
-        << "(" << splits_ << " splits)";
+        << "(" << AttnKernelName(planned_) << ", " << splits_ << " splits of " << chunk_ << ")";
     EXPECT_EQ(gpu_stats_.v_rows_read, cpu_stats_.v_rows_read);
     EXPECT_EQ(gpu_stats_.v_rows_read_dense, cpu_stats_.v_rows_read_dense);
     EXPECT_EQ(gpu_stats_.elements_kept, cpu_stats_.elements_kept);
@@ -216,7 +232,8 @@ class AttentionCase {
   Shape s_;
   std::vector<SeqSpec> specs_;
   std::mt19937_64 rng_;
-  int32_t tables_ = 0, stride_ = 0, num_tokens_ = 0, splits_ = 0;
+  int32_t tables_ = 0, stride_ = 0, num_tokens_ = 0, splits_ = 0, chunk_ = 0;
+  AttnKernel planned_ = AttnKernel::kSplit;
   int64_t num_pages_ = 0;
   KvPoolLayout layout_;
   std::vector<float> pool_, u_, q_, vsum_, cpu_out_, gpu_out_;
@@ -256,8 +273,7 @@ TEST(GpuAttentionTest, DenseDecodeAndPrefillMatchCpu) {
     // Decode rows of many lengths (one crossing several 1024-key splits), a whole prefill,
     // a chunked prefill after cached tokens, and a first token.
     AttentionCase c(s, {{37, 1}, {0, 70}, {130, 45}, {2100, 1}, {0, 1}, {511, 1}}, seed);
-    c.Run(TopThetaConfig{}, false);
-    c.ExpectSame();
+    c.RunAndExpectSame(TopThetaConfig{}, false);
   }
 }
 
@@ -269,8 +285,20 @@ TEST(GpuAttentionTest, ManyDecodeRowsAtLongContext) {
   std::vector<SeqSpec> specs;
   for (int i = 0; i < 64; ++i) specs.push_back({1000 + 37 * i, 1});
   AttentionCase c(Shape{}, specs, seed);
-  c.Run(TopThetaConfig{}, false);
-  c.ExpectSame();
+  c.RunAndExpectSame(TopThetaConfig{}, false);
+}
+
+TEST(GpuAttentionTest, DenseDecodeOverSeveralClusterTiles) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  const uint64_t seed = testing::TestSeed();
+  SCOPED_TRACE("THETASERVE_SEED=" + std::to_string(seed));
+  // Rows long enough that each cluster rank walks its chunk in more than one 1024-key tile
+  // (17,001 keys: 16 chunks of 1,088 or 8 of 2,176, the last tile partial), beside shorter
+  // ones.
+  for (const Shape s : {Shape{}, Shape{2, 1, 8, 2, 128, 16}}) {
+    AttentionCase c(s, {{17000, 1}, {9000, 1}, {3000, 1}}, seed);
+    c.RunAndExpectSame(TopThetaConfig{}, false);
+  }
 }
 
 TEST(GpuAttentionTest, TopThetaEveryPlacementSdcAndVmcMatchesCpu) {
@@ -292,8 +320,7 @@ TEST(GpuAttentionTest, TopThetaEveryPlacementSdcAndVmcMatchesCpu) {
         cfg.table = &table;
         cfg.sdc = sdc;
         cfg.vmc = vmc;
-        c.Run(cfg, true);
-        c.ExpectSame();
+        c.RunAndExpectSame(cfg, true);
         // The threshold really prunes: about a tenth of the elements survive.
         EXPECT_LT(c.cpu_stats().elements_kept, c.cpu_stats().elements_dense / 4);
       }
@@ -311,9 +338,27 @@ TEST(GpuAttentionTest, TopThetaOverSparseVStoreMatchesCpu) {
   cfg.table = &table;
   // Decode and a prefill chunk over a V store whose rows below 256 are two thirds dropped.
   AttentionCase c(s, {{300, 1, 256}, {320, 20, 256}, {1200, 1, 1024}}, seed);
-  c.Run(cfg, true);
-  c.ExpectSame();
+  c.RunAndExpectSame(cfg, true);
   EXPECT_GT(c.cpu_stats().retained_but_evicted, 0);
+}
+
+TEST(GpuAttentionTest, TopThetaLongRowsMatchCpu) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  const uint64_t seed = testing::TestSeed();
+  SCOPED_TRACE("THETASERVE_SEED=" + std::to_string(seed));
+  const Shape s;
+  // Long decode rows: each cluster rank keep-tests more than one 512-row batch of stored
+  // rows (16 ranks: rows over 8,192), and with a sparse store its stored rows map to
+  // positions held by other ranks.
+  for (auto placement : {model::ThetaPlacement::kPreSoftmax, model::ThetaPlacement::kPostSoftmax}) {
+    SCOPED_TRACE(model::PlacementName(placement));
+    const model::ThetaTable table = MakeTable(s, placement, 16);
+    TopThetaConfig cfg;
+    cfg.table = &table;
+    AttentionCase c(s, {{12000, 1}, {10000, 1, 6000}, {9000, 1, 100}}, seed);
+    c.RunAndExpectSame(cfg, true);
+    EXPECT_GT(c.cpu_stats().retained_but_evicted, 0);
+  }
 }
 
 }  // namespace
