@@ -123,11 +123,8 @@ void DecodeAttention(const std::vector<int>& contexts, const std::vector<int>& b
   uint16_t* pool;
   CHECK_CUDA(cudaMalloc(&pool, max_pages * full.PageElems() * 2));
   CHECK_CUDA(cu::LaunchFillRandomBf16(pool, max_pages * full.PageElems(), 7, 1.0f, nullptr));
-  // Both kernel families (AttnKernel): split = flash-decoding blocks + reduction kernel(s),
-  // cluster = one launch per step with thread-block clusters. "ratio" compares the faster
-  // dense with the faster Top-θ; "same" the two under the default kernel (cluster).
-  std::printf("%-8s %-6s %-9s %-9s %-9s %-9s %-6s %-6s %-8s %-10s %-8s\n", "context", "batch", "dense sp",
-              "dense cl", "θ sp us", "θ cl us", "ratio", "same", "V read", "dense GB/s", "of copy");
+  std::printf("%-8s %-6s %-10s %-10s %-7s %-9s %-10s %-8s\n", "context", "batch", "dense us",
+              "top-θ us", "ratio", "V read", "dense GB/s", "of copy");
   for (int L : contexts) {
     for (int B : batches) {
       const int blocks = (L + bs - 1) / bs;
@@ -176,44 +173,32 @@ void DecodeAttention(const std::vector<int>& contexts, const std::vector<int>& b
       const cu::AttnShape shape{H, kvh, d, 0.125f};
       cu::DeviceBatch db;
       CHECK_OK(db.Upload(batch, kvh, d, nullptr));
-      const cu::AttnKernel kinds[2] = {cu::AttnKernel::kSplit, cu::AttnKernel::kCluster};
-      cu::CudaAttention dense[2] = {cu::CudaAttention(sms, kinds[0]), cu::CudaAttention(sms, kinds[1])};
-      cu::CudaAttention thetas[2] = {cu::CudaAttention(sms, kinds[0]), cu::CudaAttention(sms, kinds[1])};
-      for (int k = 0; k < 2; ++k) {
-        CHECK_OK(dense[k].Prepare(batch, db, shape, 1, dense_cfg, nullptr));
-        CHECK_OK(thetas[k].Prepare(batch, db, shape, 1, theta_cfg, nullptr));
-      }
-      std::vector<double> td[2], tt[2];
+      cu::CudaAttention dense(sms), theta(sms);
+      CHECK_OK(dense.Prepare(batch, db, shape, 1, dense_cfg, nullptr));
+      CHECK_OK(theta.Prepare(batch, db, shape, 1, theta_cfg, nullptr));
+      std::vector<double> td, tt;
       const int iters = L * B >= (1 << 20) ? 5 : 20;
-      for (int r = 0; r < repeats; ++r) {  // alternate: noise hits all four alike
-        for (int k = 0; k < 2; ++k) {
-          td[k].push_back(TimeMs([&] { CHECK_OK(dense[k].Run(0, db, dq, H * d, layout, pool, nullptr, dout, nullptr)); }, iters, 1));
-          tt[k].push_back(TimeMs([&] { CHECK_OK(thetas[k].Run(0, db, dq, H * d, layout, pool, dvsum, dout, nullptr)); }, iters, 1));
-        }
+      for (int r = 0; r < repeats; ++r) {  // alternate: noise hits both alike
+        td.push_back(TimeMs([&] { CHECK_OK(dense.Run(0, db, dq, H * d, layout, pool, nullptr, dout, nullptr)); }, iters, 1));
+        tt.push_back(TimeMs([&] { CHECK_OK(theta.Run(0, db, dq, H * d, layout, pool, dvsum, dout, nullptr)); }, iters, 1));
       }
-      cu::CudaAttention& theta = thetas[1];
       // One more Top-θ run on fresh counters for the V rows read.
       ts::kernels::AttentionStats stats;
       stats.Reset(1);
       CHECK_OK(theta.Prepare(batch, db, shape, 1, theta_cfg, nullptr));
       CHECK_OK(theta.Run(0, db, dq, H * d, layout, pool, dvsum, dout, nullptr));
       CHECK_OK(theta.Finish(&stats, nullptr));
-      const double ds = Median(td[0]), dc = Median(td[1]), ts_ = Median(tt[0]), tc = Median(tt[1]);
-      const double md = std::min(ds, dc), mt = std::min(ts_, tc);
+      const double md = Median(td), mt = Median(tt);
       const double bytes = 2.0 * L * d * 2 * kvh * B;  // K and V, bf16, read once
       const double gbs = bytes / (md / 1e3) / 1e9;
       const double read = double(stats.v_rows_read) / stats.v_rows_read_dense;
-      // A plan that fell back to split (shared memory) is marked with '*'.
-      const char* fb = thetas[1].plan().kernel == cu::AttnKernel::kCluster ? "" : "*";
-      std::printf("%-8d %-6d %-9.1f %-9.1f %-9.1f %-8.1f%-1s %-6.2f %-6.2f %-8.3f %-10.0f %-8.2f\n", L, B,
-                  ds * 1e3, dc * 1e3, ts_ * 1e3, tc * 1e3, fb, md / mt, dc / tc, read, gbs, gbs * 1e9 / copy_bw);
+      std::printf("%-8d %-6d %-10.1f %-10.1f %-7.2f %-9.3f %-10.0f %-8.2f\n", L, B, md * 1e3, mt * 1e3,
+                  md / mt, read, gbs, gbs * 1e9 / copy_bw);
       std::fflush(stdout);
       if (L == 32768) {
-        char buf[200];
-        std::snprintf(buf, sizeof buf,
-                      "dense %.1f us (%s), top-θ %.1f us (%s), ratio %.2f, dense at %.0f%% of copy bw (V read %.2f)",
-                      md * 1e3, ds <= dc ? "split" : "cluster", mt * 1e3, ts_ <= tc ? "split" : "cluster",
-                      md / mt, 100 * gbs * 1e9 / copy_bw, read);
+        char buf[160];
+        std::snprintf(buf, sizeof buf, "dense %.1f us, top-θ %.1f us, ratio %.2f, dense at %.0f%% of copy bw (V read %.2f)",
+                      md * 1e3, mt * 1e3, md / mt, 100 * gbs * 1e9 / copy_bw, read);
         g_summary.push_back({"decode attn 32k, batch " + std::to_string(B), buf});
       }
       cudaFree(dq);

@@ -7,8 +7,6 @@
 #include <cstdlib>
 #include <string>
 
-#include <cooperative_groups.h>
-
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_ops.h"
 
@@ -33,7 +31,6 @@ struct SplitArgs {
   ThetaArgs theta;
   bool top_theta;
   float* o;
-  int32_t tile;  // cluster dense: keys per pass over shared memory
 };
 
 __device__ __forceinline__ int64_t PartIndex(const SplitArgs& a, int64_t r, int32_t head,
@@ -169,7 +166,7 @@ __global__ void __launch_bounds__(kThreads, (GT > 0 && GT <= 4) ? 8 : 4) SplitPa
   for (int h = 0; h < kG; ++h)
 #pragma unroll
     for (int e = 0; e < 8; ++e) acc[h][e] = 0.0f;
-#pragma unroll 4  // several 16-byte loads in flight per thread
+#pragma unroll 8  // several 16-byte loads in flight per thread
   for (int32_t jl = rg; jl < n; jl += kRowGroups) {
     const int32_t j = j0 + jl;
     float vf[8];
@@ -456,395 +453,6 @@ __global__ void ThetaCombineKernel(SplitArgs a) {
   if (threadIdx.x == 0) atomicAdd(a.theta.counters + 1, (unsigned long long)(kept));
 }
 
-// ---- Cluster kernels (AttnKernel::kCluster) ----
-//
-// Grid (ranks, rows, KV heads), clusters of `ranks` (plan.max_splits: 8, or 16 where the
-// device allows the non-portable size) blocks along x: the cluster is one (row, KV head) and
-// its rank r holds keys [r·chunk, (r+1)·chunk). The ranks exchange their
-// chunk statistics and partial outputs through distributed shared memory, so there is no
-// reduction kernel, and Top-θ's scores stay in shared memory between the passes.
-
-namespace cg = cooperative_groups;
-
-constexpr int kListRows = 512;                     // Top-θ: stored rows per keep-test batch
-constexpr size_t kClusterSmemMax = 100 * 1024;     // two blocks per multiprocessor
-
-// Floats of the scratch region: the kept list (row, e per head) or the row-group reduction.
-__host__ __device__ constexpr int32_t ClusterWorkFloats(int32_t D, int32_t G) {
-  return kListRows * (1 + G) > (kThreads / (D / 8)) * G * D ? kListRows * (1 + G)
-                                                             : (kThreads / (D / 8)) * G * D;
-}
-
-// Dynamic shared memory: q [G, D], scores [G, stride], scratch, partial output [G, D].
-size_t ClusterSmemBytes(int32_t D, int32_t G, int32_t stride) {
-  return (size_t(G) * D * 2 + size_t(G) * stride + ClusterWorkFloats(D, G)) * sizeof(float);
-}
-
-// Dense: every rank walks its chunk `tile` keys at a time with an online softmax (scores, then
-// Σ e·V over the tile), then the ranks combine their (max, Σe, Σe·V) through DSMEM.
-template <int D, int GT>
-__global__ void __launch_bounds__(kThreads, (GT > 0 && GT <= 4) ? 5 : 4) ClusterDenseKernel(SplitArgs a) {
-  constexpr int kG = GT > 0 ? GT : kMaxGroup;  // compile-time group size when known
-  constexpr int kRowGroups = kThreads / (D / 8);
-  cg::cluster_group cluster = cg::this_cluster();
-  extern __shared__ float smem[];
-  __shared__ float scratch[32];
-  __shared__ float s_m[kG], s_l[kG];  // this rank's max and Σe per head
-  const int32_t G = GT > 0 ? GT : a.shape.num_heads / a.shape.num_kv_heads;
-  const int64_t r = blockIdx.y;
-  const int32_t t = a.row_ids[r];
-  const DevRow row = a.rows[t];
-  const DevSeq& seq = a.seqs[row.seq];
-  const int32_t L = row.pos + 1;
-  const int32_t rank = static_cast<int32_t>(cluster.block_rank());
-  const int32_t ranks = static_cast<int32_t>(cluster.num_blocks());
-  const int32_t j0 = rank * a.chunk;
-  const int32_t n = max(0, min(a.chunk, L - j0));  // 0: the rank only takes part in the combine
-  const int32_t g = blockIdx.z;
-  const int32_t first_head = g * G;
-  const int64_t lh = int64_t(a.layer) * a.shape.num_kv_heads + g;
-  const int32_t tile = a.tile;
-  float* qs = smem;
-  float* sc = qs + G * D;
-  float* work = sc + G * tile;
-  float* po = work + ClusterWorkFloats(D, G);
-  for (int i = threadIdx.x; i < G * D; i += blockDim.x) {
-    qs[i] = a.q[int64_t(t) * a.q_stride + int64_t(first_head) * D + i] * a.shape.scale;
-  }
-  __syncthreads();
-
-  const int rg = threadIdx.x / (D / 8), lane8 = threadIdx.x % (D / 8);
-  const int32_t bs = a.layout.block_size;
-  float acc[kG][8], m_run[kG], l_run[kG];
-#pragma unroll
-  for (int h = 0; h < kG; ++h) {
-    m_run[h] = -INFINITY;
-    l_run[h] = 0.0f;
-#pragma unroll
-    for (int e = 0; e < 8; ++e) acc[h][e] = 0.0f;
-  }
-  for (int32_t t0 = 0; t0 < n; t0 += tile) {
-    const int32_t nt = min(tile, n - t0);
-    ScoresPerThread<D, GT>(a, seq, lh, j0 + t0, nt, G, qs, sc, tile);
-    __syncthreads();
-#pragma unroll
-    for (int h = 0; h < kG; ++h) {
-      if (h < G) {  // uniform: the block reductions below are reached by every thread
-        float m = -INFINITY;
-        for (int jl = threadIdx.x; jl < nt; jl += blockDim.x) m = fmaxf(m, sc[h * tile + jl]);
-        m = BlockMax(m, scratch);
-        const float m_new = fmaxf(m_run[h], m);      // finite: the tile has keys
-        const float rescale = expf(m_run[h] - m_new);  // 0 on the first tile
-        float l = 0.0f;
-        for (int jl = threadIdx.x; jl < nt; jl += blockDim.x) {
-          const float e = expf(sc[h * tile + jl] - m_new);
-          sc[h * tile + jl] = e;
-          l += e;
-        }
-        l = BlockSum(l, scratch);
-        l_run[h] = l_run[h] * rescale + l;
-        m_run[h] = m_new;
-#pragma unroll
-        for (int e = 0; e < 8; ++e) acc[h][e] *= rescale;
-      }
-    }
-    __syncthreads();
-#pragma unroll 4
-    for (int32_t jl = rg; jl < nt; jl += kRowGroups) {
-      const int32_t j = j0 + t0 + jl;
-      float vf[8];
-      LoadBf16x8(a.pool + a.layout.RowOffset(seq.pages.VPage(lh, j, bs), j % bs) + lane8 * 8, vf);
-#pragma unroll
-      for (int h = 0; h < kG; ++h) {
-        if (h < G) {
-          const float p = sc[h * tile + jl];
-#pragma unroll
-          for (int e = 0; e < 8; ++e) acc[h][e] = fmaf(p, vf[e], acc[h][e]);
-        }
-      }
-    }
-    __syncthreads();  // the next tile overwrites sc
-  }
-  ReduceRowGroups<D, GT>(acc, G, work, [&](int i, float s) { po[i] = s; });
-  if (threadIdx.x == 0) {
-#pragma unroll
-    for (int h = 0; h < kG; ++h) {
-      if (h < G) {
-        s_m[h] = m_run[h];
-        s_l[h] = l_run[h];
-      }
-    }
-  }
-  cluster.sync();
-  // Rank k writes outputs k·blockDim.x + threadIdx.x (+ multiples of the cluster's threads).
-  for (int i = rank * blockDim.x + threadIdx.x; i < G * D; i += ranks * blockDim.x) {
-    const int h = i / D;
-    float m = -INFINITY;
-    for (int k = 0; k < ranks; ++k) m = fmaxf(m, *cluster.map_shared_rank(&s_m[h], k));
-    float l = 0.0f, o = 0.0f;
-    for (int k = 0; k < ranks; ++k) {
-      const float w = expf(*cluster.map_shared_rank(&s_m[h], k) - m);  // 0 for empty ranks
-      l += *cluster.map_shared_rank(&s_l[h], k) * w;
-      o += *cluster.map_shared_rank(&po[i], k) * w;
-    }
-    a.o[int64_t(t) * a.shape.num_heads * D + int64_t(first_head) * D + i] = o / l;
-  }
-  cluster.sync();  // no rank leaves while another still reads its shared memory
-}
-
-// Top-θ: every rank scores its whole chunk into shared memory (pass 1) and publishes its
-// chunk max and Σe; after one cluster barrier each rank has the row's max, D_full and
-// threshold, runs the keep test over its share of the stored V rows (scores of positions in
-// other ranks' chunks are read through DSMEM), gathers the kept rows (pass 2), and the ranks
-// combine Σ e·V, D_kept and the kept counts with SDC and VMC as ThetaCombineKernel does.
-template <int D, int GT>
-__global__ void __launch_bounds__(kThreads, (GT > 0 && GT <= 4) ? 5 : 4) ClusterThetaKernel(SplitArgs a) {
-  constexpr int kG = GT > 0 ? GT : kMaxGroup;  // compile-time group size when known
-  constexpr int kRowGroups = kThreads / (D / 8);
-  cg::cluster_group cluster = cg::this_cluster();
-  extern __shared__ float smem[];
-  __shared__ float scratch[32];
-  __shared__ float s_m[kG], s_l[kG];                  // this rank's chunk: max, Σe
-  __shared__ float s_mg[kG], s_dfull[kG], s_thr[kG];  // the row's: max, D_full, threshold
-  __shared__ float s_dk[kG], s_kc[kG];                // this rank's D_kept and kept count
-  __shared__ unsigned long long s_retained;
-  __shared__ int s_count, s_total;
-  const int32_t G = GT > 0 ? GT : a.shape.num_heads / a.shape.num_kv_heads;
-  const int64_t r = blockIdx.y;
-  const int32_t t = a.row_ids[r];
-  const DevRow row = a.rows[t];
-  const DevSeq& seq = a.seqs[row.seq];
-  const int32_t L = row.pos + 1;
-  const int32_t rank = static_cast<int32_t>(cluster.block_rank());
-  const int32_t ranks = static_cast<int32_t>(cluster.num_blocks());
-  const int32_t chunk = a.chunk;
-  const int32_t j0 = rank * chunk;
-  const int32_t n = max(0, min(chunk, L - j0));
-  const int32_t g = blockIdx.z;
-  const int32_t first_head = g * G;
-  const int64_t lh = int64_t(a.layer) * a.shape.num_kv_heads + g;
-  float* qs = smem;
-  float* sc = qs + G * D;  // [G, chunk] raw scores of this rank's positions
-  float* work = sc + G * chunk;
-  float* po = work + ClusterWorkFloats(D, G);
-  for (int i = threadIdx.x; i < G * D; i += blockDim.x) {
-    qs[i] = a.q[int64_t(t) * a.q_stride + int64_t(first_head) * D + i] * a.shape.scale;
-  }
-  if (threadIdx.x == 0) {
-    s_retained = 0;
-    s_count = s_total = 0;
-    for (int h = 0; h < kG; ++h) s_dk[h] = s_kc[h] = 0.0f;
-  }
-  __syncthreads();
-
-  // Pass 1: scores, chunk max and Σe.
-  ScoresPerThread<D, GT>(a, seq, lh, j0, n, G, qs, sc, chunk);
-  __syncthreads();
-  for (int h = 0; h < G; ++h) {
-    float m = -INFINITY;
-    for (int jl = threadIdx.x; jl < n; jl += blockDim.x) m = fmaxf(m, sc[h * chunk + jl]);
-    m = BlockMax(m, scratch);
-    float l = 0.0f;
-    for (int jl = threadIdx.x; jl < n; jl += blockDim.x) l += expf(sc[h * chunk + jl] - m);
-    l = BlockSum(l, scratch);
-    if (threadIdx.x == 0) {
-      s_m[h] = m;  // -inf with l = 0 for an empty rank
-      s_l[h] = l;
-    }
-  }
-  cluster.sync();
-
-  // The row's max, D_full and threshold per head (Threshold's arithmetic over the ranks).
-  if (threadIdx.x < G) {
-    const int h = threadIdx.x;
-    float m = -INFINITY;
-    for (int k = 0; k < ranks; ++k) m = fmaxf(m, *cluster.map_shared_rank(&s_m[h], k));
-    float d_full = 0.0f;
-    for (int k = 0; k < ranks; ++k) {
-      d_full += *cluster.map_shared_rank(&s_l[h], k) * expf(*cluster.map_shared_rank(&s_m[h], k) - m);
-    }
-    float thr = -1.0f;  // keeps everything: e > 0 > -1
-    if (L > a.theta.k) {
-      const float theta = a.theta.theta[int64_t(t) * a.shape.num_heads + first_head + h];
-      if (!isnan(theta)) thr = a.theta.post_softmax ? theta * d_full : expf(theta - m);
-    }
-    s_mg[h] = m;
-    s_dfull[h] = d_full;
-    s_thr[h] = thr;
-  }
-  __syncthreads();
-
-  // Positions of this rank's chunk: retained count and hit marks (with a sparse store; without
-  // one the stored rows are the positions and the keep test below marks them).
-  const int32_t tail = min(seq.pages.v_tail_start, L);
-  int32_t* hits = seq.pages.hits ? seq.pages.hits + lh * seq.pages.hits_stride : nullptr;
-  if (tail > 0) {
-    unsigned long long retained = 0;
-    for (int32_t jl = threadIdx.x; jl < n; jl += blockDim.x) {
-      bool any = false, strong = false;
-      for (int h = 0; h < G; ++h) {
-        const float e = expf(sc[h * chunk + jl] - s_mg[h]);
-        any |= e > s_thr[h];
-        strong |= e > a.theta.retain_factor * s_thr[h];
-      }
-      if (any) {
-        ++retained;
-        if (hits && strong) atomicMax(hits + j0 + jl, row.pos);
-      }
-    }
-    if (retained) atomicAdd(&s_retained, retained);
-  }
-
-  // Stored V rows: the sparse store's rows below the tail, then the tail; rank k keeps
-  // stored rows [k·chunk, (k+1)·chunk) (there are at most L of them).
-  const int32_t bs = a.layout.block_size;
-  const int32_t sparse_n = seq.pages.SparseCount(lh);
-  const int32_t* sparse_pos =
-      sparse_n ? seq.pages.v_sparse_pos + lh * seq.pages.sparse_pos_stride : nullptr;
-  int32_t lo = 0, hi = sparse_n;  // sparse rows with position < tail
-  while (lo < hi) {
-    const int32_t mid = (lo + hi) / 2;
-    if (sparse_pos[mid] < tail) lo = mid + 1; else hi = mid;
-  }
-  const int32_t sparse_vis = lo;
-  const int32_t stored = sparse_vis + (L - tail);
-  const int32_t i0 = rank * chunk;
-  const int32_t ni = max(0, min(chunk, stored - i0));
-
-  uint32_t* list_row = reinterpret_cast<uint32_t*>(work);  // [kListRows]
-  float* list_e = work + kListRows;                        // [kListRows, G]
-  const int rg = threadIdx.x / (D / 8), lane8 = threadIdx.x % (D / 8);
-  float acc[kG][8], dk[kG], kc[kG];
-#pragma unroll
-  for (int h = 0; h < kG; ++h) {
-    dk[h] = kc[h] = 0.0f;
-#pragma unroll
-    for (int e = 0; e < 8; ++e) acc[h][e] = 0.0f;
-  }
-  for (int32_t b0 = 0; b0 < ni; b0 += kListRows) {
-    // Keep test, a thread per stored row: kept rows go to the list...
-    const int32_t nb = min(kListRows, ni - b0);
-    for (int32_t il = threadIdx.x; il < nb; il += blockDim.x) {
-      const int32_t i = i0 + b0 + il;
-      int32_t j, page, slot;
-      if (i < sparse_vis) {
-        j = sparse_pos[i];
-        page = seq.pages.v_sparse_pages[lh * seq.pages.sparse_stride + i / bs];
-        slot = i % bs;
-      } else {
-        j = tail + (i - sparse_vis);
-        page = seq.pages.VPage(lh, j, bs);
-        slot = j % bs;
-      }
-      const int32_t owner = j / chunk;
-      const float* sj = sc + (j - owner * chunk);
-      if (owner != rank) sj = cluster.map_shared_rank(sj, owner);
-      float ev[kG];
-      bool any = false, strong = false;
-#pragma unroll
-      for (int h = 0; h < kG; ++h) {
-        ev[h] = 0.0f;
-        if (h < G) {
-          const float e = expf(sj[h * chunk] - s_mg[h]);
-          if (e > s_thr[h]) {
-            ev[h] = e;
-            dk[h] += e;
-            kc[h] += 1.0f;
-            any = true;
-            strong |= e > a.theta.retain_factor * s_thr[h];
-          }
-        }
-      }
-      if (!any) continue;
-      const int k = atomicAdd(&s_count, 1);
-      list_row[k] = uint32_t(page) * uint32_t(bs) + uint32_t(slot);
-#pragma unroll
-      for (int h = 0; h < kG; ++h) {
-        if (h < G) list_e[k * G + h] = ev[h];
-      }
-      if (tail == 0 && hits && strong) atomicMax(hits + j, row.pos);
-    }
-    __syncthreads();
-    // ...and row groups of D/8 threads gather them, several loads in flight.
-    const int count = s_count;
-#pragma unroll 4
-    for (int k = rg; k < count; k += kRowGroups) {
-      float vf[8];
-      LoadBf16x8(a.pool + size_t(list_row[k]) * D + lane8 * 8, vf);
-#pragma unroll
-      for (int h = 0; h < kG; ++h) {
-        if (h < G) {
-          const float p = list_e[k * G + h];
-#pragma unroll
-          for (int e = 0; e < 8; ++e) acc[h][e] = fmaf(p, vf[e], acc[h][e]);
-        }
-      }
-    }
-    __syncthreads();  // every thread has read the count and the list
-    if (threadIdx.x == 0) {
-      s_total += count;
-      s_count = 0;
-    }
-    __syncthreads();
-  }
-#pragma unroll
-  for (int h = 0; h < kG; ++h) {
-    if (h < G && kc[h] > 0.0f) {
-      atomicAdd(&s_dk[h], dk[h]);
-      atomicAdd(&s_kc[h], kc[h]);
-    }
-  }
-  ReduceRowGroups<D, GT>(acc, G, work, [&](int i, float s) { po[i] = s; });  // syncs first
-  if (threadIdx.x == 0) {
-    const unsigned long long total = s_total;
-    if (total) atomicAdd(a.theta.counters + 0, total);
-    const unsigned long long retained = tail > 0 ? s_retained : total;
-    if (retained) atomicAdd(a.theta.counters + 2, retained);
-  }
-  cluster.sync();
-
-  // Combine (ThetaCombineKernel's arithmetic): rank k writes outputs k·blockDim.x + threadIdx.x.
-  const bool has_sum = seq.pages.v_sum != nullptr;
-  const float* vsum = a.theta.vsum_rows && a.theta.vmc && has_sum
-                          ? a.theta.vsum_rows + int64_t(t) * a.shape.num_kv_heads * D + int64_t(g) * D
-                          : nullptr;
-  const float inv_L = 1.0f / float(L);
-  for (int i = rank * blockDim.x + threadIdx.x; i < G * D; i += ranks * blockDim.x) {
-    const int h = i / D, c = i % D, head = first_head + h;
-    float o = 0.0f, d_kept = 0.0f, kept = 0.0f;
-    for (int k = 0; k < ranks; ++k) {
-      o += *cluster.map_shared_rank(&po[i], k);
-      d_kept += *cluster.map_shared_rank(&s_dk[h], k);
-      kept += *cluster.map_shared_rank(&s_kc[h], k);
-    }
-    const float d_full = s_dfull[h], thr = s_thr[h];
-    float denom = d_kept;
-    switch (a.theta.sdc) {
-      case SdcMode::kNone: break;
-      case SdcMode::kExact: denom = d_full; break;
-      case SdcMode::kExpThreshold:
-        if (thr > 0) denom = d_kept + (float(L) - kept) * thr;
-        break;
-      case SdcMode::kOffline:
-        if (thr > 0) denom = d_kept * (1.0f + a.theta.sdc_ratio[int64_t(t) * a.shape.num_heads + head]);
-        break;
-    }
-    float out = 0.0f;
-    if (denom > 0) {
-      out = o * (1.0f / denom);
-      if (vsum) {
-        const float missing = fmaxf(0.0f, 1.0f - d_kept / denom);
-        if (missing > 0) out = fmaf(missing * inv_L, vsum[c], out);
-      }
-    } else if (vsum) {
-      out = vsum[c] * inv_L;
-    }
-    a.o[int64_t(t) * a.shape.num_heads * D + int64_t(head) * D + c] = out;
-    if (c == 0) atomicAdd(a.theta.counters + 1, (unsigned long long)(kept));
-  }
-  cluster.sync();  // no rank leaves while another still reads its shared memory
-}
-
 // ---- Prefill ----
 
 constexpr int kTileRows = 32;  // query rows (token × head) per block
@@ -960,90 +568,9 @@ size_t SplitSmemBytes(int D, int G, int chunk) {
   return (size_t(G) * D + std::max(scores, reduce)) * sizeof(float);
 }
 
-// Shared memory above 48 KB and clusters of 16 have to be allowed per kernel; done once,
-// outside any graph capture (from PlanAttention, which falls back if this fails).
-template <typename Kernel>
-cudaError_t AllowClusterKernel(Kernel kernel) {
-  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       int(kClusterSmemMax));
-  if (e == cudaSuccess) e = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
-  return e;
-}
-
-template <int D, int... Gs>
-cudaError_t AllowClusterGroups() {
-  cudaError_t e = cudaSuccess;
-  ((e = (e == cudaSuccess ? AllowClusterKernel(ClusterThetaKernel<D, Gs>) : e)), ...);
-  ((e = (e == cudaSuccess ? AllowClusterKernel(ClusterDenseKernel<D, Gs>) : e)), ...);
-  return e;
-}
-
-// The largest cluster the plan may use: 16 where the device runs a cluster of 16 Top-θ blocks
-// of the largest shared memory, else 8 (THETASERVE_ATTN_CLUSTER=8 forces 8); 0 if the
-// attributes could not be set.
-int MaxClusterRanks() {
-  static const int ranks = [] {
-    cudaError_t e = AllowClusterGroups<16, 0>();
-    if (e == cudaSuccess) e = AllowClusterGroups<32, 0>();
-    if (e == cudaSuccess) e = AllowClusterGroups<64, 1, 2, 3, 4, 5, 6, 7, 8>();
-    if (e == cudaSuccess) e = AllowClusterGroups<128, 1, 2, 3, 4, 5, 6, 7, 8>();
-    if (e != cudaSuccess) {
-      cudaGetLastError();
-      return 0;
-    }
-    const char* v = std::getenv("THETASERVE_ATTN_CLUSTER");
-    if (v && std::string(v) == "8") return 8;
-    cudaLaunchConfig_t config = {};
-    config.gridDim = dim3(16, 1, 1);
-    config.blockDim = dim3(kThreads, 1, 1);
-    config.dynamicSmemBytes = kClusterSmemMax;
-    cudaLaunchAttribute attr;
-    attr.id = cudaLaunchAttributeClusterDimension;
-    attr.val.clusterDim.x = 16;
-    attr.val.clusterDim.y = attr.val.clusterDim.z = 1;
-    config.attrs = &attr;
-    config.numAttrs = 1;
-    int clusters = 0;
-    e = cudaOccupancyMaxActiveClusters(&clusters, ClusterThetaKernel<128, 8>, &config);
-    if (e != cudaSuccess) cudaGetLastError();
-    return e == cudaSuccess && clusters > 0 ? 16 : 8;
-  }();
-  return ranks;
-}
-
-template <typename Kernel>
-cudaError_t LaunchCluster(Kernel kernel, const SplitArgs& a, int32_t num_rows, int32_t ranks,
-                          size_t smem, cudaStream_t stream) {
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(ranks, num_rows, a.shape.num_kv_heads);
-  config.blockDim = dim3(kThreads, 1, 1);
-  config.dynamicSmemBytes = smem;
-  config.stream = stream;
-  cudaLaunchAttribute attr;
-  attr.id = cudaLaunchAttributeClusterDimension;
-  attr.val.clusterDim.x = ranks;
-  attr.val.clusterDim.y = attr.val.clusterDim.z = 1;
-  config.attrs = &attr;
-  config.numAttrs = 1;
-  return cudaLaunchKernelEx(&config, kernel, a);
-}
-
-template <int D, int GT>
-cudaError_t RunCluster(const SplitArgs& a, int32_t num_rows, const SplitPlan& plan,
-                       cudaStream_t stream) {
-  const int32_t G = a.shape.num_heads / a.shape.num_kv_heads;
-  if (a.top_theta) {
-    return LaunchCluster(ClusterThetaKernel<D, GT>, a, num_rows, plan.max_splits,
-                         ClusterSmemBytes(D, G, plan.chunk), stream);
-  }
-  return LaunchCluster(ClusterDenseKernel<D, GT>, a, num_rows, plan.max_splits,
-                       ClusterSmemBytes(D, G, plan.tile), stream);
-}
-
 template <int D, int GT>
 cudaError_t RunSplit(const SplitArgs& a, int32_t num_rows, const SplitPlan& plan,
                      cudaStream_t stream) {
-  if (plan.kernel == AttnKernel::kCluster) return RunCluster<D, GT>(a, num_rows, plan, stream);
   const int32_t G = a.shape.num_heads / a.shape.num_kv_heads;
   const size_t smem = SplitSmemBytes(D, G, plan.chunk);
   const dim3 grid(plan.max_splits, num_rows, a.shape.num_kv_heads);
@@ -1078,8 +605,8 @@ cudaError_t DispatchGroup(int group, const SplitArgs& a, int32_t num_rows, const
 SplitPlan PlanSplits(int64_t num_rows, int32_t num_kv_heads, int64_t max_len, int num_sms) {
   SplitPlan plan;
   const int64_t units = std::max<int64_t>(1, num_rows * num_kv_heads);
-  // About four blocks per multiprocessor (THETASERVE_ATTN_BLOCKS_PER_SM, for measuring);
-  // chunks of 64..1024 keys.
+  // About four blocks per multiprocessor (THETASERVE_ATTN_BLOCKS_PER_SM changes it, for
+  // measuring); chunks of 64..1024 keys.
   static const int64_t per_sm = [] {
     const char* v = std::getenv("THETASERVE_ATTN_BLOCKS_PER_SM");
     return v ? std::clamp<int64_t>(std::atoll(v), 1, 64) : int64_t(4);
@@ -1090,33 +617,6 @@ SplitPlan PlanSplits(int64_t num_rows, int32_t num_kv_heads, int64_t max_len, in
   plan.chunk = static_cast<int32_t>(chunk);
   plan.max_splits = static_cast<int32_t>(std::max<int64_t>(1, (max_len + chunk - 1) / chunk));
   return plan;
-}
-
-const char* AttnKernelName(AttnKernel kernel) {
-  return kernel == AttnKernel::kCluster ? "cluster" : "split";
-}
-
-AttnKernel DefaultAttnKernel() {
-  const char* v = std::getenv("THETASERVE_ATTN_KERNEL");
-  return v && std::string(v) == "cluster" ? AttnKernel::kCluster : AttnKernel::kSplit;
-}
-
-SplitPlan PlanAttention(AttnKernel kernel, int64_t num_rows, const AttnShape& shape,
-                        int64_t max_len, bool top_theta, int num_sms) {
-  const int32_t group = shape.num_kv_heads > 0 ? shape.num_heads / shape.num_kv_heads : 0;
-  const int ranks = kernel == AttnKernel::kCluster ? MaxClusterRanks() : 0;
-  if (ranks > 0 && group >= 1 && group <= kMaxGroup) {
-    SplitPlan plan;
-    plan.kernel = AttnKernel::kCluster;
-    const int64_t chunk = (max_len + ranks - 1) / ranks;
-    plan.chunk = static_cast<int32_t>(std::max<int64_t>(64, (chunk + 63) / 64 * 64));
-    plan.tile = std::min(plan.chunk, 1024);
-    plan.max_splits = ranks;
-    // Top-θ holds the whole chunk's scores; dense one tile's.
-    const int32_t stride = top_theta ? plan.chunk : plan.tile;
-    if (ClusterSmemBytes(shape.head_dim, group, stride) <= kClusterSmemMax) return plan;
-  }
-  return PlanSplits(num_rows, shape.num_kv_heads, max_len, num_sms);
 }
 
 int32_t PrefillTileTokens(int32_t group) { return std::max(1, kTileRows / group); }
@@ -1132,7 +632,7 @@ cudaError_t LaunchSplitAttention(const int32_t* row_ids, int32_t num_rows, const
   if (num_rows == 0) return cudaSuccess;
   if (shape.num_heads / shape.num_kv_heads > kMaxGroup) return cudaErrorInvalidValue;
   SplitArgs a{row_ids, rows, seqs, shape, layer, q, q_stride, layout, pool, plan.chunk, ws,
-              theta ? *theta : ThetaArgs{}, theta != nullptr, o, plan.tile};
+              theta ? *theta : ThetaArgs{}, theta != nullptr, o};
   // Group sizes are compile-time for the common head sizes (registers: the accumulators are
   // [group][8]); 16 and 32 (test models) take the generic kernels.
   const int group = shape.num_heads / shape.num_kv_heads;

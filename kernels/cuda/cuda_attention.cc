@@ -49,7 +49,7 @@ absl::Status CudaAttention::Prepare(const ForwardBatch& batch, const DeviceBatch
   }
   num_split_rows_ = static_cast<int32_t>(row_ids.size());
   num_tiles_ = static_cast<int32_t>(tiles.size());
-  plan_ = PlanAttention(kernel_, num_split_rows_, shape, split_max_len, config.active(), num_sms_);
+  plan_ = PlanSplits(num_split_rows_, shape.num_kv_heads, split_max_len, num_sms_);
 
   // Inputs: row ids, tiles, θ and SDC ratios, counters.
   const int64_t T = num_rows_;
@@ -98,9 +98,7 @@ absl::Status CudaAttention::Prepare(const ForwardBatch& batch, const DeviceBatch
 
   // Workspace for the split kernels, for `row_batch_` rows at a time: Top-θ keeps every
   // row's scores, so a long prefill chunk runs in slices of at most 256 MiB of scores.
-  // (The cluster kernels keep the scores on chip.)
-  const int64_t score_stride_pre =
-      theta && plan_.kernel == AttnKernel::kSplit ? (split_max_len + 3) / 4 * 4 : 0;
+  const int64_t score_stride_pre = theta ? (split_max_len + 3) / 4 * 4 : 0;
   int64_t row_batch = std::max<int64_t>(1, num_split_rows_);
   if (score_stride_pre > 0) {
     row_batch = std::min<int64_t>(row_batch, std::max<int64_t>(1, (int64_t(256) << 20) / (H * score_stride_pre * 4)));
@@ -172,8 +170,8 @@ absl::Status CudaAttention::Run(int32_t layer, const DeviceBatch& db, const floa
 }
 
 std::string CudaAttention::Signature() const {
-  return absl::StrFormat("%d/%d/%d/%d/%d/%d/%d/%d/%p/%p/%p/%p/%p/%p/%p/%p/%d/%p/%d/%d/%g/%d", num_split_rows_,
-                         num_tiles_, row_batch_, int(plan_.kernel), plan_.chunk, plan_.tile, plan_.max_splits, num_layers_,
+  return absl::StrFormat("%d/%d/%d/%d/%d/%d/%p/%p/%p/%p/%p/%p/%p/%p/%d/%p/%d/%d/%g/%d", num_split_rows_,
+                         num_tiles_, row_batch_, plan_.chunk, plan_.max_splits, num_layers_,
                          row_ids_, tiles_, theta_, sdc_ratio_, counters_, ws_.part_o,
                          ws_.row_stat, ws_.scores, int(ws_.score_stride), config_.table,
                          int(config_.sdc), int(config_.vmc), config_.retain_factor,

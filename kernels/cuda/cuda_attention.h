@@ -17,8 +17,7 @@ namespace thetaserve::kernels::cuda {
 
 class CudaAttention {
  public:
-  explicit CudaAttention(int num_sms, AttnKernel kernel = DefaultAttnKernel())
-      : num_sms_(num_sms), kernel_(kernel) {}
+  explicit CudaAttention(int num_sms) : num_sms_(num_sms) {}
 
   // Plans the step: dense attention sends single-token (decode) rows to the split kernels
   // and prefill chunks to the tiled kernel; Top-θ sends every row to the split kernels, with
@@ -41,13 +40,9 @@ class CudaAttention {
   // A replayed graph ran every layer without calling Run.
   void MarkAllLayersRan() { ran_.assign(num_layers_, true); }
   void set_num_sms(int n) { num_sms_ = n; }
-  // The decode-attention kernels the next Prepare plans for (the plan falls back to kSplit
-  // where the cluster kernels' shared memory would not fit).
-  void set_kernel(AttnKernel kernel) { kernel_ = kernel; }
 
  private:
   int num_sms_;
-  AttnKernel kernel_;
   AttnShape shape_;
   int32_t num_layers_ = 0;
   TopThetaConfig config_;

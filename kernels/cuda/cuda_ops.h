@@ -90,32 +90,12 @@ struct AttentionWorkspace {
   int32_t max_splits = 0;
 };
 
-// Which kernels run decode attention (DESIGN.md §5).
-//  kSplit: flash-decoding splits of at most 1024 keys, each a block, then a reduction kernel;
-//    Top-θ runs pass 1 (scores to global memory), pass 2 and a reduction: four launches.
-//  kCluster: one launch. A thread-block cluster of 16 blocks (8 where the device refuses 16)
-//    per (row, KV head), a block per 16th of the keys; the blocks meet through distributed
-//    shared memory, so Top-θ keeps its scores on chip between the passes (they never reach
-//    DRAM) and neither path needs a reduction kernel. Used while the scores fit in shared
-//    memory.
-enum class AttnKernel { kSplit, kCluster };
-const char* AttnKernelName(AttnKernel kernel);
-// THETASERVE_ATTN_KERNEL=split|cluster; split when unset (the cluster kernels measured slower).
-AttnKernel DefaultAttnKernel();
-
-// How a step's attention is split: `chunk` keys per block (a multiple of 64; at most 1024 for
-// kSplit). kCluster: `max_splits` is the cluster size and dense attention walks a block's chunk
-// `tile` keys at a time.
+// How a step's attention is split: `chunk` keys per block (a multiple of 64, at most 1024).
 struct SplitPlan {
-  AttnKernel kernel = AttnKernel::kSplit;
   int32_t chunk = 1024;
-  int32_t tile = 1024;
   int32_t max_splits = 1;
 };
 SplitPlan PlanSplits(int64_t num_rows, int32_t num_kv_heads, int64_t max_len, int num_sms);
-// The plan for `kernel`: the cluster plan when its shared memory fits, else PlanSplits.
-SplitPlan PlanAttention(AttnKernel kernel, int64_t num_rows, const AttnShape& shape,
-                        int64_t max_len, bool top_theta, int num_sms);
 
 // Top-θ inputs of one layer. θ and the offline SDC ratio per (row, query head), computed by
 // the host from the table at each row's length (NaN θ: keep everything).

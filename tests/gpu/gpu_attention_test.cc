@@ -148,7 +148,7 @@ class AttentionCase {
   int32_t num_tokens() const { return num_tokens_; }
 
   // Runs both sides; fills outputs and stats.
-  void Run(const TopThetaConfig& config, bool with_vsum, AttnKernel kernel) {
+  void Run(const TopThetaConfig& config, bool with_vsum) {
     const int32_t d = s_.head_dim;
     for (Seq& q : seqs_) {  // hit marks start unset on both sides every run
       std::fill(q.hits_cpu.begin(), q.hits_cpu.end(), -1);
@@ -178,7 +178,7 @@ class AttentionCase {
     CUDA_ASSERT(cudaGetDeviceProperties(&prop, 0));
     DeviceBatch db;
     ASSERT_TRUE(db.Upload(gpu_batch, s_.num_layers * s_.num_kv_heads, d, nullptr).ok());
-    CudaAttention att(prop.multiProcessorCount, kernel);
+    CudaAttention att(prop.multiProcessorCount);
     AttnShape shape{s_.num_heads, s_.num_kv_heads, d, scale};
     absl::Status st = att.Prepare(gpu_batch, db, shape, s_.num_layers, config, nullptr);
     ASSERT_TRUE(st.ok()) << st;
@@ -194,23 +194,17 @@ class AttentionCase {
     EXPECT_TRUE(out.GuardsIntact());
     EXPECT_TRUE(pool.GuardsIntact());
     splits_ = att.plan().max_splits;
-    planned_ = att.plan().kernel;
     chunk_ = att.plan().chunk;
   }
 
-  // Both kernels (the plan may fall back to kSplit; `planned` says which ran).
   void RunAndExpectSame(const TopThetaConfig& config, bool with_vsum) {
-    for (AttnKernel kernel : {AttnKernel::kSplit, AttnKernel::kCluster}) {
-      SCOPED_TRACE(std::string("kernel ") + AttnKernelName(kernel));
-      Run(config, with_vsum, kernel);
-      EXPECT_EQ(planned_, kernel) << "the plan fell back";
-      ExpectSame();
-    }
+    Run(config, with_vsum);
+    ExpectSame();
   }
 
   void ExpectSame() {
     EXPECT_TRUE(testing::Close(gpu_out_, cpu_out_, 2e-4f, 2e-3f, "attention output"))
-        << "(" << AttnKernelName(planned_) << ", " << splits_ << " splits of " << chunk_ << ")";
+        << "(" << splits_ << " splits of " << chunk_ << ")";
     EXPECT_EQ(gpu_stats_.v_rows_read, cpu_stats_.v_rows_read);
     EXPECT_EQ(gpu_stats_.v_rows_read_dense, cpu_stats_.v_rows_read_dense);
     EXPECT_EQ(gpu_stats_.elements_kept, cpu_stats_.elements_kept);
@@ -233,7 +227,6 @@ class AttentionCase {
   std::vector<SeqSpec> specs_;
   std::mt19937_64 rng_;
   int32_t tables_ = 0, stride_ = 0, num_tokens_ = 0, splits_ = 0, chunk_ = 0;
-  AttnKernel planned_ = AttnKernel::kSplit;
   int64_t num_pages_ = 0;
   KvPoolLayout layout_;
   std::vector<float> pool_, u_, q_, vsum_, cpu_out_, gpu_out_;
@@ -288,13 +281,12 @@ TEST(GpuAttentionTest, ManyDecodeRowsAtLongContext) {
   c.RunAndExpectSame(TopThetaConfig{}, false);
 }
 
-TEST(GpuAttentionTest, DenseDecodeOverSeveralClusterTiles) {
+TEST(GpuAttentionTest, DenseDecodeOfLongRows) {
   SKIP_WITHOUT_CUDA_DEVICE();
   const uint64_t seed = testing::TestSeed();
   SCOPED_TRACE("THETASERVE_SEED=" + std::to_string(seed));
-  // Rows long enough that each cluster rank walks its chunk in more than one 1024-key tile
-  // (17,001 keys: 16 chunks of 1,088 or 8 of 2,176, the last tile partial), beside shorter
-  // ones.
+  // Rows of many splits (17,001 keys, the last split partial) beside shorter ones, for
+  // group sizes 3 and 4.
   for (const Shape s : {Shape{}, Shape{2, 1, 8, 2, 128, 16}}) {
     AttentionCase c(s, {{17000, 1}, {9000, 1}, {3000, 1}}, seed);
     c.RunAndExpectSame(TopThetaConfig{}, false);
@@ -347,9 +339,8 @@ TEST(GpuAttentionTest, TopThetaLongRowsMatchCpu) {
   const uint64_t seed = testing::TestSeed();
   SCOPED_TRACE("THETASERVE_SEED=" + std::to_string(seed));
   const Shape s;
-  // Long decode rows: each cluster rank keep-tests more than one 512-row batch of stored
-  // rows (16 ranks: rows over 8,192), and with a sparse store its stored rows map to
-  // positions held by other ranks.
+  // Long decode rows over many splits, with and without a sparse store (whose stored rows
+  // map to positions in other splits).
   for (auto placement : {model::ThetaPlacement::kPreSoftmax, model::ThetaPlacement::kPostSoftmax}) {
     SCOPED_TRACE(model::PlacementName(placement));
     const model::ThetaTable table = MakeTable(s, placement, 16);
