@@ -94,7 +94,7 @@ int RunEval(const std::vector<std::string>& argv) {
   auto loaded =
       LoadModelForCli(args->GetString("model"), *device, static_cast<int>(*threads), matmul);
   if (!loaded.ok()) return fail(loaded.status());
-  auto theta = ParseThetaOptions(*args, *loaded->model, loaded->backend->name());
+  auto theta = ParseThetaOptions(*args, *loaded->model);
   if (!theta.ok()) return fail(theta.status());
   const bool compare = theta->table != nullptr;
   const std::vector<int32_t> ids = TokenizePrefix(loaded->model->tokenizer(), *text, *max_tokens);

@@ -72,7 +72,7 @@ int RunGenerate(const std::vector<std::string>& argv) {
   auto loaded = LoadModelForCli(args->GetString("model"), *device, static_cast<int>(*threads));
   if (!loaded.ok()) return fail(loaded.status());
   const model::Tokenizer& tok = loaded->model->tokenizer();
-  auto theta = ParseThetaOptions(*args, *loaded->model, loaded->backend->name());
+  auto theta = ParseThetaOptions(*args, *loaded->model);
   if (!theta.ok()) return fail(theta.status());
   loaded->backend->SetTopTheta(theta->config);
 

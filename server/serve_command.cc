@@ -115,7 +115,7 @@ int RunServe(const std::vector<std::string>& argv) {
   auto loaded = LoadModelForCli(args->GetString("model"), *device, static_cast<int>(*threads));
   if (!loaded.ok()) return fail(loaded.status());
 
-  auto theta = ParseThetaOptions(*args, *loaded->model, loaded->backend->name());
+  auto theta = ParseThetaOptions(*args, *loaded->model);
   if (!theta.ok()) return fail(theta.status());
   loaded->backend->SetTopTheta(theta->config);
 

@@ -22,7 +22,7 @@ const char kThetaUsage[] =
     "                        for the V store (default 1: every kept row)\n"
     "  --keep-fraction F     sparse: instead of the obs-window rule, keep the fraction F of the\n"
     "                        rows leaving the tail with the highest mean retained probability\n"
-    "                        (a budget; CPU backend only)\n";
+    "                        (a budget)\n";
 
 std::vector<std::pair<std::string, bool>> ThetaFlags() {
   return {{"theta", true},  {"sdc", true},          {"no-vmc", false},
@@ -37,8 +37,7 @@ std::string ThetaOptions::mode() const {
   return absl::StrCat("top-theta-", model::PlacementName(table->placement));
 }
 
-absl::StatusOr<ThetaOptions> ParseThetaOptions(const CliArgs& args, const model::Model& model,
-                                               const std::string& backend_name) {
+absl::StatusOr<ThetaOptions> ParseThetaOptions(const CliArgs& args, const model::Model& model) {
   ThetaOptions out;
   const std::string sdc = args.GetString("sdc", "exact");
   if (sdc == "exact") out.config.sdc = kernels::SdcMode::kExact;
@@ -78,11 +77,6 @@ absl::StatusOr<ThetaOptions> ParseThetaOptions(const CliArgs& args, const model:
   if (args.Has("keep-fraction") && !(*keep > 0.0 && *keep <= 1.0)) {
     return absl::InvalidArgumentError(absl::StrCat("--keep-fraction must be in (0, 1], got ",
                                                    args.GetString("keep-fraction")));
-  }
-  if (*keep > 0.0 && backend_name != "cpu") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--keep-fraction needs the cpu backend: the ", backend_name,
-        " kernels do not record the retained mass it ranks by (use --obs-window there)"));
   }
   out.sparse.keep_fraction = *keep;
 

@@ -30,9 +30,7 @@ struct ThetaOptions {
 };
 
 // Reads the flags; loads and checks the θ file against `model` (a file calibrated for another
-// model is an INVALID_ARGUMENT that names both fingerprints) and the options against the
-// backend that will run them (`backend_name`: "cpu" or "cuda").
-absl::StatusOr<ThetaOptions> ParseThetaOptions(const CliArgs& args, const model::Model& model,
-                                               const std::string& backend_name);
+// model is an INVALID_ARGUMENT that names both fingerprints).
+absl::StatusOr<ThetaOptions> ParseThetaOptions(const CliArgs& args, const model::Model& model);
 
 }  // namespace thetaserve::server

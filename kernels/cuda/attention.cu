@@ -217,7 +217,7 @@ template <int D, int GT>
 __global__ void __launch_bounds__(kThreads, (GT > 0 && GT <= 4) ? 8 : 4) SplitPass2Kernel(SplitArgs a) {
   constexpr int kG = GT > 0 ? GT : kMaxGroup;  // compile-time group size when known
   extern __shared__ float smem[];
-  __shared__ float s_m[kG], s_thr[kG], s_dk[kG], s_kc[kG];
+  __shared__ float s_m[kG], s_thr[kG], s_dk[kG], s_kc[kG], s_inv_d[kG];
   __shared__ unsigned long long s_retained;
   __shared__ int s_count;
   const int32_t G = GT > 0 ? GT : a.shape.num_heads / a.shape.num_kv_heads;
@@ -240,6 +240,7 @@ __global__ void __launch_bounds__(kThreads, (GT > 0 && GT <= 4) ? 8 : 4) SplitPa
     if ((threadIdx.x & 31) == 0) {
       s_m[h] = m;
       s_thr[h] = thr;
+      s_inv_d[h] = 1.0f / d_full;
       if (split == 0) {
         float* st = a.ws.row_stat + (r * a.shape.num_heads + first_head + h) * 3;
         st[0] = m;
@@ -262,20 +263,27 @@ __global__ void __launch_bounds__(kThreads, (GT > 0 && GT <= 4) ? 8 : 4) SplitPa
   // this itself: the scores are read once.
   const int32_t tail = min(seq.pages.v_tail_start, L);
   int32_t* hits = seq.pages.hits ? seq.pages.hits + lh * seq.pages.hits_stride : nullptr;
+  // Retained mass: Σ over the group's heads that keep j of its probability e/D_full.
+  float* hit_mass = seq.pages.hit_mass ? seq.pages.hit_mass + lh * seq.pages.hits_stride : nullptr;
   if (tail > 0) {
     const int32_t n = min(a.chunk, L - j0);
     unsigned long long retained = 0;
     for (int32_t jl = threadIdx.x; jl < n; jl += blockDim.x) {
       const int32_t j = j0 + jl;
       bool any = false, strong = false;
+      float mass = 0.0f;
       for (int h = 0; h < G; ++h) {
         const float e = expf(srow0[h * a.ws.score_stride + j] - s_m[h]);
-        any |= e > s_thr[h];
+        if (e > s_thr[h]) {
+          any = true;
+          mass += e * s_inv_d[h];
+        }
         strong |= e > a.theta.retain_factor * s_thr[h];
       }
       if (any) {
         ++retained;
         if (hits && strong) atomicMax(hits + j, row.pos);
+        if (hit_mass) atomicAdd(hit_mass + j, mass);
       }
     }
     if (retained) atomicAdd(&s_retained, retained);
@@ -339,6 +347,14 @@ __global__ void __launch_bounds__(kThreads, (GT > 0 && GT <= 4) ? 8 : 4) SplitPa
       if (h < G) list_e[k * G + h] = ev[h];
     }
     if (tail == 0 && hits && strong) atomicMax(hits + j, row.pos);
+    if (tail == 0 && hit_mass) {
+      float mass = 0.0f;
+#pragma unroll
+      for (int h = 0; h < kG; ++h) {
+        if (h < G) mass += ev[h] * s_inv_d[h];  // ev is 0 where the head dropped j
+      }
+      atomicAdd(hit_mass + j, mass);
+    }
   }
 #pragma unroll
   for (int h = 0; h < kG; ++h) {

@@ -37,7 +37,7 @@ absl::Status DeviceBatch::Upload(const ForwardBatch& batch, int32_t num_tables,
   const size_t rows_off = add(nullptr, 0, T * sizeof(DevRow), 1);
   const size_t seqs_off = add(nullptr, 0, S * sizeof(DevSeq), 1);
   struct SeqOffsets {
-    size_t k, v, sp, spos, scount, vsum, hits, hits_width;
+    size_t k, v, sp, spos, scount, vsum, hits, hits_width, mass;
   };
   std::vector<SeqOffsets> so(S);
   for (size_t s = 0; s < S; ++s) {
@@ -51,7 +51,7 @@ absl::Status DeviceBatch::Upload(const ForwardBatch& batch, int32_t num_tables,
     const size_t table = size_t(num_tables) * p.stride * sizeof(int32_t);
     so[s].k = add(p.k_pages, 0, table, 1);
     so[s].v = add(p.v_pages, 0, table, 1);
-    so[s].sp = so[s].spos = so[s].scount = so[s].vsum = so[s].hits = 0;
+    so[s].sp = so[s].spos = so[s].scount = so[s].vsum = so[s].hits = so[s].mass = 0;
     if (p.v_sparse_count) {
       so[s].sp = add(p.v_sparse_pages, 0, size_t(num_tables) * p.sparse_stride * sizeof(int32_t), 1);
       so[s].spos = add(p.v_sparse_pos, 0, size_t(num_tables) * p.sparse_pos_stride * sizeof(int32_t), 1);
@@ -69,6 +69,12 @@ absl::Status DeviceBatch::Upload(const ForwardBatch& batch, int32_t num_tables,
                        num_tables);
       back_.push_back({p.hits, size_t(p.hits_stride) * sizeof(int32_t), so[s].hits,
                        width * sizeof(int32_t), size_t(num_tables)});
+      if (p.hit_mass) {  // same shape as the hit marks
+        so[s].mass = add(p.hit_mass, size_t(p.hits_stride) * sizeof(float), width * sizeof(float),
+                         num_tables);
+        back_.push_back({p.hit_mass, size_t(p.hits_stride) * sizeof(float), so[s].mass,
+                         width * sizeof(float), size_t(num_tables)});
+      }
     }
   }
   used_ = used;
@@ -93,14 +99,15 @@ absl::Status DeviceBatch::Upload(const ForwardBatch& batch, int32_t num_tables,
       d.pages.v_sparse_count = reinterpret_cast<const int32_t*>(dev + so[s].scount);
     }
     if (p.v_sum) d.pages.v_sum = reinterpret_cast<float*>(dev + so[s].vsum);
+    d.pages.hit_mass = nullptr;
     if (p.hits && with_hits) {
       d.pages.hits = reinterpret_cast<int32_t*>(dev + so[s].hits);
       d.pages.hits_stride = static_cast<int32_t>(so[s].hits_width);
+      if (p.hit_mass) d.pages.hit_mass = reinterpret_cast<float*>(dev + so[s].mass);
     } else {
       d.pages.hits = nullptr;
       d.pages.hits_stride = 0;
     }
-    d.pages.hit_mass = nullptr;  // not recorded on the device (the mass budget is CPU-only)
   }
   for (const Piece& pc : pieces) {
     if (!pc.src) continue;

@@ -1,5 +1,5 @@
 // A step's batch on the device: page tables, per-row positions, VMC sums and hit marks,
-// uploaded in one copy from a pinned staging buffer; sums and hits go back after the step.
+// uploaded in one copy from a pinned staging buffer; sums, hits and retained mass go back after the step.
 #pragma once
 
 #include <cstdint>
@@ -16,7 +16,8 @@ class DeviceBatch {
  public:
   // `num_tables` = layers × KV heads. Hits are copied for positions below each sequence's
   // end (start_pos + num_tokens), V sums whole.
-  // Hit marks travel only `with_hits` (Top-θ: dense attention never writes them).
+  // Hit marks and retained mass travel only `with_hits` (Top-θ: dense attention never writes
+  // them).
   absl::Status Upload(const ForwardBatch& batch, int32_t num_tables, int32_t head_dim,
                       cudaStream_t stream, bool with_hits = true);
   // Copies the sequences' V sums and hit marks back into the host arrays they came from

@@ -85,6 +85,8 @@ class AttentionCase {
       }
       q.hits_cpu.assign(size_t(tables_) * end, -1);
       q.hits_gpu = q.hits_cpu;
+      q.mass_cpu.assign(size_t(tables_) * end, 0.0f);
+      q.mass_gpu = q.mass_cpu;
       q.vsum_cpu.assign(size_t(tables_) * d, 0.0f);
       q.vsum_gpu = q.vsum_cpu;
 
@@ -106,9 +108,11 @@ class AttentionCase {
       c.pages.hits_stride = end;
       chunks_cpu_.push_back(c);
       chunks_cpu_.back().pages.hits = q.hits_cpu.data();
+      chunks_cpu_.back().pages.hit_mass = q.mass_cpu.data();
       if (sp.v_sum) chunks_cpu_.back().pages.v_sum = q.vsum_cpu.data();
       chunks_gpu_.push_back(c);
       chunks_gpu_.back().pages.hits = q.hits_gpu.data();
+      chunks_gpu_.back().pages.hit_mass = q.mass_gpu.data();
       if (sp.v_sum) chunks_gpu_.back().pages.v_sum = q.vsum_gpu.data();
       offset += sp.num_tokens;
 
@@ -150,9 +154,11 @@ class AttentionCase {
   // Runs both sides; fills outputs and stats.
   void Run(const TopThetaConfig& config, bool with_vsum) {
     const int32_t d = s_.head_dim;
-    for (Seq& q : seqs_) {  // hit marks start unset on both sides every run
+    for (Seq& q : seqs_) {  // hit marks and retained mass start unset on both sides every run
       std::fill(q.hits_cpu.begin(), q.hits_cpu.end(), -1);
       std::fill(q.hits_gpu.begin(), q.hits_gpu.end(), -1);
+      std::fill(q.mass_cpu.begin(), q.mass_cpu.end(), 0.0f);
+      std::fill(q.mass_gpu.begin(), q.mass_gpu.end(), 0.0f);
     }
     const float scale = 1.0f / std::sqrt(float(d));
     // CPU.
@@ -211,16 +217,28 @@ class AttentionCase {
     EXPECT_EQ(gpu_stats_.elements_dense, cpu_stats_.elements_dense);
     EXPECT_EQ(gpu_stats_.retained_but_evicted, cpu_stats_.retained_but_evicted);
     EXPECT_EQ(gpu_stats_.layer_kept, cpu_stats_.layer_kept);
-    for (const Seq& q : seqs_) EXPECT_EQ(q.hits_gpu, q.hits_cpu) << "hit marks differ";
+    for (const Seq& q : seqs_) {
+      EXPECT_EQ(q.hits_gpu, q.hits_cpu) << "hit marks differ";
+      EXPECT_TRUE(testing::Close(q.mass_gpu, q.mass_cpu, 1e-5f, 2e-3f, "retained mass"));
+    }
   }
 
   const AttentionStats& cpu_stats() const { return cpu_stats_; }
+  // Σ of the CPU side's retained mass over every sequence and row.
+  double total_mass() const {
+    double sum = 0;
+    for (const Seq& q : seqs_) {
+      for (float m : q.mass_cpu) sum += m;
+    }
+    return sum;
+  }
 
  private:
   struct Seq {
     std::vector<int32_t> k, v, sparse_pages, sparse_pos, sparse_count, sparse_positions;
     int32_t sparse_stride = 1;
     std::vector<int32_t> hits_cpu, hits_gpu;
+    std::vector<float> mass_cpu, mass_gpu;
     std::vector<float> vsum_cpu, vsum_gpu;
   };
   Shape s_;
@@ -332,6 +350,7 @@ TEST(GpuAttentionTest, TopThetaOverSparseVStoreMatchesCpu) {
   AttentionCase c(s, {{300, 1, 256}, {320, 20, 256}, {1200, 1, 1024}}, seed);
   c.RunAndExpectSame(cfg, true);
   EXPECT_GT(c.cpu_stats().retained_but_evicted, 0);
+  EXPECT_GT(c.total_mass(), 1.0) << "Top-θ recorded no retained mass";
 }
 
 TEST(GpuAttentionTest, TopThetaLongRowsMatchCpu) {
@@ -349,6 +368,7 @@ TEST(GpuAttentionTest, TopThetaLongRowsMatchCpu) {
     AttentionCase c(s, {{12000, 1}, {10000, 1, 6000}, {9000, 1, 100}}, seed);
     c.RunAndExpectSame(cfg, true);
     EXPECT_GT(c.cpu_stats().retained_but_evicted, 0);
+    EXPECT_GT(c.total_mass(), 1.0) << "Top-θ recorded no retained mass";
   }
 }
 
