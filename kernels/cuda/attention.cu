@@ -38,11 +38,13 @@ __device__ __forceinline__ int64_t PartIndex(const SplitArgs& a, int64_t r, int3
   return (r * a.shape.num_heads + head) * a.ws.max_splits + split;
 }
 
-// Scores of this block's keys for the group's heads: sc[h * stride + jl] = q_h · k_j · scale.
-// A thread per key: eight independent 16-byte loads per key, two keys in flight.
+// Scores of this block's keys for the group's heads: sc[h * chunk + jl] = q_h · k_j · scale.
+// A thread per key: eight independent 16-byte loads per key, two keys in flight. (Eight lanes
+// per key with coalesced 512-byte warp loads and shuffled dots measured ~20% slower on the
+// H200: docs/results.md.)
 template <int D, int GT>
 __device__ void ScoresPerThread(const SplitArgs& a, const DevSeq& seq, int64_t lh, int32_t j0,
-                                int32_t n, int32_t G, const float* qs, float* sc, int32_t stride) {
+                                int32_t n, int32_t G, const float* qs, float* sc) {
   constexpr int kG = GT > 0 ? GT : kMaxGroup;  // compile-time group size when known
   const int32_t bs = a.layout.block_size;
 #pragma unroll 2
@@ -66,16 +68,15 @@ __device__ void ScoresPerThread(const SplitArgs& a, const DevSeq& seq, int64_t l
     }
 #pragma unroll
     for (int h = 0; h < kG; ++h) {
-      if (h < G) sc[h * stride + jl] = acc[h];
+      if (h < G) sc[h * a.chunk + jl] = acc[h];
     }
   }
 }
 
-// Sums acc[h][0..8) of every row group through `red` and hands each of the G·D sums (index
-// h·D + c) to emit.
-template <int D, int GT, typename Emit>
-__device__ void ReduceRowGroups(float (&acc)[GT > 0 ? GT : kMaxGroup][8], int32_t G, float* red,
-                                Emit&& emit) {
+// Sums acc[h][0..8) of every row group into red and writes the group's partial outputs.
+template <int D, int GT>
+__device__ void ReduceRowGroups(const SplitArgs& a, float (&acc)[GT > 0 ? GT : kMaxGroup][8], int32_t G,
+                                float* red, int64_t r, int32_t first_head, int32_t split) {
   constexpr int kG = GT > 0 ? GT : kMaxGroup;  // compile-time group size when known
   constexpr int kRowGroups = kThreads / (D / 8);
   const int rg = threadIdx.x / (D / 8), lane8 = threadIdx.x % (D / 8);
@@ -91,17 +92,9 @@ __device__ void ReduceRowGroups(float (&acc)[GT > 0 ? GT : kMaxGroup][8], int32_
   for (int i = threadIdx.x; i < G * D; i += blockDim.x) {
     float s = 0.0f;
     for (int g = 0; g < kRowGroups; ++g) s += red[g * G * D + i];
-    emit(i, s);
+    const int h = i / D, c = i % D;
+    a.ws.part_o[PartIndex(a, r, first_head + h, split) * D + c] = s;
   }
-}
-
-// The split's partial outputs to the workspace.
-template <int D, int GT>
-__device__ void WritePartials(const SplitArgs& a, float (&acc)[GT > 0 ? GT : kMaxGroup][8],
-                              int32_t G, float* red, int64_t r, int32_t first_head, int32_t split) {
-  ReduceRowGroups<D, GT>(acc, G, red, [&](int i, float s) {
-    a.ws.part_o[PartIndex(a, r, first_head + i / D, split) * D + i % D] = s;
-  });
 }
 
 // Dense split: scores, chunk max and Σe, and Σ e·V over the chunk.
@@ -131,7 +124,7 @@ __global__ void __launch_bounds__(kThreads, (GT > 0 && GT <= 4) ? 8 : 4) SplitPa
     qs[i] = a.q[int64_t(t) * a.q_stride + int64_t(first_head) * D + i] * a.shape.scale;
   }
   __syncthreads();
-  ScoresPerThread<D, GT>(a, seq, lh, j0, n, G, qs, sc, a.chunk);
+  ScoresPerThread<D, GT>(a, seq, lh, j0, n, G, qs, sc);
   __syncthreads();
 
   // Chunk max and Σ exp(s - m) per head; e replaces s in shared memory.
@@ -180,7 +173,7 @@ __global__ void __launch_bounds__(kThreads, (GT > 0 && GT <= 4) ? 8 : 4) SplitPa
       }
     }
   }
-  WritePartials<D, GT>(a, acc, G, sc, r, first_head, split);
+  ReduceRowGroups<D, GT>(a, acc, G, sc, r, first_head, split);
 }
 
 // Top-θ between the passes: global max, D_full and the keep threshold of (row r, head) from
@@ -387,7 +380,7 @@ __global__ void __launch_bounds__(kThreads, (GT > 0 && GT <= 4) ? 8 : 4) SplitPa
       }
     }
   }
-  WritePartials<D, GT>(a, acc, G, smem, r, first_head, split);  // syncs first
+  ReduceRowGroups<D, GT>(a, acc, G, smem, r, first_head, split);  // syncs first
   if (threadIdx.x < G) {
     const int64_t p = PartIndex(a, r, first_head + threadIdx.x, split);
     a.ws.part_dk[p] = s_dk[threadIdx.x];  // not part_l: other splits still read it
