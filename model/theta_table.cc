@@ -74,6 +74,8 @@ void ThetaTable::Finalize() {
   first_.assign(curves, -1);
   last_.assign(curves, -1);
   slope_.assign(curves, 0.0f);
+  log_buckets_.resize(buckets_.size());
+  for (size_t b = 0; b < buckets_.size(); ++b) log_buckets_[b] = std::log(double(buckets_[b]));
   for (size_t c = 0; c < curves; ++c) {
     const float* v = theta_.data() + c * nb;
     for (int32_t b = 0; b < nb; ++b) {
@@ -116,16 +118,17 @@ float ThetaTable::Interpolate(const std::vector<float>& values, int32_t layer, i
   if (L <= buckets_[first]) return v[first];
   if (L >= buckets_[last]) {
     if (!extrapolate) return v[last];
-    return static_cast<float>(v[last] + slope_[c] * (x - std::log(double(buckets_[last]))));
+    return static_cast<float>(v[last] + slope_[c] * (x - log_buckets_[last]));
   }
-  // Between two calibrated buckets: linear in ln L (skipping empty buckets).
-  int32_t lo = first;
-  for (int32_t b = first; b <= last; ++b) {
-    if (!std::isnan(v[b]) && buckets_[b] <= L) lo = b;
-  }
+  // Between two calibrated buckets: linear in ln L (skipping empty buckets). The last bucket
+  // at or below L by binary search, then back over empty ones (the host evaluates this for
+  // every layer, row and head of a GPU step).
+  const auto from = buckets_.begin() + first, to = buckets_.begin() + last + 1;
+  int32_t lo = static_cast<int32_t>(std::upper_bound(from, to, L) - buckets_.begin()) - 1;
+  while (lo > first && std::isnan(v[lo])) --lo;
   int32_t hi = lo + 1;
   while (hi <= last && std::isnan(v[hi])) ++hi;
-  const double x0 = std::log(double(buckets_[lo])), x1 = std::log(double(buckets_[hi]));
+  const double x0 = log_buckets_[lo], x1 = log_buckets_[hi];
   const double t = (x - x0) / (x1 - x0);
   return static_cast<float>(v[lo] + t * (v[hi] - v[lo]));
 }

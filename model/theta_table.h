@@ -89,6 +89,7 @@ class ThetaTable {
   // Per (layer, head): first and last calibrated bucket, slope dθ/d ln L beyond the last.
   std::vector<int32_t> first_, last_;
   std::vector<float> slope_;
+  std::vector<double> log_buckets_;  // ln of every bucket length
 };
 
 const char* PlacementName(ThetaPlacement p);

@@ -420,6 +420,32 @@ TEST(ThetaTableTest, KScheduleInterpolatesInLogLogAndRoundTrips) {
   EXPECT_NE(t.fingerprint, with) << "the schedule is part of the file's identity";
 }
 
+TEST(ThetaTableTest, ThetaIsLinearInLnLAcrossEmptyBucketsHeldBelowAndExtrapolatedAbove) {
+  model::ThetaTable t(1, 1, {10, 20, 40, 80, 160, 320});
+  // Buckets 10, 40 and 320 had no calibration rows (NaN).
+  const float theta[] = {NAN, 1.0f, NAN, 3.0f, 4.0f, NAN};
+  const float sdc[] = {NAN, 0.1f, NAN, 0.3f, 0.4f, NAN};
+  for (int32_t b = 0; b < 6; ++b) {
+    t.theta_at(0, 0, b) = theta[b];
+    t.sdc_at(0, 0, b) = sdc[b];
+    t.count_at(0, 0, b) = std::isnan(theta[b]) ? 0 : 10;
+  }
+  t.Finalize();
+  EXPECT_EQ(t.Theta(0, 0, 1), 1.0f) << "held at the first calibrated bucket below it";
+  EXPECT_EQ(t.Theta(0, 0, 20), 1.0f);
+  EXPECT_NEAR(t.Theta(0, 0, 40), 2.0f, 1e-6f) << "halfway in ln L between 20 and 80";
+  EXPECT_NEAR(t.Theta(0, 0, 30), 1.0f + 2.0f * float(std::log(1.5) / std::log(4.0)), 1e-6f);
+  EXPECT_EQ(t.Theta(0, 0, 80), 3.0f);
+  EXPECT_NEAR(t.Theta(0, 0, 113), 3.0f + float(std::log(113.0 / 80.0) / std::log(2.0)), 1e-6f);
+  EXPECT_NEAR(t.SdcRatio(0, 0, 40), 0.2f, 1e-6f);
+  // Past the last calibrated bucket θ goes on linearly in ln L with the least-squares slope of
+  // the calibrated buckets ((20, 1), (80, 3), (160, 4): exactly 1 per doubling); the SDC
+  // ratio is held.
+  EXPECT_NEAR(t.Theta(0, 0, 320) - t.Theta(0, 0, 160), 1.0f, 1e-5f);
+  EXPECT_NEAR(t.Theta(0, 0, 640) - t.Theta(0, 0, 320), 1.0f, 1e-5f);
+  EXPECT_EQ(t.SdcRatio(0, 0, 640), 0.4f);
+}
+
 TEST(ThetaTableTest, KScheduleValidation) {
   using S = model::ThetaTable::KSchedule;
   EXPECT_TRUE(model::ThetaTable::ValidateKSchedule(S{{2048, 64}, {8192, 128}}).ok());
