@@ -5,34 +5,22 @@
 //
 //   build/thetaserve_attention_bench [--contexts 1024,4096,16384,32768] [--batch 1] [--repeats 15]
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <random>
 #include <string>
 #include <vector>
 
-#include "absl/strings/numbers.h"
-#include "absl/strings/str_split.h"
+#include "bench/bench_util.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/thread_pool.h"
 #include "model/theta_table.h"
 
 namespace ts = thetaserve;
+using ts::bench::Median;
+using ts::bench::Now;
+using ts::bench::ParseList;
 using ts::kernels::cpu::AttentionShape;
-
-namespace {
-
-double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-}  // namespace
 
 int main(int argc, char** argv) {
   std::vector<int> contexts = {1024, 2048, 4096, 8192, 16384, 32768};
@@ -40,11 +28,7 @@ int main(int argc, char** argv) {
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i], v = argv[i + 1];
     if (k == "--contexts") {
-      contexts.clear();
-      for (auto p : absl::StrSplit(v, ',')) {
-        int c;
-        if (absl::SimpleAtoi(p, &c)) contexts.push_back(c);
-      }
+      contexts = ParseList(v);
     } else if (k == "--batch") {
       batch = std::stoi(v);
     } else if (k == "--repeats") {

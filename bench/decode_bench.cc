@@ -5,34 +5,24 @@
 //   build/thetaserve_bench --model models/SmolLM2-135M-Instruct.Q4_1.gguf --batches 1,16
 //       --concurrency 1,8,32,64 --repeats 5   (one command)
 #include <algorithm>
-#include <chrono>
-#include <condition_variable>
 #include <cstdio>
 #include <cstring>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include "absl/strings/numbers.h"
-#include "absl/strings/str_split.h"
+#include "bench/bench_util.h"
 #include "kernels/backend.h"
 #include "model/model.h"
 #include "scheduler/engine.h"
 
 namespace ts = thetaserve;
+using ts::bench::Median;
+using ts::bench::Now;
+using ts::bench::ParseList;
 
 namespace {
-
-double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
 
 // Copy bandwidth in bytes/s (read + write traffic) over a buffer far larger than the caches,
 // using `threads` threads like the forward pass does.
@@ -53,57 +43,6 @@ double CopyBandwidth(int threads) {
     runs.push_back(2.0 * bytes / (Now() - t0));
   }
   return Median(runs);
-}
-
-class CountingSink : public ts::scheduler::TokenSink {
- public:
-  void OnTokens(const ts::scheduler::TokenDelta& d) override {}
-  void OnFinish(const ts::scheduler::FinishInfo& i) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    ++finished_;
-    tokens_ += i.completion_tokens;
-    cv_.notify_all();
-  }
-  void WaitFor(int n) {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return finished_ >= n; });
-  }
-  int64_t tokens() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return tokens_;
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  int finished_ = 0;
-  int64_t tokens_ = 0;
-};
-
-std::vector<int> ParseList(const std::string& s) {
-  std::vector<int> out;
-  for (auto part : absl::StrSplit(s, ',')) {
-    int v;
-    if (absl::SimpleAtoi(part, &v)) out.push_back(v);
-  }
-  return out;
-}
-
-ts::scheduler::Request MakeRequest(const ts::model::Model& model, int i, int prompt_tokens,
-                                   int max_tokens) {
-  ts::scheduler::Request r;
-  r.id = "bench-" + std::to_string(i);
-  // Distinct prompts of a fixed length from a repeating text.
-  std::vector<int32_t> text = model.tokenizer().Encode(
-      "It is a truth universally acknowledged, that a single man in possession of a good "
-      "fortune, must be in want of a wife. However little known the feelings or views of such "
-      "a man may be on his first entering a neighbourhood, this truth is so well fixed.",
-      false);
-  for (int k = 0; k < prompt_tokens; ++k) r.prompt.push_back(text[(i + k) % text.size()]);
-  r.sampling.temperature = 0;
-  r.stopping.max_tokens = max_tokens;
-  r.stopping.ignore_eos = true;
-  return r;
 }
 
 }  // namespace
@@ -151,24 +90,12 @@ int main(int argc, char** argv) {
   for (int b : ParseList(batches)) {
     std::vector<double> step_ms;
     for (int rep = 0; rep < repeats; ++rep) {
-      config.scheduler.max_num_seqs = b;
-      auto engine = ts::scheduler::Engine::Create(config, **backend);
-      std::vector<double> steps;
-      std::mutex mu;
-      (*engine)->SetObserver([&](const ts::scheduler::EngineStats&, const ts::scheduler::StepStats* s) {
-        if (s && s->prefill_tokens == 0 && s->num_seqs == b) {
-          std::lock_guard<std::mutex> lock(mu);
-          steps.push_back(s->seconds);
-        }
-      });
-      auto sink = std::make_shared<CountingSink>();
-      for (int i = 0; i < b; ++i) {
-        auto st = (*engine)->Submit(MakeRequest(**model, i, prompt_tokens, decode_tokens), sink);
-        if (!st.ok()) return 1;
+      auto seconds = ts::bench::DecodeStepSeconds(config, **backend, **model, b, prompt_tokens, decode_tokens);
+      if (!seconds.ok()) {
+        std::fprintf(stderr, "%s\n", std::string(seconds.status().message()).c_str());
+        return 1;
       }
-      sink->WaitFor(b);
-      (*engine)->Stop();
-      step_ms.push_back(Median(steps) * 1e3);
+      step_ms.push_back(*seconds * 1e3);
       std::fprintf(stderr, "\rbatch %d: repeat %d/%d, step %.2f ms   ", b, rep + 1, repeats, step_ms.back());
     }
     std::fprintf(stderr, "\n");
@@ -185,11 +112,12 @@ int main(int argc, char** argv) {
     for (int rep = 0; rep < repeats; ++rep) {
       config.scheduler.max_num_seqs = c;
       auto engine = ts::scheduler::Engine::Create(config, **backend);
-      auto sink = std::make_shared<CountingSink>();
+      if (!engine.ok()) return 1;
+      auto sink = std::make_shared<ts::bench::CountingSink>();
       const int n = std::max(c * 2, 4);
       double t0 = Now();
       for (int i = 0; i < n; ++i) {
-        auto st = (*engine)->Submit(MakeRequest(**model, i, prompt_tokens, decode_tokens * 2), sink);
+        auto st = (*engine)->Submit(ts::bench::MakeRequest(**model, i, prompt_tokens, decode_tokens * 2), sink);
         if (!st.ok()) return 1;
       }
       sink->WaitFor(n);

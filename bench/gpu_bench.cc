@@ -12,19 +12,15 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
-#include <condition_variable>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
 
-#include "absl/strings/numbers.h"
-#include "absl/strings/str_split.h"
+#include "bench/bench_util.h"
 #include "kernels/backend.h"
 #include "kernels/cuda/cuda_attention.h"
 #include "kernels/cuda/cuda_backend.h"
@@ -36,6 +32,8 @@
 
 namespace ts = thetaserve;
 namespace cu = thetaserve::kernels::cuda;
+using ts::bench::Median;
+using ts::bench::ParseList;
 
 namespace {
 
@@ -53,20 +51,6 @@ namespace {
       std::exit(1);                                                                       \
     }                                                                                     \
   } while (0)
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
-
-std::vector<int> ParseList(const std::string& s) {
-  std::vector<int> out;
-  for (auto part : absl::StrSplit(s, ',')) {
-    int v;
-    if (absl::SimpleAtoi(part, &v)) out.push_back(v);
-  }
-  return out;
-}
 
 // Milliseconds per call of fn, median of `repeats` timings of `iters` back-to-back calls.
 template <typename Fn>
@@ -254,25 +238,6 @@ void PrefillAttention(const std::vector<int>& lengths, int repeats, int sms) {
   }
 }
 
-class CountingSink : public ts::scheduler::TokenSink {
- public:
-  void OnTokens(const ts::scheduler::TokenDelta&) override {}
-  void OnFinish(const ts::scheduler::FinishInfo&) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    ++finished_;
-    cv_.notify_all();
-  }
-  void WaitFor(int n) {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return finished_ >= n; });
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  int finished_ = 0;
-};
-
 void EndToEnd(const std::string& path, const std::string& theta_path, const std::vector<int>& batches,
               double copy_bw, int repeats) {
   std::printf("\n## end-to-end decode through the engine: %s\n", path.c_str());
@@ -305,34 +270,11 @@ void EndToEnd(const std::string& path, const std::string& theta_path, const std:
       for (int rep = 0; rep < repeats; ++rep) {
         ts::scheduler::EngineConfig config;
         config.kv_cache_bytes = int64_t(4) << 30;
-        config.scheduler.max_num_seqs = B;
         config.scheduler.max_num_batched_tokens = 8192;
-        auto engine = ts::scheduler::Engine::Create(config, **backend);
-        CHECK_OK(engine.status());
-        std::vector<double> steps;
-        std::mutex mu;
-        (*engine)->SetObserver([&](const ts::scheduler::EngineStats&, const ts::scheduler::StepStats* s) {
-          if (s && s->prefill_tokens == 0 && s->num_seqs == B) {
-            std::lock_guard<std::mutex> lock(mu);
-            steps.push_back(s->seconds);
-          }
-        });
-        auto sink = std::make_shared<CountingSink>();
-        const auto text = (*model)->tokenizer().Encode(
-            "It is a truth universally acknowledged, that a single man in possession of a good "
-            "fortune, must be in want of a wife.", false);
-        for (int i = 0; i < B; ++i) {
-          ts::scheduler::Request r;
-          r.id = "bench-" + std::to_string(i);
-          for (int k = 0; k < 128; ++k) r.prompt.push_back(text[(i + k) % text.size()]);
-          r.sampling.temperature = 0;
-          r.stopping.max_tokens = 64;
-          r.stopping.ignore_eos = true;
-          CHECK_OK((*engine)->Submit(std::move(r), sink));
-        }
-        sink->WaitFor(B);
-        (*engine)->Stop();
-        step_ms.push_back(Median(steps) * 1e3);
+        auto seconds = ts::bench::DecodeStepSeconds(config, **backend, **model, B, /*prompt_tokens=*/128,
+                                                    /*max_tokens=*/64);
+        CHECK_OK(seconds.status());
+        step_ms.push_back(*seconds * 1e3);
       }
       const double ms = Median(step_ms);
       const double bw = weight_bytes / (ms / 1e3) / copy_bw;

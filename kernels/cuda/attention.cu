@@ -38,6 +38,33 @@ __device__ __forceinline__ int64_t PartIndex(const SplitArgs& a, int64_t r, int3
   return (r * a.shape.num_heads + head) * a.ws.max_splits + split;
 }
 
+// What a split-kernel block works on: grid (split, row, KV group).
+struct SplitBlock {
+  int64_t r;           // row of the batch (index into row_ids)
+  int32_t t;           // token the row belongs to
+  DevRow row;
+  int32_t L;           // keys in the row
+  int32_t split;
+  int32_t j0;          // first key of the split (≥ L: nothing to do)
+  int32_t g;           // KV head
+  int32_t first_head;  // first query head of the group
+  int64_t lh;          // page-table index (layer, KV head)
+};
+
+__device__ __forceinline__ SplitBlock ThisSplit(const SplitArgs& a, int32_t G) {
+  SplitBlock b;
+  b.r = blockIdx.y;
+  b.t = a.row_ids[b.r];
+  b.row = a.rows[b.t];
+  b.L = b.row.pos + 1;
+  b.split = blockIdx.x;
+  b.j0 = b.split * a.chunk;
+  b.g = blockIdx.z;
+  b.first_head = b.g * G;
+  b.lh = int64_t(a.layer) * a.shape.num_kv_heads + b.g;
+  return b;
+}
+
 // Scores of this block's keys for the group's heads: sc[h * chunk + jl] = q_h · k_j · scale.
 // A thread per key: eight independent 16-byte loads per key, two keys in flight. (Eight lanes
 // per key with coalesced 512-byte warp loads and shuffled dots measured ~20% slower on the
@@ -105,18 +132,10 @@ __global__ void __launch_bounds__(kThreads, (GT > 0 && GT <= 4) ? 8 : 4) SplitPa
   extern __shared__ float smem[];
   __shared__ float scratch[32];
   const int32_t G = GT > 0 ? GT : a.shape.num_heads / a.shape.num_kv_heads;
-  const int64_t r = blockIdx.y;
-  const int32_t t = a.row_ids[r];
-  const DevRow row = a.rows[t];
-  const DevSeq& seq = a.seqs[row.seq];
-  const int32_t L = row.pos + 1;
-  const int32_t split = blockIdx.x;
-  const int32_t j0 = split * a.chunk;
+  const auto [r, t, row, L, split, j0, g, first_head, lh] = ThisSplit(a, G);
   if (j0 >= L) return;
+  const DevSeq& seq = a.seqs[row.seq];
   const int32_t n = min(a.chunk, L - j0);
-  const int32_t g = blockIdx.z;
-  const int32_t first_head = g * G;
-  const int64_t lh = int64_t(a.layer) * a.shape.num_kv_heads + g;
 
   float* qs = smem;             // [G, D]
   float* sc = smem + G * D;     // [G, chunk]; later the row-group reduction
@@ -214,17 +233,9 @@ __global__ void __launch_bounds__(kThreads, (GT > 0 && GT <= 4) ? 8 : 4) SplitPa
   __shared__ unsigned long long s_retained;
   __shared__ int s_count;
   const int32_t G = GT > 0 ? GT : a.shape.num_heads / a.shape.num_kv_heads;
-  const int64_t r = blockIdx.y;
-  const int32_t t = a.row_ids[r];
-  const DevRow row = a.rows[t];
-  const DevSeq& seq = a.seqs[row.seq];
-  const int32_t L = row.pos + 1;
-  const int32_t split = blockIdx.x;
-  const int32_t j0 = split * a.chunk;
+  const auto [r, t, row, L, split, j0, g, first_head, lh] = ThisSplit(a, G);
   if (j0 >= L) return;
-  const int32_t g = blockIdx.z;
-  const int32_t first_head = g * G;
-  const int64_t lh = int64_t(a.layer) * a.shape.num_kv_heads + g;
+  const DevSeq& seq = a.seqs[row.seq];
   // Every split of the row computes the thresholds, a warp per head (a few partials per
   // split); split 0 keeps them for the final reduction.
   for (int h = threadIdx.x >> 5; h < G; h += blockDim.x >> 5) {

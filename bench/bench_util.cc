@@ -1,0 +1,88 @@
+#include "bench/bench_util.h"
+
+#include <algorithm>
+#include <chrono>
+#include <memory>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+
+namespace thetaserve::bench {
+
+double Now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+std::vector<int> ParseList(const std::string& s) {
+  std::vector<int> out;
+  for (auto part : absl::StrSplit(s, ',')) {
+    int v;
+    if (absl::SimpleAtoi(part, &v)) out.push_back(v);
+  }
+  return out;
+}
+
+void CountingSink::OnFinish(const scheduler::FinishInfo& info) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ++finished_;
+  tokens_ += info.completion_tokens;
+  cv_.notify_all();
+}
+
+void CountingSink::WaitFor(int n) {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return finished_ >= n; });
+}
+
+int64_t CountingSink::tokens() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return tokens_;
+}
+
+scheduler::Request MakeRequest(const model::Model& model, int i, int prompt_tokens, int max_tokens) {
+  scheduler::Request r;
+  r.id = "bench-" + std::to_string(i);
+  const std::vector<int32_t> text = model.tokenizer().Encode(
+      "It is a truth universally acknowledged, that a single man in possession of a good "
+      "fortune, must be in want of a wife. However little known the feelings or views of such "
+      "a man may be on his first entering a neighbourhood, this truth is so well fixed.",
+      false);
+  for (int k = 0; k < prompt_tokens; ++k) r.prompt.push_back(text[(i + k) % text.size()]);
+  r.sampling.temperature = 0;
+  r.stopping.max_tokens = max_tokens;
+  r.stopping.ignore_eos = true;
+  return r;
+}
+
+absl::StatusOr<double> DecodeStepSeconds(scheduler::EngineConfig config, kernels::Backend& backend,
+                                         const model::Model& model, int batch, int prompt_tokens,
+                                         int max_tokens) {
+  config.scheduler.max_num_seqs = batch;
+  auto engine = scheduler::Engine::Create(config, backend);
+  if (!engine.ok()) return engine.status();
+  std::vector<double> steps;
+  std::mutex mu;
+  (*engine)->SetObserver([&](const scheduler::EngineStats&, const scheduler::StepStats* s) {
+    if (s && s->prefill_tokens == 0 && s->num_seqs == batch) {
+      std::lock_guard<std::mutex> lock(mu);
+      steps.push_back(s->seconds);
+    }
+  });
+  auto sink = std::make_shared<CountingSink>();
+  for (int i = 0; i < batch; ++i) {
+    if (auto st = (*engine)->Submit(MakeRequest(model, i, prompt_tokens, max_tokens), sink); !st.ok()) {
+      (*engine)->Stop();
+      return st;
+    }
+  }
+  sink->WaitFor(batch);
+  (*engine)->Stop();  // joins the engine thread: no observer call after this
+  return Median(steps);
+}
+
+}  // namespace thetaserve::bench

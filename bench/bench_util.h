@@ -1,0 +1,53 @@
+// What the benchmarks share: timing helpers, list flags, and decode steps timed through the
+// real engine (the CPU decode benchmark and the GPU benchmark's end-to-end part).
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "kernels/backend.h"
+#include "model/model.h"
+#include "scheduler/engine.h"
+
+namespace thetaserve::bench {
+
+// Seconds on a steady clock.
+double Now();
+
+// The middle element (upper middle for an even count); 0 for an empty list.
+double Median(std::vector<double> v);
+
+// "1,8,32" -> {1, 8, 32}; parts that are not integers are skipped.
+std::vector<int> ParseList(const std::string& s);
+
+// Counts finished requests and their tokens; thread-safe (the engine thread finishes them,
+// the benchmark waits).
+class CountingSink : public scheduler::TokenSink {
+ public:
+  void OnTokens(const scheduler::TokenDelta&) override {}
+  void OnFinish(const scheduler::FinishInfo& info) override;
+  void WaitFor(int n);
+  int64_t tokens();
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int finished_ = 0;
+  int64_t tokens_ = 0;
+};
+
+// Request i of a benchmark: a distinct greedy prompt of prompt_tokens tokens cut from a
+// repeating text, exactly max_tokens output tokens (EOS ignored).
+scheduler::Request MakeRequest(const model::Model& model, int i, int prompt_tokens, int max_tokens);
+
+// Submits `batch` requests at once to a fresh engine (config with max_num_seqs = batch) and
+// returns the median duration of the steps that decoded the whole batch and prefilled nothing.
+absl::StatusOr<double> DecodeStepSeconds(scheduler::EngineConfig config, kernels::Backend& backend,
+                                         const model::Model& model, int batch, int prompt_tokens,
+                                         int max_tokens);
+
+}  // namespace thetaserve::bench
