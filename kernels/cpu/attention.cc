@@ -44,52 +44,135 @@ namespace {
 
 constexpr int64_t kMaxGroup = 64;  // query heads per KV head
 
-// One unit of work: the query heads of one KV group for one token.
+// Dense attention takes a sequence's new tokens this many at a time, so that every K and V row
+// is read once per tile instead of once per token (a prefill chunk attends over a long row
+// that no longer fits in the core's caches; decode tokens are tiles of one).
+constexpr int32_t kDenseTileTokens = 16;
+
+// One unit of work: the query heads of one KV group for `num_tokens` consecutive tokens
+// (one token with Top-θ).
 struct Unit {
   int32_t seq;
-  int32_t token;  // index within the sequence's chunk
+  int32_t token;  // first token, index within the sequence's chunk
+  int32_t num_tokens;
   int32_t kv_head;
 };
 
 // Per-thread scratch, reused across units.
 struct Scratch {
-  std::vector<float> e;      // [group, L] exp(s - m)
+  std::vector<float> e;      // [rows, L] exp(s - m); rows = tokens × group
   std::vector<float> sorted; // [L] for the (k+1)-th largest
   AttentionStats stats;
 };
 
-// Dense softmax attention for one unit (no config).
-void DenseUnit(const SeqChunk& seq, int64_t lh, int64_t L, int64_t group, int64_t d, float scale,
-               const KvPoolLayout& layout, const float* kv_pool, const float* qg, float* og,
-               std::vector<float>& e) {
+// y[c] += Σ_{j in [j0, j1)} w[j] · x_j[c] for c < 8·NV, in j order (the same FMAs, in the same
+// order, as Axpy key by key); y stays in registers across the keys.
+template <int NV>
+void AccumulateRows(const float* w, const float* const* x, int64_t j0, int64_t j1, float* y) {
+#if TS_AVX2
+  __m256 acc[NV];
+  for (int u = 0; u < NV; ++u) acc[u] = _mm256_loadu_ps(y + 8 * u);
+  for (int64_t j = j0; j < j1; ++j) {
+    const __m256 a = _mm256_set1_ps(w[j]);
+    for (int u = 0; u < NV; ++u) acc[u] = _mm256_fmadd_ps(a, _mm256_loadu_ps(x[j - j0] + 8 * u), acc[u]);
+  }
+  for (int u = 0; u < NV; ++u) _mm256_storeu_ps(y + 8 * u, acc[u]);
+#else
+  for (int64_t j = j0; j < j1; ++j) Axpy(w[j], x[j - j0], y, 8 * NV);
+#endif
+}
+
+// Pass 1 of attention for a tile: tokens at positions first_pos .. first_pos + ntok - 1 of one
+// sequence, the `group` query heads of one KV head each. Query row r = i·group + h (token i,
+// head h) attends to keys [0, first_pos + i]. Writes e[r·L + j] = exp(s_rj - max_r), with
+// s_rj = q_r·k_j·scale and L = first_pos + ntok, and returns each row's max and Σe. K rows
+// are read once for the whole tile, four keys at a time. A row's own arithmetic is the same
+// whatever the tile, so the results do not depend on how the tokens were tiled.
+void ExpScores(const SeqChunk& seq, int64_t lh, int64_t first_pos, int64_t ntok, int64_t group,
+               int64_t d, float scale, const KvPoolLayout& layout, const float* kv_pool,
+               const float* q,  // token i, head h at q + i * q_stride + h * d
+               int64_t q_stride,
+               float* e,        // [ntok * group, L]
+               float* row_max, float* denom) {
+  constexpr int64_t kKeys = 4;
   const int32_t bs = layout.block_size;
-  e.resize(group * L);
-  float row_max[kMaxGroup];
-  std::fill(row_max, row_max + group, -std::numeric_limits<float>::infinity());
-  for (int64_t j = 0; j < L; ++j) {
-    const float* kr = kv_pool + layout.RowOffset(seq.pages.KPage(lh, j, bs), int32_t(j % bs));
-    for (int64_t h = 0; h < group; ++h) {
-      const float s = Dot(qg + h * d, kr, d) * scale;
-      e[h * L + j] = s;
-      row_max[h] = std::max(row_max[h], s);
+  const int64_t rows = ntok * group;
+  const int64_t L = first_pos + ntok;
+  std::fill(row_max, row_max + rows, -std::numeric_limits<float>::infinity());
+  for (int64_t j0 = 0; j0 < L; j0 += kKeys) {
+    const float* kr[kKeys];
+    for (int64_t u = 0; u < kKeys; ++u) {
+      const int64_t j = std::min(j0 + u, L - 1);  // the last block repeats its final key
+      kr[u] = kv_pool + layout.RowOffset(seq.pages.KPage(lh, j, bs), int32_t(j % bs));
+    }
+    // Rows of the tokens that see key j0 (token i sees it when i >= j0 - first_pos).
+    for (int64_t r = std::max<int64_t>(0, j0 - first_pos) * group; r < rows; ++r) {
+      float s[kKeys];
+      Dot4(q + (r / group) * q_stride + (r % group) * d, kr, d, s);
+      const int64_t j1 = std::min(j0 + kKeys, first_pos + r / group + 1);
+      for (int64_t j = j0; j < j1; ++j) {
+        const float x = s[j - j0] * scale;
+        e[r * L + j] = x;
+        row_max[r] = std::max(row_max[r], x);
+      }
     }
   }
-  float denom[kMaxGroup];
-  for (int64_t h = 0; h < group; ++h) {
-    float sum = 0.0f;
-    float* eh = e.data() + h * L;
-    for (int64_t j = 0; j < L; ++j) {
-      eh[j] = std::exp(eh[j] - row_max[h]);
-      sum += eh[j];
+  for (int64_t r = 0; r < rows; ++r) {
+    denom[r] = ExpShiftSum(e + r * L, first_pos + r / group + 1, row_max[r]);
+  }
+}
+
+// Dense softmax attention for one unit (a tile as in ExpScores): pass 1, then Σ e·V over
+// blocks of 32 keys with each output row in registers across the block, then ÷ Σe.
+void DenseTile(const SeqChunk& seq, int64_t lh, int64_t first_pos, int64_t ntok, int64_t group,
+               int64_t d, float scale, const KvPoolLayout& layout, const float* kv_pool,
+               const float* q,    // token i, head h at q + i * q_stride + h * d
+               int64_t q_stride,
+               float* o,          // same layout as q
+               std::vector<float>& e) {
+  constexpr int64_t kVBlock = 32;
+  const int32_t bs = layout.block_size;
+  const int64_t rows = ntok * group;
+  const int64_t L = first_pos + ntok;  // the last token's row length; e's row stride
+  e.resize(rows * L);
+  float row_max[kDenseTileTokens * kMaxGroup], denom[kDenseTileTokens * kMaxGroup];
+  ExpScores(seq, lh, first_pos, ntok, group, d, scale, layout, kv_pool, q, q_stride, e.data(),
+            row_max, denom);
+  auto row_len = [&](int64_t r) { return first_pos + r / group + 1; };
+  auto o_row = [&](int64_t r) { return o + (r / group) * q_stride + (r % group) * d; };
+  // Tokens i >= j - first_pos see key j: rows from first_row(j) on.
+  auto first_row = [&](int64_t j) { return std::max<int64_t>(0, j - first_pos) * group; };
+
+  // Σ e·V over blocks of keys; each row accumulates its keys in order.
+  for (int64_t r = 0; r < rows; ++r) std::fill(o_row(r), o_row(r) + d, 0.0f);
+  const float* vr[kVBlock];
+  for (int64_t j0 = 0; j0 < L; j0 += kVBlock) {
+    const int64_t n = std::min(kVBlock, L - j0);
+    for (int64_t u = 0; u < n; ++u) {
+      const int64_t j = j0 + u;
+      vr[u] = kv_pool + layout.RowOffset(seq.pages.VPage(lh, j, bs), int32_t(j % bs));
     }
-    denom[h] = sum;
+    for (int64_t r = first_row(j0); r < rows; ++r) {
+      const int64_t j1 = std::min(j0 + n, row_len(r));
+      const float* er = e.data() + r * L;
+      float* y = o_row(r);
+      int64_t c = 0;
+      for (; c + 64 <= d; c += 64) {
+        const float* xs[kVBlock];
+        for (int64_t u = 0; u < j1 - j0; ++u) xs[u] = vr[u] + c;
+        AccumulateRows<8>(er, xs, j0, j1, y + c);
+      }
+      for (; c + 16 <= d; c += 16) {
+        const float* xs[kVBlock];
+        for (int64_t u = 0; u < j1 - j0; ++u) xs[u] = vr[u] + c;
+        AccumulateRows<2>(er, xs, j0, j1, y + c);
+      }
+      for (int64_t j = j0; j < j1; ++j) {
+        for (int64_t cc = c; cc < d; ++cc) y[cc] += er[j] * vr[j - j0][cc];
+      }
+    }
   }
-  std::fill(og, og + group * d, 0.0f);
-  for (int64_t j = 0; j < L; ++j) {
-    const float* vr = kv_pool + layout.RowOffset(seq.pages.VPage(lh, j, bs), int32_t(j % bs));
-    for (int64_t h = 0; h < group; ++h) Axpy(e[h * L + j], vr, og + h * d, d);
-  }
-  for (int64_t h = 0; h < group; ++h) Scale(1.0f / denom[h], og + h * d, d);
+  for (int64_t r = 0; r < rows; ++r) Scale(1.0f / denom[r], o_row(r), d);
 }
 
 // Top-θ attention for one unit: pass 1 over all K (scores, max, D_full), the keep test per
@@ -108,23 +191,10 @@ void TopThetaUnit(const SeqChunk& seq, int64_t layer, int64_t lh, int64_t pos, i
   std::vector<float>& e = scratch.e;
   e.resize(group * L);
 
-  // Pass 1: scores for every key, row maxima, full denominators.
+  // Pass 1: e = exp(s - max) for every key, row maxima, full denominators.
   float row_max[kMaxGroup], d_full[kMaxGroup];
-  std::fill(row_max, row_max + group, -std::numeric_limits<float>::infinity());
-  for (int64_t j = 0; j < L; ++j) {
-    const float* kr = kv_pool + layout.RowOffset(seq.pages.KPage(lh, j, bs), int32_t(j % bs));
-    for (int64_t h = 0; h < group; ++h) {
-      const float s = Dot(qg + h * d, kr, d) * shape.scale;
-      e[h * L + j] = s;
-      row_max[h] = std::max(row_max[h], s);
-    }
-  }
-  for (int64_t h = 0; h < group; ++h) {
-    float* eh = e.data() + h * L;
-    double sum = 0;
-    for (int64_t j = 0; j < L; ++j) sum += eh[j] = std::exp(eh[j] - row_max[h]);
-    d_full[h] = static_cast<float>(sum);
-  }
+  ExpScores(seq, lh, pos, 1, group, d, shape.scale, layout, kv_pool, qg, group * d, e.data(),
+            row_max, d_full);
 
   // The keep test in exp space: keep_j ⇔ e_j > thr (exp is monotonic, so pre-softmax s_j > θ
   // is e_j > e^(θ-m), and post-softmax p_j > θ is e_j > θ·D_full). thr < 0 keeps everything.
@@ -268,12 +338,22 @@ void PagedAttention(ThreadPool& pool, const ForwardBatch& batch, const Attention
   const int64_t kv_dim = shape.num_kv_heads * d;
   CHECK_LE(group, kMaxGroup);
 
+  // Top-θ works a token at a time (its thresholds, hit marks and V store walk are per row).
+  const int32_t tile = config.active() ? 1 : kDenseTileTokens;
   std::vector<Unit> units;
   for (int32_t s = 0; s < static_cast<int32_t>(batch.seqs.size()); ++s) {
-    for (int32_t t = 0; t < batch.seqs[s].num_tokens; ++t) {
-      for (int32_t g = 0; g < shape.num_kv_heads; ++g) units.push_back({s, t, g});
+    const int32_t n = batch.seqs[s].num_tokens;
+    for (int32_t t = 0; t < n; t += tile) {
+      for (int32_t g = 0; g < shape.num_kv_heads; ++g) units.push_back({s, t, std::min(tile, n - t), g});
     }
   }
+  // Longest rows first: the pool hands out contiguous chunks of units as threads free up, and
+  // a causal chunk's last tokens cost the most.
+  auto cost = [&](const Unit& u) {
+    return int64_t(u.num_tokens) * (batch.seqs[u.seq].start_pos + u.token + u.num_tokens);
+  };
+  std::stable_sort(units.begin(), units.end(),
+                   [&](const Unit& a, const Unit& b) { return cost(a) > cost(b); });
   std::mutex stats_mu;
   pool.ParallelFor(static_cast<int64_t>(units.size()), 1, [&](int64_t begin, int64_t end) {
     thread_local Scratch scratch;
@@ -284,8 +364,9 @@ void PagedAttention(ThreadPool& pool, const ForwardBatch& batch, const Attention
       const int64_t row = seq.token_offset + unit.token;
       const int64_t pos = seq.start_pos + unit.token;
       const int64_t lh = layer * shape.num_kv_heads + unit.kv_head;
-      const float* qg = q + row * q_dim + unit.kv_head * group * d;  // [group, d]
-      float* og = o + row * q_dim + unit.kv_head * group * d;        // [group, d]
+      // The unit's first token: [group, d]; later tokens follow at a stride of q_dim.
+      const float* qg = q + row * q_dim + unit.kv_head * group * d;
+      float* og = o + row * q_dim + unit.kv_head * group * d;
       if (config.active()) {
         // VMC needs the sequence's running V sums (WriteKv fills these rows only then).
         const float* vsum = vsum_rows && seq.pages.v_sum
@@ -294,14 +375,18 @@ void PagedAttention(ThreadPool& pool, const ForwardBatch& batch, const Attention
         TopThetaUnit(seq, layer, lh, pos, group, unit.kv_head * group, shape, layout, kv_pool,
                      qg, vsum, og, config, scratch);
       } else {
-        DenseUnit(seq, lh, pos + 1, group, d, shape.scale, layout, kv_pool, qg, og, scratch.e);
+        DenseTile(seq, lh, pos, unit.num_tokens, group, d, shape.scale, layout, kv_pool, qg, q_dim,
+                  og, scratch.e);
+        // Σ over the tile's tokens of their row lengths pos + 1 .. pos + num_tokens.
+        const int64_t n = unit.num_tokens;
+        const int64_t rows_read = n * (pos + 1) + n * (n - 1) / 2;
         AttentionStats& st = scratch.stats;
-        st.v_rows_read += pos + 1;
-        st.v_rows_read_dense += pos + 1;
-        st.elements_kept += (pos + 1) * group;
-        st.elements_dense += (pos + 1) * group;
-        st.layer_kept[layer] += (pos + 1) * group;
-        st.layer_dense[layer] += (pos + 1) * group;
+        st.v_rows_read += rows_read;
+        st.v_rows_read_dense += rows_read;
+        st.elements_kept += rows_read * group;
+        st.elements_dense += rows_read * group;
+        st.layer_kept[layer] += rows_read * group;
+        st.layer_dense[layer] += rows_read * group;
       }
     }
     if (batch.stats) {

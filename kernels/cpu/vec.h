@@ -42,6 +42,69 @@ inline float Dot(const float* a, const float* b, int64_t n) {
   return sum;
 }
 
+// out[u] = a · b[u] for four vectors b[0..3] (a is loaded once for all four). The same value
+// wherever it is called from; not bit-identical to Dot (another summation order).
+inline void Dot4(const float* a, const float* const b[4], int64_t n, float out[4]) {
+  int64_t i = 0;
+#if TS_AVX2
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  __m256 acc2 = _mm256_setzero_ps(), acc3 = _mm256_setzero_ps();
+  for (; i + 8 <= n; i += 8) {
+    const __m256 va = _mm256_loadu_ps(a + i);
+    acc0 = _mm256_fmadd_ps(va, _mm256_loadu_ps(b[0] + i), acc0);
+    acc1 = _mm256_fmadd_ps(va, _mm256_loadu_ps(b[1] + i), acc1);
+    acc2 = _mm256_fmadd_ps(va, _mm256_loadu_ps(b[2] + i), acc2);
+    acc3 = _mm256_fmadd_ps(va, _mm256_loadu_ps(b[3] + i), acc3);
+  }
+  // Transposing horizontal sums: lane u of the result is Σ acc_u.
+  const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(acc0, acc1), _mm256_hadd_ps(acc2, acc3));
+  _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)));
+#else
+  for (int u = 0; u < 4; ++u) out[u] = 0.0f;
+#endif
+  for (; i < n; ++i) {
+    for (int u = 0; u < 4; ++u) out[u] += a[i] * b[u][i];
+  }
+}
+
+// x[j] = exp(x[j] - m) for j < n, and returns Σ x[j]. With AVX2, eight at a time by the
+// Cephes single-precision polynomial (within a few ulp of std::exp; arguments under -88
+// give 0) summed in eight lanes, and the last n mod 8 by std::exp. Same n, same values.
+inline float ExpShiftSum(float* x, int64_t n, float m) {
+  int64_t i = 0;
+  float sum = 0.0f;
+#if TS_AVX2
+  const __m256 vm = _mm256_set1_ps(m);
+  const __m256 lo = _mm256_set1_ps(-88.3762626647949f), hi = _mm256_set1_ps(88.3762626647949f);
+  const __m256 log2e = _mm256_set1_ps(1.44269504088896341f), half = _mm256_set1_ps(0.5f);
+  const __m256 c1 = _mm256_set1_ps(0.693359375f), c2 = _mm256_set1_ps(-2.12194440e-4f);
+  const __m256 one = _mm256_set1_ps(1.0f);
+  __m256 acc = _mm256_setzero_ps();
+  for (; i + 8 <= n; i += 8) {
+    __m256 v = _mm256_min_ps(_mm256_max_ps(_mm256_sub_ps(_mm256_loadu_ps(x + i), vm), lo), hi);
+    // v = k·ln2 + r with k = round(v / ln2), ln2 split in two for precision.
+    const __m256 k = _mm256_floor_ps(_mm256_fmadd_ps(v, log2e, half));
+    v = _mm256_fnmadd_ps(k, c1, v);
+    v = _mm256_fnmadd_ps(k, c2, v);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, v, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, v, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, v, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, v, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, v, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(v, v), _mm256_add_ps(v, one));
+    // × 2^k through the exponent bits (k = -127 gives 0).
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(k), _mm256_set1_epi32(127)), 23);
+    p = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+    _mm256_storeu_ps(x + i, p);
+    acc = _mm256_add_ps(acc, p);
+  }
+  sum = HorizontalSum(acc);
+#endif
+  for (; i < n; ++i) sum += x[i] = std::exp(x[i] - m);
+  return sum;
+}
+
 // y += a * x
 inline void Axpy(float a, const float* x, float* y, int64_t n) {
   int64_t i = 0;

@@ -1,0 +1,204 @@
+// Dense CPU attention over paged K/V: a prefill chunk (worked in tiles of tokens) gives each
+// token exactly what attending alone gives it, and both match a float64 softmax reference.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <utility>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/backend.h"
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/thread_pool.h"
+#include "kernels/cpu/vec.h"
+#include "kernels/top_theta.h"
+#include "tests/test_util.h"
+
+namespace thetaserve::kernels {
+namespace {
+
+constexpr int kD = 64, kGroup = 3, kKvHeads = 2, kHeads = kGroup * kKvHeads, kBlock = 16;
+
+// One sequence's pages in a shared pool: K and V pages of every KV head, shuffled ids.
+struct PagedSeq {
+  int32_t start_pos = 0;
+  int32_t num_tokens = 0;
+  std::vector<int32_t> k_pages, v_pages;  // [kKvHeads, stride]
+  int32_t stride = 0;
+
+  int32_t length() const { return start_pos + num_tokens; }
+};
+
+class DenseAttentionTest : public ::testing::Test {
+ protected:
+  // Sequences: a prefill chunk of 37 tokens after 50 cached ones (tiles of 16, 16 and 5 that
+  // cross page boundaries), a decode token at 200, and a first chunk of 20 tokens.
+  void SetUp() override {
+    const uint32_t seed = std::random_device{}();
+    SCOPED_TRACE(seed);
+    seed_ = seed;
+    std::mt19937 rng(seed);
+    std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
+    for (auto [start, n] : {std::pair{50, 37}, std::pair{200, 1}, std::pair{0, 20}}) {
+      seqs_.emplace_back();
+      seqs_.back().start_pos = start;
+      seqs_.back().num_tokens = n;
+    }
+    int32_t pages = 0;
+    for (auto& s : seqs_) {
+      s.stride = (s.length() + kBlock - 1) / kBlock;
+      pages += 2 * kKvHeads * s.stride;
+    }
+    std::vector<int32_t> ids(pages);
+    std::iota(ids.begin(), ids.end(), 0);
+    std::shuffle(ids.begin(), ids.end(), rng);
+    int32_t next = 0;
+    for (auto& s : seqs_) {
+      for (int i = 0; i < kKvHeads * s.stride; ++i) s.k_pages.push_back(ids[next++]);
+      for (int i = 0; i < kKvHeads * s.stride; ++i) s.v_pages.push_back(ids[next++]);
+    }
+    layout_ = KvPoolLayout{kBlock, kD, pages};
+    pool_.resize(layout_.num_pages * layout_.PageElems());
+    // Scores spread over a few units so that the softmax is neither flat nor one-hot.
+    for (float& x : pool_) x = uni(rng);
+    for (const auto& s : seqs_) num_tokens_ += s.num_tokens;
+    q_.resize(size_t(num_tokens_) * kHeads * kD);
+    for (float& x : q_) x = 2.0f * uni(rng);
+  }
+
+  // Chunks of the batch: each sequence whole (split = false), or every token on its own.
+  std::vector<SeqChunk> Chunks(bool split) const {
+    std::vector<SeqChunk> out;
+    int32_t offset = 0;
+    for (const auto& s : seqs_) {
+      const int32_t parts = split ? s.num_tokens : 1;
+      for (int32_t p = 0; p < parts; ++p) {
+        SeqChunk c;
+        c.token_offset = offset + (split ? p : 0);
+        c.num_tokens = split ? 1 : s.num_tokens;
+        c.start_pos = s.start_pos + (split ? p : 0);
+        c.pages.k_pages = s.k_pages.data();
+        c.pages.v_pages = s.v_pages.data();
+        c.pages.stride = s.stride;
+        out.push_back(c);
+      }
+      offset += s.num_tokens;
+    }
+    return out;
+  }
+
+  std::vector<float> Run(bool split, int threads, AttentionStats* stats) const {
+    const std::vector<SeqChunk> chunks = Chunks(split);
+    std::vector<int32_t> tokens(num_tokens_, 0);
+    ForwardBatch batch{tokens, chunks, false, stats};
+    cpu::AttentionShape shape{1, kHeads, kKvHeads, kD, 1.0f / std::sqrt(float(kD))};
+    cpu::ThreadPool pool(threads);
+    std::vector<float> out(q_.size(), std::numeric_limits<float>::quiet_NaN());
+    cpu::PagedAttention(pool, batch, shape, 0, q_.data(), layout_, pool_.data(), nullptr,
+                        TopThetaConfig{}, out.data());
+    return out;
+  }
+
+  // softmax(q·K/√d)·V in float64, token by token.
+  std::vector<float> Reference() const {
+    std::vector<float> out(q_.size());
+    int32_t row = 0;
+    for (const auto& s : seqs_) {
+      for (int32_t i = 0; i < s.num_tokens; ++i, ++row) {
+        const int32_t L = s.start_pos + i + 1;
+        for (int h = 0; h < kHeads; ++h) {
+          const int g = h / kGroup;
+          const float* q = q_.data() + (size_t(row) * kHeads + h) * kD;
+          std::vector<double> sc(L);
+          double m = -INFINITY;
+          for (int32_t j = 0; j < L; ++j) {
+            const float* k = pool_.data() + layout_.RowOffset(s.k_pages[g * s.stride + j / kBlock], j % kBlock);
+            double dot = 0;
+            for (int c = 0; c < kD; ++c) dot += double(q[c]) * k[c];
+            sc[j] = dot / std::sqrt(double(kD));
+            m = std::max(m, sc[j]);
+          }
+          double den = 0;
+          for (double& x : sc) den += x = std::exp(x - m);
+          for (int c = 0; c < kD; ++c) {
+            double acc = 0;
+            for (int32_t j = 0; j < L; ++j) {
+              acc += sc[j] * pool_[layout_.RowOffset(s.v_pages[g * s.stride + j / kBlock], j % kBlock) + c];
+            }
+            out[(size_t(row) * kHeads + h) * kD + c] = float(acc / den);
+          }
+        }
+      }
+    }
+    return out;
+  }
+
+  uint32_t seed_ = 0;
+  std::vector<PagedSeq> seqs_;
+  int32_t num_tokens_ = 0;
+  KvPoolLayout layout_;
+  std::vector<float> pool_;
+  std::vector<float> q_;
+};
+
+TEST_F(DenseAttentionTest, PrefillChunkEqualsItsTokensAloneBitForBitAndTheFloat64Reference) {
+  AttentionStats whole_stats, split_stats;
+  whole_stats.Reset(1);
+  split_stats.Reset(1);
+  const std::vector<float> whole = Run(/*split=*/false, /*threads=*/2, &whole_stats);
+  const std::vector<float> alone = Run(/*split=*/true, /*threads=*/1, &split_stats);
+  ASSERT_EQ(whole.size(), alone.size());
+  for (size_t i = 0; i < whole.size(); ++i) {
+    ASSERT_FALSE(std::isnan(whole[i])) << "output " << i << " never written; seed " << seed_;
+    // The same arithmetic per query row, whatever the tile: equal to the last bit.
+    ASSERT_EQ(whole[i], alone[i]) << "output " << i << " (token " << i / (kHeads * kD)
+                                  << "); seed " << seed_;
+  }
+  EXPECT_TRUE(testing::AllClose(whole, Reference(), 2e-6f, 2e-5f)) << "seed " << seed_;
+
+  // Every token reads its whole row in every KV head.
+  int64_t rows = 0;
+  for (const auto& s : seqs_) {
+    for (int32_t i = 0; i < s.num_tokens; ++i) rows += s.start_pos + i + 1;
+  }
+  EXPECT_EQ(whole_stats.v_rows_read, kKvHeads * rows);
+  EXPECT_EQ(whole_stats.elements_dense, kKvHeads * kGroup * rows);
+  EXPECT_EQ(split_stats.v_rows_read, whole_stats.v_rows_read);
+  EXPECT_EQ(split_stats.elements_kept, whole_stats.elements_kept);
+}
+
+TEST(ExpShiftSumTest, WithinAFewUlpOfStdExpAndSumsWhatItWrites) {
+  const uint32_t seed = std::random_device{}();
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> uni(-95.0f, 0.0f);
+  for (int64_t n : {1, 7, 8, 9, 64, 1001}) {
+    std::vector<float> x(n);
+    const float m = 3.5f;
+    for (float& v : x) v = uni(rng) + m;
+    x[0] = m;  // exp(0) = 1 exactly
+    if (n > 2) x[n / 2] = -200.0f;  // far below -88: 0
+    std::vector<float> got = x;
+    const float sum = cpu::ExpShiftSum(got.data(), n, m);
+    double want_sum = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const double want = std::exp(double(x[i]) - double(m));
+      want_sum += want;
+      if (double(x[i]) - m < -87.0) {
+        ASSERT_LE(got[i], 2e-38f) << "x " << x[i] << "; seed " << seed;
+      } else {
+        ASSERT_NEAR(got[i], want, want * 4e-7) << "x " << x[i] << " n " << n << "; seed " << seed;
+      }
+    }
+    EXPECT_EQ(got[0], 1.0f);
+    double written = 0;
+    for (float v : got) written += v;
+    EXPECT_NEAR(sum, written, written * 1e-6) << "n " << n;
+    EXPECT_NEAR(sum, want_sum, want_sum * 1e-6) << "n " << n;
+  }
+}
+
+}  // namespace
+}  // namespace thetaserve::kernels
