@@ -62,24 +62,47 @@ struct Unit {
 struct Scratch {
   std::vector<float> e;      // [rows, L] exp(s - m); rows = tokens × group
   std::vector<float> sorted; // [L] for the (k+1)-th largest
+  std::vector<const float*> kept_rows;  // Top-θ: [group, L] the V rows each head keeps
+  std::vector<float> kept_e;            // [group, L] and their weights
   AttentionStats stats;
 };
 
-// y[c] += Σ_{j in [j0, j1)} w[j] · x_j[c] for c < 8·NV, in j order (the same FMAs, in the same
-// order, as Axpy key by key); y stays in registers across the keys.
+// Σ e·V takes this many V rows at a time (their pointers in a small array).
+constexpr int64_t kVBlock = 32;
+
+// y[c] += Σ_{u < n} w[u] · x[u][c] for c < 8·NV, in u order (the same FMAs, in the same order,
+// as Axpy row by row); y stays in registers across the rows.
 template <int NV>
-void AccumulateRows(const float* w, const float* const* x, int64_t j0, int64_t j1, float* y) {
+void AccumulateRows(const float* w, const float* const* x, int64_t n, float* y) {
 #if TS_AVX2
   __m256 acc[NV];
   for (int u = 0; u < NV; ++u) acc[u] = _mm256_loadu_ps(y + 8 * u);
-  for (int64_t j = j0; j < j1; ++j) {
-    const __m256 a = _mm256_set1_ps(w[j]);
-    for (int u = 0; u < NV; ++u) acc[u] = _mm256_fmadd_ps(a, _mm256_loadu_ps(x[j - j0] + 8 * u), acc[u]);
+  for (int64_t k = 0; k < n; ++k) {
+    const __m256 a = _mm256_set1_ps(w[k]);
+    for (int u = 0; u < NV; ++u) acc[u] = _mm256_fmadd_ps(a, _mm256_loadu_ps(x[k] + 8 * u), acc[u]);
   }
   for (int u = 0; u < NV; ++u) _mm256_storeu_ps(y + 8 * u, acc[u]);
 #else
-  for (int64_t j = j0; j < j1; ++j) Axpy(w[j], x[j - j0], y, 8 * NV);
+  for (int64_t k = 0; k < n; ++k) Axpy(w[k], x[k], y, 8 * NV);
 #endif
+}
+
+// y[0, d) += Σ_{u < n} w[u] · x[u][0, d) for n ≤ kVBlock rows, in u order: 64 (then 16) columns
+// at a time in registers, a scalar tail for d not a multiple of 16.
+void AccumulateBlock(const float* w, const float* const* x, int64_t n, int64_t d, float* y) {
+  const float* xs[kVBlock];
+  int64_t c = 0;
+  for (; c + 64 <= d; c += 64) {
+    for (int64_t k = 0; k < n; ++k) xs[k] = x[k] + c;
+    AccumulateRows<8>(w, xs, n, y + c);
+  }
+  for (; c + 16 <= d; c += 16) {
+    for (int64_t k = 0; k < n; ++k) xs[k] = x[k] + c;
+    AccumulateRows<2>(w, xs, n, y + c);
+  }
+  for (int64_t k = 0; k < n; ++k) {
+    for (int64_t cc = c; cc < d; ++cc) y[cc] += w[k] * x[k][cc];
+  }
 }
 
 // Pass 1 of attention for a tile: tokens at positions first_pos .. first_pos + ntok - 1 of one
@@ -130,7 +153,6 @@ void DenseTile(const SeqChunk& seq, int64_t lh, int64_t first_pos, int64_t ntok,
                int64_t q_stride,
                float* o,          // same layout as q
                std::vector<float>& e) {
-  constexpr int64_t kVBlock = 32;
   const int32_t bs = layout.block_size;
   const int64_t rows = ntok * group;
   const int64_t L = first_pos + ntok;  // the last token's row length; e's row stride
@@ -154,22 +176,7 @@ void DenseTile(const SeqChunk& seq, int64_t lh, int64_t first_pos, int64_t ntok,
     }
     for (int64_t r = first_row(j0); r < rows; ++r) {
       const int64_t j1 = std::min(j0 + n, row_len(r));
-      const float* er = e.data() + r * L;
-      float* y = o_row(r);
-      int64_t c = 0;
-      for (; c + 64 <= d; c += 64) {
-        const float* xs[kVBlock];
-        for (int64_t u = 0; u < j1 - j0; ++u) xs[u] = vr[u] + c;
-        AccumulateRows<8>(er, xs, j0, j1, y + c);
-      }
-      for (; c + 16 <= d; c += 16) {
-        const float* xs[kVBlock];
-        for (int64_t u = 0; u < j1 - j0; ++u) xs[u] = vr[u] + c;
-        AccumulateRows<2>(er, xs, j0, j1, y + c);
-      }
-      for (int64_t j = j0; j < j1; ++j) {
-        for (int64_t cc = c; cc < d; ++cc) y[cc] += er[j] * vr[j - j0][cc];
-      }
+      AccumulateBlock(e.data() + r * L + j0, vr, j1 - j0, d, o_row(r));
     }
   }
   for (int64_t r = 0; r < rows; ++r) Scale(1.0f / denom[r], o_row(r), d);
@@ -225,7 +232,7 @@ void TopThetaUnit(const SeqChunk& seq, int64_t layer, int64_t lh, int64_t pos, i
     }
   }
 
-  // Pass 2: walk the stored V rows; gather the kept ones.
+  // Pass 2: walk the stored V rows, list the kept ones per head, then gather them.
   std::fill(og, og + group * d, 0.0f);
   float d_kept[kMaxGroup] = {};
   int64_t kept[kMaxGroup] = {};
@@ -233,6 +240,11 @@ void TopThetaUnit(const SeqChunk& seq, int64_t layer, int64_t lh, int64_t pos, i
   int32_t* hits = seq.pages.hits ? seq.pages.hits + lh * seq.pages.hits_stride : nullptr;
   float* hit_mass = seq.pages.hit_mass ? seq.pages.hit_mass + lh * seq.pages.hits_stride : nullptr;
   const float retain = cfg.retain_factor;
+  // Each head's kept rows and weights, in position order: gathered after the walk.
+  scratch.kept_rows.resize(group * L);
+  scratch.kept_e.resize(group * L);
+  const float** kept_rows = scratch.kept_rows.data();
+  float* kept_e = scratch.kept_e.data();
   auto visit = [&](int64_t j, const float* vr) {
     bool any = false, strong = false;
     float mass = 0.0f;
@@ -240,7 +252,8 @@ void TopThetaUnit(const SeqChunk& seq, int64_t layer, int64_t lh, int64_t pos, i
       const float ej = e[h * L + j];
       if (ej > thr[h]) {
         if (vr) {
-          Axpy(ej, vr, og + h * d, d);
+          kept_rows[h * L + kept[h]] = vr;
+          kept_e[h * L + kept[h]] = ej;
           d_kept[h] += ej;
           ++kept[h];
         }
@@ -282,6 +295,12 @@ void TopThetaUnit(const SeqChunk& seq, int64_t layer, int64_t lh, int64_t pos, i
   }
   for (int64_t j = tail_start; j < L; ++j) {
     visit(j, kv_pool + layout.RowOffset(seq.pages.VPage(lh, j, bs), int32_t(j % bs)));
+  }
+  for (int64_t h = 0; h < group; ++h) {
+    for (int64_t k0 = 0; k0 < kept[h]; k0 += kVBlock) {
+      AccumulateBlock(kept_e + h * L + k0, kept_rows + h * L + k0, std::min(kVBlock, kept[h] - k0), d,
+                      og + h * d);
+    }
   }
 
   // Compensation.
