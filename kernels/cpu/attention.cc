@@ -44,13 +44,13 @@ namespace {
 
 constexpr int64_t kMaxGroup = 64;  // query heads per KV head
 
-// Dense attention takes a sequence's new tokens this many at a time, so that every K and V row
-// is read once per tile instead of once per token (a prefill chunk attends over a long row
-// that no longer fits in the core's caches; decode tokens are tiles of one).
-constexpr int32_t kDenseTileTokens = 16;
+// Attention takes a sequence's new tokens this many at a time, so that pass 1 reads every K row
+// (and dense attention every V row) once per tile instead of once per token: a prefill chunk
+// attends over a long row that no longer fits in the core's caches. Decode tokens are tiles
+// of one.
+constexpr int32_t kTileTokens = 16;
 
-// One unit of work: the query heads of one KV group for `num_tokens` consecutive tokens
-// (one token with Top-θ).
+// One unit of work: the query heads of one KV group for `num_tokens` consecutive tokens.
 struct Unit {
   int32_t seq;
   int32_t token;  // first token, index within the sequence's chunk
@@ -157,7 +157,7 @@ void DenseTile(const SeqChunk& seq, int64_t lh, int64_t first_pos, int64_t ntok,
   const int64_t rows = ntok * group;
   const int64_t L = first_pos + ntok;  // the last token's row length; e's row stride
   e.resize(rows * L);
-  float row_max[kDenseTileTokens * kMaxGroup], denom[kDenseTileTokens * kMaxGroup];
+  float row_max[kTileTokens * kMaxGroup], denom[kTileTokens * kMaxGroup];
   ExpScores(seq, lh, first_pos, ntok, group, d, scale, layout, kv_pool, q, q_stride, e.data(),
             row_max, denom);
   auto row_len = [&](int64_t r) { return first_pos + r / group + 1; };
@@ -182,33 +182,28 @@ void DenseTile(const SeqChunk& seq, int64_t lh, int64_t first_pos, int64_t ntok,
   for (int64_t r = 0; r < rows; ++r) Scale(1.0f / denom[r], o_row(r), d);
 }
 
-// Top-θ attention for one unit: pass 1 over all K (scores, max, D_full), the keep test per
-// head, pass 2 over the stored V rows (sparse store, then tail) gathering only kept rows and
-// setting hit bits, then SDC and VMC.
-void TopThetaUnit(const SeqChunk& seq, int64_t layer, int64_t lh, int64_t pos, int64_t group,
-                  int64_t first_head, const AttentionShape& shape, const KvPoolLayout& layout,
-                  const float* kv_pool, const float* qg, const float* vsum, float* og,
-                  const TopThetaConfig& cfg, Scratch& scratch) {
+// Top-θ attention for one query token (position pos) of one KV group, after pass 1: e holds
+// exp(s - max) of the group's rows ([group, e_stride], keys 0..pos), with their maxima and
+// full denominators. The keep test per head, pass 2 over the stored V rows (sparse store, then
+// tail) gathering only kept rows and setting hit bits, then SDC and VMC.
+void TopThetaRow(const SeqChunk& seq, int64_t layer, int64_t lh, int64_t pos, int64_t group,
+                 int64_t first_head, const AttentionShape& shape, const KvPoolLayout& layout,
+                 const float* kv_pool, const float* e, int64_t e_stride, const float* row_max,
+                 const float* d_full, const float* vsum, float* og, const TopThetaConfig& cfg,
+                 Scratch& scratch) {
   const int64_t d = shape.head_dim;
   const int64_t L = pos + 1;
   const int32_t bs = layout.block_size;
   const model::ThetaTable& table = *cfg.table;
   const int32_t k = table.KAt(static_cast<int32_t>(layer), L);
   const bool post = table.placement == model::ThetaPlacement::kPostSoftmax;
-  std::vector<float>& e = scratch.e;
-  e.resize(group * L);
-
-  // Pass 1: e = exp(s - max) for every key, row maxima, full denominators.
-  float row_max[kMaxGroup], d_full[kMaxGroup];
-  ExpScores(seq, lh, pos, 1, group, d, shape.scale, layout, kv_pool, qg, group * d, e.data(),
-            row_max, d_full);
 
   // The keep test in exp space: keep_j ⇔ e_j > thr (exp is monotonic, so pre-softmax s_j > θ
   // is e_j > e^(θ-m), and post-softmax p_j > θ is e_j > θ·D_full). thr < 0 keeps everything.
   float thr[kMaxGroup];
   for (int64_t h = 0; h < group; ++h) {
     const int32_t head = static_cast<int32_t>(first_head + h);
-    float* eh = e.data() + h * L;
+    const float* eh = e + h * e_stride;
     if (L <= k) {
       thr[h] = -1.0f;  // short rows are dense
     } else if (cfg.top_k || cfg.recorder) {
@@ -249,7 +244,7 @@ void TopThetaUnit(const SeqChunk& seq, int64_t layer, int64_t lh, int64_t pos, i
     bool any = false, strong = false;
     float mass = 0.0f;
     for (int64_t h = 0; h < group; ++h) {
-      const float ej = e[h * L + j];
+      const float ej = e[h * e_stride + j];
       if (ej > thr[h]) {
         if (vr) {
           kept_rows[h * L + kept[h]] = vr;
@@ -345,6 +340,30 @@ void TopThetaUnit(const SeqChunk& seq, int64_t layer, int64_t lh, int64_t pos, i
   st.layer_dense[layer] += L * group;
 }
 
+// Top-θ attention for one unit (a tile as in ExpScores): pass 1 for the whole tile, then each
+// token's rows as TopThetaRow.
+void TopThetaTile(const SeqChunk& seq, int64_t layer, int64_t lh, int64_t first_pos, int64_t ntok,
+                  int64_t group, int64_t first_head, const AttentionShape& shape,
+                  const KvPoolLayout& layout, const float* kv_pool,
+                  const float* q,     // token i, head h at q + i * q_stride + h * d
+                  int64_t q_stride,
+                  const float* vsum,  // token i's running V sum at vsum + i * vsum_stride, or null
+                  int64_t vsum_stride,
+                  float* o,           // same layout as q
+                  const TopThetaConfig& cfg, Scratch& scratch) {
+  const int64_t L = first_pos + ntok;
+  std::vector<float>& e = scratch.e;
+  e.resize(ntok * group * L);
+  float row_max[kTileTokens * kMaxGroup], d_full[kTileTokens * kMaxGroup];
+  ExpScores(seq, lh, first_pos, ntok, group, shape.head_dim, shape.scale, layout, kv_pool, q,
+            q_stride, e.data(), row_max, d_full);
+  for (int64_t i = 0; i < ntok; ++i) {
+    TopThetaRow(seq, layer, lh, first_pos + i, group, first_head, shape, layout, kv_pool,
+                e.data() + i * group * L, L, row_max + i * group, d_full + i * group,
+                vsum ? vsum + i * vsum_stride : nullptr, o + i * q_stride, cfg, scratch);
+  }
+}
+
 }  // namespace
 
 void PagedAttention(ThreadPool& pool, const ForwardBatch& batch, const AttentionShape& shape,
@@ -357,13 +376,11 @@ void PagedAttention(ThreadPool& pool, const ForwardBatch& batch, const Attention
   const int64_t kv_dim = shape.num_kv_heads * d;
   CHECK_LE(group, kMaxGroup);
 
-  // Top-θ works a token at a time (its thresholds, hit marks and V store walk are per row).
-  const int32_t tile = config.active() ? 1 : kDenseTileTokens;
   std::vector<Unit> units;
   for (int32_t s = 0; s < static_cast<int32_t>(batch.seqs.size()); ++s) {
     const int32_t n = batch.seqs[s].num_tokens;
-    for (int32_t t = 0; t < n; t += tile) {
-      for (int32_t g = 0; g < shape.num_kv_heads; ++g) units.push_back({s, t, std::min(tile, n - t), g});
+    for (int32_t t = 0; t < n; t += kTileTokens) {
+      for (int32_t g = 0; g < shape.num_kv_heads; ++g) units.push_back({s, t, std::min(kTileTokens, n - t), g});
     }
   }
   // Longest rows first: the pool hands out contiguous chunks of units as threads free up, and
@@ -391,8 +408,8 @@ void PagedAttention(ThreadPool& pool, const ForwardBatch& batch, const Attention
         const float* vsum = vsum_rows && seq.pages.v_sum
                                 ? vsum_rows + row * kv_dim + unit.kv_head * d
                                 : nullptr;
-        TopThetaUnit(seq, layer, lh, pos, group, unit.kv_head * group, shape, layout, kv_pool,
-                     qg, vsum, og, config, scratch);
+        TopThetaTile(seq, layer, lh, pos, unit.num_tokens, group, unit.kv_head * group, shape,
+                     layout, kv_pool, qg, q_dim, vsum, kv_dim, og, config, scratch);
       } else {
         DenseTile(seq, lh, pos, unit.num_tokens, group, d, shape.scale, layout, kv_pool, qg, q_dim,
                   og, scratch.e);

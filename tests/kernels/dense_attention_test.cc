@@ -1,5 +1,6 @@
-// Dense CPU attention over paged K/V: a prefill chunk (worked in tiles of tokens) gives each
-// token exactly what attending alone gives it, and both match a float64 softmax reference.
+// CPU attention over paged K/V: a prefill chunk (worked in tiles of tokens) gives each token
+// exactly what attending alone gives it — dense, where both also match a float64 softmax
+// reference, and Top-θ, with the same hit marks and retained mass.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -15,6 +16,7 @@
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/cpu/vec.h"
 #include "kernels/top_theta.h"
+#include "model/theta_table.h"
 #include "tests/test_util.h"
 
 namespace thetaserve::kernels {
@@ -28,6 +30,11 @@ struct PagedSeq {
   int32_t num_tokens = 0;
   std::vector<int32_t> k_pages, v_pages;  // [kKvHeads, stride]
   int32_t stride = 0;
+  // Top-θ's records (hit marks, retained mass per position) and VMC's running V sum.
+  bool record = false;
+  std::vector<int32_t> hits;  // [kKvHeads, stride * kBlock]
+  std::vector<float> mass;    // same shape
+  std::vector<float> v_sum;   // [kKvHeads, kD] (only its presence matters here)
 
   int32_t length() const { return start_pos + num_tokens; }
 };
@@ -67,13 +74,15 @@ class DenseAttentionTest : public ::testing::Test {
     for (const auto& s : seqs_) num_tokens_ += s.num_tokens;
     q_.resize(size_t(num_tokens_) * kHeads * kD);
     for (float& x : q_) x = 2.0f * uni(rng);
+    vsum_rows_.resize(size_t(num_tokens_) * kKvHeads * kD);
+    for (float& x : vsum_rows_) x = uni(rng);
   }
 
   // Chunks of the batch: each sequence whole (split = false), or every token on its own.
-  std::vector<SeqChunk> Chunks(bool split) const {
+  std::vector<SeqChunk> Chunks(bool split) {
     std::vector<SeqChunk> out;
     int32_t offset = 0;
-    for (const auto& s : seqs_) {
+    for (auto& s : seqs_) {
       const int32_t parts = split ? s.num_tokens : 1;
       for (int32_t p = 0; p < parts; ++p) {
         SeqChunk c;
@@ -83,6 +92,12 @@ class DenseAttentionTest : public ::testing::Test {
         c.pages.k_pages = s.k_pages.data();
         c.pages.v_pages = s.v_pages.data();
         c.pages.stride = s.stride;
+        if (s.record) {
+          c.pages.hits = s.hits.data();
+          c.pages.hit_mass = s.mass.data();
+          c.pages.hits_stride = s.stride * kBlock;
+          c.pages.v_sum = s.v_sum.data();
+        }
         out.push_back(c);
       }
       offset += s.num_tokens;
@@ -90,15 +105,22 @@ class DenseAttentionTest : public ::testing::Test {
     return out;
   }
 
-  std::vector<float> Run(bool split, int threads, AttentionStats* stats) const {
+  std::vector<float> Run(bool split, int threads, AttentionStats* stats,
+                         const TopThetaConfig& cfg = {}) {
+    for (auto& s : seqs_) {
+      s.record = cfg.active();
+      s.hits.assign(kKvHeads * s.stride * kBlock, -1);
+      s.mass.assign(kKvHeads * s.stride * kBlock, 0.0f);
+      s.v_sum.assign(kKvHeads * kD, 0.0f);
+    }
     const std::vector<SeqChunk> chunks = Chunks(split);
     std::vector<int32_t> tokens(num_tokens_, 0);
     ForwardBatch batch{tokens, chunks, false, stats};
     cpu::AttentionShape shape{1, kHeads, kKvHeads, kD, 1.0f / std::sqrt(float(kD))};
     cpu::ThreadPool pool(threads);
     std::vector<float> out(q_.size(), std::numeric_limits<float>::quiet_NaN());
-    cpu::PagedAttention(pool, batch, shape, 0, q_.data(), layout_, pool_.data(), nullptr,
-                        TopThetaConfig{}, out.data());
+    cpu::PagedAttention(pool, batch, shape, 0, q_.data(), layout_, pool_.data(),
+                        cfg.active() ? vsum_rows_.data() : nullptr, cfg, out.data());
     return out;
   }
 
@@ -142,6 +164,7 @@ class DenseAttentionTest : public ::testing::Test {
   KvPoolLayout layout_;
   std::vector<float> pool_;
   std::vector<float> q_;
+  std::vector<float> vsum_rows_;  // [tokens, kKvHeads * kD] VMC's running sums, made up
 };
 
 TEST_F(DenseAttentionTest, PrefillChunkEqualsItsTokensAloneBitForBitAndTheFloat64Reference) {
@@ -168,6 +191,51 @@ TEST_F(DenseAttentionTest, PrefillChunkEqualsItsTokensAloneBitForBitAndTheFloat6
   EXPECT_EQ(whole_stats.elements_dense, kKvHeads * kGroup * rows);
   EXPECT_EQ(split_stats.v_rows_read, whole_stats.v_rows_read);
   EXPECT_EQ(split_stats.elements_kept, whole_stats.elements_kept);
+}
+
+TEST_F(DenseAttentionTest, TopThetaPrefillChunkEqualsItsTokensAloneWithTheSameRecords) {
+  // Post-softmax θ = 0.004 past k = 8 keys: rows keep their clearly-above-average keys.
+  model::ThetaTable table(1, kHeads, model::ThetaTable::DefaultBuckets(4096));
+  table.k_per_layer[0] = 8;
+  for (int32_t h = 0; h < kHeads; ++h) {
+    for (size_t b = 0; b < table.buckets().size(); ++b) table.theta_at(0, h, b) = 0.004f;
+  }
+  table.placement = model::ThetaPlacement::kPostSoftmax;
+  table.Finalize();
+  TopThetaConfig cfg;
+  cfg.table = &table;
+  cfg.sdc = SdcMode::kExact;
+  cfg.vmc = true;
+
+  AttentionStats whole_stats, alone_stats;
+  whole_stats.Reset(1);
+  alone_stats.Reset(1);
+  const std::vector<float> whole = Run(/*split=*/false, /*threads=*/2, &whole_stats, cfg);
+  std::vector<std::vector<int32_t>> whole_hits;
+  std::vector<std::vector<float>> whole_mass;
+  for (const auto& s : seqs_) {
+    whole_hits.push_back(s.hits);
+    whole_mass.push_back(s.mass);
+  }
+  const std::vector<float> alone = Run(/*split=*/true, /*threads=*/1, &alone_stats, cfg);
+  for (size_t i = 0; i < whole.size(); ++i) {
+    ASSERT_FALSE(std::isnan(whole[i])) << "output " << i << " never written; seed " << seed_;
+    ASSERT_EQ(whole[i], alone[i]) << "output " << i << "; seed " << seed_;
+  }
+  for (size_t s = 0; s < seqs_.size(); ++s) {
+    EXPECT_TRUE(std::any_of(whole_hits[s].begin(), whole_hits[s].end(), [](int32_t h) { return h >= 0; }))
+        << "no hit marks recorded for sequence " << s;
+    EXPECT_TRUE(std::any_of(whole_mass[s].begin(), whole_mass[s].end(), [](float m) { return m > 0; }))
+        << "no retained mass recorded for sequence " << s;
+    EXPECT_EQ(whole_hits[s], seqs_[s].hits) << "sequence " << s << "; seed " << seed_;
+    // Float sums over the queries, added in another order.
+    EXPECT_TRUE(testing::AllClose(whole_mass[s], seqs_[s].mass, 1e-6f, 1e-5f)) << "sequence " << s;
+  }
+  EXPECT_EQ(whole_stats.v_rows_read, alone_stats.v_rows_read);
+  EXPECT_EQ(whole_stats.elements_kept, alone_stats.elements_kept);
+  // θ prunes: fewer rows read than dense, but some.
+  EXPECT_GT(whole_stats.v_rows_read, 0);
+  EXPECT_LT(whole_stats.v_rows_read, whole_stats.v_rows_read_dense);
 }
 
 TEST(ExpShiftSumTest, WithinAFewUlpOfStdExpAndSumsWhatItWrites) {
