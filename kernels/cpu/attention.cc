@@ -49,6 +49,8 @@ constexpr int64_t kMaxGroup = 64;  // query heads per KV head
 // attends over a long row that no longer fits in the core's caches. Decode tokens are tiles
 // of one.
 constexpr int32_t kTileTokens = 16;
+// ...as long as a tile's scores stay under this many floats (16 MiB): long rows get fewer.
+constexpr int64_t kMaxScoreFloats = int64_t(4) << 20;
 
 // One unit of work: the query heads of one KV group for `num_tokens` consecutive tokens.
 struct Unit {
@@ -216,7 +218,8 @@ void TopThetaRow(const SeqChunk& seq, int64_t layer, int64_t lh, int64_t pos, in
         double kept = 0;
         for (int64_t j = 0; j < L; ++j) kept += eh[j] > thr[h] ? eh[j] : 0.0f;
         const float theta_row = post ? thr[h] / d_full[h] : row_max[h] + std::log(thr[h]);
-        const float miss = kept > 0 ? static_cast<float>((d_full[h] - kept) / kept) : 0.0f;
+        // ≥ 0: D_full is a float sum, and kept can exceed it by rounding when nearly all is kept.
+        const float miss = kept > 0 ? static_cast<float>(std::max(0.0, (d_full[h] - kept) / kept)) : 0.0f;
         cfg.recorder->Record(static_cast<int32_t>(layer), head, L, theta_row, miss);
       }
     } else {
@@ -379,8 +382,13 @@ void PagedAttention(ThreadPool& pool, const ForwardBatch& batch, const Attention
   std::vector<Unit> units;
   for (int32_t s = 0; s < static_cast<int32_t>(batch.seqs.size()); ++s) {
     const int32_t n = batch.seqs[s].num_tokens;
-    for (int32_t t = 0; t < n; t += kTileTokens) {
-      for (int32_t g = 0; g < shape.num_kv_heads; ++g) units.push_back({s, t, std::min(kTileTokens, n - t), g});
+    // Fewer tokens per tile where the rows are long: a thread's score buffer (tile × group ×
+    // row length floats, kept for the thread's life) stays under kMaxScoreFloats.
+    const int64_t row = int64_t(batch.seqs[s].start_pos) + n;
+    const int32_t tile = static_cast<int32_t>(
+        std::clamp<int64_t>(kMaxScoreFloats / (group * row), 1, kTileTokens));
+    for (int32_t t = 0; t < n; t += tile) {
+      for (int32_t g = 0; g < shape.num_kv_heads; ++g) units.push_back({s, t, std::min(tile, n - t), g});
     }
   }
   // Longest rows first: the pool hands out contiguous chunks of units as threads free up, and

@@ -68,8 +68,9 @@ inline void Dot4(const float* a, const float* const b[4], int64_t n, float out[4
 }
 
 // x[j] = exp(x[j] - m) for j < n, and returns Σ x[j]. With AVX2, eight at a time by the
-// Cephes single-precision polynomial (within a few ulp of std::exp; arguments under -88
-// give 0) summed in eight lanes, and the last n mod 8 by std::exp. Same n, same values.
+// Cephes single-precision polynomial (within a few ulp of std::exp; arguments under -88,
+// -inf included, give 0; NaN stays NaN) summed in eight lanes, and the last n mod 8 by
+// std::exp. Same n, same values.
 inline float ExpShiftSum(float* x, int64_t n, float m) {
   int64_t i = 0;
   float sum = 0.0f;
@@ -81,7 +82,8 @@ inline float ExpShiftSum(float* x, int64_t n, float m) {
   const __m256 one = _mm256_set1_ps(1.0f);
   __m256 acc = _mm256_setzero_ps();
   for (; i + 8 <= n; i += 8) {
-    __m256 v = _mm256_min_ps(_mm256_max_ps(_mm256_sub_ps(_mm256_loadu_ps(x + i), vm), lo), hi);
+    // Clamped, with NaN passed through (max/min return their second operand when one is NaN).
+    __m256 v = _mm256_min_ps(hi, _mm256_max_ps(lo, _mm256_sub_ps(_mm256_loadu_ps(x + i), vm)));
     // v = k·ln2 + r with k = round(v / ln2), ln2 split in two for precision.
     const __m256 k = _mm256_floor_ps(_mm256_fmadd_ps(v, log2e, half));
     v = _mm256_fnmadd_ps(k, c1, v);

@@ -7,6 +7,7 @@
 #include <limits>
 #include <numeric>
 #include <random>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -22,7 +23,7 @@
 namespace thetaserve::kernels {
 namespace {
 
-constexpr int kD = 64, kGroup = 3, kKvHeads = 2, kHeads = kGroup * kKvHeads, kBlock = 16;
+constexpr int kKvHeads = 2, kBlock = 16;
 
 // One sequence's pages in a shared pool: K and V pages of every KV head, shuffled ids.
 struct PagedSeq {
@@ -34,19 +35,21 @@ struct PagedSeq {
   bool record = false;
   std::vector<int32_t> hits;  // [kKvHeads, stride * kBlock]
   std::vector<float> mass;    // same shape
-  std::vector<float> v_sum;   // [kKvHeads, kD] (only its presence matters here)
+  std::vector<float> v_sum;   // [kKvHeads, head_dim] (only its presence matters here)
 
   int32_t length() const { return start_pos + num_tokens; }
 };
 
-class DenseAttentionTest : public ::testing::Test {
+// Parameters: head_dim and query heads per KV head.
+class DenseAttentionTest : public ::testing::TestWithParam<std::pair<int, int>> {
  protected:
   // Sequences: a prefill chunk of 37 tokens after 50 cached ones (tiles of 16, 16 and 5 that
   // cross page boundaries), a decode token at 200, and a first chunk of 20 tokens.
   void SetUp() override {
-    const uint32_t seed = std::random_device{}();
-    SCOPED_TRACE(seed);
-    seed_ = seed;
+    std::tie(d_, group_) = GetParam();
+    heads_ = group_ * kKvHeads;
+    seed_ = std::random_device{}();
+    const uint32_t seed = seed_;
     std::mt19937 rng(seed);
     std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
     for (auto [start, n] : {std::pair{50, 37}, std::pair{200, 1}, std::pair{0, 20}}) {
@@ -67,14 +70,14 @@ class DenseAttentionTest : public ::testing::Test {
       for (int i = 0; i < kKvHeads * s.stride; ++i) s.k_pages.push_back(ids[next++]);
       for (int i = 0; i < kKvHeads * s.stride; ++i) s.v_pages.push_back(ids[next++]);
     }
-    layout_ = KvPoolLayout{kBlock, kD, pages};
+    layout_ = KvPoolLayout{kBlock, d_, pages};
     pool_.resize(layout_.num_pages * layout_.PageElems());
     // Scores spread over a few units so that the softmax is neither flat nor one-hot.
     for (float& x : pool_) x = uni(rng);
     for (const auto& s : seqs_) num_tokens_ += s.num_tokens;
-    q_.resize(size_t(num_tokens_) * kHeads * kD);
+    q_.resize(size_t(num_tokens_) * heads_ * d_);
     for (float& x : q_) x = 2.0f * uni(rng);
-    vsum_rows_.resize(size_t(num_tokens_) * kKvHeads * kD);
+    vsum_rows_.resize(size_t(num_tokens_) * kKvHeads * d_);
     for (float& x : vsum_rows_) x = uni(rng);
   }
 
@@ -111,12 +114,12 @@ class DenseAttentionTest : public ::testing::Test {
       s.record = cfg.active();
       s.hits.assign(kKvHeads * s.stride * kBlock, -1);
       s.mass.assign(kKvHeads * s.stride * kBlock, 0.0f);
-      s.v_sum.assign(kKvHeads * kD, 0.0f);
+      s.v_sum.assign(kKvHeads * d_, 0.0f);
     }
     const std::vector<SeqChunk> chunks = Chunks(split);
     std::vector<int32_t> tokens(num_tokens_, 0);
     ForwardBatch batch{tokens, chunks, false, stats};
-    cpu::AttentionShape shape{1, kHeads, kKvHeads, kD, 1.0f / std::sqrt(float(kD))};
+    cpu::AttentionShape shape{1, heads_, kKvHeads, d_, 1.0f / std::sqrt(float(d_))};
     cpu::ThreadPool pool(threads);
     std::vector<float> out(q_.size(), std::numeric_limits<float>::quiet_NaN());
     cpu::PagedAttention(pool, batch, shape, 0, q_.data(), layout_, pool_.data(),
@@ -131,26 +134,26 @@ class DenseAttentionTest : public ::testing::Test {
     for (const auto& s : seqs_) {
       for (int32_t i = 0; i < s.num_tokens; ++i, ++row) {
         const int32_t L = s.start_pos + i + 1;
-        for (int h = 0; h < kHeads; ++h) {
-          const int g = h / kGroup;
-          const float* q = q_.data() + (size_t(row) * kHeads + h) * kD;
+        for (int h = 0; h < heads_; ++h) {
+          const int g = h / group_;
+          const float* q = q_.data() + (size_t(row) * heads_ + h) * d_;
           std::vector<double> sc(L);
           double m = -INFINITY;
           for (int32_t j = 0; j < L; ++j) {
             const float* k = pool_.data() + layout_.RowOffset(s.k_pages[g * s.stride + j / kBlock], j % kBlock);
             double dot = 0;
-            for (int c = 0; c < kD; ++c) dot += double(q[c]) * k[c];
-            sc[j] = dot / std::sqrt(double(kD));
+            for (int c = 0; c < d_; ++c) dot += double(q[c]) * k[c];
+            sc[j] = dot / std::sqrt(double(d_));
             m = std::max(m, sc[j]);
           }
           double den = 0;
           for (double& x : sc) den += x = std::exp(x - m);
-          for (int c = 0; c < kD; ++c) {
+          for (int c = 0; c < d_; ++c) {
             double acc = 0;
             for (int32_t j = 0; j < L; ++j) {
               acc += sc[j] * pool_[layout_.RowOffset(s.v_pages[g * s.stride + j / kBlock], j % kBlock) + c];
             }
-            out[(size_t(row) * kHeads + h) * kD + c] = float(acc / den);
+            out[(size_t(row) * heads_ + h) * d_ + c] = float(acc / den);
           }
         }
       }
@@ -158,16 +161,18 @@ class DenseAttentionTest : public ::testing::Test {
     return out;
   }
 
+  int d_ = 0, group_ = 0, heads_ = 0;
   uint32_t seed_ = 0;
   std::vector<PagedSeq> seqs_;
   int32_t num_tokens_ = 0;
   KvPoolLayout layout_;
   std::vector<float> pool_;
   std::vector<float> q_;
-  std::vector<float> vsum_rows_;  // [tokens, kKvHeads * kD] VMC's running sums, made up
+  std::vector<float> vsum_rows_;  // [tokens, kKvHeads * d_] VMC's running sums, made up
 };
 
-TEST_F(DenseAttentionTest, PrefillChunkEqualsItsTokensAloneBitForBitAndTheFloat64Reference) {
+TEST_P(DenseAttentionTest, PrefillChunkEqualsItsTokensAloneBitForBitAndTheFloat64Reference) {
+  SCOPED_TRACE(::testing::Message() << "seed " << seed_ << ", head_dim " << d_ << ", group " << group_);
   AttentionStats whole_stats, split_stats;
   whole_stats.Reset(1);
   split_stats.Reset(1);
@@ -177,7 +182,7 @@ TEST_F(DenseAttentionTest, PrefillChunkEqualsItsTokensAloneBitForBitAndTheFloat6
   for (size_t i = 0; i < whole.size(); ++i) {
     ASSERT_FALSE(std::isnan(whole[i])) << "output " << i << " never written; seed " << seed_;
     // The same arithmetic per query row, whatever the tile: equal to the last bit.
-    ASSERT_EQ(whole[i], alone[i]) << "output " << i << " (token " << i / (kHeads * kD)
+    ASSERT_EQ(whole[i], alone[i]) << "output " << i << " (token " << i / (heads_ * d_)
                                   << "); seed " << seed_;
   }
   EXPECT_TRUE(testing::AllClose(whole, Reference(), 2e-6f, 2e-5f)) << "seed " << seed_;
@@ -188,16 +193,17 @@ TEST_F(DenseAttentionTest, PrefillChunkEqualsItsTokensAloneBitForBitAndTheFloat6
     for (int32_t i = 0; i < s.num_tokens; ++i) rows += s.start_pos + i + 1;
   }
   EXPECT_EQ(whole_stats.v_rows_read, kKvHeads * rows);
-  EXPECT_EQ(whole_stats.elements_dense, kKvHeads * kGroup * rows);
+  EXPECT_EQ(whole_stats.elements_dense, kKvHeads * group_ * rows);
   EXPECT_EQ(split_stats.v_rows_read, whole_stats.v_rows_read);
   EXPECT_EQ(split_stats.elements_kept, whole_stats.elements_kept);
 }
 
-TEST_F(DenseAttentionTest, TopThetaPrefillChunkEqualsItsTokensAloneWithTheSameRecords) {
+TEST_P(DenseAttentionTest, TopThetaPrefillChunkEqualsItsTokensAloneWithTheSameRecords) {
+  SCOPED_TRACE(::testing::Message() << "seed " << seed_ << ", head_dim " << d_ << ", group " << group_);
   // Post-softmax θ = 0.004 past k = 8 keys: rows keep their clearly-above-average keys.
-  model::ThetaTable table(1, kHeads, model::ThetaTable::DefaultBuckets(4096));
+  model::ThetaTable table(1, heads_, model::ThetaTable::DefaultBuckets(4096));
   table.k_per_layer[0] = 8;
-  for (int32_t h = 0; h < kHeads; ++h) {
+  for (int32_t h = 0; h < heads_; ++h) {
     for (size_t b = 0; b < table.buckets().size(); ++b) table.theta_at(0, h, b) = 0.004f;
   }
   table.placement = model::ThetaPlacement::kPostSoftmax;
@@ -233,13 +239,22 @@ TEST_F(DenseAttentionTest, TopThetaPrefillChunkEqualsItsTokensAloneWithTheSameRe
   }
   EXPECT_EQ(whole_stats.v_rows_read, alone_stats.v_rows_read);
   EXPECT_EQ(whole_stats.elements_kept, alone_stats.elements_kept);
-  // θ prunes: fewer rows read than dense, but some.
-  EXPECT_GT(whole_stats.v_rows_read, 0);
-  EXPECT_LT(whole_stats.v_rows_read, whole_stats.v_rows_read_dense);
+  // θ prunes: heads keep fewer (key, head) elements than dense, but some. (With 64 heads a
+  // group reads nearly every V row: some head keeps it.)
+  EXPECT_GT(whole_stats.elements_kept, 0);
+  EXPECT_LT(whole_stats.elements_kept, whole_stats.elements_dense);
 }
+
+// SmolLM2's shape; a head size with a 16-column and no 64-column part; one with a scalar
+// tail (100 = 64 + 2·16 + 4) and the largest group a CUDA kernel takes; the CPU's largest
+// group (16 tokens × 64 heads = the 1,024-row limit of a tile).
+INSTANTIATE_TEST_SUITE_P(Shapes, DenseAttentionTest,
+                         ::testing::Values(std::pair{64, 3}, std::pair{80, 1}, std::pair{100, 8},
+                                           std::pair{16, 64}));
 
 TEST(ExpShiftSumTest, WithinAFewUlpOfStdExpAndSumsWhatItWrites) {
   const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
   std::mt19937 rng(seed);
   std::uniform_real_distribution<float> uni(-95.0f, 0.0f);
   for (int64_t n : {1, 7, 8, 9, 64, 1001}) {
@@ -265,6 +280,28 @@ TEST(ExpShiftSumTest, WithinAFewUlpOfStdExpAndSumsWhatItWrites) {
     for (float v : got) written += v;
     EXPECT_NEAR(sum, written, written * 1e-6) << "n " << n;
     EXPECT_NEAR(sum, want_sum, want_sum * 1e-6) << "n " << n;
+  }
+}
+
+TEST(ExpShiftSumTest, MinusInfinityGivesZeroAndNaNStaysNaN) {
+  // Sixteen elements: both in the eight-wide part, and the same again in the scalar tail.
+  const float inf = std::numeric_limits<float>::infinity();
+  for (int64_t n : {16, 19}) {
+    std::vector<float> x(n, 0.0f);
+    x[3] = -inf;
+    x[n - 1] = -inf;
+    std::vector<float> a = x;
+    const float sum = cpu::ExpShiftSum(a.data(), n, 0.0f);
+    EXPECT_EQ(a[3], 0.0f);
+    EXPECT_EQ(a[n - 1], 0.0f);
+    EXPECT_EQ(a[0], 1.0f);
+    EXPECT_FLOAT_EQ(sum, float(n - 2)) << "n " << n;
+    for (int64_t at : {int64_t(5), n - 2}) {
+      std::vector<float> b = x;
+      b[at] = std::numeric_limits<float>::quiet_NaN();
+      EXPECT_TRUE(std::isnan(cpu::ExpShiftSum(b.data(), n, 0.0f))) << "NaN at " << at << " of " << n;
+      EXPECT_TRUE(std::isnan(b[at])) << "NaN at " << at << " of " << n;
+    }
   }
 }
 
