@@ -107,22 +107,36 @@ void AccumulateBlock(const float* w, const float* const* x, int64_t n, int64_t d
   }
 }
 
-// Pass 1 of attention for a tile: tokens at positions first_pos .. first_pos + ntok - 1 of one
-// sequence, the `group` query heads of one KV head each. Query row r = i·group + h (token i,
-// head h) attends to keys [0, first_pos + i]. Writes e[r·L + j] = exp(s_rj - max_r), with
-// s_rj = q_r·k_j·scale and L = first_pos + ntok, and returns each row's max and Σe. K rows
-// are read once for the whole tile, four keys at a time. A row's own arithmetic is the same
-// whatever the tile, so the results do not depend on how the tokens were tiled.
-void ExpScores(const SeqChunk& seq, int64_t lh, int64_t first_pos, int64_t ntok, int64_t group,
-               int64_t d, float scale, const KvPoolLayout& layout, const float* kv_pool,
-               const float* q,  // token i, head h at q + i * q_stride + h * d
-               int64_t q_stride,
-               float* e,        // [ntok * group, L]
-               float* row_max, float* denom) {
+// A unit's query rows: tokens at positions first_pos .. first_pos + ntok - 1 of one sequence,
+// the `group` query heads of one KV head each. Row r = i·group + h (token i, head h) attends to
+// keys [0, first_pos + i].
+struct Tile {
+  int64_t first_pos, ntok, group;
+
+  int64_t rows() const { return ntok * group; }
+  int64_t keys() const { return first_pos + ntok; }  // the longest row
+  int64_t RowLen(int64_t r) const { return first_pos + r / group + 1; }
+  // The first row that sees key j (rows from there on all do).
+  int64_t FirstRowSeeing(int64_t j) const { return std::max<int64_t>(0, j - first_pos) * group; }
+  // Row r's offset in a [token, head, d] array whose tokens are `token_stride` apart.
+  int64_t Offset(int64_t r, int64_t token_stride, int64_t d) const {
+    return (r / group) * token_stride + (r % group) * d;
+  }
+};
+
+// Pass 1 of attention for a tile: sizes e to [rows, keys] and writes e[r·keys + j] =
+// exp(s_rj - max_r) for j < RowLen(r), with s_rj = q_r·k_j·scale, and each row's max and Σe.
+// K rows are read once for the whole tile, four keys at a time. A row's own arithmetic is the
+// same whatever the tile, so the results do not depend on how the tokens were tiled.
+void ExpScores(const SeqChunk& seq, int64_t lh, const Tile& tile, int64_t d, float scale,
+               const KvPoolLayout& layout, const float* kv_pool,
+               const float* q,  // row r at q + tile.Offset(r, q_stride, d)
+               int64_t q_stride, std::vector<float>& e, float* row_max, float* denom) {
   constexpr int64_t kKeys = 4;
   const int32_t bs = layout.block_size;
-  const int64_t rows = ntok * group;
-  const int64_t L = first_pos + ntok;
+  const int64_t rows = tile.rows();
+  const int64_t L = tile.keys();
+  e.resize(rows * L);
   std::fill(row_max, row_max + rows, -std::numeric_limits<float>::infinity());
   for (int64_t j0 = 0; j0 < L; j0 += kKeys) {
     const float* kr[kKeys];
@@ -130,11 +144,10 @@ void ExpScores(const SeqChunk& seq, int64_t lh, int64_t first_pos, int64_t ntok,
       const int64_t j = std::min(j0 + u, L - 1);  // the last block repeats its final key
       kr[u] = kv_pool + layout.RowOffset(seq.pages.KPage(lh, j, bs), int32_t(j % bs));
     }
-    // Rows of the tokens that see key j0 (token i sees it when i >= j0 - first_pos).
-    for (int64_t r = std::max<int64_t>(0, j0 - first_pos) * group; r < rows; ++r) {
+    for (int64_t r = tile.FirstRowSeeing(j0); r < rows; ++r) {
       float s[kKeys];
-      Dot4(q + (r / group) * q_stride + (r % group) * d, kr, d, s);
-      const int64_t j1 = std::min(j0 + kKeys, first_pos + r / group + 1);
+      Dot4(q + tile.Offset(r, q_stride, d), kr, d, s);
+      const int64_t j1 = std::min(j0 + kKeys, tile.RowLen(r));
       for (int64_t j = j0; j < j1; ++j) {
         const float x = s[j - j0] * scale;
         e[r * L + j] = x;
@@ -142,30 +155,23 @@ void ExpScores(const SeqChunk& seq, int64_t lh, int64_t first_pos, int64_t ntok,
       }
     }
   }
-  for (int64_t r = 0; r < rows; ++r) {
-    denom[r] = ExpShiftSum(e + r * L, first_pos + r / group + 1, row_max[r]);
-  }
+  for (int64_t r = 0; r < rows; ++r) denom[r] = ExpShiftSum(e.data() + r * L, tile.RowLen(r), row_max[r]);
 }
 
 // Dense softmax attention for one unit (a tile as in ExpScores): pass 1, then Σ e·V over
 // blocks of 32 keys with each output row in registers across the block, then ÷ Σe.
-void DenseTile(const SeqChunk& seq, int64_t lh, int64_t first_pos, int64_t ntok, int64_t group,
-               int64_t d, float scale, const KvPoolLayout& layout, const float* kv_pool,
-               const float* q,    // token i, head h at q + i * q_stride + h * d
+void DenseTile(const SeqChunk& seq, int64_t lh, const Tile& tile, int64_t d, float scale,
+               const KvPoolLayout& layout, const float* kv_pool,
+               const float* q,  // row r at q + tile.Offset(r, q_stride, d)
                int64_t q_stride,
-               float* o,          // same layout as q
+               float* o,        // same layout as q
                std::vector<float>& e) {
   const int32_t bs = layout.block_size;
-  const int64_t rows = ntok * group;
-  const int64_t L = first_pos + ntok;  // the last token's row length; e's row stride
-  e.resize(rows * L);
+  const int64_t rows = tile.rows();
+  const int64_t L = tile.keys();  // e's row stride
   float row_max[kTileTokens * kMaxGroup], denom[kTileTokens * kMaxGroup];
-  ExpScores(seq, lh, first_pos, ntok, group, d, scale, layout, kv_pool, q, q_stride, e.data(),
-            row_max, denom);
-  auto row_len = [&](int64_t r) { return first_pos + r / group + 1; };
-  auto o_row = [&](int64_t r) { return o + (r / group) * q_stride + (r % group) * d; };
-  // Tokens i >= j - first_pos see key j: rows from first_row(j) on.
-  auto first_row = [&](int64_t j) { return std::max<int64_t>(0, j - first_pos) * group; };
+  ExpScores(seq, lh, tile, d, scale, layout, kv_pool, q, q_stride, e, row_max, denom);
+  auto o_row = [&](int64_t r) { return o + tile.Offset(r, q_stride, d); };
 
   // Σ e·V over blocks of keys; each row accumulates its keys in order.
   for (int64_t r = 0; r < rows; ++r) std::fill(o_row(r), o_row(r) + d, 0.0f);
@@ -176,8 +182,8 @@ void DenseTile(const SeqChunk& seq, int64_t lh, int64_t first_pos, int64_t ntok,
       const int64_t j = j0 + u;
       vr[u] = kv_pool + layout.RowOffset(seq.pages.VPage(lh, j, bs), int32_t(j % bs));
     }
-    for (int64_t r = first_row(j0); r < rows; ++r) {
-      const int64_t j1 = std::min(j0 + n, row_len(r));
+    for (int64_t r = tile.FirstRowSeeing(j0); r < rows; ++r) {
+      const int64_t j1 = std::min(j0 + n, tile.RowLen(r));
       AccumulateBlock(e.data() + r * L + j0, vr, j1 - j0, d, o_row(r));
     }
   }
@@ -345,24 +351,22 @@ void TopThetaRow(const SeqChunk& seq, int64_t layer, int64_t lh, int64_t pos, in
 
 // Top-θ attention for one unit (a tile as in ExpScores): pass 1 for the whole tile, then each
 // token's rows as TopThetaRow.
-void TopThetaTile(const SeqChunk& seq, int64_t layer, int64_t lh, int64_t first_pos, int64_t ntok,
-                  int64_t group, int64_t first_head, const AttentionShape& shape,
-                  const KvPoolLayout& layout, const float* kv_pool,
-                  const float* q,     // token i, head h at q + i * q_stride + h * d
+void TopThetaTile(const SeqChunk& seq, int64_t layer, int64_t lh, const Tile& tile,
+                  int64_t first_head, const AttentionShape& shape, const KvPoolLayout& layout,
+                  const float* kv_pool,
+                  const float* q,     // row r at q + tile.Offset(r, q_stride, head_dim)
                   int64_t q_stride,
                   const float* vsum,  // token i's running V sum at vsum + i * vsum_stride, or null
                   int64_t vsum_stride,
                   float* o,           // same layout as q
                   const TopThetaConfig& cfg, Scratch& scratch) {
-  const int64_t L = first_pos + ntok;
-  std::vector<float>& e = scratch.e;
-  e.resize(ntok * group * L);
+  const int64_t L = tile.keys(), group = tile.group;
   float row_max[kTileTokens * kMaxGroup], d_full[kTileTokens * kMaxGroup];
-  ExpScores(seq, lh, first_pos, ntok, group, shape.head_dim, shape.scale, layout, kv_pool, q,
-            q_stride, e.data(), row_max, d_full);
-  for (int64_t i = 0; i < ntok; ++i) {
-    TopThetaRow(seq, layer, lh, first_pos + i, group, first_head, shape, layout, kv_pool,
-                e.data() + i * group * L, L, row_max + i * group, d_full + i * group,
+  ExpScores(seq, lh, tile, shape.head_dim, shape.scale, layout, kv_pool, q, q_stride, scratch.e,
+            row_max, d_full);
+  for (int64_t i = 0; i < tile.ntok; ++i) {
+    TopThetaRow(seq, layer, lh, tile.first_pos + i, group, first_head, shape, layout, kv_pool,
+                scratch.e.data() + i * group * L, L, row_max + i * group, d_full + i * group,
                 vsum ? vsum + i * vsum_stride : nullptr, o + i * q_stride, cfg, scratch);
   }
 }
@@ -408,6 +412,7 @@ void PagedAttention(ThreadPool& pool, const ForwardBatch& batch, const Attention
       const int64_t row = seq.token_offset + unit.token;
       const int64_t pos = seq.start_pos + unit.token;
       const int64_t lh = layer * shape.num_kv_heads + unit.kv_head;
+      const Tile tile{pos, unit.num_tokens, group};
       // The unit's first token: [group, d]; later tokens follow at a stride of q_dim.
       const float* qg = q + row * q_dim + unit.kv_head * group * d;
       float* og = o + row * q_dim + unit.kv_head * group * d;
@@ -416,11 +421,10 @@ void PagedAttention(ThreadPool& pool, const ForwardBatch& batch, const Attention
         const float* vsum = vsum_rows && seq.pages.v_sum
                                 ? vsum_rows + row * kv_dim + unit.kv_head * d
                                 : nullptr;
-        TopThetaTile(seq, layer, lh, pos, unit.num_tokens, group, unit.kv_head * group, shape,
-                     layout, kv_pool, qg, q_dim, vsum, kv_dim, og, config, scratch);
+        TopThetaTile(seq, layer, lh, tile, unit.kv_head * group, shape, layout, kv_pool, qg, q_dim,
+                     vsum, kv_dim, og, config, scratch);
       } else {
-        DenseTile(seq, lh, pos, unit.num_tokens, group, d, shape.scale, layout, kv_pool, qg, q_dim,
-                  og, scratch.e);
+        DenseTile(seq, lh, tile, d, shape.scale, layout, kv_pool, qg, q_dim, og, scratch.e);
         // Σ over the tile's tokens of their row lengths pos + 1 .. pos + num_tokens.
         const int64_t n = unit.num_tokens;
         const int64_t rows_read = n * (pos + 1) + n * (n - 1) / 2;
