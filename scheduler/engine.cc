@@ -282,6 +282,9 @@ void Engine::RunStep(StepPlan& plan) {
     ++counters_.generation_tokens;
     if (seq->AppendToken(r, *tokenizer_)) done.emplace_back(seq, seq->finish_reason());
   }
+  // The observer (metrics) sees this step's counters before any client hears that its request
+  // finished: a client that scrapes after its stream ends finds its tokens counted.
+  if (!done.empty()) PublishStats(nullptr);
   for (auto& [seq, reason] : done) Finish(seq, reason, absl::OkStatus());
   CompactSparseV(plan);
   ++counters_.steps;

@@ -56,8 +56,8 @@ class Engine {
   const cache::PagePool& pool_for_tests() const { return pool_; }
   const EngineConfig& config() const { return config_; }
   // Called on the engine thread whenever the stats change: after every step (with that
-  // step's figures) and after cancellations (step == nullptr). The metrics hook; set it
-  // before traffic starts.
+  // step's figures), after cancellations, and before a step's finished requests are told so
+  // (step == nullptr in both). The metrics hook; set it before traffic starts.
   using Observer = std::function<void(const EngineStats&, const StepStats* step)>;
   void SetObserver(Observer observer) { observer_ = std::move(observer); }
 

@@ -292,6 +292,39 @@ TEST_F(EngineTest, RejectsARequestThatCanNeverFitThePool) {
   EXPECT_NE(std::string(st.message()).find("--kv-cache-memory"), std::string::npos) << st;
 }
 
+// What metrics report must already count a request's tokens when its client hears it finished
+// (a client that scrapes /metrics after its stream ends must see them).
+TEST_F(EngineTest, ObserverHasCountedEveryTokenBeforeTheRequestFinishes) {
+  auto backend = kernels::CreateBackend(*model_, kernels::Device::kCpu, 0);
+  ASSERT_TRUE(backend.ok());
+  auto engine = Engine::Create(EngineConfig{}, **backend);
+  ASSERT_TRUE(engine.ok());
+  std::atomic<int64_t> observed{0};  // generation tokens the observer has seen
+  (*engine)->SetObserver([&](const EngineStats& s, const StepStats*) {
+    observed.store(s.counters.generation_tokens);
+  });
+  // Reads the observer's count at the moment the engine finishes the request.
+  class CheckingSink : public CollectingSink {
+   public:
+    explicit CheckingSink(const std::atomic<int64_t>& observed) : observed_(observed) {}
+    void OnFinish(const FinishInfo& i) override {
+      observed_at_finish = observed_.load();
+      CollectingSink::OnFinish(i);
+    }
+    int64_t observed_at_finish = -1;
+
+   private:
+    const std::atomic<int64_t>& observed_;
+  };
+  auto sink = std::make_shared<CheckingSink>(observed);
+  Request r = MakeRequest("counted", "The capital of France is", 6);
+  r.stopping.ignore_eos = true;
+  ASSERT_TRUE((*engine)->Submit(r, sink).ok());
+  ASSERT_TRUE(sink->Wait(120));
+  EXPECT_EQ(sink->info.completion_tokens, 6);
+  EXPECT_EQ(sink->observed_at_finish, 6);
+}
+
 TEST_F(EngineTest, SparsePolicyStoresFewerVRowsAndReturnsEveryPage) {
   const model::ThetaTable table = ConstantPostTheta(0.02f);
   auto backend = TopThetaBackend(table);
