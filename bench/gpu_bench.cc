@@ -4,11 +4,13 @@
 //     measured in the same run, V rows read, and the bytes/s dense attention reached against
 //     the copy bandwidth;
 //  3. dense prefill attention TFLOP/s;
-//  4. end-to-end decode tokens/s on a model through the real engine (when --model exists).
+//  4. end-to-end decode tokens/s on a model through the real engine (when --model exists),
+//     after 128-token prompts and after long ones.
 //
 //   build/thetaserve_gpu_bench [--contexts 1024,4096,16384,32768,131072] [--batches 1,8,32,64]
 //       [--prefill 1024,4096,16384] [--model models/SmolLM2-135M-Instruct.Q4_1.gguf]
-//       [--e2e-batches 1,8,32,64] [--theta thetas.json] [--repeats 5]
+//       [--e2e-batches 1,8,32,64] [--e2e-long-prompt 8000] [--e2e-long-batches 8,32]
+//       [--theta thetas.json] [--repeats 5]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -156,7 +158,7 @@ void DecodeAttention(const std::vector<int>& contexts, const std::vector<int>& b
       const ts::kernels::KvPoolLayout layout{bs, d, max_pages};
       const cu::AttnShape shape{H, kvh, d, 0.125f};
       cu::DeviceBatch db;
-      CHECK_OK(db.Upload(batch, kvh, d, nullptr));
+      CHECK_OK(db.Upload(batch, kvh, layout, nullptr));
       cu::CudaAttention dense(sms), theta(sms);
       CHECK_OK(dense.Prepare(batch, db, shape, 1, dense_cfg, nullptr));
       CHECK_OK(theta.Prepare(batch, db, shape, 1, theta_cfg, nullptr));
@@ -220,7 +222,7 @@ void PrefillAttention(const std::vector<int>& lengths, int repeats, int sms) {
     }
     CHECK_CUDA(cudaMemcpy(q, hq.data(), hq.size() * 4, cudaMemcpyHostToDevice));
     cu::DeviceBatch db;
-    CHECK_OK(db.Upload(batch, kvh, d, nullptr));
+    CHECK_OK(db.Upload(batch, kvh, layout, nullptr));
     cu::CudaAttention att(sms);
     CHECK_OK(att.Prepare(batch, db, cu::AttnShape{H, kvh, d, 0.125f}, 1, ts::kernels::TopThetaConfig{}, nullptr));
     const double ms = TimeMs([&] { CHECK_OK(att.Run(0, db, q, H * d, layout, pool, nullptr, o, nullptr)); }, 3, repeats);
@@ -238,8 +240,11 @@ void PrefillAttention(const std::vector<int>& lengths, int repeats, int sms) {
   }
 }
 
+// Decode through the engine: 128-token prompts at every batch in `batches`, then prompts of
+// `long_prompt` tokens at `long_batches` (where per-step host work that grows with the context
+// would show: page tables, hit marks).
 void EndToEnd(const std::string& path, const std::string& theta_path, const std::vector<int>& batches,
-              double copy_bw, int repeats) {
+              int long_prompt, const std::vector<int>& long_batches, double copy_bw, int repeats) {
   std::printf("\n## end-to-end decode through the engine: %s\n", path.c_str());
   auto model = ts::model::Model::Load(path);
   if (!model.ok()) {
@@ -260,29 +265,45 @@ void EndToEnd(const std::string& path, const std::string& theta_path, const std:
     else std::printf("θ file %s: %s\n", theta_path.c_str(), std::string(t.status().message()).c_str());
   }
   std::printf("bf16 weights on the device: %.1f MB\n", weight_bytes / 1e6);
-  std::printf("%-8s %-8s %-12s %-12s %-10s\n", "mode", "batch", "step ms", "tokens/s", "weights bw");
-  for (int mode = 0; mode < (table ? 2 : 1); ++mode) {
-    ts::kernels::TopThetaConfig cfg;
-    if (mode == 1) cfg.table = &*table;
-    (*backend)->SetTopTheta(cfg);
-    for (int B : batches) {
-      std::vector<double> step_ms;
-      for (int rep = 0; rep < repeats; ++rep) {
-        ts::scheduler::EngineConfig config;
-        config.kv_cache_bytes = int64_t(4) << 30;
-        config.scheduler.max_num_batched_tokens = 8192;
-        auto seconds = ts::bench::DecodeStepSeconds(config, **backend, **model, B, /*prompt_tokens=*/128,
-                                                    /*max_tokens=*/64);
-        CHECK_OK(seconds.status());
-        step_ms.push_back(*seconds * 1e3);
+  std::printf("%-8s %-8s %-8s %-12s %-12s %-10s\n", "mode", "prompt", "batch", "step ms", "tokens/s",
+              "weights bw");
+  struct Shape {
+    int prompt, max_tokens;
+    std::vector<int> batches;
+  };
+  std::vector<Shape> shapes = {{128, 64, batches}};
+  if (long_prompt > 0 && !long_batches.empty()) shapes.push_back({long_prompt, 32, long_batches});
+  for (const Shape& shape : shapes) {
+    for (int mode = 0; mode < (table ? 2 : 1); ++mode) {
+      ts::kernels::TopThetaConfig cfg;
+      if (mode == 1) cfg.table = &*table;
+      (*backend)->SetTopTheta(cfg);
+      for (int B : shape.batches) {
+        std::vector<double> step_ms;
+        for (int rep = 0; rep < repeats; ++rep) {
+          ts::scheduler::EngineConfig config;
+          // bf16 K and V of every layer: 4 GiB holds 64 × 192 tokens many times over; the long
+          // prompts need their own share.
+          const int64_t kv_bytes = int64_t(B) * (shape.prompt + shape.max_tokens + 16) *
+                                   c.num_layers * c.kv_dim() * 2 * 2;
+          config.kv_cache_bytes = std::max<int64_t>(int64_t(4) << 30, kv_bytes * 5 / 4);
+          config.scheduler.max_num_batched_tokens = 8192;
+          auto seconds = ts::bench::DecodeStepSeconds(config, **backend, **model, B, shape.prompt,
+                                                      shape.max_tokens);
+          CHECK_OK(seconds.status());
+          step_ms.push_back(*seconds * 1e3);
+        }
+        const double ms = Median(step_ms);
+        const double bw = weight_bytes / (ms / 1e3) / copy_bw;
+        std::printf("%-8s %-8d %-8d %-12.3f %-12.0f %-10.3f\n", mode ? "top-θ" : "dense", shape.prompt, B,
+                    ms, B / (ms / 1e3), bw);
+        std::fflush(stdout);
+        char buf[96];
+        std::snprintf(buf, sizeof buf, "%.0f tok/s (%.3f ms/step, weights at %.0f%% of copy bw)", B / (ms / 1e3), ms, 100 * bw);
+        g_summary.push_back({std::string("e2e decode ") + (mode ? "top-θ" : "dense") + ", " +
+                                 std::to_string(shape.prompt) + " × " + std::to_string(B),
+                             buf});
       }
-      const double ms = Median(step_ms);
-      const double bw = weight_bytes / (ms / 1e3) / copy_bw;
-      std::printf("%-8s %-8d %-12.3f %-12.0f %-10.3f\n", mode ? "top-θ" : "dense", B, ms, B / (ms / 1e3), bw);
-      std::fflush(stdout);
-      char buf[96];
-      std::snprintf(buf, sizeof buf, "%.0f tok/s (%.3f ms/step, weights at %.0f%% of copy bw)", B / (ms / 1e3), ms, 100 * bw);
-      g_summary.push_back({std::string("e2e decode ") + (mode ? "top-θ" : "dense") + ", batch " + std::to_string(B), buf});
     }
   }
 }
@@ -294,6 +315,8 @@ int main(int argc, char** argv) {
   std::vector<int> batches = {1, 8, 32, 64};
   std::vector<int> prefill = {1024, 4096, 16384};
   std::vector<int> e2e = {1, 8, 32, 64};
+  std::vector<int> e2e_long = {8, 32};
+  int long_prompt = 8000;  // SmolLM2's context is 8,192
   std::string model = "models/SmolLM2-135M-Instruct.Q4_1.gguf", theta;
   int repeats = 5;
   for (int i = 1; i + 1 < argc; i += 2) {
@@ -302,6 +325,8 @@ int main(int argc, char** argv) {
     else if (k == "--batches") batches = ParseList(v);
     else if (k == "--prefill") prefill = ParseList(v);
     else if (k == "--e2e-batches") e2e = ParseList(v);
+    else if (k == "--e2e-long-batches") e2e_long = ParseList(v);
+    else if (k == "--e2e-long-prompt") long_prompt = std::stoi(v);
     else if (k == "--model") model = v;
     else if (k == "--theta") theta = v;
     else if (k == "--repeats") repeats = std::stoi(v);
@@ -323,7 +348,7 @@ int main(int argc, char** argv) {
   DecodeAttention(contexts, batches, bw, repeats, prop.multiProcessorCount);
   PrefillAttention(prefill, repeats, prop.multiProcessorCount);
   if (!model.empty() && std::filesystem::exists(model)) {
-    EndToEnd(model, theta, e2e, bw, std::max(1, repeats / 2));
+    EndToEnd(model, theta, e2e, long_prompt, e2e_long, bw, std::max(1, repeats / 2));
   } else {
     std::printf("\n## end-to-end decode: model %s not found, skipped\n", model.c_str());
   }

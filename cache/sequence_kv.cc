@@ -1,6 +1,7 @@
 #include "cache/sequence_kv.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <functional>
 #include <utility>
@@ -8,6 +9,11 @@
 #include "base/check.h"
 
 namespace thetaserve::cache {
+
+uint64_t SequenceKv::NextId() {
+  static std::atomic<uint64_t> next{1};
+  return next.fetch_add(1, std::memory_order_relaxed);
+}
 
 int64_t SequenceKv::PagesNeeded(int64_t new_length) const {
   const int64_t blocks = (new_length + shape_.block_size - 1) / shape_.block_size;
@@ -55,6 +61,8 @@ void SequenceKv::EnsureStride(int64_t blocks) {
   hit_mass_.swap(mass);
   hits_stride_ = new_hits;
   stride_ = new_stride;
+  ++k_epoch_;  // every row of both tables moved
+  ++v_epoch_;
   if (v_sum_.empty()) v_sum_.assign(tables * shape_.head_dim, 0.0f);
   if (sparse_count_.empty()) sparse_count_.assign(tables, 0);
 }
@@ -70,6 +78,7 @@ void SequenceKv::EnsureSparse(int64_t rows) {
     }
     sparse_pos_.swap(pos);
     pos_stride_ = ns;
+    ++sparse_epoch_;
   }
   if (pages > sparse_stride_) {
     const int32_t ns = static_cast<int32_t>(std::max<int64_t>(pages, 2 * int64_t(sparse_stride_)));
@@ -80,6 +89,7 @@ void SequenceKv::EnsureSparse(int64_t rows) {
     }
     sparse_pages_.swap(sp);
     sparse_stride_ = ns;
+    ++sparse_epoch_;
   }
 }
 
@@ -163,6 +173,7 @@ void SequenceKv::CompactV(PagePool& pool, int64_t length, const SparsePolicy& po
     std::fill(tail + stride_ - n_blocks, tail + stride_, -1);
   }
   v_tail_start_ = limit;
+  ++v_epoch_;  // the tail's columns shifted left
 }
 
 void SequenceKv::ReleaseAll(PagePool& pool) {

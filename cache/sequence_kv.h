@@ -97,11 +97,25 @@ class SequenceKv {
   // V rows stored (tail + sparse), summed over tables, for `length` computed tokens.
   int64_t VRowsResident(int64_t length) const;
 
+  // For a device's copy of the tables (kernels::TableVersion): an id no other SequenceKv
+  // ever has (ReleaseAll gives a new one), and epochs that change whenever entries of an array
+  // already set change or move (a new stride, the V tail shifting at compaction). Between
+  // changes the arrays only grow: K and V-tail columns by Grow, sparse rows by CompactV.
+  uint64_t id() const { return id_; }
+  uint64_t k_epoch() const { return k_epoch_; }
+  uint64_t v_epoch() const { return v_epoch_; }
+  uint64_t sparse_epoch() const { return sparse_epoch_; }
+  int64_t blocks() const { return blocks_; }
+
  private:
+  static uint64_t NextId();
+
   void EnsureStride(int64_t blocks);
   void EnsureSparse(int64_t rows);
 
   KvShape shape_;
+  uint64_t id_ = NextId();
+  uint64_t k_epoch_ = 0, v_epoch_ = 0, sparse_epoch_ = 0;
   int64_t blocks_ = 0;            // K blocks per table (positions [0, blocks_ * bs))
   int32_t stride_ = 0;            // capacity of a table row, in pages
   std::vector<int32_t> k_table_;  // [tables, stride]

@@ -24,6 +24,7 @@ struct SeqChunk {
   int32_t start_pos = 0;     // tokens already in the cache
   bool want_logits = true;   // logits of the last new token
   SeqPageTables pages;
+  TableVersion tables;       // lets a device backend send only what changed in `pages`
 };
 
 struct ForwardBatch {

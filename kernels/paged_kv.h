@@ -51,11 +51,15 @@ struct SeqPageTables {
   float* v_sum = nullptr;  // [tables, head_dim]; null: no VMC
   // Hits: per row, the position of the latest query that retained it (-1: none yet). The
   // sparse policy keeps rows retained by the last queries before they leave the tail.
+  // Recorded only for positions >= hits_begin, position p of table lh at
+  // hits[lh * hits_stride + p - hits_begin]: compaction reads only the tail's rows, so the
+  // engine starts the window at v_tail_start and a device copies O(window), not O(context).
   int32_t* hits = nullptr;  // [tables, hits_stride]; null: not recorded
   int32_t hits_stride = 0;
+  int32_t hits_begin = 0;
   // Retained mass: per row, the summed probability (over queries and the group's heads) with
   // which attention retained it; the sparse policy's mass budget ranks rows by it. Same
-  // stride as `hits`; null: not recorded.
+  // layout as `hits` (stride and window); null: not recorded.
   float* hit_mass = nullptr;
 
   TS_HOST_DEVICE int32_t KPage(int64_t lh, int64_t pos, int32_t block_size) const {
@@ -68,6 +72,18 @@ struct SeqPageTables {
   TS_HOST_DEVICE int32_t SparseCount(int64_t lh) const {
     return v_sparse_count ? v_sparse_count[lh] : 0;
   }
+};
+
+// Identity and versions of one sequence's page tables, so that a device can keep its own copy
+// and receive only what changed (kernels/cuda/device_batch.h). id 0: no identity; the tables
+// travel whole every step. An id is never reused (a sequence whose pages were all released
+// gets a new one). While the id and an array's epoch stay the same, that array only grows: the
+// K and V-tail tables by whole columns (the first k_blocks of every K row are set; V-tail rows
+// hold k_blocks - v_tail_start / block_size), the sparse store by rows appended to each table.
+struct TableVersion {
+  uint64_t id = 0;
+  uint64_t k_epoch = 0, v_epoch = 0, sparse_epoch = 0;
+  int32_t k_blocks = 0;
 };
 
 // One V row copied inside the pool (sparse-store compaction).

@@ -217,20 +217,8 @@ void Engine::RunStep(StepPlan& plan) {
     chunk.start_pos = static_cast<int32_t>(sc.seq->num_computed);
     chunk.want_logits = sc.samples;
     cache::SequenceKv& kv = sc.seq->kv();
-    auto& p = chunk.pages;
-    p.k_pages = kv.k_table();
-    p.v_pages = kv.v_table();
-    p.stride = kv.stride();
-    p.v_tail_start = static_cast<int32_t>(kv.v_tail_start());
-    p.v_sparse_pages = kv.sparse_pages();
-    p.v_sparse_pos = kv.sparse_pos();
-    p.v_sparse_count = kv.sparse_count();
-    p.sparse_stride = kv.sparse_stride();
-    p.sparse_pos_stride = kv.pos_stride();
-    p.v_sum = kv.v_sum();
-    p.hits = kv.hits();
-    p.hits_stride = kv.hits_stride();
-    p.hit_mass = kv.hit_mass();
+    chunk.pages = PageTablesFor(kv, config_.sparse);
+    chunk.tables = TableVersionOf(kv);
     const auto& toks = sc.seq->tokens();
     tokens_.insert(tokens_.end(), toks.begin() + sc.seq->num_computed,
                    toks.begin() + sc.seq->num_computed + sc.num_tokens);

@@ -15,6 +15,40 @@ const char* FinishReasonName(FinishReason r) {
   return "unknown";
 }
 
+kernels::SeqPageTables PageTablesFor(cache::SequenceKv& kv, const cache::SparsePolicy& policy) {
+  kernels::SeqPageTables p;
+  p.k_pages = kv.k_table();
+  p.v_pages = kv.v_table();
+  p.stride = kv.stride();
+  p.v_tail_start = static_cast<int32_t>(kv.v_tail_start());
+  p.v_sparse_pages = kv.sparse_pages();
+  p.v_sparse_pos = kv.sparse_pos();
+  p.v_sparse_count = kv.sparse_count();
+  p.sparse_stride = kv.sparse_stride();
+  p.sparse_pos_stride = kv.pos_stride();
+  p.v_sum = kv.v_sum();
+  if (policy.enabled && kv.hits_stride() > 0) {
+    p.hits_stride = kv.hits_stride();
+    p.hits_begin = p.v_tail_start;
+    if (policy.keep_fraction > 0) {
+      p.hit_mass = kv.hit_mass() + p.hits_begin;
+    } else {
+      p.hits = kv.hits() + p.hits_begin;
+    }
+  }
+  return p;
+}
+
+kernels::TableVersion TableVersionOf(const cache::SequenceKv& kv) {
+  kernels::TableVersion v;
+  v.id = kv.id();
+  v.k_epoch = kv.k_epoch();
+  v.v_epoch = kv.v_epoch();
+  v.sparse_epoch = kv.sparse_epoch();
+  v.k_blocks = static_cast<int32_t>(kv.blocks());
+  return v;
+}
+
 Sequence::Sequence(Request request, std::shared_ptr<TokenSink> sink,
                    const model::Tokenizer& tokenizer, const cache::KvShape& kv_shape)
     : request_(std::move(request)),

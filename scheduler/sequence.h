@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "cache/sequence_kv.h"
+#include "kernels/paged_kv.h"
 #include "model/tokenizer.h"
 #include "scheduler/request.h"
 #include "scheduler/sampler.h"
@@ -60,5 +61,13 @@ class Sequence {
   size_t max_stop_len_ = 0;
   FinishReason finish_reason_ = FinishReason::kLength;
 };
+
+// The page tables the kernels read for `kv`. Hit marks (recency rule) or retained mass (mass
+// budget) are recorded only when the sparse policy will read them, and only from the tail's
+// first position on: compaction never looks at older rows, and a device copies the marks
+// both ways every step.
+kernels::SeqPageTables PageTablesFor(cache::SequenceKv& kv, const cache::SparsePolicy& policy);
+// Their identity and versions (a device backend keeps a copy and sends only what changed).
+kernels::TableVersion TableVersionOf(const cache::SequenceKv& kv);
 
 }  // namespace thetaserve::scheduler

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_format.h"
+#include "scheduler/sequence.h"
 
 namespace thetaserve::scheduler {
 
@@ -69,20 +70,8 @@ absl::StatusOr<std::vector<float>> SequenceRunner::Append(std::span<const int32_
     seq.num_tokens = static_cast<int32_t>(n);
     seq.start_pos = static_cast<int32_t>(length_);
     seq.want_logits = true;
-    auto& p = seq.pages;
-    p.k_pages = kv_->k_table();
-    p.v_pages = kv_->v_table();
-    p.stride = kv_->stride();
-    p.v_tail_start = static_cast<int32_t>(kv_->v_tail_start());
-    p.v_sparse_pages = kv_->sparse_pages();
-    p.v_sparse_pos = kv_->sparse_pos();
-    p.v_sparse_count = kv_->sparse_count();
-    p.sparse_stride = kv_->sparse_stride();
-    p.sparse_pos_stride = kv_->pos_stride();
-    p.v_sum = kv_->v_sum();
-    p.hits = kv_->hits();
-    p.hits_stride = kv_->hits_stride();
-    p.hit_mass = kv_->hit_mass();
+    seq.pages = PageTablesFor(*kv_, policy_);
+    seq.tables = TableVersionOf(*kv_);
     kernels::ForwardBatch batch{tokens.subspan(begin, n), std::span<const kernels::SeqChunk>(&seq, 1),
                                 all_logits, stats};
     logits.resize(kernels::NumLogitRows(batch) * vocab);

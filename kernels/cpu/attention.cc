@@ -241,6 +241,8 @@ void TopThetaRow(const SeqChunk& seq, int64_t layer, int64_t lh, int64_t pos, in
   float d_kept[kMaxGroup] = {};
   int64_t kept[kMaxGroup] = {};
   int64_t rows_read = 0, evicted_hits = 0;
+  // Marks and mass of positions from hits_begin on (kernels/paged_kv.h): entry j - mark_from.
+  const int64_t mark_from = seq.pages.hits_begin;
   int32_t* hits = seq.pages.hits ? seq.pages.hits + lh * seq.pages.hits_stride : nullptr;
   float* hit_mass = seq.pages.hit_mass ? seq.pages.hit_mass + lh * seq.pages.hits_stride : nullptr;
   const float retain = cfg.retain_factor;
@@ -272,12 +274,13 @@ void TopThetaRow(const SeqChunk& seq, int64_t layer, int64_t lh, int64_t pos, in
     } else {
       ++evicted_hits;  // retained, but its V row was dropped: its mass stays in D_miss
     }
+    if (j < mark_from) return;
     if (hit_mass) {
-      std::atomic_ref<float>(hit_mass[j]).fetch_add(mass, std::memory_order_relaxed);
+      std::atomic_ref<float>(hit_mass[j - mark_from]).fetch_add(mass, std::memory_order_relaxed);
     }
     if (hits && strong) {
       // Latest retaining query: several prefill queries may race for the same row.
-      std::atomic_ref<int32_t> h(hits[j]);
+      std::atomic_ref<int32_t> h(hits[j - mark_from]);
       int32_t seen = h.load(std::memory_order_relaxed);
       while (seen < pos && !h.compare_exchange_weak(seen, static_cast<int32_t>(pos),
                                                      std::memory_order_relaxed)) {

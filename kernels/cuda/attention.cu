@@ -266,6 +266,8 @@ __global__ void __launch_bounds__(kThreads, (GT > 0 && GT <= 4) ? 8 : 4) SplitPa
   // sparse store (tail at 0) stored rows are the positions, and the gather loop below does
   // this itself: the scores are read once.
   const int32_t tail = min(seq.pages.v_tail_start, L);
+  // Marks and mass are recorded from position hits_begin on, at entry j - mark_from.
+  const int32_t mark_from = seq.pages.hits_begin;
   int32_t* hits = seq.pages.hits ? seq.pages.hits + lh * seq.pages.hits_stride : nullptr;
   // Retained mass: Σ over the group's heads that keep j of its probability e/D_full.
   float* hit_mass = seq.pages.hit_mass ? seq.pages.hit_mass + lh * seq.pages.hits_stride : nullptr;
@@ -286,8 +288,10 @@ __global__ void __launch_bounds__(kThreads, (GT > 0 && GT <= 4) ? 8 : 4) SplitPa
       }
       if (any) {
         ++retained;
-        if (hits && strong) atomicMax(hits + j, row.pos);
-        if (hit_mass) atomicAdd(hit_mass + j, mass);
+        if (j >= mark_from) {
+          if (hits && strong) atomicMax(hits + (j - mark_from), row.pos);
+          if (hit_mass) atomicAdd(hit_mass + (j - mark_from), mass);
+        }
       }
     }
     if (retained) atomicAdd(&s_retained, retained);
@@ -350,14 +354,15 @@ __global__ void __launch_bounds__(kThreads, (GT > 0 && GT <= 4) ? 8 : 4) SplitPa
     for (int h = 0; h < kG; ++h) {
       if (h < G) list_e[k * G + h] = ev[h];
     }
-    if (tail == 0 && hits && strong) atomicMax(hits + j, row.pos);
-    if (tail == 0 && hit_mass) {
+    if (tail > 0 || j < mark_from) continue;  // marks: the positions loop above, or none
+    if (hits && strong) atomicMax(hits + (j - mark_from), row.pos);
+    if (hit_mass) {
       float mass = 0.0f;
 #pragma unroll
       for (int h = 0; h < kG; ++h) {
         if (h < G) mass += ev[h] * s_inv_d[h];  // ev is 0 where the head dropped j
       }
-      atomicAdd(hit_mass + j, mass);
+      atomicAdd(hit_mass + (j - mark_from), mass);
     }
   }
 #pragma unroll

@@ -422,7 +422,7 @@ absl::Status CudaBackend::Forward(const ForwardBatch& batch, float* logits) {
   const int64_t R = static_cast<int64_t>(host_logit_rows_.size());
   if (absl::Status st = Reserve(T, R); !st.ok()) return st;
   const int32_t tables = static_cast<int32_t>(c.num_layers * c.num_kv_heads);
-  if (absl::Status st = batch_.Upload(batch, tables, c.head_dim, stream_, top_theta_.active());
+  if (absl::Status st = batch_.Upload(batch, tables, kv_layout_, stream_, top_theta_.active());
       !st.ok()) {
     return st;
   }

@@ -72,6 +72,19 @@ cudaError_t LaunchVSum(const float* qkv, const DevSeq* seqs, int32_t num_seqs,
 cudaError_t LaunchCopyKvRows(const KvRowCopy* copies, int32_t n, const KvPoolLayout& layout,
                              bf16* pool, cudaStream_t stream);
 
+// One copy into a sequence's page tables kept on the device (DeviceBatch): `rows` × `width`
+// int32 from src[src_offset...] (rows back to back) to dst, row r at dst + r · dst_stride.
+struct DevTableCopy {
+  int32_t* dst;
+  int64_t dst_stride;
+  int64_t src_offset;
+  int32_t width;
+  int32_t rows;
+};
+// Runs n copies from `src` (the step's uploaded buffer); they write disjoint elements.
+cudaError_t LaunchTableCopies(const DevTableCopy* copies, int32_t n, const int32_t* src,
+                              cudaStream_t stream);
+
 // Fills n bf16 values with approximately N(0, scale²) noise from a counter-based hash of
 // (seed, index): benchmarks fill gigabytes of K/V without a host round trip.
 cudaError_t LaunchFillRandomBf16(bf16* p, int64_t n, uint64_t seed, float scale,

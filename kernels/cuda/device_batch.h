@@ -1,8 +1,17 @@
-// A step's batch on the device: page tables, per-row positions, VMC sums and hit marks,
-// uploaded in one copy from a pinned staging buffer; sums, hits and retained mass go back after the step.
+// A step's batch on the device: per-row positions, V sums, the windows of hit marks and
+// retained mass, and the sequences' page tables, uploaded in one copy from a pinned staging
+// buffer; sums, marks and mass go back after the step.
+//
+// Page tables of a sequence with an identity (SeqChunk::tables.id, kernels/paged_kv.h) stay
+// on the device between steps: a step sends only the K and V-tail columns and the sparse rows
+// added since the last one, and an array whole only when its epoch changed (a new stride, the
+// V tail shifted by compaction). A copy a step does not use is freed. Sequences without an
+// identity send their tables whole every step. Either way the tables a decode step sends no
+// longer grow with the context.
 #pragma once
 
 #include <cstdint>
+#include <unordered_map>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -14,15 +23,49 @@ namespace thetaserve::kernels::cuda {
 
 class DeviceBatch {
  public:
-  // `num_tables` = layers × KV heads. Hits are copied for positions below each sequence's
-  // end (start_pos + num_tokens), V sums whole.
-  // Hit marks and retained mass travel only `with_hits` (Top-θ: dense attention never writes
+  // `num_tables` = layers × KV heads. V sums are copied whole; hit marks and retained mass
+  // (each when the sequence has them) only for the window [hits_begin, end) of every table,
+  // end = start_pos + num_tokens, and only `with_hits` (Top-θ: dense attention never writes
   // them).
-  absl::Status Upload(const ForwardBatch& batch, int32_t num_tables, int32_t head_dim,
+  absl::Status Upload(const ForwardBatch& batch, int32_t num_tables, const KvPoolLayout& layout,
                       cudaStream_t stream, bool with_hits = true);
-  // Copies the sequences' V sums and hit marks back into the host arrays they came from
-  // (synchronizes the stream).
+  // Copies the sequences' V sums, hit marks and retained mass back into the host arrays they
+  // came from (synchronizes the stream).
   absl::Status Download(cudaStream_t stream);
+
+  // Upload's host-side half, no device needed: lays out the copy, decides what the retained
+  // table copies need, and returns the bytes sent to the device. host_rows() and host_seqs()
+  // are filled (host pointers in the page tables until Upload).
+  size_t Plan(const ForwardBatch& batch, int32_t num_tables, const KvPoolLayout& layout,
+              bool with_hits);
+  // Bytes the last plan sends, and copies back after the step.
+  size_t upload_bytes() const { return used_; }
+  size_t download_bytes() const;
+
+  // The retained copies, for tests that check the plan without a device.
+  enum class Array : uint8_t { kK, kV, kSparsePages, kSparsePos };
+  // Copy `rows` × `width` int32 from the staging buffer (at byte `src`, rows back to back)
+  // into array `array` of sequence `id`, row r at element dst + r · dst_stride.
+  struct TableCopy {
+    uint64_t id;
+    Array array;
+    size_t dst;
+    int64_t dst_stride;
+    size_t src;
+    int32_t width, rows;
+  };
+  // An array to (re)allocate with `elems` int32 before the copies (its contents are lost).
+  struct TableAlloc {
+    uint64_t id;
+    Array array;
+    size_t elems;
+  };
+  const std::vector<TableCopy>& table_copies() const { return copies_; }
+  const std::vector<TableAlloc>& table_allocs() const { return allocs_; }
+  // Writes what the plan sends (Plan's bytes) into `host`; the regions Upload fills with
+  // device pointers (rows, sequences, copy list) are left as they are.
+  void FillStaging(uint8_t* host) const;
+  int64_t num_retained() const { return static_cast<int64_t>(mirrors_.size()); }
 
   const DevSeq* seqs() const { return seqs_; }
   const DevRow* rows() const { return rows_; }
@@ -35,16 +78,49 @@ class DeviceBatch {
   bool any_vsum() const { return any_vsum_; }
 
  private:
-  struct Back {  // a region to copy back: rows × width elements of `elem` bytes
+  struct Back {  // a region to copy back: rows × width bytes
     void* host;
     size_t host_stride;  // bytes
     size_t offset;       // in the staging and device buffers
     size_t width;        // bytes per row
     size_t rows;
   };
+  struct Piece {  // a region to copy to the device: rows × width bytes from src
+    const void* src;  // null: filled by Upload
+    size_t src_stride, width, rows;  // bytes
+    size_t offset;
+  };
+  static constexpr size_t kNone = ~size_t(0);
+  struct SeqOffsets {  // where each of a sequence's arrays lies in the buffers
+    size_t k = kNone, v = kNone, sp = kNone, spos = kNone, scount = kNone, vsum = kNone,
+           hits = kNone, mass = kNone;
+    uint64_t retained = 0;  // id of the retained copy holding its tables (0: none)
+  };
+  // A sequence's tables kept on the device, and what they hold.
+  struct Retained {
+    TableVersion version;
+    int32_t v_blocks = 0;
+    bool has_sparse = false;
+    std::vector<int32_t> sparse_rows;  // per table
+    DeviceBuffer k, v, sparse_pages, sparse_pos;
+    uint64_t step = 0;  // the last step that used it
+  };
+  // Reserves `rows` × `width` bytes of the staging buffer for a copy from src (src_stride
+  // bytes between rows); returns its offset.
+  size_t Add(const void* src, size_t src_stride, size_t width, size_t rows);
+  void PlanTables(const SeqChunk& c, int32_t num_tables, int32_t block_size, SeqOffsets* so);
+  DeviceBuffer& Buffer(Retained& r, Array array);
+
   PinnedBuffer staging_;
   DeviceBuffer device_;
+  std::vector<Piece> pieces_;
+  std::vector<SeqOffsets> seq_offsets_;
+  size_t tokens_off_ = 0, rows_off_ = 0, seqs_off_ = 0, copies_off_ = 0;
   std::vector<Back> back_;
+  std::vector<TableCopy> copies_;
+  std::vector<TableAlloc> allocs_;
+  std::unordered_map<uint64_t, Retained> mirrors_;
+  uint64_t step_ = 0;
   std::vector<DevSeq> host_seqs_;
   std::vector<DevRow> host_rows_;
   const DevSeq* seqs_ = nullptr;

@@ -234,4 +234,28 @@ cudaError_t LaunchCopyKvRows(const KvRowCopy* copies, int32_t n, const KvPoolLay
   return cudaGetLastError();
 }
 
+namespace {
+
+// Grid (copy, slice): the slices of a copy stride over its elements.
+__global__ void TableCopiesKernel(const DevTableCopy* copies, const int32_t* src) {
+  const DevTableCopy c = copies[blockIdx.x];
+  const int64_t n = int64_t(c.width) * c.rows;
+  for (int64_t i = int64_t(blockIdx.y) * blockDim.x + threadIdx.x; i < n;
+       i += int64_t(gridDim.y) * blockDim.x) {
+    const int64_t r = i / c.width, e = i % c.width;
+    c.dst[r * c.dst_stride + e] = src[c.src_offset + i];
+  }
+}
+
+}  // namespace
+
+cudaError_t LaunchTableCopies(const DevTableCopy* copies, int32_t n, const int32_t* src,
+                              cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  // Most copies are a column or a few rows; whole arrays (a new sequence, a new stride) are
+  // up to a few MB: 8 slices of 256 threads each.
+  TableCopiesKernel<<<dim3(n, 8), 256, 0, stream>>>(copies, src);
+  return cudaGetLastError();
+}
+
 }  // namespace thetaserve::kernels::cuda

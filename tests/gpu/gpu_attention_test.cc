@@ -105,7 +105,10 @@ class AttentionCase {
         c.pages.sparse_stride = q.sparse_stride;
         c.pages.sparse_pos_stride = std::max(1, n_sparse);
       }
+      // Marks from the tail's start on, as the engine records them (kernels/paged_kv.h).
       c.pages.hits_stride = end;
+      c.pages.hits_begin = sp.v_tail_start;
+      q.window = end - sp.v_tail_start;
       chunks_cpu_.push_back(c);
       chunks_cpu_.back().pages.hits = q.hits_cpu.data();
       chunks_cpu_.back().pages.hit_mass = q.mass_cpu.data();
@@ -183,7 +186,7 @@ class AttentionCase {
     cudaDeviceProp prop;
     CUDA_ASSERT(cudaGetDeviceProperties(&prop, 0));
     DeviceBatch db;
-    ASSERT_TRUE(db.Upload(gpu_batch, s_.num_layers * s_.num_kv_heads, d, nullptr).ok());
+    ASSERT_TRUE(db.Upload(gpu_batch, s_.num_layers * s_.num_kv_heads, layout_, nullptr).ok());
     CudaAttention att(prop.multiProcessorCount);
     AttnShape shape{s_.num_heads, s_.num_kv_heads, d, scale};
     absl::Status st = att.Prepare(gpu_batch, db, shape, s_.num_layers, config, nullptr);
@@ -220,6 +223,15 @@ class AttentionCase {
     for (const Seq& q : seqs_) {
       EXPECT_EQ(q.hits_gpu, q.hits_cpu) << "hit marks differ";
       EXPECT_TRUE(testing::Close(q.mass_gpu, q.mass_cpu, 1e-5f, 2e-3f, "retained mass"));
+      // Each table's entries past its window [hits_begin, end) stay unset on both sides.
+      const size_t row = q.hits_gpu.size() / tables_;
+      for (int32_t t = 0; t < tables_; ++t) {
+        for (size_t e = size_t(q.window); e < row; ++e) {
+          ASSERT_EQ(q.hits_gpu[t * row + e], -1) << "a mark outside the window, table " << t;
+          ASSERT_EQ(q.mass_gpu[t * row + e], 0.0f) << "mass outside the window, table " << t;
+          ASSERT_EQ(q.hits_cpu[t * row + e], -1) << "a CPU mark outside the window, table " << t;
+        }
+      }
     }
   }
 
@@ -237,6 +249,7 @@ class AttentionCase {
   struct Seq {
     std::vector<int32_t> k, v, sparse_pages, sparse_pos, sparse_count, sparse_positions;
     int32_t sparse_stride = 1;
+    int32_t window = 0;  // positions with marks: [v_tail_start, end)
     std::vector<int32_t> hits_cpu, hits_gpu;
     std::vector<float> mass_cpu, mass_gpu;
     std::vector<float> vsum_cpu, vsum_gpu;

@@ -1,7 +1,8 @@
 // The CUDA backend's whole forward pass against the CPU backend's, on the committed tiny
 // models (f32 safetensors, bf16 sharded Qwen2 with QKV bias, mixed-quant GGUF) and on
 // SmolLM2 when models/ has it: mixed prefill/decode batches over shared paged pools, dense
-// and Top-θ. Both sides are fed the same (CPU-greedy) tokens so every step is compared.
+// and Top-θ. Both sides are fed the same (CPU-greedy) tokens so every step is compared. The
+// GPU keeps the page tables between steps (SeqChunk::tables), as under the engine.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -73,6 +74,10 @@ Report Compare(const model::Model& m, const TopThetaConfig& theta, int decode_st
       ch.num_tokens = n;
       ch.start_pos = done[s];
       ch.pages = SeqPageTables{ktab[s].data(), vtab[s].data(), stride};
+      // An identity, as the engine gives: the GPU keeps the tables and is sent only the
+      // blocks each step adds (its tables are set for all 512 positions from the start).
+      ch.tables.id = uint64_t(s) + 1;
+      ch.tables.k_blocks = (done[s] + n + bs - 1) / bs;
       for (int i = 0; i < n; ++i) tokens.push_back(seq_tokens[s][done[s] + i]);
       cpu_seqs.push_back(ch);
       gpu_seqs.push_back(ch);

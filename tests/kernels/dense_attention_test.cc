@@ -99,6 +99,7 @@ class DenseAttentionTest : public ::testing::TestWithParam<std::pair<int, int>> 
           c.pages.hits = s.hits.data();
           c.pages.hit_mass = s.mass.data();
           c.pages.hits_stride = s.stride * kBlock;
+          c.pages.hits_begin = hits_begin_;
           c.pages.v_sum = s.v_sum.data();
         }
         out.push_back(c);
@@ -162,6 +163,7 @@ class DenseAttentionTest : public ::testing::TestWithParam<std::pair<int, int>> 
   }
 
   int d_ = 0, group_ = 0, heads_ = 0;
+  int32_t hits_begin_ = 0;  // marks are recorded from this position on
   uint32_t seed_ = 0;
   std::vector<PagedSeq> seqs_;
   int32_t num_tokens_ = 0;
@@ -243,6 +245,58 @@ TEST_P(DenseAttentionTest, TopThetaPrefillChunkEqualsItsTokensAloneWithTheSameRe
   // group reads nearly every V row: some head keeps it.)
   EXPECT_GT(whole_stats.elements_kept, 0);
   EXPECT_LT(whole_stats.elements_kept, whole_stats.elements_dense);
+}
+
+TEST_P(DenseAttentionTest, TopThetaRecordsOnlyFromHitsBeginAndTheSameAsAWholeRecord) {
+  SCOPED_TRACE(::testing::Message() << "seed " << seed_ << ", head_dim " << d_ << ", group " << group_);
+  model::ThetaTable table(1, heads_, model::ThetaTable::DefaultBuckets(4096));
+  table.k_per_layer[0] = 8;
+  for (int32_t h = 0; h < heads_; ++h) {
+    for (size_t b = 0; b < table.buckets().size(); ++b) table.theta_at(0, h, b) = 0.004f;
+  }
+  table.placement = model::ThetaPlacement::kPostSoftmax;
+  table.Finalize();
+  TopThetaConfig cfg;
+  cfg.table = &table;
+  cfg.sdc = SdcMode::kExact;
+  cfg.vmc = true;
+
+  AttentionStats stats;
+  stats.Reset(1);
+  // One thread: the mass sums over queries are added in the same order in both runs.
+  const std::vector<float> full_out = Run(/*split=*/false, /*threads=*/1, &stats, cfg);
+  std::vector<PagedSeq> full = seqs_;
+  // The window starts inside the first sequence's cached rows, past the whole of the last
+  // sequence (20 tokens: it records nothing) and well below the decode row at 200.
+  hits_begin_ = 48;
+  const std::vector<float> window_out = Run(/*split=*/false, /*threads=*/1, &stats, cfg);
+  EXPECT_EQ(window_out, full_out) << "the window changed the attention output";
+  for (size_t si = 0; si < seqs_.size(); ++si) {
+    const PagedSeq& s = seqs_[si];
+    const int32_t W = s.stride * kBlock;  // hits_stride
+    int64_t recorded = 0;
+    for (int32_t lh = 0; lh < kKvHeads; ++lh) {
+      for (int32_t e = 0; e < W; ++e) {
+        const int32_t j = e + hits_begin_;  // the position entry e holds
+        const size_t at = size_t(lh) * W + e;
+        if (j < W && j < s.length()) {
+          ASSERT_EQ(s.hits[at], full[si].hits[size_t(lh) * W + j])
+              << "sequence " << si << " table " << lh << " position " << j << "; seed " << seed_;
+          ASSERT_EQ(s.mass[at], full[si].mass[size_t(lh) * W + j])
+              << "sequence " << si << " table " << lh << " position " << j << "; seed " << seed_;
+          recorded += s.hits[at] >= 0;
+        } else {
+          // Past the window: nothing below hits_begin may land here (the entry j - hits_begin
+          // of a position j < hits_begin would be the previous table's end).
+          ASSERT_EQ(s.hits[at], -1) << "sequence " << si << " table " << lh << " entry " << e;
+          ASSERT_EQ(s.mass[at], 0.0f) << "sequence " << si << " table " << lh << " entry " << e;
+        }
+      }
+    }
+    if (s.length() > hits_begin_ + 8) {
+      EXPECT_GT(recorded, 0) << "sequence " << si << " recorded no marks in its window";
+    }
+  }
 }
 
 // SmolLM2's shape; a head size with a 16-column and no 64-column part; one with a scalar
