@@ -44,6 +44,12 @@ struct RowMove {
 class SequenceKv {
  public:
   explicit SequenceKv(const KvShape& shape) : shape_(shape) {}
+  // Not copyable: a copy would share the id (id()) that a device's copy of the tables is
+  // keyed by, and the two could diverge.
+  SequenceKv(const SequenceKv&) = delete;
+  SequenceKv& operator=(const SequenceKv&) = delete;
+  SequenceKv(SequenceKv&&) = default;
+  SequenceKv& operator=(SequenceKv&&) = default;
 
   // Tokens whose K/V rows have pages.
   int64_t capacity_tokens() const { return blocks_ * shape_.block_size; }

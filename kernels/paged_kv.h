@@ -51,9 +51,10 @@ struct SeqPageTables {
   float* v_sum = nullptr;  // [tables, head_dim]; null: no VMC
   // Hits: per row, the position of the latest query that retained it (-1: none yet). The
   // sparse policy keeps rows retained by the last queries before they leave the tail.
-  // Recorded only for positions >= hits_begin, position p of table lh at
-  // hits[lh * hits_stride + p - hits_begin]: compaction reads only the tail's rows, so the
-  // engine starts the window at v_tail_start and a device copies O(window), not O(context).
+  // Recorded only for positions p with hits_begin <= p < hits_stride, at
+  // hits[lh * hits_stride + p - hits_begin] for table lh: compaction reads only the tail's
+  // rows, so the engine starts the window at v_tail_start (its arrays hold hits_stride
+  // positions per table) and a device copies O(window), not O(context).
   int32_t* hits = nullptr;  // [tables, hits_stride]; null: not recorded
   int32_t hits_stride = 0;
   int32_t hits_begin = 0;

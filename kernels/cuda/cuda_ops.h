@@ -82,8 +82,9 @@ struct DevTableCopy {
   int32_t rows;
 };
 // Runs n copies from `src` (the step's uploaded buffer); they write disjoint elements.
-cudaError_t LaunchTableCopies(const DevTableCopy* copies, int32_t n, const int32_t* src,
-                              cudaStream_t stream);
+// `largest`: the most elements one copy moves.
+cudaError_t LaunchTableCopies(const DevTableCopy* copies, int32_t n, int64_t largest,
+                              const int32_t* src, cudaStream_t stream);
 
 // Fills n bf16 values with approximately N(0, scale²) noise from a counter-based hash of
 // (seed, index): benchmarks fill gigabytes of K/V without a host round trip.

@@ -162,7 +162,8 @@ size_t DeviceBatch::Plan(const ForwardBatch& batch, int32_t num_tables, const Kv
     }
     // Hit marks and retained mass: only the window [hits_begin, end) of every table travels,
     // and on the device a table's row is that window.
-    const size_t width = size_t(std::clamp<int64_t>(end - p.hits_begin, 0, p.hits_stride));
+    const size_t width =
+        size_t(std::clamp<int64_t>(end - p.hits_begin, 0, p.hits_stride - p.hits_begin));
     d.pages.hits = nullptr;
     d.pages.hit_mass = nullptr;
     d.pages.hits_stride = static_cast<int32_t>(width);
@@ -176,8 +177,9 @@ size_t DeviceBatch::Plan(const ForwardBatch& batch, int32_t num_tables, const Kv
     }
   }
   copies_off_ = Add(nullptr, 0, copies_.size() * sizeof(DevTableCopy), 1);
-  // Copies no sequence of this step uses are freed.
-  std::erase_if(mirrors_, [&](const auto& kv) { return kv.second.step != step_; });
+  // Copies no step used for a while are freed (a running sequence can sit out a step or two
+  // when the token budget runs out; a finished or reset one never comes back).
+  std::erase_if(mirrors_, [&](const auto& kv) { return step_ - kv.second.step > kRetainSteps; });
   return used_;
 }
 
@@ -204,12 +206,21 @@ void DeviceBatch::FillStaging(uint8_t* host) const {
 absl::Status DeviceBatch::Upload(const ForwardBatch& batch, int32_t num_tables,
                                  const KvPoolLayout& layout, cudaStream_t stream,
                                  bool with_hits) {
+  // The staging buffer is rewritten below: a step that failed after its upload was queued
+  // may not have waited for it.
+  TS_CUDA_RETURN(cudaStreamSynchronize(stream));
   const size_t used = Plan(batch, num_tables, layout, with_hits);
   absl::Status st = staging_.Reserve(used);
   if (st.ok()) st = device_.Reserve(used);
   for (size_t i = 0; st.ok() && i < allocs_.size(); ++i) {
+    // A new array reads -1 where the host's would (entries past the used columns).
     const TableAlloc& a = allocs_[i];
-    st = Buffer(mirrors_.at(a.id), a.array).Reserve(std::max<size_t>(1, a.elems) * sizeof(int32_t));
+    DeviceBuffer& buf = Buffer(mirrors_.at(a.id), a.array);
+    st = buf.Reserve(a.elems * sizeof(int32_t));
+    if (st.ok() && a.elems > 0) {
+      st = CudaStatus(cudaMemsetAsync(buf.get(), 0xFF, a.elems * sizeof(int32_t), stream),
+                      "cudaMemsetAsync");
+    }
   }
   if (!st.ok()) {
     mirrors_.clear();  // what they hold is unknown now: the next step sends everything
@@ -254,8 +265,10 @@ absl::Status DeviceBatch::Upload(const ForwardBatch& batch, int32_t num_tables,
   st = [&]() -> absl::Status {
     TS_CUDA_RETURN(cudaMemcpyAsync(dev, host, used, cudaMemcpyHostToDevice, stream));
     if (!copies_.empty()) {
+      int64_t largest = 0;
+      for (const TableCopy& c : copies_) largest = std::max(largest, int64_t(c.width) * c.rows);
       TS_CUDA_RETURN(LaunchTableCopies(reinterpret_cast<const DevTableCopy*>(dev + copies_off_),
-                                       static_cast<int32_t>(copies_.size()),
+                                       static_cast<int32_t>(copies_.size()), largest,
                                        reinterpret_cast<const int32_t*>(dev), stream));
     }
     return absl::OkStatus();

@@ -35,7 +35,9 @@ class DeviceBatch {
 
   // Upload's host-side half, no device needed: lays out the copy, decides what the retained
   // table copies need, and returns the bytes sent to the device. host_rows() and host_seqs()
-  // are filled (host pointers in the page tables until Upload).
+  // are filled (host pointers in the page tables until Upload). It records the retained
+  // copies as updated: alone it is for tests (which apply table_copies() themselves); a
+  // backend calls Upload, which plans and sends.
   size_t Plan(const ForwardBatch& batch, int32_t num_tables, const KvPoolLayout& layout,
               bool with_hits);
   // Bytes the last plan sends, and copies back after the step.
@@ -66,6 +68,8 @@ class DeviceBatch {
   // device pointers (rows, sequences, copy list) are left as they are.
   void FillStaging(uint8_t* host) const;
   int64_t num_retained() const { return static_cast<int64_t>(mirrors_.size()); }
+  // A retained copy that this many steps in a row did not use is freed.
+  static constexpr uint64_t kRetainSteps = 4;
 
   const DevSeq* seqs() const { return seqs_; }
   const DevRow* rows() const { return rows_; }

@@ -1,5 +1,6 @@
 // Elementwise and row kernels of the CUDA forward pass: embedding gather, RMSNorm, SwiGLU,
 // bias + RoPE + paged K/V write, VMC's running V sums, and KV row copies.
+#include <algorithm>
 #include <cmath>
 
 #include "kernels/cuda/common.cuh"
@@ -249,12 +250,13 @@ __global__ void TableCopiesKernel(const DevTableCopy* copies, const int32_t* src
 
 }  // namespace
 
-cudaError_t LaunchTableCopies(const DevTableCopy* copies, int32_t n, const int32_t* src,
-                              cudaStream_t stream) {
+cudaError_t LaunchTableCopies(const DevTableCopy* copies, int32_t n, int64_t largest,
+                              const int32_t* src, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  // Most copies are a column or a few rows; whole arrays (a new sequence, a new stride) are
-  // up to a few MB: 8 slices of 256 threads each.
-  TableCopiesKernel<<<dim3(n, 8), 256, 0, stream>>>(copies, src);
+  // Most copies are a column or a few rows (one block each); arrays sent anew (a new
+  // sequence, a new stride) are up to a few MB: at most 8 slices of 256 threads each.
+  const unsigned slices = static_cast<unsigned>(std::clamp<int64_t>((largest + 4095) / 4096, 1, 8));
+  TableCopiesKernel<<<dim3(n, slices), 256, 0, stream>>>(copies, src);
   return cudaGetLastError();
 }
 
