@@ -12,10 +12,13 @@
 #include <string>
 #include <vector>
 
+#include "cache/page_pool.h"
+#include "cache/sequence_kv.h"
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
 #include "model/model.h"
 #include "model/theta_table.h"
+#include "scheduler/sequence.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/test_util.h"
 
@@ -199,6 +202,151 @@ TEST(GpuForwardTest, SmolLM2) {
   if (!std::filesystem::exists(path)) GTEST_SKIP() << path << " is missing (scripts/fetch-model.sh)";
   // Trained attention is peaked: θ separates kept from pruned rows, so Top-θ stays close.
   CheckModel(path, 32, kTol, 2 * kTol);
+}
+
+// One sequence under Top-θ and the sparse V policy, as the engine runs it: SequenceKv page
+// tables (so the GPU keeps them between steps and is sent only what changed), chunked
+// prefill, then decoding, with compaction after every step. Both backends get the same
+// tables, and the compaction the CPU's hit marks decide is applied to both pools, so they
+// store the same V rows; the GPU records its marks into a scratch copy, which must stay
+// untouched outside each step's window [v_tail_start, end). Logits are compared at every step.
+// Returns false when the model is missing.
+bool CheckSparseVThroughCompaction(const std::string& path, double theta_tol) {
+  if (!std::filesystem::exists(path)) return false;
+  auto m = model::Model::Load(path);
+  EXPECT_TRUE(m.ok()) << m.status();
+  if (!m.ok()) return true;
+  const auto& c = (*m)->config();
+  auto cpu = CreateBackend(**m, Device::kCpu, 0, MatMulMode::kExact);
+  auto gpu = CreateBackend(**m, Device::kCuda, 0);
+  EXPECT_TRUE(cpu.ok() && gpu.ok()) << (gpu.ok() ? cpu.status() : gpu.status());
+  if (!cpu.ok() || !gpu.ok()) return true;
+  const model::ThetaTable table = AboveAverageTable(c);
+  TopThetaConfig theta;
+  theta.table = &table;
+  (*cpu)->SetTopTheta(theta);
+  (*gpu)->SetTopTheta(theta);
+  const int32_t bs = 16;
+  const cache::KvShape shape{static_cast<int32_t>(c.num_layers), static_cast<int32_t>(c.num_kv_heads),
+                             bs, static_cast<int32_t>(c.head_dim)};
+  const int64_t num_pages = 2 * shape.tables() * (512 / bs);
+  cache::PagePool pool(num_pages, bs);
+  for (auto* b : {&*cpu, &*gpu}) EXPECT_TRUE((*b)->AllocateKvPool(num_pages, bs).ok());
+  cache::SequenceKv kv(shape);
+  cache::SparsePolicy policy;
+  policy.enabled = true;
+  policy.local_window = 32;
+  policy.sink_tokens = 4;
+  policy.obs_window = 8;
+
+  std::vector<int32_t> tokens = (*m)->tokenizer().Encode(
+      "It is a truth universally acknowledged, that a single man in possession of a good "
+      "fortune, must be in want of a wife. However little known the feelings or views of such a "
+      "man may be on his first entering a neighbourhood, this truth is so well fixed in the "
+      "minds of the surrounding families, that he is considered the rightful property of some "
+      "one or other of their daughters.",
+      false);
+  const int32_t prompt = static_cast<int32_t>(tokens.size());
+  std::vector<float> gpu_vsum;       // the GPU's own VMC sums
+  std::vector<int32_t> gpu_marks;    // the GPU's marks, kept apart from the CPU's
+  constexpr int32_t kUnset = -5;
+  double worst = 0;
+  int rows = 0, agree = 0;
+  int64_t gpu_marked = 0, compactions = 0;
+  int32_t done = 0;
+  for (int step = 0; done < prompt + 96; ++step) {
+    const int32_t n = done < prompt ? std::min(40, prompt - done) : 1;
+    EXPECT_TRUE(pool.CanAllocate(kv.PagesNeeded(done + n)));
+    if (::testing::Test::HasFailure()) return true;
+    kv.Grow(pool, done + n);
+    if (gpu_vsum.empty()) gpu_vsum.assign(kv.v_sum(), kv.v_sum() + shape.tables() * c.head_dim);
+    SeqChunk ch;
+    ch.num_tokens = n;
+    ch.start_pos = done;
+    ch.pages = scheduler::PageTablesFor(kv, policy);
+    ch.tables = scheduler::TableVersionOf(kv);
+    SeqChunk gch = ch;
+    const int64_t stride = kv.hits_stride();
+    gpu_marks.assign(size_t(shape.tables()) * stride, kUnset);
+    const int32_t begin = ch.pages.hits_begin;
+    gch.pages.hits = gpu_marks.data() + begin;
+    gch.pages.v_sum = gpu_vsum.data();
+    const std::vector<int32_t> step_tokens(tokens.begin() + done, tokens.begin() + done + n);
+    const std::vector<SeqChunk> cseqs = {ch}, gseqs = {gch};
+    std::vector<float> want(c.vocab_size), got(c.vocab_size, std::nanf(""));
+    absl::Status st = (*cpu)->Forward(ForwardBatch{step_tokens, cseqs, false}, want.data());
+    EXPECT_TRUE(st.ok()) << "cpu: " << st;
+    st = (*gpu)->Forward(ForwardBatch{step_tokens, gseqs, false}, got.data());
+    EXPECT_TRUE(st.ok()) << "cuda, step " << step << ": " << st;
+    if (::testing::Test::HasFailure()) return true;
+    double max_ref = 0, max_diff = 0;
+    for (int64_t v = 0; v < c.vocab_size; ++v) {
+      EXPECT_FALSE(std::isnan(got[v])) << "NaN logit at step " << step;
+      if (std::isnan(got[v])) return true;
+      max_ref = std::max(max_ref, double(std::abs(want[v])));
+      max_diff = std::max(max_diff, double(std::abs(want[v] - got[v])));
+    }
+    worst = std::max(worst, max_diff / max_ref);
+    const int32_t a = int32_t(std::max_element(want.begin(), want.end()) - want.begin());
+    const int32_t b = int32_t(std::max_element(got.begin(), got.end()) - got.begin());
+    ++rows;
+    agree += a == b;
+    // The GPU's marks: position p of table t sits at t * stride + p (the pointer starts at
+    // `begin`); entries of positions outside [begin, end) must stay unset, and a mark is the
+    // position of one of this step's queries.
+    const int32_t end = done + n;
+    for (int64_t t = 0; t < shape.tables(); ++t) {
+      for (int64_t p = 0; p < stride; ++p) {
+        const int32_t mark = gpu_marks[t * stride + p];
+        if (p < begin || p >= end) {
+          EXPECT_EQ(mark, kUnset) << "a GPU mark outside the window [" << begin << ", " << end
+                                  << "): table " << t << ", position " << p << ", step " << step;
+        } else if (mark != kUnset) {
+          EXPECT_TRUE(mark >= done && mark < end) << "mark " << mark << " at step " << step;
+          ++gpu_marked;
+        }
+        if (::testing::Test::HasFailure()) return true;
+      }
+    }
+    done = end;
+    if (done == int32_t(tokens.size())) tokens.push_back(a);  // teacher forcing: the CPU's token
+    // The CPU's marks decide what both pools keep.
+    std::vector<cache::RowMove> moves;
+    cache::SequenceKv::CompactResult r;
+    kv.CompactV(pool, done, policy, &moves, &r);
+    compactions += r.rows_kept + r.rows_dropped > 0;
+    std::vector<KvRowCopy> copies;
+    for (const auto& mv : moves) copies.push_back({mv.src_page, mv.src_row, mv.dst_page, mv.dst_row});
+    EXPECT_TRUE((*cpu)->CopyKvRows(copies).ok());
+    EXPECT_TRUE((*gpu)->CopyKvRows(copies).ok());
+  }
+  std::printf("[ %s sparse V ] worst max|Δ|/max|ref| %.2e, greedy agreement %d/%d, %lld "
+              "compactions, %lld GPU marks, %lld of %lld V rows stored\n",
+              path.c_str(), worst, agree, rows, (long long)compactions, (long long)gpu_marked,
+              (long long)kv.VRowsResident(done), (long long)(done * shape.tables()));
+  EXPECT_GT(compactions, 5);
+  EXPECT_GT(gpu_marked, 0) << "the GPU recorded no hit marks";
+  EXPECT_LT(kv.VRowsResident(done), done * shape.tables()) << "the policy dropped nothing";
+  if (theta_tol >= 0) {
+    EXPECT_LE(worst, theta_tol);
+  }
+  EXPECT_GE(agree, rows * 8 / 10);
+  kv.ReleaseAll(pool);
+  return true;
+}
+
+TEST(GpuForwardTest, SparseVThroughCompactionTinyLlama) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  // Random weights: keep decisions flip between bf16 and f32, so only agreement is bounded.
+  ASSERT_TRUE(CheckSparseVThroughCompaction(testing::TestDataPath("tiny_llama_gguf/tiny_llama.gguf"), -1));
+}
+
+TEST(GpuForwardTest, SparseVThroughCompactionSmolLM2) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  const std::string path = testing::SourceDir() + "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
+  if (!CheckSparseVThroughCompaction(path, 2 * kTol)) {
+    GTEST_SKIP() << path << " is missing (scripts/fetch-model.sh)";
+  }
 }
 
 // Decode steps replay captured CUDA graphs; the same steps launched directly give the same
