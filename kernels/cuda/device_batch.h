@@ -105,8 +105,10 @@ class DeviceBatch {
     TableVersion version;
     int32_t v_blocks = 0;
     bool has_sparse = false;
-    std::vector<int32_t> sparse_rows;  // per table
-    DeviceBuffer k, v, sparse_pages, sparse_pos;
+    std::vector<int32_t> sparse_rows;  // [tables]: sparse rows sent
+    DeviceBuffer k, v;                 // [tables, stride] page ids
+    DeviceBuffer sparse_pages;         // [tables, sparse_stride] page ids
+    DeviceBuffer sparse_pos;           // [tables, sparse_pos_stride] positions
     uint64_t step = 0;  // the last step that used it
   };
   // Reserves `rows` × `width` bytes of the staging buffer for a copy from src (src_stride
