@@ -103,6 +103,35 @@ TEST(DeviceBatchTest, CopiesOnlyTheMarkWindowNotTheContext) {
   }
 }
 
+// Expects copies of `kv`'s tables (K and V [tables, stride]; the sparse store's pages and
+// positions, when it has any) to hold every entry a kernel may read.
+void ExpectTablesHold(const cache::SequenceKv& kv, int32_t tables, const std::vector<int32_t>& k,
+                      const std::vector<int32_t>& v, const std::vector<int32_t>* sp,
+                      const std::vector<int32_t>* pos, const std::string& what) {
+  const int64_t stride = kv.stride();
+  const int64_t v_blocks = kv.blocks() - kv.v_tail_start() / kBlock;
+  for (int32_t t = 0; t < tables; ++t) {
+    for (int64_t b = 0; b < kv.blocks(); ++b) {
+      ASSERT_EQ(k[t * stride + b], kv.k_table()[t * stride + b]) << what << ": K table " << t << " block " << b;
+    }
+    for (int64_t b = 0; b < v_blocks; ++b) {
+      ASSERT_EQ(v[t * stride + b], kv.v_table()[t * stride + b]) << what << ": V table " << t << " block " << b;
+    }
+  }
+  if (kv.sparse_stride() == 0) return;
+  for (int32_t t = 0; t < tables; ++t) {
+    const int32_t n = kv.sparse_count()[t];
+    for (int32_t i = 0; i < n; ++i) {
+      ASSERT_EQ((*pos)[size_t(t) * kv.pos_stride() + i], kv.sparse_pos()[size_t(t) * kv.pos_stride() + i])
+          << what << ": sparse position " << i << " of table " << t;
+    }
+    for (int32_t i = 0; i < (n + kBlock - 1) / kBlock; ++i) {
+      ASSERT_EQ((*sp)[size_t(t) * kv.sparse_stride() + i], kv.sparse_pages()[size_t(t) * kv.sparse_stride() + i])
+          << what << ": sparse page " << i << " of table " << t;
+    }
+  }
+}
+
 // The device's copies of page tables, kept on the host: a plan's allocations and copies
 // applied to plain arrays, as LaunchTableCopies applies them on the device.
 class HostTables {
@@ -138,32 +167,10 @@ class HostTables {
   }
   // Expects the copy of `kv`'s tables to hold every entry a kernel may read.
   void ExpectHolds(const cache::SequenceKv& kv, int32_t tables, const std::string& what) const {
-    const int64_t stride = kv.stride();
-    const int64_t v_blocks = kv.blocks() - kv.v_tail_start() / kBlock;
-    const auto& k = arrays_.at({kv.id(), Array::kK});
-    const auto& v = arrays_.at({kv.id(), Array::kV});
-    for (int32_t t = 0; t < tables; ++t) {
-      for (int64_t b = 0; b < kv.blocks(); ++b) {
-        ASSERT_EQ(k[t * stride + b], kv.k_table()[t * stride + b]) << what << ": K table " << t << " block " << b;
-      }
-      for (int64_t b = 0; b < v_blocks; ++b) {
-        ASSERT_EQ(v[t * stride + b], kv.v_table()[t * stride + b]) << what << ": V table " << t << " block " << b;
-      }
-    }
-    if (kv.sparse_stride() == 0) return;
-    const auto& sp = arrays_.at({kv.id(), Array::kSparsePages});
-    const auto& pos = arrays_.at({kv.id(), Array::kSparsePos});
-    for (int32_t t = 0; t < tables; ++t) {
-      const int32_t n = kv.sparse_count()[t];
-      for (int32_t i = 0; i < n; ++i) {
-        ASSERT_EQ(pos[size_t(t) * kv.pos_stride() + i], kv.sparse_pos()[size_t(t) * kv.pos_stride() + i])
-            << what << ": sparse position " << i << " of table " << t;
-      }
-      for (int32_t i = 0; i < (n + kBlock - 1) / kBlock; ++i) {
-        ASSERT_EQ(sp[size_t(t) * kv.sparse_stride() + i], kv.sparse_pages()[size_t(t) * kv.sparse_stride() + i])
-            << what << ": sparse page " << i << " of table " << t;
-      }
-    }
+    const bool sparse = kv.sparse_stride() > 0;
+    ExpectTablesHold(kv, tables, arrays_.at({kv.id(), Array::kK}), arrays_.at({kv.id(), Array::kV}),
+                     sparse ? &arrays_.at({kv.id(), Array::kSparsePages}) : nullptr,
+                     sparse ? &arrays_.at({kv.id(), Array::kSparsePos}) : nullptr, what);
   }
 
  private:
@@ -184,33 +191,18 @@ std::vector<int32_t> FromDevice(const int32_t* p, size_t n) {
 // entry of `kv`'s tables that a kernel may read.
 void ExpectDeviceHolds(const SeqPageTables& d, const cache::SequenceKv& kv, int32_t tables,
                        const std::string& what) {
-  const int64_t stride = kv.stride();
-  const int64_t v_blocks = kv.blocks() - kv.v_tail_start() / kBlock;
-  const std::vector<int32_t> k = FromDevice(d.k_pages, size_t(tables) * stride);
-  const std::vector<int32_t> v = FromDevice(d.v_pages, size_t(tables) * stride);
-  for (int32_t t = 0; t < tables; ++t) {
-    for (int64_t b = 0; b < kv.blocks(); ++b) {
-      ASSERT_EQ(k[t * stride + b], kv.k_table()[t * stride + b]) << what << ": device K table " << t;
-    }
-    for (int64_t b = 0; b < v_blocks; ++b) {
-      ASSERT_EQ(v[t * stride + b], kv.v_table()[t * stride + b]) << what << ": device V table " << t;
-    }
-  }
-  if (kv.sparse_stride() == 0) return;
-  const std::vector<int32_t> sp = FromDevice(d.v_sparse_pages, size_t(tables) * kv.sparse_stride());
-  const std::vector<int32_t> pos = FromDevice(d.v_sparse_pos, size_t(tables) * kv.pos_stride());
+  const size_t stride = kv.stride();
+  const bool sparse = kv.sparse_stride() > 0;
+  const std::vector<int32_t> sp =
+      sparse ? FromDevice(d.v_sparse_pages, size_t(tables) * kv.sparse_stride()) : std::vector<int32_t>();
+  const std::vector<int32_t> pos =
+      sparse ? FromDevice(d.v_sparse_pos, size_t(tables) * kv.pos_stride()) : std::vector<int32_t>();
+  ExpectTablesHold(kv, tables, FromDevice(d.k_pages, tables * stride),
+                   FromDevice(d.v_pages, tables * stride), &sp, &pos, what + " (device)");
+  if (!sparse) return;
   const std::vector<int32_t> count = FromDevice(d.v_sparse_count, tables);
   for (int32_t t = 0; t < tables; ++t) {
-    const int32_t n = kv.sparse_count()[t];
-    ASSERT_EQ(count[t], n) << what << ": device sparse count of table " << t;
-    for (int32_t i = 0; i < n; ++i) {
-      ASSERT_EQ(pos[size_t(t) * kv.pos_stride() + i], kv.sparse_pos()[size_t(t) * kv.pos_stride() + i])
-          << what << ": device sparse position " << i << " of table " << t;
-    }
-    for (int32_t i = 0; i < (n + kBlock - 1) / kBlock; ++i) {
-      ASSERT_EQ(sp[size_t(t) * kv.sparse_stride() + i], kv.sparse_pages()[size_t(t) * kv.sparse_stride() + i])
-          << what << ": device sparse page " << i << " of table " << t;
-    }
+    ASSERT_EQ(count[t], kv.sparse_count()[t]) << what << ": device sparse count of table " << t;
   }
 }
 

@@ -31,6 +31,26 @@ struct Report {
   int rows = 0, agree = 0;
 };
 
+// One row of logits against the reference: max|Δ| / max|ref|, both argmaxes, any NaN.
+struct RowDiff {
+  double rel = 0;
+  int64_t want_top = 0, got_top = 0;
+  bool nan = false;
+};
+RowDiff CompareRow(const float* want, const float* got, int64_t n) {
+  RowDiff d;
+  double max_ref = 0, max_diff = 0;
+  for (int64_t v = 0; v < n; ++v) {
+    d.nan |= std::isnan(got[v]);
+    max_ref = std::max(max_ref, double(std::abs(want[v])));
+    max_diff = std::max(max_diff, double(std::abs(want[v] - got[v])));
+  }
+  d.rel = max_diff / max_ref;
+  d.want_top = std::max_element(want, want + n) - want;
+  d.got_top = std::max_element(got, got + n) - got;
+  return d;
+}
+
 // Runs three sequences through both backends: prefill (one chunked), then decode steps of
 // all three together. Returns the comparison.
 Report Compare(const model::Model& m, const TopThetaConfig& theta, int decode_steps) {
@@ -97,22 +117,16 @@ Report Compare(const model::Model& m, const TopThetaConfig& theta, int decode_st
     st = (*gpu)->Forward(gb, got.data());
     ASSERT_TRUE(st.ok()) << "cuda: " << st;
     for (int64_t r = 0; r < rows; ++r) {
-      const float* w = want.data() + r * c.vocab_size;
-      const float* g = got.data() + r * c.vocab_size;
-      double max_ref = 0, max_diff = 0;
-      for (int64_t v = 0; v < c.vocab_size; ++v) {
-        ASSERT_FALSE(std::isnan(g[v])) << "NaN logit";
-        max_ref = std::max(max_ref, double(std::abs(w[v])));
-        max_diff = std::max(max_diff, double(std::abs(w[v] - g[v])));
-      }
-      if (max_diff / max_ref > rep.worst_rel) {
-        rep.worst_rel = max_diff / max_ref;
+      const RowDiff d = CompareRow(want.data() + r * c.vocab_size, got.data() + r * c.vocab_size,
+                                   c.vocab_size);
+      ASSERT_FALSE(d.nan) << "NaN logit";
+      if (d.rel > rep.worst_rel) {
+        rep.worst_rel = d.rel;
         rep.worst_step = this_step;
       }
-      const int64_t a = std::max_element(w, w + c.vocab_size) - w;
-      const int64_t b = std::max_element(g, g + c.vocab_size) - g;
+      const int64_t a = d.want_top;
       ++rep.rows;
-      rep.agree += a == b;
+      rep.agree += d.want_top == d.got_top;
       // Teacher forcing: both continue with the CPU's greedy token.
       const int s = parts[r].first;
       done[s] += parts[r].second;
@@ -279,18 +293,13 @@ bool CheckSparseVThroughCompaction(const std::string& path, double theta_tol) {
     st = (*gpu)->Forward(ForwardBatch{step_tokens, gseqs, false}, got.data());
     EXPECT_TRUE(st.ok()) << "cuda, step " << step << ": " << st;
     if (::testing::Test::HasFailure()) return true;
-    double max_ref = 0, max_diff = 0;
-    for (int64_t v = 0; v < c.vocab_size; ++v) {
-      EXPECT_FALSE(std::isnan(got[v])) << "NaN logit at step " << step;
-      if (std::isnan(got[v])) return true;
-      max_ref = std::max(max_ref, double(std::abs(want[v])));
-      max_diff = std::max(max_diff, double(std::abs(want[v] - got[v])));
-    }
-    worst = std::max(worst, max_diff / max_ref);
-    const int32_t a = int32_t(std::max_element(want.begin(), want.end()) - want.begin());
-    const int32_t b = int32_t(std::max_element(got.begin(), got.end()) - got.begin());
+    const RowDiff d = CompareRow(want.data(), got.data(), c.vocab_size);
+    EXPECT_FALSE(d.nan) << "NaN logit at step " << step;
+    if (d.nan) return true;
+    worst = std::max(worst, d.rel);
+    const int32_t a = static_cast<int32_t>(d.want_top);
     ++rows;
-    agree += a == b;
+    agree += d.want_top == d.got_top;
     // The GPU's marks: position p of table t sits at t * stride + p (the pointer starts at
     // `begin`); entries of positions outside [begin, end) must stay unset, and a mark is the
     // position of one of this step's queries.

@@ -128,6 +128,25 @@ class DenseAttentionTest : public ::testing::TestWithParam<std::pair<int, int>> 
     return out;
   }
 
+  // Post-softmax θ = 0.004 past k = 8 keys: rows keep their clearly-above-average keys.
+  model::ThetaTable AboveAverageTable() const {
+    model::ThetaTable table(1, heads_, model::ThetaTable::DefaultBuckets(4096));
+    table.k_per_layer[0] = 8;
+    for (int32_t h = 0; h < heads_; ++h) {
+      for (size_t b = 0; b < table.buckets().size(); ++b) table.theta_at(0, h, b) = 0.004f;
+    }
+    table.placement = model::ThetaPlacement::kPostSoftmax;
+    table.Finalize();
+    return table;
+  }
+  static TopThetaConfig ExactSdcVmc(const model::ThetaTable& table) {
+    TopThetaConfig cfg;
+    cfg.table = &table;
+    cfg.sdc = SdcMode::kExact;
+    cfg.vmc = true;
+    return cfg;
+  }
+
   // softmax(q·K/√d)·V in float64, token by token.
   std::vector<float> Reference() const {
     std::vector<float> out(q_.size());
@@ -202,18 +221,8 @@ TEST_P(DenseAttentionTest, PrefillChunkEqualsItsTokensAloneBitForBitAndTheFloat6
 
 TEST_P(DenseAttentionTest, TopThetaPrefillChunkEqualsItsTokensAloneWithTheSameRecords) {
   SCOPED_TRACE(::testing::Message() << "seed " << seed_ << ", head_dim " << d_ << ", group " << group_);
-  // Post-softmax θ = 0.004 past k = 8 keys: rows keep their clearly-above-average keys.
-  model::ThetaTable table(1, heads_, model::ThetaTable::DefaultBuckets(4096));
-  table.k_per_layer[0] = 8;
-  for (int32_t h = 0; h < heads_; ++h) {
-    for (size_t b = 0; b < table.buckets().size(); ++b) table.theta_at(0, h, b) = 0.004f;
-  }
-  table.placement = model::ThetaPlacement::kPostSoftmax;
-  table.Finalize();
-  TopThetaConfig cfg;
-  cfg.table = &table;
-  cfg.sdc = SdcMode::kExact;
-  cfg.vmc = true;
+  const model::ThetaTable table = AboveAverageTable();
+  const TopThetaConfig cfg = ExactSdcVmc(table);
 
   AttentionStats whole_stats, alone_stats;
   whole_stats.Reset(1);
@@ -249,17 +258,8 @@ TEST_P(DenseAttentionTest, TopThetaPrefillChunkEqualsItsTokensAloneWithTheSameRe
 
 TEST_P(DenseAttentionTest, TopThetaRecordsOnlyFromHitsBeginAndTheSameAsAWholeRecord) {
   SCOPED_TRACE(::testing::Message() << "seed " << seed_ << ", head_dim " << d_ << ", group " << group_);
-  model::ThetaTable table(1, heads_, model::ThetaTable::DefaultBuckets(4096));
-  table.k_per_layer[0] = 8;
-  for (int32_t h = 0; h < heads_; ++h) {
-    for (size_t b = 0; b < table.buckets().size(); ++b) table.theta_at(0, h, b) = 0.004f;
-  }
-  table.placement = model::ThetaPlacement::kPostSoftmax;
-  table.Finalize();
-  TopThetaConfig cfg;
-  cfg.table = &table;
-  cfg.sdc = SdcMode::kExact;
-  cfg.vmc = true;
+  const model::ThetaTable table = AboveAverageTable();
+  const TopThetaConfig cfg = ExactSdcVmc(table);
 
   AttentionStats stats;
   stats.Reset(1);
