@@ -1,0 +1,464 @@
+// CUDA emulator (tests only): fibers for the threads of a block, and the runtime API over host
+// memory. See cuda_runtime_api.h for what it is for and README.md for its limits.
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <utility>
+#include <vector>
+
+#include "cuda_runtime.h"
+
+// Fiber switch (x86-64 System V): saves the callee-saved registers and the FP control words on
+// the current stack, stores the stack pointer in *save_sp and continues on new_sp.
+extern "C" void EmuSwitchContext(void** save_sp, void* new_sp);
+asm(R"(
+  .text
+  .globl EmuSwitchContext
+  .type EmuSwitchContext, @function
+EmuSwitchContext:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  subq $8, %rsp
+  stmxcsr (%rsp)
+  fnstcw 4(%rsp)
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  ldmxcsr (%rsp)
+  fldcw 4(%rsp)
+  addq $8, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+  .size EmuSwitchContext, .-EmuSwitchContext
+  .section .note.GNU-stack,"",@progbits
+  .text
+)");
+
+struct CUstream_st {
+  bool capturing = false;
+  std::vector<std::function<void()>> captured;
+};
+struct CUevent_st {
+  std::chrono::steady_clock::time_point at;
+};
+struct CUgraph_st {
+  std::vector<std::function<void()>> ops;
+};
+struct CUgraphExec_st {
+  std::vector<std::function<void()>> ops;
+};
+
+namespace emu {
+namespace {
+
+constexpr size_t kStackBytes = size_t(256) << 10;
+constexpr size_t kGuardBytes = 4096;
+constexpr size_t kMaxDynamicShared = 48 << 10;  // without the opt-in attribute
+
+enum class FiberState { kReady, kAtBlockBarrier, kAtWarpBarrier, kDone };
+
+struct Fiber {
+  void* sp = nullptr;
+  FiberState state = FiberState::kReady;
+  uint3 tid{};
+  int warp = 0;
+};
+
+struct Block {
+  std::vector<Fiber> fibers;
+  void* sched_sp = nullptr;
+  int current = 0;
+  int live = 0;
+  int block_arrived = 0;
+  std::vector<int> warp_arrived, warp_live;
+  std::vector<uint64_t> slots;  // [warps, 32] values being exchanged
+  const std::function<void()>* body = nullptr;
+  std::vector<unsigned char> smem;
+};
+
+thread_local Block* g_block = nullptr;
+thread_local cudaError_t g_last_error = cudaSuccess;
+std::mutex g_launch_mutex;  // one block at a time: static __shared__ variables are global here
+
+// Stacks with a guard page below each, kept for later launches.
+std::vector<char*>& Stacks() {
+  static std::vector<char*> stacks;
+  return stacks;
+}
+char* StackTop(size_t i) {
+  std::vector<char*>& s = Stacks();
+  while (s.size() <= i) {
+    void* p = mmap(nullptr, kStackBytes + kGuardBytes, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) {
+      std::fprintf(stderr, "emu: cannot map a fiber stack\n");
+      std::abort();
+    }
+    mprotect(p, kGuardBytes, PROT_NONE);
+    s.push_back(static_cast<char*>(p));
+  }
+  return s[i] + kGuardBytes + kStackBytes;
+}
+
+Fiber& Current() { return g_block->fibers[g_block->current]; }
+
+// Switches from the running fiber (saving its stack pointer in *save_sp) straight to the next
+// ready one, or back to the scheduler when none is ready (all done, or a deadlock).
+void SwitchToNextReady(void** save_sp) {
+  Block& b = *g_block;
+  const int n = int(b.fibers.size());
+  for (int k = 1; k <= n; ++k) {
+    const int i = (b.current + k) % n;
+    if (b.fibers[i].state == FiberState::kReady) {
+      b.current = i;
+      threadIdx = b.fibers[i].tid;
+      EmuSwitchContext(save_sp, b.fibers[i].sp);
+      return;
+    }
+  }
+  EmuSwitchContext(save_sp, b.sched_sp);
+}
+
+// The running fiber waits: whoever resumes it has set current and threadIdx back.
+void Yield() { SwitchToNextReady(&Current().sp); }
+
+void ReleaseBlockBarrierIfComplete(Block& b) {
+  if (b.block_arrived == 0 || b.block_arrived < b.live) return;
+  for (Fiber& f : b.fibers) {
+    if (f.state == FiberState::kAtBlockBarrier) f.state = FiberState::kReady;
+  }
+  b.block_arrived = 0;
+}
+
+void ReleaseWarpBarrierIfComplete(Block& b, int w) {
+  if (b.warp_arrived[w] == 0 || b.warp_arrived[w] < b.warp_live[w]) return;
+  const int end = std::min(int(b.fibers.size()), (w + 1) * 32);
+  for (int i = w * 32; i < end; ++i) {
+    if (b.fibers[i].state == FiberState::kAtWarpBarrier) b.fibers[i].state = FiberState::kReady;
+  }
+  b.warp_arrived[w] = 0;
+}
+
+void WarpBarrier() {
+  Block& b = *g_block;
+  Fiber& f = Current();
+  ++b.warp_arrived[f.warp];
+  if (b.warp_arrived[f.warp] == b.warp_live[f.warp]) {
+    ReleaseWarpBarrierIfComplete(b, f.warp);
+    return;
+  }
+  f.state = FiberState::kAtWarpBarrier;
+  Yield();
+}
+
+void FiberEntry() {
+  Block& b = *g_block;
+  (*b.body)();
+  Fiber& f = Current();
+  f.state = FiberState::kDone;
+  --b.live;
+  --b.warp_live[f.warp];
+  // Threads that exit no longer count at barriers (as on the GPU).
+  ReleaseBlockBarrierIfComplete(b);
+  ReleaseWarpBarrierIfComplete(b, f.warp);
+  void* unused;
+  SwitchToNextReady(&unused);
+  std::abort();  // never resumed
+}
+
+void* PrepareStack(char* top) {
+  auto* s = reinterpret_cast<uint64_t*>(reinterpret_cast<uintptr_t>(top) & ~uintptr_t(15));
+  *--s = 0;                                        // FiberEntry's return address (never used)
+  *--s = reinterpret_cast<uint64_t>(&FiberEntry);  // where the first switch returns to
+  for (int i = 0; i < 6; ++i) *--s = 0;            // rbp rbx r12 r13 r14 r15
+  *--s = 0x1F80ull | (0x037Full << 32);            // default MXCSR and x87 control word
+  return s;
+}
+
+const char* WaitSummary(const Block& b, char* buf, size_t n) {
+  int at_block = 0, at_warp = 0, done = 0;
+  for (const Fiber& f : b.fibers) {
+    at_block += f.state == FiberState::kAtBlockBarrier;
+    at_warp += f.state == FiberState::kAtWarpBarrier;
+    done += f.state == FiberState::kDone;
+  }
+  std::snprintf(buf, n, "%d threads at __syncthreads, %d at a warp exchange, %d exited", at_block,
+                at_warp, done);
+  return buf;
+}
+
+void RunBlock(Block& b, dim3 block) {
+  const int n = int(block.x * block.y * block.z);
+  const int warps = (n + 31) / 32;
+  b.fibers.assign(n, Fiber{});
+  b.live = n;
+  b.block_arrived = 0;
+  b.warp_arrived.assign(warps, 0);
+  b.warp_live.assign(warps, 0);
+  b.slots.assign(size_t(warps) * 32, 0);
+  std::fill(b.smem.begin(), b.smem.end(), 0xFF);  // NaN bytes: unwritten shared memory shows
+  for (int i = 0; i < n; ++i) {
+    Fiber& f = b.fibers[i];
+    f.tid = uint3{unsigned(i) % block.x, unsigned(i) / block.x % block.y,
+                  unsigned(i) / (block.x * block.y)};
+    f.warp = i / 32;
+    ++b.warp_live[f.warp];
+    f.sp = PrepareStack(StackTop(i));
+  }
+  // The fibers pass control among themselves and come back here only when none is ready.
+  b.current = 0;
+  threadIdx = b.fibers[0].tid;
+  EmuSwitchContext(&b.sched_sp, b.fibers[0].sp);
+  if (b.live > 0) {
+    char buf[160];
+    std::fprintf(stderr,
+                 "emu: deadlock in block (%u, %u, %u): %s. A barrier or warp exchange is not "
+                 "reached by every live thread.\n",
+                 blockIdx.x, blockIdx.y, blockIdx.z, WaitSummary(b, buf, sizeof buf));
+    std::abort();
+  }
+}
+
+cudaError_t Execute(dim3 grid, dim3 block, size_t smem, const std::function<void()>& body) {
+  std::lock_guard<std::mutex> lock(g_launch_mutex);
+  Block b;
+  b.body = &body;
+  b.smem.resize(smem);
+  Block* outer = g_block;
+  g_block = &b;
+  gridDim = grid;
+  blockDim = block;
+  for (unsigned z = 0; z < grid.z; ++z) {
+    for (unsigned y = 0; y < grid.y; ++y) {
+      for (unsigned x = 0; x < grid.x; ++x) {
+        blockIdx = uint3{x, y, z};
+        RunBlock(b, block);
+      }
+    }
+  }
+  g_block = outer;
+  return cudaSuccess;
+}
+
+CUstream_st& StreamOf(cudaStream_t s) {
+  static CUstream_st legacy;
+  return s ? *s : legacy;
+}
+
+std::mutex g_alloc_mutex;
+std::map<void*, size_t>& Allocations() {
+  static std::map<void*, size_t> m;
+  return m;
+}
+
+cudaError_t Fail(cudaError_t e) {
+  g_last_error = e;
+  return e;
+}
+
+}  // namespace
+
+void SyncThreads() {
+  Block& b = *g_block;
+  ++b.block_arrived;
+  if (b.block_arrived == b.live) {
+    ReleaseBlockBarrierIfComplete(b);
+    return;
+  }
+  Current().state = FiberState::kAtBlockBarrier;
+  Yield();
+}
+
+void SyncWarp() { WarpBarrier(); }
+
+int LaneId() { return g_block->current % 32; }
+
+uint64_t ExchangeInWarp(uint64_t bits, int src_lane) {
+  Block& b = *g_block;
+  const int w = Current().warp;
+  b.slots[size_t(w) * 32 + LaneId()] = bits;
+  WarpBarrier();
+  const int src = w * 32 + src_lane;
+  const uint64_t v = src_lane >= 0 && src_lane < 32 && src < int(b.fibers.size())
+                         ? b.slots[size_t(w) * 32 + src_lane]
+                         : bits;
+  WarpBarrier();  // nobody overwrites a slot before every lane has read
+  return v;
+}
+
+void* DynamicShared() { return g_block->smem.data(); }
+
+void EnqueueOnStream(cudaStream_t stream, std::function<void()> op) {
+  CUstream_st& s = StreamOf(stream);
+  if (s.capturing) {
+    s.captured.push_back(std::move(op));
+  } else {
+    op();
+  }
+}
+
+cudaError_t RunKernel(dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                      std::function<void()> body) {
+  const uint64_t threads = uint64_t(block.x) * block.y * block.z;
+  if (threads == 0 || threads > 1024 || grid.x == 0 || grid.y == 0 || grid.z == 0 ||
+      grid.y > 65535 || grid.z > 65535 || block.z > 64) {
+    return Fail(cudaErrorInvalidConfiguration);
+  }
+  if (smem > kMaxDynamicShared) return Fail(cudaErrorInvalidValue);
+  EnqueueOnStream(stream, [grid, block, smem, body = std::move(body)] { Execute(grid, block, smem, body); });
+  return cudaSuccess;
+}
+
+}  // namespace emu
+
+using emu::Fail;
+
+cudaError_t cudaGetDeviceCount(int* count) {
+  *count = 1;
+  return cudaSuccess;
+}
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
+  if (device != 0) return Fail(cudaErrorInvalidValue);
+  *prop = cudaDeviceProp{};
+  std::snprintf(prop->name, sizeof prop->name, "thetaserve CUDA emulator");
+  prop->totalGlobalMem = size_t(16) << 30;
+  prop->major = 9;
+  prop->minor = 0;
+  prop->multiProcessorCount = 132;  // an H200's, so split plans match the real card's
+  prop->maxThreadsPerBlock = 1024;
+  prop->sharedMemPerBlock = 48 << 10;
+  prop->warpSize = 32;
+  return cudaSuccess;
+}
+cudaError_t cudaSetDevice(int device) { return device == 0 ? cudaSuccess : Fail(cudaErrorInvalidValue); }
+cudaError_t cudaGetLastError() { return std::exchange(emu::g_last_error, cudaSuccess); }
+cudaError_t cudaPeekAtLastError() { return emu::g_last_error; }
+const char* cudaGetErrorName(cudaError_t e) {
+  switch (e) {
+    case cudaSuccess: return "cudaSuccess";
+    case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
+    case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
+    case cudaErrorInvalidConfiguration: return "cudaErrorInvalidConfiguration";
+    case cudaErrorNoDevice: return "cudaErrorNoDevice";
+    case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
+    case cudaErrorLaunchFailure: return "cudaErrorLaunchFailure";
+    case cudaErrorStreamCaptureUnsupported: return "cudaErrorStreamCaptureUnsupported";
+    default: return "cudaErrorUnknown";
+  }
+}
+const char* cudaGetErrorString(cudaError_t e) { return cudaGetErrorName(e); }
+
+cudaError_t cudaMalloc(void** ptr, size_t bytes) {
+  const size_t rounded = (std::max<size_t>(bytes, 1) + 255) / 256 * 256;
+  void* p = std::aligned_alloc(256, rounded);
+  if (!p) return Fail(cudaErrorMemoryAllocation);
+  std::lock_guard<std::mutex> lock(emu::g_alloc_mutex);
+  emu::Allocations()[p] = bytes;
+  *ptr = p;
+  return cudaSuccess;
+}
+cudaError_t cudaFree(void* ptr) {
+  if (!ptr) return cudaSuccess;
+  std::lock_guard<std::mutex> lock(emu::g_alloc_mutex);
+  if (emu::Allocations().erase(ptr) == 0) return Fail(cudaErrorInvalidValue);
+  std::free(ptr);
+  return cudaSuccess;
+}
+cudaError_t cudaMallocHost(void** ptr, size_t bytes) { return cudaMalloc(ptr, bytes); }
+cudaError_t cudaFreeHost(void* ptr) { return cudaFree(ptr); }
+
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind) {
+  if (bytes) std::memmove(dst, src, bytes);
+  return cudaSuccess;
+}
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind,
+                            cudaStream_t stream) {
+  emu::EnqueueOnStream(stream, [=] { if (bytes) std::memmove(dst, src, bytes); });
+  return cudaSuccess;
+}
+cudaError_t cudaMemset(void* ptr, int value, size_t bytes) {
+  std::memset(ptr, value, bytes);
+  return cudaSuccess;
+}
+cudaError_t cudaMemsetAsync(void* ptr, int value, size_t bytes, cudaStream_t stream) {
+  emu::EnqueueOnStream(stream, [=] { std::memset(ptr, value, bytes); });
+  return cudaSuccess;
+}
+
+cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
+cudaError_t cudaStreamCreate(cudaStream_t* stream) {
+  *stream = new CUstream_st;
+  return cudaSuccess;
+}
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int) { return cudaStreamCreate(stream); }
+cudaError_t cudaStreamDestroy(cudaStream_t stream) {
+  delete stream;
+  return cudaSuccess;
+}
+cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+  return emu::StreamOf(stream).capturing ? Fail(cudaErrorStreamCaptureUnsupported) : cudaSuccess;
+}
+
+cudaError_t cudaEventCreate(cudaEvent_t* event) {
+  *event = new CUevent_st;
+  return cudaSuccess;
+}
+cudaError_t cudaEventDestroy(cudaEvent_t event) {
+  delete event;
+  return cudaSuccess;
+}
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t) {
+  event->at = std::chrono::steady_clock::now();
+  return cudaSuccess;
+}
+cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
+  *ms = std::chrono::duration<float, std::milli>(end->at - start->at).count();
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode) {
+  if (!stream) return Fail(cudaErrorStreamCaptureUnsupported);  // the legacy stream cannot
+  stream->capturing = true;
+  stream->captured.clear();
+  return cudaSuccess;
+}
+cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph) {
+  if (!stream || !stream->capturing) return Fail(cudaErrorInvalidValue);
+  stream->capturing = false;
+  *graph = new CUgraph_st{std::move(stream->captured)};
+  stream->captured.clear();
+  return cudaSuccess;
+}
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsigned long long) {
+  *exec = new CUgraphExec_st{graph->ops};
+  return cudaSuccess;
+}
+cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
+  delete graph;
+  return cudaSuccess;
+}
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
+  delete exec;
+  return cudaSuccess;
+}
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream) {
+  if (emu::StreamOf(stream).capturing) return Fail(cudaErrorStreamCaptureUnsupported);
+  for (const auto& op : exec->ops) op();
+  return cudaSuccess;
+}

@@ -1,0 +1,131 @@
+// The CUDA emulator's own behaviour: barriers order shared memory, a missing barrier shows, warp
+// exchanges, fresh NaN shared memory per block, launch-configuration errors, graph capture,
+// and a deadlock is reported rather than hung on.
+#include <cmath>
+#include <vector>
+
+#include "gtest/gtest.h"
+// The emulator's device header (tests/gpu/emu), as kernels/cuda sees it in this build.
+#include "cuda_runtime.h"
+
+namespace {
+
+// Each thread writes its slot, then reads its neighbour's.
+void NeighbourKernel(float* out, bool sync) {
+  float* s = static_cast<float*>(emu::DynamicShared());
+  const int i = int(threadIdx.x), n = int(blockDim.x);
+  s[i] = float(blockIdx.x * 1000 + i);
+  if (sync) __syncthreads();
+  out[blockIdx.x * n + i] = s[(i + 1) % n];
+}
+
+TEST(CudaEmulatorTest, BarrierOrdersSharedMemoryAndMissingOneShows) {
+  constexpr int kBlocks = 3, kThreads = 96;
+  std::vector<float> out(kBlocks * kThreads);
+  emu::Launch(kBlocks, kThreads, kThreads * sizeof(float))(NeighbourKernel, out.data(), true);
+  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+  for (int b = 0; b < kBlocks; ++b) {
+    for (int i = 0; i < kThreads; ++i) EXPECT_EQ(out[b * kThreads + i], float(b * 1000 + (i + 1) % kThreads));
+  }
+  // Without the barrier the early threads read slots nobody has written yet in this block:
+  // shared memory starts as NaN bytes in every block, so they read NaN.
+  emu::Launch(kBlocks, kThreads, kThreads * sizeof(float))(NeighbourKernel, out.data(), false);
+  int nan = 0;
+  for (float v : out) nan += std::isnan(v);
+  EXPECT_GT(nan, 0);
+}
+
+void WarpKernel(const float* in, float* sum, float* bcast, float* down) {
+  const int i = int(threadIdx.x);
+  float v = in[i];
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  sum[i] = v;
+  bcast[i] = __shfl_sync(0xffffffffu, in[i], 5);
+  down[i] = __shfl_down_sync(0xffffffffu, in[i], 1);
+}
+
+TEST(CudaEmulatorTest, WarpExchangesStayWithinEachWarp) {
+  constexpr int kThreads = 64;
+  std::vector<float> in(kThreads), sum(kThreads), bcast(kThreads), down(kThreads);
+  for (int i = 0; i < kThreads; ++i) in[i] = float(i * i % 17);
+  emu::Launch(1, kThreads)(WarpKernel, in.data(), sum.data(), bcast.data(), down.data());
+  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+  for (int i = 0; i < kThreads; ++i) {
+    const int w = i / 32;
+    float want = 0;
+    for (int l = 0; l < 32; ++l) want += in[w * 32 + l];
+    EXPECT_EQ(sum[i], want) << i;
+    EXPECT_EQ(bcast[i], in[w * 32 + 5]) << i;
+    EXPECT_EQ(down[i], i % 32 == 31 ? in[i] : in[i + 1]) << i;
+  }
+}
+
+void BallotKernel(unsigned* out) { out[threadIdx.x] = __ballot_sync(0xffffffffu, threadIdx.x % 3 == 0); }
+
+TEST(CudaEmulatorTest, BallotGathersEveryLane) {
+  std::vector<unsigned> out(32);
+  emu::Launch(1, 32)(BallotKernel, out.data());
+  unsigned want = 0;
+  for (int l = 0; l < 32; l += 3) want |= 1u << l;
+  for (unsigned v : out) EXPECT_EQ(v, want);
+}
+
+void NothingKernel(int) {}
+
+TEST(CudaEmulatorTest, BadLaunchConfigurationsAreErrors) {
+  emu::Launch(1, 2048)(NothingKernel, 0);
+  EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidConfiguration);
+  emu::Launch(dim3(0), 32)(NothingKernel, 0);
+  EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidConfiguration);
+  emu::Launch(1, 32, 64 << 10)(NothingKernel, 0);  // over 48 KB of dynamic shared memory
+  EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidValue);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);  // read and cleared
+}
+
+void AddKernel(int* p, int v) { atomicAdd(p + threadIdx.x % 4, v); }
+
+TEST(CudaEmulatorTest, CapturedWorkRunsWhenTheGraphDoes) {
+  cudaStream_t stream;
+  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+  std::vector<int> acc(4, 0);
+  int host_value = 1;
+  int* dev = nullptr;
+  ASSERT_EQ(cudaMalloc(&dev, sizeof(int)), cudaSuccess);
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  emu::Launch(2, 64, 0, stream)(AddKernel, acc.data(), 3);
+  ASSERT_EQ(cudaMemcpyAsync(dev, &host_value, sizeof(int), cudaMemcpyHostToDevice, stream), cudaSuccess);
+  EXPECT_EQ(cudaStreamSynchronize(stream), cudaErrorStreamCaptureUnsupported);
+  cudaGraph_t graph;
+  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  EXPECT_EQ(acc, std::vector<int>(4, 0));  // nothing ran during the capture
+  cudaGraphExec_t exec;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  host_value = 7;  // a graph's copy reads the host memory when it runs
+  ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+  ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+  EXPECT_EQ(acc, std::vector<int>(4, 2 * 2 * 16 * 3));
+  int got = 0;
+  ASSERT_EQ(cudaMemcpy(&got, dev, sizeof(int), cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(got, 7);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaFree(dev);
+  cudaStreamDestroy(stream);
+  cudaGetLastError();
+}
+
+// Thread 0 waits at the block barrier while its warp's other lanes wait for it in a shuffle.
+void DivergentKernel(float* out) {
+  if (threadIdx.x == 0) {
+    __syncthreads();
+  } else {
+    out[threadIdx.x] = __shfl_xor_sync(0xffffffffu, 1.0f, 1);
+  }
+}
+
+TEST(CudaEmulatorDeathTest, DeadlockIsReported) {
+  std::vector<float> out(64);
+  EXPECT_DEATH(emu::Launch(1, 64)(DivergentKernel, out.data()), "emu: deadlock in block");
+}
+
+}  // namespace
