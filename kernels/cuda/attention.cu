@@ -38,6 +38,17 @@ __device__ __forceinline__ int64_t PartIndex(const SplitArgs& a, int64_t r, int3
   return (r * a.shape.num_heads + head) * a.ws.max_splits + split;
 }
 
+// Top-θ scores between the passes: 16-bit fixed point below the split's max,
+// q = (m_split − s)·4096 rounded, saturating at 16 nats. Half the bytes of f32 (pass 1 writes
+// them and pass 2 reads them back: after K, the largest traffic of Top-θ), at most 1/8192 nat
+// of rounding in a score: a 0.012% change of e, less than bf16 K moves a score by. A
+// saturated score reads as 16 nats below its split's max, never smaller than it was: the row
+// has at most e^-16 of the row's softmax mass and is dropped by any threshold above 1.1e-7.
+constexpr float kScoreSteps = 4096.0f;  // per nat
+__device__ __forceinline__ uint16_t EncodeScore(float s, float m_split) {
+  return static_cast<uint16_t>(fminf(65535.0f, fmaxf(0.0f, rintf((m_split - s) * kScoreSteps))));
+}
+
 // What a split-kernel block works on: grid (split, row, KV group).
 struct SplitBlock {
   int64_t r;           // row of the batch (index into row_ids)
@@ -125,7 +136,7 @@ __device__ void ReduceRowGroups(const SplitArgs& a, float (&acc)[GT > 0 ? GT : k
 }
 
 // Dense split: scores, chunk max and Σe, and Σ e·V over the chunk.
-// Top-θ pass 1: scores to the workspace, chunk max and Σe; no V.
+// Top-θ pass 1: scores to the workspace (EncodeScore), chunk max and Σe; no V.
 template <int D, int GT>
 __global__ void __launch_bounds__(kThreads, (GT > 0 && GT <= 4) ? 8 : 4) SplitPass1Kernel(SplitArgs a) {
   constexpr int kG = GT > 0 ? GT : kMaxGroup;  // compile-time group size when known
@@ -155,7 +166,7 @@ __global__ void __launch_bounds__(kThreads, (GT > 0 && GT <= 4) ? 8 : 4) SplitPa
     const int64_t srow = (int64_t(r) * a.shape.num_heads + first_head + h) * a.ws.score_stride;
     for (int jl = threadIdx.x; jl < n; jl += blockDim.x) {
       const float s = sc[h * a.chunk + jl];
-      if (a.top_theta) a.ws.scores[srow + j0 + jl] = s;
+      if (a.top_theta) a.ws.scores[srow + j0 + jl] = EncodeScore(s, m);
       const float e = expf(s - m);
       sc[h * a.chunk + jl] = e;
       l += e;
@@ -222,6 +233,73 @@ __device__ __forceinline__ void WarpThreshold(const SplitArgs& a, int64_t r, int
   *thr_out = thr;
 }
 
+// e = exp(s − m) of position j for one head from its stored score. off_here: m_split − m of
+// this block's split; positions of other splits (rows of the sparse store or of a tail that
+// starts in an earlier split) read their split's max from the pass-1 partials.
+__device__ __forceinline__ float StoredE(const SplitArgs& a, int64_t r, int32_t head,
+                                         int32_t split, int32_t j, uint16_t q, float off_here,
+                                         float m) {
+  const int32_t sj = j / a.chunk;
+  const float off = sj == split ? off_here : a.ws.part_m[PartIndex(a, r, head, sj)] - m;
+  return expf(off - float(q) * (1.0f / kScoreSteps));
+}
+
+// A row whose e (from its 16-bit score) lies this close to a threshold, relatively, is decided
+// on its exact score instead (ExactScore): four times the encoding's worst error, so a
+// decision never depends on the encoding, and the GPU keeps exactly the rows the f32 scores
+// keep. Such rows are rare (a band of 1/2048 around each threshold).
+constexpr float kNearBand = 1.0f / 2048.0f;
+__device__ __forceinline__ bool NearThreshold(float e, float thr) {
+  return thr > 0.0f && fabsf(e - thr) <= thr * kNearBand;
+}
+
+// q_head · k_j · scale exactly as pass 1 computed it (same products, same order).
+template <int D>
+__device__ float ExactScore(const SplitArgs& a, const DevSeq& seq, int64_t lh, int32_t t,
+                            int32_t head, int32_t j) {
+  const int32_t bs = a.layout.block_size;
+  const uint16_t* kr = a.pool + a.layout.RowOffset(seq.pages.KPage(lh, j, bs), j % bs);
+  const float* qr = a.q + int64_t(t) * a.q_stride + int64_t(head) * D;
+  float acc = 0.0f;
+#pragma unroll
+  for (int c = 0; c < D; c += 8) {
+    float kf[8];
+    LoadBf16x8(kr + c, kf);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc = fmaf(qr[c + e] * a.shape.scale, kf[e], acc);
+  }
+  return acc;
+}
+
+// e per head of position j from the 16-bit scores, or from the exact scores when any head's
+// value is near its threshold or its retain threshold. ev[h] for h >= G is 0.
+template <int D, int kG>
+__device__ __forceinline__ void RowE(const SplitArgs& a, const DevSeq& seq, int64_t lh,
+                                     int64_t r, int32_t t, int32_t first_head, int32_t G,
+                                     int32_t split, int32_t j, const uint16_t (&q)[kG],
+                                     const float* s_off, const float* s_m, const float* s_thr,
+                                     float (&ev)[kG]) {
+  bool near = false;
+#pragma unroll
+  for (int h = 0; h < kG; ++h) {
+    ev[h] = 0.0f;
+    if (h < G) {
+      ev[h] = StoredE(a, r, first_head + h, split, j, q[h], s_off[h], s_m[h]);
+      near |= NearThreshold(ev[h], s_thr[h]) ||
+              NearThreshold(ev[h], a.theta.retain_factor * s_thr[h]);
+    }
+  }
+  if (!near) return;
+#pragma unroll
+  for (int h = 0; h < kG; ++h) {
+    if (h < G) ev[h] = expf(ExactScore<D>(a, seq, lh, t, first_head + h, j) - s_m[h]);
+  }
+}
+
+// Rows of pass 2's loops one thread holds at a time: their scores are all loaded before any
+// is tested, so a thread waits for memory once per batch, not once per row.
+constexpr int kRowsPerBatch = 4;
+
 // Top-θ pass 2 over one split: positions [j0, j0 + chunk) for hit marks and the retained
 // count, and stored V rows [i0, i0 + chunk) (sparse store first, then the tail) for the
 // gather of retained rows.
@@ -229,7 +307,7 @@ template <int D, int GT>
 __global__ void __launch_bounds__(kThreads, (GT > 0 && GT <= 4) ? 8 : 4) SplitPass2Kernel(SplitArgs a) {
   constexpr int kG = GT > 0 ? GT : kMaxGroup;  // compile-time group size when known
   extern __shared__ float smem[];
-  __shared__ float s_m[kG], s_thr[kG], s_dk[kG], s_kc[kG], s_inv_d[kG];
+  __shared__ float s_m[kG], s_off[kG], s_thr[kG], s_dk[kG], s_kc[kG], s_inv_d[kG];
   __shared__ unsigned long long s_retained;
   __shared__ int s_count;
   const int32_t G = GT > 0 ? GT : a.shape.num_heads / a.shape.num_kv_heads;
@@ -243,6 +321,7 @@ __global__ void __launch_bounds__(kThreads, (GT > 0 && GT <= 4) ? 8 : 4) SplitPa
     WarpThreshold(a, r, t, L, first_head + h, &m, &d_full, &thr);
     if ((threadIdx.x & 31) == 0) {
       s_m[h] = m;
+      s_off[h] = a.ws.part_m[PartIndex(a, r, first_head + h, split)] - m;
       s_thr[h] = thr;
       s_inv_d[h] = 1.0f / d_full;
       if (split == 0) {
@@ -260,7 +339,10 @@ __global__ void __launch_bounds__(kThreads, (GT > 0 && GT <= 4) ? 8 : 4) SplitPa
     s_count = 0;
   }
   __syncthreads();
-  const float* srow0 = a.ws.scores + (r * a.shape.num_heads + first_head) * a.ws.score_stride;
+  const uint16_t* srow0 = a.ws.scores + (r * a.shape.num_heads + first_head) * a.ws.score_stride;
+  const int64_t stride = a.ws.score_stride;
+  const int lane = threadIdx.x & 31;
+  const int32_t step = kRowsPerBatch * blockDim.x;
 
   // Positions: any head of the group keeps j -> retained, and the hit mark. Without a
   // sparse store (tail at 0) stored rows are the positions, and the gather loop below does
@@ -274,23 +356,40 @@ __global__ void __launch_bounds__(kThreads, (GT > 0 && GT <= 4) ? 8 : 4) SplitPa
   if (tail > 0) {
     const int32_t n = min(a.chunk, L - j0);
     unsigned long long retained = 0;
-    for (int32_t jl = threadIdx.x; jl < n; jl += blockDim.x) {
-      const int32_t j = j0 + jl;
-      bool any = false, strong = false;
-      float mass = 0.0f;
-      for (int h = 0; h < G; ++h) {
-        const float e = expf(srow0[h * a.ws.score_stride + j] - s_m[h]);
-        if (e > s_thr[h]) {
-          any = true;
-          mass += e * s_inv_d[h];
-        }
-        strong |= e > a.theta.retain_factor * s_thr[h];
+    for (int32_t base = 0; base < n; base += step) {
+      uint16_t q[kRowsPerBatch][kG];
+#pragma unroll
+      for (int b = 0; b < kRowsPerBatch; ++b) {
+        const int32_t jl = base + b * int32_t(blockDim.x) + int32_t(threadIdx.x);
+#pragma unroll
+        for (int h = 0; h < kG; ++h) q[b][h] = h < G && jl < n ? srow0[h * stride + j0 + jl] : 0;
       }
-      if (any) {
-        ++retained;
-        if (j >= mark_from) {
-          if (hits && strong) atomicMax(hits + (j - mark_from), row.pos);
-          if (hit_mass) atomicAdd(hit_mass + (j - mark_from), mass);
+#pragma unroll
+      for (int b = 0; b < kRowsPerBatch; ++b) {
+        const int32_t jl = base + b * int32_t(blockDim.x) + int32_t(threadIdx.x);
+        if (jl >= n) continue;
+        const int32_t j = j0 + jl;
+        float ev[kG];
+        RowE<D, kG>(a, seq, lh, r, t, first_head, G, split, j, q[b], s_off, s_m, s_thr, ev);
+        bool any = false, strong = false;
+        float mass = 0.0f;
+#pragma unroll
+        for (int h = 0; h < kG; ++h) {
+          if (h < G) {
+            const float e = ev[h];
+            if (e > s_thr[h]) {
+              any = true;
+              mass += e * s_inv_d[h];
+            }
+            strong |= e > a.theta.retain_factor * s_thr[h];
+          }
+        }
+        if (any) {
+          ++retained;
+          if (j >= mark_from) {
+            if (hits && strong) atomicMax(hits + (j - mark_from), row.pos);
+            if (hit_mass) atomicAdd(hit_mass + (j - mark_from), mass);
+          }
         }
       }
     }
@@ -312,57 +411,82 @@ __global__ void __launch_bounds__(kThreads, (GT > 0 && GT <= 4) ? 8 : 4) SplitPa
   const int32_t i0 = split * a.chunk;
   const int32_t ni = max(0, min(a.chunk, stored - i0));
 
-  // Keep test over this split's stored rows, every thread a row: kept rows go to a compact
-  // list (row index in the pool, e per head) in shared memory...
+  // Keep test over this split's stored rows: kept rows go to a compact list (row index in
+  // the pool, e per head) in shared memory, a warp's rows at once (one atomic per warp)...
   uint32_t* list_row = reinterpret_cast<uint32_t*>(smem);  // [chunk]
   float* list_e = smem + a.chunk;                          // [chunk, G]
   float dk[kG], kc[kG];
 #pragma unroll
   for (int h = 0; h < kG; ++h) dk[h] = kc[h] = 0.0f;
-  for (int32_t il = threadIdx.x; il < ni; il += blockDim.x) {
-    const int32_t i = i0 + il;
-    int32_t j, page, slot;
-    if (i < sparse_vis) {
-      j = sparse_pos[i];
-      page = seq.pages.v_sparse_pages[lh * seq.pages.sparse_stride + i / bs];
-      slot = i % bs;
-    } else {
-      j = tail + (i - sparse_vis);
-      page = seq.pages.VPage(lh, j, bs);
-      slot = j % bs;
-    }
-    float ev[kG];
-    bool any = false, strong = false;
+  for (int32_t base = 0; base < ni; base += step) {  // the same trips for every thread
+    int32_t jb[kRowsPerBatch];
+    uint32_t pool_row[kRowsPerBatch];
+    uint16_t q[kRowsPerBatch][kG];
 #pragma unroll
-    for (int h = 0; h < kG; ++h) {
-      ev[h] = 0.0f;
-      if (h < G) {
-        const float e = expf(srow0[h * a.ws.score_stride + j] - s_m[h]);
-        if (e > s_thr[h]) {
-          ev[h] = e;
-          dk[h] += e;
-          kc[h] += 1.0f;
-          any = true;
-          strong |= e > a.theta.retain_factor * s_thr[h];
+    for (int b = 0; b < kRowsPerBatch; ++b) {
+      const int32_t il = base + b * int32_t(blockDim.x) + int32_t(threadIdx.x);
+      const int32_t i = i0 + il;
+      jb[b] = -1;
+      pool_row[b] = 0;
+      if (il >= ni) continue;
+      int32_t page, slot;
+      if (i < sparse_vis) {
+        jb[b] = sparse_pos[i];
+        page = seq.pages.v_sparse_pages[lh * seq.pages.sparse_stride + i / bs];
+        slot = i % bs;
+      } else {
+        jb[b] = tail + (i - sparse_vis);
+        page = seq.pages.VPage(lh, jb[b], bs);
+        slot = jb[b] % bs;
+      }
+      pool_row[b] = uint32_t(page) * uint32_t(bs) + uint32_t(slot);
+    }
+#pragma unroll
+    for (int b = 0; b < kRowsPerBatch; ++b) {
+#pragma unroll
+      for (int h = 0; h < kG; ++h) q[b][h] = h < G && jb[b] >= 0 ? srow0[h * stride + jb[b]] : 0;
+    }
+#pragma unroll
+    for (int b = 0; b < kRowsPerBatch; ++b) {
+      const int32_t j = jb[b];
+      float ev[kG];
+      bool any = false, strong = false;
+      if (j >= 0) {
+        RowE<D, kG>(a, seq, lh, r, t, first_head, G, split, j, q[b], s_off, s_m, s_thr, ev);
+#pragma unroll
+        for (int h = 0; h < kG; ++h) {
+          if (h < G && ev[h] > s_thr[h]) {
+            dk[h] += ev[h];
+            kc[h] += 1.0f;
+            any = true;
+            strong |= ev[h] > a.theta.retain_factor * s_thr[h];
+          } else {
+            ev[h] = 0.0f;  // dropped by this head: no weight, no mass
+          }
         }
       }
-    }
-    if (!any) continue;
-    const int k = atomicAdd(&s_count, 1);
-    list_row[k] = uint32_t(page) * uint32_t(bs) + uint32_t(slot);
-#pragma unroll
-    for (int h = 0; h < kG; ++h) {
-      if (h < G) list_e[k * G + h] = ev[h];
-    }
-    if (tail > 0 || j < mark_from) continue;  // marks: the positions loop above, or none
-    if (hits && strong) atomicMax(hits + (j - mark_from), row.pos);
-    if (hit_mass) {
-      float mass = 0.0f;
+      const unsigned kept = __ballot_sync(0xffffffffu, any);
+      if (kept == 0) continue;  // the same for the whole warp
+      int k0 = 0;
+      if (lane == 0) k0 = atomicAdd(&s_count, __popc(kept));
+      k0 = __shfl_sync(0xffffffffu, k0, 0);
+      if (!any) continue;
+      const int k = k0 + __popc(kept & ((1u << lane) - 1u));
+      list_row[k] = pool_row[b];
 #pragma unroll
       for (int h = 0; h < kG; ++h) {
-        if (h < G) mass += ev[h] * s_inv_d[h];  // ev is 0 where the head dropped j
+        if (h < G) list_e[k * G + h] = ev[h];
       }
-      atomicAdd(hit_mass + (j - mark_from), mass);
+      if (tail > 0 || j < mark_from) continue;  // marks: the positions loop above, or none
+      if (hits && strong) atomicMax(hits + (j - mark_from), row.pos);
+      if (hit_mass) {
+        float mass = 0.0f;
+#pragma unroll
+        for (int h = 0; h < kG; ++h) {
+          if (h < G) mass += ev[h] * s_inv_d[h];  // ev is 0 where the head dropped j
+        }
+        atomicAdd(hit_mass + (j - mark_from), mass);
+      }
     }
   }
 #pragma unroll
@@ -383,7 +507,7 @@ __global__ void __launch_bounds__(kThreads, (GT > 0 && GT <= 4) ? 8 : 4) SplitPa
   for (int h = 0; h < kG; ++h)
 #pragma unroll
     for (int e = 0; e < 8; ++e) acc[h][e] = 0.0f;
-#pragma unroll 4
+#pragma unroll 8
   for (int k = rg; k < count; k += kRowGroups) {
     float vf[8];
     LoadBf16x8(a.pool + size_t(list_row[k]) * D + lane8 * 8, vf);

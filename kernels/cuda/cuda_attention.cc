@@ -101,7 +101,7 @@ absl::Status CudaAttention::Prepare(const ForwardBatch& batch, const DeviceBatch
   const int64_t score_stride_pre = theta ? (split_max_len + 3) / 4 * 4 : 0;
   int64_t row_batch = std::max<int64_t>(1, num_split_rows_);
   if (score_stride_pre > 0) {
-    row_batch = std::min<int64_t>(row_batch, std::max<int64_t>(1, (int64_t(256) << 20) / (H * score_stride_pre * 4)));
+    row_batch = std::min<int64_t>(row_batch, std::max<int64_t>(1, (int64_t(256) << 20) / (H * score_stride_pre * int64_t(sizeof(uint16_t)))));
   }
   row_batch_ = static_cast<int32_t>(std::min<int64_t>(row_batch, 65535));  // grid.y limit
   const int64_t R = row_batch_;
@@ -111,7 +111,7 @@ absl::Status CudaAttention::Prepare(const ForwardBatch& batch, const DeviceBatch
   const size_t o_bytes = Align(parts * d * sizeof(float));
   const size_t p_bytes = Align(parts * sizeof(float));
   const size_t stat_bytes = Align(R * H * 3 * sizeof(float));
-  const size_t score_bytes = Align(size_t(R) * H * score_stride * sizeof(float));
+  const size_t score_bytes = Align(size_t(R) * H * score_stride * sizeof(uint16_t));
   if (absl::Status st = workspace_.Reserve(o_bytes + 4 * p_bytes + stat_bytes + score_bytes);
       !st.ok()) {
     return st;
@@ -123,7 +123,7 @@ absl::Status CudaAttention::Prepare(const ForwardBatch& batch, const DeviceBatch
   ws_.part_n = reinterpret_cast<float*>(w + o_bytes + 2 * p_bytes);
   ws_.part_dk = reinterpret_cast<float*>(w + o_bytes + 3 * p_bytes);
   ws_.row_stat = reinterpret_cast<float*>(w + o_bytes + 4 * p_bytes);
-  ws_.scores = reinterpret_cast<float*>(w + o_bytes + 4 * p_bytes + stat_bytes);
+  ws_.scores = reinterpret_cast<uint16_t*>(w + o_bytes + 4 * p_bytes + stat_bytes);
   ws_.score_stride = score_stride;
   ws_.max_splits = plan_.max_splits;
   return absl::OkStatus();

@@ -99,7 +99,7 @@ struct AttentionWorkspace {
   float* part_dk = nullptr;   // [rows, heads, max_splits] D_kept (Top-θ pass 2)
   float* part_n = nullptr;    // [rows, heads, max_splits] kept elements (Top-θ)
   float* row_stat = nullptr;  // [rows, heads, 3] m, D_full, threshold (Top-θ)
-  float* scores = nullptr;    // [rows, heads, score_stride] (Top-θ)
+  uint16_t* scores = nullptr; // [rows, heads, score_stride] (Top-θ) (m_split − s)·4096
   int64_t score_stride = 0;
   int32_t max_splits = 0;
 };

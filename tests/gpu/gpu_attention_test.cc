@@ -34,7 +34,9 @@ struct Shape {
 
 // Keys are noise plus, at every tenth position, a large component along a direction the
 // queries share: scores are bimodal (about N(0, 0.35) and 4 ± 0.5), so a threshold between
-// the modes keeps the same rows on both sides regardless of rounding.
+// the modes keeps the same rows on both sides regardless of rounding. Not for every head: the
+// upper mode's centre moves with each query (4 + 0.5·N(0, 1)), and where it sits low a
+// post-softmax threshold can fall inside the lower mode, among many rows.
 class AttentionCase {
  public:
   AttentionCase(const Shape& s, std::vector<SeqSpec> specs, uint64_t seed)
@@ -368,20 +370,24 @@ TEST(GpuAttentionTest, TopThetaOverSparseVStoreMatchesCpu) {
 
 TEST(GpuAttentionTest, TopThetaLongRowsMatchCpu) {
   SKIP_WITHOUT_CUDA_DEVICE();
-  const uint64_t seed = testing::TestSeed();
-  SCOPED_TRACE("THETASERVE_SEED=" + std::to_string(seed));
   const Shape s;
-  // Long decode rows over many splits, with and without a sparse store (whose stored rows
-  // map to positions in other splits).
-  for (auto placement : {model::ThetaPlacement::kPreSoftmax, model::ThetaPlacement::kPostSoftmax}) {
-    SCOPED_TRACE(model::PlacementName(placement));
-    const model::ThetaTable table = MakeTable(s, placement, 16);
-    TopThetaConfig cfg;
-    cfg.table = &table;
-    AttentionCase c(s, {{12000, 1}, {10000, 1, 6000}, {9000, 1, 100}}, seed);
-    c.RunAndExpectSame(cfg, true);
-    EXPECT_GT(c.cpu_stats().retained_but_evicted, 0);
-    EXPECT_GT(c.total_mass(), 1.0) << "Top-θ recorded no retained mass";
+  // A fresh seed, and one whose post-softmax case puts rows within 1e-4 of a threshold: the
+  // 16-bit scores between the passes would flip their decisions, the exact-score fallback
+  // (attention.cu, NearThreshold) must not.
+  for (uint64_t seed : {testing::TestSeed(), uint64_t{2740948863}}) {
+    SCOPED_TRACE("THETASERVE_SEED=" + std::to_string(seed));
+    // Long decode rows over many splits, with and without a sparse store (whose stored rows
+    // map to positions in other splits).
+    for (auto placement : {model::ThetaPlacement::kPreSoftmax, model::ThetaPlacement::kPostSoftmax}) {
+      SCOPED_TRACE(model::PlacementName(placement));
+      const model::ThetaTable table = MakeTable(s, placement, 16);
+      TopThetaConfig cfg;
+      cfg.table = &table;
+      AttentionCase c(s, {{12000, 1}, {10000, 1, 6000}, {9000, 1, 100}}, seed);
+      c.RunAndExpectSame(cfg, true);
+      EXPECT_GT(c.cpu_stats().retained_but_evicted, 0);
+      EXPECT_GT(c.total_mass(), 1.0) << "Top-θ recorded no retained mass";
+    }
   }
 }
 
