@@ -45,14 +45,14 @@ else
   if ! command -v nvcc >/dev/null 2>&1 && [ -x /usr/local/cuda/bin/nvcc ]; then export PATH="/usr/local/cuda/bin:$PATH"; fi
   cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DTHETASERVE_CUDA=ON >"$out/build.log" 2>&1 &&
     cmake --build build-gpu -j"$(nproc)" --target gpu_ops_test gpu_attention_test gpu_forward_test \
-      device_batch_test thetaserve_gpu_bench >>"$out/build.log" 2>&1 || { tail -30 "$out/build.log"; exit 1; }
+      device_batch_test gpu_engine_test thetaserve_gpu_bench >>"$out/build.log" 2>&1 || { tail -30 "$out/build.log"; exit 1; }
   bin="$root/build-gpu/tests"
   cp build-gpu/thetaserve_gpu_bench build-gpu/tests/ 2>/dev/null
 fi
 
 declare -A result
 failed=0
-tests=(gpu_ops_test device_batch_test gpu_attention_test gpu_forward_test)
+tests=(gpu_ops_test device_batch_test gpu_attention_test gpu_forward_test gpu_engine_test)
 filter='*'
 if [ "$only_model" = 1 ]; then tests=(gpu_forward_test); filter='*SmolLM2*'; fi
 for t in "${tests[@]}"; do

@@ -10,12 +10,12 @@ cd "$(dirname "$0")/.."
 dir=${1:-.devbin}
 if ! command -v nvcc >/dev/null 2>&1 && [ -x /usr/local/cuda/bin/nvcc ]; then export PATH="/usr/local/cuda/bin:$PATH"; fi
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DTHETASERVE_CUDA=ON >/dev/null
-cmake --build build -j"$(nproc)" --target gpu_ops_test gpu_attention_test gpu_forward_test device_batch_test \
+cmake --build build -j"$(nproc)" --target gpu_ops_test gpu_attention_test gpu_forward_test device_batch_test gpu_engine_test \
   thetaserve_gpu_bench
 rm -rf "$dir"
 mkdir -p "$dir/bin" "$dir/lib"
 cp build/tests/gpu_ops_test build/tests/gpu_attention_test build/tests/gpu_forward_test \
-  build/tests/device_batch_test \
+  build/tests/device_batch_test build/tests/gpu_engine_test \
   build/thetaserve_gpu_bench "$dir/bin/"
 for b in "$dir"/bin/*; do
   ldd "$b" | awk '/=> \//{print $3}'

@@ -763,6 +763,12 @@ SplitPlan PlanSplits(int64_t num_rows, int32_t num_kv_heads, int64_t max_len, in
   const int64_t want_splits = std::max<int64_t>(1, (per_sm * int64_t(num_sms) + units - 1) / units);
   int64_t chunk = (max_len + want_splits - 1) / want_splits;
   chunk = std::clamp<int64_t>((chunk + 63) / 64 * 64, 64, 1024);
+  // The chunk follows the batch, so a row's reduction order (and the last bits of its output)
+  // depends on what else runs with it. THETASERVE_ATTN_CHUNK fixes it (a multiple of 64, at
+  // most 1024): outputs then do not depend on the batch (tests; reproducible runs).
+  if (const char* v = std::getenv("THETASERVE_ATTN_CHUNK")) {
+    chunk = std::clamp<int64_t>(std::atoll(v) / 64 * 64, 64, 1024);
+  }
   plan.chunk = static_cast<int32_t>(chunk);
   plan.max_splits = static_cast<int32_t>(std::max<int64_t>(1, (max_len + chunk - 1) / chunk));
   return plan;
