@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 
@@ -49,6 +50,9 @@ class Backend {
   // Bytes of one K or V element in the pool (f32 on the CPU, bf16 on the GPU): the engine
   // sizes the pool from --kv-cache-memory with it.
   virtual int64_t kv_element_bytes() const { return sizeof(float); }
+  // Memory the KV pool could still take now: free device memory (CUDA), available RAM
+  // (CPU, MemAvailable); nullopt when unknown. `--kv-cache-memory 90%` sizes the pool with it.
+  virtual std::optional<int64_t> FreeMemoryBytes() const = 0;
 
   // Runs the model. `logits` receives NumLogitRows(batch) rows of vocab_size floats, in
   // sequence order (and token order within a sequence when all_logits).

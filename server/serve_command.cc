@@ -20,6 +20,7 @@
 #include "server/cli_args.h"
 #include "server/commands.h"
 #include "server/generation_service.h"
+#include "server/kv_cache_size.h"
 #include "server/metrics.h"
 #include "server/model_loading.h"
 #include "server/theta_options.h"
@@ -35,7 +36,9 @@ constexpr char kUsage[] =
     "  --metrics-port N             Prometheus /metrics port (default 9090; 0 = off)\n"
     "  --max-num-seqs N             running sequences at once (default 64)\n"
     "  --max-num-batched-tokens N   token budget per engine step (default 512)\n"
-    "  --kv-cache-memory SIZE       KV page pool size, e.g. 512M (default 256M)\n"
+    "  --kv-cache-memory SIZE|PCT%  KV page pool size, e.g. 512M, or a share of the memory\n"
+    "                               free once the model is loaded, less 1 GiB for per-step\n"
+    "                               buffers, e.g. 90% (default 90% on a GPU, 256M on the CPU)\n"
     "  --block-size N               rows per KV page (default 16)\n"
     "  --max-queue N                waiting requests before RESOURCE_EXHAUSTED (default 1024)\n"
     "  --threads N                  CPU threads (default: all cores)\n"
@@ -84,7 +87,10 @@ int RunServe(const std::vector<std::string>& argv) {
   auto metrics_port = args->GetInt("metrics-port", 9090);
   auto max_seqs = args->GetInt("max-num-seqs", 64);
   auto max_tokens = args->GetInt("max-num-batched-tokens", 512);
-  auto kv_bytes = args->GetBytes("kv-cache-memory", int64_t(256) << 20);
+  // Checked now; a share is resolved once the model is on its device.
+  auto kv_spec = args->Has("kv-cache-memory")
+                     ? ParseKvCacheSpec(args->GetString("kv-cache-memory"))
+                     : absl::StatusOr<KvCacheSpec>(KvCacheSpec{});
   auto block_size = args->GetInt("block-size", 16);
   auto max_queue = args->GetInt("max-queue", 1024);
   auto threads = args->GetInt("threads", 0);
@@ -92,7 +98,7 @@ int RunServe(const std::vector<std::string>& argv) {
   auto device = ParseDevice(args->GetString("device", "auto"));
   for (const absl::Status& st :
        {port.status(), metrics_port.status(), max_seqs.status(), max_tokens.status(),
-        kv_bytes.status(), block_size.status(), max_queue.status(), threads.status(),
+        kv_spec.status(), block_size.status(), max_queue.status(), threads.status(),
         drain.status(), device.status()}) {
     if (!st.ok()) return fail(st);
   }
@@ -123,7 +129,19 @@ int RunServe(const std::vector<std::string>& argv) {
   ec.sparse = theta->sparse;
   ec.scheduler.max_num_seqs = *max_seqs;
   ec.scheduler.max_num_batched_tokens = *max_tokens;
-  ec.kv_cache_bytes = *kv_bytes;
+  KvCacheSpec spec = *kv_spec;
+  if (!args->Has("kv-cache-memory")) {
+    if (loaded->backend->name() == "cuda") {
+      spec.percent = 90.0;
+    } else {
+      spec.bytes = int64_t(256) << 20;
+    }
+  }
+  auto kv = ResolveKvCacheSize(spec, loaded->backend->FreeMemoryBytes());
+  if (!kv.ok()) return fail(kv.status());
+  std::fprintf(stderr, "KV cache: %s%s\n", kv->description.c_str(),
+               args->Has("kv-cache-memory") ? "" : ", the default (--kv-cache-memory sets it)");
+  ec.kv_cache_bytes = kv->bytes;
   ec.block_size = static_cast<int32_t>(*block_size);
   ec.max_queue = *max_queue;
   auto engine = scheduler::Engine::Create(ec, *loaded->backend);

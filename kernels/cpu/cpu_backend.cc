@@ -2,6 +2,8 @@
 
 #include <cmath>
 #include <cstring>
+#include <fstream>
+#include <string>
 
 #include "absl/strings/str_format.h"
 #include "kernels/cpu/attention.h"
@@ -122,6 +124,17 @@ absl::Status CpuBackend::Forward(const ForwardBatch& batch, float* logits) {
   RmsNorm(last, static_cast<const float*>(w.output_norm.data), rows, hidden, c.rms_norm_eps, h);
   MatMul(pool_, h, rows, w.output, nullptr, logits, /*accumulate=*/false, matmul_);
   return absl::OkStatus();
+}
+
+// MemAvailable of /proc/meminfo (what the kernel can hand out without swapping).
+std::optional<int64_t> CpuBackend::FreeMemoryBytes() const {
+  std::ifstream in("/proc/meminfo");
+  std::string key, unit;
+  int64_t kib = 0;
+  while (in >> key >> kib >> unit) {
+    if (key == "MemAvailable:") return kib * 1024;
+  }
+  return std::nullopt;
 }
 
 }  // namespace thetaserve::kernels::cpu

@@ -156,6 +156,14 @@ class CudaBackend : public Backend {
   absl::Status AllocateKvPool(int64_t num_pages, int32_t block_size) override;
   absl::Status Forward(const ForwardBatch& batch, float* logits) override;
   absl::Status CopyKvRows(std::span<const KvRowCopy> copies) override;
+  std::optional<int64_t> FreeMemoryBytes() const override {
+    size_t free = 0, total = 0;
+    if (cudaMemGetInfo(&free, &total) != cudaSuccess) {
+      cudaGetLastError();
+      return std::nullopt;
+    }
+    return static_cast<int64_t>(free);
+  }
 
  private:
   struct Layer {

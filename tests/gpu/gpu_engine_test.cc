@@ -9,6 +9,7 @@
 #include <condition_variable>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <thread>
@@ -132,8 +133,15 @@ TEST_F(GpuEngineTest, PreemptionChunkedPrefillAndCancellationReturnEveryPage) {
   config.kv_cache_bytes = 2 * 6 * c.num_layers * c.num_kv_heads * page_bytes;
   config.scheduler.max_num_batched_tokens = 8;
   config.scheduler.max_num_seqs = 4;
+  // What `--kv-cache-memory 90%` sizes the pool from: free device memory, which the pool
+  // then takes.
+  const std::optional<int64_t> free_before = (*backend)->FreeMemoryBytes();
+  ASSERT_TRUE(free_before.has_value());
   auto engine = Engine::Create(config, **backend);
   ASSERT_TRUE(engine.ok()) << engine.status();
+  const std::optional<int64_t> free_after = (*backend)->FreeMemoryBytes();
+  ASSERT_TRUE(free_after.has_value());
+  EXPECT_LE(*free_after, *free_before - config.kv_cache_bytes);
 
   constexpr int kTokens = 20;
   const auto prompts = Prompts();

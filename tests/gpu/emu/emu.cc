@@ -379,8 +379,25 @@ cudaError_t cudaFree(void* ptr) {
   std::free(ptr);
   return cudaSuccess;
 }
-cudaError_t cudaMallocHost(void** ptr, size_t bytes) { return cudaMalloc(ptr, bytes); }
-cudaError_t cudaFreeHost(void* ptr) { return cudaFree(ptr); }
+cudaError_t cudaMemGetInfo(size_t* free, size_t* total) {
+  std::lock_guard<std::mutex> lock(emu::g_alloc_mutex);
+  size_t used = 0;
+  for (const auto& [p, bytes] : emu::Allocations()) used += bytes;
+  *total = size_t(16) << 30;
+  *free = used < *total ? *total - used : 0;
+  return cudaSuccess;
+}
+cudaError_t cudaMallocHost(void** ptr, size_t bytes) {
+  // Host memory: not counted as device memory.
+  void* p = std::aligned_alloc(256, (std::max<size_t>(bytes, 1) + 255) / 256 * 256);
+  if (!p) return Fail(cudaErrorMemoryAllocation);
+  *ptr = p;
+  return cudaSuccess;
+}
+cudaError_t cudaFreeHost(void* ptr) {
+  std::free(ptr);
+  return cudaSuccess;
+}
 
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind) {
   if (bytes) std::memmove(dst, src, bytes);

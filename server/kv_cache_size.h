@@ -1,0 +1,35 @@
+// --kv-cache-memory: a size ("512M", "2G") or a share of the memory still free once the model
+// is loaded ("90%"), resolved against the backend's free memory.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace thetaserve::server {
+
+// Kept out of a share-sized pool for what grows per step (activations, logits, attention
+// workspaces, cuBLAS's workspace).
+constexpr int64_t kKvReserveBytes = int64_t(1) << 30;
+
+struct KvCacheSpec {
+  int64_t bytes = 0;     // a size, or
+  double percent = 0.0;  // a share in (0, 100] of free memory less kKvReserveBytes
+};
+
+// Checks the flag's form; says what was wrong and what is accepted.
+absl::StatusOr<KvCacheSpec> ParseKvCacheSpec(const std::string& value);
+
+struct KvCacheSize {
+  int64_t bytes = 0;
+  std::string description;  // for the startup log: "9.6 GiB (90% of ...)"
+};
+
+// The pool's bytes. A share needs `free_bytes` (Backend::FreeMemoryBytes after the model
+// loaded) and more free memory than the reserve.
+absl::StatusOr<KvCacheSize> ResolveKvCacheSize(const KvCacheSpec& spec,
+                                               std::optional<int64_t> free_bytes);
+
+}  // namespace thetaserve::server

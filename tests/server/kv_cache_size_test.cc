@@ -1,0 +1,60 @@
+// --kv-cache-memory: sizes, shares of the free memory, and the errors a user can cause.
+#include "server/kv_cache_size.h"
+
+#include <string>
+
+#include "gtest/gtest.h"
+
+namespace thetaserve::server {
+namespace {
+
+constexpr int64_t kGiB = int64_t(1) << 30;
+
+TEST(KvCacheSizeTest, SizesAreBytes) {
+  for (const auto& [text, bytes] : {std::pair<std::string, int64_t>{"512M", int64_t(512) << 20},
+                                    {"2G", 2 * kGiB}, {"1.5g", 3 * kGiB / 2}, {"64k", 64 << 10},
+                                    {"1048576", 1 << 20}}) {
+    auto spec = ParseKvCacheSpec(text);
+    ASSERT_TRUE(spec.ok()) << text << ": " << spec.status();
+    auto size = ResolveKvCacheSize(*spec, std::nullopt);  // a size needs no free memory
+    ASSERT_TRUE(size.ok()) << size.status();
+    EXPECT_EQ(size->bytes, bytes) << text;
+  }
+}
+
+TEST(KvCacheSizeTest, ASharePartsTheFreeMemoryLessTheReserve) {
+  auto spec = ParseKvCacheSpec("90%");
+  ASSERT_TRUE(spec.ok());
+  auto size = ResolveKvCacheSize(*spec, 101 * kGiB);
+  ASSERT_TRUE(size.ok()) << size.status();
+  EXPECT_EQ(size->bytes, 90 * kGiB);  // 90% of (101 GiB − 1 GiB)
+  EXPECT_NE(size->description.find("90% of the 101.00 GiB free"), std::string::npos) << size->description;
+  size = ResolveKvCacheSize(*ParseKvCacheSpec("100%"), 3 * kGiB);
+  ASSERT_TRUE(size.ok());
+  EXPECT_EQ(size->bytes, 2 * kGiB);
+}
+
+TEST(KvCacheSizeTest, BadValuesSayWhatIsAccepted) {
+  for (const std::string text : {"", "0", "-1G", "abc", "12X", "0%", "150%", "-5%", "%", "nan%"}) {
+    auto spec = ParseKvCacheSpec(text);
+    ASSERT_FALSE(spec.ok()) << "'" << text << "' was accepted";
+    EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(std::string(spec.status().message()).find("such as 90%"), std::string::npos) << spec.status();
+  }
+}
+
+TEST(KvCacheSizeTest, AShareNeedsKnownAndSufficientFreeMemory) {
+  auto spec = ParseKvCacheSpec("50%");
+  ASSERT_TRUE(spec.ok());
+  auto unknown = ResolveKvCacheSize(*spec, std::nullopt);
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_EQ(unknown.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(std::string(unknown.status().message()).find("give a size"), std::string::npos);
+  auto little = ResolveKvCacheSize(*spec, kGiB / 2);
+  ASSERT_FALSE(little.ok());
+  EXPECT_EQ(little.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(std::string(little.status().message()).find("0.50 GiB is free"), std::string::npos) << little.status();
+}
+
+}  // namespace
+}  // namespace thetaserve::server
