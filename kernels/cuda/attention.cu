@@ -42,9 +42,11 @@ __device__ __forceinline__ int64_t PartIndex(const SplitArgs& a, int64_t r, int3
 // q = (m_split − s)·4096 rounded, saturating at 16 nats. Half the bytes of f32 (pass 1 writes
 // them and pass 2 reads them back: after K, the largest traffic of Top-θ), at most 1/8192 nat
 // of rounding in a score: a 0.012% change of e, less than bf16 K moves a score by. A
-// saturated score reads as 16 nats below its split's max, never smaller than it was: the row
-// has at most e^-16 of the row's softmax mass and is dropped by any threshold above 1.1e-7.
+// saturated score (kSaturated) only bounds e from above; a row with one is decided and
+// weighted on its exact score whenever that bound could pass a threshold (RowE): a split
+// holding an attention sink puts every other row of it there.
 constexpr float kScoreSteps = 4096.0f;  // per nat
+constexpr uint16_t kSaturated = 65535;
 __device__ __forceinline__ uint16_t EncodeScore(float s, float m_split) {
   return static_cast<uint16_t>(fminf(65535.0f, fmaxf(0.0f, rintf((m_split - s) * kScoreSteps))));
 }
@@ -272,7 +274,8 @@ __device__ float ExactScore(const SplitArgs& a, const DevSeq& seq, int64_t lh, i
 }
 
 // e per head of position j from the 16-bit scores, or from the exact scores when any head's
-// value is near its threshold or its retain threshold. ev[h] for h >= G is 0.
+// value is near its threshold or its retain threshold, or is saturated and not surely below
+// both (keep-everything rows, thr <= 0, included). ev[h] for h >= G is 0.
 template <int D, int kG>
 __device__ __forceinline__ void RowE(const SplitArgs& a, const DevSeq& seq, int64_t lh,
                                      int64_t r, int32_t t, int32_t first_head, int32_t G,
@@ -285,8 +288,10 @@ __device__ __forceinline__ void RowE(const SplitArgs& a, const DevSeq& seq, int6
     ev[h] = 0.0f;
     if (h < G) {
       ev[h] = StoredE(a, r, first_head + h, split, j, q[h], s_off[h], s_m[h]);
+      const float lowest = fminf(s_thr[h], a.theta.retain_factor * s_thr[h]);
       near |= NearThreshold(ev[h], s_thr[h]) ||
-              NearThreshold(ev[h], a.theta.retain_factor * s_thr[h]);
+              NearThreshold(ev[h], a.theta.retain_factor * s_thr[h]) ||
+              (q[h] == kSaturated && ev[h] >= lowest * (1.0f - kNearBand));
     }
   }
   if (!near) return;
@@ -294,6 +299,11 @@ __device__ __forceinline__ void RowE(const SplitArgs& a, const DevSeq& seq, int6
   for (int h = 0; h < kG; ++h) {
     if (h < G) ev[h] = expf(ExactScore<D>(a, seq, lh, t, first_head + h, j) - s_m[h]);
   }
+}
+
+// Pass 2's kept list holds a segment per warp, each as long as the rows that warp tests.
+__host__ __device__ constexpr int32_t ListCapacity(int32_t chunk) {
+  return (chunk + kThreads - 1) / kThreads * kThreads;
 }
 
 // Rows of pass 2's loops one thread holds at a time: their scores are all loaded before any
@@ -307,9 +317,11 @@ template <int D, int GT>
 __global__ void __launch_bounds__(kThreads, (GT > 0 && GT <= 4) ? 8 : 4) SplitPass2Kernel(SplitArgs a) {
   constexpr int kG = GT > 0 ? GT : kMaxGroup;  // compile-time group size when known
   extern __shared__ float smem[];
-  __shared__ float s_m[kG], s_off[kG], s_thr[kG], s_dk[kG], s_kc[kG], s_inv_d[kG];
+  constexpr int kWarps = kThreads / 32;
+  __shared__ float s_m[kG], s_off[kG], s_thr[kG], s_inv_d[kG];
+  __shared__ float s_dk[kWarps][kG], s_kc[kWarps][kG];  // per warp: summed in warp order
+  __shared__ int s_kept[kWarps];                        // rows each warp listed
   __shared__ unsigned long long s_retained;
-  __shared__ int s_count;
   const int32_t G = GT > 0 ? GT : a.shape.num_heads / a.shape.num_kv_heads;
   const auto [r, t, row, L, split, j0, g, first_head, lh] = ThisSplit(a, G);
   if (j0 >= L) return;
@@ -330,13 +342,10 @@ __global__ void __launch_bounds__(kThreads, (GT > 0 && GT <= 4) ? 8 : 4) SplitPa
         st[1] = d_full;
         st[2] = thr;
       }
-      s_dk[h] = 0.0f;
-      s_kc[h] = 0.0f;
     }
   }
   if (threadIdx.x == 0) {
     s_retained = 0;
-    s_count = 0;
   }
   __syncthreads();
   const uint16_t* srow0 = a.ws.scores + (r * a.shape.num_heads + first_head) * a.ws.score_stride;
@@ -412,9 +421,13 @@ __global__ void __launch_bounds__(kThreads, (GT > 0 && GT <= 4) ? 8 : 4) SplitPa
   const int32_t ni = max(0, min(a.chunk, stored - i0));
 
   // Keep test over this split's stored rows: kept rows go to a compact list (row index in
-  // the pool, e per head) in shared memory, a warp's rows at once (one atomic per warp)...
-  uint32_t* list_row = reinterpret_cast<uint32_t*>(smem);  // [chunk]
-  float* list_e = smem + a.chunk;                          // [chunk, G]
+  // the pool, e per head) in shared memory, each warp's to its own segment in row order, so
+  // every run sums the same rows in the same order (no atomic decides a place)...
+  const int warp = threadIdx.x >> 5;
+  const int32_t seg = ListCapacity(a.chunk) / kWarps;        // the most rows a warp tests
+  uint32_t* list_row = reinterpret_cast<uint32_t*>(smem);      // [kWarps, seg]
+  float* list_e = smem + ListCapacity(a.chunk);                // [kWarps, seg, G]
+  int32_t listed = 0;  // this warp's rows so far (the same in every lane)
   float dk[kG], kc[kG];
 #pragma unroll
   for (int h = 0; h < kG; ++h) dk[h] = kc[h] = 0.0f;
@@ -466,12 +479,9 @@ __global__ void __launch_bounds__(kThreads, (GT > 0 && GT <= 4) ? 8 : 4) SplitPa
         }
       }
       const unsigned kept = __ballot_sync(0xffffffffu, any);
-      if (kept == 0) continue;  // the same for the whole warp
-      int k0 = 0;
-      if (lane == 0) k0 = atomicAdd(&s_count, __popc(kept));
-      k0 = __shfl_sync(0xffffffffu, k0, 0);
+      const int k = warp * seg + listed + __popc(kept & ((1u << lane) - 1u));
+      listed += __popc(kept);
       if (!any) continue;
-      const int k = k0 + __popc(kept & ((1u << lane) - 1u));
       list_row[k] = pool_row[b];
 #pragma unroll
       for (int h = 0; h < kG; ++h) {
@@ -491,17 +501,25 @@ __global__ void __launch_bounds__(kThreads, (GT > 0 && GT <= 4) ? 8 : 4) SplitPa
   }
 #pragma unroll
   for (int h = 0; h < kG; ++h) {
-    if (h < G && kc[h] > 0.0f) {
-      atomicAdd(&s_dk[h], dk[h]);
-      atomicAdd(&s_kc[h], kc[h]);
+    if (h < G) {
+      const float d = WarpSum(dk[h]), n = WarpSum(kc[h]);
+      if (lane == 0) {
+        s_dk[warp][h] = d;
+        s_kc[warp][h] = n;
+      }
     }
   }
+  if (lane == 0) s_kept[warp] = listed;
   __syncthreads();
 
   // ...then row groups of D/8 threads gather the listed V rows, several loads in flight.
   constexpr int kRowGroups = kThreads / (D / 8);
   const int rg = threadIdx.x / (D / 8), lane8 = threadIdx.x % (D / 8);
-  const int count = s_count;
+  // List position k lives in warp w's segment, w = how many of p1 <= p2 <= p3 are <= k
+  // (scalars, not an array: a dynamically indexed array would sit in local memory).
+  static_assert(kWarps == 4, "the segment lookup below is written for four warps");
+  const int p1 = s_kept[0], p2 = p1 + s_kept[1], p3 = p2 + s_kept[2];
+  const int count = p3 + s_kept[3];
   float acc[kG][8];
 #pragma unroll
   for (int h = 0; h < kG; ++h)
@@ -509,12 +527,15 @@ __global__ void __launch_bounds__(kThreads, (GT > 0 && GT <= 4) ? 8 : 4) SplitPa
     for (int e = 0; e < 8; ++e) acc[h][e] = 0.0f;
 #pragma unroll 8
   for (int k = rg; k < count; k += kRowGroups) {
+    const int w = (k >= p1) + (k >= p2) + (k >= p3);
+    const int before = k >= p3 ? p3 : k >= p2 ? p2 : k >= p1 ? p1 : 0;
+    const int at = w * seg + (k - before);
     float vf[8];
-    LoadBf16x8(a.pool + size_t(list_row[k]) * D + lane8 * 8, vf);
+    LoadBf16x8(a.pool + size_t(list_row[at]) * D + lane8 * 8, vf);
 #pragma unroll
     for (int h = 0; h < kG; ++h) {
       if (h < G) {
-        const float p = list_e[k * G + h];
+        const float p = list_e[at * G + h];
 #pragma unroll
         for (int e = 0; e < 8; ++e) acc[h][e] = fmaf(p, vf[e], acc[h][e]);
       }
@@ -522,9 +543,15 @@ __global__ void __launch_bounds__(kThreads, (GT > 0 && GT <= 4) ? 8 : 4) SplitPa
   }
   ReduceRowGroups<D, GT>(a, acc, G, smem, r, first_head, split);  // syncs first
   if (threadIdx.x < G) {
+    float d = 0.0f, n = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      d += s_dk[w][threadIdx.x];
+      n += s_kc[w][threadIdx.x];
+    }
     const int64_t p = PartIndex(a, r, first_head + threadIdx.x, split);
-    a.ws.part_dk[p] = s_dk[threadIdx.x];  // not part_l: other splits still read it
-    a.ws.part_n[p] = s_kc[threadIdx.x];
+    a.ws.part_dk[p] = d;  // not part_l: other splits still read it
+    a.ws.part_n[p] = n;
   }
   if (threadIdx.x == 0) {
     if (count) atomicAdd(a.theta.counters + 0, (unsigned long long)count);
@@ -712,7 +739,8 @@ __global__ void __launch_bounds__(128) PrefillKernel(PrefillArgs a) {
 
 size_t SplitSmemBytes(int D, int G, int chunk) {
   const int row_groups = kThreads / (D / 8);
-  const size_t scores = size_t(G + 1) * chunk;  // pass 1: G·chunk scores; pass 2: the kept list
+  // pass 1: G·chunk scores; pass 2: the kept list
+  const size_t scores = std::max(size_t(G) * chunk, size_t(G + 1) * ListCapacity(chunk));
   const size_t reduce = size_t(row_groups) * G * D;
   return (size_t(G) * D + std::max(scores, reduce)) * sizeof(float);
 }
@@ -765,7 +793,9 @@ SplitPlan PlanSplits(int64_t num_rows, int32_t num_kv_heads, int64_t max_len, in
   chunk = std::clamp<int64_t>((chunk + 63) / 64 * 64, 64, 1024);
   // The chunk follows the batch, so a row's reduction order (and the last bits of its output)
   // depends on what else runs with it. THETASERVE_ATTN_CHUNK fixes it (a multiple of 64, at
-  // most 1024): outputs then do not depend on the batch (tests; reproducible runs).
+  // most 1024; for tests: a small chunk on long rows makes many splits and a large part_o):
+  // attention then does not depend on the batch (the GEMMs still may: cuBLAS picks kernels by
+  // shape).
   if (const char* v = std::getenv("THETASERVE_ATTN_CHUNK")) {
     chunk = std::clamp<int64_t>(std::atoll(v) / 64 * 64, 64, 1024);
   }

@@ -25,6 +25,7 @@ struct SeqSpec {
   int32_t num_tokens;
   int32_t v_tail_start = 0;  // > 0: older V rows live in a sparse store (every third kept)
   bool v_sum = true;         // the sequence has running V sums (VMC applies to it)
+  int32_t sink = -1;         // >= 0: this position's keys score about 30 (an attention sink)
 };
 
 struct Shape {
@@ -125,7 +126,7 @@ class AttentionCase {
       for (int32_t t = 0; t < tables_; ++t) {
         for (int32_t j = 0; j < end; ++j) {
           float* kr = &pool_[layout_.RowOffset(c.pages.KPage(t, j, bs), j % bs)];
-          const float lift = j % 10 == 3 ? 8.0f : 0.0f;
+          const float lift = j == sp.sink ? 60.0f : j % 10 == 3 ? 8.0f : 0.0f;
           for (int32_t e = 0; e < d; ++e) kr[e] = RoundBf16(0.5f * n01(rng_) + lift * u_[e]);
           float* vr = nullptr;
           if (j >= sp.v_tail_start) {
@@ -366,6 +367,29 @@ TEST(GpuAttentionTest, TopThetaOverSparseVStoreMatchesCpu) {
   c.RunAndExpectSame(cfg, true);
   EXPECT_GT(c.cpu_stats().retained_but_evicted, 0);
   EXPECT_GT(c.total_mass(), 1.0) << "Top-θ recorded no retained mass";
+}
+
+// An attention sink scores ~30 where the rest score ~0 and ~4: its split's other rows lie 26-30
+// nats below that split's max, past what the 16-bit scores between the passes hold. Pre-softmax
+// θ = 2 keeps the ~4 rows everywhere, those of the sink's split included; their saturated
+// scores must not decide (or weigh) them. Post-softmax the sink takes nearly all the mass.
+TEST(GpuAttentionTest, TopThetaWithAnAttentionSinkMatchesCpu) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  const uint64_t seed = testing::TestSeed();
+  SCOPED_TRACE("THETASERVE_SEED=" + std::to_string(seed));
+  const Shape s;
+  for (auto placement : {model::ThetaPlacement::kPreSoftmax, model::ThetaPlacement::kPostSoftmax}) {
+    SCOPED_TRACE(model::PlacementName(placement));
+    const model::ThetaTable table = MakeTable(s, placement, 16);
+    TopThetaConfig cfg;
+    cfg.table = &table;
+    SeqSpec with_sink{3000, 1};
+    with_sink.sink = 1;
+    SeqSpec sparse_with_sink{2500, 1, 1200};
+    sparse_with_sink.sink = 0;  // the first sparse-store row
+    AttentionCase c(s, {with_sink, sparse_with_sink}, seed);
+    c.RunAndExpectSame(cfg, true);
+  }
 }
 
 TEST(GpuAttentionTest, TopThetaLongRowsMatchCpu) {

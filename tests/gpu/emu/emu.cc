@@ -294,9 +294,17 @@ uint64_t ExchangeInWarp(uint64_t bits, int src_lane) {
   b.slots[size_t(w) * 32 + LaneId()] = bits;
   WarpBarrier();
   const int src = w * 32 + src_lane;
-  const uint64_t v = src_lane >= 0 && src_lane < 32 && src < int(b.fibers.size())
-                         ? b.slots[size_t(w) * 32 + src_lane]
-                         : bits;
+  // A lane past the block's last thread reads as 0; reading a lane that has exited is
+  // undefined on a GPU, and here it stops the test.
+  uint64_t v = 0;
+  if (src_lane >= 0 && src_lane < 32 && src < int(b.fibers.size())) {
+    if (b.fibers[src].state == FiberState::kDone) {
+      std::fprintf(stderr, "emu: a warp exchange in block (%u, %u, %u) reads lane %d of warp %d, which has exited\n",
+                   blockIdx.x, blockIdx.y, blockIdx.z, src_lane, w);
+      std::abort();
+    }
+    v = b.slots[size_t(w) * 32 + src_lane];
+  }
   WarpBarrier();  // nobody overwrites a slot before every lane has read
   return v;
 }
@@ -367,6 +375,9 @@ cudaError_t cudaMalloc(void** ptr, size_t bytes) {
   const size_t rounded = (std::max<size_t>(bytes, 1) + 255) / 256 * 256;
   void* p = std::aligned_alloc(256, rounded);
   if (!p) return Fail(cudaErrorMemoryAllocation);
+  // A GPU does not clear what it allocates: NaN bytes make a read of memory nobody wrote
+  // show, where the host heap's leftovers would pass or fail by chance.
+  std::memset(p, 0xFF, rounded);
   std::lock_guard<std::mutex> lock(emu::g_alloc_mutex);
   emu::Allocations()[p] = bytes;
   *ptr = p;
@@ -388,9 +399,11 @@ cudaError_t cudaMemGetInfo(size_t* free, size_t* total) {
   return cudaSuccess;
 }
 cudaError_t cudaMallocHost(void** ptr, size_t bytes) {
-  // Host memory: not counted as device memory.
-  void* p = std::aligned_alloc(256, (std::max<size_t>(bytes, 1) + 255) / 256 * 256);
+  // Host memory: not counted as device memory; NaN bytes as cudaMalloc's.
+  const size_t rounded = (std::max<size_t>(bytes, 1) + 255) / 256 * 256;
+  void* p = std::aligned_alloc(256, rounded);
   if (!p) return Fail(cudaErrorMemoryAllocation);
+  std::memset(p, 0xFF, rounded);
   *ptr = p;
   return cudaSuccess;
 }

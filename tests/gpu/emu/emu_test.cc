@@ -123,6 +123,35 @@ void DivergentKernel(float* out) {
   }
 }
 
+// Lanes past the end of a partial warp count as 0 (and as no ballot bit).
+void PartialWarpKernel(unsigned* ballot, float* sum) {
+  ballot[threadIdx.x] = __ballot_sync(0xffffffffu, 1);
+  float v = 1.0f;
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  sum[threadIdx.x] = v;
+}
+
+TEST(CudaEmulatorTest, PartialWarpLanesReadAsZero) {
+  std::vector<unsigned> ballot(20);
+  std::vector<float> sum(20);
+  emu::Launch(1, 20)(PartialWarpKernel, ballot.data(), sum.data());
+  for (int i = 0; i < 20; ++i) EXPECT_EQ(ballot[i], (1u << 20) - 1) << i;
+  // The xor tree over 20 ones with 12 absent zeros: lanes 0-15 reach every present lane,
+  // lanes 16-19 only 8 of them.
+  for (int i = 0; i < 20; ++i) EXPECT_EQ(sum[i], i < 16 ? 20.0f : 8.0f) << i;
+}
+
+// Lanes 16-31 return before the others exchange with them.
+void ExitedLaneKernel(float* out) {
+  if (threadIdx.x >= 16) return;
+  out[threadIdx.x] = __shfl_xor_sync(0xffffffffu, 1.0f, 16);
+}
+
+TEST(CudaEmulatorDeathTest, ExchangingWithAnExitedLaneIsReported) {
+  std::vector<float> out(32);
+  EXPECT_DEATH(emu::Launch(1, 32)(ExitedLaneKernel, out.data()), "which has exited");
+}
+
 TEST(CudaEmulatorDeathTest, DeadlockIsReported) {
   std::vector<float> out(64);
   EXPECT_DEATH(emu::Launch(1, 64)(DivergentKernel, out.data()), "emu: deadlock in block");
