@@ -80,7 +80,7 @@ cudaError_t cudaMalloc(void** ptr, size_t bytes);
 cudaError_t cudaFree(void* ptr);
 cudaError_t cudaMallocHost(void** ptr, size_t bytes);
 cudaError_t cudaFreeHost(void* ptr);
-// The emulated device has 16 GiB; free is what live cudaMalloc allocations leave.
+// The emulated device has 4 GiB; free is what live cudaMalloc allocations leave.
 cudaError_t cudaMemGetInfo(size_t* free, size_t* total);
 template <typename T>
 cudaError_t cudaMalloc(T** ptr, size_t bytes) { return cudaMalloc(reinterpret_cast<void**>(ptr), bytes); }

@@ -344,7 +344,7 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
   if (device != 0) return Fail(cudaErrorInvalidValue);
   *prop = cudaDeviceProp{};
   std::snprintf(prop->name, sizeof prop->name, "thetaserve CUDA emulator");
-  prop->totalGlobalMem = size_t(16) << 30;
+  prop->totalGlobalMem = size_t(4) << 30;  // as cudaMemGetInfo reports
   prop->major = 9;
   prop->minor = 0;
   prop->multiProcessorCount = 132;  // an H200's, so split plans match the real card's
@@ -394,7 +394,7 @@ cudaError_t cudaMemGetInfo(size_t* free, size_t* total) {
   std::lock_guard<std::mutex> lock(emu::g_alloc_mutex);
   size_t used = 0;
   for (const auto& [p, bytes] : emu::Allocations()) used += bytes;
-  *total = size_t(16) << 30;
+  *total = size_t(4) << 30;
   *free = used < *total ? *total - used : 0;
   return cudaSuccess;
 }
