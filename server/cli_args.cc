@@ -66,24 +66,4 @@ absl::StatusOr<double> CliArgs::GetDouble(const std::string& name, double fallba
   return v;
 }
 
-absl::StatusOr<int64_t> CliArgs::GetBytes(const std::string& name, int64_t fallback) const {
-  auto it = values_.find(name);
-  if (it == values_.end()) return fallback;
-  std::string s = it->second;
-  int64_t mult = 1;
-  if (!s.empty()) {
-    char suffix = static_cast<char>(std::toupper(static_cast<unsigned char>(s.back())));
-    if (suffix == 'K') mult = int64_t(1) << 10;
-    if (suffix == 'M') mult = int64_t(1) << 20;
-    if (suffix == 'G') mult = int64_t(1) << 30;
-    if (mult != 1) s.pop_back();
-  }
-  double v;
-  if (!absl::SimpleAtod(s, &v) || v <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--", name, " wants a positive size such as 512M or 2G, got '", it->second, "'"));
-  }
-  return static_cast<int64_t>(v * mult);
-}
-
 }  // namespace thetaserve::server

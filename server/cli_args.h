@@ -21,8 +21,6 @@ class CliArgs {
   std::string GetString(const std::string& name, const std::string& fallback = "") const;
   absl::StatusOr<int64_t> GetInt(const std::string& name, int64_t fallback) const;
   absl::StatusOr<double> GetDouble(const std::string& name, double fallback) const;
-  // Byte sizes like "512M", "2G", "1048576".
-  absl::StatusOr<int64_t> GetBytes(const std::string& name, int64_t fallback) const;
 
  private:
   std::map<std::string, std::string> values_;

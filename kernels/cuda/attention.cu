@@ -288,10 +288,9 @@ __device__ __forceinline__ void RowE(const SplitArgs& a, const DevSeq& seq, int6
     ev[h] = 0.0f;
     if (h < G) {
       ev[h] = StoredE(a, r, first_head + h, split, j, q[h], s_off[h], s_m[h]);
-      const float lowest = fminf(s_thr[h], a.theta.retain_factor * s_thr[h]);
-      near |= NearThreshold(ev[h], s_thr[h]) ||
-              NearThreshold(ev[h], a.theta.retain_factor * s_thr[h]) ||
-              (q[h] == kSaturated && ev[h] >= lowest * (1.0f - kNearBand));
+      const float thr = s_thr[h], retain = a.theta.retain_factor * thr;
+      near |= NearThreshold(ev[h], thr) || NearThreshold(ev[h], retain) ||
+              (q[h] == kSaturated && ev[h] >= fminf(thr, retain) * (1.0f - kNearBand));
     }
   }
   if (!near) return;

@@ -8,9 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <condition_variable>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
@@ -25,40 +23,11 @@
 #include "scheduler/engine.h"
 #include "scheduler/sequence_runner.h"
 #include "tests/gpu/gpu_test_util.h"
+#include "tests/scheduler/collecting_sink.h"
 #include "tests/test_util.h"
 
 namespace thetaserve::scheduler {
 namespace {
-
-class Sink : public TokenSink {
- public:
-  void OnTokens(const TokenDelta& d) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    tokens.insert(tokens.end(), d.token_ids.begin(), d.token_ids.end());
-  }
-  void OnFinish(const FinishInfo& i) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    info = i;
-    finished = true;
-    cv_.notify_all();
-  }
-  bool Wait(double seconds) {
-    std::unique_lock<std::mutex> lock(mu_);
-    return cv_.wait_for(lock, std::chrono::duration<double>(seconds), [&] { return finished; });
-  }
-  size_t count() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return tokens.size();
-  }
-
-  std::vector<int32_t> tokens;
-  FinishInfo info;
-  bool finished = false;
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-};
 
 class GpuEngineTest : public ::testing::Test {
  protected:
@@ -174,10 +143,10 @@ TEST_F(GpuEngineTest, PreemptionChunkedPrefillAndCancellationReturnEveryPage) {
   constexpr int kTokens = 20;
   const auto prompts = Prompts();
   std::vector<Request> requests;
-  std::vector<std::shared_ptr<Sink>> sinks;
+  std::vector<std::shared_ptr<CollectingSink>> sinks;
   for (size_t i = 0; i < prompts.size(); ++i) {
     requests.push_back(MakeRequest(absl::StrCat("r", i), prompts[i], kTokens));
-    sinks.push_back(std::make_shared<Sink>());
+    sinks.push_back(std::make_shared<CollectingSink>());
     ASSERT_TRUE((*engine)->Submit(requests.back(), sinks.back()).ok());
   }
   // Cancel the second request once it has produced a few tokens.
@@ -224,10 +193,10 @@ TEST_F(GpuEngineTest, TopThetaUnderTheSparsePolicyMatchesSoloRunsAndReturnsEvery
   for (const auto& p : Prompts()) text += p + " ";
   constexpr int kTokens = 40;
   std::vector<Request> requests;
-  std::vector<std::shared_ptr<Sink>> sinks;
+  std::vector<std::shared_ptr<CollectingSink>> sinks;
   for (int i = 0; i < 3; ++i) {
     requests.push_back(MakeRequest(absl::StrCat("s", i), text + Prompts()[i], kTokens));
-    sinks.push_back(std::make_shared<Sink>());
+    sinks.push_back(std::make_shared<CollectingSink>());
     ASSERT_TRUE((*engine)->Submit(requests.back(), sinks.back()).ok());
   }
   for (auto& s : sinks) ASSERT_TRUE(s->Wait(600));

@@ -20,42 +20,11 @@
 #include "scheduler/sequence_runner.h"
 #include "model/model.h"
 #include "model/theta_table.h"
+#include "tests/scheduler/collecting_sink.h"
 #include "tests/test_util.h"
 
 namespace thetaserve::scheduler {
 namespace {
-
-// Collects one request's output; thread-safe to wait on.
-class CollectingSink : public TokenSink {
- public:
-  void OnTokens(const TokenDelta& d) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    tokens.insert(tokens.end(), d.token_ids.begin(), d.token_ids.end());
-    text += d.text;
-    count_.store(static_cast<int>(tokens.size()));
-  }
-  void OnFinish(const FinishInfo& i) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    info = i;
-    finished = true;
-    cv_.notify_all();
-  }
-  bool Wait(double seconds) {
-    std::unique_lock<std::mutex> lock(mu_);
-    return cv_.wait_for(lock, std::chrono::duration<double>(seconds), [&] { return finished; });
-  }
-  int count() const { return count_.load(); }
-
-  std::vector<int32_t> tokens;
-  std::string text;
-  FinishInfo info;
-  bool finished = false;
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::atomic<int> count_{0};
-};
 
 class EngineTest : public ::testing::Test {
  protected:

@@ -371,13 +371,19 @@ const char* cudaGetErrorName(cudaError_t e) {
 }
 const char* cudaGetErrorString(cudaError_t e) { return cudaGetErrorName(e); }
 
-cudaError_t cudaMalloc(void** ptr, size_t bytes) {
+// 256-byte aligned host memory filled with NaN bytes: a GPU does not clear what it allocates,
+// and NaN makes a read of memory nobody wrote show, where the host heap's leftovers would pass
+// or fail by chance.
+static void* PoisonedAlloc(size_t bytes) {
   const size_t rounded = (std::max<size_t>(bytes, 1) + 255) / 256 * 256;
   void* p = std::aligned_alloc(256, rounded);
+  if (p) std::memset(p, 0xFF, rounded);
+  return p;
+}
+
+cudaError_t cudaMalloc(void** ptr, size_t bytes) {
+  void* p = PoisonedAlloc(bytes);
   if (!p) return Fail(cudaErrorMemoryAllocation);
-  // A GPU does not clear what it allocates: NaN bytes make a read of memory nobody wrote
-  // show, where the host heap's leftovers would pass or fail by chance.
-  std::memset(p, 0xFF, rounded);
   std::lock_guard<std::mutex> lock(emu::g_alloc_mutex);
   emu::Allocations()[p] = bytes;
   *ptr = p;
@@ -399,11 +405,8 @@ cudaError_t cudaMemGetInfo(size_t* free, size_t* total) {
   return cudaSuccess;
 }
 cudaError_t cudaMallocHost(void** ptr, size_t bytes) {
-  // Host memory: not counted as device memory; NaN bytes as cudaMalloc's.
-  const size_t rounded = (std::max<size_t>(bytes, 1) + 255) / 256 * 256;
-  void* p = std::aligned_alloc(256, rounded);
+  void* p = PoisonedAlloc(bytes);  // host memory: not counted as device memory
   if (!p) return Fail(cudaErrorMemoryAllocation);
-  std::memset(p, 0xFF, rounded);
   *ptr = p;
   return cudaSuccess;
 }
