@@ -1,8 +1,9 @@
 // GPU benchmarks (built with CUDA only; run by scripts/gpu-check.sh):
 //  1. device copy bandwidth (cudaMemcpy device to device, read + write bytes);
-//  2. decode attention, dense vs Top-θ, at contexts × batch sizes: median time, the ratio
-//     measured in the same run, V rows read, and the bytes/s dense attention reached against
-//     the copy bandwidth;
+//  2. decode attention, dense vs Top-θ, at contexts × batch sizes, each with pass 1 reading K
+//     per thread and staged through shared memory (cp.async): median times, the ratios
+//     measured in the same run, V rows read, and the bytes/s the faster dense kernel reached
+//     against the copy bandwidth;
 //  3. dense prefill attention TFLOP/s;
 //  4. end-to-end decode tokens/s on a model through the real engine (when --model exists),
 //     after 128-token prompts and after long ones.
@@ -109,8 +110,11 @@ void DecodeAttention(const std::vector<int>& contexts, const std::vector<int>& b
   uint16_t* pool;
   CHECK_CUDA(cudaMalloc(&pool, max_pages * full.PageElems() * 2));
   CHECK_CUDA(cu::LaunchFillRandomBf16(pool, max_pages * full.PageElems(), 7, 1.0f, nullptr));
-  std::printf("%-8s %-6s %-10s %-10s %-7s %-9s %-10s %-8s\n", "context", "batch", "dense us",
-              "top-θ us", "ratio", "V read", "dense GB/s", "of copy");
+  std::printf("K per thread (thread) or staged through shared memory (staged); best: the faster of each\n");
+  std::printf("%-8s %-6s %-9s %-9s %-9s %-9s %-7s %-7s %-7s %-7s %-10s %-8s\n", "context", "batch",
+              "dense", "dense", "top-θ", "top-θ", "ratio", "ratio", "ratio", "V read", "best dense", "of copy");
+  std::printf("%-8s %-6s %-9s %-9s %-9s %-9s %-7s %-7s %-7s %-7s %-10s %-8s\n", "", "", "thread us",
+              "staged us", "thread us", "staged us", "thread", "staged", "best", "", "GB/s", "bw");
   for (int L : contexts) {
     for (int B : batches) {
       const int blocks = (L + bs - 1) / bs;
@@ -159,32 +163,45 @@ void DecodeAttention(const std::vector<int>& contexts, const std::vector<int>& b
       const cu::AttnShape shape{H, kvh, d, 0.125f};
       cu::DeviceBatch db;
       CHECK_OK(db.Upload(batch, kvh, layout, nullptr));
-      cu::CudaAttention dense(sms), theta(sms);
-      CHECK_OK(dense.Prepare(batch, db, shape, 1, dense_cfg, nullptr));
-      CHECK_OK(theta.Prepare(batch, db, shape, 1, theta_cfg, nullptr));
-      std::vector<double> td, tt;
+      // [0]: K per thread, [1]: staged.
+      cu::CudaAttention dense[2] = {cu::CudaAttention(sms), cu::CudaAttention(sms)};
+      cu::CudaAttention theta[2] = {cu::CudaAttention(sms), cu::CudaAttention(sms)};
+      for (int v = 0; v < 2; ++v) {
+        const cu::KLoad k = v ? cu::KLoad::kStaged : cu::KLoad::kPerThread;
+        dense[v].set_k_load(k);
+        theta[v].set_k_load(k);
+        CHECK_OK(dense[v].Prepare(batch, db, shape, 1, dense_cfg, nullptr));
+        CHECK_OK(theta[v].Prepare(batch, db, shape, 1, theta_cfg, nullptr));
+      }
+      std::vector<double> td[2], tt[2];
       const int iters = L * B >= (1 << 20) ? 5 : 20;
-      for (int r = 0; r < repeats; ++r) {  // alternate: noise hits both alike
-        td.push_back(TimeMs([&] { CHECK_OK(dense.Run(0, db, dq, H * d, layout, pool, nullptr, dout, nullptr)); }, iters, 1));
-        tt.push_back(TimeMs([&] { CHECK_OK(theta.Run(0, db, dq, H * d, layout, pool, dvsum, dout, nullptr)); }, iters, 1));
+      for (int r = 0; r < repeats; ++r) {  // alternate: noise hits all alike
+        for (int v = 0; v < 2; ++v) {
+          td[v].push_back(TimeMs([&] { CHECK_OK(dense[v].Run(0, db, dq, H * d, layout, pool, nullptr, dout, nullptr)); }, iters, 1));
+          tt[v].push_back(TimeMs([&] { CHECK_OK(theta[v].Run(0, db, dq, H * d, layout, pool, dvsum, dout, nullptr)); }, iters, 1));
+        }
       }
       // One more Top-θ run on fresh counters for the V rows read.
       ts::kernels::AttentionStats stats;
       stats.Reset(1);
-      CHECK_OK(theta.Prepare(batch, db, shape, 1, theta_cfg, nullptr));
-      CHECK_OK(theta.Run(0, db, dq, H * d, layout, pool, dvsum, dout, nullptr));
-      CHECK_OK(theta.Finish(&stats, nullptr));
-      const double md = Median(td), mt = Median(tt);
+      CHECK_OK(theta[0].Prepare(batch, db, shape, 1, theta_cfg, nullptr));
+      CHECK_OK(theta[0].Run(0, db, dq, H * d, layout, pool, dvsum, dout, nullptr));
+      CHECK_OK(theta[0].Finish(&stats, nullptr));
+      const double md[2] = {Median(td[0]), Median(td[1])}, mt[2] = {Median(tt[0]), Median(tt[1])};
+      const int bd = md[1] < md[0] ? 1 : 0, bt = mt[1] < mt[0] ? 1 : 0;  // the faster of each
       const double bytes = 2.0 * L * d * 2 * kvh * B;  // K and V, bf16, read once
-      const double gbs = bytes / (md / 1e3) / 1e9;
+      const double gbs = bytes / (md[bd] / 1e3) / 1e9;
       const double read = double(stats.v_rows_read) / stats.v_rows_read_dense;
-      std::printf("%-8d %-6d %-10.1f %-10.1f %-7.2f %-9.3f %-10.0f %-8.2f\n", L, B, md * 1e3, mt * 1e3,
-                  md / mt, read, gbs, gbs * 1e9 / copy_bw);
+      std::printf("%-8d %-6d %-9.1f %-9.1f %-9.1f %-9.1f %-7.2f %-7.2f %-7.2f %-7.3f %-10.0f %-8.2f\n", L, B,
+                  md[0] * 1e3, md[1] * 1e3, mt[0] * 1e3, mt[1] * 1e3, md[0] / mt[0], md[1] / mt[1],
+                  md[bd] / mt[bt], read, gbs, gbs * 1e9 / copy_bw);
       std::fflush(stdout);
       if (L == 32768) {
-        char buf[160];
-        std::snprintf(buf, sizeof buf, "dense %.1f us, top-θ %.1f us, ratio %.2f, dense at %.0f%% of copy bw (V read %.2f)",
-                      md * 1e3, mt * 1e3, md / mt, 100 * gbs * 1e9 / copy_bw, read);
+        const char* name[2] = {"thread", "staged"};
+        char buf[200];
+        std::snprintf(buf, sizeof buf, "dense %.1f us (%s), top-θ %.1f us (%s), ratio %.2f, dense at %.0f%% of copy bw (V read %.2f)",
+                      md[bd] * 1e3, name[bd], mt[bt] * 1e3, name[bt], md[bd] / mt[bt],
+                      100 * gbs * 1e9 / copy_bw, read);
         g_summary.push_back({"decode attn 32k, batch " + std::to_string(B), buf});
       }
       cudaFree(dq);

@@ -7,6 +7,8 @@
 #include <cstdlib>
 #include <string>
 
+#include <cuda_pipeline.h>
+
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_ops.h"
 
@@ -27,11 +29,31 @@ struct SplitArgs {
   KvPoolLayout layout;
   const uint16_t* pool;
   int32_t chunk;
+  KLoad k_load;  // how pass 1 read K (ExactScore repeats its order)
   AttentionWorkspace ws;
   ThetaArgs theta;
   bool top_theta;
   float* o;
 };
+
+// Pass 2's kept list holds a segment per warp, each as long as the rows that warp tests.
+__host__ __device__ constexpr int32_t ListCapacity(int32_t chunk) {
+  return (chunk + kThreads - 1) / kThreads * kThreads;
+}
+
+// Shared memory of a split block, in floats: the group's queries [G, D], then one area for
+// pass 1's scores [G, chunk], pass 2's kept list or the row-group reduction.
+__host__ __device__ constexpr int64_t SplitAreaFloats(int D, int G, int chunk) {
+  const int64_t scores = int64_t(G) * chunk, list = int64_t(G + 1) * ListCapacity(chunk);
+  const int64_t reduce = int64_t(kThreads / (D / 8)) * G * D;
+  const int64_t area = scores > list ? (scores > reduce ? scores : reduce) : (list > reduce ? list : reduce);
+  return int64_t(G) * D + area;
+}
+// Staged K (pass 1, KLoad::kStaged) starts after the scores, 16-byte aligned: it is dead
+// before the reduction area above, which may overlap it, is used.
+__host__ __device__ constexpr int64_t StageOffsetFloats(int D, int G, int chunk) {
+  return (int64_t(G) * D + int64_t(G) * chunk + 3) / 4 * 4;
+}
 
 __device__ __forceinline__ int64_t PartIndex(const SplitArgs& a, int64_t r, int32_t head,
                                              int32_t split) {
@@ -113,6 +135,105 @@ __device__ void ScoresPerThread(const SplitArgs& a, const DevSeq& seq, int64_t l
   }
 }
 
+// Staged K (KLoad::kStaged): the chunk's K rows pass through shared memory in tiles of
+// kStageKeys keys, copied with cp.async: 16 bytes a copy, consecutive threads on consecutive
+// bytes of a page (coalesced), no registers held while the copies are in flight, and
+// StageCount tiles in flight per block. Two threads score a key, each over half the row, and
+// add their halves with one shuffle per head. A row's 16-byte pieces are stored at
+// piece ^ (key & 7), so the eight threads of a quarter-warp write and read eight different
+// bank groups.
+constexpr int kStageKeys = kThreads / 2;
+__host__ __device__ constexpr bool CanStage(int d) { return d == 64 || d == 128; }
+__host__ __device__ constexpr int StageCount(int d) {
+  return d <= 64 ? 3 : 2;  // 24 KB (d 64) or 32 KB (d 128) of K in flight per block
+}
+__host__ __device__ constexpr size_t StageBytes(int d) {
+  return size_t(StageCount(d)) * kStageKeys * d * sizeof(uint16_t);
+}
+
+// The piece (8 elements) of the row that the thread of half h reads at step s of its
+// half-row dot product. The halves walk their pieces in orders that keep a quarter-warp on
+// distinct bank groups at d 128 as at d 64. ExactScore follows the same order.
+template <int D>
+__host__ __device__ constexpr int StagedPiece(int h, int s) {
+  constexpr int kHalf = D / 16;  // pieces per half row
+  return h * kHalf + ((s ^ (h * 4)) & (kHalf - 1));
+}
+
+// Starts the copies of K tile `tile` (keys [tile·kStageKeys, +kStageKeys) of the chunk, those
+// below n) into buf.
+template <int D>
+__device__ __forceinline__ void IssueKTile(const SplitArgs& a, const DevSeq& seq, int64_t lh,
+                                           int32_t j0, int32_t n, int32_t tile, uint4* buf) {
+  constexpr int kPieces = D / 8;
+  const int32_t bs = a.layout.block_size;
+#pragma unroll
+  for (int i = threadIdx.x; i < kStageKeys * kPieces; i += kThreads) {
+    const int kl = i / kPieces, c = i % kPieces;
+    const int32_t jl = tile * kStageKeys + kl;
+    if (jl < n) {
+      const int32_t j = j0 + jl;
+      const uint16_t* src = a.pool + a.layout.RowOffset(seq.pages.KPage(lh, j, bs), j % bs) + c * 8;
+      __pipeline_memcpy_async(buf + kl * kPieces + (c ^ (kl & 7)), src, 16);
+    }
+  }
+}
+
+// Scores of this block's keys for the group's heads, as ScoresPerThread, through staged K.
+template <int D, int GT>
+__device__ void ScoresStaged(const SplitArgs& a, const DevSeq& seq, int64_t lh, int32_t j0,
+                             int32_t n, int32_t G, const float* qs, float* sc, uint4* stage) {
+  constexpr int kG = GT > 0 ? GT : kMaxGroup;
+  constexpr int kPieces = D / 8, kHalf = D / 16, kS = StageCount(D);
+  const int32_t tiles = (n + kStageKeys - 1) / kStageKeys;
+#pragma unroll
+  for (int p = 0; p < kS - 1; ++p) {
+    if (p < tiles) IssueKTile<D>(a, seq, lh, j0, n, p, stage + p * kStageKeys * kPieces);
+    __pipeline_commit();  // every thread commits every group, empty or not: the counts agree
+  }
+  const int kl = threadIdx.x >> 1, half = threadIdx.x & 1;
+  for (int32_t t = 0; t < tiles; ++t) {
+    __pipeline_wait_prior(kS - 2);  // this thread's copies of tile t have landed...
+    __syncthreads();                // ...and everyone's; tile t - 1 is read by no one now
+    const int32_t next = t + kS - 1;
+    if (next < tiles) IssueKTile<D>(a, seq, lh, j0, n, next, stage + (next % kS) * kStageKeys * kPieces);
+    __pipeline_commit();
+    const uint4* row = stage + ((t % kS) * kStageKeys + kl) * kPieces;
+    const int32_t jl = t * kStageKeys + kl;
+    float acc[kG];
+#pragma unroll
+    for (int h = 0; h < kG; ++h) acc[h] = 0.0f;
+    if (jl < n) {
+#pragma unroll
+      for (int s = 0; s < kHalf; ++s) {
+        const int c = StagedPiece<D>(half, s);
+        const uint4 raw = row[c ^ (kl & 7)];
+        const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+        float kf[8];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          kf[2 * i] = __uint_as_float(w[i] << 16);
+          kf[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+        }
+#pragma unroll
+        for (int h = 0; h < kG; ++h) {
+          if (h < G) {
+#pragma unroll
+            for (int e = 0; e < 8; ++e) acc[h] = fmaf(qs[h * D + c * 8 + e], kf[e], acc[h]);
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int h = 0; h < kG; ++h) {
+      if (h < G) {
+        const float other = __shfl_xor_sync(0xffffffffu, acc[h], 1);  // every lane takes part
+        if (half == 0 && jl < n) sc[h * a.chunk + jl] = acc[h] + other;
+      }
+    }
+  }
+}
+
 // Sums acc[h][0..8) of every row group into red and writes the group's partial outputs.
 template <int D, int GT>
 __device__ void ReduceRowGroups(const SplitArgs& a, float (&acc)[GT > 0 ? GT : kMaxGroup][8], int32_t G,
@@ -139,8 +260,11 @@ __device__ void ReduceRowGroups(const SplitArgs& a, float (&acc)[GT > 0 ? GT : k
 
 // Dense split: scores, chunk max and Σe, and Σ e·V over the chunk.
 // Top-θ pass 1: scores to the workspace (EncodeScore), chunk max and Σe; no V.
-template <int D, int GT>
-__global__ void __launch_bounds__(kThreads, (GT > 0 && GT <= 4) ? 8 : 4) SplitPass1Kernel(SplitArgs a) {
+// kStaged: K through shared memory (ScoresStaged), its tiles after the scores. Its shared
+// memory holds it to 4-7 blocks per SM, so it is given the registers of 5 (96: no spills).
+template <int D, int GT, bool kStaged>
+__global__ void __launch_bounds__(kThreads, (GT > 0 && GT <= 4) ? (kStaged ? 5 : 8) : 4)
+    SplitPass1Kernel(SplitArgs a) {
   constexpr int kG = GT > 0 ? GT : kMaxGroup;  // compile-time group size when known
   extern __shared__ float smem[];
   __shared__ float scratch[32];
@@ -156,7 +280,12 @@ __global__ void __launch_bounds__(kThreads, (GT > 0 && GT <= 4) ? 8 : 4) SplitPa
     qs[i] = a.q[int64_t(t) * a.q_stride + int64_t(first_head) * D + i] * a.shape.scale;
   }
   __syncthreads();
-  ScoresPerThread<D, GT>(a, seq, lh, j0, n, G, qs, sc);
+  if constexpr (kStaged) {
+    uint4* stage = reinterpret_cast<uint4*>(smem + StageOffsetFloats(D, G, a.chunk));
+    ScoresStaged<D, GT>(a, seq, lh, j0, n, G, qs, sc, stage);
+  } else {
+    ScoresPerThread<D, GT>(a, seq, lh, j0, n, G, qs, sc);
+  }
   __syncthreads();
 
   // Chunk max and Σ exp(s - m) per head; e replaces s in shared memory.
@@ -255,13 +384,33 @@ __device__ __forceinline__ bool NearThreshold(float e, float thr) {
   return thr > 0.0f && fabsf(e - thr) <= thr * kNearBand;
 }
 
-// q_head · k_j · scale exactly as pass 1 computed it (same products, same order).
+// q_head · k_j · scale exactly as pass 1 computed it (same products, same order: per thread,
+// or staged as two half rows, each in StagedPiece order, then added).
 template <int D>
 __device__ float ExactScore(const SplitArgs& a, const DevSeq& seq, int64_t lh, int32_t t,
                             int32_t head, int32_t j) {
   const int32_t bs = a.layout.block_size;
   const uint16_t* kr = a.pool + a.layout.RowOffset(seq.pages.KPage(lh, j, bs), j % bs);
   const float* qr = a.q + int64_t(t) * a.q_stride + int64_t(head) * D;
+  if constexpr (CanStage(D)) {
+    if (a.k_load == KLoad::kStaged) {
+      float halves[2] = {0.0f, 0.0f};
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int s = 0; s < D / 16; ++s) {
+          const int c = StagedPiece<D>(h, s);
+          float kf[8];
+          LoadBf16x8(kr + c * 8, kf);
+#pragma unroll
+          for (int e = 0; e < 8; ++e) {
+            halves[h] = fmaf(qr[c * 8 + e] * a.shape.scale, kf[e], halves[h]);
+          }
+        }
+      }
+      return halves[0] + halves[1];
+    }
+  }
   float acc = 0.0f;
 #pragma unroll
   for (int c = 0; c < D; c += 8) {
@@ -298,11 +447,6 @@ __device__ __forceinline__ void RowE(const SplitArgs& a, const DevSeq& seq, int6
   for (int h = 0; h < kG; ++h) {
     if (h < G) ev[h] = expf(ExactScore<D>(a, seq, lh, t, first_head + h, j) - s_m[h]);
   }
-}
-
-// Pass 2's kept list holds a segment per warp, each as long as the rows that warp tests.
-__host__ __device__ constexpr int32_t ListCapacity(int32_t chunk) {
-  return (chunk + kThreads - 1) / kThreads * kThreads;
 }
 
 // Rows of pass 2's loops one thread holds at a time: their scores are all loaded before any
@@ -736,26 +880,33 @@ __global__ void __launch_bounds__(128) PrefillKernel(PrefillArgs a) {
   }
 }
 
-size_t SplitSmemBytes(int D, int G, int chunk) {
-  const int row_groups = kThreads / (D / 8);
-  // pass 1: G·chunk scores; pass 2: the kept list
-  const size_t scores = std::max(size_t(G) * chunk, size_t(G + 1) * ListCapacity(chunk));
-  const size_t reduce = size_t(row_groups) * G * D;
-  return (size_t(G) * D + std::max(scores, reduce)) * sizeof(float);
+// Dynamic shared memory of pass 1 (staged or not) and pass 2.
+size_t SplitSmemBytes(int D, int G, int chunk, bool staged) {
+  const size_t area = size_t(SplitAreaFloats(D, G, chunk)) * sizeof(float);
+  return staged ? std::max(area, size_t(StageOffsetFloats(D, G, chunk)) * sizeof(float) + StageBytes(D)) : area;
 }
+// Without the opt-in attribute a kernel gets at most this much dynamic shared memory.
+constexpr size_t kMaxSmem = 48 << 10;
 
 template <int D, int GT>
 cudaError_t RunSplit(const SplitArgs& a, int32_t num_rows, const SplitPlan& plan,
                      cudaStream_t stream) {
   const int32_t G = a.shape.num_heads / a.shape.num_kv_heads;
-  const size_t smem = SplitSmemBytes(D, G, plan.chunk);
   const dim3 grid(plan.max_splits, num_rows, a.shape.num_kv_heads);
-  SplitPass1Kernel<D, GT><<<grid, kThreads, smem, stream>>>(a);
+  if constexpr (CanStage(D)) {
+    if (plan.k_load == KLoad::kStaged) {
+      SplitPass1Kernel<D, GT, true><<<grid, kThreads, SplitSmemBytes(D, G, plan.chunk, true), stream>>>(a);
+    } else {
+      SplitPass1Kernel<D, GT, false><<<grid, kThreads, SplitSmemBytes(D, G, plan.chunk, false), stream>>>(a);
+    }
+  } else {
+    SplitPass1Kernel<D, GT, false><<<grid, kThreads, SplitSmemBytes(D, G, plan.chunk, false), stream>>>(a);
+  }
   if (!a.top_theta) {
     DenseCombineKernel<D><<<dim3(num_rows, a.shape.num_heads), D, 0, stream>>>(a);
     return cudaGetLastError();
   }
-  SplitPass2Kernel<D, GT><<<grid, kThreads, smem, stream>>>(a);
+  SplitPass2Kernel<D, GT><<<grid, kThreads, SplitSmemBytes(D, G, plan.chunk, false), stream>>>(a);
   ThetaCombineKernel<D><<<dim3(num_rows, a.shape.num_heads), D, 0, stream>>>(a);
   return cudaGetLastError();
 }
@@ -778,9 +929,18 @@ cudaError_t DispatchGroup(int group, const SplitArgs& a, int32_t num_rows, const
 
 }  // namespace
 
-SplitPlan PlanSplits(int64_t num_rows, int32_t num_kv_heads, int64_t max_len, int num_sms) {
+KLoad DefaultKLoad() {
+  const char* v = std::getenv("THETASERVE_ATTN_K_LOAD");
+  return v && std::string(v) == "staged" ? KLoad::kStaged : KLoad::kPerThread;
+}
+
+const char* KLoadName(KLoad k) { return k == KLoad::kStaged ? "staged" : "thread"; }
+
+SplitPlan PlanSplits(int64_t num_rows, const AttnShape& shape, int64_t max_len, int num_sms,
+                     KLoad k_load) {
   SplitPlan plan;
-  const int64_t units = std::max<int64_t>(1, num_rows * num_kv_heads);
+  plan.k_load = CanStage(shape.head_dim) ? k_load : KLoad::kPerThread;
+  const int64_t units = std::max<int64_t>(1, num_rows * shape.num_kv_heads);
   // About four blocks per multiprocessor (THETASERVE_ATTN_BLOCKS_PER_SM changes it, for
   // measuring); chunks of 64..1024 keys.
   static const int64_t per_sm = [] {
@@ -797,6 +957,13 @@ SplitPlan PlanSplits(int64_t num_rows, int32_t num_kv_heads, int64_t max_len, in
   // shape).
   if (const char* v = std::getenv("THETASERVE_ATTN_CHUNK")) {
     chunk = std::clamp<int64_t>(std::atoll(v) / 64 * 64, 64, 1024);
+  }
+  // Pass 1's shared memory (scores of the chunk, and staged K) within 48 KB: a smaller chunk
+  // only adds splits. Staged K at d 128 takes chunks of at most 896 (group 4) or 384 (8).
+  const int group = shape.num_heads / shape.num_kv_heads;
+  while (chunk > 64 && SplitSmemBytes(shape.head_dim, group, int(chunk),
+                                      plan.k_load == KLoad::kStaged) > kMaxSmem) {
+    chunk -= 64;
   }
   plan.chunk = static_cast<int32_t>(chunk);
   plan.max_splits = static_cast<int32_t>(std::max<int64_t>(1, (max_len + chunk - 1) / chunk));
@@ -815,7 +982,8 @@ cudaError_t LaunchSplitAttention(const int32_t* row_ids, int32_t num_rows, const
                                  cudaStream_t stream) {
   if (num_rows == 0) return cudaSuccess;
   if (shape.num_heads / shape.num_kv_heads > kMaxGroup) return cudaErrorInvalidValue;
-  SplitArgs a{row_ids, rows, seqs, shape, layer, q, q_stride, layout, pool, plan.chunk, ws,
+  SplitArgs a{row_ids, rows, seqs, shape, layer, q, q_stride, layout, pool, plan.chunk,
+              CanStage(shape.head_dim) ? plan.k_load : KLoad::kPerThread, ws,
               theta ? *theta : ThetaArgs{}, theta != nullptr, o};
   // Group sizes are compile-time for the common head sizes (registers: the accumulators are
   // [group][8]); 16 and 32 (test models) take the generic kernels.

@@ -49,7 +49,7 @@ absl::Status CudaAttention::Prepare(const ForwardBatch& batch, const DeviceBatch
   }
   num_split_rows_ = static_cast<int32_t>(row_ids.size());
   num_tiles_ = static_cast<int32_t>(tiles.size());
-  plan_ = PlanSplits(num_split_rows_, shape.num_kv_heads, split_max_len, num_sms_);
+  plan_ = PlanSplits(num_split_rows_, shape, split_max_len, num_sms_, k_load_);
 
   // Inputs: row ids, tiles, θ and SDC ratios, counters.
   const int64_t T = num_rows_;
@@ -170,8 +170,9 @@ absl::Status CudaAttention::Run(int32_t layer, const DeviceBatch& db, const floa
 }
 
 std::string CudaAttention::Signature() const {
-  return absl::StrFormat("%d/%d/%d/%d/%d/%d/%p/%p/%p/%p/%p/%p/%p/%p/%d/%p/%d/%d/%g/%d", num_split_rows_,
-                         num_tiles_, row_batch_, plan_.chunk, plan_.max_splits, num_layers_,
+  return absl::StrFormat("%d/%d/%d/%d/%d/%d/%d/%p/%p/%p/%p/%p/%p/%p/%p/%d/%p/%d/%d/%g/%d", num_split_rows_,
+                         num_tiles_, row_batch_, plan_.chunk, plan_.max_splits,
+                         int(plan_.k_load), num_layers_,
                          row_ids_, tiles_, theta_, sdc_ratio_, counters_, ws_.part_o,
                          ws_.row_stat, ws_.scores, int(ws_.score_stride), config_.table,
                          int(config_.sdc), int(config_.vmc), config_.retain_factor,

@@ -34,6 +34,8 @@ class CudaAttention {
   absl::Status Finish(AttentionStats* stats, cudaStream_t stream);
 
   const SplitPlan& plan() const { return plan_; }
+  // How pass 1 reads K from the next Prepare on (default: DefaultKLoad()).
+  void set_k_load(KLoad k) { k_load_ = k; }
   // Everything a captured launch sequence depends on (pointers and launch shapes): two steps
   // with equal signatures can replay the same CUDA graph.
   std::string Signature() const;
@@ -47,6 +49,7 @@ class CudaAttention {
   int32_t num_layers_ = 0;
   TopThetaConfig config_;
   SplitPlan plan_;
+  KLoad k_load_ = DefaultKLoad();
   int32_t num_split_rows_ = 0;
   int32_t row_batch_ = 1;        // split rows per launch (workspace and grid bound)
   std::vector<bool> ran_;        // layers Run saw since Prepare

@@ -104,12 +104,25 @@ struct AttentionWorkspace {
   int32_t max_splits = 0;
 };
 
-// How a step's attention is split: `chunk` keys per block (a multiple of 64, at most 1024).
+// How pass 1 of the split kernels reads K.
+enum class KLoad : int32_t {
+  kPerThread,  // a thread per key, its 16-byte loads straight into registers
+  kStaged,     // tiles of keys copied into shared memory with cp.async, two threads per key
+               // (head_dim 64 and 128; other sizes read per thread)
+};
+// THETASERVE_ATTN_K_LOAD=thread|staged, else kPerThread (the kernel measured on the H200).
+KLoad DefaultKLoad();
+const char* KLoadName(KLoad k);
+
+// How a step's attention is split: `chunk` keys per block (a multiple of 64, at most 1024, and
+// small enough that pass 1's shared memory fits in 48 KB), and how pass 1 reads K.
 struct SplitPlan {
   int32_t chunk = 1024;
   int32_t max_splits = 1;
+  KLoad k_load = KLoad::kPerThread;
 };
-SplitPlan PlanSplits(int64_t num_rows, int32_t num_kv_heads, int64_t max_len, int num_sms);
+SplitPlan PlanSplits(int64_t num_rows, const AttnShape& shape, int64_t max_len, int num_sms,
+                     KLoad k_load);
 
 // Top-θ inputs of one layer. θ and the offline SDC ratio per (row, query head), computed by
 // the host from the table at each row's length (NaN θ: keep everything).

@@ -15,6 +15,10 @@
 #include "tests/gpu/gpu_test_util.h"
 
 namespace thetaserve::kernels::cuda {
+
+// For gtest's messages (found by argument-dependent lookup, so outside the unnamed namespace).
+void PrintTo(KLoad k, std::ostream* os) { *os << KLoadName(k); }
+
 namespace {
 
 using testing::GuardedArray;
@@ -40,8 +44,8 @@ struct Shape {
 // post-softmax threshold can fall inside the lower mode, among many rows.
 class AttentionCase {
  public:
-  AttentionCase(const Shape& s, std::vector<SeqSpec> specs, uint64_t seed)
-      : s_(s), specs_(std::move(specs)), rng_(seed) {
+  AttentionCase(const Shape& s, std::vector<SeqSpec> specs, uint64_t seed, KLoad k_load)
+      : s_(s), specs_(std::move(specs)), rng_(seed), k_load_(k_load) {
     const int32_t d = s.head_dim, bs = s.block_size;
     tables_ = s.num_layers * s.num_kv_heads;
     int32_t max_end = 0;
@@ -191,6 +195,7 @@ class AttentionCase {
     DeviceBatch db;
     ASSERT_TRUE(db.Upload(gpu_batch, s_.num_layers * s_.num_kv_heads, layout_, nullptr).ok());
     CudaAttention att(prop.multiProcessorCount);
+    att.set_k_load(k_load_);
     AttnShape shape{s_.num_heads, s_.num_kv_heads, d, scale};
     absl::Status st = att.Prepare(gpu_batch, db, shape, s_.num_layers, config, nullptr);
     ASSERT_TRUE(st.ok()) << st;
@@ -207,6 +212,8 @@ class AttentionCase {
     EXPECT_TRUE(pool.GuardsIntact());
     splits_ = att.plan().max_splits;
     chunk_ = att.plan().chunk;
+    // Staged K where the head size allows it (64, 128), per thread otherwise.
+    EXPECT_EQ(att.plan().k_load, d == 64 || d == 128 ? k_load_ : KLoad::kPerThread);
   }
 
   void RunAndExpectSame(const TopThetaConfig& config, bool with_vsum) {
@@ -216,7 +223,7 @@ class AttentionCase {
 
   void ExpectSame() {
     EXPECT_TRUE(testing::Close(gpu_out_, cpu_out_, 2e-4f, 2e-3f, "attention output"))
-        << "(" << splits_ << " splits of " << chunk_ << ")";
+        << "(" << splits_ << " splits of " << chunk_ << ", K " << KLoadName(k_load_) << ")";
     EXPECT_EQ(gpu_stats_.v_rows_read, cpu_stats_.v_rows_read);
     EXPECT_EQ(gpu_stats_.v_rows_read_dense, cpu_stats_.v_rows_read_dense);
     EXPECT_EQ(gpu_stats_.elements_kept, cpu_stats_.elements_kept);
@@ -260,6 +267,7 @@ class AttentionCase {
   Shape s_;
   std::vector<SeqSpec> specs_;
   std::mt19937_64 rng_;
+  KLoad k_load_;
   int32_t tables_ = 0, stride_ = 0, num_tokens_ = 0, splits_ = 0, chunk_ = 0;
   int64_t num_pages_ = 0;
   KvPoolLayout layout_;
@@ -290,7 +298,13 @@ model::ThetaTable MakeTable(const Shape& s, model::ThetaPlacement placement, int
   return t;
 }
 
-TEST(GpuAttentionTest, DenseDecodeAndPrefillMatchCpu) {
+// Every case runs with pass 1 reading K per thread and staged through shared memory.
+class GpuAttentionTest : public ::testing::TestWithParam<KLoad> {};
+INSTANTIATE_TEST_SUITE_P(KLoad, GpuAttentionTest,
+                         ::testing::Values(KLoad::kPerThread, KLoad::kStaged),
+                         [](const ::testing::TestParamInfo<KLoad>& p) { return std::string(KLoadName(p.param)); });
+
+TEST_P(GpuAttentionTest, DenseDecodeAndPrefillMatchCpu) {
   SKIP_WITHOUT_CUDA_DEVICE();
   const uint64_t seed = testing::TestSeed();
   SCOPED_TRACE("THETASERVE_SEED=" + std::to_string(seed));
@@ -299,35 +313,35 @@ TEST(GpuAttentionTest, DenseDecodeAndPrefillMatchCpu) {
     SCOPED_TRACE(::testing::Message() << "heads " << s.num_heads << "/" << s.num_kv_heads << " d " << s.head_dim);
     // Decode rows of many lengths (one crossing several 1024-key splits), a whole prefill,
     // a chunked prefill after cached tokens, and a first token.
-    AttentionCase c(s, {{37, 1}, {0, 70}, {130, 45}, {2100, 1}, {0, 1}, {511, 1}}, seed);
+    AttentionCase c(s, {{37, 1}, {0, 70}, {130, 45}, {2100, 1}, {0, 1}, {511, 1}}, seed, GetParam());
     c.RunAndExpectSame(TopThetaConfig{}, false);
   }
 }
 
-TEST(GpuAttentionTest, ManyDecodeRowsAtLongContext) {
+TEST_P(GpuAttentionTest, ManyDecodeRowsAtLongContext) {
   SKIP_WITHOUT_CUDA_DEVICE();
   const uint64_t seed = testing::TestSeed();
   SCOPED_TRACE("THETASERVE_SEED=" + std::to_string(seed));
   // 64 rows: few splits per row, so chunks reach their 1024-key maximum.
   std::vector<SeqSpec> specs;
   for (int i = 0; i < 64; ++i) specs.push_back({1000 + 37 * i, 1});
-  AttentionCase c(Shape{}, specs, seed);
+  AttentionCase c(Shape{}, specs, seed, GetParam());
   c.RunAndExpectSame(TopThetaConfig{}, false);
 }
 
-TEST(GpuAttentionTest, DenseDecodeOfLongRows) {
+TEST_P(GpuAttentionTest, DenseDecodeOfLongRows) {
   SKIP_WITHOUT_CUDA_DEVICE();
   const uint64_t seed = testing::TestSeed();
   SCOPED_TRACE("THETASERVE_SEED=" + std::to_string(seed));
   // Rows of many splits (17,001 keys, the last split partial) beside shorter ones, for
   // group sizes 3 and 4.
   for (const Shape s : {Shape{}, Shape{2, 1, 8, 2, 128, 16}}) {
-    AttentionCase c(s, {{17000, 1}, {9000, 1}, {3000, 1}}, seed);
+    AttentionCase c(s, {{17000, 1}, {9000, 1}, {3000, 1}}, seed, GetParam());
     c.RunAndExpectSame(TopThetaConfig{}, false);
   }
 }
 
-TEST(GpuAttentionTest, TopThetaEveryPlacementSdcAndVmcMatchesCpu) {
+TEST_P(GpuAttentionTest, TopThetaEveryPlacementSdcAndVmcMatchesCpu) {
   SKIP_WITHOUT_CUDA_DEVICE();
   const uint64_t seed = testing::TestSeed();
   SCOPED_TRACE("THETASERVE_SEED=" + std::to_string(seed));
@@ -341,7 +355,7 @@ TEST(GpuAttentionTest, TopThetaEveryPlacementSdcAndVmcMatchesCpu) {
                                           << SdcModeName(sdc) << " vmc " << vmc);
         // Rows longer and shorter than k, a prefill chunk, a long decode row, and a
         // sequence without V sums (no VMC for it).
-        AttentionCase c(s, {{200, 1}, {50, 40}, {1500, 1}, {5, 1}, {0, 12, 0, false}}, seed);
+        AttentionCase c(s, {{200, 1}, {50, 40}, {1500, 1}, {5, 1}, {0, 12, 0, false}}, seed, GetParam());
         TopThetaConfig cfg;
         cfg.table = &table;
         cfg.sdc = sdc;
@@ -354,7 +368,7 @@ TEST(GpuAttentionTest, TopThetaEveryPlacementSdcAndVmcMatchesCpu) {
   }
 }
 
-TEST(GpuAttentionTest, TopThetaOverSparseVStoreMatchesCpu) {
+TEST_P(GpuAttentionTest, TopThetaOverSparseVStoreMatchesCpu) {
   SKIP_WITHOUT_CUDA_DEVICE();
   const uint64_t seed = testing::TestSeed();
   SCOPED_TRACE("THETASERVE_SEED=" + std::to_string(seed));
@@ -363,7 +377,7 @@ TEST(GpuAttentionTest, TopThetaOverSparseVStoreMatchesCpu) {
   TopThetaConfig cfg;
   cfg.table = &table;
   // Decode and a prefill chunk over a V store whose rows below 256 are two thirds dropped.
-  AttentionCase c(s, {{300, 1, 256}, {320, 20, 256}, {1200, 1, 1024}}, seed);
+  AttentionCase c(s, {{300, 1, 256}, {320, 20, 256}, {1200, 1, 1024}}, seed, GetParam());
   c.RunAndExpectSame(cfg, true);
   EXPECT_GT(c.cpu_stats().retained_but_evicted, 0);
   EXPECT_GT(c.total_mass(), 1.0) << "Top-θ recorded no retained mass";
@@ -373,7 +387,7 @@ TEST(GpuAttentionTest, TopThetaOverSparseVStoreMatchesCpu) {
 // nats below that split's max, past what the 16-bit scores between the passes hold. Pre-softmax
 // θ = 2 keeps the ~4 rows everywhere, those of the sink's split included; their saturated
 // scores must not decide (or weigh) them. Post-softmax the sink takes nearly all the mass.
-TEST(GpuAttentionTest, TopThetaWithAnAttentionSinkMatchesCpu) {
+TEST_P(GpuAttentionTest, TopThetaWithAnAttentionSinkMatchesCpu) {
   SKIP_WITHOUT_CUDA_DEVICE();
   const uint64_t seed = testing::TestSeed();
   SCOPED_TRACE("THETASERVE_SEED=" + std::to_string(seed));
@@ -387,12 +401,12 @@ TEST(GpuAttentionTest, TopThetaWithAnAttentionSinkMatchesCpu) {
     with_sink.sink = 1;
     SeqSpec sparse_with_sink{2500, 1, 1200};
     sparse_with_sink.sink = 0;  // the first sparse-store row
-    AttentionCase c(s, {with_sink, sparse_with_sink}, seed);
+    AttentionCase c(s, {with_sink, sparse_with_sink}, seed, GetParam());
     c.RunAndExpectSame(cfg, true);
   }
 }
 
-TEST(GpuAttentionTest, TopThetaLongRowsMatchCpu) {
+TEST_P(GpuAttentionTest, TopThetaLongRowsMatchCpu) {
   SKIP_WITHOUT_CUDA_DEVICE();
   const Shape s;
   // A fresh seed, and one whose post-softmax case puts rows within 1e-4 of a threshold: the
@@ -407,7 +421,7 @@ TEST(GpuAttentionTest, TopThetaLongRowsMatchCpu) {
       const model::ThetaTable table = MakeTable(s, placement, 16);
       TopThetaConfig cfg;
       cfg.table = &table;
-      AttentionCase c(s, {{12000, 1}, {10000, 1, 6000}, {9000, 1, 100}}, seed);
+      AttentionCase c(s, {{12000, 1}, {10000, 1, 6000}, {9000, 1, 100}}, seed, GetParam());
       c.RunAndExpectSame(cfg, true);
       EXPECT_GT(c.cpu_stats().retained_but_evicted, 0);
       EXPECT_GT(c.total_mass(), 1.0) << "Top-θ recorded no retained mass";

@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "cuda_pipeline.h"
 #include "cuda_runtime.h"
 
 // Fiber switch (x86-64 System V): saves the callee-saved registers and the FP control words on
@@ -72,12 +73,25 @@ constexpr size_t kMaxDynamicShared = 48 << 10;  // without the opt-in attribute
 
 enum class FiberState { kReady, kAtBlockBarrier, kAtWarpBarrier, kDone };
 
+// A cp.async copy in flight: the bytes it will write at its wait.
+struct AsyncCopy {
+  unsigned char* dst;
+  std::vector<unsigned char> bytes;
+};
+
 struct Fiber {
   void* sp = nullptr;
   FiberState state = FiberState::kReady;
   uint3 tid{};
   int warp = 0;
+  std::vector<AsyncCopy> copies;   // issued, not landed, oldest first
+  std::vector<size_t> group_ends;  // committed groups: copies[0, group_ends[i])
 };
+
+void LandCopies(Fiber& f, size_t n) {
+  for (size_t i = 0; i < n; ++i) std::memcpy(f.copies[i].dst, f.copies[i].bytes.data(), f.copies[i].bytes.size());
+  f.copies.erase(f.copies.begin(), f.copies.begin() + n);
+}
 
 struct Block {
   std::vector<Fiber> fibers;
@@ -170,6 +184,7 @@ void FiberEntry() {
   Block& b = *g_block;
   (*b.body)();
   Fiber& f = Current();
+  LandCopies(f, f.copies.size());  // copies still in flight land before the kernel ends
   f.state = FiberState::kDone;
   --b.live;
   --b.warp_live[f.warp];
@@ -310,6 +325,41 @@ uint64_t ExchangeInWarp(uint64_t bits, int src_lane) {
 }
 
 void* DynamicShared() { return g_block->smem.data(); }
+
+}  // namespace emu
+
+void __pipeline_memcpy_async(void* dst_shared, const void* src_global, size_t size_and_align,
+                             size_t zfill) {
+  const size_t n = size_and_align;
+  if ((n != 4 && n != 8 && n != 16) || zfill > n ||
+      reinterpret_cast<uintptr_t>(dst_shared) % n != 0 ||
+      reinterpret_cast<uintptr_t>(src_global) % n != 0) {
+    std::fprintf(stderr, "emu: __pipeline_memcpy_async of %zu bytes (zfill %zu) from %p to %p: the size must be 4, 8 or 16 and both addresses aligned to it\n",
+                 n, zfill, src_global, dst_shared);
+    std::abort();
+  }
+  emu::AsyncCopy c{static_cast<unsigned char*>(dst_shared), std::vector<unsigned char>(n, 0)};
+  std::memcpy(c.bytes.data(), src_global, n - zfill);
+  std::memset(dst_shared, 0xFF, n);  // until the wait
+  emu::Current().copies.push_back(std::move(c));
+}
+
+void __pipeline_commit() {
+  emu::Fiber& f = emu::Current();
+  f.group_ends.push_back(f.copies.size());
+}
+
+void __pipeline_wait_prior(size_t prior) {
+  emu::Fiber& f = emu::Current();
+  if (f.group_ends.size() <= prior) return;
+  const size_t done = f.group_ends.size() - prior;  // groups to land
+  const size_t n = f.group_ends[done - 1];
+  emu::LandCopies(f, n);
+  f.group_ends.erase(f.group_ends.begin(), f.group_ends.begin() + done);
+  for (size_t& e : f.group_ends) e -= n;
+}
+
+namespace emu {
 
 void EnqueueOnStream(cudaStream_t stream, std::function<void()> op) {
   CUstream_st& s = StreamOf(stream);

@@ -1,11 +1,12 @@
 // The CUDA emulator's own behaviour: barriers order shared memory, a missing barrier shows, warp
 // exchanges, fresh NaN shared memory per block, launch-configuration errors, graph capture,
-// and a deadlock is reported rather than hung on.
+// cp.async copies that land only at their wait, and a deadlock is reported rather than hung on.
 #include <cmath>
 #include <vector>
 
 #include "gtest/gtest.h"
 // The emulator's device header (tests/gpu/emu), as kernels/cuda sees it in this build.
+#include "cuda_pipeline.h"
 #include "cuda_runtime.h"
 
 namespace {
@@ -129,6 +130,39 @@ void PartialWarpKernel(unsigned* ballot, float* sum) {
   float v = 1.0f;
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   sum[threadIdx.x] = v;
+}
+
+// Two groups of copies per thread: what each stage holds before the waits, after waiting for
+// all but the newest group, and after waiting for everything.
+void PipelineKernel(const float* src, float* seen) {
+  float* s = static_cast<float*>(emu::DynamicShared());
+  const int i = int(threadIdx.x), n = int(blockDim.x);
+  __pipeline_memcpy_async(s + 4 * i, src + 4 * i, 16);
+  __pipeline_commit();
+  __pipeline_memcpy_async(s + 4 * (n + i), src + 4 * (n + i), 16, 8);  // the last 8 bytes zeros
+  __pipeline_commit();
+  seen[i] = s[4 * i];                 // group 0 issued, not waited for: NaN
+  __pipeline_wait_prior(1);
+  seen[n + i] = s[4 * i];             // group 0 landed
+  seen[2 * n + i] = s[4 * (n + i)];   // group 1 not yet: NaN
+  __pipeline_wait_prior(0);
+  seen[3 * n + i] = s[4 * (n + i) + 1];  // landed
+  seen[4 * n + i] = s[4 * (n + i) + 3];  // zero-filled
+}
+
+TEST(CudaEmulatorTest, AsyncCopiesLandAtTheirWait) {
+  constexpr int kThreads = 8;
+  std::vector<float> src(8 * kThreads), seen(5 * kThreads);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = float(i + 1);
+  emu::Launch(1, kThreads, src.size() * sizeof(float))(PipelineKernel, src.data(), seen.data());
+  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+  for (int i = 0; i < kThreads; ++i) {
+    EXPECT_TRUE(std::isnan(seen[i])) << i;
+    EXPECT_EQ(seen[kThreads + i], src[4 * i]) << i;
+    EXPECT_TRUE(std::isnan(seen[2 * kThreads + i])) << i;
+    EXPECT_EQ(seen[3 * kThreads + i], src[4 * (kThreads + i) + 1]) << i;
+    EXPECT_EQ(seen[4 * kThreads + i], 0.0f) << i;
+  }
 }
 
 TEST(CudaEmulatorTest, PartialWarpLanesReadAsZero) {
