@@ -135,12 +135,13 @@ __device__ void ScoresPerThread(const SplitArgs& a, const DevSeq& seq, int64_t l
   }
 }
 
-// Staged K (KLoad::kStaged): the chunk's K rows pass through shared memory in tiles of
-// kStageKeys keys, copied with cp.async: 16 bytes a copy, consecutive threads on consecutive
-// bytes of a page (coalesced), no registers held while the copies are in flight, and
-// StageCount tiles in flight per block. Two threads score a key, each over half the row, and
+// Staged K and V (KLoad::kStaged): the chunk's K rows, then (dense) its V rows, pass through
+// shared memory in tiles of kStageKeys rows, copied with cp.async: 16 bytes a copy,
+// consecutive threads on consecutive bytes of a page (coalesced), no registers held while the
+// copies are in flight, and StageCount tiles in flight per block; the first V tiles load
+// while the block forms the softmax. Two threads score a key, each over half the row, and
 // add their halves with one shuffle per head. A row's 16-byte pieces are stored at
-// piece ^ (key & 7), so the eight threads of a quarter-warp write and read eight different
+// piece ^ (row & 7), so the eight threads of a quarter-warp write and read eight different
 // bank groups.
 constexpr int kStageKeys = kThreads / 2;
 __host__ __device__ constexpr bool CanStage(int d) { return d == 64 || d == 128; }
@@ -160,23 +161,41 @@ __host__ __device__ constexpr int StagedPiece(int h, int s) {
   return h * kHalf + ((s ^ (h * 4)) & (kHalf - 1));
 }
 
-// Starts the copies of K tile `tile` (keys [tile·kStageKeys, +kStageKeys) of the chunk, those
-// below n) into buf.
-template <int D>
-__device__ __forceinline__ void IssueKTile(const SplitArgs& a, const DevSeq& seq, int64_t lh,
-                                           int32_t j0, int32_t n, int32_t tile, uint4* buf) {
+// Starts the copies of K (or V) tile `tile` (rows [tile·kStageKeys, +kStageKeys) of the
+// chunk, those below n) into its ring slot, then closes the thread's group of copies. Every
+// thread commits a group for every tile, even one past the end (empty), so the counts that
+// __pipeline_wait_prior relies on agree.
+template <int D, bool kV>
+__device__ __forceinline__ void IssueTile(const SplitArgs& a, const DevSeq& seq, int64_t lh,
+                                          int32_t j0, int32_t n, int32_t tile, uint4* stage) {
   constexpr int kPieces = D / 8;
   const int32_t bs = a.layout.block_size;
+  uint4* buf = stage + (tile % StageCount(D)) * kStageKeys * kPieces;
 #pragma unroll
   for (int i = threadIdx.x; i < kStageKeys * kPieces; i += kThreads) {
     const int kl = i / kPieces, c = i % kPieces;
     const int32_t jl = tile * kStageKeys + kl;
     if (jl < n) {
       const int32_t j = j0 + jl;
-      const uint16_t* src = a.pool + a.layout.RowOffset(seq.pages.KPage(lh, j, bs), j % bs) + c * 8;
+      const int32_t page = kV ? seq.pages.VPage(lh, j, bs) : seq.pages.KPage(lh, j, bs);
+      const uint16_t* src = a.pool + a.layout.RowOffset(page, j % bs) + c * 8;
       __pipeline_memcpy_async(buf + kl * kPieces + (c ^ (kl & 7)), src, 16);
     }
   }
+  __pipeline_commit();
+}
+
+// Waits for tile t of the ring (this thread's copies, then everyone's, at the barrier, which
+// also means tile t - 1 is read by no one), then starts tile t + StageCount − 1 into its slot.
+template <int D, bool kV>
+__device__ __forceinline__ const uint4* NextTile(const SplitArgs& a, const DevSeq& seq,
+                                                 int64_t lh, int32_t j0, int32_t n, int32_t t,
+                                                 uint4* stage) {
+  constexpr int kS = StageCount(D);
+  __pipeline_wait_prior(kS - 2);
+  __syncthreads();
+  IssueTile<D, kV>(a, seq, lh, j0, n, t + kS - 1, stage);
+  return stage + (t % kS) * kStageKeys * (D / 8);
 }
 
 // Scores of this block's keys for the group's heads, as ScoresPerThread, through staged K.
@@ -187,18 +206,10 @@ __device__ void ScoresStaged(const SplitArgs& a, const DevSeq& seq, int64_t lh, 
   constexpr int kPieces = D / 8, kHalf = D / 16, kS = StageCount(D);
   const int32_t tiles = (n + kStageKeys - 1) / kStageKeys;
 #pragma unroll
-  for (int p = 0; p < kS - 1; ++p) {
-    if (p < tiles) IssueKTile<D>(a, seq, lh, j0, n, p, stage + p * kStageKeys * kPieces);
-    __pipeline_commit();  // every thread commits every group, empty or not: the counts agree
-  }
+  for (int p = 0; p < kS - 1; ++p) IssueTile<D, false>(a, seq, lh, j0, n, p, stage);
   const int kl = threadIdx.x >> 1, half = threadIdx.x & 1;
   for (int32_t t = 0; t < tiles; ++t) {
-    __pipeline_wait_prior(kS - 2);  // this thread's copies of tile t have landed...
-    __syncthreads();                // ...and everyone's; tile t - 1 is read by no one now
-    const int32_t next = t + kS - 1;
-    if (next < tiles) IssueKTile<D>(a, seq, lh, j0, n, next, stage + (next % kS) * kStageKeys * kPieces);
-    __pipeline_commit();
-    const uint4* row = stage + ((t % kS) * kStageKeys + kl) * kPieces;
+    const uint4* row = NextTile<D, false>(a, seq, lh, j0, n, t, stage) + kl * kPieces;
     const int32_t jl = t * kStageKeys + kl;
     float acc[kG];
 #pragma unroll
@@ -283,10 +294,15 @@ __global__ void __launch_bounds__(kThreads, (GT > 0 && GT <= 4) ? (kStaged ? 5 :
   if constexpr (kStaged) {
     uint4* stage = reinterpret_cast<uint4*>(smem + StageOffsetFloats(D, G, a.chunk));
     ScoresStaged<D, GT>(a, seq, lh, j0, n, G, qs, sc, stage);
+    __syncthreads();  // every K tile read: the ring takes V (dense), loading during the softmax
+    if (!a.top_theta) {
+#pragma unroll
+      for (int p = 0; p < StageCount(D) - 1; ++p) IssueTile<D, true>(a, seq, lh, j0, n, p, stage);
+    }
   } else {
     ScoresPerThread<D, GT>(a, seq, lh, j0, n, G, qs, sc);
+    __syncthreads();
   }
-  __syncthreads();
 
   // Chunk max and Σ exp(s - m) per head; e replaces s in shared memory.
   for (int h = 0; h < G; ++h) {
@@ -311,7 +327,8 @@ __global__ void __launch_bounds__(kThreads, (GT > 0 && GT <= 4) ? (kStaged ? 5 :
   if (a.top_theta) return;
   __syncthreads();
 
-  // Σ e_j · V_j: row groups of D/8 threads, 16 bytes of the row each.
+  // Σ e_j · V_j: row groups of D/8 threads, 16 bytes of the row each; every thread sums its
+  // rows rg, rg + kRowGroups, ... in that order, staged or not.
   constexpr int kRowGroups = kThreads / (D / 8);
   const int rg = threadIdx.x / (D / 8), lane8 = threadIdx.x % (D / 8);
   const int32_t bs = a.layout.block_size;
@@ -320,17 +337,46 @@ __global__ void __launch_bounds__(kThreads, (GT > 0 && GT <= 4) ? (kStaged ? 5 :
   for (int h = 0; h < kG; ++h)
 #pragma unroll
     for (int e = 0; e < 8; ++e) acc[h][e] = 0.0f;
+  if constexpr (kStaged) {
+    uint4* stage = reinterpret_cast<uint4*>(smem + StageOffsetFloats(D, G, a.chunk));
+    for (int32_t tv = 0; tv * kStageKeys < n; ++tv) {
+      const uint4* tile = NextTile<D, true>(a, seq, lh, j0, n, tv, stage);
+#pragma unroll
+      for (int kl = rg; kl < kStageKeys; kl += kRowGroups) {
+        const int32_t jl = tv * kStageKeys + kl;
+        if (jl < n) {
+          const uint4 raw = tile[kl * (D / 8) + (lane8 ^ (kl & 7))];
+          const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+          float vf[8];
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            vf[2 * i] = __uint_as_float(w[i] << 16);
+            vf[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+          }
+#pragma unroll
+          for (int h = 0; h < kG; ++h) {
+            if (h < G) {
+              const float p = sc[h * a.chunk + jl];
+#pragma unroll
+              for (int e = 0; e < 8; ++e) acc[h][e] = fmaf(p, vf[e], acc[h][e]);
+            }
+          }
+        }
+      }
+    }
+  } else {
 #pragma unroll 8  // several 16-byte loads in flight per thread
-  for (int32_t jl = rg; jl < n; jl += kRowGroups) {
-    const int32_t j = j0 + jl;
-    float vf[8];
-    LoadBf16x8(a.pool + a.layout.RowOffset(seq.pages.VPage(lh, j, bs), j % bs) + lane8 * 8, vf);
+    for (int32_t jl = rg; jl < n; jl += kRowGroups) {
+      const int32_t j = j0 + jl;
+      float vf[8];
+      LoadBf16x8(a.pool + a.layout.RowOffset(seq.pages.VPage(lh, j, bs), j % bs) + lane8 * 8, vf);
 #pragma unroll
-    for (int h = 0; h < kG; ++h) {
-      if (h < G) {
-        const float p = sc[h * a.chunk + jl];
+      for (int h = 0; h < kG; ++h) {
+        if (h < G) {
+          const float p = sc[h * a.chunk + jl];
 #pragma unroll
-        for (int e = 0; e < 8; ++e) acc[h][e] = fmaf(p, vf[e], acc[h][e]);
+          for (int e = 0; e < 8; ++e) acc[h][e] = fmaf(p, vf[e], acc[h][e]);
+        }
       }
     }
   }

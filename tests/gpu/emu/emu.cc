@@ -132,18 +132,27 @@ char* StackTop(size_t i) {
 Fiber& Current() { return g_block->fibers[g_block->current]; }
 
 // Switches from the running fiber (saving its stack pointer in *save_sp) straight to the next
-// ready one, or back to the scheduler when none is ready (all done, or a deadlock).
+// ready one, or back to the scheduler when none is ready (all done, or a deadlock). A ready
+// lane of the running warp goes first, so a warp runs as far ahead of the others as it can
+// before the next block barrier: a warp that reads what another writes (or overwrites what
+// another still reads) without a barrier between them shows, as it can on a GPU, where
+// warps drift apart.
 void SwitchToNextReady(void** save_sp) {
   Block& b = *g_block;
   const int n = int(b.fibers.size());
+  const int w0 = b.current / 32 * 32, wn = std::min(n, w0 + 32) - w0;
+  auto run = [&](int i) {
+    b.current = i;
+    threadIdx = b.fibers[i].tid;
+    EmuSwitchContext(save_sp, b.fibers[i].sp);
+  };
+  for (int k = 1; k <= wn; ++k) {
+    const int i = w0 + (b.current - w0 + k) % wn;
+    if (b.fibers[i].state == FiberState::kReady) return run(i);
+  }
   for (int k = 1; k <= n; ++k) {
     const int i = (b.current + k) % n;
-    if (b.fibers[i].state == FiberState::kReady) {
-      b.current = i;
-      threadIdx = b.fibers[i].tid;
-      EmuSwitchContext(save_sp, b.fibers[i].sp);
-      return;
-    }
+    if (b.fibers[i].state == FiberState::kReady) return run(i);
   }
   EmuSwitchContext(save_sp, b.sched_sp);
 }
