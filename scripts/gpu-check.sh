@@ -55,13 +55,20 @@ failed=0
 tests=(gpu_ops_test device_batch_test gpu_attention_test gpu_forward_test gpu_engine_test)
 filter='*'
 if [ "$only_model" = 1 ]; then tests=(gpu_forward_test); filter='*SmolLM2*'; fi
+# The attention tests run both ways of reading K themselves; SmolLM2's forward tests run once
+# more with staged K (THETASERVE_ATTN_K_LOAD=staged, "name:staged" below; the tiny models' d 16
+# heads read K per thread either way).
+[ -f "$model" ] && tests+=(gpu_forward_test:staged)
 for t in "${tests[@]}"; do
   stamp "test $t"
-  timeout "${GPU_CHECK_TEST_TIMEOUT:-240}" stdbuf -oL -eL "$bin/$t" --gtest_color=no --gtest_filter="$filter" 2>&1 | tee "$out/$t.log" | grep -E '^\[ +(OK|FAILED|SKIPPED) +\]|^\[ .* \]|Failure|error|THETASERVE_SEED' | head -60
+  name=${t%%:*} log="$out/${t/:/-}.log" env=()
+  f=$filter
+  [ "$t" != "$name" ] && env=(THETASERVE_ATTN_K_LOAD=staged) f='*SmolLM2*'
+  timeout "${GPU_CHECK_TEST_TIMEOUT:-240}" env "${env[@]}" stdbuf -oL -eL "$bin/$name" --gtest_color=no --gtest_filter="$f" 2>&1 | tee "$log" | grep -E '^\[ +(OK|FAILED|SKIPPED) +\]|^\[ .* \]|Failure|error|THETASERVE_SEED' | head -60
   rc=${PIPESTATUS[0]}
-  passed=$(grep -c '^\[       OK \]' "$out/$t.log")
-  fails=$(grep -c '^\[  FAILED  \] .* ms)$' "$out/$t.log")
-  skipped=$(grep -c '^\[  SKIPPED \] .* ms)$' "$out/$t.log")
+  passed=$(grep -c '^\[       OK \]' "$log")
+  fails=$(grep -c '^\[  FAILED  \] .* ms)$' "$log")
+  skipped=$(grep -c '^\[  SKIPPED \] .* ms)$' "$log")
   result[$t]="rc $rc: $passed passed, $fails failed, $skipped skipped"
   [ "$rc" -ne 0 ] && failed=1
 done
@@ -84,7 +91,7 @@ fi
 stamp "done"
 echo
 echo "== gpu-check summary ($(head -2 "$out/device.txt" | tail -1)) =="
-for t in "${tests[@]}"; do printf '%-22s %s\n' "$t" "${result[$t]}"; done
-printf '%-22s rc %s\n' "thetaserve_gpu_bench" "$bench_rc"
+for t in "${tests[@]}"; do printf '%-24s %s\n' "$t" "${result[$t]}"; done
+printf '%-24s rc %s\n' "thetaserve_gpu_bench" "$bench_rc"
 sed -n '/^## summary/,$p' "$out/gpu-bench.log" | tail -n +2
 [ "$failed" = 0 ] && [ "$bench_rc" = 0 ]
