@@ -82,7 +82,8 @@ timeout 300 "$bin/thetaserve_gpu_bench" "${args[@]}" 2>&1 | tee "$out/gpu-bench.
 bench_rc=${PIPESTATUS[0]}
 if [ "$only_model" = 0 ] && [ "$bench_rc" = 0 ]; then
   # The planned chunk at 32k is 1024 keys from batch 8 on; staged K then fits 5 blocks per SM
-  # (37 KB of shared memory each at SmolLM2's shape), 512-key chunks fit 7: measure both.
+  # (37.6 KB of shared memory each at SmolLM2's shape), at 512-key chunks 6 (its registers):
+  # measure both.
   stamp "decode attention at 512-key chunks"
   THETASERVE_ATTN_CHUNK=512 timeout 120 "$bin/thetaserve_gpu_bench" --contexts 32768 --batches 8,64 \
     --prefill "" --model "" --repeats 5 2>&1 | tee "$out/gpu-bench-chunk512.log" | sed -n '/^## decode/,/^$/p'

@@ -29,7 +29,6 @@ struct SplitArgs {
   KvPoolLayout layout;
   const uint16_t* pool;
   int32_t chunk;
-  KLoad k_load;  // how pass 1 read K (ExactScore repeats its order)
   AttentionWorkspace ws;
   ThetaArgs theta;
   bool top_theta;
@@ -153,12 +152,13 @@ __host__ __device__ constexpr size_t StageBytes(int d) {
 }
 
 // The piece (8 elements) of the row that the thread of half h reads at step s of its
-// half-row dot product. The halves walk their pieces in orders that keep a quarter-warp on
-// distinct bank groups at d 128 as at d 64. ExactScore follows the same order.
+// half-row dot product. The halves walk their pieces in orders that keep a quarter-warp's K
+// reads on distinct bank groups, and the warp's two query reads (qs, one address per half)
+// on different banks, at d 128 as at d 64. ExactScore follows the same order.
 template <int D>
 __host__ __device__ constexpr int StagedPiece(int h, int s) {
   constexpr int kHalf = D / 16;  // pieces per half row
-  return h * kHalf + ((s ^ (h * 4)) & (kHalf - 1));
+  return h * kHalf + ((s ^ (h * 5)) & (kHalf - 1));
 }
 
 // Starts the copies of K (or V) tile `tile` (rows [tile·kStageKeys, +kStageKeys) of the
@@ -272,12 +272,13 @@ __device__ void ReduceRowGroups(const SplitArgs& a, float (&acc)[GT > 0 ? GT : k
 // Dense split: scores, chunk max and Σe, and Σ e·V over the chunk.
 // Top-θ pass 1: scores to the workspace (EncodeScore), chunk max and Σe; no V.
 // kStaged: K through shared memory (ScoresStaged), its tiles after the scores. Its shared
-// memory holds it to 4-7 blocks per SM, so it is given the registers of 5 (96: no spills).
+// memory holds it to 5 blocks per SM at 1024-key chunks (d 64, group 3) and 7 at 512, so it is
+// given the registers of 6 (80).
 template <int D, int GT, bool kStaged>
-__global__ void __launch_bounds__(kThreads, (GT > 0 && GT <= 4) ? (kStaged ? 5 : 8) : 4)
+__global__ void __launch_bounds__(kThreads, (GT > 0 && GT <= 4) ? (kStaged ? 6 : 8) : 4)
     SplitPass1Kernel(SplitArgs a) {
   constexpr int kG = GT > 0 ? GT : kMaxGroup;  // compile-time group size when known
-  extern __shared__ float smem[];
+  extern __shared__ __align__(16) float smem[];  // 16 bytes: cp.async and uint4 reads of the ring
   __shared__ float scratch[32];
   const int32_t G = GT > 0 ? GT : a.shape.num_heads / a.shape.num_kv_heads;
   const auto [r, t, row, L, split, j0, g, first_head, lh] = ThisSplit(a, G);
@@ -431,31 +432,29 @@ __device__ __forceinline__ bool NearThreshold(float e, float thr) {
 }
 
 // q_head · k_j · scale exactly as pass 1 computed it (same products, same order: per thread,
-// or staged as two half rows, each in StagedPiece order, then added).
-template <int D>
+// or, kStaged, as two half rows, each in StagedPiece order, then added).
+template <int D, bool kStaged>
 __device__ float ExactScore(const SplitArgs& a, const DevSeq& seq, int64_t lh, int32_t t,
                             int32_t head, int32_t j) {
   const int32_t bs = a.layout.block_size;
   const uint16_t* kr = a.pool + a.layout.RowOffset(seq.pages.KPage(lh, j, bs), j % bs);
   const float* qr = a.q + int64_t(t) * a.q_stride + int64_t(head) * D;
-  if constexpr (CanStage(D)) {
-    if (a.k_load == KLoad::kStaged) {
-      float halves[2] = {0.0f, 0.0f};
+  if constexpr (kStaged) {
+    // Rolled loops: unrolled, this rare path would cost pass 2 kilobytes of spills.
+    auto half_dot = [&](int h) {
+      float acc = 0.0f;
+#pragma unroll 1
+      for (int s = 0; s < D / 16; ++s) {
+        const int c = StagedPiece<D>(h, s);
+        float kf[8];
+        LoadBf16x8(kr + c * 8, kf);
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-#pragma unroll
-        for (int s = 0; s < D / 16; ++s) {
-          const int c = StagedPiece<D>(h, s);
-          float kf[8];
-          LoadBf16x8(kr + c * 8, kf);
-#pragma unroll
-          for (int e = 0; e < 8; ++e) {
-            halves[h] = fmaf(qr[c * 8 + e] * a.shape.scale, kf[e], halves[h]);
-          }
-        }
+        for (int e = 0; e < 8; ++e) acc = fmaf(qr[c * 8 + e] * a.shape.scale, kf[e], acc);
       }
-      return halves[0] + halves[1];
-    }
+      return acc;
+    };
+    const float h0 = half_dot(0);
+    return h0 + half_dot(1);
   }
   float acc = 0.0f;
 #pragma unroll
@@ -471,7 +470,7 @@ __device__ float ExactScore(const SplitArgs& a, const DevSeq& seq, int64_t lh, i
 // e per head of position j from the 16-bit scores, or from the exact scores when any head's
 // value is near its threshold or its retain threshold, or is saturated and not surely below
 // both (keep-everything rows, thr <= 0, included). ev[h] for h >= G is 0.
-template <int D, int kG>
+template <int D, int kG, bool kStaged>
 __device__ __forceinline__ void RowE(const SplitArgs& a, const DevSeq& seq, int64_t lh,
                                      int64_t r, int32_t t, int32_t first_head, int32_t G,
                                      int32_t split, int32_t j, const uint16_t (&q)[kG],
@@ -491,7 +490,7 @@ __device__ __forceinline__ void RowE(const SplitArgs& a, const DevSeq& seq, int6
   if (!near) return;
 #pragma unroll
   for (int h = 0; h < kG; ++h) {
-    if (h < G) ev[h] = expf(ExactScore<D>(a, seq, lh, t, first_head + h, j) - s_m[h]);
+    if (h < G) ev[h] = expf(ExactScore<D, kStaged>(a, seq, lh, t, first_head + h, j) - s_m[h]);
   }
 }
 
@@ -501,8 +500,8 @@ constexpr int kRowsPerBatch = 4;
 
 // Top-θ pass 2 over one split: positions [j0, j0 + chunk) for hit marks and the retained
 // count, and stored V rows [i0, i0 + chunk) (sparse store first, then the tail) for the
-// gather of retained rows.
-template <int D, int GT>
+// gather of retained rows. kStaged: pass 1 read K staged (ExactScore follows its order).
+template <int D, int GT, bool kStaged>
 __global__ void __launch_bounds__(kThreads, (GT > 0 && GT <= 4) ? 8 : 4) SplitPass2Kernel(SplitArgs a) {
   constexpr int kG = GT > 0 ? GT : kMaxGroup;  // compile-time group size when known
   extern __shared__ float smem[];
@@ -568,7 +567,7 @@ __global__ void __launch_bounds__(kThreads, (GT > 0 && GT <= 4) ? 8 : 4) SplitPa
         if (jl >= n) continue;
         const int32_t j = j0 + jl;
         float ev[kG];
-        RowE<D, kG>(a, seq, lh, r, t, first_head, G, split, j, q[b], s_off, s_m, s_thr, ev);
+        RowE<D, kG, kStaged>(a, seq, lh, r, t, first_head, G, split, j, q[b], s_off, s_m, s_thr, ev);
         bool any = false, strong = false;
         float mass = 0.0f;
 #pragma unroll
@@ -654,7 +653,7 @@ __global__ void __launch_bounds__(kThreads, (GT > 0 && GT <= 4) ? 8 : 4) SplitPa
       float ev[kG];
       bool any = false, strong = false;
       if (j >= 0) {
-        RowE<D, kG>(a, seq, lh, r, t, first_head, G, split, j, q[b], s_off, s_m, s_thr, ev);
+        RowE<D, kG, kStaged>(a, seq, lh, r, t, first_head, G, split, j, q[b], s_off, s_m, s_thr, ev);
 #pragma unroll
         for (int h = 0; h < kG; ++h) {
           if (h < G && ev[h] > s_thr[h]) {
@@ -931,29 +930,32 @@ size_t SplitSmemBytes(int D, int G, int chunk, bool staged) {
   const size_t area = size_t(SplitAreaFloats(D, G, chunk)) * sizeof(float);
   return staged ? std::max(area, size_t(StageOffsetFloats(D, G, chunk)) * sizeof(float) + StageBytes(D)) : area;
 }
-// Without the opt-in attribute a kernel gets at most this much dynamic shared memory.
-constexpr size_t kMaxSmem = 48 << 10;
+// Without the opt-in attribute a kernel's static and dynamic shared memory together stay within
+// 48 KB; the split kernels' static arrays take under 0.5 KB (pass 2's per-head and per-warp
+// sums at group 8), and the plan keeps dynamic memory 1 KB below the limit.
+constexpr size_t kMaxSmem = (48 << 10) - 1024;
 
 template <int D, int GT>
 cudaError_t RunSplit(const SplitArgs& a, int32_t num_rows, const SplitPlan& plan,
                      cudaStream_t stream) {
   const int32_t G = a.shape.num_heads / a.shape.num_kv_heads;
   const dim3 grid(plan.max_splits, num_rows, a.shape.num_kv_heads);
+  const size_t pass2_smem = SplitSmemBytes(D, G, plan.chunk, false);
   if constexpr (CanStage(D)) {
     if (plan.k_load == KLoad::kStaged) {
       SplitPass1Kernel<D, GT, true><<<grid, kThreads, SplitSmemBytes(D, G, plan.chunk, true), stream>>>(a);
-    } else {
-      SplitPass1Kernel<D, GT, false><<<grid, kThreads, SplitSmemBytes(D, G, plan.chunk, false), stream>>>(a);
+      if (a.top_theta) SplitPass2Kernel<D, GT, true><<<grid, kThreads, pass2_smem, stream>>>(a);
     }
-  } else {
+  }
+  if (!CanStage(D) || plan.k_load != KLoad::kStaged) {
     SplitPass1Kernel<D, GT, false><<<grid, kThreads, SplitSmemBytes(D, G, plan.chunk, false), stream>>>(a);
+    if (a.top_theta) SplitPass2Kernel<D, GT, false><<<grid, kThreads, pass2_smem, stream>>>(a);
   }
-  if (!a.top_theta) {
+  if (a.top_theta) {
+    ThetaCombineKernel<D><<<dim3(num_rows, a.shape.num_heads), D, 0, stream>>>(a);
+  } else {
     DenseCombineKernel<D><<<dim3(num_rows, a.shape.num_heads), D, 0, stream>>>(a);
-    return cudaGetLastError();
   }
-  SplitPass2Kernel<D, GT><<<grid, kThreads, SplitSmemBytes(D, G, plan.chunk, false), stream>>>(a);
-  ThetaCombineKernel<D><<<dim3(num_rows, a.shape.num_heads), D, 0, stream>>>(a);
   return cudaGetLastError();
 }
 
@@ -1028,8 +1030,7 @@ cudaError_t LaunchSplitAttention(const int32_t* row_ids, int32_t num_rows, const
                                  cudaStream_t stream) {
   if (num_rows == 0) return cudaSuccess;
   if (shape.num_heads / shape.num_kv_heads > kMaxGroup) return cudaErrorInvalidValue;
-  SplitArgs a{row_ids, rows, seqs, shape, layer, q, q_stride, layout, pool, plan.chunk,
-              CanStage(shape.head_dim) ? plan.k_load : KLoad::kPerThread, ws,
+  SplitArgs a{row_ids, rows, seqs, shape, layer, q, q_stride, layout, pool, plan.chunk, ws,
               theta ? *theta : ThetaArgs{}, theta != nullptr, o};
   // Group sizes are compile-time for the common head sizes (registers: the accumulators are
   // [group][8]); 16 and 32 (test models) take the generic kernels.

@@ -2,6 +2,7 @@
 // (flash-decoding splits) and tiled prefill, and Top-θ with every placement, SDC mode and VMC,
 // over a sparse V store with dropped rows; outputs, hit marks and counters.
 #include <algorithm>
+#include <cstdlib>
 #include <numeric>
 #include <random>
 #include <vector>
@@ -246,6 +247,7 @@ class AttentionCase {
   }
 
   const AttentionStats& cpu_stats() const { return cpu_stats_; }
+  int32_t chunk() const { return chunk_; }
   // Σ of the CPU side's retained mass over every sequence and row.
   double total_mass() const {
     double sum = 0;
@@ -338,6 +340,35 @@ TEST_P(GpuAttentionTest, DenseDecodeOfLongRows) {
   for (const Shape s : {Shape{}, Shape{2, 1, 8, 2, 128, 16}}) {
     AttentionCase c(s, {{17000, 1}, {9000, 1}, {3000, 1}}, seed, GetParam());
     c.RunAndExpectSame(TopThetaConfig{}, false);
+  }
+}
+
+// The largest chunks the plan allows for big heads and groups (d 128 at groups 4 and 8, d 64 at
+// group 8): with staged K, pass 1's shared memory then comes near the 48 KB a launch may take
+// without the opt-in, its static arrays included; on a GPU a plan past it fails to launch.
+TEST_P(GpuAttentionTest, LargestChunksForBigHeadsAndGroups) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  const uint64_t seed = testing::TestSeed();
+  SCOPED_TRACE("THETASERVE_SEED=" + std::to_string(seed));
+  struct ChunkEnv {  // asks for 1024-key chunks; the plan caps them
+    ChunkEnv() { setenv("THETASERVE_ATTN_CHUNK", "1024", 1); }
+    ~ChunkEnv() { unsetenv("THETASERVE_ATTN_CHUNK"); }
+  } env;
+  for (const Shape s : {Shape{2, 1, 8, 2, 128, 16}, Shape{2, 1, 8, 1, 128, 16}, Shape{2, 1, 8, 1, 64, 16}}) {
+    SCOPED_TRACE(::testing::Message() << "d " << s.head_dim << " group " << s.num_heads / s.num_kv_heads);
+    const model::ThetaTable table = MakeTable(s, model::ThetaPlacement::kPostSoftmax, 16);
+    TopThetaConfig theta;
+    theta.table = &table;
+    for (const TopThetaConfig& cfg : {TopThetaConfig{}, theta}) {
+      AttentionCase c(s, {{2500, 1}, {1100, 1}}, seed, GetParam());
+      c.RunAndExpectSame(cfg, cfg.table != nullptr);
+      // Per thread every shape here fits 1024-key chunks; staged, none does.
+      if (GetParam() == KLoad::kPerThread) {
+        EXPECT_EQ(c.chunk(), 1024);
+      } else {
+        EXPECT_LT(c.chunk(), 1024);
+      }
+    }
   }
 }
 

@@ -1,8 +1,9 @@
 // CUDA emulator (tests only): cp.async through cuda_pipeline.h's primitives. A copy reads its
 // source when it is issued, fills its destination with NaN bytes at once and lands its data
-// only at the __pipeline_wait_prior that covers its group (or when the thread exits). So a
-// read of a tile before the wait, or a copy issued into a buffer that other threads still
-// read, sees NaN bytes instead of passing by the luck of the schedule.
+// only at the __pipeline_wait_prior that covers its group; a thread that exits with copies
+// never waited for stops the test. So a read of a tile before the wait, or a copy issued into
+// a buffer that other threads still read, sees NaN bytes instead of passing by the luck of the
+// schedule.
 #pragma once
 
 #include <cstddef>
