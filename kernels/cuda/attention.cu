@@ -137,15 +137,15 @@ __device__ void ScoresPerThread(const SplitArgs& a, const DevSeq& seq, int64_t l
 // Staged K and V (KLoad::kStaged): the chunk's K rows, then (dense) its V rows, pass through
 // shared memory in tiles of kStageKeys rows, copied with cp.async: 16 bytes a copy,
 // consecutive threads on consecutive bytes of a page (coalesced), no registers held while the
-// copies are in flight, and StageCount tiles in flight per block; the first V tiles load
-// while the block forms the softmax. Two threads score a key, each over half the row, and
+// copies are in flight, through a ring of StageCount tiles (the others load while one is
+// read); the first V tiles load while the block forms the softmax. Two threads score a key, each over half the row, and
 // add their halves with one shuffle per head. A row's 16-byte pieces are stored at
 // piece ^ (row & 7), so the eight threads of a quarter-warp write and read eight different
 // bank groups.
 constexpr int kStageKeys = kThreads / 2;
 __host__ __device__ constexpr bool CanStage(int d) { return d == 64 || d == 128; }
 __host__ __device__ constexpr int StageCount(int d) {
-  return d <= 64 ? 3 : 2;  // 24 KB (d 64) or 32 KB (d 128) of K in flight per block
+  return d <= 64 ? 3 : 2;  // rings of 24 KB (d 64) and 32 KB (d 128): 16 KB loading
 }
 __host__ __device__ constexpr size_t StageBytes(int d) {
   return size_t(StageCount(d)) * kStageKeys * d * sizeof(uint16_t);
