@@ -185,6 +185,14 @@ __device__ __forceinline__ void IssueTile(const SplitArgs& a, const DevSeq& seq,
   __pipeline_commit();
 }
 
+// Starts the ring: tiles 0 .. StageCount − 2.
+template <int D, bool kV>
+__device__ __forceinline__ void StartRing(const SplitArgs& a, const DevSeq& seq, int64_t lh,
+                                          int32_t j0, int32_t n, uint4* stage) {
+#pragma unroll
+  for (int p = 0; p < StageCount(D) - 1; ++p) IssueTile<D, kV>(a, seq, lh, j0, n, p, stage);
+}
+
 // Waits for tile t of the ring (this thread's copies, then everyone's, at the barrier, which
 // also means tile t - 1 is read by no one), then starts tile t + StageCount − 1 into its slot.
 template <int D, bool kV>
@@ -203,10 +211,9 @@ template <int D, int GT>
 __device__ void ScoresStaged(const SplitArgs& a, const DevSeq& seq, int64_t lh, int32_t j0,
                              int32_t n, int32_t G, const float* qs, float* sc, uint4* stage) {
   constexpr int kG = GT > 0 ? GT : kMaxGroup;
-  constexpr int kPieces = D / 8, kHalf = D / 16, kS = StageCount(D);
+  constexpr int kPieces = D / 8, kHalf = D / 16;
   const int32_t tiles = (n + kStageKeys - 1) / kStageKeys;
-#pragma unroll
-  for (int p = 0; p < kS - 1; ++p) IssueTile<D, false>(a, seq, lh, j0, n, p, stage);
+  StartRing<D, false>(a, seq, lh, j0, n, stage);
   const int kl = threadIdx.x >> 1, half = threadIdx.x & 1;
   for (int32_t t = 0; t < tiles; ++t) {
     const uint4* row = NextTile<D, false>(a, seq, lh, j0, n, t, stage) + kl * kPieces;
@@ -218,14 +225,8 @@ __device__ void ScoresStaged(const SplitArgs& a, const DevSeq& seq, int64_t lh, 
 #pragma unroll
       for (int s = 0; s < kHalf; ++s) {
         const int c = StagedPiece<D>(half, s);
-        const uint4 raw = row[c ^ (kl & 7)];
-        const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
         float kf[8];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          kf[2 * i] = __uint_as_float(w[i] << 16);
-          kf[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
-        }
+        Bf16x8ToF32(row[c ^ (kl & 7)], kf);
 #pragma unroll
         for (int h = 0; h < kG; ++h) {
           if (h < G) {
@@ -296,10 +297,7 @@ __global__ void __launch_bounds__(kThreads, (GT > 0 && GT <= 4) ? (kStaged ? 6 :
     uint4* stage = reinterpret_cast<uint4*>(smem + StageOffsetFloats(D, G, a.chunk));
     ScoresStaged<D, GT>(a, seq, lh, j0, n, G, qs, sc, stage);
     __syncthreads();  // every K tile read: the ring takes V (dense), loading during the softmax
-    if (!a.top_theta) {
-#pragma unroll
-      for (int p = 0; p < StageCount(D) - 1; ++p) IssueTile<D, true>(a, seq, lh, j0, n, p, stage);
-    }
+    if (!a.top_theta) StartRing<D, true>(a, seq, lh, j0, n, stage);
   } else {
     ScoresPerThread<D, GT>(a, seq, lh, j0, n, G, qs, sc);
     __syncthreads();
@@ -346,14 +344,8 @@ __global__ void __launch_bounds__(kThreads, (GT > 0 && GT <= 4) ? (kStaged ? 6 :
       for (int kl = rg; kl < kStageKeys; kl += kRowGroups) {
         const int32_t jl = tv * kStageKeys + kl;
         if (jl < n) {
-          const uint4 raw = tile[kl * (D / 8) + (lane8 ^ (kl & 7))];
-          const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
           float vf[8];
-#pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            vf[2 * i] = __uint_as_float(w[i] << 16);
-            vf[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
-          }
+          Bf16x8ToF32(tile[kl * (D / 8) + (lane8 ^ (kl & 7))], vf);
 #pragma unroll
           for (int h = 0; h < kG; ++h) {
             if (h < G) {

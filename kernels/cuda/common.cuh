@@ -16,15 +16,18 @@ __device__ __forceinline__ uint16_t F32ToBf16(float f) {
   return __bfloat16_as_ushort(__float2bfloat16_rn(f));
 }
 
-// Eight bf16 values (one 16-byte load) as floats.
-__device__ __forceinline__ void LoadBf16x8(const uint16_t* p, float out[8]) {
-  const uint4 raw = *reinterpret_cast<const uint4*>(p);
+// Eight bf16 values (16 bytes, e.g. from shared memory) as floats.
+__device__ __forceinline__ void Bf16x8ToF32(const uint4& raw, float out[8]) {
   const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     out[2 * i] = __uint_as_float(w[i] << 16);
     out[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
   }
+}
+// Eight bf16 values (one 16-byte load) as floats.
+__device__ __forceinline__ void LoadBf16x8(const uint16_t* p, float out[8]) {
+  Bf16x8ToF32(*reinterpret_cast<const uint4*>(p), out);
 }
 
 __device__ __forceinline__ float WarpSum(float v) {
