@@ -58,6 +58,15 @@ uint64_t ExchangeInWarp(uint64_t bits, int src_lane);  // every lane of the warp
 void* DynamicShared();
 int LaneId();
 
+// The order a block's threads start in, and take turns in after each wait (emu.cc,
+// SwitchToNextReady): index order, reverse index order, or (the default) every other block
+// reversed, counted across launches, so a missing barrier shows whichever thread of the pair
+// a GPU happens to run first. The environment variable THETASERVE_EMU_ORDER
+// (forward|reverse|alternate) sets the default; this call overrides it and restarts the count.
+enum class ScheduleOrder { kForward, kReverse, kAlternate };
+void SetScheduleOrder(ScheduleOrder order);
+ScheduleOrder GetScheduleOrder();
+
 cudaError_t RunKernel(dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
                       std::function<void()> body);
 

@@ -97,6 +97,7 @@ struct Block {
   std::vector<Fiber> fibers;
   void* sched_sp = nullptr;
   int current = 0;
+  int step = 1;  // +1: threads start in index order; -1: in reverse (ScheduleOrder)
   int live = 0;
   int block_arrived = 0;
   std::vector<int> warp_arrived, warp_live;
@@ -136,7 +137,8 @@ Fiber& Current() { return g_block->fibers[g_block->current]; }
 // lane of the running warp goes first, so a warp runs as far ahead of the others as it can
 // before the next block barrier: a warp that reads what another writes (or overwrites what
 // another still reads) without a barrier between them shows, as it can on a GPU, where
-// warps drift apart.
+// warps drift apart. "Next" is the next higher thread index, or, in a block run in reverse
+// order (b.step = -1), the next lower one.
 void SwitchToNextReady(void** save_sp) {
   Block& b = *g_block;
   const int n = int(b.fibers.size());
@@ -147,11 +149,11 @@ void SwitchToNextReady(void** save_sp) {
     EmuSwitchContext(save_sp, b.fibers[i].sp);
   };
   for (int k = 1; k <= wn; ++k) {
-    const int i = w0 + (b.current - w0 + k) % wn;
+    const int i = w0 + ((b.current - w0 + b.step * k) % wn + wn) % wn;
     if (b.fibers[i].state == FiberState::kReady) return run(i);
   }
   for (int k = 1; k <= n; ++k) {
-    const int i = (b.current + k) % n;
+    const int i = ((b.current + b.step * k) % n + n) % n;
     if (b.fibers[i].state == FiberState::kReady) return run(i);
   }
   EmuSwitchContext(save_sp, b.sched_sp);
@@ -230,7 +232,7 @@ const char* WaitSummary(const Block& b, char* buf, size_t n) {
   return buf;
 }
 
-void RunBlock(Block& b, dim3 block) {
+void RunBlock(Block& b, dim3 block, bool reverse) {
   const int n = int(block.x * block.y * block.z);
   const int warps = (n + 31) / 32;
   b.fibers.assign(n, Fiber{});
@@ -249,18 +251,35 @@ void RunBlock(Block& b, dim3 block) {
     f.sp = PrepareStack(StackTop(i));
   }
   // The fibers pass control among themselves and come back here only when none is ready.
-  b.current = 0;
-  threadIdx = b.fibers[0].tid;
-  EmuSwitchContext(&b.sched_sp, b.fibers[0].sp);
+  b.step = reverse ? -1 : 1;
+  b.current = reverse ? n - 1 : 0;
+  threadIdx = b.fibers[b.current].tid;
+  EmuSwitchContext(&b.sched_sp, b.fibers[b.current].sp);
   if (b.live > 0) {
     char buf[160];
     std::fprintf(stderr,
                  "emu: deadlock in block (%u, %u, %u): %s. A barrier or warp exchange is not "
-                 "reached by every live thread.\n",
-                 blockIdx.x, blockIdx.y, blockIdx.z, WaitSummary(b, buf, sizeof buf));
+                 "reached by every live thread (threads started in %s order).\n",
+                 blockIdx.x, blockIdx.y, blockIdx.z, WaitSummary(b, buf, sizeof buf),
+                 reverse ? "reverse" : "index");
     std::abort();
   }
 }
+
+// The order of the blocks' threads (ScheduleOrder): THETASERVE_EMU_ORDER=forward|reverse
+// pins it, else every other block runs in reverse, counted across launches.
+ScheduleOrder InitialOrder() {
+  const char* v = std::getenv("THETASERVE_EMU_ORDER");
+  if (v && std::strcmp(v, "forward") == 0) return ScheduleOrder::kForward;
+  if (v && std::strcmp(v, "reverse") == 0) return ScheduleOrder::kReverse;
+  if (v && *v && std::strcmp(v, "alternate") != 0) {
+    std::fprintf(stderr, "emu: THETASERVE_EMU_ORDER=%s: expected forward, reverse or alternate\n", v);
+    std::abort();
+  }
+  return ScheduleOrder::kAlternate;
+}
+ScheduleOrder g_order = InitialOrder();
+uint64_t g_blocks_run = 0;  // under g_launch_mutex
 
 cudaError_t Execute(dim3 grid, dim3 block, size_t smem, const std::function<void()>& body) {
   std::lock_guard<std::mutex> lock(g_launch_mutex);
@@ -275,7 +294,10 @@ cudaError_t Execute(dim3 grid, dim3 block, size_t smem, const std::function<void
     for (unsigned y = 0; y < grid.y; ++y) {
       for (unsigned x = 0; x < grid.x; ++x) {
         blockIdx = uint3{x, y, z};
-        RunBlock(b, block);
+        const bool reverse = g_order == ScheduleOrder::kReverse ||
+                             (g_order == ScheduleOrder::kAlternate && g_blocks_run % 2 == 1);
+        ++g_blocks_run;
+        RunBlock(b, block, reverse);
       }
     }
   }
@@ -373,6 +395,17 @@ void __pipeline_wait_prior(size_t prior) {
 }
 
 namespace emu {
+
+void SetScheduleOrder(ScheduleOrder order) {
+  std::lock_guard<std::mutex> lock(g_launch_mutex);
+  g_order = order;
+  g_blocks_run = 0;
+}
+
+ScheduleOrder GetScheduleOrder() {
+  std::lock_guard<std::mutex> lock(g_launch_mutex);
+  return g_order;
+}
 
 void EnqueueOnStream(cudaStream_t stream, std::function<void()> op) {
   CUstream_st& s = StreamOf(stream);
