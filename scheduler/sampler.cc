@@ -21,7 +21,126 @@ double LogSumExp(std::span<const float> x) {
   return m + std::log(s);
 }
 
+// Vocabulary-sized scratch, one per thread: a step samples its rows on several threads, and a
+// request should not hold megabytes between its tokens.
+struct Scratch {
+  std::vector<std::pair<float, int32_t>> candidates;
+  std::vector<std::pair<int32_t, double>> kept;  // TruncateDistribution's
+  std::vector<float> raw;                        // logits before penalties (log-probabilities)
+  std::vector<int32_t> counts;                   // output token counts
+  std::vector<uint8_t> seen;                     // tokens already penalized
+};
+Scratch& ThreadScratch() {
+  thread_local Scratch scratch;
+  return scratch;
+}
+
 }  // namespace
+
+void TruncateDistribution(std::span<const float> scaled, const SamplingParams& params,
+                          std::vector<std::pair<float, int32_t>>& c,
+                          std::vector<std::pair<int32_t, double>>& kept) {
+  kept.clear();
+  const int64_t vocab = static_cast<int64_t>(scaled.size());
+  if (vocab == 0) return;
+  // min-p keeps weights >= min_p (the most likely token weighs 1); a weight of 0 (a logit of
+  // -inf, or one that far below the max) is never chosen.
+  const double floor = params.min_p;
+  auto passes = [&](double w) { return w > 0 && w >= floor; };
+  const bool top_k = params.top_k > 0 && params.top_k < vocab;
+  const bool top_p = params.top_p < 1.0f;
+  auto by_logit = [](const auto& a, const auto& b) { return a.first > b.first; };
+
+  // The candidates: the top-k survivors in c[0, n), or the whole vocabulary (not copied).
+  int64_t n = vocab;
+  float m;
+  if (top_k) {
+    c.resize(vocab);
+    for (int64_t i = 0; i < vocab; ++i) c[i] = {scaled[i], int32_t(i)};
+    std::nth_element(c.begin(), c.begin() + params.top_k, c.end(), by_logit);
+    n = params.top_k;
+    m = std::min_element(c.begin(), c.begin() + n, by_logit)->first;  // by_logit: most likely first
+  } else {
+    m = *std::max_element(scaled.begin(), scaled.end());
+  }
+  if (!top_p) {  // no order needed
+    for (int64_t k = 0; k < n; ++k) {
+      const auto [x, id] = top_k ? c[k] : std::pair<float, int32_t>{scaled[k], int32_t(k)};
+      if (const double w = std::exp(double(x - m)); passes(w)) kept.push_back({id, w});
+    }
+    return;
+  }
+
+  // top-p: the shortest most-likely-first prefix whose mass reaches top_p of the candidates'
+  // total z, ended early by min-p. No token of weight below (1 − top_p)·z / (4n) is in it
+  // (all of those together weigh less than (1 − top_p)·z), so only the others are sorted.
+  double z = 0;
+  if (top_k) {
+    for (int64_t k = 0; k < n; ++k) z += std::exp(double(c[k].first - m));
+  } else {
+    for (float x : scaled) z += std::exp(double(x - m));
+  }
+  const double target = double(params.top_p) * z;
+  const double small = (1.0 - double(params.top_p)) / (4.0 * double(n));
+  const double cut = small * z > 0 ? double(m) + std::log(small * z) : -HUGE_VAL;
+  if (top_k) {
+    n = std::partition(c.begin(), c.begin() + n, [&](const auto& e) { return double(e.first) >= cut; }) -
+        c.begin();
+  } else {
+    c.clear();
+    for (int64_t i = 0; i < vocab; ++i) {
+      if (double(scaled[i]) >= cut) c.push_back({scaled[i], int32_t(i)});
+    }
+    n = static_cast<int64_t>(c.size());
+  }
+  // c[0, sorted) is sorted; each round sorts a head 8× longer.
+  double cum = 0;
+  int64_t sorted = 0, k = 0;
+  for (int64_t want = std::min<int64_t>(n, 64);; want = std::min(n, want * 8)) {
+    if (want < n) std::nth_element(c.begin() + sorted, c.begin() + want, c.begin() + n, by_logit);
+    std::sort(c.begin() + sorted, c.begin() + want, by_logit);
+    sorted = want;
+    for (; k < sorted; ++k) {
+      const double w = std::exp(double(c[k].first - m));
+      if (!passes(w)) return;
+      kept.push_back({c[k].second, w});
+      cum += w;
+      if (cum >= target) return;
+    }
+    if (sorted == n) return;
+  }
+}
+
+void TruncateDistributionBySorting(std::span<const float> scaled, const SamplingParams& params,
+                                   std::vector<std::pair<int32_t, double>>& kept) {
+  kept.clear();
+  if (scaled.empty()) return;
+  std::vector<std::pair<float, int32_t>> c;
+  c.reserve(scaled.size());
+  for (size_t i = 0; i < scaled.size(); ++i) c.push_back({scaled[i], int32_t(i)});
+  std::sort(c.begin(), c.end(), [](auto& a, auto& b) { return a.first > b.first; });
+  const size_t n = params.top_k > 0 ? std::min<size_t>(params.top_k, c.size()) : c.size();
+  std::vector<double> w(n);
+  double sum = 0;
+  for (size_t i = 0; i < n; ++i) sum += w[i] = std::exp(double(c[i].first - c[0].first));
+  size_t keep = n;
+  if (params.min_p > 0) {
+    keep = 1;
+    while (keep < n && w[keep] / sum >= params.min_p * w[0] / sum) ++keep;
+  }
+  if (params.top_p < 1) {
+    double cum = 0;
+    size_t k = 0;
+    while (k < keep) {
+      cum += w[k++] / sum;
+      if (cum >= params.top_p) break;
+    }
+    keep = std::max<size_t>(1, k);
+  }
+  for (size_t i = 0; i < keep; ++i) {
+    if (w[i] > 0) kept.push_back({c[i].second, w[i]});
+  }
+}
 
 Sampler::Sampler(const SamplingParams& params) : params_(params), rng_(SeedFor(params)) {}
 
@@ -29,22 +148,22 @@ SampleResult Sampler::Sample(std::span<float> logits, std::span<const int32_t> p
                              std::span<const int32_t> output) {
   const int64_t vocab = static_cast<int64_t>(logits.size());
   SampleResult result;
+  Scratch& sc = ThreadScratch();
 
   // Log-probabilities are reported for the model's own distribution, before penalties and
   // temperature (as vLLM does by default).
   double raw_lse = 0.0;
-  std::vector<float> raw_for_logprob;
   if (params_.logprobs > 0) {
     raw_lse = LogSumExp(logits);
-    raw_for_logprob.assign(logits.begin(), logits.end());
+    sc.raw.assign(logits.begin(), logits.end());
     const double lse = raw_lse;
     const int64_t n = std::min<int64_t>(params_.logprobs, vocab);
-    candidates_.clear();
-    for (int64_t i = 0; i < vocab; ++i) candidates_.push_back({logits[i], int32_t(i)});
-    std::partial_sort(candidates_.begin(), candidates_.begin() + n, candidates_.end(),
+    sc.candidates.clear();
+    for (int64_t i = 0; i < vocab; ++i) sc.candidates.push_back({logits[i], int32_t(i)});
+    std::partial_sort(sc.candidates.begin(), sc.candidates.begin() + n, sc.candidates.end(),
                       [](auto& a, auto& b) { return a.first > b.first; });
     for (int64_t i = 0; i < n; ++i) {
-      result.top.push_back({candidates_[i].second, float(candidates_[i].first - lse)});
+      result.top.push_back({sc.candidates[i].second, float(sc.candidates[i].first - lse)});
     }
   }
 
@@ -55,16 +174,22 @@ SampleResult Sampler::Sample(std::span<float> logits, std::span<const int32_t> p
       float& l = logits[t];
       l = l > 0 ? l / params_.repetition_penalty : l * params_.repetition_penalty;
     };
-    std::vector<uint8_t> seen(vocab, 0);
+    // `seen` and `counts` are all zero between calls: each use clears what it set.
+    std::vector<uint8_t>& seen = sc.seen;
+    if (int64_t(seen.size()) != vocab) seen.assign(vocab, 0);
     for (int32_t t : prompt) if (t >= 0 && t < vocab && !seen[t]) { seen[t] = 1; penalize(t); }
     for (int32_t t : output) if (t >= 0 && t < vocab && !seen[t]) { seen[t] = 1; penalize(t); }
+    for (int32_t t : prompt) if (t >= 0 && t < vocab) seen[t] = 0;
+    for (int32_t t : output) if (t >= 0 && t < vocab) seen[t] = 0;
   }
   if (params_.presence_penalty != 0.0f || params_.frequency_penalty != 0.0f) {
-    counts_.assign(vocab, 0);
-    for (int32_t t : output) if (t >= 0 && t < vocab) ++counts_[t];
-    for (int64_t t = 0; t < vocab; ++t) {
-      if (counts_[t] > 0) {
-        logits[t] -= params_.presence_penalty + params_.frequency_penalty * counts_[t];
+    std::vector<int32_t>& counts = sc.counts;
+    if (int64_t(counts.size()) != vocab) counts.assign(vocab, 0);
+    for (int32_t t : output) if (t >= 0 && t < vocab) ++counts[t];
+    for (int32_t t : output) {
+      if (t >= 0 && t < vocab && counts[t] > 0) {  // once per distinct token
+        logits[t] -= params_.presence_penalty + params_.frequency_penalty * counts[t];
+        counts[t] = 0;
       }
     }
   }
@@ -73,54 +198,24 @@ SampleResult Sampler::Sample(std::span<float> logits, std::span<const int32_t> p
   if (params_.temperature <= 0.0f) {
     chosen = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
   } else {
-    candidates_.clear();
-    candidates_.reserve(vocab);
-    for (int64_t i = 0; i < vocab; ++i) {
-      candidates_.push_back({logits[i] / params_.temperature, int32_t(i)});
-    }
-    auto by_logit = [](const auto& a, const auto& b) { return a.first > b.first; };
-    size_t n = candidates_.size();
-    if (params_.top_k > 0 && size_t(params_.top_k) < n) {
-      std::nth_element(candidates_.begin(), candidates_.begin() + params_.top_k,
-                       candidates_.end(), by_logit);
-      n = params_.top_k;
-      candidates_.resize(n);
-    }
-    std::sort(candidates_.begin(), candidates_.end(), by_logit);
-    // Softmax over the survivors (sorted, most likely first).
-    const float m = candidates_[0].first;
-    std::vector<double> p(n);
-    double sum = 0;
-    for (size_t i = 0; i < n; ++i) sum += p[i] = std::exp(double(candidates_[i].first - m));
-    for (double& v : p) v /= sum;
-    size_t keep = n;
-    if (params_.min_p > 0.0f) {
-      const double floor = params_.min_p * p[0];
-      keep = 1;
-      while (keep < n && p[keep] >= floor) ++keep;
-    }
-    if (params_.top_p < 1.0f) {
-      double cum = 0;
-      size_t k = 0;
-      while (k < keep) {
-        cum += p[k++];
-        if (cum >= params_.top_p) break;
-      }
-      keep = std::max<size_t>(1, k);
+    for (float& l : logits) l /= params_.temperature;
+    TruncateDistribution(logits, params_, sc.candidates, sc.kept);
+    if (sc.kept.empty()) {  // no finite logit (a broken row): the argmax, as greedy would pick
+      sc.kept.push_back({int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin()), 1.0});
     }
     double total = 0;
-    for (size_t i = 0; i < keep; ++i) total += p[i];
+    for (const auto& [id, w] : sc.kept) total += w;
     std::uniform_real_distribution<double> uni(0.0, total);
     double r = uni(rng_);
     size_t i = 0;
-    for (; i + 1 < keep; ++i) {
-      r -= p[i];
+    for (; i + 1 < sc.kept.size(); ++i) {
+      r -= sc.kept[i].second;
       if (r < 0) break;
     }
-    chosen = candidates_[i].second;
+    chosen = sc.kept[i].first;
   }
   result.token = chosen;
-  if (params_.logprobs > 0) result.logprob = float(raw_for_logprob[chosen] - raw_lse);
+  if (params_.logprobs > 0) result.logprob = float(sc.raw[chosen] - raw_lse);
   return result;
 }
 

@@ -29,6 +29,22 @@ struct SampleResult {
   std::vector<std::pair<int32_t, float>> top;   // top-n (id, logprob), most likely first
 };
 
+// What a sampling step may choose from: top-k, then min-p, then top-p over `scaled` (logits
+// after penalties and temperature). Fills `kept` with (token, weight) pairs, weight e^(x − max),
+// in the order sampling walks them: most likely first when top-p cut the list (it needs that
+// order), else in no particular order. Probabilities are normalized over the top-k survivors
+// (the whole vocabulary without top-k), as the min-p and top-p cuts are. Sorts only as much
+// as top-p needs: the prefix it keeps, found by selecting ever larger heads of the list, not
+// the whole vocabulary. `scratch` is reused between calls.
+void TruncateDistribution(std::span<const float> scaled, const SamplingParams& params,
+                          std::vector<std::pair<float, int32_t>>& scratch,
+                          std::vector<std::pair<int32_t, double>>& kept);
+
+// The same cut made the obvious way, by sorting the whole vocabulary (most likely first): the
+// reference TruncateDistribution is tested and benchmarked against (bench/sampler_bench.cc).
+void TruncateDistributionBySorting(std::span<const float> scaled, const SamplingParams& params,
+                                   std::vector<std::pair<int32_t, double>>& kept);
+
 // One sampler per request: it owns the request's random generator.
 class Sampler {
  public:
@@ -44,8 +60,7 @@ class Sampler {
  private:
   SamplingParams params_;
   std::mt19937_64 rng_;
-  std::vector<int32_t> counts_;            // output token counts, sized to the vocabulary
-  std::vector<std::pair<float, int32_t>> candidates_;
+  // Vocabulary-sized buffers are per thread (sampler.cc), not per request.
 };
 
 }  // namespace thetaserve::scheduler

@@ -1,7 +1,10 @@
 #include "scheduler/sampler.h"
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 #include <map>
+#include <random>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -99,6 +102,32 @@ TEST(SamplerTest, PenaltiesPushRepeatedTokensDown) {
   EXPECT_EQ(s2.Sample(l, {}, out).token, 5);
 }
 
+// The penalties' per-thread buffers start clean for every call (they are reused, not
+// reallocated): the same history gives the same result each time.
+TEST(SamplerTest, PenaltiesDependOnlyOnThisCallsHistory) {
+  SamplingParams p;
+  p.temperature = 0;
+  p.repetition_penalty = 2.0f;
+  Sampler s(p);
+  std::vector<int32_t> prompt = {1};
+  for (int i = 0; i < 3; ++i) {
+    auto l = Logits();
+    EXPECT_EQ(s.Sample(l, prompt, {}).token, 5) << i;
+  }
+  auto l = Logits();
+  EXPECT_EQ(s.Sample(l, {}, {}).token, 1);
+
+  SamplingParams q;
+  q.temperature = 0;
+  q.frequency_penalty = 0.04f;  // twice: 3.0 - 0.08 = 2.92 > 2.9; counted twice over: 2.84
+  Sampler s2(q);
+  std::vector<int32_t> out = {1, 1};
+  for (int i = 0; i < 3; ++i) {
+    l = Logits();
+    EXPECT_EQ(s2.Sample(l, {}, out).token, 1) << i;
+  }
+}
+
 TEST(SamplerTest, LogprobsAreOfTheModelDistribution) {
   SamplingParams p;
   p.temperature = 0;
@@ -113,6 +142,59 @@ TEST(SamplerTest, LogprobsAreOfTheModelDistribution) {
   EXPECT_EQ(r.top[0].first, 1);
   EXPECT_EQ(r.top[1].first, 5);
   EXPECT_NEAR(r.top[1].second, 2.9 - std::log(z), 1e-5);
+}
+
+// TruncateDistribution sorts only the head top-p keeps; it must keep exactly the tokens, with
+// exactly the weights, that sorting the whole vocabulary keeps.
+TEST(SamplerTest, TruncationKeepsWhatSortingEverythingKeeps) {
+  std::mt19937 rng(5);
+  std::vector<std::pair<float, int32_t>> scratch;
+  std::vector<std::pair<int32_t, double>> kept;
+  int cases = 0, grew = 0;
+  for (int vocab : {6, 100, 5000, 49152}) {
+    // sigma 0.3: a flat row whose top-p nucleus is most of the vocabulary (the head grows
+    // to the whole list); 4: a peaked one.
+    for (float sigma : {0.3f, 4.0f}) {
+      std::normal_distribution<float> normal(0.0f, sigma);
+      std::vector<float> x(vocab);
+      for (float& v : x) v = normal(rng);
+      for (int top_k : {0, 1, 40, 3000}) {
+        for (float top_p : {1.0f, 0.95f, 0.5f, 1e-6f}) {
+          for (float min_p : {0.0f, 0.02f, 0.9f}) {
+            SamplingParams p;
+            p.top_k = top_k;
+            p.top_p = top_p;
+            p.min_p = min_p;
+            SCOPED_TRACE(testing::Message() << "vocab " << vocab << " sigma " << sigma << " top_k "
+                                            << top_k << " top_p " << top_p << " min_p " << min_p);
+            TruncateDistribution(x, p, scratch, kept);
+            std::map<int32_t, double> got, want;
+            for (const auto& [id, w] : kept) got[id] = w;
+            std::vector<std::pair<int32_t, double>> by_sorting;
+            TruncateDistributionBySorting(x, p, by_sorting);
+            for (const auto& [id, w] : by_sorting) want[id] = w;
+            ASSERT_EQ(got.size(), kept.size()) << "a token kept twice";
+            ASSERT_EQ(got, want);
+            if (top_p < 1) {  // walked most likely first
+              for (size_t i = 1; i < kept.size(); ++i) ASSERT_GE(kept[i - 1].second, kept[i].second);
+            }
+            ++cases;
+            grew += top_p < 1 && kept.size() > 64;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_EQ(cases, 4 * 2 * 4 * 4 * 3);
+  EXPECT_GT(grew, 0);  // some nuclei needed more than the first head
+}
+
+TEST(SamplerTest, NoFiniteLogitFallsBackToTheArgmax) {
+  SamplingParams p;
+  p.seed = 2;
+  Sampler s(p);
+  std::vector<float> l(8, -std::numeric_limits<float>::infinity());
+  EXPECT_GE(s.Sample(l, {}, {}).token, 0);
 }
 
 }  // namespace

@@ -1,0 +1,134 @@
+// Host-side sampling cost on this machine, measured in one run:
+//  1. the cut to what a step may choose from (top-k, min-p, top-p) per row: the reference that
+//     sorts the whole vocabulary (TruncateDistributionBySorting) against TruncateDistribution,
+//     which sorts only the head top-p keeps; ratio = reference ÷ ours;
+//  2. Sampler::Sample for a batch of rows on the engine thread alone and on a pool of sampling
+//     threads (EngineConfig::sampling_threads), as a step samples them.
+// Two kinds of rows: "peaked" (a few dozen likely tokens over a N(0, 2.5) background, like a
+// language model's) and "flat" (N(0, 1): top-p keeps most of the vocabulary, the worst case).
+//
+//   build/thetaserve_sampler_bench [--vocab 49152] [--batch 64] [--threads 0 (all cores)]
+//       [--repeats 15]
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "bench/bench_util.h"
+#include "kernels/cpu/thread_pool.h"
+#include "scheduler/sampler.h"
+
+namespace ts = thetaserve;
+using ts::scheduler::SamplingParams;
+
+namespace {
+
+std::vector<float> Row(bool peaked, int vocab, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, peaked ? 2.5f : 1.0f);
+  std::vector<float> x(vocab);
+  for (float& v : x) v = normal(rng);
+  if (peaked) {
+    for (int i = 0; i < 40; ++i) x[rng() % vocab] += 6.0f + 0.15f * i;
+  }
+  return x;
+}
+
+// Milliseconds per call of f, over `iters` calls.
+template <typename F>
+double TimeMs(F&& f, int iters) {
+  const double t0 = ts::bench::Now();
+  for (int i = 0; i < iters; ++i) f();
+  return (ts::bench::Now() - t0) * 1e3 / iters;
+}
+
+struct Case {
+  const char* name;
+  SamplingParams p;
+};
+
+std::vector<Case> Cases() {
+  std::vector<Case> cs;
+  auto add = [&](const char* name, float t, float top_p, int top_k, float min_p) {
+    SamplingParams p;
+    p.temperature = t;
+    p.top_p = top_p;
+    p.top_k = top_k;
+    p.min_p = min_p;
+    p.seed = 1;
+    cs.push_back({name, p});
+  };
+  add("T 1", 1.0f, 1.0f, 0, 0.0f);
+  add("T 0.7, top-p 0.9", 0.7f, 0.9f, 0, 0.0f);
+  add("T 0.7, top-p 0.95, min-p 0.05", 0.7f, 0.95f, 0, 0.05f);
+  add("T 0.7, top-k 50", 0.7f, 1.0f, 50, 0.0f);
+  return cs;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int vocab = 49152, batch = 64, threads = 0, repeats = 15;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string k = argv[i], v = argv[i + 1];
+    if (k == "--vocab") vocab = std::stoi(v);
+    else if (k == "--batch") batch = std::stoi(v);
+    else if (k == "--threads") threads = std::stoi(v);
+    else if (k == "--repeats") repeats = std::stoi(v);
+    else {
+      std::fprintf(stderr, "unknown flag %s\n", k.c_str());
+      return 2;
+    }
+  }
+  if (threads <= 0) threads = int(std::thread::hardware_concurrency());
+  std::printf("# sampling on the host: vocabulary %d, medians of %d runs, %u hardware threads\n", vocab,
+              repeats, std::thread::hardware_concurrency());
+
+  std::printf("\n## the cut per row (top-k, min-p, top-p), µs\n");
+  std::printf("%-7s %-32s %-11s %-11s %-7s %-7s\n", "rows", "params", "sort all", "ours", "ratio", "kept");
+  for (bool peaked : {true, false}) {
+    const std::vector<float> row = Row(peaked, vocab, 3);
+    for (const Case& c : Cases()) {
+      std::vector<float> scaled(row);
+      for (float& v : scaled) v /= c.p.temperature;
+      std::vector<std::pair<float, int32_t>> scratch;
+      std::vector<std::pair<int32_t, double>> kept;
+      std::vector<double> t_ref, t_ours;
+      for (int r = 0; r < repeats; ++r) {  // alternate: noise hits both alike
+        t_ref.push_back(TimeMs([&] { ts::scheduler::TruncateDistributionBySorting(scaled, c.p, kept); }, 3));
+        t_ours.push_back(TimeMs([&] { ts::scheduler::TruncateDistribution(scaled, c.p, scratch, kept); }, 3));
+      }
+      const double ref = ts::bench::Median(t_ref) * 1e3, ours = ts::bench::Median(t_ours) * 1e3;
+      std::printf("%-7s %-32s %-11.1f %-11.1f %-7.1f %-7zu\n", peaked ? "peaked" : "flat", c.name, ref, ours,
+                  ref / ours, kept.size());
+      std::fflush(stdout);
+    }
+  }
+
+  std::printf("\n## a step's %d rows through Sampler::Sample, ms (peaked rows)\n", batch);
+  std::printf("%-32s %-11s %-11s %-7s\n", "params", "1 thread", "pool", "ratio");
+  std::vector<std::vector<float>> rows;
+  for (int b = 0; b < batch; ++b) rows.push_back(Row(true, vocab, 100 + b));
+  ts::kernels::cpu::ThreadPool pool(threads);
+  for (const Case& c : Cases()) {
+    std::vector<ts::scheduler::Sampler> samplers(batch, ts::scheduler::Sampler(c.p));
+    std::vector<std::vector<float>> work(rows);
+    auto step = [&](int64_t begin, int64_t end) {
+      for (int64_t b = begin; b < end; ++b) {
+        std::memcpy(work[b].data(), rows[b].data(), size_t(vocab) * 4);  // Sample scales in place
+        samplers[b].Sample(work[b], {}, {});
+      }
+    };
+    std::vector<double> t1, tn;
+    for (int r = 0; r < repeats; ++r) {
+      t1.push_back(TimeMs([&] { step(0, batch); }, 1));
+      tn.push_back(TimeMs([&] { pool.ParallelFor(batch, 1, step); }, 1));
+    }
+    const double a = ts::bench::Median(t1), b = ts::bench::Median(tn);
+    std::printf("%-32s %-11.2f %-11.2f %-7.2f (%d threads)\n", c.name, a, b, a / b, pool.num_threads());
+    std::fflush(stdout);
+  }
+  return 0;
+}
