@@ -44,7 +44,8 @@ int64_t CountingSink::tokens() {
   return tokens_;
 }
 
-scheduler::Request MakeRequest(const model::Model& model, int i, int prompt_tokens, int max_tokens) {
+scheduler::Request MakeRequest(const model::Model& model, int i, int prompt_tokens, int max_tokens,
+                               const scheduler::SamplingParams* sampling) {
   scheduler::Request r;
   r.id = "bench-" + std::to_string(i);
   const std::vector<int32_t> text = model.tokenizer().Encode(
@@ -54,6 +55,10 @@ scheduler::Request MakeRequest(const model::Model& model, int i, int prompt_toke
       false);
   for (int k = 0; k < prompt_tokens; ++k) r.prompt.push_back(text[(i + k) % text.size()]);
   r.sampling.temperature = 0;
+  if (sampling) {
+    r.sampling = *sampling;
+    r.sampling.seed = uint64_t(i);
+  }
   r.stopping.max_tokens = max_tokens;
   r.stopping.ignore_eos = true;
   return r;
@@ -61,7 +66,7 @@ scheduler::Request MakeRequest(const model::Model& model, int i, int prompt_toke
 
 absl::StatusOr<double> DecodeStepSeconds(scheduler::EngineConfig config, kernels::Backend& backend,
                                          const model::Model& model, int batch, int prompt_tokens,
-                                         int max_tokens) {
+                                         int max_tokens, const scheduler::SamplingParams* sampling) {
   config.scheduler.max_num_seqs = batch;
   auto engine = scheduler::Engine::Create(config, backend);
   if (!engine.ok()) return engine.status();
@@ -75,7 +80,7 @@ absl::StatusOr<double> DecodeStepSeconds(scheduler::EngineConfig config, kernels
   });
   auto sink = std::make_shared<CountingSink>();
   for (int i = 0; i < batch; ++i) {
-    if (auto st = (*engine)->Submit(MakeRequest(model, i, prompt_tokens, max_tokens), sink); !st.ok()) {
+    if (auto st = (*engine)->Submit(MakeRequest(model, i, prompt_tokens, max_tokens, sampling), sink); !st.ok()) {
       (*engine)->Stop();
       return st;
     }
@@ -83,6 +88,13 @@ absl::StatusOr<double> DecodeStepSeconds(scheduler::EngineConfig config, kernels
   sink->WaitFor(batch);
   (*engine)->Stop();  // joins the engine thread: no observer call after this
   return Median(steps);
+}
+
+scheduler::SamplingParams TypicalSampling() {
+  scheduler::SamplingParams p;
+  p.temperature = 0.7f;
+  p.top_p = 0.9f;
+  return p;
 }
 
 }  // namespace thetaserve::bench

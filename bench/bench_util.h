@@ -40,14 +40,20 @@ class CountingSink : public scheduler::TokenSink {
   int64_t tokens_ = 0;
 };
 
-// Request i of a benchmark: a distinct greedy prompt of prompt_tokens tokens cut from a
-// repeating text, exactly max_tokens output tokens (EOS ignored).
-scheduler::Request MakeRequest(const model::Model& model, int i, int prompt_tokens, int max_tokens);
+// Request i of a benchmark: a distinct prompt of prompt_tokens tokens cut from a repeating
+// text, exactly max_tokens output tokens (EOS ignored), greedy unless `sampling` is given
+// (request i is then seeded with i).
+scheduler::Request MakeRequest(const model::Model& model, int i, int prompt_tokens, int max_tokens,
+                               const scheduler::SamplingParams* sampling = nullptr);
 
 // Submits `batch` requests at once to a fresh engine (config with max_num_seqs = batch) and
 // returns the median duration of the steps that decoded the whole batch and prefilled nothing.
 absl::StatusOr<double> DecodeStepSeconds(scheduler::EngineConfig config, kernels::Backend& backend,
                                          const model::Model& model, int batch, int prompt_tokens,
-                                         int max_tokens);
+                                         int max_tokens,
+                                         const scheduler::SamplingParams* sampling = nullptr);
+
+// The sampling the benchmarks time besides greedy: temperature 0.7, top-p 0.9.
+scheduler::SamplingParams TypicalSampling();
 
 }  // namespace thetaserve::bench

@@ -4,6 +4,8 @@
 //
 //   build/thetaserve_bench --model models/SmolLM2-135M-Instruct.Q4_1.gguf --batches 1,16
 //       --concurrency 1,8,32,64 --repeats 5   (one command)
+// At the largest batch it also times decode steps with sampling (temperature 0.7, top-p 0.9)
+// against greedy, on one sampling thread and on the pool.
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -102,6 +104,40 @@ int main(int argc, char** argv) {
     const double ms = Median(step_ms);
     const double ratio = (weight_bytes / (ms / 1e3)) / bw;
     std::printf("%-8d %-16.2f %-14.1f %-16.3f\n", b, ms, b / (ms / 1e3), ratio);
+  }
+
+  // What sampling adds to a decode step: greedy against temperature 0.7, top-p 0.9 (seeded),
+  // with the rows sampled on the engine thread alone and on the sampling pool; alternated.
+  const std::vector<int> batch_list = ParseList(batches);
+  if (const int b = batch_list.empty() ? 0 : *std::max_element(batch_list.begin(), batch_list.end()); b > 1) {
+    const ts::scheduler::SamplingParams typical = ts::bench::TypicalSampling();
+    struct Mode {
+      const char* name;
+      const ts::scheduler::SamplingParams* sampling;
+      int threads;
+    };
+    const Mode modes[] = {{"greedy", nullptr, 1},
+                          {"T 0.7 top-p 0.9, 1 sampling thread", &typical, 1},
+                          {"T 0.7 top-p 0.9, sampling pool", &typical, nthreads}};
+    std::vector<double> ms[3];
+    for (int rep = 0; rep < repeats; ++rep) {
+      for (int m = 0; m < 3; ++m) {
+        ts::scheduler::EngineConfig sc = config;
+        sc.sampling_threads = modes[m].threads;
+        auto seconds = ts::bench::DecodeStepSeconds(sc, **backend, **model, b, prompt_tokens, decode_tokens,
+                                                    modes[m].sampling);
+        if (!seconds.ok()) return 1;
+        ms[m].push_back(*seconds * 1e3);
+      }
+      std::fprintf(stderr, "\rsampling at batch %d: repeat %d/%d   ", b, rep + 1, repeats);
+    }
+    std::fprintf(stderr, "\n");
+    std::printf("\ndecode step at batch %d: greedy vs sampled\n", b);
+    std::printf("%-38s %-8s %-16s %-10s\n", "sampling", "threads", "step ms (median)", "÷ greedy");
+    for (int m = 0; m < 3; ++m) {
+      std::printf("%-38s %-8d %-16.2f %-10.3f\n", modes[m].name, modes[m].threads, Median(ms[m]),
+                  Median(ms[m]) / Median(ms[0]));
+    }
   }
 
   std::printf("\noffline throughput (all requests queued at once; %d-token prompts, %d output tokens)\n",

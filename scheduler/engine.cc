@@ -49,7 +49,11 @@ Engine::Engine(const EngineConfig& config, kernels::Backend& backend, int64_t nu
                 static_cast<int32_t>(backend.model().config().num_kv_heads), config.block_size,
                 static_cast<int32_t>(backend.model().config().head_dim)},
       scheduler_(WithSparse(config.scheduler, config.sparse), pool_),
-      tokenizer_(&backend.model().tokenizer()) {}
+      tokenizer_(&backend.model().tokenizer()) {
+  if (config.sampling_threads > 1) {
+    sampling_pool_ = std::make_unique<kernels::cpu::ThreadPool>(config.sampling_threads);
+  }
+}
 
 Engine::~Engine() { Stop(); }
 
@@ -198,10 +202,20 @@ void Engine::Finish(Sequence* seq, FinishReason reason, absl::Status status) {
   info.ttft_seconds = owned->first_token ? SecondsBetween(arrival, *owned->first_token) : 0.0;
   info.total_seconds = SecondsBetween(arrival, now);
   info.preemptions = owned->preemptions;
-  owned->sink().OnFinish(info);
   ++counters_.requests_finished;
-  std::lock_guard<std::mutex> lock(mu_);
-  --pending_;
+  finished_.emplace_back(std::move(owned), std::move(info));
+}
+
+void Engine::DeliverFinished() {
+  if (finished_.empty()) return;
+  PublishStats(nullptr);
+  for (auto& [seq, info] : finished_) seq->sink().OnFinish(info);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    pending_ -= static_cast<int64_t>(finished_.size());
+    if (pending_ == 0 && stats_.running == 0 && stats_.waiting == 0) idle_cv_.notify_all();
+  }
+  finished_.clear();
 }
 
 void Engine::RunStep(StepPlan& plan) {
@@ -241,7 +255,7 @@ void Engine::RunStep(StepPlan& plan) {
       Finish(sc.seq, FinishReason::kError,
              absl::InternalError(absl::StrCat("forward pass failed: ", st.message())));
     }
-    PublishStats(nullptr);
+    DeliverFinished();
     return;
   }
   scheduler_.Commit(plan);
@@ -258,22 +272,38 @@ void Engine::RunStep(StepPlan& plan) {
                                : 1.0;
   }
 
-  int64_t row = 0;
-  std::vector<std::pair<Sequence*, FinishReason>> done;
+  // Sample every row (in parallel when there is a pool: each reads only its own request and
+  // logits row), then append the tokens in order on this thread.
+  sample_rows_.clear();
   for (const ScheduledChunk& sc : plan.chunks) {
-    if (!sc.samples) continue;
-    Sequence* seq = sc.seq;
-    std::span<float> logits(logits_.data() + row * c.vocab_size, c.vocab_size);
-    ++row;
-    SampleResult r = seq->sampler().Sample(logits, seq->request().prompt, seq->output());
+    if (sc.samples) sample_rows_.emplace_back(sc.seq, int64_t(sample_rows_.size()));
+  }
+  samples_.resize(sample_rows_.size());
+  auto sample = [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      auto [seq, row] = sample_rows_[i];
+      std::span<float> logits(logits_.data() + row * c.vocab_size, c.vocab_size);
+      samples_[i] = seq->sampler().Sample(logits, seq->request().prompt, seq->output());
+    }
+  };
+  const int64_t num_samples = int64_t(sample_rows_.size());
+  if (sampling_pool_ && num_samples > 1) {
+    sampling_pool_->ParallelFor(num_samples, 1, sample);
+  } else {
+    sample(0, num_samples);
+  }
+  std::vector<std::pair<Sequence*, FinishReason>> done;
+  for (int64_t i = 0; i < num_samples; ++i) {
+    Sequence* seq = sample_rows_[i].first;
     if (!seq->first_token) seq->first_token = Clock::now();
     ++counters_.generation_tokens;
-    if (seq->AppendToken(r, *tokenizer_)) done.emplace_back(seq, seq->finish_reason());
+    if (seq->AppendToken(samples_[i], *tokenizer_)) done.emplace_back(seq, seq->finish_reason());
   }
-  // The observer (metrics) sees this step's counters before any client hears that its request
-  // finished: a client that scrapes after its stream ends finds its tokens counted.
-  if (!done.empty()) PublishStats(nullptr);
+  // The observer (metrics) and the status snapshot see this step's counters and the freed
+  // pages before any client hears that its request finished: a client that scrapes or asks
+  // for the status after its stream ends finds its tokens counted and its pages free.
   for (auto& [seq, reason] : done) Finish(seq, reason, absl::OkStatus());
+  DeliverFinished();
   CompactSparseV(plan);
   ++counters_.steps;
   counters_.preemptions = scheduler_.num_preemptions();
@@ -315,6 +345,7 @@ void Engine::Loop() {
     }
     DrainInbox();
     CheckDeadlines();
+    DeliverFinished();  // cancellations and deadlines
     StepPlan plan = scheduler_.Schedule();
     if (plan.empty()) {
       // Submit checked that every request fits the pool alone, so an empty plan with work
@@ -323,6 +354,7 @@ void Engine::Loop() {
         Finish(scheduler_.waiting().front().get(), FinishReason::kError,
                absl::ResourceExhaustedError("the request does not fit in the KV cache"));
       }
+      DeliverFinished();
       PublishStats(nullptr);
       continue;
     }
@@ -336,6 +368,7 @@ void Engine::Loop() {
   for (Sequence* s : left) {
     Finish(s, FinishReason::kCancelled, absl::UnavailableError("the server is shutting down"));
   }
+  DeliverFinished();
   PublishStats(nullptr);
 }
 

@@ -2,6 +2,7 @@
 // reflection and /metrics, and drains on SIGTERM/SIGINT.
 #include <signal.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -10,6 +11,7 @@
 #include <map>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -41,7 +43,8 @@ constexpr char kUsage[] =
     "                               buffers, e.g. 90% (default 90% on a GPU, 256M on the CPU)\n"
     "  --block-size N               rows per KV page (default 16)\n"
     "  --max-queue N                waiting requests before RESOURCE_EXHAUSTED (default 1024)\n"
-    "  --threads N                  CPU threads (default: all cores)\n"
+    "  --threads N                  CPU threads: the CPU backend's, and up to 16 that sample a\n"
+    "                               step's rows in parallel (default: all cores)\n"
     "  --device cpu|cuda|auto       (default auto)\n"
     "  --drain-timeout SECONDS      grace period for in-flight requests on SIGTERM (default 30)\n"
     "  --tls-cert FILE --tls-key FILE   serve TLS\n"
@@ -144,6 +147,10 @@ int RunServe(const std::vector<std::string>& argv) {
   ec.kv_cache_bytes = kv->bytes;
   ec.block_size = static_cast<int32_t>(*block_size);
   ec.max_queue = *max_queue;
+  // Sampling shares the --threads budget (the CPU backend's forward pass and sampling never
+  // run at once); more than 16 threads would mostly wait at batch sizes up to 64.
+  ec.sampling_threads = std::clamp(
+      *threads > 0 ? int(*threads) : int(std::thread::hardware_concurrency()), 1, 16);
   auto engine = scheduler::Engine::Create(ec, *loaded->backend);
   if (!engine.ok()) return fail(engine.status());
 

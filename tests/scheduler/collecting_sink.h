@@ -19,6 +19,7 @@ class CollectingSink : public TokenSink {
     std::lock_guard<std::mutex> lock(mu_);
     tokens.insert(tokens.end(), d.token_ids.begin(), d.token_ids.end());
     text += d.text;
+    logprobs.insert(logprobs.end(), d.logprobs.begin(), d.logprobs.end());
     count_.store(static_cast<int>(tokens.size()));
   }
   void OnFinish(const FinishInfo& i) override {
@@ -35,6 +36,7 @@ class CollectingSink : public TokenSink {
 
   std::vector<int32_t> tokens;
   std::string text;
+  std::vector<float> logprobs;  // when the request asked for them
   FinishInfo info;
   bool finished = false;
 

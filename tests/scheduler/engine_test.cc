@@ -168,6 +168,60 @@ TEST_F(EngineTest, SixtyFourConcurrentGreedyRequestsMatchTheirSoloRuns) {
   EXPECT_EQ(pool.num_free(), pool.num_pages()) << "pages leaked";
 }
 
+// Sampling with a temperature, seeded, several rows at a time on a pool of 4 sampling
+// threads: every request gets exactly the tokens (and log-probabilities) it gets alone on one
+// thread. Covers the rows' mapping to logits and that no two rows share state.
+TEST_F(EngineTest, SeededSamplingOnParallelThreadsMatchesEachRequestAlone) {
+  const auto prompts = Prompts();
+  std::vector<Request> requests;
+  for (int i = 0; i < 8; ++i) {
+    Request r = MakeRequest(absl::StrCat("s", i), prompts[i], 10);
+    r.stopping.ignore_eos = true;
+    r.sampling.temperature = 0.6f + 0.1f * i;
+    r.sampling.top_p = i % 2 ? 0.9f : 1.0f;
+    r.sampling.top_k = i % 3 == 1 ? 40 : 0;
+    r.sampling.min_p = i == 4 ? 0.05f : 0.0f;
+    r.sampling.repetition_penalty = i == 5 ? 1.2f : 1.0f;
+    r.sampling.logprobs = i % 4 == 3 ? 3 : 0;
+    r.sampling.seed = 1000 + i;
+    requests.push_back(r);
+  }
+  auto run = [&](const std::vector<Request>& batch, int threads) {
+    auto backend = kernels::CreateBackend(*model_, kernels::Device::kCpu, 0);
+    EXPECT_TRUE(backend.ok());
+    EngineConfig config;
+    config.kv_cache_bytes = int64_t(128) << 20;
+    config.sampling_threads = threads;
+    auto engine = Engine::Create(config, **backend);
+    EXPECT_TRUE(engine.ok()) << engine.status();
+    std::vector<std::shared_ptr<CollectingSink>> sinks;
+    for (const Request& r : batch) {
+      sinks.push_back(std::make_shared<CollectingSink>());
+      EXPECT_TRUE((*engine)->Submit(r, sinks.back()).ok());
+    }
+    for (auto& sk : sinks) EXPECT_TRUE(sk->Wait(300));
+    return sinks;
+  };
+  const auto together = run(requests, 4);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const auto alone = run({requests[i]}, 1);
+    ASSERT_EQ(together[i]->tokens.size(), 10u);
+    EXPECT_EQ(together[i]->tokens, alone[0]->tokens) << "request " << i;
+    EXPECT_EQ(together[i]->text, alone[0]->text) << "request " << i;
+    EXPECT_EQ(together[i]->logprobs, alone[0]->logprobs) << "request " << i;
+    EXPECT_EQ(together[i]->logprobs.size(), requests[i].sampling.logprobs ? 10u : 0u);
+  }
+  // Not all greedy: with these temperatures some request leaves the argmax path somewhere.
+  int differs = 0;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    Request greedy = requests[i];
+    greedy.sampling = SamplingParams{};
+    greedy.sampling.temperature = 0;
+    differs += run({greedy}, 1)[0]->tokens != together[i]->tokens;
+  }
+  EXPECT_GT(differs, 0);
+}
+
 TEST_F(EngineTest, TinyPoolForcesChunkedPrefillAndPreemptionWithIdenticalOutput) {
   auto backend = kernels::CreateBackend(*model_, kernels::Device::kCpu, 0);
   ASSERT_TRUE(backend.ok());
@@ -209,6 +263,62 @@ TEST_F(EngineTest, TinyPoolForcesChunkedPrefillAndPreemptionWithIdenticalOutput)
   }
   ASSERT_TRUE((*engine)->WaitIdle(10));
   EXPECT_EQ((*engine)->pool_for_tests().num_free(), (*engine)->pool_for_tests().num_pages());
+}
+
+// What a sink's OnFinish sees in the engine's stats (the status RPC and the metrics read
+// them): its own pages already free and its request counted. Before this held, a client that
+// asked for the status right after its stream ended could find its pages still in use.
+class StatsAtFinishSink : public CollectingSink {
+ public:
+  void OnFinish(const FinishInfo& i) override {
+    const EngineStats s = engine->Stats();
+    pages_free = s.pages_free;
+    pages_total = s.pages_total;
+    running = s.running;
+    requests_finished = s.counters.requests_finished;
+    CollectingSink::OnFinish(i);
+  }
+  Engine* engine = nullptr;
+  int64_t pages_free = -1, pages_total = -1, running = -1, requests_finished = -1;
+};
+
+TEST_F(EngineTest, StatsAreCurrentWhenASinkHearsItsRequestFinish) {
+  auto backend = kernels::CreateBackend(*model_, kernels::Device::kCpu, 0);
+  ASSERT_TRUE(backend.ok());
+  EngineConfig config;
+  config.kv_cache_bytes = int64_t(64) << 20;
+  auto engine = Engine::Create(config, **backend);
+  ASSERT_TRUE(engine.ok());
+  const auto prompts = Prompts();
+  // Alone: when it finishes nothing else holds pages. Then three at once, finishing at
+  // different steps, and one cancelled while it runs.
+  auto sink = std::make_shared<StatsAtFinishSink>();
+  sink->engine = engine->get();
+  ASSERT_TRUE((*engine)->Submit(MakeRequest("alone", prompts[0], 6), sink).ok());
+  ASSERT_TRUE(sink->Wait(300));
+  EXPECT_EQ(sink->pages_free, sink->pages_total);
+  EXPECT_EQ(sink->running, 0);
+  EXPECT_EQ(sink->requests_finished, 1);
+
+  std::vector<std::shared_ptr<StatsAtFinishSink>> sinks;
+  for (int i = 0; i < 4; ++i) {
+    Request r = MakeRequest(absl::StrCat("m", i), prompts[i + 1], i == 3 ? 200 : 4 + 6 * i);
+    r.stopping.ignore_eos = true;
+    sinks.push_back(std::make_shared<StatsAtFinishSink>());
+    sinks.back()->engine = engine->get();
+    ASSERT_TRUE((*engine)->Submit(r, sinks.back()).ok());
+  }
+  while (sinks[3]->count() < 2) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  ASSERT_TRUE(sinks[2]->Wait(300));  // the three short ones are done
+  (*engine)->Cancel("m3");
+  for (auto& sk : sinks) ASSERT_TRUE(sk->Wait(300));
+  EXPECT_EQ(sinks[3]->info.reason, FinishReason::kCancelled);
+  for (int i = 0; i < 4; ++i) {
+    // Requests finish in order of length; each sees itself and those before it counted.
+    EXPECT_EQ(sinks[i]->requests_finished, 2 + i) << i;
+    EXPECT_EQ(sinks[i]->running, 3 - i) << i;
+  }
+  EXPECT_EQ(sinks[3]->pages_free, sinks[3]->pages_total);
 }
 
 TEST_F(EngineTest, CancellingHalfMidwayReturnsEveryPage) {
