@@ -459,6 +459,23 @@ __device__ float ExactScore(const SplitArgs& a, const DevSeq& seq, int64_t lh, i
   return acc;
 }
 
+// Tests (LaunchExactScores): ExactScore of every position j < L of row r for every query head,
+// at out[(r · heads + head) · max_len + j]; NaN from L to max_len. Grid (rows, heads).
+template <int D, bool kStaged>
+__global__ void __launch_bounds__(kThreads) ExactScoresKernel(SplitArgs a, int32_t max_len, float* out) {
+  const int64_t r = blockIdx.x;
+  const int32_t head = blockIdx.y;
+  const int32_t t = a.row_ids[r];
+  const DevRow row = a.rows[t];
+  const DevSeq& seq = a.seqs[row.seq];
+  const int32_t G = a.shape.num_heads / a.shape.num_kv_heads;
+  const int64_t lh = int64_t(a.layer) * a.shape.num_kv_heads + head / G;
+  float* o = out + (r * a.shape.num_heads + head) * max_len;
+  for (int32_t j = threadIdx.x; j < max_len; j += blockDim.x) {
+    o[j] = j <= row.pos ? ExactScore<D, kStaged>(a, seq, lh, t, head, j) : NAN;
+  }
+}
+
 // e per head of position j from the 16-bit scores, or from the exact scores when any head's
 // value is near its threshold or its retain threshold, or is saturated and not surely below
 // both (keep-everything rows, thr <= 0, included). ev[h] for h >= G is 0.
@@ -1034,6 +1051,32 @@ cudaError_t LaunchSplitAttention(const int32_t* row_ids, int32_t num_rows, const
     case 128: return DispatchGroup<128>(group, a, num_rows, plan, stream);
     default: return cudaErrorInvalidValue;
   }
+}
+
+cudaError_t LaunchExactScores(const int32_t* row_ids, int32_t num_rows, const DevRow* rows,
+                              const DevSeq* seqs, const AttnShape& shape, int32_t layer,
+                              const float* q, int64_t q_stride, const KvPoolLayout& layout,
+                              const bf16* pool, KLoad k_load, int32_t max_len, float* out,
+                              cudaStream_t stream) {
+  if (num_rows == 0) return cudaSuccess;
+  if (num_rows > 65535 || max_len < 1) return cudaErrorInvalidValue;
+  SplitArgs a{row_ids, rows, seqs, shape, layer, q, q_stride, layout, pool, 0, {}, {}, true, nullptr};
+  const dim3 grid(num_rows, shape.num_heads);
+  const bool staged = k_load == KLoad::kStaged && CanStage(shape.head_dim);
+  switch (shape.head_dim) {
+    case 16: ExactScoresKernel<16, false><<<grid, kThreads, 0, stream>>>(a, max_len, out); break;
+    case 32: ExactScoresKernel<32, false><<<grid, kThreads, 0, stream>>>(a, max_len, out); break;
+    case 64:
+      if (staged) ExactScoresKernel<64, true><<<grid, kThreads, 0, stream>>>(a, max_len, out);
+      else ExactScoresKernel<64, false><<<grid, kThreads, 0, stream>>>(a, max_len, out);
+      break;
+    case 128:
+      if (staged) ExactScoresKernel<128, true><<<grid, kThreads, 0, stream>>>(a, max_len, out);
+      else ExactScoresKernel<128, false><<<grid, kThreads, 0, stream>>>(a, max_len, out);
+      break;
+    default: return cudaErrorInvalidValue;
+  }
+  return cudaGetLastError();
 }
 
 cudaError_t LaunchPrefillAttention(const PrefillTile* tiles, int32_t num_tiles,

@@ -34,6 +34,12 @@ class CudaAttention {
   absl::Status Finish(AttentionStats* stats, cudaStream_t stream);
 
   const SplitPlan& plan() const { return plan_; }
+  // For tests: the split rows (device), how many run per launch, and the workspace, which
+  // holds the last launch's pass-1 partials and Top-θ scores after Run.
+  const int32_t* row_ids() const { return row_ids_; }
+  int32_t num_split_rows() const { return num_split_rows_; }
+  int32_t row_batch() const { return row_batch_; }
+  const AttentionWorkspace& workspace() const { return ws_; }
   // How pass 1 reads K from the next Prepare on (default: DefaultKLoad()).
   void set_k_load(KLoad k) { k_load_ = k; }
   // Everything a captured launch sequence depends on (pointers and launch shapes): two steps

@@ -150,6 +150,16 @@ cudaError_t LaunchSplitAttention(const int32_t* row_ids, int32_t num_rows, const
                                  const AttentionWorkspace& ws, const ThetaArgs* theta, float* o,
                                  cudaStream_t stream);
 
+// Tests: the score Top-θ pass 2 recomputes for rows near a threshold (ExactScore), which must
+// equal pass 1's bit for bit: q_head · k_j · scale for every row of row_ids (at most 65,535),
+// query head and position j < L, read from K the way `k_load` says pass 1 did, at
+// out[(r · num_heads + head) · max_len + j]; NaN from L to max_len.
+cudaError_t LaunchExactScores(const int32_t* row_ids, int32_t num_rows, const DevRow* rows,
+                              const DevSeq* seqs, const AttnShape& shape, int32_t layer,
+                              const float* q, int64_t q_stride, const KvPoolLayout& layout,
+                              const bf16* pool, KLoad k_load, int32_t max_len, float* out,
+                              cudaStream_t stream);
+
 // One prefill tile: tokens [tok0, tok0 + ntok) of sequence `seq` (indices within its chunk).
 struct PrefillTile {
   int32_t seq = 0;

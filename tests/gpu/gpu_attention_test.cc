@@ -2,7 +2,9 @@
 // (flash-decoding splits) and tiled prefill, and Top-θ with every placement, SDC mode and VMC,
 // over a sparse V store with dropped rows; outputs, hit marks and counters.
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <numeric>
 #include <random>
 #include <vector>
@@ -213,8 +215,72 @@ class AttentionCase {
     EXPECT_TRUE(pool.GuardsIntact());
     splits_ = att.plan().max_splits;
     chunk_ = att.plan().chunk;
+    if (config.active()) ExpectExactScoresArePass1s(att, db, shape, q.get(), pool.get());
     // Staged K where the head size allows it (64, 128), per thread otherwise.
     EXPECT_EQ(att.plan().k_load, d == 64 || d == 128 ? k_load_ : KLoad::kPerThread);
+  }
+
+  // Pass 2 decides rows near a threshold on ExactScore, which must be pass 1's f32 score bit
+  // for bit (same products, same order, per thread or staged) for the GPU to keep exactly the
+  // rows the f32 scores keep. Checked directly, for every row and head of the last launch:
+  // the exact scores' max over each split is pass 1's split max, bit for bit, and encoding
+  // them below it gives pass 1's 16-bit scores.
+  void ExpectExactScoresArePass1s(const CudaAttention& att, const DeviceBatch& db,
+                                  const AttnShape& shape, const float* q, const uint16_t* pool) {
+    const AttentionWorkspace& ws = att.workspace();
+    const int32_t first = (att.num_split_rows() - 1) / att.row_batch() * att.row_batch();
+    const int32_t n = att.num_split_rows() - first, H = s_.num_heads;
+    std::vector<int32_t> ids(att.num_split_rows());
+    CUDA_ASSERT(cudaMemcpy(ids.data(), att.row_ids(), ids.size() * sizeof(int32_t), cudaMemcpyDeviceToHost));
+    int32_t max_len = 1;
+    for (const DevRow& r : db.host_rows()) max_len = std::max(max_len, r.pos + 1);
+    GuardedArray<float> exact(size_t(n) * H * max_len);
+    ASSERT_TRUE(exact.ok());
+    CUDA_ASSERT(LaunchExactScores(att.row_ids() + first, n, db.rows(), db.seqs(), shape, s_.layer, q,
+                                  int64_t(H) * s_.head_dim, layout_, pool, att.plan().k_load, max_len,
+                                  exact.get(), nullptr));
+    CUDA_ASSERT(cudaDeviceSynchronize());
+    const std::vector<float> ex = exact.Download();
+    EXPECT_TRUE(exact.GuardsIntact());
+    std::vector<float> part_m(size_t(n) * H * ws.max_splits);
+    std::vector<uint16_t> codes(size_t(n) * H * ws.score_stride);
+    CUDA_ASSERT(cudaMemcpy(part_m.data(), ws.part_m, part_m.size() * sizeof(float), cudaMemcpyDeviceToHost));
+    CUDA_ASSERT(cudaMemcpy(codes.data(), ws.scores, codes.size() * sizeof(uint16_t), cudaMemcpyDeviceToHost));
+    auto bits = [](float v) {
+      uint32_t b;
+      std::memcpy(&b, &v, 4);
+      return b;
+    };
+    int64_t maxima = 0, scores = 0, bad_max = 0, bad_code = 0;
+    for (int32_t r = 0; r < n; ++r) {
+      const int32_t L = db.host_rows()[ids[first + r]].pos + 1;
+      for (int32_t h = 0; h < H; ++h) {
+        const float* e = &ex[(size_t(r) * H + h) * max_len];
+        const uint16_t* code = &codes[(size_t(r) * H + h) * ws.score_stride];
+        for (int32_t j0 = 0, split = 0; j0 < L; j0 += chunk_, ++split) {
+          const float m = part_m[(size_t(r) * H + h) * ws.max_splits + split];
+          float mx = -INFINITY;
+          for (int32_t j = j0; j < std::min(L, j0 + chunk_); ++j) {
+            mx = std::max(mx, e[j]);
+            // EncodeScore's arithmetic (attention.cu), exact on the host too.
+            const auto want = uint16_t(std::fmin(65535.0f, std::fmax(0.0f, std::rint((m - e[j]) * 4096.0f))));
+            if (code[j] != want && bad_code++ < 3) {
+              ADD_FAILURE() << "row " << r << " head " << h << " position " << j << ": pass 1 stored "
+                            << code[j] << ", the exact score " << e[j] << " encodes as " << want;
+            }
+            ++scores;
+          }
+          if (bits(mx) != bits(m) && bad_max++ < 3) {
+            ADD_FAILURE() << "row " << r << " head " << h << " split " << split << ": pass 1's max "
+                          << m << ", the exact scores' " << mx << " (K " << KLoadName(att.plan().k_load) << ")";
+          }
+          ++maxima;
+        }
+      }
+    }
+    EXPECT_EQ(bad_max, 0) << "of " << maxima << " split maxima";
+    EXPECT_EQ(bad_code, 0) << "of " << scores << " scores";
+    EXPECT_GT(maxima, 0);
   }
 
   void RunAndExpectSame(const TopThetaConfig& config, bool with_vsum) {
