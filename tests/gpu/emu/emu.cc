@@ -162,21 +162,44 @@ void SwitchToNextReady(void** save_sp) {
 // The running fiber waits: whoever resumes it has set current and threadIdx back.
 void Yield() { SwitchToNextReady(&Current().sp); }
 
-void ReleaseBlockBarrierIfComplete(Block& b) {
-  if (b.block_arrived == 0 || b.block_arrived < b.live) return;
+// After a barrier releases, the block's order starts again from its first thread (index 0, or
+// the last index in a reversed block), or for a warp exchange from the warp's first lane, so
+// that between two barriers threads run in clean index order in some blocks and clean reverse
+// order in the others, whichever thread happened to arrive last. The running fiber, if still
+// live, stays ready and runs again when its turn comes.
+void RestartOrder(void** save_sp, int warp /* -1: the whole block */) {
+  Block& b = *g_block;
+  const int n = int(b.fibers.size());
+  const int w0 = warp < 0 ? 0 : warp * 32, wn = warp < 0 ? n : std::min(n, w0 + 32) - w0;
+  for (int k = 0; k < wn; ++k) {
+    const int i = w0 + (b.step > 0 ? k : wn - 1 - k);
+    if (b.fibers[i].state != FiberState::kReady) continue;
+    if (i == b.current) return;  // already first: keep running
+    b.current = i;
+    threadIdx = b.fibers[i].tid;
+    EmuSwitchContext(save_sp, b.fibers[i].sp);
+    return;
+  }
+  SwitchToNextReady(save_sp);
+}
+
+bool ReleaseBlockBarrierIfComplete(Block& b) {
+  if (b.block_arrived == 0 || b.block_arrived < b.live) return false;
   for (Fiber& f : b.fibers) {
     if (f.state == FiberState::kAtBlockBarrier) f.state = FiberState::kReady;
   }
   b.block_arrived = 0;
+  return true;
 }
 
-void ReleaseWarpBarrierIfComplete(Block& b, int w) {
-  if (b.warp_arrived[w] == 0 || b.warp_arrived[w] < b.warp_live[w]) return;
+bool ReleaseWarpBarrierIfComplete(Block& b, int w) {
+  if (b.warp_arrived[w] == 0 || b.warp_arrived[w] < b.warp_live[w]) return false;
   const int end = std::min(int(b.fibers.size()), (w + 1) * 32);
   for (int i = w * 32; i < end; ++i) {
     if (b.fibers[i].state == FiberState::kAtWarpBarrier) b.fibers[i].state = FiberState::kReady;
   }
   b.warp_arrived[w] = 0;
+  return true;
 }
 
 void WarpBarrier() {
@@ -185,6 +208,7 @@ void WarpBarrier() {
   ++b.warp_arrived[f.warp];
   if (b.warp_arrived[f.warp] == b.warp_live[f.warp]) {
     ReleaseWarpBarrierIfComplete(b, f.warp);
+    RestartOrder(&f.sp, f.warp);
     return;
   }
   f.state = FiberState::kAtWarpBarrier;
@@ -204,10 +228,16 @@ void FiberEntry() {
   --b.live;
   --b.warp_live[f.warp];
   // Threads that exit no longer count at barriers (as on the GPU).
-  ReleaseBlockBarrierIfComplete(b);
-  ReleaseWarpBarrierIfComplete(b, f.warp);
+  const bool block_released = ReleaseBlockBarrierIfComplete(b);
+  const bool warp_released = ReleaseWarpBarrierIfComplete(b, f.warp);
   void* unused;
-  SwitchToNextReady(&unused);
+  if (block_released) {
+    RestartOrder(&unused, -1);
+  } else if (warp_released) {
+    RestartOrder(&unused, f.warp);
+  } else {
+    SwitchToNextReady(&unused);
+  }
   std::abort();  // never resumed
 }
 
@@ -328,6 +358,7 @@ void SyncThreads() {
   ++b.block_arrived;
   if (b.block_arrived == b.live) {
     ReleaseBlockBarrierIfComplete(b);
+    RestartOrder(&Current().sp, -1);
     return;
   }
   Current().state = FiberState::kAtBlockBarrier;

@@ -3,6 +3,7 @@
 // exchanges, fresh NaN shared memory per block, launch-configuration errors, graph capture,
 // cp.async copies that land only at their wait, and a deadlock is reported rather than hung on.
 #include <cmath>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -37,11 +38,14 @@ TEST(CudaEmulatorTest, BarrierOrdersSharedMemoryAndMissingOneShows) {
   EXPECT_GT(nan, 0);
 }
 
-// Each thread writes its slot, then, without a barrier, reads the slot of the thread `offset`
-// places before it in index order (threads with no such thread write -1).
-void EarlierNeighbourKernel(float* out, int offset) {
+// After an optional barrier (0: none, 1: __syncthreads, 2: __syncwarp), each thread writes
+// its slot, then, without a barrier, reads the slot of the thread `offset` places before it in
+// index order (threads with no such thread write -1).
+void EarlierNeighbourKernel(float* out, int offset, int barrier_first) {
   float* s = static_cast<float*>(emu::DynamicShared());
   const int i = int(threadIdx.x), n = int(blockDim.x);
+  if (barrier_first == 1) __syncthreads();
+  if (barrier_first == 2) __syncwarp();
   s[i] = float(i);
   const int src = i - offset;
   out[blockIdx.x * n + i] = src >= 0 && src < n ? s[src] : -1.0f;
@@ -55,27 +59,28 @@ int CountNan(const std::vector<float>& v, size_t begin, size_t end) {
 
 // A missing barrier shows whichever thread of the pair runs first on the GPU: in index order
 // a thread reading a later thread's slot reads NaN; in reverse order one reading an earlier
-// thread's slot does (across warps, offset 40, and within a warp, offset 1). By default every
-// other block runs in reverse, so one launch of two blocks shows both.
+// thread's slot does (across warps, offset 40, and within a warp, offset 1). So it does after
+// a barrier too: the order starts again from the first thread whichever arrived last. By
+// default every other block runs in reverse, so one launch of two blocks shows both.
 TEST(CudaEmulatorTest, ReverseOrderShowsAMissingBarrierTheOtherWayRound) {
   constexpr int kThreads = 96;
   const emu::ScheduleOrder initial = emu::GetScheduleOrder();
   std::vector<float> out(2 * kThreads);
-  for (int offset : {1, 40}) {
-    SCOPED_TRACE(offset);
+  for (auto [offset, first] : {std::pair{1, 0}, {40, 0}, {1, 1}, {40, 1}, {1, 2}, {40, 2}}) {
+    SCOPED_TRACE(testing::Message() << "offset " << offset << ", barrier first " << first);
     emu::SetScheduleOrder(emu::ScheduleOrder::kForward);
-    emu::Launch(1, kThreads, kThreads * sizeof(float))(EarlierNeighbourKernel, out.data(), offset);
+    emu::Launch(1, kThreads, kThreads * sizeof(float))(EarlierNeighbourKernel, out.data(), offset, first);
     EXPECT_EQ(CountNan(out, 0, kThreads), 0);  // what index order alone cannot see
     EXPECT_EQ(out[kThreads - 1], float(kThreads - 1 - offset));
-    emu::Launch(1, kThreads, kThreads * sizeof(float))(EarlierNeighbourKernel, out.data(), -offset);
+    emu::Launch(1, kThreads, kThreads * sizeof(float))(EarlierNeighbourKernel, out.data(), -offset, first);
     EXPECT_EQ(CountNan(out, 0, kThreads - offset), kThreads - offset);
     emu::SetScheduleOrder(emu::ScheduleOrder::kReverse);
-    emu::Launch(1, kThreads, kThreads * sizeof(float))(EarlierNeighbourKernel, out.data(), offset);
+    emu::Launch(1, kThreads, kThreads * sizeof(float))(EarlierNeighbourKernel, out.data(), offset, first);
     EXPECT_EQ(CountNan(out, offset, kThreads), kThreads - offset);
-    emu::Launch(1, kThreads, kThreads * sizeof(float))(EarlierNeighbourKernel, out.data(), -offset);
+    emu::Launch(1, kThreads, kThreads * sizeof(float))(EarlierNeighbourKernel, out.data(), -offset, first);
     EXPECT_EQ(CountNan(out, 0, kThreads), 0);
     emu::SetScheduleOrder(emu::ScheduleOrder::kAlternate);
-    emu::Launch(2, kThreads, kThreads * sizeof(float))(EarlierNeighbourKernel, out.data(), offset);
+    emu::Launch(2, kThreads, kThreads * sizeof(float))(EarlierNeighbourKernel, out.data(), offset, first);
     EXPECT_EQ(CountNan(out, 0, kThreads), 0);                                 // block 0: index order
     EXPECT_EQ(CountNan(out, kThreads + offset, 2 * kThreads), kThreads - offset);  // block 1: reverse
   }
