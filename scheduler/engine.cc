@@ -87,7 +87,9 @@ absl::Status Engine::Submit(Request request, std::shared_ptr<TokenSink> sink) {
     if (stop_ || draining_.load()) {
       return absl::UnavailableError("the server is shutting down; retry on another replica");
     }
-    const int64_t queued = pending_ - stats_.running;
+    // Finished sequences still in pending_ until their sinks have heard (DeliverFinished)
+    // are neither running nor queued.
+    const int64_t queued = pending_ - finishing_ - stats_.running;
     if (queued >= config_.max_queue) {
       return absl::ResourceExhaustedError(absl::StrFormat(
           "the request queue is full (%d waiting); retry later", queued));
@@ -129,7 +131,7 @@ EngineStats Engine::Stats() const {
   return stats_;
 }
 
-void Engine::PublishStats(const StepStats* step) {
+void Engine::PublishStats(const StepStats* step, int64_t finishing) {
   EngineStats s;
   s.running = static_cast<int64_t>(scheduler_.running().size());
   s.waiting = static_cast<int64_t>(scheduler_.waiting().size());
@@ -153,6 +155,7 @@ void Engine::PublishStats(const StepStats* step) {
     s.waiting += static_cast<int64_t>(inbox_.size());
     s.last_step = step ? *step : stats_.last_step;
     stats_ = s;
+    finishing_ = finishing;
     // Idle is announced from here so that WaitIdle's caller sees up-to-date stats.
     if (pending_ == 0 && s.running == 0 && s.waiting == 0) idle_cv_.notify_all();
   }
@@ -208,11 +211,12 @@ void Engine::Finish(Sequence* seq, FinishReason reason, absl::Status status) {
 
 void Engine::DeliverFinished() {
   if (finished_.empty()) return;
-  PublishStats(nullptr);
+  PublishStats(nullptr, static_cast<int64_t>(finished_.size()));
   for (auto& [seq, info] : finished_) seq->sink().OnFinish(info);
   {
     std::lock_guard<std::mutex> lock(mu_);
-    pending_ -= static_cast<int64_t>(finished_.size());
+    pending_ -= finishing_;
+    finishing_ = 0;
     if (pending_ == 0 && stats_.running == 0 && stats_.waiting == 0) idle_cv_.notify_all();
   }
   finished_.clear();

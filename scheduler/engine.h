@@ -80,7 +80,8 @@ class Engine {
   void Finish(Sequence* seq, FinishReason reason, absl::Status status);
   void DeliverFinished();
   void CheckDeadlines();
-  void PublishStats(const StepStats* step);
+  // `finishing`: sequences removed but whose sinks are not yet told (still in pending_).
+  void PublishStats(const StepStats* step, int64_t finishing = 0);
   // Applies the sparse V policy to sequences past their prompt; copies rows in the backend.
   void CompactSparseV(const StepPlan& plan);
 
@@ -98,6 +99,7 @@ class Engine {
   std::vector<std::unique_ptr<Sequence>> inbox_;
   std::vector<std::pair<std::string, absl::Status>> cancels_;
   int64_t pending_ = 0;  // inbox + waiting + running, for the queue limit and WaitIdle
+  int64_t finishing_ = 0;  // of pending_: finished, sinks not yet told (DeliverFinished)
   bool stop_ = false;
   std::condition_variable idle_cv_;
   EngineStats stats_;  // snapshot, guarded by mu_
@@ -108,7 +110,7 @@ class Engine {
   // Engine-thread state.
   std::unique_ptr<kernels::cpu::ThreadPool> sampling_pool_;  // when sampling_threads > 1
   std::vector<std::pair<Sequence*, int64_t>> sample_rows_;  // (sequence, logits row)
-  std::vector<SampleResult> samples_;
+  std::vector<SampleResult> samples_;  // [sample_rows_] this step's tokens
   std::vector<std::pair<std::unique_ptr<Sequence>, FinishInfo>> finished_;  // not yet told
   std::vector<float> logits_;
   std::vector<int32_t> tokens_;

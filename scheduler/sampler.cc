@@ -24,11 +24,11 @@ double LogSumExp(std::span<const float> x) {
 // Vocabulary-sized scratch, one per thread: a step samples its rows on several threads, and a
 // request should not hold megabytes between its tokens.
 struct Scratch {
-  std::vector<std::pair<float, int32_t>> candidates;
-  std::vector<std::pair<int32_t, double>> kept;  // TruncateDistribution's
-  std::vector<float> raw;                        // logits before penalties (log-probabilities)
-  std::vector<int32_t> counts;                   // output token counts
-  std::vector<uint8_t> seen;                     // tokens already penalized
+  std::vector<std::pair<float, int32_t>> candidates;  // [≤ vocab] (logit, token)
+  std::vector<std::pair<int32_t, double>> kept;       // [≤ vocab] TruncateDistribution's
+  std::vector<float> raw;       // [vocab] logits before penalties (log-probabilities)
+  std::vector<int32_t> counts;  // [vocab] output token counts, all 0 between calls
+  std::vector<uint8_t> seen;    // [vocab] tokens already penalized, all 0 between calls
 };
 Scratch& ThreadScratch() {
   thread_local Scratch scratch;
@@ -194,14 +194,19 @@ SampleResult Sampler::Sample(std::span<float> logits, std::span<const int32_t> p
     }
   }
 
-  int32_t chosen = 0;
-  if (params_.temperature <= 0.0f) {
-    chosen = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
-  } else {
+  // A NaN logit (a broken row) is never chosen; the argmax is taken before the temperature,
+  // whose division can overflow a tiny temperature's logits to infinities.
+  for (float& l : logits) {
+    if (std::isnan(l)) l = -std::numeric_limits<float>::infinity();
+  }
+  const int32_t argmax =
+      static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+  int32_t chosen = argmax;
+  if (params_.temperature > 0.0f) {
     for (float& l : logits) l /= params_.temperature;
     TruncateDistribution(logits, params_, sc.candidates, sc.kept);
-    if (sc.kept.empty()) {  // no finite logit (a broken row): the argmax, as greedy would pick
-      sc.kept.push_back({int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin()), 1.0});
+    if (sc.kept.empty()) {  // no finite weight (every logit -inf, or +inf ones): the argmax
+      sc.kept.push_back({argmax, 1.0});
     }
     double total = 0;
     for (const auto& [id, w] : sc.kept) total += w;

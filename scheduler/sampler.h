@@ -35,7 +35,8 @@ struct SampleResult {
 // order), else in no particular order. Probabilities are normalized over the top-k survivors
 // (the whole vocabulary without top-k), as the min-p and top-p cuts are. Sorts only as much
 // as top-p needs: the prefix it keeps, found by selecting ever larger heads of the list, not
-// the whole vocabulary. `scratch` is reused between calls.
+// the whole vocabulary. The same tokens and weights as sorting everything, except which of
+// equal logits straddling a cut are kept. `scratch` is reused between calls.
 void TruncateDistribution(std::span<const float> scaled, const SamplingParams& params,
                           std::vector<std::pair<float, int32_t>>& scratch,
                           std::vector<std::pair<int32_t, double>>& kept);

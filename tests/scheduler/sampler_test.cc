@@ -189,12 +189,82 @@ TEST(SamplerTest, TruncationKeepsWhatSortingEverythingKeeps) {
   EXPECT_GT(grew, 0);  // some nuclei needed more than the first head
 }
 
-TEST(SamplerTest, NoFiniteLogitFallsBackToTheArgmax) {
+// Edge cases: one or two tokens, -inf logits, top-p a hair under 1, min-p 1, top-k at or past
+// the vocabulary; and rows full of equal logits, where which of the tied tokens straddling a
+// cut are kept is arbitrary both ways: there the kept weights must agree as a multiset.
+TEST(SamplerTest, TruncationEdgeCasesAndTies) {
+  const float inf = std::numeric_limits<float>::infinity();
+  std::mt19937 rng(9);
+  std::vector<std::pair<float, int32_t>> scratch;
+  std::vector<std::pair<int32_t, double>> kept, by_sorting;
+  int cases = 0;
+  for (int vocab : {1, 2, 7, 300}) {
+    for (int kind = 0; kind < 3; ++kind) {  // 0: distinct, 1: a third -inf, 2: ties (steps of 0.5)
+      std::vector<float> x(vocab);
+      std::normal_distribution<float> normal(0.0f, 2.0f);
+      for (float& v : x) v = kind == 2 ? std::round(normal(rng)) * 0.5f : normal(rng);
+      if (kind == 1) {
+        for (int i = 0; i < vocab; ++i) if (i % 3 == 1) x[i] = -inf;
+      }
+      for (int top_k : {0, 1, 3, vocab, vocab + 5}) {
+        for (float top_p : {1.0f, 0.99999994f, 0.9f, 0.3f}) {
+          for (float min_p : {0.0f, 0.5f, 1.0f}) {
+            SamplingParams p;
+            p.top_k = top_k;
+            p.top_p = top_p;
+            p.min_p = min_p;
+            SCOPED_TRACE(testing::Message() << "vocab " << vocab << " kind " << kind << " top_k " << top_k
+                                            << " top_p " << top_p << " min_p " << min_p);
+            TruncateDistribution(x, p, scratch, kept);
+            TruncateDistributionBySorting(x, p, by_sorting);
+            ASSERT_FALSE(kept.empty());
+            std::vector<double> got, want;
+            for (const auto& [id, w] : kept) {
+              got.push_back(w);
+              ASSERT_GT(w, 0.0);
+              ASSERT_NE(x[id], -inf);
+            }
+            for (const auto& [id, w] : by_sorting) want.push_back(w);
+            std::sort(got.begin(), got.end());
+            std::sort(want.begin(), want.end());
+            ASSERT_EQ(got, want);
+            if (kind != 2) {
+              std::map<int32_t, double> a(kept.begin(), kept.end()), b(by_sorting.begin(), by_sorting.end());
+              ASSERT_EQ(a, b);
+            }
+            ++cases;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_EQ(cases, 4 * 3 * 5 * 4 * 3);
+}
+
+TEST(SamplerTest, BrokenRowsFallBackToTheArgmaxAndNaNIsNeverChosen) {
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::nanf("");
   SamplingParams p;
   p.seed = 2;
   Sampler s(p);
-  std::vector<float> l(8, -std::numeric_limits<float>::infinity());
-  EXPECT_GE(s.Sample(l, {}, {}).token, 0);
+  std::vector<float> l(8, -inf);  // nothing finite: the first
+  EXPECT_EQ(s.Sample(l, {}, {}).token, 0);
+  for (int i = 0; i < 50; ++i) {  // a NaN is never chosen, wherever it is
+    l = {nan, 1.0f, 3.0f, nan, 2.5f};
+    const int32_t t = s.Sample(l, {}, {}).token;
+    EXPECT_TRUE(t == 1 || t == 2 || t == 4) << t;
+  }
+  SamplingParams g;
+  g.temperature = 0;
+  Sampler greedy(g);
+  l = {nan, 1.0f, 3.0f, nan, 2.5f};
+  EXPECT_EQ(greedy.Sample(l, {}, {}).token, 2);
+  // A temperature so small that dividing by it overflows every logit: the argmax.
+  SamplingParams tiny;
+  tiny.temperature = 1e-39f;
+  tiny.seed = 3;
+  Sampler cold(tiny);
+  l = {1.0f, 3.0f, 2.5f};
+  EXPECT_EQ(cold.Sample(l, {}, {}).token, 1);
 }
 
 }  // namespace
