@@ -21,6 +21,16 @@ double LogSumExp(std::span<const float> x) {
   return m + std::log(s);
 }
 
+// Index of the largest logit, ignoring NaN (0 when there is none).
+int32_t ArgMax(std::span<const float> x) {
+  int32_t best = 0;
+  float m = -std::numeric_limits<float>::infinity();
+  for (size_t i = 0; i < x.size(); ++i) {
+    if (x[i] > m) m = x[i], best = int32_t(i);
+  }
+  return best;
+}
+
 // Vocabulary-sized scratch, one per thread: a step samples its rows on several threads, and a
 // request should not hold megabytes between its tokens.
 struct Scratch {
@@ -54,14 +64,18 @@ void TruncateDistribution(std::span<const float> scaled, const SamplingParams& p
   // The candidates: the top-k survivors in c[0, n), or the whole vocabulary (not copied).
   int64_t n = vocab;
   float m;
+  // NaN logits weigh nothing: they never pass (below), never reach a sort (its order would
+  // be undefined), and the max and the total skip them.
+  const float kNegInf = -std::numeric_limits<float>::infinity();
   if (top_k) {
     c.resize(vocab);
-    for (int64_t i = 0; i < vocab; ++i) c[i] = {scaled[i], int32_t(i)};
+    for (int64_t i = 0; i < vocab; ++i) c[i] = {std::isnan(scaled[i]) ? kNegInf : scaled[i], int32_t(i)};
     std::nth_element(c.begin(), c.begin() + params.top_k, c.end(), by_logit);
     n = params.top_k;
     m = std::min_element(c.begin(), c.begin() + n, by_logit)->first;  // by_logit: most likely first
   } else {
-    m = *std::max_element(scaled.begin(), scaled.end());
+    m = kNegInf;
+    for (float x : scaled) m = x > m ? x : m;
   }
   if (!top_p) {  // no order needed
     for (int64_t k = 0; k < n; ++k) {
@@ -78,7 +92,9 @@ void TruncateDistribution(std::span<const float> scaled, const SamplingParams& p
   if (top_k) {
     for (int64_t k = 0; k < n; ++k) z += std::exp(double(c[k].first - m));
   } else {
-    for (float x : scaled) z += std::exp(double(x - m));
+    for (float x : scaled) {
+      if (const double w = std::exp(double(x - m)); w > 0) z += w;
+    }
   }
   const double target = double(params.top_p) * z;
   const double small = (1.0 - double(params.top_p)) / (4.0 * double(n));
@@ -194,19 +210,16 @@ SampleResult Sampler::Sample(std::span<float> logits, std::span<const int32_t> p
     }
   }
 
-  // A NaN logit (a broken row) is never chosen; the argmax is taken before the temperature,
-  // whose division can overflow a tiny temperature's logits to infinities.
-  for (float& l : logits) {
-    if (std::isnan(l)) l = -std::numeric_limits<float>::infinity();
-  }
-  const int32_t argmax =
-      static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
-  int32_t chosen = argmax;
-  if (params_.temperature > 0.0f) {
+  // Temperatures below kGreedyTemperature sample greedily (as vLLM does): dividing by them
+  // could overflow the logits. A NaN logit (a broken row) is never chosen.
+  int32_t chosen = 0;
+  if (params_.temperature < kGreedyTemperature) {
+    chosen = ArgMax(logits);
+  } else {
     for (float& l : logits) l /= params_.temperature;
     TruncateDistribution(logits, params_, sc.candidates, sc.kept);
-    if (sc.kept.empty()) {  // no finite weight (every logit -inf, or +inf ones): the argmax
-      sc.kept.push_back({argmax, 1.0});
+    if (sc.kept.empty()) {  // no finite weight (every logit -inf or NaN, or +inf ones)
+      sc.kept.push_back({ArgMax(logits), 1.0});
     }
     double total = 0;
     for (const auto& [id, w] : sc.kept) total += w;

@@ -11,8 +11,11 @@
 
 namespace thetaserve::scheduler {
 
+// Temperatures below this sample greedily.
+inline constexpr float kGreedyTemperature = 1e-5f;
+
 struct SamplingParams {
-  float temperature = 1.0f;  // 0 = greedy
+  float temperature = 1.0f;  // below kGreedyTemperature (0 included): greedy
   float top_p = 1.0f;        // (0, 1]
   int32_t top_k = 0;         // 0 = off
   float min_p = 0.0f;        // [0, 1]

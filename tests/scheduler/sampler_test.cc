@@ -258,13 +258,26 @@ TEST(SamplerTest, BrokenRowsFallBackToTheArgmaxAndNaNIsNeverChosen) {
   Sampler greedy(g);
   l = {nan, 1.0f, 3.0f, nan, 2.5f};
   EXPECT_EQ(greedy.Sample(l, {}, {}).token, 2);
-  // A temperature so small that dividing by it overflows every logit: the argmax.
-  SamplingParams tiny;
-  tiny.temperature = 1e-39f;
-  tiny.seed = 3;
-  Sampler cold(tiny);
-  l = {1.0f, 3.0f, 2.5f};
-  EXPECT_EQ(cold.Sample(l, {}, {}).token, 1);
+  // Temperatures below kGreedyTemperature are greedy (dividing by 1e-39 would overflow every
+  // logit); just above it, a row this flat still samples.
+  for (float t : {1e-39f, 5e-6f}) {
+    SamplingParams tiny;
+    tiny.temperature = t;
+    tiny.seed = 3;
+    Sampler cold(tiny);
+    l = {1.0f, 3.0f, 2.5f};
+    EXPECT_EQ(cold.Sample(l, {}, {}).token, 1) << t;
+  }
+  SamplingParams warm;
+  warm.temperature = 1e6f;
+  warm.seed = 4;
+  Sampler hot(warm);
+  std::map<int32_t, int> seen;
+  for (int i = 0; i < 60; ++i) {
+    l = {1.0f, 3.0f, 2.5f};
+    ++seen[hot.Sample(l, {}, {}).token];
+  }
+  EXPECT_EQ(seen.size(), 3u);
 }
 
 }  // namespace
