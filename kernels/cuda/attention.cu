@@ -270,6 +270,21 @@ __device__ void ReduceRowGroups(const SplitArgs& a, float (&acc)[GT > 0 ? GT : k
   }
 }
 
+// acc[h][e] += e_h · v[e] for the group's heads, e_h = p[h · chunk] (one V row's eight
+// values, whichever way it was read).
+template <int kG>
+__device__ __forceinline__ void AccumulateV(float (&acc)[kG][8], const float (&v)[8],
+                                            const float* p, int32_t chunk, int32_t G) {
+#pragma unroll
+  for (int h = 0; h < kG; ++h) {
+    if (h < G) {
+      const float e = p[h * chunk];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) acc[h][i] = fmaf(e, v[i], acc[h][i]);
+    }
+  }
+}
+
 // Dense split: scores, chunk max and Σe, and Σ e·V over the chunk.
 // Top-θ pass 1: scores to the workspace (EncodeScore), chunk max and Σe; no V.
 // kStaged: K through shared memory (ScoresStaged), its tiles after the scores. Its shared
@@ -346,14 +361,7 @@ __global__ void __launch_bounds__(kThreads, (GT > 0 && GT <= 4) ? (kStaged ? 6 :
         if (jl < n) {
           float vf[8];
           Bf16x8ToF32(tile[kl * (D / 8) + (lane8 ^ (kl & 7))], vf);
-#pragma unroll
-          for (int h = 0; h < kG; ++h) {
-            if (h < G) {
-              const float p = sc[h * a.chunk + jl];
-#pragma unroll
-              for (int e = 0; e < 8; ++e) acc[h][e] = fmaf(p, vf[e], acc[h][e]);
-            }
-          }
+          AccumulateV<kG>(acc, vf, sc + jl, a.chunk, G);
         }
       }
     }
@@ -363,14 +371,7 @@ __global__ void __launch_bounds__(kThreads, (GT > 0 && GT <= 4) ? (kStaged ? 6 :
       const int32_t j = j0 + jl;
       float vf[8];
       LoadBf16x8(a.pool + a.layout.RowOffset(seq.pages.VPage(lh, j, bs), j % bs) + lane8 * 8, vf);
-#pragma unroll
-      for (int h = 0; h < kG; ++h) {
-        if (h < G) {
-          const float p = sc[h * a.chunk + jl];
-#pragma unroll
-          for (int e = 0; e < 8; ++e) acc[h][e] = fmaf(p, vf[e], acc[h][e]);
-        }
-      }
+      AccumulateV<kG>(acc, vf, sc + jl, a.chunk, G);
     }
   }
   ReduceRowGroups<D, GT>(a, acc, G, sc, r, first_head, split);

@@ -139,15 +139,18 @@ Fiber& Current() { return g_block->fibers[g_block->current]; }
 // another still reads) without a barrier between them shows, as it can on a GPU, where
 // warps drift apart. "Next" is the next higher thread index, or, in a block run in reverse
 // order (b.step = -1), the next lower one.
+void RunFiber(int i, void** save_sp) {
+  Block& b = *g_block;
+  b.current = i;
+  threadIdx = b.fibers[i].tid;
+  EmuSwitchContext(save_sp, b.fibers[i].sp);
+}
+
 void SwitchToNextReady(void** save_sp) {
   Block& b = *g_block;
   const int n = int(b.fibers.size());
   const int w0 = b.current / 32 * 32, wn = std::min(n, w0 + 32) - w0;
-  auto run = [&](int i) {
-    b.current = i;
-    threadIdx = b.fibers[i].tid;
-    EmuSwitchContext(save_sp, b.fibers[i].sp);
-  };
+  auto run = [&](int i) { RunFiber(i, save_sp); };
   for (int k = 1; k <= wn; ++k) {
     const int i = w0 + ((b.current - w0 + b.step * k) % wn + wn) % wn;
     if (b.fibers[i].state == FiberState::kReady) return run(i);
@@ -174,10 +177,7 @@ void RestartOrder(void** save_sp, int warp /* -1: the whole block */) {
   for (int k = 0; k < wn; ++k) {
     const int i = w0 + (b.step > 0 ? k : wn - 1 - k);
     if (b.fibers[i].state != FiberState::kReady) continue;
-    if (i == b.current) return;  // already first: keep running
-    b.current = i;
-    threadIdx = b.fibers[i].tid;
-    EmuSwitchContext(save_sp, b.fibers[i].sp);
+    if (i != b.current) RunFiber(i, save_sp);  // else already first: keep running
     return;
   }
   SwitchToNextReady(save_sp);
