@@ -31,7 +31,13 @@ void CountingSink::OnFinish(const scheduler::FinishInfo& info) {
   std::lock_guard<std::mutex> lock(mu_);
   ++finished_;
   tokens_ += info.completion_tokens;
+  ttft_.push_back(info.ttft_seconds);
   cv_.notify_all();
+}
+
+double CountingSink::MedianTtft() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return Median(ttft_);
 }
 
 void CountingSink::WaitFor(int n) {

@@ -32,12 +32,15 @@ class CountingSink : public scheduler::TokenSink {
   void OnFinish(const scheduler::FinishInfo& info) override;
   void WaitFor(int n);
   int64_t tokens();
+  // Median time to first token of the requests finished so far (seconds).
+  double MedianTtft();
 
  private:
   std::mutex mu_;
   std::condition_variable cv_;
   int finished_ = 0;
   int64_t tokens_ = 0;
+  std::vector<double> ttft_;
 };
 
 // Request i of a benchmark: a distinct prompt of prompt_tokens tokens cut from a repeating

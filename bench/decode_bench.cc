@@ -4,6 +4,8 @@
 //
 //   build/thetaserve_bench --model models/SmolLM2-135M-Instruct.Q4_1.gguf --batches 1,16
 //       --concurrency 1,8,32,64 --repeats 5   (one command)
+//   --shared-prefix 1024 [--shared-requests 16] adds requests that share a preamble, timed with
+//   the prefix cache on and off
 // At the largest batch it also times decode steps with sampling (temperature 0.7, top-p 0.9)
 // against greedy, on one sampling thread and on the pool.
 #include <algorithm>
@@ -53,6 +55,7 @@ int main(int argc, char** argv) {
   std::string model_path = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
   std::string batches = "1,16", concurrency = "1,8,32,64";
   int repeats = 5, threads = 0, prompt_tokens = 32, decode_tokens = 32;
+  int shared_prefix = 0, shared_requests = 16;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i], v = argv[i + 1];
     if (k == "--model") model_path = v;
@@ -62,6 +65,8 @@ int main(int argc, char** argv) {
     else if (k == "--threads") threads = std::stoi(v);
     else if (k == "--prompt-tokens") prompt_tokens = std::stoi(v);
     else if (k == "--decode-tokens") decode_tokens = std::stoi(v);
+    else if (k == "--shared-prefix") shared_prefix = std::stoi(v);
+    else if (k == "--shared-requests") shared_requests = std::stoi(v);
     else {
       std::fprintf(stderr, "unknown flag %s\n", k.c_str());
       return 2;
@@ -138,6 +143,79 @@ int main(int argc, char** argv) {
       std::printf("%-38s %-8d %-16.2f %-10.3f\n", modes[m].name, modes[m].threads, Median(ms[m]),
                   Median(ms[m]) / Median(ms[0]));
     }
+  }
+
+  // Prefix caching: requests that share a preamble of `shared_prefix` tokens (then 32 tokens of
+  // their own, 16 output tokens). One request runs first; then the others arrive together, and
+  // their wall time and time to first token are timed with the cache on and off, alternated.
+  if (shared_prefix > 0 && shared_requests > 1) {
+    auto request = [&](int i) {
+      ts::scheduler::Request r = ts::bench::MakeRequest(**model, 0, shared_prefix, 16);
+      const ts::scheduler::Request own = ts::bench::MakeRequest(**model, 1000 + 37 * i, 32, 16);
+      r.prompt.insert(r.prompt.end(), own.prompt.begin(), own.prompt.end());
+      r.id = "shared-" + std::to_string(i);
+      return r;
+    };
+    struct Run {
+      double first_s = 0, rest_s = 0, rest_ttft_s = 0;
+      int64_t prompt_computed = 0, hits = 0;
+    };
+    auto run = [&](bool caching) -> absl::StatusOr<Run> {
+      ts::scheduler::EngineConfig pc = config;
+      pc.prefix_caching = caching;
+      pc.scheduler.max_num_seqs = shared_requests;
+      auto engine = ts::scheduler::Engine::Create(pc, **backend);
+      if (!engine.ok()) return engine.status();
+      Run out;
+      auto first = std::make_shared<ts::bench::CountingSink>();
+      double t0 = Now();
+      if (auto st = (*engine)->Submit(request(0), first); !st.ok()) return st;
+      first->WaitFor(1);
+      out.first_s = Now() - t0;
+      auto rest = std::make_shared<ts::bench::CountingSink>();
+      t0 = Now();
+      for (int i = 1; i < shared_requests; ++i) {
+        if (auto st = (*engine)->Submit(request(i), rest); !st.ok()) return st;
+      }
+      rest->WaitFor(shared_requests - 1);
+      out.rest_s = Now() - t0;
+      out.rest_ttft_s = rest->MedianTtft();
+      (*engine)->Stop();
+      const auto stats = (*engine)->Stats();
+      out.prompt_computed = stats.counters.prompt_tokens;
+      out.hits = stats.counters.prefix_hit_tokens;
+      return out;
+    };
+    std::vector<double> rest_s[2], ttft_s[2], first_s[2];
+    Run last[2];
+    for (int rep = 0; rep < repeats; ++rep) {
+      for (int caching = 0; caching < 2; ++caching) {
+        auto r = run(caching == 1);
+        if (!r.ok()) {
+          std::fprintf(stderr, "%s\n", std::string(r.status().message()).c_str());
+          return 1;
+        }
+        rest_s[caching].push_back(r->rest_s);
+        ttft_s[caching].push_back(r->rest_ttft_s);
+        first_s[caching].push_back(r->first_s);
+        last[caching] = *r;
+      }
+      std::fprintf(stderr, "\rshared prefix: repeat %d/%d   ", rep + 1, repeats);
+    }
+    std::fprintf(stderr, "\n");
+    std::printf("\nshared prefix: %d requests of a %d-token preamble + 32 tokens of their own, 16 output "
+                "tokens; the first alone, then the other %d at once\n",
+                shared_requests, shared_prefix, shared_requests - 1);
+    std::printf("%-16s %-16s %-14s %-18s %-18s %-12s\n", "prefix caching", "prompt computed",
+                "tokens found", "first request s", "other requests s", "their TTFT s");
+    for (int caching = 0; caching < 2; ++caching) {
+      std::printf("%-16s %-16lld %-14lld %-18.3f %-18.3f %-12.3f\n", caching ? "on" : "off",
+                  static_cast<long long>(last[caching].prompt_computed),
+                  static_cast<long long>(last[caching].hits), Median(first_s[caching]),
+                  Median(rest_s[caching]), Median(ttft_s[caching]));
+    }
+    std::printf("off ÷ on: other requests %.2f×, their median TTFT %.2f×\n",
+                Median(rest_s[0]) / Median(rest_s[1]), Median(ttft_s[0]) / Median(ttft_s[1]));
   }
 
   std::printf("\noffline throughput (all requests queued at once; %d-token prompts, %d output tokens)\n",

@@ -5,7 +5,10 @@
 namespace thetaserve::cache {
 
 PagePool::PagePool(int64_t num_pages, int32_t block_size)
-    : block_size_(block_size), refs_(num_pages, 0), kinds_(num_pages, PageKind::kFree) {
+    : block_size_(block_size),
+      refs_(num_pages, 0),
+      kinds_(num_pages, PageKind::kFree),
+      cached_(num_pages, 0) {
   CHECK_GT(block_size, 0);
   free_.reserve(num_pages);
   // Lowest ids on top of the stack.
@@ -31,16 +34,33 @@ int32_t PagePool::Allocate(PageKind kind) {
 
 void PagePool::Ref(int32_t page) {
   CHECK_GT(refs_[page], 0) << "Ref of a free page " << page;
+  if (cached_[page] && refs_[page] == 1) --cached_only_[static_cast<int>(kinds_[page])];
   ++refs_[page];
 }
 
 void PagePool::Release(int32_t page) {
   CHECK_GT(refs_[page], 0) << "double release of page " << page;
-  if (--refs_[page] == 0) {
+  --refs_[page];
+  if (cached_[page] && refs_[page] == 1) ++cached_only_[static_cast<int>(kinds_[page])];
+  if (refs_[page] == 0) {
     --used_[static_cast<int>(kinds_[page])];
     kinds_[page] = PageKind::kFree;
     free_.push_back(page);
   }
+}
+
+void PagePool::RefCached(int32_t page) {
+  CHECK(!cached_[page]) << "page " << page << " is already cached";
+  Ref(page);
+  cached_[page] = 1;
+  if (refs_[page] == 1) ++cached_only_[static_cast<int>(kinds_[page])];
+}
+
+void PagePool::ReleaseCached(int32_t page) {
+  CHECK(cached_[page]) << "page " << page << " is not cached";
+  if (refs_[page] == 1) --cached_only_[static_cast<int>(kinds_[page])];
+  cached_[page] = 0;
+  Release(page);
 }
 
 }  // namespace thetaserve::cache

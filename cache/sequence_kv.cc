@@ -108,6 +108,19 @@ void SequenceKv::Grow(PagePool& pool, int64_t new_length) {
   blocks_ = blocks;
 }
 
+void SequenceKv::AppendSharedBlock(PagePool& pool, const int32_t* k_pages,
+                                   const int32_t* v_pages) {
+  CHECK(v_tail_start_ == 0) << "shared blocks need the dense V store";
+  EnsureStride(blocks_ + 1);
+  for (int64_t t = 0; t < shape_.tables(); ++t) {
+    pool.Ref(k_pages[t]);
+    pool.Ref(v_pages[t]);
+    k_table_[t * stride_ + blocks_] = k_pages[t];
+    v_table_[t * stride_ + blocks_] = v_pages[t];
+  }
+  ++blocks_;
+}
+
 void SequenceKv::CompactV(PagePool& pool, int64_t length, const SparsePolicy& policy,
                           std::vector<RowMove>* moves, CompactResult* result) {
   *result = CompactResult();

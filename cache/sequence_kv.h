@@ -63,6 +63,13 @@ class SequenceKv {
   int64_t PagesToReach(int64_t length, const SparsePolicy& policy, int64_t chunk) const;
   // Check, then commit: the caller made sure pool.CanAllocate(PagesNeeded(new_length)).
   void Grow(PagePool& pool, int64_t new_length);
+  // Appends one block whose K and V pages another sequence computed (a cached prefix): one
+  // page per table each, [tables]; takes a reference to each. Only while the V store is the
+  // dense tail from 0 (no compaction has run) — the prefix cache runs under the full policy.
+  void AppendSharedBlock(PagePool& pool, const int32_t* k_pages, const int32_t* v_pages);
+  // The K and V pages of block `block` of table `table` (V: needs v_tail_start() == 0).
+  int32_t k_page(int64_t table, int64_t block) const { return k_table_[table * stride_ + block]; }
+  int32_t v_page(int64_t table, int64_t block) const { return v_table_[table * stride_ + block]; }
   // Returns every page to the pool and forgets all rows (finish, cancel, preemption).
   void ReleaseAll(PagePool& pool);
   int64_t num_pages() const;

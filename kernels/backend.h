@@ -62,6 +62,13 @@ class Backend {
   // sources of earlier ones), before the next Forward.
   virtual absl::Status CopyKvRows(std::span<const KvRowCopy> copies) = 0;
 
+  // Sets pages.v_sum (VMC's running V sums, [tables, head_dim]) to the sum of each table's V
+  // rows [0, length) in position order, read from the pool: what Forward accumulated while it
+  // wrote them, for a sequence that adopted those rows from the prefix cache instead. The
+  // rows must lie in the dense V tail (v_tail_start 0). Bit-identical to the running sums on
+  // the CPU (f32 rows, the same additions); from the stored bf16 rows on the GPU.
+  virtual absl::Status SumVRows(const SeqPageTables& pages, int64_t length) = 0;
+
   // Top-θ settings for every following Forward (the table must outlive its use).
   void SetTopTheta(const TopThetaConfig& config) { top_theta_ = config; }
   const TopThetaConfig& top_theta() const { return top_theta_; }

@@ -48,7 +48,10 @@ Engine::Engine(const EngineConfig& config, kernels::Backend& backend, int64_t nu
       kv_shape_{static_cast<int32_t>(backend.model().config().num_layers),
                 static_cast<int32_t>(backend.model().config().num_kv_heads), config.block_size,
                 static_cast<int32_t>(backend.model().config().head_dim)},
-      scheduler_(WithSparse(config.scheduler, config.sparse), pool_),
+      prefix_cache_(config.prefix_caching && !config.sparse.enabled
+                        ? std::make_unique<cache::PrefixCache>(kv_shape_)
+                        : nullptr),
+      scheduler_(WithSparse(config.scheduler, config.sparse), pool_, prefix_cache_.get()),
       tokenizer_(&backend.model().tokenizer()) {
   if (config.sampling_threads > 1) {
     sampling_pool_ = std::make_unique<kernels::cpu::ThreadPool>(config.sampling_threads);
@@ -135,14 +138,21 @@ void Engine::PublishStats(const StepStats* step, int64_t finishing) {
   EngineStats s;
   s.running = static_cast<int64_t>(scheduler_.running().size());
   s.waiting = static_cast<int64_t>(scheduler_.waiting().size());
+  // Pages only the prefix cache holds are reclaimable on demand: free for these figures.
   s.pages_total = pool_.num_pages();
-  s.pages_free = pool_.num_free();
-  s.pages_used_k = pool_.num_used(cache::PageKind::kK);
-  s.pages_used_v = pool_.num_used(cache::PageKind::kV);
+  s.pages_cached = pool_.num_cached_only();
+  s.pages_free = pool_.num_free() + s.pages_cached;
+  s.pages_used_k = pool_.num_used(cache::PageKind::kK) - pool_.num_cached_only(cache::PageKind::kK);
+  s.pages_used_v = pool_.num_used(cache::PageKind::kV) - pool_.num_cached_only(cache::PageKind::kV);
+  s.prefix_caching = prefix_cache_ != nullptr;
+  if (prefix_cache_) s.prefix_cache_blocks = prefix_cache_->num_blocks();
   s.block_size = config_.block_size;
   s.page_bytes =
       int64_t(config_.block_size) * backend_->model().config().head_dim * backend_->kv_element_bytes();
   s.counters = counters_;
+  s.counters.prefix_query_tokens = scheduler_.prefix_query_tokens();
+  s.counters.prefix_hit_tokens = scheduler_.prefix_hit_tokens();
+  if (prefix_cache_) s.counters.prefix_evicted_blocks = prefix_cache_->num_evicted();
   const int64_t tables = kv_shape_.tables();
   for (const auto& seq : scheduler_.running()) {
     s.v_rows_dense_equivalent += seq->num_computed * tables;
@@ -237,6 +247,13 @@ void Engine::RunStep(StepPlan& plan) {
     cache::SequenceKv& kv = sc.seq->kv();
     chunk.pages = PageTablesFor(kv, config_.sparse);
     chunk.tables = TableVersionOf(kv);
+    if (sc.seq->restore_v_sum) {
+      // Adopted from the prefix cache: VMC's running sums of the rows it did not compute.
+      if (absl::Status st = backend_->SumVRows(chunk.pages, sc.seq->num_computed); !st.ok()) {
+        return FailStep(plan, st);
+      }
+      sc.seq->restore_v_sum = false;
+    }
     const auto& toks = sc.seq->tokens();
     tokens_.insert(tokens_.end(), toks.begin() + sc.seq->num_computed,
                    toks.begin() + sc.seq->num_computed + sc.num_tokens);
@@ -254,15 +271,9 @@ void Engine::RunStep(StepPlan& plan) {
   logits_.resize(kernels::NumLogitRows(batch) * c.vocab_size);
   absl::Status st = backend_->Forward(batch, logits_.data());
   const auto t1 = Clock::now();
-  if (!st.ok()) {
-    for (const ScheduledChunk& sc : plan.chunks) {
-      Finish(sc.seq, FinishReason::kError,
-             absl::InternalError(absl::StrCat("forward pass failed: ", st.message())));
-    }
-    DeliverFinished();
-    return;
-  }
+  if (!st.ok()) return FailStep(plan, st);
   scheduler_.Commit(plan);
+  CacheCompletedBlocks(plan);
   counters_.prompt_tokens += step.prefill_tokens;
   counters_.v_rows_read += attn_stats_.v_rows_read;
   counters_.v_rows_read_dense += attn_stats_.v_rows_read_dense;
@@ -317,6 +328,27 @@ void Engine::RunStep(StepPlan& plan) {
   step.num_seqs = static_cast<int64_t>(plan.chunks.size());
   step.num_tokens = plan.num_tokens;
   PublishStats(&step);
+}
+
+void Engine::FailStep(const StepPlan& plan, const absl::Status& st) {
+  for (const ScheduledChunk& sc : plan.chunks) {
+    Finish(sc.seq, FinishReason::kError,
+           absl::InternalError(absl::StrCat("forward pass failed: ", st.message())));
+  }
+  DeliverFinished();
+}
+
+void Engine::CacheCompletedBlocks(const StepPlan& plan) {
+  if (!prefix_cache_) return;
+  const int64_t bs = config_.block_size;
+  for (const ScheduledChunk& sc : plan.chunks) {
+    Sequence& seq = *sc.seq;
+    const int64_t full = seq.num_computed / bs;  // blocks whose every row is computed
+    if (full <= seq.cached_blocks) continue;
+    seq.cache_key = prefix_cache_->Insert(seq.tokens(), seq.cached_blocks, full, seq.cache_key,
+                                          seq.kv(), pool_);
+    seq.cached_blocks = full;
+  }
 }
 
 void Engine::CompactSparseV(const StepPlan& plan) {

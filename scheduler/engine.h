@@ -34,6 +34,13 @@ struct EngineConfig {
   // parallel. Rows are independent (each request owns its random generator), so the tokens
   // do not depend on this.
   int32_t sampling_threads = 1;
+  // Automatic prefix caching: full blocks of computed tokens keep their K and V pages after
+  // their sequence finishes (held by the cache, reclaimed least recently used first when the
+  // pool is short), and a new request whose tokens begin with cached blocks adopts them
+  // instead of computing them. Under the full V policy only (the sparse policy rewrites V
+  // pages in place); ignored otherwise. On the CPU a request's tokens and logits are the same
+  // bits with or without it.
+  bool prefix_caching = false;
 };
 
 class Engine {
@@ -61,6 +68,7 @@ class Engine {
 
   EngineStats Stats() const;
   const cache::PagePool& pool_for_tests() const { return pool_; }
+  bool prefix_caching() const { return prefix_cache_ != nullptr; }
   const EngineConfig& config() const { return config_; }
   // Called on the engine thread whenever the stats change: after every step (with that
   // step's figures), after cancellations, and before a step's finished requests are told so
@@ -73,6 +81,8 @@ class Engine {
   void Loop();
   void DrainInbox();
   void RunStep(StepPlan& plan);
+  // Finishes every sequence of the step with an error (the forward pass failed).
+  void FailStep(const StepPlan& plan, const absl::Status& st);
   // Finish removes a sequence (its pages go back to the pool at once) and queues what its
   // sink will hear; DeliverFinished publishes the stats, then tells the sinks. So a client
   // that has heard its request finish finds its pages free and its tokens counted (status,
@@ -84,11 +94,14 @@ class Engine {
   void PublishStats(const StepStats* step, int64_t finishing = 0);
   // Applies the sparse V policy to sequences past their prompt; copies rows in the backend.
   void CompactSparseV(const StepPlan& plan);
+  // Registers the blocks this step completed in the prefix cache.
+  void CacheCompletedBlocks(const StepPlan& plan);
 
   EngineConfig config_;
   kernels::Backend* backend_;
   cache::PagePool pool_;
   cache::KvShape kv_shape_;
+  std::unique_ptr<cache::PrefixCache> prefix_cache_;  // null: no prefix caching
   Scheduler scheduler_;
   const model::Tokenizer* tokenizer_;
   Observer observer_;

@@ -6,8 +6,22 @@
 
 namespace thetaserve::scheduler {
 
-Scheduler::Scheduler(const SchedulerConfig& config, cache::PagePool& pool)
-    : config_(config), pool_(&pool) {}
+Scheduler::Scheduler(const SchedulerConfig& config, cache::PagePool& pool,
+                     cache::PrefixCache* prefix_cache)
+    : config_(config), pool_(&pool), prefix_(prefix_cache) {}
+
+bool Scheduler::Room(int64_t pages) {
+  if (pool_->CanAllocate(pages)) return true;
+  // Evict only when that can be enough (pages the cache alone holds bound what it can free).
+  if (!prefix_ || pool_->num_free() + pool_->num_cached_only() < pages) return false;
+  return prefix_->MakeRoom(*pool_, pages);
+}
+
+void Scheduler::ForgetCachedBlocks(Sequence& seq) {
+  seq.cached_blocks = 0;
+  seq.cache_key = cache::PrefixCache::kRoot;
+  seq.restore_v_sum = false;
+}
 
 void Scheduler::AddWaiting(std::unique_ptr<Sequence> seq) {
   seq->state = SequenceState::kWaiting;
@@ -18,7 +32,8 @@ void Scheduler::Preempt(size_t running_index) {
   std::unique_ptr<Sequence> seq = std::move(running_[running_index]);
   running_.erase(running_.begin() + running_index);
   seq->kv().ReleaseAll(*pool_);
-  seq->num_computed = 0;  // recompute prompt + output so far
+  seq->num_computed = 0;  // recompute prompt + output so far (its blocks may still be cached)
+  ForgetCachedBlocks(*seq);
   seq->state = SequenceState::kWaiting;
   ++seq->preemptions;
   ++preemptions_;
@@ -38,7 +53,7 @@ StepPlan Scheduler::Schedule() {
       continue;
     }
     const int64_t need = seq->kv().PagesNeeded(seq->num_computed + n);
-    if (!pool_->CanAllocate(need)) {
+    if (!Room(need)) {
       // Free the newest running sequence (possibly this one) and retry.
       const size_t victim = running_.size() - 1;
       plan.preempted.push_back(running_[victim].get());
@@ -69,9 +84,31 @@ StepPlan Scheduler::Schedule() {
   while (plan.preempted.empty() && budget > 0 && !waiting_.empty() &&
          int64_t(running_.size()) < config_.max_num_seqs) {
     Sequence* seq = waiting_.front().get();
+    // Cached blocks first: all of the tokens but the last (whose logits are needed) can come
+    // from the prefix cache.
+    int64_t adopted = 0;
+    if (prefix_ && seq->kv().blocks() == 0) {
+      const auto& tokens = seq->tokens();
+      const int64_t bs = pool_->block_size();
+      adopted = prefix_->Adopt(tokens, (int64_t(tokens.size()) - 1) / bs, seq->kv(), *pool_,
+                               &seq->cache_key);
+      seq->num_computed = adopted * bs;
+      seq->cached_blocks = adopted;
+    }
     const int64_t n = std::min(seq->num_uncomputed(), budget);
     const int64_t whole = to_finish_prompt(*seq);
-    if (!pool_->CanAllocate(reserved + whole)) break;
+    if (!Room(reserved + whole)) {
+      // It waits without pages; the blocks stay cached.
+      seq->kv().ReleaseAll(*pool_);
+      seq->num_computed = 0;
+      ForgetCachedBlocks(*seq);
+      break;
+    }
+    if (prefix_) {
+      prefix_query_tokens_ += int64_t(seq->tokens().size());
+      prefix_hit_tokens_ += seq->num_computed;
+      seq->restore_v_sum = adopted > 0;
+    }
     reserved += std::max<int64_t>(0, whole - seq->kv().PagesNeeded(seq->num_computed + n));
     seq->kv().Grow(*pool_, seq->num_computed + n);
     seq->state = SequenceState::kRunning;

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "cache/page_pool.h"
+#include "cache/prefix_cache.h"
 #include "cache/sequence_kv.h"
 #include "scheduler/sequence.h"
 
@@ -39,7 +40,11 @@ struct StepPlan {
 
 class Scheduler {
  public:
-  Scheduler(const SchedulerConfig& config, cache::PagePool& pool);
+  // With a prefix cache, a sequence being admitted first adopts the cached blocks its tokens
+  // begin with (all but its last token can come from there), and pages held only by the
+  // cache are freed, least recently used first, whenever the pool is short.
+  Scheduler(const SchedulerConfig& config, cache::PagePool& pool,
+            cache::PrefixCache* prefix_cache = nullptr);
 
   void AddWaiting(std::unique_ptr<Sequence> seq);
   // Plans the next step; allocates the pages it needs.
@@ -52,16 +57,25 @@ class Scheduler {
   const std::deque<std::unique_ptr<Sequence>>& waiting() const { return waiting_; }
   const std::vector<std::unique_ptr<Sequence>>& running() const { return running_; }
   int64_t num_preemptions() const { return preemptions_; }
+  // Tokens of admitted sequences looked up in the prefix cache, and those found there.
+  int64_t prefix_query_tokens() const { return prefix_query_tokens_; }
+  int64_t prefix_hit_tokens() const { return prefix_hit_tokens_; }
   Sequence* Find(const std::string& request_id);
 
  private:
   void Preempt(size_t running_index);
+  // Whether the pool has `pages` free pages, after evicting cached blocks if need be.
+  bool Room(int64_t pages);
+  void ForgetCachedBlocks(Sequence& seq);
 
   SchedulerConfig config_;
   cache::PagePool* pool_;
+  cache::PrefixCache* prefix_;  // null: no prefix caching
   std::deque<std::unique_ptr<Sequence>> waiting_;    // FIFO; preempted go to the front
   std::vector<std::unique_ptr<Sequence>> running_;   // in admission order
   int64_t preemptions_ = 0;
+  int64_t prefix_query_tokens_ = 0;
+  int64_t prefix_hit_tokens_ = 0;
 };
 
 }  // namespace thetaserve::scheduler

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "cache/prefix_cache.h"
 #include "cache/sequence_kv.h"
 #include "kernels/paged_kv.h"
 #include "model/tokenizer.h"
@@ -44,6 +45,13 @@ class Sequence {
   // Returns true when finished (reason in finish_reason()).
   bool AppendToken(const SampleResult& sample, const model::Tokenizer& tokenizer);
   FinishReason finish_reason() const { return finish_reason_; }
+
+  // Prefix cache: blocks of tokens() registered in (or adopted from) the cache, the key of the
+  // last of them, and whether this sequence adopted blocks at admission whose V sums the
+  // backend must rebuild before its next forward pass.
+  int64_t cached_blocks = 0;
+  uint64_t cache_key = cache::PrefixCache::kRoot;
+  bool restore_v_sum = false;
 
   // Timing, for FinishInfo.
   std::optional<Clock::time_point> first_scheduled;

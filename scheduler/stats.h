@@ -21,6 +21,10 @@ struct EngineCounters {
   int64_t attn_elements_dense = 0;
   int64_t v_rows_evicted = 0;
   int64_t v_rows_retained_but_evicted = 0;
+  // Prefix caching: tokens of admitted sequences looked up, and those found cached.
+  int64_t prefix_query_tokens = 0;
+  int64_t prefix_hit_tokens = 0;
+  int64_t prefix_evicted_blocks = 0;  // cached blocks freed for new work
 };
 
 // One step, reported to the step observer.
@@ -37,9 +41,12 @@ struct EngineStats {
   int64_t running = 0;
   int64_t waiting = 0;
   int64_t pages_total = 0;
-  int64_t pages_free = 0;
-  int64_t pages_used_k = 0;
+  int64_t pages_free = 0;    // free, or held only by the prefix cache (reclaimable)
+  int64_t pages_used_k = 0;  // held by sequences (a shared page once)
   int64_t pages_used_v = 0;
+  int64_t pages_cached = 0;  // held only by the prefix cache (counted in pages_free)
+  bool prefix_caching = false;
+  int64_t prefix_cache_blocks = 0;  // blocks in the prefix cache (in use or not)
   int32_t block_size = 0;
   int64_t page_bytes = 0;
   int64_t v_rows_resident = 0;          // V rows stored, all running sequences

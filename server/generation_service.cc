@@ -146,6 +146,7 @@ grpc::ServerUnaryReactor* GenerationService::GetModelInfo(grpc::CallbackServerCo
   info->set_backend(backend_name_);
   info->set_eos_token_id(static_cast<uint32_t>(std::max(0, model_->tokenizer().eos_id())));
   info->set_bos_token_id(static_cast<uint32_t>(std::max(0, model_->tokenizer().bos_id())));
+  info->set_prefix_caching(engine_->prefix_caching());
   return FinishUnary(ctx, grpc::Status::OK);
 }
 
@@ -162,9 +163,13 @@ grpc::ServerUnaryReactor* GenerationService::GetServerStatus(grpc::CallbackServe
   pages->set_used_v(s.pages_used_v);
   pages->set_free(s.pages_free);
   pages->set_page_bytes(s.page_bytes);
+  pages->set_cached(s.pages_cached);
   out->set_draining(engine_->draining());
   out->set_steps(s.counters.steps);
   out->set_preemptions(s.counters.preemptions);
+  out->set_prefix_cache_blocks(s.prefix_cache_blocks);
+  out->set_prefix_cache_query_tokens(s.counters.prefix_query_tokens);
+  out->set_prefix_cache_hit_tokens(s.counters.prefix_hit_tokens);
   return FinishUnary(ctx, grpc::Status::OK);
 }
 

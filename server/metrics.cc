@@ -57,9 +57,22 @@ Metrics::Metrics(const MetricsInfo& info)
       pages_total_(BuildGauge().Name("thetaserve_kv_pages_capacity")
                        .Help("Pages in the KV page pool").Register(*registry_).Add({})),
       pages_free_(BuildGauge().Name("thetaserve_kv_pages_free")
-                      .Help("Free KV pages").Register(*registry_).Add({})),
+                      .Help("Free KV pages (including those only the prefix cache holds)")
+                      .Register(*registry_).Add({})),
       kv_usage_(BuildGauge().Name("thetaserve_kv_cache_usage_ratio")
                     .Help("Used pages / total pages (0..1)").Register(*registry_).Add({})),
+      pages_cached_(BuildGauge().Name("thetaserve_kv_pages_cached")
+                        .Help("KV pages only the prefix cache holds (reclaimable; counted as free)")
+                        .Register(*registry_).Add({})),
+      prefix_query_tokens_(BuildCounter().Name("thetaserve_prefix_cache_query_tokens_total")
+                               .Help("Tokens of admitted requests looked up in the prefix cache")
+                               .Register(*registry_).Add({})),
+      prefix_hit_tokens_(BuildCounter().Name("thetaserve_prefix_cache_hit_tokens_total")
+                             .Help("Tokens found in the prefix cache (their K/V not computed)")
+                             .Register(*registry_).Add({})),
+      prefix_evicted_blocks_(BuildCounter().Name("thetaserve_prefix_cache_evicted_blocks_total")
+                                 .Help("Cached blocks freed to make room for new work")
+                                 .Register(*registry_).Add({})),
       batch_size_(BuildHistogram().Name("thetaserve_batch_size")
                       .Help("Sequences per engine step").Register(*registry_)
                       .Add({}, CountBuckets())),
@@ -160,6 +173,7 @@ void Metrics::OnEngineStats(const scheduler::EngineStats& s, const scheduler::St
   pages_used_v_->Set(double(s.pages_used_v));
   pages_free_.Set(double(s.pages_free));
   kv_usage_.Set(s.pages_total ? double(s.pages_total - s.pages_free) / s.pages_total : 0.0);
+  pages_cached_.Set(double(s.pages_cached));
   v_rows_resident_.Set(double(s.v_rows_resident));
   v_rows_dense_.Set(double(s.v_rows_dense_equivalent));
   v_bytes_saved_.Set(double(s.v_rows_dense_equivalent - s.v_rows_resident) * s.v_row_bytes);
@@ -179,6 +193,9 @@ void Metrics::OnEngineStats(const scheduler::EngineStats& s, const scheduler::St
   advance(attn_elements_dense_, k.attn_elements_dense);
   advance(v_rows_evicted_, k.v_rows_evicted);
   advance(v_rows_retained_but_evicted_, k.v_rows_retained_but_evicted);
+  advance(prefix_query_tokens_, k.prefix_query_tokens);
+  advance(prefix_hit_tokens_, k.prefix_hit_tokens);
+  advance(prefix_evicted_blocks_, k.prefix_evicted_blocks);
 
   for (size_t l = 0; l < layer_kept_ratio_.size() && l < s.layer_kept_ratio.size(); ++l) {
     layer_kept_ratio_[l]->Set(s.layer_kept_ratio[l]);

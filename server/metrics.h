@@ -63,6 +63,10 @@ class Metrics {
   prometheus::Gauge* pages_used_v_;
   prometheus::Gauge& pages_free_;
   prometheus::Gauge& kv_usage_;
+  prometheus::Gauge& pages_cached_;
+  prometheus::Counter& prefix_query_tokens_;
+  prometheus::Counter& prefix_hit_tokens_;
+  prometheus::Counter& prefix_evicted_blocks_;
   prometheus::Histogram* step_duration_[3];  // prefill, decode, mixed
   prometheus::Histogram& batch_size_;
   prometheus::Histogram& batch_tokens_;

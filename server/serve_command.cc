@@ -46,6 +46,8 @@ constexpr char kUsage[] =
     "  --threads N                  CPU threads: the CPU backend's, and up to 16 that sample a\n"
     "                               step's rows in parallel (default: all cores)\n"
     "  --device cpu|cuda|auto       (default auto)\n"
+    "  --prefix-caching on|off      keep computed prompt blocks for requests that begin the\n"
+    "                               same way (default on; off under --policy sparse)\n"
     "  --drain-timeout SECONDS      grace period for in-flight requests on SIGTERM (default 30)\n"
     "  --tls-cert FILE --tls-key FILE   serve TLS\n"
     "  --api-key KEY                require 'authorization: Bearer KEY' (or THETASERVE_API_KEY)\n";
@@ -74,6 +76,7 @@ int RunServe(const std::vector<std::string>& argv) {
       {"max-num-seqs", true}, {"max-num-batched-tokens", true}, {"kv-cache-memory", true},
       {"block-size", true}, {"max-queue", true}, {"threads", true}, {"device", true},
       {"drain-timeout", true}, {"tls-cert", true}, {"tls-key", true}, {"api-key", true},
+      {"prefix-caching", true},
       {"help", false}};
   for (const auto& [name, v] : ThetaFlags()) known[name] = v;
   auto args = CliArgs::Parse(argv, known);
@@ -108,6 +111,11 @@ int RunServe(const std::vector<std::string>& argv) {
   if (*max_seqs < 1 || *max_tokens < 1 || *block_size < 1 || *max_queue < 1) {
     return fail(absl::InvalidArgumentError(
         "--max-num-seqs, --max-num-batched-tokens, --block-size and --max-queue must be >= 1"));
+  }
+  const std::string prefix_caching = args->GetString("prefix-caching", "on");
+  if (prefix_caching != "on" && prefix_caching != "off") {
+    return fail(absl::InvalidArgumentError(absl::StrCat(
+        "--prefix-caching is '", prefix_caching, "'; it must be on or off")));
   }
   std::string api_key = args->GetString("api-key");
   if (api_key.empty()) {
@@ -151,6 +159,10 @@ int RunServe(const std::vector<std::string>& argv) {
   // run at once); more than 16 threads would mostly wait at batch sizes up to 64.
   ec.sampling_threads = std::clamp(
       *threads > 0 ? int(*threads) : int(std::thread::hardware_concurrency()), 1, 16);
+  ec.prefix_caching = prefix_caching == "on";
+  if (ec.prefix_caching && ec.sparse.enabled) {
+    std::fprintf(stderr, "prefix caching: off (--policy sparse rewrites V pages in place)\n");
+  }
   auto engine = scheduler::Engine::Create(ec, *loaded->backend);
   if (!engine.ok()) return fail(engine.status());
 

@@ -332,6 +332,15 @@ def kv_cache():
                                 targets((sel("thetaserve:v_rows_retained_but_evicted:ratio_rate5m"), "{{instance}}")),
                                 unit="percentunit", minv=0), 12, 8))
 
+    p.append(L.row("Prefix cache"))
+    p.append(L.place(timeseries("Prefix cache hit rate", "Per instance, of the tokens admitted requests looked up in the prefix cache, the fraction found there (recording rule thetaserve:prefix_cache_hit:ratio_rate5m): their K and V were adopted, not computed. Empty with --prefix-caching off or under the sparse V policy.",
+                                targets((sel("thetaserve:prefix_cache_hit:ratio_rate5m"), "{{instance}}")),
+                                unit="percentunit", minv=0, maxv=1), 12, 8))
+    p.append(L.place(timeseries("Prefix cache pages and evictions", "KV pages only the prefix cache holds (reclaimable, counted as free), and cached blocks evicted per second to make room for new work (right axis).",
+                                targets(("sum(%s)" % sel("thetaserve_kv_pages_cached"), "cached pages"),
+                                        ("sum(%s)" % rate("thetaserve_prefix_cache_evicted_blocks_total"), "evicted blocks/s")),
+                                right=("B", "short")), 12, 8))
+
     p.append(L.row("Per layer"))
     kept = "avg by (layer) (%s)" % sel("thetaserve_attention_kept_ratio")
     padded = ('label_replace(label_replace(%s, "layer", "00$1", "layer", "([0-9])"), '

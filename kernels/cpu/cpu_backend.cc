@@ -47,6 +47,31 @@ absl::Status CpuBackend::CopyKvRows(std::span<const KvRowCopy> copies) {
   return absl::OkStatus();
 }
 
+absl::Status CpuBackend::SumVRows(const SeqPageTables& pages, int64_t length) {
+  if (kv_pool_.empty()) return absl::FailedPreconditionError("KV pool not allocated");
+  if (!pages.v_sum) return absl::OkStatus();
+  if (pages.v_tail_start != 0) {
+    return absl::FailedPreconditionError("SumVRows needs the dense V tail from position 0");
+  }
+  const auto& c = model_->config();
+  const int64_t d = kv_layout_.head_dim;
+  for (int64_t t = 0; t < int64_t(c.num_layers) * c.num_kv_heads; ++t) {
+    float* sum = pages.v_sum + t * d;
+    std::fill(sum, sum + d, 0.0f);
+    // Position order, one add per element: the additions WriteKv made.
+    for (int64_t pos = 0; pos < length; ++pos) {
+      const int32_t page = pages.VPage(t, pos, kv_layout_.block_size);
+      if (page < 0 || page >= kv_layout_.num_pages) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "V page %d of table %d at position %d is outside the pool", page, t, pos));
+      }
+      const float* row = kv_pool_.data() + kv_layout_.RowOffset(page, pos % kv_layout_.block_size);
+      for (int64_t e = 0; e < d; ++e) sum[e] += row[e];
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CpuBackend::Forward(const ForwardBatch& batch, float* logits) {
   const model::ModelConfig& c = model_->config();
   const model::ModelWeights& w = model_->weights();

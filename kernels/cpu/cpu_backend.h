@@ -19,6 +19,7 @@ class CpuBackend : public Backend {
   absl::Status AllocateKvPool(int64_t num_pages, int32_t block_size) override;
   absl::Status Forward(const ForwardBatch& batch, float* logits) override;
   absl::Status CopyKvRows(std::span<const KvRowCopy> copies) override;
+  absl::Status SumVRows(const SeqPageTables& pages, int64_t length) override;
   std::optional<int64_t> FreeMemoryBytes() const override;
 
   ThreadPool& pool() { return pool_; }

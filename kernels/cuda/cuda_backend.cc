@@ -156,6 +156,7 @@ class CudaBackend : public Backend {
   absl::Status AllocateKvPool(int64_t num_pages, int32_t block_size) override;
   absl::Status Forward(const ForwardBatch& batch, float* logits) override;
   absl::Status CopyKvRows(std::span<const KvRowCopy> copies) override;
+  absl::Status SumVRows(const SeqPageTables& pages, int64_t length) override;
   std::optional<int64_t> FreeMemoryBytes() const override {
     size_t free = 0, total = 0;
     if (cudaMemGetInfo(&free, &total) != cudaSuccess) {
@@ -291,6 +292,38 @@ absl::Status CudaBackend::CopyKvRows(std::span<const KvRowCopy> copies) {
                                  stream_));
   TS_CUDA_RETURN(LaunchCopyKvRows(copies_.as<KvRowCopy>(), static_cast<int32_t>(copies.size()),
                                   kv_layout_, pool_.as<bf16>(), stream_));
+  TS_CUDA_RETURN(cudaStreamSynchronize(stream_));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::SumVRows(const SeqPageTables& pages, int64_t length) {
+  if (!pages.v_sum) return absl::OkStatus();
+  if (pages.v_tail_start != 0) {
+    return absl::FailedPreconditionError("SumVRows needs the dense V tail from position 0");
+  }
+  const auto& c = model_->config();
+  const int64_t tables = int64_t(c.num_layers) * c.num_kv_heads;
+  const int64_t blocks = (length + kv_layout_.block_size - 1) / kv_layout_.block_size;
+  std::vector<int32_t> ids(tables * blocks);
+  for (int64_t t = 0; t < tables; ++t) {
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int32_t page = pages.v_pages[t * pages.stride + b];
+      if (page < 0 || page >= kv_layout_.num_pages) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "V page %d of table %d, block %d, is outside the pool", page, t, b));
+      }
+      ids[t * blocks + b] = page;
+    }
+  }
+  const size_t id_bytes = ids.size() * sizeof(int32_t);
+  const size_t sum_bytes = size_t(tables) * kv_layout_.head_dim * sizeof(float);
+  if (absl::Status st = copies_.Reserve(id_bytes + sum_bytes); !st.ok()) return st;
+  auto* dev_ids = copies_.as<int32_t>();
+  auto* dev_sum = reinterpret_cast<float*>(copies_.as<char>() + id_bytes);
+  TS_CUDA_RETURN(cudaMemcpyAsync(dev_ids, ids.data(), id_bytes, cudaMemcpyHostToDevice, stream_));
+  TS_CUDA_RETURN(LaunchSumVRows(dev_ids, static_cast<int32_t>(tables), length, kv_layout_,
+                                pool_.as<bf16>(), dev_sum, stream_));
+  TS_CUDA_RETURN(cudaMemcpyAsync(pages.v_sum, dev_sum, sum_bytes, cudaMemcpyDeviceToHost, stream_));
   TS_CUDA_RETURN(cudaStreamSynchronize(stream_));
   return absl::OkStatus();
 }

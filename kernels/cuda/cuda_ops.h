@@ -68,6 +68,12 @@ cudaError_t LaunchVSum(const float* qkv, const DevSeq* seqs, int32_t num_seqs,
                        const AttnShape& shape, int32_t layer, float* vsum_rows,
                        cudaStream_t stream);
 
+// v_sum [tables, head_dim] = the sum of each table's V rows [0, length) in position order,
+// read from the pool (bf16). v_pages [tables, ceil(length / block_size)]: each table's pages.
+cudaError_t LaunchSumVRows(const int32_t* v_pages, int32_t tables, int64_t length,
+                           const KvPoolLayout& layout, const bf16* pool, float* v_sum,
+                           cudaStream_t stream);
+
 // Copies KV rows in order (later copies may read what earlier ones wrote).
 cudaError_t LaunchCopyKvRows(const KvRowCopy* copies, int32_t n, const KvPoolLayout& layout,
                              bf16* pool, cudaStream_t stream);

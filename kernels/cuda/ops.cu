@@ -125,6 +125,22 @@ __global__ void VSumKernel(const float* qkv, const DevSeq* seqs, AttnShape shape
   }
 }
 
+// A block per table, a thread per element: the table's V rows summed in position order (what
+// VSumKernel added while writing them, but from the stored bf16 rows).
+__global__ void SumVRowsKernel(const int32_t* v_pages, int64_t length, KvPoolLayout layout,
+                               const uint16_t* pool, float* v_sum) {
+  const int64_t t = blockIdx.x;
+  const int64_t blocks = (length + layout.block_size - 1) / layout.block_size;
+  for (int32_t e = threadIdx.x; e < layout.head_dim; e += blockDim.x) {
+    float acc = 0.0f;
+    for (int64_t pos = 0; pos < length; ++pos) {
+      const int32_t page = v_pages[t * blocks + pos / layout.block_size];
+      acc += Bf16ToF32(pool[layout.RowOffset(page, int32_t(pos % layout.block_size)) + e]);
+    }
+    v_sum[t * layout.head_dim + e] = acc;
+  }
+}
+
 // One block walks the copies in order; a barrier between copies keeps that order.
 __global__ void CopyKvRowsKernel(const KvRowCopy* copies, int32_t n, KvPoolLayout layout,
                                  uint16_t* pool) {
@@ -224,6 +240,16 @@ cudaError_t LaunchFillRandomBf16(bf16* p, int64_t n, uint64_t seed, float scale,
                                  cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
   FillRandomKernel<<<GridFor(n, 256), 256, 0, stream>>>(p, n, seed, scale);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchSumVRows(const int32_t* v_pages, int32_t tables, int64_t length,
+                           const KvPoolLayout& layout, const bf16* pool, float* v_sum,
+                           cudaStream_t stream) {
+  if (tables == 0) return cudaSuccess;
+  const int threads = ((layout.head_dim + 31) / 32) * 32;
+  SumVRowsKernel<<<tables, threads, 0, stream>>>(v_pages, length, layout,
+                                                 reinterpret_cast<const uint16_t*>(pool), v_sum);
   return cudaGetLastError();
 }
 

@@ -116,6 +116,21 @@ class GpuEngineTest : public ::testing::Test {
             "Water boils at a temperature of"};
   }
 
+  // Post-softmax θ = 0.02 past k = 16 in every layer: rows keep the keys above 2% each.
+  model::ThetaTable PostTheta() const {
+    const auto& c = model_->config();
+    model::ThetaTable table(c.num_layers, c.num_heads, model::ThetaTable::DefaultBuckets(4096));
+    for (int32_t l = 0; l < c.num_layers; ++l) {
+      table.k_per_layer[l] = 16;
+      for (int32_t h = 0; h < c.num_heads; ++h) {
+        for (size_t b = 0; b < table.buckets().size(); ++b) table.theta_at(l, h, b) = 0.02f;
+      }
+    }
+    table.placement = model::ThetaPlacement::kPostSoftmax;
+    table.Finalize();
+    return table;
+  }
+
   std::unique_ptr<model::Model> model_;
 };
 
@@ -167,17 +182,7 @@ TEST_F(GpuEngineTest, PreemptionChunkedPrefillAndCancellationReturnEveryPage) {
 }
 
 TEST_F(GpuEngineTest, TopThetaUnderTheSparsePolicyMatchesSoloRunsAndReturnsEveryPage) {
-  // Post-softmax θ = 0.02 past k = 16 in every layer: rows keep the keys above 2% each.
-  const auto& c = model_->config();
-  model::ThetaTable table(c.num_layers, c.num_heads, model::ThetaTable::DefaultBuckets(4096));
-  for (int32_t l = 0; l < c.num_layers; ++l) {
-    table.k_per_layer[l] = 16;
-    for (int32_t h = 0; h < c.num_heads; ++h) {
-      for (size_t b = 0; b < table.buckets().size(); ++b) table.theta_at(l, h, b) = 0.02f;
-    }
-  }
-  table.placement = model::ThetaPlacement::kPostSoftmax;
-  table.Finalize();
+  const model::ThetaTable table = PostTheta();
   auto backend = Backend(&table);
   ASSERT_TRUE(backend.ok()) << backend.status();
   EngineConfig config;
@@ -210,6 +215,46 @@ TEST_F(GpuEngineTest, TopThetaUnderTheSparsePolicyMatchesSoloRunsAndReturnsEvery
     EXPECT_EQ(sinks[i]->info.reason, FinishReason::kLength) << i;
     ExpectSameUpToNearTies(sinks[i]->tokens, Solo(requests[i].prompt, kTokens, &table, policy),
                            absl::StrCat("request ", i));
+  }
+}
+
+// Prefix caching on the device, under Top-θ with VMC: requests that share a preamble adopt its
+// blocks (their tables reach the device like any new sequence's; their V sums are rebuilt from
+// the bf16 pool), and still match their solo runs; at the end every page is free or held only
+// by the cache.
+TEST_F(GpuEngineTest, PrefixCachingUnderTopThetaMatchesSoloRuns) {
+  const model::ThetaTable table = PostTheta();
+  auto backend = Backend(&table);
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  EngineConfig config;
+  config.kv_cache_bytes = int64_t(64) << 20;
+  config.prefix_caching = true;
+  auto engine = Engine::Create(config, **backend);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+
+  std::string text;
+  for (const auto& p : Prompts()) text += p + " ";
+  constexpr int kTokens = 24;
+  std::vector<Request> requests;
+  std::vector<std::shared_ptr<CollectingSink>> sinks;
+  for (int i = 0; i < 4; ++i) {
+    requests.push_back(MakeRequest(absl::StrCat("p", i), text + Prompts()[i], kTokens));
+    sinks.push_back(std::make_shared<CollectingSink>());
+    ASSERT_TRUE((*engine)->Submit(requests.back(), sinks.back()).ok());
+    if (i == 0) {
+      ASSERT_TRUE(sinks[0]->Wait(600));  // the first fills the cache
+    }
+  }
+  for (auto& s : sinks) ASSERT_TRUE(s->Wait(600));
+  ASSERT_TRUE((*engine)->WaitIdle(10));
+  const EngineStats s = (*engine)->Stats();
+  EXPECT_GE(s.counters.prefix_hit_tokens, 3 * 16) << "the later requests share the preamble's blocks";
+  EXPECT_EQ(s.pages_used_k + s.pages_used_v, 0);
+  EXPECT_EQ(s.pages_free, s.pages_total);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    EXPECT_EQ(sinks[i]->info.reason, FinishReason::kLength) << i;
+    ExpectSameUpToNearTies(sinks[i]->tokens, Solo(requests[i].prompt, kTokens, &table, {}),
+                           absl::StrCat("prefix-cached request ", i));
   }
 }
 

@@ -1,6 +1,7 @@
 // The GPU forward pass's row kernels against the CPU backend's: embedding gather, RMSNorm,
 // SwiGLU, bias + RoPE + paged K/V write (positions up to 1e5, pages shuffled, every other
-// page left poisoned), VMC running sums, and ordered KV row copies.
+// page left poisoned), VMC running sums, ordered KV row copies, and V sums rebuilt from the pool
+// (prefix caching).
 #include <algorithm>
 #include <cstring>
 #include <numeric>
@@ -279,6 +280,43 @@ TEST(GpuOpsTest, VSumAndKvRowCopiesMatchCpu) {
   CUDA_ASSERT(LaunchCopyKvRows(dcopies.get(), copies.size(), layout, dpool.get(), nullptr));
   CUDA_ASSERT(cudaDeviceSynchronize());
   EXPECT_TRUE(testing::Close(Bf16ToFloats(dpool.Download()), ref, 0.0f, 0.0f, "pool after copies"));
+  EXPECT_TRUE(dpool.GuardsIntact());
+}
+
+// A sequence that adopts cached blocks gets its V sums from the pool: each table's rows in
+// position order, through shuffled pages, over a length that ends inside a page. The pool's
+// values are bf16, so the f32 sums in the same order are exact.
+TEST(GpuOpsTest, SumVRowsRebuildsTheRunningSums) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  const uint64_t seed = testing::TestSeed();
+  SCOPED_TRACE("THETASERVE_SEED=" + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  const int32_t d = 64, tables = 5, length = 37, bs = 16, blocks = 3;
+  const KvPoolLayout layout{bs, d, 24};
+  std::vector<float> pool(layout.num_pages * layout.PageElems());
+  for (float& v : pool) v = RoundBf16(std::normal_distribution<float>(0, 1)(rng));
+  std::vector<int32_t> ids(layout.num_pages);
+  std::iota(ids.begin(), ids.end(), 0);
+  std::shuffle(ids.begin(), ids.end(), rng);
+  ids.resize(size_t(tables) * blocks);
+  std::vector<float> ref(size_t(tables) * d, 0.0f);
+  for (int32_t t = 0; t < tables; ++t) {
+    for (int32_t pos = 0; pos < length; ++pos) {
+      const float* row = &pool[layout.RowOffset(ids[t * blocks + pos / bs], pos % bs)];
+      for (int32_t e = 0; e < d; ++e) ref[t * d + e] += row[e];
+    }
+  }
+  std::vector<uint16_t> pool_bf(pool.size());
+  for (size_t i = 0; i < pool.size(); ++i) pool_bf[i] = model::FloatToBF16(pool[i]);
+  GuardedArray<uint16_t> dpool(pool_bf.size());
+  GuardedArray<int32_t> dids(ids.size());
+  GuardedArray<float> dsum(ref.size());  // poisoned until written
+  dpool.Upload(pool_bf);
+  dids.Upload(ids);
+  CUDA_ASSERT(LaunchSumVRows(dids.get(), tables, length, layout, dpool.get(), dsum.get(), nullptr));
+  CUDA_ASSERT(cudaDeviceSynchronize());
+  EXPECT_TRUE(testing::Close(dsum.Download(), ref, 0.0f, 0.0f, "v_sum"));
+  EXPECT_TRUE(dsum.GuardsIntact());
   EXPECT_TRUE(dpool.GuardsIntact());
 }
 

@@ -539,5 +539,158 @@ TEST_F(EngineTest, MassBudgetAdmitsLongPromptsThatDenseMustRunOneAtATime) {
   EXPECT_EQ(sparse_preempt, 0) << "the reservation must cover what the prompts grow to";
 }
 
+// Prefix caching: requests that begin with the same long preamble adopt its blocks instead
+// of computing them, and every request's tokens, text and log-probabilities are the same bits
+// as without the cache (the CPU computes a row with the same instructions whatever else is in
+// the batch), dense and under Top-θ with VMC, whose V sums the backend rebuilds for the
+// adopted rows.
+TEST_F(EngineTest, PrefixCachingSkipsSharedBlocksAndChangesNoOutput) {
+  std::string preamble = "You are a careful assistant. Read the passage and continue it. ";
+  for (const auto& p : Prompts()) preamble += p + " ";
+  const std::vector<std::string> questions = {
+      "Question: what comes next?", "Question: who is speaking?", "Continue:",
+      "Summary:", "Question: where does this happen?", "In other words,"};
+  std::vector<Request> requests;
+  for (size_t i = 0; i < questions.size(); ++i) {
+    Request r = MakeRequest(absl::StrCat("q", i), preamble + questions[i], 12);
+    r.stopping.ignore_eos = true;
+    r.sampling.logprobs = 2;
+    requests.push_back(r);
+  }
+  Request again = requests[0];
+  again.id = "again";
+  const model::ThetaTable table = ConstantPostTheta(0.02f);
+
+  for (bool top_theta : {false, true}) {
+    SCOPED_TRACE(top_theta ? "top-theta" : "dense");
+    auto run = [&](bool caching, EngineStats* stats) {
+      auto backend = top_theta ? TopThetaBackend(table)
+                               : kernels::CreateBackend(*model_, kernels::Device::kCpu, 0);
+      EXPECT_TRUE(backend.ok());
+      EngineConfig config;
+      config.kv_cache_bytes = int64_t(128) << 20;
+      config.prefix_caching = caching;
+      auto engine = Engine::Create(config, **backend);
+      EXPECT_TRUE(engine.ok()) << engine.status();
+      EXPECT_EQ((*engine)->prefix_caching(), caching);
+      std::vector<std::shared_ptr<CollectingSink>> sinks;
+      auto submit = [&](const Request& r) {
+        sinks.push_back(std::make_shared<CollectingSink>());
+        EXPECT_TRUE((*engine)->Submit(r, sinks.back()).ok());
+      };
+      // The first alone (it fills the cache), then the others together, then the first again.
+      submit(requests[0]);
+      EXPECT_TRUE(sinks[0]->Wait(300));
+      for (size_t i = 1; i < requests.size(); ++i) submit(requests[i]);
+      for (auto& sk : sinks) EXPECT_TRUE(sk->Wait(300));
+      submit(again);
+      EXPECT_TRUE(sinks.back()->Wait(300));
+      EXPECT_TRUE((*engine)->WaitIdle(10));
+      *stats = (*engine)->Stats();
+      return sinks;
+    };
+    EngineStats plain, cached;
+    const auto want = run(false, &plain);
+    const auto got = run(true, &cached);
+    ASSERT_EQ(want.size(), got.size());
+    for (size_t i = 0; i < want.size(); ++i) {
+      ASSERT_EQ(got[i]->tokens.size(), 12u) << i;
+      EXPECT_EQ(got[i]->tokens, want[i]->tokens) << "request " << i;
+      EXPECT_EQ(got[i]->text, want[i]->text) << "request " << i;
+      EXPECT_EQ(got[i]->logprobs, want[i]->logprobs) << "request " << i;
+    }
+
+    // Each later request finds at least the whole blocks it shares with the first, and the
+    // repeat all of its prompt but the last token's block.
+    const int64_t bs = 16;
+    int64_t asked = 0, at_least = 0;
+    for (const Request& r : requests) {
+      asked += int64_t(r.prompt.size());
+      if (&r == &requests[0]) continue;
+      const auto diverge = std::mismatch(r.prompt.begin(), r.prompt.end(), requests[0].prompt.begin());
+      at_least += int64_t(diverge.first - r.prompt.begin()) / bs * bs;
+    }
+    asked += int64_t(again.prompt.size());
+    at_least += (int64_t(again.prompt.size()) - 1) / bs * bs;
+    ASSERT_GT(at_least, 5 * 64) << "the preamble was meant to span several blocks";
+    EXPECT_EQ(plain.counters.prefix_query_tokens, 0);
+    EXPECT_EQ(plain.counters.prefix_hit_tokens, 0);
+    EXPECT_EQ(cached.counters.prefix_query_tokens, asked);
+    EXPECT_GE(cached.counters.prefix_hit_tokens, at_least);
+    // What was found was not computed.
+    EXPECT_EQ(cached.counters.prompt_tokens,
+              plain.counters.prompt_tokens - cached.counters.prefix_hit_tokens);
+    // Idle: no request holds a page, the cache holds some, and they count as free.
+    EXPECT_EQ(cached.pages_used_k + cached.pages_used_v, 0);
+    EXPECT_GT(cached.pages_cached, 0);
+    EXPECT_GT(cached.prefix_cache_blocks, 0);
+    EXPECT_EQ(cached.pages_free, cached.pages_total);
+    EXPECT_EQ(plain.pages_cached, 0);
+  }
+}
+
+// A pool of 8 blocks per table: cached blocks must give way to new work (evicted least
+// recently used first), preempted sequences find their own blocks again, and every request
+// still gets the tokens it gets alone.
+TEST_F(EngineTest, PrefixCacheGivesWayToNewWorkInATinyPool) {
+  auto backend = kernels::CreateBackend(*model_, kernels::Device::kCpu, 0);
+  ASSERT_TRUE(backend.ok());
+  const auto& c = model_->config();
+  EngineConfig config;
+  config.block_size = 4;
+  const int64_t page_bytes = config.block_size * c.head_dim * 4;
+  config.kv_cache_bytes = 2 * 8 * c.num_layers * c.num_kv_heads * page_bytes;
+  config.scheduler.max_num_batched_tokens = 6;
+  config.scheduler.max_num_seqs = 4;
+  config.prefix_caching = true;
+  auto engine = Engine::Create(config, **backend);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+
+  auto solo = [&](const std::vector<int32_t>& prompt, int n) {
+    auto runner = scheduler::SequenceRunner::Create(*solo_backend_, 64);
+    EXPECT_TRUE(runner.ok());
+    auto logits = runner->Append(prompt);
+    std::vector<int32_t> out;
+    for (int k = 0; k < n; ++k) {
+      int32_t t = static_cast<int32_t>(std::max_element(logits->begin(), logits->end()) - logits->begin());
+      out.push_back(t);
+      logits = runner->Append(std::span<const int32_t>(&t, 1));
+    }
+    return out;
+  };
+  const auto prompts = Prompts();
+  // Four at once (two prompts, twice each): the pool forces preemption.
+  std::vector<Request> requests;
+  std::vector<std::shared_ptr<CollectingSink>> sinks;
+  for (int i = 0; i < 4; ++i) {
+    requests.push_back(MakeRequest(absl::StrCat("p", i), prompts[i % 2 ? 0 : 4], 14));
+    requests.back().stopping.ignore_eos = true;
+    sinks.push_back(std::make_shared<CollectingSink>());
+    ASSERT_TRUE((*engine)->Submit(requests.back(), sinks.back()).ok());
+  }
+  for (auto& s : sinks) ASSERT_TRUE(s->Wait(300));
+  EXPECT_GT((*engine)->Stats().counters.preemptions, 0) << "the pool was meant to force preemption";
+  // Then one after another: each needs pages that only evicting the last one's blocks frees.
+  for (int i : {0, 3, 5, 6, 7, 3}) {
+    requests.push_back(MakeRequest(absl::StrCat("s", requests.size()), prompts[i], 10));
+    requests.back().stopping.ignore_eos = true;
+    sinks.push_back(std::make_shared<CollectingSink>());
+    ASSERT_TRUE((*engine)->Submit(requests.back(), sinks.back()).ok());
+    ASSERT_TRUE(sinks.back()->Wait(300));
+  }
+  for (size_t i = 0; i < requests.size(); ++i) {
+    EXPECT_EQ(sinks[i]->info.reason, FinishReason::kLength) << i << ": " << sinks[i]->info.status;
+    EXPECT_EQ(sinks[i]->tokens, solo(requests[i].prompt, requests[i].stopping.max_tokens))
+        << "request " << i;
+  }
+  ASSERT_TRUE((*engine)->WaitIdle(10));
+  const EngineStats s = (*engine)->Stats();
+  EXPECT_GT(s.counters.prefix_hit_tokens, 0);
+  EXPECT_GT(s.counters.prefix_evicted_blocks, 0);
+  EXPECT_EQ(s.pages_free, s.pages_total);
+  const auto& pool = (*engine)->pool_for_tests();
+  EXPECT_EQ(pool.num_free() + pool.num_cached_only(), pool.num_pages());
+}
+
 }  // namespace
 }  // namespace thetaserve::scheduler

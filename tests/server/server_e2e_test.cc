@@ -411,6 +411,50 @@ TEST_F(ServerE2ETest, MetricsPassPromtoolAndMoveWithRequests) {
   EXPECT_GT(MetricValue(after, "thetaserve_v_rows_read_total"), 0);
 }
 
+// Prefix caching (on by default): a second request that begins with the same preamble finds
+// its blocks cached, gets the text `generate` (no cache) gets, and the status RPC and the
+// metrics say so; cached pages count as free once nothing runs.
+TEST_F(ServerE2ETest, PrefixCacheServesASharedPreambleAndReportsIt) {
+  auto stub = server_->stub();
+  {
+    grpc::ClientContext ctx;
+    v1::ModelInfo info;
+    ASSERT_TRUE(stub->GetModelInfo(&ctx, {}, &info).ok());
+    EXPECT_TRUE(info.prefix_caching());
+  }
+  auto status = [&] {
+    grpc::ClientContext ctx;
+    v1::ServerStatus st;
+    EXPECT_TRUE(stub->GetServerStatus(&ctx, {}, &st).ok());
+    return st;
+  };
+  std::string preamble = "The following is a conversation with a patient librarian. ";
+  for (int i = 0; i < 12; ++i) preamble += "She knows every shelf, every author and every date. ";
+  const std::string first = preamble + "Visitor: where are the atlases? Librarian:";
+  const std::string second = preamble + "Visitor: do you have poetry? Librarian:";
+  ASSERT_TRUE(Generate(*stub, Prompt(first, 8)).status.ok());
+  const v1::ServerStatus before = status();
+  const double hits_before =
+      MetricValue(server_->ScrapeMetrics(), "thetaserve_prefix_cache_hit_tokens_total");
+  StreamResult r = Generate(*stub, Prompt(second, 8));
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  const v1::ServerStatus after = status();
+  const std::string m = server_->ScrapeMetrics();
+
+  // The preamble is well over 100 tokens: at least 6 blocks of 16 come from the cache.
+  EXPECT_GE(after.prefix_cache_hit_tokens() - before.prefix_cache_hit_tokens(), 96u);
+  EXPECT_GT(after.prefix_cache_query_tokens(), before.prefix_cache_query_tokens());
+  EXPECT_GE(MetricValue(m, "thetaserve_prefix_cache_hit_tokens_total") - hits_before, 96);
+  EXPECT_GT(after.prefix_cache_blocks(), 0u);
+  EXPECT_GT(after.pages().cached(), 0u);
+  EXPECT_EQ(MetricValue(m, "thetaserve_kv_pages_cached"), double(after.pages().cached()));
+  if (after.running() == 0) {
+    EXPECT_EQ(after.pages().free(), after.pages().total());
+  }
+  // The same text as without any cache.
+  EXPECT_EQ(r.text + "\n", RunGenerateBinary("--prompt '" + second + "' --max-tokens 8 --temperature 0"));
+}
+
 TEST(ServerLifecycleTest, DrainsOnSigtermWithHealthNotServing) {
   ServerProcess server({"--drain-timeout", "60"});
   ASSERT_TRUE(server.started());
@@ -441,6 +485,14 @@ TEST(ServerLifecycleTest, DrainsOnSigtermWithHealthNotServing) {
   EXPECT_TRUE(r.status.ok()) << "in-flight request should finish during drain: " << r.status.error_message();
   EXPECT_EQ(r.complete.usage().completion_tokens(), kTokens);
   EXPECT_EQ(server.Wait(60), 0);
+}
+
+TEST(ServerLifecycleTest, PrefixCachingFlagTakesOnOrOff) {
+  int rc = 0;
+  const std::string out = RunCommand(BinaryPath() + " serve --model " + DefaultModelPath() +
+                                     " --prefix-caching maybe 2>&1", &rc);
+  EXPECT_NE(rc, 0);
+  EXPECT_NE(out.find("--prefix-caching is 'maybe'; it must be on or off"), std::string::npos) << out;
 }
 
 TEST(ServerLifecycleTest, ApiKeyIsRequiredWhenSet) {
@@ -535,6 +587,7 @@ TEST(ServerTopThetaTest, SparsePolicyReportsItselfAndItsSavingsMove) {
     ASSERT_TRUE(stub->GetModelInfo(&ctx, {}, &info).ok());
     EXPECT_EQ(info.theta_mode(), "top-theta-post");
     EXPECT_EQ(info.kv_policy(), "sparse");
+    EXPECT_FALSE(info.prefix_caching()) << "the sparse policy rewrites V pages in place";
     EXPECT_EQ(info.calibration_fingerprint(), table.fingerprint);
   }
   std::string prompt;
