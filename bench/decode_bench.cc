@@ -9,6 +9,7 @@
 // At the largest batch it also times decode steps with sampling (temperature 0.7, top-p 0.9)
 // against greedy, on one sampling thread and on the pool.
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -158,7 +159,7 @@ int main(int argc, char** argv) {
     };
     struct Run {
       double first_s = 0, rest_s = 0, rest_ttft_s = 0;
-      int64_t prompt_computed = 0, hits = 0;
+      int64_t prompt_computed = 0, hits = 0, peak_pages = 0, page_bytes = 0;
     };
     auto run = [&](bool caching) -> absl::StatusOr<Run> {
       ts::scheduler::EngineConfig pc = config;
@@ -167,6 +168,11 @@ int main(int argc, char** argv) {
       auto engine = ts::scheduler::Engine::Create(pc, **backend);
       if (!engine.ok()) return engine.status();
       Run out;
+      // Pages held by requests at the fullest step (a shared page counts once).
+      std::atomic<int64_t> peak{0};
+      (*engine)->SetObserver([&peak](const ts::scheduler::EngineStats& s, const ts::scheduler::StepStats*) {
+        peak.store(std::max(peak.load(), s.pages_used_k + s.pages_used_v));
+      });
       auto first = std::make_shared<ts::bench::CountingSink>();
       double t0 = Now();
       if (auto st = (*engine)->Submit(request(0), first); !st.ok()) return st;
@@ -184,6 +190,8 @@ int main(int argc, char** argv) {
       const auto stats = (*engine)->Stats();
       out.prompt_computed = stats.counters.prompt_tokens;
       out.hits = stats.counters.prefix_hit_tokens;
+      out.peak_pages = peak.load();
+      out.page_bytes = stats.page_bytes;
       return out;
     };
     std::vector<double> rest_s[2], ttft_s[2], first_s[2];
@@ -206,16 +214,19 @@ int main(int argc, char** argv) {
     std::printf("\nshared prefix: %d requests of a %d-token preamble + 32 tokens of their own, 16 output "
                 "tokens; the first alone, then the other %d at once\n",
                 shared_requests, shared_prefix, shared_requests - 1);
-    std::printf("%-16s %-16s %-14s %-18s %-18s %-12s\n", "prefix caching", "prompt computed",
-                "tokens found", "first request s", "other requests s", "their TTFT s");
+    std::printf("%-16s %-16s %-14s %-18s %-18s %-14s %-18s\n", "prefix caching", "prompt computed",
+                "tokens found", "first request s", "other requests s", "their TTFT s",
+                "peak KV in use MB");
     for (int caching = 0; caching < 2; ++caching) {
-      std::printf("%-16s %-16lld %-14lld %-18.3f %-18.3f %-12.3f\n", caching ? "on" : "off",
+      std::printf("%-16s %-16lld %-14lld %-18.3f %-18.3f %-14.3f %-18.1f\n", caching ? "on" : "off",
                   static_cast<long long>(last[caching].prompt_computed),
                   static_cast<long long>(last[caching].hits), Median(first_s[caching]),
-                  Median(rest_s[caching]), Median(ttft_s[caching]));
+                  Median(rest_s[caching]), Median(ttft_s[caching]),
+                  double(last[caching].peak_pages) * last[caching].page_bytes / 1e6);
     }
-    std::printf("off ÷ on: other requests %.2f×, their median TTFT %.2f×\n",
-                Median(rest_s[0]) / Median(rest_s[1]), Median(ttft_s[0]) / Median(ttft_s[1]));
+    std::printf("off ÷ on: other requests %.2f×, their median TTFT %.2f×, peak KV in use %.2f×\n",
+                Median(rest_s[0]) / Median(rest_s[1]), Median(ttft_s[0]) / Median(ttft_s[1]),
+                double(last[0].peak_pages) / double(last[1].peak_pages));
   }
 
   std::printf("\noffline throughput (all requests queued at once; %d-token prompts, %d output tokens)\n",

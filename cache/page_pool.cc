@@ -43,6 +43,7 @@ void PagePool::Release(int32_t page) {
   --refs_[page];
   if (cached_[page] && refs_[page] == 1) ++cached_only_[static_cast<int>(kinds_[page])];
   if (refs_[page] == 0) {
+    CHECK(!cached_[page]) << "page " << page << " freed while the prefix cache holds it";
     --used_[static_cast<int>(kinds_[page])];
     kinds_[page] = PageKind::kFree;
     free_.push_back(page);

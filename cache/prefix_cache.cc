@@ -1,6 +1,7 @@
 #include "cache/prefix_cache.h"
 
 #include <algorithm>
+#include <iterator>
 
 #include "base/check.h"
 
@@ -25,92 +26,143 @@ uint64_t PrefixCache::BlockKey(uint64_t parent, std::span<const int32_t> tokens)
   return h;
 }
 
-int64_t PrefixCache::Adopt(std::span<const int32_t> tokens, int64_t max_blocks, SequenceKv& kv,
-                           PagePool& pool, uint64_t* last_key) {
-  CHECK(kv.blocks() == 0) << "Adopt into a sequence that already has pages";
+PrefixCache::Block* PrefixCache::Get(uint64_t key, uint64_t serial) {
+  auto it = blocks_.find(key);
+  return it != blocks_.end() && it->second.serial == serial ? &it->second : nullptr;
+}
+
+PrefixCache::Match PrefixCache::Find(std::span<const int32_t> tokens, int64_t max_blocks,
+                                     const PagePool& pool) const {
   const int64_t bs = shape_.block_size;
   max_blocks = std::min<int64_t>(max_blocks, static_cast<int64_t>(tokens.size()) / bs);
-  std::vector<Block*> run;
-  uint64_t key = kRoot;
+  Match match;
+  uint64_t key = kRoot, serial = 0;
   for (int64_t b = 0; b < max_blocks; ++b) {
     const auto block_tokens = tokens.subspan(b * bs, bs);
     const uint64_t next = key_fn_(key, block_tokens);
     auto it = blocks_.find(next);
-    if (it == blocks_.end() || it->second.parent != key ||
+    if (it == blocks_.end() || it->second.parent_serial != serial ||
         !std::equal(block_tokens.begin(), block_tokens.end(), it->second.tokens.begin())) {
       break;
     }
-    run.push_back(&it->second);
+    match.keys.push_back(next);
+    if (!InUse(it->second, pool)) match.pinned_pages += 2 * shape_.tables();
     key = next;
+    serial = it->second.serial;
   }
-  for (const Block* b : run) kv.AppendSharedBlock(pool, b->k_pages.data(), b->v_pages.data());
-  // Leaf first, so that the run's first blocks end up the most recently used.
-  for (auto b = run.rbegin(); b != run.rend(); ++b) lru_.splice(lru_.end(), lru_, (*b)->lru);
-  *last_key = key;
-  return static_cast<int64_t>(run.size());
+  return match;
 }
 
-uint64_t PrefixCache::Insert(std::span<const int32_t> tokens, int64_t from_block,
-                             int64_t to_block, uint64_t parent, const SequenceKv& kv,
-                             PagePool& pool) {
+void PrefixCache::Adopt(const Match& match, SequenceKv& kv, PagePool& pool, Cursor* cursor) {
+  CHECK(kv.blocks() == 0) << "Adopt into a sequence that already has pages";
+  *cursor = Cursor();
+  for (uint64_t key : match.keys) {
+    Block& b = blocks_.at(key);
+    CHECK(b.parent_serial == cursor->serial) << "Adopt of a stale match";
+    if (b.where != Where::kHeld) Unlist(b);
+    kv.AppendSharedBlock(pool, b.k_pages.data(), b.v_pages.data());
+    cursor->held.emplace_back(key, b.serial);
+    cursor->key = key;
+    cursor->serial = b.serial;
+  }
+}
+
+void PrefixCache::Insert(std::span<const int32_t> tokens, int64_t from_block, int64_t to_block,
+                         const SequenceKv& kv, PagePool& pool, Cursor* cursor) {
   const int64_t bs = shape_.block_size;
   const int64_t tables = shape_.tables();
   CHECK(to_block <= kv.blocks() && to_block * bs <= static_cast<int64_t>(tokens.size()))
       << "Insert of blocks the sequence does not have";
   CHECK(kv.v_tail_start() == 0) << "the prefix cache needs the dense V store";
-  std::vector<uint64_t> added;
-  for (int64_t b = from_block; b < to_block; ++b) {
-    const auto block_tokens = tokens.subspan(b * bs, bs);
-    const uint64_t key = key_fn_(parent, block_tokens);
-    auto [it, inserted] = blocks_.try_emplace(key);
-    if (inserted) {
-      Block& block = it->second;
-      block.parent = parent;
-      block.tokens.assign(block_tokens.begin(), block_tokens.end());
-      block.k_pages.resize(tables);
-      block.v_pages.resize(tables);
-      for (int64_t t = 0; t < tables; ++t) {
-        block.k_pages[t] = kv.k_page(t, b);
-        block.v_pages[t] = kv.v_page(t, b);
-        pool.RefCached(block.k_pages[t]);
-        pool.RefCached(block.v_pages[t]);
-      }
-      block.lru = lru_.insert(lru_.end(), key);
-      if (auto p = blocks_.find(parent); p != blocks_.end()) ++p->second.children;
-      added.push_back(key);
+  for (int64_t b = from_block; b < to_block && !cursor->stopped; ++b) {
+    Block* parent = nullptr;
+    if (cursor->serial != 0 && !(parent = Get(cursor->key, cursor->serial))) {
+      cursor->stopped = true;  // the parent was evicted: nothing could reach this block
+      break;
     }
-    parent = key;
+    const auto block_tokens = tokens.subspan(b * bs, bs);
+    const uint64_t key = key_fn_(cursor->key, block_tokens);
+    auto [it, inserted] = blocks_.try_emplace(key);
+    Block& block = it->second;
+    if (!inserted) {
+      if (block.parent_serial != cursor->serial ||
+          !std::equal(block_tokens.begin(), block_tokens.end(), block.tokens.begin())) {
+        cursor->stopped = true;  // a collision: this sequence's blocks stay out of the cache
+        break;
+      }
+      // Already cached (computed by another sequence at the same time): continue after it.
+      cursor->key = key;
+      cursor->serial = block.serial;
+      continue;
+    }
+    block.serial = next_serial_++;
+    block.parent_key = cursor->key;
+    block.parent_serial = cursor->serial;
+    block.tokens.assign(block_tokens.begin(), block_tokens.end());
+    block.k_pages.resize(tables);
+    block.v_pages.resize(tables);
+    for (int64_t t = 0; t < tables; ++t) {
+      block.k_pages[t] = kv.k_page(t, b);
+      block.v_pages[t] = kv.v_page(t, b);
+      pool.RefCached(block.k_pages[t]);
+      pool.RefCached(block.v_pages[t]);
+    }
+    if (parent && parent->children++ == 0 && parent->where == Where::kLeaves) {
+      Unlist(*parent);
+      MakeReclaimable(block.parent_key, *parent);  // now an inner block
+    }
+    cursor->held.emplace_back(key, block.serial);
+    cursor->key = key;
+    cursor->serial = block.serial;
   }
-  // The new blocks leaf first, as Adopt orders a run.
-  for (auto k = added.rbegin(); k != added.rend(); ++k) {
-    lru_.splice(lru_.end(), lru_, blocks_.at(*k).lru);
-  }
-  return parent;
 }
 
-void PrefixCache::Drop(std::unordered_map<uint64_t, Block>::iterator it, PagePool& pool) {
-  Block& block = it->second;
-  for (int32_t p : block.k_pages) pool.ReleaseCached(p);
-  for (int32_t p : block.v_pages) pool.ReleaseCached(p);
-  if (auto p = blocks_.find(block.parent); p != blocks_.end()) --p->second.children;
-  lru_.erase(block.lru);
+void PrefixCache::Released(const PagePool& pool, Cursor* cursor) {
+  // Leaf first, so that a run's first blocks end up the most recently used.
+  for (auto h = cursor->held.rbegin(); h != cursor->held.rend(); ++h) {
+    Block* b = Get(h->first, h->second);
+    if (b && b->where == Where::kHeld && !InUse(*b, pool)) MakeReclaimable(h->first, *b);
+  }
+  *cursor = Cursor();
+}
+
+void PrefixCache::MakeReclaimable(uint64_t key, Block& b) {
+  auto& list = b.children > 0 ? inner_ : leaves_;
+  b.where = b.children > 0 ? Where::kInner : Where::kLeaves;
+  b.pos = list.insert(list.end(), key);
+}
+
+void PrefixCache::Unlist(Block& b) {
+  if (b.where == Where::kLeaves) leaves_.erase(b.pos);
+  if (b.where == Where::kInner) inner_.erase(b.pos);
+  b.where = Where::kHeld;
+}
+
+void PrefixCache::Drop(Map::iterator it, PagePool& pool) {
+  Block& b = it->second;
+  CHECK(b.where != Where::kHeld && !InUse(b, pool)) << "dropping a block a sequence holds";
+  Unlist(b);
+  for (int32_t p : b.k_pages) pool.ReleaseCached(p);
+  for (int32_t p : b.v_pages) pool.ReleaseCached(p);
+  if (Block* parent = Get(b.parent_key, b.parent_serial)) {
+    if (--parent->children == 0 && parent->where == Where::kInner) {
+      // A leaf now, and no more recent than the child just evicted: next in line.
+      Unlist(*parent);
+      parent->where = Where::kLeaves;
+      parent->pos = leaves_.insert(leaves_.begin(), b.parent_key);
+    }
+  }
   blocks_.erase(it);
 }
 
 bool PrefixCache::MakeRoom(PagePool& pool, int64_t pages) {
-  // Leaves only (a block's children are reachable only through it), oldest first; a pass can
-  // turn a parent into a leaf, so passes repeat while they free something.
-  bool freed = true;
-  while (pool.num_free() < pages && freed) {
-    freed = false;
-    for (auto k = lru_.begin(); k != lru_.end() && pool.num_free() < pages;) {
-      auto it = blocks_.find(*k);
-      ++k;
-      if (it->second.children > 0 || InUse(it->second, pool)) continue;
-      Drop(it, pool);
-      ++evicted_;
-      freed = true;
-    }
+  while (pool.num_free() < pages) {
+    // Leaves first; an inner block only when no leaf is left (its followers become
+    // unreachable and are reclaimed in turn).
+    std::list<uint64_t>& from = !leaves_.empty() ? leaves_ : inner_;
+    if (from.empty()) break;
+    Drop(blocks_.find(from.front()), pool);
+    ++evicted_;
   }
   return pool.num_free() >= pages;
 }
@@ -121,7 +173,8 @@ void PrefixCache::Clear(PagePool& pool) {
     for (int32_t p : block.v_pages) pool.ReleaseCached(p);
   }
   blocks_.clear();
-  lru_.clear();
+  leaves_.clear();
+  inner_.clear();
 }
 
 }  // namespace thetaserve::cache

@@ -51,6 +51,7 @@ class SequenceKv {
   SequenceKv(SequenceKv&&) = default;
   SequenceKv& operator=(SequenceKv&&) = default;
 
+  const KvShape& shape() const { return shape_; }
   // Tokens whose K/V rows have pages.
   int64_t capacity_tokens() const { return blocks_ * shape_.block_size; }
   // Pages (K and V together) needed so that positions [0, new_length) have rows.

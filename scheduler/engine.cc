@@ -248,9 +248,13 @@ void Engine::RunStep(StepPlan& plan) {
     chunk.pages = PageTablesFor(kv, config_.sparse);
     chunk.tables = TableVersionOf(kv);
     if (sc.seq->restore_v_sum) {
-      // Adopted from the prefix cache: VMC's running sums of the rows it did not compute.
-      if (absl::Status st = backend_->SumVRows(chunk.pages, sc.seq->num_computed); !st.ok()) {
-        return FailStep(plan, st);
+      // Adopted from the prefix cache: VMC's running sums of the rows it did not compute
+      // (only Top-θ with VMC reads them).
+      const kernels::TopThetaConfig& tt = backend_->top_theta();
+      if (tt.active() && tt.vmc) {
+        if (absl::Status st = backend_->SumVRows(chunk.pages, sc.seq->num_computed); !st.ok()) {
+          return FailStep(plan, st);
+        }
       }
       sc.seq->restore_v_sum = false;
     }
@@ -345,8 +349,7 @@ void Engine::CacheCompletedBlocks(const StepPlan& plan) {
     Sequence& seq = *sc.seq;
     const int64_t full = seq.num_computed / bs;  // blocks whose every row is computed
     if (full <= seq.cached_blocks) continue;
-    seq.cache_key = prefix_cache_->Insert(seq.tokens(), seq.cached_blocks, full, seq.cache_key,
-                                          seq.kv(), pool_);
+    prefix_cache_->Insert(seq.tokens(), seq.cached_blocks, full, seq.kv(), pool_, &seq.cache_cursor);
     seq.cached_blocks = full;
   }
 }

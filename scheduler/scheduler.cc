@@ -17,9 +17,10 @@ bool Scheduler::Room(int64_t pages) {
   return prefix_->MakeRoom(*pool_, pages);
 }
 
-void Scheduler::ForgetCachedBlocks(Sequence& seq) {
+void Scheduler::ReleasePages(Sequence& seq) {
+  seq.kv().ReleaseAll(*pool_);
+  if (prefix_) prefix_->Released(*pool_, &seq.cache_cursor);
   seq.cached_blocks = 0;
-  seq.cache_key = cache::PrefixCache::kRoot;
   seq.restore_v_sum = false;
 }
 
@@ -31,9 +32,8 @@ void Scheduler::AddWaiting(std::unique_ptr<Sequence> seq) {
 void Scheduler::Preempt(size_t running_index) {
   std::unique_ptr<Sequence> seq = std::move(running_[running_index]);
   running_.erase(running_.begin() + running_index);
-  seq->kv().ReleaseAll(*pool_);
+  ReleasePages(*seq);
   seq->num_computed = 0;  // recompute prompt + output so far (its blocks may still be cached)
-  ForgetCachedBlocks(*seq);
   seq->state = SequenceState::kWaiting;
   ++seq->preemptions;
   ++preemptions_;
@@ -85,29 +85,32 @@ StepPlan Scheduler::Schedule() {
          int64_t(running_.size()) < config_.max_num_seqs) {
     Sequence* seq = waiting_.front().get();
     // Cached blocks first: all of the tokens but the last (whose logits are needed) can come
-    // from the prefix cache.
-    int64_t adopted = 0;
+    // from the prefix cache. Adopting pins them, so it happens only when the rest fits too.
     if (prefix_ && seq->kv().blocks() == 0) {
       const auto& tokens = seq->tokens();
       const int64_t bs = pool_->block_size();
-      adopted = prefix_->Adopt(tokens, (int64_t(tokens.size()) - 1) / bs, seq->kv(), *pool_,
-                               &seq->cache_key);
-      seq->num_computed = adopted * bs;
-      seq->cached_blocks = adopted;
+      const cache::PrefixCache::Match match =
+          prefix_->Find(tokens, (int64_t(tokens.size()) - 1) / bs, *pool_);
+      if (match.blocks() > 0) {
+        const int64_t rest = to_finish_prompt(*seq) - 2 * match.blocks() * seq->kv().shape().tables();
+        if (pool_->num_free() + pool_->num_cached_only() - match.pinned_pages < reserved + rest) break;
+        prefix_->Adopt(match, seq->kv(), *pool_, &seq->cache_cursor);
+        seq->num_computed = match.blocks() * bs;
+        seq->cached_blocks = match.blocks();
+      }
     }
     const int64_t n = std::min(seq->num_uncomputed(), budget);
     const int64_t whole = to_finish_prompt(*seq);
     if (!Room(reserved + whole)) {
       // It waits without pages; the blocks stay cached.
-      seq->kv().ReleaseAll(*pool_);
+      ReleasePages(*seq);
       seq->num_computed = 0;
-      ForgetCachedBlocks(*seq);
       break;
     }
     if (prefix_) {
       prefix_query_tokens_ += int64_t(seq->tokens().size());
       prefix_hit_tokens_ += seq->num_computed;
-      seq->restore_v_sum = adopted > 0;
+      seq->restore_v_sum = seq->num_computed > 0;
     }
     reserved += std::max<int64_t>(0, whole - seq->kv().PagesNeeded(seq->num_computed + n));
     seq->kv().Grow(*pool_, seq->num_computed + n);
@@ -146,7 +149,7 @@ std::unique_ptr<Sequence> Scheduler::Remove(Sequence* seq) {
     out = std::move(*wit);
     waiting_.erase(wit);
   }
-  out->kv().ReleaseAll(*pool_);
+  ReleasePages(*out);
   out->state = SequenceState::kFinished;
   return out;
 }

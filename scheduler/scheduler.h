@@ -66,7 +66,8 @@ class Scheduler {
   void Preempt(size_t running_index);
   // Whether the pool has `pages` free pages, after evicting cached blocks if need be.
   bool Room(int64_t pages);
-  void ForgetCachedBlocks(Sequence& seq);
+  // Returns a sequence's pages to the pool (and tells the prefix cache).
+  void ReleasePages(Sequence& seq);
 
   SchedulerConfig config_;
   cache::PagePool* pool_;

@@ -46,11 +46,11 @@ class Sequence {
   bool AppendToken(const SampleResult& sample, const model::Tokenizer& tokenizer);
   FinishReason finish_reason() const { return finish_reason_; }
 
-  // Prefix cache: blocks of tokens() registered in (or adopted from) the cache, the key of the
-  // last of them, and whether this sequence adopted blocks at admission whose V sums the
+  // Prefix cache: how many blocks of tokens() were adopted from or offered to the cache, where
+  // the sequence stands there, and whether it adopted blocks at admission whose V sums the
   // backend must rebuild before its next forward pass.
   int64_t cached_blocks = 0;
-  uint64_t cache_key = cache::PrefixCache::kRoot;
+  cache::PrefixCache::Cursor cache_cursor;
   bool restore_v_sum = false;
 
   // Timing, for FinishInfo.

@@ -1,5 +1,6 @@
 // The prefix cache on its own: which blocks a sequence adopts, that shared pages are counted
-// once and reclaimed only when no sequence holds them, least recently used leaves first.
+// once and reclaimed only when no sequence holds them (least recently used leaves first), and
+// that a hash collision is a miss, never a block computed after other tokens.
 #include "cache/prefix_cache.h"
 
 #include <numeric>
@@ -12,6 +13,7 @@ namespace {
 
 constexpr KvShape kShape{2, 3, 4};  // 6 tables, 4 rows a page
 constexpr int64_t kTables = 6;
+constexpr int64_t kBlockPages = 2 * kTables;
 
 std::vector<int32_t> Tokens(int n, int first = 100) {
   std::vector<int32_t> t(n);
@@ -19,159 +21,281 @@ std::vector<int32_t> Tokens(int n, int first = 100) {
   return t;
 }
 
-// A sequence that computed `tokens` (pages for all of them) and registered its full blocks.
-struct Computed {
-  Computed(PrefixCache& cache, PagePool& pool, const std::vector<int32_t>& tokens) : kv(kShape) {
+// A sequence that computes `tokens` and offers its full blocks to the cache, as the engine
+// does: all at once, or (`one_by_one`) a block per call, as while decoding.
+struct Seq {
+  Seq(PrefixCache& cache, PagePool& pool, const std::vector<int32_t>& tokens, bool one_by_one = false)
+      : kv(kShape), cache(&cache), pool(&pool) {
     kv.Grow(pool, static_cast<int64_t>(tokens.size()));
     const int64_t full = static_cast<int64_t>(tokens.size()) / kShape.block_size;
-    key = cache.Insert(tokens, 0, full, PrefixCache::kRoot, kv, pool);
+    if (one_by_one) {
+      for (int64_t b = 0; b < full; ++b) cache.Insert(tokens, b, b + 1, kv, pool, &cursor);
+    } else {
+      cache.Insert(tokens, 0, full, kv, pool, &cursor);
+    }
+  }
+  void Release() {
+    kv.ReleaseAll(*pool);
+    cache->Released(*pool, &cursor);
   }
   SequenceKv kv;
-  uint64_t key = 0;
+  PrefixCache::Cursor cursor;
+  PrefixCache* cache;
+  PagePool* pool;
 };
+
+// Adopts what `tokens` find, into a fresh sequence.
+struct Adopter {
+  Adopter(PrefixCache& cache, PagePool& pool, const std::vector<int32_t>& tokens, int64_t max_blocks = 100)
+      : kv(kShape), cache(&cache), pool(&pool) {
+    const PrefixCache::Match m = cache.Find(tokens, max_blocks, pool);
+    cache.Adopt(m, kv, pool, &cursor);
+    blocks = m.blocks();
+  }
+  void Release() {
+    kv.ReleaseAll(*pool);
+    cache->Released(*pool, &cursor);
+  }
+  SequenceKv kv;
+  PrefixCache::Cursor cursor;
+  PrefixCache* cache;
+  PagePool* pool;
+  int64_t blocks = 0;
+};
+
+// The pool's count of pages only the cache holds is exactly the cache's reclaimable blocks.
+void ExpectReclaimableMatchesPool(const PrefixCache& cache, const PagePool& pool) {
+  EXPECT_EQ(pool.num_cached_only(), cache.num_reclaimable_blocks() * kBlockPages);
+}
 
 TEST(PrefixCacheTest, ASequenceAdoptsTheBlocksItsTokensBeginWith) {
   PagePool pool(256, 4);
   PrefixCache cache(kShape);
   std::vector<int32_t> a = Tokens(14);  // 3 full blocks and 2 tokens
-  Computed first(cache, pool, a);
+  Seq first(cache, pool, a);
   EXPECT_EQ(cache.num_blocks(), 3);
   EXPECT_EQ(pool.num_cached_only(), 0) << "the first sequence still holds its pages";
 
   // Same first 9 tokens, then different: blocks 0 and 1 match, block 2 does not.
   std::vector<int32_t> b = a;
   b[9] = 7;
-  SequenceKv kv(kShape);
-  uint64_t key = 0;
-  EXPECT_EQ(cache.Adopt(b, 100, kv, pool, &key), 2);
-  EXPECT_EQ(kv.blocks(), 2);
+  EXPECT_EQ(cache.Find(b, 100, pool).pinned_pages, 0) << "held by the first sequence";
+  Adopter got(cache, pool, b);
+  EXPECT_EQ(got.blocks, 2);
+  EXPECT_EQ(got.kv.blocks(), 2);
   for (int64_t t = 0; t < kTables; ++t) {
     for (int64_t blk = 0; blk < 2; ++blk) {
-      EXPECT_EQ(kv.k_page(t, blk), first.kv.k_page(t, blk));
-      EXPECT_EQ(kv.v_page(t, blk), first.kv.v_page(t, blk));
-      EXPECT_EQ(pool.refcount(kv.k_page(t, blk)), 3);  // first, cache, kv
+      EXPECT_EQ(got.kv.k_page(t, blk), first.kv.k_page(t, blk));
+      EXPECT_EQ(got.kv.v_page(t, blk), first.kv.v_page(t, blk));
+      EXPECT_EQ(pool.refcount(got.kv.k_page(t, blk)), 3);  // first, cache, got
     }
   }
-  EXPECT_EQ(key, PrefixCache::BlockKey(PrefixCache::BlockKey(PrefixCache::kRoot,
-                                                             std::span(a).subspan(0, 4)),
-                                       std::span(a).subspan(4, 4)));
-  // max_blocks caps it.
-  SequenceKv capped(kShape);
-  EXPECT_EQ(cache.Adopt(a, 1, capped, pool, &key), 1);
-  // A different first token matches nothing.
+  Adopter capped(cache, pool, a, 1);
+  EXPECT_EQ(capped.blocks, 1) << "max_blocks caps it";
   std::vector<int32_t> c = a;
   c[0] = 1;
-  SequenceKv none(kShape);
-  EXPECT_EQ(cache.Adopt(c, 100, none, pool, &key), 0);
-  EXPECT_EQ(key, PrefixCache::kRoot);
-  EXPECT_EQ(none.blocks(), 0);
+  Adopter none(cache, pool, c);
+  EXPECT_EQ(none.blocks, 0);
+  EXPECT_EQ(none.kv.blocks(), 0);
 
-  kv.ReleaseAll(pool);
-  capped.ReleaseAll(pool);
-  first.kv.ReleaseAll(pool);
+  got.Release();
+  capped.Release();
+  EXPECT_EQ(pool.num_cached_only(), 0) << "the first sequence still holds them";
+  first.Release();
   // Only the cache holds the 3 blocks now: reclaimable, and released by Clear.
-  EXPECT_EQ(pool.num_cached_only(), 3 * 2 * kTables);
+  ExpectReclaimableMatchesPool(cache, pool);
+  EXPECT_EQ(pool.num_cached_only(), 3 * kBlockPages);
   EXPECT_EQ(pool.num_cached_only(PageKind::kK), 3 * kTables);
-  EXPECT_EQ(pool.num_free(), 256 - 3 * 2 * kTables);
+  EXPECT_EQ(pool.num_free(), 256 - 3 * kBlockPages);
+  EXPECT_EQ(cache.Find(a, 100, pool).pinned_pages, 3 * kBlockPages);
   cache.Clear(pool);
-  EXPECT_EQ(pool.num_free(), 256);
   EXPECT_EQ(pool.num_cached_only(), 0);
   EXPECT_EQ(cache.num_blocks(), 0);
 }
 
-TEST(PrefixCacheTest, AdoptedBlocksContinueTheChainOfKeys) {
+TEST(PrefixCacheTest, AdoptedBlocksContinueTheChain) {
   PagePool pool(512, 4);
   PrefixCache cache(kShape);
   std::vector<int32_t> a = Tokens(8);
-  Computed first(cache, pool, a);
-  first.kv.ReleaseAll(pool);
+  Seq(cache, pool, a).Release();
 
-  // A longer sequence adopts both blocks, computes two more and registers them after its
-  // adopted ones; a third sequence then finds all four.
+  // A longer sequence adopts both blocks, computes two more and offers them after its adopted
+  // ones; a third sequence then finds all four.
   std::vector<int32_t> b = Tokens(17);
-  SequenceKv kv(kShape);
-  uint64_t key = 0;
-  ASSERT_EQ(cache.Adopt(b, 4, kv, pool, &key), 2);
-  kv.Grow(pool, 17);
-  key = cache.Insert(b, 2, 4, key, kv, pool);
+  Adopter longer(cache, pool, b, 4);
+  ASSERT_EQ(longer.blocks, 2);
+  longer.kv.Grow(pool, 17);
+  cache.Insert(b, 2, 4, longer.kv, pool, &longer.cursor);
   EXPECT_EQ(cache.num_blocks(), 4);
-  SequenceKv third(kShape);
-  EXPECT_EQ(cache.Adopt(b, 100, third, pool, &key), 4);
-  // Registering an already cached block keeps the cached pages.
-  Computed again(cache, pool, a);
+  Adopter third(cache, pool, b);
+  EXPECT_EQ(third.blocks, 4);
+  // Offering an already cached block keeps the cached pages.
+  Seq again(cache, pool, a);
   EXPECT_EQ(cache.num_blocks(), 4);
-  EXPECT_NE(again.kv.k_page(0, 0), third.k_page(0, 0));
+  EXPECT_NE(again.kv.k_page(0, 0), third.kv.k_page(0, 0));
   EXPECT_EQ(pool.refcount(again.kv.k_page(0, 0)), 1) << "a duplicate is not cached";
+  ExpectReclaimableMatchesPool(cache, pool);
 }
 
 TEST(PrefixCacheTest, MakeRoomFreesLeastRecentlyUsedLeavesThatNoSequenceHolds) {
-  // Room for 10 blocks (12 pages each).
-  PagePool pool(120, 4);
+  // Room for 10 blocks.
+  PagePool pool(10 * kBlockPages, 4);
   PrefixCache cache(kShape);
   std::vector<int32_t> a = Tokens(12, 100), b = Tokens(12, 200);
-  Computed ca(cache, pool, a);  // 3 blocks
-  Computed cb(cache, pool, b);  // 3 blocks
-  ca.kv.ReleaseAll(pool);
-  // b is still held: only a's blocks can go.
-  EXPECT_EQ(pool.num_free(), 120 - 6 * 12);
-  EXPECT_TRUE(cache.MakeRoom(pool, 120 - 6 * 12 + 12));
-  EXPECT_EQ(pool.num_free(), 120 - 5 * 12);
+  Seq sa(cache, pool, a, /*one_by_one=*/true);  // 3 blocks, offered as while decoding
+  Seq sb(cache, pool, b);                      // 3 blocks
+  sa.Release();
+  ExpectReclaimableMatchesPool(cache, pool);
+  // b is still held: only a's blocks can go, its last block first.
+  EXPECT_EQ(pool.num_free(), 4 * kBlockPages);
+  EXPECT_TRUE(cache.MakeRoom(pool, 5 * kBlockPages));
+  EXPECT_EQ(pool.num_free(), 5 * kBlockPages);
   EXPECT_EQ(cache.num_evicted(), 1);
-  // The leaf went first: a's first two blocks still match.
-  SequenceKv probe(kShape);
-  uint64_t key = 0;
-  EXPECT_EQ(cache.Adopt(a, 100, probe, pool, &key), 2);
-  probe.ReleaseAll(pool);
+  {
+    Adopter probe(cache, pool, a);
+    EXPECT_EQ(probe.blocks, 2) << "the leaf went first";
+    probe.Release();
+  }
+  ExpectReclaimableMatchesPool(cache, pool);
   // Asking for more than can be freed frees what it can and says no.
-  EXPECT_FALSE(cache.MakeRoom(pool, 120));
+  EXPECT_FALSE(cache.MakeRoom(pool, 10 * kBlockPages));
   EXPECT_EQ(cache.num_blocks(), 3) << "b's blocks are in use";
-  EXPECT_EQ(pool.num_free(), 120 - 3 * 12);
-  cb.kv.ReleaseAll(pool);
-  EXPECT_TRUE(cache.MakeRoom(pool, 120));
+  EXPECT_EQ(pool.num_free(), 7 * kBlockPages);
+  sb.Release();
+  EXPECT_TRUE(cache.MakeRoom(pool, 10 * kBlockPages));
   EXPECT_EQ(cache.num_blocks(), 0);
   EXPECT_EQ(pool.num_cached_only(), 0);
 }
 
-TEST(PrefixCacheTest, RecentlyAdoptedPrefixesOutliveOlderOnes) {
+TEST(PrefixCacheTest, RecentlyReleasedPrefixesOutliveOlderOnes) {
   PagePool pool(240, 4);
   PrefixCache cache(kShape);
   std::vector<int32_t> a = Tokens(8, 100), b = Tokens(8, 200);
-  Computed(cache, pool, a).kv.ReleaseAll(pool);
-  Computed(cache, pool, b).kv.ReleaseAll(pool);
-  // Touch a: b becomes the least recently used.
-  SequenceKv touch(kShape);
-  uint64_t key = 0;
-  ASSERT_EQ(cache.Adopt(a, 100, touch, pool, &key), 2);
-  touch.ReleaseAll(pool);
-  ASSERT_TRUE(cache.MakeRoom(pool, pool.num_free() + 2 * 12));
-  SequenceKv pa(kShape), pb(kShape);
-  EXPECT_EQ(cache.Adopt(a, 100, pa, pool, &key), 2);
-  EXPECT_EQ(cache.Adopt(b, 100, pb, pool, &key), 0);
+  Seq(cache, pool, a).Release();
+  Seq(cache, pool, b).Release();
+  Adopter(cache, pool, a).Release();  // a is used again: b is now the least recently used
+  ASSERT_TRUE(cache.MakeRoom(pool, pool.num_free() + 2 * kBlockPages));
+  EXPECT_EQ(Adopter(cache, pool, a).blocks, 2);
+  EXPECT_EQ(Adopter(cache, pool, b).blocks, 0);
+}
+
+// Only blocks that begin a prefix with token 100 or 200 collide, on one key.
+uint64_t CollidingFirstBlocks(uint64_t parent, std::span<const int32_t> t) {
+  if (parent == PrefixCache::kRoot && (t[0] == 100 || t[0] == 200)) return 7;
+  return PrefixCache::BlockKey(parent, t);
 }
 
 TEST(PrefixCacheTest, AHashCollisionIsAMissNotAWrongMatch) {
-  // Every block gets the same key: only the token and parent checks tell blocks apart.
+  PagePool pool(240, 4);
+  PrefixCache cache(kShape, &CollidingFirstBlocks);
+  const std::vector<int32_t> x = {100, 1, 2, 3};
+  const std::vector<int32_t> y = {200, 1, 2, 3, 50, 51, 52, 53, 9};
+  Seq sx(cache, pool, x);
+  Seq sy(cache, pool, y);  // its first block collides with x's: it offers nothing
+  EXPECT_TRUE(sy.cursor.stopped);
+  EXPECT_EQ(cache.num_blocks(), 1);
+  // x's first block, then y's second: y's K/V rows there were computed after y's tokens, so a
+  // match would be wrong. Only x's block is found.
+  const std::vector<int32_t> z = {100, 1, 2, 3, 50, 51, 52, 53, 9};
+  Adopter gz(cache, pool, z);
+  EXPECT_EQ(gz.blocks, 1);
+  EXPECT_EQ(gz.kv.k_page(0, 0), sx.kv.k_page(0, 0));
+  // y's own tokens find nothing (the block under their key holds x's tokens).
+  EXPECT_EQ(Adopter(cache, pool, y).blocks, 0);
+}
+
+TEST(PrefixCacheTest, EveryKeyCollidingStillMatchesOnlyTheRightChain) {
   PagePool pool(240, 4);
   PrefixCache cache(kShape, [](uint64_t, std::span<const int32_t>) { return uint64_t{42}; });
   std::vector<int32_t> a = Tokens(8);
-  Computed ca(cache, pool, a);
+  Seq sa(cache, pool, a);
   EXPECT_EQ(cache.num_blocks(), 1) << "a's second block collides with its first";
-  SequenceKv kv(kShape);
-  uint64_t key = 0;
-  // a's first block matches; its second finds a block with another parent and other tokens.
-  EXPECT_EQ(cache.Adopt(a, 2, kv, pool, &key), 1);
-  kv.ReleaseAll(pool);
-  // Other tokens under the same key: no match.
-  std::vector<int32_t> b = Tokens(8, 500);
-  EXPECT_EQ(cache.Adopt(b, 2, kv, pool, &key), 0);
-  // a's second block's tokens as a first block: same key, same tokens as nothing cached.
-  std::vector<int32_t> c(a.begin() + 4, a.end());
-  EXPECT_EQ(cache.Adopt(c, 1, kv, pool, &key), 0);
-  // Registering b under the taken key changes nothing.
-  Computed cb(cache, pool, b);
-  EXPECT_EQ(cache.num_blocks(), 1);
-  EXPECT_EQ(cache.Adopt(a, 1, kv, pool, &key), 1);
-  EXPECT_EQ(kv.k_page(0, 0), ca.kv.k_page(0, 0));
+  EXPECT_EQ(Adopter(cache, pool, a, 2).blocks, 1);
+  EXPECT_EQ(Adopter(cache, pool, Tokens(8, 500), 2).blocks, 0);
+  // a's second block's tokens as a first block: same key, other tokens.
+  EXPECT_EQ(Adopter(cache, pool, std::vector<int32_t>(a.begin() + 4, a.end()), 1).blocks, 0);
+  // a's first block's tokens twice: the second finds the same block (same key and tokens),
+  // whose rows were computed at positions 0-3, not 4-7; its parent tells them apart.
+  const std::vector<int32_t> twice = {100, 101, 102, 103, 100, 101, 102, 103};
+  EXPECT_EQ(Adopter(cache, pool, twice, 2).blocks, 1);
+}
+
+// Two sequences with the same prompt admitted together each compute block 0; the second's
+// block 1 follows the first's cached block 0. When the first finishes its block 0 is held by
+// no sequence but is followed by a block in use: MakeRoom may free it (after every leaf), so
+// what the pool counts as reclaimable is what MakeRoom can free.
+TEST(PrefixCacheTest, ABlockFollowedByOneInUseIsStillReclaimable) {
+  PagePool pool(8 * kBlockPages, 4);
+  PrefixCache cache(kShape);
+  const std::vector<int32_t> a = Tokens(8, 1), b = {1, 2, 3, 4, 9, 9, 9, 9};
+  Seq sa(cache, pool, a);
+  Seq sb(cache, pool, b);  // block 0 already cached (a's): b keeps its own copy
+  EXPECT_FALSE(sb.cursor.stopped);
+  EXPECT_EQ(cache.num_blocks(), 3);
+  Seq other(cache, pool, Tokens(4, 500));
+  other.Release();
+  sa.Release();  // a's block 1 is a leaf; a's block 0 is followed by b's block 1, in use
+  ExpectReclaimableMatchesPool(cache, pool);
+  EXPECT_EQ(pool.num_cached_only(), 3 * kBlockPages);
+  const int64_t want = pool.num_free() + pool.num_cached_only();
+  EXPECT_TRUE(cache.MakeRoom(pool, want));
+  EXPECT_EQ(cache.num_blocks(), 1) << "only b's block 1 is left";
+  EXPECT_EQ(pool.num_cached_only(), 0);
+  // b's block 1 followed a block that is gone: nothing reaches it.
+  EXPECT_EQ(Adopter(cache, pool, b).blocks, 0);
+  // b goes on decoding: its next block follows b's block 1, still cached (though unreachable),
+  // and is reclaimed in turn once b is done.
+  sb.kv.Grow(pool, 12);
+  std::vector<int32_t> longer = b;
+  longer.insert(longer.end(), {5, 5, 5, 5});
+  cache.Insert(longer, 2, 3, sb.kv, pool, &sb.cursor);
+  EXPECT_EQ(cache.num_blocks(), 2);
+  sb.Release();
+  ExpectReclaimableMatchesPool(cache, pool);
+  EXPECT_TRUE(cache.MakeRoom(pool, 8 * kBlockPages));
+  EXPECT_EQ(cache.num_blocks(), 0);
+}
+
+// A sequence that computed its own copy of cached blocks follows them without holding them;
+// once they are evicted it stops offering blocks (nothing could reach them).
+TEST(PrefixCacheTest, ASequenceStopsOfferingBlocksOnceTheBlockItFollowsIsGone) {
+  PagePool pool(8 * kBlockPages, 4);
+  PrefixCache cache(kShape);
+  const std::vector<int32_t> a = Tokens(8, 1);
+  Seq sa(cache, pool, a);
+  Seq sc(cache, pool, a);  // same tokens, its own pages
+  EXPECT_EQ(cache.num_blocks(), 2);
+  EXPECT_TRUE(sc.cursor.held.empty());
+  sa.Release();
+  ExpectReclaimableMatchesPool(cache, pool);
+  ASSERT_TRUE(cache.MakeRoom(pool, pool.num_free() + pool.num_cached_only()));
+  EXPECT_EQ(cache.num_blocks(), 0);
+  sc.kv.Grow(pool, 12);
+  std::vector<int32_t> longer = a;
+  longer.insert(longer.end(), {5, 5, 5, 5});
+  cache.Insert(longer, 2, 3, sc.kv, pool, &sc.cursor);
+  EXPECT_TRUE(sc.cursor.stopped);
+  EXPECT_EQ(cache.num_blocks(), 0);
+  sc.Release();
+  EXPECT_EQ(pool.num_free(), pool.num_pages());
+}
+
+// A chain offered a block at a time (decode; each block is newer than its parent): eviction
+// still takes it from its tail.
+TEST(PrefixCacheTest, ADecodedChainIsEvictedTailFirst) {
+  PagePool pool(64 * kBlockPages, 4);
+  PrefixCache cache(kShape);
+  const std::vector<int32_t> a = Tokens(40);  // 10 blocks
+  Seq(cache, pool, a, /*one_by_one=*/true).Release();
+  ExpectReclaimableMatchesPool(cache, pool);
+  for (int64_t left = 9; left >= 0; --left) {
+    ASSERT_TRUE(cache.MakeRoom(pool, pool.num_free() + 1));
+    EXPECT_EQ(cache.num_blocks(), left);
+    Adopter probe(cache, pool, a);
+    EXPECT_EQ(probe.blocks, left);
+    probe.Release();
+  }
+  EXPECT_EQ(cache.num_evicted(), 10);
 }
 
 TEST(PagePoolTest, CachedOnlyCountFollowsEveryReference) {

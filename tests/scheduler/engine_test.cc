@@ -80,13 +80,13 @@ class EngineTest : public ::testing::Test {
     return r;
   }
 
-  // The same post-softmax θ everywhere (layers 0-1 dense up to 512 rows, k = 16 after): rows
-  // past k keep keys with probability > theta.
-  static model::ThetaTable ConstantPostTheta(float theta) {
+  // The same post-softmax θ everywhere (layers 0-1 dense up to 512 rows, k = 16 after, or
+  // `k`): rows past k keep keys with probability > theta.
+  static model::ThetaTable ConstantPostTheta(float theta, int32_t k = 16) {
     const auto& c = model_->config();
     model::ThetaTable table(c.num_layers, c.num_heads, model::ThetaTable::DefaultBuckets(4096));
     for (int32_t l = 0; l < c.num_layers; ++l) {
-      table.k_per_layer[l] = l < 2 ? 512 : 16;
+      table.k_per_layer[l] = l < 2 ? 512 : k;
       for (int32_t h = 0; h < c.num_heads; ++h) {
         for (size_t b = 0; b < table.buckets().size(); ++b) table.theta_at(l, h, b) = theta;
       }
@@ -631,65 +631,76 @@ TEST_F(EngineTest, PrefixCachingSkipsSharedBlocksAndChangesNoOutput) {
 
 // A pool of 8 blocks per table: cached blocks must give way to new work (evicted least
 // recently used first), preempted sequences find their own blocks again, and every request
-// still gets the tokens it gets alone.
+// still gets the tokens it gets alone — dense, and under Top-θ with VMC, where a re-admitted
+// sequence's V sums come from SumVRows (θ = 0.1 past 4 rows, so that short rows drop some).
 TEST_F(EngineTest, PrefixCacheGivesWayToNewWorkInATinyPool) {
-  auto backend = kernels::CreateBackend(*model_, kernels::Device::kCpu, 0);
-  ASSERT_TRUE(backend.ok());
-  const auto& c = model_->config();
-  EngineConfig config;
-  config.block_size = 4;
-  const int64_t page_bytes = config.block_size * c.head_dim * 4;
-  config.kv_cache_bytes = 2 * 8 * c.num_layers * c.num_kv_heads * page_bytes;
-  config.scheduler.max_num_batched_tokens = 6;
-  config.scheduler.max_num_seqs = 4;
-  config.prefix_caching = true;
-  auto engine = Engine::Create(config, **backend);
-  ASSERT_TRUE(engine.ok()) << engine.status();
+  const model::ThetaTable table = ConstantPostTheta(0.1f, 4);
+  for (bool top_theta : {false, true}) {
+    SCOPED_TRACE(top_theta ? "top-theta" : "dense");
+    auto make_backend = [&] {
+      return top_theta ? TopThetaBackend(table)
+                       : kernels::CreateBackend(*model_, kernels::Device::kCpu, 0);
+    };
+    auto backend = make_backend();
+    ASSERT_TRUE(backend.ok());
+    auto solo_backend = make_backend();
+    ASSERT_TRUE(solo_backend.ok());
+    const auto& c = model_->config();
+    EngineConfig config;
+    config.block_size = 4;
+    const int64_t page_bytes = config.block_size * c.head_dim * 4;
+    config.kv_cache_bytes = 2 * 8 * c.num_layers * c.num_kv_heads * page_bytes;
+    config.scheduler.max_num_batched_tokens = 6;
+    config.scheduler.max_num_seqs = 4;
+    config.prefix_caching = true;
+    auto engine = Engine::Create(config, **backend);
+    ASSERT_TRUE(engine.ok()) << engine.status();
 
-  auto solo = [&](const std::vector<int32_t>& prompt, int n) {
-    auto runner = scheduler::SequenceRunner::Create(*solo_backend_, 64);
-    EXPECT_TRUE(runner.ok());
-    auto logits = runner->Append(prompt);
-    std::vector<int32_t> out;
-    for (int k = 0; k < n; ++k) {
-      int32_t t = static_cast<int32_t>(std::max_element(logits->begin(), logits->end()) - logits->begin());
-      out.push_back(t);
-      logits = runner->Append(std::span<const int32_t>(&t, 1));
+    auto solo = [&](const std::vector<int32_t>& prompt, int n) {
+      auto runner = scheduler::SequenceRunner::Create(**solo_backend, 64);
+      EXPECT_TRUE(runner.ok());
+      auto logits = runner->Append(prompt);
+      std::vector<int32_t> out;
+      for (int k = 0; k < n; ++k) {
+        int32_t t = static_cast<int32_t>(std::max_element(logits->begin(), logits->end()) - logits->begin());
+        out.push_back(t);
+        logits = runner->Append(std::span<const int32_t>(&t, 1));
+      }
+      return out;
+    };
+    const auto prompts = Prompts();
+    // Four at once (two prompts, twice each): the pool forces preemption.
+    std::vector<Request> requests;
+    std::vector<std::shared_ptr<CollectingSink>> sinks;
+    for (int i = 0; i < 4; ++i) {
+      requests.push_back(MakeRequest(absl::StrCat("p", i), prompts[i % 2 ? 0 : 4], 14));
+      requests.back().stopping.ignore_eos = true;
+      sinks.push_back(std::make_shared<CollectingSink>());
+      ASSERT_TRUE((*engine)->Submit(requests.back(), sinks.back()).ok());
     }
-    return out;
-  };
-  const auto prompts = Prompts();
-  // Four at once (two prompts, twice each): the pool forces preemption.
-  std::vector<Request> requests;
-  std::vector<std::shared_ptr<CollectingSink>> sinks;
-  for (int i = 0; i < 4; ++i) {
-    requests.push_back(MakeRequest(absl::StrCat("p", i), prompts[i % 2 ? 0 : 4], 14));
-    requests.back().stopping.ignore_eos = true;
-    sinks.push_back(std::make_shared<CollectingSink>());
-    ASSERT_TRUE((*engine)->Submit(requests.back(), sinks.back()).ok());
+    for (auto& s : sinks) ASSERT_TRUE(s->Wait(300));
+    EXPECT_GT((*engine)->Stats().counters.preemptions, 0) << "the pool was meant to force preemption";
+    // Then one after another: each needs pages that only evicting the last one's blocks frees.
+    for (int i : {0, 3, 5, 6, 7, 3}) {
+      requests.push_back(MakeRequest(absl::StrCat("s", requests.size()), prompts[i], 10));
+      requests.back().stopping.ignore_eos = true;
+      sinks.push_back(std::make_shared<CollectingSink>());
+      ASSERT_TRUE((*engine)->Submit(requests.back(), sinks.back()).ok());
+      ASSERT_TRUE(sinks.back()->Wait(300));
+    }
+    for (size_t i = 0; i < requests.size(); ++i) {
+      EXPECT_EQ(sinks[i]->info.reason, FinishReason::kLength) << i << ": " << sinks[i]->info.status;
+      EXPECT_EQ(sinks[i]->tokens, solo(requests[i].prompt, requests[i].stopping.max_tokens))
+          << "request " << i;
+    }
+    ASSERT_TRUE((*engine)->WaitIdle(10));
+    const EngineStats s = (*engine)->Stats();
+    EXPECT_GT(s.counters.prefix_hit_tokens, 0);
+    EXPECT_GT(s.counters.prefix_evicted_blocks, 0);
+    EXPECT_EQ(s.pages_free, s.pages_total);
+    const auto& pool = (*engine)->pool_for_tests();
+    EXPECT_EQ(pool.num_free() + pool.num_cached_only(), pool.num_pages());
   }
-  for (auto& s : sinks) ASSERT_TRUE(s->Wait(300));
-  EXPECT_GT((*engine)->Stats().counters.preemptions, 0) << "the pool was meant to force preemption";
-  // Then one after another: each needs pages that only evicting the last one's blocks frees.
-  for (int i : {0, 3, 5, 6, 7, 3}) {
-    requests.push_back(MakeRequest(absl::StrCat("s", requests.size()), prompts[i], 10));
-    requests.back().stopping.ignore_eos = true;
-    sinks.push_back(std::make_shared<CollectingSink>());
-    ASSERT_TRUE((*engine)->Submit(requests.back(), sinks.back()).ok());
-    ASSERT_TRUE(sinks.back()->Wait(300));
-  }
-  for (size_t i = 0; i < requests.size(); ++i) {
-    EXPECT_EQ(sinks[i]->info.reason, FinishReason::kLength) << i << ": " << sinks[i]->info.status;
-    EXPECT_EQ(sinks[i]->tokens, solo(requests[i].prompt, requests[i].stopping.max_tokens))
-        << "request " << i;
-  }
-  ASSERT_TRUE((*engine)->WaitIdle(10));
-  const EngineStats s = (*engine)->Stats();
-  EXPECT_GT(s.counters.prefix_hit_tokens, 0);
-  EXPECT_GT(s.counters.prefix_evicted_blocks, 0);
-  EXPECT_EQ(s.pages_free, s.pages_total);
-  const auto& pool = (*engine)->pool_for_tests();
-  EXPECT_EQ(pool.num_free() + pool.num_cached_only(), pool.num_pages());
 }
 
 }  // namespace

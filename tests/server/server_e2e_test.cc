@@ -448,9 +448,9 @@ TEST_F(ServerE2ETest, PrefixCacheServesASharedPreambleAndReportsIt) {
   EXPECT_GT(after.prefix_cache_blocks(), 0u);
   EXPECT_GT(after.pages().cached(), 0u);
   EXPECT_EQ(MetricValue(m, "thetaserve_kv_pages_cached"), double(after.pages().cached()));
-  if (after.running() == 0) {
-    EXPECT_EQ(after.pages().free(), after.pages().total());
-  }
+  EXPECT_EQ(after.running(), 0u);
+  EXPECT_EQ(after.pages().used_k() + after.pages().used_v(), 0u);
+  EXPECT_EQ(after.pages().free(), after.pages().total());
   // The same text as without any cache.
   EXPECT_EQ(r.text + "\n", RunGenerateBinary("--prompt '" + second + "' --max-tokens 8 --temperature 0"));
 }
