@@ -101,7 +101,11 @@ StepPlan Scheduler::Schedule() {
     }
     const int64_t n = std::min(seq->num_uncomputed(), budget);
     const int64_t whole = to_finish_prompt(*seq);
-    if (!Room(reserved + whole)) {
+    // Cached pages count as room for what is reserved, but are evicted only for what this
+    // step allocates (the rest stays findable until it is needed).
+    const int64_t reclaimable = prefix_ ? pool_->num_cached_only() : 0;
+    if (pool_->num_free() + reclaimable < reserved + whole ||
+        !Room(seq->kv().PagesNeeded(seq->num_computed + n))) {
       // It waits without pages; the blocks stay cached.
       ReleasePages(*seq);
       seq->num_computed = 0;
