@@ -11,8 +11,10 @@
 #
 # Flags (all optional):
 #   --results DIR        where the JSON, logs and dataset go (default build/bench-serve/<mix>)
-#   --mix short|long     short: ~128 input tokens, 64 output tokens (default);
-#                        long: 2048-7936 input tokens, 32 output tokens
+#   --mix short|long|shared   short: ~128 input tokens, 64 output tokens (default);
+#                        long: 2048-7936 input tokens, 32 output tokens;
+#                        shared: one ~512-token preamble + ~64 tokens each, 32 output tokens
+#                        (for --config "on=" --config "off=--prefix-caching off")
 #   --config NAME=FLAGS  a server configuration: FLAGS are added to `thetaserve serve`
 #                        (repeatable; default "default=" = the server's default flags)
 #   --concurrency LIST   closed-loop points (default 1,8,32,64 unless --request-rate is given)
@@ -49,7 +51,8 @@ done
 case "$mix" in
   short) mix_args=(--input-len 128 --output-len 64 --ignore-eos) ;;
   long) mix_args=(--input-len 2048:7936 --output-len 32 --ignore-eos) ;;
-  *) echo "bench-serve: --mix short|long" >&2; exit 2 ;;
+  shared) mix_args=(--shared-prefix-len 512 --input-len 64 --output-len 32 --ignore-eos) ;;
+  *) echo "bench-serve: --mix short|long|shared" >&2; exit 2 ;;
 esac
 [ ${#configs[@]} -gt 0 ] || configs=("default=")
 if [ -z "$concurrency" ] && [ -z "$rate" ]; then concurrency="1,8,32,64"; fi

@@ -184,11 +184,21 @@ def make_prompt(words: List[str], start: int, target: int, count: Callable[[str]
 
 
 def build_dataset(num: int, input_len: str, output_len: str, corpus_paths: List[str],
-                  count: Callable[[str], int], seed: int, progress=True) -> List[BenchRequest]:
+                  count: Callable[[str], int], seed: int, progress=True,
+                  shared_prefix_len: int = 0) -> List[BenchRequest]:
+    """`num` prompts of input_len tokens cut from the corpora at random places; with
+    shared_prefix_len, every prompt starts with the same text of about that many tokens (a
+    system prompt, as vLLM's --random-prefix-len) and input_len is the part after it."""
     rng = random.Random(seed)
     in_dist, out_dist = parse_length_spec(input_len), parse_length_spec(output_len)
     corpora = load_corpus(corpus_paths)
     ratio_state = [1.3]
+    prefix = ""
+    if shared_prefix_len > 0:
+        name, words = corpora[rng.randrange(len(corpora))]
+        start = rng.randrange(0, max(1, len(words) - 4 * shared_prefix_len - 10))
+        prefix, _ = make_prompt(words, start, shared_prefix_len, count, ratio_state)
+        prefix += " "
     out = []
     t0 = time.time()
     for i in range(num):
@@ -197,6 +207,9 @@ def build_dataset(num: int, input_len: str, output_len: str, corpus_paths: List[
         target_out = out_dist(rng)
         start = rng.randrange(0, max(1, len(words) - 4 * target_in - 10))
         text, n = make_prompt(words, start, target_in, count, ratio_state)
+        if prefix:
+            text = prefix + text
+            n = count(text)
         out.append(BenchRequest(prompt=text, prompt_len=n, output_len=target_out,
                                 source=f"{name}@{start}"))
         if progress and (i + 1) % 50 == 0:
@@ -640,13 +653,14 @@ def get_dataset(cfg) -> List[BenchRequest]:
         counter, close = gc, gc.close
     try:
         reqs = build_dataset(cfg.num_prompts, cfg.input_len, cfg.output_len, corpus, counter,
-                             cfg.seed, progress=not cfg.disable_tqdm)
+                             cfg.seed, progress=not cfg.disable_tqdm,
+                             shared_prefix_len=cfg.shared_prefix_len)
     finally:
         close()
     if cfg.save_dataset:
         save_dataset(cfg.save_dataset, reqs, {
             "tokenizer": cfg.tokenizer, "input_len": str(cfg.input_len),
-            "output_len": str(cfg.output_len),
+            "output_len": str(cfg.output_len), "shared_prefix_len": cfg.shared_prefix_len,
             "seed": cfg.seed, "corpus": [os.path.basename(c) for c in corpus]})
     return reqs
 
@@ -705,6 +719,9 @@ def add_args(p: argparse.ArgumentParser, load_points=True):
     p.add_argument("--num-prompts", type=int, default=100)
     p.add_argument("--input-len", default="128", help="N or A:B (uniform)")
     p.add_argument("--output-len", default="64", help="N or A:B (uniform)")
+    p.add_argument("--shared-prefix-len", type=int, default=0,
+                   help="every prompt starts with the same text of about N tokens (then "
+                        "--input-len tokens of its own): what a prefix cache can share")
     p.add_argument("--ignore-eos", action="store_true",
                    help="generate exactly the output length (stopping.ignore_eos / ignore_eos)")
     p.add_argument("--min-tokens-eq-max", action="store_true",

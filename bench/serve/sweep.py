@@ -272,8 +272,8 @@ def main(argv=None):
     if args.dataset or (os.path.exists(dataset_path) and not args.dataset_only):
         reqs, dmeta = bench_serve.load_dataset(dataset_path)
         want = {"input_len": str(args.input_len), "output_len": str(args.output_len),
-                "seed": args.seed}
-        have = {k: dmeta.get(k) for k in want}
+                "seed": args.seed, "shared_prefix_len": args.shared_prefix_len}
+        have = {k: dmeta.get(k, 0 if k == "shared_prefix_len" else None) for k in want}
         if have != want:
             print(f"dataset {dataset_path} was made with {have}, this sweep asks {want}",
                   file=sys.stderr)

@@ -112,6 +112,25 @@ class DatasetTest(unittest.TestCase):
         finally:
             tmp.unlink()
 
+    def test_shared_prefix_starts_every_prompt(self):
+        tmp = pathlib.Path("/tmp") / (self.id().replace(".", "_") + ".txt")
+        tmp.write_text(" ".join(f"word{i}" for i in range(3000)))
+        try:
+            reqs = bench_serve.build_dataset(6, "10", "3", [str(tmp)],
+                                             bench_serve.word_token_counter, 7, progress=False,
+                                             shared_prefix_len=40)
+            first = reqs[0].prompt.split()[:30]
+            self.assertEqual(len(first), 30)
+            for r in reqs:
+                words = r.prompt.split()
+                self.assertEqual(words[:30], first)
+                self.assertEqual(r.prompt_len, bench_serve.word_token_counter(r.prompt))
+                self.assertGreater(r.prompt_len, 40)
+            # The parts after the prefix differ.
+            self.assertEqual(len({" ".join(r.prompt.split()[30:]) for r in reqs}), 6)
+        finally:
+            tmp.unlink()
+
 
 def free_port():
     s = socket.socket()
