@@ -52,9 +52,8 @@ void PagePool::Release(int32_t page) {
 
 void PagePool::RefCached(int32_t page) {
   CHECK(!cached_[page]) << "page " << page << " is already cached";
-  Ref(page);
+  Ref(page);  // a sequence holds the page too (Ref checked it is not free): not cached-only
   cached_[page] = 1;
-  if (refs_[page] == 1) ++cached_only_[static_cast<int>(kinds_[page])];
 }
 
 void PagePool::ReleaseCached(int32_t page) {

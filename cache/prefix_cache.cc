@@ -1,7 +1,7 @@
 #include "cache/prefix_cache.h"
 
 #include <algorithm>
-#include <iterator>
+#include <random>
 
 #include "base/check.h"
 
@@ -20,6 +20,16 @@ uint64_t Mix(uint64_t x) {
 
 }  // namespace
 
+PrefixCache::PrefixCache(const KvShape& shape, KeyFn key_fn, std::optional<uint64_t> root_key)
+    : shape_(shape), key_fn_(key_fn) {
+  if (root_key) {
+    root_ = *root_key;
+  } else {
+    std::random_device rd;
+    root_ = (uint64_t(rd()) << 32) ^ rd();
+  }
+}
+
 uint64_t PrefixCache::BlockKey(uint64_t parent, std::span<const int32_t> tokens) {
   uint64_t h = Mix(parent ^ 0x2545f4914f6cdd1dull);
   for (int32_t t : tokens) h = Mix(h ^ static_cast<uint32_t>(t));
@@ -36,7 +46,7 @@ PrefixCache::Match PrefixCache::Find(std::span<const int32_t> tokens, int64_t ma
   const int64_t bs = shape_.block_size;
   max_blocks = std::min<int64_t>(max_blocks, static_cast<int64_t>(tokens.size()) / bs);
   Match match;
-  uint64_t key = kRoot, serial = 0;
+  uint64_t key = root_, serial = 0;
   for (int64_t b = 0; b < max_blocks; ++b) {
     const auto block_tokens = tokens.subspan(b * bs, bs);
     const uint64_t next = key_fn_(key, block_tokens);
@@ -60,6 +70,7 @@ void PrefixCache::Adopt(const Match& match, SequenceKv& kv, PagePool& pool, Curs
     Block& b = blocks_.at(key);
     CHECK(b.parent_serial == cursor->serial) << "Adopt of a stale match";
     if (b.where != Where::kHeld) Unlist(b);
+    b.last_used = ++tick_;
     kv.AppendSharedBlock(pool, b.k_pages.data(), b.v_pages.data());
     cursor->held.emplace_back(key, b.serial);
     cursor->key = key;
@@ -80,8 +91,9 @@ void PrefixCache::Insert(std::span<const int32_t> tokens, int64_t from_block, in
       cursor->stopped = true;  // the parent was evicted: nothing could reach this block
       break;
     }
+    const uint64_t parent_key = cursor->serial == 0 ? root_ : cursor->key;
     const auto block_tokens = tokens.subspan(b * bs, bs);
-    const uint64_t key = key_fn_(cursor->key, block_tokens);
+    const uint64_t key = key_fn_(parent_key, block_tokens);
     auto [it, inserted] = blocks_.try_emplace(key);
     Block& block = it->second;
     if (!inserted) {
@@ -90,13 +102,16 @@ void PrefixCache::Insert(std::span<const int32_t> tokens, int64_t from_block, in
         cursor->stopped = true;  // a collision: this sequence's blocks stay out of the cache
         break;
       }
-      // Already cached (computed by another sequence at the same time): continue after it.
+      // Already cached (computed by another sequence at the same time, or again after a
+      // request that ended on this block): used now; continue after it.
+      Touch(key, block);
       cursor->key = key;
       cursor->serial = block.serial;
       continue;
     }
     block.serial = next_serial_++;
-    block.parent_key = cursor->key;
+    block.last_used = ++tick_;
+    block.parent_key = parent_key;
     block.parent_serial = cursor->serial;
     block.tokens.assign(block_tokens.begin(), block_tokens.end());
     block.k_pages.resize(tables);
@@ -109,7 +124,7 @@ void PrefixCache::Insert(std::span<const int32_t> tokens, int64_t from_block, in
     }
     if (parent && parent->children++ == 0 && parent->where == Where::kLeaves) {
       Unlist(*parent);
-      MakeReclaimable(block.parent_key, *parent);  // now an inner block
+      MakeReclaimable(parent_key, *parent);  // now an inner block, at the same last use
     }
     cursor->held.emplace_back(key, block.serial);
     cursor->key = key;
@@ -118,10 +133,14 @@ void PrefixCache::Insert(std::span<const int32_t> tokens, int64_t from_block, in
 }
 
 void PrefixCache::Released(const PagePool& pool, Cursor* cursor) {
-  // Leaf first, so that a run's first blocks end up the most recently used.
+  // Used until now; leaf first, so that a run's first blocks are the most recently used.
   for (auto h = cursor->held.rbegin(); h != cursor->held.rend(); ++h) {
     Block* b = Get(h->first, h->second);
-    if (b && b->where == Where::kHeld && !InUse(*b, pool)) MakeReclaimable(h->first, *b);
+    if (!b) continue;
+    if (b->where == Where::kHeld) {
+      b->last_used = ++tick_;
+      if (!InUse(*b, pool)) MakeReclaimable(h->first, *b);
+    }
   }
   *cursor = Cursor();
 }
@@ -129,13 +148,20 @@ void PrefixCache::Released(const PagePool& pool, Cursor* cursor) {
 void PrefixCache::MakeReclaimable(uint64_t key, Block& b) {
   auto& list = b.children > 0 ? inner_ : leaves_;
   b.where = b.children > 0 ? Where::kInner : Where::kLeaves;
-  b.pos = list.insert(list.end(), key);
+  list.emplace(b.last_used, key);
 }
 
 void PrefixCache::Unlist(Block& b) {
-  if (b.where == Where::kLeaves) leaves_.erase(b.pos);
-  if (b.where == Where::kInner) inner_.erase(b.pos);
+  if (b.where == Where::kLeaves) leaves_.erase(b.last_used);
+  if (b.where == Where::kInner) inner_.erase(b.last_used);
   b.where = Where::kHeld;
+}
+
+void PrefixCache::Touch(uint64_t key, Block& b) {
+  const bool listed = b.where != Where::kHeld;
+  if (listed) Unlist(b);
+  b.last_used = ++tick_;
+  if (listed) MakeReclaimable(key, b);
 }
 
 void PrefixCache::Drop(Map::iterator it, PagePool& pool) {
@@ -146,10 +172,8 @@ void PrefixCache::Drop(Map::iterator it, PagePool& pool) {
   for (int32_t p : b.v_pages) pool.ReleaseCached(p);
   if (Block* parent = Get(b.parent_key, b.parent_serial)) {
     if (--parent->children == 0 && parent->where == Where::kInner) {
-      // A leaf now, and no more recent than the child just evicted: next in line.
       Unlist(*parent);
-      parent->where = Where::kLeaves;
-      parent->pos = leaves_.insert(leaves_.begin(), b.parent_key);
+      MakeReclaimable(b.parent_key, *parent);  // a leaf now, at its own last use
     }
   }
   blocks_.erase(it);
@@ -159,9 +183,9 @@ bool PrefixCache::MakeRoom(PagePool& pool, int64_t pages) {
   while (pool.num_free() < pages) {
     // Leaves first; an inner block only when no leaf is left (its followers become
     // unreachable and are reclaimed in turn).
-    std::list<uint64_t>& from = !leaves_.empty() ? leaves_ : inner_;
+    std::map<uint64_t, uint64_t>& from = !leaves_.empty() ? leaves_ : inner_;
     if (from.empty()) break;
-    Drop(blocks_.find(from.front()), pool);
+    Drop(blocks_.find(from.begin()->second), pool);
     ++evicted_;
   }
   return pool.num_free() >= pages;

@@ -21,7 +21,8 @@
 #pragma once
 
 #include <cstdint>
-#include <list>
+#include <map>
+#include <optional>
 #include <span>
 #include <unordered_map>
 #include <utility>
@@ -34,24 +35,23 @@ namespace thetaserve::cache {
 
 class PrefixCache {
  public:
-  // The key of the empty prefix (the parent of a sequence's first block).
-  static constexpr uint64_t kRoot = 0x9e3779b97f4a7c15ull;
-
   // Where a sequence stands in the cache: the key and serial of its last matched or
-  // registered block (kRoot and 0 before its first), the blocks whose pages it shares with
+  // registered block (serial 0 before its first), the blocks whose pages it shares with
   // the cache (adopted or registered by it: key and serial, in order), and whether it stopped
   // registering (a collision, or a parent evicted while the sequence ran).
   struct Cursor {
-    uint64_t key = kRoot;
+    uint64_t key = 0;
     uint64_t serial = 0;
     bool stopped = false;
     std::vector<std::pair<uint64_t, uint64_t>> held;
   };
 
   using KeyFn = uint64_t (*)(uint64_t parent, std::span<const int32_t> tokens);
-  // `key_fn` replaces BlockKey (tests force collisions with it).
-  explicit PrefixCache(const KvShape& shape, KeyFn key_fn = &BlockKey)
-      : shape_(shape), key_fn_(key_fn) {}
+  // `key_fn` replaces BlockKey (tests force collisions with it). `root_key` is the key of the
+  // empty prefix, the parent of every first block; by default drawn at random, so that blocks
+  // whose keys collide cannot be prepared offline to keep other prompts out of the cache.
+  explicit PrefixCache(const KvShape& shape, KeyFn key_fn = &BlockKey,
+                       std::optional<uint64_t> root_key = std::nullopt);
   PrefixCache(const PrefixCache&) = delete;
   PrefixCache& operator=(const PrefixCache&) = delete;
 
@@ -90,6 +90,7 @@ class PrefixCache {
   int64_t num_reclaimable_blocks() const {
     return static_cast<int64_t>(leaves_.size() + inner_.size());
   }
+  uint64_t root_key() const { return root_; }
   // Blocks freed by MakeRoom since start.
   int64_t num_evicted() const { return evicted_; }
 
@@ -104,7 +105,7 @@ class PrefixCache {
     std::vector<int32_t> v_pages;  // [tables]
     int32_t children = 0;          // cached blocks whose parent this is
     Where where = Where::kHeld;    // held by a sequence, or in one of the reclaimable lists
-    std::list<uint64_t>::iterator pos;  // in leaves_ or inner_
+    uint64_t last_used = 0;        // tick of its last use; its place in leaves_ or inner_
   };
   using Map = std::unordered_map<uint64_t, Block>;
 
@@ -113,18 +114,22 @@ class PrefixCache {
   static bool InUse(const Block& b, const PagePool& pool) { return pool.refcount(b.k_pages[0]) > 1; }
   // The block `key` if it is the one with this serial.
   Block* Get(uint64_t key, uint64_t serial);
-  // Puts a block no sequence holds on the reclaimable list it belongs to (most recent end).
+  // Puts a block no sequence holds on the reclaimable list it belongs to, at its last use.
   void MakeReclaimable(uint64_t key, Block& b);
   void Unlist(Block& b);
+  // Marks a block used now (keeping it on its list, if it is on one).
+  void Touch(uint64_t key, Block& b);
   void Drop(Map::iterator it, PagePool& pool);
 
   KvShape shape_;
   KeyFn key_fn_;
+  uint64_t root_;
   Map blocks_;
-  // Blocks no sequence holds, least recently used first: leaves (no cached block follows
-  // them), then inner blocks. A run is released leaf first, so its first blocks are the
-  // more recent.
-  std::list<uint64_t> leaves_, inner_;
+  // Blocks no sequence holds, by last use (tick -> key), least recently used first: leaves
+  // (no cached block follows them), then inner blocks. A run is released leaf first, so its
+  // first blocks are the more recent.
+  std::map<uint64_t, uint64_t> leaves_, inner_;
+  uint64_t tick_ = 0;
   uint64_t next_serial_ = 1;
   int64_t evicted_ = 0;
 };

@@ -179,15 +179,41 @@ TEST(PrefixCacheTest, RecentlyReleasedPrefixesOutliveOlderOnes) {
   EXPECT_EQ(Adopter(cache, pool, b).blocks, 0);
 }
 
+// The key of the empty prefix in the tests that choose their keys.
+constexpr uint64_t kTestRoot = 1;
+
+// A request that ends on a block boundary adopts all but its last block and recomputes that
+// one: the recomputed duplicate and the adopted blocks are used now, and outlive older ones.
+TEST(PrefixCacheTest, APrefixUsedAgainOutlivesOlderBlocksEvenWhenItsTailWasRecomputed) {
+  PagePool pool(64 * kBlockPages, 4);
+  PrefixCache cache(kShape);
+  const std::vector<int32_t> pc = Tokens(8, 1), q = Tokens(4, 900);
+  Seq(cache, pool, pc).Release();
+  Seq(cache, pool, q).Release();
+  {
+    Adopter again(cache, pool, pc, (8 - 1) / 4);  // the engine's cap: all but the last token
+    ASSERT_EQ(again.blocks, 1);
+    again.kv.Grow(pool, 8);
+    cache.Insert(pc, 1, 2, again.kv, pool, &again.cursor);  // its own copy of the second block
+    again.Release();
+  }
+  ExpectReclaimableMatchesPool(cache, pool);
+  ASSERT_TRUE(cache.MakeRoom(pool, pool.num_free() + 1));
+  EXPECT_EQ(cache.Find(q, 1, pool).blocks(), 0) << "the least recently used block goes first";
+  EXPECT_EQ(cache.Find(pc, 2, pool).blocks(), 2);
+  ASSERT_TRUE(cache.MakeRoom(pool, pool.num_free() + 1));
+  EXPECT_EQ(cache.Find(pc, 2, pool).blocks(), 1) << "then the prefix's tail";
+}
+
 // Only blocks that begin a prefix with token 100 or 200 collide, on one key.
 uint64_t CollidingFirstBlocks(uint64_t parent, std::span<const int32_t> t) {
-  if (parent == PrefixCache::kRoot && (t[0] == 100 || t[0] == 200)) return 7;
+  if (parent == kTestRoot && (t[0] == 100 || t[0] == 200)) return 7;
   return PrefixCache::BlockKey(parent, t);
 }
 
 TEST(PrefixCacheTest, AHashCollisionIsAMissNotAWrongMatch) {
   PagePool pool(240, 4);
-  PrefixCache cache(kShape, &CollidingFirstBlocks);
+  PrefixCache cache(kShape, &CollidingFirstBlocks, kTestRoot);
   const std::vector<int32_t> x = {100, 1, 2, 3};
   const std::vector<int32_t> y = {200, 1, 2, 3, 50, 51, 52, 53, 9};
   Seq sx(cache, pool, x);
@@ -206,7 +232,8 @@ TEST(PrefixCacheTest, AHashCollisionIsAMissNotAWrongMatch) {
 
 TEST(PrefixCacheTest, EveryKeyCollidingStillMatchesOnlyTheRightChain) {
   PagePool pool(240, 4);
-  PrefixCache cache(kShape, [](uint64_t, std::span<const int32_t>) { return uint64_t{42}; });
+  PrefixCache cache(kShape, [](uint64_t, std::span<const int32_t>) { return uint64_t{42}; },
+                    kTestRoot);
   std::vector<int32_t> a = Tokens(8);
   Seq sa(cache, pool, a);
   EXPECT_EQ(cache.num_blocks(), 1) << "a's second block collides with its first";
