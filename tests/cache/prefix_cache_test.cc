@@ -325,6 +325,13 @@ TEST(PrefixCacheTest, ADecodedChainIsEvictedTailFirst) {
   EXPECT_EQ(cache.num_evicted(), 10);
 }
 
+TEST(PrefixCacheTest, EachCacheDrawsItsOwnRootKey) {
+  // Keys chain from the root: another process's cache keys the same tokens differently.
+  const PrefixCache a(kShape), b(kShape);
+  EXPECT_NE(a.root_key(), b.root_key());
+  EXPECT_EQ(PrefixCache(kShape, &PrefixCache::BlockKey, 5).root_key(), 5u);
+}
+
 TEST(PagePoolTest, CachedOnlyCountFollowsEveryReference) {
   PagePool pool(8, 4);
   const int32_t p = pool.Allocate(PageKind::kV);
