@@ -36,22 +36,36 @@ uint64_t PrefixCache::BlockKey(uint64_t parent, std::span<const int32_t> tokens)
   return h;
 }
 
+uint64_t PrefixCache::RootKey(std::string_view salt) const {
+  if (salt.empty()) return root_;
+  uint64_t h = Mix(root_ ^ 0x5a175a175a175a17ull);
+  for (unsigned char c : salt) h = Mix(h ^ c);
+  return h;
+}
+
+PrefixCache::Cursor PrefixCache::Start(std::string_view salt) const {
+  Cursor c;
+  c.root = RootKey(salt);
+  return c;
+}
+
 PrefixCache::Block* PrefixCache::Get(uint64_t key, uint64_t serial) {
   auto it = blocks_.find(key);
   return it != blocks_.end() && it->second.serial == serial ? &it->second : nullptr;
 }
 
 PrefixCache::Match PrefixCache::Find(std::span<const int32_t> tokens, int64_t max_blocks,
-                                     const PagePool& pool) const {
+                                     const PagePool& pool, std::string_view salt) const {
   const int64_t bs = shape_.block_size;
   max_blocks = std::min<int64_t>(max_blocks, static_cast<int64_t>(tokens.size()) / bs);
   Match match;
-  uint64_t key = root_, serial = 0;
+  match.root = RootKey(salt);
+  uint64_t key = match.root, serial = 0;
   for (int64_t b = 0; b < max_blocks; ++b) {
     const auto block_tokens = tokens.subspan(b * bs, bs);
     const uint64_t next = key_fn_(key, block_tokens);
     auto it = blocks_.find(next);
-    if (it == blocks_.end() || it->second.parent_serial != serial ||
+    if (it == blocks_.end() || it->second.parent_serial != serial || it->second.parent_key != key ||
         !std::equal(block_tokens.begin(), block_tokens.end(), it->second.tokens.begin())) {
       break;
     }
@@ -66,6 +80,7 @@ PrefixCache::Match PrefixCache::Find(std::span<const int32_t> tokens, int64_t ma
 void PrefixCache::Adopt(const Match& match, SequenceKv& kv, PagePool& pool, Cursor* cursor) {
   CHECK(kv.blocks() == 0) << "Adopt into a sequence that already has pages";
   *cursor = Cursor();
+  cursor->root = match.root;
   for (uint64_t key : match.keys) {
     Block& b = blocks_.at(key);
     CHECK(b.parent_serial == cursor->serial) << "Adopt of a stale match";
@@ -91,13 +106,13 @@ void PrefixCache::Insert(std::span<const int32_t> tokens, int64_t from_block, in
       cursor->stopped = true;  // the parent was evicted: nothing could reach this block
       break;
     }
-    const uint64_t parent_key = cursor->serial == 0 ? root_ : cursor->key;
+    const uint64_t parent_key = cursor->serial == 0 ? cursor->root : cursor->key;
     const auto block_tokens = tokens.subspan(b * bs, bs);
     const uint64_t key = key_fn_(parent_key, block_tokens);
     auto [it, inserted] = blocks_.try_emplace(key);
     Block& block = it->second;
     if (!inserted) {
-      if (block.parent_serial != cursor->serial ||
+      if (block.parent_serial != cursor->serial || block.parent_key != parent_key ||
           !std::equal(block_tokens.begin(), block_tokens.end(), block.tokens.begin())) {
         cursor->stopped = true;  // a collision: this sequence's blocks stay out of the cache
         break;
@@ -142,7 +157,9 @@ void PrefixCache::Released(const PagePool& pool, Cursor* cursor) {
       if (!InUse(*b, pool)) MakeReclaimable(h->first, *b);
     }
   }
+  const uint64_t root = cursor->root;
   *cursor = Cursor();
+  cursor->root = root;
 }
 
 void PrefixCache::MakeReclaimable(uint64_t key, Block& b) {

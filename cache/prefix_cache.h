@@ -24,6 +24,7 @@
 #include <map>
 #include <optional>
 #include <span>
+#include <string_view>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -40,6 +41,7 @@ class PrefixCache {
   // the cache (adopted or registered by it: key and serial, in order), and whether it stopped
   // registering (a collision, or a parent evicted while the sequence ran).
   struct Cursor {
+    uint64_t root = 0;  // the key of the sequence's empty prefix (RootKey of its salt)
     uint64_t key = 0;
     uint64_t serial = 0;
     bool stopped = false;
@@ -57,18 +59,26 @@ class PrefixCache {
 
   // The key of the block `tokens` (block_size of them) following the prefix `parent`.
   static uint64_t BlockKey(uint64_t parent, std::span<const int32_t> tokens);
+  // The key of the empty prefix of requests with this salt: blocks of different salts never
+  // match (their first blocks' parents differ, which Find checks).
+  uint64_t RootKey(std::string_view salt) const;
+  // A cursor at the empty prefix of this salt.
+  Cursor Start(std::string_view salt) const;
 
   // The longest run of cached blocks that begins `tokens`, at most `max_blocks`; changes
   // nothing. `pinned_pages`: how many of the run's pages only the cache holds now (adopting
   // the run takes them out of what MakeRoom can free).
   struct Match {
+    uint64_t root = 0;  // RootKey of the salt looked up
     std::vector<uint64_t> keys;
     int64_t pinned_pages = 0;
     int64_t blocks() const { return static_cast<int64_t>(keys.size()); }
   };
-  Match Find(std::span<const int32_t> tokens, int64_t max_blocks, const PagePool& pool) const;
+  Match Find(std::span<const int32_t> tokens, int64_t max_blocks, const PagePool& pool,
+             std::string_view salt = {}) const;
   // Appends the matched blocks to `kv` (which must hold no blocks), marks them recently used
-  // and sets `cursor` after them. `match` must come from Find with nothing changed since.
+  // and moves `cursor` (from Start of the same salt) after them. `match` must come from Find
+  // with nothing changed since.
   void Adopt(const Match& match, SequenceKv& kv, PagePool& pool, Cursor* cursor);
   // Registers blocks [from_block, to_block) of a sequence (tokens `tokens`, pages `kv`'s, every
   // row computed), following `cursor`, and advances it. A block already cached under the same
@@ -76,7 +86,7 @@ class PrefixCache {
   void Insert(std::span<const int32_t> tokens, int64_t from_block, int64_t to_block,
               const SequenceKv& kv, PagePool& pool, Cursor* cursor);
   // Called after the sequence behind `cursor` released its pages: the blocks it held that no
-  // sequence holds now become reclaimable. Resets the cursor.
+  // sequence holds now become reclaimable. Resets the cursor (to its salt's start).
   void Released(const PagePool& pool, Cursor* cursor);
 
   // Frees reclaimable blocks, least recently used leaves first, until the pool has `pages`

@@ -28,6 +28,8 @@ struct Request {
   std::vector<int32_t> prompt;
   SamplingParams sampling;
   StoppingCriteria stopping;
+  // Prefix caching: cached blocks are shared only among requests with the same salt.
+  std::string cache_salt;
   Clock::time_point arrival = Clock::now();
   std::optional<Clock::time_point> deadline;
 };

@@ -89,8 +89,10 @@ StepPlan Scheduler::Schedule() {
     if (prefix_ && seq->kv().blocks() == 0) {
       const auto& tokens = seq->tokens();
       const int64_t bs = pool_->block_size();
+      const std::string& salt = seq->request().cache_salt;
+      seq->cache_cursor = prefix_->Start(salt);
       const cache::PrefixCache::Match match =
-          prefix_->Find(tokens, (int64_t(tokens.size()) - 1) / bs, *pool_);
+          prefix_->Find(tokens, (int64_t(tokens.size()) - 1) / bs, *pool_, salt);
       if (match.blocks() > 0) {
         const int64_t rest = to_finish_prompt(*seq) - 2 * match.blocks() * seq->kv().shape().tables();
         if (pool_->num_free() + pool_->num_cached_only() - match.pinned_pages < reserved + rest) break;

@@ -67,6 +67,11 @@ absl::StatusOr<scheduler::Request> BuildRequest(const v1::GenerateRequest& req,
   const auto& tok = model.tokenizer();
   scheduler::Request out;
   out.id = req.request_id();
+  if (req.cache_salt().size() > 256) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "cache_salt has %d bytes; at most 256", req.cache_salt().size()));
+  }
+  out.cache_salt = req.cache_salt();
   const bool add_special = !req.has_add_special_tokens() || req.add_special_tokens();
 
   switch (req.input_case()) {

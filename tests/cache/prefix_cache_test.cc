@@ -4,6 +4,7 @@
 #include "cache/prefix_cache.h"
 
 #include <numeric>
+#include <string_view>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -24,8 +25,9 @@ std::vector<int32_t> Tokens(int n, int first = 100) {
 // A sequence that computes `tokens` and offers its full blocks to the cache, as the engine
 // does: all at once, or (`one_by_one`) a block per call, as while decoding.
 struct Seq {
-  Seq(PrefixCache& cache, PagePool& pool, const std::vector<int32_t>& tokens, bool one_by_one = false)
-      : kv(kShape), cache(&cache), pool(&pool) {
+  Seq(PrefixCache& cache, PagePool& pool, const std::vector<int32_t>& tokens, bool one_by_one = false,
+      std::string_view salt = {})
+      : kv(kShape), cursor(cache.Start(salt)), cache(&cache), pool(&pool) {
     kv.Grow(pool, static_cast<int64_t>(tokens.size()));
     const int64_t full = static_cast<int64_t>(tokens.size()) / kShape.block_size;
     if (one_by_one) {
@@ -46,9 +48,10 @@ struct Seq {
 
 // Adopts what `tokens` find, into a fresh sequence.
 struct Adopter {
-  Adopter(PrefixCache& cache, PagePool& pool, const std::vector<int32_t>& tokens, int64_t max_blocks = 100)
+  Adopter(PrefixCache& cache, PagePool& pool, const std::vector<int32_t>& tokens, int64_t max_blocks = 100,
+          std::string_view salt = {})
       : kv(kShape), cache(&cache), pool(&pool) {
-    const PrefixCache::Match m = cache.Find(tokens, max_blocks, pool);
+    const PrefixCache::Match m = cache.Find(tokens, max_blocks, pool, salt);
     cache.Adopt(m, kv, pool, &cursor);
     blocks = m.blocks();
   }
@@ -323,6 +326,28 @@ TEST(PrefixCacheTest, ADecodedChainIsEvictedTailFirst) {
     probe.Release();
   }
   EXPECT_EQ(cache.num_evicted(), 10);
+}
+
+TEST(PrefixCacheTest, BlocksAreSharedOnlyWithinASalt) {
+  PagePool pool(64 * kBlockPages, 4);
+  PrefixCache cache(kShape);
+  const std::vector<int32_t> a = Tokens(8);
+  Seq(cache, pool, a, false, "tenant-a").Release();
+  EXPECT_EQ(Adopter(cache, pool, a, 2, "tenant-a").blocks, 2);
+  EXPECT_EQ(Adopter(cache, pool, a, 2, "tenant-b").blocks, 0);
+  EXPECT_EQ(Adopter(cache, pool, a, 2).blocks, 0) << "unsalted requests share among themselves";
+  // The same tokens without a salt are cached separately, and continue from their own root.
+  Seq(cache, pool, a).Release();
+  EXPECT_EQ(cache.num_blocks(), 4);
+  EXPECT_EQ(Adopter(cache, pool, a, 2).blocks, 2);
+  // A sequence that adopted under a salt offers its further blocks under that salt.
+  std::vector<int32_t> longer = Tokens(12);
+  Adopter b(cache, pool, longer, 2, "tenant-a");
+  ASSERT_EQ(b.blocks, 2);
+  b.kv.Grow(pool, 12);
+  cache.Insert(longer, 2, 3, b.kv, pool, &b.cursor);
+  EXPECT_EQ(Adopter(cache, pool, longer, 3, "tenant-a").blocks, 3);
+  EXPECT_EQ(Adopter(cache, pool, longer, 3).blocks, 2);
 }
 
 TEST(PrefixCacheTest, EachCacheDrawsItsOwnRootKey) {

@@ -453,6 +453,27 @@ TEST_F(ServerE2ETest, PrefixCacheServesASharedPreambleAndReportsIt) {
   EXPECT_EQ(after.pages().free(), after.pages().total());
   // The same text as without any cache.
   EXPECT_EQ(r.text + "\n", RunGenerateBinary("--prompt '" + second + "' --max-tokens 8 --temperature 0"));
+
+  // Another salt shares nothing with the unsalted requests, then finds its own blocks.
+  auto salted = Prompt(second, 8);
+  salted.set_cache_salt("tenant-b");
+  for (int round = 0; round < 2; ++round) {
+    const v1::ServerStatus st0 = status();
+    StreamResult s = Generate(*stub, salted);
+    ASSERT_TRUE(s.status.ok()) << s.status.error_message();
+    EXPECT_EQ(s.text, r.text);
+    const uint64_t found = status().prefix_cache_hit_tokens() - st0.prefix_cache_hit_tokens();
+    if (round == 0) {
+      EXPECT_EQ(found, 0u) << "a salted request found unsalted blocks";
+    } else {
+      EXPECT_GE(found, 96u);
+    }
+  }
+  salted.set_cache_salt(std::string(257, 'x'));
+  StreamResult too_long = Generate(*stub, salted);
+  EXPECT_EQ(too_long.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(too_long.status.error_message().find("cache_salt has 257 bytes"), std::string::npos)
+      << too_long.status.error_message();
 }
 
 TEST(ServerLifecycleTest, DrainsOnSigtermWithHealthNotServing) {
