@@ -141,7 +141,10 @@ __global__ void SumVRowsKernel(const int32_t* v_pages, int64_t length, KvPoolLay
   }
 }
 
-// One block walks the copies in order; a barrier between copies keeps that order.
+// One block walks the copies in order. Thread e copies element e of every row, so a row that
+// one copy writes and a later one reads is read by the thread that wrote it: program order
+// keeps the copies in order, and the barriers are guards only (the emulator's barrier sweep
+// passes without them).
 __global__ void CopyKvRowsKernel(const KvRowCopy* copies, int32_t n, KvPoolLayout layout,
                                  uint16_t* pool) {
   for (int32_t i = 0; i < n; ++i) {
