@@ -50,11 +50,39 @@ TEST(PagePoolTest, PagesForBytesRoundsDown) {
   EXPECT_EQ(PagePool::PagesForBytes(100, 16, 64, 4), 0);
 }
 
+TEST(PagePoolTest, CachedOnlyCountFollowsEveryReference) {
+  PagePool pool(8, 4);
+  const int32_t p = pool.Allocate(PageKind::kV);
+  pool.RefCached(p);
+  EXPECT_EQ(pool.num_cached_only(), 0);
+  pool.Ref(p);      // a second sequence
+  pool.Release(p);  // it goes
+  EXPECT_EQ(pool.num_cached_only(), 0);
+  pool.Release(p);  // the owner goes: only the cache is left
+  EXPECT_EQ(pool.num_cached_only(PageKind::kV), 1);
+  EXPECT_EQ(pool.num_cached_only(PageKind::kK), 0);
+  pool.Ref(p);  // adopted
+  EXPECT_EQ(pool.num_cached_only(), 0);
+  pool.Release(p);
+  pool.ReleaseCached(p);
+  EXPECT_EQ(pool.num_cached_only(), 0);
+  EXPECT_EQ(pool.num_free(), 8);
+  EXPECT_EQ(pool.kind(p), PageKind::kFree);
+}
+
 TEST(PagePoolDeathTest, DoubleReleaseAborts) {
   PagePool pool(2, 4);
   int32_t p = pool.Allocate(PageKind::kK);
   pool.Release(p);
   EXPECT_DEATH(pool.Release(p), "double release");
+}
+
+TEST(PagePoolDeathTest, FreeingAPageTheCacheHoldsAborts) {
+  PagePool pool(2, 4);
+  const int32_t p = pool.Allocate(PageKind::kV);
+  pool.RefCached(p);
+  pool.Release(p);  // the owner goes; the cache holds it
+  EXPECT_DEATH(pool.Release(p), "freed while the prefix cache holds it");
 }
 
 }  // namespace

@@ -357,25 +357,5 @@ TEST(PrefixCacheTest, EachCacheDrawsItsOwnRootKey) {
   EXPECT_EQ(PrefixCache(kShape, &PrefixCache::BlockKey, 5).root_key(), 5u);
 }
 
-TEST(PagePoolTest, CachedOnlyCountFollowsEveryReference) {
-  PagePool pool(8, 4);
-  const int32_t p = pool.Allocate(PageKind::kV);
-  pool.RefCached(p);
-  EXPECT_EQ(pool.num_cached_only(), 0);
-  pool.Ref(p);      // a second sequence
-  pool.Release(p);  // it goes
-  EXPECT_EQ(pool.num_cached_only(), 0);
-  pool.Release(p);  // the owner goes: only the cache is left
-  EXPECT_EQ(pool.num_cached_only(PageKind::kV), 1);
-  EXPECT_EQ(pool.num_cached_only(PageKind::kK), 0);
-  pool.Ref(p);  // adopted
-  EXPECT_EQ(pool.num_cached_only(), 0);
-  pool.Release(p);
-  pool.ReleaseCached(p);
-  EXPECT_EQ(pool.num_cached_only(), 0);
-  EXPECT_EQ(pool.num_free(), 8);
-  EXPECT_EQ(pool.kind(p), PageKind::kFree);
-}
-
 }  // namespace
 }  // namespace thetaserve::cache
