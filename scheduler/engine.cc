@@ -144,7 +144,6 @@ void Engine::PublishStats(const StepStats* step, int64_t finishing) {
   s.pages_free = pool_.num_free() + s.pages_cached;
   s.pages_used_k = pool_.num_used(cache::PageKind::kK) - pool_.num_cached_only(cache::PageKind::kK);
   s.pages_used_v = pool_.num_used(cache::PageKind::kV) - pool_.num_cached_only(cache::PageKind::kV);
-  s.prefix_caching = prefix_cache_ != nullptr;
   if (prefix_cache_) s.prefix_cache_blocks = prefix_cache_->num_blocks();
   s.block_size = config_.block_size;
   s.page_bytes =

@@ -13,13 +13,14 @@ Scheduler::Scheduler(const SchedulerConfig& config, cache::PagePool& pool,
 bool Scheduler::Room(int64_t pages) {
   if (pool_->CanAllocate(pages)) return true;
   // Evict only when that can be enough (pages the cache alone holds bound what it can free).
-  if (!prefix_ || pool_->num_free() + pool_->num_cached_only() < pages) return false;
+  if (!prefix_ || Available() < pages) return false;
   return prefix_->MakeRoom(*pool_, pages);
 }
 
 void Scheduler::ReleasePages(Sequence& seq) {
   seq.kv().ReleaseAll(*pool_);
   if (prefix_) prefix_->Released(*pool_, &seq.cache_cursor);
+  seq.num_computed = 0;
   seq.cached_blocks = 0;
   seq.restore_v_sum = false;
 }
@@ -32,8 +33,7 @@ void Scheduler::AddWaiting(std::unique_ptr<Sequence> seq) {
 void Scheduler::Preempt(size_t running_index) {
   std::unique_ptr<Sequence> seq = std::move(running_[running_index]);
   running_.erase(running_.begin() + running_index);
-  ReleasePages(*seq);
-  seq->num_computed = 0;  // recompute prompt + output so far (its blocks may still be cached)
+  ReleasePages(*seq);  // recompute prompt + output so far (its blocks may still be cached)
   seq->state = SequenceState::kWaiting;
   ++seq->preemptions;
   ++preemptions_;
@@ -95,7 +95,7 @@ StepPlan Scheduler::Schedule() {
           prefix_->Find(tokens, (int64_t(tokens.size()) - 1) / bs, *pool_, salt);
       if (match.blocks() > 0) {
         const int64_t rest = to_finish_prompt(*seq) - 2 * match.blocks() * seq->kv().shape().tables();
-        if (pool_->num_free() + pool_->num_cached_only() - match.pinned_pages < reserved + rest) break;
+        if (Available() - match.pinned_pages < reserved + rest) break;
         prefix_->Adopt(match, seq->kv(), *pool_, &seq->cache_cursor);
         seq->num_computed = match.blocks() * bs;
         seq->cached_blocks = match.blocks();
@@ -105,12 +105,8 @@ StepPlan Scheduler::Schedule() {
     const int64_t whole = to_finish_prompt(*seq);
     // Cached pages count as room for what is reserved, but are evicted only for what this
     // step allocates (the rest stays findable until it is needed).
-    const int64_t reclaimable = prefix_ ? pool_->num_cached_only() : 0;
-    if (pool_->num_free() + reclaimable < reserved + whole ||
-        !Room(seq->kv().PagesNeeded(seq->num_computed + n))) {
-      // It waits without pages; the blocks stay cached.
-      ReleasePages(*seq);
-      seq->num_computed = 0;
+    if (Available() < reserved + whole || !Room(seq->kv().PagesNeeded(seq->num_computed + n))) {
+      ReleasePages(*seq);  // it waits without pages; the blocks stay cached
       break;
     }
     if (prefix_) {

@@ -64,9 +64,12 @@ class Scheduler {
 
  private:
   void Preempt(size_t running_index);
+  // Pages free now or held only by the prefix cache (so freed on demand).
+  int64_t Available() const { return pool_->num_free() + pool_->num_cached_only(); }
   // Whether the pool has `pages` free pages, after evicting cached blocks if need be.
   bool Room(int64_t pages);
-  // Returns a sequence's pages to the pool (and tells the prefix cache).
+  // Returns a sequence's pages to the pool (and tells the prefix cache); nothing of it is
+  // computed any more.
   void ReleasePages(Sequence& seq);
 
   SchedulerConfig config_;

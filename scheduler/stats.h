@@ -45,7 +45,6 @@ struct EngineStats {
   int64_t pages_used_k = 0;  // held by sequences (a shared page once)
   int64_t pages_used_v = 0;
   int64_t pages_cached = 0;  // held only by the prefix cache (counted in pages_free)
-  bool prefix_caching = false;
   int64_t prefix_cache_blocks = 0;  // blocks in the prefix cache (in use or not)
   int32_t block_size = 0;
   int64_t page_bytes = 0;

@@ -5,6 +5,7 @@
 
 #include <numeric>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -22,20 +23,11 @@ std::vector<int32_t> Tokens(int n, int first = 100) {
   return t;
 }
 
-// A sequence that computes `tokens` and offers its full blocks to the cache, as the engine
-// does: all at once, or (`one_by_one`) a block per call, as while decoding.
-struct Seq {
-  Seq(PrefixCache& cache, PagePool& pool, const std::vector<int32_t>& tokens, bool one_by_one = false,
-      std::string_view salt = {})
-      : kv(kShape), cursor(cache.Start(salt)), cache(&cache), pool(&pool) {
-    kv.Grow(pool, static_cast<int64_t>(tokens.size()));
-    const int64_t full = static_cast<int64_t>(tokens.size()) / kShape.block_size;
-    if (one_by_one) {
-      for (int64_t b = 0; b < full; ++b) cache.Insert(tokens, b, b + 1, kv, pool, &cursor);
-    } else {
-      cache.Insert(tokens, 0, full, kv, pool, &cursor);
-    }
-  }
+// A sequence's pages and its place in the cache; Release does what the scheduler does when a
+// sequence finishes.
+struct Holder {
+  Holder(PrefixCache& cache, PagePool& pool, PrefixCache::Cursor cursor = {})
+      : kv(kShape), cursor(std::move(cursor)), cache(&cache), pool(&pool) {}
   void Release() {
     kv.ReleaseAll(*pool);
     cache->Released(*pool, &cursor);
@@ -46,23 +38,31 @@ struct Seq {
   PagePool* pool;
 };
 
+// A sequence that computes `tokens` and offers its full blocks to the cache, as the engine
+// does: all at once, or (`one_by_one`) a block per call, as while decoding.
+struct Seq : Holder {
+  Seq(PrefixCache& cache, PagePool& pool, const std::vector<int32_t>& tokens, bool one_by_one = false,
+      std::string_view salt = {})
+      : Holder(cache, pool, cache.Start(salt)) {
+    kv.Grow(pool, static_cast<int64_t>(tokens.size()));
+    const int64_t full = static_cast<int64_t>(tokens.size()) / kShape.block_size;
+    if (one_by_one) {
+      for (int64_t b = 0; b < full; ++b) cache.Insert(tokens, b, b + 1, kv, pool, &cursor);
+    } else {
+      cache.Insert(tokens, 0, full, kv, pool, &cursor);
+    }
+  }
+};
+
 // Adopts what `tokens` find, into a fresh sequence.
-struct Adopter {
+struct Adopter : Holder {
   Adopter(PrefixCache& cache, PagePool& pool, const std::vector<int32_t>& tokens, int64_t max_blocks = 100,
           std::string_view salt = {})
-      : kv(kShape), cache(&cache), pool(&pool) {
+      : Holder(cache, pool) {
     const PrefixCache::Match m = cache.Find(tokens, max_blocks, pool, salt);
     cache.Adopt(m, kv, pool, &cursor);
     blocks = m.blocks();
   }
-  void Release() {
-    kv.ReleaseAll(*pool);
-    cache->Released(*pool, &cursor);
-  }
-  SequenceKv kv;
-  PrefixCache::Cursor cursor;
-  PrefixCache* cache;
-  PagePool* pool;
   int64_t blocks = 0;
 };
 

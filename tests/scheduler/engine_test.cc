@@ -59,6 +59,21 @@ class EngineTest : public ::testing::Test {
     return out;
   }
 
+  // Exactly `n` greedy tokens of `prompt` computed alone on `backend` (EOS ignored).
+  static std::vector<int32_t> GreedyAlone(kernels::Backend& backend,
+                                          const std::vector<int32_t>& prompt, int n) {
+    auto runner = scheduler::SequenceRunner::Create(backend, prompt.size() + n);
+    EXPECT_TRUE(runner.ok());
+    auto logits = runner->Append(prompt);
+    std::vector<int32_t> out;
+    for (int k = 0; k < n; ++k) {
+      int32_t t = static_cast<int32_t>(std::max_element(logits->begin(), logits->end()) - logits->begin());
+      out.push_back(t);
+      logits = runner->Append(std::span<const int32_t>(&t, 1));
+    }
+    return out;
+  }
+
   static std::vector<std::string> Prompts() {
     return {"The capital of France is",
             "In the beginning God created the heaven and the earth. And the earth was",
@@ -249,16 +264,7 @@ TEST_F(EngineTest, TinyPoolForcesChunkedPrefillAndPreemptionWithIdenticalOutput)
   for (auto& s : sinks) ASSERT_TRUE(s->Wait(300));
   EXPECT_GT((*engine)->Stats().counters.preemptions, 0) << "the pool was meant to force preemption";
   for (size_t i = 0; i < requests.size(); ++i) {
-    auto runner = scheduler::SequenceRunner::Create(*solo_backend_, 64);
-    ASSERT_TRUE(runner.ok());
-    auto logits = runner->Append(requests[i].prompt);
-    std::vector<int32_t> want;
-    for (int k = 0; k < 14; ++k) {
-      int32_t t = static_cast<int32_t>(std::max_element(logits->begin(), logits->end()) - logits->begin());
-      want.push_back(t);
-      logits = runner->Append(std::span<const int32_t>(&t, 1));
-    }
-    EXPECT_EQ(sinks[i]->tokens, want) << "request " << i;
+    EXPECT_EQ(sinks[i]->tokens, GreedyAlone(*solo_backend_, requests[i].prompt, 14)) << "request " << i;
     EXPECT_EQ(sinks[i]->info.reason, FinishReason::kLength);
   }
   ASSERT_TRUE((*engine)->WaitIdle(10));
@@ -656,18 +662,6 @@ TEST_F(EngineTest, PrefixCacheGivesWayToNewWorkInATinyPool) {
     auto engine = Engine::Create(config, **backend);
     ASSERT_TRUE(engine.ok()) << engine.status();
 
-    auto solo = [&](const std::vector<int32_t>& prompt, int n) {
-      auto runner = scheduler::SequenceRunner::Create(**solo_backend, 64);
-      EXPECT_TRUE(runner.ok());
-      auto logits = runner->Append(prompt);
-      std::vector<int32_t> out;
-      for (int k = 0; k < n; ++k) {
-        int32_t t = static_cast<int32_t>(std::max_element(logits->begin(), logits->end()) - logits->begin());
-        out.push_back(t);
-        logits = runner->Append(std::span<const int32_t>(&t, 1));
-      }
-      return out;
-    };
     const auto prompts = Prompts();
     // Four at once (two prompts, twice each): the pool forces preemption.
     std::vector<Request> requests;
@@ -690,7 +684,8 @@ TEST_F(EngineTest, PrefixCacheGivesWayToNewWorkInATinyPool) {
     }
     for (size_t i = 0; i < requests.size(); ++i) {
       EXPECT_EQ(sinks[i]->info.reason, FinishReason::kLength) << i << ": " << sinks[i]->info.status;
-      EXPECT_EQ(sinks[i]->tokens, solo(requests[i].prompt, requests[i].stopping.max_tokens))
+      EXPECT_EQ(sinks[i]->tokens,
+                GreedyAlone(**solo_backend, requests[i].prompt, requests[i].stopping.max_tokens))
           << "request " << i;
     }
     ASSERT_TRUE((*engine)->WaitIdle(10));
