@@ -92,12 +92,12 @@ int main(int argc, char** argv) {
       // Alternate the two so that machine noise hits both alike.
       ts::kernels::ForwardBatch bd{tokens, seqs, false, nullptr};
       double t0 = Now();
-      ts::kernels::cpu::PagedAttention(pool, bd, shape, 0, q.data(), layout, kv.data(), nullptr, dense_cfg, o.data());
+      ts::kernels::cpu::PagedAttention(pool, bd, shape, 0, q.data(), layout, kv.data(), nullptr, nullptr, dense_cfg, o.data());
       td.push_back(Now() - t0);
       stats.Reset(1);
       ts::kernels::ForwardBatch bt{tokens, seqs, false, &stats};
       t0 = Now();
-      ts::kernels::cpu::PagedAttention(pool, bt, shape, 0, q.data(), layout, kv.data(), vsum_rows.data(), theta_cfg, o.data());
+      ts::kernels::cpu::PagedAttention(pool, bt, shape, 0, q.data(), layout, kv.data(), nullptr, vsum_rows.data(), theta_cfg, o.data());
       tt.push_back(Now() - t0);
     }
     const double md = Median(td), mt = Median(tt);

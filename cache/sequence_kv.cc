@@ -64,32 +64,39 @@ void SequenceKv::EnsureStride(int64_t blocks) {
   ++k_epoch_;  // every row of both tables moved
   ++v_epoch_;
   if (v_sum_.empty()) v_sum_.assign(tables * shape_.head_dim, 0.0f);
-  if (sparse_count_.empty()) sparse_count_.assign(tables, 0);
+  if (sparse_.count.empty()) sparse_.count.assign(tables, 0);
 }
 
-void SequenceKv::EnsureSparse(int64_t rows) {
-  const int64_t pages = (rows + shape_.block_size - 1) / shape_.block_size;
-  const int64_t tables = shape_.tables();
-  if (rows > pos_stride_) {
-    const int32_t ns = static_cast<int32_t>(std::max<int64_t>(rows, 2 * int64_t(pos_stride_)));
-    std::vector<int32_t> pos(tables * ns, -1);
+void SequenceKv::RowStore::Ensure(int64_t rows, int64_t tables, int32_t block_size) {
+  if (count.empty()) count.assign(tables, 0);
+  const int64_t need_pages = (rows + block_size - 1) / block_size;
+  if (rows > pos_stride) {
+    const int32_t ns = static_cast<int32_t>(std::max<int64_t>(rows, 2 * int64_t(pos_stride)));
+    std::vector<int32_t> p(tables * ns, -1);
     for (int64_t t = 0; t < tables; ++t) {
-      std::copy_n(sparse_pos_.begin() + t * pos_stride_, sparse_count_[t], pos.begin() + t * ns);
+      std::copy_n(pos.begin() + t * pos_stride, count[t], p.begin() + t * ns);
     }
-    sparse_pos_.swap(pos);
-    pos_stride_ = ns;
-    ++sparse_epoch_;
+    pos.swap(p);
+    pos_stride = ns;
+    ++epoch;
   }
-  if (pages > sparse_stride_) {
-    const int32_t ns = static_cast<int32_t>(std::max<int64_t>(pages, 2 * int64_t(sparse_stride_)));
+  if (need_pages > page_stride) {
+    const int32_t ns = static_cast<int32_t>(std::max<int64_t>(need_pages, 2 * int64_t(page_stride)));
     std::vector<int32_t> sp(tables * ns, -1);
     for (int64_t t = 0; t < tables; ++t) {
-      const int64_t used = (sparse_count_[t] + shape_.block_size - 1) / shape_.block_size;
-      std::copy_n(sparse_pages_.begin() + t * sparse_stride_, used, sp.begin() + t * ns);
+      std::copy_n(pages.begin() + t * page_stride, Pages(t, block_size), sp.begin() + t * ns);
     }
-    sparse_pages_.swap(sp);
-    sparse_stride_ = ns;
-    ++sparse_epoch_;
+    pages.swap(sp);
+    page_stride = ns;
+    ++epoch;
+  }
+}
+
+void SequenceKv::RowStore::Release(PagePool& pool, int64_t tables, int32_t block_size) const {
+  if (count.empty()) return;
+  for (int64_t t = 0; t < tables; ++t) {
+    const int64_t n = Pages(t, block_size);
+    for (int64_t b = 0; b < n; ++b) pool.Release(pages[t * page_stride + b]);
   }
 }
 
@@ -122,7 +129,7 @@ void SequenceKv::AppendSharedBlock(PagePool& pool, const int32_t* k_pages,
 }
 
 void SequenceKv::CompactV(PagePool& pool, int64_t length, const SparsePolicy& policy,
-                          std::vector<RowMove>* moves, CompactResult* result) {
+                          std::vector<RowMove>* moves, CompactResult* result, PagePool* host) {
   *result = CompactResult();
   const int32_t bs = shape_.block_size;
   // Whole tail blocks that end at or before length - local_window leave the tail.
@@ -133,9 +140,20 @@ void SequenceKv::CompactV(PagePool& pool, int64_t length, const SparsePolicy& po
 
   int64_t max_rows = 0;
   for (int64_t t = 0; t < tables; ++t) {
-    max_rows = std::max<int64_t>(max_rows, sparse_count_[t] + n_blocks * bs);
+    max_rows = std::max<int64_t>(max_rows, sparse_.count[t] + n_blocks * bs);
   }
-  EnsureSparse(max_rows);
+  sparse_.Ensure(max_rows, tables, bs);
+  const bool offload = policy.offload && host != nullptr;
+  if (offload) {
+    CHECK(host_pool_ == nullptr || host_pool_ == host) << "one host pool per sequence";
+    host_pool_ = host;
+    int64_t max_host = 0;
+    host_.Ensure(0, tables, bs);
+    for (int64_t t = 0; t < tables; ++t) {
+      max_host = std::max<int64_t>(max_host, host_.count[t] + n_blocks * bs);
+    }
+    host_.Ensure(max_host, tables, bs);
+  }
 
   // Compaction in place: a kept row never needs a fresh page. New sparse pages are the freed
   // tail pages themselves, taken in position order; a row goes to a slot at or before the one
@@ -161,17 +179,21 @@ void SequenceKv::CompactV(PagePool& pool, int64_t length, const SparsePolicy& po
     } else {
       for (int64_t p = v_tail_start_; p < limit; ++p) keep[p - v_tail_start_] = hit[p] >= recent;
     }
-    int32_t* pages = sparse_pages_.data() + t * sparse_stride_;
-    int32_t* pos = sparse_pos_.data() + t * pos_stride_;
-    int32_t& count = sparse_count_[t];
+    int32_t* pages = sparse_.pages.data() + t * sparse_.page_stride;
+    int32_t* pos = sparse_.pos.data() + t * sparse_.pos_stride;
+    int32_t& count = sparse_.count[t];
     int32_t* tail = v_table_.data() + t * stride_;
     int64_t reused = 0;  // freed tail blocks turned into sparse pages
     for (int64_t p = v_tail_start_; p < limit; ++p) {
+      const int64_t block = (p - v_tail_start_) / bs;
       if (!(keep[p - v_tail_start_] || p < policy.sink_tokens)) {
-        ++result->rows_dropped;
+        if (offload && OffloadRow(*host, t, p, tail[block], moves)) {
+          ++result->rows_offloaded;
+        } else {
+          ++result->rows_dropped;
+        }
         continue;
       }
-      const int64_t block = (p - v_tail_start_) / bs;
       if (count % bs == 0) {
         CHECK_LE(reused, block) << "in-place compaction would overwrite unread rows";
         pages[count / bs] = tail[reused++];
@@ -189,28 +211,54 @@ void SequenceKv::CompactV(PagePool& pool, int64_t length, const SparsePolicy& po
   ++v_epoch_;  // the tail's columns shifted left
 }
 
+bool SequenceKv::OffloadRow(PagePool& host, int64_t t, int64_t p, int32_t src_page,
+                            std::vector<RowMove>* moves) {
+  const int32_t bs = shape_.block_size;
+  int32_t& count = host_.count[t];
+  int32_t* pages = host_.pages.data() + t * host_.page_stride;
+  if (count % bs == 0) {
+    if (!host.CanAllocate(1)) return false;
+    pages[count / bs] = host.Allocate(PageKind::kV);
+  }
+  moves->push_back({src_page, static_cast<int32_t>(p % bs), pages[count / bs], count % bs,
+                    /*to_host=*/true});
+  host_.pos[t * host_.pos_stride + count] = static_cast<int32_t>(p);
+  ++count;
+  return true;
+}
+
 void SequenceKv::ReleaseAll(PagePool& pool) {
   const int64_t tail_blocks = blocks_ - v_tail_start_ / shape_.block_size;
   for (int64_t t = 0; t < shape_.tables(); ++t) {
     for (int64_t b = 0; b < blocks_; ++b) pool.Release(k_table_[t * stride_ + b]);
     for (int64_t b = 0; b < tail_blocks; ++b) pool.Release(v_table_[t * stride_ + b]);
-    if (!sparse_count_.empty()) {
-      const int64_t sp = (sparse_count_[t] + shape_.block_size - 1) / shape_.block_size;
-      for (int64_t b = 0; b < sp; ++b) pool.Release(sparse_pages_[t * sparse_stride_ + b]);
-    }
   }
+  sparse_.Release(pool, shape_.tables(), shape_.block_size);
+  if (host_pool_) host_.Release(*host_pool_, shape_.tables(), shape_.block_size);
   *this = SequenceKv(shape_);
 }
 
 int64_t SequenceKv::num_pages() const {
   int64_t n = blocks_ * shape_.tables() + (blocks_ - v_tail_start_ / shape_.block_size) * shape_.tables();
-  for (int32_t c : sparse_count_) n += (c + shape_.block_size - 1) / shape_.block_size;
+  for (int32_t c : sparse_.count) n += (c + shape_.block_size - 1) / shape_.block_size;
+  return n;
+}
+
+int64_t SequenceKv::num_host_pages() const {
+  int64_t n = 0;
+  for (int32_t c : host_.count) n += (c + shape_.block_size - 1) / shape_.block_size;
   return n;
 }
 
 int64_t SequenceKv::VRowsResident(int64_t length) const {
   int64_t rows = std::max<int64_t>(0, length - v_tail_start_) * shape_.tables();
-  for (int32_t c : sparse_count_) rows += c;
+  for (int32_t c : sparse_.count) rows += c;
+  return rows;
+}
+
+int64_t SequenceKv::VRowsOffloaded() const {
+  int64_t rows = 0;
+  for (int32_t c : host_.count) rows += c;
   return rows;
 }
 

@@ -31,14 +31,26 @@ absl::Status Backend::SetKvLayout(int64_t num_pages, int32_t block_size) {
   return absl::OkStatus();
 }
 
-absl::Status Backend::CheckKvRowCopies(std::span<const KvRowCopy> copies) const {
-  const auto page_ok = [&](int32_t p) { return p >= 0 && p < kv_layout_.num_pages; };
+absl::Status Backend::SetHostLayout(int64_t num_pages) {
+  if (kv_layout_.num_pages <= 0) return absl::FailedPreconditionError("KV pool not allocated");
+  if (num_pages < 0) {
+    return absl::InvalidArgumentError(absl::StrFormat("host pool of %d pages", num_pages));
+  }
+  kv_layout_.num_host_pages = num_pages;
+  return absl::OkStatus();
+}
+
+absl::Status Backend::CheckKvRowCopies(std::span<const KvRowCopy> copies, bool to_host) const {
+  const int64_t dst_pages = to_host ? kv_layout_.num_host_pages : kv_layout_.num_pages;
   const auto row_ok = [&](int32_t r) { return r >= 0 && r < kv_layout_.block_size; };
   for (const KvRowCopy& c : copies) {
-    if (!page_ok(c.src_page) || !page_ok(c.dst_page) || !row_ok(c.src_row) || !row_ok(c.dst_row)) {
+    if (c.src_page < 0 || c.src_page >= kv_layout_.num_pages || c.dst_page < 0 ||
+        c.dst_page >= dst_pages || !row_ok(c.src_row) || !row_ok(c.dst_row)) {
       return absl::InternalError(absl::StrFormat(
-          "KV row copy outside the pool (page %d row %d -> page %d row %d; %d pages of %d rows)",
-          c.src_page, c.src_row, c.dst_page, c.dst_row, kv_layout_.num_pages, kv_layout_.block_size));
+          "KV row copy outside the pool (page %d row %d -> %spage %d row %d; %d pages, %d host "
+          "pages, of %d rows)",
+          c.src_page, c.src_row, to_host ? "host " : "", c.dst_page, c.dst_row,
+          kv_layout_.num_pages, kv_layout_.num_host_pages, kv_layout_.block_size));
     }
   }
   return absl::OkStatus();

@@ -44,8 +44,13 @@ class Backend {
   virtual std::string name() const = 0;
   const model::Model& model() const { return *model_; }
 
-  // (Re)allocates KV storage for `num_pages` pages of `block_size` rows.
+  // (Re)allocates KV storage for `num_pages` pages of `block_size` rows (and frees the host
+  // pool).
   virtual absl::Status AllocateKvPool(int64_t num_pages, int32_t block_size) = 0;
+  // (Re)allocates the host pool: `num_pages` pages of the KV pool's shape in host memory that
+  // attention reads directly (mapped pinned memory on a GPU), for the V rows the offload
+  // policy moves out of the KV pool. After AllocateKvPool.
+  virtual absl::Status AllocateHostPool(int64_t num_pages) = 0;
   const KvPoolLayout& kv_layout() const { return kv_layout_; }
   // Bytes of one K or V element in the pool (f32 on the CPU, bf16 on the GPU): the engine
   // sizes the pool from --kv-cache-memory with it.
@@ -61,6 +66,10 @@ class Backend {
   // Copies rows inside the KV pool, in the given order (later copies may overwrite the
   // sources of earlier ones), before the next Forward.
   virtual absl::Status CopyKvRows(std::span<const KvRowCopy> copies) = 0;
+  // Copies rows from the KV pool into the host pool (dst pages are host pages), before the
+  // CopyKvRows of the same compaction (whose in-place moves may overwrite these sources) and
+  // before the next Forward.
+  virtual absl::Status OffloadKvRows(std::span<const KvRowCopy> copies) = 0;
 
   // Sets pages.v_sum (VMC's running V sums, [tables, head_dim]) to the sum of each table's V
   // rows [0, length) in position order, read from the pool: what Forward accumulated while it
@@ -77,8 +86,11 @@ class Backend {
   explicit Backend(const model::Model& model) : model_(&model) {}
   // What every AllocateKvPool starts with: checks the sizes and sets kv_layout_.
   absl::Status SetKvLayout(int64_t num_pages, int32_t block_size);
-  // What every CopyKvRows starts with: each copy's pages and rows lie inside the pool.
-  absl::Status CheckKvRowCopies(std::span<const KvRowCopy> copies) const;
+  // What every CopyKvRows (OffloadKvRows: to_host) starts with: each copy's pages and rows lie
+  // inside the pool (the destination inside the host pool).
+  absl::Status CheckKvRowCopies(std::span<const KvRowCopy> copies, bool to_host = false) const;
+  // What every AllocateHostPool starts with: a KV pool exists, num_pages >= 0; sets the layout.
+  absl::Status SetHostLayout(int64_t num_pages);
   const model::Model* model_;
   KvPoolLayout kv_layout_;
   TopThetaConfig top_theta_;

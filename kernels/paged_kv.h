@@ -14,11 +14,13 @@
 namespace thetaserve::kernels {
 
 // Storage of the page pool: page p holds `block_size` rows of `head_dim` floats, for one
-// (layer, KV head) of one sequence. K and V pages come from the same pool.
+// (layer, KV head) of one sequence. K and V pages come from the same pool. The host pool
+// (the offload policy's V rows, in host memory) has pages of the same shape, ids of its own.
 struct KvPoolLayout {
   int32_t block_size = 16;
   int32_t head_dim = 64;
   int64_t num_pages = 0;
+  int64_t num_host_pages = 0;
 
   TS_HOST_DEVICE size_t PageElems() const { return size_t(block_size) * head_dim; }
   TS_HOST_DEVICE size_t RowOffset(int32_t page, int32_t row) const {
@@ -33,8 +35,10 @@ struct KvPoolLayout {
 // V has two parts per (layer, kv head): a dense tail holding positions >= v_tail_start (a
 // multiple of block_size; tail page (pos - v_tail_start) / block_size), and a compact sparse
 // store of older rows that attention retained, row r at sparse page r / block_size with its
-// position in v_sparse_pos (ascending). Positions below v_tail_start that are not in the
-// sparse store were dropped. Dense V: v_tail_start = 0 and no sparse rows.
+// position in v_sparse_pos (ascending). Under the offload policy a third part, the host
+// store, holds the older rows the sparse store did not keep, in the same layout with pages of
+// the host pool. Positions below v_tail_start in neither store were dropped. Dense V:
+// v_tail_start = 0 and no sparse rows.
 struct SeqPageTables {
   const int32_t* k_pages = nullptr;  // [num_layers * num_kv_heads, stride]
   const int32_t* v_pages = nullptr;  // [num_layers * num_kv_heads, stride] (the V tail)
@@ -46,6 +50,12 @@ struct SeqPageTables {
   const int32_t* v_sparse_count = nullptr;  // [tables]
   int32_t sparse_stride = 0;
   int32_t sparse_pos_stride = 0;
+
+  const int32_t* v_host_pages = nullptr;  // [tables, host_stride], pages of the host pool
+  const int32_t* v_host_pos = nullptr;    // [tables, host_pos_stride]
+  const int32_t* v_host_count = nullptr;  // [tables]; null: no host store
+  int32_t host_stride = 0;
+  int32_t host_pos_stride = 0;
 
   // Running fp32 sums of every V row ever written (dropped ones too), for VMC.
   float* v_sum = nullptr;  // [tables, head_dim]; null: no VMC
@@ -73,6 +83,9 @@ struct SeqPageTables {
   TS_HOST_DEVICE int32_t SparseCount(int64_t lh) const {
     return v_sparse_count ? v_sparse_count[lh] : 0;
   }
+  TS_HOST_DEVICE int32_t HostCount(int64_t lh) const {
+    return v_host_count ? v_host_count[lh] : 0;
+  }
 };
 
 // Identity and versions of one sequence's page tables, so that a device can keep its own copy
@@ -80,14 +93,16 @@ struct SeqPageTables {
 // travel whole every step. An id is never reused (a sequence whose pages were all released
 // gets a new one). While the id and an array's epoch stay the same, that array only grows: the
 // K and V-tail tables by whole columns (the first k_blocks of every K row are set; V-tail rows
-// hold k_blocks - v_tail_start / block_size), the sparse store by rows appended to each table.
+// hold k_blocks - v_tail_start / block_size), the sparse and host stores by rows appended to
+// each table.
 struct TableVersion {
   uint64_t id = 0;
-  uint64_t k_epoch = 0, v_epoch = 0, sparse_epoch = 0;
+  uint64_t k_epoch = 0, v_epoch = 0, sparse_epoch = 0, host_epoch = 0;
   int32_t k_blocks = 0;
 };
 
-// One V row copied inside the pool (sparse-store compaction).
+// One V row copied inside the pool (sparse-store compaction), or from the pool to the host
+// pool (Backend::OffloadKvRows: dst_page is a host page).
 struct KvRowCopy {
   int32_t src_page, src_row, dst_page, dst_row;
 };

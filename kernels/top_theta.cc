@@ -14,6 +14,7 @@ const char* SdcModeName(SdcMode m) {
 
 void AttentionStats::Add(const AttentionStats& o) {
   v_rows_read += o.v_rows_read;
+  v_rows_read_host += o.v_rows_read_host;
   v_rows_read_dense += o.v_rows_read_dense;
   elements_kept += o.elements_kept;
   elements_dense += o.elements_dense;

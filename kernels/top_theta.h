@@ -52,6 +52,7 @@ struct TopThetaConfig {
 // "V rows read" = |∪ over the group's heads of kept rows| (the paper's definition).
 struct AttentionStats {
   int64_t v_rows_read = 0;
+  int64_t v_rows_read_host = 0;      // of v_rows_read: from the host store (policy offload)
   int64_t v_rows_read_dense = 0;
   int64_t elements_kept = 0;
   int64_t elements_dense = 0;

@@ -35,16 +35,26 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& confi
   }
   absl::Status st = backend.AllocateKvPool(num_pages, config.block_size);
   if (!st.ok()) return st;
-  std::unique_ptr<Engine> engine(new Engine(config, backend, num_pages));
+  int64_t host_pages = 0;
+  if (config.sparse.enabled && config.sparse.offload) {
+    host_pages = std::max<int64_t>(0, config.offload_bytes) / page_bytes;
+    st = backend.AllocateHostPool(host_pages);
+    if (!st.ok()) return st;
+  }
+  std::unique_ptr<Engine> engine(new Engine(config, backend, num_pages, host_pages));
   engine->PublishStats(nullptr);
   engine->thread_ = std::thread([e = engine.get()] { e->Loop(); });
   return engine;
 }
 
-Engine::Engine(const EngineConfig& config, kernels::Backend& backend, int64_t num_pages)
+Engine::Engine(const EngineConfig& config, kernels::Backend& backend, int64_t num_pages,
+               int64_t host_pages)
     : config_(config),
       backend_(&backend),
       pool_(num_pages, config.block_size),
+      host_pool_(config.sparse.enabled && config.sparse.offload
+                     ? std::make_unique<cache::PagePool>(host_pages, config.block_size)
+                     : nullptr),
       kv_shape_{static_cast<int32_t>(backend.model().config().num_layers),
                 static_cast<int32_t>(backend.model().config().num_kv_heads), config.block_size,
                 static_cast<int32_t>(backend.model().config().head_dim)},
@@ -145,6 +155,10 @@ void Engine::PublishStats(const StepStats* step, int64_t finishing) {
   s.pages_used_k = pool_.num_used(cache::PageKind::kK) - pool_.num_cached_only(cache::PageKind::kK);
   s.pages_used_v = pool_.num_used(cache::PageKind::kV) - pool_.num_cached_only(cache::PageKind::kV);
   if (prefix_cache_) s.prefix_cache_blocks = prefix_cache_->num_blocks();
+  if (host_pool_) {
+    s.host_pages_total = host_pool_->num_pages();
+    s.host_pages_used = host_pool_->num_used();
+  }
   s.block_size = config_.block_size;
   s.page_bytes =
       int64_t(config_.block_size) * backend_->model().config().head_dim * backend_->kv_element_bytes();
@@ -156,6 +170,7 @@ void Engine::PublishStats(const StepStats* step, int64_t finishing) {
   for (const auto& seq : scheduler_.running()) {
     s.v_rows_dense_equivalent += seq->num_computed * tables;
     s.v_rows_resident += seq->kv().VRowsResident(seq->num_computed);
+    s.v_rows_offloaded += seq->kv().VRowsOffloaded();
   }
   s.layer_kept_ratio = layer_kept_ratio_;
   s.v_row_bytes = backend_->model().config().head_dim * backend_->kv_element_bytes();
@@ -283,6 +298,7 @@ void Engine::RunStep(StepPlan& plan) {
   counters_.attn_elements_kept += attn_stats_.elements_kept;
   counters_.attn_elements_dense += attn_stats_.elements_dense;
   counters_.v_rows_retained_but_evicted += attn_stats_.retained_but_evicted;
+  counters_.v_rows_read_host += attn_stats_.v_rows_read_host;
   layer_kept_ratio_.resize(c.num_layers);
   for (int64_t l = 0; l < c.num_layers; ++l) {
     layer_kept_ratio_[l] = attn_stats_.layer_dense[l]
@@ -360,14 +376,11 @@ void Engine::CompactSparseV(const StepPlan& plan) {
     // Also between prefill chunks: a long prompt never holds more than its window of dense V
     // rows (the chunk's last queries are the observation window so far).
     cache::SequenceKv::CompactResult r;
-    seq->kv().CompactV(pool_, seq->num_computed, config_.sparse, &moves, &r);
+    seq->kv().CompactV(pool_, seq->num_computed, config_.sparse, &moves, &r, host_pool_.get());
     counters_.v_rows_evicted += r.rows_dropped;
+    counters_.v_rows_offloaded += r.rows_offloaded;
   }
-  if (moves.empty()) return;
-  std::vector<kernels::KvRowCopy> copies;
-  copies.reserve(moves.size());
-  for (const auto& m : moves) copies.push_back({m.src_page, m.src_row, m.dst_page, m.dst_row});
-  absl::Status st = backend_->CopyKvRows(copies);
+  absl::Status st = ApplyRowMoves(*backend_, moves);
   CHECK(st.ok()) << "KV row copy failed: " << st.message();
 }
 

@@ -28,6 +28,10 @@ struct EngineConfig {
   int32_t block_size = 16;
   int64_t max_queue = 1024;  // waiting requests before Submit says RESOURCE_EXHAUSTED
   cache::SparsePolicy sparse;  // V policy: disabled = "full"
+  // The offload policy's host pool (sparse.offload): V rows moved out of the KV pool, in
+  // host memory of this many bytes (pages of the KV pool's page size). When it is full, rows
+  // are dropped as under the sparse policy.
+  int64_t offload_bytes = int64_t(4) << 30;
   // Threads that sample a step's rows (the engine thread counts; 1: it alone). Sampling with
   // a temperature walks every row's whole vocabulary (about 0.3 ms for 49,152 logits on one
   // core), so at batch 64 it takes longer than a GPU's decode step unless rows run in
@@ -77,7 +81,8 @@ class Engine {
   void SetObserver(Observer observer) { observer_ = std::move(observer); }
 
  private:
-  Engine(const EngineConfig& config, kernels::Backend& backend, int64_t num_pages);
+  Engine(const EngineConfig& config, kernels::Backend& backend, int64_t num_pages,
+         int64_t host_pages);
   void Loop();
   void DrainInbox();
   void RunStep(StepPlan& plan);
@@ -100,6 +105,7 @@ class Engine {
   EngineConfig config_;
   kernels::Backend* backend_;
   cache::PagePool pool_;
+  std::unique_ptr<cache::PagePool> host_pool_;  // the offload policy's; null otherwise
   cache::KvShape kv_shape_;
   std::unique_ptr<cache::PrefixCache> prefix_cache_;  // null: no prefix caching
   Scheduler scheduler_;

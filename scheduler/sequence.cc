@@ -26,6 +26,13 @@ kernels::SeqPageTables PageTablesFor(cache::SequenceKv& kv, const cache::SparseP
   p.v_sparse_count = kv.sparse_count();
   p.sparse_stride = kv.sparse_stride();
   p.sparse_pos_stride = kv.pos_stride();
+  if (kv.has_host_store()) {
+    p.v_host_pages = kv.host_pages();
+    p.v_host_pos = kv.host_pos();
+    p.v_host_count = kv.host_count();
+    p.host_stride = kv.host_stride();
+    p.host_pos_stride = kv.host_pos_stride();
+  }
   p.v_sum = kv.v_sum();
   if (policy.enabled && kv.hits_stride() > 0) {
     p.hits_stride = kv.hits_stride();
@@ -39,12 +46,26 @@ kernels::SeqPageTables PageTablesFor(cache::SequenceKv& kv, const cache::SparseP
   return p;
 }
 
+absl::Status ApplyRowMoves(kernels::Backend& backend, std::span<const cache::RowMove> moves) {
+  if (moves.empty()) return absl::OkStatus();
+  std::vector<kernels::KvRowCopy> to_host, in_pool;
+  for (const auto& m : moves) {
+    (m.to_host ? to_host : in_pool).push_back({m.src_page, m.src_row, m.dst_page, m.dst_row});
+  }
+  if (!to_host.empty()) {
+    if (absl::Status st = backend.OffloadKvRows(to_host); !st.ok()) return st;
+  }
+  if (in_pool.empty()) return absl::OkStatus();
+  return backend.CopyKvRows(in_pool);
+}
+
 kernels::TableVersion TableVersionOf(const cache::SequenceKv& kv) {
   kernels::TableVersion v;
   v.id = kv.id();
   v.k_epoch = kv.k_epoch();
   v.v_epoch = kv.v_epoch();
   v.sparse_epoch = kv.sparse_epoch();
+  v.host_epoch = kv.host_epoch();
   v.k_blocks = static_cast<int32_t>(kv.blocks());
   return v;
 }

@@ -3,11 +3,14 @@
 #pragma once
 
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "cache/prefix_cache.h"
 #include "cache/sequence_kv.h"
+#include "kernels/backend.h"
 #include "kernels/paged_kv.h"
 #include "model/tokenizer.h"
 #include "scheduler/request.h"
@@ -77,5 +80,8 @@ class Sequence {
 kernels::SeqPageTables PageTablesFor(cache::SequenceKv& kv, const cache::SparsePolicy& policy);
 // Their identity and versions (a device backend keeps a copy and sends only what changed).
 kernels::TableVersion TableVersionOf(const cache::SequenceKv& kv);
+// Runs a compaction's row moves in the backend: the copies to the host pool first (they read
+// tail rows that the in-place moves may overwrite), then the in-pool copies in order.
+absl::Status ApplyRowMoves(kernels::Backend& backend, std::span<const cache::RowMove> moves);
 
 }  // namespace thetaserve::scheduler

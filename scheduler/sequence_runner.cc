@@ -8,12 +8,14 @@
 namespace thetaserve::scheduler {
 
 SequenceRunner::SequenceRunner(kernels::Backend& backend, int64_t max_len, cache::KvShape shape,
-                               cache::SparsePolicy policy, int64_t num_pages)
+                               cache::SparsePolicy policy, int64_t num_pages, int64_t host_pages)
     : backend_(&backend),
       max_len_(max_len),
       shape_(shape),
       policy_(policy),
       pool_(std::make_unique<cache::PagePool>(num_pages, shape.block_size)),
+      host_pool_(host_pages > 0 ? std::make_unique<cache::PagePool>(host_pages, shape.block_size)
+                                : nullptr),
       kv_(std::make_unique<cache::SequenceKv>(shape)) {}
 
 absl::StatusOr<SequenceRunner> SequenceRunner::Create(kernels::Backend& backend, int64_t max_len,
@@ -27,24 +29,30 @@ absl::StatusOr<SequenceRunner> SequenceRunner::Create(kernels::Backend& backend,
   const int64_t num_pages = (2 * blocks + 1) * shape.tables();
   absl::Status st = backend.AllocateKvPool(num_pages, block_size);
   if (!st.ok()) return st;
-  return SequenceRunner(backend, max_len, shape, policy, num_pages);
+  // The offload policy: room in the host pool for every V row (and a part-filled last page
+  // per table), so that nothing is dropped.
+  const int64_t host_pages = policy.enabled && policy.offload ? (blocks + 1) * shape.tables() : 0;
+  if (host_pages > 0) {
+    st = backend.AllocateHostPool(host_pages);
+    if (!st.ok()) return st;
+  }
+  return SequenceRunner(backend, max_len, shape, policy, num_pages, host_pages);
 }
 
 void SequenceRunner::Reset() {
   kv_->ReleaseAll(*pool_);
   length_ = 0;
   rows_dropped_ = 0;
+  rows_offloaded_ = 0;
 }
 
 absl::Status SequenceRunner::Compact() {
   std::vector<cache::RowMove> moves;
   cache::SequenceKv::CompactResult result;
-  kv_->CompactV(*pool_, length_, policy_, &moves, &result);
-  std::vector<kernels::KvRowCopy> copies;
-  copies.reserve(moves.size());
-  for (const auto& m : moves) copies.push_back({m.src_page, m.src_row, m.dst_page, m.dst_row});
+  kv_->CompactV(*pool_, length_, policy_, &moves, &result, host_pool_.get());
   rows_dropped_ += result.rows_dropped;
-  return backend_->CopyKvRows(copies);
+  rows_offloaded_ += result.rows_offloaded;
+  return ApplyRowMoves(*backend_, moves);
 }
 
 absl::StatusOr<std::vector<float>> SequenceRunner::Append(std::span<const int32_t> tokens,

@@ -35,14 +35,18 @@ class SequenceRunner {
   int64_t length() const { return length_; }
   int64_t max_len() const { return max_len_; }
   int64_t v_rows_resident() const { return kv_->VRowsResident(length_); }
+  int64_t v_rows_offloaded() const { return kv_->VRowsOffloaded(); }
   int64_t v_rows_dense() const { return length_ * shape_.tables(); }
-  // V rows the sparse policy dropped since Create or the last Reset.
+  // V rows the sparse policy dropped, and the offload policy moved to the host pool, since
+  // Create or the last Reset.
   int64_t rows_dropped() const { return rows_dropped_; }
+  int64_t rows_offloaded() const { return rows_offloaded_; }
 
  private:
   SequenceRunner(kernels::Backend& backend, int64_t max_len, cache::KvShape shape,
-                 cache::SparsePolicy policy, int64_t num_pages);
-  // Applies the sparse policy: moves retained tail rows to the sparse store, drops the rest.
+                 cache::SparsePolicy policy, int64_t num_pages, int64_t host_pages);
+  // Applies the sparse policy: moves retained tail rows to the sparse store, drops the rest
+  // (the offload policy: moves them to the host pool).
   absl::Status Compact();
 
   kernels::Backend* backend_;
@@ -50,9 +54,11 @@ class SequenceRunner {
   cache::KvShape shape_;
   cache::SparsePolicy policy_;
   std::unique_ptr<cache::PagePool> pool_;
+  std::unique_ptr<cache::PagePool> host_pool_;  // the offload policy's; null otherwise
   std::unique_ptr<cache::SequenceKv> kv_;
   int64_t length_ = 0;
   int64_t rows_dropped_ = 0;
+  int64_t rows_offloaded_ = 0;
 };
 
 }  // namespace thetaserve::scheduler

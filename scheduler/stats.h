@@ -19,8 +19,10 @@ struct EngineCounters {
   int64_t v_rows_read_dense = 0;
   int64_t attn_elements_kept = 0;   // (query head, key) pairs kept
   int64_t attn_elements_dense = 0;
-  int64_t v_rows_evicted = 0;
+  int64_t v_rows_evicted = 0;               // dropped by the sparse policy
   int64_t v_rows_retained_but_evicted = 0;
+  int64_t v_rows_offloaded = 0;  // moved to the host pool by the offload policy
+  int64_t v_rows_read_host = 0;  // of v_rows_read: read from the host pool
   // Prefix caching: tokens of admitted sequences looked up, and those found cached.
   int64_t prefix_query_tokens = 0;
   int64_t prefix_hit_tokens = 0;
@@ -48,7 +50,10 @@ struct EngineStats {
   int64_t prefix_cache_blocks = 0;  // blocks in the prefix cache (in use or not)
   int32_t block_size = 0;
   int64_t page_bytes = 0;
-  int64_t v_rows_resident = 0;          // V rows stored, all running sequences
+  int64_t v_rows_resident = 0;          // V rows stored in the KV pool, all running sequences
+  int64_t v_rows_offloaded = 0;         // V rows in the host pool (the offload policy)
+  int64_t host_pages_total = 0;         // the offload policy's host pool; 0 without it
+  int64_t host_pages_used = 0;
   int64_t v_rows_dense_equivalent = 0;  // V rows a dense cache would store
   int64_t v_row_bytes = 0;
   std::vector<double> layer_kept_ratio;  // [num_layers]; empty until Top-θ reports it

@@ -124,7 +124,7 @@ int RunEval(const std::vector<std::string>& argv) {
   kernels::AttentionStats prefill_stats, decode_stats;
   prefill_stats.Reset(loaded->model->config().num_layers);
   decode_stats.Reset(loaded->model->config().num_layers);
-  double stored_ratio_sum = 0;
+  double stored_ratio_sum = 0, host_ratio_sum = 0;
   int64_t evicted = 0;
   std::vector<double> lp, lq;
   const auto start = std::chrono::steady_clock::now();
@@ -132,7 +132,7 @@ int RunEval(const std::vector<std::string>& argv) {
     std::span<const int32_t> window(ids.data() + w * *context, *context);
     runner->Reset();
     // Logits for every position, [context, vocab]: the prompt in the server's 512-token
-    // chunks; then, under policy sparse, one token at a time as decoding would (the runner
+    // chunks; then, under policy sparse or offload, one token at a time as decoding would (the runner
     // compacts after each chunk). Under policy full a row's attention is the same prefilled
     // or decoded, so the rest goes in 512-token chunks.
     auto logits = runner->Append(window.subspan(0, P), true, 512, &prefill_stats);
@@ -143,6 +143,7 @@ int RunEval(const std::vector<std::string>& argv) {
     logits->insert(logits->end(), tail->begin(), tail->end());
     evicted += runner->rows_dropped();
     stored_ratio_sum += double(runner->v_rows_resident()) / runner->v_rows_dense();
+    host_ratio_sum += double(runner->v_rows_offloaded()) / runner->v_rows_dense();
 
     std::vector<float> ref;
     if (compare) {
@@ -202,7 +203,7 @@ int RunEval(const std::vector<std::string>& argv) {
         "\"decode_elements_kept\":%.5f,\"retained_but_evicted_per_decode_row\":%.6f,"
         "\"rows_evicted\":%d,\"decode_perplexity\":%.5f,\"dense_decode_perplexity\":%.5f,"
         "\"decode_ppl_change_pct\":%.3f,\"retain_factor\":%g,\"local_window\":%d,\"obs_window\":%d,"
-        "\"keep_fraction\":%g",
+        "\"keep_fraction\":%g,\"v_rows_host_per_L\":%.5f,\"decode_v_rows_read_host_per_L\":%.6f",
         k.empty() ? 0 : k.back(), ref_ppl, 100.0 * (ppl / ref_ppl - 1.0),
         double(rows.agree) / rows.n, rows.kl / rows.n,
         ratio(decode_stats.v_rows_read, decode_stats.v_rows_read_dense),
@@ -214,7 +215,8 @@ int RunEval(const std::vector<std::string>& argv) {
         std::exp(rows.decode_nll / rows.decode_n), std::exp(rows.decode_nll_ref / rows.decode_n),
         100.0 * (std::exp((rows.decode_nll - rows.decode_nll_ref) / rows.decode_n) - 1.0),
         theta->config.retain_factor, theta->sparse.local_window, theta->sparse.obs_window,
-        theta->sparse.keep_fraction);
+        theta->sparse.keep_fraction, host_ratio_sum / windows,
+        ratio(decode_stats.v_rows_read_host, decode_stats.v_rows_read_dense));
     if (!theta->table->k_schedule.empty()) {
       std::vector<std::string> points;
       for (const auto& [L, kk] : theta->table->k_schedule) points.push_back(absl::StrCat(L, ":", kk));

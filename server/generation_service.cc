@@ -170,6 +170,8 @@ grpc::ServerUnaryReactor* GenerationService::GetServerStatus(grpc::CallbackServe
   out->set_prefix_cache_blocks(s.prefix_cache_blocks);
   out->set_prefix_cache_query_tokens(s.counters.prefix_query_tokens);
   out->set_prefix_cache_hit_tokens(s.counters.prefix_hit_tokens);
+  out->set_host_pages_total(s.host_pages_total);
+  out->set_host_pages_used(s.host_pages_used);
   return FinishUnary(ctx, grpc::Status::OK);
 }
 

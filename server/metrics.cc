@@ -80,13 +80,14 @@ Metrics::Metrics(const MetricsInfo& info)
                         .Help("Tokens per engine step").Register(*registry_)
                         .Add({}, CountBuckets())),
       v_rows_resident_(BuildGauge().Name("thetaserve_v_rows_resident")
-                           .Help("V rows stored in the cache, per (layer, KV head) row")
+                           .Help("V rows stored in the KV cache, per (layer, KV head) row")
                            .Register(*registry_).Add({})),
       v_rows_dense_(BuildGauge().Name("thetaserve_v_rows_dense_equivalent")
                         .Help("V rows a dense cache would store for the same sequences")
                         .Register(*registry_).Add({})),
       v_bytes_saved_(BuildGauge().Name("thetaserve_v_bytes_saved")
-                         .Help("Bytes of V not stored compared with a dense cache")
+                         .Help("Bytes of V not stored in the KV cache compared with a dense "
+                               "cache (under the offload policy some are in host memory)")
                          .Register(*registry_).Add({})),
       v_rows_read_(BuildCounter().Name("thetaserve_v_rows_read_total")
                        .Help("V rows read by attention").Register(*registry_).Add({})),
@@ -105,7 +106,25 @@ Metrics::Metrics(const MetricsInfo& info)
       v_rows_retained_but_evicted_(
           BuildCounter().Name("thetaserve_v_rows_retained_but_evicted_total")
               .Help("Dropped V rows that a later query retained (mass moved to compensation)")
-              .Register(*registry_).Add({})) {
+              .Register(*registry_).Add({})),
+      v_rows_offloaded_(BuildCounter().Name("thetaserve_v_rows_offloaded_total")
+                            .Help("V rows moved from the KV cache to host memory by the offload "
+                                  "policy")
+                            .Register(*registry_).Add({})),
+      v_rows_read_host_(BuildCounter().Name("thetaserve_v_rows_read_host_total")
+                            .Help("V rows attention read from host memory (offload policy; "
+                                  "counted in thetaserve_v_rows_read_total too)")
+                            .Register(*registry_).Add({})),
+      v_rows_host_resident_(BuildGauge().Name("thetaserve_v_rows_host_resident")
+                                .Help("V rows held in host memory by the offload policy, per "
+                                      "(layer, KV head) row")
+                                .Register(*registry_).Add({})),
+      host_pages_total_(BuildGauge().Name("thetaserve_host_pages_capacity")
+                            .Help("Pages in the offload policy's host pool (0 without it)")
+                            .Register(*registry_).Add({})),
+      host_pages_used_(BuildGauge().Name("thetaserve_host_pages_used")
+                           .Help("Host pool pages holding offloaded V rows")
+                           .Register(*registry_).Add({})) {
   auto& used = BuildGauge()
                    .Name("thetaserve_kv_pages_used")
                    .Help("KV pages in use, by kind (k or v)")
@@ -177,6 +196,9 @@ void Metrics::OnEngineStats(const scheduler::EngineStats& s, const scheduler::St
   v_rows_resident_.Set(double(s.v_rows_resident));
   v_rows_dense_.Set(double(s.v_rows_dense_equivalent));
   v_bytes_saved_.Set(double(s.v_rows_dense_equivalent - s.v_rows_resident) * s.v_row_bytes);
+  v_rows_host_resident_.Set(double(s.v_rows_offloaded));
+  host_pages_total_.Set(double(s.host_pages_total));
+  host_pages_used_.Set(double(s.host_pages_used));
 
   // Counters follow the engine's totals (called on the engine thread only).
   auto advance = [](prometheus::Counter& c, int64_t total) {
@@ -193,6 +215,8 @@ void Metrics::OnEngineStats(const scheduler::EngineStats& s, const scheduler::St
   advance(attn_elements_dense_, k.attn_elements_dense);
   advance(v_rows_evicted_, k.v_rows_evicted);
   advance(v_rows_retained_but_evicted_, k.v_rows_retained_but_evicted);
+  advance(v_rows_offloaded_, k.v_rows_offloaded);
+  advance(v_rows_read_host_, k.v_rows_read_host);
   advance(prefix_query_tokens_, k.prefix_query_tokens);
   advance(prefix_hit_tokens_, k.prefix_hit_tokens);
   advance(prefix_evicted_blocks_, k.prefix_evicted_blocks);

@@ -22,7 +22,7 @@ struct MetricsInfo {
   std::string backend;
   std::string model;
   std::string theta_mode;  // "dense" until Top-θ is configured
-  std::string kv_policy;   // "full" / "sparse"
+  std::string kv_policy;   // "full" / "sparse" / "offload"
   int num_layers = 0;      // for the per-layer kept-ratio gauges
 };
 
@@ -80,6 +80,12 @@ class Metrics {
   prometheus::Counter& attn_elements_dense_;
   prometheus::Counter& v_rows_evicted_;
   prometheus::Counter& v_rows_retained_but_evicted_;
+  // The offload policy.
+  prometheus::Counter& v_rows_offloaded_;
+  prometheus::Counter& v_rows_read_host_;
+  prometheus::Gauge& v_rows_host_resident_;
+  prometheus::Gauge& host_pages_total_;
+  prometheus::Gauge& host_pages_used_;
   std::vector<prometheus::Gauge*> layer_kept_ratio_;  // [num_layers]
 
 };

@@ -47,7 +47,10 @@ constexpr char kUsage[] =
     "                               step's rows in parallel (default: all cores)\n"
     "  --device cpu|cuda|auto       (default auto)\n"
     "  --prefix-caching on|off      keep computed prompt blocks for requests that begin the\n"
-    "                               same way (default on; off under --policy sparse)\n"
+    "                               same way (default on; off under --policy sparse|offload)\n"
+    "  --offload-memory SIZE        --policy offload: host memory for the V rows moved out of\n"
+    "                               the KV cache, e.g. 8G (default 4G; when it is full, rows\n"
+    "                               are dropped as under --policy sparse)\n"
     "  --drain-timeout SECONDS      grace period for in-flight requests on SIGTERM (default 30)\n"
     "  --tls-cert FILE --tls-key FILE   serve TLS\n"
     "  --api-key KEY                require 'authorization: Bearer KEY' (or THETASERVE_API_KEY)\n";
@@ -76,7 +79,7 @@ int RunServe(const std::vector<std::string>& argv) {
       {"max-num-seqs", true}, {"max-num-batched-tokens", true}, {"kv-cache-memory", true},
       {"block-size", true}, {"max-queue", true}, {"threads", true}, {"device", true},
       {"drain-timeout", true}, {"tls-cert", true}, {"tls-key", true}, {"api-key", true},
-      {"prefix-caching", true},
+      {"prefix-caching", true}, {"offload-memory", true},
       {"help", false}};
   for (const auto& [name, v] : ThetaFlags()) known[name] = v;
   auto args = CliArgs::Parse(argv, known);
@@ -161,7 +164,22 @@ int RunServe(const std::vector<std::string>& argv) {
       *threads > 0 ? int(*threads) : int(std::thread::hardware_concurrency()), 1, 16);
   ec.prefix_caching = prefix_caching == "on";
   if (ec.prefix_caching && ec.sparse.enabled) {
-    std::fprintf(stderr, "prefix caching: off (--policy sparse rewrites V pages in place)\n");
+    std::fprintf(stderr, "prefix caching: off (--policy %s rewrites V pages in place)\n",
+                 theta->policy.c_str());
+  }
+  if (ec.sparse.offload) {
+    auto offload = ParseKvCacheSpec(args->GetString("offload-memory", "4G"));
+    if (!offload.ok() || offload->bytes <= 0) {
+      return fail(absl::InvalidArgumentError(absl::StrCat(
+          "--offload-memory must be a size such as 512M or 8G, got '",
+          args->GetString("offload-memory"), "'")));
+    }
+    ec.offload_bytes = offload->bytes;
+    std::fprintf(stderr, "offload: %.1f GiB of host memory for V rows%s\n",
+                 double(offload->bytes) / double(int64_t(1) << 30),
+                 args->Has("offload-memory") ? "" : ", the default (--offload-memory sets it)");
+  } else if (args->Has("offload-memory")) {
+    return fail(absl::InvalidArgumentError("--offload-memory needs --policy offload"));
   }
   auto engine = scheduler::Engine::Create(ec, *loaded->backend);
   if (!engine.ok()) return fail(engine.status());

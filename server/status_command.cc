@@ -29,13 +29,14 @@ int RunStatus(const std::vector<std::string>& argv) {
   }
   std::printf("running %u waiting %u pages_total %llu used_k %llu used_v %llu free %llu "
               "preemptions %llu draining %d cached %llu prefix_hit_tokens %llu "
-              "prefix_query_tokens %llu\n",
+              "prefix_query_tokens %llu host_pages_total %llu host_pages_used %llu\n",
               st.running(), st.waiting(), (unsigned long long)st.pages().total(),
               (unsigned long long)st.pages().used_k(), (unsigned long long)st.pages().used_v(),
               (unsigned long long)st.pages().free(), (unsigned long long)st.preemptions(),
               st.draining() ? 1 : 0, (unsigned long long)st.pages().cached(),
               (unsigned long long)st.prefix_cache_hit_tokens(),
-              (unsigned long long)st.prefix_cache_query_tokens());
+              (unsigned long long)st.prefix_cache_query_tokens(),
+              (unsigned long long)st.host_pages_total(), (unsigned long long)st.host_pages_used());
   return 0;
 }
 

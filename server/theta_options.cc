@@ -12,8 +12,11 @@ const char kThetaUsage[] =
     "                        offline, none\n"
     "  --no-vmc              no V-mean compensation\n"
     "  --top-k               exact top-k per row (k from the θ file) instead of θ (baseline)\n"
-    "  --policy full|sparse  V store: full keeps every row (savings are rows read); sparse\n"
-    "                        drops rows attention did not retain (default full)\n"
+    "  --policy full|sparse|offload\n"
+    "                        V store: full keeps every row (savings are rows read); sparse\n"
+    "                        drops rows attention did not retain; offload moves them to host\n"
+    "                        memory instead, where attention still reads them (default full;\n"
+    "                        the flags below marked sparse apply to offload too)\n"
     "  --local-window N      sparse: recent rows always kept dense (default 256)\n"
     "  --sink-tokens N       sparse: first rows always kept (default 4)\n"
     "  --obs-window N        sparse: a row leaving the tail is kept when one of the last N\n"
@@ -49,8 +52,9 @@ absl::StatusOr<ThetaOptions> ParseThetaOptions(const CliArgs& args, const model:
   out.config.top_k = args.Has("top-k");
 
   out.policy = args.GetString("policy", "full");
-  if (out.policy != "full" && out.policy != "sparse") {
-    return absl::InvalidArgumentError(absl::StrCat("--policy must be full or sparse, got '", out.policy, "'"));
+  if (out.policy != "full" && out.policy != "sparse" && out.policy != "offload") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--policy must be full, sparse or offload, got '", out.policy, "'"));
   }
   auto lw = args.GetInt("local-window", 256);
   auto sink = args.GetInt("sink-tokens", 4);
@@ -61,7 +65,8 @@ absl::StatusOr<ThetaOptions> ParseThetaOptions(const CliArgs& args, const model:
   if (*lw < 1 || *sink < 0 || *obs < 1) {
     return absl::InvalidArgumentError("--local-window and --obs-window must be >= 1, --sink-tokens >= 0");
   }
-  out.sparse.enabled = out.policy == "sparse";
+  out.sparse.enabled = out.policy == "sparse" || out.policy == "offload";
+  out.sparse.offload = out.policy == "offload";
   out.sparse.local_window = static_cast<int32_t>(*lw);
   out.sparse.sink_tokens = static_cast<int32_t>(*sink);
   out.sparse.obs_window = static_cast<int32_t>(*obs);
@@ -82,7 +87,8 @@ absl::StatusOr<ThetaOptions> ParseThetaOptions(const CliArgs& args, const model:
 
   if (!args.Has("theta")) {
     if (out.sparse.enabled) {
-      return absl::InvalidArgumentError("--policy sparse needs --theta (dense attention retains every row)");
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--policy ", out.policy, " needs --theta (dense attention retains every row)"));
     }
     return out;
   }

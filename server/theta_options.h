@@ -16,7 +16,7 @@
 namespace thetaserve::server {
 
 // Flags: --theta FILE --sdc none|exact|exp-threshold|offline --no-vmc --top-k
-// --policy full|sparse --local-window N --sink-tokens N --obs-window N --retain-factor X
+// --policy full|sparse|offload --local-window N --sink-tokens N --obs-window N --retain-factor X
 // --keep-fraction F
 std::vector<std::pair<std::string, bool>> ThetaFlags();
 extern const char kThetaUsage[];
@@ -24,8 +24,8 @@ extern const char kThetaUsage[];
 struct ThetaOptions {
   std::unique_ptr<model::ThetaTable> table;  // null: dense attention
   kernels::TopThetaConfig config;            // points into `table`
-  cache::SparsePolicy sparse;
-  std::string policy = "full";
+  cache::SparsePolicy sparse;  // enabled under sparse and offload
+  std::string policy = "full";  // "full", "sparse", "offload"
   std::string mode() const;  // "dense", "top-theta-pre", "top-theta-post", "top-k"
 };
 

@@ -196,7 +196,8 @@ void DenseTile(const SeqChunk& seq, int64_t lh, const Tile& tile, int64_t d, flo
 // tail) gathering only kept rows and setting hit bits, then SDC and VMC.
 void TopThetaRow(const SeqChunk& seq, int64_t layer, int64_t lh, int64_t pos, int64_t group,
                  int64_t first_head, const AttentionShape& shape, const KvPoolLayout& layout,
-                 const float* kv_pool, const float* e, int64_t e_stride, const float* row_max,
+                 const float* kv_pool, const float* host_pool, const float* e, int64_t e_stride,
+                 const float* row_max,
                  const float* d_full, const float* vsum, float* og, const TopThetaConfig& cfg,
                  Scratch& scratch) {
   const int64_t d = shape.head_dim;
@@ -240,7 +241,7 @@ void TopThetaRow(const SeqChunk& seq, int64_t layer, int64_t lh, int64_t pos, in
   std::fill(og, og + group * d, 0.0f);
   float d_kept[kMaxGroup] = {};
   int64_t kept[kMaxGroup] = {};
-  int64_t rows_read = 0, evicted_hits = 0;
+  int64_t rows_read = 0, host_reads = 0, evicted_hits = 0;
   // Marks and mass of positions from hits_begin on (kernels/paged_kv.h): entry j - mark_from.
   const int64_t mark_from = seq.pages.hits_begin;
   int32_t* hits = seq.pages.hits ? seq.pages.hits + lh * seq.pages.hits_stride : nullptr;
@@ -251,7 +252,7 @@ void TopThetaRow(const SeqChunk& seq, int64_t layer, int64_t lh, int64_t pos, in
   scratch.kept_e.resize(group * L);
   const float** kept_rows = scratch.kept_rows.data();
   float* kept_e = scratch.kept_e.data();
-  auto visit = [&](int64_t j, const float* vr) {
+  auto visit = [&](int64_t j, const float* vr, bool from_host = false) {
     bool any = false, strong = false;
     float mass = 0.0f;
     for (int64_t h = 0; h < group; ++h) {
@@ -271,6 +272,7 @@ void TopThetaRow(const SeqChunk& seq, int64_t layer, int64_t lh, int64_t pos, in
     if (!any) return;
     if (vr) {
       ++rows_read;
+      host_reads += from_host;
     } else {
       ++evicted_hits;  // retained, but its V row was dropped: its mass stays in D_miss
     }
@@ -290,12 +292,18 @@ void TopThetaRow(const SeqChunk& seq, int64_t layer, int64_t lh, int64_t pos, in
   const int32_t tail_start = std::min<int32_t>(seq.pages.v_tail_start, static_cast<int32_t>(L));
   const int32_t sparse_n = seq.pages.SparseCount(lh);
   const int32_t* sparse_pos = sparse_n ? seq.pages.v_sparse_pos + lh * seq.pages.sparse_pos_stride : nullptr;
-  int32_t r = 0;
+  const int32_t host_n = seq.pages.HostCount(lh);
+  const int32_t* host_pos = host_n ? seq.pages.v_host_pos + lh * seq.pages.host_pos_stride : nullptr;
+  int32_t r = 0, hr = 0;
   for (int64_t j = 0; j < tail_start; ++j) {
     if (r < sparse_n && sparse_pos[r] == j) {
       const int32_t page = seq.pages.v_sparse_pages[lh * seq.pages.sparse_stride + r / bs];
       visit(j, kv_pool + layout.RowOffset(page, r % bs));
       ++r;
+    } else if (hr < host_n && host_pos[hr] == j) {
+      const int32_t page = seq.pages.v_host_pages[lh * seq.pages.host_stride + hr / bs];
+      visit(j, host_pool + layout.RowOffset(page, hr % bs), /*from_host=*/true);
+      ++hr;
     } else {
       visit(j, nullptr);
     }
@@ -344,6 +352,7 @@ void TopThetaRow(const SeqChunk& seq, int64_t layer, int64_t lh, int64_t pos, in
   }
   AttentionStats& st = scratch.stats;
   st.v_rows_read += rows_read;
+  st.v_rows_read_host += host_reads;
   st.v_rows_read_dense += L;
   st.elements_kept += elements;
   st.elements_dense += L * group;
@@ -356,7 +365,7 @@ void TopThetaRow(const SeqChunk& seq, int64_t layer, int64_t lh, int64_t pos, in
 // token's rows as TopThetaRow.
 void TopThetaTile(const SeqChunk& seq, int64_t layer, int64_t lh, const Tile& tile,
                   int64_t first_head, const AttentionShape& shape, const KvPoolLayout& layout,
-                  const float* kv_pool,
+                  const float* kv_pool, const float* host_pool,
                   const float* q,     // row r at q + tile.Offset(r, q_stride, head_dim)
                   int64_t q_stride,
                   const float* vsum,  // token i's running V sum at vsum + i * vsum_stride, or null
@@ -369,7 +378,7 @@ void TopThetaTile(const SeqChunk& seq, int64_t layer, int64_t lh, const Tile& ti
             row_max, d_full);
   for (int64_t i = 0; i < tile.ntok; ++i) {
     TopThetaRow(seq, layer, lh, tile.first_pos + i, group, first_head, shape, layout, kv_pool,
-                scratch.e.data() + i * group * L, L, row_max + i * group, d_full + i * group,
+                host_pool, scratch.e.data() + i * group * L, L, row_max + i * group, d_full + i * group,
                 vsum ? vsum + i * vsum_stride : nullptr, o + i * q_stride, cfg, scratch);
   }
 }
@@ -378,8 +387,8 @@ void TopThetaTile(const SeqChunk& seq, int64_t layer, int64_t lh, const Tile& ti
 
 void PagedAttention(ThreadPool& pool, const ForwardBatch& batch, const AttentionShape& shape,
                     int64_t layer, const float* q, const KvPoolLayout& layout,
-                    const float* kv_pool, const float* vsum_rows, const TopThetaConfig& config,
-                    float* o) {
+                    const float* kv_pool, const float* host_pool, const float* vsum_rows,
+                    const TopThetaConfig& config, float* o) {
   const int64_t d = shape.head_dim;
   const int64_t group = shape.num_heads / shape.num_kv_heads;
   const int64_t q_dim = shape.num_heads * d;
@@ -424,8 +433,8 @@ void PagedAttention(ThreadPool& pool, const ForwardBatch& batch, const Attention
         const float* vsum = vsum_rows && seq.pages.v_sum
                                 ? vsum_rows + row * kv_dim + unit.kv_head * d
                                 : nullptr;
-        TopThetaTile(seq, layer, lh, tile, unit.kv_head * group, shape, layout, kv_pool, qg, q_dim,
-                     vsum, kv_dim, og, config, scratch);
+        TopThetaTile(seq, layer, lh, tile, unit.kv_head * group, shape, layout, kv_pool, host_pool,
+                     qg, q_dim, vsum, kv_dim, og, config, scratch);
       } else {
         DenseTile(seq, lh, tile, d, shape.scale, layout, kv_pool, qg, q_dim, og, scratch.e);
         // Σ over the tile's tokens of their row lengths pos + 1 .. pos + num_tokens.

@@ -31,12 +31,14 @@ void WriteKv(const ForwardBatch& batch, const AttentionShape& shape, int64_t lay
 
 // o = attention(q, K, V) for every new token of every sequence in `batch`; token t of a
 // sequence at position p attends to positions [0, p]. With an active Top-θ config, rows longer
-// than the layer's k keep only x_j > θ and are compensated; counters go to batch.stats.
+// than the layer's k keep only x_j > θ and are compensated; counters go to batch.stats. Rows
+// of a sequence's host store (the offload policy) are read from `host_pool`.
 void PagedAttention(ThreadPool& pool, const ForwardBatch& batch, const AttentionShape& shape,
                     int64_t layer,
                     const float* q,          // [num_tokens, num_heads * head_dim]
                     const KvPoolLayout& layout,
                     const float* kv_pool,    // [num_pages, block_size, head_dim]
+                    const float* host_pool,  // [num_host_pages, block_size, head_dim] or null
                     const float* vsum_rows,  // [num_tokens, num_kv_heads * head_dim] or null
                     const TopThetaConfig& config,
                     float* o);               // [num_tokens, num_heads * head_dim]

@@ -33,6 +33,23 @@ void CpuBackend::Scratch::Resize(int64_t T, const model::ModelConfig& c) {
 absl::Status CpuBackend::AllocateKvPool(int64_t num_pages, int32_t block_size) {
   if (absl::Status st = SetKvLayout(num_pages, block_size); !st.ok()) return st;
   kv_pool_.assign(num_pages * kv_layout_.PageElems(), 0.0f);
+  host_pool_.reset();
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::AllocateHostPool(int64_t num_pages) {
+  if (absl::Status st = SetHostLayout(num_pages); !st.ok()) return st;
+  host_pool_.reset(num_pages > 0 ? new float[num_pages * kv_layout_.PageElems()] : nullptr);
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::OffloadKvRows(std::span<const KvRowCopy> copies) {
+  if (absl::Status st = CheckKvRowCopies(copies, /*to_host=*/true); !st.ok()) return st;
+  const size_t row_bytes = kv_layout_.head_dim * sizeof(float);
+  for (const KvRowCopy& c : copies) {
+    std::memcpy(host_pool_.get() + kv_layout_.RowOffset(c.dst_page, c.dst_row),
+                kv_pool_.data() + kv_layout_.RowOffset(c.src_page, c.src_row), row_bytes);
+  }
   return absl::OkStatus();
 }
 
@@ -115,7 +132,7 @@ absl::Status CpuBackend::Forward(const ForwardBatch& batch, float* logits) {
     }
     float* vsum = top_theta_.active() ? scratch_.vsum.data() : nullptr;
     WriteKv(batch, shape, l, k, v, kv_layout_, kv_pool_.data(), vsum);
-    PagedAttention(pool_, batch, shape, l, q, kv_layout_, kv_pool_.data(), vsum, top_theta_,
+    PagedAttention(pool_, batch, shape, l, q, kv_layout_, kv_pool_.data(), host_pool_.get(), vsum, top_theta_,
                    attn);
     MatMul(pool_, attn, T, lw.wo, nullptr, x, /*accumulate=*/true, matmul_);
 

@@ -18,7 +18,9 @@ class CpuBackend : public Backend {
   MatMulMode matmul_mode() const { return matmul_; }
   absl::Status AllocateKvPool(int64_t num_pages, int32_t block_size) override;
   absl::Status Forward(const ForwardBatch& batch, float* logits) override;
+  absl::Status AllocateHostPool(int64_t num_pages) override;
   absl::Status CopyKvRows(std::span<const KvRowCopy> copies) override;
+  absl::Status OffloadKvRows(std::span<const KvRowCopy> copies) override;
   absl::Status SumVRows(const SeqPageTables& pages, int64_t length) override;
   std::optional<int64_t> FreeMemoryBytes() const override;
 
@@ -36,6 +38,9 @@ class CpuBackend : public Backend {
   MatMulMode matmul_;
   Rope rope_;
   std::vector<float> kv_pool_;  // [num_pages, block_size, head_dim]
+  // [num_host_pages, block_size, head_dim], left uninitialized: the OS commits a page of it
+  // only when a row is offloaded there, so a large host pool costs nothing until used.
+  std::unique_ptr<float[]> host_pool_;
   Scratch scratch_;
 };
 

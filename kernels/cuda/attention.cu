@@ -504,12 +504,18 @@ __device__ __forceinline__ void RowE(const SplitArgs& a, const DevSeq& seq, int6
   }
 }
 
+// Pass 2's kept list names a V row by its index in the pool (page · block_size + slot), with
+// this bit set for a row of the host pool (the offload policy). The CUDA backend keeps both
+// pools under 2^31 rows.
+constexpr uint32_t kHostRow = 0x80000000u;
+
 // Rows of pass 2's loops one thread holds at a time: their scores are all loaded before any
 // is tested, so a thread waits for memory once per batch, not once per row.
 constexpr int kRowsPerBatch = 4;
 
 // Top-θ pass 2 over one split: positions [j0, j0 + chunk) for hit marks and the retained
-// count, and stored V rows [i0, i0 + chunk) (sparse store first, then the tail) for the
+// count, and stored V rows [i0, i0 + chunk) (sparse store first, then the host store, then the
+// tail) for the
 // gather of retained rows. kStaged: pass 1 read K staged (ExactScore follows its order).
 template <int D, int GT, bool kStaged>
 __global__ void __launch_bounds__(kThreads, (GT > 0 && GT <= 4) ? 8 : 4) SplitPass2Kernel(SplitArgs a) {
@@ -614,7 +620,18 @@ __global__ void __launch_bounds__(kThreads, (GT > 0 && GT <= 4) ? 8 : 4) SplitPa
     if (sparse_pos[mid] < tail) lo = mid + 1; else hi = mid;
   }
   const int32_t sparse_vis = lo;
-  const int32_t stored = sparse_vis + (L - tail);
+  // Then the host store's rows below the tail (the offload policy), read from host memory.
+  const int32_t host_n = seq.pages.HostCount(lh);
+  const int32_t* host_pos = host_n ? seq.pages.v_host_pos + lh * seq.pages.host_pos_stride : nullptr;
+  lo = 0;
+  hi = host_n;
+  while (lo < hi) {
+    const int32_t mid = (lo + hi) / 2;
+    if (host_pos[mid] < tail) lo = mid + 1; else hi = mid;
+  }
+  const int32_t host_vis = lo;
+  const int32_t below = sparse_vis + host_vis;  // stored rows before the tail's
+  const int32_t stored = below + (L - tail);
   const int32_t i0 = split * a.chunk;
   const int32_t ni = max(0, min(a.chunk, stored - i0));
 
@@ -629,6 +646,7 @@ __global__ void __launch_bounds__(kThreads, (GT > 0 && GT <= 4) ? 8 : 4) SplitPa
   float dk[kG], kc[kG];
 #pragma unroll
   for (int h = 0; h < kG; ++h) dk[h] = kc[h] = 0.0f;
+  unsigned host_kept = 0;  // this thread's listed rows from the host store
   for (int32_t base = 0; base < ni; base += step) {  // the same trips for every thread
     int32_t jb[kRowsPerBatch];
     uint32_t pool_row[kRowsPerBatch];
@@ -641,16 +659,23 @@ __global__ void __launch_bounds__(kThreads, (GT > 0 && GT <= 4) ? 8 : 4) SplitPa
       pool_row[b] = 0;
       if (il >= ni) continue;
       int32_t page, slot;
+      uint32_t host_bit = 0;
       if (i < sparse_vis) {
         jb[b] = sparse_pos[i];
         page = seq.pages.v_sparse_pages[lh * seq.pages.sparse_stride + i / bs];
         slot = i % bs;
+      } else if (i < below) {
+        const int32_t h = i - sparse_vis;
+        jb[b] = host_pos[h];
+        page = seq.pages.v_host_pages[lh * seq.pages.host_stride + h / bs];
+        slot = h % bs;
+        host_bit = kHostRow;
       } else {
-        jb[b] = tail + (i - sparse_vis);
+        jb[b] = tail + (i - below);
         page = seq.pages.VPage(lh, jb[b], bs);
         slot = jb[b] % bs;
       }
-      pool_row[b] = uint32_t(page) * uint32_t(bs) + uint32_t(slot);
+      pool_row[b] = (uint32_t(page) * uint32_t(bs) + uint32_t(slot)) | host_bit;
     }
 #pragma unroll
     for (int b = 0; b < kRowsPerBatch; ++b) {
@@ -681,6 +706,7 @@ __global__ void __launch_bounds__(kThreads, (GT > 0 && GT <= 4) ? 8 : 4) SplitPa
       listed += __popc(kept);
       if (!any) continue;
       list_row[k] = pool_row[b];
+      host_kept += (pool_row[b] & kHostRow) != 0;
 #pragma unroll
       for (int h = 0; h < kG; ++h) {
         if (h < G) list_e[k * G + h] = ev[h];
@@ -708,6 +734,7 @@ __global__ void __launch_bounds__(kThreads, (GT > 0 && GT <= 4) ? 8 : 4) SplitPa
     }
   }
   if (lane == 0) s_kept[warp] = listed;
+  if (host_kept) atomicAdd(a.theta.counters + 3, (unsigned long long)host_kept);  // rare
   __syncthreads();
 
   // ...then row groups of D/8 threads gather the listed V rows, several loads in flight.
@@ -729,7 +756,10 @@ __global__ void __launch_bounds__(kThreads, (GT > 0 && GT <= 4) ? 8 : 4) SplitPa
     const int before = k >= p3 ? p3 : k >= p2 ? p2 : k >= p1 ? p1 : 0;
     const int at = w * seg + (k - before);
     float vf[8];
-    LoadBf16x8(a.pool + size_t(list_row[at]) * D + lane8 * 8, vf);
+    const uint32_t lr = list_row[at];
+    const uint16_t* src = lr & kHostRow ? a.theta.host_pool + size_t(lr & ~kHostRow) * D
+                                        : a.pool + size_t(lr) * D;
+    LoadBf16x8(src + lane8 * 8, vf);
 #pragma unroll
     for (int h = 0; h < kG; ++h) {
       if (h < G) {

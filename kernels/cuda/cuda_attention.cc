@@ -60,7 +60,7 @@ absl::Status CudaAttention::Prepare(const ForwardBatch& batch, const DeviceBatch
   const size_t tiles_bytes = Align(tiles.size() * sizeof(PrefillTile));
   const size_t theta_bytes = theta ? Align(size_t(num_layers) * T * H * sizeof(float)) : 0;
   const size_t ratio_bytes = offline ? theta_bytes : 0;
-  const size_t counter_bytes = Align(size_t(num_layers) * 3 * sizeof(unsigned long long));
+  const size_t counter_bytes = Align(size_t(num_layers) * kThetaCounters * sizeof(unsigned long long));
   const size_t total = ids_bytes + tiles_bytes + theta_bytes + ratio_bytes + counter_bytes;
   if (absl::Status st = staging_.Reserve(total); !st.ok()) return st;
   if (absl::Status st = inputs_.Reserve(total); !st.ok()) return st;
@@ -152,7 +152,8 @@ absl::Status CudaAttention::Run(int32_t layer, const DeviceBatch& db, const floa
       args.vmc = config_.vmc;
       args.retain_factor = config_.retain_factor;
       args.vsum_rows = vsum_rows;
-      args.counters = counters_ + 3 * layer;
+      args.host_pool = host_pool_;
+      args.counters = counters_ + kThetaCounters * layer;
       theta = &args;
     }
     for (int32_t first = 0; first < num_split_rows_; first += row_batch_) {
@@ -170,13 +171,13 @@ absl::Status CudaAttention::Run(int32_t layer, const DeviceBatch& db, const floa
 }
 
 std::string CudaAttention::Signature() const {
-  return absl::StrFormat("%d/%d/%d/%d/%d/%d/%d/%p/%p/%p/%p/%p/%p/%p/%p/%d/%p/%d/%d/%g/%d", num_split_rows_,
+  return absl::StrFormat("%d/%d/%d/%d/%d/%d/%d/%p/%p/%p/%p/%p/%p/%p/%p/%d/%p/%d/%d/%g/%d/%p", num_split_rows_,
                          num_tiles_, row_batch_, plan_.chunk, plan_.max_splits,
                          int(plan_.k_load), num_layers_,
                          row_ids_, tiles_, theta_, sdc_ratio_, counters_, ws_.part_o,
                          ws_.row_stat, ws_.scores, int(ws_.score_stride), config_.table,
                          int(config_.sdc), int(config_.vmc), config_.retain_factor,
-                         int(num_rows_));
+                         int(num_rows_), host_pool_);
 }
 
 absl::Status CudaAttention::Finish(AttentionStats* stats, cudaStream_t stream) {
@@ -186,7 +187,7 @@ absl::Status CudaAttention::Finish(AttentionStats* stats, cudaStream_t stream) {
   const int64_t dense_rows = sum_len_ * shape_.num_kv_heads;
   const int64_t dense_elems = sum_len_ * shape_.num_heads;
   if (config_.active()) {
-    host_counters_.assign(size_t(num_layers_) * 3, 0);
+    host_counters_.assign(size_t(num_layers_) * kThetaCounters, 0);
     TS_CUDA_RETURN(cudaMemcpyAsync(host_counters_.data(), counters_,
                                    host_counters_.size() * sizeof(unsigned long long),
                                    cudaMemcpyDeviceToHost, stream));
@@ -194,13 +195,16 @@ absl::Status CudaAttention::Finish(AttentionStats* stats, cudaStream_t stream) {
   }
   for (int32_t l = 0; l < num_layers_; ++l) {
     if (!ran_[l]) continue;  // only the layers attention ran for since Prepare
-    int64_t read = dense_rows, kept = dense_elems, evicted = 0;
+    int64_t read = dense_rows, kept = dense_elems, evicted = 0, from_host = 0;
     if (config_.active()) {
-      read = static_cast<int64_t>(host_counters_[3 * l]);
-      kept = static_cast<int64_t>(host_counters_[3 * l + 1]);
-      evicted = static_cast<int64_t>(host_counters_[3 * l + 2]) - read;
+      const unsigned long long* c = host_counters_.data() + size_t(kThetaCounters) * l;
+      read = static_cast<int64_t>(c[0]);
+      kept = static_cast<int64_t>(c[1]);
+      evicted = static_cast<int64_t>(c[2]) - read;
+      from_host = static_cast<int64_t>(c[3]);
     }
     stats->v_rows_read += read;
+    stats->v_rows_read_host += from_host;
     stats->v_rows_read_dense += dense_rows;
     stats->elements_kept += kept;
     stats->elements_dense += dense_elems;

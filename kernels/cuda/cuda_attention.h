@@ -48,6 +48,8 @@ class CudaAttention {
   // A replayed graph ran every layer without calling Run.
   void MarkAllLayersRan() { ran_.assign(num_layers_, true); }
   void set_num_sms(int n) { num_sms_ = n; }
+  // The host pool the offload policy's rows live in (device-visible pointer), or null.
+  void set_host_pool(const bf16* host_pool) { host_pool_ = host_pool; }
 
  private:
   int num_sms_;
@@ -66,7 +68,8 @@ class CudaAttention {
   const PrefillTile* tiles_ = nullptr;
   const float* theta_ = nullptr;      // [layers, T, heads]
   const float* sdc_ratio_ = nullptr;  // [layers, T, heads]
-  unsigned long long* counters_ = nullptr;  // [layers, 3]
+  unsigned long long* counters_ = nullptr;  // [layers, kThetaCounters]
+  const bf16* host_pool_ = nullptr;
   int64_t num_rows_ = 0;
   PinnedBuffer staging_;
   DeviceBuffer inputs_;

@@ -155,7 +155,9 @@ class CudaBackend : public Backend {
   int64_t kv_element_bytes() const override { return sizeof(bf16); }
   absl::Status AllocateKvPool(int64_t num_pages, int32_t block_size) override;
   absl::Status Forward(const ForwardBatch& batch, float* logits) override;
+  absl::Status AllocateHostPool(int64_t num_pages) override;
   absl::Status CopyKvRows(std::span<const KvRowCopy> copies) override;
+  absl::Status OffloadKvRows(std::span<const KvRowCopy> copies) override;
   absl::Status SumVRows(const SeqPageTables& pages, int64_t length) override;
   std::optional<int64_t> FreeMemoryBytes() const override {
     size_t free = 0, total = 0;
@@ -189,6 +191,7 @@ class CudaBackend : public Backend {
   DevMatrix embed_, output_;
   DeviceBuffer output_norm_, inv_freq_;
   DeviceBuffer pool_;
+  MappedHostBuffer host_pool_;  // the offload policy's V rows
   DeviceBatch batch_;
   CudaAttention attention_;
   // Activations, grown to the largest step.
@@ -273,12 +276,52 @@ absl::Status CudaBackend::Init() {
   return absl::OkStatus();
 }
 
+// Top-θ's pass 2 names a pool row by a 31-bit index (kernels/cuda/attention.cu, kHostRow).
+constexpr int64_t kMaxPoolRows = int64_t(1) << 31;
+
 absl::Status CudaBackend::AllocateKvPool(int64_t num_pages, int32_t block_size) {
   if (absl::Status st = SetKvLayout(num_pages, block_size); !st.ok()) return st;
+  if (num_pages * block_size > kMaxPoolRows) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "a KV pool of %d pages of %d rows exceeds the CUDA kernels' 2^31 rows; use a smaller "
+        "--kv-cache-memory", num_pages, block_size));
+  }
+  host_pool_.Free();
+  attention_.set_host_pool(nullptr);
   const size_t bytes = size_t(num_pages) * kv_layout_.PageElems() * sizeof(bf16);
   pool_ = DeviceBuffer();
   if (absl::Status st = pool_.Reserve(bytes); !st.ok()) return st;
   TS_CUDA_RETURN(cudaMemsetAsync(pool_.get(), 0, bytes, stream_));
+  TS_CUDA_RETURN(cudaStreamSynchronize(stream_));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::AllocateHostPool(int64_t num_pages) {
+  if (absl::Status st = SetHostLayout(num_pages); !st.ok()) return st;
+  if (num_pages * kv_layout_.block_size > kMaxPoolRows) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "a host pool of %d pages of %d rows exceeds the CUDA kernels' 2^31 rows; use a smaller "
+        "--offload-memory", num_pages, kv_layout_.block_size));
+  }
+  absl::Status st = host_pool_.Allocate(size_t(num_pages) * kv_layout_.PageElems() * sizeof(bf16));
+  if (!st.ok()) {
+    kv_layout_.num_host_pages = 0;
+    return st;
+  }
+  attention_.set_host_pool(host_pool_.device<bf16>());
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::OffloadKvRows(std::span<const KvRowCopy> copies) {
+  if (copies.empty()) return absl::OkStatus();
+  if (absl::Status st = CheckKvRowCopies(copies, /*to_host=*/true); !st.ok()) return st;
+  const size_t bytes = copies.size() * sizeof(KvRowCopy);
+  if (absl::Status st = copies_.Reserve(bytes); !st.ok()) return st;
+  TS_CUDA_RETURN(cudaMemcpyAsync(copies_.get(), copies.data(), bytes, cudaMemcpyHostToDevice,
+                                 stream_));
+  TS_CUDA_RETURN(LaunchOffloadKvRows(copies_.as<KvRowCopy>(), static_cast<int32_t>(copies.size()),
+                                     kv_layout_, pool_.as<bf16>(), host_pool_.device<bf16>(),
+                                     stream_));
   TS_CUDA_RETURN(cudaStreamSynchronize(stream_));
   return absl::OkStatus();
 }

@@ -78,6 +78,11 @@ cudaError_t LaunchSumVRows(const int32_t* v_pages, int32_t tables, int64_t lengt
 cudaError_t LaunchCopyKvRows(const KvRowCopy* copies, int32_t n, const KvPoolLayout& layout,
                              bf16* pool, cudaStream_t stream);
 
+// Copies KV rows from the pool into the host pool (dst pages are host pages; `host_pool` is
+// its device-visible address). The copies must be independent.
+cudaError_t LaunchOffloadKvRows(const KvRowCopy* copies, int32_t n, const KvPoolLayout& layout,
+                                const bf16* pool, bf16* host_pool, cudaStream_t stream);
+
 // One copy into a sequence's page tables kept on the device (DeviceBatch): `rows` × `width`
 // int32 from src[src_offset...] (rows back to back) to dst, row r at dst + r · dst_stride.
 struct DevTableCopy {
@@ -141,10 +146,14 @@ struct ThetaArgs {
   bool vmc = true;
   float retain_factor = 1.0f;        // hit marks only where e > retain_factor · threshold
   const float* vsum_rows = nullptr;  // [T, kv_dim] (VMC) or null
-  // Counters of this layer: [0] V rows read, [1] elements kept, [2] positions retained by
-  // any head of the group (stored or not).
+  // The host pool (the offload policy's V rows; mapped pinned memory), null without one.
+  const bf16* host_pool = nullptr;
+  // Counters of this layer (kThetaCounters): [0] V rows read, [1] elements kept, [2]
+  // positions retained by any head of the group (stored or not), [3] of [0], rows read from
+  // the host pool.
   unsigned long long* counters = nullptr;
 };
+constexpr int kThetaCounters = 4;
 
 // Causal paged attention for the rows in `row_ids` (indices into the step's token rows),
 // flash-decoding style: each row's keys are split into plan.chunk-sized pieces, then reduced.

@@ -22,8 +22,10 @@ DeviceBuffer& DeviceBatch::Buffer(Retained& r, Array array) {
   switch (array) {
     case Array::kK: return r.k;
     case Array::kV: return r.v;
-    case Array::kSparsePages: return r.sparse_pages;
-    case Array::kSparsePos: return r.sparse_pos;
+    case Array::kSparsePages: return r.sparse.pages;
+    case Array::kSparsePos: return r.sparse.pos;
+    case Array::kHostPages: return r.host.pages;
+    case Array::kHostPos: return r.host.pos;
   }
   return r.k;
 }
@@ -69,37 +71,45 @@ void DeviceBatch::PlanTables(const SeqChunk& c, int32_t num_tables, int32_t bloc
   }
   r.v_blocks = v_blocks;
 
-  // The sparse store: rows appended per table (positions, and their pages as they fill).
-  const bool has_sparse = p.v_sparse_count != nullptr;
-  if (has_sparse) {
-    bool all = fresh || !r.has_sparse || r.version.sparse_epoch != v.sparse_epoch;
-    for (int32_t t = 0; !all && t < tables; ++t) all = p.v_sparse_count[t] < r.sparse_rows[t];
-    if (all) {
-      // Whole rows: their used length differs per table.
-      const int32_t max_rows = *std::max_element(p.v_sparse_count, p.v_sparse_count + tables);
-      renew(Array::kSparsePages, p.v_sparse_pages, p.sparse_stride, CeilDiv(max_rows, block_size));
-      renew(Array::kSparsePos, p.v_sparse_pos, p.sparse_pos_stride, max_rows);
-    } else {
-      for (int32_t t = 0; t < tables; ++t) {
-        const int32_t from = r.sparse_rows[t], to = p.v_sparse_count[t];
-        if (to == from) continue;
-        const int32_t* pos = p.v_sparse_pos + size_t(t) * p.sparse_pos_stride;
-        size_t off = Add(pos + from, 0, size_t(to - from) * sizeof(int32_t), 1);
-        copies_.push_back({v.id, Array::kSparsePos, size_t(t) * p.sparse_pos_stride + from, 0,
-                           off, to - from, 1});
-        const int32_t pages_from = CeilDiv(from, block_size), pages_to = CeilDiv(to, block_size);
-        if (pages_to > pages_from) {
-          const int32_t* pages = p.v_sparse_pages + size_t(t) * p.sparse_stride;
-          off = Add(pages + pages_from, 0, size_t(pages_to - pages_from) * sizeof(int32_t), 1);
-          copies_.push_back({v.id, Array::kSparsePages,
-                             size_t(t) * p.sparse_stride + pages_from, 0, off,
-                             pages_to - pages_from, 1});
+  // The sparse and host stores: rows appended per table (positions, and their pages as they
+  // fill).
+  auto store = [&](const StoreView& view, uint64_t epoch, StoreMirror& m, Array pages_array,
+                   Array pos_array) {
+    const bool has = view.count != nullptr;
+    if (has) {
+      bool all = fresh || !m.has || m.epoch != epoch;
+      for (int32_t t = 0; !all && t < tables; ++t) all = view.count[t] < m.rows[t];
+      if (all) {
+        // Whole rows: their used length differs per table.
+        const int32_t max_rows = *std::max_element(view.count, view.count + tables);
+        renew(pages_array, view.pages, view.page_stride, CeilDiv(max_rows, block_size));
+        renew(pos_array, view.pos, view.pos_stride, max_rows);
+      } else {
+        for (int32_t t = 0; t < tables; ++t) {
+          const int32_t from = m.rows[t], to = view.count[t];
+          if (to == from) continue;
+          const int32_t* pos = view.pos + size_t(t) * view.pos_stride;
+          size_t off = Add(pos + from, 0, size_t(to - from) * sizeof(int32_t), 1);
+          copies_.push_back({v.id, pos_array, size_t(t) * view.pos_stride + from, 0, off,
+                             to - from, 1});
+          const int32_t pages_from = CeilDiv(from, block_size), pages_to = CeilDiv(to, block_size);
+          if (pages_to > pages_from) {
+            const int32_t* pages = view.pages + size_t(t) * view.page_stride;
+            off = Add(pages + pages_from, 0, size_t(pages_to - pages_from) * sizeof(int32_t), 1);
+            copies_.push_back({v.id, pages_array, size_t(t) * view.page_stride + pages_from, 0,
+                               off, pages_to - pages_from, 1});
+          }
         }
       }
+      m.rows.assign(view.count, view.count + tables);
     }
-    r.sparse_rows.assign(p.v_sparse_count, p.v_sparse_count + tables);
-  }
-  r.has_sparse = has_sparse;
+    m.has = has;
+    m.epoch = epoch;
+  };
+  store({p.v_sparse_pages, p.v_sparse_pos, p.v_sparse_count, p.sparse_stride, p.sparse_pos_stride},
+        v.sparse_epoch, r.sparse, Array::kSparsePages, Array::kSparsePos);
+  store({p.v_host_pages, p.v_host_pos, p.v_host_count, p.host_stride, p.host_pos_stride},
+        v.host_epoch, r.host, Array::kHostPages, Array::kHostPos);
   r.version = v;
 }
 
@@ -152,9 +162,16 @@ size_t DeviceBatch::Plan(const ForwardBatch& batch, int32_t num_tables, const Kv
         so.sp = Add(p.v_sparse_pages, 0, size_t(num_tables) * p.sparse_stride * sizeof(int32_t), 1);
         so.spos = Add(p.v_sparse_pos, 0, size_t(num_tables) * p.sparse_pos_stride * sizeof(int32_t), 1);
       }
+      if (p.v_host_count) {
+        so.hp = Add(p.v_host_pages, 0, size_t(num_tables) * p.host_stride * sizeof(int32_t), 1);
+        so.hpos = Add(p.v_host_pos, 0, size_t(num_tables) * p.host_pos_stride * sizeof(int32_t), 1);
+      }
     }
     if (p.v_sparse_count) {
       so.scount = Add(p.v_sparse_count, 0, size_t(num_tables) * sizeof(int32_t), 1);
+    }
+    if (p.v_host_count) {
+      so.hcount = Add(p.v_host_count, 0, size_t(num_tables) * sizeof(int32_t), 1);
     }
     if (p.v_sum) {
       so.vsum = add_back(p.v_sum, 0, size_t(num_tables) * head_dim * sizeof(float), 1);
@@ -237,8 +254,12 @@ absl::Status DeviceBatch::Upload(const ForwardBatch& batch, int32_t num_tables,
       d.k_pages = r.k.as<int32_t>();
       d.v_pages = r.v.as<int32_t>();
       if (d.v_sparse_count) {
-        d.v_sparse_pages = r.sparse_pages.as<int32_t>();
-        d.v_sparse_pos = r.sparse_pos.as<int32_t>();
+        d.v_sparse_pages = r.sparse.pages.as<int32_t>();
+        d.v_sparse_pos = r.sparse.pos.as<int32_t>();
+      }
+      if (d.v_host_count) {
+        d.v_host_pages = r.host.pages.as<int32_t>();
+        d.v_host_pos = r.host.pos.as<int32_t>();
       }
     } else {
       d.k_pages = reinterpret_cast<const int32_t*>(dev + so.k);
@@ -247,8 +268,13 @@ absl::Status DeviceBatch::Upload(const ForwardBatch& batch, int32_t num_tables,
         d.v_sparse_pages = reinterpret_cast<const int32_t*>(dev + so.sp);
         d.v_sparse_pos = reinterpret_cast<const int32_t*>(dev + so.spos);
       }
+      if (d.v_host_count) {
+        d.v_host_pages = reinterpret_cast<const int32_t*>(dev + so.hp);
+        d.v_host_pos = reinterpret_cast<const int32_t*>(dev + so.hpos);
+      }
     }
     if (d.v_sparse_count) d.v_sparse_count = reinterpret_cast<const int32_t*>(dev + so.scount);
+    if (d.v_host_count) d.v_host_count = reinterpret_cast<const int32_t*>(dev + so.hcount);
     if (d.v_sum) d.v_sum = reinterpret_cast<float*>(dev + so.vsum);
     if (so.hits != kNone) d.hits = reinterpret_cast<int32_t*>(dev + so.hits);
     if (so.mass != kNone) d.hit_mass = reinterpret_cast<float*>(dev + so.mass);

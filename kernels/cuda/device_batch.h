@@ -3,8 +3,8 @@
 // buffer; sums, marks and mass go back after the step.
 //
 // Page tables of a sequence with an identity (SeqChunk::tables.id, kernels/paged_kv.h) stay
-// on the device between steps: a step sends only the K and V-tail columns and the sparse rows
-// added since the last one, and an array whole only when its epoch changed (a new stride, the
+// on the device between steps: a step sends only the K and V-tail columns and the sparse and
+// host-store rows added since the last one, and an array whole only when its epoch changed (a new stride, the
 // V tail shifted by compaction). A copy a step does not use is freed. Sequences without an
 // identity send their tables whole every step. Either way the tables a decode step sends no
 // longer grow with the context.
@@ -45,7 +45,7 @@ class DeviceBatch {
   size_t download_bytes() const;
 
   // The retained copies, for tests that check the plan without a device.
-  enum class Array : uint8_t { kK, kV, kSparsePages, kSparsePos };
+  enum class Array : uint8_t { kK, kV, kSparsePages, kSparsePos, kHostPages, kHostPos };
   // Copy `rows` × `width` int32 from the staging buffer (at byte `src`, rows back to back)
   // into array `array` of sequence `id`, row r at element dst + r · dst_stride.
   struct TableCopy {
@@ -96,19 +96,31 @@ class DeviceBatch {
   };
   static constexpr size_t kNone = ~size_t(0);
   struct SeqOffsets {  // where each of a sequence's arrays lies in the buffers
-    size_t k = kNone, v = kNone, sp = kNone, spos = kNone, scount = kNone, vsum = kNone,
-           hits = kNone, mass = kNone;
+    size_t k = kNone, v = kNone, sp = kNone, spos = kNone, scount = kNone, hp = kNone,
+           hpos = kNone, hcount = kNone, vsum = kNone, hits = kNone, mass = kNone;
     uint64_t retained = 0;  // id of the retained copy holding its tables (0: none)
+  };
+  // A compact row store of a sequence (the sparse store, the host store) as the host has it.
+  struct StoreView {
+    const int32_t* pages;
+    const int32_t* pos;
+    const int32_t* count;  // null: no such store
+    int32_t page_stride, pos_stride;
+  };
+  // Its copy on the device, and what it holds.
+  struct StoreMirror {
+    bool has = false;
+    uint64_t epoch = 0;
+    std::vector<int32_t> rows;  // [tables]: rows sent
+    DeviceBuffer pages;         // [tables, page_stride] page ids
+    DeviceBuffer pos;           // [tables, pos_stride] positions
   };
   // A sequence's tables kept on the device, and what they hold.
   struct Retained {
     TableVersion version;
     int32_t v_blocks = 0;
-    bool has_sparse = false;
-    std::vector<int32_t> sparse_rows;  // [tables]: sparse rows sent
-    DeviceBuffer k, v;                 // [tables, stride] page ids
-    DeviceBuffer sparse_pages;         // [tables, sparse_stride] page ids
-    DeviceBuffer sparse_pos;           // [tables, sparse_pos_stride] positions
+    DeviceBuffer k, v;  // [tables, stride] page ids
+    StoreMirror sparse, host;
     uint64_t step = 0;  // the last step that used it
   };
   // Reserves `rows` × `width` bytes of the staging buffer for a copy from src (src_stride

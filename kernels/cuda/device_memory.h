@@ -94,4 +94,37 @@ class PinnedBuffer {
   size_t bytes_ = 0;
 };
 
+// Page-locked host memory mapped into the device's address space: kernels read and write it
+// over the bus (the offload policy's host pool). Allocated once, at its full size.
+class MappedHostBuffer {
+ public:
+  MappedHostBuffer() = default;
+  MappedHostBuffer(const MappedHostBuffer&) = delete;
+  MappedHostBuffer& operator=(const MappedHostBuffer&) = delete;
+  ~MappedHostBuffer() { Free(); }
+  absl::Status Allocate(size_t bytes) {
+    Free();
+    if (bytes == 0) return absl::OkStatus();
+    if (cudaError_t e = cudaHostAlloc(&host_, bytes, cudaHostAllocMapped); e != cudaSuccess) {
+      cudaGetLastError();
+      host_ = nullptr;
+      return absl::ResourceExhaustedError(absl::StrFormat(
+          "cudaHostAlloc of %d bytes of mapped host memory failed: %s", bytes,
+          cudaGetErrorString(e)));
+    }
+    TS_CUDA_RETURN(cudaHostGetDevicePointer(&device_, host_, 0));
+    return absl::OkStatus();
+  }
+  void Free() {
+    if (host_) cudaFreeHost(host_);
+    host_ = device_ = nullptr;
+  }
+  template <typename T>
+  T* device() const { return static_cast<T*>(device_); }
+
+ private:
+  void* host_ = nullptr;
+  void* device_ = nullptr;
+};
+
 }  // namespace thetaserve::kernels::cuda

@@ -159,6 +159,18 @@ __global__ void CopyKvRowsKernel(const KvRowCopy* copies, int32_t n, KvPoolLayou
   }
 }
 
+// Copies to the host pool (the offload policy): the rows are independent (no copy reads what
+// another writes), so a block takes rows_per_block of them, a thread one element each.
+__global__ void OffloadKvRowsKernel(const KvRowCopy* copies, int32_t n, KvPoolLayout layout,
+                                    const uint16_t* pool, uint16_t* host_pool) {
+  const int32_t d = layout.head_dim;
+  const int32_t i = blockIdx.x * (blockDim.x / d) + threadIdx.x / d;
+  const int32_t e = threadIdx.x % d;
+  if (threadIdx.x >= blockDim.x / d * d || i >= n) return;
+  const KvRowCopy c = copies[i];
+  host_pool[layout.RowOffset(c.dst_page, c.dst_row) + e] = pool[layout.RowOffset(c.src_page, c.src_row) + e];
+}
+
 __device__ __forceinline__ uint64_t Mix(uint64_t x) {
   x ^= x >> 33;
   x *= 0xff51afd7ed558ccdull;
@@ -261,6 +273,18 @@ cudaError_t LaunchCopyKvRows(const KvRowCopy* copies, int32_t n, const KvPoolLay
   if (n == 0) return cudaSuccess;
   const int threads = ((layout.head_dim + 31) / 32) * 32;
   CopyKvRowsKernel<<<1, threads, 0, stream>>>(copies, n, layout, pool);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchOffloadKvRows(const KvRowCopy* copies, int32_t n, const KvPoolLayout& layout,
+                                const bf16* pool, bf16* host_pool, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  const int32_t rows_per_block = std::max(1, 256 / layout.head_dim);
+  const int threads = rows_per_block * layout.head_dim;
+  const int blocks = (n + rows_per_block - 1) / rows_per_block;
+  OffloadKvRowsKernel<<<blocks, threads, 0, stream>>>(copies, n, layout,
+                                                      reinterpret_cast<const uint16_t*>(pool),
+                                                      reinterpret_cast<uint16_t*>(host_pool));
   return cudaGetLastError();
 }
 

@@ -1,5 +1,6 @@
 #include "cache/sequence_kv.h"
 
+#include <algorithm>
 #include <set>
 
 #include "gtest/gtest.h"
@@ -93,6 +94,99 @@ TEST(SequenceKvTest, CompactionKeepsHitsAndSinksInPlaceAndFreesTheRest) {
   }
   EXPECT_EQ(kv.VRowsResident(20), (20 - 12) * 2 + 5);
   kv.ReleaseAll(pool);
+  EXPECT_EQ(pool.num_free(), 64);
+}
+
+// The offload policy: the same compaction, but the rows the rule does not keep go to the host
+// store (pages of the host pool) in position order instead of being dropped; the KV pool ends
+// as under the sparse policy, and ReleaseAll returns the host pages too.
+TEST(SequenceKvTest, OffloadMovesTheRowsCompactionDoesNotKeepToTheHostPool) {
+  KvShape shape{1, 2, 4, 8};  // 2 tables, 4 rows a page
+  PagePool pool(64, 4), host(64, 4);
+  SequenceKv kv(shape);
+  kv.Grow(pool, 20);
+  int32_t* hits = kv.hits();
+  hits[5] = 19;
+  hits[6] = 16;
+  hits[9] = 18;
+  hits[7] = 10;
+  SparsePolicy policy{true, /*local_window=*/8, /*sink_tokens=*/1, /*obs_window=*/4};
+  policy.offload = true;
+  std::vector<RowMove> moves;
+  SequenceKv::CompactResult r;
+  kv.CompactV(pool, 20, policy, &moves, &r, &host);
+  EXPECT_EQ(kv.v_tail_start(), 12);
+  EXPECT_EQ(r.rows_kept, 5);
+  EXPECT_EQ(r.rows_offloaded, 24 - 5);
+  EXPECT_EQ(r.rows_dropped, 0);
+  // The KV pool as under the sparse policy (the test above).
+  EXPECT_EQ(r.pages_freed, 4);
+  EXPECT_EQ(pool.num_free(), 64 - 20 + 4);
+  EXPECT_EQ(kv.VRowsResident(20), (20 - 12) * 2 + 5);
+  // Table 0 offloads 12 - 4 rows (two host pages), table 1 all but its sink: 11 (three).
+  ASSERT_TRUE(kv.has_host_store());
+  EXPECT_EQ(kv.host_count()[0], 8);
+  EXPECT_EQ(kv.host_count()[1], 11);
+  EXPECT_EQ(std::vector<int32_t>(kv.host_pos(), kv.host_pos() + 8),
+            (std::vector<int32_t>{1, 2, 3, 4, 7, 8, 10, 11}));
+  EXPECT_EQ(kv.host_pos()[kv.host_pos_stride()], 1);
+  EXPECT_EQ(kv.VRowsOffloaded(), 19);
+  EXPECT_EQ(kv.num_host_pages(), 5);
+  EXPECT_EQ(host.num_used(), 5);
+  // Every offloaded row is copied from the tail slot of its position to its host slot, before
+  // the in-place moves (ApplyRowMoves runs them first) could overwrite the tail.
+  std::set<std::pair<int32_t, int32_t>> host_slots;
+  int64_t to_host = 0;
+  for (const RowMove& m : moves) {
+    if (!m.to_host) continue;
+    ++to_host;
+    EXPECT_GE(m.dst_page, 0);
+    EXPECT_LT(m.dst_page, host.num_pages());
+    EXPECT_EQ(host.refcount(m.dst_page), 1);
+    EXPECT_TRUE(host_slots.insert({m.dst_page, m.dst_row}).second) << "two rows in one host slot";
+  }
+  EXPECT_EQ(to_host, 19);
+  const int32_t first = kv.host_pages()[0];
+  const RowMove& m0 = *std::find_if(moves.begin(), moves.end(), [](const RowMove& m) { return m.to_host; });
+  EXPECT_EQ(m0.dst_page, first);
+  EXPECT_EQ(m0.dst_row, 0);
+  EXPECT_EQ(m0.src_row, 1);  // position 1 of table 0, in the first tail block
+  kv.ReleaseAll(pool);
+  EXPECT_EQ(pool.num_free(), 64);
+  EXPECT_EQ(host.num_free(), 64);
+  EXPECT_FALSE(kv.has_host_store());
+}
+
+// A full host pool: rows are offloaded while it has pages (a part-filled page is filled
+// first), then dropped as under the sparse policy.
+TEST(SequenceKvTest, OffloadDropsRowsOnceTheHostPoolIsFull) {
+  KvShape shape{1, 2, 4, 8};
+  PagePool pool(64, 4), host(3, 4);
+  SequenceKv kv(shape);
+  kv.Grow(pool, 20);
+  SparsePolicy policy{true, /*local_window=*/8, /*sink_tokens=*/1, /*obs_window=*/4};
+  policy.offload = true;
+  std::vector<RowMove> moves;
+  SequenceKv::CompactResult r;
+  kv.CompactV(pool, 20, policy, &moves, &r, &host);
+  // Nothing retained: 11 rows per table leave. Table 0 takes two host pages (8 rows) and the
+  // third (3 rows); table 1 finds none left.
+  EXPECT_EQ(r.rows_kept, 2);
+  EXPECT_EQ(r.rows_offloaded, 11);
+  EXPECT_EQ(r.rows_dropped, 11);
+  EXPECT_EQ(kv.host_count()[0], 11);
+  EXPECT_EQ(kv.host_count()[1], 0);
+  EXPECT_EQ(host.num_free(), 0);
+  EXPECT_EQ(kv.VRowsResident(20) + kv.VRowsOffloaded() + r.rows_dropped, 20 * 2);
+  // The next compaction fills table 0's part-filled page, then drops.
+  kv.Grow(pool, 24);
+  moves.clear();
+  kv.CompactV(pool, 24, policy, &moves, &r, &host);
+  EXPECT_EQ(r.rows_offloaded, 1);
+  EXPECT_EQ(r.rows_dropped, 4 + 3);
+  EXPECT_EQ(kv.host_count()[0], 12);
+  kv.ReleaseAll(pool);
+  EXPECT_EQ(host.num_free(), 3);
   EXPECT_EQ(pool.num_free(), 64);
 }
 

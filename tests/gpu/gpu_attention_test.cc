@@ -180,7 +180,7 @@ class AttentionCase {
     ForwardBatch cpu_batch{tokens_, chunks_cpu_, false, &cpu_stats_};
     cpu::AttentionShape cs{s_.num_layers, s_.num_heads, s_.num_kv_heads, d, scale};
     cpu_out_.assign(size_t(num_tokens_) * s_.num_heads * d, 0.0f);
-    cpu::PagedAttention(threads, cpu_batch, cs, s_.layer, q_.data(), layout_, pool_.data(),
+    cpu::PagedAttention(threads, cpu_batch, cs, s_.layer, q_.data(), layout_, pool_.data(), nullptr,
                         with_vsum ? vsum_.data() : nullptr, config, cpu_out_.data());
     // GPU.
     gpu_stats_.Reset(s_.num_layers);

@@ -123,7 +123,7 @@ class DenseAttentionTest : public ::testing::TestWithParam<std::pair<int, int>> 
     cpu::AttentionShape shape{1, heads_, kKvHeads, d_, 1.0f / std::sqrt(float(d_))};
     cpu::ThreadPool pool(threads);
     std::vector<float> out(q_.size(), std::numeric_limits<float>::quiet_NaN());
-    cpu::PagedAttention(pool, batch, shape, 0, q_.data(), layout_, pool_.data(),
+    cpu::PagedAttention(pool, batch, shape, 0, q_.data(), layout_, pool_.data(), nullptr,
                         cfg.active() ? vsum_rows_.data() : nullptr, cfg, out.data());
     return out;
   }

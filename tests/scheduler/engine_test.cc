@@ -500,6 +500,148 @@ TEST_F(EngineTest, SequenceRunnerCompactsAfterEveryChunkUnderASparsePolicy) {
   EXPECT_EQ(whole->v_rows_resident(), 0);
 }
 
+// The offload policy stores in the KV pool exactly what the sparse policy does, and moves the
+// rows the sparse policy drops to the host pool, where attention still reads them: its logits
+// are the full policy's, bit for bit, at every step of a prompt and a decode. The sparse run
+// beside it must differ from full (else the rows moved were never needed and this could not
+// fail).
+TEST_F(EngineTest, OffloadPolicyGivesTheFullPolicysLogitsWithTheSparsePolicysVRows) {
+  const model::ThetaTable table = ConstantPostTheta(0.02f);
+  auto backend = TopThetaBackend(table);
+  ASSERT_TRUE(backend.ok());
+  cache::SparsePolicy sparse;
+  sparse.enabled = true;
+  sparse.local_window = 32;
+  sparse.sink_tokens = 4;
+  sparse.keep_fraction = 0.05;
+  cache::SparsePolicy offload = sparse;
+  offload.offload = true;
+  std::string text;
+  for (const auto& p : Prompts()) text += p + " ";
+  const std::vector<int32_t> prompt = model_->tokenizer().Encode(text + text + text, true);
+  ASSERT_GT(prompt.size(), 200u);
+  constexpr int kDecode = 32;
+
+  struct Run {
+    std::vector<std::vector<float>> logits;  // the prompt's last, then each decode step's
+    std::vector<int32_t> tokens;             // greedy under the full policy
+    int64_t resident = 0, offloaded = 0, dropped = 0, dense = 0;
+    kernels::AttentionStats stats;
+  };
+  // Runs one policy to the end before the next starts: runners on one backend share its pool.
+  auto run = [&](const cache::SparsePolicy& policy, const std::vector<int32_t>* tokens) {
+    Run r;
+    r.stats.Reset(model_->config().num_layers);
+    auto runner = SequenceRunner::Create(**backend, prompt.size() + kDecode, 16, policy);
+    EXPECT_TRUE(runner.ok());
+    auto logits = runner->Append(prompt, false, 64, &r.stats);
+    EXPECT_TRUE(logits.ok());
+    for (int i = 0; i < kDecode; ++i) {
+      r.logits.push_back(*logits);
+      const int32_t t = tokens ? (*tokens)[i]
+                               : static_cast<int32_t>(std::max_element(logits->begin(), logits->end()) -
+                                                      logits->begin());
+      r.tokens.push_back(t);
+      logits = runner->Append(std::span<const int32_t>(&t, 1), false, 64, &r.stats);
+      EXPECT_TRUE(logits.ok());
+    }
+    r.logits.push_back(*logits);
+    r.resident = runner->v_rows_resident();
+    r.offloaded = runner->rows_offloaded();
+    r.dropped = runner->rows_dropped();
+    r.dense = runner->v_rows_dense();
+    return r;
+  };
+  const Run full = run(cache::SparsePolicy{}, nullptr);
+  const Run drop = run(sparse, &full.tokens);
+  const Run off = run(offload, &full.tokens);
+
+  ASSERT_EQ(off.logits.size(), full.logits.size());
+  for (size_t i = 0; i < full.logits.size(); ++i) {
+    ASSERT_EQ(off.logits[i], full.logits[i]) << "offload differs from full at step " << i;
+  }
+  bool sparse_differs = false;
+  for (size_t i = 0; i < full.logits.size(); ++i) sparse_differs |= drop.logits[i] != full.logits[i];
+  EXPECT_TRUE(sparse_differs) << "the sparse policy's dropped rows were never retained";
+  EXPECT_GT(drop.stats.retained_but_evicted, 0);
+
+  // The KV pool holds what the sparse policy holds, the host pool the rows it drops. Not to
+  // the row: which rows a budget keeps depends on the retained mass, which the two runs
+  // compute from slightly different activations (the sparse run's attention misses rows).
+  EXPECT_NEAR(double(off.resident), double(drop.resident), 0.01 * double(drop.resident));
+  EXPECT_LT(off.resident, off.dense / 2);
+  EXPECT_NEAR(double(off.offloaded), double(drop.dropped), 0.01 * double(drop.dropped));
+  EXPECT_EQ(off.dropped, 0);
+  EXPECT_EQ(off.resident + off.offloaded, off.dense);
+  // Rows retained after they left the KV pool were read from the host pool instead of being
+  // compensated for, and counted as such: the full policy's reads, some from the host.
+  EXPECT_EQ(off.stats.retained_but_evicted, 0);
+  EXPECT_GT(off.stats.v_rows_read_host, 0);
+  EXPECT_NEAR(double(off.stats.v_rows_read_host), double(drop.stats.retained_but_evicted),
+              0.01 * double(drop.stats.retained_but_evicted));
+  EXPECT_EQ(off.stats.v_rows_read, full.stats.v_rows_read);
+}
+
+// In the engine, concurrent requests under the offload policy generate what each generates
+// alone under the full policy; every page of both pools comes back. With a host pool too small
+// for what is moved, the rest is dropped (as under the sparse policy), and again nothing leaks.
+TEST_F(EngineTest, OffloadPolicyInTheEngineMatchesFullPolicyRunsAndReturnsHostPages) {
+  const model::ThetaTable table = ConstantPostTheta(0.02f);
+  auto backend = TopThetaBackend(table);
+  ASSERT_TRUE(backend.ok());
+  std::string text;
+  for (const auto& p : Prompts()) text += p + " ";
+  text += text;  // ~200 tokens
+  const std::vector<int32_t> prompt = model_->tokenizer().Encode(text, true);
+  constexpr int kTokens = 40;
+  const std::vector<int32_t> alone = GreedyAlone(**backend, prompt, kTokens);
+
+  for (const int64_t host_bytes : {int64_t(64) << 20, int64_t(256) << 10}) {
+    SCOPED_TRACE(absl::StrCat("offload bytes ", host_bytes));
+    EngineConfig config;
+    config.kv_cache_bytes = int64_t(256) << 20;
+    config.sparse.enabled = true;
+    config.sparse.offload = true;
+    config.sparse.local_window = 32;
+    config.sparse.sink_tokens = 4;
+    config.sparse.keep_fraction = 0.05;
+    config.offload_bytes = host_bytes;
+    auto engine = Engine::Create(config, **backend);
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    std::atomic<int64_t> max_host_pages{0};
+    (*engine)->SetObserver([&](const EngineStats& s, const StepStats*) {
+      max_host_pages.store(std::max(max_host_pages.load(), s.host_pages_used));
+    });
+    std::vector<std::shared_ptr<CollectingSink>> sinks;
+    for (int i = 0; i < 3; ++i) {
+      Request r = MakeRequest(absl::StrCat("o", i), text, kTokens);
+      r.stopping.ignore_eos = true;
+      sinks.push_back(std::make_shared<CollectingSink>());
+      ASSERT_TRUE((*engine)->Submit(r, sinks.back()).ok());
+    }
+    for (auto& sk : sinks) ASSERT_TRUE(sk->Wait(300));
+    ASSERT_TRUE((*engine)->WaitIdle(10));
+    const EngineStats s = (*engine)->Stats();
+    const int64_t page_bytes = s.page_bytes;
+    EXPECT_EQ(s.host_pages_total, host_bytes / page_bytes);
+    EXPECT_GT(s.counters.v_rows_offloaded, 0);
+    EXPECT_GT(max_host_pages.load(), 0);
+    EXPECT_EQ(s.host_pages_used, 0) << "host pages leaked";
+    EXPECT_EQ(s.v_rows_offloaded, 0);
+    EXPECT_EQ((*engine)->pool_for_tests().num_free(), (*engine)->pool_for_tests().num_pages())
+        << "pages leaked under the offload policy";
+    if (host_bytes / page_bytes >= 3 * int64_t(prompt.size() + kTokens) * 90 / 16) {
+      // Room for every row: nothing dropped, and every request is its full-policy self.
+      EXPECT_EQ(s.counters.v_rows_evicted, 0);
+      EXPECT_EQ(s.counters.v_rows_retained_but_evicted, 0);
+      for (auto& sk : sinks) EXPECT_EQ(sk->tokens, alone);
+    } else {
+      EXPECT_EQ(max_host_pages.load(), s.host_pages_total) << "the small host pool filled up";
+      EXPECT_GT(s.counters.v_rows_evicted, 0) << "what did not fit was dropped";
+    }
+  }
+}
+
 // With a mass budget the engine compacts between prefill chunks and admission reserves the
 // bounded V store: two long prompts that the pool cannot hold together dense run together.
 TEST_F(EngineTest, MassBudgetAdmitsLongPromptsThatDenseMustRunOneAtATime) {

@@ -80,6 +80,10 @@ cudaError_t cudaMalloc(void** ptr, size_t bytes);
 cudaError_t cudaFree(void* ptr);
 cudaError_t cudaMallocHost(void** ptr, size_t bytes);
 cudaError_t cudaFreeHost(void* ptr);
+// Mapped pinned memory: the device pointer is the host pointer (as under UVA).
+#define cudaHostAllocMapped 0x02
+cudaError_t cudaHostAlloc(void** ptr, size_t bytes, unsigned int flags);
+cudaError_t cudaHostGetDevicePointer(void** device, void* host, unsigned int flags);
 // The emulated device has 4 GiB; free is what live cudaMalloc allocations leave.
 cudaError_t cudaMemGetInfo(size_t* free, size_t* total);
 template <typename T>

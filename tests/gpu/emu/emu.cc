@@ -541,6 +541,13 @@ cudaError_t cudaFreeHost(void* ptr) {
   std::free(ptr);
   return cudaSuccess;
 }
+cudaError_t cudaHostAlloc(void** ptr, size_t bytes, unsigned int) {
+  return cudaMallocHost(ptr, bytes);
+}
+cudaError_t cudaHostGetDevicePointer(void** device, void* host, unsigned int) {
+  *device = host;
+  return cudaSuccess;
+}
 
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind) {
   if (bytes) std::memmove(dst, src, bytes);
