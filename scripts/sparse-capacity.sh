@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# How many long-prompt sequences the server holds at once, dense vs Top-θ policy sparse, at
-# the same --kv-cache-memory. Starts the server on loopback for each configuration, sends N
+# How many long-prompt sequences the server holds at once, dense vs Top-θ policy sparse (and
+# offload), at the same --kv-cache-memory. Starts the server on loopback for each configuration, sends N
 # concurrent requests (prompts of ~PROMPT_WORDS words of Austen, OUT output tokens), samples
 # GetServerStatus twice a second, and prints the mean and max running count.
 #
 #   THETA=out/fidelity/theta_k64_post.json scripts/sparse-capacity.sh
 #   THETA=... KEEP=0.05 LW=512 PROMPT_WORDS=3000 KV=500M N=10 scripts/sparse-capacity.sh
 # KEEP: the sparse policy's mass budget (--keep-fraction); unset: the obs-window rule.
+# CONFIGS: which configurations, in order (default "dense sparse"; also "offload": the sparse
+# policy's rule with the rows it drops moved to host memory).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-build/thetaserve}
@@ -20,6 +22,7 @@ PORT=${PORT:-51051}
 LW=${LW:-128}
 OBS=${OBS:-32}
 KEEP=${KEEP:-}
+CONFIGS=${CONFIGS:-dense sparse}
 
 prompt_for() {  # a distinct ~PROMPT_WORDS-word slice of Austen per request
   python3 - "$1" "$PROMPT_WORDS" <<'PY'
@@ -51,13 +54,18 @@ measure() {  # name, then server flags
   wait "${clients[@]}" 2>/dev/null || true
   kill -TERM "$pid"; wait "$pid" 2>/dev/null || true
   # Capacity = sequences running while others wait for pages (the pool is the limit).
-  awk -v name="$name" '$4 > 0 {r=$2; s+=r; n++; if (r>m) m=r} {if ($14>p) p=$14}
-    END {printf "%-8s samples with requests waiting %d  running mean %.2f  max %d  preemptions %d\n", name, n, s/n, m, p}' "$samples"
+  awk -v name="$name" '$4 > 0 {r=$2; s+=r; n++; if (r>m) m=r} {if ($14>p) p=$14} {if ($24>h) h=$24}
+    END {printf "%-8s samples with requests waiting %d  running mean %.2f  max %d  preemptions %d  host pages max %d\n", name, n, s/n, m, p, h}' "$samples"
 }
 
 rule=(--obs-window "$OBS")
 [ -z "$KEEP" ] || rule=(--keep-fraction "$KEEP")
 echo "kv-cache-memory $KV, $N requests of ~$PROMPT_WORDS words + $OUT tokens, local window $LW, ${rule[*]}"
-measure dense
-PORT=$((PORT + 1))
-measure sparse --theta "$THETA" --policy sparse --local-window "$LW" "${rule[@]}"
+for config in $CONFIGS; do
+  case $config in
+    dense) measure dense ;;
+    sparse|offload) measure "$config" --theta "$THETA" --policy "$config" --local-window "$LW" "${rule[@]}" ;;
+    *) echo "unknown configuration '$config' (dense, sparse, offload)" >&2; exit 2 ;;
+  esac
+  PORT=$((PORT + 1))
+done

@@ -332,8 +332,16 @@ def kv_cache():
                                 targets((sel("thetaserve:v_rows_retained_but_evicted:ratio_rate5m"), "{{instance}}")),
                                 unit="percentunit", minv=0), 12, 8))
 
+    p.append(L.row("Host offload"))
+    p.append(L.place(timeseries("Host pool pages", "Under --policy offload: pages of the host pool holding V rows moved out of the KV cache, and the pool's capacity (--offload-memory). When it is full, rows are dropped as under the sparse policy (see Eviction). Empty or 0 under the other policies.",
+                                targets(("sum(%s)" % sel("thetaserve_host_pages_used"), "used"),
+                                        ("sum(%s)" % sel("thetaserve_host_pages_capacity"), "capacity"))), 12, 8))
+    p.append(L.place(timeseries("V rows offloaded and read from host", "V rows moved to host memory per second, and rows attention read back from there (rows a later query retained after they left the KV cache; under the sparse policy these would be retained-but-evicted).",
+                                targets(("sum(%s)" % rate("thetaserve_v_rows_offloaded_total"), "offloaded"),
+                                        ("sum(%s)" % rate("thetaserve_v_rows_read_host_total"), "read from host"))), 12, 8))
+
     p.append(L.row("Prefix cache"))
-    p.append(L.place(timeseries("Prefix cache hit rate", "Per instance, of the tokens admitted requests looked up in the prefix cache, the fraction found there (recording rule thetaserve:prefix_cache_hit:ratio_rate5m): their K and V were adopted, not computed. Empty with --prefix-caching off or under the sparse V policy.",
+    p.append(L.place(timeseries("Prefix cache hit rate", "Per instance, of the tokens admitted requests looked up in the prefix cache, the fraction found there (recording rule thetaserve:prefix_cache_hit:ratio_rate5m): their K and V were adopted, not computed. Empty with --prefix-caching off or under the sparse and offload V policies.",
                                 targets((sel("thetaserve:prefix_cache_hit:ratio_rate5m"), "{{instance}}")),
                                 unit="percentunit", minv=0, maxv=1), 12, 8))
     p.append(L.place(timeseries("Prefix cache pages and evictions", "KV pages only the prefix cache holds (reclaimable, counted as free), and cached blocks evicted per second to make room for new work (right axis).",

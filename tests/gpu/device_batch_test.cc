@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <map>
 #include <numeric>
+#include <ostream>
 #include <random>
 #include <set>
 #include <vector>
@@ -103,11 +104,38 @@ TEST(DeviceBatchTest, CopiesOnlyTheMarkWindowNotTheContext) {
   }
 }
 
+// Expects a copy of a row store (pages [tables, page_stride], positions [tables, pos_stride])
+// to hold every entry a kernel may read.
+void ExpectStoreHolds(const int32_t* count, const int32_t* want_pages, int32_t page_stride,
+                      const int32_t* want_pos, int32_t pos_stride, int32_t tables,
+                      const std::vector<int32_t>& pages, const std::vector<int32_t>& pos,
+                      const std::string& what) {
+  for (int32_t t = 0; t < tables; ++t) {
+    const int32_t n = count[t];
+    for (int32_t i = 0; i < n; ++i) {
+      ASSERT_EQ(pos[size_t(t) * pos_stride + i], want_pos[size_t(t) * pos_stride + i])
+          << what << ": position " << i << " of table " << t;
+    }
+    for (int32_t i = 0; i < (n + kBlock - 1) / kBlock; ++i) {
+      ASSERT_EQ(pages[size_t(t) * page_stride + i], want_pages[size_t(t) * page_stride + i])
+          << what << ": page " << i << " of table " << t;
+    }
+  }
+}
+
 // Expects copies of `kv`'s tables (K and V [tables, stride]; the sparse store's pages and
-// positions, when it has any) to hold every entry a kernel may read.
+// positions, when it has any; the host store's, when `hp` is given) to hold every entry a
+// kernel may read.
 void ExpectTablesHold(const cache::SequenceKv& kv, int32_t tables, const std::vector<int32_t>& k,
                       const std::vector<int32_t>& v, const std::vector<int32_t>* sp,
-                      const std::vector<int32_t>* pos, const std::string& what) {
+                      const std::vector<int32_t>* pos, const std::string& what,
+                      const std::vector<int32_t>* hp = nullptr,
+                      const std::vector<int32_t>* hpos = nullptr) {
+  if (hp) {
+    ASSERT_TRUE(kv.has_host_store());
+    ExpectStoreHolds(kv.host_count(), kv.host_pages(), kv.host_stride(), kv.host_pos(),
+                     kv.host_pos_stride(), tables, *hp, *hpos, what + ", host store");
+  }
   const int64_t stride = kv.stride();
   const int64_t v_blocks = kv.blocks() - kv.v_tail_start() / kBlock;
   for (int32_t t = 0; t < tables; ++t) {
@@ -119,17 +147,8 @@ void ExpectTablesHold(const cache::SequenceKv& kv, int32_t tables, const std::ve
     }
   }
   if (kv.sparse_stride() == 0) return;
-  for (int32_t t = 0; t < tables; ++t) {
-    const int32_t n = kv.sparse_count()[t];
-    for (int32_t i = 0; i < n; ++i) {
-      ASSERT_EQ((*pos)[size_t(t) * kv.pos_stride() + i], kv.sparse_pos()[size_t(t) * kv.pos_stride() + i])
-          << what << ": sparse position " << i << " of table " << t;
-    }
-    for (int32_t i = 0; i < (n + kBlock - 1) / kBlock; ++i) {
-      ASSERT_EQ((*sp)[size_t(t) * kv.sparse_stride() + i], kv.sparse_pages()[size_t(t) * kv.sparse_stride() + i])
-          << what << ": sparse page " << i << " of table " << t;
-    }
-  }
+  ExpectStoreHolds(kv.sparse_count(), kv.sparse_pages(), kv.sparse_stride(), kv.sparse_pos(),
+                   kv.pos_stride(), tables, *sp, *pos, what + ", sparse store");
 }
 
 // The device's copies of page tables, kept on the host: a plan's allocations and copies
@@ -168,9 +187,12 @@ class HostTables {
   // Expects the copy of `kv`'s tables to hold every entry a kernel may read.
   void ExpectHolds(const cache::SequenceKv& kv, int32_t tables, const std::string& what) const {
     const bool sparse = kv.sparse_stride() > 0;
+    const bool host = kv.has_host_store();
     ExpectTablesHold(kv, tables, arrays_.at({kv.id(), Array::kK}), arrays_.at({kv.id(), Array::kV}),
                      sparse ? &arrays_.at({kv.id(), Array::kSparsePages}) : nullptr,
-                     sparse ? &arrays_.at({kv.id(), Array::kSparsePos}) : nullptr, what);
+                     sparse ? &arrays_.at({kv.id(), Array::kSparsePos}) : nullptr, what,
+                     host ? &arrays_.at({kv.id(), Array::kHostPages}) : nullptr,
+                     host ? &arrays_.at({kv.id(), Array::kHostPos}) : nullptr);
   }
 
  private:
@@ -197,8 +219,20 @@ void ExpectDeviceHolds(const SeqPageTables& d, const cache::SequenceKv& kv, int3
       sparse ? FromDevice(d.v_sparse_pages, size_t(tables) * kv.sparse_stride()) : std::vector<int32_t>();
   const std::vector<int32_t> pos =
       sparse ? FromDevice(d.v_sparse_pos, size_t(tables) * kv.pos_stride()) : std::vector<int32_t>();
+  const bool host = kv.has_host_store();
+  const std::vector<int32_t> hp =
+      host ? FromDevice(d.v_host_pages, size_t(tables) * kv.host_stride()) : std::vector<int32_t>();
+  const std::vector<int32_t> hpos =
+      host ? FromDevice(d.v_host_pos, size_t(tables) * kv.host_pos_stride()) : std::vector<int32_t>();
   ExpectTablesHold(kv, tables, FromDevice(d.k_pages, tables * stride),
-                   FromDevice(d.v_pages, tables * stride), &sp, &pos, what + " (device)");
+                   FromDevice(d.v_pages, tables * stride), &sp, &pos, what + " (device)",
+                   host ? &hp : nullptr, host ? &hpos : nullptr);
+  if (host) {
+    const std::vector<int32_t> count = FromDevice(d.v_host_count, tables);
+    for (int32_t t = 0; t < tables; ++t) {
+      ASSERT_EQ(count[t], kv.host_count()[t]) << what << ": device host count of table " << t;
+    }
+  }
   if (!sparse) return;
   const std::vector<int32_t> count = FromDevice(d.v_sparse_count, tables);
   for (int32_t t = 0; t < tables; ++t) {
@@ -211,19 +245,24 @@ void ExpectDeviceHolds(const SeqPageTables& d, const cache::SequenceKv& kv, int3
 // recomputed) and a finish. After every step the retained copies hold exactly what the host
 // tables hold, and a decode step that adds no block and follows no compaction sends no table
 // entries. With a device the copies also run there and its tables are read back. Parameter:
-// the sparse policy (else every V row stays, in the tail).
-class RetainedTablesTest : public ::testing::TestWithParam<bool> {};
+// the V policy (full: every V row stays, in the tail; sparse; offload: the host store too).
+enum class VPolicy { kFull, kSparse, kOffload };
+void PrintTo(VPolicy p, std::ostream* os) {
+  *os << (p == VPolicy::kFull ? "full" : p == VPolicy::kSparse ? "sparse" : "offload");
+}
+class RetainedTablesTest : public ::testing::TestWithParam<VPolicy> {};
 
 TEST_P(RetainedTablesTest, FollowSequencesThroughTheirLife) {
   const cache::KvShape shape{/*num_layers=*/2, /*num_kv_heads=*/3, kBlock, /*head_dim=*/8};
   const int32_t tables = static_cast<int32_t>(shape.tables());
   const KvPoolLayout layout{kBlock, 8, 0};
   cache::SparsePolicy policy;
-  policy.enabled = GetParam();
+  policy.enabled = GetParam() != VPolicy::kFull;
+  policy.offload = GetParam() == VPolicy::kOffload;
   policy.local_window = 32;
   policy.sink_tokens = 4;
   policy.obs_window = 8;
-  cache::PagePool pool(20000, kBlock);
+  cache::PagePool pool(20000, kBlock), host(20000, kBlock);
   const uint64_t seed = testing::TestSeed();
   SCOPED_TRACE("THETASERVE_SEED=" + std::to_string(seed));
   std::mt19937_64 rng(seed);
@@ -241,7 +280,7 @@ TEST_P(RetainedTablesTest, FollowSequencesThroughTheirLife) {
   const bool device = DeviceCount() > 0;
   DeviceBatch db;
   HostTables copies;
-  int64_t sent = 0, whole = 0, quiet_steps = 0;
+  int64_t sent = 0, whole = 0, quiet_steps = 0, offloaded = 0;
   std::map<uint64_t, int> last_used;  // id -> the last step a sequence with it ran
   const std::vector<int32_t> tokens(3 * 24, 1);
   for (int step = 0; step < 400; ++step) {
@@ -310,7 +349,8 @@ TEST_P(RetainedTablesTest, FollowSequencesThroughTheirLife) {
       }
       sent += entries;
       whole += 2 * int64_t(tables) * s->kv->stride() +
-               int64_t(tables) * (s->kv->sparse_stride() + s->kv->pos_stride());
+               int64_t(tables) * (s->kv->sparse_stride() + s->kv->pos_stride() +
+                                  s->kv->host_stride() + s->kv->host_pos_stride());
       if (quiet[i]) {
         ++quiet_steps;
         EXPECT_EQ(entries, 0) << what << ": a quiet decode step sent table entries";
@@ -330,18 +370,26 @@ TEST_P(RetainedTablesTest, FollowSequencesThroughTheirLife) {
       std::vector<cache::RowMove> moves;
       cache::SequenceKv::CompactResult r;
       const int64_t tail_before = s->kv->v_tail_start();
-      s->kv->CompactV(pool, s->len, policy, &moves, &r);
+      s->kv->CompactV(pool, s->len, policy, &moves, &r, &host);
+      offloaded += r.rows_offloaded;
       s->compacted = s->kv->v_tail_start() != tail_before;
     }
   }
   EXPECT_GT(quiet_steps, 500);
+  EXPECT_EQ(offloaded > 0, GetParam() == VPolicy::kOffload);
   // Whole tables every step would have sent `whole` entries.
   EXPECT_LT(sent * 20, whole) << "sent " << sent << " of " << whole << " table entries";
   for (Seq& s : seqs) s.kv->ReleaseAll(pool);
+  EXPECT_EQ(host.num_free(), host.num_pages());
 }
 
-INSTANTIATE_TEST_SUITE_P(Policies, RetainedTablesTest, ::testing::Values(true, false),
-                         [](const auto& info) { return info.param ? "SparseV" : "FullV"; });
+INSTANTIATE_TEST_SUITE_P(Policies, RetainedTablesTest,
+                         ::testing::Values(VPolicy::kSparse, VPolicy::kFull, VPolicy::kOffload),
+                         [](const auto& info) {
+                           return info.param == VPolicy::kFull     ? "FullV"
+                                  : info.param == VPolicy::kSparse ? "SparseV"
+                                                                   : "OffloadV";
+                         });
 
 TEST(DeviceBatchTest, MarksAndMassRoundTripThroughTheirWindowOnly) {
   SKIP_WITHOUT_CUDA_DEVICE();

@@ -181,40 +181,56 @@ TEST_F(GpuEngineTest, PreemptionChunkedPrefillAndCancellationReturnEveryPage) {
   EXPECT_EQ((*engine)->Stats().running, 0);
 }
 
-TEST_F(GpuEngineTest, TopThetaUnderTheSparsePolicyMatchesSoloRunsAndReturnsEveryPage) {
+// Under the sparse policy rows are dropped; under the offload policy the same rows move to the
+// mapped host pool and pass 2 reads them back from there. Either way each request matches its
+// solo run under the same policy, and every page (of both pools) comes back.
+TEST_F(GpuEngineTest, TopThetaUnderTheSparseAndOffloadPoliciesMatchesSoloRunsAndReturnsEveryPage) {
   const model::ThetaTable table = PostTheta();
-  auto backend = Backend(&table);
-  ASSERT_TRUE(backend.ok()) << backend.status();
-  EngineConfig config;
-  config.kv_cache_bytes = int64_t(64) << 20;
-  config.sparse.enabled = true;
-  config.sparse.local_window = 32;
-  config.sparse.sink_tokens = 4;
-  config.sparse.obs_window = 16;
-  auto engine = Engine::Create(config, **backend);
-  ASSERT_TRUE(engine.ok()) << engine.status();
+  for (const bool offload : {false, true}) {
+    SCOPED_TRACE(offload ? "offload" : "sparse");
+    auto backend = Backend(&table);
+    ASSERT_TRUE(backend.ok()) << backend.status();
+    EngineConfig config;
+    config.kv_cache_bytes = int64_t(64) << 20;
+    config.sparse.enabled = true;
+    config.sparse.offload = offload;
+    config.sparse.local_window = 32;
+    config.sparse.sink_tokens = 4;
+    config.sparse.obs_window = 16;
+    config.offload_bytes = int64_t(16) << 20;
+    auto engine = Engine::Create(config, **backend);
+    ASSERT_TRUE(engine.ok()) << engine.status();
 
-  std::string text;
-  for (const auto& p : Prompts()) text += p + " ";
-  constexpr int kTokens = 40;
-  std::vector<Request> requests;
-  std::vector<std::shared_ptr<CollectingSink>> sinks;
-  for (int i = 0; i < 3; ++i) {
-    requests.push_back(MakeRequest(absl::StrCat("s", i), text + Prompts()[i], kTokens));
-    sinks.push_back(std::make_shared<CollectingSink>());
-    ASSERT_TRUE((*engine)->Submit(requests.back(), sinks.back()).ok());
-  }
-  for (auto& s : sinks) ASSERT_TRUE(s->Wait(600));
-  ASSERT_TRUE((*engine)->WaitIdle(10));
-  const EngineStats s = (*engine)->Stats();
-  EXPECT_GT(s.counters.v_rows_evicted, 0) << "the sparse policy dropped no V rows";
-  EXPECT_LT(s.counters.v_rows_read, s.counters.v_rows_read_dense);
-  EXPECT_EQ((*engine)->pool_for_tests().num_free(), (*engine)->pool_for_tests().num_pages()) << "pages leaked";
-  cache::SparsePolicy policy = config.sparse;
-  for (size_t i = 0; i < requests.size(); ++i) {
-    EXPECT_EQ(sinks[i]->info.reason, FinishReason::kLength) << i;
-    ExpectSameUpToNearTies(sinks[i]->tokens, Solo(requests[i].prompt, kTokens, &table, policy),
-                           absl::StrCat("request ", i));
+    std::string text;
+    for (const auto& p : Prompts()) text += p + " ";
+    constexpr int kTokens = 40;
+    std::vector<Request> requests;
+    std::vector<std::shared_ptr<CollectingSink>> sinks;
+    for (int i = 0; i < 3; ++i) {
+      requests.push_back(MakeRequest(absl::StrCat("s", i), text + Prompts()[i], kTokens));
+      sinks.push_back(std::make_shared<CollectingSink>());
+      ASSERT_TRUE((*engine)->Submit(requests.back(), sinks.back()).ok());
+    }
+    for (auto& s : sinks) ASSERT_TRUE(s->Wait(600));
+    ASSERT_TRUE((*engine)->WaitIdle(10));
+    const EngineStats s = (*engine)->Stats();
+    if (offload) {
+      EXPECT_GT(s.counters.v_rows_offloaded, 0) << "the offload policy moved no V rows";
+      EXPECT_GT(s.counters.v_rows_read_host, 0) << "no V row was read back from the host pool";
+      EXPECT_EQ(s.counters.v_rows_evicted, 0);
+      EXPECT_EQ(s.counters.v_rows_retained_but_evicted, 0);
+      EXPECT_EQ(s.host_pages_used, 0) << "host pages leaked";
+    } else {
+      EXPECT_GT(s.counters.v_rows_evicted, 0) << "the sparse policy dropped no V rows";
+    }
+    EXPECT_LT(s.counters.v_rows_read, s.counters.v_rows_read_dense);
+    EXPECT_EQ((*engine)->pool_for_tests().num_free(), (*engine)->pool_for_tests().num_pages()) << "pages leaked";
+    cache::SparsePolicy policy = config.sparse;
+    for (size_t i = 0; i < requests.size(); ++i) {
+      EXPECT_EQ(sinks[i]->info.reason, FinishReason::kLength) << i;
+      ExpectSameUpToNearTies(sinks[i]->tokens, Solo(requests[i].prompt, kTokens, &table, policy),
+                             absl::StrCat("request ", i));
+    }
   }
 }
 

@@ -224,8 +224,9 @@ TEST(GpuForwardTest, SmolLM2) {
 // tables, and the compaction the CPU's hit marks decide is applied to both pools, so they
 // store the same V rows; the GPU records its marks into a scratch copy, which must stay
 // untouched outside each step's window [v_tail_start, end). Logits are compared at every step.
-// Returns false when the model is missing.
-bool CheckSparseVThroughCompaction(const std::string& path, double theta_tol) {
+// With `offload`, the rows compaction does not keep go to both backends' host pools instead,
+// and the GPU must read some of them back from there. Returns false when the model is missing.
+bool CheckSparseVThroughCompaction(const std::string& path, double theta_tol, bool offload = false) {
   if (!std::filesystem::exists(path)) return false;
   auto m = model::Model::Load(path);
   EXPECT_TRUE(m.ok()) << m.status();
@@ -249,9 +250,17 @@ bool CheckSparseVThroughCompaction(const std::string& path, double theta_tol) {
   cache::SequenceKv kv(shape);
   cache::SparsePolicy policy;
   policy.enabled = true;
+  policy.offload = offload;
   policy.local_window = 32;
   policy.sink_tokens = 4;
   policy.obs_window = 8;
+  const int64_t host_pages = offload ? shape.tables() * (512 / bs) : 0;
+  cache::PagePool host(std::max<int64_t>(host_pages, 1), bs);
+  if (offload) {
+    for (auto* b : {&*cpu, &*gpu}) EXPECT_TRUE((*b)->AllocateHostPool(host_pages).ok());
+  }
+  AttentionStats gpu_stats;
+  gpu_stats.Reset(c.num_layers);
 
   std::vector<int32_t> tokens = (*m)->tokenizer().Encode(
       "It is a truth universally acknowledged, that a single man in possession of a good "
@@ -290,7 +299,7 @@ bool CheckSparseVThroughCompaction(const std::string& path, double theta_tol) {
     std::vector<float> want(c.vocab_size), got(c.vocab_size, std::nanf(""));
     absl::Status st = (*cpu)->Forward(ForwardBatch{step_tokens, cseqs, false}, want.data());
     EXPECT_TRUE(st.ok()) << "cpu: " << st;
-    st = (*gpu)->Forward(ForwardBatch{step_tokens, gseqs, false}, got.data());
+    st = (*gpu)->Forward(ForwardBatch{step_tokens, gseqs, false, &gpu_stats}, got.data());
     EXPECT_TRUE(st.ok()) << "cuda, step " << step << ": " << st;
     if (::testing::Test::HasFailure()) return true;
     const RowDiff d = CompareRow(want.data(), got.data(), c.vocab_size);
@@ -322,12 +331,10 @@ bool CheckSparseVThroughCompaction(const std::string& path, double theta_tol) {
     // The CPU's marks decide what both pools keep.
     std::vector<cache::RowMove> moves;
     cache::SequenceKv::CompactResult r;
-    kv.CompactV(pool, done, policy, &moves, &r);
-    compactions += r.rows_kept + r.rows_dropped > 0;
-    std::vector<KvRowCopy> copies;
-    for (const auto& mv : moves) copies.push_back({mv.src_page, mv.src_row, mv.dst_page, mv.dst_row});
-    EXPECT_TRUE((*cpu)->CopyKvRows(copies).ok());
-    EXPECT_TRUE((*gpu)->CopyKvRows(copies).ok());
+    kv.CompactV(pool, done, policy, &moves, &r, offload ? &host : nullptr);
+    compactions += r.rows_kept + r.rows_offloaded + r.rows_dropped > 0;
+    EXPECT_TRUE(scheduler::ApplyRowMoves(**cpu, moves).ok());
+    EXPECT_TRUE(scheduler::ApplyRowMoves(**gpu, moves).ok());
   }
   std::printf("[ %s sparse V ] worst max|Δ|/max|ref| %.2e, greedy agreement %d/%d, %lld "
               "compactions, %lld GPU marks, %lld of %lld V rows stored\n",
@@ -336,6 +343,13 @@ bool CheckSparseVThroughCompaction(const std::string& path, double theta_tol) {
   EXPECT_GT(compactions, 5);
   EXPECT_GT(gpu_marked, 0) << "the GPU recorded no hit marks";
   EXPECT_LT(kv.VRowsResident(done), done * shape.tables()) << "the policy dropped nothing";
+  if (offload) {
+    std::printf("[ %s offload ] %lld V rows in the host pool, %lld read back by the GPU\n",
+                path.c_str(), (long long)kv.VRowsOffloaded(), (long long)gpu_stats.v_rows_read_host);
+    EXPECT_EQ(kv.VRowsResident(done) + kv.VRowsOffloaded(), done * shape.tables());
+    EXPECT_GT(gpu_stats.v_rows_read_host, 0) << "the GPU read no row from the host pool";
+    EXPECT_EQ(gpu_stats.retained_but_evicted, 0) << "nothing is dropped under offload";
+  }
   if (theta_tol >= 0) {
     EXPECT_LE(worst, theta_tol);
   }
@@ -348,6 +362,20 @@ TEST(GpuForwardTest, SparseVThroughCompactionTinyLlama) {
   SKIP_WITHOUT_CUDA_DEVICE();
   // Random weights: keep decisions flip between bf16 and f32, so only agreement is bounded.
   ASSERT_TRUE(CheckSparseVThroughCompaction(testing::TestDataPath("tiny_llama_gguf/tiny_llama.gguf"), -1));
+}
+
+TEST(GpuForwardTest, OffloadVThroughCompactionTinyLlama) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  ASSERT_TRUE(CheckSparseVThroughCompaction(testing::TestDataPath("tiny_llama_gguf/tiny_llama.gguf"),
+                                            -1, /*offload=*/true));
+}
+
+TEST(GpuForwardTest, OffloadVThroughCompactionSmolLM2) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  const std::string path = testing::SourceDir() + "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
+  if (!CheckSparseVThroughCompaction(path, 2 * kTol, /*offload=*/true)) {
+    GTEST_SKIP() << path << " is missing (scripts/fetch-model.sh)";
+  }
 }
 
 TEST(GpuForwardTest, SparseVThroughCompactionSmolLM2) {

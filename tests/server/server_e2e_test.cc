@@ -581,10 +581,11 @@ TEST(ServerLifecycleTest, FullQueueIsResourceExhausted) {
   threads[1].join();
 }
 
-TEST(ServerTopThetaTest, SparsePolicyReportsItselfAndItsSavingsMove) {
-  // A θ file for the real model: constant post-softmax θ = 2% beyond k = 16 (layers 0-1 dense).
+// A θ file for the real model: constant post-softmax θ = 2% beyond k = 16 (layers 0-1
+// dense), saved at `path`.
+model::ThetaTable ConstantTheta(const std::string& path) {
   auto model = model::Model::Load(DefaultModelPath());
-  ASSERT_TRUE(model.ok()) << model.status();
+  EXPECT_TRUE(model.ok()) << model.status();
   const auto& c = (*model)->config();
   model::ThetaTable table(c.num_layers, c.num_heads, model::ThetaTable::DefaultBuckets(8192));
   for (int32_t l = 0; l < c.num_layers; ++l) {
@@ -596,8 +597,14 @@ TEST(ServerTopThetaTest, SparsePolicyReportsItselfAndItsSavingsMove) {
   table.model_fingerprint = (*model)->fingerprint();
   table.model_name = c.name;
   table.Finalize();
+  EXPECT_TRUE(table.Save(path).ok());
+  return table;
+}
+
+TEST(ServerTopThetaTest, SparsePolicyReportsItselfAndItsSavingsMove) {
   const std::string path = ::testing::TempDir() + "/theta_const.json";
-  ASSERT_TRUE(table.Save(path).ok());
+  model::ThetaTable table = ConstantTheta(path);
+  ASSERT_FALSE(::testing::Test::HasFailure());
 
   ServerProcess server({"--theta", path, "--policy", "sparse", "--local-window", "32"});
   ASSERT_TRUE(server.started());
@@ -644,6 +651,60 @@ TEST(ServerTopThetaTest, SparsePolicyReportsItselfAndItsSavingsMove) {
   EXPECT_NE(rc, 0);
   EXPECT_NE(out.find("was calibrated for model"), std::string::npos) << out;
   EXPECT_NE(out.find("0123456789abcdef"), std::string::npos) << out;
+}
+
+// The offload policy over gRPC: it reports itself, a greedy request gets the text the full
+// policy gives (`generate` with the same θ file), rows move to host memory and some are read
+// back, nothing is dropped, and every page of both pools comes back. --offload-memory without
+// the policy, or as a share, is refused at startup.
+TEST(ServerTopThetaTest, OffloadPolicyServesTheFullPolicysTextAndReportsHostMemory) {
+  const std::string path = ::testing::TempDir() + "/theta_const_offload.json";
+  ConstantTheta(path);
+  ASSERT_FALSE(::testing::Test::HasFailure());
+  ServerProcess server({"--theta", path, "--policy", "offload", "--local-window", "32",
+                        "--keep-fraction", "0.05", "--offload-memory", "64M"});
+  ASSERT_TRUE(server.started());
+  auto stub = server.stub();
+  {
+    grpc::ClientContext ctx;
+    v1::ModelInfo info;
+    ASSERT_TRUE(stub->GetModelInfo(&ctx, {}, &info).ok());
+    EXPECT_EQ(info.kv_policy(), "offload");
+    EXPECT_FALSE(info.prefix_caching()) << "the offload policy rewrites V pages in place";
+  }
+  std::string prompt;
+  for (int i = 0; i < 30; ++i) prompt += "It is a truth universally acknowledged, that a single man. ";
+  StreamResult r = Generate(*stub, Prompt(prompt, 24));
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  const std::string full = RunGenerateBinary("--prompt '" + prompt + "' --max-tokens 24 --temperature 0 "
+                                             "--theta " + path);
+  EXPECT_EQ(r.text + "\n", full) << "the offload policy changed the output";
+
+  const std::string m = server.ScrapeMetrics();
+  EXPECT_GT(MetricValue(m, "thetaserve_v_rows_offloaded_total"), 0);
+  EXPECT_GT(MetricValue(m, "thetaserve_v_rows_read_host_total"), 0) << "no offloaded row was needed";
+  EXPECT_EQ(MetricValue(m, "thetaserve_v_rows_evicted_total"), 0);
+  EXPECT_EQ(MetricValue(m, "thetaserve_v_rows_retained_but_evicted_total"), 0);
+  EXPECT_EQ(MetricValue(m, "thetaserve_host_pages_capacity"), double(64 << 20) / 4096);
+  EXPECT_EQ(MetricValue(m, "thetaserve_host_pages_used"), 0);
+  EXPECT_NE(m.find("kv_policy=\"offload\""), std::string::npos);
+  grpc::ClientContext ctx;
+  v1::ServerStatus st;
+  ASSERT_TRUE(stub->GetServerStatus(&ctx, {}, &st).ok());
+  EXPECT_EQ(st.pages().free(), st.pages().total());
+  EXPECT_EQ(st.host_pages_total(), uint64_t(64 << 20) / 4096);
+  EXPECT_EQ(st.host_pages_used(), 0u);
+
+  for (const std::string& bad : {std::string("--offload-memory 1G"),
+                                 "--theta " + path + " --policy offload --offload-memory 10%"}) {
+    int rc = 0;
+    const std::string out = RunCommand("timeout 120 " + BinaryPath() + " serve --model " +
+                                           DefaultModelPath() + " --port 0 --metrics-port 0 " +
+                                           bad + " 2>&1",
+                                       &rc);
+    EXPECT_NE(rc, 0) << bad;
+    EXPECT_NE(out.find("--offload-memory"), std::string::npos) << out;
+  }
 }
 
 // `calibrate --k-schedule` on the real model: the file records the schedule, θ is unchanged
