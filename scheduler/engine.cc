@@ -38,6 +38,10 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& confi
   int64_t host_pages = 0;
   if (config.sparse.enabled && config.sparse.offload) {
     host_pages = std::max<int64_t>(0, config.offload_bytes) / page_bytes;
+    if (host_pages < 1) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "--offload-memory %d bytes holds no page of %d bytes", config.offload_bytes, page_bytes));
+    }
     st = backend.AllocateHostPool(host_pages);
     if (!st.ok()) return st;
   }

@@ -54,7 +54,7 @@ measure() {  # name, then server flags
   wait "${clients[@]}" 2>/dev/null || true
   kill -TERM "$pid"; wait "$pid" 2>/dev/null || true
   # Capacity = sequences running while others wait for pages (the pool is the limit).
-  awk -v name="$name" '$4 > 0 {r=$2; s+=r; n++; if (r>m) m=r} {if ($14>p) p=$14} {if ($24>h) h=$24}
+  awk -v name="$name" '$4 > 0 {r=$2; s+=r; n++; if (r>m) m=r} {if ($14>p) p=$14} {if ($26>h) h=$26}
     END {printf "%-8s samples with requests waiting %d  running mean %.2f  max %d  preemptions %d  host pages max %d\n", name, n, s/n, m, p, h}' "$samples"
 }
 

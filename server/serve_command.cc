@@ -120,6 +120,19 @@ int RunServe(const std::vector<std::string>& argv) {
     return fail(absl::InvalidArgumentError(absl::StrCat(
         "--prefix-caching is '", prefix_caching, "'; it must be on or off")));
   }
+  // The offload policy's host memory: checked now, before the model loads.
+  int64_t offload_bytes = 0;
+  if (args->GetString("policy") == "offload") {
+    auto offload = ParseKvCacheSpec(args->GetString("offload-memory", "4G"));
+    if (!offload.ok() || offload->bytes <= 0) {
+      return fail(absl::InvalidArgumentError(absl::StrCat(
+          "--offload-memory must be a size such as 512M or 8G, got '",
+          args->GetString("offload-memory"), "'")));
+    }
+    offload_bytes = offload->bytes;
+  } else if (args->Has("offload-memory")) {
+    return fail(absl::InvalidArgumentError("--offload-memory needs --policy offload"));
+  }
   std::string api_key = args->GetString("api-key");
   if (api_key.empty()) {
     if (const char* env = std::getenv("THETASERVE_API_KEY")) api_key = env;
@@ -168,18 +181,11 @@ int RunServe(const std::vector<std::string>& argv) {
                  theta->policy.c_str());
   }
   if (ec.sparse.offload) {
-    auto offload = ParseKvCacheSpec(args->GetString("offload-memory", "4G"));
-    if (!offload.ok() || offload->bytes <= 0) {
-      return fail(absl::InvalidArgumentError(absl::StrCat(
-          "--offload-memory must be a size such as 512M or 8G, got '",
-          args->GetString("offload-memory"), "'")));
-    }
-    ec.offload_bytes = offload->bytes;
-    std::fprintf(stderr, "offload: %.1f GiB of host memory for V rows%s\n",
-                 double(offload->bytes) / double(int64_t(1) << 30),
+    ec.offload_bytes = offload_bytes;
+    std::fprintf(stderr, "offload: %.2f GiB of host memory for V rows%s%s\n",
+                 double(offload_bytes) / double(int64_t(1) << 30),
+                 loaded->backend->name() == "cuda" ? ", pinned now" : "",
                  args->Has("offload-memory") ? "" : ", the default (--offload-memory sets it)");
-  } else if (args->Has("offload-memory")) {
-    return fail(absl::InvalidArgumentError("--offload-memory needs --policy offload"));
   }
   auto engine = scheduler::Engine::Create(ec, *loaded->backend);
   if (!engine.ok()) return fail(engine.status());

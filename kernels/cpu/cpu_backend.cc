@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <new>
 #include <string>
 
 #include "absl/strings/str_format.h"
@@ -38,8 +39,17 @@ absl::Status CpuBackend::AllocateKvPool(int64_t num_pages, int32_t block_size) {
 }
 
 absl::Status CpuBackend::AllocateHostPool(int64_t num_pages) {
+  host_pool_.reset();
   if (absl::Status st = SetHostLayout(num_pages); !st.ok()) return st;
-  host_pool_.reset(num_pages > 0 ? new float[num_pages * kv_layout_.PageElems()] : nullptr);
+  if (num_pages == 0) return absl::OkStatus();
+  const size_t elems = size_t(num_pages) * kv_layout_.PageElems();
+  host_pool_.reset(new (std::nothrow) float[elems]);
+  if (!host_pool_) {
+    kv_layout_.num_host_pages = 0;
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "cannot reserve %d bytes of host memory for the offload pool; use a smaller "
+        "--offload-memory", elems * sizeof(float)));
+  }
   return absl::OkStatus();
 }
 

@@ -38,8 +38,9 @@ class CpuBackend : public Backend {
   MatMulMode matmul_;
   Rope rope_;
   std::vector<float> kv_pool_;  // [num_pages, block_size, head_dim]
-  // [num_host_pages, block_size, head_dim], left uninitialized: the OS commits a page of it
-  // only when a row is offloaded there, so a large host pool costs nothing until used.
+  // [num_host_pages, block_size, head_dim], left uninitialized: the OS commits its memory as
+  // rows are offloaded there, not at allocation (which fails only past what the OS will
+  // promise, RAM plus swap under Linux's default overcommit).
   std::unique_ptr<float[]> host_pool_;
   Scratch scratch_;
 };

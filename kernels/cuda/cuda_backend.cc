@@ -280,12 +280,12 @@ absl::Status CudaBackend::Init() {
 constexpr int64_t kMaxPoolRows = int64_t(1) << 31;
 
 absl::Status CudaBackend::AllocateKvPool(int64_t num_pages, int32_t block_size) {
-  if (absl::Status st = SetKvLayout(num_pages, block_size); !st.ok()) return st;
   if (num_pages * block_size > kMaxPoolRows) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "a KV pool of %d pages of %d rows exceeds the CUDA kernels' 2^31 rows; use a smaller "
         "--kv-cache-memory", num_pages, block_size));
   }
+  if (absl::Status st = SetKvLayout(num_pages, block_size); !st.ok()) return st;
   host_pool_.Free();
   attention_.set_host_pool(nullptr);
   const size_t bytes = size_t(num_pages) * kv_layout_.PageElems() * sizeof(bf16);
@@ -297,12 +297,14 @@ absl::Status CudaBackend::AllocateKvPool(int64_t num_pages, int32_t block_size) 
 }
 
 absl::Status CudaBackend::AllocateHostPool(int64_t num_pages) {
-  if (absl::Status st = SetHostLayout(num_pages); !st.ok()) return st;
+  host_pool_.Free();
+  attention_.set_host_pool(nullptr);
   if (num_pages * kv_layout_.block_size > kMaxPoolRows) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "a host pool of %d pages of %d rows exceeds the CUDA kernels' 2^31 rows; use a smaller "
         "--offload-memory", num_pages, kv_layout_.block_size));
   }
+  if (absl::Status st = SetHostLayout(num_pages); !st.ok()) return st;
   absl::Status st = host_pool_.Allocate(size_t(num_pages) * kv_layout_.PageElems() * sizeof(bf16));
   if (!st.ok()) {
     kv_layout_.num_host_pages = 0;

@@ -121,6 +121,8 @@ class MappedHostBuffer {
   }
   template <typename T>
   T* device() const { return static_cast<T*>(device_); }
+  template <typename T>
+  T* host() const { return static_cast<T*>(host_); }
 
  private:
   void* host_ = nullptr;

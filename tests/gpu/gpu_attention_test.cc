@@ -33,6 +33,7 @@ struct SeqSpec {
   int32_t v_tail_start = 0;  // > 0: older V rows live in a sparse store (every third kept)
   bool v_sum = true;         // the sequence has running V sums (VMC applies to it)
   int32_t sink = -1;         // >= 0: this position's keys score about 30 (an attention sink)
+  bool host = false;         // the rows the sparse store drops are in a host store instead
 };
 
 struct Shape {
@@ -64,6 +65,18 @@ class AttentionCase {
     pool_.resize(num_pages_ * layout_.PageElems());
     std::normal_distribution<float> n01(0.0f, 1.0f);
     for (float& v : pool_) v = RoundBf16(n01(rng_) * 3.0f);  // junk in unused pages
+    // The host pool (the offload policy's): room for every row below a tail, shuffled too.
+    int64_t host_pages = 0;
+    for (const SeqSpec& sp : specs_) {
+      if (sp.host) host_pages += int64_t(tables_) * ((sp.v_tail_start + bs - 1) / bs);
+    }
+    std::vector<int32_t> host_ids(host_pages);
+    std::iota(host_ids.begin(), host_ids.end(), 0);
+    std::shuffle(host_ids.begin(), host_ids.end(), rng_);
+    size_t host_next = 0;
+    layout_.num_host_pages = host_pages;
+    host_pool_.resize(host_pages * layout_.PageElems());
+    for (float& v : host_pool_) v = RoundBf16(n01(rng_) * 3.0f);
     u_.resize(d);
     double norm = 0;
     for (float& v : u_) v = n01(rng_), norm += v * v;
@@ -93,6 +106,24 @@ class AttentionCase {
         std::copy(q.sparse_positions.begin(), q.sparse_positions.end(),
                   q.sparse_pos.begin() + size_t(t) * std::max(1, n_sparse));
       }
+      // The host store: the rows below the tail that the sparse store does not hold.
+      for (int32_t j = 0; sp.host && j < sp.v_tail_start; ++j) {
+        if (!(j < 4 || j % 3 == 0)) q.host_positions.push_back(j);
+      }
+      const int32_t n_host = static_cast<int32_t>(q.host_positions.size());
+      q.host_stride = std::max(1, (n_host + bs - 1) / bs);
+      q.host_pages.resize(size_t(tables_) * q.host_stride);
+      for (int32_t t = 0; t < tables_; ++t) {
+        for (int32_t b = 0; b < (n_host + bs - 1) / bs; ++b) {
+          q.host_pages[size_t(t) * q.host_stride + b] = host_ids[host_next++];
+        }
+      }
+      q.host_pos.resize(size_t(tables_) * std::max(1, n_host));
+      q.host_count.assign(tables_, n_host);
+      for (int32_t t = 0; t < tables_; ++t) {
+        std::copy(q.host_positions.begin(), q.host_positions.end(),
+                  q.host_pos.begin() + size_t(t) * std::max(1, n_host));
+      }
       q.hits_cpu.assign(size_t(tables_) * end, -1);
       q.hits_gpu = q.hits_cpu;
       q.mass_cpu.assign(size_t(tables_) * end, 0.0f);
@@ -114,6 +145,13 @@ class AttentionCase {
         c.pages.v_sparse_count = q.sparse_count.data();
         c.pages.sparse_stride = q.sparse_stride;
         c.pages.sparse_pos_stride = std::max(1, n_sparse);
+      }
+      if (sp.host) {
+        c.pages.v_host_pages = q.host_pages.data();
+        c.pages.v_host_pos = q.host_pos.data();
+        c.pages.v_host_count = q.host_count.data();
+        c.pages.host_stride = q.host_stride;
+        c.pages.host_pos_stride = std::max(1, n_host);
       }
       // Marks from the tail's start on, as the engine records them (kernels/paged_kv.h).
       c.pages.hits_stride = end;
@@ -140,9 +178,13 @@ class AttentionCase {
             vr = &pool_[layout_.RowOffset(c.pages.VPage(t, j, bs), j % bs)];
           } else {
             auto it = std::find(q.sparse_positions.begin(), q.sparse_positions.end(), j);
+            auto ih = std::find(q.host_positions.begin(), q.host_positions.end(), j);
             if (it != q.sparse_positions.end()) {
               const int32_t r = int32_t(it - q.sparse_positions.begin());
               vr = &pool_[layout_.RowOffset(q.sparse_pages[size_t(t) * q.sparse_stride + r / bs], r % bs)];
+            } else if (ih != q.host_positions.end()) {
+              const int32_t r = int32_t(ih - q.host_positions.begin());
+              vr = &host_pool_[layout_.RowOffset(q.host_pages[size_t(t) * q.host_stride + r / bs], r % bs)];
             }
           }
           if (vr) for (int32_t e = 0; e < d; ++e) vr[e] = RoundBf16(n01(rng_));
@@ -180,7 +222,8 @@ class AttentionCase {
     ForwardBatch cpu_batch{tokens_, chunks_cpu_, false, &cpu_stats_};
     cpu::AttentionShape cs{s_.num_layers, s_.num_heads, s_.num_kv_heads, d, scale};
     cpu_out_.assign(size_t(num_tokens_) * s_.num_heads * d, 0.0f);
-    cpu::PagedAttention(threads, cpu_batch, cs, s_.layer, q_.data(), layout_, pool_.data(), nullptr,
+    cpu::PagedAttention(threads, cpu_batch, cs, s_.layer, q_.data(), layout_, pool_.data(),
+                        host_pool_.empty() ? nullptr : host_pool_.data(),
                         with_vsum ? vsum_.data() : nullptr, config, cpu_out_.data());
     // GPU.
     gpu_stats_.Reset(s_.num_layers);
@@ -199,6 +242,14 @@ class AttentionCase {
     ASSERT_TRUE(db.Upload(gpu_batch, s_.num_layers * s_.num_kv_heads, layout_, nullptr).ok());
     CudaAttention att(prop.multiProcessorCount);
     att.set_k_load(k_load_);
+    // The host pool in mapped pinned memory, as the backend allocates it.
+    MappedHostBuffer host_pool;
+    if (!host_pool_.empty()) {
+      ASSERT_TRUE(host_pool.Allocate(host_pool_.size() * sizeof(uint16_t)).ok());
+      uint16_t* h = host_pool.host<uint16_t>();
+      for (size_t i = 0; i < host_pool_.size(); ++i) h[i] = model::FloatToBF16(host_pool_[i]);
+      att.set_host_pool(host_pool.device<bf16>());
+    }
     AttnShape shape{s_.num_heads, s_.num_kv_heads, d, scale};
     absl::Status st = att.Prepare(gpu_batch, db, shape, s_.num_layers, config, nullptr);
     ASSERT_TRUE(st.ok()) << st;
@@ -292,6 +343,7 @@ class AttentionCase {
     EXPECT_TRUE(testing::Close(gpu_out_, cpu_out_, 2e-4f, 2e-3f, "attention output"))
         << "(" << splits_ << " splits of " << chunk_ << ", K " << KLoadName(k_load_) << ")";
     EXPECT_EQ(gpu_stats_.v_rows_read, cpu_stats_.v_rows_read);
+    EXPECT_EQ(gpu_stats_.v_rows_read_host, cpu_stats_.v_rows_read_host);
     EXPECT_EQ(gpu_stats_.v_rows_read_dense, cpu_stats_.v_rows_read_dense);
     EXPECT_EQ(gpu_stats_.elements_kept, cpu_stats_.elements_kept);
     EXPECT_EQ(gpu_stats_.elements_dense, cpu_stats_.elements_dense);
@@ -327,6 +379,8 @@ class AttentionCase {
   struct Seq {
     std::vector<int32_t> k, v, sparse_pages, sparse_pos, sparse_count, sparse_positions;
     int32_t sparse_stride = 1;
+    std::vector<int32_t> host_pages, host_pos, host_count, host_positions;
+    int32_t host_stride = 1;
     int32_t window = 0;  // positions with marks: [v_tail_start, end)
     std::vector<int32_t> hits_cpu, hits_gpu;
     std::vector<float> mass_cpu, mass_gpu;
@@ -340,6 +394,7 @@ class AttentionCase {
   int64_t num_pages_ = 0;
   KvPoolLayout layout_;
   std::vector<float> pool_, u_, q_, vsum_, cpu_out_, gpu_out_;
+  std::vector<float> host_pool_;  // [num_host_pages, block_size, head_dim]
   std::vector<int32_t> tokens_;
   std::vector<Seq> seqs_;
   std::vector<SeqChunk> chunks_cpu_, chunks_gpu_;
@@ -478,6 +533,29 @@ TEST_P(GpuAttentionTest, TopThetaOverSparseVStoreMatchesCpu) {
   c.RunAndExpectSame(cfg, true);
   EXPECT_GT(c.cpu_stats().retained_but_evicted, 0);
   EXPECT_GT(c.total_mass(), 1.0) << "Top-θ recorded no retained mass";
+}
+
+// The offload policy's host store: the rows the sparse store above drops are in the host pool
+// (mapped pinned memory on the GPU) instead, and both sides read the retained ones from there;
+// nothing is missed. Pre- and post-softmax, decode rows, a prefill chunk, a long row over
+// several splits, and a short one whose host rows end inside the first block.
+TEST_P(GpuAttentionTest, TopThetaOverAHostStoreMatchesCpu) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  const uint64_t seed = testing::TestSeed();
+  SCOPED_TRACE("THETASERVE_SEED=" + std::to_string(seed));
+  const Shape s;
+  for (auto placement : {model::ThetaPlacement::kPreSoftmax, model::ThetaPlacement::kPostSoftmax}) {
+    SCOPED_TRACE(model::PlacementName(placement));
+    const model::ThetaTable table = MakeTable(s, placement, 16);
+    TopThetaConfig cfg;
+    cfg.table = &table;
+    std::vector<SeqSpec> specs = {{300, 1, 256}, {320, 20, 256}, {2500, 1, 2048}, {77, 1, 32}};
+    for (SeqSpec& sp : specs) sp.host = true;
+    AttentionCase c(s, specs, seed, GetParam());
+    c.RunAndExpectSame(cfg, true);
+    EXPECT_GT(c.cpu_stats().v_rows_read_host, 0) << "no row was read from the host store";
+    EXPECT_EQ(c.cpu_stats().retained_but_evicted, 0) << "a host row was missed";
+  }
 }
 
 // An attention sink scores ~30 where the rest score ~0 and ~4: its split's other rows lie 26-30

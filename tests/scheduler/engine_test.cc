@@ -630,7 +630,9 @@ TEST_F(EngineTest, OffloadPolicyInTheEngineMatchesFullPolicyRunsAndReturnsHostPa
     EXPECT_EQ(s.v_rows_offloaded, 0);
     EXPECT_EQ((*engine)->pool_for_tests().num_free(), (*engine)->pool_for_tests().num_pages())
         << "pages leaked under the offload policy";
-    if (host_bytes / page_bytes >= 3 * int64_t(prompt.size() + kTokens) * 90 / 16) {
+    const int64_t tables = model_->config().num_layers * model_->config().num_kv_heads;
+    const int64_t blocks = (int64_t(prompt.size()) + kTokens + config.block_size - 1) / config.block_size;
+    if (host_bytes / page_bytes >= 3 * (blocks + 1) * tables) {
       // Room for every row: nothing dropped, and every request is its full-policy self.
       EXPECT_EQ(s.counters.v_rows_evicted, 0);
       EXPECT_EQ(s.counters.v_rows_retained_but_evicted, 0);

@@ -656,7 +656,7 @@ TEST(ServerTopThetaTest, SparsePolicyReportsItselfAndItsSavingsMove) {
 // The offload policy over gRPC: it reports itself, a greedy request gets the text the full
 // policy gives (`generate` with the same θ file), rows move to host memory and some are read
 // back, nothing is dropped, and every page of both pools comes back. --offload-memory without
-// the policy, or as a share, is refused at startup.
+// the policy, as a share, or below one page is refused at startup.
 TEST(ServerTopThetaTest, OffloadPolicyServesTheFullPolicysTextAndReportsHostMemory) {
   const std::string path = ::testing::TempDir() + "/theta_const_offload.json";
   ConstantTheta(path);
@@ -696,7 +696,8 @@ TEST(ServerTopThetaTest, OffloadPolicyServesTheFullPolicysTextAndReportsHostMemo
   EXPECT_EQ(st.host_pages_used(), 0u);
 
   for (const std::string& bad : {std::string("--offload-memory 1G"),
-                                 "--theta " + path + " --policy offload --offload-memory 10%"}) {
+                                 "--theta " + path + " --policy offload --offload-memory 10%",
+                                 "--theta " + path + " --policy offload --offload-memory 1K"}) {
     int rc = 0;
     const std::string out = RunCommand("timeout 120 " + BinaryPath() + " serve --model " +
                                            DefaultModelPath() + " --port 0 --metrics-port 0 " +
