@@ -4,14 +4,16 @@
 //     per thread and staged through shared memory (cp.async): median times, the ratios
 //     measured in the same run, V rows read, and the bytes/s the faster dense kernel reached
 //     against the copy bandwidth;
-//  3. dense prefill attention TFLOP/s;
-//  4. end-to-end decode tokens/s on a model through the real engine (when --model exists),
+//  3. Top-θ decode attention over a host store (the offload policy) against the full policy;
+//  4. dense prefill attention TFLOP/s;
+//  5. end-to-end decode tokens/s on a model through the real engine (when --model exists),
 //     after 128-token prompts and after long ones.
 //
 //   build/thetaserve_gpu_bench [--contexts 1024,4096,16384,32768,131072] [--batches 1,8,32,64]
 //       [--prefill 1024,4096,16384] [--model models/SmolLM2-135M-Instruct.Q4_1.gguf]
 //       [--e2e-batches 1,8,32,64] [--e2e-long-prompt 8000] [--e2e-long-batches 8,32]
-//       [--theta thetas.json] [--repeats 5]
+//       [--theta thetas.json] [--offload-contexts 8192,32768] [--offload-batches 1,8,32]
+//       [--repeats 5]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -213,6 +215,150 @@ void DecodeAttention(const std::vector<int>& contexts, const std::vector<int>& b
   cudaFree(pool);
 }
 
+// Top-θ decode attention under the offload policy against the full policy, same K: the V
+// rows below a 512-row tail are split between the sparse store on the device (every fourth
+// row, and the first four) and the host store in mapped pinned memory (the rest), so that
+// pass 2 reads the retained ones of those over the bus. Prints both times, the rows read from
+// host memory per L and the bus bytes/s they took.
+void OffloadDecodeAttention(const std::vector<int>& contexts, const std::vector<int>& batches,
+                            int repeats, int sms) {
+  const int kvh = 3, group = 3, H = kvh * group, d = 64, bs = 16, tail_rows = 512;
+  std::printf("\n## decode attention over a host store (policy offload), one layer, Top-θ\n");
+  std::printf("V rows below the last %d: a quarter in the device's sparse store, the rest in "
+              "mapped host memory\n", tail_rows);
+  std::printf("%-8s %-6s %-10s %-10s %-8s %-9s %-10s %-9s\n", "context", "batch", "full us",
+              "offload us", "ratio", "V read", "host read", "host GB/s");
+  for (int L : contexts) {
+    for (int B : batches) {
+      const int blocks = (L + bs - 1) / bs;
+      const int tail_start = std::max(0, (L - tail_rows) / bs * bs);
+      std::vector<int32_t> sparse_positions, host_positions;
+      for (int j = 0; j < tail_start; ++j) (j < 4 || j % 4 == 0 ? sparse_positions : host_positions).push_back(j);
+      const int ns = int(sparse_positions.size()), nh = int(host_positions.size());
+      const int sp_pages = std::max(1, (ns + bs - 1) / bs), h_pages = std::max(1, (nh + bs - 1) / bs);
+      const int tail_blocks = blocks - tail_start / bs;
+      // Device pages per sequence and table: K, the full policy's V, the offload tail, sparse.
+      const int64_t per_table = 2 * blocks + tail_blocks + sp_pages;
+      const int64_t num_pages = per_table * kvh * B;
+      const int64_t host_pages = int64_t(h_pages) * kvh * B;
+      const ts::kernels::KvPoolLayout layout{bs, d, num_pages, host_pages};
+      uint16_t* pool;
+      if (cudaMalloc(&pool, num_pages * layout.PageElems() * 2) != cudaSuccess) {
+        cudaGetLastError();
+        std::printf("%-8d %-6d (pool of %.1f GB does not fit)\n", L, B, num_pages * layout.PageElems() * 2 / 1e9);
+        continue;
+      }
+      CHECK_CUDA(cu::LaunchFillRandomBf16(pool, num_pages * layout.PageElems(), 11, 1.0f, nullptr));
+      cu::MappedHostBuffer host;
+      CHECK_OK(host.Allocate(size_t(host_pages) * layout.PageElems() * 2));
+      CHECK_CUDA(cu::LaunchFillRandomBf16(host.device<uint16_t>(), host_pages * layout.PageElems(), 13, 1.0f, nullptr));
+      std::vector<std::vector<int32_t>> kt(B), vfull(B), vtail(B), spg(B), spos(B), scount(B), hpg(B), hpos(B), hcount(B);
+      std::vector<ts::kernels::SeqChunk> full_seqs(B), off_seqs(B);
+      int32_t next = 0, next_host = 0;
+      for (int b = 0; b < B; ++b) {
+        kt[b].resize(kvh * blocks);
+        vfull[b].resize(kvh * blocks);
+        vtail[b].resize(kvh * blocks, -1);
+        spg[b].resize(kvh * sp_pages);
+        hpg[b].resize(kvh * h_pages);
+        for (int t = 0; t < kvh; ++t) {
+          for (int i = 0; i < blocks; ++i) kt[b][t * blocks + i] = next++;
+          for (int i = 0; i < blocks; ++i) vfull[b][t * blocks + i] = next++;
+          for (int i = 0; i < tail_blocks; ++i) vtail[b][t * blocks + i] = next++;
+          for (int i = 0; i < sp_pages; ++i) spg[b][t * sp_pages + i] = next++;
+          for (int i = 0; i < h_pages; ++i) hpg[b][t * h_pages + i] = next_host++;
+          spos[b].insert(spos[b].end(), sparse_positions.begin(), sparse_positions.end());
+          hpos[b].insert(hpos[b].end(), host_positions.begin(), host_positions.end());
+        }
+        scount[b].assign(kvh, ns);
+        hcount[b].assign(kvh, nh);
+        for (auto* s : {&full_seqs[b], &off_seqs[b]}) {
+          s->token_offset = b;
+          s->num_tokens = 1;
+          s->start_pos = L - 1;
+        }
+        full_seqs[b].pages = ts::kernels::SeqPageTables{kt[b].data(), vfull[b].data(), blocks};
+        ts::kernels::SeqPageTables& p = off_seqs[b].pages;
+        p = ts::kernels::SeqPageTables{kt[b].data(), vtail[b].data(), blocks, tail_start};
+        if (tail_start > 0) {
+          p.v_sparse_pages = spg[b].data();
+          p.v_sparse_pos = spos[b].data();
+          p.v_sparse_count = scount[b].data();
+          p.sparse_stride = sp_pages;
+          p.sparse_pos_stride = std::max(1, ns);
+          p.v_host_pages = hpg[b].data();
+          p.v_host_pos = hpos[b].data();
+          p.v_host_count = hcount[b].data();
+          p.host_stride = h_pages;
+          p.host_pos_stride = std::max(1, nh);
+        }
+      }
+      std::vector<float> q(size_t(B) * H * d);
+      uint64_t st = 12345;
+      for (float& x : q) {  // peaked queries, as DecodeAttention's
+        st = st * 6364136223846793005ull + 1442695040888963407ull;
+        const double u1 = ((st >> 11) + 1.0) / 9007199254740993.0;
+        st = st * 6364136223846793005ull + 1442695040888963407ull;
+        const double u2 = (st >> 11) / 9007199254740992.0;
+        x = float(3.0 * std::sqrt(-2 * std::log(u1)) * std::cos(2 * M_PI * u2));
+      }
+      float *dq, *dout, *dvsum;
+      CHECK_CUDA(cudaMalloc(&dq, q.size() * 4));
+      CHECK_CUDA(cudaMalloc(&dout, q.size() * 4));
+      CHECK_CUDA(cudaMalloc(&dvsum, size_t(B) * kvh * d * 4));
+      CHECK_CUDA(cudaMemcpy(dq, q.data(), q.size() * 4, cudaMemcpyHostToDevice));
+      CHECK_CUDA(cudaMemset(dvsum, 0, size_t(B) * kvh * d * 4));
+      ts::model::ThetaTable table(1, H, ts::model::ThetaTable::DefaultBuckets(1 << 18));
+      table.k_per_layer = {16};
+      table.placement = ts::model::ThetaPlacement::kPostSoftmax;
+      for (int h = 0; h < H; ++h)
+        for (size_t k = 0; k < table.buckets().size(); ++k) table.theta_at(0, h, k) = 1.0f / table.buckets()[k];
+      table.Finalize();
+      ts::kernels::TopThetaConfig cfg;
+      cfg.table = &table;
+      const std::vector<int32_t> tokens(B, 0);
+      const ts::kernels::ForwardBatch full_batch{tokens, full_seqs, false, nullptr};
+      const ts::kernels::ForwardBatch off_batch{tokens, off_seqs, false, nullptr};
+      const cu::AttnShape shape{H, kvh, d, 0.125f};
+      cu::DeviceBatch full_db, off_db;
+      CHECK_OK(full_db.Upload(full_batch, kvh, layout, nullptr));
+      CHECK_OK(off_db.Upload(off_batch, kvh, layout, nullptr));
+      cu::CudaAttention full(sms), off(sms);
+      off.set_host_pool(host.device<uint16_t>());
+      CHECK_OK(full.Prepare(full_batch, full_db, shape, 1, cfg, nullptr));
+      CHECK_OK(off.Prepare(off_batch, off_db, shape, 1, cfg, nullptr));
+      std::vector<double> tf, to;
+      const int iters = L * B >= (1 << 20) ? 5 : 20;
+      for (int r = 0; r < repeats; ++r) {  // alternate: noise hits both alike
+        tf.push_back(TimeMs([&] { CHECK_OK(full.Run(0, full_db, dq, H * d, layout, pool, dvsum, dout, nullptr)); }, iters, 1));
+        to.push_back(TimeMs([&] { CHECK_OK(off.Run(0, off_db, dq, H * d, layout, pool, dvsum, dout, nullptr)); }, iters, 1));
+      }
+      ts::kernels::AttentionStats stats;
+      stats.Reset(1);
+      CHECK_OK(off.Prepare(off_batch, off_db, shape, 1, cfg, nullptr));
+      CHECK_OK(off.Run(0, off_db, dq, H * d, layout, pool, dvsum, dout, nullptr));
+      CHECK_OK(off.Finish(&stats, nullptr));
+      const double mf = Median(tf), mo = Median(to);
+      const double read = double(stats.v_rows_read) / stats.v_rows_read_dense;
+      const double host_read = double(stats.v_rows_read_host) / stats.v_rows_read_dense;
+      const double host_gbs = double(stats.v_rows_read_host) * d * 2 / (mo / 1e3) / 1e9;
+      std::printf("%-8d %-6d %-10.1f %-10.1f %-8.2f %-9.4f %-10.4f %-9.2f\n", L, B, mf * 1e3, mo * 1e3,
+                  mo / mf, read, host_read, host_gbs);
+      std::fflush(stdout);
+      if (L == 32768) {
+        char buf[200];
+        std::snprintf(buf, sizeof buf, "top-θ full %.1f us, offload %.1f us (%.2fx), host reads %.4f of L at %.2f GB/s",
+                      mf * 1e3, mo * 1e3, mo / mf, host_read, host_gbs);
+        g_summary.push_back({"offload attn 32k, batch " + std::to_string(B), buf});
+      }
+      cudaFree(dq);
+      cudaFree(dout);
+      cudaFree(dvsum);
+      cudaFree(pool);
+    }
+  }
+}
+
 void PrefillAttention(const std::vector<int>& lengths, int repeats, int sms) {
   const int kvh = 3, group = 3, H = kvh * group, d = 64, bs = 16;
   std::printf("\n## dense prefill attention, one sequence, one layer (causal)\n");
@@ -360,6 +506,7 @@ int main(int argc, char** argv) {
   std::vector<int> contexts = {1024, 4096, 16384, 32768, 131072};
   std::vector<int> batches = {1, 8, 32, 64};
   std::vector<int> prefill = {1024, 4096, 16384};
+  std::vector<int> offload_contexts = {8192, 32768}, offload_batches = {1, 8, 32};
   std::vector<int> e2e = {1, 8, 32, 64};
   std::vector<int> e2e_long = {8, 32};
   int long_prompt = 8000;  // SmolLM2's context is 8,192
@@ -370,6 +517,8 @@ int main(int argc, char** argv) {
     if (k == "--contexts") contexts = ParseList(v);
     else if (k == "--batches") batches = ParseList(v);
     else if (k == "--prefill") prefill = ParseList(v);
+    else if (k == "--offload-contexts") offload_contexts = ParseList(v);
+    else if (k == "--offload-batches") offload_batches = ParseList(v);
     else if (k == "--e2e-batches") e2e = ParseList(v);
     else if (k == "--e2e-long-batches") e2e_long = ParseList(v);
     else if (k == "--e2e-long-prompt") long_prompt = std::stoi(v);
@@ -392,6 +541,7 @@ int main(int argc, char** argv) {
   std::printf("copy bandwidth: %.0f GB/s (device to device, read + write, median of %d)\n", bw / 1e9, repeats);
   g_summary.push_back({"copy bandwidth", std::to_string(int(bw / 1e9)) + " GB/s"});
   DecodeAttention(contexts, batches, bw, repeats, prop.multiProcessorCount);
+  OffloadDecodeAttention(offload_contexts, offload_batches, repeats, prop.multiProcessorCount);
   PrefillAttention(prefill, repeats, prop.multiProcessorCount);
   if (!model.empty() && std::filesystem::exists(model)) {
     EndToEnd(model, theta, e2e, long_prompt, e2e_long, bw, std::max(1, repeats / 2));

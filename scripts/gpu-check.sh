@@ -76,8 +76,8 @@ done
 stamp "benchmarks"
 args=(--model "$model")
 [ -n "$theta" ] && args+=(--theta "$theta")
-[ "$only_model" = 1 ] && args+=(--contexts "" --prefill "")
-[ "$quick" = 1 ] && args+=(--contexts 1024,32768 --batches 1,32 --prefill 4096 --e2e-batches 1,32 --e2e-long-batches 8 --repeats 3)
+[ "$only_model" = 1 ] && args+=(--contexts "" --prefill "" --offload-contexts "")
+[ "$quick" = 1 ] && args+=(--contexts 1024,32768 --batches 1,32 --prefill 4096 --offload-contexts 32768 --offload-batches 8 --e2e-batches 1,32 --e2e-long-batches 8 --repeats 3)
 timeout 300 "$bin/thetaserve_gpu_bench" "${args[@]}" 2>&1 | tee "$out/gpu-bench.log"
 bench_rc=${PIPESTATUS[0]}
 if [ "$only_model" = 0 ] && [ "$bench_rc" = 0 ]; then
@@ -86,7 +86,7 @@ if [ "$only_model" = 0 ] && [ "$bench_rc" = 0 ]; then
   # measure both.
   stamp "decode attention at 512-key chunks"
   THETASERVE_ATTN_CHUNK=512 timeout 120 "$bin/thetaserve_gpu_bench" --contexts 32768 --batches 8,64 \
-    --prefill "" --model "" --repeats 5 2>&1 | tee "$out/gpu-bench-chunk512.log" | sed -n '/^## decode/,/^$/p'
+    --prefill "" --offload-contexts "" --model "" --repeats 5 2>&1 | tee "$out/gpu-bench-chunk512.log" | sed -n '/^## decode/,/^$/p'
 fi
 
 stamp "done"
