@@ -147,8 +147,8 @@ void SequenceKv::CompactV(PagePool& pool, int64_t length, const SparsePolicy& po
   if (offload) {
     CHECK(host_pool_ == nullptr || host_pool_ == host) << "one host pool per sequence";
     host_pool_ = host;
+    if (host_.count.empty()) host_.count.assign(tables, 0);
     int64_t max_host = 0;
-    host_.Ensure(0, tables, bs);
     for (int64_t t = 0; t < tables; ++t) {
       max_host = std::max<int64_t>(max_host, host_.count[t] + n_blocks * bs);
     }
