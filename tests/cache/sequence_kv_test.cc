@@ -1,7 +1,11 @@
 #include "cache/sequence_kv.h"
 
 #include <algorithm>
+#include <cstdlib>
+#include <memory>
+#include <random>
 #include <set>
+#include <string>
 
 #include "gtest/gtest.h"
 
@@ -188,6 +192,113 @@ TEST(SequenceKvTest, OffloadDropsRowsOnceTheHostPoolIsFull) {
   kv.ReleaseAll(pool);
   EXPECT_EQ(host.num_free(), 3);
   EXPECT_EQ(pool.num_free(), 64);
+}
+
+// Random sequences under the offload policy (random chunks, marks, budgets, a small host pool,
+// preemptions), with every V row's identity tracked through the pools as the backend would
+// move it (host copies first, then the in-place moves in order): after every compaction each
+// row of the sparse and host stores holds the position it is listed under, positions are
+// ascending and disjoint, every row below the tail is stored or counted as dropped, and the
+// pools' use matches what the sequences hold. THETASERVE_SEED replays a run.
+TEST(SequenceKvTest, RandomOffloadCompactionsKeepEveryRowWhereItIsListed) {
+  const char* env = std::getenv("THETASERVE_SEED");
+  const uint64_t seed = env ? std::strtoull(env, nullptr, 10) : std::random_device{}();
+  SCOPED_TRACE("THETASERVE_SEED=" + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  const KvShape shape{2, 2, 4, 8};  // 4 tables, 4 rows a page
+  const int64_t tables = shape.tables(), bs = shape.block_size;
+  PagePool pool(4000, 4), host(8 + int64_t(rng() % 40), 4);
+  // Row identity: (sequence, table, position) + 1, 0 = never written.
+  auto tag = [](int64_t s, int64_t t, int64_t p) { return (s << 40 | t << 20 | p) + 1; };
+  std::vector<int64_t> kv_rows(pool.num_pages() * bs, 0), host_rows(host.num_pages() * bs, 0);
+  struct Seq {
+    std::unique_ptr<SequenceKv> kv;
+    int64_t len = 0, dropped = 0;
+  };
+  std::vector<Seq> seqs(3);
+  for (Seq& q : seqs) q.kv = std::make_unique<SequenceKv>(shape);
+  int64_t compactions = 0, offloaded = 0, dropped = 0;
+  for (int step = 0; step < 300; ++step) {
+    const int64_t s = int64_t(rng() % seqs.size());
+    Seq& q = seqs[s];
+    if (rng() % 40 == 0) {  // preempted: everything released
+      q.kv->ReleaseAll(pool);
+      q.len = q.dropped = 0;
+      continue;
+    }
+    const int64_t n = 1 + int64_t(rng() % 9);
+    ASSERT_TRUE(pool.CanAllocate(q.kv->PagesNeeded(q.len + n)));
+    q.kv->Grow(pool, q.len + n);
+    for (int64_t t = 0; t < tables; ++t) {
+      for (int64_t p = q.len; p < q.len + n; ++p) {
+        const int32_t page = q.kv->v_table()[t * q.kv->stride() + (p - q.kv->v_tail_start()) / bs];
+        kv_rows[page * bs + p % bs] = tag(s, t, p);
+        if (rng() % 3 == 0) q.kv->hits()[t * q.kv->hits_stride() + p] = int32_t(q.len + n - 1);
+        if (rng() % 2 == 0) q.kv->hit_mass()[t * q.kv->hits_stride() + p] = float(rng() % 100) / 50;
+      }
+    }
+    q.len += n;
+    SparsePolicy policy{true, /*local_window=*/int32_t(4 + rng() % 12), /*sink_tokens=*/2,
+                        /*obs_window=*/int32_t(1 + rng() % 6)};
+    policy.keep_fraction = rng() % 2 ? 0.25 : 0.0;
+    policy.offload = true;
+    std::vector<RowMove> moves;
+    SequenceKv::CompactResult r;
+    q.kv->CompactV(pool, q.len, policy, &moves, &r, &host);
+    compactions += !moves.empty() || r.rows_dropped > 0;
+    offloaded += r.rows_offloaded;
+    dropped += r.rows_dropped;
+    q.dropped += r.rows_dropped;
+    for (const RowMove& m : moves) {
+      if (m.to_host) host_rows[m.dst_page * bs + m.dst_row] = kv_rows[m.src_page * bs + m.src_row];
+    }
+    for (const RowMove& m : moves) {
+      if (!m.to_host) kv_rows[m.dst_page * bs + m.dst_row] = kv_rows[m.src_page * bs + m.src_row];
+    }
+    // Every sequence's stores, as listed.
+    int64_t kv_pages = 0, host_pages = 0;
+    for (int64_t si = 0; si < int64_t(seqs.size()); ++si) {
+      const SequenceKv& kv = *seqs[si].kv;
+      kv_pages += kv.num_pages();
+      host_pages += kv.num_host_pages();
+      if (seqs[si].len == 0) continue;
+      int64_t stored = 0;
+      for (int64_t t = 0; t < tables; ++t) {
+        std::set<int32_t> seen;
+        auto check = [&](const int32_t* pages, int32_t page_stride, const int32_t* pos,
+                         int32_t pos_stride, int32_t count, const std::vector<int64_t>& rows,
+                         const char* what) {
+          for (int32_t i = 0; i < count; ++i) {
+            const int32_t p = pos[t * pos_stride + i];
+            ASSERT_LT(p, kv.v_tail_start()) << what;
+            if (i > 0) ASSERT_LT(pos[t * pos_stride + i - 1], p) << what << ": positions not ascending";
+            ASSERT_TRUE(seen.insert(p).second) << what << ": position " << p << " stored twice";
+            const int32_t page = pages[t * page_stride + i / bs];
+            ASSERT_EQ(rows[page * bs + i % bs], tag(si, t, p))
+                << what << " row " << i << " of table " << t << " does not hold position " << p;
+          }
+          stored += count;
+        };
+        check(kv.sparse_pages(), kv.sparse_stride(), kv.sparse_pos(), kv.pos_stride(),
+              kv.sparse_count()[t], kv_rows, "sparse store");
+        if (kv.has_host_store()) {
+          check(kv.host_pages(), kv.host_stride(), kv.host_pos(), kv.host_pos_stride(),
+                kv.host_count()[t], host_rows, "host store");
+        }
+        if (::testing::Test::HasFatalFailure()) return;
+      }
+      EXPECT_EQ(stored + seqs[si].dropped, kv.v_tail_start() * tables)
+          << "a row below the tail is neither stored nor counted as dropped";
+    }
+    ASSERT_EQ(pool.num_used(), kv_pages);
+    ASSERT_EQ(host.num_used(), host_pages);
+  }
+  EXPECT_GT(compactions, 50);
+  EXPECT_GT(offloaded, 0);
+  EXPECT_GT(dropped, 0) << "the host pool never filled";
+  for (Seq& q : seqs) q.kv->ReleaseAll(pool);
+  EXPECT_EQ(pool.num_free(), pool.num_pages());
+  EXPECT_EQ(host.num_free(), host.num_pages());
 }
 
 TEST(SequenceKvTest, MassBudgetKeepsTheRowsWithTheHighestMeanRetainedProbability) {
