@@ -219,7 +219,8 @@ void DecodeAttention(const std::vector<int>& contexts, const std::vector<int>& b
 // rows below a 512-row tail are split between the sparse store on the device (every fourth
 // row, and the first four) and the host store in mapped pinned memory (the rest), so that
 // pass 2 reads the retained ones of those over the bus. Prints both times, the rows read from
-// host memory per L and the bus bytes/s they took.
+// host memory per L, and their bytes over the whole kernel's time (a lower bound on the rate
+// the bus delivered them at).
 void OffloadDecodeAttention(const std::vector<int>& contexts, const std::vector<int>& batches,
                             int repeats, int sms) {
   const int kvh = 3, group = 3, H = kvh * group, d = 64, bs = 16, tail_rows = 512;

@@ -38,7 +38,7 @@ struct SparsePolicy {
   double keep_fraction = 0.0;
   // The offload policy: rows leaving the tail that the rule above does not keep move to the
   // host pool instead of being dropped (dropped only when the host pool is full). Device
-  // memory as under the sparse policy; attention reads every row, as under full.
+  // memory as under the sparse policy; every row stays readable by attention, as under full.
   bool offload = false;
 };
 

@@ -174,7 +174,7 @@ void Engine::PublishStats(const StepStats* step, int64_t finishing) {
   for (const auto& seq : scheduler_.running()) {
     s.v_rows_dense_equivalent += seq->num_computed * tables;
     s.v_rows_resident += seq->kv().VRowsResident(seq->num_computed);
-    s.v_rows_offloaded += seq->kv().VRowsOffloaded();
+    s.v_rows_host_resident += seq->kv().VRowsOffloaded();
   }
   s.layer_kept_ratio = layer_kept_ratio_;
   s.v_row_bytes = backend_->model().config().head_dim * backend_->kv_element_bytes();

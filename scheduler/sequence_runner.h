@@ -17,7 +17,9 @@ namespace thetaserve::scheduler {
 
 class SequenceRunner {
  public:
-  // Allocates the backend's KV pool for one sequence of up to `max_len` tokens.
+  // Allocates the backend's KV pool for one sequence of up to `max_len` tokens (and, under the
+  // offload policy, a host pool with room for every row: unlike a server's, it never fills,
+  // so nothing is dropped).
   static absl::StatusOr<SequenceRunner> Create(kernels::Backend& backend, int64_t max_len,
                                                int32_t block_size = 16,
                                                cache::SparsePolicy policy = {});

@@ -51,7 +51,7 @@ struct EngineStats {
   int32_t block_size = 0;
   int64_t page_bytes = 0;
   int64_t v_rows_resident = 0;          // V rows stored in the KV pool, all running sequences
-  int64_t v_rows_offloaded = 0;         // V rows in the host pool (the offload policy)
+  int64_t v_rows_host_resident = 0;     // V rows in the host pool now (the offload policy)
   int64_t host_pages_total = 0;         // the offload policy's host pool; 0 without it
   int64_t host_pages_used = 0;
   int64_t v_rows_dense_equivalent = 0;  // V rows a dense cache would store

@@ -6,7 +6,8 @@
 #
 #   scripts/bench-serve.sh                       # short-prompt mix, default flags, C = 1,8,32,64
 #   scripts/bench-serve.sh --mix long --config "dense=--kv-cache-memory 64M" \
-#       --config "sparse=--kv-cache-memory 64M --kv-policy sparse" --request-rate 0.1,0.2,0.4 \
+#       --config "sparse=--kv-cache-memory 64M --theta thetas.json --policy sparse" \
+#       --request-rate 0.1,0.2,0.4 \
 #       -- --goodput ttft:10000
 #
 # Flags (all optional):

@@ -5,7 +5,7 @@
 //
 // Each window: the first half is a prompt (prefill), the second half is teacher-forced
 // decoding. Under policy full a row's attention is the same whether prefilled or decoded, so
-// the second half runs as one more prefill chunk; under policy sparse the cache is compacted
+// the second half runs as one more prefill chunk; under policy sparse or offload the cache is compacted
 // after every 512-token prompt chunk (as the server does) and the second half is decoded token
 // by token, compacted after each.
 #include <algorithm>

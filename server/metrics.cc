@@ -196,7 +196,7 @@ void Metrics::OnEngineStats(const scheduler::EngineStats& s, const scheduler::St
   v_rows_resident_.Set(double(s.v_rows_resident));
   v_rows_dense_.Set(double(s.v_rows_dense_equivalent));
   v_bytes_saved_.Set(double(s.v_rows_dense_equivalent - s.v_rows_resident) * s.v_row_bytes);
-  v_rows_host_resident_.Set(double(s.v_rows_offloaded));
+  v_rows_host_resident_.Set(double(s.v_rows_host_resident));
   host_pages_total_.Set(double(s.host_pages_total));
   host_pages_used_.Set(double(s.host_pages_used));
 

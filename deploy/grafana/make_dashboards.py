@@ -287,7 +287,7 @@ def kv_cache():
     p.append(L.row("Overview"))
     p.append(L.place(gauge("KV pages used", "Highest KV page pool use among the selected instances: (K + V pages used) / pages in the pool (recording rule thetaserve:kv_pages_used:ratio).",
                            targets(("max(%s)" % sel("thetaserve:kv_pages_used:ratio"), "used")), PCT_STEPS), 5, 5))
-    p.append(L.place(stat("V rows stored / dense", "V rows resident over the rows a dense cache would hold for the same sequences, summed over the selected instances. 100% = no memory saved (policy full, or dense attention); lower with the sparse V policy.",
+    p.append(L.place(stat("V rows stored / dense", "V rows resident over the rows a dense cache would hold for the same sequences, summed over the selected instances. 100% = no memory saved (policy full, or dense attention); lower with the sparse and offload V policies (offload keeps the rest in host memory: Host offload row).",
                           targets(("sum(%s) / sum(%s)" % (sel("thetaserve_v_rows_resident"), sel("thetaserve_v_rows_dense_equivalent")), "stored / dense")),
                           unit="percentunit", decimals=1), 5, 5))
     p.append(L.place(stat("V rows read / dense", "V rows attention read over the rows dense attention would read, over the rate interval. 100% under dense attention; Top-θ reads only the retained rows.",
@@ -310,7 +310,7 @@ def kv_cache():
                                 unit="percentunit", minv=0, maxv=1, threshold=0.9), 12, 8))
 
     p.append(L.row("V cache savings"))
-    p.append(L.place(timeseries("V rows resident vs dense equivalent", "V rows stored (per layer and KV head) against the rows a dense cache would store for the same sequences. The gap is the memory the sparse V policy saves.",
+    p.append(L.place(timeseries("V rows resident vs dense equivalent", "V rows stored (per layer and KV head) against the rows a dense cache would store for the same sequences. The gap is the memory the sparse V policy saves (under offload, moved to host memory: Host offload row).",
                                 targets(("sum(%s)" % sel("thetaserve_v_rows_resident"), "resident"),
                                         ("sum(%s)" % sel("thetaserve_v_rows_dense_equivalent"), "dense equivalent"))), 12, 8))
     p.append(L.place(timeseries("V bytes saved", "Bytes of V cache saved against a dense cache, summed over the selected instances.",

@@ -192,8 +192,9 @@ void DenseTile(const SeqChunk& seq, int64_t lh, const Tile& tile, int64_t d, flo
 
 // Top-θ attention for one query token (position pos) of one KV group, after pass 1: e holds
 // exp(s - max) of the group's rows ([group, e_stride], keys 0..pos), with their maxima and
-// full denominators. The keep test per head, pass 2 over the stored V rows (sparse store, then
-// tail) gathering only kept rows and setting hit bits, then SDC and VMC.
+// full denominators. The keep test per head, pass 2 over the stored V rows (the sparse and host
+// stores merged in position order, then the tail) gathering only kept rows and setting hit
+// bits, then SDC and VMC.
 void TopThetaRow(const SeqChunk& seq, int64_t layer, int64_t lh, int64_t pos, int64_t group,
                  int64_t first_head, const AttentionShape& shape, const KvPoolLayout& layout,
                  const float* kv_pool, const float* host_pool, const float* e, int64_t e_stride,

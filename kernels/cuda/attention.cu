@@ -609,7 +609,7 @@ __global__ void __launch_bounds__(kThreads, (GT > 0 && GT <= 4) ? 8 : 4) SplitPa
     if (retained) atomicAdd(&s_retained, retained);
   }
 
-  // Stored V rows: the sparse store's rows below the tail, then the tail.
+  // Stored V rows: the sparse store's rows below the tail, then the host store's, then the tail.
   const int32_t bs = a.layout.block_size;
   const int32_t sparse_n = seq.pages.SparseCount(lh);
   const int32_t* sparse_pos =
@@ -734,7 +734,7 @@ __global__ void __launch_bounds__(kThreads, (GT > 0 && GT <= 4) ? 8 : 4) SplitPa
     }
   }
   if (lane == 0) s_kept[warp] = listed;
-  if (host_kept) atomicAdd(a.theta.counters + 3, (unsigned long long)host_kept);  // rare
+  if (host_kept) atomicAdd(a.theta.counters + 3, (unsigned long long)host_kept);
   __syncthreads();
 
   // ...then row groups of D/8 threads gather the listed V rows, several loads in flight.

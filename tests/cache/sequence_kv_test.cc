@@ -116,6 +116,8 @@ TEST(SequenceKvTest, OffloadMovesTheRowsCompactionDoesNotKeepToTheHostPool) {
   hits[7] = 10;
   SparsePolicy policy{true, /*local_window=*/8, /*sink_tokens=*/1, /*obs_window=*/4};
   policy.offload = true;
+  const std::vector<int32_t> tail_before(kv.v_table(), kv.v_table() + 2 * kv.stride());
+  const int32_t stride = kv.stride();
   std::vector<RowMove> moves;
   SequenceKv::CompactResult r;
   kv.CompactV(pool, 20, policy, &moves, &r, &host);
@@ -137,24 +139,26 @@ TEST(SequenceKvTest, OffloadMovesTheRowsCompactionDoesNotKeepToTheHostPool) {
   EXPECT_EQ(kv.VRowsOffloaded(), 19);
   EXPECT_EQ(kv.num_host_pages(), 5);
   EXPECT_EQ(host.num_used(), 5);
-  // Every offloaded row is copied from the tail slot of its position to its host slot, before
-  // the in-place moves (ApplyRowMoves runs them first) could overwrite the tail.
+  // Every offloaded row is copied from the tail slot of its position (as the tail was before
+  // compaction; ApplyRowMoves runs these copies before the in-place moves could overwrite it)
+  // to the host slot listed for that position. The host moves come table by table, in
+  // position order.
   std::set<std::pair<int32_t, int32_t>> host_slots;
   int64_t to_host = 0;
   for (const RowMove& m : moves) {
     if (!m.to_host) continue;
+    const int32_t t = to_host < kv.host_count()[0] ? 0 : 1;
+    const int32_t i = static_cast<int32_t>(t == 0 ? to_host : to_host - kv.host_count()[0]);
+    const int32_t p = kv.host_pos()[t * kv.host_pos_stride() + i];
     ++to_host;
-    EXPECT_GE(m.dst_page, 0);
-    EXPECT_LT(m.dst_page, host.num_pages());
+    EXPECT_EQ(m.src_page, tail_before[t * stride + p / 4]) << "table " << t << " position " << p;
+    EXPECT_EQ(m.src_row, p % 4) << "table " << t << " position " << p;
+    EXPECT_EQ(m.dst_page, kv.host_pages()[t * kv.host_stride() + i / 4]);
+    EXPECT_EQ(m.dst_row, i % 4);
     EXPECT_EQ(host.refcount(m.dst_page), 1);
     EXPECT_TRUE(host_slots.insert({m.dst_page, m.dst_row}).second) << "two rows in one host slot";
   }
   EXPECT_EQ(to_host, 19);
-  const int32_t first = kv.host_pages()[0];
-  const RowMove& m0 = *std::find_if(moves.begin(), moves.end(), [](const RowMove& m) { return m.to_host; });
-  EXPECT_EQ(m0.dst_page, first);
-  EXPECT_EQ(m0.dst_row, 0);
-  EXPECT_EQ(m0.src_row, 1);  // position 1 of table 0, in the first tail block
   kv.ReleaseAll(pool);
   EXPECT_EQ(pool.num_free(), 64);
   EXPECT_EQ(host.num_free(), 64);
@@ -271,7 +275,9 @@ TEST(SequenceKvTest, RandomOffloadCompactionsKeepEveryRowWhereItIsListed) {
           for (int32_t i = 0; i < count; ++i) {
             const int32_t p = pos[t * pos_stride + i];
             ASSERT_LT(p, kv.v_tail_start()) << what;
-            if (i > 0) ASSERT_LT(pos[t * pos_stride + i - 1], p) << what << ": positions not ascending";
+            if (i > 0) {
+              ASSERT_LT(pos[t * pos_stride + i - 1], p) << what << ": positions not ascending";
+            }
             ASSERT_TRUE(seen.insert(p).second) << what << ": position " << p << " stored twice";
             const int32_t page = pages[t * page_stride + i / bs];
             ASSERT_EQ(rows[page * bs + i % bs], tag(si, t, p))

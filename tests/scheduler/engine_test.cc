@@ -500,9 +500,10 @@ TEST_F(EngineTest, SequenceRunnerCompactsAfterEveryChunkUnderASparsePolicy) {
   EXPECT_EQ(whole->v_rows_resident(), 0);
 }
 
-// The offload policy stores in the KV pool exactly what the sparse policy does, and moves the
-// rows the sparse policy drops to the host pool, where attention still reads them: its logits
-// are the full policy's, bit for bit, at every step of a prompt and a decode. The sparse run
+// The offload policy stores in the KV pool what the sparse policy does, and moves the rows the
+// sparse policy drops to the host pool, where attention still reads them: its logits are the
+// full policy's, bit for bit, for every prompt token (64-token chunks, compacted after each)
+// and every decode step. The sparse run
 // beside it must differ from full (else the rows moved were never needed and this could not
 // fail).
 TEST_F(EngineTest, OffloadPolicyGivesTheFullPolicysLogitsWithTheSparsePolicysVRows) {
@@ -523,7 +524,7 @@ TEST_F(EngineTest, OffloadPolicyGivesTheFullPolicysLogitsWithTheSparsePolicysVRo
   constexpr int kDecode = 32;
 
   struct Run {
-    std::vector<std::vector<float>> logits;  // the prompt's last, then each decode step's
+    std::vector<std::vector<float>> logits;  // every prompt token's, then each decode step's
     std::vector<int32_t> tokens;             // greedy under the full policy
     int64_t resident = 0, offloaded = 0, dropped = 0, dense = 0;
     kernels::AttentionStats stats;
@@ -534,8 +535,11 @@ TEST_F(EngineTest, OffloadPolicyGivesTheFullPolicysLogitsWithTheSparsePolicysVRo
     r.stats.Reset(model_->config().num_layers);
     auto runner = SequenceRunner::Create(**backend, prompt.size() + kDecode, 16, policy);
     EXPECT_TRUE(runner.ok());
-    auto logits = runner->Append(prompt, false, 64, &r.stats);
+    auto logits = runner->Append(prompt, true, 64, &r.stats);
     EXPECT_TRUE(logits.ok());
+    r.logits.push_back(*logits);  // [prompt, vocab]
+    const int64_t vocab = model_->config().vocab_size;
+    logits->erase(logits->begin(), logits->end() - vocab);  // the last token's
     for (int i = 0; i < kDecode; ++i) {
       r.logits.push_back(*logits);
       const int32_t t = tokens ? (*tokens)[i]
@@ -627,7 +631,7 @@ TEST_F(EngineTest, OffloadPolicyInTheEngineMatchesFullPolicyRunsAndReturnsHostPa
     EXPECT_GT(s.counters.v_rows_offloaded, 0);
     EXPECT_GT(max_host_pages.load(), 0);
     EXPECT_EQ(s.host_pages_used, 0) << "host pages leaked";
-    EXPECT_EQ(s.v_rows_offloaded, 0);
+    EXPECT_EQ(s.v_rows_host_resident, 0);
     EXPECT_EQ((*engine)->pool_for_tests().num_free(), (*engine)->pool_for_tests().num_pages())
         << "pages leaked under the offload policy";
     const int64_t tables = model_->config().num_layers * model_->config().num_kv_heads;
