@@ -100,6 +100,46 @@ struct Row {
 };
 std::vector<Row> g_summary;
 
+// One decode step's inputs and outputs on the device for B rows: peaked queries (3·N(0,1)
+// from a fixed generator, as bench/attention_bench.cc), the output, and zeroed V sums.
+struct StepInputs {
+  float *q = nullptr, *out = nullptr, *vsum = nullptr;
+  StepInputs(int B, int H, int kvh, int d) {
+    std::vector<float> host(size_t(B) * H * d);
+    uint64_t st = 12345;
+    for (float& x : host) {
+      st = st * 6364136223846793005ull + 1442695040888963407ull;
+      const double u1 = ((st >> 11) + 1.0) / 9007199254740993.0;
+      st = st * 6364136223846793005ull + 1442695040888963407ull;
+      const double u2 = (st >> 11) / 9007199254740992.0;
+      x = float(3.0 * std::sqrt(-2 * std::log(u1)) * std::cos(2 * M_PI * u2));
+    }
+    CHECK_CUDA(cudaMalloc(&q, host.size() * 4));
+    CHECK_CUDA(cudaMalloc(&out, host.size() * 4));
+    CHECK_CUDA(cudaMalloc(&vsum, size_t(B) * kvh * d * 4));
+    CHECK_CUDA(cudaMemcpy(q, host.data(), host.size() * 4, cudaMemcpyHostToDevice));
+    CHECK_CUDA(cudaMemset(vsum, 0, size_t(B) * kvh * d * 4));
+  }
+  StepInputs(const StepInputs&) = delete;
+  StepInputs& operator=(const StepInputs&) = delete;
+  ~StepInputs() {
+    cudaFree(q);
+    cudaFree(out);
+    cudaFree(vsum);
+  }
+};
+
+// One layer of H heads, post-softmax θ = 1/L beyond k = 16.
+ts::model::ThetaTable InverseLTheta(int H) {
+  ts::model::ThetaTable table(1, H, ts::model::ThetaTable::DefaultBuckets(1 << 18));
+  table.k_per_layer = {16};
+  table.placement = ts::model::ThetaPlacement::kPostSoftmax;
+  for (int h = 0; h < H; ++h)
+    for (size_t k = 0; k < table.buckets().size(); ++k) table.theta_at(0, h, k) = 1.0f / table.buckets()[k];
+  table.Finalize();
+  return table;
+}
+
 // SmolLM2's attention shape: 3 KV heads × 3 query heads, head_dim 64, 16-row pages.
 void DecodeAttention(const std::vector<int>& contexts, const std::vector<int>& batches, double copy_bw,
                      int repeats, int sms) {
@@ -137,28 +177,8 @@ void DecodeAttention(const std::vector<int>& contexts, const std::vector<int>& b
         seqs[b].start_pos = L - 1;
         seqs[b].pages = ts::kernels::SeqPageTables{kt[b].data(), vt[b].data(), blocks};
       }
-      // Peaked queries (3·N(0,1)) and θ = 1/L post-softmax, as bench/attention_bench.cc.
-      std::vector<float> q(size_t(B) * H * d);
-      uint64_t st = 12345;
-      for (float& x : q) {
-        st = st * 6364136223846793005ull + 1442695040888963407ull;
-        const double u1 = ((st >> 11) + 1.0) / 9007199254740993.0;
-        st = st * 6364136223846793005ull + 1442695040888963407ull;
-        const double u2 = (st >> 11) / 9007199254740992.0;
-        x = float(3.0 * std::sqrt(-2 * std::log(u1)) * std::cos(2 * M_PI * u2));
-      }
-      float *dq, *dout, *dvsum;
-      CHECK_CUDA(cudaMalloc(&dq, q.size() * 4));
-      CHECK_CUDA(cudaMalloc(&dout, q.size() * 4));
-      CHECK_CUDA(cudaMalloc(&dvsum, size_t(B) * kvh * d * 4));
-      CHECK_CUDA(cudaMemcpy(dq, q.data(), q.size() * 4, cudaMemcpyHostToDevice));
-      CHECK_CUDA(cudaMemset(dvsum, 0, size_t(B) * kvh * d * 4));
-      ts::model::ThetaTable table(1, H, ts::model::ThetaTable::DefaultBuckets(1 << 18));
-      table.k_per_layer = {16};
-      table.placement = ts::model::ThetaPlacement::kPostSoftmax;
-      for (int h = 0; h < H; ++h)
-        for (size_t k = 0; k < table.buckets().size(); ++k) table.theta_at(0, h, k) = 1.0f / table.buckets()[k];
-      table.Finalize();
+      const StepInputs in(B, H, kvh, d);
+      const ts::model::ThetaTable table = InverseLTheta(H);
       ts::kernels::TopThetaConfig dense_cfg, theta_cfg;
       theta_cfg.table = &table;
       ts::kernels::ForwardBatch batch{tokens, seqs, false, nullptr};
@@ -180,15 +200,15 @@ void DecodeAttention(const std::vector<int>& contexts, const std::vector<int>& b
       const int iters = L * B >= (1 << 20) ? 5 : 20;
       for (int r = 0; r < repeats; ++r) {  // alternate: noise hits all alike
         for (int v = 0; v < 2; ++v) {
-          td[v].push_back(TimeMs([&] { CHECK_OK(dense[v].Run(0, db, dq, H * d, layout, pool, nullptr, dout, nullptr)); }, iters, 1));
-          tt[v].push_back(TimeMs([&] { CHECK_OK(theta[v].Run(0, db, dq, H * d, layout, pool, dvsum, dout, nullptr)); }, iters, 1));
+          td[v].push_back(TimeMs([&] { CHECK_OK(dense[v].Run(0, db, in.q, H * d, layout, pool, nullptr, in.out, nullptr)); }, iters, 1));
+          tt[v].push_back(TimeMs([&] { CHECK_OK(theta[v].Run(0, db, in.q, H * d, layout, pool, in.vsum, in.out, nullptr)); }, iters, 1));
         }
       }
       // One more Top-θ run on fresh counters for the V rows read.
       ts::kernels::AttentionStats stats;
       stats.Reset(1);
       CHECK_OK(theta[0].Prepare(batch, db, shape, 1, theta_cfg, nullptr));
-      CHECK_OK(theta[0].Run(0, db, dq, H * d, layout, pool, dvsum, dout, nullptr));
+      CHECK_OK(theta[0].Run(0, db, in.q, H * d, layout, pool, in.vsum, in.out, nullptr));
       CHECK_OK(theta[0].Finish(&stats, nullptr));
       const double md[2] = {Median(td[0]), Median(td[1])}, mt[2] = {Median(tt[0]), Median(tt[1])};
       const int bd = md[1] < md[0] ? 1 : 0, bt = mt[1] < mt[0] ? 1 : 0;  // the faster of each
@@ -207,9 +227,6 @@ void DecodeAttention(const std::vector<int>& contexts, const std::vector<int>& b
                       100 * gbs * 1e9 / copy_bw, read);
         g_summary.push_back({"decode attn 32k, batch " + std::to_string(B), buf});
       }
-      cudaFree(dq);
-      cudaFree(dout);
-      cudaFree(dvsum);
     }
   }
   cudaFree(pool);
@@ -294,27 +311,8 @@ void OffloadDecodeAttention(const std::vector<int>& contexts, const std::vector<
           p.host_pos_stride = std::max(1, nh);
         }
       }
-      std::vector<float> q(size_t(B) * H * d);
-      uint64_t st = 12345;
-      for (float& x : q) {  // peaked queries, as DecodeAttention's
-        st = st * 6364136223846793005ull + 1442695040888963407ull;
-        const double u1 = ((st >> 11) + 1.0) / 9007199254740993.0;
-        st = st * 6364136223846793005ull + 1442695040888963407ull;
-        const double u2 = (st >> 11) / 9007199254740992.0;
-        x = float(3.0 * std::sqrt(-2 * std::log(u1)) * std::cos(2 * M_PI * u2));
-      }
-      float *dq, *dout, *dvsum;
-      CHECK_CUDA(cudaMalloc(&dq, q.size() * 4));
-      CHECK_CUDA(cudaMalloc(&dout, q.size() * 4));
-      CHECK_CUDA(cudaMalloc(&dvsum, size_t(B) * kvh * d * 4));
-      CHECK_CUDA(cudaMemcpy(dq, q.data(), q.size() * 4, cudaMemcpyHostToDevice));
-      CHECK_CUDA(cudaMemset(dvsum, 0, size_t(B) * kvh * d * 4));
-      ts::model::ThetaTable table(1, H, ts::model::ThetaTable::DefaultBuckets(1 << 18));
-      table.k_per_layer = {16};
-      table.placement = ts::model::ThetaPlacement::kPostSoftmax;
-      for (int h = 0; h < H; ++h)
-        for (size_t k = 0; k < table.buckets().size(); ++k) table.theta_at(0, h, k) = 1.0f / table.buckets()[k];
-      table.Finalize();
+      const StepInputs in(B, H, kvh, d);
+      const ts::model::ThetaTable table = InverseLTheta(H);
       ts::kernels::TopThetaConfig cfg;
       cfg.table = &table;
       const std::vector<int32_t> tokens(B, 0);
@@ -331,13 +329,13 @@ void OffloadDecodeAttention(const std::vector<int>& contexts, const std::vector<
       std::vector<double> tf, to;
       const int iters = L * B >= (1 << 20) ? 5 : 20;
       for (int r = 0; r < repeats; ++r) {  // alternate: noise hits both alike
-        tf.push_back(TimeMs([&] { CHECK_OK(full.Run(0, full_db, dq, H * d, layout, pool, dvsum, dout, nullptr)); }, iters, 1));
-        to.push_back(TimeMs([&] { CHECK_OK(off.Run(0, off_db, dq, H * d, layout, pool, dvsum, dout, nullptr)); }, iters, 1));
+        tf.push_back(TimeMs([&] { CHECK_OK(full.Run(0, full_db, in.q, H * d, layout, pool, in.vsum, in.out, nullptr)); }, iters, 1));
+        to.push_back(TimeMs([&] { CHECK_OK(off.Run(0, off_db, in.q, H * d, layout, pool, in.vsum, in.out, nullptr)); }, iters, 1));
       }
       ts::kernels::AttentionStats stats;
       stats.Reset(1);
       CHECK_OK(off.Prepare(off_batch, off_db, shape, 1, cfg, nullptr));
-      CHECK_OK(off.Run(0, off_db, dq, H * d, layout, pool, dvsum, dout, nullptr));
+      CHECK_OK(off.Run(0, off_db, in.q, H * d, layout, pool, in.vsum, in.out, nullptr));
       CHECK_OK(off.Finish(&stats, nullptr));
       const double mf = Median(tf), mo = Median(to);
       const double read = double(stats.v_rows_read) / stats.v_rows_read_dense;
@@ -352,9 +350,6 @@ void OffloadDecodeAttention(const std::vector<int>& contexts, const std::vector<
                       mf * 1e3, mo * 1e3, mo / mf, host_read, host_gbs);
         g_summary.push_back({"offload attn 32k, batch " + std::to_string(B), buf});
       }
-      cudaFree(dq);
-      cudaFree(dout);
-      cudaFree(dvsum);
       cudaFree(pool);
     }
   }

@@ -56,9 +56,8 @@ Engine::Engine(const EngineConfig& config, kernels::Backend& backend, int64_t nu
     : config_(config),
       backend_(&backend),
       pool_(num_pages, config.block_size),
-      host_pool_(config.sparse.enabled && config.sparse.offload
-                     ? std::make_unique<cache::PagePool>(host_pages, config.block_size)
-                     : nullptr),
+      host_pool_(host_pages > 0 ? std::make_unique<cache::PagePool>(host_pages, config.block_size)
+                                : nullptr),
       kv_shape_{static_cast<int32_t>(backend.model().config().num_layers),
                 static_cast<int32_t>(backend.model().config().num_kv_heads), config.block_size,
                 static_cast<int32_t>(backend.model().config().head_dim)},

@@ -81,6 +81,7 @@ class Engine {
   void SetObserver(Observer observer) { observer_ = std::move(observer); }
 
  private:
+  // host_pages: the offload policy's host pool (0: none).
   Engine(const EngineConfig& config, kernels::Backend& backend, int64_t num_pages,
          int64_t host_pages);
   void Loop();

@@ -62,19 +62,23 @@ TEST(SequenceKvTest, ReleaseAllReturnsEveryPage) {
   EXPECT_EQ(pool.num_used(PageKind::kK) + pool.num_used(PageKind::kV), 0);
 }
 
+// Table 0: positions 5, 6, 9 retained by recent queries (>= 20 - 4), position 7 only by an
+// old one (query 10); table 1 retained nothing.
+void MarkRecentHits(SequenceKv& kv) {
+  int32_t* hits = kv.hits();
+  hits[5] = 19;
+  hits[6] = 16;
+  hits[9] = 18;
+  hits[7] = 10;
+}
+
 TEST(SequenceKvTest, CompactionKeepsHitsAndSinksInPlaceAndFreesTheRest) {
   KvShape shape{1, 2, 4, 8};  // 2 tables, 4 rows a page
   PagePool pool(64, 4);
   SequenceKv kv(shape);
   kv.Grow(pool, 20);  // 5 blocks: K 10 pages + V tail 10 pages
   ASSERT_EQ(pool.num_free(), 64 - 20);
-  // Table 0: positions 5, 6, 9 retained by recent queries (>= 20 - 4), position 7 only by an
-  // old one (query 10); table 1 retained nothing. Sinks: position 0.
-  int32_t* hits = kv.hits();
-  hits[5] = 19;
-  hits[6] = 16;
-  hits[9] = 18;
-  hits[7] = 10;
+  MarkRecentHits(kv);  // sinks: position 0
   SparsePolicy policy{true, /*local_window=*/8, /*sink_tokens=*/1, /*obs_window=*/4};
   std::vector<RowMove> moves;
   SequenceKv::CompactResult r;
@@ -109,11 +113,7 @@ TEST(SequenceKvTest, OffloadMovesTheRowsCompactionDoesNotKeepToTheHostPool) {
   PagePool pool(64, 4), host(64, 4);
   SequenceKv kv(shape);
   kv.Grow(pool, 20);
-  int32_t* hits = kv.hits();
-  hits[5] = 19;
-  hits[6] = 16;
-  hits[9] = 18;
-  hits[7] = 10;
+  MarkRecentHits(kv);
   SparsePolicy policy{true, /*local_window=*/8, /*sink_tokens=*/1, /*obs_window=*/4};
   policy.offload = true;
   const std::vector<int32_t> tail_before(kv.v_table(), kv.v_table() + 2 * kv.stride());

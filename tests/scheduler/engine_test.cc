@@ -110,6 +110,18 @@ class EngineTest : public ::testing::Test {
     return table;
   }
 
+  // The sparse policy with a mass budget the tests share: 32 recent rows, 4 sinks, 5% of the
+  // older rows; with `offload`, the rows it drops go to the host pool instead.
+  static cache::SparsePolicy MassBudgetPolicy(bool offload = false) {
+    cache::SparsePolicy policy;
+    policy.enabled = true;
+    policy.local_window = 32;
+    policy.sink_tokens = 4;
+    policy.keep_fraction = 0.05;
+    policy.offload = offload;
+    return policy;
+  }
+
   // A CPU backend over the test model whose attention applies `table` (which must outlive it).
   static absl::StatusOr<std::unique_ptr<kernels::Backend>> TopThetaBackend(
       const model::ThetaTable& table) {
@@ -450,11 +462,7 @@ TEST_F(EngineTest, SequenceRunnerCompactsAfterEveryChunkUnderASparsePolicy) {
   const model::ThetaTable table = ConstantPostTheta(0.02f);
   auto backend = TopThetaBackend(table);
   ASSERT_TRUE(backend.ok());
-  cache::SparsePolicy policy;
-  policy.enabled = true;
-  policy.local_window = 32;
-  policy.sink_tokens = 4;
-  policy.keep_fraction = 0.05;
+  const cache::SparsePolicy policy = MassBudgetPolicy();
   std::string text;
   for (const auto& p : Prompts()) text += p + " ";
   const std::vector<int32_t> prompt = model_->tokenizer().Encode(text + text + text, true);
@@ -510,13 +518,8 @@ TEST_F(EngineTest, OffloadPolicyGivesTheFullPolicysLogitsWithTheSparsePolicysVRo
   const model::ThetaTable table = ConstantPostTheta(0.02f);
   auto backend = TopThetaBackend(table);
   ASSERT_TRUE(backend.ok());
-  cache::SparsePolicy sparse;
-  sparse.enabled = true;
-  sparse.local_window = 32;
-  sparse.sink_tokens = 4;
-  sparse.keep_fraction = 0.05;
-  cache::SparsePolicy offload = sparse;
-  offload.offload = true;
+  const cache::SparsePolicy sparse = MassBudgetPolicy();
+  const cache::SparsePolicy offload = MassBudgetPolicy(/*offload=*/true);
   std::string text;
   for (const auto& p : Prompts()) text += p + " ";
   const std::vector<int32_t> prompt = model_->tokenizer().Encode(text + text + text, true);
@@ -604,11 +607,7 @@ TEST_F(EngineTest, OffloadPolicyInTheEngineMatchesFullPolicyRunsAndReturnsHostPa
     SCOPED_TRACE(absl::StrCat("offload bytes ", host_bytes));
     EngineConfig config;
     config.kv_cache_bytes = int64_t(256) << 20;
-    config.sparse.enabled = true;
-    config.sparse.offload = true;
-    config.sparse.local_window = 32;
-    config.sparse.sink_tokens = 4;
-    config.sparse.keep_fraction = 0.05;
+    config.sparse = MassBudgetPolicy(/*offload=*/true);
     config.offload_bytes = host_bytes;
     auto engine = Engine::Create(config, **backend);
     ASSERT_TRUE(engine.ok()) << engine.status();
@@ -666,10 +665,7 @@ TEST_F(EngineTest, MassBudgetAdmitsLongPromptsThatDenseMustRunOneAtATime) {
     const int64_t tokens = int64_t(model_->tokenizer().Encode(text).size()) + 8;
     const int64_t dense_pages = 2 * ((tokens + 15) / 16) * c.num_layers * c.num_kv_heads;
     config.kv_cache_bytes = dense_pages * 7 / 5 * page_bytes;  // 1.4 dense prompts
-    config.sparse.enabled = sparse;
-    config.sparse.local_window = 32;
-    config.sparse.sink_tokens = 4;
-    config.sparse.keep_fraction = 0.05;
+    if (sparse) config.sparse = MassBudgetPolicy();
     auto engine = Engine::Create(config, **backend);
     ASSERT_TRUE(engine.ok());
     std::atomic<int> most{0};
