@@ -156,8 +156,12 @@ class CudaBackend : public Backend {
   absl::Status AllocateKvPool(int64_t num_pages, int32_t block_size) override;
   absl::Status Forward(const ForwardBatch& batch, float* logits) override;
   absl::Status AllocateHostPool(int64_t num_pages) override;
-  absl::Status CopyKvRows(std::span<const KvRowCopy> copies) override;
-  absl::Status OffloadKvRows(std::span<const KvRowCopy> copies) override;
+  absl::Status CopyKvRows(std::span<const KvRowCopy> copies) override {
+    return RunRowCopies(copies, /*to_host=*/false);
+  }
+  absl::Status OffloadKvRows(std::span<const KvRowCopy> copies) override {
+    return RunRowCopies(copies, /*to_host=*/true);
+  }
   absl::Status SumVRows(const SeqPageTables& pages, int64_t length) override;
   std::optional<int64_t> FreeMemoryBytes() const override {
     size_t free = 0, total = 0;
@@ -177,6 +181,9 @@ class CudaBackend : public Backend {
   // y [T, w.rows] = x [T, w.cols] · wᵀ (+ y when accumulate).
   absl::Status Gemm(const bf16* x, int64_t T, const DevMatrix& w, float* y, bool accumulate);
   absl::Status Reserve(int64_t T, int64_t logit_rows);
+  // Uploads `copies`, checked against the pool (the host pool when to_host), and runs them:
+  // in order inside the pool, or independently into the host pool; waits for them.
+  absl::Status RunRowCopies(std::span<const KvRowCopy> copies, bool to_host);
   // Every kernel of one step (embedding to logits), on stream_, no host work: what a CUDA
   // graph captures.
   absl::Status LaunchStep(int64_t T, int64_t R, bool vmc_rows);
@@ -314,29 +321,20 @@ absl::Status CudaBackend::AllocateHostPool(int64_t num_pages) {
   return absl::OkStatus();
 }
 
-absl::Status CudaBackend::OffloadKvRows(std::span<const KvRowCopy> copies) {
+absl::Status CudaBackend::RunRowCopies(std::span<const KvRowCopy> copies, bool to_host) {
   if (copies.empty()) return absl::OkStatus();
-  if (absl::Status st = CheckKvRowCopies(copies, /*to_host=*/true); !st.ok()) return st;
+  if (absl::Status st = CheckKvRowCopies(copies, to_host); !st.ok()) return st;
   const size_t bytes = copies.size() * sizeof(KvRowCopy);
   if (absl::Status st = copies_.Reserve(bytes); !st.ok()) return st;
   TS_CUDA_RETURN(cudaMemcpyAsync(copies_.get(), copies.data(), bytes, cudaMemcpyHostToDevice,
                                  stream_));
-  TS_CUDA_RETURN(LaunchOffloadKvRows(copies_.as<KvRowCopy>(), static_cast<int32_t>(copies.size()),
-                                     kv_layout_, pool_.as<bf16>(), host_pool_.device<bf16>(),
-                                     stream_));
-  TS_CUDA_RETURN(cudaStreamSynchronize(stream_));
-  return absl::OkStatus();
-}
-
-absl::Status CudaBackend::CopyKvRows(std::span<const KvRowCopy> copies) {
-  if (copies.empty()) return absl::OkStatus();
-  if (absl::Status st = CheckKvRowCopies(copies); !st.ok()) return st;
-  const size_t bytes = copies.size() * sizeof(KvRowCopy);
-  if (absl::Status st = copies_.Reserve(bytes); !st.ok()) return st;
-  TS_CUDA_RETURN(cudaMemcpyAsync(copies_.get(), copies.data(), bytes, cudaMemcpyHostToDevice,
-                                 stream_));
-  TS_CUDA_RETURN(LaunchCopyKvRows(copies_.as<KvRowCopy>(), static_cast<int32_t>(copies.size()),
-                                  kv_layout_, pool_.as<bf16>(), stream_));
+  const int32_t n = static_cast<int32_t>(copies.size());
+  if (to_host) {
+    TS_CUDA_RETURN(LaunchOffloadKvRows(copies_.as<KvRowCopy>(), n, kv_layout_, pool_.as<bf16>(),
+                                       host_pool_.device<bf16>(), stream_));
+  } else {
+    TS_CUDA_RETURN(LaunchCopyKvRows(copies_.as<KvRowCopy>(), n, kv_layout_, pool_.as<bf16>(), stream_));
+  }
   TS_CUDA_RETURN(cudaStreamSynchronize(stream_));
   return absl::OkStatus();
 }
