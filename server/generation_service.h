@@ -35,6 +35,7 @@ class GenerationService final : public GenerationBase {
 
   // Generate answers UNAVAILABLE until the server is ready (loaded and warmed up).
   void SetReady(bool ready) { ready_.store(ready); }
+  bool ready() const { return ready_.load(); }
 
   grpc::ServerWriteReactor<grpc::ByteBuffer>* Generate(grpc::CallbackServerContext* ctx,
                                                       const grpc::ByteBuffer* raw) override;

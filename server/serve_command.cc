@@ -25,6 +25,7 @@
 #include "server/kv_cache_size.h"
 #include "server/metrics.h"
 #include "server/model_loading.h"
+#include "server/openai_http.h"
 #include "server/theta_options.h"
 
 namespace thetaserve::server {
@@ -36,6 +37,11 @@ constexpr char kUsage[] =
     "  --host ADDR                  listen address (default 0.0.0.0)\n"
     "  --port N                     gRPC port (default 50051)\n"
     "  --metrics-port N             Prometheus /metrics port (default 9090; 0 = off)\n"
+    "  --http-port N                OpenAI-compatible HTTP API (/v1/completions,\n"
+    "                               /v1/chat/completions, /v1/models) on this port\n"
+    "                               (default 0 = off; vLLM's is 8000)\n"
+    "  --served-model-name NAME     the model name the HTTP API answers to (default: the\n"
+    "                               --model file's name without .gguf)\n"
     "  --max-num-seqs N             running sequences at once (default 64)\n"
     "  --max-num-batched-tokens N   token budget per engine step (default 512)\n"
     "  --kv-cache-memory SIZE|PCT%  KV page pool size, e.g. 512M, or a share of the memory\n"
@@ -54,6 +60,15 @@ constexpr char kUsage[] =
     "  --drain-timeout SECONDS      grace period for in-flight requests on SIGTERM (default 30)\n"
     "  --tls-cert FILE --tls-key FILE   serve TLS\n"
     "  --api-key KEY                require 'authorization: Bearer KEY' (or THETASERVE_API_KEY)\n";
+
+// The name the HTTP API answers to by default: the model file's or directory's name without
+// ".gguf" ("SmolLM2-135M-Instruct.Q4_1"), as a client would write it.
+std::string DefaultServedModelName(std::string path) {
+  while (path.size() > 1 && path.back() == '/') path.pop_back();
+  if (const size_t slash = path.rfind('/'); slash != std::string::npos) path.erase(0, slash + 1);
+  if (path.size() > 5 && path.ends_with(".gguf")) path.resize(path.size() - 5);
+  return path.empty() ? "default" : path;
+}
 
 std::string ReadFile(const std::string& path, bool* ok) {
   std::ifstream in(path, std::ios::binary);
@@ -76,6 +91,7 @@ class WarmupSink : public scheduler::TokenSink {
 int RunServe(const std::vector<std::string>& argv) {
   std::map<std::string, bool> known = {
       {"model", true}, {"host", true}, {"port", true}, {"metrics-port", true},
+      {"http-port", true}, {"served-model-name", true},
       {"max-num-seqs", true}, {"max-num-batched-tokens", true}, {"kv-cache-memory", true},
       {"block-size", true}, {"max-queue", true}, {"threads", true}, {"device", true},
       {"drain-timeout", true}, {"tls-cert", true}, {"tls-key", true}, {"api-key", true},
@@ -94,6 +110,7 @@ int RunServe(const std::vector<std::string>& argv) {
   };
   auto port = args->GetInt("port", 50051);
   auto metrics_port = args->GetInt("metrics-port", 9090);
+  auto http_port = args->GetInt("http-port", 0);
   auto max_seqs = args->GetInt("max-num-seqs", 64);
   auto max_tokens = args->GetInt("max-num-batched-tokens", 512);
   // Checked now; a share is resolved once the model is on its device.
@@ -106,10 +123,16 @@ int RunServe(const std::vector<std::string>& argv) {
   auto drain = args->GetDouble("drain-timeout", 30);
   auto device = ParseDevice(args->GetString("device", "auto"));
   for (const absl::Status& st :
-       {port.status(), metrics_port.status(), max_seqs.status(), max_tokens.status(),
-        kv_spec.status(), block_size.status(), max_queue.status(), threads.status(),
-        drain.status(), device.status()}) {
+       {port.status(), metrics_port.status(), http_port.status(), max_seqs.status(),
+        max_tokens.status(), kv_spec.status(), block_size.status(), max_queue.status(),
+        threads.status(), drain.status(), device.status()}) {
     if (!st.ok()) return fail(st);
+  }
+  if (*http_port < 0 || *http_port > 65535) {
+    return fail(absl::InvalidArgumentError("--http-port must be in [0, 65535] (0 = off)"));
+  }
+  if (args->Has("served-model-name") && *http_port == 0) {
+    return fail(absl::InvalidArgumentError("--served-model-name needs --http-port"));
   }
   if (*max_seqs < 1 || *max_tokens < 1 || *block_size < 1 || *max_queue < 1) {
     return fail(absl::InvalidArgumentError(
@@ -238,6 +261,23 @@ int RunServe(const std::vector<std::string>& argv) {
   if (!server || bound_port == 0) {
     return fail(absl::UnavailableError(absl::StrCat("cannot listen on ", address)));
   }
+  std::unique_ptr<OpenAiHttpServer> http;
+  if (*http_port > 0) {
+    OpenAiHttpOptions ho;
+    ho.host = args->GetString("host", "0.0.0.0");
+    ho.port = static_cast<int>(*http_port);
+    ho.api_key = api_key;
+    ho.served_model_name = args->GetString("served-model-name", DefaultServedModelName(args->GetString("model")));
+    auto started = OpenAiHttpServer::Start(service, *loaded->model, ho);
+    if (!started.ok()) {
+      server->Shutdown();
+      (*engine)->Stop();
+      return fail(started.status());
+    }
+    http = std::move(*started);
+    std::fprintf(stderr, "OpenAI-compatible HTTP API on http://%s:%d/v1 (model '%s')\n",
+                 ho.host.c_str(), http->port(), ho.served_model_name.c_str());
+  }
   auto* health = server->GetHealthCheckService();
   const std::string kService = "thetaserve.v1.Generation";
   health->SetServingStatus("", false);
@@ -274,6 +314,7 @@ int RunServe(const std::vector<std::string>& argv) {
   const bool idle = (*engine)->WaitIdle(*drain);
   if (!idle) std::fprintf(stderr, "drain timeout: cancelling the remaining requests\n");
   (*engine)->Stop();  // cancels whatever is left; their streams finish with UNAVAILABLE
+  if (http) http->Stop();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
   std::fprintf(stderr, "stopped\n");
   return 0;

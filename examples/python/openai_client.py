@@ -1,0 +1,82 @@
+#!/usr/bin/env python3
+"""Talks to thetaserve's OpenAI-compatible HTTP API with the official `openai` package
+(`thetaserve serve --http-port 8000 ...`; pip install -r requirements-openai.txt):
+
+    python3 examples/python/openai_client.py --base-url http://localhost:8000/v1 \
+        --prompt "Name three colours."
+
+It lists the served model, then streams a chat completion. With --check it also runs the
+calls tests/python/openai_client_test.sh relies on and fails loudly if any answer is off.
+"""
+import argparse
+import sys
+
+import openai
+
+
+def check(client, model):
+    # A whole completion, greedy, with usage and log-probabilities.
+    c = client.completions.create(model=model, prompt="The capital of France is", max_tokens=8,
+                                  temperature=0, logprobs=2)
+    text = c.choices[0].text
+    assert "Paris" in text, text
+    assert c.usage.completion_tokens == len(c.choices[0].logprobs.tokens), c.usage
+    assert c.choices[0].finish_reason in ("stop", "length"), c.choices[0].finish_reason
+    # The same request streamed gives the same text.
+    streamed = "".join(ch.choices[0].text for ch in client.completions.create(
+        model=model, prompt="The capital of France is", max_tokens=8, temperature=0,
+        stream=True) if ch.choices)
+    assert streamed == text, (streamed, text)
+    # Chat, streamed with usage at the end.
+    parts, usage = [], None
+    for ch in client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "Say hello."}], max_tokens=16,
+            temperature=0, stream=True, stream_options={"include_usage": True}):
+        if ch.usage:
+            usage = ch.usage
+        if ch.choices and ch.choices[0].delta.content:
+            parts.append(ch.choices[0].delta.content)
+    whole = client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "Say hello."}], max_tokens=16,
+        temperature=0)
+    assert "".join(parts) == whole.choices[0].message.content, (parts, whole)
+    assert usage is not None and usage.completion_tokens == whole.usage.completion_tokens
+    # Errors arrive as the client's exception types, with the server's message.
+    try:
+        client.completions.create(model=model, prompt="x", n=2)
+        raise AssertionError("n=2 was accepted")
+    except openai.BadRequestError as e:
+        assert e.status_code == 400 and "n is not supported" in str(e), e
+    try:
+        client.completions.create(model="no-such-model", prompt="x")
+        raise AssertionError("an unknown model was accepted")
+    except openai.NotFoundError as e:
+        assert e.status_code == 404, e
+    print("openai client checks: passed")
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--base-url", default="http://localhost:8000/v1")
+    p.add_argument("--api-key", default="none", help="the server's --api-key, if it has one")
+    p.add_argument("--prompt", default="Name three colours.")
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--check", action="store_true", help="run the checks the test uses")
+    args = p.parse_args()
+    client = openai.OpenAI(base_url=args.base_url, api_key=args.api_key, max_retries=0)
+    model = client.models.list().data[0].id
+    print(f"model: {model}", file=sys.stderr)
+    if args.check:
+        check(client, model)
+        return
+    for ch in client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": args.prompt}],
+            max_tokens=args.max_tokens, stream=True):
+        if ch.choices and ch.choices[0].delta.content:
+            print(ch.choices[0].delta.content, end="", flush=True)
+    print()
+
+
+if __name__ == "__main__":
+    main()

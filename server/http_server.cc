@@ -1,0 +1,409 @@
+#include "server/http_server.h"
+
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+
+namespace thetaserve::server {
+namespace {
+
+constexpr int kPollSliceMs = 200;  // how often a waiting connection looks at stopping_
+
+// (Debian's Abseil has its own string_view, so these take std::string_view by hand.)
+std::string Lower(std::string_view s) {
+  std::string out(s);
+  for (char& c : out) c = absl::ascii_tolower(static_cast<unsigned char>(c));
+  return out;
+}
+
+std::string_view Trim(std::string_view s) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
+  return s;
+}
+
+std::vector<std::string_view> Split(std::string_view s, std::string_view sep) {
+  std::vector<std::string_view> out;
+  for (size_t pos; (pos = s.find(sep)) != std::string_view::npos; s.remove_prefix(pos + sep.size())) {
+    out.push_back(s.substr(0, pos));
+  }
+  out.push_back(s);
+  return out;
+}
+
+bool ContainsToken(std::string_view header_value, std::string_view token) {
+  for (std::string_view part : Split(header_value, ",")) {
+    if (Lower(Trim(part)) == Lower(token)) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+const char* HttpReason(int status) {
+  switch (status) {
+    case 100: return "Continue";
+    case 200: return "OK";
+    case 400: return "Bad Request";
+    case 401: return "Unauthorized";
+    case 404: return "Not Found";
+    case 405: return "Method Not Allowed";
+    case 408: return "Request Timeout";
+    case 409: return "Conflict";
+    case 411: return "Length Required";
+    case 413: return "Payload Too Large";
+    case 415: return "Unsupported Media Type";
+    case 429: return "Too Many Requests";
+    case 431: return "Request Header Fields Too Large";
+    case 500: return "Internal Server Error";
+    case 501: return "Not Implemented";
+    case 503: return "Service Unavailable";
+    case 504: return "Gateway Timeout";
+    case 505: return "HTTP Version Not Supported";
+  }
+  return "Unknown";
+}
+
+std::string HttpRequest::Header(const std::string& name) const {
+  auto it = headers.find(name);
+  return it == headers.end() ? std::string() : it->second;
+}
+
+// ---- HttpResponder -------------------------------------------------------------------------
+
+bool HttpResponder::WriteAll(std::string_view data) {
+  if (failed_) return false;
+  size_t done = 0;
+  while (done < data.size()) {
+    const ssize_t n = ::send(fd_, data.data() + done, data.size() - done, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n > 0) {
+      done += static_cast<size_t>(n);
+      continue;
+    }
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
+      // A slow reader: wait for room, a bounded time, in slices so a stop is noticed.
+      pollfd p{fd_, POLLOUT, 0};
+      int waited = 0;
+      int r = 0;
+      while (waited < 30'000 && !stopping_->load() &&
+             (r = ::poll(&p, 1, kPollSliceMs)) == 0) {
+        waited += kPollSliceMs;
+      }
+      if (r > 0 && (p.revents & POLLOUT)) continue;
+      if (r < 0 && errno == EINTR) continue;
+    }
+    failed_ = true;
+    return false;
+  }
+  return true;
+}
+
+std::string HttpResponder::Head(int status, std::string_view content_type,
+                                const HttpHeaders& extra) const {
+  std::string head = absl::StrCat("HTTP/1.1 ", status, " ", HttpReason(status), "\r\n");
+  if (!content_type.empty()) head += "Content-Type: " + std::string(content_type) + "\r\n";
+  if (!keep_alive_) absl::StrAppend(&head, "Connection: close\r\n");
+  for (const auto& [name, value] : extra) absl::StrAppend(&head, name, ": ", value, "\r\n");
+  return head;
+}
+
+bool HttpResponder::Send(int status, std::string_view content_type, std::string_view body,
+                         const HttpHeaders& extra) {
+  if (state_ != State::kNone) return false;
+  state_ = State::kDone;
+  std::string out = Head(status, content_type, extra);
+  absl::StrAppend(&out, "Content-Length: ", body.size(), "\r\n\r\n");
+  out.append(body);
+  return WriteAll(out);
+}
+
+bool HttpResponder::StartChunked(int status, std::string_view content_type,
+                                 const HttpHeaders& extra) {
+  if (state_ != State::kNone) return false;
+  state_ = State::kChunked;
+  std::string out = Head(status, content_type, extra);
+  absl::StrAppend(&out, "Transfer-Encoding: chunked\r\n\r\n");
+  return WriteAll(out);
+}
+
+bool HttpResponder::WriteChunk(std::string_view data) {
+  if (state_ != State::kChunked) return false;
+  if (data.empty()) return !failed_;  // an empty chunk would end the body
+  char size[24];
+  std::snprintf(size, sizeof(size), "%zx\r\n", data.size());
+  std::string out = size;
+  out.append(data);
+  out.append("\r\n");
+  return WriteAll(out);
+}
+
+bool HttpResponder::EndChunked() {
+  if (state_ != State::kChunked) return false;
+  state_ = State::kDone;
+  return WriteAll("0\r\n\r\n");
+}
+
+bool HttpResponder::ClientGone() {
+  if (failed_) return true;
+  pollfd p{fd_, POLLIN | POLLRDHUP, 0};
+  const int r = ::poll(&p, 1, 0);
+  if (r <= 0) return false;
+  if (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) return true;
+  if (p.revents & POLLIN) {
+    // Readable: either the client pipelined its next request (still there) or end of stream.
+    char c;
+    const ssize_t n = ::recv(fd_, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+    return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+  }
+  return false;
+}
+
+// ---- HttpServer ----------------------------------------------------------------------------
+
+absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const std::string& host, int port,
+                                                              HttpHandler handler,
+                                                              HttpServerOptions options) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+  addrinfo* found = nullptr;
+  const std::string port_str = std::to_string(port);
+  if (int rc = ::getaddrinfo(host.empty() ? nullptr : host.c_str(), port_str.c_str(), &hints, &found);
+      rc != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot resolve HTTP listen address '", host, "': ", gai_strerror(rc)));
+  }
+  int fd = -1;
+  std::string error;
+  for (addrinfo* a = found; a != nullptr && fd < 0; a = a->ai_next) {
+    fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) continue;
+    int one = 1;
+    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (::bind(fd, a->ai_addr, a->ai_addrlen) != 0 || ::listen(fd, 128) != 0) {
+      error = std::strerror(errno);
+      ::close(fd);
+      fd = -1;
+    }
+  }
+  ::freeaddrinfo(found);
+  if (fd < 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", host, ":", port, ": ", error));
+  }
+  sockaddr_storage addr{};
+  socklen_t len = sizeof(addr);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  int bound = port;
+  if (addr.ss_family == AF_INET) bound = ntohs(reinterpret_cast<sockaddr_in*>(&addr)->sin_port);
+  if (addr.ss_family == AF_INET6) bound = ntohs(reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port);
+  int pipe_fds[2];
+  if (::pipe2(pipe_fds, O_CLOEXEC) != 0) {
+    ::close(fd);
+    return absl::InternalError(absl::StrCat("pipe: ", std::strerror(errno)));
+  }
+  std::unique_ptr<HttpServer> server(
+      new HttpServer(fd, pipe_fds[0], pipe_fds[1], bound, std::move(handler), options));
+  server->accept_thread_ = std::thread([s = server.get()] { s->AcceptLoop(); });
+  return server;
+}
+
+HttpServer::HttpServer(int listen_fd, int wake_read, int wake_write, int port, HttpHandler handler,
+                       HttpServerOptions options)
+    : listen_fd_(listen_fd),
+      wake_read_(wake_read),
+      wake_write_(wake_write),
+      port_(port),
+      handler_(std::move(handler)),
+      options_(options) {}
+
+HttpServer::~HttpServer() { Stop(); }
+
+int HttpServer::connections() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return static_cast<int>(open_fds_.size());
+}
+
+void HttpServer::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopped_) return;
+    stopped_ = true;
+  }
+  stopping_.store(true);
+  const char byte = 0;
+  [[maybe_unused]] ssize_t w = ::write(wake_write_, &byte, 1);
+  if (accept_thread_.joinable()) accept_thread_.join();
+  ::close(listen_fd_);
+  std::unique_lock<std::mutex> lock(mu_);
+  // Connections notice stopping_ within a poll slice; a handler still waiting on the engine
+  // after a few seconds has its socket shut down, so its writes fail and it returns.
+  if (!idle_cv_.wait_for(lock, std::chrono::seconds(5), [&] { return open_fds_.empty(); })) {
+    for (int fd : open_fds_) ::shutdown(fd, SHUT_RDWR);
+    idle_cv_.wait(lock, [&] { return open_fds_.empty(); });
+  }
+  lock.unlock();
+  ::close(wake_read_);
+  ::close(wake_write_);
+}
+
+void HttpServer::AcceptLoop() {
+  while (!stopping_.load()) {
+    pollfd fds[2] = {{listen_fd_, POLLIN, 0}, {wake_read_, POLLIN, 0}};
+    if (::poll(fds, 2, -1) < 0) {
+      if (errno == EINTR) continue;
+      break;
+    }
+    if (fds[1].revents != 0 || stopping_.load()) break;
+    if (!(fds[0].revents & POLLIN)) continue;
+    const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd < 0) continue;
+    bool admitted = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (static_cast<int>(open_fds_.size()) < options_.max_connections) {
+        open_fds_.insert(fd);
+        admitted = true;
+      }
+    }
+    if (!admitted) {
+      std::atomic<bool> no{false};
+      HttpResponder r(fd, /*keep_alive=*/false, &no);
+      r.Send(503, "application/json",
+             R"({"error":{"message":"too many open connections; retry later","type":"server_error","param":null,"code":503}})");
+      ::close(fd);
+      continue;
+    }
+    std::thread([this, fd] {
+      Serve(fd);
+      ::close(fd);
+      std::lock_guard<std::mutex> lock(mu_);
+      open_fds_.erase(fd);
+      idle_cv_.notify_all();
+    }).detach();
+  }
+}
+
+bool HttpServer::WaitReadable(int fd, int timeout_ms) const {
+  for (int waited = 0; waited < timeout_ms && !stopping_.load(); waited += kPollSliceMs) {
+    pollfd p{fd, POLLIN, 0};
+    const int r = ::poll(&p, 1, std::min(kPollSliceMs, timeout_ms - waited));
+    if (r > 0) return true;
+    if (r < 0 && errno != EINTR) return false;
+  }
+  return false;
+}
+
+void HttpServer::Serve(int fd) {
+  std::string in;  // bytes read and not yet consumed (may hold a pipelined request)
+  char buf[16 << 10];
+  // Reads more into `in`; false when the client is gone, slow or the server stops.
+  auto read_more = [&](int timeout_ms) {
+    if (!WaitReadable(fd, timeout_ms)) return false;
+    const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
+    if (n <= 0) return false;
+    in.append(buf, static_cast<size_t>(n));
+    return true;
+  };
+  auto reject = [&](int status, const std::string& message) {
+    HttpResponder r(fd, /*keep_alive=*/false, &stopping_);
+    r.Send(status, "application/json",
+           absl::StrCat(R"({"error":{"message":")", message,
+                        R"(","type":"invalid_request_error","param":null,"code":)", status, "}}"));
+  };
+
+  while (!stopping_.load()) {
+    // The head: request line and headers.
+    size_t head_end;
+    bool first_read = true;
+    while ((head_end = in.find("\r\n\r\n")) == std::string::npos) {
+      if (in.size() > options_.max_head_bytes) {
+        return reject(431, "the request line and headers exceed 64 KiB");
+      }
+      const bool idle = in.empty() && first_read;
+      first_read = false;
+      if (!read_more(idle ? options_.idle_timeout_ms : options_.io_timeout_ms)) return;
+    }
+    if (head_end > options_.max_head_bytes) {
+      return reject(431, "the request line and headers exceed 64 KiB");
+    }
+    const std::string head = in.substr(0, head_end);
+    in.erase(0, head_end + 4);
+
+    HttpRequest req;
+    const std::vector<std::string_view> lines = Split(head, "\r\n");
+    const std::vector<std::string_view> parts = Split(lines[0], " ");
+    if (parts.size() != 3 || parts[0].empty() || parts[1].empty() || parts[1][0] != '/' ||
+        !parts[2].starts_with("HTTP/1.")) {
+      if (parts.size() == 3 && parts[2].starts_with("HTTP/") && !parts[2].starts_with("HTTP/1.")) {
+        return reject(505, "only HTTP/1.0 and HTTP/1.1 are served");
+      }
+      return reject(400, "malformed request line");
+    }
+    req.method = std::string(parts[0]);
+    const std::string_view target = parts[1];
+    const size_t q = target.find('?');
+    req.path = std::string(target.substr(0, q));
+    if (q != std::string_view::npos) req.query = std::string(target.substr(q + 1));
+    const bool http11 = parts[2] == "HTTP/1.1";
+    for (size_t i = 1; i < lines.size(); ++i) {
+      const size_t colon = lines[i].find(':');
+      if (colon == std::string_view::npos || colon == 0) return reject(400, "malformed header line");
+      std::string name = Lower(lines[i].substr(0, colon));
+      std::string value(Trim(lines[i].substr(colon + 1)));
+      auto [it, inserted] = req.headers.emplace(name, value);
+      if (!inserted) it->second += ", " + value;
+    }
+    const std::string connection = req.Header("connection");
+    const bool keep_alive = http11 ? !ContainsToken(connection, "close")
+                                   : ContainsToken(connection, "keep-alive");
+
+    // The body.
+    if (!req.Header("transfer-encoding").empty()) {
+      return reject(411, "send the request body with Content-Length, not Transfer-Encoding");
+    }
+    size_t length = 0;
+    if (const std::string cl = req.Header("content-length"); !cl.empty()) {
+      uint64_t v;
+      if (!absl::SimpleAtoi(cl, &v)) return reject(400, "Content-Length is not a number");
+      if (v > options_.max_body_bytes) {
+        return reject(413, absl::StrCat("the request body is ", v, " bytes; at most ",
+                                        options_.max_body_bytes, " are accepted"));
+      }
+      length = static_cast<size_t>(v);
+    }
+    if (length > in.size() && ContainsToken(req.Header("expect"), "100-continue")) {
+      const std::string cont = "HTTP/1.1 100 Continue\r\n\r\n";
+      if (::send(fd, cont.data(), cont.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(cont.size())) {
+        return;
+      }
+    }
+    while (in.size() < length) {
+      if (!read_more(options_.io_timeout_ms)) return;
+    }
+    req.body = in.substr(0, length);
+    in.erase(0, length);
+
+    HttpResponder responder(fd, keep_alive && !stopping_.load(), &stopping_);
+    handler_(req, responder);
+    if (!responder.responded()) {
+      responder.Send(500, "application/json",
+                     R"({"error":{"message":"the handler sent no response","type":"server_error","param":null,"code":500}})");
+    }
+    if (!responder.reusable()) return;
+  }
+}
+
+}  // namespace thetaserve::server

@@ -1,0 +1,537 @@
+#include "server/openai_api.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "server/validation.h"
+
+namespace thetaserve::server {
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+// vLLM's stand-in for a log-probability of -inf, which JSON cannot carry.
+constexpr float kMinLogprob = -9999.0f;
+
+absl::Status Invalid(const std::string& field, const std::string& what) {
+  return absl::InvalidArgumentError(field + " " + what);
+}
+
+bool Given(const Json& body, const char* key) {
+  auto it = body.find(key);
+  return it != body.end() && !it->is_null();
+}
+
+absl::StatusOr<double> Number(const Json& body, const char* key) {
+  const Json& v = body.at(key);
+  if (!v.is_number()) return Invalid(key, "must be a number");
+  return v.get<double>();
+}
+
+absl::StatusOr<int64_t> Integer(const Json& body, const char* key) {
+  const Json& v = body.at(key);
+  if (v.is_number_integer()) return v.get<int64_t>();
+  if (v.is_number_float() && std::floor(v.get<double>()) == v.get<double>() &&
+      std::fabs(v.get<double>()) < 9e15) {
+    return static_cast<int64_t>(v.get<double>());
+  }
+  return Invalid(key, "must be an integer");
+}
+
+absl::StatusOr<bool> Bool(const Json& body, const char* key) {
+  const Json& v = body.at(key);
+  if (!v.is_boolean()) return Invalid(key, "must be true or false");
+  return v.get<bool>();
+}
+
+absl::StatusOr<std::string> String(const Json& v, const std::string& field) {
+  if (!v.is_string()) return Invalid(field, "must be a string");
+  return v.get<std::string>();
+}
+
+// Refuses a parameter the server cannot honour unless it has its neutral value.
+absl::Status Unsupported(const std::string& key, const std::string& why) {
+  return absl::InvalidArgumentError(key + " is not supported: " + why);
+}
+
+// Token ids from a JSON array (the prompt, stop_token_ids).
+absl::StatusOr<std::vector<uint32_t>> TokenIdArray(const Json& v, const std::string& field) {
+  std::vector<uint32_t> ids;
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (!v[i].is_number_integer() || v[i].get<int64_t>() < 0 ||
+        v[i].get<int64_t>() > std::numeric_limits<uint32_t>::max()) {
+      return Invalid(absl::StrCat(field, "[", i, "]"), "must be a token id (an integer >= 0)");
+    }
+    ids.push_back(static_cast<uint32_t>(v[i].get<int64_t>()));
+  }
+  return ids;
+}
+
+absl::Status ParsePrompt(const Json& body, v1::GenerateRequest* out) {
+  if (!Given(body, "prompt")) return Invalid("prompt", "is required");
+  const Json& p = body["prompt"];
+  if (p.is_string()) {
+    out->set_prompt(p.get<std::string>());
+    return absl::OkStatus();
+  }
+  if (!p.is_array() || p.empty()) {
+    return Invalid("prompt", "must be a string, a list of token ids, or a list of one of either");
+  }
+  if (p.size() == 1 && (p[0].is_string() || p[0].is_array())) {
+    if (p[0].is_string()) {
+      out->set_prompt(p[0].get<std::string>());
+      return absl::OkStatus();
+    }
+    auto ids = TokenIdArray(p[0], "prompt[0]");
+    if (!ids.ok()) return ids.status();
+    for (uint32_t id : *ids) out->mutable_prompt_token_ids()->add_ids(id);
+    return absl::OkStatus();
+  }
+  if (p[0].is_string() || p[0].is_array()) {
+    return Invalid("prompt", absl::StrCat("holds ", p.size(),
+                                          " prompts; send one request per prompt (batching "
+                                          "happens in the server)"));
+  }
+  auto ids = TokenIdArray(p, "prompt");
+  if (!ids.ok()) return ids.status();
+  for (uint32_t id : *ids) out->mutable_prompt_token_ids()->add_ids(id);
+  return absl::OkStatus();
+}
+
+absl::Status ParseMessages(const Json& body, v1::GenerateRequest* out) {
+  if (!Given(body, "messages")) return Invalid("messages", "is required");
+  const Json& msgs = body["messages"];
+  if (!msgs.is_array() || msgs.empty()) return Invalid("messages", "must be a non-empty list");
+  auto* chat = out->mutable_chat();
+  for (size_t i = 0; i < msgs.size(); ++i) {
+    const std::string field = absl::StrCat("messages[", i, "]");
+    const Json& m = msgs[i];
+    if (!m.is_object()) return Invalid(field, "must be an object with role and content");
+    if (!Given(m, "role")) return Invalid(field + ".role", "is required");
+    auto role = String(m["role"], field + ".role");
+    if (!role.ok()) return role.status();
+    // "developer" is the newer name of the system role.
+    if (*role == "developer") *role = "system";
+    if (*role == "tool" || *role == "function") {
+      return Unsupported("a message with role 'tool'", "this server does not call tools");
+    }
+    std::string content;
+    if (Given(m, "content")) {
+      const Json& c = m["content"];
+      if (c.is_string()) {
+        content = c.get<std::string>();
+      } else if (c.is_array()) {
+        // Content parts: text only.
+        for (size_t k = 0; k < c.size(); ++k) {
+          const std::string part = absl::StrCat(field, ".content[", k, "]");
+          if (!c[k].is_object() || !c[k].contains("type") || c[k]["type"] != "text" ||
+              !c[k].contains("text") || !c[k]["text"].is_string()) {
+            return Invalid(part, "must be {\"type\": \"text\", \"text\": ...}; this model reads "
+                                 "text only");
+          }
+          content += c[k]["text"].get<std::string>();
+        }
+      } else {
+        return Invalid(field + ".content", "must be a string or a list of text parts");
+      }
+    }
+    if (Given(m, "tool_calls") && !(m["tool_calls"].is_array() && m["tool_calls"].empty())) {
+      return Unsupported("tool_calls", "this server does not call tools");
+    }
+    auto* msg = chat->add_messages();
+    msg->set_role(*role);
+    msg->set_content(content);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParseStop(const Json& body, v1::GenerateRequest* out) {
+  if (!Given(body, "stop")) return absl::OkStatus();
+  const Json& s = body["stop"];
+  auto* st = out->mutable_stopping();
+  if (s.is_string()) {
+    st->add_stop(s.get<std::string>());
+    return absl::OkStatus();
+  }
+  if (!s.is_array()) return Invalid("stop", "must be a string or a list of strings");
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (!s[i].is_string()) return Invalid(absl::StrCat("stop[", i, "]"), "must be a string");
+    st->add_stop(s[i].get<std::string>());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParseSampling(const Json& body, OpenAiCall* call) {
+  auto* sp = call->request.mutable_sampling();
+  auto* st = call->request.mutable_stopping();
+  absl::Status status;
+  auto number = [&](const char* key, auto set) {
+    if (!status.ok() || !Given(body, key)) return;
+    auto v = Number(body, key);
+    if (!v.ok()) {
+      status = v.status();
+      return;
+    }
+    set(static_cast<float>(*v));
+  };
+  number("temperature", [&](float v) { sp->set_temperature(v); });
+  number("top_p", [&](float v) { sp->set_top_p(v); });
+  number("min_p", [&](float v) { sp->set_min_p(v); });
+  number("repetition_penalty", [&](float v) { sp->set_repetition_penalty(v); });
+  number("presence_penalty", [&](float v) { sp->set_presence_penalty(v); });
+  number("frequency_penalty", [&](float v) { sp->set_frequency_penalty(v); });
+  if (!status.ok()) return status;
+  if (Given(body, "top_k")) {
+    auto v = Integer(body, "top_k");
+    if (!v.ok()) return v.status();
+    // vLLM's "off" is -1; ours is 0.
+    if (*v < -1 || *v > std::numeric_limits<int32_t>::max()) {
+      return Invalid("top_k", absl::StrCat("= ", *v, "; it must be >= 0 (0 or -1 = off)"));
+    }
+    sp->set_top_k(*v == -1 ? 0 : static_cast<int32_t>(*v));
+  }
+  if (Given(body, "seed")) {
+    auto v = Integer(body, "seed");
+    if (!v.ok()) return v.status();
+    if (*v < 0) return Invalid("seed", "must be >= 0");
+    sp->set_seed(static_cast<uint64_t>(*v));
+  }
+  // max_tokens, or the chat API's newer max_completion_tokens.
+  for (const char* key : {"max_completion_tokens", "max_tokens"}) {
+    if (!Given(body, key)) continue;
+    auto v = Integer(body, key);
+    if (!v.ok()) return v.status();
+    if (*v < 1 || *v > std::numeric_limits<int32_t>::max()) {
+      return Invalid(key, absl::StrCat("= ", *v, "; it must be >= 1"));
+    }
+    st->set_max_tokens(static_cast<uint32_t>(*v));
+    call->max_tokens_given = true;
+    break;
+  }
+  if (absl::Status s = ParseStop(body, &call->request); !s.ok()) return s;
+  if (Given(body, "stop_token_ids")) {
+    if (!body["stop_token_ids"].is_array()) return Invalid("stop_token_ids", "must be a list");
+    auto ids = TokenIdArray(body["stop_token_ids"], "stop_token_ids");
+    if (!ids.ok()) return ids.status();
+    for (uint32_t id : *ids) st->add_stop_token_ids(id);
+  }
+  if (Given(body, "ignore_eos")) {
+    auto v = Bool(body, "ignore_eos");
+    if (!v.ok()) return v.status();
+    st->set_ignore_eos(*v);
+  }
+  if (Given(body, "cache_salt")) {
+    auto v = String(body["cache_salt"], "cache_salt");
+    if (!v.ok()) return v.status();
+    call->request.set_cache_salt(*v);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParseLogprobs(const Json& body, OpenAiCall* call) {
+  if (call->endpoint == OpenAiEndpoint::kCompletions) {
+    // logprobs: n = the sampled token's log-probability and the n most likely (0..5 at OpenAI;
+    // up to 20 here).
+    if (!Given(body, "logprobs")) return absl::OkStatus();
+    auto v = Integer(body, "logprobs");
+    if (!v.ok()) return v.status();
+    if (*v < 0 || *v > kMaxLogprobs) {
+      return Invalid("logprobs", absl::StrCat("= ", *v, "; it must be in [0, ", kMaxLogprobs, "]"));
+    }
+    call->logprobs = true;
+    call->top_logprobs = static_cast<int>(*v);
+  } else {
+    if (Given(body, "logprobs")) {
+      auto v = Bool(body, "logprobs");
+      if (!v.ok()) return v.status();
+      call->logprobs = *v;
+    }
+    if (Given(body, "top_logprobs")) {
+      auto v = Integer(body, "top_logprobs");
+      if (!v.ok()) return v.status();
+      if (*v < 0 || *v > kMaxLogprobs) {
+        return Invalid("top_logprobs",
+                       absl::StrCat("= ", *v, "; it must be in [0, ", kMaxLogprobs, "]"));
+      }
+      if (*v > 0 && !call->logprobs) return Invalid("top_logprobs", "needs logprobs: true");
+      call->top_logprobs = static_cast<int>(*v);
+    }
+  }
+  // The engine reports the sampled token's log-probability with its top n; n >= 1.
+  if (call->logprobs) call->request.mutable_sampling()->set_logprobs(std::max(1, call->top_logprobs));
+  return absl::OkStatus();
+}
+
+// Parameters with no counterpart here: refused unless neutral, so a client never believes it
+// got what it asked for.
+absl::Status RefuseUnsupported(const Json& body, OpenAiEndpoint endpoint) {
+  for (const char* key : {"n", "best_of"}) {
+    if (Given(body, key) && !(body[key].is_number_integer() && body[key].get<int64_t>() == 1)) {
+      return Unsupported(key, "one completion per request; send several requests (the "
+                                    "prefix cache shares their prompt)");
+    }
+  }
+  if (Given(body, "echo") && body["echo"] != false) {
+    return Unsupported("echo", "the prompt is not returned");
+  }
+  if (Given(body, "suffix") && body["suffix"] != "") {
+    return Unsupported("suffix", "no fill-in-the-middle");
+  }
+  if (Given(body, "logit_bias") && !(body["logit_bias"].is_object() && body["logit_bias"].empty())) {
+    return Unsupported("logit_bias", "not implemented");
+  }
+  if (Given(body, "min_tokens") && !(body["min_tokens"].is_number_integer() &&
+                                     body["min_tokens"].get<int64_t>() == 0)) {
+    return Unsupported("min_tokens", "use ignore_eos to generate exactly max_tokens");
+  }
+  if (endpoint == OpenAiEndpoint::kChatCompletions) {
+    if (Given(body, "tools") && !(body["tools"].is_array() && body["tools"].empty())) {
+      return Unsupported("tools", "this server does not call tools");
+    }
+    if (Given(body, "tool_choice") && body["tool_choice"] != "none") {
+      return Unsupported("tool_choice", "this server does not call tools");
+    }
+    if (Given(body, "response_format") &&
+        !(body["response_format"].is_object() && body["response_format"].value("type", "") == "text")) {
+      return Unsupported("response_format", "only {\"type\": \"text\"}");
+    }
+  }
+  return absl::OkStatus();
+}
+
+Json TopList(const std::vector<std::pair<int32_t, float>>& top, int n,
+             const model::Tokenizer& tok, bool chat) {
+  Json out = chat ? Json::array() : Json::object();
+  for (int i = 0; i < n && i < static_cast<int>(top.size()); ++i) {
+    const std::string bytes = tok.TokenBytes(top[i].first);
+    const float lp = std::max(top[i].second, kMinLogprob);
+    if (chat) {
+      Json b = Json::array();
+      for (unsigned char c : bytes) b.push_back(int(c));
+      out.push_back({{"token", bytes}, {"logprob", lp}, {"bytes", b}});
+    } else {
+      out[bytes] = lp;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<OpenAiCall> ParseOpenAiRequest(std::string_view body_text, OpenAiEndpoint endpoint,
+                                              const std::string& served_model) {
+  Json body = Json::parse(body_text, nullptr, /*allow_exceptions=*/false);
+  if (body.is_discarded()) return absl::InvalidArgumentError("the request body is not valid JSON");
+  if (!body.is_object()) return absl::InvalidArgumentError("the request body must be a JSON object");
+  OpenAiCall call;
+  call.endpoint = endpoint;
+  if (Given(body, "model")) {
+    auto model = String(body["model"], "model");
+    if (!model.ok()) return model.status();
+    if (*model != served_model) {
+      return absl::NotFoundError(absl::StrCat("the model '", *model, "' does not exist; this "
+                                              "server serves '", served_model, "'"));
+    }
+  }
+  if (absl::Status s = RefuseUnsupported(body, endpoint); !s.ok()) return s;
+  if (endpoint == OpenAiEndpoint::kCompletions) {
+    if (absl::Status s = ParsePrompt(body, &call.request); !s.ok()) return s;
+  } else {
+    if (absl::Status s = ParseMessages(body, &call.request); !s.ok()) return s;
+  }
+  if (absl::Status s = ParseSampling(body, &call); !s.ok()) return s;
+  if (absl::Status s = ParseLogprobs(body, &call); !s.ok()) return s;
+  if (Given(body, "stream")) {
+    auto v = Bool(body, "stream");
+    if (!v.ok()) return v.status();
+    call.stream = *v;
+  }
+  if (Given(body, "stream_options")) {
+    const Json& so = body["stream_options"];
+    if (!so.is_object()) return Invalid("stream_options", "must be an object");
+    if (!call.stream) return Invalid("stream_options", "is only allowed with stream: true");
+    if (Given(so, "include_usage")) {
+      if (!so["include_usage"].is_boolean()) {
+        return Invalid("stream_options.include_usage", "must be true or false");
+      }
+      call.include_usage = so["include_usage"].get<bool>();
+    }
+  }
+  return call;
+}
+
+std::string ToOpenAiFieldNames(std::string message) {
+  return absl::StrReplaceAll(message, {{"stopping.", ""}, {"sampling.", ""},
+                                       {"prompt_token_ids", "prompt"}, {"chat.messages", "messages"},
+                                       {"chat has no messages", "messages is empty"}});
+}
+
+int HttpStatusFor(const absl::Status& status) {
+  switch (status.code()) {
+    case absl::StatusCode::kOk: return 200;
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kOutOfRange:
+    case absl::StatusCode::kFailedPrecondition: return 400;
+    case absl::StatusCode::kUnauthenticated: return 401;
+    case absl::StatusCode::kNotFound: return 404;
+    case absl::StatusCode::kAlreadyExists: return 409;
+    case absl::StatusCode::kResourceExhausted: return 429;
+    case absl::StatusCode::kUnavailable: return 503;
+    case absl::StatusCode::kDeadlineExceeded: return 504;
+    default: return 500;
+  }
+}
+
+std::string OpenAiErrorBody(int http_status, std::string_view message) {
+  const char* type = http_status == 401   ? "authentication_error"
+                     : http_status == 404 ? "not_found_error"
+                     : http_status == 429 ? "rate_limit_error"
+                     : http_status < 500  ? "invalid_request_error"
+                                          : "server_error";
+  Json j = {{"error",
+             {{"message", std::string(message)}, {"type", type}, {"param", nullptr},
+              {"code", http_status}}}};
+  return DumpJson(j);
+}
+
+const char* OpenAiFinishReason(scheduler::FinishReason reason) {
+  switch (reason) {
+    case scheduler::FinishReason::kLength: return "length";
+    case scheduler::FinishReason::kCancelled: return "abort";
+    case scheduler::FinishReason::kError: return "error";
+    case scheduler::FinishReason::kStop:
+    case scheduler::FinishReason::kEos: break;
+  }
+  return "stop";
+}
+
+std::string DumpJson(const Json& j) {
+  return j.dump(-1, ' ', false, Json::error_handler_t::replace);
+}
+
+OpenAiResponseBuilder::OpenAiResponseBuilder(const OpenAiCall& call, std::string id,
+                                             int64_t created, std::string model,
+                                             const model::Tokenizer& tokenizer)
+    : call_(call), id_(std::move(id)), created_(created), model_(std::move(model)),
+      tokenizer_(&tokenizer) {}
+
+Json OpenAiResponseBuilder::Envelope(const char* object) const {
+  return {{"id", id_}, {"object", object}, {"created", created_}, {"model", model_}};
+}
+
+Json OpenAiResponseBuilder::Usage(const scheduler::FinishInfo& info) const {
+  return {{"prompt_tokens", info.prompt_tokens},
+          {"completion_tokens", info.completion_tokens},
+          {"total_tokens", info.prompt_tokens + info.completion_tokens}};
+}
+
+Json OpenAiResponseBuilder::Logprobs(const scheduler::TokenDelta& d, size_t offset) const {
+  const bool chat = call_.endpoint == OpenAiEndpoint::kChatCompletions;
+  if (!call_.logprobs || d.logprobs.empty()) return nullptr;
+  if (chat) {
+    Json content = Json::array();
+    for (size_t i = 0; i < d.logprobs.size() && i < d.token_ids.size(); ++i) {
+      const std::string bytes = tokenizer_->TokenBytes(d.token_ids[i]);
+      Json b = Json::array();
+      for (unsigned char c : bytes) b.push_back(int(c));
+      content.push_back({{"token", bytes},
+                         {"logprob", std::max(d.logprobs[i], kMinLogprob)},
+                         {"bytes", b},
+                         {"top_logprobs", TopList(d.top[i], call_.top_logprobs, *tokenizer_, true)}});
+    }
+    return {{"content", content}};
+  }
+  Json tokens = Json::array(), token_logprobs = Json::array(), top = Json::array(),
+       offsets = Json::array();
+  for (size_t i = 0; i < d.logprobs.size() && i < d.token_ids.size(); ++i) {
+    const std::string bytes = tokenizer_->TokenBytes(d.token_ids[i]);
+    tokens.push_back(bytes);
+    token_logprobs.push_back(std::max(d.logprobs[i], kMinLogprob));
+    top.push_back(call_.top_logprobs > 0 ? TopList(d.top[i], call_.top_logprobs, *tokenizer_, false)
+                                         : Json(nullptr));
+    offsets.push_back(offset);
+    offset += bytes.size();
+  }
+  return {{"tokens", tokens}, {"token_logprobs", token_logprobs}, {"top_logprobs", top},
+          {"text_offset", offsets}};
+}
+
+Json OpenAiResponseBuilder::RoleChunk() const {
+  Json j = Envelope("chat.completion.chunk");
+  j["choices"] = Json::array({{{"index", 0},
+                               {"delta", {{"role", "assistant"}, {"content", ""}}},
+                               {"logprobs", nullptr},
+                               {"finish_reason", nullptr}}});
+  return j;
+}
+
+Json OpenAiResponseBuilder::DeltaChunk(const scheduler::TokenDelta& delta) {
+  const size_t offset = text_.size();
+  text_ += delta.text;
+  const bool chat = call_.endpoint == OpenAiEndpoint::kChatCompletions;
+  Json choice = chat ? Json{{"index", 0}, {"delta", {{"content", delta.text}}}}
+                     : Json{{"text", delta.text}, {"index", 0}};
+  choice["logprobs"] = Logprobs(delta, offset);
+  choice["finish_reason"] = nullptr;
+  Json j = Envelope(chat ? "chat.completion.chunk" : "text_completion");
+  j["choices"] = Json::array({choice});
+  return j;
+}
+
+Json OpenAiResponseBuilder::FinishChunk(const scheduler::FinishInfo& info) const {
+  const bool chat = call_.endpoint == OpenAiEndpoint::kChatCompletions;
+  Json choice = chat ? Json{{"index", 0}, {"delta", Json::object()}}
+                     : Json{{"text", ""}, {"index", 0}};
+  choice["logprobs"] = nullptr;
+  choice["finish_reason"] = OpenAiFinishReason(info.reason);
+  Json j = Envelope(chat ? "chat.completion.chunk" : "text_completion");
+  j["choices"] = Json::array({choice});
+  return j;
+}
+
+Json OpenAiResponseBuilder::UsageChunk(const scheduler::FinishInfo& info) const {
+  const bool chat = call_.endpoint == OpenAiEndpoint::kChatCompletions;
+  Json j = Envelope(chat ? "chat.completion.chunk" : "text_completion");
+  j["choices"] = Json::array();
+  j["usage"] = Usage(info);
+  return j;
+}
+
+void OpenAiResponseBuilder::AppendLogprobs(const Json& more) {
+  if (more.is_null()) return;
+  if (logprobs_.is_null()) {
+    logprobs_ = more;
+    return;
+  }
+  for (auto& [key, value] : more.items()) {
+    for (const Json& x : value) logprobs_[key].push_back(x);
+  }
+}
+
+void OpenAiResponseBuilder::Add(const scheduler::TokenDelta& delta) {
+  AppendLogprobs(Logprobs(delta, text_.size()));
+  text_ += delta.text;
+}
+
+Json OpenAiResponseBuilder::Complete(const scheduler::FinishInfo& info) const {
+  const bool chat = call_.endpoint == OpenAiEndpoint::kChatCompletions;
+  Json logprobs = logprobs_;
+  if (call_.logprobs && logprobs.is_null()) {
+    logprobs = chat ? Json{{"content", Json::array()}}
+                    : Json{{"tokens", Json::array()}, {"token_logprobs", Json::array()},
+                           {"top_logprobs", Json::array()}, {"text_offset", Json::array()}};
+  }
+  Json choice = chat ? Json{{"index", 0}, {"message", {{"role", "assistant"}, {"content", text_}}}}
+                     : Json{{"text", text_}, {"index", 0}};
+  choice["logprobs"] = logprobs;
+  choice["finish_reason"] = OpenAiFinishReason(info.reason);
+  Json j = Envelope(chat ? "chat.completion" : "text_completion");
+  j["choices"] = Json::array({choice});
+  j["usage"] = Usage(info);
+  return j;
+}
+
+}  // namespace thetaserve::server

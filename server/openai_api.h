@@ -1,0 +1,91 @@
+// The OpenAI-compatible API's JSON, apart from any transport: a /v1/completions or
+// /v1/chat/completions body becomes a v1::GenerateRequest (which then goes through BuildRequest,
+// exactly as a gRPC request does, so both front ends validate alike), and the engine's output
+// becomes completion objects and stream chunks.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "model/tokenizer.h"
+#include "nlohmann/json.hpp"
+#include "scheduler/request.h"
+#include "thetaserve/v1/generation.pb.h"
+
+namespace thetaserve::server {
+
+enum class OpenAiEndpoint { kCompletions, kChatCompletions };
+
+struct OpenAiCall {
+  OpenAiEndpoint endpoint = OpenAiEndpoint::kCompletions;
+  v1::GenerateRequest request;
+  bool stream = false;
+  bool include_usage = false;  // stream_options.include_usage: a last chunk with usage
+  bool logprobs = false;       // return the sampled tokens' log-probabilities
+  int top_logprobs = 0;        // and this many alternatives per token
+  bool max_tokens_given = false;
+};
+
+// Parses a request body. INVALID_ARGUMENT names the field and what is allowed; NOT_FOUND when
+// `model` is given and is not `served_model`. Parameters the server cannot honour (n > 1, echo,
+// suffix, logit_bias, tools, ...) are refused rather than silently ignored; unknown fields are
+// ignored, as vLLM does.
+absl::StatusOr<OpenAiCall> ParseOpenAiRequest(std::string_view body, OpenAiEndpoint endpoint,
+                                              const std::string& served_model);
+
+// Error messages from BuildRequest name the gRPC fields ("stopping.max_tokens"); the HTTP API's
+// names have no prefix.
+std::string ToOpenAiFieldNames(std::string message);
+
+// {"error": {"message", "type", "param", "code"}} for an HTTP status.
+std::string OpenAiErrorBody(int http_status, std::string_view message);
+// The HTTP status for a Status code.
+int HttpStatusFor(const absl::Status& status);
+
+// "stop" (stop strings, stop token ids and EOS), "length", or, as vLLM says, "abort" for a
+// request cancelled by an Abort call.
+const char* OpenAiFinishReason(scheduler::FinishReason reason);
+
+// Builds one call's response objects. Handler thread only.
+class OpenAiResponseBuilder {
+ public:
+  OpenAiResponseBuilder(const OpenAiCall& call, std::string id, int64_t created,
+                        std::string model, const model::Tokenizer& tokenizer);
+
+  // Streaming: the chat stream's first chunk (the assistant role), then one chunk per delta,
+  // the chunk with the finish reason, and, if asked, a chunk with usage.
+  nlohmann::ordered_json RoleChunk() const;
+  nlohmann::ordered_json DeltaChunk(const scheduler::TokenDelta& delta);
+  nlohmann::ordered_json FinishChunk(const scheduler::FinishInfo& info) const;
+  nlohmann::ordered_json UsageChunk(const scheduler::FinishInfo& info) const;
+
+  // Not streaming: Add every delta, then Complete.
+  void Add(const scheduler::TokenDelta& delta);
+  nlohmann::ordered_json Complete(const scheduler::FinishInfo& info) const;
+
+  const std::string& id() const { return id_; }
+
+ private:
+  nlohmann::ordered_json Envelope(const char* object) const;
+  nlohmann::ordered_json Usage(const scheduler::FinishInfo& info) const;
+  // Log-probabilities of a delta's tokens in the endpoint's format; `offset` is the completion
+  // text's length before them (the completions format's text_offset).
+  nlohmann::ordered_json Logprobs(const scheduler::TokenDelta& delta, size_t offset) const;
+  void AppendLogprobs(const nlohmann::ordered_json& more);
+
+  OpenAiCall call_;
+  std::string id_;
+  int64_t created_;
+  std::string model_;
+  const model::Tokenizer* tokenizer_;
+  std::string text_;            // the completion so far
+  nlohmann::ordered_json logprobs_;     // accumulated (not streaming)
+};
+
+// Serializes for the wire: invalid UTF-8 (a token's raw bytes) becomes U+FFFD.
+std::string DumpJson(const nlohmann::ordered_json& j);
+
+}  // namespace thetaserve::server

@@ -1,0 +1,259 @@
+#include "server/openai_http.h"
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <optional>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "server/openai_api.h"
+#include "server/validation.h"
+
+namespace thetaserve::server {
+namespace {
+
+using Json = nlohmann::ordered_json;
+using std::chrono::milliseconds;
+
+constexpr milliseconds kPollInterval{100};     // how often a waiting handler checks its client
+constexpr milliseconds kKeepAliveInterval{15'000};  // SSE comment during a long silence
+
+// One request's output, pushed by the engine thread and taken by the handler thread.
+class HttpSink : public scheduler::TokenSink {
+ public:
+  HttpSink(GenerationService* service, std::string id) : service_(service), id_(std::move(id)) {}
+
+  void OnTokens(const scheduler::TokenDelta& d) override {
+    const auto now = std::chrono::steady_clock::now();
+    if (last_tokens_ && service_->metrics()) {
+      service_->metrics()->OnInterTokenLatency(
+          std::chrono::duration<double>(now - *last_tokens_).count());
+    }
+    last_tokens_ = now;
+    std::lock_guard<std::mutex> lock(mu_);
+    pending_.token_ids.insert(pending_.token_ids.end(), d.token_ids.begin(), d.token_ids.end());
+    pending_.text += d.text;
+    pending_.logprobs.insert(pending_.logprobs.end(), d.logprobs.begin(), d.logprobs.end());
+    pending_.top.insert(pending_.top.end(), d.top.begin(), d.top.end());
+    has_pending_ = true;
+    cv_.notify_one();
+  }
+
+  void OnFinish(const scheduler::FinishInfo& info) override {
+    if (service_->metrics()) service_->metrics()->OnFinish(info);
+    service_->Untrack(id_);
+    std::lock_guard<std::mutex> lock(mu_);
+    finish_ = info;
+    cv_.notify_one();
+  }
+
+  // Waits up to `timeout` for output; moves what came into *delta (cleared first) and, once the
+  // request has finished and its last tokens were taken, into *finish.
+  void Take(milliseconds timeout, scheduler::TokenDelta* delta,
+            std::optional<scheduler::FinishInfo>* finish) {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait_for(lock, timeout, [&] { return has_pending_ || finish_.has_value(); });
+    *delta = std::move(pending_);
+    pending_ = {};
+    has_pending_ = false;
+    *finish = finish_;
+  }
+
+ private:
+  GenerationService* service_;
+  std::string id_;
+  std::optional<std::chrono::steady_clock::time_point> last_tokens_;  // engine thread
+  std::mutex mu_;
+  std::condition_variable cv_;
+  scheduler::TokenDelta pending_;                 // guarded by mu_
+  bool has_pending_ = false;                      // guarded by mu_
+  std::optional<scheduler::FinishInfo> finish_;   // guarded by mu_
+};
+
+void SendError(HttpResponder& out, int status, std::string_view message,
+               const HttpHeaders& extra = {}) {
+  out.Send(status, "application/json", OpenAiErrorBody(status, message), extra);
+}
+
+bool SendEvent(HttpResponder& out, const Json& j) {
+  return out.WriteChunk(absl::StrCat("data: ", DumpJson(j), "\n\n"));
+}
+
+int64_t UnixNow() {
+  return std::chrono::duration_cast<std::chrono::seconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+std::atomic<uint64_t> g_next_id{1};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<OpenAiHttpServer>> OpenAiHttpServer::Start(
+    GenerationService& service, const model::Model& model, OpenAiHttpOptions options) {
+  std::unique_ptr<OpenAiHttpServer> s(new OpenAiHttpServer(service, model, options));
+  HttpServerOptions http;
+  http.max_connections = options.max_connections;
+  auto server = HttpServer::Start(
+      options.host, options.port,
+      [p = s.get()](const HttpRequest& req, HttpResponder& out) { p->Handle(req, out); }, http);
+  if (!server.ok()) return server.status();
+  s->http_ = std::move(*server);
+  return s;
+}
+
+OpenAiHttpServer::OpenAiHttpServer(GenerationService& service, const model::Model& model,
+                                   OpenAiHttpOptions options)
+    : service_(&service), model_(&model), options_(std::move(options)), created_(UnixNow()) {}
+
+bool OpenAiHttpServer::Authorized(const HttpRequest& req, HttpResponder& out) {
+  if (options_.api_key.empty()) return true;
+  const std::string auth = req.Header("authorization");
+  if (auth.empty()) {
+    SendError(out, 401, "missing 'Authorization: Bearer <api key>' header",
+              {{"WWW-Authenticate", "Bearer"}});
+    return false;
+  }
+  if (auth != "Bearer " + options_.api_key) {
+    SendError(out, 401, "invalid API key", {{"WWW-Authenticate", "Bearer"}});
+    return false;
+  }
+  return true;
+}
+
+void OpenAiHttpServer::Handle(const HttpRequest& req, HttpResponder& out) {
+  if (req.path == "/health") {
+    if (req.method != "GET" && req.method != "HEAD") {
+      return SendError(out, 405, "use GET", {{"Allow", "GET"}});
+    }
+    const bool serving = service_->ready() && !service_->engine().draining();
+    out.Send(serving ? 200 : 503, "application/json",
+             serving ? R"({"status":"serving"})" : R"({"status":"not serving"})");
+    return;
+  }
+  if (req.path == "/v1/completions" || req.path == "/v1/chat/completions") {
+    if (req.method != "POST") return SendError(out, 405, "use POST", {{"Allow", "POST"}});
+    if (!Authorized(req, out)) return;
+    return Generate(req, out, req.path == "/v1/chat/completions");
+  }
+  if (req.path == "/v1/models" || req.path.starts_with("/v1/models/")) {
+    if (req.method != "GET") return SendError(out, 405, "use GET", {{"Allow", "GET"}});
+    if (!Authorized(req, out)) return;
+    return Models(req, out);
+  }
+  SendError(out, 404,
+            absl::StrCat("no route ", req.path, "; the API is POST /v1/completions, POST "
+                         "/v1/chat/completions and GET /v1/models"));
+}
+
+void OpenAiHttpServer::Models(const HttpRequest& req, HttpResponder& out) {
+  const Json model = {{"id", options_.served_model_name},
+                      {"object", "model"},
+                      {"created", created_},
+                      {"owned_by", "thetaserve"},
+                      {"max_model_len", model_->config().max_context}};
+  if (req.path == "/v1/models") {
+    out.Send(200, "application/json",
+             DumpJson({{"object", "list"}, {"data", Json::array({model})}}));
+    return;
+  }
+  const std::string id = req.path.substr(std::string("/v1/models/").size());
+  if (id != options_.served_model_name) {
+    return SendError(out, 404, absl::StrCat("the model '", id, "' does not exist; this server "
+                                            "serves '", options_.served_model_name, "'"));
+  }
+  out.Send(200, "application/json", DumpJson(model));
+}
+
+void OpenAiHttpServer::Generate(const HttpRequest& http, HttpResponder& out, bool chat) {
+  Metrics* metrics = service_->metrics();
+  auto reject = [&](const absl::Status& st) {
+    if (metrics) metrics->OnRejected();
+    SendError(out, HttpStatusFor(st), ToOpenAiFieldNames(std::string(st.message())));
+  };
+  if (!service_->ready()) return reject(absl::UnavailableError("the model is still loading"));
+  if (service_->engine().draining()) {
+    return reject(absl::UnavailableError("the server is draining; retry on another replica"));
+  }
+  const OpenAiEndpoint endpoint =
+      chat ? OpenAiEndpoint::kChatCompletions : OpenAiEndpoint::kCompletions;
+  auto call = ParseOpenAiRequest(http.body, endpoint, options_.served_model_name);
+  if (!call.ok()) return reject(call.status());
+  auto built = BuildRequest(call->request, *model_);
+  if (!built.ok()) return reject(built.status());
+  scheduler::Request req = std::move(*built);
+  // The chat API's default is "until the model stops": the rest of the context.
+  if (chat && !call->max_tokens_given) {
+    req.stopping.max_tokens =
+        static_cast<int32_t>(model_->config().max_context - static_cast<int64_t>(req.prompt.size()));
+  }
+  const std::string id = absl::StrFormat("%s-%x-%d", chat ? "chatcmpl" : "cmpl", created_,
+                                         g_next_id.fetch_add(1));
+  req.id = id;
+  if (!service_->Track(id)) return reject(absl::AlreadyExistsError("request id collision"));
+  auto sink = std::make_shared<HttpSink>(service_, id);
+  if (absl::Status st = service_->engine().Submit(std::move(req), sink); !st.ok()) {
+    service_->Untrack(id);
+    return reject(st);
+  }
+  auto cancel = [&](const char* why) { service_->engine().Cancel(id, absl::CancelledError(why)); };
+
+  OpenAiResponseBuilder builder(*call, id, UnixNow(), options_.served_model_name,
+                                model_->tokenizer());
+  scheduler::TokenDelta delta;
+  std::optional<scheduler::FinishInfo> finish;
+  if (!call->stream) {
+    while (true) {
+      sink->Take(kPollInterval, &delta, &finish);
+      builder.Add(delta);
+      if (finish) break;
+      if (out.ClientGone()) return cancel("the client went away");
+    }
+    if (finish->status.ok() || absl::IsCancelled(finish->status)) {
+      out.Send(200, "application/json", DumpJson(builder.Complete(*finish)),
+               {{"X-Request-Id", id}});
+    } else {
+      SendError(out, HttpStatusFor(finish->status), std::string(finish->status.message()));
+    }
+    return;
+  }
+
+  bool ok = out.StartChunked(200, "text/event-stream",
+                             {{"Cache-Control", "no-cache"}, {"X-Request-Id", id}});
+  if (ok && chat) ok = SendEvent(out, builder.RoleChunk());
+  auto last_write = std::chrono::steady_clock::now();
+  while (ok) {
+    sink->Take(kPollInterval, &delta, &finish);
+    if (!delta.text.empty() || (call->logprobs && !delta.logprobs.empty())) {
+      ok = SendEvent(out, builder.DeltaChunk(delta));
+      last_write = std::chrono::steady_clock::now();
+    } else if (!delta.token_ids.empty()) {
+      builder.DeltaChunk(delta);  // tokens whose text is not complete UTF-8 yet
+    }
+    if (!ok) break;
+    if (finish) {
+      if (finish->status.ok() || absl::IsCancelled(finish->status)) {
+        ok = SendEvent(out, builder.FinishChunk(*finish));
+      } else {
+        ok = out.WriteChunk(absl::StrCat(
+            "data: ", OpenAiErrorBody(HttpStatusFor(finish->status), std::string(finish->status.message())),
+            "\n\n"));
+      }
+      if (ok && call->include_usage) ok = SendEvent(out, builder.UsageChunk(*finish));
+      if (ok) ok = out.WriteChunk("data: [DONE]\n\n");
+      if (ok) out.EndChunked();
+      return;
+    }
+    if (out.ClientGone()) break;
+    // An SSE comment keeps proxies from closing a stream that is silent during a long prefill.
+    if (std::chrono::steady_clock::now() - last_write > kKeepAliveInterval) {
+      ok = out.WriteChunk(": keep-alive\n\n");
+      last_write = std::chrono::steady_clock::now();
+    }
+  }
+  cancel("the client went away");
+}
+
+}  // namespace thetaserve::server

@@ -1,0 +1,233 @@
+// The HTTP/1.1 server under the OpenAI-compatible API, over real loopback sockets with raw
+// requests: keep-alive and pipelining, chunked responses, Expect: 100-continue, the limits and
+// malformed input, a vanished client seen by a waiting handler, the connection cap, and Stop.
+#include "server/http_server.h"
+
+#include <atomic>
+#include <chrono>
+#include <thread>
+
+#include "gtest/gtest.h"
+#include "tests/server/http_client.h"
+
+namespace thetaserve::server {
+namespace {
+
+using testing::HttpCall;
+using testing::HttpConnection;
+using testing::HttpResult;
+
+// Echoes what it parsed: "METHOD PATH?QUERY|x-test header|body".
+void Echo(const HttpRequest& req, HttpResponder& out) {
+  out.Send(200, "text/plain",
+           req.method + " " + req.path + "?" + req.query + "|" + req.Header("x-test") + "|" + req.body,
+           {{"X-Echo", "1"}});
+}
+
+std::unique_ptr<HttpServer> StartOrDie(HttpHandler h, HttpServerOptions o = {}) {
+  auto s = HttpServer::Start("127.0.0.1", 0, std::move(h), o);
+  EXPECT_TRUE(s.ok()) << s.status();
+  return s.ok() ? std::move(*s) : nullptr;
+}
+
+TEST(HttpServerTest, KeepAliveAndPipelinedRequestsShareOneConnection) {
+  auto server = StartOrDie(Echo);
+  ASSERT_NE(server, nullptr);
+  HttpConnection c(server->port());
+  ASSERT_TRUE(c.connected());
+  ASSERT_TRUE(c.SendRaw("POST /a?x=1 HTTP/1.1\r\nHost: h\r\nX-Test: one\r\nContent-Length: 5\r\n\r\nhello"));
+  HttpResult r1 = c.Read(10);
+  EXPECT_EQ(r1.status, 200);
+  EXPECT_EQ(r1.body, "POST /a?x=1|one|hello");
+  EXPECT_EQ(r1.headers["x-echo"], "1");
+  EXPECT_EQ(r1.headers.count("connection"), 0u);  // kept open
+  // Two requests in one write; header names in any case.
+  ASSERT_TRUE(c.SendRaw("GET /b HTTP/1.1\r\nx-TEST: two\r\n\r\n"
+                        "POST /c HTTP/1.1\r\ncontent-length: 3\r\n\r\nxyz"));
+  HttpResult r2 = c.Read(10);
+  HttpResult r3 = c.Read(10);
+  EXPECT_EQ(r2.body, "GET /b?|two|");
+  EXPECT_EQ(r3.body, "POST /c?||xyz");
+  // Connection: close is honoured.
+  ASSERT_TRUE(c.SendRaw("GET /d HTTP/1.1\r\nConnection: close\r\n\r\n"));
+  HttpResult r4 = c.Read(10);
+  EXPECT_EQ(r4.status, 200);
+  EXPECT_EQ(r4.headers["connection"], "close");
+  EXPECT_TRUE(c.ClosedByServer());
+}
+
+TEST(HttpServerTest, Http10ClosesUnlessAskedToKeepAlive) {
+  auto server = StartOrDie(Echo);
+  ASSERT_NE(server, nullptr);
+  HttpConnection c(server->port());
+  ASSERT_TRUE(c.SendRaw("GET /x HTTP/1.0\r\n\r\n"));
+  EXPECT_EQ(c.Read(10).status, 200);
+  EXPECT_TRUE(c.ClosedByServer());
+  HttpConnection k(server->port());
+  ASSERT_TRUE(k.SendRaw("GET /x HTTP/1.0\r\nConnection: keep-alive\r\n\r\n"));
+  EXPECT_EQ(k.Read(10).status, 200);
+  ASSERT_TRUE(k.SendRaw("GET /y HTTP/1.0\r\nConnection: keep-alive\r\n\r\n"));
+  EXPECT_EQ(k.Read(10).body, "GET /y?||");
+}
+
+TEST(HttpServerTest, ChunkedResponsesArriveChunkByChunk) {
+  auto server = StartOrDie([](const HttpRequest&, HttpResponder& out) {
+    ASSERT_TRUE(out.StartChunked(200, "text/event-stream"));
+    for (int i = 0; i < 3; ++i) ASSERT_TRUE(out.WriteChunk("data: " + std::to_string(i) + "\n\n"));
+    ASSERT_TRUE(out.WriteChunk(""));  // no empty chunk on the wire: it would end the body
+    ASSERT_TRUE(out.EndChunked());
+  });
+  ASSERT_NE(server, nullptr);
+  HttpConnection c(server->port());
+  for (int round = 0; round < 2; ++round) {  // and the connection stays usable
+    ASSERT_TRUE(c.SendRaw("GET /s HTTP/1.1\r\n\r\n"));
+    HttpResult r = c.Read(10);
+    EXPECT_EQ(r.status, 200);
+    EXPECT_EQ(r.headers["content-type"], "text/event-stream");
+    ASSERT_EQ(r.chunks.size(), 3u);
+    EXPECT_EQ(r.chunks[2], "data: 2\n\n");
+    EXPECT_EQ(testing::SseData(r.body), (std::vector<std::string>{"0", "1", "2"}));
+  }
+}
+
+TEST(HttpServerTest, ExpectContinueGetsAnInterimResponseBeforeTheBody) {
+  auto server = StartOrDie(Echo);
+  ASSERT_NE(server, nullptr);
+  HttpConnection c(server->port());
+  ASSERT_TRUE(c.SendRaw("POST /e HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 4\r\n\r\n"));
+  // The interim response comes before any of the body is sent.
+  bool ok = false;
+  EXPECT_EQ(c.ReadLine(10, &ok), "HTTP/1.1 100 Continue");
+  EXPECT_EQ(c.ReadLine(10, &ok), "");
+  ASSERT_TRUE(ok);
+  ASSERT_TRUE(c.SendRaw("body"));
+  HttpResult r = c.Read(10);
+  EXPECT_EQ(r.status, 200);
+  EXPECT_EQ(r.body, "POST /e?||body");
+}
+
+TEST(HttpServerTest, MalformedAndOversizedRequestsGetTheirStatusAndTheServerGoesOn) {
+  HttpServerOptions o;
+  o.max_body_bytes = 1000;
+  auto server = StartOrDie(Echo, o);
+  ASSERT_NE(server, nullptr);
+  const int port = server->port();
+  auto raw = [&](const std::string& bytes) {
+    HttpConnection c(port);
+    c.SendRaw(bytes);
+    HttpResult r = c.Read(10);
+    EXPECT_TRUE(c.ClosedByServer()) << bytes.substr(0, 40);
+    return r.status;
+  };
+  EXPECT_EQ(raw("GARBAGE\r\n\r\n"), 400);
+  EXPECT_EQ(raw("GET nopath HTTP/1.1\r\n\r\n"), 400);
+  EXPECT_EQ(raw("GET / HTTP/2.0\r\n\r\n"), 505);
+  EXPECT_EQ(raw("GET / HTTP/1.1\r\nno colon here\r\n\r\n"), 400);
+  EXPECT_EQ(raw("POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n"), 411);
+  EXPECT_EQ(raw("POST / HTTP/1.1\r\nContent-Length: 1001\r\n\r\n"), 413);
+  EXPECT_EQ(raw("POST / HTTP/1.1\r\nContent-Length: many\r\n\r\n"), 400);
+  EXPECT_EQ(raw("GET / HTTP/1.1\r\nX-Big: " + std::string(70 << 10, 'a') + "\r\n\r\n"), 431);
+  // Still serving.
+  EXPECT_EQ(HttpCall(port, "GET", "/ok").body, "GET /ok?||");
+}
+
+TEST(HttpServerTest, AWaitingHandlerSeesItsClientVanish) {
+  std::atomic<int> gone{-1};  // -1 running, 0 timed out, 1 saw it
+  auto server = StartOrDie([&](const HttpRequest&, HttpResponder& out) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (std::chrono::steady_clock::now() < until) {
+      if (out.ClientGone()) {
+        gone = 1;
+        return;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    gone = 0;
+    out.Send(200, "text/plain", "late");
+  });
+  ASSERT_NE(server, nullptr);
+  {
+    HttpConnection c(server->port());
+    ASSERT_TRUE(c.SendRaw("GET /wait HTTP/1.1\r\n\r\n"));
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    EXPECT_EQ(gone.load(), -1);  // a client that is there is not gone
+  }  // closes
+  for (int i = 0; i < 100 && gone.load() < 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_EQ(gone.load(), 1);
+  for (int i = 0; i < 100 && server->connections() > 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_EQ(server->connections(), 0);  // its thread ended
+}
+
+TEST(HttpServerTest, AClientWithItsNextRequestQueuedIsNotGone) {
+  std::atomic<int> seen{-1};
+  auto server = StartOrDie([&](const HttpRequest& req, HttpResponder& out) {
+    if (req.path == "/first") {
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      seen = out.ClientGone() ? 1 : 0;
+    }
+    out.Send(200, "text/plain", req.path);
+  });
+  ASSERT_NE(server, nullptr);
+  HttpConnection c(server->port());
+  ASSERT_TRUE(c.SendRaw("GET /first HTTP/1.1\r\n\r\nGET /second HTTP/1.1\r\n\r\n"));
+  EXPECT_EQ(c.Read(10).body, "/first");
+  EXPECT_EQ(c.Read(10).body, "/second");
+  EXPECT_EQ(seen.load(), 0);
+}
+
+TEST(HttpServerTest, ConnectionsBeyondTheLimitGet503) {
+  HttpServerOptions o;
+  o.max_connections = 2;
+  auto server = StartOrDie(Echo, o);
+  ASSERT_NE(server, nullptr);
+  HttpConnection a(server->port()), b(server->port());
+  ASSERT_TRUE(a.SendRaw("GET /a HTTP/1.1\r\n\r\n"));
+  ASSERT_TRUE(b.SendRaw("GET /b HTTP/1.1\r\n\r\n"));
+  EXPECT_EQ(a.Read(10).status, 200);
+  EXPECT_EQ(b.Read(10).status, 200);
+  HttpConnection c(server->port());
+  ASSERT_TRUE(c.SendRaw("GET /c HTTP/1.1\r\n\r\n"));
+  EXPECT_EQ(c.Read(10).status, 503);
+  a.Close();
+  for (int i = 0; i < 100 && server->connections() > 1; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_EQ(HttpCall(server->port(), "GET", "/d").status, 200);
+}
+
+TEST(HttpServerTest, StopEndsIdleConnectionsPromptly) {
+  auto server = StartOrDie(Echo);
+  ASSERT_NE(server, nullptr);
+  HttpConnection idle(server->port());
+  ASSERT_TRUE(idle.SendRaw("GET /a HTTP/1.1\r\n\r\n"));
+  EXPECT_EQ(idle.Read(10).status, 200);
+  ASSERT_EQ(server->connections(), 1);
+  const auto t0 = std::chrono::steady_clock::now();
+  server->Stop();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(3));
+  EXPECT_EQ(server->connections(), 0);
+  EXPECT_TRUE(idle.ClosedByServer());
+  EXPECT_FALSE(HttpConnection(server->port()).connected());
+}
+
+TEST(HttpServerTest, AHandlerThatSendsNothingYields500) {
+  auto server = StartOrDie([](const HttpRequest&, HttpResponder&) {});
+  ASSERT_NE(server, nullptr);
+  EXPECT_EQ(HttpCall(server->port(), "GET", "/").status, 500);
+}
+
+TEST(HttpServerTest, AnAddressInUseIsAnError) {
+  auto first = StartOrDie(Echo);
+  ASSERT_NE(first, nullptr);
+  auto second = HttpServer::Start("127.0.0.1", first->port(), Echo);
+  EXPECT_FALSE(second.ok());
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_FALSE(HttpServer::Start("no.such.host.invalid", 0, Echo).ok());
+}
+
+}  // namespace
+}  // namespace thetaserve::server

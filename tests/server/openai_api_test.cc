@@ -1,0 +1,319 @@
+// The OpenAI-compatible API's JSON on its own: request bodies into GenerateRequests (and
+// through BuildRequest, as the server does), engine output into completion objects and chunks.
+// The real SmolLM2 tokenizer renders the log-probabilities' tokens.
+#include "server/openai_api.h"
+
+#include "gtest/gtest.h"
+#include "model/model.h"
+#include "server/validation.h"
+#include "tests/test_util.h"
+
+namespace thetaserve::server {
+namespace {
+
+using Json = nlohmann::ordered_json;
+constexpr char kServed[] = "SmolLM2-135M-Instruct.Q4_1";
+
+absl::StatusOr<OpenAiCall> Completion(const std::string& body) {
+  return ParseOpenAiRequest(body, OpenAiEndpoint::kCompletions, kServed);
+}
+absl::StatusOr<OpenAiCall> Chat(const std::string& body) {
+  return ParseOpenAiRequest(body, OpenAiEndpoint::kChatCompletions, kServed);
+}
+
+// The status is INVALID_ARGUMENT and its message contains `words`.
+::testing::AssertionResult RefusedWith(const absl::StatusOr<OpenAiCall>& call,
+                                       const std::string& words) {
+  if (call.ok()) return ::testing::AssertionFailure() << "accepted";
+  if (call.status().code() != absl::StatusCode::kInvalidArgument) {
+    return ::testing::AssertionFailure() << call.status();
+  }
+  if (std::string(call.status().message()).find(words) == std::string::npos) {
+    return ::testing::AssertionFailure() << "message '" << call.status().message()
+                                         << "' lacks '" << words << "'";
+  }
+  return ::testing::AssertionSuccess();
+}
+
+TEST(OpenAiApiTest, CompletionFieldsMapOntoTheGenerateRequest) {
+  auto call = Completion(R"({"model": "SmolLM2-135M-Instruct.Q4_1", "prompt": "Hello",
+      "max_tokens": 7, "temperature": 0.5, "top_p": 0.9, "top_k": 40, "min_p": 0.05,
+      "repetition_penalty": 1.1, "presence_penalty": 0.5, "frequency_penalty": -0.5,
+      "seed": 42, "stop": ["\n", "END"], "stop_token_ids": [2], "ignore_eos": true,
+      "logprobs": 3, "stream": true, "stream_options": {"include_usage": true},
+      "cache_salt": "tenant-a", "user": "ignored", "n": 1, "echo": false})");
+  ASSERT_TRUE(call.ok()) << call.status();
+  const v1::GenerateRequest& r = call->request;
+  EXPECT_EQ(r.prompt(), "Hello");
+  EXPECT_EQ(r.stopping().max_tokens(), 7u);
+  EXPECT_FLOAT_EQ(r.sampling().temperature(), 0.5f);
+  EXPECT_FLOAT_EQ(r.sampling().top_p(), 0.9f);
+  EXPECT_EQ(r.sampling().top_k(), 40);
+  EXPECT_FLOAT_EQ(r.sampling().min_p(), 0.05f);
+  EXPECT_FLOAT_EQ(r.sampling().repetition_penalty(), 1.1f);
+  EXPECT_FLOAT_EQ(r.sampling().presence_penalty(), 0.5f);
+  EXPECT_FLOAT_EQ(r.sampling().frequency_penalty(), -0.5f);
+  EXPECT_EQ(r.sampling().seed(), 42u);
+  ASSERT_EQ(r.stopping().stop_size(), 2);
+  EXPECT_EQ(r.stopping().stop(1), "END");
+  ASSERT_EQ(r.stopping().stop_token_ids_size(), 1);
+  EXPECT_EQ(r.stopping().stop_token_ids(0), 2u);
+  EXPECT_TRUE(r.stopping().ignore_eos());
+  EXPECT_EQ(r.sampling().logprobs(), 3);
+  EXPECT_EQ(r.cache_salt(), "tenant-a");
+  EXPECT_TRUE(call->stream);
+  EXPECT_TRUE(call->include_usage);
+  EXPECT_TRUE(call->logprobs);
+  EXPECT_EQ(call->top_logprobs, 3);
+  EXPECT_TRUE(call->max_tokens_given);
+}
+
+TEST(OpenAiApiTest, DefaultsLeaveTheServersDefaults) {
+  auto call = Completion(R"({"prompt": "Hello"})");
+  ASSERT_TRUE(call.ok()) << call.status();
+  EXPECT_FALSE(call->request.sampling().has_temperature());
+  EXPECT_FALSE(call->request.stopping().has_max_tokens());
+  EXPECT_FALSE(call->request.sampling().has_seed());
+  EXPECT_EQ(call->request.sampling().logprobs(), 0);
+  EXPECT_FALSE(call->stream);
+  EXPECT_FALSE(call->logprobs);
+  EXPECT_FALSE(call->max_tokens_given);
+  // null is "not given".
+  auto nulls = Completion(R"({"prompt": "Hello", "max_tokens": null, "stop": null, "seed": null})");
+  ASSERT_TRUE(nulls.ok()) << nulls.status();
+  EXPECT_FALSE(nulls->request.stopping().has_max_tokens());
+}
+
+TEST(OpenAiApiTest, PromptTakesEveryOpenAiShapeOfOnePrompt) {
+  auto ids = Completion(R"({"prompt": [1, 2, 3]})");
+  ASSERT_TRUE(ids.ok()) << ids.status();
+  ASSERT_EQ(ids->request.prompt_token_ids().ids_size(), 3);
+  EXPECT_EQ(ids->request.prompt_token_ids().ids(2), 3u);
+  auto one_string = Completion(R"({"prompt": ["Hello"]})");
+  ASSERT_TRUE(one_string.ok());
+  EXPECT_EQ(one_string->request.prompt(), "Hello");
+  auto one_list = Completion(R"({"prompt": [[5, 6]]})");
+  ASSERT_TRUE(one_list.ok());
+  EXPECT_EQ(one_list->request.prompt_token_ids().ids_size(), 2);
+
+  EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": ["a", "b"]})"), "one request per prompt"));
+  EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": [1, -2]})"), "prompt[1]"));
+  EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": []})"), "prompt"));
+  EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": 5})"), "prompt"));
+  EXPECT_TRUE(RefusedWith(Completion(R"({"max_tokens": 5})"), "prompt is required"));
+}
+
+TEST(OpenAiApiTest, ChatMessagesBecomeTheChatInput) {
+  auto call = Chat(R"({"messages": [
+      {"role": "developer", "content": "Be brief."},
+      {"role": "user", "content": [{"type": "text", "text": "Hi "}, {"type": "text", "text": "there"}]},
+      {"role": "assistant", "content": "Hello."},
+      {"role": "user", "content": "Bye", "name": "ignored"}],
+    "max_completion_tokens": 9, "logprobs": true, "top_logprobs": 2})");
+  ASSERT_TRUE(call.ok()) << call.status();
+  const auto& chat = call->request.chat();
+  ASSERT_EQ(chat.messages_size(), 4);
+  EXPECT_EQ(chat.messages(0).role(), "system");
+  EXPECT_EQ(chat.messages(1).content(), "Hi there");
+  EXPECT_EQ(chat.messages(3).content(), "Bye");
+  EXPECT_EQ(call->request.stopping().max_tokens(), 9u);
+  EXPECT_TRUE(call->logprobs);
+  EXPECT_EQ(call->top_logprobs, 2);
+  EXPECT_EQ(call->request.sampling().logprobs(), 2);
+  // The sampled token's log-probability alone still asks the engine for one.
+  auto alone = Chat(R"({"messages": [{"role": "user", "content": "x"}], "logprobs": true})");
+  ASSERT_TRUE(alone.ok());
+  EXPECT_EQ(alone->request.sampling().logprobs(), 1);
+  EXPECT_EQ(alone->top_logprobs, 0);
+
+  EXPECT_TRUE(RefusedWith(Chat(R"({"messages": []})"), "messages"));
+  EXPECT_TRUE(RefusedWith(Chat(R"({"messages": [{"content": "x"}]})"), "messages[0].role"));
+  EXPECT_TRUE(RefusedWith(Chat(R"({"messages": [{"role": "tool", "content": "x"}]})"), "tools"));
+  EXPECT_TRUE(RefusedWith(
+      Chat(R"({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]})"),
+      "text only"));
+  EXPECT_TRUE(RefusedWith(Chat(R"({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2})"),
+                          "needs logprobs"));
+  EXPECT_TRUE(RefusedWith(Chat(R"({"messages": [{"role": "user", "content": "x"}],
+      "tools": [{"type": "function"}]})"), "tools is not supported"));
+  EXPECT_TRUE(RefusedWith(Chat(R"({"messages": [{"role": "user", "content": "x"}],
+      "response_format": {"type": "json_object"}})"), "response_format"));
+}
+
+TEST(OpenAiApiTest, WhatTheServerCannotHonourIsRefusedByName) {
+  EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": "x", "n": 2})"), "n is not supported"));
+  EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": "x", "best_of": 3})"), "best_of"));
+  EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": "x", "echo": true})"), "echo"));
+  EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": "x", "suffix": "y"})"), "suffix"));
+  EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": "x", "logit_bias": {"5": 10}})"), "logit_bias"));
+  EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": "x", "min_tokens": 4})"), "min_tokens"));
+  // Neutral values pass.
+  auto neutral = Completion(R"({"prompt": "x", "suffix": "", "logit_bias": {}, "min_tokens": 0})");
+  EXPECT_TRUE(neutral.ok()) << neutral.status();
+}
+
+TEST(OpenAiApiTest, TypeErrorsNameTheField) {
+  EXPECT_TRUE(RefusedWith(Completion("not json"), "not valid JSON"));
+  EXPECT_TRUE(RefusedWith(Completion("[1]"), "JSON object"));
+  EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": "x", "temperature": "hot"})"), "temperature must be a number"));
+  EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": "x", "max_tokens": 2.5})"), "max_tokens must be an integer"));
+  EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": "x", "max_tokens": 0})"), "max_tokens = 0"));
+  EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": "x", "stream": "yes"})"), "stream must be true or false"));
+  EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": "x", "stop": [1]})"), "stop[0]"));
+  EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": "x", "seed": -1})"), "seed"));
+  EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": "x", "logprobs": 21})"), "logprobs = 21"));
+  EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": "x", "top_k": -2})"), "top_k"));
+  EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": "x", "stream_options": {"include_usage": true}})"),
+                          "stream: true"));
+  // vLLM's top_k = -1 is "off".
+  auto off = Completion(R"({"prompt": "x", "top_k": -1})");
+  ASSERT_TRUE(off.ok());
+  EXPECT_EQ(off->request.sampling().top_k(), 0);
+}
+
+TEST(OpenAiApiTest, AnotherModelNameIsNotFound) {
+  auto call = Completion(R"({"model": "gpt-4o", "prompt": "x"})");
+  ASSERT_FALSE(call.ok());
+  EXPECT_EQ(call.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(std::string(call.status().message()).find(kServed), std::string::npos);
+  EXPECT_EQ(HttpStatusFor(call.status()), 404);
+}
+
+TEST(OpenAiApiTest, ValidationMessagesUseTheHttpFieldNames) {
+  EXPECT_EQ(ToOpenAiFieldNames("stopping.max_tokens = 5 with ..."), "max_tokens = 5 with ...");
+  EXPECT_EQ(ToOpenAiFieldNames("sampling.top_p = 2; it must be in (0, 1]"),
+            "top_p = 2; it must be in (0, 1]");
+  EXPECT_EQ(ToOpenAiFieldNames("chat.messages[1].role is 'x'"), "messages[1].role is 'x'");
+  EXPECT_EQ(HttpStatusFor(absl::ResourceExhaustedError("")), 429);
+  EXPECT_EQ(HttpStatusFor(absl::UnavailableError("")), 503);
+  EXPECT_EQ(HttpStatusFor(absl::InternalError("")), 500);
+  const Json err = Json::parse(OpenAiErrorBody(429, "queue \"full\""));
+  EXPECT_EQ(err["error"]["message"], "queue \"full\"");
+  EXPECT_EQ(err["error"]["type"], "rate_limit_error");
+  EXPECT_EQ(err["error"]["code"], 429);
+}
+
+class OpenAiResponseTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    auto m = model::Model::Load(testing::DefaultModelPath());
+    ASSERT_TRUE(m.ok()) << m.status();
+    model_ = std::move(*m).release();
+  }
+  static void TearDownTestSuite() {
+    delete model_;
+    model_ = nullptr;
+  }
+  // Two deltas: " Paris" (with its top two) and "." — ids from the real tokenizer.
+  static std::vector<scheduler::TokenDelta> Deltas() {
+    const auto& tok = model_->tokenizer();
+    const int32_t paris = tok.Encode(" Paris", false, false).at(0);
+    const int32_t dot = tok.Encode(".", false, false).at(0);
+    scheduler::TokenDelta a, b;
+    a.token_ids = {paris};
+    a.text = " Paris";
+    a.logprobs = {-0.25f};
+    a.top = {{{paris, -0.25f}, {dot, -2.0f}}};
+    b.token_ids = {dot};
+    b.text = ".";
+    b.logprobs = {-std::numeric_limits<float>::infinity()};
+    b.top = {{{dot, -std::numeric_limits<float>::infinity()}, {paris, -3.0f}}};
+    return {a, b};
+  }
+  static scheduler::FinishInfo Finished(scheduler::FinishReason reason) {
+    scheduler::FinishInfo f;
+    f.reason = reason;
+    f.prompt_tokens = 5;
+    f.completion_tokens = 2;
+    return f;
+  }
+  static model::Model* model_;
+};
+model::Model* OpenAiResponseTest::model_ = nullptr;
+
+TEST_F(OpenAiResponseTest, CompletionWithLogprobsInTheLegacyFormat) {
+  auto call = Completion(R"({"prompt": "x", "logprobs": 1})");
+  ASSERT_TRUE(call.ok());
+  OpenAiResponseBuilder b(*call, "cmpl-1", 1700000000, kServed, model_->tokenizer());
+  for (const auto& d : Deltas()) b.Add(d);
+  const Json j = b.Complete(Finished(scheduler::FinishReason::kEos));
+  EXPECT_EQ(j["id"], "cmpl-1");
+  EXPECT_EQ(j["object"], "text_completion");
+  EXPECT_EQ(j["created"], 1700000000);
+  EXPECT_EQ(j["model"], kServed);
+  const Json& c = j["choices"][0];
+  EXPECT_EQ(c["text"], " Paris.");
+  EXPECT_EQ(c["finish_reason"], "stop");
+  EXPECT_EQ(c["logprobs"]["tokens"], Json({" Paris", "."}));
+  EXPECT_EQ(c["logprobs"]["text_offset"], Json({0, 6}));
+  EXPECT_FLOAT_EQ(c["logprobs"]["token_logprobs"][0].get<float>(), -0.25f);
+  EXPECT_FLOAT_EQ(c["logprobs"]["token_logprobs"][1].get<float>(), -9999.0f);  // -inf
+  // top 1 of the two the engine gave.
+  EXPECT_EQ(c["logprobs"]["top_logprobs"][0].size(), 1u);
+  EXPECT_FLOAT_EQ(c["logprobs"]["top_logprobs"][0][" Paris"].get<float>(), -0.25f);
+  EXPECT_EQ(j["usage"]["prompt_tokens"], 5);
+  EXPECT_EQ(j["usage"]["completion_tokens"], 2);
+  EXPECT_EQ(j["usage"]["total_tokens"], 7);
+}
+
+TEST_F(OpenAiResponseTest, ChatStreamChunksInOrder) {
+  auto call = Chat(R"({"messages": [{"role": "user", "content": "x"}], "stream": true,
+      "logprobs": true, "top_logprobs": 2})");
+  ASSERT_TRUE(call.ok());
+  OpenAiResponseBuilder b(*call, "chatcmpl-1", 1700000000, kServed, model_->tokenizer());
+  const Json role = b.RoleChunk();
+  EXPECT_EQ(role["object"], "chat.completion.chunk");
+  EXPECT_EQ(role["choices"][0]["delta"]["role"], "assistant");
+  const auto deltas = Deltas();
+  const Json first = b.DeltaChunk(deltas[0]);
+  EXPECT_EQ(first["choices"][0]["delta"]["content"], " Paris");
+  EXPECT_TRUE(first["choices"][0]["finish_reason"].is_null());
+  const Json& lp = first["choices"][0]["logprobs"]["content"][0];
+  EXPECT_EQ(lp["token"], " Paris");
+  EXPECT_EQ(lp["bytes"], Json({32, 80, 97, 114, 105, 115}));
+  ASSERT_EQ(lp["top_logprobs"].size(), 2u);
+  EXPECT_EQ(lp["top_logprobs"][1]["token"], ".");
+  b.DeltaChunk(deltas[1]);
+  const Json fin = b.FinishChunk(Finished(scheduler::FinishReason::kLength));
+  EXPECT_EQ(fin["choices"][0]["finish_reason"], "length");
+  EXPECT_TRUE(fin["choices"][0]["delta"].empty());
+  const Json usage = b.UsageChunk(Finished(scheduler::FinishReason::kLength));
+  EXPECT_TRUE(usage["choices"].empty());
+  EXPECT_EQ(usage["usage"]["total_tokens"], 7);
+}
+
+TEST_F(OpenAiResponseTest, FinishReasonsFollowVllm) {
+  EXPECT_STREQ(OpenAiFinishReason(scheduler::FinishReason::kStop), "stop");
+  EXPECT_STREQ(OpenAiFinishReason(scheduler::FinishReason::kEos), "stop");
+  EXPECT_STREQ(OpenAiFinishReason(scheduler::FinishReason::kLength), "length");
+  EXPECT_STREQ(OpenAiFinishReason(scheduler::FinishReason::kCancelled), "abort");
+  auto call = Chat(R"({"messages": [{"role": "user", "content": "x"}]})");
+  ASSERT_TRUE(call.ok());
+  OpenAiResponseBuilder b(*call, "chatcmpl-2", 1, kServed, model_->tokenizer());
+  const Json j = b.Complete(Finished(scheduler::FinishReason::kStop));
+  EXPECT_EQ(j["object"], "chat.completion");
+  EXPECT_EQ(j["choices"][0]["message"]["role"], "assistant");
+  EXPECT_EQ(j["choices"][0]["message"]["content"], "");
+  EXPECT_TRUE(j["choices"][0]["logprobs"].is_null());
+}
+
+TEST_F(OpenAiResponseTest, InvalidUtf8InATokenBecomesAReplacementCharacter) {
+  // A byte-level token that is half of a UTF-8 character.
+  const auto& tok = model_->tokenizer();
+  int32_t half = -1;
+  for (int32_t id = 0; id < tok.vocab_size() && half < 0; ++id) {
+    const std::string bytes = tok.TokenBytes(id);
+    if (bytes.size() == 1 && static_cast<unsigned char>(bytes[0]) >= 0xC2 &&
+        static_cast<unsigned char>(bytes[0]) < 0xF0) {
+      half = id;
+    }
+  }
+  ASSERT_GE(half, 0);
+  Json j = {{"token", tok.TokenBytes(half)}};
+  const std::string dumped = DumpJson(j);
+  EXPECT_NE(dumped.find("\xEF\xBF\xBD"), std::string::npos) << dumped;
+  EXPECT_NO_THROW(Json::parse(dumped));
+}
+
+}  // namespace
+}  // namespace thetaserve::server

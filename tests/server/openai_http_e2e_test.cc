@@ -1,0 +1,373 @@
+// The OpenAI-compatible HTTP API end to end: the real `thetaserve serve --http-port` binary with
+// SmolLM2, raw HTTP over loopback, and the gRPC API beside it on the same engine.
+#include <signal.h>
+
+#include <atomic>
+#include <chrono>
+#include <thread>
+
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "tests/server/http_client.h"
+#include "tests/server/server_process.h"
+
+namespace thetaserve::testing {
+namespace {
+
+using Json = nlohmann::json;
+constexpr char kModelName[] = "SmolLM2-135M-Instruct.Q4_1";
+
+std::string GrpcText(v1::Generation::Stub& stub, const v1::GenerateRequest& req,
+                     v1::Complete* complete = nullptr) {
+  grpc::ClientContext ctx;
+  auto reader = stub.Generate(&ctx, req);
+  v1::GenerateResponse resp;
+  std::string text;
+  while (reader->Read(&resp)) {
+    if (resp.has_chunk()) text += resp.chunk().text();
+    if (resp.has_complete() && complete) *complete = resp.complete();
+  }
+  EXPECT_TRUE(reader->Finish().ok());
+  return text;
+}
+
+v1::ServerStatus Status(v1::Generation::Stub& stub) {
+  grpc::ClientContext ctx;
+  v1::ServerStatus s;
+  EXPECT_TRUE(stub.GetServerStatus(&ctx, {}, &s).ok());
+  return s;
+}
+
+// Waits until the engine runs `running` requests and, when 0, holds no pages.
+bool WaitForRunning(v1::Generation::Stub& stub, uint32_t running, double timeout_s = 10) {
+  const auto until = std::chrono::steady_clock::now() +
+                     std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+  while (std::chrono::steady_clock::now() < until) {
+    const v1::ServerStatus s = Status(stub);
+    if (s.running() == running &&
+        (running > 0 || s.pages().used_k() + s.pages().used_v() == 0)) {
+      return true;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return false;
+}
+
+// The value of one series in a Prometheus exposition, or -1.
+double MetricValue(const std::string& exposition, const std::string& series) {
+  const size_t pos = exposition.find("\n" + series + " ");
+  if (pos == std::string::npos) return -1;
+  return std::stod(exposition.substr(pos + series.size() + 2));
+}
+
+std::string RequestHead(const std::string& path, const std::string& body) {
+  return "POST " + path + " HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+         "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+}
+
+class OpenAiHttpTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    http_port_ = FreePort();
+    server_ = new ServerProcess({"--http-port", std::to_string(http_port_), "--max-num-seqs", "16"});
+  }
+  static void TearDownTestSuite() { delete server_; }
+
+  static HttpResult Post(const std::string& path, const Json& body) {
+    return HttpCall(http_port_, "POST", path, body.dump());
+  }
+  static ServerProcess* server_;
+  static int http_port_;
+};
+ServerProcess* OpenAiHttpTest::server_ = nullptr;
+int OpenAiHttpTest::http_port_ = 0;
+
+TEST_F(OpenAiHttpTest, HealthAndModelsDescribeTheServer) {
+  ASSERT_TRUE(server_->started());
+  HttpResult health = HttpCall(http_port_, "GET", "/health");
+  EXPECT_EQ(health.status, 200);
+  HttpResult models = HttpCall(http_port_, "GET", "/v1/models");
+  ASSERT_EQ(models.status, 200) << models.body;
+  const Json m = Json::parse(models.body);
+  EXPECT_EQ(m["object"], "list");
+  ASSERT_EQ(m["data"].size(), 1u);
+  EXPECT_EQ(m["data"][0]["id"], kModelName);
+  EXPECT_EQ(m["data"][0]["max_model_len"], 8192);
+  EXPECT_EQ(HttpCall(http_port_, "GET", std::string("/v1/models/") + kModelName).status, 200);
+  EXPECT_EQ(HttpCall(http_port_, "GET", "/v1/models/gpt-4o").status, 404);
+}
+
+TEST_F(OpenAiHttpTest, CompletionEqualsTheGrpcStreamOfTheSameRequest) {
+  ASSERT_TRUE(server_->started());
+  HttpResult r = Post("/v1/completions", {{"model", kModelName},
+                                          {"prompt", "The capital of France is"},
+                                          {"max_tokens", 24},
+                                          {"temperature", 0}});
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.headers["content-type"], "application/json");
+  const Json j = Json::parse(r.body);
+  EXPECT_EQ(j["object"], "text_completion");
+  EXPECT_EQ(j["model"], kModelName);
+  EXPECT_EQ(j["id"].get<std::string>().rfind("cmpl-", 0), 0u);
+  EXPECT_EQ(r.headers["x-request-id"], j["id"]);
+
+  v1::GenerateRequest req;
+  req.set_prompt("The capital of France is");
+  req.mutable_sampling()->set_temperature(0);
+  req.mutable_stopping()->set_max_tokens(24);
+  auto stub = server_->stub();
+  v1::Complete complete;
+  const std::string grpc_text = GrpcText(*stub, req, &complete);
+  ASSERT_FALSE(grpc_text.empty());
+  EXPECT_EQ(j["choices"][0]["text"], grpc_text);
+  EXPECT_NE(grpc_text.find("Paris"), std::string::npos) << grpc_text;
+  EXPECT_EQ(j["usage"]["prompt_tokens"], complete.usage().prompt_tokens());
+  EXPECT_EQ(j["usage"]["completion_tokens"], complete.usage().completion_tokens());
+  EXPECT_EQ(j["choices"][0]["finish_reason"],
+            complete.finish_reason() == v1::FINISH_REASON_LENGTH ? "length" : "stop");
+}
+
+TEST_F(OpenAiHttpTest, StreamedChatEqualsTheWholeChat) {
+  ASSERT_TRUE(server_->started());
+  const Json body = {{"messages", {{{"role", "system"}, {"content", "You are brief."}},
+                                   {{"role", "user"}, {"content", "Name three colours."}}}},
+                     {"max_tokens", 40},
+                     {"temperature", 0}};
+  HttpResult whole = Post("/v1/chat/completions", body);
+  ASSERT_EQ(whole.status, 200) << whole.body;
+  const Json w = Json::parse(whole.body);
+  EXPECT_EQ(w["object"], "chat.completion");
+  const std::string content = w["choices"][0]["message"]["content"];
+  ASSERT_FALSE(content.empty());
+
+  Json sbody = body;
+  sbody["stream"] = true;
+  sbody["stream_options"] = {{"include_usage", true}};
+  HttpResult streamed = Post("/v1/chat/completions", sbody);
+  ASSERT_EQ(streamed.status, 200) << streamed.body;
+  EXPECT_EQ(streamed.headers["content-type"], "text/event-stream");
+  const std::vector<std::string> events = SseData(streamed.body);
+  ASSERT_GE(events.size(), 4u);
+  EXPECT_EQ(events.back(), "[DONE]");
+  const Json first = Json::parse(events[0]);
+  EXPECT_EQ(first["choices"][0]["delta"]["role"], "assistant");
+  std::string joined;
+  std::string finish;
+  Json usage;
+  for (size_t i = 1; i + 1 < events.size(); ++i) {
+    const Json e = Json::parse(events[i]);
+    EXPECT_EQ(e["id"], first["id"]);
+    EXPECT_EQ(e["object"], "chat.completion.chunk");
+    if (e.contains("usage")) usage = e["usage"];
+    if (e["choices"].empty()) continue;
+    const Json& c = e["choices"][0];
+    if (c["delta"].contains("content")) joined += c["delta"]["content"].get<std::string>();
+    if (!c["finish_reason"].is_null()) finish = c["finish_reason"];
+  }
+  EXPECT_EQ(joined, content);
+  EXPECT_EQ(finish, w["choices"][0]["finish_reason"]);
+  EXPECT_EQ(usage, w["usage"]);
+  // Several events: the text arrived as it was generated, not in one piece.
+  EXPECT_GE(streamed.chunks.size(), 4u);
+}
+
+TEST_F(OpenAiHttpTest, LogprobsComeBackInBothFormats) {
+  ASSERT_TRUE(server_->started());
+  HttpResult c = Post("/v1/completions", {{"prompt", "One, two, three,"}, {"max_tokens", 4},
+                                          {"temperature", 0}, {"logprobs", 2}});
+  ASSERT_EQ(c.status, 200) << c.body;
+  const Json lp = Json::parse(c.body)["choices"][0]["logprobs"];
+  ASSERT_EQ(lp["tokens"].size(), 4u);
+  ASSERT_EQ(lp["top_logprobs"].size(), 4u);
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_LE(lp["token_logprobs"][i].get<double>(), 0.0);
+    EXPECT_EQ(lp["top_logprobs"][i].size(), 2u);
+    // Greedy: the sampled token is the most likely one.
+    double best = -1e9;
+    for (auto& [tok, v] : lp["top_logprobs"][i].items()) best = std::max(best, v.get<double>());
+    EXPECT_DOUBLE_EQ(lp["token_logprobs"][i].get<double>(), best);
+  }
+  HttpResult chat = Post("/v1/chat/completions",
+                         {{"messages", {{{"role", "user"}, {"content", "Hi"}}}}, {"max_tokens", 3},
+                          {"temperature", 0}, {"logprobs", true}, {"top_logprobs", 3}});
+  ASSERT_EQ(chat.status, 200) << chat.body;
+  const Json content = Json::parse(chat.body)["choices"][0]["logprobs"]["content"];
+  ASSERT_EQ(content.size(), 3u);
+  EXPECT_EQ(content[0]["top_logprobs"].size(), 3u);
+  EXPECT_EQ(content[0]["top_logprobs"][0]["token"], content[0]["token"]);
+}
+
+TEST_F(OpenAiHttpTest, StopStringsAndSeedsBehaveAsOverGrpc) {
+  ASSERT_TRUE(server_->started());
+  const Json body = {{"prompt", "Count: 1, 2, 3, 4,"}, {"max_tokens", 30}, {"temperature", 0},
+                     {"stop", ", 8"}};
+  const Json j = Json::parse(Post("/v1/completions", body).body);
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "stop") << j.dump();
+  EXPECT_EQ(j["choices"][0]["text"].get<std::string>().find(", 8"), std::string::npos);
+  // Sampling with a seed repeats.
+  const Json seeded = {{"prompt", "Once upon a time"}, {"max_tokens", 16}, {"temperature", 1.0},
+                       {"seed", 7}};
+  const Json a = Json::parse(Post("/v1/completions", seeded).body);
+  const Json b = Json::parse(Post("/v1/completions", seeded).body);
+  EXPECT_EQ(a["choices"][0]["text"], b["choices"][0]["text"]);
+}
+
+TEST_F(OpenAiHttpTest, BadInputGetsItsStatusAndTheServerKeepsServing) {
+  ASSERT_TRUE(server_->started());
+  auto status_of = [&](const std::string& path, const std::string& raw_body) {
+    HttpResult r = HttpCall(http_port_, "POST", path, raw_body);
+    if (r.status >= 400) {
+      const Json e = Json::parse(r.body);  // an OpenAI error object
+      EXPECT_TRUE(e["error"]["message"].is_string()) << r.body;
+      EXPECT_EQ(e["error"]["code"], r.status);
+    }
+    return r.status;
+  };
+  EXPECT_EQ(status_of("/v1/completions", "{not json"), 400);
+  EXPECT_EQ(status_of("/v1/completions", R"({"prompt": "x", "n": 3})"), 400);
+  EXPECT_EQ(status_of("/v1/completions", R"({"prompt": "x", "temperature": -1})"), 400);
+  EXPECT_EQ(status_of("/v1/completions", R"({"prompt": "x", "max_tokens": 100000})"), 400);
+  EXPECT_EQ(status_of("/v1/completions", R"({"prompt": [1, 2, 4000000]})"), 400);
+  EXPECT_EQ(status_of("/v1/completions", R"({"prompt": "x", "model": "gpt-4o"})"), 404);
+  EXPECT_EQ(status_of("/v1/chat/completions", R"({"messages": [{"role": "wizard", "content": "x"}]})"), 400);
+  EXPECT_EQ(status_of("/v1/completions", "{\"prompt\": \"\xff\xfe\"}"), 400);
+  EXPECT_EQ(status_of("/v1/embeddings", "{}"), 404);
+  EXPECT_EQ(HttpCall(http_port_, "GET", "/v1/completions").status, 405);
+  {
+    HttpConnection c(http_port_);
+    c.SendRaw("\x16\x03\x01 not http at all\r\n\r\n");
+    EXPECT_EQ(c.Read(10).status, 400);
+  }
+  EXPECT_GE(MetricValue(server_->ScrapeMetrics(), "thetaserve_requests_total{outcome=\"rejected\"}"),
+            8);
+  HttpResult ok = Post("/v1/completions", {{"prompt", "Hello"}, {"max_tokens", 2}});
+  EXPECT_EQ(ok.status, 200) << ok.body;
+}
+
+TEST_F(OpenAiHttpTest, AVanishedClientFreesItsPagesStreamingOrNot) {
+  ASSERT_TRUE(server_->started());
+  auto stub = server_->stub();
+  ASSERT_TRUE(WaitForRunning(*stub, 0));
+  const std::string kCancelled = "thetaserve_requests_total{outcome=\"cancelled\"}";
+  const double cancelled_before = MetricValue(server_->ScrapeMetrics(), kCancelled);
+  for (bool stream : {false, true}) {
+    SCOPED_TRACE(stream ? "streaming" : "whole completion");
+    const Json body = {{"prompt", "Tell me a very long story about a dragon"},
+                       {"max_tokens", 4000}, {"ignore_eos", true}, {"stream", stream}};
+    {
+      HttpConnection c(http_port_);
+      ASSERT_TRUE(c.SendRaw(RequestHead("/v1/completions", body.dump())));
+      ASSERT_TRUE(WaitForRunning(*stub, 1));
+      if (stream) {
+        HttpResult head = c.ReadHead(30);
+        EXPECT_EQ(head.status, 200);
+      }
+      EXPECT_GT(Status(*stub).pages().used_k(), 0u);
+    }  // the client goes away mid-generation
+    EXPECT_TRUE(WaitForRunning(*stub, 0)) << "the request kept running or kept its pages";
+  }
+  EXPECT_EQ(MetricValue(server_->ScrapeMetrics(), kCancelled), cancelled_before + 2);
+}
+
+TEST_F(OpenAiHttpTest, AbortOverGrpcEndsAnHttpStreamWithAbort) {
+  ASSERT_TRUE(server_->started());
+  HttpConnection c(http_port_);
+  const Json body = {{"prompt", "Once upon a time"}, {"max_tokens", 4000}, {"ignore_eos", true},
+                     {"stream", true}};
+  ASSERT_TRUE(c.SendRaw(RequestHead("/v1/completions", body.dump())));
+  HttpResult r = c.ReadHead(60);
+  ASSERT_EQ(r.status, 200);
+  const std::string id = r.headers["x-request-id"];
+  ASSERT_FALSE(id.empty());
+  auto stub = server_->stub();
+  ASSERT_TRUE(WaitForRunning(*stub, 1));
+  grpc::ClientContext ctx;
+  v1::AbortRequest abort;
+  abort.set_request_id(id);
+  v1::AbortResponse found;
+  ASSERT_TRUE(stub->Abort(&ctx, abort, &found).ok());
+  EXPECT_TRUE(found.found());
+  c.ReadBody(&r, 30);
+  ASSERT_EQ(r.status, 200);
+  const auto events = SseData(r.body);
+  ASSERT_GE(events.size(), 2u);
+  EXPECT_EQ(events.back(), "[DONE]");
+  EXPECT_EQ(Json::parse(events[events.size() - 2])["choices"][0]["finish_reason"], "abort");
+  EXPECT_TRUE(WaitForRunning(*stub, 0));
+}
+
+TEST_F(OpenAiHttpTest, SixteenConcurrentStreamsAllComplete) {
+  ASSERT_TRUE(server_->started());
+  std::atomic<int> done{0};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 16; ++i) {
+    threads.emplace_back([&, i] {
+      const Json body = {{"prompt", "Story number " + std::to_string(i) + ":"},
+                         {"max_tokens", 12}, {"ignore_eos", true}, {"stream", true},
+                         {"stream_options", {{"include_usage", true}}}};
+      HttpResult r = HttpCall(http_port_, "POST", "/v1/completions", body.dump());
+      const auto events = SseData(r.body);
+      if (r.status == 200 && events.size() >= 3 && events.back() == "[DONE]" &&
+          Json::parse(events[events.size() - 2])["usage"]["completion_tokens"] == 12) {
+        ++done;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(done.load(), 16);
+}
+
+TEST(OpenAiHttpLifecycleTest, ApiKeyGuardsTheApiButNotHealth) {
+  const int http_port = FreePort();
+  ServerProcess server({"--http-port", std::to_string(http_port), "--api-key", "sesame",
+                        "--served-model-name", "tiny"});
+  ASSERT_TRUE(server.started());
+  const std::string body = R"({"model": "tiny", "prompt": "Hello", "max_tokens": 2})";
+  HttpResult none = HttpCall(http_port, "POST", "/v1/completions", body);
+  EXPECT_EQ(none.status, 401);
+  EXPECT_EQ(none.headers["www-authenticate"], "Bearer");
+  EXPECT_EQ(HttpCall(http_port, "POST", "/v1/completions", body,
+                     {{"Authorization", "Bearer wrong"}}).status, 401);
+  EXPECT_EQ(HttpCall(http_port, "GET", "/v1/models").status, 401);
+  HttpResult right = HttpCall(http_port, "POST", "/v1/completions", body,
+                              {{"Authorization", "Bearer sesame"}});
+  EXPECT_EQ(right.status, 200) << right.body;
+  EXPECT_EQ(Json::parse(right.body)["model"], "tiny");
+  EXPECT_EQ(HttpCall(http_port, "GET", "/health").status, 200);
+}
+
+TEST(OpenAiHttpLifecycleTest, FlagErrorsAreRefusedBeforeTheModelLoads) {
+  for (const std::vector<std::string>& flags :
+       {std::vector<std::string>{"--http-port", "70000"},
+        std::vector<std::string>{"--served-model-name", "x"}}) {
+    ServerProcess server(flags, /*timeout_s=*/0);
+    EXPECT_EQ(server.Wait(30), 1) << flags[0];
+  }
+}
+
+TEST(OpenAiHttpLifecycleTest, SigtermDrainsHttpStreamsToTheirEnd) {
+  const int http_port = FreePort();
+  ServerProcess server({"--http-port", std::to_string(http_port)});
+  ASSERT_TRUE(server.started());
+  HttpConnection c(http_port);
+  const Json body = {{"prompt", "Hello"}, {"max_tokens", 48}, {"ignore_eos", true},
+                     {"stream", true}};
+  ASSERT_TRUE(c.SendRaw(RequestHead("/v1/completions", body.dump())));
+  HttpResult r = c.ReadHead(60);
+  ASSERT_EQ(r.status, 200);
+  server.Signal(SIGTERM);
+  // New requests are refused while it drains ...
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  HttpResult late = HttpCall(http_port, "POST", "/v1/completions", R"({"prompt": "x"})");
+  EXPECT_TRUE(late.status == 503 || late.status == 0) << late.status;
+  // ... and the one in flight finishes.
+  c.ReadBody(&r, 60);
+  const auto events = SseData(r.body);
+  ASSERT_GE(events.size(), 2u);
+  EXPECT_EQ(events.back(), "[DONE]");
+  EXPECT_EQ(Json::parse(events[events.size() - 2])["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(server.Wait(60), 0);
+}
+
+}  // namespace
+}  // namespace thetaserve::testing
