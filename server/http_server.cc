@@ -232,27 +232,28 @@ HttpServer::HttpServer(int listen_fd, int wake_read, int wake_write, int port, H
 HttpServer::~HttpServer() { Stop(); }
 
 int HttpServer::connections() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return static_cast<int>(open_fds_.size());
+  std::lock_guard<std::mutex> lock(conns_->mu);
+  return static_cast<int>(conns_->fds.size());
 }
 
 void HttpServer::Stop() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (stopped_) return;
-    stopped_ = true;
+    std::lock_guard<std::mutex> lock(conns_->mu);
+    if (conns_->stopped) return;
+    conns_->stopped = true;
   }
   stopping_.store(true);
   const char byte = 0;
   [[maybe_unused]] ssize_t w = ::write(wake_write_, &byte, 1);
   if (accept_thread_.joinable()) accept_thread_.join();
   ::close(listen_fd_);
-  std::unique_lock<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(conns_->mu);
   // Connections notice stopping_ within a poll slice; a handler still waiting on the engine
   // after a few seconds has its socket shut down, so its writes fail and it returns.
-  if (!idle_cv_.wait_for(lock, std::chrono::seconds(5), [&] { return open_fds_.empty(); })) {
-    for (int fd : open_fds_) ::shutdown(fd, SHUT_RDWR);
-    idle_cv_.wait(lock, [&] { return open_fds_.empty(); });
+  auto none = [&] { return conns_->fds.empty(); };
+  if (!conns_->idle.wait_for(lock, std::chrono::seconds(5), none)) {
+    for (int fd : conns_->fds) ::shutdown(fd, SHUT_RDWR);
+    conns_->idle.wait(lock, none);
   }
   lock.unlock();
   ::close(wake_read_);
@@ -272,9 +273,9 @@ void HttpServer::AcceptLoop() {
     if (fd < 0) continue;
     bool admitted = false;
     {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (static_cast<int>(open_fds_.size()) < options_.max_connections) {
-        open_fds_.insert(fd);
+      std::lock_guard<std::mutex> lock(conns_->mu);
+      if (static_cast<int>(conns_->fds.size()) < options_.max_connections) {
+        conns_->fds.insert(fd);
         admitted = true;
       }
     }
@@ -286,12 +287,15 @@ void HttpServer::AcceptLoop() {
       ::close(fd);
       continue;
     }
-    std::thread([this, fd] {
-      Serve(fd);
+    std::thread([this, fd, conns = conns_] {
+      Serve(fd);  // the last use of `this`
+      {
+        // Out of the set before it closes, so Stop never shuts down a reused descriptor.
+        std::lock_guard<std::mutex> lock(conns->mu);
+        conns->fds.erase(fd);
+        conns->idle.notify_all();
+      }
       ::close(fd);
-      std::lock_guard<std::mutex> lock(mu_);
-      open_fds_.erase(fd);
-      idle_cv_.notify_all();
     }).detach();
   }
 }
@@ -307,11 +311,15 @@ bool HttpServer::WaitReadable(int fd, int timeout_ms) const {
 }
 
 void HttpServer::Serve(int fd) {
+  using Clock = std::chrono::steady_clock;
   std::string in;  // bytes read and not yet consumed (may hold a pipelined request)
   char buf[16 << 10];
-  // Reads more into `in`; false when the client is gone, slow or the server stops.
-  auto read_more = [&](int timeout_ms) {
-    if (!WaitReadable(fd, timeout_ms)) return false;
+  // Reads more into `in` by `deadline`; false when the client is gone, too slow, or the server
+  // stops.
+  auto read_more = [&](Clock::time_point deadline) {
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    if (left <= 0 || !WaitReadable(fd, static_cast<int>(left))) return false;
     const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
     if (n <= 0) return false;
     in.append(buf, static_cast<size_t>(n));
@@ -325,16 +333,17 @@ void HttpServer::Serve(int fd) {
   };
 
   while (!stopping_.load()) {
-    // The head: request line and headers.
+    // The head: request line and headers. An idle connection waits up to idle_timeout_ms for
+    // a request; the request, once begun, must arrive whole within io_timeout_ms.
+    const auto idle_until = Clock::now() + std::chrono::milliseconds(options_.idle_timeout_ms);
+    if (in.empty() && !read_more(idle_until)) return;
+    const auto deadline = Clock::now() + std::chrono::milliseconds(options_.io_timeout_ms);
     size_t head_end;
-    bool first_read = true;
     while ((head_end = in.find("\r\n\r\n")) == std::string::npos) {
       if (in.size() > options_.max_head_bytes) {
         return reject(431, "the request line and headers exceed 64 KiB");
       }
-      const bool idle = in.empty() && first_read;
-      first_read = false;
-      if (!read_more(idle ? options_.idle_timeout_ms : options_.io_timeout_ms)) return;
+      if (!read_more(deadline)) return;
     }
     if (head_end > options_.max_head_bytes) {
       return reject(431, "the request line and headers exceed 64 KiB");
@@ -391,7 +400,7 @@ void HttpServer::Serve(int fd) {
       }
     }
     while (in.size() < length) {
-      if (!read_more(options_.io_timeout_ms)) return;
+      if (!read_more(deadline)) return;
     }
     req.body = in.substr(0, length);
     in.erase(0, length);

@@ -81,7 +81,7 @@ using HttpHandler = std::function<void(const HttpRequest&, HttpResponder&)>;
 struct HttpServerOptions {
   int max_connections = 256;
   int idle_timeout_ms = 60'000;      // keep-alive connection with no request
-  int io_timeout_ms = 30'000;        // a request's head and body, and each write
+  int io_timeout_ms = 30'000;        // a whole request, head and body (a write: 30 s)
   size_t max_head_bytes = 64 << 10;  // request line + headers
   size_t max_body_bytes = 32 << 20;
 };
@@ -116,10 +116,15 @@ class HttpServer {
   HttpServerOptions options_;
   std::atomic<bool> stopping_{false};
   std::thread accept_thread_;
-  mutable std::mutex mu_;
-  std::condition_variable idle_cv_;
-  std::set<int> open_fds_;  // guarded by mu_
-  bool stopped_ = false;    // guarded by mu_
+  // The open connections. Shared with the connection threads, which touch it last, so that
+  // Stop may return (and the server be destroyed) while a thread is still leaving its lock.
+  struct Connections {
+    std::mutex mu;
+    std::condition_variable idle;
+    std::set<int> fds;     // guarded by mu
+    bool stopped = false;  // guarded by mu
+  };
+  std::shared_ptr<Connections> conns_ = std::make_shared<Connections>();
 };
 
 // "OK", "Not Found", ... for a status code.

@@ -87,8 +87,6 @@ int64_t UnixNow() {
       .count();
 }
 
-std::atomic<uint64_t> g_next_id{1};
-
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<OpenAiHttpServer>> OpenAiHttpServer::Start(
@@ -125,9 +123,7 @@ bool OpenAiHttpServer::Authorized(const HttpRequest& req, HttpResponder& out) {
 
 void OpenAiHttpServer::Handle(const HttpRequest& req, HttpResponder& out) {
   if (req.path == "/health") {
-    if (req.method != "GET" && req.method != "HEAD") {
-      return SendError(out, 405, "use GET", {{"Allow", "GET"}});
-    }
+    if (req.method != "GET") return SendError(out, 405, "use GET", {{"Allow", "GET"}});
     const bool serving = service_->ready() && !service_->engine().draining();
     out.Send(serving ? 200 : 503, "application/json",
              serving ? R"({"status":"serving"})" : R"({"status":"not serving"})");
@@ -190,7 +186,7 @@ void OpenAiHttpServer::Generate(const HttpRequest& http, HttpResponder& out, boo
         static_cast<int32_t>(model_->config().max_context - static_cast<int64_t>(req.prompt.size()));
   }
   const std::string id = absl::StrFormat("%s-%x-%d", chat ? "chatcmpl" : "cmpl", created_,
-                                         g_next_id.fetch_add(1));
+                                         next_id_.fetch_add(1));
   req.id = id;
   if (!service_->Track(id)) return reject(absl::AlreadyExistsError("request id collision"));
   auto sink = std::make_shared<HttpSink>(service_, id);

@@ -9,6 +9,7 @@
 // at the next step.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -49,7 +50,8 @@ class OpenAiHttpServer {
   GenerationService* service_;
   const model::Model* model_;
   OpenAiHttpOptions options_;
-  int64_t created_;  // unix seconds at start, for /v1/models
+  int64_t created_;  // unix seconds at start, for /v1/models and request ids
+  std::atomic<uint64_t> next_id_{1};
   std::unique_ptr<HttpServer> http_;
 };
 

@@ -193,6 +193,10 @@ with helm.Chart.load(chart_dir) as chart:
             err("%s: container port grpc %s != --port %s" % (name, ports.get("grpc"), flags.get("THETASERVE_FLAG_PORT")))
         if str(ports.get("metrics")) != flags.get("THETASERVE_FLAG_METRICS_PORT"):
             err("%s: container port metrics != --metrics-port" % name)
+        if str(ports.get("http")) != flags.get("THETASERVE_FLAG_HTTP_PORT"):
+            err("%s: container port http %s != --http-port %s" % (name, ports.get("http"), flags.get("THETASERVE_FLAG_HTTP_PORT")))
+        if "http" not in [p.get("targetPort") for p in svc["spec"]["ports"]]:
+            err("%s: the Service does not expose the HTTP API" % name)
         for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
             p = main.get(probe)
             if not p or "grpc" not in p:

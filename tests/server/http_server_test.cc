@@ -214,6 +214,37 @@ TEST(HttpServerTest, StopEndsIdleConnectionsPromptly) {
   EXPECT_FALSE(HttpConnection(server->port()).connected());
 }
 
+TEST(HttpServerTest, SlowAndIdleClientsAreClosedOnTime) {
+  HttpServerOptions o;
+  o.idle_timeout_ms = 400;
+  o.io_timeout_ms = 400;
+  auto server = StartOrDie(Echo, o);
+  ASSERT_NE(server, nullptr);
+  // A request trickling in a byte at a time is cut off at the request deadline, not per read.
+  HttpConnection slow(server->port());
+  const std::string head = "GET /slow HTTP/1.1\r\nX-Test: 1\r\n\r\n";
+  const auto t0 = std::chrono::steady_clock::now();
+  bool cut = false;
+  for (char ch : head) {
+    if (!slow.SendRaw(std::string(1, ch))) {
+      cut = true;
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    if (slow.ClosedByServer(0)) {
+      cut = true;
+      break;
+    }
+  }
+  EXPECT_TRUE(cut);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(1500));
+  // A keep-alive connection with nothing to say is closed after the idle timeout.
+  HttpConnection idle(server->port());
+  ASSERT_TRUE(idle.SendRaw("GET /a HTTP/1.1\r\n\r\n"));
+  EXPECT_EQ(idle.Read(5).status, 200);
+  EXPECT_TRUE(idle.ClosedByServer(3));
+}
+
 TEST(HttpServerTest, AHandlerThatSendsNothingYields500) {
   auto server = StartOrDie([](const HttpRequest&, HttpResponder&) {});
   ASSERT_NE(server, nullptr);
