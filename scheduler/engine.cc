@@ -73,6 +73,20 @@ Engine::Engine(const EngineConfig& config, kernels::Backend& backend, int64_t nu
 
 Engine::~Engine() { Stop(); }
 
+int64_t Engine::MaxSequenceTokens() const {
+  cache::SequenceKv probe(kv_shape_);
+  int64_t lo = 0, hi = backend_->model().config().max_context;  // PagesNeeded grows with tokens
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo + 1) / 2;
+    if (probe.PagesNeeded(mid) <= pool_.num_pages()) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  return lo;
+}
+
 absl::Status Engine::Submit(Request request, std::shared_ptr<TokenSink> sink) {
   const auto& c = backend_->model().config();
   if (request.prompt.empty()) return absl::InvalidArgumentError("the prompt is empty");

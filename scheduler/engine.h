@@ -58,6 +58,9 @@ class Engine {
   // queues the request; the sink hears everything else. Errors: RESOURCE_EXHAUSTED when the
   // queue is full, UNAVAILABLE when draining, INVALID_ARGUMENT when it can never fit.
   absl::Status Submit(Request request, std::shared_ptr<TokenSink> sink);
+  // Thread-safe. The longest sequence (prompt + output tokens) Submit accepts: the model's
+  // context, or less when the whole KV pool holds fewer tokens.
+  int64_t MaxSequenceTokens() const;
   // Thread-safe. Cancels at the next step boundary (pages freed then); the sink gets
   // OnFinish(kCancelled, status). Unknown ids are ignored (the request may have finished).
   void Cancel(const std::string& request_id, absl::Status why = absl::CancelledError("cancelled"));

@@ -11,6 +11,8 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <exception>
+#include <system_error>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
@@ -41,6 +43,16 @@ std::vector<std::string_view> Split(std::string_view s, std::string_view sep) {
   }
   out.push_back(s);
   return out;
+}
+
+// RFC 9110 token characters (header names).
+bool IsToken(std::string_view s) {
+  if (s.empty()) return false;
+  for (unsigned char c : s) {
+    const bool symbol = std::string_view("!#$%&'*+-.^_`|~").find(c) != std::string_view::npos;
+    if (!absl::ascii_isalnum(c) && !symbol) return false;
+  }
+  return true;
 }
 
 bool ContainsToken(std::string_view header_value, std::string_view token) {
@@ -114,7 +126,11 @@ std::string HttpResponder::Head(int status, std::string_view content_type,
                                 const HttpHeaders& extra) const {
   std::string head = absl::StrCat("HTTP/1.1 ", status, " ", HttpReason(status), "\r\n");
   if (!content_type.empty()) head += "Content-Type: " + std::string(content_type) + "\r\n";
-  if (!keep_alive_) absl::StrAppend(&head, "Connection: close\r\n");
+  if (!keep_alive_) {
+    absl::StrAppend(&head, "Connection: close\r\n");
+  } else if (!http11_) {
+    absl::StrAppend(&head, "Connection: keep-alive\r\n");  // 1.0 closes unless told
+  }
   for (const auto& [name, value] : extra) absl::StrAppend(&head, name, ": ", value, "\r\n");
   return head;
 }
@@ -123,6 +139,7 @@ bool HttpResponder::Send(int status, std::string_view content_type, std::string_
                          const HttpHeaders& extra) {
   if (state_ != State::kNone) return false;
   state_ = State::kDone;
+  if (stopping_->load()) keep_alive_ = false;
   std::string out = Head(status, content_type, extra);
   absl::StrAppend(&out, "Content-Length: ", body.size(), "\r\n\r\n");
   out.append(body);
@@ -133,14 +150,16 @@ bool HttpResponder::StartChunked(int status, std::string_view content_type,
                                  const HttpHeaders& extra) {
   if (state_ != State::kNone) return false;
   state_ = State::kChunked;
+  if (!http11_ || stopping_->load()) keep_alive_ = false;  // 1.0: the body ends with the connection
   std::string out = Head(status, content_type, extra);
-  absl::StrAppend(&out, "Transfer-Encoding: chunked\r\n\r\n");
+  absl::StrAppend(&out, http11_ ? "Transfer-Encoding: chunked\r\n\r\n" : "\r\n");
   return WriteAll(out);
 }
 
 bool HttpResponder::WriteChunk(std::string_view data) {
   if (state_ != State::kChunked) return false;
   if (data.empty()) return !failed_;  // an empty chunk would end the body
+  if (!http11_) return WriteAll(data);
   char size[24];
   std::snprintf(size, sizeof(size), "%zx\r\n", data.size());
   std::string out = size;
@@ -152,7 +171,7 @@ bool HttpResponder::WriteChunk(std::string_view data) {
 bool HttpResponder::EndChunked() {
   if (state_ != State::kChunked) return false;
   state_ = State::kDone;
-  return WriteAll("0\r\n\r\n");
+  return http11_ ? WriteAll("0\r\n\r\n") : !failed_;
 }
 
 bool HttpResponder::ClientGone() {
@@ -270,7 +289,13 @@ void HttpServer::AcceptLoop() {
     if (fds[1].revents != 0 || stopping_.load()) break;
     if (!(fds[0].revents & POLLIN)) continue;
     const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-    if (fd < 0) continue;
+    if (fd < 0) {
+      // Out of descriptors or memory: the pending connection stays, so wait instead of spinning.
+      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      }
+      continue;
+    }
     bool admitted = false;
     {
       std::lock_guard<std::mutex> lock(conns_->mu);
@@ -279,24 +304,36 @@ void HttpServer::AcceptLoop() {
         admitted = true;
       }
     }
-    if (!admitted) {
+    auto refuse = [&] {
       std::atomic<bool> no{false};
-      HttpResponder r(fd, /*keep_alive=*/false, &no);
+      HttpResponder r(fd, /*http11=*/true, /*keep_alive=*/false, &no);
       r.Send(503, "application/json",
-             R"({"error":{"message":"too many open connections; retry later","type":"server_error","param":null,"code":503}})");
+             R"({"error":{"message":"too many open connections; retry later","type":"server_error","param":null,"code":503}})",
+             {{"Retry-After", "1"}});
       ::close(fd);
+    };
+    if (!admitted) {
+      refuse();
       continue;
     }
-    std::thread([this, fd, conns = conns_] {
-      Serve(fd);  // the last use of `this`
+    try {
+      std::thread([this, fd, conns = conns_] {
+        Serve(fd);  // the last use of `this`
+        {
+          // Out of the set before it closes, so Stop never shuts down a reused descriptor.
+          std::lock_guard<std::mutex> lock(conns->mu);
+          conns->fds.erase(fd);
+          conns->idle.notify_all();
+        }
+        ::close(fd);
+      }).detach();
+    } catch (const std::system_error&) {  // no thread to be had (a pids limit)
       {
-        // Out of the set before it closes, so Stop never shuts down a reused descriptor.
-        std::lock_guard<std::mutex> lock(conns->mu);
-        conns->fds.erase(fd);
-        conns->idle.notify_all();
+        std::lock_guard<std::mutex> lock(conns_->mu);
+        conns_->fds.erase(fd);
       }
-      ::close(fd);
-    }).detach();
+      refuse();
+    }
   }
 }
 
@@ -326,7 +363,7 @@ void HttpServer::Serve(int fd) {
     return true;
   };
   auto reject = [&](int status, const std::string& message) {
-    HttpResponder r(fd, /*keep_alive=*/false, &stopping_);
+    HttpResponder r(fd, /*http11=*/true, /*keep_alive=*/false, &stopping_);
     r.Send(status, "application/json",
            absl::StrCat(R"({"error":{"message":")", message,
                         R"(","type":"invalid_request_error","param":null,"code":)", status, "}}"));
@@ -335,8 +372,21 @@ void HttpServer::Serve(int fd) {
   while (!stopping_.load()) {
     // The head: request line and headers. An idle connection waits up to idle_timeout_ms for
     // a request; the request, once begun, must arrive whole within io_timeout_ms.
-    const auto idle_until = Clock::now() + std::chrono::milliseconds(options_.idle_timeout_ms);
-    if (in.empty() && !read_more(idle_until)) return;
+    // Busy (over half the connections open): idle ones make room sooner.
+    int idle_ms = options_.idle_timeout_ms;
+    {
+      std::lock_guard<std::mutex> lock(conns_->mu);
+      if (2 * static_cast<int>(conns_->fds.size()) > options_.max_connections) {
+        idle_ms = std::min(idle_ms, 5'000);
+      }
+    }
+    const auto idle_until = Clock::now() + std::chrono::milliseconds(idle_ms);
+    // Empty lines before a request line are ignored (RFC 9112 2.2).
+    while (true) {
+      while (in.starts_with("\r\n")) in.erase(0, 2);
+      if (!in.empty() && in != "\r") break;
+      if (!read_more(idle_until)) return;
+    }
     const auto deadline = Clock::now() + std::chrono::milliseconds(options_.io_timeout_ms);
     size_t head_end;
     while ((head_end = in.find("\r\n\r\n")) == std::string::npos) {
@@ -370,6 +420,9 @@ void HttpServer::Serve(int fd) {
     for (size_t i = 1; i < lines.size(); ++i) {
       const size_t colon = lines[i].find(':');
       if (colon == std::string_view::npos || colon == 0) return reject(400, "malformed header line");
+      // A name is a token: "Content-Length : 5" is refused, not read as another header (a proxy
+      // in front might frame the body by it: request smuggling).
+      if (!IsToken(lines[i].substr(0, colon))) return reject(400, "malformed header name");
       std::string name = Lower(lines[i].substr(0, colon));
       std::string value(Trim(lines[i].substr(colon + 1)));
       auto [it, inserted] = req.headers.emplace(name, value);
@@ -380,13 +433,18 @@ void HttpServer::Serve(int fd) {
                                    : ContainsToken(connection, "keep-alive");
 
     // The body.
-    if (!req.Header("transfer-encoding").empty()) {
+    if (req.headers.count("transfer-encoding")) {
       return reject(411, "send the request body with Content-Length, not Transfer-Encoding");
     }
     size_t length = 0;
-    if (const std::string cl = req.Header("content-length"); !cl.empty()) {
+    if (req.headers.count("content-length")) {
+      const std::string cl = req.Header("content-length");
       uint64_t v;
-      if (!absl::SimpleAtoi(cl, &v)) return reject(400, "Content-Length is not a number");
+      if (cl.empty() || cl.size() > 18 ||
+          !std::all_of(cl.begin(), cl.end(), [](char ch) { return ch >= '0' && ch <= '9'; }) ||
+          !absl::SimpleAtoi(cl, &v)) {
+        return reject(400, "Content-Length must be one decimal number");
+      }
       if (v > options_.max_body_bytes) {
         return reject(413, absl::StrCat("the request body is ", v, " bytes; at most ",
                                         options_.max_body_bytes, " are accepted"));
@@ -405,8 +463,16 @@ void HttpServer::Serve(int fd) {
     req.body = in.substr(0, length);
     in.erase(0, length);
 
-    HttpResponder responder(fd, keep_alive && !stopping_.load(), &stopping_);
-    handler_(req, responder);
+    HttpResponder responder(fd, http11, keep_alive && !stopping_.load(), &stopping_);
+    try {
+      handler_(req, responder);
+    } catch (const std::exception& e) {  // a bug in a handler fails its request, not the server
+      if (responder.responded()) return;
+      responder.CloseAfter();
+      responder.Send(500, "application/json",
+                     R"({"error":{"message":"internal error","type":"server_error","param":null,"code":500}})");
+      return;
+    }
     if (!responder.responded()) {
       responder.Send(500, "application/json",
                      R"({"error":{"message":"the handler sent no response","type":"server_error","param":null,"code":500}})");

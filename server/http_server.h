@@ -44,23 +44,31 @@ using HttpHeaders = std::vector<std::pair<std::string, std::string>>;
 // Writes one response on a connection. Handler thread only.
 class HttpResponder {
  public:
-  HttpResponder(int fd, bool keep_alive, const std::atomic<bool>* stopping)
-      : fd_(fd), keep_alive_(keep_alive), stopping_(stopping) {}
+  // `http11`: the request was HTTP/1.1 (else 1.0: no chunked encoding, the body ends with the
+  // connection).
+  HttpResponder(int fd, bool http11, bool keep_alive, const std::atomic<bool>* stopping)
+      : fd_(fd), http11_(http11), keep_alive_(keep_alive), stopping_(stopping) {}
 
   // A whole response with Content-Length. False if the client is gone.
   bool Send(int status, std::string_view content_type, std::string_view body,
             const HttpHeaders& extra = {});
-  // A chunked response: StartChunked, WriteChunk..., EndChunked. False if the client is gone.
+  // A streamed response: StartChunked, WriteChunk..., EndChunked (chunked encoding; to an
+  // HTTP/1.0 client the raw body, then the connection closes). False if the client is gone.
   bool StartChunked(int status, std::string_view content_type, const HttpHeaders& extra = {});
   bool WriteChunk(std::string_view data);
   bool EndChunked();
 
   // Non-blocking: the peer closed its side, reset, or a write failed.
   bool ClientGone();
+  // Close the connection after this response (say so in it): before Send or StartChunked.
+  void CloseAfter() { keep_alive_ = false; }
+  // Give up on the response (the client is gone): nothing more is written, the connection
+  // closes.
+  void Abandon() { failed_ = true; }
   // The server is shutting down.
   bool stopping() const { return stopping_->load(); }
 
-  bool responded() const { return state_ != State::kNone; }
+  bool responded() const { return state_ != State::kNone || failed_; }
   // The connection may carry another request.
   bool reusable() const { return keep_alive_ && !failed_ && state_ == State::kDone; }
 
@@ -70,6 +78,7 @@ class HttpResponder {
 
   enum class State { kNone, kChunked, kDone };
   int fd_;
+  bool http11_;
   bool keep_alive_;
   const std::atomic<bool>* stopping_;
   State state_ = State::kNone;
@@ -80,10 +89,11 @@ using HttpHandler = std::function<void(const HttpRequest&, HttpResponder&)>;
 
 struct HttpServerOptions {
   int max_connections = 256;
-  int idle_timeout_ms = 60'000;      // keep-alive connection with no request
+  int idle_timeout_ms = 60'000;      // keep-alive connection with no request (5 s once more
+                                     // than half the connections are open)
   int io_timeout_ms = 30'000;        // a whole request, head and body (a write: 30 s)
   size_t max_head_bytes = 64 << 10;  // request line + headers
-  size_t max_body_bytes = 32 << 20;
+  size_t max_body_bytes = 8 << 20;  // a 128k-token prompt as text is about 0.5 MB
 };
 
 class HttpServer {

@@ -295,7 +295,8 @@ absl::Status RefuseUnsupported(const Json& body, OpenAiEndpoint endpoint) {
       return Unsupported("tool_choice", "this server does not call tools");
     }
     if (Given(body, "response_format") &&
-        !(body["response_format"].is_object() && body["response_format"].value("type", "") == "text")) {
+        !(body["response_format"].is_object() && body["response_format"].contains("type") &&
+          body["response_format"]["type"] == "text")) {
       return Unsupported("response_format", "only {\"type\": \"text\"}");
     }
   }
@@ -450,8 +451,11 @@ Json OpenAiResponseBuilder::Logprobs(const scheduler::TokenDelta& d, size_t offs
     const std::string bytes = tokenizer_->TokenBytes(d.token_ids[i]);
     tokens.push_back(bytes);
     token_logprobs.push_back(std::max(d.logprobs[i], kMinLogprob));
-    top.push_back(call_.top_logprobs > 0 ? TopList(d.top[i], call_.top_logprobs, *tokenizer_, false)
-                                         : Json(nullptr));
+    // The legacy format always carries the sampled token among the alternatives: up to n + 1
+    // entries (OpenAI's documentation; vLLM does the same).
+    Json alternatives = TopList(d.top[i], call_.top_logprobs, *tokenizer_, false);
+    if (!alternatives.contains(bytes)) alternatives[bytes] = std::max(d.logprobs[i], kMinLogprob);
+    top.push_back(alternatives);
     offsets.push_back(offset);
     offset += bytes.size();
   }

@@ -167,7 +167,16 @@ void OpenAiHttpServer::Generate(const HttpRequest& http, HttpResponder& out, boo
   Metrics* metrics = service_->metrics();
   auto reject = [&](const absl::Status& st) {
     if (metrics) metrics->OnRejected();
-    SendError(out, HttpStatusFor(st), ToOpenAiFieldNames(std::string(st.message())));
+    HttpHeaders extra;
+    if (absl::IsUnavailable(st)) {
+      // Loading or draining: this connection should go elsewhere (a pooled connection to a
+      // draining replica would otherwise keep coming back here).
+      out.CloseAfter();
+      extra.push_back({"Retry-After", "1"});
+    } else if (absl::IsResourceExhausted(st)) {
+      extra.push_back({"Retry-After", "1"});
+    }
+    SendError(out, HttpStatusFor(st), ToOpenAiFieldNames(std::string(st.message())), extra);
   };
   if (!service_->ready()) return reject(absl::UnavailableError("the model is still loading"));
   if (service_->engine().draining()) {
@@ -180,10 +189,17 @@ void OpenAiHttpServer::Generate(const HttpRequest& http, HttpResponder& out, boo
   auto built = BuildRequest(call->request, *model_);
   if (!built.ok()) return reject(built.status());
   scheduler::Request req = std::move(*built);
-  // The chat API's default is "until the model stops": the rest of the context.
+  // The chat API's default is "until the model stops": the rest of the context, or of what
+  // the KV cache can hold for one sequence when that is less.
   if (chat && !call->max_tokens_given) {
-    req.stopping.max_tokens =
-        static_cast<int32_t>(model_->config().max_context - static_cast<int64_t>(req.prompt.size()));
+    const int64_t room =
+        service_->engine().MaxSequenceTokens() - static_cast<int64_t>(req.prompt.size());
+    if (room < 1) {
+      return reject(absl::InvalidArgumentError(absl::StrCat(
+          "the prompt has ", req.prompt.size(), " tokens; with the model's context and the KV "
+          "cache, at most ", service_->engine().MaxSequenceTokens() - 1, " fit")));
+    }
+    req.stopping.max_tokens = static_cast<int32_t>(room);
   }
   const std::string id = absl::StrFormat("%s-%x-%d", chat ? "chatcmpl" : "cmpl", created_,
                                          next_id_.fetch_add(1));
@@ -194,7 +210,11 @@ void OpenAiHttpServer::Generate(const HttpRequest& http, HttpResponder& out, boo
     service_->Untrack(id);
     return reject(st);
   }
-  auto cancel = [&](const char* why) { service_->engine().Cancel(id, absl::CancelledError(why)); };
+  // The client is gone: cancel (its pages are freed at the next step) and write nothing more.
+  auto cancel = [&](const char* why) {
+    out.Abandon();
+    service_->engine().Cancel(id, absl::CancelledError(why));
+  };
 
   OpenAiResponseBuilder builder(*call, id, UnixNow(), options_.served_model_name,
                                 model_->tokenizer());
@@ -230,14 +250,16 @@ void OpenAiHttpServer::Generate(const HttpRequest& http, HttpResponder& out, boo
     }
     if (!ok) break;
     if (finish) {
-      if (finish->status.ok() || absl::IsCancelled(finish->status)) {
+      const bool finished = finish->status.ok() || absl::IsCancelled(finish->status);
+      if (finished) {
         ok = SendEvent(out, builder.FinishChunk(*finish));
       } else {
         ok = out.WriteChunk(absl::StrCat(
-            "data: ", OpenAiErrorBody(HttpStatusFor(finish->status), std::string(finish->status.message())),
+            "data: ",
+            OpenAiErrorBody(HttpStatusFor(finish->status), std::string(finish->status.message())),
             "\n\n"));
       }
-      if (ok && call->include_usage) ok = SendEvent(out, builder.UsageChunk(*finish));
+      if (ok && finished && call->include_usage) ok = SendEvent(out, builder.UsageChunk(*finish));
       if (ok) ok = out.WriteChunk("data: [DONE]\n\n");
       if (ok) out.EndChunked();
       return;

@@ -127,6 +127,20 @@ void HttpConnection::ReadBody(HttpResult* result, double timeout_s) {
   }
 }
 
+std::string HttpConnection::ReadToClose(double timeout_s) {
+  char tmp[8192];
+  while (true) {
+    pollfd p{fd_, POLLIN, 0};
+    if (::poll(&p, 1, static_cast<int>(timeout_s * 1000)) <= 0) break;
+    const ssize_t got = ::recv(fd_, tmp, sizeof(tmp), 0);
+    if (got <= 0) break;
+    buf_.append(tmp, static_cast<size_t>(got));
+  }
+  std::string out;
+  out.swap(buf_);
+  return out;
+}
+
 bool HttpConnection::ClosedByServer(double timeout_s) {
   char c;
   pollfd p{fd_, POLLIN, 0};

@@ -30,6 +30,8 @@ class HttpConnection {
   // True when the server closed the connection (reads EOF within timeout_s).
   bool ClosedByServer(double timeout_s = 5);
   void Close();
+  // Everything until the server closes the connection (a body without length or chunks).
+  std::string ReadToClose(double timeout_s = 30);
   // One line without its CRLF; *ok false on EOF or timeout.
   std::string ReadLine(double timeout_s, bool* ok);
 

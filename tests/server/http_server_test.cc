@@ -61,11 +61,15 @@ TEST(HttpServerTest, Http10ClosesUnlessAskedToKeepAlive) {
   ASSERT_NE(server, nullptr);
   HttpConnection c(server->port());
   ASSERT_TRUE(c.SendRaw("GET /x HTTP/1.0\r\n\r\n"));
-  EXPECT_EQ(c.Read(10).status, 200);
+  HttpResult closed = c.Read(10);
+  EXPECT_EQ(closed.status, 200);
+  EXPECT_EQ(closed.headers["connection"], "close");
   EXPECT_TRUE(c.ClosedByServer());
   HttpConnection k(server->port());
   ASSERT_TRUE(k.SendRaw("GET /x HTTP/1.0\r\nConnection: keep-alive\r\n\r\n"));
-  EXPECT_EQ(k.Read(10).status, 200);
+  HttpResult kept = k.Read(10);
+  EXPECT_EQ(kept.status, 200);
+  EXPECT_EQ(kept.headers["connection"], "keep-alive");  // a 1.0 client closes unless told
   ASSERT_TRUE(k.SendRaw("GET /y HTTP/1.0\r\nConnection: keep-alive\r\n\r\n"));
   EXPECT_EQ(k.Read(10).body, "GET /y?||");
 }
@@ -88,6 +92,72 @@ TEST(HttpServerTest, ChunkedResponsesArriveChunkByChunk) {
     EXPECT_EQ(r.chunks[2], "data: 2\n\n");
     EXPECT_EQ(testing::SseData(r.body), (std::vector<std::string>{"0", "1", "2"}));
   }
+}
+
+TEST(HttpServerTest, AStreamToAnHttp10ClientIsItsRawBodyEndedByClosing) {
+  auto server = StartOrDie([](const HttpRequest&, HttpResponder& out) {
+    ASSERT_TRUE(out.StartChunked(200, "text/event-stream"));
+    ASSERT_TRUE(out.WriteChunk("data: a\n\n"));
+    ASSERT_TRUE(out.WriteChunk("data: b\n\n"));
+    ASSERT_TRUE(out.EndChunked());
+  });
+  ASSERT_NE(server, nullptr);
+  HttpConnection c(server->port());
+  ASSERT_TRUE(c.SendRaw("GET /s HTTP/1.0\r\nConnection: keep-alive\r\n\r\n"));
+  HttpResult head = c.ReadHead(10);
+  EXPECT_EQ(head.status, 200);
+  EXPECT_EQ(head.headers.count("transfer-encoding"), 0u);
+  EXPECT_EQ(head.headers["connection"], "close");
+  EXPECT_EQ(c.ReadToClose(10), "data: a\n\ndata: b\n\n");  // raw, and then closed
+}
+
+TEST(HttpServerTest, EmptyLinesBeforeARequestAreIgnored) {
+  auto server = StartOrDie(Echo);
+  ASSERT_NE(server, nullptr);
+  HttpConnection c(server->port());
+  ASSERT_TRUE(c.SendRaw("\r\n\r\nGET /a HTTP/1.1\r\n\r\n"));
+  EXPECT_EQ(c.Read(10).body, "GET /a?||");
+  ASSERT_TRUE(c.SendRaw("\r\nGET /b HTTP/1.1\r\n\r\n"));
+  EXPECT_EQ(c.Read(10).body, "GET /b?||");
+}
+
+TEST(HttpServerTest, AmbiguousFramingIsRefused) {
+  // What a proxy in front might read differently from us (request smuggling) is a 400 or 411.
+  auto server = StartOrDie(Echo);
+  ASSERT_NE(server, nullptr);
+  auto status_of = [&](const std::string& head_and_body) {
+    HttpConnection c(server->port());
+    c.SendRaw(head_and_body);
+    HttpResult r = c.Read(10);
+    EXPECT_TRUE(c.ClosedByServer()) << head_and_body;
+    return r.status;
+  };
+  const std::string smuggled = "GET /smuggled HTTP/1.1\r\n\r\n";
+  EXPECT_EQ(status_of("POST / HTTP/1.1\r\nContent-Length : " + std::to_string(smuggled.size()) +
+                      "\r\n\r\n" + smuggled), 400);
+  EXPECT_EQ(status_of("POST / HTTP/1.1\r\nContent-Length: +5\r\n\r\nhello"), 400);
+  EXPECT_EQ(status_of("POST / HTTP/1.1\r\nContent-Length: \r\n\r\n"), 400);
+  EXPECT_EQ(status_of("POST / HTTP/1.1\r\nContent-Length: 5\r\nContent-Length: 5\r\n\r\nhello"), 400);
+  EXPECT_EQ(status_of("POST / HTTP/1.1\r\nContent-Length: 0x5\r\n\r\nhello"), 400);
+  EXPECT_EQ(status_of("POST / HTTP/1.1\r\nTransfer-Encoding : chunked\r\n\r\n0\r\n\r\n"), 400);
+  EXPECT_EQ(status_of("POST / HTTP/1.1\r\nTransfer-Encoding:\r\n\r\n"), 411);
+  EXPECT_EQ(status_of("POST / HTTP/1.1\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n"
+                      "0\r\n\r\n"), 411);
+}
+
+TEST(HttpServerTest, AThrowingHandlerFailsItsRequestNotTheServer) {
+  auto server = StartOrDie([](const HttpRequest& req, HttpResponder& out) {
+    if (req.path == "/throw") throw std::runtime_error("boom");
+    out.Send(200, "text/plain", "fine");
+  });
+  ASSERT_NE(server, nullptr);
+  HttpConnection c(server->port());
+  ASSERT_TRUE(c.SendRaw("GET /throw HTTP/1.1\r\n\r\n"));
+  HttpResult r = c.Read(10);
+  EXPECT_EQ(r.status, 500);
+  EXPECT_EQ(r.headers["connection"], "close");
+  EXPECT_TRUE(c.ClosedByServer());
+  EXPECT_EQ(HttpCall(server->port(), "GET", "/ok").body, "fine");
 }
 
 TEST(HttpServerTest, ExpectContinueGetsAnInterimResponseBeforeTheBody) {
@@ -191,7 +261,9 @@ TEST(HttpServerTest, ConnectionsBeyondTheLimitGet503) {
   EXPECT_EQ(b.Read(10).status, 200);
   HttpConnection c(server->port());
   ASSERT_TRUE(c.SendRaw("GET /c HTTP/1.1\r\n\r\n"));
-  EXPECT_EQ(c.Read(10).status, 503);
+  HttpResult refused = c.Read(10);
+  EXPECT_EQ(refused.status, 503);
+  EXPECT_EQ(refused.headers["retry-after"], "1");
   a.Close();
   for (int i = 0; i < 100 && server->connections() > 1; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -243,6 +315,40 @@ TEST(HttpServerTest, SlowAndIdleClientsAreClosedOnTime) {
   ASSERT_TRUE(idle.SendRaw("GET /a HTTP/1.1\r\n\r\n"));
   EXPECT_EQ(idle.Read(5).status, 200);
   EXPECT_TRUE(idle.ClosedByServer(3));
+}
+
+TEST(HttpServerTest, StopWaitsForRunningHandlersAndCutsOffStuckOnes) {
+  std::atomic<int> polite{0}, stuck{0};
+  auto server = StartOrDie([&](const HttpRequest& req, HttpResponder& out) {
+    if (req.path == "/polite") {  // ends when it sees the stop
+      ++polite;
+      while (!out.stopping()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      out.Send(503, "text/plain", "stopping");
+      return;
+    }
+    ++stuck;  // ignores the stop; only its client vanishing ends it
+    while (!out.ClientGone()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  });
+  ASSERT_NE(server, nullptr);
+  HttpConnection a(server->port()), b(server->port());
+  ASSERT_TRUE(a.SendRaw("GET /polite HTTP/1.1\r\n\r\n"));
+  ASSERT_TRUE(b.SendRaw("GET /stuck HTTP/1.1\r\n\r\n"));
+  for (int i = 0; i < 100 && (polite.load() == 0 || stuck.load() == 0); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_EQ(polite.load(), 1);
+  ASSERT_EQ(stuck.load(), 1);
+  const auto t0 = std::chrono::steady_clock::now();
+  server->Stop();  // the polite one answers; after 5 s the stuck one's socket is shut down
+  const auto took = std::chrono::steady_clock::now() - t0;
+  EXPECT_GE(took, std::chrono::seconds(4));
+  EXPECT_LT(took, std::chrono::seconds(8));
+  EXPECT_EQ(server->connections(), 0);
+  HttpResult answered = a.Read(5);
+  EXPECT_EQ(answered.status, 503);
+  EXPECT_EQ(answered.headers["connection"], "close");
+  EXPECT_TRUE(b.ClosedByServer());
+  server.reset();  // and the server is destroyed with no thread left behind
 }
 
 TEST(HttpServerTest, AHandlerThatSendsNothingYields500) {

@@ -138,6 +138,29 @@ TEST(OpenAiApiTest, ChatMessagesBecomeTheChatInput) {
       "tools": [{"type": "function"}]})"), "tools is not supported"));
   EXPECT_TRUE(RefusedWith(Chat(R"({"messages": [{"role": "user", "content": "x"}],
       "response_format": {"type": "json_object"}})"), "response_format"));
+  // Wrong JSON types anywhere are refused, never thrown.
+  for (const char* body : {
+           R"({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": 5}})",
+           R"({"messages": [{"role": "user", "content": "x"}], "response_format": []})",
+           R"({"messages": [{"role": 3, "content": "x"}]})",
+           R"({"messages": [{"role": "user", "content": {"a": 1}}]})",
+           R"({"messages": [{"role": "user", "content": [{"type": "text", "text": 1}]}]})",
+           R"({"messages": [{"role": "user", "content": [5]}]})",
+           R"({"messages": [{"role": "user", "content": "x"}], "tool_choice": {"a": 1}})",
+           R"({"messages": [{"role": "user", "content": "x"}], "stream_options": 1})",
+           R"({"messages": "hello"})", R"({"messages": [1]})"}) {
+    absl::StatusOr<OpenAiCall> c;
+    EXPECT_NO_THROW(c = Chat(body)) << body;
+    EXPECT_FALSE(c.ok()) << body;
+  }
+  for (const char* body : {R"({"prompt": {"a": 1}})", R"({"prompt": [[1], [2]]})",
+                           R"({"prompt": [true]})", R"({"prompt": "x", "n": "2"})",
+                           R"({"prompt": "x", "logit_bias": 1})", R"({"prompt": "x", "echo": 1})",
+                           R"({"prompt": "x", "stop_token_ids": 1})", R"({"prompt": "x", "model": 1})"}) {
+    absl::StatusOr<OpenAiCall> c;
+    EXPECT_NO_THROW(c = Completion(body)) << body;
+    EXPECT_FALSE(c.ok()) << body;
+  }
 }
 
 TEST(OpenAiApiTest, WhatTheServerCannotHonourIsRefusedByName) {
@@ -248,12 +271,36 @@ TEST_F(OpenAiResponseTest, CompletionWithLogprobsInTheLegacyFormat) {
   EXPECT_EQ(c["logprobs"]["text_offset"], Json({0, 6}));
   EXPECT_FLOAT_EQ(c["logprobs"]["token_logprobs"][0].get<float>(), -0.25f);
   EXPECT_FLOAT_EQ(c["logprobs"]["token_logprobs"][1].get<float>(), -9999.0f);  // -inf
-  // top 1 of the two the engine gave.
+  // top 1 of the two the engine gave; the sampled token is among them or added (n + 1).
   EXPECT_EQ(c["logprobs"]["top_logprobs"][0].size(), 1u);
   EXPECT_FLOAT_EQ(c["logprobs"]["top_logprobs"][0][" Paris"].get<float>(), -0.25f);
+  ASSERT_EQ(c["logprobs"]["top_logprobs"][1].size(), 1u);
+  EXPECT_FLOAT_EQ(c["logprobs"]["top_logprobs"][1]["."].get<float>(), -9999.0f);
   EXPECT_EQ(j["usage"]["prompt_tokens"], 5);
   EXPECT_EQ(j["usage"]["completion_tokens"], 2);
   EXPECT_EQ(j["usage"]["total_tokens"], 7);
+}
+
+TEST_F(OpenAiResponseTest, TheSampledTokenJoinsTheAlternativesWhenOutsideTheTopN) {
+  auto call = Completion(R"({"prompt": "x", "logprobs": 1})");
+  ASSERT_TRUE(call.ok());
+  OpenAiResponseBuilder b(*call, "cmpl-2", 1, kServed, model_->tokenizer());
+  auto d = Deltas()[0];
+  std::swap(d.top[0][0], d.top[0][1]);  // the sampled " Paris" is now second: outside top 1
+  b.Add(d);
+  const Json top = b.Complete(Finished(scheduler::FinishReason::kLength))["choices"][0]["logprobs"]
+                       ["top_logprobs"][0];
+  ASSERT_EQ(top.size(), 2u) << top.dump();
+  EXPECT_TRUE(top.contains("."));
+  EXPECT_FLOAT_EQ(top[" Paris"].get<float>(), -0.25f);
+  // logprobs: 0 still names the sampled token.
+  auto zero = Completion(R"({"prompt": "x", "logprobs": 0})");
+  ASSERT_TRUE(zero.ok());
+  OpenAiResponseBuilder z(*zero, "cmpl-3", 1, kServed, model_->tokenizer());
+  z.Add(Deltas()[0]);
+  const Json ztop = z.Complete(Finished(scheduler::FinishReason::kLength))["choices"][0]
+                        ["logprobs"]["top_logprobs"][0];
+  EXPECT_EQ(ztop, Json({{" Paris", -0.25f}}));
 }
 
 TEST_F(OpenAiResponseTest, ChatStreamChunksInOrder) {

@@ -2,6 +2,7 @@
 // SmolLM2, raw HTTP over loopback, and the gRPC API beside it on the same engine.
 #include <signal.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <thread>
@@ -171,6 +172,19 @@ TEST_F(OpenAiHttpTest, StreamedChatEqualsTheWholeChat) {
   EXPECT_GE(streamed.chunks.size(), 4u);
 }
 
+TEST_F(OpenAiHttpTest, ChatWithoutMaxTokensRunsToTheEndWithinTheCache) {
+  // The chat default is the rest of the context, clamped to what the KV cache (the default
+  // 256 MiB here: fewer tokens than SmolLM2's 8192) holds for one sequence.
+  ASSERT_TRUE(server_->started());
+  HttpResult r = Post("/v1/chat/completions",
+                      {{"messages", {{{"role", "user"}, {"content", "Say hello."}}}},
+                       {"temperature", 0}});
+  ASSERT_EQ(r.status, 200) << r.body;
+  const Json j = Json::parse(r.body);
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "stop");
+  EXPECT_FALSE(j["choices"][0]["message"]["content"].get<std::string>().empty());
+}
+
 TEST_F(OpenAiHttpTest, LogprobsComeBackInBothFormats) {
   ASSERT_TRUE(server_->started());
   HttpResult c = Post("/v1/completions", {{"prompt", "One, two, three,"}, {"max_tokens", 4},
@@ -181,7 +195,7 @@ TEST_F(OpenAiHttpTest, LogprobsComeBackInBothFormats) {
   ASSERT_EQ(lp["top_logprobs"].size(), 4u);
   for (size_t i = 0; i < 4; ++i) {
     EXPECT_LE(lp["token_logprobs"][i].get<double>(), 0.0);
-    EXPECT_EQ(lp["top_logprobs"][i].size(), 2u);
+    EXPECT_EQ(lp["top_logprobs"][i].size(), 2u);  // greedy: the sampled token is in the top 2
     // Greedy: the sampled token is the most likely one.
     double best = -1e9;
     for (auto& [tok, v] : lp["top_logprobs"][i].items()) best = std::max(best, v.get<double>());
@@ -231,6 +245,9 @@ TEST_F(OpenAiHttpTest, BadInputGetsItsStatusAndTheServerKeepsServing) {
   EXPECT_EQ(status_of("/v1/completions", R"({"prompt": "x", "model": "gpt-4o"})"), 404);
   EXPECT_EQ(status_of("/v1/chat/completions", R"({"messages": [{"role": "wizard", "content": "x"}]})"), 400);
   EXPECT_EQ(status_of("/v1/completions", "{\"prompt\": \"\xff\xfe\"}"), 400);
+  EXPECT_EQ(status_of("/v1/chat/completions",
+                      R"({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": 5}})"),
+            400);  // once a crash of the whole server (a JSON type error thrown)
   EXPECT_EQ(status_of("/v1/embeddings", "{}"), 404);
   EXPECT_EQ(HttpCall(http_port_, "GET", "/v1/completions").status, 405);
   {
@@ -298,14 +315,21 @@ TEST_F(OpenAiHttpTest, AbortOverGrpcEndsAnHttpStreamWithAbort) {
 
 TEST_F(OpenAiHttpTest, SixteenConcurrentStreamsAllComplete) {
   ASSERT_TRUE(server_->started());
+  using Clock = std::chrono::steady_clock;
   std::atomic<int> done{0};
+  std::vector<Clock::time_point> started(16), ended(16);
   std::vector<std::thread> threads;
   for (int i = 0; i < 16; ++i) {
     threads.emplace_back([&, i] {
       const Json body = {{"prompt", "Story number " + std::to_string(i) + ":"},
                          {"max_tokens", 12}, {"ignore_eos", true}, {"stream", true},
                          {"stream_options", {{"include_usage", true}}}};
-      HttpResult r = HttpCall(http_port_, "POST", "/v1/completions", body.dump());
+      HttpConnection c(http_port_);
+      c.SendRaw(RequestHead("/v1/completions", body.dump()));
+      HttpResult r = c.ReadHead(120);  // sent once the request is in the engine
+      started[i] = Clock::now();
+      c.ReadBody(&r, 120);
+      ended[i] = Clock::now();
       const auto events = SseData(r.body);
       if (r.status == 200 && events.size() >= 3 && events.back() == "[DONE]" &&
           Json::parse(events[events.size() - 2])["usage"]["completion_tokens"] == 12) {
@@ -315,6 +339,9 @@ TEST_F(OpenAiHttpTest, SixteenConcurrentStreamsAllComplete) {
   }
   for (auto& t : threads) t.join();
   EXPECT_EQ(done.load(), 16);
+  // All sixteen were in the engine together: none ended before the last one started.
+  EXPECT_LT(*std::max_element(started.begin(), started.end()),
+            *std::min_element(ended.begin(), ended.end()));
 }
 
 TEST(OpenAiHttpLifecycleTest, ApiKeyGuardsTheApiButNotHealth) {
@@ -358,8 +385,12 @@ TEST(OpenAiHttpLifecycleTest, SigtermDrainsHttpStreamsToTheirEnd) {
   server.Signal(SIGTERM);
   // New requests are refused while it drains ...
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  HttpResult late = HttpCall(http_port, "POST", "/v1/completions", R"({"prompt": "x"})");
-  EXPECT_TRUE(late.status == 503 || late.status == 0) << late.status;
+  HttpConnection pooled(http_port);  // keep-alive: it does not ask to close
+  ASSERT_TRUE(pooled.SendRaw(RequestHead("/v1/completions", R"({"prompt": "x"})")));
+  HttpResult late = pooled.Read(30);
+  EXPECT_EQ(late.status, 503);
+  EXPECT_EQ(late.headers["retry-after"], "1");
+  EXPECT_EQ(late.headers["connection"], "close");  // a pooled connection goes elsewhere
   // ... and the one in flight finishes.
   c.ReadBody(&r, 60);
   const auto events = SseData(r.body);
