@@ -327,7 +327,7 @@ void HttpServer::AcceptLoop() {
         }
         ::close(fd);
       }).detach();
-    } catch (const std::system_error&) {  // no thread to be had (a pids limit)
+    } catch (const std::exception&) {  // no thread to be had (a pids limit, memory)
       {
         std::lock_guard<std::mutex> lock(conns_->mu);
         conns_->fds.erase(fd);
@@ -372,20 +372,31 @@ void HttpServer::Serve(int fd) {
   while (!stopping_.load()) {
     // The head: request line and headers. An idle connection waits up to idle_timeout_ms for
     // a request; the request, once begun, must arrive whole within io_timeout_ms.
-    // Busy (over half the connections open): idle ones make room sooner.
-    int idle_ms = options_.idle_timeout_ms;
-    {
-      std::lock_guard<std::mutex> lock(conns_->mu);
-      if (2 * static_cast<int>(conns_->fds.size()) > options_.max_connections) {
-        idle_ms = std::min(idle_ms, 5'000);
-      }
-    }
-    const auto idle_until = Clock::now() + std::chrono::milliseconds(idle_ms);
-    // Empty lines before a request line are ignored (RFC 9112 2.2).
+    // Waiting for a request: up to idle_timeout_ms, or 5 s while over half the connections
+    // are open (checked as it waits, so idle connections make room when the server fills).
+    const auto idle_since = Clock::now();
+    int empty_lines = 0;
     while (true) {
-      while (in.starts_with("\r\n")) in.erase(0, 2);
+      // Empty lines before a request line are ignored (RFC 9112 2.2), a few of them.
+      size_t skip = 0;
+      while (in.compare(skip, 2, "\r\n") == 0) skip += 2;
+      empty_lines += static_cast<int>(skip / 2);
+      in.erase(0, skip);
+      if (empty_lines > 8) return reject(400, "empty lines instead of a request");
       if (!in.empty() && in != "\r") break;
-      if (!read_more(idle_until)) return;
+      const auto idle = Clock::now() - idle_since;
+      if (idle >= std::chrono::milliseconds(options_.idle_timeout_ms)) return;
+      if (idle >= std::chrono::seconds(5)) {
+        std::lock_guard<std::mutex> lock(conns_->mu);
+        if (2 * static_cast<int>(conns_->fds.size()) > options_.max_connections) return;
+      }
+      if (WaitReadable(fd, kPollSliceMs)) {
+        const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
+        if (n <= 0) return;
+        in.append(buf, static_cast<size_t>(n));
+      } else if (stopping_.load()) {
+        return;
+      }
     }
     const auto deadline = Clock::now() + std::chrono::milliseconds(options_.io_timeout_ms);
     size_t head_end;
@@ -402,6 +413,19 @@ void HttpServer::Serve(int fd) {
     in.erase(0, head_end + 4);
 
     HttpRequest req;
+    // No control characters but tab anywhere in the head: a bare CR or LF inside a line is a
+    // line end to some proxies and not to us (request smuggling).
+    for (unsigned char ch : head) {
+      if ((ch < 0x20 && ch != '\t' && ch != '\r' && ch != '\n') || ch == 0x7f) {
+        return reject(400, "control character in the request head");
+      }
+    }
+    for (size_t i = 0; i < head.size(); ++i) {
+      if ((head[i] == '\r') != (i + 1 < head.size() && head[i + 1] == '\n') ||
+          (head[i] == '\n' && (i == 0 || head[i - 1] != '\r'))) {
+        return reject(400, "a bare CR or LF in the request head; lines end with CRLF");
+      }
+    }
     const std::vector<std::string_view> lines = Split(head, "\r\n");
     const std::vector<std::string_view> parts = Split(lines[0], " ");
     if (parts.size() != 3 || parts[0].empty() || parts[1].empty() || parts[1][0] != '/' ||

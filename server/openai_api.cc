@@ -11,6 +11,10 @@
 namespace thetaserve::server {
 namespace {
 
+// Requests parse into nlohmann::json (a sorted map: ordered_json inserts a key by scanning the
+// others, so a body with many keys would cost quadratic time); responses keep the field order
+// OpenAI documents.
+using In = nlohmann::json;
 using Json = nlohmann::ordered_json;
 
 // vLLM's stand-in for a log-probability of -inf, which JSON cannot carry.
@@ -20,19 +24,19 @@ absl::Status Invalid(const std::string& field, const std::string& what) {
   return absl::InvalidArgumentError(field + " " + what);
 }
 
-bool Given(const Json& body, const char* key) {
+bool Given(const In& body, const char* key) {
   auto it = body.find(key);
   return it != body.end() && !it->is_null();
 }
 
-absl::StatusOr<double> Number(const Json& body, const char* key) {
-  const Json& v = body.at(key);
+absl::StatusOr<double> Number(const In& body, const char* key) {
+  const In& v = body.at(key);
   if (!v.is_number()) return Invalid(key, "must be a number");
   return v.get<double>();
 }
 
-absl::StatusOr<int64_t> Integer(const Json& body, const char* key) {
-  const Json& v = body.at(key);
+absl::StatusOr<int64_t> Integer(const In& body, const char* key) {
+  const In& v = body.at(key);
   if (v.is_number_integer()) return v.get<int64_t>();
   if (v.is_number_float() && std::floor(v.get<double>()) == v.get<double>() &&
       std::fabs(v.get<double>()) < 9e15) {
@@ -41,13 +45,13 @@ absl::StatusOr<int64_t> Integer(const Json& body, const char* key) {
   return Invalid(key, "must be an integer");
 }
 
-absl::StatusOr<bool> Bool(const Json& body, const char* key) {
-  const Json& v = body.at(key);
+absl::StatusOr<bool> Bool(const In& body, const char* key) {
+  const In& v = body.at(key);
   if (!v.is_boolean()) return Invalid(key, "must be true or false");
   return v.get<bool>();
 }
 
-absl::StatusOr<std::string> String(const Json& v, const std::string& field) {
+absl::StatusOr<std::string> String(const In& v, const std::string& field) {
   if (!v.is_string()) return Invalid(field, "must be a string");
   return v.get<std::string>();
 }
@@ -58,7 +62,7 @@ absl::Status Unsupported(const std::string& key, const std::string& why) {
 }
 
 // Token ids from a JSON array (the prompt, stop_token_ids).
-absl::StatusOr<std::vector<uint32_t>> TokenIdArray(const Json& v, const std::string& field) {
+absl::StatusOr<std::vector<uint32_t>> TokenIdArray(const In& v, const std::string& field) {
   std::vector<uint32_t> ids;
   for (size_t i = 0; i < v.size(); ++i) {
     if (!v[i].is_number_integer() || v[i].get<int64_t>() < 0 ||
@@ -70,9 +74,9 @@ absl::StatusOr<std::vector<uint32_t>> TokenIdArray(const Json& v, const std::str
   return ids;
 }
 
-absl::Status ParsePrompt(const Json& body, v1::GenerateRequest* out) {
+absl::Status ParsePrompt(const In& body, v1::GenerateRequest* out) {
   if (!Given(body, "prompt")) return Invalid("prompt", "is required");
-  const Json& p = body["prompt"];
+  const In& p = body["prompt"];
   if (p.is_string()) {
     out->set_prompt(p.get<std::string>());
     return absl::OkStatus();
@@ -101,14 +105,14 @@ absl::Status ParsePrompt(const Json& body, v1::GenerateRequest* out) {
   return absl::OkStatus();
 }
 
-absl::Status ParseMessages(const Json& body, v1::GenerateRequest* out) {
+absl::Status ParseMessages(const In& body, v1::GenerateRequest* out) {
   if (!Given(body, "messages")) return Invalid("messages", "is required");
-  const Json& msgs = body["messages"];
+  const In& msgs = body["messages"];
   if (!msgs.is_array() || msgs.empty()) return Invalid("messages", "must be a non-empty list");
   auto* chat = out->mutable_chat();
   for (size_t i = 0; i < msgs.size(); ++i) {
     const std::string field = absl::StrCat("messages[", i, "]");
-    const Json& m = msgs[i];
+    const In& m = msgs[i];
     if (!m.is_object()) return Invalid(field, "must be an object with role and content");
     if (!Given(m, "role")) return Invalid(field + ".role", "is required");
     auto role = String(m["role"], field + ".role");
@@ -120,7 +124,7 @@ absl::Status ParseMessages(const Json& body, v1::GenerateRequest* out) {
     }
     std::string content;
     if (Given(m, "content")) {
-      const Json& c = m["content"];
+      const In& c = m["content"];
       if (c.is_string()) {
         content = c.get<std::string>();
       } else if (c.is_array()) {
@@ -148,9 +152,9 @@ absl::Status ParseMessages(const Json& body, v1::GenerateRequest* out) {
   return absl::OkStatus();
 }
 
-absl::Status ParseStop(const Json& body, v1::GenerateRequest* out) {
+absl::Status ParseStop(const In& body, v1::GenerateRequest* out) {
   if (!Given(body, "stop")) return absl::OkStatus();
-  const Json& s = body["stop"];
+  const In& s = body["stop"];
   auto* st = out->mutable_stopping();
   if (s.is_string()) {
     st->add_stop(s.get<std::string>());
@@ -164,7 +168,7 @@ absl::Status ParseStop(const Json& body, v1::GenerateRequest* out) {
   return absl::OkStatus();
 }
 
-absl::Status ParseSampling(const Json& body, OpenAiCall* call) {
+absl::Status ParseSampling(const In& body, OpenAiCall* call) {
   auto* sp = call->request.mutable_sampling();
   auto* st = call->request.mutable_stopping();
   absl::Status status;
@@ -231,7 +235,7 @@ absl::Status ParseSampling(const Json& body, OpenAiCall* call) {
   return absl::OkStatus();
 }
 
-absl::Status ParseLogprobs(const Json& body, OpenAiCall* call) {
+absl::Status ParseLogprobs(const In& body, OpenAiCall* call) {
   if (call->endpoint == OpenAiEndpoint::kCompletions) {
     // logprobs: n = the sampled token's log-probability and the n most likely (0..5 at OpenAI;
     // up to 20 here).
@@ -267,7 +271,7 @@ absl::Status ParseLogprobs(const Json& body, OpenAiCall* call) {
 
 // Parameters with no counterpart here: refused unless neutral, so a client never believes it
 // got what it asked for.
-absl::Status RefuseUnsupported(const Json& body, OpenAiEndpoint endpoint) {
+absl::Status RefuseUnsupported(const In& body, OpenAiEndpoint endpoint) {
   for (const char* key : {"n", "best_of"}) {
     if (Given(body, key) && !(body[key].is_number_integer() && body[key].get<int64_t>() == 1)) {
       return Unsupported(key, "one completion per request; send several requests (the "
@@ -324,7 +328,7 @@ Json TopList(const std::vector<std::pair<int32_t, float>>& top, int n,
 
 absl::StatusOr<OpenAiCall> ParseOpenAiRequest(std::string_view body_text, OpenAiEndpoint endpoint,
                                               const std::string& served_model) {
-  Json body = Json::parse(body_text, nullptr, /*allow_exceptions=*/false);
+  In body = In::parse(body_text, nullptr, /*allow_exceptions=*/false);
   if (body.is_discarded()) return absl::InvalidArgumentError("the request body is not valid JSON");
   if (!body.is_object()) return absl::InvalidArgumentError("the request body must be a JSON object");
   OpenAiCall call;
@@ -351,7 +355,7 @@ absl::StatusOr<OpenAiCall> ParseOpenAiRequest(std::string_view body_text, OpenAi
     call.stream = *v;
   }
   if (Given(body, "stream_options")) {
-    const Json& so = body["stream_options"];
+    const In& so = body["stream_options"];
     if (!so.is_object()) return Invalid("stream_options", "must be an object");
     if (!call.stream) return Invalid("stream_options", "is only allowed with stream: true");
     if (Given(so, "include_usage")) {

@@ -6,6 +6,7 @@
 #include <mutex>
 #include <optional>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "server/openai_api.h"
@@ -125,6 +126,7 @@ void OpenAiHttpServer::Handle(const HttpRequest& req, HttpResponder& out) {
   if (req.path == "/health") {
     if (req.method != "GET") return SendError(out, 405, "use GET", {{"Allow", "GET"}});
     const bool serving = service_->ready() && !service_->engine().draining();
+    if (!serving) out.CloseAfter();
     out.Send(serving ? 200 : 503, "application/json",
              serving ? R"({"status":"serving"})" : R"({"status":"not serving"})");
     return;
@@ -210,7 +212,14 @@ void OpenAiHttpServer::Generate(const HttpRequest& http, HttpResponder& out, boo
     service_->Untrack(id);
     return reject(st);
   }
-  // The client is gone: cancel (its pages are freed at the next step) and write nothing more.
+  scheduler::TokenDelta delta;
+  std::optional<scheduler::FinishInfo> finish;
+  // However this handler leaves before the request finished (the client gone, an exception),
+  // the request is cancelled: its pages are freed at the next step.
+  absl::Cleanup cancel_unless_finished = [&] {
+    if (!finish) service_->engine().Cancel(id, absl::CancelledError("the HTTP handler left"));
+  };
+  // The client is gone: write nothing more; the cleanup cancels.
   auto cancel = [&](const char* why) {
     out.Abandon();
     service_->engine().Cancel(id, absl::CancelledError(why));
@@ -218,8 +227,6 @@ void OpenAiHttpServer::Generate(const HttpRequest& http, HttpResponder& out, boo
 
   OpenAiResponseBuilder builder(*call, id, UnixNow(), options_.served_model_name,
                                 model_->tokenizer());
-  scheduler::TokenDelta delta;
-  std::optional<scheduler::FinishInfo> finish;
   if (!call->stream) {
     while (true) {
       sink->Take(kPollInterval, &delta, &finish);

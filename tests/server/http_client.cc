@@ -127,18 +127,33 @@ void HttpConnection::ReadBody(HttpResult* result, double timeout_s) {
   }
 }
 
-std::string HttpConnection::ReadToClose(double timeout_s) {
+std::string HttpConnection::ReadToClose(double timeout_s, bool* closed) {
   char tmp[8192];
+  *closed = false;
   while (true) {
     pollfd p{fd_, POLLIN, 0};
     if (::poll(&p, 1, static_cast<int>(timeout_s * 1000)) <= 0) break;
     const ssize_t got = ::recv(fd_, tmp, sizeof(tmp), 0);
-    if (got <= 0) break;
+    if (got <= 0) {
+      *closed = got == 0;
+      break;
+    }
     buf_.append(tmp, static_cast<size_t>(got));
   }
   std::string out;
   out.swap(buf_);
   return out;
+}
+
+bool HttpConnection::ReadChunk(std::string* data, double timeout_s) {
+  bool ok;
+  const std::string size_line = ReadLine(timeout_s, &ok);
+  if (!ok) return false;
+  const size_t size = std::strtoul(size_line.c_str(), nullptr, 16);
+  if (size == 0 || !Fill(size + 2, timeout_s)) return false;
+  *data = buf_.substr(0, size);
+  buf_.erase(0, size + 2);
+  return true;
 }
 
 bool HttpConnection::ClosedByServer(double timeout_s) {

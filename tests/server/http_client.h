@@ -30,8 +30,12 @@ class HttpConnection {
   // True when the server closed the connection (reads EOF within timeout_s).
   bool ClosedByServer(double timeout_s = 5);
   void Close();
-  // Everything until the server closes the connection (a body without length or chunks).
-  std::string ReadToClose(double timeout_s = 30);
+  // Everything until the server closes the connection (a body without length or chunks);
+  // *closed says whether it did (false: timed out).
+  std::string ReadToClose(double timeout_s, bool* closed);
+  // The next chunk of a chunked body whose head was read (ReadHead); false at the last chunk,
+  // on EOF or timeout. ReadBody then reads the rest.
+  bool ReadChunk(std::string* data, double timeout_s = 120);
   // One line without its CRLF; *ok false on EOF or timeout.
   std::string ReadLine(double timeout_s, bool* ok);
 

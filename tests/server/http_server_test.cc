@@ -108,7 +108,9 @@ TEST(HttpServerTest, AStreamToAnHttp10ClientIsItsRawBodyEndedByClosing) {
   EXPECT_EQ(head.status, 200);
   EXPECT_EQ(head.headers.count("transfer-encoding"), 0u);
   EXPECT_EQ(head.headers["connection"], "close");
-  EXPECT_EQ(c.ReadToClose(10), "data: a\n\ndata: b\n\n");  // raw, and then closed
+  bool closed = false;
+  EXPECT_EQ(c.ReadToClose(10, &closed), "data: a\n\ndata: b\n\n");  // raw, ...
+  EXPECT_TRUE(closed);                                                // ... ended by closing
 }
 
 TEST(HttpServerTest, EmptyLinesBeforeARequestAreIgnored) {
@@ -119,6 +121,13 @@ TEST(HttpServerTest, EmptyLinesBeforeARequestAreIgnored) {
   EXPECT_EQ(c.Read(10).body, "GET /a?||");
   ASSERT_TRUE(c.SendRaw("\r\nGET /b HTTP/1.1\r\n\r\n"));
   EXPECT_EQ(c.Read(10).body, "GET /b?||");
+  // A few, not a stream of them.
+  HttpConnection flood(server->port());
+  std::string crlfs;
+  for (int i = 0; i < 100; ++i) crlfs += "\r\n";
+  ASSERT_TRUE(flood.SendRaw(crlfs));
+  EXPECT_EQ(flood.Read(10).status, 400);
+  EXPECT_TRUE(flood.ClosedByServer());
 }
 
 TEST(HttpServerTest, AmbiguousFramingIsRefused) {
@@ -143,6 +152,10 @@ TEST(HttpServerTest, AmbiguousFramingIsRefused) {
   EXPECT_EQ(status_of("POST / HTTP/1.1\r\nTransfer-Encoding:\r\n\r\n"), 411);
   EXPECT_EQ(status_of("POST / HTTP/1.1\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n"
                       "0\r\n\r\n"), 411);
+  // A bare LF or CR inside the head ends a line for some proxies and not for us.
+  EXPECT_EQ(status_of("POST / HTTP/1.1\r\nX-A: a\nContent-Length: 5\r\n\r\nhello"), 400);
+  EXPECT_EQ(status_of("POST / HTTP/1.1\r\nX-A: a\rContent-Length: 5\r\n\r\nhello"), 400);
+  EXPECT_EQ(status_of(std::string("GET / HTTP/1.1\r\nX-A: a\0b\r\n\r\n", 28)), 400);
 }
 
 TEST(HttpServerTest, AThrowingHandlerFailsItsRequestNotTheServer) {
@@ -349,6 +362,29 @@ TEST(HttpServerTest, StopWaitsForRunningHandlersAndCutsOffStuckOnes) {
   EXPECT_EQ(answered.headers["connection"], "close");
   EXPECT_TRUE(b.ClosedByServer());
   server.reset();  // and the server is destroyed with no thread left behind
+}
+
+TEST(HttpServerTest, IdleConnectionsMakeRoomWhenTheServerFills) {
+  HttpServerOptions o;
+  o.max_connections = 4;
+  o.idle_timeout_ms = 60'000;
+  auto server = StartOrDie(Echo, o);
+  ASSERT_NE(server, nullptr);
+  std::vector<std::unique_ptr<HttpConnection>> idle;
+  for (int i = 0; i < 4; ++i) {  // the server is full of idle keep-alive connections
+    idle.push_back(std::make_unique<HttpConnection>(server->port()));
+    ASSERT_TRUE(idle.back()->SendRaw("GET /a HTTP/1.1\r\n\r\n"));
+    EXPECT_EQ(idle.back()->Read(5).status, 200);
+  }
+  EXPECT_EQ(HttpCall(server->port(), "GET", "/full").status, 503);
+  // Over half full, an idle connection gets 5 s, not 60: they close until half are left.
+  const auto t0 = std::chrono::steady_clock::now();
+  while (server->connections() > 2 && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(9)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_EQ(server->connections(), 2);
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, std::chrono::seconds(4));
+  EXPECT_EQ(HttpCall(server->port(), "GET", "/b").status, 200);
 }
 
 TEST(HttpServerTest, AHandlerThatSendsNothingYields500) {

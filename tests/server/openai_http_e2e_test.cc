@@ -326,9 +326,12 @@ TEST_F(OpenAiHttpTest, SixteenConcurrentStreamsAllComplete) {
                          {"stream_options", {{"include_usage", true}}}};
       HttpConnection c(http_port_);
       c.SendRaw(RequestHead("/v1/completions", body.dump()));
-      HttpResult r = c.ReadHead(120);  // sent once the request is in the engine
+      HttpResult r = c.ReadHead(120);
+      std::string first;
+      if (!c.ReadChunk(&first, 120)) return;  // the first token's event
       started[i] = Clock::now();
       c.ReadBody(&r, 120);
+      r.body = first + r.body;
       ended[i] = Clock::now();
       const auto events = SseData(r.body);
       if (r.status == 200 && events.size() >= 3 && events.back() == "[DONE]" &&
@@ -339,7 +342,7 @@ TEST_F(OpenAiHttpTest, SixteenConcurrentStreamsAllComplete) {
   }
   for (auto& t : threads) t.join();
   EXPECT_EQ(done.load(), 16);
-  // All sixteen were in the engine together: none ended before the last one started.
+  // All sixteen were decoding together: none ended before the last one had its first token.
   EXPECT_LT(*std::max_element(started.begin(), started.end()),
             *std::min_element(ended.begin(), ended.end()));
 }
@@ -370,6 +373,30 @@ TEST(OpenAiHttpLifecycleTest, FlagErrorsAreRefusedBeforeTheModelLoads) {
     ServerProcess server(flags, /*timeout_s=*/0);
     EXPECT_EQ(server.Wait(30), 1) << flags[0];
   }
+}
+
+TEST(OpenAiHttpLifecycleTest, AStreamCutOffByShutdownEndsWithAnErrorEvent) {
+  const int http_port = FreePort();
+  ServerProcess server({"--http-port", std::to_string(http_port), "--drain-timeout", "0"});
+  ASSERT_TRUE(server.started());
+  HttpConnection c(http_port);
+  const Json body = {{"prompt", "Hello"}, {"max_tokens", 4000}, {"ignore_eos", true},
+                     {"stream", true}, {"stream_options", {{"include_usage", true}}}};
+  ASSERT_TRUE(c.SendRaw(RequestHead("/v1/completions", body.dump())));
+  HttpResult r = c.ReadHead(60);
+  ASSERT_EQ(r.status, 200);
+  std::string first;
+  ASSERT_TRUE(c.ReadChunk(&first, 60));  // generating
+  server.Signal(SIGTERM);               // no drain time: the engine cancels it
+  c.ReadBody(&r, 60);
+  const auto events = SseData(first + r.body);
+  ASSERT_GE(events.size(), 2u);
+  EXPECT_EQ(events.back(), "[DONE]");
+  const Json last = Json::parse(events[events.size() - 2]);
+  ASSERT_TRUE(last.contains("error")) << last.dump();
+  EXPECT_EQ(last["error"]["code"], 503);
+  for (const auto& e : events) EXPECT_EQ(e.find("\"usage\""), std::string::npos) << e;
+  EXPECT_EQ(server.Wait(60), 0);
 }
 
 TEST(OpenAiHttpLifecycleTest, SigtermDrainsHttpStreamsToTheirEnd) {
