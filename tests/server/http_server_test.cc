@@ -3,6 +3,9 @@
 // malformed input, a vanished client seen by a waiting handler, the connection cap, and Stop.
 #include "server/http_server.h"
 
+#include <sys/resource.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <chrono>
 #include <thread>
@@ -385,6 +388,39 @@ TEST(HttpServerTest, IdleConnectionsMakeRoomWhenTheServerFills) {
   EXPECT_EQ(server->connections(), 2);
   EXPECT_GE(std::chrono::steady_clock::now() - t0, std::chrono::seconds(4));
   EXPECT_EQ(HttpCall(server->port(), "GET", "/b").status, 200);
+}
+
+// CPU seconds this process has used.
+double CpuSeconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return double(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         1e-6 * double(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+}
+
+TEST(HttpServerTest, OutOfDescriptorsTheAcceptLoopWaitsInsteadOfSpinning) {
+  auto server = StartOrDie(Echo);
+  ASSERT_NE(server, nullptr);
+  rlimit saved{};
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &saved), 0);
+  // The lowest free descriptor + 1: the client's socket takes the last one, so the server's
+  // accept fails with EMFILE while the connection waits in the backlog.
+  const int probe = ::dup(0);
+  ASSERT_GE(probe, 0);
+  ::close(probe);
+  rlimit tight = saved;
+  tight.rlim_cur = static_cast<rlim_t>(probe + 1);
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &tight), 0);
+  HttpConnection c(server->port());
+  const bool connected = c.connected() && c.SendRaw("GET /late HTTP/1.1\r\n\r\n");
+  const double cpu0 = CpuSeconds();
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  const double cpu = CpuSeconds() - cpu0;
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &saved), 0);
+  ASSERT_TRUE(connected);
+  EXPECT_LT(cpu, 0.1) << "the accept loop spun on EMFILE";  // waiting: about 1 ms
+  // Descriptors again: the waiting connection is served.
+  EXPECT_EQ(c.Read(10).body, "GET /late?||");
 }
 
 TEST(HttpServerTest, AHandlerThatSendsNothingYields500) {
