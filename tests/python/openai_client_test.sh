@@ -6,24 +6,13 @@
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 bin="$1"
+# shellcheck source=tests/python/lib.sh
+. "$root/tests/python/lib.sh"
 venv="$root/build/openai-example-venv"
-if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c 'import openai' 2>/dev/null; then
-  python3 -m venv "$venv"
-  "$venv/bin/python" -m pip install -q -r "$root/examples/python/requirements-openai.txt"
-fi
+ensure_venv "$venv" "$root/examples/python/requirements-openai.txt" openai
 py="$venv/bin/python"
-free_port() { $py -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-port=$(free_port); mport=$(free_port); hport=$(free_port)
-log=$(mktemp)
-"$bin" serve --model "$root/models/SmolLM2-135M-Instruct.Q4_1.gguf" --host 127.0.0.1 \
-  --port "$port" --metrics-port "$mport" --http-port "$hport" >"$log" 2>&1 &
-pid=$!
-trap 'kill $pid 2>/dev/null || true; wait $pid 2>/dev/null || true; rm -f "$log"' EXIT
-for _ in $(seq 1 300); do
-  grep -q "serving thetaserve" "$log" && break
-  kill -0 $pid 2>/dev/null || { cat "$log"; echo "server died"; exit 1; }
-  sleep 0.2
-done
+port=$(free_port); hport=$(free_port)
+start_server "$bin" --port "$port" --metrics-port "$(free_port)" --http-port "$hport"
 "$py" "$root/examples/python/openai_client.py" --base-url "http://127.0.0.1:$hport/v1" --check
 
 bench_py="$(bash "$root/scripts/bench-serve-venv.sh")"
@@ -41,6 +30,5 @@ assert r["total_output_tokens"] == 8 * 16, r["total_output_tokens"]
 print(f"bench_serve --backend openai: 8/8 requests, {r['total_output_tokens']} tokens")
 PY
 rm -rf "$out"
-kill -TERM $pid
-wait $pid
+stop_server
 echo "openai client test: passed"
