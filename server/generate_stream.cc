@@ -32,13 +32,7 @@ void StreamSink::Detach() {
   stream_ = nullptr;
 }
 
-void StreamSink::OnTokens(const scheduler::TokenDelta& delta) {
-  const auto now = std::chrono::steady_clock::now();
-  if (last_tokens_ && service_->metrics()) {
-    service_->metrics()->OnInterTokenLatency(
-        std::chrono::duration<double>(now - *last_tokens_).count());
-  }
-  last_tokens_ = now;
+void StreamSink::Deliver(const scheduler::TokenDelta& delta) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     // Coalesce into the last queued chunk when the client is slower than the engine.
@@ -64,9 +58,7 @@ void StreamSink::OnTokens(const scheduler::TokenDelta& delta) {
   Pump();
 }
 
-void StreamSink::OnFinish(const scheduler::FinishInfo& info) {
-  if (service_->metrics()) service_->metrics()->OnFinish(info);
-  service_->Untrack(request_id_);
+void StreamSink::Finish(const scheduler::FinishInfo& info) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     // Cancellations (Abort, client gone) end with a Complete message; deadline, shutdown and

@@ -14,6 +14,7 @@
 
 #include "grpcpp/grpcpp.h"
 #include "scheduler/request.h"
+#include "server/service_sink.h"
 #include "thetaserve/v1/generation.pb.h"
 
 namespace thetaserve::server {
@@ -21,25 +22,22 @@ namespace thetaserve::server {
 class GenerationService;
 class GenerateStream;
 
-class StreamSink : public scheduler::TokenSink {
+class StreamSink : public ServiceSink {
  public:
-  StreamSink(GenerationService* service, std::string request_id)
-      : service_(service), request_id_(std::move(request_id)) {}
+  using ServiceSink::ServiceSink;
 
   void Attach(GenerateStream* stream);
   void Detach();
-  // Engine thread.
-  void OnTokens(const scheduler::TokenDelta& delta) override;
-  void OnFinish(const scheduler::FinishInfo& info) override;
   // gRPC thread: the previous write completed.
   void WriteDone(bool ok);
 
  private:
+  // Engine thread.
+  void Deliver(const scheduler::TokenDelta& delta) override;
+  void Finish(const scheduler::FinishInfo& info) override;
   // Starts the next write or the Finish, if one is due. Call without holding mu_.
   void Pump();
 
-  GenerationService* service_;
-  std::string request_id_;
   std::mutex mu_;
   GenerateStream* stream_ = nullptr;                 // guarded by mu_
   std::deque<v1::GenerateResponse> queue_;           // guarded by mu_
@@ -48,7 +46,6 @@ class StreamSink : public scheduler::TokenSink {
   std::optional<grpc::Status> final_status_;         // guarded by mu_
   bool finish_started_ = false;                      // guarded by mu_
   bool broken_ = false;                              // a write failed; guarded by mu_
-  std::optional<std::chrono::steady_clock::time_point> last_tokens_;  // engine thread
 };
 
 class GenerateStream : public grpc::ServerWriteReactor<grpc::ByteBuffer> {

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "server/openai_api.h"
+#include "server/service_sink.h"
 #include "server/validation.h"
 
 namespace thetaserve::server {
@@ -22,33 +23,9 @@ constexpr milliseconds kPollInterval{100};     // how often a waiting handler ch
 constexpr milliseconds kKeepAliveInterval{15'000};  // SSE comment during a long silence
 
 // One request's output, pushed by the engine thread and taken by the handler thread.
-class HttpSink : public scheduler::TokenSink {
+class HttpSink : public ServiceSink {
  public:
-  HttpSink(GenerationService* service, std::string id) : service_(service), id_(std::move(id)) {}
-
-  void OnTokens(const scheduler::TokenDelta& d) override {
-    const auto now = std::chrono::steady_clock::now();
-    if (last_tokens_ && service_->metrics()) {
-      service_->metrics()->OnInterTokenLatency(
-          std::chrono::duration<double>(now - *last_tokens_).count());
-    }
-    last_tokens_ = now;
-    std::lock_guard<std::mutex> lock(mu_);
-    pending_.token_ids.insert(pending_.token_ids.end(), d.token_ids.begin(), d.token_ids.end());
-    pending_.text += d.text;
-    pending_.logprobs.insert(pending_.logprobs.end(), d.logprobs.begin(), d.logprobs.end());
-    pending_.top.insert(pending_.top.end(), d.top.begin(), d.top.end());
-    has_pending_ = true;
-    cv_.notify_one();
-  }
-
-  void OnFinish(const scheduler::FinishInfo& info) override {
-    if (service_->metrics()) service_->metrics()->OnFinish(info);
-    service_->Untrack(id_);
-    std::lock_guard<std::mutex> lock(mu_);
-    finish_ = info;
-    cv_.notify_one();
-  }
+  using ServiceSink::ServiceSink;
 
   // Waits up to `timeout` for output; moves what came into *delta (cleared first) and, once the
   // request has finished and its last tokens were taken, into *finish.
@@ -63,9 +40,22 @@ class HttpSink : public scheduler::TokenSink {
   }
 
  private:
-  GenerationService* service_;
-  std::string id_;
-  std::optional<std::chrono::steady_clock::time_point> last_tokens_;  // engine thread
+  void Deliver(const scheduler::TokenDelta& d) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    pending_.token_ids.insert(pending_.token_ids.end(), d.token_ids.begin(), d.token_ids.end());
+    pending_.text += d.text;
+    pending_.logprobs.insert(pending_.logprobs.end(), d.logprobs.begin(), d.logprobs.end());
+    pending_.top.insert(pending_.top.end(), d.top.begin(), d.top.end());
+    has_pending_ = true;
+    cv_.notify_one();
+  }
+
+  void Finish(const scheduler::FinishInfo& info) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    finish_ = info;
+    cv_.notify_one();
+  }
+
   std::mutex mu_;
   std::condition_variable cv_;
   scheduler::TokenDelta pending_;                 // guarded by mu_

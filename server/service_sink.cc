@@ -1,0 +1,23 @@
+#include "server/service_sink.h"
+
+#include "server/generation_service.h"
+
+namespace thetaserve::server {
+
+void ServiceSink::OnTokens(const scheduler::TokenDelta& delta) {
+  const auto now = std::chrono::steady_clock::now();
+  if (last_tokens_ && service_->metrics()) {
+    service_->metrics()->OnInterTokenLatency(
+        std::chrono::duration<double>(now - *last_tokens_).count());
+  }
+  last_tokens_ = now;
+  Deliver(delta);
+}
+
+void ServiceSink::OnFinish(const scheduler::FinishInfo& info) {
+  if (service_->metrics()) service_->metrics()->OnFinish(info);
+  service_->Untrack(request_id_);
+  Finish(info);
+}
+
+}  // namespace thetaserve::server

@@ -1,0 +1,38 @@
+// What every front end's TokenSink does for the service, whatever it then does with the output:
+// inter-token latency and the finished request's metrics, and forgetting the request's id
+// (Abort's "found", duplicate detection). gRPC's StreamSink and the HTTP API's sink derive
+// from it and implement Deliver and Finish.
+#pragma once
+
+#include <chrono>
+#include <optional>
+#include <string>
+
+#include "scheduler/request.h"
+
+namespace thetaserve::server {
+
+class GenerationService;
+
+class ServiceSink : public scheduler::TokenSink {
+ public:
+  ServiceSink(GenerationService* service, std::string request_id)
+      : service_(service), request_id_(std::move(request_id)) {}
+
+  // Engine thread: records, then hands on to Deliver / Finish.
+  void OnTokens(const scheduler::TokenDelta& delta) final;
+  void OnFinish(const scheduler::FinishInfo& info) final;
+
+ protected:
+  // Engine thread; must not block, as TokenSink's callbacks.
+  virtual void Deliver(const scheduler::TokenDelta& delta) = 0;
+  virtual void Finish(const scheduler::FinishInfo& info) = 0;
+
+  GenerationService* service_;
+  const std::string request_id_;
+
+ private:
+  std::optional<std::chrono::steady_clock::time_point> last_tokens_;  // engine thread
+};
+
+}  // namespace thetaserve::server
