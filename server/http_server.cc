@@ -387,8 +387,14 @@ void HttpServer::Serve(int fd) {
       const auto idle = Clock::now() - idle_since;
       if (idle >= std::chrono::milliseconds(options_.idle_timeout_ms)) return;
       if (idle >= std::chrono::seconds(5)) {
+        // Leave the set at once, under the lock, so that idle connections deciding together
+        // close only until half are left, not all of them.
         std::lock_guard<std::mutex> lock(conns_->mu);
-        if (2 * static_cast<int>(conns_->fds.size()) > options_.max_connections) return;
+        if (2 * static_cast<int>(conns_->fds.size()) > options_.max_connections) {
+          conns_->fds.erase(fd);
+          conns_->idle.notify_all();
+          return;
+        }
       }
       if (WaitReadable(fd, kPollSliceMs)) {
         const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
