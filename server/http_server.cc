@@ -62,6 +62,14 @@ bool ContainsToken(std::string_view header_value, std::string_view token) {
   return false;
 }
 
+// The error bodies the transport itself sends, in the OpenAI shape the API's handlers use
+// (messages are the server's own, with nothing to escape).
+std::string ErrorBody(int status, std::string_view message,
+                      std::string_view type = "server_error") {
+  return absl::StrCat(R"({"error":{"message":")", std::string(message), R"(","type":")",
+                      std::string(type), R"(","param":null,"code":)", status, "}}");
+}
+
 }  // namespace
 
 const char* HttpReason(int status) {
@@ -308,7 +316,7 @@ void HttpServer::AcceptLoop() {
       std::atomic<bool> no{false};
       HttpResponder r(fd, /*http11=*/true, /*keep_alive=*/false, &no);
       r.Send(503, "application/json",
-             R"({"error":{"message":"too many open connections; retry later","type":"server_error","param":null,"code":503}})",
+             ErrorBody(503, "too many open connections; retry later"),
              {{"Retry-After", "1"}});
       ::close(fd);
     };
@@ -364,9 +372,7 @@ void HttpServer::Serve(int fd) {
   };
   auto reject = [&](int status, const std::string& message) {
     HttpResponder r(fd, /*http11=*/true, /*keep_alive=*/false, &stopping_);
-    r.Send(status, "application/json",
-           absl::StrCat(R"({"error":{"message":")", message,
-                        R"(","type":"invalid_request_error","param":null,"code":)", status, "}}"));
+    r.Send(status, "application/json", ErrorBody(status, message, "invalid_request_error"));
   };
 
   while (!stopping_.load()) {
@@ -500,12 +506,12 @@ void HttpServer::Serve(int fd) {
       if (responder.responded()) return;
       responder.CloseAfter();
       responder.Send(500, "application/json",
-                     R"({"error":{"message":"internal error","type":"server_error","param":null,"code":500}})");
+                     ErrorBody(500, "internal error"));
       return;
     }
     if (!responder.responded()) {
       responder.Send(500, "application/json",
-                     R"({"error":{"message":"the handler sent no response","type":"server_error","param":null,"code":500}})");
+                     ErrorBody(500, "the handler sent no response"));
     }
     if (!responder.reusable()) return;
   }

@@ -307,6 +307,13 @@ absl::Status RefuseUnsupported(const In& body, OpenAiEndpoint endpoint) {
   return absl::OkStatus();
 }
 
+// Chat's "bytes": a token's raw bytes as integers.
+Json ByteList(const std::string& bytes) {
+  Json b = Json::array();
+  for (unsigned char c : bytes) b.push_back(int(c));
+  return b;
+}
+
 Json TopList(const std::vector<std::pair<int32_t, float>>& top, int n,
              const model::Tokenizer& tok, bool chat) {
   Json out = chat ? Json::array() : Json::object();
@@ -314,9 +321,7 @@ Json TopList(const std::vector<std::pair<int32_t, float>>& top, int n,
     const std::string bytes = tok.TokenBytes(top[i].first);
     const float lp = std::max(top[i].second, kMinLogprob);
     if (chat) {
-      Json b = Json::array();
-      for (unsigned char c : bytes) b.push_back(int(c));
-      out.push_back({{"token", bytes}, {"logprob", lp}, {"bytes", b}});
+      out.push_back({{"token", bytes}, {"logprob", lp}, {"bytes", ByteList(bytes)}});
     } else {
       out[bytes] = lp;
     }
@@ -440,11 +445,9 @@ Json OpenAiResponseBuilder::Logprobs(const scheduler::TokenDelta& d, size_t offs
     Json content = Json::array();
     for (size_t i = 0; i < d.logprobs.size() && i < d.token_ids.size(); ++i) {
       const std::string bytes = tokenizer_->TokenBytes(d.token_ids[i]);
-      Json b = Json::array();
-      for (unsigned char c : bytes) b.push_back(int(c));
       content.push_back({{"token", bytes},
                          {"logprob", std::max(d.logprobs[i], kMinLogprob)},
-                         {"bytes", b},
+                         {"bytes", ByteList(bytes)},
                          {"top_logprobs", TopList(d.top[i], call_.top_logprobs, *tokenizer_, true)}});
     }
     return {{"content", content}};
