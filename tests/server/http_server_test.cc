@@ -27,6 +27,16 @@ void Echo(const HttpRequest& req, HttpResponder& out) {
            {{"X-Echo", "1"}});
 }
 
+// Sends raw bytes on a new connection; the status of the answer, after which the server must
+// close the connection.
+int StatusOfRaw(int port, const std::string& bytes) {
+  HttpConnection c(port);
+  c.SendRaw(bytes);
+  HttpResult r = c.Read(10);
+  EXPECT_TRUE(c.ClosedByServer()) << bytes.substr(0, 40);
+  return r.status;
+}
+
 std::unique_ptr<HttpServer> StartOrDie(HttpHandler h, HttpServerOptions o = {}) {
   auto s = HttpServer::Start("127.0.0.1", 0, std::move(h), o);
   EXPECT_TRUE(s.ok()) << s.status();
@@ -137,13 +147,7 @@ TEST(HttpServerTest, AmbiguousFramingIsRefused) {
   // What a proxy in front might read differently from us (request smuggling) is a 400 or 411.
   auto server = StartOrDie(Echo);
   ASSERT_NE(server, nullptr);
-  auto status_of = [&](const std::string& head_and_body) {
-    HttpConnection c(server->port());
-    c.SendRaw(head_and_body);
-    HttpResult r = c.Read(10);
-    EXPECT_TRUE(c.ClosedByServer()) << head_and_body;
-    return r.status;
-  };
+  auto status_of = [&](const std::string& bytes) { return StatusOfRaw(server->port(), bytes); };
   const std::string smuggled = "GET /smuggled HTTP/1.1\r\n\r\n";
   EXPECT_EQ(status_of("POST / HTTP/1.1\r\nContent-Length : " + std::to_string(smuggled.size()) +
                       "\r\n\r\n" + smuggled), 400);
@@ -198,13 +202,7 @@ TEST(HttpServerTest, MalformedAndOversizedRequestsGetTheirStatusAndTheServerGoes
   auto server = StartOrDie(Echo, o);
   ASSERT_NE(server, nullptr);
   const int port = server->port();
-  auto raw = [&](const std::string& bytes) {
-    HttpConnection c(port);
-    c.SendRaw(bytes);
-    HttpResult r = c.Read(10);
-    EXPECT_TRUE(c.ClosedByServer()) << bytes.substr(0, 40);
-    return r.status;
-  };
+  auto raw = [&](const std::string& bytes) { return StatusOfRaw(port, bytes); };
   EXPECT_EQ(raw("GARBAGE\r\n\r\n"), 400);
   EXPECT_EQ(raw("GET nopath HTTP/1.1\r\n\r\n"), 400);
   EXPECT_EQ(raw("GET / HTTP/2.0\r\n\r\n"), 505);

@@ -54,16 +54,16 @@ bool WaitForRunning(v1::Generation::Stub& stub, uint32_t running, double timeout
   return false;
 }
 
-// The value of one series in a Prometheus exposition, or -1.
-double MetricValue(const std::string& exposition, const std::string& series) {
-  const size_t pos = exposition.find("\n" + series + " ");
-  if (pos == std::string::npos) return -1;
-  return std::stod(exposition.substr(pos + series.size() + 2));
-}
-
 std::string RequestHead(const std::string& path, const std::string& body) {
   return "POST " + path + " HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
          "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+}
+
+// Sends a streaming request on `c` and reads the response's head (sent once the request is in
+// the engine).
+HttpResult OpenStream(HttpConnection& c, const Json& body) {
+  if (!c.SendRaw(RequestHead("/v1/completions", body.dump()))) return {};
+  return c.ReadHead(60);
 }
 
 class OpenAiHttpTest : public ::testing::Test {
@@ -291,8 +291,7 @@ TEST_F(OpenAiHttpTest, AbortOverGrpcEndsAnHttpStreamWithAbort) {
   HttpConnection c(http_port_);
   const Json body = {{"prompt", "Once upon a time"}, {"max_tokens", 4000}, {"ignore_eos", true},
                      {"stream", true}};
-  ASSERT_TRUE(c.SendRaw(RequestHead("/v1/completions", body.dump())));
-  HttpResult r = c.ReadHead(60);
+  HttpResult r = OpenStream(c, body);
   ASSERT_EQ(r.status, 200);
   const std::string id = r.headers["x-request-id"];
   ASSERT_FALSE(id.empty());
@@ -382,8 +381,7 @@ TEST(OpenAiHttpLifecycleTest, AStreamCutOffByShutdownEndsWithAnErrorEvent) {
   HttpConnection c(http_port);
   const Json body = {{"prompt", "Hello"}, {"max_tokens", 4000}, {"ignore_eos", true},
                      {"stream", true}, {"stream_options", {{"include_usage", true}}}};
-  ASSERT_TRUE(c.SendRaw(RequestHead("/v1/completions", body.dump())));
-  HttpResult r = c.ReadHead(60);
+  HttpResult r = OpenStream(c, body);
   ASSERT_EQ(r.status, 200);
   std::string first;
   ASSERT_TRUE(c.ReadChunk(&first, 60));  // generating
@@ -406,8 +404,7 @@ TEST(OpenAiHttpLifecycleTest, SigtermDrainsHttpStreamsToTheirEnd) {
   HttpConnection c(http_port);
   const Json body = {{"prompt", "Hello"}, {"max_tokens", 48}, {"ignore_eos", true},
                      {"stream", true}};
-  ASSERT_TRUE(c.SendRaw(RequestHead("/v1/completions", body.dump())));
-  HttpResult r = c.ReadHead(60);
+  HttpResult r = OpenStream(c, body);
   ASSERT_EQ(r.status, 200);
   server.Signal(SIGTERM);
   // New requests are refused while it drains ...

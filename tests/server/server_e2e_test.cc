@@ -75,16 +75,6 @@ std::string RunGenerateBinary(const std::string& args) {
   return RunCommand(BinaryPath() + " generate --model " + DefaultModelPath() + " " + args + " 2>/dev/null");
 }
 
-double MetricValue(const std::string& exposition, const std::string& series) {
-  for (size_t pos = 0; (pos = exposition.find(series, pos)) != std::string::npos; pos += series.size()) {
-    if (pos > 0 && exposition[pos - 1] != '\n') continue;
-    size_t sp = pos + series.size();
-    if (exposition[sp] != ' ') continue;
-    return std::stod(exposition.substr(sp + 1));
-  }
-  return -1;
-}
-
 class ServerE2ETest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {

@@ -32,6 +32,16 @@ int FreePort() {
   return port;
 }
 
+double MetricValue(const std::string& exposition, const std::string& series) {
+  for (size_t pos = 0; (pos = exposition.find(series, pos)) != std::string::npos; pos += series.size()) {
+    if (pos > 0 && exposition[pos - 1] != '\n') continue;
+    size_t sp = pos + series.size();
+    if (exposition[sp] != ' ') continue;
+    return std::stod(exposition.substr(sp + 1));
+  }
+  return -1;
+}
+
 std::string BinaryPath() { return THETASERVE_BINARY; }
 
 ServerProcess::ServerProcess(std::vector<std::string> extra, double timeout_s) {

@@ -13,6 +13,8 @@
 namespace thetaserve::testing {
 
 int FreePort();
+// The value of one series (name and labels, as exposed) in a Prometheus exposition, or -1.
+double MetricValue(const std::string& exposition, const std::string& series);
 std::string BinaryPath();  // build/thetaserve
 
 class ServerProcess {
