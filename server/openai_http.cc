@@ -184,12 +184,12 @@ void OpenAiHttpServer::Generate(const HttpRequest& http, HttpResponder& out, boo
   // The chat API's default is "until the model stops": the rest of the context, or of what
   // the KV cache can hold for one sequence when that is less.
   if (chat && !call->max_tokens_given) {
-    const int64_t room =
-        service_->engine().MaxSequenceTokens() - static_cast<int64_t>(req.prompt.size());
+    const int64_t most = service_->engine().MaxSequenceTokens();
+    const int64_t room = most - static_cast<int64_t>(req.prompt.size());
     if (room < 1) {
       return reject(absl::InvalidArgumentError(absl::StrCat(
           "the prompt has ", req.prompt.size(), " tokens; with the model's context and the KV "
-          "cache, at most ", service_->engine().MaxSequenceTokens() - 1, " fit")));
+          "cache, at most ", most - 1, " fit")));
     }
     req.stopping.max_tokens = static_cast<int32_t>(room);
   }
