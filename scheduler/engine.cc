@@ -19,6 +19,12 @@ SchedulerConfig WithSparse(SchedulerConfig config, const cache::SparsePolicy& sp
   return config;
 }
 
+cache::KvShape KvShapeOf(const kernels::Backend& backend, int32_t block_size) {
+  const auto& c = backend.model().config();
+  return {static_cast<int32_t>(c.num_layers), static_cast<int32_t>(c.num_kv_heads), block_size,
+          static_cast<int32_t>(c.head_dim)};
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& config,
@@ -58,9 +64,7 @@ Engine::Engine(const EngineConfig& config, kernels::Backend& backend, int64_t nu
       pool_(num_pages, config.block_size),
       host_pool_(host_pages > 0 ? std::make_unique<cache::PagePool>(host_pages, config.block_size)
                                 : nullptr),
-      kv_shape_{static_cast<int32_t>(backend.model().config().num_layers),
-                static_cast<int32_t>(backend.model().config().num_kv_heads), config.block_size,
-                static_cast<int32_t>(backend.model().config().head_dim)},
+      kv_shape_(KvShapeOf(backend, config.block_size)),
       prefix_cache_(config.prefix_caching && !config.sparse.enabled
                         ? std::make_unique<cache::PrefixCache>(kv_shape_)
                         : nullptr),
@@ -85,6 +89,13 @@ int64_t Engine::MaxSequenceTokens() const {
     }
   }
   return lo;
+}
+
+int64_t Engine::KvBytesForSequence(const kernels::Backend& backend, int32_t block_size,
+                                   int64_t tokens) {
+  const int64_t page_bytes =
+      int64_t(block_size) * backend.model().config().head_dim * backend.kv_element_bytes();
+  return cache::SequenceKv(KvShapeOf(backend, block_size)).PagesNeeded(tokens) * page_bytes;
 }
 
 absl::Status Engine::Submit(Request request, std::shared_ptr<TokenSink> sink) {

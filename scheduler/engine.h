@@ -61,6 +61,10 @@ class Engine {
   // Thread-safe. The longest sequence (prompt + output tokens) Submit accepts: the model's
   // context, or less when the whole KV pool holds fewer tokens.
   int64_t MaxSequenceTokens() const;
+  // The pool bytes one sequence of `tokens` tokens takes on `backend` (its K and every V row),
+  // with pages of `block_size` rows: what --kv-cache-memory must give for it to fit alone.
+  static int64_t KvBytesForSequence(const kernels::Backend& backend, int32_t block_size,
+                                    int64_t tokens);
   // Thread-safe. Cancels at the next step boundary (pages freed then); the sink gets
   // OnFinish(kCancelled, status). Unknown ids are ignored (the request may have finished).
   void Cancel(const std::string& request_id, absl::Status why = absl::CancelledError("cancelled"));

@@ -1,5 +1,6 @@
 #include "server/kv_cache_size.h"
 
+#include <algorithm>
 #include <cctype>
 
 #include "absl/strings/numbers.h"
@@ -67,6 +68,25 @@ absl::StatusOr<KvCacheSize> ResolveKvCacheSize(const KvCacheSpec& spec,
       "%.2f GiB (%g%% of the %.2f GiB free after the model, less %.0f GiB for per-step buffers)",
       double(out.bytes) / kGiB, spec.percent, double(*free_bytes) / kGiB,
       double(kKvReserveBytes) / kGiB);
+  return out;
+}
+
+KvCacheSize DefaultCpuKvCacheSize(int64_t full_context_bytes, std::optional<int64_t> free_bytes) {
+  KvCacheSize out;
+  int64_t full = full_context_bytes;
+  const bool capped = free_bytes && full > *free_bytes / 4;
+  if (capped) full = *free_bytes / 4;
+  out.bytes = std::max(kCpuKvFloorBytes, full);
+  if (out.bytes == kCpuKvFloorBytes) {
+    out.description = absl::StrFormat("%.2f GiB", double(out.bytes) / kGiB);
+  } else if (!capped) {
+    out.description = absl::StrFormat("%.2f GiB (one sequence of the model's full context)",
+                                      double(out.bytes) / kGiB);
+  } else {
+    out.description = absl::StrFormat(
+        "%.2f GiB (a quarter of the %.2f GiB free; the model's full context needs %.2f GiB)",
+        double(out.bytes) / kGiB, double(*free_bytes) / kGiB, double(full_context_bytes) / kGiB);
+  }
   return out;
 }
 

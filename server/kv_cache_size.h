@@ -32,4 +32,11 @@ struct KvCacheSize {
 absl::StatusOr<KvCacheSize> ResolveKvCacheSize(const KvCacheSpec& spec,
                                                std::optional<int64_t> free_bytes);
 
+// The CPU backend's pool when --kv-cache-memory is not given: kCpuKvFloorBytes, or the K and V
+// of one sequence as long as the model's context (`full_context_bytes`) when that is more, so
+// every request the context allows fits; but a full context never takes more than a quarter
+// of `free_bytes` (MemAvailable) when that is known. (A GPU's default is a share: 90%.)
+constexpr int64_t kCpuKvFloorBytes = int64_t(256) << 20;
+KvCacheSize DefaultCpuKvCacheSize(int64_t full_context_bytes, std::optional<int64_t> free_bytes);
+
 }  // namespace thetaserve::server

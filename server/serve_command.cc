@@ -46,7 +46,8 @@ constexpr char kUsage[] =
     "  --max-num-batched-tokens N   token budget per engine step (default 512)\n"
     "  --kv-cache-memory SIZE|PCT%  KV page pool size, e.g. 512M, or a share of the memory\n"
     "                               free once the model is loaded, less 1 GiB for per-step\n"
-    "                               buffers, e.g. 90% (default 90% on a GPU, 256M on the CPU)\n"
+    "                               buffers, e.g. 90% (default 90% on a GPU; on the CPU\n"
+    "                               256M, or one full-context sequence if more)\n"
     "  --block-size N               rows per KV page (default 16)\n"
     "  --max-queue N                waiting requests before RESOURCE_EXHAUSTED (default 1024)\n"
     "  --threads N                  CPU threads: the CPU backend's, and up to 16 that sample a\n"
@@ -179,15 +180,16 @@ int RunServe(const std::vector<std::string>& argv) {
   ec.sparse = theta->sparse;
   ec.scheduler.max_num_seqs = *max_seqs;
   ec.scheduler.max_num_batched_tokens = *max_tokens;
+  // Defaults: 90% of a GPU's free memory; on the CPU, enough for one full-context sequence.
+  const bool cpu_default = !args->Has("kv-cache-memory") && loaded->backend->name() != "cuda";
   KvCacheSpec spec = *kv_spec;
-  if (!args->Has("kv-cache-memory")) {
-    if (loaded->backend->name() == "cuda") {
-      spec.percent = 90.0;
-    } else {
-      spec.bytes = int64_t(256) << 20;
-    }
-  }
-  auto kv = ResolveKvCacheSize(spec, loaded->backend->FreeMemoryBytes());
+  if (!args->Has("kv-cache-memory")) spec.percent = 90.0;
+  auto kv = cpu_default ? absl::StatusOr<KvCacheSize>(DefaultCpuKvCacheSize(
+                              scheduler::Engine::KvBytesForSequence(
+                                  *loaded->backend, static_cast<int32_t>(*block_size),
+                                  loaded->model->config().max_context),
+                              loaded->backend->FreeMemoryBytes()))
+                        : ResolveKvCacheSize(spec, loaded->backend->FreeMemoryBytes());
   if (!kv.ok()) return fail(kv.status());
   std::fprintf(stderr, "KV cache: %s%s\n", kv->description.c_str(),
                args->Has("kv-cache-memory") ? "" : ", the default (--kv-cache-memory sets it)");

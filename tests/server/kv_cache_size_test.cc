@@ -56,5 +56,26 @@ TEST(KvCacheSizeTest, AShareNeedsKnownAndSufficientFreeMemory) {
   EXPECT_NE(std::string(little.status().message()).find("0.50 GiB is free"), std::string::npos) << little.status();
 }
 
+TEST(KvCacheSizeTest, TheCpuDefaultHoldsOneFullContextWithinAQuarterOfFreeMemory) {
+  constexpr int64_t kMiB = int64_t(1) << 20;
+  // A small model's full context under the floor: the floor.
+  KvCacheSize small = DefaultCpuKvCacheSize(100 * kMiB, 16 * kGiB);
+  EXPECT_EQ(small.bytes, kCpuKvFloorBytes);
+  // SmolLM2's 8,192 tokens in fp32 (360 MiB): all of it, and the log says why.
+  KvCacheSize full = DefaultCpuKvCacheSize(360 * kMiB, 16 * kGiB);
+  EXPECT_EQ(full.bytes, 360 * kMiB);
+  EXPECT_NE(full.description.find("full context"), std::string::npos) << full.description;
+  full = DefaultCpuKvCacheSize(360 * kMiB, std::nullopt);  // free memory unknown: no cap
+  EXPECT_EQ(full.bytes, 360 * kMiB);
+  // A long-context model on a small machine: a quarter of the free memory, said in the log.
+  KvCacheSize capped = DefaultCpuKvCacheSize(34 * kGiB, 8 * kGiB);
+  EXPECT_EQ(capped.bytes, 2 * kGiB);
+  EXPECT_NE(capped.description.find("a quarter of the 8.00 GiB free"), std::string::npos)
+      << capped.description;
+  EXPECT_NE(capped.description.find("needs 34.00 GiB"), std::string::npos) << capped.description;
+  // The cap never goes under the floor.
+  EXPECT_EQ(DefaultCpuKvCacheSize(34 * kGiB, 512 * kMiB).bytes, kCpuKvFloorBytes);
+}
+
 }  // namespace
 }  // namespace thetaserve::server

@@ -498,6 +498,27 @@ TEST(ServerLifecycleTest, DrainsOnSigtermWithHealthNotServing) {
   EXPECT_EQ(server.Wait(60), 0);
 }
 
+TEST(ServerLifecycleTest, TheCpuDefaultKvCacheHoldsTheWholeContext) {
+  ServerProcess server({"--device", "cpu"});
+  ASSERT_TRUE(server.started());
+  std::ifstream log(server.log_path());
+  const std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("one sequence of the model's full context"), std::string::npos) << text;
+  // Prompt + max_tokens = the whole 8,192-token context: accepted (256 MiB, the old default,
+  // refused it), and decoding; cancelled after its first tokens.
+  auto stub = server.stub();
+  auto req = Prompt("Hello", 8192 - 16);
+  grpc::ClientContext ctx;
+  auto reader = stub->Generate(&ctx, req);
+  v1::GenerateResponse resp;
+  int tokens = 0;
+  while (tokens < 2 && reader->Read(&resp)) tokens += resp.chunk().token_ids_size();
+  ctx.TryCancel();
+  const grpc::Status st = reader->Finish();
+  EXPECT_GE(tokens, 2) << st.error_message();
+  EXPECT_NE(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << st.error_message();
+}
+
 TEST(ServerLifecycleTest, PrefixCachingFlagTakesOnOrOff) {
   int rc = 0;
   const std::string out = RunCommand(BinaryPath() + " serve --model " + DefaultModelPath() +
