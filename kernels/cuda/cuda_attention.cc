@@ -66,8 +66,9 @@ absl::Status CudaAttention::Prepare(const ForwardBatch& batch, const DeviceBatch
   if (absl::Status st = inputs_.Reserve(total); !st.ok()) return st;
   uint8_t* host = staging_.data();
   uint8_t* dev = inputs_.as<uint8_t>();
-  std::memcpy(host, row_ids.data(), row_ids.size() * sizeof(int32_t));
-  std::memcpy(host + ids_bytes, tiles.data(), tiles.size() * sizeof(PrefillTile));
+  // (A batch without prefill has no tiles; memcpy from an empty vector's null data() is UB.)
+  if (!row_ids.empty()) std::memcpy(host, row_ids.data(), row_ids.size() * sizeof(int32_t));
+  if (!tiles.empty()) std::memcpy(host + ids_bytes, tiles.data(), tiles.size() * sizeof(PrefillTile));
   size_t off = ids_bytes + tiles_bytes;
   row_ids_ = reinterpret_cast<const int32_t*>(dev);
   tiles_ = reinterpret_cast<const PrefillTile*>(dev + ids_bytes);
