@@ -19,6 +19,11 @@ SchedulerConfig WithSparse(SchedulerConfig config, const cache::SparsePolicy& sp
   return config;
 }
 
+// A page: `block_size` rows of one (layer, KV head), in the backend's KV element type.
+int64_t PageBytes(const kernels::Backend& backend, int32_t block_size) {
+  return int64_t(block_size) * backend.model().config().head_dim * backend.kv_element_bytes();
+}
+
 cache::KvShape KvShapeOf(const kernels::Backend& backend, int32_t block_size) {
   const auto& c = backend.model().config();
   return {static_cast<int32_t>(c.num_layers), static_cast<int32_t>(c.num_kv_heads), block_size,
@@ -30,7 +35,7 @@ cache::KvShape KvShapeOf(const kernels::Backend& backend, int32_t block_size) {
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& config,
                                                        kernels::Backend& backend) {
   const auto& c = backend.model().config();
-  const int64_t page_bytes = int64_t(config.block_size) * c.head_dim * backend.kv_element_bytes();
+  const int64_t page_bytes = PageBytes(backend, config.block_size);
   const int64_t num_pages = config.kv_cache_bytes / page_bytes;
   const int64_t min_pages = 2 * c.num_layers * c.num_kv_heads;  // one block of K and V
   if (num_pages < min_pages) {
@@ -93,9 +98,8 @@ int64_t Engine::MaxSequenceTokens() const {
 
 int64_t Engine::KvBytesForSequence(const kernels::Backend& backend, int32_t block_size,
                                    int64_t tokens) {
-  const int64_t page_bytes =
-      int64_t(block_size) * backend.model().config().head_dim * backend.kv_element_bytes();
-  return cache::SequenceKv(KvShapeOf(backend, block_size)).PagesNeeded(tokens) * page_bytes;
+  return cache::SequenceKv(KvShapeOf(backend, block_size)).PagesNeeded(tokens) *
+         PageBytes(backend, block_size);
 }
 
 absl::Status Engine::Submit(Request request, std::shared_ptr<TokenSink> sink) {
@@ -188,8 +192,7 @@ void Engine::PublishStats(const StepStats* step, int64_t finishing) {
     s.host_pages_used = host_pool_->num_used();
   }
   s.block_size = config_.block_size;
-  s.page_bytes =
-      int64_t(config_.block_size) * backend_->model().config().head_dim * backend_->kv_element_bytes();
+  s.page_bytes = PageBytes(*backend_, config_.block_size);
   s.counters = counters_;
   s.counters.prefix_query_tokens = scheduler_.prefix_query_tokens();
   s.counters.prefix_hit_tokens = scheduler_.prefix_hit_tokens();

@@ -181,15 +181,18 @@ int RunServe(const std::vector<std::string>& argv) {
   ec.scheduler.max_num_seqs = *max_seqs;
   ec.scheduler.max_num_batched_tokens = *max_tokens;
   // Defaults: 90% of a GPU's free memory; on the CPU, enough for one full-context sequence.
-  const bool cpu_default = !args->Has("kv-cache-memory") && loaded->backend->name() != "cuda";
-  KvCacheSpec spec = *kv_spec;
-  if (!args->Has("kv-cache-memory")) spec.percent = 90.0;
-  auto kv = cpu_default ? absl::StatusOr<KvCacheSize>(DefaultCpuKvCacheSize(
-                              scheduler::Engine::KvBytesForSequence(
-                                  *loaded->backend, static_cast<int32_t>(*block_size),
-                                  loaded->model->config().max_context),
-                              loaded->backend->FreeMemoryBytes()))
-                        : ResolveKvCacheSize(spec, loaded->backend->FreeMemoryBytes());
+  const std::optional<int64_t> free_bytes = loaded->backend->FreeMemoryBytes();
+  absl::StatusOr<KvCacheSize> kv;
+  if (args->Has("kv-cache-memory")) {
+    kv = ResolveKvCacheSize(*kv_spec, free_bytes);
+  } else if (loaded->backend->name() == "cuda") {
+    kv = ResolveKvCacheSize(KvCacheSpec{.percent = 90.0}, free_bytes);
+  } else {
+    kv = DefaultCpuKvCacheSize(
+        scheduler::Engine::KvBytesForSequence(*loaded->backend, static_cast<int32_t>(*block_size),
+                                              loaded->model->config().max_context),
+        free_bytes);
+  }
   if (!kv.ok()) return fail(kv.status());
   std::fprintf(stderr, "KV cache: %s%s\n", kv->description.c_str(),
                args->Has("kv-cache-memory") ? "" : ", the default (--kv-cache-memory sets it)");

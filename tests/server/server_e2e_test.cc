@@ -501,8 +501,7 @@ TEST(ServerLifecycleTest, DrainsOnSigtermWithHealthNotServing) {
 TEST(ServerLifecycleTest, TheCpuDefaultKvCacheHoldsTheWholeContext) {
   ServerProcess server({"--device", "cpu"});
   ASSERT_TRUE(server.started());
-  std::ifstream log(server.log_path());
-  const std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+  const std::string text = ReadFileOrDie(server.log_path());
   EXPECT_NE(text.find("one sequence of the model's full context"), std::string::npos) << text;
   // Prompt + max_tokens = the whole 8,192-token context: accepted (256 MiB, the old default,
   // refused it), and decoding; cancelled after its first tokens.
