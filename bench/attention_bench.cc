@@ -1,9 +1,12 @@
 // Decode attention on the CPU, dense vs Top-θ, at growing context: one decode token per
 // sequence attending over paged K/V of one layer (3 KV heads × 3 query heads, head_dim 64, as
 // SmolLM2). Prints the median time of repeated runs of each, their ratio (taken in one run),
-// the fraction of V rows Top-θ read, and the bytes/s dense attention reached.
+// the fraction of V rows Top-θ read, and the bytes/s dense attention reached. With --kv-dtype
+// f16|bf16 the pages hold that type (the same values, rounded), and two more columns give the
+// dense kernel's time over an f32 pool in the same run and the ratio of the two.
 //
-//   build/thetaserve_attention_bench [--contexts 1024,4096,16384,32768] [--batch 1] [--repeats 15]
+//   build/thetaserve_attention_bench [--contexts 1024,4096,16384,32768] [--batch 1]
+//       [--repeats 15] [--kv-dtype f32|f16|bf16]
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -13,7 +16,9 @@
 
 #include "bench/bench_util.h"
 #include "kernels/cpu/attention.h"
+#include "kernels/cpu/kv_element.h"
 #include "kernels/cpu/thread_pool.h"
+#include "kernels/kv_dtype.h"
 #include "model/theta_table.h"
 
 namespace ts = thetaserve;
@@ -22,9 +27,57 @@ using ts::bench::Now;
 using ts::bench::ParseList;
 using ts::kernels::cpu::AttentionShape;
 
+namespace {
+
+// Times (seconds) of the dense and Top-θ kernels and the fraction of V rows Top-θ read, over a
+// pool of T holding `kv` rounded; with `f32_baseline`, the dense kernel over `kv` itself too.
+// The kernels take turns so that machine noise hits all alike.
+struct Times {
+  std::vector<double> dense, theta, dense_f32;
+  double v_rows_read = 0;
+};
+
+template <typename T>
+Times Run(ts::kernels::cpu::ThreadPool& pool, const AttentionShape& shape,
+          const ts::kernels::KvPoolLayout& layout, const std::vector<float>& kv,
+          const std::vector<int32_t>& tokens, const std::vector<ts::kernels::SeqChunk>& seqs,
+          const std::vector<float>& q, std::vector<float>& vsum_rows,
+          const ts::kernels::TopThetaConfig& theta_cfg, int repeats, bool f32_baseline) {
+  std::vector<T> pages(kv.size());
+  for (size_t i = 0; i < kv.size(); ++i) pages[i] = ts::kernels::cpu::FromFloat<T>(kv[i]);
+  std::vector<float> o(q.size());
+  ts::kernels::TopThetaConfig dense_cfg;
+  ts::kernels::AttentionStats stats;
+  Times t;
+  for (int r = 0; r < repeats; ++r) {
+    ts::kernels::ForwardBatch bd{tokens, seqs, false, nullptr};
+    if (f32_baseline) {
+      double t0 = Now();
+      ts::kernels::cpu::PagedAttention(pool, bd, shape, 0, q.data(), layout, kv.data(), nullptr,
+                                       nullptr, dense_cfg, o.data());
+      t.dense_f32.push_back(Now() - t0);
+    }
+    double t0 = Now();
+    ts::kernels::cpu::PagedAttention(pool, bd, shape, 0, q.data(), layout, pages.data(), nullptr,
+                                     nullptr, dense_cfg, o.data());
+    t.dense.push_back(Now() - t0);
+    stats.Reset(1);
+    ts::kernels::ForwardBatch bt{tokens, seqs, false, &stats};
+    t0 = Now();
+    ts::kernels::cpu::PagedAttention(pool, bt, shape, 0, q.data(), layout, pages.data(), nullptr,
+                                     vsum_rows.data(), theta_cfg, o.data());
+    t.theta.push_back(Now() - t0);
+  }
+  t.v_rows_read = double(stats.v_rows_read) / stats.v_rows_read_dense;
+  return t;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   std::vector<int> contexts = {1024, 2048, 4096, 8192, 16384, 32768};
   int batch = 1, repeats = 15, threads = 0;
+  ts::kernels::KvDtype dtype = ts::kernels::KvDtype::kF32;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i], v = argv[i + 1];
     if (k == "--contexts") {
@@ -35,15 +88,26 @@ int main(int argc, char** argv) {
       repeats = std::stoi(v);
     } else if (k == "--threads") {
       threads = std::stoi(v);
+    } else if (k == "--kv-dtype") {
+      if (!ts::kernels::ParseKvDtype(v, &dtype)) {
+        std::fprintf(stderr, "--kv-dtype must be f32, f16 or bf16\n");
+        return 2;
+      }
+      if (dtype == ts::kernels::KvDtype::kAuto) dtype = ts::kernels::KvDtype::kF32;
     }
   }
+  const bool narrow = dtype != ts::kernels::KvDtype::kF32;
+  const std::string name(ts::kernels::KvDtypeName(dtype));
   const int kv_heads = 3, group = 3, d = 64, bs = 16;
   AttentionShape shape{1, kv_heads * group, kv_heads, d, 1.0f / 8.0f};
   ts::kernels::cpu::ThreadPool pool(threads);
-  std::printf("decode attention, batch %d, %d KV heads × %d query heads, head_dim %d, %d threads\n",
-              batch, kv_heads, group, d, pool.num_threads());
-  std::printf("%-8s %-12s %-12s %-8s %-14s %-12s\n", "context", "dense ms", "top-θ ms", "ratio",
+  std::printf("decode attention, batch %d, %d KV heads × %d query heads, head_dim %d, %d threads, "
+              "KV pages in %s, median of %d\n",
+              batch, kv_heads, group, d, pool.num_threads(), name.c_str(), repeats);
+  std::printf("%-8s %-12s %-12s %-8s %-14s %-12s", "context", "dense ms", "top-θ ms", "ratio",
               "V rows read", "dense GB/s");
+  if (narrow) std::printf(" %-14s %-10s", "dense f32 ms", ("f32/" + name).c_str());
+  std::printf("\n");
   std::mt19937 rng(1);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   for (int L : contexts) {
@@ -73,7 +137,7 @@ int main(int argc, char** argv) {
     }
     // Queries scaled so the softmax is peaked the way trained attention is (a few keys hold
     // most of the mass); θ post-softmax keeps keys above 1/L of the mass.
-    std::vector<float> q(batch * kv_heads * group * d), o(q.size()), vsum_rows(batch * kv_heads * d, 0.0f);
+    std::vector<float> q(batch * kv_heads * group * d), vsum_rows(batch * kv_heads * d, 0.0f);
     for (float& x : q) x = 3.0f * normal(rng);
     ts::model::ThetaTable table(1, kv_heads * group, ts::model::ThetaTable::DefaultBuckets(65536));
     table.k_per_layer[0] = 16;
@@ -84,26 +148,21 @@ int main(int argc, char** argv) {
       }
     }
     table.Finalize();
-    ts::kernels::TopThetaConfig dense_cfg, theta_cfg;
+    ts::kernels::TopThetaConfig theta_cfg;
     theta_cfg.table = &table;
-    ts::kernels::AttentionStats stats;
-    std::vector<double> td, tt;
-    for (int r = 0; r < repeats; ++r) {
-      // Alternate the two so that machine noise hits both alike.
-      ts::kernels::ForwardBatch bd{tokens, seqs, false, nullptr};
-      double t0 = Now();
-      ts::kernels::cpu::PagedAttention(pool, bd, shape, 0, q.data(), layout, kv.data(), nullptr, nullptr, dense_cfg, o.data());
-      td.push_back(Now() - t0);
-      stats.Reset(1);
-      ts::kernels::ForwardBatch bt{tokens, seqs, false, &stats};
-      t0 = Now();
-      ts::kernels::cpu::PagedAttention(pool, bt, shape, 0, q.data(), layout, kv.data(), nullptr, vsum_rows.data(), theta_cfg, o.data());
-      tt.push_back(Now() - t0);
+    const Times t = ts::kernels::cpu::WithKvElement(dtype, [&]<typename T>(T) {
+      return Run<T>(pool, shape, layout, kv, tokens, seqs, q, vsum_rows, theta_cfg, repeats, narrow);
+    });
+    const double md = Median(t.dense), mt = Median(t.theta);
+    // K and V read once.
+    const double bytes = 2.0 * L * d * ts::kernels::KvDtypeBytes(dtype) * kv_heads * batch;
+    std::printf("%-8d %-12.3f %-12.3f %-8.2f %-14.3f %-12.2f", L, md * 1e3, mt * 1e3, md / mt,
+                t.v_rows_read, bytes / md / 1e9);
+    if (narrow) {
+      const double mf = Median(t.dense_f32);
+      std::printf(" %-14.3f %-10.2f", mf * 1e3, mf / md);
     }
-    const double md = Median(td), mt = Median(tt);
-    const double bytes = 2.0 * L * d * 4 * kv_heads * batch;  // K and V read once
-    std::printf("%-8d %-12.3f %-12.3f %-8.2f %-14.3f %-12.2f\n", L, md * 1e3, mt * 1e3, md / mt,
-                double(stats.v_rows_read) / stats.v_rows_read_dense, bytes / md / 1e9);
+    std::printf("\n");
   }
   return 0;
 }

@@ -5,7 +5,7 @@
 //   build/thetaserve_bench --model models/SmolLM2-135M-Instruct.Q4_1.gguf --batches 1,16
 //       --concurrency 1,8,32,64 --repeats 5   (one command)
 //   --shared-prefix 1024 [--shared-requests 16] adds requests that share a preamble, timed with
-//   the prefix cache on and off
+//   the prefix cache on and off; --kv-dtype f32|f16|bf16 sets the KV pages' type (default f16)
 // At the largest batch it also times decode steps with sampling (temperature 0.7, top-p 0.9)
 // against greedy, on one sampling thread and on the pool.
 #include <algorithm>
@@ -57,6 +57,7 @@ int main(int argc, char** argv) {
   std::string batches = "1,16", concurrency = "1,8,32,64";
   int repeats = 5, threads = 0, prompt_tokens = 32, decode_tokens = 32;
   int shared_prefix = 0, shared_requests = 16;
+  ts::kernels::KvDtype kv_dtype = ts::kernels::KvDtype::kAuto;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i], v = argv[i + 1];
     if (k == "--model") model_path = v;
@@ -68,6 +69,7 @@ int main(int argc, char** argv) {
     else if (k == "--decode-tokens") decode_tokens = std::stoi(v);
     else if (k == "--shared-prefix") shared_prefix = std::stoi(v);
     else if (k == "--shared-requests") shared_requests = std::stoi(v);
+    else if (k == "--kv-dtype" && ts::kernels::ParseKvDtype(v, &kv_dtype)) continue;
     else {
       std::fprintf(stderr, "unknown flag %s\n", k.c_str());
       return 2;
@@ -79,7 +81,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s\n", std::string(model.status().message()).c_str());
     return 1;
   }
-  auto backend = ts::kernels::CreateBackend(**model, ts::kernels::Device::kCpu, threads);
+  auto backend = ts::kernels::CreateBackend(**model, ts::kernels::Device::kCpu, threads,
+                                            ts::kernels::MatMulMode::kQuantized, kv_dtype);
   if (!backend.ok()) return 1;
   const int nthreads = threads > 0 ? threads : static_cast<int>(std::thread::hardware_concurrency());
   std::fprintf(stderr, "measuring copy bandwidth (1 GiB buffers, %d threads) ...\n", nthreads);
@@ -87,8 +90,9 @@ int main(int argc, char** argv) {
   const double weight_bytes = double((*model)->weight_bytes());
   std::printf("machine: %u hardware threads; copy bandwidth %.2f GB/s (read+write, median of 5)\n",
               std::thread::hardware_concurrency(), bw / 1e9);
-  std::printf("model: %s, %.1f MB of weights as stored\n\n", (*model)->config().name.c_str(),
-              weight_bytes / 1e6);
+  std::printf("model: %s, %.1f MB of weights as stored; KV pages in %s\n\n",
+              (*model)->config().name.c_str(), weight_bytes / 1e6,
+              std::string(ts::kernels::KvDtypeName((*backend)->kv_dtype())).c_str());
 
   ts::scheduler::EngineConfig config;
   config.kv_cache_bytes = int64_t(1) << 30;

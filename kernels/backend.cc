@@ -66,9 +66,16 @@ bool CudaAvailable() {
 
 // The only place that asks whether CUDA is built in.
 absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const model::Model& model, Device device,
-                                                       int threads, MatMulMode matmul) {
+                                                       int threads, MatMulMode matmul,
+                                                       KvDtype kv_dtype) {
   if (device == Device::kAuto) device = CudaAvailable() ? Device::kCuda : Device::kCpu;
   if (device == Device::kCuda) {
+    if (kv_dtype != KvDtype::kAuto && kv_dtype != KvDtype::kBf16) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "--kv-cache-dtype %s: the CUDA backend stores the KV cache in bf16 only; use bf16 or "
+          "auto (or --device cpu)",
+          KvDtypeName(kv_dtype)));
+    }
 #if THETASERVE_HAVE_CUDA
     return cuda::CreateCudaBackend(model);
 #else
@@ -76,7 +83,7 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const model::Model& model
         "this build has no CUDA backend (nvcc was not found at configure time); use --device cpu");
 #endif
   }
-  return std::unique_ptr<Backend>(new cpu::CpuBackend(model, threads, matmul));
+  return std::unique_ptr<Backend>(new cpu::CpuBackend(model, threads, matmul, kv_dtype));
 }
 
 }  // namespace thetaserve::kernels

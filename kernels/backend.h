@@ -9,6 +9,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "kernels/kv_dtype.h"
 #include "kernels/matmul_mode.h"
 #include "kernels/paged_kv.h"
 #include "kernels/top_theta.h"
@@ -52,9 +53,11 @@ class Backend {
   // policy moves out of the KV pool. After AllocateKvPool.
   virtual absl::Status AllocateHostPool(int64_t num_pages) = 0;
   const KvPoolLayout& kv_layout() const { return kv_layout_; }
-  // Bytes of one K or V element in the pool (f32 on the CPU, bf16 on the GPU): the engine
-  // sizes the pool from --kv-cache-memory with it.
-  virtual int64_t kv_element_bytes() const { return sizeof(float); }
+  // The pool's element type (f32, f16 or bf16 on the CPU; bf16 on the GPU), never kAuto.
+  virtual KvDtype kv_dtype() const = 0;
+  // Bytes of one K or V element in the pool: the engine sizes the pool from
+  // --kv-cache-memory with it.
+  int64_t kv_element_bytes() const { return KvDtypeBytes(kv_dtype()); }
   // Memory the KV pool could still take now: free device memory (CUDA), available RAM
   // (CPU, MemAvailable); nullopt when unknown. `--kv-cache-memory 90%` sizes the pool with it.
   virtual std::optional<int64_t> FreeMemoryBytes() const = 0;
@@ -100,10 +103,11 @@ enum class Device { kCpu, kCuda, kAuto };
 
 // The one place that knows which backends are built in. `threads` <= 0 means all cores.
 // `matmul` selects the CPU backend's arithmetic for quantized weights (matmul_mode.h); the
-// CUDA backend ignores it.
+// CUDA backend ignores it. `kv_dtype`: the KV pages' element type; the CUDA backend stores
+// bf16 only (InvalidArgument for f32 or f16).
 absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(
     const model::Model& model, Device device, int threads,
-    MatMulMode matmul = MatMulMode::kQuantized);
+    MatMulMode matmul = MatMulMode::kQuantized, KvDtype kv_dtype = KvDtype::kAuto);
 bool CudaAvailable();
 
 }  // namespace thetaserve::kernels

@@ -10,7 +10,7 @@
 # ThreadSanitizer gets no end-to-end or gRPC test by default: Debian's gRPC and Abseil are not
 # built with it, so it cannot see their synchronization and reports hundreds of races inside
 # them in any process that runs gRPC (measured: docs/results.md#sanitizers-2026-12-02).
-# Each build takes ~25 min on 2 cores. Needs what scripts/test.sh installs and fetches.
+# Each build takes 15–30 min on 2 cores (17 measured on a quiet machine). Needs what scripts/test.sh installs and fetches.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 kind=${1:-address}

@@ -38,6 +38,10 @@ constexpr char kUsage[] =
     "  --max-tokens N    tokens of the text to evaluate (default 65536)\n"
     "  --threads N --device cpu|cuda|auto\n"
     "  --exact-matmul    CPU: f32 activations for quantized weights (default: int8, faster)\n"
+    "  --kv-cache-dtype auto|f32|f16|bf16   the KV pages' element type (default auto: f16\n"
+    "                    on the CPU). With Top-θ the run is compared against dense attention\n"
+    "                    over the same KV type; without, a 16-bit type is compared against\n"
+    "                    f32 pages (CPU only)\n"
     "  --out FILE        append one JSON line with the result\n";
 
 struct RowStats {
@@ -65,7 +69,8 @@ void LogSoftmax(const float* row, int64_t vocab, std::vector<double>& out) {
 int RunEval(const std::vector<std::string>& argv) {
   std::map<std::string, bool> known = {{"model", true}, {"text", true}, {"context", true},
                                        {"max-tokens", true}, {"threads", true}, {"device", true},
-                                       {"out", true}, {"exact-matmul", false}, {"help", false}};
+                                       {"out", true}, {"exact-matmul", false},
+                                       {"kv-cache-dtype", true}, {"help", false}};
   for (const auto& [name, v] : ThetaFlags()) known[name] = v;
   auto args = CliArgs::Parse(argv, known);
   if (!args.ok() || args->Has("help")) {
@@ -81,7 +86,9 @@ int RunEval(const std::vector<std::string>& argv) {
   auto max_tokens = args->GetInt("max-tokens", 65536);
   auto threads = args->GetInt("threads", 0);
   auto device = ParseDevice(args->GetString("device", "auto"));
-  for (const absl::Status& st : {context.status(), max_tokens.status(), threads.status(), device.status()}) {
+  auto kv_dtype = ParseKvDtypeFlag(args->GetString("kv-cache-dtype", "auto"));
+  for (const absl::Status& st : {context.status(), max_tokens.status(), threads.status(),
+                                 device.status(), kv_dtype.status()}) {
     if (!st.ok()) return fail(st);
   }
   if (*context < 4) return fail(absl::InvalidArgumentError("--context must be at least 4"));
@@ -91,12 +98,11 @@ int RunEval(const std::vector<std::string>& argv) {
 
   const kernels::MatMulMode matmul = args->Has("exact-matmul") ? kernels::MatMulMode::kExact
                                                                 : kernels::MatMulMode::kQuantized;
-  auto loaded =
-      LoadModelForCli(args->GetString("model"), *device, static_cast<int>(*threads), matmul);
+  auto loaded = LoadModelForCli(args->GetString("model"), *device, static_cast<int>(*threads),
+                                matmul, *kv_dtype);
   if (!loaded.ok()) return fail(loaded.status());
   auto theta = ParseThetaOptions(*args, *loaded->model);
   if (!theta.ok()) return fail(theta.status());
-  const bool compare = theta->table != nullptr;
   const std::vector<int32_t> ids = TokenizePrefix(loaded->model->tokenizer(), *text, *max_tokens);
   const int64_t windows = static_cast<int64_t>(ids.size()) / *context;
   if (windows == 0) {
@@ -105,13 +111,22 @@ int RunEval(const std::vector<std::string>& argv) {
   const int64_t vocab = loaded->model->config().vocab_size;
   const int64_t P = *context / 2;  // prompt part of each window
 
-  // The dense reference runs on a second backend over the same weights.
+  // The dense reference runs on a second backend over the same weights: over the same KV
+  // type as the run when Top-θ is on (so that it measures Top-θ alone), else over f32 pages
+  // on the CPU (so that a 16-bit type is measured). A difference of a few thousandths of a
+  // nat of KL is what any change to the activations costs under int8 matmul: measure a KV
+  // type with --exact-matmul (docs/results.md).
   std::unique_ptr<kernels::Backend> dense_backend;
   std::optional<scheduler::SequenceRunner> dense_runner;
+  const kernels::KvDtype kv = loaded->backend->kv_dtype();
+  const bool on_cpu = loaded->backend->name() == "cpu";
+  const bool compare = theta->table != nullptr || (on_cpu && kv != kernels::KvDtype::kF32);
   if (compare) {
-    auto b = kernels::CreateBackend(*loaded->model, *device, static_cast<int>(*threads), matmul);
-    if (!b.ok()) return fail(b.status());
-    dense_backend = std::move(*b);
+    auto reference = kernels::CreateBackend(
+        *loaded->model, *device, static_cast<int>(*threads), matmul,
+        theta->table != nullptr ? kv : kernels::KvDtype::kF32);
+    if (!reference.ok()) return fail(reference.status());
+    dense_backend = std::move(*reference);
     auto r = scheduler::SequenceRunner::Create(*dense_backend, *context);
     if (!r.ok()) return fail(r.status());
     dense_runner.emplace(std::move(*r));
@@ -189,13 +204,15 @@ int RunEval(const std::vector<std::string>& argv) {
   std::string json = absl::StrFormat(
       "{\"model\":\"%s\",\"text\":\"%s\",\"context\":%d,\"tokens\":%d,\"mode\":\"%s\","
       "\"policy\":\"%s\",\"sdc\":\"%s\",\"vmc\":%s,\"theta_file\":\"%s\",\"perplexity\":%.5f,"
-      "\"matmul\":\"%s\"",
+      "\"matmul\":\"%s\",\"kv_cache_dtype\":\"%s\"",
       loaded->model->config().name, text_path, *context, rows.n, theta->mode(), theta->policy,
       kernels::SdcModeName(theta->config.sdc), theta->config.vmc ? "true" : "false",
-      args->GetString("theta"), ppl, matmul == kernels::MatMulMode::kExact ? "f32" : "int8");
+      args->GetString("theta"), ppl, matmul == kernels::MatMulMode::kExact ? "f32" : "int8",
+      kernels::KvDtypeName(loaded->backend->kv_dtype()));
   if (compare) {
     const double ref_ppl = std::exp(rows.nll_ref / rows.n);
-    const auto& k = theta->table->k_per_layer;
+    const std::vector<int32_t> no_k;
+    const auto& k = theta->table ? theta->table->k_per_layer : no_k;
     json += absl::StrFormat(
         ",\"k\":%d,\"dense_perplexity\":%.5f,\"ppl_change_pct\":%.3f,\"agreement\":%.5f,"
         "\"mean_kl\":%.6f,\"decode_v_rows_read_per_L\":%.5f,\"prefill_v_rows_read_per_L\":%.5f,"
@@ -217,7 +234,7 @@ int RunEval(const std::vector<std::string>& argv) {
         theta->config.retain_factor, theta->sparse.local_window, theta->sparse.obs_window,
         theta->sparse.keep_fraction, host_ratio_sum / windows,
         ratio(decode_stats.v_rows_read_host, decode_stats.v_rows_read_dense));
-    if (!theta->table->k_schedule.empty()) {
+    if (theta->table && !theta->table->k_schedule.empty()) {
       std::vector<std::string> points;
       for (const auto& [L, kk] : theta->table->k_schedule) points.push_back(absl::StrCat(L, ":", kk));
       json += absl::StrCat(",\"k_schedule\":\"", absl::StrJoin(points, ","), "\"");

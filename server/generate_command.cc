@@ -28,7 +28,8 @@ constexpr char kUsage[] =
     "  --top-p P --top-k K --min-p P --seed S --repetition-penalty R\n"
     "  --ignore-eos        keep going past end-of-sequence tokens\n"
     "  --threads N         CPU threads (default: all cores)\n"
-    "  --device cpu|cuda|auto (default auto)\n";
+    "  --device cpu|cuda|auto (default auto)\n"
+    "  --kv-cache-dtype auto|f32|f16|bf16   the KV pages' element type (default auto)\n";
 
 double Seconds(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
@@ -41,7 +42,8 @@ int RunGenerate(const std::vector<std::string>& argv) {
       {"model", true}, {"prompt", true}, {"chat", false}, {"system", true},
       {"max-tokens", true}, {"temperature", true}, {"top-p", true}, {"top-k", true},
       {"min-p", true}, {"seed", true}, {"repetition-penalty", true},
-      {"ignore-eos", false}, {"threads", true}, {"device", true}, {"help", false}};
+      {"ignore-eos", false}, {"threads", true}, {"device", true}, {"kv-cache-dtype", true},
+      {"help", false}};
   for (const auto& [name, v] : ThetaFlags()) known[name] = v;
   auto args = CliArgs::Parse(argv, known);
   if (!args.ok() || args->Has("help")) {
@@ -62,14 +64,17 @@ int RunGenerate(const std::vector<std::string>& argv) {
   auto rep = args->GetDouble("repetition-penalty", 1.0);
   auto seed = args->GetInt("seed", -1);
   auto device = ParseDevice(args->GetString("device", "auto"));
+  auto kv_dtype = ParseKvDtypeFlag(args->GetString("kv-cache-dtype", "auto"));
   for (const absl::Status& st :
        {max_tokens.status(), threads.status(), temperature.status(), top_p.status(),
-        top_k.status(), min_p.status(), rep.status(), seed.status(), device.status()}) {
+        top_k.status(), min_p.status(), rep.status(), seed.status(), device.status(),
+        kv_dtype.status()}) {
     if (!st.ok()) return fail(st);
   }
   if (!args->Has("prompt")) return fail(absl::InvalidArgumentError("--prompt is required"));
 
-  auto loaded = LoadModelForCli(args->GetString("model"), *device, static_cast<int>(*threads));
+  auto loaded = LoadModelForCli(args->GetString("model"), *device, static_cast<int>(*threads),
+                                kernels::MatMulMode::kQuantized, *kv_dtype);
   if (!loaded.ok()) return fail(loaded.status());
   const model::Tokenizer& tok = loaded->model->tokenizer();
   auto theta = ParseThetaOptions(*args, *loaded->model);

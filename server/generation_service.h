@@ -20,6 +20,7 @@ struct ServiceOptions {
   std::string api_key;      // empty: no authentication
   std::string theta_mode = "dense";
   std::string kv_policy = "full";
+  std::string kv_cache_dtype = "f32";
   std::string calibration_fingerprint;
 };
 

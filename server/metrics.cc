@@ -153,7 +153,8 @@ Metrics::Metrics(const MetricsInfo& info)
       .Help("Build and configuration; the value is always 1")
       .Register(*registry_)
       .Add({{"version", info.version}, {"backend", info.backend}, {"model", info.model},
-            {"theta_mode", info.theta_mode}, {"kv_policy", info.kv_policy}})
+            {"theta_mode", info.theta_mode}, {"kv_policy", info.kv_policy},
+            {"kv_cache_dtype", info.kv_cache_dtype}})
       .Set(1);
 }
 

@@ -24,6 +24,7 @@ struct MetricsInfo {
   std::string theta_mode;  // "dense" until Top-θ is configured
   std::string kv_policy;   // "full" / "sparse" / "offload"
   int num_layers = 0;      // for the per-layer kept-ratio gauges
+  std::string kv_cache_dtype = "f32";
 };
 
 class Metrics {

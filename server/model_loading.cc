@@ -18,6 +18,13 @@ absl::StatusOr<kernels::Device> ParseDevice(const std::string& name) {
       absl::StrCat("--device must be cpu, cuda or auto, got '", name, "'"));
 }
 
+absl::StatusOr<kernels::KvDtype> ParseKvDtypeFlag(const std::string& name) {
+  kernels::KvDtype t;
+  if (kernels::ParseKvDtype(name, &t)) return t;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--kv-cache-dtype must be auto, f32, f16 or bf16, got '", name, "'"));
+}
+
 absl::StatusOr<std::string> ReadCorpus(const std::string& flag, const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) {
@@ -40,7 +47,8 @@ std::vector<int32_t> TokenizePrefix(const model::Tokenizer& tokenizer, const std
 }
 
 absl::StatusOr<LoadedModel> LoadModelForCli(const std::string& path, kernels::Device device,
-                                            int threads, kernels::MatMulMode matmul) {
+                                            int threads, kernels::MatMulMode matmul,
+                                            kernels::KvDtype kv_dtype) {
   if (path.empty()) {
     return absl::InvalidArgumentError(
         "--model is required (e.g. models/SmolLM2-135M-Instruct.Q4_1.gguf; "
@@ -52,7 +60,7 @@ absl::StatusOr<LoadedModel> LoadModelForCli(const std::string& path, kernels::De
   auto model = model::Model::Load(path);
   if (!model.ok()) return model.status();
   out.model = std::move(*model);
-  auto backend = kernels::CreateBackend(*out.model, device, threads, matmul);
+  auto backend = kernels::CreateBackend(*out.model, device, threads, matmul, kv_dtype);
   if (!backend.ok()) return backend.status();
   out.backend = std::move(*backend);
   const auto& c = out.model->config();
@@ -60,11 +68,12 @@ absl::StatusOr<LoadedModel> LoadModelForCli(const std::string& path, kernels::De
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::fprintf(stderr,
                "loaded %s: %s, %lld layers, hidden %lld, %lld/%lld heads, vocab %lld, "
-               "%.1f MB of weights, backend %s, in %.2f s\n",
+               "%.1f MB of weights, backend %s (KV cache in %s), in %.2f s\n",
                c.name.c_str(), c.architecture.c_str(), (long long)c.num_layers,
                (long long)c.hidden_size, (long long)c.num_heads, (long long)c.num_kv_heads,
                (long long)c.vocab_size, out.model->weight_bytes() / 1e6,
-               out.backend->name().c_str(), secs);
+               out.backend->name().c_str(),
+               std::string(kernels::KvDtypeName(out.backend->kv_dtype())).c_str(), secs);
   return out;
 }
 

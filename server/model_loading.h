@@ -24,10 +24,14 @@ absl::StatusOr<std::string> ReadCorpus(const std::string& flag, const std::strin
 std::vector<int32_t> TokenizePrefix(const model::Tokenizer& tokenizer, const std::string& text,
                                     int64_t max_tokens);
 
+// "auto", "f32", "f16" or "bf16" for --kv-cache-dtype.
+absl::StatusOr<kernels::KvDtype> ParseKvDtypeFlag(const std::string& name);
+
 // Loads `path`, prints "loading <path> ..." and a summary line to stderr. `matmul`: see
-// kernels/matmul_mode.h (CPU backend only).
+// kernels/matmul_mode.h (CPU backend only); `kv_dtype`: the KV pages' element type.
 absl::StatusOr<LoadedModel> LoadModelForCli(
     const std::string& path, kernels::Device device, int threads,
-    kernels::MatMulMode matmul = kernels::MatMulMode::kQuantized);
+    kernels::MatMulMode matmul = kernels::MatMulMode::kQuantized,
+    kernels::KvDtype kv_dtype = kernels::KvDtype::kAuto);
 
 }  // namespace thetaserve::server

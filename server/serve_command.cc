@@ -48,6 +48,9 @@ constexpr char kUsage[] =
     "                               free once the model is loaded, less 1 GiB for per-step\n"
     "                               buffers, e.g. 90% (default 90% on a GPU; on the CPU\n"
     "                               256M, or one full-context sequence if more)\n"
+    "  --kv-cache-dtype auto|f32|f16|bf16   element type of the KV cache's pages: f16 and\n"
+    "                               bf16 hold twice the tokens of f32 (default auto: f16 on\n"
+    "                               the CPU, bf16 on a GPU, which stores only bf16)\n"
     "  --block-size N               rows per KV page (default 16)\n"
     "  --max-queue N                waiting requests before RESOURCE_EXHAUSTED (default 1024)\n"
     "  --threads N                  CPU threads: the CPU backend's, and up to 16 that sample a\n"
@@ -96,7 +99,7 @@ int RunServe(const std::vector<std::string>& argv) {
       {"max-num-seqs", true}, {"max-num-batched-tokens", true}, {"kv-cache-memory", true},
       {"block-size", true}, {"max-queue", true}, {"threads", true}, {"device", true},
       {"drain-timeout", true}, {"tls-cert", true}, {"tls-key", true}, {"api-key", true},
-      {"prefix-caching", true}, {"offload-memory", true},
+      {"prefix-caching", true}, {"offload-memory", true}, {"kv-cache-dtype", true},
       {"help", false}};
   for (const auto& [name, v] : ThetaFlags()) known[name] = v;
   auto args = CliArgs::Parse(argv, known);
@@ -123,10 +126,11 @@ int RunServe(const std::vector<std::string>& argv) {
   auto threads = args->GetInt("threads", 0);
   auto drain = args->GetDouble("drain-timeout", 30);
   auto device = ParseDevice(args->GetString("device", "auto"));
+  auto kv_dtype = ParseKvDtypeFlag(args->GetString("kv-cache-dtype", "auto"));
   for (const absl::Status& st :
        {port.status(), metrics_port.status(), http_port.status(), max_seqs.status(),
         max_tokens.status(), kv_spec.status(), block_size.status(), max_queue.status(),
-        threads.status(), drain.status(), device.status()}) {
+        threads.status(), drain.status(), device.status(), kv_dtype.status()}) {
     if (!st.ok()) return fail(st);
   }
   if (*http_port < 0 || *http_port > 65535) {
@@ -169,7 +173,8 @@ int RunServe(const std::vector<std::string>& argv) {
   sigaddset(&signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
-  auto loaded = LoadModelForCli(args->GetString("model"), *device, static_cast<int>(*threads));
+  auto loaded = LoadModelForCli(args->GetString("model"), *device, static_cast<int>(*threads),
+                                kernels::MatMulMode::kQuantized, *kv_dtype);
   if (!loaded.ok()) return fail(loaded.status());
 
   auto theta = ParseThetaOptions(*args, *loaded->model);
@@ -194,8 +199,14 @@ int RunServe(const std::vector<std::string>& argv) {
         free_bytes);
   }
   if (!kv.ok()) return fail(kv.status());
-  std::fprintf(stderr, "KV cache: %s%s\n", kv->description.c_str(),
-               args->Has("kv-cache-memory") ? "" : ", the default (--kv-cache-memory sets it)");
+  // One page of K and one of V per (layer, KV head) hold block_size tokens.
+  const int64_t token_bytes =
+      scheduler::Engine::KvBytesForSequence(*loaded->backend, static_cast<int32_t>(*block_size),
+                                            static_cast<int32_t>(*block_size)) / *block_size;
+  std::fprintf(stderr, "KV cache: %s%s; %s, ~%lld tokens of K and V\n", kv->description.c_str(),
+               args->Has("kv-cache-memory") ? "" : ", the default (--kv-cache-memory sets it)",
+               std::string(kernels::KvDtypeName(loaded->backend->kv_dtype())).c_str(),
+               static_cast<long long>(kv->bytes / token_bytes));
   ec.kv_cache_bytes = kv->bytes;
   ec.block_size = static_cast<int32_t>(*block_size);
   ec.max_queue = *max_queue;
@@ -220,7 +231,8 @@ int RunServe(const std::vector<std::string>& argv) {
 
   MetricsInfo mi{THETASERVE_VERSION, loaded->backend->name(), loaded->model->config().name,
                  theta->mode(), theta->policy,
-                 static_cast<int>(loaded->model->config().num_layers)};
+                 static_cast<int>(loaded->model->config().num_layers),
+                 std::string(kernels::KvDtypeName(loaded->backend->kv_dtype()))};
   Metrics metrics(mi);
   (*engine)->SetObserver([&metrics](const scheduler::EngineStats& s,
                                     const scheduler::StepStats* step) {
@@ -240,6 +252,7 @@ int RunServe(const std::vector<std::string>& argv) {
   options.api_key = api_key;
   options.theta_mode = theta->mode();
   options.kv_policy = theta->policy;
+  options.kv_cache_dtype = kernels::KvDtypeName(loaded->backend->kv_dtype());
   options.calibration_fingerprint = theta->table ? theta->table->fingerprint : "";
   GenerationService service(**engine, *loaded->model, loaded->backend->name(), &metrics, options);
 

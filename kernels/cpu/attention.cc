@@ -13,8 +13,9 @@
 
 namespace thetaserve::kernels::cpu {
 
+template <typename T>
 void WriteKv(const ForwardBatch& batch, const AttentionShape& shape, int64_t layer,
-             const float* k, const float* v, const KvPoolLayout& layout, float* pool,
+             const float* k, const float* v, const KvPoolLayout& layout, T* pool,
              float* vsum_rows) {
   const int64_t d = shape.head_dim;
   const int64_t kv_dim = shape.num_kv_heads * d;
@@ -25,14 +26,16 @@ void WriteKv(const ForwardBatch& batch, const AttentionShape& shape, int64_t lay
       for (int64_t g = 0; g < shape.num_kv_heads; ++g) {
         const int64_t lh = layer * shape.num_kv_heads + g;
         const int32_t slot = static_cast<int32_t>(pos % layout.block_size);
-        float* kd = pool + layout.RowOffset(seq.pages.KPage(lh, pos, layout.block_size), slot);
-        float* vd = pool + layout.RowOffset(seq.pages.VPage(lh, pos, layout.block_size), slot);
+        T* kd = pool + layout.RowOffset(seq.pages.KPage(lh, pos, layout.block_size), slot);
+        T* vd = pool + layout.RowOffset(seq.pages.VPage(lh, pos, layout.block_size), slot);
+        const float* kr = k + row * kv_dim + g * d;
         const float* vr = v + row * kv_dim + g * d;
-        std::memcpy(kd, k + row * kv_dim + g * d, d * sizeof(float));
-        std::memcpy(vd, vr, d * sizeof(float));
+        for (int64_t e = 0; e < d; ++e) kd[e] = FromFloat<T>(kr[e]);
+        for (int64_t e = 0; e < d; ++e) vd[e] = FromFloat<T>(vr[e]);
         if (seq.pages.v_sum) {
+          // The stored rows' sum, so that SumVRows (which reads them back) gives the same bits.
           float* sum = seq.pages.v_sum + lh * d;
-          for (int64_t e = 0; e < d; ++e) sum[e] += vr[e];
+          for (int64_t e = 0; e < d; ++e) sum[e] += ToFloat(vd[e]);
           if (vsum_rows) std::memcpy(vsum_rows + row * kv_dim + g * d, sum, d * sizeof(float));
         }
       }
@@ -61,10 +64,11 @@ struct Unit {
 };
 
 // Per-thread scratch, reused across units.
+template <typename T>
 struct Scratch {
   std::vector<float> e;      // [rows, L] exp(s - m); rows = tokens × group
   std::vector<float> sorted; // [L] for the (k+1)-th largest
-  std::vector<const float*> kept_rows;  // Top-θ: [group, L] the V rows each head keeps
+  std::vector<const T*> kept_rows;      // Top-θ: [group, L] the V rows each head keeps
   std::vector<float> kept_e;            // [group, L] and their weights
   AttentionStats stats;
 };
@@ -74,25 +78,28 @@ constexpr int64_t kVBlock = 32;
 
 // y[c] += Σ_{u < n} w[u] · x[u][c] for c < 8·NV, in u order (the same FMAs, in the same order,
 // as Axpy row by row); y stays in registers across the rows.
-template <int NV>
-void AccumulateRows(const float* w, const float* const* x, int64_t n, float* y) {
+template <int NV, typename T>
+void AccumulateRows(const float* w, const T* const* x, int64_t n, float* y) {
 #if TS_AVX2
   __m256 acc[NV];
   for (int u = 0; u < NV; ++u) acc[u] = _mm256_loadu_ps(y + 8 * u);
   for (int64_t k = 0; k < n; ++k) {
     const __m256 a = _mm256_set1_ps(w[k]);
-    for (int u = 0; u < NV; ++u) acc[u] = _mm256_fmadd_ps(a, _mm256_loadu_ps(x[k] + 8 * u), acc[u]);
+    for (int u = 0; u < NV; ++u) acc[u] = _mm256_fmadd_ps(a, Load8(x[k] + 8 * u), acc[u]);
   }
   for (int u = 0; u < NV; ++u) _mm256_storeu_ps(y + 8 * u, acc[u]);
 #else
-  for (int64_t k = 0; k < n; ++k) Axpy(w[k], x[k], y, 8 * NV);
+  for (int64_t k = 0; k < n; ++k) {
+    for (int c = 0; c < 8 * NV; ++c) y[c] += w[k] * ToFloat(x[k][c]);
+  }
 #endif
 }
 
 // y[0, d) += Σ_{u < n} w[u] · x[u][0, d) for n ≤ kVBlock rows, in u order: 64 (then 16) columns
 // at a time in registers, a scalar tail for d not a multiple of 16.
-void AccumulateBlock(const float* w, const float* const* x, int64_t n, int64_t d, float* y) {
-  const float* xs[kVBlock];
+template <typename T>
+void AccumulateBlock(const float* w, const T* const* x, int64_t n, int64_t d, float* y) {
+  const T* xs[kVBlock];
   int64_t c = 0;
   for (; c + 64 <= d; c += 64) {
     for (int64_t k = 0; k < n; ++k) xs[k] = x[k] + c;
@@ -103,7 +110,7 @@ void AccumulateBlock(const float* w, const float* const* x, int64_t n, int64_t d
     AccumulateRows<2>(w, xs, n, y + c);
   }
   for (int64_t k = 0; k < n; ++k) {
-    for (int64_t cc = c; cc < d; ++cc) y[cc] += w[k] * x[k][cc];
+    for (int64_t cc = c; cc < d; ++cc) y[cc] += w[k] * ToFloat(x[k][cc]);
   }
 }
 
@@ -128,8 +135,9 @@ struct Tile {
 // exp(s_rj - max_r) for j < RowLen(r), with s_rj = q_r·k_j·scale, and each row's max and Σe.
 // K rows are read once for the whole tile, four keys at a time. A row's own arithmetic is the
 // same whatever the tile, so the results do not depend on how the tokens were tiled.
+template <typename T>
 void ExpScores(const SeqChunk& seq, int64_t lh, const Tile& tile, int64_t d, float scale,
-               const KvPoolLayout& layout, const float* kv_pool,
+               const KvPoolLayout& layout, const T* kv_pool,
                const float* q,  // row r at q + tile.Offset(r, q_stride, d)
                int64_t q_stride, std::vector<float>& e, float* row_max, float* denom) {
   constexpr int64_t kKeys = 4;
@@ -139,7 +147,7 @@ void ExpScores(const SeqChunk& seq, int64_t lh, const Tile& tile, int64_t d, flo
   e.resize(rows * L);
   std::fill(row_max, row_max + rows, -std::numeric_limits<float>::infinity());
   for (int64_t j0 = 0; j0 < L; j0 += kKeys) {
-    const float* kr[kKeys];
+    const T* kr[kKeys];
     for (int64_t u = 0; u < kKeys; ++u) {
       const int64_t j = std::min(j0 + u, L - 1);  // the last block repeats its final key
       kr[u] = kv_pool + layout.RowOffset(seq.pages.KPage(lh, j, bs), int32_t(j % bs));
@@ -160,8 +168,9 @@ void ExpScores(const SeqChunk& seq, int64_t lh, const Tile& tile, int64_t d, flo
 
 // Dense softmax attention for one unit (a tile as in ExpScores): pass 1, then Σ e·V over
 // blocks of 32 keys with each output row in registers across the block, then ÷ Σe.
+template <typename T>
 void DenseTile(const SeqChunk& seq, int64_t lh, const Tile& tile, int64_t d, float scale,
-               const KvPoolLayout& layout, const float* kv_pool,
+               const KvPoolLayout& layout, const T* kv_pool,
                const float* q,  // row r at q + tile.Offset(r, q_stride, d)
                int64_t q_stride,
                float* o,        // same layout as q
@@ -175,7 +184,7 @@ void DenseTile(const SeqChunk& seq, int64_t lh, const Tile& tile, int64_t d, flo
 
   // Σ e·V over blocks of keys; each row accumulates its keys in order.
   for (int64_t r = 0; r < rows; ++r) std::fill(o_row(r), o_row(r) + d, 0.0f);
-  const float* vr[kVBlock];
+  const T* vr[kVBlock];
   for (int64_t j0 = 0; j0 < L; j0 += kVBlock) {
     const int64_t n = std::min(kVBlock, L - j0);
     for (int64_t u = 0; u < n; ++u) {
@@ -195,12 +204,13 @@ void DenseTile(const SeqChunk& seq, int64_t lh, const Tile& tile, int64_t d, flo
 // full denominators. The keep test per head, pass 2 over the stored V rows (the sparse and host
 // stores merged in position order, then the tail) gathering only kept rows and setting hit
 // bits, then SDC and VMC.
+template <typename T>
 void TopThetaRow(const SeqChunk& seq, int64_t layer, int64_t lh, int64_t pos, int64_t group,
                  int64_t first_head, const AttentionShape& shape, const KvPoolLayout& layout,
-                 const float* kv_pool, const float* host_pool, const float* e, int64_t e_stride,
+                 const T* kv_pool, const T* host_pool, const float* e, int64_t e_stride,
                  const float* row_max,
                  const float* d_full, const float* vsum, float* og, const TopThetaConfig& cfg,
-                 Scratch& scratch) {
+                 Scratch<T>& scratch) {
   const int64_t d = shape.head_dim;
   const int64_t L = pos + 1;
   const int32_t bs = layout.block_size;
@@ -251,9 +261,9 @@ void TopThetaRow(const SeqChunk& seq, int64_t layer, int64_t lh, int64_t pos, in
   // Each head's kept rows and weights, in position order: gathered after the walk.
   scratch.kept_rows.resize(group * L);
   scratch.kept_e.resize(group * L);
-  const float** kept_rows = scratch.kept_rows.data();
+  const T** kept_rows = scratch.kept_rows.data();
   float* kept_e = scratch.kept_e.data();
-  auto visit = [&](int64_t j, const float* vr, bool from_host = false) {
+  auto visit = [&](int64_t j, const T* vr, bool from_host = false) {
     bool any = false, strong = false;
     float mass = 0.0f;
     for (int64_t h = 0; h < group; ++h) {
@@ -364,15 +374,16 @@ void TopThetaRow(const SeqChunk& seq, int64_t layer, int64_t lh, int64_t pos, in
 
 // Top-θ attention for one unit (a tile as in ExpScores): pass 1 for the whole tile, then each
 // token's rows as TopThetaRow.
+template <typename T>
 void TopThetaTile(const SeqChunk& seq, int64_t layer, int64_t lh, const Tile& tile,
                   int64_t first_head, const AttentionShape& shape, const KvPoolLayout& layout,
-                  const float* kv_pool, const float* host_pool,
+                  const T* kv_pool, const T* host_pool,
                   const float* q,     // row r at q + tile.Offset(r, q_stride, head_dim)
                   int64_t q_stride,
                   const float* vsum,  // token i's running V sum at vsum + i * vsum_stride, or null
                   int64_t vsum_stride,
                   float* o,           // same layout as q
-                  const TopThetaConfig& cfg, Scratch& scratch) {
+                  const TopThetaConfig& cfg, Scratch<T>& scratch) {
   const int64_t L = tile.keys(), group = tile.group;
   float row_max[kTileTokens * kMaxGroup], d_full[kTileTokens * kMaxGroup];
   ExpScores(seq, lh, tile, shape.head_dim, shape.scale, layout, kv_pool, q, q_stride, scratch.e,
@@ -386,9 +397,11 @@ void TopThetaTile(const SeqChunk& seq, int64_t layer, int64_t lh, const Tile& ti
 
 }  // namespace
 
+template <typename T>
 void PagedAttention(ThreadPool& pool, const ForwardBatch& batch, const AttentionShape& shape,
                     int64_t layer, const float* q, const KvPoolLayout& layout,
-                    const float* kv_pool, const float* host_pool, const float* vsum_rows,
+                    const T* kv_pool, const std::type_identity_t<T>* host_pool,
+                    const float* vsum_rows,
                     const TopThetaConfig& config, float* o) {
   const int64_t d = shape.head_dim;
   const int64_t group = shape.num_heads / shape.num_kv_heads;
@@ -417,7 +430,7 @@ void PagedAttention(ThreadPool& pool, const ForwardBatch& batch, const Attention
                    [&](const Unit& a, const Unit& b) { return cost(a) > cost(b); });
   std::mutex stats_mu;
   pool.ParallelFor(static_cast<int64_t>(units.size()), 1, [&](int64_t begin, int64_t end) {
-    thread_local Scratch scratch;
+    thread_local Scratch<T> scratch;
     scratch.stats.Reset(shape.num_layers);
     for (int64_t u = begin; u < end; ++u) {
       const Unit& unit = units[u];
@@ -456,5 +469,16 @@ void PagedAttention(ThreadPool& pool, const ForwardBatch& batch, const Attention
     }
   });
 }
+
+#define THETASERVE_KV_ELEMENT(T)                                                          \
+  template void WriteKv<T>(const ForwardBatch&, const AttentionShape&, int64_t, const float*, \
+                           const float*, const KvPoolLayout&, T*, float*);                  \
+  template void PagedAttention<T>(ThreadPool&, const ForwardBatch&, const AttentionShape&,   \
+                                  int64_t, const float*, const KvPoolLayout&, const T*,      \
+                                  const T*, const float*, const TopThetaConfig&, float*);
+THETASERVE_KV_ELEMENT(float)
+THETASERVE_KV_ELEMENT(F16)
+THETASERVE_KV_ELEMENT(Bf16)
+#undef THETASERVE_KV_ELEMENT
 
 }  // namespace thetaserve::kernels::cpu

@@ -3,8 +3,10 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/backend.h"
+#include "kernels/cpu/kv_element.h"
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/paged_kv.h"
 #include "kernels/top_theta.h"
@@ -19,26 +21,34 @@ struct AttentionShape {
   float scale = 1.0f;  // 1/sqrt(head_dim)
 };
 
-// Writes K and V rows of this step's tokens into their pages for `layer`, adds V to the
-// sequences' running sums, and leaves in `vsum_rows` each token's running V sum including
-// itself (what VMC's mean over rows 0..pos needs).
+// Both functions take the pool in any KV element type T (float, F16, Bf16; kv_element.h),
+// instantiated for those three in attention.cc. Rows are rounded to T when written and widened
+// exactly when read, so a 16-bit pool gives the same bits as an f32 pool holding the rounded
+// values.
+
+// Writes K and V rows of this step's tokens into their pages for `layer`, adds the stored V
+// rows to the sequences' running sums, and leaves in `vsum_rows` each token's running V sum
+// including itself (what VMC's mean over rows 0..pos needs).
+template <typename T>
 void WriteKv(const ForwardBatch& batch, const AttentionShape& shape, int64_t layer,
              const float* k,      // [num_tokens, num_kv_heads * head_dim]
              const float* v,      // [num_tokens, num_kv_heads * head_dim]
              const KvPoolLayout& layout,
-             float* pool,         // [num_pages, block_size, head_dim]
+             T* pool,             // [num_pages, block_size, head_dim]
              float* vsum_rows);   // [num_tokens, num_kv_heads * head_dim] or nullptr
 
 // o = attention(q, K, V) for every new token of every sequence in `batch`; token t of a
 // sequence at position p attends to positions [0, p]. With an active Top-θ config, rows longer
 // than the layer's k keep only x_j > θ and are compensated; counters go to batch.stats. Rows
 // of a sequence's host store (the offload policy) are read from `host_pool`.
+template <typename T>
 void PagedAttention(ThreadPool& pool, const ForwardBatch& batch, const AttentionShape& shape,
                     int64_t layer,
                     const float* q,          // [num_tokens, num_heads * head_dim]
                     const KvPoolLayout& layout,
-                    const float* kv_pool,    // [num_pages, block_size, head_dim]
-                    const float* host_pool,  // [num_host_pages, block_size, head_dim] or null
+                    const T* kv_pool,        // [num_pages, block_size, head_dim]
+                    const std::type_identity_t<T>* host_pool,  // [num_host_pages, block_size,
+                                                               //  head_dim] or null
                     const float* vsum_rows,  // [num_tokens, num_kv_heads * head_dim] or null
                     const TopThetaConfig& config,
                     float* o);               // [num_tokens, num_heads * head_dim]

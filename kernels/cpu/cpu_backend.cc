@@ -11,8 +11,13 @@
 
 namespace thetaserve::kernels::cpu {
 
-CpuBackend::CpuBackend(const model::Model& model, int threads, MatMulMode matmul)
-    : Backend(model), pool_(threads), matmul_(matmul), rope_(model.config()) {}
+CpuBackend::CpuBackend(const model::Model& model, int threads, MatMulMode matmul,
+                       KvDtype kv_dtype)
+    : Backend(model),
+      pool_(threads),
+      matmul_(matmul),
+      kv_dtype_(kv_dtype == KvDtype::kAuto ? KvDtype::kF16 : kv_dtype),
+      rope_(model.config()) {}
 
 void CpuBackend::Scratch::Resize(int64_t T, const model::ModelConfig& c) {
   auto grow = [](std::vector<float>& v, int64_t n) {
@@ -33,7 +38,7 @@ void CpuBackend::Scratch::Resize(int64_t T, const model::ModelConfig& c) {
 
 absl::Status CpuBackend::AllocateKvPool(int64_t num_pages, int32_t block_size) {
   if (absl::Status st = SetKvLayout(num_pages, block_size); !st.ok()) return st;
-  kv_pool_.assign(num_pages * kv_layout_.PageElems(), 0.0f);
+  kv_pool_.assign(num_pages * kv_layout_.PageElems() * KvDtypeBytes(kv_dtype_), std::byte{0});
   host_pool_.reset();
   return absl::OkStatus();
 }
@@ -42,34 +47,32 @@ absl::Status CpuBackend::AllocateHostPool(int64_t num_pages) {
   host_pool_.reset();
   if (absl::Status st = SetHostLayout(num_pages); !st.ok()) return st;
   if (num_pages == 0) return absl::OkStatus();
-  const size_t elems = size_t(num_pages) * kv_layout_.PageElems();
-  host_pool_.reset(new (std::nothrow) float[elems]);
+  const size_t bytes = size_t(num_pages) * kv_layout_.PageElems() * KvDtypeBytes(kv_dtype_);
+  host_pool_.reset(new (std::nothrow) std::byte[bytes]);
   if (!host_pool_) {
     kv_layout_.num_host_pages = 0;
     return absl::ResourceExhaustedError(absl::StrFormat(
         "cannot reserve %d bytes of host memory for the offload pool; use a smaller "
-        "--offload-memory", elems * sizeof(float)));
+        "--offload-memory", bytes));
   }
   return absl::OkStatus();
 }
 
 absl::Status CpuBackend::OffloadKvRows(std::span<const KvRowCopy> copies) {
   if (absl::Status st = CheckKvRowCopies(copies, /*to_host=*/true); !st.ok()) return st;
-  const size_t row_bytes = kv_layout_.head_dim * sizeof(float);
   for (const KvRowCopy& c : copies) {
-    std::memcpy(host_pool_.get() + kv_layout_.RowOffset(c.dst_page, c.dst_row),
-                kv_pool_.data() + kv_layout_.RowOffset(c.src_page, c.src_row), row_bytes);
+    std::memcpy(host_pool_.get() + RowByteOffset(c.dst_page, c.dst_row),
+                kv_pool_.data() + RowByteOffset(c.src_page, c.src_row), RowBytes());
   }
   return absl::OkStatus();
 }
 
 absl::Status CpuBackend::CopyKvRows(std::span<const KvRowCopy> copies) {
   if (absl::Status st = CheckKvRowCopies(copies); !st.ok()) return st;
-  const size_t row_bytes = kv_layout_.head_dim * sizeof(float);
   for (const KvRowCopy& c : copies) {
     // In order, and memmove: compaction may copy a row onto itself or an earlier slot.
-    std::memmove(kv_pool_.data() + kv_layout_.RowOffset(c.dst_page, c.dst_row),
-                kv_pool_.data() + kv_layout_.RowOffset(c.src_page, c.src_row), row_bytes);
+    std::memmove(kv_pool_.data() + RowByteOffset(c.dst_page, c.dst_row),
+                 kv_pool_.data() + RowByteOffset(c.src_page, c.src_row), RowBytes());
   }
   return absl::OkStatus();
 }
@@ -82,21 +85,23 @@ absl::Status CpuBackend::SumVRows(const SeqPageTables& pages, int64_t length) {
   }
   const auto& c = model_->config();
   const int64_t d = kv_layout_.head_dim;
-  for (int64_t t = 0; t < int64_t(c.num_layers) * c.num_kv_heads; ++t) {
-    float* sum = pages.v_sum + t * d;
-    std::fill(sum, sum + d, 0.0f);
-    // Position order, one add per element: the additions WriteKv made.
-    for (int64_t pos = 0; pos < length; ++pos) {
-      const int32_t page = pages.VPage(t, pos, kv_layout_.block_size);
-      if (page < 0 || page >= kv_layout_.num_pages) {
-        return absl::InvalidArgumentError(absl::StrFormat(
-            "V page %d of table %d at position %d is outside the pool", page, t, pos));
+  return WithKvElement(kv_dtype_, [&]<typename T>(T) -> absl::Status {
+    for (int64_t t = 0; t < int64_t(c.num_layers) * c.num_kv_heads; ++t) {
+      float* sum = pages.v_sum + t * d;
+      std::fill(sum, sum + d, 0.0f);
+      // Position order, one add per element: the additions WriteKv made.
+      for (int64_t pos = 0; pos < length; ++pos) {
+        const int32_t page = pages.VPage(t, pos, kv_layout_.block_size);
+        if (page < 0 || page >= kv_layout_.num_pages) {
+          return absl::InvalidArgumentError(absl::StrFormat(
+              "V page %d of table %d at position %d is outside the pool", page, t, pos));
+        }
+        const T* row = Pool<T>() + kv_layout_.RowOffset(page, pos % kv_layout_.block_size);
+        for (int64_t e = 0; e < d; ++e) sum[e] += ToFloat(row[e]);
       }
-      const float* row = kv_pool_.data() + kv_layout_.RowOffset(page, pos % kv_layout_.block_size);
-      for (int64_t e = 0; e < d; ++e) sum[e] += row[e];
     }
-  }
-  return absl::OkStatus();
+    return absl::OkStatus();
+  });
 }
 
 absl::Status CpuBackend::Forward(const ForwardBatch& batch, float* logits) {
@@ -141,9 +146,11 @@ absl::Status CpuBackend::Forward(const ForwardBatch& batch, float* logits) {
       }
     }
     float* vsum = top_theta_.active() ? scratch_.vsum.data() : nullptr;
-    WriteKv(batch, shape, l, k, v, kv_layout_, kv_pool_.data(), vsum);
-    PagedAttention(pool_, batch, shape, l, q, kv_layout_, kv_pool_.data(), host_pool_.get(), vsum, top_theta_,
-                   attn);
+    WithKvElement(kv_dtype_, [&]<typename T>(T) {
+      WriteKv(batch, shape, l, k, v, kv_layout_, Pool<T>(), vsum);
+      PagedAttention(pool_, batch, shape, l, q, kv_layout_, Pool<T>(), HostPool<T>(), vsum,
+                     top_theta_, attn);
+    });
     MatMul(pool_, attn, T, lw.wo, nullptr, x, /*accumulate=*/true, matmul_);
 
     RmsNorm(x, static_cast<const float*>(lw.ffn_norm.data), T, hidden, c.rms_norm_eps, h);

@@ -1,21 +1,26 @@
 // The CPU backend: the full LLaMA-family forward pass, multithreaded, AVX2 inner loops.
 #pragma once
 
+#include <cstddef>
 #include <memory>
 #include <vector>
 
 #include "kernels/backend.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/thread_pool.h"
+#include "kernels/kv_dtype.h"
 
 namespace thetaserve::kernels::cpu {
 
 class CpuBackend : public Backend {
  public:
+  // `kv_dtype`: the pages' element type (auto: f16, which on SmolLM2 gives f32's perplexity
+  // with half the bytes: docs/results.md).
   CpuBackend(const model::Model& model, int threads,
-             MatMulMode matmul = MatMulMode::kQuantized);
+             MatMulMode matmul = MatMulMode::kQuantized, KvDtype kv_dtype = KvDtype::kAuto);
   std::string name() const override { return "cpu"; }
   MatMulMode matmul_mode() const { return matmul_; }
+  KvDtype kv_dtype() const override { return kv_dtype_; }
   absl::Status AllocateKvPool(int64_t num_pages, int32_t block_size) override;
   absl::Status Forward(const ForwardBatch& batch, float* logits) override;
   absl::Status AllocateHostPool(int64_t num_pages) override;
@@ -25,7 +30,6 @@ class CpuBackend : public Backend {
   std::optional<int64_t> FreeMemoryBytes() const override;
 
   ThreadPool& pool() { return pool_; }
-  const float* kv_data() const { return kv_pool_.data(); }
 
  private:
   // Per-step activations, grown to the largest batch seen.
@@ -34,14 +38,27 @@ class CpuBackend : public Backend {
     void Resize(int64_t T, const model::ModelConfig& c);
   };
 
+  // Pool storage as elements of type T (kv_dtype_'s).
+  template <typename T>
+  T* Pool() { return reinterpret_cast<T*>(kv_pool_.data()); }
+  template <typename T>
+  T* HostPool() { return reinterpret_cast<T*>(host_pool_.get()); }
+  size_t RowBytes() const { return kv_layout_.head_dim * size_t(KvDtypeBytes(kv_dtype_)); }
+  size_t RowByteOffset(int32_t page, int32_t row) const {
+    return kv_layout_.RowOffset(page, row) * KvDtypeBytes(kv_dtype_);
+  }
+
   ThreadPool pool_;
   MatMulMode matmul_;
+  KvDtype kv_dtype_;
   Rope rope_;
-  std::vector<float> kv_pool_;  // [num_pages, block_size, head_dim]
+  // [num_pages, block_size, head_dim] elements of kv_dtype_, as bytes (which may hold
+  // objects of any type, C++20 [intro.object]).
+  std::vector<std::byte> kv_pool_;
   // [num_host_pages, block_size, head_dim], left uninitialized: the OS commits its memory as
   // rows are offloaded there, not at allocation (which fails only past what the OS will
   // promise, RAM plus swap under Linux's default overcommit).
-  std::unique_ptr<float[]> host_pool_;
+  std::unique_ptr<std::byte[]> host_pool_;
   Scratch scratch_;
 };
 

@@ -4,7 +4,9 @@
 #include <cmath>
 #include <cstdint>
 
-#if defined(__AVX2__) && defined(__FMA__)
+#include "kernels/cpu/kv_element.h"
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
 #define TS_AVX2 1
 #endif
@@ -12,6 +14,16 @@
 namespace thetaserve::kernels::cpu {
 
 #if TS_AVX2
+// Eight elements widened to f32.
+inline __m256 Load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 Load8(const F16* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+inline __m256 Load8(const Bf16* p) {
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
 inline float HorizontalSum(__m256 v) {
   __m128 lo = _mm256_castps256_ps128(v);
   __m128 hi = _mm256_extractf128_ps(v, 1);
@@ -42,19 +54,21 @@ inline float Dot(const float* a, const float* b, int64_t n) {
   return sum;
 }
 
-// out[u] = a · b[u] for four vectors b[0..3] (a is loaded once for all four). The same value
-// wherever it is called from; not bit-identical to Dot (another summation order).
-inline void Dot4(const float* a, const float* const b[4], int64_t n, float out[4]) {
+// out[u] = a · b[u] for four vectors b[0..3] (a is loaded once for all four), b of any KV
+// element type. The same value wherever it is called from; not bit-identical to Dot (another
+// summation order).
+template <typename T>
+void Dot4(const float* a, const T* const b[4], int64_t n, float out[4]) {
   int64_t i = 0;
 #if TS_AVX2
   __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
   __m256 acc2 = _mm256_setzero_ps(), acc3 = _mm256_setzero_ps();
   for (; i + 8 <= n; i += 8) {
     const __m256 va = _mm256_loadu_ps(a + i);
-    acc0 = _mm256_fmadd_ps(va, _mm256_loadu_ps(b[0] + i), acc0);
-    acc1 = _mm256_fmadd_ps(va, _mm256_loadu_ps(b[1] + i), acc1);
-    acc2 = _mm256_fmadd_ps(va, _mm256_loadu_ps(b[2] + i), acc2);
-    acc3 = _mm256_fmadd_ps(va, _mm256_loadu_ps(b[3] + i), acc3);
+    acc0 = _mm256_fmadd_ps(va, Load8(b[0] + i), acc0);
+    acc1 = _mm256_fmadd_ps(va, Load8(b[1] + i), acc1);
+    acc2 = _mm256_fmadd_ps(va, Load8(b[2] + i), acc2);
+    acc3 = _mm256_fmadd_ps(va, Load8(b[3] + i), acc3);
   }
   // Transposing horizontal sums: lane u of the result is Σ acc_u.
   const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(acc0, acc1), _mm256_hadd_ps(acc2, acc3));
@@ -63,7 +77,7 @@ inline void Dot4(const float* a, const float* const b[4], int64_t n, float out[4
   for (int u = 0; u < 4; ++u) out[u] = 0.0f;
 #endif
   for (; i < n; ++i) {
-    for (int u = 0; u < 4; ++u) out[u] += a[i] * b[u][i];
+    for (int u = 0; u < 4; ++u) out[u] += a[i] * ToFloat(b[u][i]);
   }
 }
 

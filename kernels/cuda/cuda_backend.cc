@@ -152,7 +152,7 @@ class CudaBackend : public Backend {
 
   absl::Status Init();
   std::string name() const override { return "cuda"; }
-  int64_t kv_element_bytes() const override { return sizeof(bf16); }
+  KvDtype kv_dtype() const override { return KvDtype::kBf16; }
   absl::Status AllocateKvPool(int64_t num_pages, int32_t block_size) override;
   absl::Status Forward(const ForwardBatch& batch, float* logits) override;
   absl::Status AllocateHostPool(int64_t num_pages) override;

@@ -55,7 +55,7 @@ RowDiff CompareRow(const float* want, const float* got, int64_t n) {
 // all three together. Returns the comparison.
 Report Compare(const model::Model& m, const TopThetaConfig& theta, int decode_steps) {
   const auto& c = m.config();
-  auto cpu = CreateBackend(m, Device::kCpu, 0, MatMulMode::kExact);  // the f32 reference
+  auto cpu = CreateBackend(m, Device::kCpu, 0, MatMulMode::kExact, KvDtype::kF32);  // f32 reference
   auto gpu = CreateBackend(m, Device::kCuda, 0);
   EXPECT_TRUE(cpu.ok() && gpu.ok()) << (gpu.ok() ? cpu.status() : gpu.status());
   Report rep;
@@ -232,7 +232,7 @@ bool CheckSparseVThroughCompaction(const std::string& path, double theta_tol, bo
   EXPECT_TRUE(m.ok()) << m.status();
   if (!m.ok()) return true;
   const auto& c = (*m)->config();
-  auto cpu = CreateBackend(**m, Device::kCpu, 0, MatMulMode::kExact);
+  auto cpu = CreateBackend(**m, Device::kCpu, 0, MatMulMode::kExact, KvDtype::kF32);
   auto gpu = CreateBackend(**m, Device::kCuda, 0);
   EXPECT_TRUE(cpu.ok() && gpu.ok()) << (gpu.ok() ? cpu.status() : gpu.status());
   if (!cpu.ok() || !gpu.ok()) return true;

@@ -1,6 +1,7 @@
 // CPU attention over paged K/V: a prefill chunk (worked in tiles of tokens) gives each token
 // exactly what attending alone gives it — dense, where both also match a float64 softmax
-// reference, and Top-θ, with the same hit marks and retained mass.
+// reference, and Top-θ, with the same hit marks and retained mass. Pages of f16 or bf16 give
+// what f32 pages holding the rounded values give, to the bit.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -8,6 +9,7 @@
 #include <numeric>
 #include <random>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -109,8 +111,10 @@ class DenseAttentionTest : public ::testing::TestWithParam<std::pair<int, int>> 
     return out;
   }
 
+  // Attention over pool_, or over `pages` (the same layout, elements of T) when given.
+  template <typename T = float>
   std::vector<float> Run(bool split, int threads, AttentionStats* stats,
-                         const TopThetaConfig& cfg = {}) {
+                         const TopThetaConfig& cfg = {}, const std::vector<T>* pages = nullptr) {
     for (auto& s : seqs_) {
       s.record = cfg.active();
       s.hits.assign(kKvHeads * s.stride * kBlock, -1);
@@ -123,9 +127,54 @@ class DenseAttentionTest : public ::testing::TestWithParam<std::pair<int, int>> 
     cpu::AttentionShape shape{1, heads_, kKvHeads, d_, 1.0f / std::sqrt(float(d_))};
     cpu::ThreadPool pool(threads);
     std::vector<float> out(q_.size(), std::numeric_limits<float>::quiet_NaN());
-    cpu::PagedAttention(pool, batch, shape, 0, q_.data(), layout_, pool_.data(), nullptr,
+    const T* kv = nullptr;
+    if constexpr (std::is_same_v<T, float>) {
+      kv = pages ? pages->data() : pool_.data();
+    } else {
+      kv = pages->data();
+    }
+    cpu::PagedAttention(pool, batch, shape, 0, q_.data(), layout_, kv, nullptr,
                         cfg.active() ? vsum_rows_.data() : nullptr, cfg, out.data());
     return out;
+  }
+
+  // For T = F16 or Bf16: attention over pool_ rounded to T equals attention over f32 pages
+  // holding the rounded values, to the bit (dense, and Top-θ with its hit marks, retained
+  // mass and counters). Dense attention also stays within `tol` (atol = rtol) of attention
+  // over pool_ itself (Top-θ need not: a score the rounding moves across θ moves its mass).
+  template <typename T>
+  void ExpectSameBitsAsF32OnRoundedValues(float tol) {
+    std::vector<T> pages(pool_.size());
+    std::vector<float> widened(pool_.size());
+    for (size_t i = 0; i < pool_.size(); ++i) {
+      pages[i] = cpu::FromFloat<T>(pool_[i]);
+      widened[i] = cpu::ToFloat(pages[i]);
+    }
+    const model::ThetaTable table = AboveAverageTable();
+    for (bool theta : {false, true}) {
+      SCOPED_TRACE(theta ? "top-theta" : "dense");
+      const TopThetaConfig cfg = theta ? ExactSdcVmc(table) : TopThetaConfig{};
+      AttentionStats want_stats, got_stats;
+      want_stats.Reset(1);
+      got_stats.Reset(1);
+      // One thread: the retained mass is summed over queries in the same order.
+      const std::vector<float> exact = Run(false, 1, nullptr, cfg);
+      const std::vector<float> want = Run(false, 1, &want_stats, cfg, &widened);
+      std::vector<PagedSeq> want_seqs = seqs_;
+      const std::vector<float> got = Run<T>(false, 1, &got_stats, cfg, &pages);
+      for (size_t i = 0; i < got.size(); ++i) {
+        ASSERT_FALSE(std::isnan(got[i])) << "output " << i << " never written; seed " << seed_;
+        ASSERT_EQ(got[i], want[i]) << "output " << i << "; seed " << seed_;
+      }
+      for (size_t s = 0; s < seqs_.size(); ++s) {
+        EXPECT_EQ(seqs_[s].hits, want_seqs[s].hits) << "sequence " << s;
+        EXPECT_EQ(seqs_[s].mass, want_seqs[s].mass) << "sequence " << s;
+      }
+      EXPECT_EQ(got_stats.v_rows_read, want_stats.v_rows_read);
+      EXPECT_EQ(got_stats.elements_kept, want_stats.elements_kept);
+      EXPECT_NE(got, exact) << "rounding changed nothing: were the pages rounded?";
+      if (!theta) EXPECT_TRUE(testing::AllClose(got, exact, tol, tol)) << "seed " << seed_;
+    }
   }
 
   // Post-softmax θ = 0.004 past k = 8 keys: rows keep their clearly-above-average keys.
@@ -296,6 +345,18 @@ TEST_P(DenseAttentionTest, TopThetaRecordsOnlyFromHitsBeginAndTheSameAsAWholeRec
     if (s.length() > hits_begin_ + 8) {
       EXPECT_GT(recorded, 0) << "sequence " << si << " recorded no marks in its window";
     }
+  }
+}
+
+TEST_P(DenseAttentionTest, SixteenBitPagesGiveTheF32KernelsBitsOnTheRoundedValues) {
+  SCOPED_TRACE(::testing::Message() << "seed " << seed_ << ", head_dim " << d_ << ", group " << group_);
+  {
+    SCOPED_TRACE("f16");
+    ExpectSameBitsAsF32OnRoundedValues<cpu::F16>(4e-3f);
+  }
+  {
+    SCOPED_TRACE("bf16");
+    ExpectSameBitsAsF32OnRoundedValues<cpu::Bf16>(3e-2f);
   }
 }
 

@@ -67,8 +67,9 @@ double TopTwoGap(const std::vector<float>& v) {
 TEST(QuantizedMatMulFidelityTest, LogitsAndGreedyTokensFollowExactMode) {
   auto model = model::Model::Load(testing::DefaultModelPath());
   ASSERT_TRUE(model.ok()) << model.status();
-  auto exact = CreateBackend(**model, Device::kCpu, 0, MatMulMode::kExact);
-  auto quant = CreateBackend(**model, Device::kCpu, 0, MatMulMode::kQuantized);
+  // f32 KV pages in both: what differs is the matmul alone.
+  auto exact = CreateBackend(**model, Device::kCpu, 0, MatMulMode::kExact, KvDtype::kF32);
+  auto quant = CreateBackend(**model, Device::kCpu, 0, MatMulMode::kQuantized, KvDtype::kF32);
   ASSERT_TRUE(exact.ok() && quant.ok());
   const auto meta = nlohmann::json::parse(
       testing::ReadFileOrDie(testing::TestDataPath("reference/smollm2.json")));

@@ -67,7 +67,7 @@ TEST_P(ReferenceLogitsTest, LogitsAndGreedyTokensMatchTransformers) {
   ASSERT_EQ((*model)->config().vocab_size, ref.vocab);
   // Exact mode: the int8-activation default moves logits by more than this test allows
   // (quantized_matmul_fidelity_test.cc bounds it against this mode instead).
-  auto backend = CreateBackend(**model, Device::kCpu, 0, MatMulMode::kExact);
+  auto backend = CreateBackend(**model, Device::kCpu, 0, MatMulMode::kExact, KvDtype::kF32);
   ASSERT_TRUE(backend.ok());
   const bool all_positions = ref.meta["logits_scope"] == "all_positions";
   double worst = 0;

@@ -40,8 +40,10 @@ TEST(TopThetaTest, NothingPrunedEqualsDense) {
   auto model = model::Model::Load(testing::SourceDir() + "/tests/data/tiny_llama");
   ASSERT_TRUE(model.ok()) << model.status();
   const auto& c = (*model)->config();
-  auto dense = CreateBackend(**model, Device::kCpu, 1);
-  auto theta = CreateBackend(**model, Device::kCpu, 1);
+  // f32 pages: 16-bit pages would round the two paths' last-bit differences in one layer's
+  // output into whole f16 steps of the next layer's K and V.
+  auto dense = CreateBackend(**model, Device::kCpu, 1, MatMulMode::kQuantized, KvDtype::kF32);
+  auto theta = CreateBackend(**model, Device::kCpu, 1, MatMulMode::kQuantized, KvDtype::kF32);
   ASSERT_TRUE(dense.ok() && theta.ok());
   std::mt19937 rng(7);
   std::vector<int32_t> tokens(150);

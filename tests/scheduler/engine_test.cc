@@ -12,6 +12,7 @@
 #include <span>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -122,10 +123,12 @@ class EngineTest : public ::testing::Test {
     return policy;
   }
 
-  // A CPU backend over the test model whose attention applies `table` (which must outlive it).
+  // A CPU backend over the test model whose attention applies `table` (which must outlive it),
+  // its KV pages of `kv_dtype`.
   static absl::StatusOr<std::unique_ptr<kernels::Backend>> TopThetaBackend(
-      const model::ThetaTable& table) {
-    auto backend = kernels::CreateBackend(*model_, kernels::Device::kCpu, 0);
+      const model::ThetaTable& table, kernels::KvDtype kv_dtype = kernels::KvDtype::kAuto) {
+    auto backend = kernels::CreateBackend(*model_, kernels::Device::kCpu, 0,
+                                          kernels::MatMulMode::kQuantized, kv_dtype);
     if (!backend.ok()) return backend.status();
     kernels::TopThetaConfig cfg;
     cfg.table = &table;
@@ -150,6 +153,11 @@ class EngineTest : public ::testing::Test {
       EXPECT_EQ(sk->info.completion_tokens, tokens);
     }
   }
+
+  // The offload policy's logits equal the full policy's to the bit, with the sparse policy's
+  // V rows in the KV pool, on one backend whose KV pages are `kv_dtype` (the host pool's rows
+  // are copies of them).
+  static void ExpectOffloadGivesTheFullPolicysLogits(kernels::KvDtype kv_dtype);
 
   static model::Model* model_;
   static kernels::Backend* solo_backend_;
@@ -249,6 +257,51 @@ TEST_F(EngineTest, SeededSamplingOnParallelThreadsMatchesEachRequestAlone) {
   EXPECT_GT(differs, 0);
 }
 
+// The same --kv-cache-memory holds twice the pages in f16 (or bf16) as in f32, and concurrent
+// requests over those pages generate what each generates alone on them.
+TEST_F(EngineTest, SixteenBitPagesHoldTwiceTheTokensAndBatchingChangesNothing) {
+  EngineConfig config;
+  config.kv_cache_bytes = int64_t(64) << 20;
+  auto f32 = kernels::CreateBackend(*model_, kernels::Device::kCpu, 0,
+                                    kernels::MatMulMode::kQuantized, kernels::KvDtype::kF32);
+  ASSERT_TRUE(f32.ok());
+  auto f32_engine = Engine::Create(config, **f32);
+  ASSERT_TRUE(f32_engine.ok()) << f32_engine.status();
+  const int64_t f32_pages = (*f32_engine)->Stats().pages_total;
+  (*f32_engine)->Stop();
+  for (kernels::KvDtype dtype : {kernels::KvDtype::kF16, kernels::KvDtype::kBf16}) {
+    SCOPED_TRACE(std::string(kernels::KvDtypeName(dtype)));
+    auto backend = kernels::CreateBackend(*model_, kernels::Device::kCpu, 0,
+                                          kernels::MatMulMode::kQuantized, dtype);
+    ASSERT_TRUE(backend.ok());
+    EXPECT_EQ((*backend)->kv_dtype(), dtype);
+    EXPECT_EQ((*backend)->kv_element_bytes(), 2);
+    auto solo = kernels::CreateBackend(*model_, kernels::Device::kCpu, 0,
+                                       kernels::MatMulMode::kQuantized, dtype);
+    ASSERT_TRUE(solo.ok());
+    auto engine = Engine::Create(config, **backend);
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    EXPECT_EQ((*engine)->Stats().pages_total, 2 * f32_pages);
+    const auto prompts = Prompts();
+    std::vector<std::shared_ptr<CollectingSink>> sinks;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      Request r = MakeRequest(absl::StrCat("h", i), prompts[i], 12);
+      r.stopping.ignore_eos = true;
+      sinks.push_back(std::make_shared<CollectingSink>());
+      ASSERT_TRUE((*engine)->Submit(r, sinks.back()).ok());
+    }
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      ASSERT_TRUE(sinks[i]->Wait(300));
+      EXPECT_EQ(sinks[i]->tokens,
+                GreedyAlone(**solo, model_->tokenizer().Encode(prompts[i], true), 12))
+          << "prompt " << i;
+    }
+    ASSERT_TRUE((*engine)->WaitIdle(10));
+    const EngineStats st = (*engine)->Stats();
+    EXPECT_EQ(st.pages_free, st.pages_total);
+  }
+}
+
 TEST_F(EngineTest, TinyPoolForcesChunkedPrefillAndPreemptionWithIdenticalOutput) {
   auto backend = kernels::CreateBackend(*model_, kernels::Device::kCpu, 0);
   ASSERT_TRUE(backend.ok());
@@ -257,7 +310,7 @@ TEST_F(EngineTest, TinyPoolForcesChunkedPrefillAndPreemptionWithIdenticalOutput)
   config.block_size = 4;
   // Room for 8 blocks of 4 tokens per (layer, KV head), K and V: 32 tokens in all, while
   // each request needs up to ~30: they must take turns.
-  const int64_t page_bytes = config.block_size * c.head_dim * 4;
+  const int64_t page_bytes = config.block_size * c.head_dim * (*backend)->kv_element_bytes();
   config.kv_cache_bytes = 2 * 8 * c.num_layers * c.num_kv_heads * page_bytes;
   config.scheduler.max_num_batched_tokens = 6;  // prompts take several chunks
   config.scheduler.max_num_seqs = 4;
@@ -380,7 +433,8 @@ TEST_F(EngineTest, RejectsARequestThatCanNeverFitThePool) {
   ASSERT_TRUE(backend.ok());
   const auto& c = model_->config();
   EngineConfig config;
-  config.kv_cache_bytes = 2 * 4 * c.num_layers * c.num_kv_heads * 16 * c.head_dim * 4;  // 64 tokens
+  config.kv_cache_bytes = 2 * 4 * c.num_layers * c.num_kv_heads * 16 * c.head_dim *
+                          (*backend)->kv_element_bytes();  // 64 tokens
   auto engine = Engine::Create(config, **backend);
   ASSERT_TRUE(engine.ok());
   Request big = MakeRequest("big", "hello", 100);
@@ -515,8 +569,16 @@ TEST_F(EngineTest, SequenceRunnerCompactsAfterEveryChunkUnderASparsePolicy) {
 // beside it must differ from full (else the rows moved were never needed and this could not
 // fail).
 TEST_F(EngineTest, OffloadPolicyGivesTheFullPolicysLogitsWithTheSparsePolicysVRows) {
+  ExpectOffloadGivesTheFullPolicysLogits(kernels::KvDtype::kAuto);
+}
+
+TEST_F(EngineTest, OffloadPolicyGivesTheFullPolicysLogitsWithF16Pages) {
+  ExpectOffloadGivesTheFullPolicysLogits(kernels::KvDtype::kF16);
+}
+
+void EngineTest::ExpectOffloadGivesTheFullPolicysLogits(kernels::KvDtype kv_dtype) {
   const model::ThetaTable table = ConstantPostTheta(0.02f);
-  auto backend = TopThetaBackend(table);
+  auto backend = TopThetaBackend(table, kv_dtype);
   ASSERT_TRUE(backend.ok());
   const cache::SparsePolicy sparse = MassBudgetPolicy();
   const cache::SparsePolicy offload = MassBudgetPolicy(/*offload=*/true);
@@ -661,7 +723,7 @@ TEST_F(EngineTest, MassBudgetAdmitsLongPromptsThatDenseMustRunOneAtATime) {
     ASSERT_TRUE(backend.ok());
     EngineConfig config;
     config.scheduler.max_num_batched_tokens = 64;  // many prefill chunks
-    const int64_t page_bytes = int64_t(config.block_size) * c.head_dim * sizeof(float);
+    const int64_t page_bytes = int64_t(config.block_size) * c.head_dim * (*backend)->kv_element_bytes();
     const int64_t tokens = int64_t(model_->tokenizer().Encode(text).size()) + 8;
     const int64_t dense_pages = 2 * ((tokens + 15) / 16) * c.num_layers * c.num_kv_heads;
     config.kv_cache_bytes = dense_pages * 7 / 5 * page_bytes;  // 1.4 dense prompts
@@ -785,10 +847,14 @@ TEST_F(EngineTest, PrefixCachingSkipsSharedBlocksAndChangesNoOutput) {
 // sequence's V sums come from SumVRows (θ = 0.1 past 4 rows, so that short rows drop some).
 TEST_F(EngineTest, PrefixCacheGivesWayToNewWorkInATinyPool) {
   const model::ThetaTable table = ConstantPostTheta(0.1f, 4);
-  for (bool top_theta : {false, true}) {
-    SCOPED_TRACE(top_theta ? "top-theta" : "dense");
+  // Dense; Top-θ; Top-θ over f16 pages, whose V sums SumVRows reads back from 16-bit rows.
+  for (auto [top_theta, kv_dtype] : {std::pair{false, kernels::KvDtype::kAuto},
+                                     std::pair{true, kernels::KvDtype::kAuto},
+                                     std::pair{true, kernels::KvDtype::kF16}}) {
+    SCOPED_TRACE(absl::StrCat(top_theta ? "top-theta" : "dense", ", KV ",
+                              std::string(kernels::KvDtypeName(kv_dtype))));
     auto make_backend = [&] {
-      return top_theta ? TopThetaBackend(table)
+      return top_theta ? TopThetaBackend(table, kv_dtype)
                        : kernels::CreateBackend(*model_, kernels::Device::kCpu, 0);
     };
     auto backend = make_backend();
@@ -798,7 +864,7 @@ TEST_F(EngineTest, PrefixCacheGivesWayToNewWorkInATinyPool) {
     const auto& c = model_->config();
     EngineConfig config;
     config.block_size = 4;
-    const int64_t page_bytes = config.block_size * c.head_dim * 4;
+    const int64_t page_bytes = config.block_size * c.head_dim * (*backend)->kv_element_bytes();
     config.kv_cache_bytes = 2 * 8 * c.num_layers * c.num_kv_heads * page_bytes;
     config.scheduler.max_num_batched_tokens = 6;
     config.scheduler.max_num_seqs = 4;

@@ -70,10 +70,10 @@ class OpenAiHttpTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     http_port_ = FreePort();
-    // 256 MiB of KV cache holds ~5,800 tokens of one sequence, fewer than SmolLM2's context:
-    // the chat default's clamp to the cache is tested.
+    // 128 MiB of KV cache (f16) holds ~5,800 tokens of one sequence, fewer than SmolLM2's
+    // context: the chat default's clamp to the cache is tested.
     server_ = new ServerProcess({"--http-port", std::to_string(http_port_), "--max-num-seqs", "16",
-                                 "--kv-cache-memory", "256M"});
+                                 "--kv-cache-memory", "128M"});
   }
   static void TearDownTestSuite() { delete server_; }
 
@@ -176,7 +176,7 @@ TEST_F(OpenAiHttpTest, StreamedChatEqualsTheWholeChat) {
 }
 
 TEST_F(OpenAiHttpTest, ChatWithoutMaxTokensRunsToTheEndWithinTheCache) {
-  // The chat default is the rest of the context, clamped to what the KV cache (256 MiB here:
+  // The chat default is the rest of the context, clamped to what the KV cache (128 MiB here:
   // fewer tokens than SmolLM2's 8192) holds for one sequence.
   ASSERT_TRUE(server_->started());
   HttpResult r = Post("/v1/chat/completions",

@@ -364,6 +364,7 @@ TEST_F(ServerE2ETest, ModelInfoDescribesTheModel) {
   EXPECT_EQ(info.num_layers(), 30u);
   EXPECT_EQ(info.vocab_size(), 49152u);
   EXPECT_EQ(info.theta_mode(), "dense");
+  EXPECT_EQ(info.kv_cache_dtype(), "f16");  // the CPU's default
   EXPECT_FALSE(info.model_fingerprint().empty());
 }
 
@@ -501,10 +502,15 @@ TEST(ServerLifecycleTest, DrainsOnSigtermWithHealthNotServing) {
 TEST(ServerLifecycleTest, TheCpuDefaultKvCacheHoldsTheWholeContext) {
   ServerProcess server({"--device", "cpu"});
   ASSERT_TRUE(server.started());
+  // "KV cache: 0.25 GiB, the default (...); f16, ~11650 tokens of K and V"
   const std::string text = ReadFileOrDie(server.log_path());
-  EXPECT_NE(text.find("one sequence of the model's full context"), std::string::npos) << text;
-  // Prompt + max_tokens = the whole 8,192-token context: accepted (256 MiB, the old default,
-  // refused it), and decoding; cancelled after its first tokens.
+  const size_t line = text.find("KV cache: ");
+  ASSERT_NE(line, std::string::npos) << text;
+  const size_t tilde = text.find("f16, ~", line);
+  ASSERT_NE(tilde, std::string::npos) << text;
+  EXPECT_GE(std::atoll(text.c_str() + tilde + 6), 8192) << text;
+  // Prompt + max_tokens = the 8,192-token context less 15: accepted (256 MiB of f32 pages, the
+  // first default, refused it), and decoding; cancelled after its first tokens.
   auto stub = server.stub();
   auto req = Prompt("Hello", 8192 - 16);
   grpc::ClientContext ctx;
@@ -516,6 +522,56 @@ TEST(ServerLifecycleTest, TheCpuDefaultKvCacheHoldsTheWholeContext) {
   const grpc::Status st = reader->Finish();
   EXPECT_GE(tokens, 2) << st.error_message();
   EXPECT_NE(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << st.error_message();
+}
+
+// --kv-cache-dtype reaches ModelInfo, the page size, the startup log and build_info; a server
+// on f32 pages streams what `generate` computes on them. A value that is no type, or one the
+// CUDA backend does not store, is refused at startup.
+TEST(ServerLifecycleTest, KvCacheDtypeIsUsedAndReported) {
+  int rc = 0;
+  std::string out = RunCommand(BinaryPath() + " serve --model " + DefaultModelPath() +
+                               " --kv-cache-dtype f8 2>&1", &rc);
+  EXPECT_NE(rc, 0);
+  EXPECT_NE(out.find("--kv-cache-dtype must be auto, f32, f16 or bf16, got 'f8'"),
+            std::string::npos) << out;
+  out = RunCommand(BinaryPath() + " serve --model " + DefaultModelPath() +
+                   " --device cuda --kv-cache-dtype f32 2>&1", &rc);
+  EXPECT_NE(rc, 0);
+  EXPECT_NE(out.find("--kv-cache-dtype f32: the CUDA backend stores the KV cache in bf16 only"),
+            std::string::npos) << out;
+
+  ServerProcess server({"--device", "cpu", "--kv-cache-dtype", "f32", "--kv-cache-memory", "64M"});
+  ASSERT_TRUE(server.started());
+  auto stub = server.stub();
+  {
+    grpc::ClientContext c;
+    v1::ModelInfo info;
+    ASSERT_TRUE(stub->GetModelInfo(&c, {}, &info).ok());
+    EXPECT_EQ(info.kv_cache_dtype(), "f32");
+  }
+  {
+    grpc::ClientContext c;
+    v1::ServerStatus st;
+    ASSERT_TRUE(stub->GetServerStatus(&c, {}, &st).ok());
+    EXPECT_EQ(st.pages().page_bytes(), 16u * 64u * 4u);  // 16 rows of head_dim 64, 4 bytes
+  }
+  // 64 MiB / (30 layers × 3 KV heads × K and V × 64 × 4 bytes) = 1456 tokens.
+  const std::string log = ReadFileOrDie(server.log_path());
+  EXPECT_NE(log.find("KV cache: 0.06 GiB; f32, ~1456 tokens of K and V"), std::string::npos) << log;
+  EXPECT_NE(log.find("backend cpu (KV cache in f32)"), std::string::npos) << log;
+  const std::string metrics = server.ScrapeMetrics();
+  const size_t info = metrics.find("\nthetaserve_build_info{");
+  ASSERT_NE(info, std::string::npos) << metrics;
+  EXPECT_NE(metrics.substr(info, metrics.find('\n', info + 1) - info).find("kv_cache_dtype=\"f32\""),
+            std::string::npos) << metrics;
+
+  auto req = Prompt("Once upon a time", 20);
+  req.mutable_stopping()->set_ignore_eos(true);
+  StreamResult r = Generate(*stub, req);
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.text + "\n",
+            RunGenerateBinary("--prompt 'Once upon a time' --max-tokens 20 --ignore-eos "
+                              "--device cpu --kv-cache-dtype f32"));
 }
 
 TEST(ServerLifecycleTest, PrefixCachingFlagTakesOnOrOff) {
@@ -690,20 +746,23 @@ TEST(ServerTopThetaTest, OffloadPolicyServesTheFullPolicysTextAndReportsHostMemo
                                              "--theta " + path);
   EXPECT_EQ(r.text + "\n", full) << "the offload policy changed the output";
 
+  grpc::ClientContext ctx;
+  v1::ServerStatus st;
+  ASSERT_TRUE(stub->GetServerStatus(&ctx, {}, &st).ok());
+  EXPECT_EQ(st.pages().free(), st.pages().total());
+  // Host pages have the KV pool's shape: 16 rows of 64 f16 elements.
+  EXPECT_EQ(st.pages().page_bytes(), 2048u);
+  EXPECT_EQ(st.host_pages_total(), uint64_t(64 << 20) / 2048);
+  EXPECT_EQ(st.host_pages_used(), 0u);
+
   const std::string m = server.ScrapeMetrics();
   EXPECT_GT(MetricValue(m, "thetaserve_v_rows_offloaded_total"), 0);
   EXPECT_GT(MetricValue(m, "thetaserve_v_rows_read_host_total"), 0) << "no offloaded row was needed";
   EXPECT_EQ(MetricValue(m, "thetaserve_v_rows_evicted_total"), 0);
   EXPECT_EQ(MetricValue(m, "thetaserve_v_rows_retained_but_evicted_total"), 0);
-  EXPECT_EQ(MetricValue(m, "thetaserve_host_pages_capacity"), double(64 << 20) / 4096);
+  EXPECT_EQ(MetricValue(m, "thetaserve_host_pages_capacity"), double(64 << 20) / 2048);
   EXPECT_EQ(MetricValue(m, "thetaserve_host_pages_used"), 0);
   EXPECT_NE(m.find("kv_policy=\"offload\""), std::string::npos);
-  grpc::ClientContext ctx;
-  v1::ServerStatus st;
-  ASSERT_TRUE(stub->GetServerStatus(&ctx, {}, &st).ok());
-  EXPECT_EQ(st.pages().free(), st.pages().total());
-  EXPECT_EQ(st.host_pages_total(), uint64_t(64 << 20) / 4096);
-  EXPECT_EQ(st.host_pages_used(), 0u);
 
   for (const std::string& bad : {std::string("--offload-memory 1G"),
                                  "--theta " + path + " --policy offload --offload-memory 10%",
