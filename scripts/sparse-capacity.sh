@@ -8,12 +8,13 @@
 #   THETA=... KEEP=0.05 LW=512 PROMPT_WORDS=3000 KV=500M N=10 scripts/sparse-capacity.sh
 # KEEP: the sparse policy's mass budget (--keep-fraction); unset: the obs-window rule.
 # CONFIGS: which configurations, in order (default "dense sparse"; also "offload": the sparse
-# policy's rule with the rows it drops moved to host memory).
+# policy's rule with the rows it drops moved to host memory). KV_DTYPE: --kv-cache-dtype for
+# every configuration (default: the server's, f16 on the CPU).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-build/thetaserve}
 MODEL=${MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}
-THETA=${THETA:?set THETA to a θ file from thetaserve calibrate}
+THETA=${THETA:-}
 KV=${KV:-160M}
 N=${N:-24}
 OUT=${OUT:-32}
@@ -23,6 +24,9 @@ LW=${LW:-128}
 OBS=${OBS:-32}
 KEEP=${KEEP:-}
 CONFIGS=${CONFIGS:-dense sparse}
+KV_DTYPE=${KV_DTYPE:-}
+dtype=()
+[ -z "$KV_DTYPE" ] || dtype=(--kv-cache-dtype "$KV_DTYPE")
 
 prompt_for() {  # a distinct ~PROMPT_WORDS-word slice of Austen per request
   python3 - "$1" "$PROMPT_WORDS" <<'PY'
@@ -36,7 +40,7 @@ PY
 measure() {  # name, then server flags
   local name=$1; shift
   "$BIN" serve --model "$MODEL" --host 127.0.0.1 --port "$PORT" --metrics-port 0 \
-    --kv-cache-memory "$KV" --max-num-seqs 64 "$@" >"/tmp/capacity-$name.log" 2>&1 &
+    --kv-cache-memory "$KV" --max-num-seqs 64 "${dtype[@]}" "$@" >"/tmp/capacity-$name.log" 2>&1 &
   local pid=$!
   for _ in $(seq 1 100); do "$BIN" health --addr "127.0.0.1:$PORT" >/dev/null 2>&1 && break; sleep 0.3; done
   local clients=()
@@ -60,11 +64,13 @@ measure() {  # name, then server flags
 
 rule=(--obs-window "$OBS")
 [ -z "$KEEP" ] || rule=(--keep-fraction "$KEEP")
-echo "kv-cache-memory $KV, $N requests of ~$PROMPT_WORDS words + $OUT tokens, local window $LW, ${rule[*]}"
+echo "kv-cache-memory $KV${KV_DTYPE:+ of $KV_DTYPE}, $N requests of ~$PROMPT_WORDS words + $OUT tokens, local window $LW, ${rule[*]}"
 for config in $CONFIGS; do
   case $config in
     dense) measure dense ;;
-    sparse|offload) measure "$config" --theta "$THETA" --policy "$config" --local-window "$LW" "${rule[@]}" ;;
+    sparse|offload)
+      [ -n "$THETA" ] || { echo "set THETA to a θ file from thetaserve calibrate" >&2; exit 2; }
+      measure "$config" --theta "$THETA" --policy "$config" --local-window "$LW" "${rule[@]}" ;;
     *) echo "unknown configuration '$config' (dense, sparse, offload)" >&2; exit 2 ;;
   esac
   PORT=$((PORT + 1))
