@@ -40,8 +40,8 @@ constexpr char kUsage[] =
     "  --exact-matmul    CPU: f32 activations for quantized weights (default: int8, faster)\n"
     "  --kv-cache-dtype auto|f32|f16|bf16   the KV pages' element type (default auto: f16\n"
     "                    on the CPU). With Top-θ the run is compared against dense attention\n"
-    "                    over the same KV type; without, a 16-bit type is compared against\n"
-    "                    f32 pages (CPU only)\n"
+    "                    over the same KV type; without, f16 or bf16 given here is compared\n"
+    "                    against f32 pages (CPU only)\n"
     "  --out FILE        append one JSON line with the result\n";
 
 struct RowStats {
@@ -112,15 +112,16 @@ int RunEval(const std::vector<std::string>& argv) {
   const int64_t P = *context / 2;  // prompt part of each window
 
   // The dense reference runs on a second backend over the same weights: over the same KV
-  // type as the run when Top-θ is on (so that it measures Top-θ alone), else over f32 pages
-  // on the CPU (so that a 16-bit type is measured). A difference of a few thousandths of a
+  // type as the run when Top-θ is on (so that it measures Top-θ alone), else, when a 16-bit
+  // type was asked for on the CPU, over f32 pages (so that the type is measured). A difference of a few thousandths of a
   // nat of KL is what any change to the activations costs under int8 matmul: measure a KV
   // type with --exact-matmul (docs/results.md).
   std::unique_ptr<kernels::Backend> dense_backend;
   std::optional<scheduler::SequenceRunner> dense_runner;
   const kernels::KvDtype kv = loaded->backend->kv_dtype();
   const bool on_cpu = loaded->backend->name() == "cpu";
-  const bool compare = theta->table != nullptr || (on_cpu && kv != kernels::KvDtype::kF32);
+  const bool compare = theta->table != nullptr ||
+                       (on_cpu && args->Has("kv-cache-dtype") && kv != kernels::KvDtype::kF32);
   if (compare) {
     auto reference = kernels::CreateBackend(
         *loaded->model, *device, static_cast<int>(*threads), matmul,
