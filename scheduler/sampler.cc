@@ -183,7 +183,7 @@ SampleResult Sampler::Sample(std::span<float> logits, std::span<const int32_t> p
     }
   }
 
-  // Penalties.
+  // Penalties, then the bias.
   if (params_.repetition_penalty != 1.0f) {
     auto penalize = [&](int32_t t) {
       if (t < 0 || t >= vocab) return;
@@ -208,6 +208,10 @@ SampleResult Sampler::Sample(std::span<float> logits, std::span<const int32_t> p
         counts[t] = 0;
       }
     }
+  }
+
+  for (const auto& [t, bias] : params_.logit_bias) {
+    if (t >= 0 && t < vocab) logits[t] += bias;
   }
 
   // Temperatures below kGreedyTemperature sample greedily (as vLLM does): dividing by them

@@ -1,5 +1,5 @@
-// Turns one row of logits into the next token: penalties, temperature, top-k, top-p, min-p,
-// seeded randomness, and top-n log-probabilities.
+// Turns one row of logits into the next token: penalties, logit bias, temperature, top-k,
+// top-p, min-p, seeded randomness, and top-n log-probabilities.
 #pragma once
 
 #include <cstdint>
@@ -24,6 +24,9 @@ struct SamplingParams {
   float frequency_penalty = 0.0f;   // output tokens only
   std::optional<uint64_t> seed;     // same seed, same tokens
   int32_t logprobs = 0;             // top-n log-probabilities to return (0 = none)
+  // (token, bias) added to the logits after the penalties, before the temperature; tokens
+  // inside the vocabulary.
+  std::vector<std::pair<int32_t, float>> logit_bias;
 };
 
 struct SampleResult {

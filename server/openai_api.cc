@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "server/validation.h"
@@ -227,6 +228,22 @@ absl::Status ParseSampling(const In& body, OpenAiCall* call) {
     if (!v.ok()) return v.status();
     st->set_ignore_eos(*v);
   }
+  if (Given(body, "logit_bias")) {
+    // {"token id": bias}: keys are token ids written as strings (JSON keys are strings).
+    const In& bias = body["logit_bias"];
+    if (!bias.is_object()) return Invalid("logit_bias", "must be an object of token ids to biases");
+    for (auto it = bias.begin(); it != bias.end(); ++it) {
+      uint32_t id = 0;
+      if (!absl::SimpleAtoi(it.key(), &id)) {
+        return Invalid("logit_bias", absl::StrCat("has the key '", it.key(),
+                                                  "'; keys are token ids such as \"50256\""));
+      }
+      if (!it.value().is_number()) {
+        return Invalid(absl::StrCat("logit_bias[", it.key(), "]"), "must be a number");
+      }
+      (*sp->mutable_logit_bias())[id] = static_cast<float>(it.value().get<double>());
+    }
+  }
   if (Given(body, "cache_salt")) {
     auto v = String(body["cache_salt"], "cache_salt");
     if (!v.ok()) return v.status();
@@ -283,9 +300,6 @@ absl::Status RefuseUnsupported(const In& body, OpenAiEndpoint endpoint) {
   }
   if (Given(body, "suffix") && body["suffix"] != "") {
     return Unsupported("suffix", "no fill-in-the-middle");
-  }
-  if (Given(body, "logit_bias") && !(body["logit_bias"].is_object() && body["logit_bias"].empty())) {
-    return Unsupported("logit_bias", "not implemented");
   }
   if (Given(body, "min_tokens") && !(body["min_tokens"].is_number_integer() &&
                                      body["min_tokens"].get<int64_t>() == 0)) {

@@ -194,6 +194,18 @@ absl::StatusOr<scheduler::Request> BuildRequest(const v1::GenerateRequest& req,
         "sampling.logprobs = %d; it must be in [0, %d]", sp.logprobs(), kMaxLogprobs));
   }
   o.logprobs = sp.logprobs();
+  for (const auto& [token, bias] : sp.logit_bias()) {
+    if (token >= uint32_t(config.vocab_size)) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "sampling.logit_bias has token id %d, outside the vocabulary [0, %d)", token,
+          config.vocab_size));
+    }
+    if (!(std::fabs(bias) <= 100.0f)) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "sampling.logit_bias[%d] = %g; it must be in [-100, 100]", token, bias));
+    }
+    o.logit_bias.push_back({static_cast<int32_t>(token), bias});
+  }
   return out;
 }
 

@@ -144,6 +144,42 @@ TEST(SamplerTest, LogprobsAreOfTheModelDistribution) {
   EXPECT_NEAR(r.top[1].second, 2.9 - std::log(z), 1e-5);
 }
 
+// -100 bans a token (greedy or sampled), +100 forces one, a small bias shifts the softmax by
+// e^bias; log-probabilities stay the model's own.
+TEST(SamplerTest, LogitBiasBansForcesAndShiftsButLeavesLogprobsAlone) {
+  SamplingParams p;
+  p.temperature = 0;
+  p.logprobs = 1;
+  p.logit_bias = {{1, -100.0f}};  // the argmax
+  Sampler greedy(p);
+  auto l = Logits();
+  const SampleResult r = greedy.Sample(l, {}, {});
+  EXPECT_EQ(r.token, 5);  // the runner-up
+  double z = 0;
+  for (float v : Logits()) z += std::exp(v);
+  EXPECT_NEAR(r.logprob, 2.9 - std::log(z), 1e-5);
+  ASSERT_EQ(r.top.size(), 1u);
+  EXPECT_EQ(r.top[0].first, 1) << "the top log-probability is the model's, before the bias";
+
+  p.temperature = 1.0f;
+  p.logprobs = 0;
+  p.seed = 7;
+  p.logit_bias = {{1, -100.0f}, {5, -100.0f}, {2, -100.0f}};
+  for (int32_t t : Draw(p, 200)) EXPECT_TRUE(t != 1 && t != 5 && t != 2) << t;
+  p.logit_bias = {{3, 100.0f}};  // the least likely
+  for (int32_t t : Draw(p, 200)) EXPECT_EQ(t, 3);
+  // +ln 4 on token 0 (e^1 of Σ e^x ≈ 48.5) makes it 4× as likely: ~19% of draws instead of ~6%.
+  p.logit_bias = {{0, std::log(4.0f)}};
+  p.seed = 11;
+  const std::vector<int32_t> draws = Draw(p, 4000);
+  double zb = 0;
+  for (float v : Logits()) zb += std::exp(v);
+  zb += 3 * std::exp(1.0);
+  const double want = 4 * std::exp(1.0) / zb;
+  const double got = double(std::count(draws.begin(), draws.end(), 0)) / draws.size();
+  EXPECT_NEAR(got, want, 4 * std::sqrt(want * (1 - want) / draws.size())) << "want " << want;
+}
+
 // TruncateDistribution sorts only the head top-p keeps; it must keep exactly the tokens, with
 // exactly the weights, that sorting the whole vocabulary keeps.
 TEST(SamplerTest, TruncationKeepsWhatSortingEverythingKeeps) {

@@ -168,7 +168,6 @@ TEST(OpenAiApiTest, WhatTheServerCannotHonourIsRefusedByName) {
   EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": "x", "best_of": 3})"), "best_of"));
   EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": "x", "echo": true})"), "echo"));
   EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": "x", "suffix": "y"})"), "suffix"));
-  EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": "x", "logit_bias": {"5": 10}})"), "logit_bias"));
   EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": "x", "min_tokens": 4})"), "min_tokens"));
   // Neutral values pass.
   auto neutral = Completion(R"({"prompt": "x", "suffix": "", "logit_bias": {}, "min_tokens": 0})");
@@ -192,6 +191,25 @@ TEST(OpenAiApiTest, TypeErrorsNameTheField) {
   auto off = Completion(R"({"prompt": "x", "top_k": -1})");
   ASSERT_TRUE(off.ok());
   EXPECT_EQ(off->request.sampling().top_k(), 0);
+}
+
+TEST(OpenAiApiTest, LogitBiasMapsTokenIdKeysOntoTheRequest) {
+  auto call = Chat(R"({"messages": [{"role": "user", "content": "x"}],
+                       "logit_bias": {"5": 10, "49151": -100, "7": 0.5}})");
+  ASSERT_TRUE(call.ok()) << call.status();
+  const auto& bias = call->request.sampling().logit_bias();
+  ASSERT_EQ(bias.size(), 3u);
+  EXPECT_FLOAT_EQ(bias.at(5), 10.0f);
+  EXPECT_FLOAT_EQ(bias.at(49151), -100.0f);
+  EXPECT_FLOAT_EQ(bias.at(7), 0.5f);
+  EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": "x", "logit_bias": {"the": 1}})"),
+                          "logit_bias has the key 'the'; keys are token ids"));
+  EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": "x", "logit_bias": {"-3": 1}})"),
+                          "logit_bias has the key '-3'"));
+  EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": "x", "logit_bias": {"5": "up"}})"),
+                          "logit_bias[5] must be a number"));
+  EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": "x", "logit_bias": [5]})"),
+                          "logit_bias must be an object"));
 }
 
 TEST(OpenAiApiTest, AnotherModelNameIsNotFound) {
@@ -253,6 +271,27 @@ class OpenAiResponseTest : public ::testing::Test {
   static model::Model* model_;
 };
 model::Model* OpenAiResponseTest::model_ = nullptr;
+
+// The range and the vocabulary are checked where gRPC's are (BuildRequest), with the HTTP name.
+TEST_F(OpenAiResponseTest, LogitBiasOutsideItsRangeOrTheVocabularyIsRefused) {
+  auto build = [&](const std::string& body) {
+    auto call = Completion(body);
+    EXPECT_TRUE(call.ok()) << call.status();
+    return BuildRequest(call->request, *model_);
+  };
+  auto ok = build(R"({"prompt": "x", "logit_bias": {"5": -100, "6": 100}})");
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  ASSERT_EQ(ok->sampling.logit_bias.size(), 2u);
+  auto far = build(R"({"prompt": "x", "logit_bias": {"5": 150}})");
+  ASSERT_FALSE(far.ok());
+  EXPECT_EQ(far.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ToOpenAiFieldNames(std::string(far.status().message())),
+            "logit_bias[5] = 150; it must be in [-100, 100]");
+  auto outside = build(R"({"prompt": "x", "logit_bias": {"49152": 1}})");
+  ASSERT_FALSE(outside.ok());
+  EXPECT_EQ(ToOpenAiFieldNames(std::string(outside.status().message())),
+            "logit_bias has token id 49152, outside the vocabulary [0, 49152)");
+}
 
 TEST_F(OpenAiResponseTest, CompletionWithLogprobsInTheLegacyFormat) {
   auto call = Completion(R"({"prompt": "x", "logprobs": 1})");

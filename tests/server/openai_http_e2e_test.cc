@@ -188,6 +188,22 @@ TEST_F(OpenAiHttpTest, ChatWithoutMaxTokensRunsToTheEndWithinTheCache) {
   EXPECT_FALSE(j["choices"][0]["message"]["content"].get<std::string>().empty());
 }
 
+TEST_F(OpenAiHttpTest, LogitBiasForcesATokenAndBadBiasesAre400) {
+  ASSERT_TRUE(server_->started());
+  HttpResult r = Post("/v1/completions", {{"prompt", "One, two, three,"}, {"max_tokens", 3},
+                                          {"temperature", 0.8}, {"seed", 3}, {"logprobs", 1},
+                                          {"logit_bias", {{"1000", 100}}}});
+  ASSERT_EQ(r.status, 200) << r.body;
+  const Json tokens = Json::parse(r.body)["choices"][0]["logprobs"]["tokens"];
+  ASSERT_EQ(tokens.size(), 3u) << r.body;
+  EXPECT_EQ(tokens[0], tokens[1]);
+  EXPECT_EQ(tokens[1], tokens[2]);
+  HttpResult bad = Post("/v1/completions", {{"prompt", "x"}, {"logit_bias", {{"7", 500}}}});
+  EXPECT_EQ(bad.status, 400) << bad.body;
+  EXPECT_NE(bad.body.find("logit_bias[7] = 500; it must be in [-100, 100]"), std::string::npos)
+      << bad.body;
+}
+
 TEST_F(OpenAiHttpTest, LogprobsComeBackInBothFormats) {
   ASSERT_TRUE(server_->started());
   HttpResult c = Post("/v1/completions", {{"prompt", "One, two, three,"}, {"max_tokens", 4},

@@ -238,6 +238,18 @@ TEST_F(ServerE2ETest, BadInputGetsItsCodeAndTheServerKeepsServing) {
     r.mutable_sampling()->set_temperature(-1);
     cases.push_back({"negative temperature", r, grpc::StatusCode::INVALID_ARGUMENT, "temperature"});
   }
+  {
+    auto r = base();
+    (*r.mutable_sampling()->mutable_logit_bias())[49152] = 1.0f;
+    cases.push_back({"logit_bias outside the vocabulary", r, grpc::StatusCode::INVALID_ARGUMENT,
+                     "logit_bias has token id 49152"});
+  }
+  {
+    auto r = base();
+    (*r.mutable_sampling()->mutable_logit_bias())[5] = -101.0f;
+    cases.push_back({"logit_bias out of range", r, grpc::StatusCode::INVALID_ARGUMENT,
+                     "logit_bias[5] = -101; it must be in [-100, 100]"});
+  }
   for (float p : {0.0f, 1.5f}) {
     auto r = base();
     r.mutable_sampling()->set_top_p(p);
@@ -353,6 +365,45 @@ TEST_F(ServerE2ETest, AbortCancelsByRequestId) {
   EXPECT_TRUE(r.status.ok()) << r.status.error_message();
   EXPECT_EQ(r.complete.finish_reason(), v1::FINISH_REASON_CANCELLED);
   EXPECT_LT(r.complete.usage().completion_tokens(), 1000u);
+}
+
+// logit_bias over gRPC: -100 on the greedy first token makes another come first, +100 on a
+// token makes every sampled token that one; the streamed log-probabilities stay the model's.
+TEST_F(ServerE2ETest, LogitBiasBansAndForcesTokens) {
+  auto stub = server_->stub();
+  auto req = Prompt("The capital of France is", 4);
+  req.mutable_sampling()->set_logprobs(1);
+  StreamResult plain = Generate(*stub, req);
+  ASSERT_TRUE(plain.status.ok()) << plain.status.error_message();
+  ASSERT_FALSE(plain.ids.empty());
+  const uint32_t first = plain.ids[0];
+
+  (*req.mutable_sampling()->mutable_logit_bias())[first] = -100.0f;
+  grpc::ClientContext ctx;
+  auto reader = stub->Generate(&ctx, req);
+  v1::GenerateResponse resp;
+  std::vector<uint32_t> ids;
+  uint32_t top_first = 0;
+  while (reader->Read(&resp)) {
+    if (!resp.has_chunk()) continue;
+    if (ids.empty() && resp.chunk().logprobs_size() > 0 &&
+        resp.chunk().logprobs(0).top_size() > 0) {
+      top_first = resp.chunk().logprobs(0).top(0).token_id();
+    }
+    ids.insert(ids.end(), resp.chunk().token_ids().begin(), resp.chunk().token_ids().end());
+  }
+  ASSERT_TRUE(reader->Finish().ok());
+  ASSERT_FALSE(ids.empty());
+  EXPECT_NE(ids[0], first) << "a -100 bias did not ban the greedy token";
+  EXPECT_EQ(top_first, first) << "log-probabilities should be the model's, before the bias";
+
+  auto forced = Prompt("Once upon a time", 6, 1.0f);
+  forced.mutable_sampling()->set_seed(5);
+  forced.mutable_stopping()->set_ignore_eos(true);
+  (*forced.mutable_sampling()->mutable_logit_bias())[1000] = 100.0f;
+  StreamResult f = Generate(*stub, forced);
+  ASSERT_TRUE(f.status.ok()) << f.status.error_message();
+  EXPECT_EQ(f.ids, std::vector<uint32_t>(6, 1000u));
 }
 
 TEST_F(ServerE2ETest, ModelInfoDescribesTheModel) {
