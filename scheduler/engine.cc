@@ -348,7 +348,8 @@ void Engine::RunStep(StepPlan& plan) {
     for (int64_t i = begin; i < end; ++i) {
       auto [seq, row] = sample_rows_[i];
       std::span<float> logits(logits_.data() + row * c.vocab_size, c.vocab_size);
-      samples_[i] = seq->sampler().Sample(logits, seq->request().prompt, seq->output());
+      samples_[i] = seq->sampler().Sample(logits, seq->request().prompt, seq->output(),
+                                          seq->BannedTokens());
     }
   };
   const int64_t num_samples = int64_t(sample_rows_.size());

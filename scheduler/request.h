@@ -21,6 +21,8 @@ struct StoppingCriteria {
   std::vector<std::string> stop;         // stop strings; matched across tokens, not emitted
   std::vector<int32_t> stop_token_ids;   // end generation when sampled (emitted as ids only)
   bool ignore_eos = false;
+  // Output tokens before EOS, stop_token_ids or stop strings may end generation (<= max_tokens).
+  int32_t min_tokens = 0;
 };
 
 struct Request {

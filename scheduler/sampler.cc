@@ -161,7 +161,7 @@ void TruncateDistributionBySorting(std::span<const float> scaled, const Sampling
 Sampler::Sampler(const SamplingParams& params) : params_(params), rng_(SeedFor(params)) {}
 
 SampleResult Sampler::Sample(std::span<float> logits, std::span<const int32_t> prompt,
-                             std::span<const int32_t> output) {
+                             std::span<const int32_t> output, std::span<const int32_t> banned) {
   const int64_t vocab = static_cast<int64_t>(logits.size());
   SampleResult result;
   Scratch& sc = ThreadScratch();
@@ -212,6 +212,9 @@ SampleResult Sampler::Sample(std::span<float> logits, std::span<const int32_t> p
 
   for (const auto& [t, bias] : params_.logit_bias) {
     if (t >= 0 && t < vocab) logits[t] += bias;
+  }
+  for (int32_t t : banned) {
+    if (t >= 0 && t < vocab) logits[t] = -std::numeric_limits<float>::infinity();
   }
 
   // Temperatures below kGreedyTemperature sample greedily (as vLLM does): dividing by them

@@ -58,9 +58,10 @@ class Sampler {
   explicit Sampler(const SamplingParams& params);
 
   // `logits` is modified in place (penalties, temperature). `prompt` and `output` are the
-  // request's tokens so far (for the penalties).
+  // request's tokens so far (for the penalties). `banned` tokens are never sampled (their
+  // log-probabilities are still reported): min_tokens' stop tokens.
   SampleResult Sample(std::span<float> logits, std::span<const int32_t> prompt,
-                      std::span<const int32_t> output);
+                      std::span<const int32_t> output, std::span<const int32_t> banned = {});
 
   const SamplingParams& params() const { return params_; }
 

@@ -79,6 +79,11 @@ Sequence::Sequence(Request request, std::shared_ptr<TokenSink> sink,
       sampler_(request_.sampling),
       decoder_(tokenizer) {
   for (const std::string& s : request_.stopping.stop) max_stop_len_ = std::max(max_stop_len_, s.size());
+  if (request_.stopping.min_tokens > 0) {
+    if (!request_.stopping.ignore_eos) stop_tokens_ = tokenizer.stop_ids();
+    const auto& ids = request_.stopping.stop_token_ids;
+    stop_tokens_.insert(stop_tokens_.end(), ids.begin(), ids.end());
+  }
 }
 
 bool Sequence::AppendToken(const SampleResult& sample, const model::Tokenizer& tokenizer) {
@@ -93,6 +98,13 @@ bool Sequence::AppendToken(const SampleResult& sample, const model::Tokenizer& t
   bool done = false;
   bool stop_string_hit = false;
   const auto& stop_ids = request_.stopping.stop_token_ids;
+  // Stop strings are looked for from the min_tokens-th token on, and text is held back for
+  // them from the token before (the string may begin in its text).
+  static const std::vector<std::string> kNoStops;
+  const auto& stops =
+      num_output() >= request_.stopping.min_tokens ? request_.stopping.stop : kNoStops;
+  const auto& held_for =
+      num_output() + 1 >= request_.stopping.min_tokens ? request_.stopping.stop : kNoStops;
   const bool is_eos =
       !request_.stopping.ignore_eos &&
       std::find(tokenizer.stop_ids().begin(), tokenizer.stop_ids().end(), sample.token) !=
@@ -107,7 +119,7 @@ bool Sequence::AppendToken(const SampleResult& sample, const model::Tokenizer& t
     held_text_ += decoder_.Push(sample.token);
     // A stop string ends the output just before it; the string itself is not emitted.
     size_t cut = std::string::npos;
-    for (const std::string& s : request_.stopping.stop) {
+    for (const std::string& s : stops) {
       if (s.empty()) continue;
       size_t at = held_text_.find(s);
       if (at != std::string::npos) cut = std::min(cut, at);
@@ -129,7 +141,7 @@ bool Sequence::AppendToken(const SampleResult& sample, const model::Tokenizer& t
   } else {
     // Keep back the longest suffix that could still begin a stop string.
     size_t keep = 0;
-    for (const std::string& s : request_.stopping.stop) {
+    for (const std::string& s : held_for) {
       if (s.empty()) continue;
       for (size_t n = std::min(s.size() - 1, held_text_.size()); n > keep; --n) {
         if (held_text_.compare(held_text_.size() - n, n, s, 0, n) == 0) {

@@ -42,6 +42,12 @@ class Sequence {
   cache::SequenceKv& kv() { return kv_; }
   const cache::SequenceKv& kv() const { return kv_; }
   Sampler& sampler() { return sampler_; }
+  // Tokens the sampler must not pick now: EOS (unless ignored) and the stop token ids while
+  // fewer than min_tokens are out; empty after.
+  std::span<const int32_t> BannedTokens() const {
+    return num_output() < request_.stopping.min_tokens ? std::span<const int32_t>(stop_tokens_)
+                                                        : std::span<const int32_t>();
+  }
 
   // Appends a sampled token and decides whether the sequence is done; emits the delta to the
   // sink (text held back while it could still be the start of a stop string).
@@ -70,6 +76,7 @@ class Sequence {
   model::StreamDecoder decoder_;
   std::string held_text_;  // decoded but not yet emitted (possible stop-string prefix)
   size_t max_stop_len_ = 0;
+  std::vector<int32_t> stop_tokens_;  // EOS ids (unless ignore_eos) and stop_token_ids
   FinishReason finish_reason_ = FinishReason::kLength;
 };
 

@@ -223,6 +223,14 @@ absl::Status ParseSampling(const In& body, OpenAiCall* call) {
     if (!ids.ok()) return ids.status();
     for (uint32_t id : *ids) st->add_stop_token_ids(id);
   }
+  if (Given(body, "min_tokens")) {
+    auto v = Integer(body, "min_tokens");
+    if (!v.ok()) return v.status();
+    if (*v < 0 || *v > std::numeric_limits<int32_t>::max()) {
+      return Invalid("min_tokens", absl::StrCat("= ", *v, "; it must be >= 0"));
+    }
+    st->set_min_tokens(static_cast<uint32_t>(*v));
+  }
   if (Given(body, "ignore_eos")) {
     auto v = Bool(body, "ignore_eos");
     if (!v.ok()) return v.status();
@@ -300,10 +308,6 @@ absl::Status RefuseUnsupported(const In& body, OpenAiEndpoint endpoint) {
   }
   if (Given(body, "suffix") && body["suffix"] != "") {
     return Unsupported("suffix", "no fill-in-the-middle");
-  }
-  if (Given(body, "min_tokens") && !(body["min_tokens"].is_number_integer() &&
-                                     body["min_tokens"].get<int64_t>() == 0)) {
-    return Unsupported("min_tokens", "use ignore_eos to generate exactly max_tokens");
   }
   if (endpoint == OpenAiEndpoint::kChatCompletions) {
     if (Given(body, "tools") && !(body["tools"].is_array() && body["tools"].empty())) {

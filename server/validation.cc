@@ -128,6 +128,11 @@ absl::StatusOr<scheduler::Request> BuildRequest(const v1::GenerateRequest& req,
         max_tokens, prompt_len, config.max_context, config.max_context - prompt_len));
   }
   out.stopping.max_tokens = static_cast<int32_t>(max_tokens);
+  if (st.min_tokens() > uint64_t(max_tokens)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "stopping.min_tokens = %d exceeds max_tokens = %d", st.min_tokens(), max_tokens));
+  }
+  out.stopping.min_tokens = static_cast<int32_t>(st.min_tokens());
   if (st.stop_size() > kMaxStopStrings) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "%d stop strings given; at most %d are allowed", st.stop_size(), kMaxStopStrings));

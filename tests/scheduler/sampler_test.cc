@@ -180,6 +180,31 @@ TEST(SamplerTest, LogitBiasBansForcesAndShiftsButLeavesLogprobsAlone) {
   EXPECT_NEAR(got, want, 4 * std::sqrt(want * (1 - want) / draws.size())) << "want " << want;
 }
 
+// Banned tokens (min_tokens' stop tokens) are never sampled, greedy or not, even when the bias
+// favours them; their log-probabilities are still the model's.
+TEST(SamplerTest, BannedTokensAreNeverSampledButKeepTheirLogprobs) {
+  const std::vector<int32_t> banned = {1, 5};
+  SamplingParams p;
+  p.temperature = 0;
+  p.logprobs = 1;
+  Sampler greedy(p);
+  auto l = Logits();
+  const SampleResult r = greedy.Sample(l, {}, {}, banned);
+  EXPECT_EQ(r.token, 2);  // the best of the rest
+  ASSERT_EQ(r.top.size(), 1u);
+  EXPECT_EQ(r.top[0].first, 1);
+  p.temperature = 2.0f;
+  p.logprobs = 0;
+  p.seed = 9;
+  p.logit_bias = {{5, 100.0f}};
+  Sampler s(p);
+  for (int i = 0; i < 300; ++i) {
+    auto row = Logits();
+    const int32_t t = s.Sample(row, {}, {}, banned).token;
+    ASSERT_TRUE(t != 1 && t != 5) << t;
+  }
+}
+
 // TruncateDistribution sorts only the head top-p keeps; it must keep exactly the tokens, with
 // exactly the weights, that sorting the whole vocabulary keeps.
 TEST(SamplerTest, TruncationKeepsWhatSortingEverythingKeeps) {

@@ -168,7 +168,6 @@ TEST(OpenAiApiTest, WhatTheServerCannotHonourIsRefusedByName) {
   EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": "x", "best_of": 3})"), "best_of"));
   EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": "x", "echo": true})"), "echo"));
   EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": "x", "suffix": "y"})"), "suffix"));
-  EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": "x", "min_tokens": 4})"), "min_tokens"));
   // Neutral values pass.
   auto neutral = Completion(R"({"prompt": "x", "suffix": "", "logit_bias": {}, "min_tokens": 0})");
   EXPECT_TRUE(neutral.ok()) << neutral.status();
@@ -210,6 +209,16 @@ TEST(OpenAiApiTest, LogitBiasMapsTokenIdKeysOntoTheRequest) {
                           "logit_bias[5] must be a number"));
   EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": "x", "logit_bias": [5]})"),
                           "logit_bias must be an object"));
+}
+
+TEST(OpenAiApiTest, MinTokensMapsOntoTheStoppingCriteria) {
+  auto call = Completion(R"({"prompt": "x", "max_tokens": 9, "min_tokens": 4})");
+  ASSERT_TRUE(call.ok()) << call.status();
+  EXPECT_EQ(call->request.stopping().min_tokens(), 4u);
+  EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": "x", "min_tokens": -1})"),
+                          "min_tokens = -1; it must be >= 0"));
+  EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": "x", "min_tokens": 1.5})"),
+                          "min_tokens must be an integer"));
 }
 
 TEST(OpenAiApiTest, AnotherModelNameIsNotFound) {
@@ -287,6 +296,10 @@ TEST_F(OpenAiResponseTest, LogitBiasOutsideItsRangeOrTheVocabularyIsRefused) {
   EXPECT_EQ(far.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(ToOpenAiFieldNames(std::string(far.status().message())),
             "logit_bias[5] = 150; it must be in [-100, 100]");
+  auto more = build(R"({"prompt": "x", "max_tokens": 8, "min_tokens": 9})");
+  ASSERT_FALSE(more.ok());
+  EXPECT_EQ(ToOpenAiFieldNames(std::string(more.status().message())),
+            "min_tokens = 9 exceeds max_tokens = 8");
   auto outside = build(R"({"prompt": "x", "logit_bias": {"49152": 1}})");
   ASSERT_FALSE(outside.ok());
   EXPECT_EQ(ToOpenAiFieldNames(std::string(outside.status().message())),

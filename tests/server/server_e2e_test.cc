@@ -406,6 +406,60 @@ TEST_F(ServerE2ETest, LogitBiasBansAndForcesTokens) {
   EXPECT_EQ(f.ids, std::vector<uint32_t>(6, 1000u));
 }
 
+// min_tokens: a chat reply that ends with EOS as its n-th token runs to at least n + 6 with
+// min_tokens = n + 6, its first n - 1 tokens unchanged (greedy); a stop string in the text before
+// min_tokens does not end it; min_tokens above max_tokens is INVALID_ARGUMENT.
+TEST_F(ServerE2ETest, MinTokensHoldsOffEosAndStopStrings) {
+  auto stub = server_->stub();
+  auto chat = [] {
+    v1::GenerateRequest req;
+    auto* m = req.mutable_chat()->add_messages();
+    m->set_role("user");
+    m->set_content("Say hello.");
+    req.mutable_sampling()->set_temperature(0);
+    req.mutable_stopping()->set_max_tokens(64);
+    return req;
+  };
+  StreamResult plain = Generate(*stub, chat());
+  ASSERT_TRUE(plain.status.ok()) << plain.status.error_message();
+  ASSERT_EQ(plain.complete.finish_reason(), v1::FINISH_REASON_EOS) << plain.text;
+  const size_t n = plain.ids.size();  // the last is the EOS token
+  ASSERT_LT(n + 6, 64u) << "the reply was meant to end early: " << plain.text;
+
+  auto longer = chat();
+  longer.mutable_stopping()->set_min_tokens(static_cast<uint32_t>(n + 6));
+  StreamResult held = Generate(*stub, longer);
+  ASSERT_TRUE(held.status.ok()) << held.status.error_message();
+  EXPECT_GE(held.ids.size(), n + 6) << held.text;
+  EXPECT_EQ(std::vector<uint32_t>(held.ids.begin(), held.ids.begin() + n - 1),
+            std::vector<uint32_t>(plain.ids.begin(), plain.ids.end() - 1));
+  EXPECT_NE(held.ids[n - 1], plain.ids[n - 1]) << "EOS was sampled before min_tokens";
+
+  // A stop string taken from the start of the plain reply: it ends the output at once without
+  // min_tokens, and not before the min_tokens-th token with it.
+  const std::string stop = plain.text.substr(0, std::min<size_t>(plain.text.size(), 2));
+  ASSERT_FALSE(stop.empty());
+  auto stopped = chat();
+  stopped.mutable_stopping()->add_stop(stop);
+  StreamResult early = Generate(*stub, stopped);
+  ASSERT_TRUE(early.status.ok());
+  EXPECT_EQ(early.complete.finish_reason(), v1::FINISH_REASON_STOP);
+  EXPECT_TRUE(early.text.empty()) << early.text;
+  stopped.mutable_stopping()->set_min_tokens(4);
+  StreamResult late = Generate(*stub, stopped);
+  ASSERT_TRUE(late.status.ok());
+  EXPECT_GE(late.ids.size(), 4u);
+  EXPECT_EQ(late.text.substr(0, stop.size()), stop) << late.text;
+
+  auto bad = chat();
+  bad.mutable_stopping()->set_max_tokens(8);
+  bad.mutable_stopping()->set_min_tokens(9);
+  StreamResult refused = Generate(*stub, bad);
+  EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(refused.status.error_message().find("min_tokens = 9 exceeds max_tokens = 8"),
+            std::string::npos) << refused.status.error_message();
+}
+
 TEST_F(ServerE2ETest, ModelInfoDescribesTheModel) {
   auto stub = server_->stub();
   grpc::ClientContext c;
