@@ -69,8 +69,12 @@ int main(int argc, char** argv) {
     else if (k == "--decode-tokens") decode_tokens = std::stoi(v);
     else if (k == "--shared-prefix") shared_prefix = std::stoi(v);
     else if (k == "--shared-requests") shared_requests = std::stoi(v);
-    else if (k == "--kv-dtype" && ts::kernels::ParseKvDtype(v, &kv_dtype)) continue;
-    else {
+    else if (k == "--kv-dtype") {
+      if (!ts::kernels::ParseKvDtype(v, &kv_dtype)) {
+        std::fprintf(stderr, "--kv-dtype must be auto, f32, f16 or bf16, got '%s'\n", v.c_str());
+        return 2;
+      }
+    } else {
       std::fprintf(stderr, "unknown flag %s\n", k.c_str());
       return 2;
     }
