@@ -102,7 +102,8 @@ int64_t Engine::KvBytesForSequence(const kernels::Backend& backend, int32_t bloc
          PageBytes(backend, block_size);
 }
 
-absl::Status Engine::Submit(Request request, std::shared_ptr<TokenSink> sink) {
+absl::StatusOr<std::unique_ptr<Sequence>> Engine::Prepare(Request request,
+                                                          std::shared_ptr<TokenSink> sink) const {
   const auto& c = backend_->model().config();
   if (request.prompt.empty()) return absl::InvalidArgumentError("the prompt is empty");
   for (int32_t t : request.prompt) {
@@ -125,8 +126,26 @@ absl::Status Engine::Submit(Request request, std::shared_ptr<TokenSink> sink) {
         "shorten the request or start the server with a larger --kv-cache-memory",
         total, pages, pool_.num_pages()));
   }
-  auto seq = std::make_unique<Sequence>(std::move(request), std::move(sink), *tokenizer_,
-                                        kv_shape_);
+  return std::make_unique<Sequence>(std::move(request), std::move(sink), *tokenizer_, kv_shape_);
+}
+
+absl::Status Engine::Submit(Request request, std::shared_ptr<TokenSink> sink) {
+  std::vector<Request> requests;
+  requests.push_back(std::move(request));
+  std::vector<std::shared_ptr<TokenSink>> sinks;
+  sinks.push_back(std::move(sink));
+  return SubmitAll(std::move(requests), std::move(sinks));
+}
+
+absl::Status Engine::SubmitAll(std::vector<Request> requests,
+                               std::vector<std::shared_ptr<TokenSink>> sinks) {
+  CHECK_EQ(requests.size(), sinks.size());
+  std::vector<std::unique_ptr<Sequence>> seqs;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    auto seq = Prepare(std::move(requests[i]), std::move(sinks[i]));
+    if (!seq.ok()) return seq.status();
+    seqs.push_back(std::move(*seq));
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stop_ || draining_.load()) {
@@ -135,12 +154,17 @@ absl::Status Engine::Submit(Request request, std::shared_ptr<TokenSink> sink) {
     // Finished sequences still in pending_ until their sinks have heard (DeliverFinished)
     // are neither running nor queued.
     const int64_t queued = pending_ - finishing_ - stats_.running;
-    if (queued >= config_.max_queue) {
+    if (queued + int64_t(seqs.size()) > config_.max_queue) {
+      if (seqs.size() > 1) {
+        return absl::ResourceExhaustedError(absl::StrFormat(
+            "the request queue cannot take %d more (%d waiting, at most %d); retry later",
+            seqs.size(), queued, config_.max_queue));
+      }
       return absl::ResourceExhaustedError(absl::StrFormat(
           "the request queue is full (%d waiting); retry later", queued));
     }
-    ++pending_;
-    inbox_.push_back(std::move(seq));
+    pending_ += int64_t(seqs.size());
+    for (auto& seq : seqs) inbox_.push_back(std::move(seq));
   }
   cv_.notify_one();
   return absl::OkStatus();
@@ -227,7 +251,7 @@ void Engine::DrainInbox() {
   }
   for (auto& seq : arrived) scheduler_.AddWaiting(std::move(seq));
   for (auto& [id, why] : cancels) {
-    if (Sequence* seq = scheduler_.Find(id)) Finish(seq, FinishReason::kCancelled, why);
+    for (Sequence* seq : scheduler_.FindAll(id)) Finish(seq, FinishReason::kCancelled, why);
   }
 }
 

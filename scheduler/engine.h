@@ -58,6 +58,10 @@ class Engine {
   // queues the request; the sink hears everything else. Errors: RESOURCE_EXHAUSTED when the
   // queue is full, UNAVAILABLE when draining, INVALID_ARGUMENT when it can never fit.
   absl::Status Submit(Request request, std::shared_ptr<TokenSink> sink);
+  // Thread-safe. Queues all of the requests or none of them (a group's completions: the
+  // queue must hold them all). requests[i] reports to sinks[i].
+  absl::Status SubmitAll(std::vector<Request> requests,
+                         std::vector<std::shared_ptr<TokenSink>> sinks);
   // Thread-safe. The longest sequence (prompt + output tokens) Submit accepts: the model's
   // context, or less when the whole KV pool holds fewer tokens.
   int64_t MaxSequenceTokens() const;
@@ -66,7 +70,9 @@ class Engine {
   static int64_t KvBytesForSequence(const kernels::Backend& backend, int32_t block_size,
                                     int64_t tokens);
   // Thread-safe. Cancels at the next step boundary (pages freed then); the sink gets
-  // OnFinish(kCancelled, status). Unknown ids are ignored (the request may have finished).
+  // OnFinish(kCancelled, status). `request_id` is a request's id or a group's (every request
+  // of the group still running or waiting). Unknown ids are ignored (the request may have
+  // finished).
   void Cancel(const std::string& request_id, absl::Status why = absl::CancelledError("cancelled"));
 
   // Stop admitting new requests (Submit says UNAVAILABLE); running ones continue.
@@ -91,6 +97,9 @@ class Engine {
   // host_pages: the offload policy's host pool (0: none).
   Engine(const EngineConfig& config, kernels::Backend& backend, int64_t num_pages,
          int64_t host_pages);
+  // Checks a request against the model and the pool and makes its sequence.
+  absl::StatusOr<std::unique_ptr<Sequence>> Prepare(Request request,
+                                                    std::shared_ptr<TokenSink> sink) const;
   void Loop();
   void DrainInbox();
   void RunStep(StepPlan& plan);

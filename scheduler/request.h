@@ -32,6 +32,12 @@ struct Request {
   StoppingCriteria stopping;
   // Prefix caching: cached blocks are shared only among requests with the same salt.
   std::string cache_salt;
+  // Several completions of one prompt (the APIs' n) are a group: requests with the same
+  // group_id and prompt, indices 0..n-1. Engine::Cancel(group_id) cancels them all. With
+  // prefix caching, index 0 computes the prompt and the others wait until it has, then adopt
+  // its blocks: the prompt's K and V are computed and stored once, not n times.
+  std::string group_id;  // empty: no group
+  int32_t group_index = 0;
   Clock::time_point arrival = Clock::now();
   std::optional<Clock::time_point> deadline;
 };

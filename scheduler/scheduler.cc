@@ -81,9 +81,13 @@ StepPlan Scheduler::Schedule() {
   };
   int64_t reserved = 0;
   for (const auto& r : running_) reserved += to_finish_prompt(*r);
-  while (plan.preempted.empty() && budget > 0 && !waiting_.empty() &&
-         int64_t(running_.size()) < config_.max_num_seqs) {
-    Sequence* seq = waiting_.front().get();
+  for (size_t w = 0; plan.preempted.empty() && budget > 0 && w < waiting_.size() &&
+                     int64_t(running_.size()) < config_.max_num_seqs;) {
+    Sequence* seq = waiting_[w].get();
+    if (WaitsForGroupPrompt(*seq)) {
+      ++w;  // others behind it may go first
+      continue;
+    }
     // Cached blocks first: all of the tokens but the last (whose logits are needed) can come
     // from the prefix cache. Adopting pins them, so it happens only when the rest fits too.
     if (prefix_ && seq->kv().blocks() == 0) {
@@ -118,8 +122,8 @@ StepPlan Scheduler::Schedule() {
     seq->kv().Grow(*pool_, seq->num_computed + n);
     seq->state = SequenceState::kRunning;
     if (!seq->first_scheduled) seq->first_scheduled = Clock::now();
-    running_.push_back(std::move(waiting_.front()));
-    waiting_.pop_front();
+    running_.push_back(std::move(waiting_[w]));
+    waiting_.erase(waiting_.begin() + w);
     plan.chunks.push_back({seq, n, seq->num_computed + n == int64_t(seq->tokens().size())});
     budget -= n;
   }
@@ -156,10 +160,29 @@ std::unique_ptr<Sequence> Scheduler::Remove(Sequence* seq) {
   return out;
 }
 
-Sequence* Scheduler::Find(const std::string& request_id) {
-  for (auto& s : running_) if (s->request().id == request_id) return s.get();
-  for (auto& s : waiting_) if (s->request().id == request_id) return s.get();
-  return nullptr;
+bool Scheduler::WaitsForGroupPrompt(const Sequence& seq) const {
+  const Request& r = seq.request();
+  if (!prefix_ || r.group_id.empty() || r.group_index == 0) return false;
+  auto is_first = [&](const auto& s) {
+    return s->request().group_id == r.group_id && s->request().group_index == 0;
+  };
+  for (const auto& s : waiting_) {
+    if (is_first(s)) return true;
+  }
+  for (const auto& s : running_) {
+    if (is_first(s)) return s->num_computed < int64_t(s->request().prompt.size());
+  }
+  return false;  // finished (or cancelled): nothing to wait for
+}
+
+std::vector<Sequence*> Scheduler::FindAll(const std::string& id) {
+  std::vector<Sequence*> found;
+  auto match = [&](const Sequence& s) {
+    return s.request().id == id || (!s.request().group_id.empty() && s.request().group_id == id);
+  };
+  for (auto& s : running_) if (match(*s)) found.push_back(s.get());
+  for (auto& s : waiting_) if (match(*s)) found.push_back(s.get());
+  return found;
 }
 
 }  // namespace thetaserve::scheduler

@@ -60,10 +60,14 @@ class Scheduler {
   // Tokens of admitted sequences looked up in the prefix cache, and those found there.
   int64_t prefix_query_tokens() const { return prefix_query_tokens_; }
   int64_t prefix_hit_tokens() const { return prefix_hit_tokens_; }
-  Sequence* Find(const std::string& request_id);
+  // The running and waiting sequences whose request id, or group id, is `id`.
+  std::vector<Sequence*> FindAll(const std::string& id);
 
  private:
   void Preempt(size_t running_index);
+  // A group's later completions wait (with a prefix cache) until the first has computed the
+  // prompt, so that they adopt its blocks instead of computing the prompt again.
+  bool WaitsForGroupPrompt(const Sequence& seq) const;
   // Pages free now or held only by the prefix cache (so freed on demand).
   int64_t Available() const { return pool_->num_free() + pool_->num_cached_only(); }
   // Whether the pool has `pages` free pages, after evicting cached blocks if need be.

@@ -5,6 +5,10 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "grpcpp/grpcpp.h"
 #include "server/cli_args.h"
 #include "server/commands.h"
@@ -19,6 +23,9 @@ constexpr char kUsage[] =
     "  --max-tokens N         (default 64)\n"
     "  --temperature T        (default 0 = greedy)  --top-p P --top-k K --seed S\n"
     "  --stop TEXT            a stop string\n"
+    "  --min-tokens N         no EOS or stop before N tokens  --ignore-eos\n"
+    "  --logit-bias ID:B,...  add B (in [-100, 100]) to token ID's logit\n"
+    "  --n N                  N completions of the prompt (printed one after another)\n"
     "  --api-key KEY          sent as 'authorization: Bearer KEY'\n"
     "  --tls-ca FILE          connect with TLS, trusting this CA\n"
     "  --timeout SECONDS      deadline for the call\n";
@@ -34,6 +41,24 @@ const char* ReasonName(v1::FinishReason r) {
   }
 }
 
+// "ID:BIAS,ID:BIAS" (empty: none). The server checks the ids and the range.
+absl::StatusOr<std::vector<std::pair<uint32_t, float>>> ParseLogitBias(const std::string& text) {
+  std::vector<std::pair<uint32_t, float>> out;
+  if (text.empty()) return out;
+  for (absl::string_view item : absl::StrSplit(text, ',')) {
+    std::vector<std::string> parts = absl::StrSplit(item, ':');
+    uint32_t token;
+    float bias;
+    if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &token) ||
+        !absl::SimpleAtof(parts[1], &bias)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--logit-bias takes TOKEN_ID:BIAS pairs separated by commas, not '", item, "'"));
+    }
+    out.push_back({token, bias});
+  }
+  return out;
+}
+
 }  // namespace
 
 int RunClient(const std::vector<std::string>& argv) {
@@ -41,6 +66,7 @@ int RunClient(const std::vector<std::string>& argv) {
       argv, {{"addr", true}, {"prompt", true}, {"chat", false}, {"max-tokens", true},
              {"temperature", true}, {"top-p", true}, {"top-k", true}, {"seed", true},
              {"stop", true}, {"api-key", true}, {"tls-ca", true}, {"timeout", true},
+             {"min-tokens", true}, {"ignore-eos", false}, {"logit-bias", true}, {"n", true},
              {"help", false}});
   if (!args.ok() || args->Has("help") || !args->Has("prompt")) {
     if (!args.ok()) std::fprintf(stderr, "thetaserve client: %s\n", args.status().ToString().c_str());
@@ -53,12 +79,20 @@ int RunClient(const std::vector<std::string>& argv) {
   auto top_k = args->GetInt("top-k", 0);
   auto seed = args->GetInt("seed", -1);
   auto timeout = args->GetDouble("timeout", 0);
+  auto min_tokens = args->GetInt("min-tokens", 0);
+  auto n = args->GetInt("n", 1);
+  auto bias = ParseLogitBias(args->GetString("logit-bias"));
   for (const absl::Status& st : {max_tokens.status(), temperature.status(), top_p.status(),
-                                 top_k.status(), seed.status(), timeout.status()}) {
+                                 top_k.status(), seed.status(), timeout.status(),
+                                 min_tokens.status(), n.status(), bias.status()}) {
     if (!st.ok()) {
       std::fprintf(stderr, "thetaserve client: %s\n", std::string(st.message()).c_str());
       return 2;
     }
+  }
+  if (*n < 1 || *min_tokens < 0) {
+    std::fprintf(stderr, "thetaserve client: --n must be >= 1 and --min-tokens >= 0\n");
+    return 2;
   }
   std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
   if (args->Has("tls-ca")) {
@@ -86,6 +120,10 @@ int RunClient(const std::vector<std::string>& argv) {
   if (*seed >= 0) req.mutable_sampling()->set_seed(static_cast<uint64_t>(*seed));
   req.mutable_stopping()->set_max_tokens(static_cast<uint32_t>(*max_tokens));
   if (args->Has("stop")) req.mutable_stopping()->add_stop(args->GetString("stop"));
+  req.mutable_stopping()->set_min_tokens(static_cast<uint32_t>(*min_tokens));
+  req.mutable_stopping()->set_ignore_eos(args->Has("ignore-eos"));
+  for (const auto& [token, b] : *bias) (*req.mutable_sampling()->mutable_logit_bias())[token] = b;
+  req.set_n(static_cast<uint32_t>(*n));
 
   grpc::ClientContext ctx;
   if (args->Has("api-key")) ctx.AddMetadata("authorization", "Bearer " + args->GetString("api-key"));
@@ -95,27 +133,41 @@ int RunClient(const std::vector<std::string>& argv) {
   }
   auto reader = stub->Generate(&ctx, req);
   v1::GenerateResponse resp;
-  v1::Complete complete;
+  // One completion streams as it comes; several are printed whole, one after another.
+  std::vector<std::string> texts(*n);
+  std::vector<v1::Complete> completes(*n);
   while (reader->Read(&resp)) {
-    if (resp.has_chunk()) {
-      std::fwrite(resp.chunk().text().data(), 1, resp.chunk().text().size(), stdout);
-      std::fflush(stdout);
-    } else if (resp.has_complete()) {
-      complete = resp.complete();
+    if (resp.has_chunk() && resp.chunk().index() < texts.size()) {
+      if (*n == 1) {
+        std::fwrite(resp.chunk().text().data(), 1, resp.chunk().text().size(), stdout);
+        std::fflush(stdout);
+      } else {
+        texts[resp.chunk().index()] += resp.chunk().text();
+      }
+    } else if (resp.has_complete() && resp.complete().index() < completes.size()) {
+      completes[resp.complete().index()] = resp.complete();
     }
   }
   grpc::Status status = reader->Finish();
-  std::fputc('\n', stdout);
+  if (*n == 1) std::fputc('\n', stdout);
+  for (int64_t i = 0; *n > 1 && i < *n; ++i) {
+    std::printf("--- completion %lld ---\n%s\n", static_cast<long long>(i), texts[i].c_str());
+  }
   if (!status.ok()) {
     std::fprintf(stderr, "thetaserve client: %s: %s\n",
                  status.error_code() == grpc::StatusCode::UNAVAILABLE ? "UNAVAILABLE" : "error",
                  status.error_message().c_str());
     return 1;
   }
-  std::fprintf(stderr, "finish: %s, prompt %u tokens, completion %u tokens, ttft %.3f s, total %.3f s\n",
-               ReasonName(complete.finish_reason()), complete.usage().prompt_tokens(),
-               complete.usage().completion_tokens(), complete.timings().time_to_first_token_seconds(),
-               complete.timings().total_seconds());
+  for (int64_t i = 0; i < *n; ++i) {
+    const v1::Complete& complete = completes[i];
+    std::fprintf(stderr,
+                 "%sfinish: %s, prompt %u tokens, completion %u tokens, ttft %.3f s, total %.3f s\n",
+                 *n > 1 ? absl::StrCat("completion ", i, ": ").c_str() : "",
+                 ReasonName(complete.finish_reason()), complete.usage().prompt_tokens(),
+                 complete.usage().completion_tokens(),
+                 complete.timings().time_to_first_token_seconds(), complete.timings().total_seconds());
+  }
   return 0;
 }
 

@@ -32,16 +32,24 @@ void StreamSink::Detach() {
   stream_ = nullptr;
 }
 
-void StreamSink::Deliver(const scheduler::TokenDelta& delta) {
+bool StreamSink::done() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return left_ == 0;
+}
+
+void StreamSink::Deliver(int index, const scheduler::TokenDelta& delta) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    // Coalesce into the last queued chunk when the client is slower than the engine.
+    // Coalesce into the last queued chunk (of the same completion) when the client is slower
+    // than the engine.
     v1::Chunk* chunk;
-    if (!queue_.empty() && queue_.back().has_chunk()) {
+    if (!queue_.empty() && queue_.back().has_chunk() &&
+        queue_.back().chunk().index() == uint32_t(index)) {
       chunk = queue_.back().mutable_chunk();
     } else {
       queue_.emplace_back();
       chunk = queue_.back().mutable_chunk();
+      chunk->set_index(uint32_t(index));
     }
     for (int32_t id : delta.token_ids) chunk->add_token_ids(static_cast<uint32_t>(id));
     chunk->mutable_text()->append(delta.text);
@@ -58,12 +66,16 @@ void StreamSink::Deliver(const scheduler::TokenDelta& delta) {
   Pump();
 }
 
-void StreamSink::Finish(const scheduler::FinishInfo& info) {
+void StreamSink::Finish(int index, const scheduler::FinishInfo& info) {
   {
     std::lock_guard<std::mutex> lock(mu_);
+    --left_;
     // Cancellations (Abort, client gone) end with a Complete message; deadline, shutdown and
-    // errors end the stream with their gRPC status.
-    if (info.status.ok() || absl::IsCancelled(info.status)) {
+    // errors end the stream with their gRPC status (the first such; the stream's end cancels
+    // the other completions).
+    if (final_status_) {
+      // The stream already ends with an error.
+    } else if (info.status.ok() || absl::IsCancelled(info.status)) {
       v1::GenerateResponse resp;
       v1::Complete* c = resp.mutable_complete();
       c->set_finish_reason(ToProto(info.reason));
@@ -74,8 +86,9 @@ void StreamSink::Finish(const scheduler::FinishInfo& info) {
       c->mutable_timings()->set_total_seconds(info.total_seconds);
       c->set_request_id(request_id_);
       c->set_preemptions(static_cast<uint32_t>(info.preemptions));
+      c->set_index(uint32_t(index));
       queue_.push_back(std::move(resp));
-      final_status_ = grpc::Status::OK;
+      if (left_ == 0) final_status_ = grpc::Status::OK;
     } else {
       final_status_ = ToGrpcStatus(info.status);
     }
@@ -144,6 +157,10 @@ void GenerateStream::OnCancel() {
 }
 
 void GenerateStream::OnDone() {
+  // A completion failed and ended the stream: the others go too.
+  if (!sink_->done()) {
+    service_->engine().Cancel(request_id_, absl::CancelledError("the stream ended"));
+  }
   sink_->Detach();
   delete this;
 }

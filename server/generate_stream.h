@@ -1,7 +1,7 @@
 // One Generate call: the reactor gRPC drives, and the sink the engine pushes into.
 //
-// Lifetimes: the reactor deletes itself in OnDone; the engine may still hold the sink after
-// that, so the sink outlives the reactor and forgets it on Detach. All reactor calls
+// Lifetimes: the reactor deletes itself in OnDone; the engine may still hold the sinks after
+// that, so the StreamSink outlives the reactor and forgets it on Detach. All reactor calls
 // (StartWrite, Finish) are made without holding the sink's lock.
 #pragma once
 
@@ -22,23 +22,31 @@ namespace thetaserve::server {
 class GenerationService;
 class GenerateStream;
 
-class StreamSink : public ServiceSink {
+// One Generate stream's output: what its completions' sinks push, in order, and the stream's
+// end once every completion has finished (or at the first that failed).
+class StreamSink {
  public:
-  using ServiceSink::ServiceSink;
+  // request_id: the client's, for Complete messages; n: the completions.
+  StreamSink(std::string request_id, int n) : request_id_(std::move(request_id)), left_(n) {}
 
   void Attach(GenerateStream* stream);
   void Detach();
   // gRPC thread: the previous write completed.
   void WriteDone(bool ok);
+  // Whether every completion has finished.
+  bool done() const;
+
+  // Engine thread.
+  void Deliver(int index, const scheduler::TokenDelta& delta);
+  void Finish(int index, const scheduler::FinishInfo& info);
 
  private:
-  // Engine thread.
-  void Deliver(const scheduler::TokenDelta& delta) override;
-  void Finish(const scheduler::FinishInfo& info) override;
   // Starts the next write or the Finish, if one is due. Call without holding mu_.
   void Pump();
 
-  std::mutex mu_;
+  const std::string request_id_;
+  mutable std::mutex mu_;
+  int left_;                                         // completions not finished; guarded by mu_
   GenerateStream* stream_ = nullptr;                 // guarded by mu_
   std::deque<v1::GenerateResponse> queue_;           // guarded by mu_
   grpc::ByteBuffer in_flight_;                       // owned by the write in flight
@@ -46,6 +54,21 @@ class StreamSink : public ServiceSink {
   std::optional<grpc::Status> final_status_;         // guarded by mu_
   bool finish_started_ = false;                      // guarded by mu_
   bool broken_ = false;                              // a write failed; guarded by mu_
+};
+
+// The engine's sink for completion `index` of a stream.
+class ChoiceSink : public ServiceSink {
+ public:
+  ChoiceSink(GenerationService* service, std::string request_id,
+             std::shared_ptr<StreamSink> stream, int index)
+      : ServiceSink(service, std::move(request_id)), stream_(std::move(stream)), index_(index) {}
+
+ private:
+  void Deliver(const scheduler::TokenDelta& delta) override { stream_->Deliver(index_, delta); }
+  void Finish(const scheduler::FinishInfo& info) override { stream_->Finish(index_, info); }
+
+  std::shared_ptr<StreamSink> stream_;
+  const int index_;
 };
 
 class GenerateStream : public grpc::ServerWriteReactor<grpc::ByteBuffer> {

@@ -52,9 +52,38 @@ grpc::Status GenerationService::CheckAuth(grpc::CallbackServerContext* ctx) cons
   return grpc::Status::OK;
 }
 
-bool GenerationService::Track(const std::string& id) {
+bool GenerationService::Track(const std::vector<std::string>& ids) {
   std::lock_guard<std::mutex> lock(mu_);
-  return active_.insert(id).second;
+  for (const std::string& id : ids) {
+    if (active_.count(id)) return false;
+  }
+  active_.insert(ids.begin(), ids.end());
+  return true;
+}
+
+absl::Status GenerationService::SubmitChoices(scheduler::Request req, int n,
+                                              const SinkFactory& make_sink) {
+  const std::string id = req.id;
+  std::vector<scheduler::Request> requests = SplitChoices(std::move(req), n);
+  std::vector<std::string> ids;
+  if (requests.size() > 1) ids.push_back(id);
+  for (const auto& r : requests) ids.push_back(r.id);
+  if (!Track(ids)) {
+    return absl::AlreadyExistsError(absl::StrCat("request_id '", id, "' is already in flight"));
+  }
+  auto group = requests.size() > 1 ? std::make_shared<ChoiceGroup>(id, int(requests.size()))
+                                   : nullptr;
+  std::vector<std::shared_ptr<scheduler::TokenSink>> sinks;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    std::shared_ptr<ServiceSink> sink = make_sink(int(i), requests[i].id);
+    if (group) sink->JoinGroup(group);
+    sinks.push_back(std::move(sink));
+  }
+  absl::Status st = engine_->SubmitAll(std::move(requests), std::move(sinks));
+  if (!st.ok()) {
+    for (const std::string& tracked : ids) Untrack(tracked);
+  }
+  return st;
 }
 
 void GenerationService::Untrack(const std::string& id) {
@@ -91,18 +120,15 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* GenerationService::Generate(
   if (ctx->deadline() != std::chrono::system_clock::time_point::max()) {
     req.deadline = scheduler::Clock::now() + (ctx->deadline() - std::chrono::system_clock::now());
   }
-  if (!Track(req.id)) {
-    return reject(grpc::Status(grpc::StatusCode::ALREADY_EXISTS,
-                               absl::StrCat("request_id '", req.id, "' is already in flight")));
-  }
   const std::string id = req.id;
-  auto sink = std::make_shared<StreamSink>(this, id);
-  absl::Status st = engine_->Submit(std::move(req), sink);
-  if (!st.ok()) {
-    Untrack(id);
-    return reject(ToGrpcStatus(st));
-  }
-  return new GenerateStream(this, std::move(sink), id);
+  const int n = std::max<int>(1, int(request->n()));
+  auto stream = std::make_shared<StreamSink>(id, n);
+  absl::Status st =
+      SubmitChoices(std::move(req), n, [&](int index, const std::string& choice_id) {
+        return std::make_shared<ChoiceSink>(this, choice_id, stream, index);
+      });
+  if (!st.ok()) return reject(ToGrpcStatus(st));
+  return new GenerateStream(this, std::move(stream), id);
 }
 
 grpc::ServerUnaryReactor* GenerationService::Abort(grpc::CallbackServerContext* ctx,

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -12,6 +13,7 @@
 #include "model/model.h"
 #include "scheduler/engine.h"
 #include "server/metrics.h"
+#include "server/service_sink.h"
 #include "thetaserve/v1/generation.grpc.pb.h"
 
 namespace thetaserve::server {
@@ -53,8 +55,14 @@ class GenerationService final : public GenerationBase {
                                      const v1::TokenizeRequest* request,
                                      v1::TokenizeResponse* response) override;
 
+  // Submits `n` completions of `req` (a checked request with its id set; n <= 1: one) to the
+  // engine, completion i reporting to make_sink(i, its request id); SplitChoices says how a
+  // group is formed. Tracks req.id until the last completion finishes, and the completions'
+  // own ids. Errors: ALREADY_EXISTS for an id in flight, and Engine::SubmitAll's. Thread-safe.
+  using SinkFactory =
+      std::function<std::shared_ptr<ServiceSink>(int index, const std::string& request_id)>;
+  absl::Status SubmitChoices(scheduler::Request req, int n, const SinkFactory& make_sink);
   // Request ids in flight (Abort's "found", duplicate detection). Thread-safe.
-  bool Track(const std::string& id);
   void Untrack(const std::string& id);
 
   scheduler::Engine& engine() { return *engine_; }
@@ -62,6 +70,8 @@ class GenerationService final : public GenerationBase {
 
  private:
   grpc::Status CheckAuth(grpc::CallbackServerContext* ctx) const;
+  // Adds all of `ids` to the ids in flight, or none when one of them already is.
+  bool Track(const std::vector<std::string>& ids);
 
   scheduler::Engine* engine_;
   const model::Model* model_;

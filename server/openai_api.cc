@@ -204,6 +204,25 @@ absl::Status ParseSampling(const In& body, OpenAiCall* call) {
     if (*v < 0) return Invalid("seed", "must be >= 0");
     sp->set_seed(static_cast<uint64_t>(*v));
   }
+  // n completions of the prompt. best_of (sample more, return the n most likely) only as n.
+  int64_t n = 1;
+  if (Given(body, "n")) {
+    auto v = Integer(body, "n");
+    if (!v.ok()) return v.status();
+    if (*v < 1 || *v > kMaxChoices) {
+      return Invalid("n", absl::StrCat("= ", *v, "; it must be in [1, ", kMaxChoices, "]"));
+    }
+    n = *v;
+    call->request.set_n(static_cast<uint32_t>(n));
+  }
+  if (Given(body, "best_of")) {
+    auto v = Integer(body, "best_of");
+    if (!v.ok()) return v.status();
+    if (*v != n) {
+      return Unsupported("best_of", absl::StrCat("= ", *v, " with n = ", n, "; only best_of = n "
+                                                 "(every completion sampled is returned)"));
+    }
+  }
   // max_tokens, or the chat API's newer max_completion_tokens.
   for (const char* key : {"max_completion_tokens", "max_tokens"}) {
     if (!Given(body, key)) continue;
@@ -297,12 +316,6 @@ absl::Status ParseLogprobs(const In& body, OpenAiCall* call) {
 // Parameters with no counterpart here: refused unless neutral, so a client never believes it
 // got what it asked for.
 absl::Status RefuseUnsupported(const In& body, OpenAiEndpoint endpoint) {
-  for (const char* key : {"n", "best_of"}) {
-    if (Given(body, key) && !(body[key].is_number_integer() && body[key].get<int64_t>() == 1)) {
-      return Unsupported(key, "one completion per request; send several requests (the "
-                                    "prefix cache shares their prompt)");
-    }
-  }
   if (Given(body, "echo") && body["echo"] != false) {
     return Unsupported("echo", "the prompt is not returned");
   }
@@ -442,18 +455,21 @@ std::string DumpJson(const Json& j) {
 
 OpenAiResponseBuilder::OpenAiResponseBuilder(const OpenAiCall& call, std::string id,
                                              int64_t created, std::string model,
-                                             const model::Tokenizer& tokenizer)
+                                             const model::Tokenizer& tokenizer, int choices)
     : call_(call), id_(std::move(id)), created_(created), model_(std::move(model)),
-      tokenizer_(&tokenizer) {}
+      tokenizer_(&tokenizer), choices_(std::max(1, choices)) {}
 
 Json OpenAiResponseBuilder::Envelope(const char* object) const {
   return {{"id", id_}, {"object", object}, {"created", created_}, {"model", model_}};
 }
 
-Json OpenAiResponseBuilder::Usage(const scheduler::FinishInfo& info) const {
-  return {{"prompt_tokens", info.prompt_tokens},
-          {"completion_tokens", info.completion_tokens},
-          {"total_tokens", info.prompt_tokens + info.completion_tokens}};
+Json OpenAiResponseBuilder::Usage(const std::vector<scheduler::FinishInfo>& infos) const {
+  const int64_t prompt = infos.empty() ? 0 : infos.front().prompt_tokens;
+  int64_t completion = 0;
+  for (const auto& info : infos) completion += info.completion_tokens;
+  return {{"prompt_tokens", prompt},
+          {"completion_tokens", completion},
+          {"total_tokens", prompt + completion}};
 }
 
 Json OpenAiResponseBuilder::Logprobs(const scheduler::TokenDelta& d, size_t offset) const {
@@ -488,21 +504,22 @@ Json OpenAiResponseBuilder::Logprobs(const scheduler::TokenDelta& d, size_t offs
           {"text_offset", offsets}};
 }
 
-Json OpenAiResponseBuilder::RoleChunk() const {
+Json OpenAiResponseBuilder::RoleChunk(int index) const {
   Json j = Envelope("chat.completion.chunk");
-  j["choices"] = Json::array({{{"index", 0},
+  j["choices"] = Json::array({{{"index", index},
                                {"delta", {{"role", "assistant"}, {"content", ""}}},
                                {"logprobs", nullptr},
                                {"finish_reason", nullptr}}});
   return j;
 }
 
-Json OpenAiResponseBuilder::DeltaChunk(const scheduler::TokenDelta& delta) {
-  const size_t offset = text_.size();
-  text_ += delta.text;
+Json OpenAiResponseBuilder::DeltaChunk(int index, const scheduler::TokenDelta& delta) {
+  std::string& text = choices_.at(index).text;
+  const size_t offset = text.size();
+  text += delta.text;
   const bool chat = call_.endpoint == OpenAiEndpoint::kChatCompletions;
-  Json choice = chat ? Json{{"index", 0}, {"delta", {{"content", delta.text}}}}
-                     : Json{{"text", delta.text}, {"index", 0}};
+  Json choice = chat ? Json{{"index", index}, {"delta", {{"content", delta.text}}}}
+                     : Json{{"text", delta.text}, {"index", index}};
   choice["logprobs"] = Logprobs(delta, offset);
   choice["finish_reason"] = nullptr;
   Json j = Envelope(chat ? "chat.completion.chunk" : "text_completion");
@@ -510,10 +527,10 @@ Json OpenAiResponseBuilder::DeltaChunk(const scheduler::TokenDelta& delta) {
   return j;
 }
 
-Json OpenAiResponseBuilder::FinishChunk(const scheduler::FinishInfo& info) const {
+Json OpenAiResponseBuilder::FinishChunk(int index, const scheduler::FinishInfo& info) const {
   const bool chat = call_.endpoint == OpenAiEndpoint::kChatCompletions;
-  Json choice = chat ? Json{{"index", 0}, {"delta", Json::object()}}
-                     : Json{{"text", ""}, {"index", 0}};
+  Json choice = chat ? Json{{"index", index}, {"delta", Json::object()}}
+                     : Json{{"text", ""}, {"index", index}};
   choice["logprobs"] = nullptr;
   choice["finish_reason"] = OpenAiFinishReason(info.reason);
   Json j = Envelope(chat ? "chat.completion.chunk" : "text_completion");
@@ -521,45 +538,53 @@ Json OpenAiResponseBuilder::FinishChunk(const scheduler::FinishInfo& info) const
   return j;
 }
 
-Json OpenAiResponseBuilder::UsageChunk(const scheduler::FinishInfo& info) const {
+Json OpenAiResponseBuilder::UsageChunk(const std::vector<scheduler::FinishInfo>& infos) const {
   const bool chat = call_.endpoint == OpenAiEndpoint::kChatCompletions;
   Json j = Envelope(chat ? "chat.completion.chunk" : "text_completion");
   j["choices"] = Json::array();
-  j["usage"] = Usage(info);
+  j["usage"] = Usage(infos);
   return j;
 }
 
-void OpenAiResponseBuilder::AppendLogprobs(const Json& more) {
+void OpenAiResponseBuilder::AppendLogprobs(Json& into, const Json& more) {
   if (more.is_null()) return;
-  if (logprobs_.is_null()) {
-    logprobs_ = more;
+  if (into.is_null()) {
+    into = more;
     return;
   }
   for (auto& [key, value] : more.items()) {
-    for (const Json& x : value) logprobs_[key].push_back(x);
+    for (const Json& x : value) into[key].push_back(x);
   }
 }
 
-void OpenAiResponseBuilder::Add(const scheduler::TokenDelta& delta) {
-  AppendLogprobs(Logprobs(delta, text_.size()));
-  text_ += delta.text;
+void OpenAiResponseBuilder::Add(int index, const scheduler::TokenDelta& delta) {
+  Choice& c = choices_.at(index);
+  AppendLogprobs(c.logprobs, Logprobs(delta, c.text.size()));
+  c.text += delta.text;
 }
 
-Json OpenAiResponseBuilder::Complete(const scheduler::FinishInfo& info) const {
+Json OpenAiResponseBuilder::Complete(const std::vector<scheduler::FinishInfo>& infos) const {
   const bool chat = call_.endpoint == OpenAiEndpoint::kChatCompletions;
-  Json logprobs = logprobs_;
-  if (call_.logprobs && logprobs.is_null()) {
-    logprobs = chat ? Json{{"content", Json::array()}}
-                    : Json{{"tokens", Json::array()}, {"token_logprobs", Json::array()},
-                           {"top_logprobs", Json::array()}, {"text_offset", Json::array()}};
+  Json choices = Json::array();
+  for (size_t i = 0; i < choices_.size() && i < infos.size(); ++i) {
+    const Choice& c = choices_[i];
+    Json logprobs = c.logprobs;
+    if (call_.logprobs && logprobs.is_null()) {
+      logprobs = chat ? Json{{"content", Json::array()}}
+                      : Json{{"tokens", Json::array()}, {"token_logprobs", Json::array()},
+                             {"top_logprobs", Json::array()}, {"text_offset", Json::array()}};
+    }
+    const int index = static_cast<int>(i);
+    Json choice = chat ? Json{{"index", index},
+                              {"message", {{"role", "assistant"}, {"content", c.text}}}}
+                       : Json{{"text", c.text}, {"index", index}};
+    choice["logprobs"] = logprobs;
+    choice["finish_reason"] = OpenAiFinishReason(infos[i].reason);
+    choices.push_back(std::move(choice));
   }
-  Json choice = chat ? Json{{"index", 0}, {"message", {{"role", "assistant"}, {"content", text_}}}}
-                     : Json{{"text", text_}, {"index", 0}};
-  choice["logprobs"] = logprobs;
-  choice["finish_reason"] = OpenAiFinishReason(info.reason);
   Json j = Envelope(chat ? "chat.completion" : "text_completion");
-  j["choices"] = Json::array({choice});
-  j["usage"] = Usage(info);
+  j["choices"] = std::move(choices);
+  j["usage"] = Usage(infos);
   return j;
 }
 

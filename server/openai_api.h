@@ -30,9 +30,9 @@ struct OpenAiCall {
 };
 
 // Parses a request body. INVALID_ARGUMENT names the field and what is allowed; NOT_FOUND when
-// `model` is given and is not `served_model`. Parameters the server cannot honour (n > 1, echo,
-// suffix, logit_bias, tools, ...) are refused rather than silently ignored; unknown fields are
-// ignored, as vLLM does.
+// `model` is given and is not `served_model`. Parameters the server cannot honour (best_of
+// other than n, echo, suffix, tools, ...) are refused rather than silently ignored; unknown
+// fields are ignored, as vLLM does.
 absl::StatusOr<OpenAiCall> ParseOpenAiRequest(std::string_view body, OpenAiEndpoint endpoint,
                                               const std::string& served_model);
 
@@ -49,40 +49,46 @@ int HttpStatusFor(const absl::Status& status);
 // request cancelled by an Abort call.
 const char* OpenAiFinishReason(scheduler::FinishReason reason);
 
-// Builds one call's response objects. Handler thread only.
+// Builds one call's response objects, for its n completions (`choices`). Handler thread only.
 class OpenAiResponseBuilder {
  public:
   OpenAiResponseBuilder(const OpenAiCall& call, std::string id, int64_t created,
-                        std::string model, const model::Tokenizer& tokenizer);
+                        std::string model, const model::Tokenizer& tokenizer, int choices = 1);
 
-  // Streaming: the chat stream's first chunk (the assistant role), then one chunk per delta,
-  // the chunk with the finish reason, and, if asked, a chunk with usage.
-  nlohmann::ordered_json RoleChunk() const;
-  nlohmann::ordered_json DeltaChunk(const scheduler::TokenDelta& delta);
-  nlohmann::ordered_json FinishChunk(const scheduler::FinishInfo& info) const;
-  nlohmann::ordered_json UsageChunk(const scheduler::FinishInfo& info) const;
+  // Streaming: for each completion the chat stream's first chunk (the assistant role), then
+  // one chunk per delta and the chunk with the finish reason; last, if asked, a chunk with
+  // the usage of them all.
+  nlohmann::ordered_json RoleChunk(int index) const;
+  nlohmann::ordered_json DeltaChunk(int index, const scheduler::TokenDelta& delta);
+  nlohmann::ordered_json FinishChunk(int index, const scheduler::FinishInfo& info) const;
+  // infos: every completion's, [choices].
+  nlohmann::ordered_json UsageChunk(const std::vector<scheduler::FinishInfo>& infos) const;
 
-  // Not streaming: Add every delta, then Complete.
-  void Add(const scheduler::TokenDelta& delta);
-  nlohmann::ordered_json Complete(const scheduler::FinishInfo& info) const;
+  // Not streaming: Add every delta, then Complete with every completion's FinishInfo.
+  void Add(int index, const scheduler::TokenDelta& delta);
+  nlohmann::ordered_json Complete(const std::vector<scheduler::FinishInfo>& infos) const;
 
   const std::string& id() const { return id_; }
 
  private:
+  struct Choice {
+    std::string text;                  // the completion so far
+    nlohmann::ordered_json logprobs;   // accumulated (not streaming)
+  };
   nlohmann::ordered_json Envelope(const char* object) const;
-  nlohmann::ordered_json Usage(const scheduler::FinishInfo& info) const;
+  // The prompt once, the completion tokens of all.
+  nlohmann::ordered_json Usage(const std::vector<scheduler::FinishInfo>& infos) const;
   // Log-probabilities of a delta's tokens in the endpoint's format; `offset` is the completion
   // text's length before them (the completions format's text_offset).
   nlohmann::ordered_json Logprobs(const scheduler::TokenDelta& delta, size_t offset) const;
-  void AppendLogprobs(const nlohmann::ordered_json& more);
+  static void AppendLogprobs(nlohmann::ordered_json& into, const nlohmann::ordered_json& more);
 
   OpenAiCall call_;
   std::string id_;
   int64_t created_;
   std::string model_;
   const model::Tokenizer* tokenizer_;
-  std::string text_;            // the completion so far
-  nlohmann::ordered_json logprobs_;     // accumulated (not streaming)
+  std::vector<Choice> choices_;
 };
 
 // Serializes for the wire: invalid UTF-8 (a token's raw bytes) becomes U+FFFD.

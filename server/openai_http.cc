@@ -1,5 +1,6 @@
 #include "server/openai_http.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -22,46 +23,87 @@ using std::chrono::milliseconds;
 constexpr milliseconds kPollInterval{100};     // how often a waiting handler checks its client
 constexpr milliseconds kKeepAliveInterval{15'000};  // SSE comment during a long silence
 
-// One request's output, pushed by the engine thread and taken by the handler thread.
-class HttpSink : public ServiceSink {
+// One call's output, for its n completions: pushed by the engine thread (through each
+// completion's ChoiceSink), taken by the handler thread.
+class HttpOutput {
  public:
-  using ServiceSink::ServiceSink;
+  explicit HttpOutput(int n) : choices_(n) {}
 
-  // Waits up to `timeout` for output; moves what came into *delta (cleared first) and, once the
-  // request has finished and its last tokens were taken, into *finish.
-  void Take(milliseconds timeout, scheduler::TokenDelta* delta,
-            std::optional<scheduler::FinishInfo>* finish) {
+  struct Taken {
+    scheduler::TokenDelta delta;
+    // Set once the completion has finished and its last tokens were taken (then or before).
+    std::optional<scheduler::FinishInfo> finish;
+    bool finished_now = false;  // finish was set by this Take
+  };
+
+  // Waits up to `timeout` for output of any completion; moves what came into (*taken)[i].
+  void Take(milliseconds timeout, std::vector<Taken>* taken) {
     std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait_for(lock, timeout, [&] { return has_pending_ || finish_.has_value(); });
-    *delta = std::move(pending_);
-    pending_ = {};
-    has_pending_ = false;
-    *finish = finish_;
+    cv_.wait_for(lock, timeout, [&] { return news_; });
+    news_ = false;
+    taken->resize(choices_.size());
+    for (size_t i = 0; i < choices_.size(); ++i) {
+      Choice& c = choices_[i];
+      Taken& t = (*taken)[i];
+      t.delta = std::move(c.pending);
+      c.pending = {};
+      t.finished_now = c.finish.has_value() && !t.finish.has_value();
+      t.finish = c.finish;
+    }
+  }
+
+  void Deliver(int index, const scheduler::TokenDelta& d) {
+    std::lock_guard<std::mutex> lock(mu_);
+    scheduler::TokenDelta& p = choices_[index].pending;
+    p.token_ids.insert(p.token_ids.end(), d.token_ids.begin(), d.token_ids.end());
+    p.text += d.text;
+    p.logprobs.insert(p.logprobs.end(), d.logprobs.begin(), d.logprobs.end());
+    p.top.insert(p.top.end(), d.top.begin(), d.top.end());
+    news_ = true;
+    cv_.notify_one();
+  }
+
+  void Finish(int index, const scheduler::FinishInfo& info) {
+    std::lock_guard<std::mutex> lock(mu_);
+    choices_[index].finish = info;
+    news_ = true;
+    cv_.notify_one();
   }
 
  private:
-  void Deliver(const scheduler::TokenDelta& d) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    pending_.token_ids.insert(pending_.token_ids.end(), d.token_ids.begin(), d.token_ids.end());
-    pending_.text += d.text;
-    pending_.logprobs.insert(pending_.logprobs.end(), d.logprobs.begin(), d.logprobs.end());
-    pending_.top.insert(pending_.top.end(), d.top.begin(), d.top.end());
-    has_pending_ = true;
-    cv_.notify_one();
-  }
-
-  void Finish(const scheduler::FinishInfo& info) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    finish_ = info;
-    cv_.notify_one();
-  }
-
+  struct Choice {
+    scheduler::TokenDelta pending;
+    std::optional<scheduler::FinishInfo> finish;
+  };
   std::mutex mu_;
   std::condition_variable cv_;
-  scheduler::TokenDelta pending_;                 // guarded by mu_
-  bool has_pending_ = false;                      // guarded by mu_
-  std::optional<scheduler::FinishInfo> finish_;   // guarded by mu_
+  std::vector<Choice> choices_;  // guarded by mu_
+  bool news_ = false;            // guarded by mu_
 };
+
+class HttpChoiceSink : public ServiceSink {
+ public:
+  HttpChoiceSink(GenerationService* service, std::string request_id,
+                 std::shared_ptr<HttpOutput> output, int index)
+      : ServiceSink(service, std::move(request_id)), output_(std::move(output)), index_(index) {}
+
+ private:
+  void Deliver(const scheduler::TokenDelta& d) override { output_->Deliver(index_, d); }
+  void Finish(const scheduler::FinishInfo& info) override { output_->Finish(index_, info); }
+
+  std::shared_ptr<HttpOutput> output_;
+  const int index_;
+};
+
+// The first completion that failed (not finished, not cancelled), or null.
+const scheduler::FinishInfo* FirstFailure(const std::vector<HttpOutput::Taken>& taken) {
+  for (const auto& t : taken) {
+    if (t.finish && !t.finish->status.ok() && !absl::IsCancelled(t.finish->status)) {
+      return &*t.finish;
+    }
+  }
+  return nullptr;
+}
 
 void SendError(HttpResponder& out, int status, std::string_view message,
                const HttpHeaders& extra = {}) {
@@ -196,67 +238,86 @@ void OpenAiHttpServer::Generate(const HttpRequest& http, HttpResponder& out, boo
   const std::string id = absl::StrFormat("%s-%x-%d", chat ? "chatcmpl" : "cmpl", created_,
                                          next_id_.fetch_add(1));
   req.id = id;
-  if (!service_->Track(id)) return reject(absl::AlreadyExistsError("request id collision"));
-  auto sink = std::make_shared<HttpSink>(service_, id);
-  if (absl::Status st = service_->engine().Submit(std::move(req), sink); !st.ok()) {
-    service_->Untrack(id);
-    return reject(st);
+  const int n = std::max<int>(1, int(call->request.n()));
+  auto output = std::make_shared<HttpOutput>(n);
+  absl::Status submitted =
+      service_->SubmitChoices(std::move(req), n, [&](int index, const std::string& choice_id) {
+        return std::make_shared<HttpChoiceSink>(service_, choice_id, output, index);
+      });
+  if (!submitted.ok()) {
+    if (absl::IsAlreadyExists(submitted)) return reject(absl::AlreadyExistsError("request id collision"));
+    return reject(submitted);
   }
-  scheduler::TokenDelta delta;
-  std::optional<scheduler::FinishInfo> finish;
-  // However this handler leaves before the request finished (the client gone, an exception),
-  // the request is cancelled: its pages are freed at the next step.
+  std::vector<HttpOutput::Taken> taken;
+  auto all_finished = [&] {
+    return !taken.empty() &&
+           std::all_of(taken.begin(), taken.end(), [](const auto& t) { return t.finish.has_value(); });
+  };
+  // However this handler leaves before the request finished (the client gone, an error, an
+  // exception), its completions are cancelled: their pages are freed at the next step.
   absl::Cleanup cancel_unless_finished = [&] {
-    if (!finish) service_->engine().Cancel(id, absl::CancelledError("the HTTP handler left"));
+    if (!all_finished()) service_->engine().Cancel(id, absl::CancelledError("the HTTP handler left"));
   };
   // The client is gone: write nothing more; the cleanup cancels.
   auto cancel = [&](const char* why) {
     out.Abandon();
     service_->engine().Cancel(id, absl::CancelledError(why));
   };
+  auto infos = [&] {
+    std::vector<scheduler::FinishInfo> v;
+    for (const auto& t : taken) v.push_back(*t.finish);
+    return v;
+  };
 
   OpenAiResponseBuilder builder(*call, id, UnixNow(), options_.served_model_name,
-                                model_->tokenizer());
+                                model_->tokenizer(), n);
   if (!call->stream) {
     while (true) {
-      sink->Take(kPollInterval, &delta, &finish);
-      builder.Add(delta);
-      if (finish) break;
+      output->Take(kPollInterval, &taken);
+      for (int i = 0; i < n; ++i) builder.Add(i, taken[i].delta);
+      if (const scheduler::FinishInfo* failed = FirstFailure(taken)) {
+        return SendError(out, HttpStatusFor(failed->status), std::string(failed->status.message()));
+      }
+      if (all_finished()) break;
       if (out.ClientGone()) return cancel("the client went away");
     }
-    if (finish->status.ok() || absl::IsCancelled(finish->status)) {
-      out.Send(200, "application/json", DumpJson(builder.Complete(*finish)),
-               {{"X-Request-Id", id}});
-    } else {
-      SendError(out, HttpStatusFor(finish->status), std::string(finish->status.message()));
-    }
+    out.Send(200, "application/json", DumpJson(builder.Complete(infos())), {{"X-Request-Id", id}});
     return;
   }
 
   bool ok = out.StartChunked(200, "text/event-stream",
                              {{"Cache-Control", "no-cache"}, {"X-Request-Id", id}});
-  if (ok && chat) ok = SendEvent(out, builder.RoleChunk());
+  for (int i = 0; ok && chat && i < n; ++i) ok = SendEvent(out, builder.RoleChunk(i));
   auto last_write = std::chrono::steady_clock::now();
   while (ok) {
-    sink->Take(kPollInterval, &delta, &finish);
-    if (!delta.text.empty() || (call->logprobs && !delta.logprobs.empty())) {
-      ok = SendEvent(out, builder.DeltaChunk(delta));
-      last_write = std::chrono::steady_clock::now();
-    } else if (!delta.token_ids.empty()) {
-      builder.DeltaChunk(delta);  // tokens whose text is not complete UTF-8 yet
+    output->Take(kPollInterval, &taken);
+    for (int i = 0; ok && i < n; ++i) {
+      const scheduler::TokenDelta& delta = taken[i].delta;
+      if (!delta.text.empty() || (call->logprobs && !delta.logprobs.empty())) {
+        ok = SendEvent(out, builder.DeltaChunk(i, delta));
+        last_write = std::chrono::steady_clock::now();
+      } else if (!delta.token_ids.empty()) {
+        builder.DeltaChunk(i, delta);  // tokens whose text is not complete UTF-8 yet
+      }
+      const auto& finish = taken[i].finish;
+      if (ok && taken[i].finished_now &&
+          (finish->status.ok() || absl::IsCancelled(finish->status))) {
+        ok = SendEvent(out, builder.FinishChunk(i, *finish));
+      }
     }
     if (!ok) break;
-    if (finish) {
-      const bool finished = finish->status.ok() || absl::IsCancelled(finish->status);
-      if (finished) {
-        ok = SendEvent(out, builder.FinishChunk(*finish));
-      } else {
-        ok = out.WriteChunk(absl::StrCat(
-            "data: ",
-            OpenAiErrorBody(HttpStatusFor(finish->status), std::string(finish->status.message())),
-            "\n\n"));
-      }
-      if (ok && finished && call->include_usage) ok = SendEvent(out, builder.UsageChunk(*finish));
+    if (const scheduler::FinishInfo* failed = FirstFailure(taken)) {
+      // The stream ends with the error; the cleanup cancels the other completions.
+      ok = out.WriteChunk(absl::StrCat(
+          "data: ",
+          OpenAiErrorBody(HttpStatusFor(failed->status), std::string(failed->status.message())),
+          "\n\n"));
+      if (ok) ok = out.WriteChunk("data: [DONE]\n\n");
+      if (ok) out.EndChunked();
+      return;
+    }
+    if (all_finished()) {
+      if (call->include_usage) ok = SendEvent(out, builder.UsageChunk(infos()));
       if (ok) ok = out.WriteChunk("data: [DONE]\n\n");
       if (ok) out.EndChunked();
       return;

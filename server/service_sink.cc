@@ -17,6 +17,7 @@ void ServiceSink::OnTokens(const scheduler::TokenDelta& delta) {
 void ServiceSink::OnFinish(const scheduler::FinishInfo& info) {
   if (service_->metrics()) service_->metrics()->OnFinish(info);
   service_->Untrack(request_id_);
+  if (group_ && group_->left.fetch_sub(1) == 1) service_->Untrack(group_->id);
   Finish(info);
 }
 

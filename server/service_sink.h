@@ -4,7 +4,9 @@
 // from it and implement Deliver and Finish.
 #pragma once
 
+#include <atomic>
 #include <chrono>
+#include <memory>
 #include <optional>
 #include <string>
 
@@ -14,10 +16,20 @@ namespace thetaserve::server {
 
 class GenerationService;
 
+// The n completions of one request: its id stays in flight until the last of them finishes.
+struct ChoiceGroup {
+  ChoiceGroup(std::string group_id, int n) : id(std::move(group_id)), left(n) {}
+  const std::string id;
+  std::atomic<int> left;
+};
+
 class ServiceSink : public scheduler::TokenSink {
  public:
   ServiceSink(GenerationService* service, std::string request_id)
       : service_(service), request_id_(std::move(request_id)) {}
+
+  // Before submission: this sink's request is one of a group's completions.
+  void JoinGroup(std::shared_ptr<ChoiceGroup> group) { group_ = std::move(group); }
 
   // Engine thread: records, then hands on to Deliver / Finish.
   void OnTokens(const scheduler::TokenDelta& delta) final;
@@ -33,6 +45,7 @@ class ServiceSink : public scheduler::TokenSink {
 
  private:
   std::optional<std::chrono::steady_clock::time_point> last_tokens_;  // engine thread
+  std::shared_ptr<ChoiceGroup> group_;  // null: a request of its own
 };
 
 }  // namespace thetaserve::server

@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 
 namespace thetaserve::server {
@@ -72,6 +73,10 @@ absl::StatusOr<scheduler::Request> BuildRequest(const v1::GenerateRequest& req,
         "cache_salt has %d bytes; at most 256", req.cache_salt().size()));
   }
   out.cache_salt = req.cache_salt();
+  if (req.n() > uint32_t(kMaxChoices)) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("n = %d; it must be in [1, %d] (0 means 1)", req.n(), kMaxChoices));
+  }
   const bool add_special = !req.has_add_special_tokens() || req.add_special_tokens();
 
   switch (req.input_case()) {
@@ -210,6 +215,23 @@ absl::StatusOr<scheduler::Request> BuildRequest(const v1::GenerateRequest& req,
           "sampling.logit_bias[%d] = %g; it must be in [-100, 100]", token, bias));
     }
     o.logit_bias.push_back({static_cast<int32_t>(token), bias});
+  }
+  return out;
+}
+
+std::vector<scheduler::Request> SplitChoices(scheduler::Request req, int n) {
+  std::vector<scheduler::Request> out;
+  if (n <= 1) {
+    out.push_back(std::move(req));
+    return out;
+  }
+  for (int i = 0; i < n; ++i) {
+    scheduler::Request r = req;
+    r.id = absl::StrCat(req.id, "/", i);
+    r.group_id = req.id;
+    r.group_index = i;
+    if (r.sampling.seed) *r.sampling.seed += uint64_t(i);
+    out.push_back(std::move(r));
   }
   return out;
 }

@@ -14,8 +14,15 @@ constexpr int kMaxStopStringBytes = 256;
 constexpr int kMaxLogprobs = 20;
 constexpr int kDefaultMaxTokens = 16;
 
+constexpr int kMaxChoices = 128;  // GenerateRequest.n, OpenAI's n
+
 absl::StatusOr<scheduler::Request> BuildRequest(const v1::GenerateRequest& req,
                                                 const model::Model& model);
+
+// The engine requests for `n` completions of `req` (a checked request with its id set): for
+// n = 1, `req` itself; otherwise a group with id req.id whose requests are "<id>/<i>", and
+// with a seed, completion i samples with seed + i (so the n differ but repeat).
+std::vector<scheduler::Request> SplitChoices(scheduler::Request req, int n);
 
 // Renders chat messages with the model's template (validating roles and UTF-8).
 absl::StatusOr<std::string> RenderChat(const v1::ChatMessages& chat, const model::Model& model);

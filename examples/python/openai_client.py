@@ -41,12 +41,19 @@ def check(client, model):
         temperature=0)
     assert "".join(parts) == whole.choices[0].message.content, (parts, whole)
     assert usage is not None and usage.completion_tokens == whole.usage.completion_tokens
+    # n completions of one prompt, sampled with seeds 7, 8, 9: three indexed choices.
+    three = client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "Name a fruit."}], max_tokens=8,
+        temperature=1.0, seed=7, n=3, logprobs=True)
+    assert [ch.index for ch in three.choices] == [0, 1, 2], three
+    assert three.usage.completion_tokens == sum(
+        len(ch.logprobs.content) for ch in three.choices), three.usage
     # Errors arrive as the client's exception types, with the server's message.
     try:
-        client.completions.create(model=model, prompt="x", n=2)
-        raise AssertionError("n=2 was accepted")
+        client.completions.create(model=model, prompt="x", best_of=3)
+        raise AssertionError("best_of=3 was accepted")
     except openai.BadRequestError as e:
-        assert e.status_code == 400 and "n is not supported" in str(e), e
+        assert e.status_code == 400 and "best_of is not supported" in str(e), e
     try:
         client.completions.create(model="no-such-model", prompt="x")
         raise AssertionError("an unknown model was accepted")

@@ -841,6 +841,127 @@ TEST_F(EngineTest, PrefixCachingSkipsSharedBlocksAndChangesNoOutput) {
   }
 }
 
+// A group (the APIs' n): the first completion computes the prompt, the others adopt its
+// blocks, so the prompt is computed once and its pages held once; each completion gets the
+// tokens it gets alone; one Cancel of the group's id ends them all and every page returns.
+TEST_F(EngineTest, AGroupComputesItsPromptOnceAndCancelsTogether) {
+  std::string text = "You are a careful assistant. Read the passage and continue it. ";
+  for (const auto& p : Prompts()) text += p + " ";
+  constexpr int kN = 4;
+  auto group = [&](const std::string& id, int max_tokens) {
+    std::vector<Request> requests;
+    for (int i = 0; i < kN; ++i) {
+      Request r = MakeRequest(absl::StrCat(id, "/", i), text, max_tokens);
+      r.sampling.temperature = 0.8f;
+      r.sampling.seed = 40 + i;
+      r.stopping.ignore_eos = true;
+      r.group_id = id;
+      r.group_index = i;
+      requests.push_back(r);
+    }
+    return requests;
+  };
+  auto submit_all = [](Engine& engine, const std::vector<Request>& requests,
+                       std::vector<std::shared_ptr<CollectingSink>>* sinks) {
+    std::vector<std::shared_ptr<TokenSink>> as_sinks;
+    for (size_t i = 0; i < requests.size(); ++i) {
+      sinks->push_back(std::make_shared<CollectingSink>());
+      as_sinks.push_back(sinks->back());
+    }
+    return engine.SubmitAll(requests, as_sinks);
+  };
+  auto backend = kernels::CreateBackend(*model_, kernels::Device::kCpu, 0);
+  ASSERT_TRUE(backend.ok());
+  EngineConfig config;
+  config.kv_cache_bytes = int64_t(128) << 20;
+  config.prefix_caching = true;
+  auto engine = Engine::Create(config, **backend);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+
+  const std::vector<Request> requests = group("g", 10);
+  const int64_t prompt = int64_t(requests[0].prompt.size());
+  const int64_t bs = config.block_size;
+  ASSERT_GT(prompt, 4 * bs) << "the prompt was meant to span several blocks";
+  std::vector<std::shared_ptr<CollectingSink>> sinks;
+  ASSERT_TRUE(submit_all(**engine, requests, &sinks).ok());
+  for (auto& sk : sinks) ASSERT_TRUE(sk->Wait(300));
+  ASSERT_TRUE((*engine)->WaitIdle(10));
+  const EngineStats stats = (*engine)->Stats();
+  // The later three found all but the last token's block in the cache and computed the rest.
+  const int64_t shared = (prompt - 1) / bs * bs;
+  EXPECT_EQ(stats.counters.prefix_hit_tokens, (kN - 1) * shared);
+  EXPECT_EQ(stats.counters.prompt_tokens, prompt + (kN - 1) * (prompt - shared));
+
+  // Each completion alone (no group, no prefix cache) gives the same tokens; seeds differ, so
+  // the completions differ.
+  EngineConfig plain_config;
+  plain_config.kv_cache_bytes = int64_t(128) << 20;
+  auto plain = Engine::Create(plain_config, **backend);
+  ASSERT_TRUE(plain.ok());
+  for (int i = 0; i < kN; ++i) {
+    Request alone = requests[i];
+    alone.group_id.clear();
+    alone.group_index = 0;
+    auto sink = std::make_shared<CollectingSink>();
+    ASSERT_TRUE((*plain)->Submit(alone, sink).ok());
+    ASSERT_TRUE(sink->Wait(300));
+    EXPECT_EQ(sinks[i]->info.reason, FinishReason::kLength) << i;
+    EXPECT_EQ(sinks[i]->tokens, sink->tokens) << "completion " << i;
+  }
+  EXPECT_NE(sinks[0]->tokens, sinks[1]->tokens);
+  EXPECT_NE(sinks[2]->tokens, sinks[3]->tokens);
+
+  // Cancelling the group's id cancels every completion, running or still waiting for the
+  // prompt.
+  std::vector<std::shared_ptr<CollectingSink>> long_sinks;
+  ASSERT_TRUE(submit_all(**engine, group("h", 400), &long_sinks).ok());
+  while (long_sinks[0]->count() < 2 && !long_sinks[0]->finished) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  (*engine)->Cancel("h");
+  for (auto& sk : long_sinks) {
+    ASSERT_TRUE(sk->Wait(300));
+    EXPECT_EQ(sk->info.reason, FinishReason::kCancelled);
+    EXPECT_LT(sk->info.completion_tokens, 400);
+  }
+  ASSERT_TRUE((*engine)->WaitIdle(10));
+  const EngineStats idle = (*engine)->Stats();
+  EXPECT_EQ(idle.pages_used_k + idle.pages_used_v, 0) << "pages leaked";
+  EXPECT_EQ(idle.pages_free, idle.pages_total);
+}
+
+// A group goes into the queue whole or not at all.
+TEST_F(EngineTest, SubmitAllQueuesAllOrNone) {
+  auto backend = kernels::CreateBackend(*model_, kernels::Device::kCpu, 0);
+  ASSERT_TRUE(backend.ok());
+  EngineConfig config;
+  config.kv_cache_bytes = int64_t(64) << 20;
+  config.max_queue = 2;
+  auto engine = Engine::Create(config, **backend);
+  ASSERT_TRUE(engine.ok());
+  std::vector<Request> requests;
+  std::vector<std::shared_ptr<TokenSink>> sinks;
+  for (int i = 0; i < 3; ++i) {
+    requests.push_back(MakeRequest(absl::StrCat("q/", i), "Hello", 4));
+    sinks.push_back(std::make_shared<CollectingSink>());
+  }
+  absl::Status st = (*engine)->SubmitAll(requests, sinks);
+  EXPECT_EQ(st.code(), absl::StatusCode::kResourceExhausted) << st;
+  EXPECT_NE(std::string(st.message()).find("cannot take 3 more"), std::string::npos) << st;
+  // One bad request refuses the whole group.
+  requests.resize(2);
+  sinks.resize(2);
+  requests[1].stopping.max_tokens = 100000;
+  st = (*engine)->SubmitAll(requests, sinks);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_TRUE((*engine)->WaitIdle(1));
+  EXPECT_EQ((*engine)->Stats().counters.requests_finished, 0);
+  // Two fit.
+  requests[1].stopping.max_tokens = 4;
+  ASSERT_TRUE((*engine)->SubmitAll(requests, sinks).ok());
+  for (auto& sk : sinks) ASSERT_TRUE(static_cast<CollectingSink&>(*sk).Wait(300));
+}
+
 // A pool of 8 blocks per table: cached blocks must give way to new work (evicted least
 // recently used first), preempted sequences find their own blocks again, and every request
 // still gets the tokens it gets alone — dense, and under Top-θ with VMC, where a re-admitted

@@ -3,6 +3,7 @@
 // The real SmolLM2 tokenizer renders the log-probabilities' tokens.
 #include "server/openai_api.h"
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "model/model.h"
 #include "server/validation.h"
@@ -164,8 +165,10 @@ TEST(OpenAiApiTest, ChatMessagesBecomeTheChatInput) {
 }
 
 TEST(OpenAiApiTest, WhatTheServerCannotHonourIsRefusedByName) {
-  EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": "x", "n": 2})"), "n is not supported"));
-  EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": "x", "best_of": 3})"), "best_of"));
+  EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": "x", "best_of": 3})"),
+                          "best_of is not supported: = 3 with n = 1; only best_of = n"));
+  EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": "x", "n": 2, "best_of": 4})"),
+                          "best_of is not supported: = 4 with n = 2"));
   EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": "x", "echo": true})"), "echo"));
   EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": "x", "suffix": "y"})"), "suffix"));
   // Neutral values pass.
@@ -310,8 +313,8 @@ TEST_F(OpenAiResponseTest, CompletionWithLogprobsInTheLegacyFormat) {
   auto call = Completion(R"({"prompt": "x", "logprobs": 1})");
   ASSERT_TRUE(call.ok());
   OpenAiResponseBuilder b(*call, "cmpl-1", 1700000000, kServed, model_->tokenizer());
-  for (const auto& d : Deltas()) b.Add(d);
-  const Json j = b.Complete(Finished(scheduler::FinishReason::kEos));
+  for (const auto& d : Deltas()) b.Add(0, d);
+  const Json j = b.Complete({Finished(scheduler::FinishReason::kEos)});
   EXPECT_EQ(j["id"], "cmpl-1");
   EXPECT_EQ(j["object"], "text_completion");
   EXPECT_EQ(j["created"], 1700000000);
@@ -339,8 +342,8 @@ TEST_F(OpenAiResponseTest, TheSampledTokenJoinsTheAlternativesWhenOutsideTheTopN
   OpenAiResponseBuilder b(*call, "cmpl-2", 1, kServed, model_->tokenizer());
   auto d = Deltas()[0];
   std::swap(d.top[0][0], d.top[0][1]);  // the sampled " Paris" is now second: outside top 1
-  b.Add(d);
-  const Json top = b.Complete(Finished(scheduler::FinishReason::kLength))["choices"][0]["logprobs"]
+  b.Add(0, d);
+  const Json top = b.Complete({Finished(scheduler::FinishReason::kLength)})["choices"][0]["logprobs"]
                        ["top_logprobs"][0];
   ASSERT_EQ(top.size(), 2u) << top.dump();
   EXPECT_TRUE(top.contains("."));
@@ -349,8 +352,8 @@ TEST_F(OpenAiResponseTest, TheSampledTokenJoinsTheAlternativesWhenOutsideTheTopN
   auto zero = Completion(R"({"prompt": "x", "logprobs": 0})");
   ASSERT_TRUE(zero.ok());
   OpenAiResponseBuilder z(*zero, "cmpl-3", 1, kServed, model_->tokenizer());
-  z.Add(Deltas()[0]);
-  const Json ztop = z.Complete(Finished(scheduler::FinishReason::kLength))["choices"][0]
+  z.Add(0, Deltas()[0]);
+  const Json ztop = z.Complete({Finished(scheduler::FinishReason::kLength)})["choices"][0]
                         ["logprobs"]["top_logprobs"][0];
   EXPECT_EQ(ztop, Json({{" Paris", -0.25f}}));
 }
@@ -360,11 +363,11 @@ TEST_F(OpenAiResponseTest, ChatStreamChunksInOrder) {
       "logprobs": true, "top_logprobs": 2})");
   ASSERT_TRUE(call.ok());
   OpenAiResponseBuilder b(*call, "chatcmpl-1", 1700000000, kServed, model_->tokenizer());
-  const Json role = b.RoleChunk();
+  const Json role = b.RoleChunk(0);
   EXPECT_EQ(role["object"], "chat.completion.chunk");
   EXPECT_EQ(role["choices"][0]["delta"]["role"], "assistant");
   const auto deltas = Deltas();
-  const Json first = b.DeltaChunk(deltas[0]);
+  const Json first = b.DeltaChunk(0, deltas[0]);
   EXPECT_EQ(first["choices"][0]["delta"]["content"], " Paris");
   EXPECT_TRUE(first["choices"][0]["finish_reason"].is_null());
   const Json& lp = first["choices"][0]["logprobs"]["content"][0];
@@ -372,13 +375,93 @@ TEST_F(OpenAiResponseTest, ChatStreamChunksInOrder) {
   EXPECT_EQ(lp["bytes"], Json({32, 80, 97, 114, 105, 115}));
   ASSERT_EQ(lp["top_logprobs"].size(), 2u);
   EXPECT_EQ(lp["top_logprobs"][1]["token"], ".");
-  b.DeltaChunk(deltas[1]);
-  const Json fin = b.FinishChunk(Finished(scheduler::FinishReason::kLength));
+  b.DeltaChunk(0, deltas[1]);
+  const Json fin = b.FinishChunk(0, Finished(scheduler::FinishReason::kLength));
   EXPECT_EQ(fin["choices"][0]["finish_reason"], "length");
   EXPECT_TRUE(fin["choices"][0]["delta"].empty());
-  const Json usage = b.UsageChunk(Finished(scheduler::FinishReason::kLength));
+  const Json usage = b.UsageChunk({Finished(scheduler::FinishReason::kLength)});
   EXPECT_TRUE(usage["choices"].empty());
   EXPECT_EQ(usage["usage"]["total_tokens"], 7);
+}
+
+TEST(OpenAiApiTest, NCompletionsAreParsedAndBounded) {
+  auto three = Completion(R"({"prompt": "x", "n": 3, "best_of": 3})");
+  ASSERT_TRUE(three.ok()) << three.status();
+  EXPECT_EQ(three->request.n(), 3u);
+  auto one = Completion(R"({"prompt": "x"})");
+  ASSERT_TRUE(one.ok());
+  EXPECT_EQ(one->request.n(), 0u);  // unset: one
+  EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": "x", "n": 0})"), "n = 0; it must be in [1, 128]"));
+  EXPECT_TRUE(RefusedWith(Chat(R"({"messages": [{"role": "user", "content": "x"}], "n": 129})"),
+                          "n = 129; it must be in [1, 128]"));
+  EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": "x", "n": 2.5})"), "n must be an integer"));
+}
+
+TEST_F(OpenAiResponseTest, SplitChoicesMakesAGroupWithItsOwnSeeds) {
+  auto call = Completion(R"({"prompt": "x", "n": 3, "seed": 7, "temperature": 0.5})");
+  ASSERT_TRUE(call.ok());
+  auto built = BuildRequest(call->request, *model_);
+  ASSERT_TRUE(built.ok()) << built.status();
+  built->id = "cmpl-9";
+  const auto group = SplitChoices(*built, 3);
+  ASSERT_EQ(group.size(), 3u);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(group[i].id, absl::StrCat("cmpl-9/", i));
+    EXPECT_EQ(group[i].group_id, "cmpl-9");
+    EXPECT_EQ(group[i].group_index, i);
+    ASSERT_TRUE(group[i].sampling.seed.has_value());
+    EXPECT_EQ(*group[i].sampling.seed, uint64_t(7 + i));
+    EXPECT_EQ(group[i].prompt, built->prompt);
+    EXPECT_EQ(group[i].sampling.temperature, 0.5f);
+  }
+  const auto alone = SplitChoices(*built, 1);
+  ASSERT_EQ(alone.size(), 1u);
+  EXPECT_EQ(alone[0].id, "cmpl-9");
+  EXPECT_TRUE(alone[0].group_id.empty());
+  EXPECT_EQ(*alone[0].sampling.seed, 7u);
+  built->sampling.seed.reset();
+  for (const auto& r : SplitChoices(*built, 2)) EXPECT_FALSE(r.sampling.seed.has_value());
+  // Over gRPC, n past the bound is refused where the other fields are.
+  v1::GenerateRequest many;
+  many.set_prompt("x");
+  many.set_n(129);
+  auto refused = BuildRequest(many, *model_);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().message(), "n = 129; it must be in [1, 128] (0 means 1)");
+}
+
+TEST_F(OpenAiResponseTest, SeveralCompletionsAreIndexedAndThePromptIsCountedOnce) {
+  auto call = Chat(R"({"messages": [{"role": "user", "content": "x"}], "n": 2, "logprobs": true})");
+  ASSERT_TRUE(call.ok());
+  OpenAiResponseBuilder b(*call, "chatcmpl-3", 1, kServed, model_->tokenizer(), 2);
+  const auto deltas = Deltas();
+  b.Add(1, deltas[1]);
+  b.Add(0, deltas[0]);
+  b.Add(1, deltas[0]);
+  scheduler::FinishInfo second = Finished(scheduler::FinishReason::kLength);
+  second.completion_tokens = 3;
+  const Json j = b.Complete({Finished(scheduler::FinishReason::kEos), second});
+  ASSERT_EQ(j["choices"].size(), 2u);
+  EXPECT_EQ(j["choices"][0]["index"], 0);
+  EXPECT_EQ(j["choices"][0]["message"]["content"], " Paris");
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "stop");
+  EXPECT_EQ(j["choices"][0]["logprobs"]["content"].size(), 1u);
+  EXPECT_EQ(j["choices"][1]["index"], 1);
+  EXPECT_EQ(j["choices"][1]["message"]["content"], ". Paris");
+  EXPECT_EQ(j["choices"][1]["finish_reason"], "length");
+  EXPECT_EQ(j["choices"][1]["logprobs"]["content"].size(), 2u);
+  EXPECT_EQ(j["usage"]["prompt_tokens"], 5);
+  EXPECT_EQ(j["usage"]["completion_tokens"], 5);
+  EXPECT_EQ(j["usage"]["total_tokens"], 10);
+
+  // Streaming: every chunk names its completion.
+  OpenAiResponseBuilder s(*call, "chatcmpl-4", 1, kServed, model_->tokenizer(), 2);
+  EXPECT_EQ(s.RoleChunk(1)["choices"][0]["index"], 1);
+  const Json delta = s.DeltaChunk(1, deltas[0]);
+  EXPECT_EQ(delta["choices"][0]["index"], 1);
+  EXPECT_EQ(delta["choices"][0]["delta"]["content"], " Paris");
+  EXPECT_EQ(s.FinishChunk(1, second)["choices"][0]["index"], 1);
+  EXPECT_EQ(s.UsageChunk({second, second})["usage"]["completion_tokens"], 6);
 }
 
 TEST_F(OpenAiResponseTest, FinishReasonsFollowVllm) {
@@ -389,7 +472,7 @@ TEST_F(OpenAiResponseTest, FinishReasonsFollowVllm) {
   auto call = Chat(R"({"messages": [{"role": "user", "content": "x"}]})");
   ASSERT_TRUE(call.ok());
   OpenAiResponseBuilder b(*call, "chatcmpl-2", 1, kServed, model_->tokenizer());
-  const Json j = b.Complete(Finished(scheduler::FinishReason::kStop));
+  const Json j = b.Complete({Finished(scheduler::FinishReason::kStop)});
   EXPECT_EQ(j["object"], "chat.completion");
   EXPECT_EQ(j["choices"][0]["message"]["role"], "assistant");
   EXPECT_EQ(j["choices"][0]["message"]["content"], "");

@@ -257,7 +257,8 @@ TEST_F(OpenAiHttpTest, BadInputGetsItsStatusAndTheServerKeepsServing) {
     return r.status;
   };
   EXPECT_EQ(status_of("/v1/completions", "{not json"), 400);
-  EXPECT_EQ(status_of("/v1/completions", R"({"prompt": "x", "n": 3})"), 400);
+  EXPECT_EQ(status_of("/v1/completions", R"({"prompt": "x", "n": 0})"), 400);
+  EXPECT_EQ(status_of("/v1/completions", R"({"prompt": "x", "n": 2, "best_of": 3})"), 400);
   EXPECT_EQ(status_of("/v1/completions", R"({"prompt": "x", "temperature": -1})"), 400);
   EXPECT_EQ(status_of("/v1/completions", R"({"prompt": "x", "max_tokens": 100000})"), 400);
   EXPECT_EQ(status_of("/v1/completions", R"({"prompt": [1, 2, 4000000]})"), 400);
@@ -329,6 +330,74 @@ TEST_F(OpenAiHttpTest, AbortOverGrpcEndsAnHttpStreamWithAbort) {
   EXPECT_EQ(events.back(), "[DONE]");
   EXPECT_EQ(Json::parse(events[events.size() - 2])["choices"][0]["finish_reason"], "abort");
   EXPECT_TRUE(WaitForRunning(*stub, 0));
+}
+
+// n completions: a whole response with n choices (completion i is what a request of its
+// own with seed + i gives; usage counts the prompt once), and a stream whose chunks carry
+// their choice's index, each ending with its finish reason; a client that goes away ends all.
+TEST_F(OpenAiHttpTest, NCompletionsComeBackAsIndexedChoices) {
+  ASSERT_TRUE(server_->started());
+  const Json body = {{"prompt", "Once upon a time, in a small village by the sea,"},
+                     {"max_tokens", 10}, {"temperature", 0.9}, {"seed", 77},
+                     {"ignore_eos", true}, {"n", 3}};
+  HttpResult r = Post("/v1/completions", body);
+  ASSERT_EQ(r.status, 200) << r.body;
+  const Json j = Json::parse(r.body);
+  ASSERT_EQ(j["choices"].size(), 3u);
+  int64_t prompt_tokens = 0;
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(j["choices"][i]["index"], i);
+    EXPECT_EQ(j["choices"][i]["finish_reason"], "length");
+    Json alone = body;
+    alone.erase("n");
+    alone["seed"] = 77 + i;
+    HttpResult a = Post("/v1/completions", alone);
+    ASSERT_EQ(a.status, 200) << a.body;
+    const Json aj = Json::parse(a.body);
+    EXPECT_EQ(j["choices"][i]["text"], aj["choices"][0]["text"]) << "choice " << i;
+    prompt_tokens = aj["usage"]["prompt_tokens"];
+  }
+  EXPECT_NE(j["choices"][0]["text"], j["choices"][1]["text"]);
+  EXPECT_EQ(j["usage"]["prompt_tokens"], prompt_tokens);
+  EXPECT_EQ(j["usage"]["completion_tokens"], 30);
+
+  Json chat = {{"messages", {{{"role", "user"}, {"content", "Name a colour."}}}},
+               {"max_tokens", 8}, {"temperature", 0.9}, {"n", 2}, {"stream", true},
+               {"stream_options", {{"include_usage", true}}}};
+  HttpResult streamed = Post("/v1/chat/completions", chat);
+  ASSERT_EQ(streamed.status, 200) << streamed.body;
+  const auto events = SseData(streamed.body);
+  ASSERT_GE(events.size(), 6u);
+  EXPECT_EQ(events.back(), "[DONE]");
+  std::vector<int> roles(2, 0), finishes(2, 0);
+  Json usage;
+  for (size_t i = 0; i + 1 < events.size(); ++i) {
+    const Json e = Json::parse(events[i]);
+    if (e.contains("usage") && !e["usage"].is_null()) usage = e["usage"];
+    for (const Json& c : e["choices"]) {
+      const int index = c["index"];
+      ASSERT_TRUE(index == 0 || index == 1) << events[i];
+      EXPECT_EQ(finishes[index], 0) << "a chunk after choice " << index << " finished";
+      if (c["delta"].contains("role")) ++roles[index];
+      if (!c["finish_reason"].is_null()) ++finishes[index];
+    }
+  }
+  EXPECT_EQ(roles, std::vector<int>({1, 1}));
+  EXPECT_EQ(finishes, std::vector<int>({1, 1}));
+  EXPECT_LE(usage["completion_tokens"].get<int>(), 16);
+  EXPECT_GE(usage["completion_tokens"].get<int>(), 2);
+
+  // A client that leaves a stream of n = 4 cancels all four.
+  auto stub = server_->stub();
+  ASSERT_TRUE(WaitForRunning(*stub, 0));
+  {
+    HttpConnection c(http_port_);
+    HttpResult head = OpenStream(c, {{"prompt", "Tell me a very long story"}, {"max_tokens", 4000},
+                                     {"ignore_eos", true}, {"stream", true}, {"n", 4}});
+    ASSERT_EQ(head.status, 200);
+    ASSERT_TRUE(WaitForRunning(*stub, 4));
+  }
+  EXPECT_TRUE(WaitForRunning(*stub, 0)) << "the completions kept running or kept their pages";
 }
 
 TEST_F(OpenAiHttpTest, SixteenConcurrentStreamsAllComplete) {

@@ -2,6 +2,7 @@
 // clients, real /metrics scrapes checked by promtool.
 #include <signal.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdlib>
@@ -570,6 +571,182 @@ TEST_F(ServerE2ETest, PrefixCacheServesASharedPreambleAndReportsIt) {
   EXPECT_EQ(too_long.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_NE(too_long.status.error_message().find("cache_salt has 257 bytes"), std::string::npos)
       << too_long.status.error_message();
+}
+
+// n completions in one stream: chunks and Completes name their completion, completion i is
+// what a request of its own with seed + i gives, the prompt is computed once (the others
+// find it in the prefix cache), and one Abort of the request id ends them all.
+TEST_F(ServerE2ETest, NCompletionsShareThePromptAndAbortTogether) {
+  auto stub = server_->stub();
+  auto status = [&] {
+    grpc::ClientContext ctx;
+    v1::ServerStatus st;
+    EXPECT_TRUE(stub->GetServerStatus(&ctx, {}, &st).ok());
+    return st;
+  };
+  std::string prompt = "Write the next line of the poem. ";
+  for (int i = 0; i < 8; ++i) prompt += "The river runs past the mill and the mill wheel turns. ";
+  auto req = Prompt(prompt, 12, 0.9f);
+  req.set_request_id("four-ways");
+  req.set_cache_salt("n-completions");  // nothing cached before: every hit is the group's own
+  req.set_n(4);
+  req.mutable_sampling()->set_seed(500);
+  req.mutable_stopping()->set_ignore_eos(true);
+  const v1::ServerStatus before = status();
+  grpc::ClientContext ctx;
+  auto reader = stub->Generate(&ctx, req);
+  std::vector<std::string> texts(4);
+  std::vector<int> completes(4, 0);
+  std::vector<v1::Complete> complete(4);
+  v1::GenerateResponse resp;
+  while (reader->Read(&resp)) {
+    if (resp.has_chunk()) {
+      ASSERT_LT(resp.chunk().index(), 4u);
+      EXPECT_EQ(completes[resp.chunk().index()], 0) << "a chunk after its Complete";
+      texts[resp.chunk().index()] += resp.chunk().text();
+    } else {
+      ASSERT_LT(resp.complete().index(), 4u);
+      ++completes[resp.complete().index()];
+      complete[resp.complete().index()] = resp.complete();
+    }
+  }
+  grpc::Status finished = reader->Finish();
+  ASSERT_TRUE(finished.ok()) << finished.error_message();
+  const v1::ServerStatus after_group = status();
+  const uint32_t prompt_tokens = complete[0].usage().prompt_tokens();
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(completes[i], 1) << i;
+    EXPECT_EQ(complete[i].request_id(), "four-ways");
+    EXPECT_EQ(complete[i].finish_reason(), v1::FINISH_REASON_LENGTH);
+    EXPECT_EQ(complete[i].usage().completion_tokens(), 12u);
+    EXPECT_EQ(complete[i].usage().prompt_tokens(), prompt_tokens);
+    auto alone = req;
+    alone.clear_n();
+    alone.clear_request_id();
+    alone.mutable_sampling()->set_seed(500 + i);
+    StreamResult r = Generate(*stub, alone);
+    ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+    EXPECT_EQ(texts[i], r.text) << "completion " << i;
+  }
+  EXPECT_NE(texts[0], texts[1]);
+  // The later three found all of the prompt but the last token's block (of 16) in the cache.
+  const uint64_t shared = (prompt_tokens - 1) / 16 * 16;
+  ASSERT_GE(shared, 96u);
+  EXPECT_GE(after_group.prefix_cache_hit_tokens() - before.prefix_cache_hit_tokens(), 3 * shared);
+
+  // Abort by the request id: every completion ends CANCELLED, and the pages come back.
+  auto long_req = Prompt("Count from one to a thousand:", 1000, 0.9f);
+  long_req.set_request_id("abort-all");
+  long_req.set_n(3);
+  long_req.mutable_stopping()->set_ignore_eos(true);
+  std::vector<v1::Complete> ends;
+  grpc::Status long_status;
+  std::thread t([&] {
+    auto s = server_->stub();
+    grpc::ClientContext c;
+    auto rd = s->Generate(&c, long_req);
+    v1::GenerateResponse m;
+    while (rd->Read(&m)) {
+      if (m.has_complete()) ends.push_back(m.complete());
+    }
+    long_status = rd->Finish();
+  });
+  bool found = false;
+  for (int i = 0; i < 500 && !found; ++i) {
+    // Abort only once tokens flow (a found-but-queued group would pass as well, but later).
+    if (status().running() < 3) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      continue;
+    }
+    grpc::ClientContext c;
+    v1::AbortRequest a;
+    a.set_request_id("abort-all");
+    v1::AbortResponse resp2;
+    ASSERT_TRUE(stub->Abort(&c, a, &resp2).ok());
+    found = resp2.found();
+  }
+  t.join();
+  EXPECT_TRUE(found);
+  EXPECT_TRUE(long_status.ok()) << long_status.error_message();
+  ASSERT_EQ(ends.size(), 3u);
+  for (const auto& e : ends) {
+    EXPECT_EQ(e.finish_reason(), v1::FINISH_REASON_CANCELLED);
+    EXPECT_LT(e.usage().completion_tokens(), 1000u);
+  }
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  v1::ServerStatus idle = status();
+  while (std::chrono::steady_clock::now() < until &&
+         (idle.running() > 0 || idle.pages().used_k() + idle.pages().used_v() > 0)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    idle = status();
+  }
+  EXPECT_EQ(idle.running(), 0u);
+  EXPECT_EQ(idle.pages().used_k() + idle.pages().used_v(), 0u);
+
+  // Out of range: INVALID_ARGUMENT, and the server goes on.
+  auto many = Prompt("x", 4);
+  many.set_n(129);
+  StreamResult refused = Generate(*stub, many);
+  EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(refused.status.error_message(), "n = 129; it must be in [1, 128] (0 means 1)");
+  EXPECT_TRUE(Generate(*stub, Prompt("The capital of France is", 4)).status.ok());
+}
+
+// `thetaserve client` sends n, logit_bias, min_tokens and ignore_eos, and prints each
+// completion; its text is what the gRPC stream gives for the same request.
+TEST_F(ServerE2ETest, ClientCommandSendsNLogitBiasAndMinTokens) {
+  auto stub = server_->stub();
+  const std::string base = BinaryPath() + " client --addr " + server_->address() + " --timeout 60";
+  // Two sampled completions with the greedy first token banned.
+  StreamResult greedy = Generate(*stub, Prompt("Once upon a time", 6));
+  ASSERT_TRUE(greedy.status.ok() && !greedy.ids.empty());
+  const uint32_t first = greedy.ids[0];
+  int rc = 0;
+  const std::string two = RunCommand(
+      absl::StrCat(base, " --prompt 'Once upon a time' --max-tokens 6 --n 2 --temperature 0.8 "
+                   "--seed 3 --ignore-eos --logit-bias ", first, ":-100,13:2.5 2>/dev/null"), &rc);
+  EXPECT_EQ(rc, 0) << two;
+  auto req = Prompt("Once upon a time", 6, 0.8f);
+  req.mutable_stopping()->set_ignore_eos(true);
+  (*req.mutable_sampling()->mutable_logit_bias())[first] = -100;
+  (*req.mutable_sampling()->mutable_logit_bias())[13] = 2.5f;
+  std::string want;
+  for (int i = 0; i < 2; ++i) {
+    req.mutable_sampling()->set_seed(3 + i);
+    StreamResult r = Generate(*stub, req);
+    ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+    EXPECT_EQ(std::count(r.ids.begin(), r.ids.end(), first), 0);
+    want += absl::StrCat("--- completion ", i, " ---\n", r.text, "\n");
+  }
+  EXPECT_EQ(two, want);
+  // A chat reply that ends with EOS, held open for 8 more tokens by min_tokens.
+  v1::GenerateRequest chat;
+  auto* m = chat.mutable_chat()->add_messages();
+  m->set_role("user");
+  m->set_content("Say hi.");
+  chat.mutable_sampling()->set_temperature(0);
+  chat.mutable_stopping()->set_max_tokens(80);
+  StreamResult natural = Generate(*stub, chat);
+  ASSERT_TRUE(natural.status.ok());
+  ASSERT_EQ(natural.complete.finish_reason(), v1::FINISH_REASON_EOS);
+  const size_t min_tokens = natural.ids.size() + 8;
+  ASSERT_LE(min_tokens, 80u);
+  chat.mutable_stopping()->set_min_tokens(min_tokens);
+  StreamResult longer = Generate(*stub, chat);
+  ASSERT_TRUE(longer.status.ok());
+  EXPECT_GE(longer.ids.size(), min_tokens);
+  const std::string held = RunCommand(
+      absl::StrCat(base, " --chat --prompt 'Say hi.' --max-tokens 80 --min-tokens ", min_tokens,
+                   " 2>/dev/null"), &rc);
+  EXPECT_EQ(rc, 0);
+  EXPECT_EQ(held, longer.text + "\n");
+  // Bad flags: the client's own message, or the server's.
+  const std::string bad = RunCommand(base + " --prompt x --logit-bias 13 2>&1", &rc);
+  EXPECT_NE(rc, 0);
+  EXPECT_NE(bad.find("--logit-bias takes TOKEN_ID:BIAS pairs"), std::string::npos) << bad;
+  const std::string refused = RunCommand(base + " --prompt x --logit-bias 13:500 2>&1", &rc);
+  EXPECT_NE(rc, 0);
+  EXPECT_NE(refused.find("logit_bias[13] = 500"), std::string::npos) << refused;
 }
 
 TEST(ServerLifecycleTest, DrainsOnSigtermWithHealthNotServing) {
