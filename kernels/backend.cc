@@ -12,7 +12,7 @@ namespace thetaserve::kernels {
 int64_t NumLogitRows(const ForwardBatch& batch) {
   int64_t rows = 0;
   for (const SeqChunk& seq : batch.seqs) {
-    if (batch.all_logits) {
+    if (batch.all_logits || seq.all_logits) {
       rows += seq.num_tokens;
     } else if (seq.want_logits && seq.num_tokens > 0) {
       rows += 1;

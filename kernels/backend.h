@@ -25,6 +25,7 @@ struct SeqChunk {
   int32_t num_tokens = 0;
   int32_t start_pos = 0;     // tokens already in the cache
   bool want_logits = true;   // logits of the last new token
+  bool all_logits = false;   // logits of every new token (prompt log-probabilities)
   SeqPageTables pages;
   TableVersion tables;       // lets a device backend send only what changed in `pages`
 };

@@ -140,6 +140,11 @@ absl::Status Engine::Submit(Request request, std::shared_ptr<TokenSink> sink) {
 absl::Status Engine::SubmitAll(std::vector<Request> requests,
                                std::vector<std::shared_ptr<TokenSink>> sinks) {
   CHECK_EQ(requests.size(), sinks.size());
+  if (int64_t(requests.size()) > config_.max_queue) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%d completions do not fit the request queue (--max-queue %d) even when it is empty",
+        requests.size(), config_.max_queue));
+  }
   std::vector<std::unique_ptr<Sequence>> seqs;
   for (size_t i = 0; i < requests.size(); ++i) {
     auto seq = Prepare(std::move(requests[i]), std::move(sinks[i]));
@@ -313,6 +318,7 @@ void Engine::RunStep(StepPlan& plan) {
     chunk.num_tokens = static_cast<int32_t>(sc.num_tokens);
     chunk.start_pos = static_cast<int32_t>(sc.seq->num_computed);
     chunk.want_logits = sc.samples;
+    chunk.all_logits = sc.seq->NeedsPromptScores();
     cache::SequenceKv& kv = sc.seq->kv();
     chunk.pages = PageTablesFor(kv, config_.sparse);
     chunk.tables = TableVersionOf(kv);
@@ -361,11 +367,29 @@ void Engine::RunStep(StepPlan& plan) {
                                : 1.0;
   }
 
-  // Sample every row (in parallel when there is a pool: each reads only its own request and
-  // logits row), then append the tokens in order on this thread.
+  // Score prompt tokens where asked (every row of such a chunk has logits), then sample
+  // every sequence whose chunk reached its last token (in parallel when there is a pool: each
+  // reads only its own request and logits row) and append the tokens in order on this
+  // thread. A request for no tokens ends once its prompt is scored.
   sample_rows_.clear();
-  for (const ScheduledChunk& sc : plan.chunks) {
-    if (sc.samples) sample_rows_.emplace_back(sc.seq, int64_t(sample_rows_.size()));
+  std::vector<Sequence*> score_only;
+  int64_t row = 0;
+  for (size_t i = 0; i < plan.chunks.size(); ++i) {
+    const ScheduledChunk& sc = plan.chunks[i];
+    const kernels::SeqChunk& chunk = chunks_[i];
+    if (chunk.all_logits) {
+      sc.seq->ScorePromptRows(logits_.data() + row * c.vocab_size, c.vocab_size, chunk.start_pos,
+                              chunk.num_tokens);
+      row += chunk.num_tokens;
+    } else if (chunk.want_logits && chunk.num_tokens > 0) {
+      row += 1;
+    }
+    if (!sc.samples) continue;
+    if (sc.seq->request().stopping.max_tokens == 0) {
+      score_only.push_back(sc.seq);
+    } else {
+      sample_rows_.emplace_back(sc.seq, row - 1);
+    }
   }
   samples_.resize(sample_rows_.size());
   auto sample = [&](int64_t begin, int64_t end) {
@@ -383,6 +407,10 @@ void Engine::RunStep(StepPlan& plan) {
     sample(0, num_samples);
   }
   std::vector<std::pair<Sequence*, FinishReason>> done;
+  for (Sequence* seq : score_only) {
+    seq->FinishWithoutTokens();
+    done.emplace_back(seq, FinishReason::kLength);
+  }
   for (int64_t i = 0; i < num_samples; ++i) {
     Sequence* seq = sample_rows_[i].first;
     if (!seq->first_token) seq->first_token = Clock::now();
@@ -402,6 +430,11 @@ void Engine::RunStep(StepPlan& plan) {
   step.forward_seconds = SecondsBetween(t0, t1);
   step.num_seqs = static_cast<int64_t>(plan.chunks.size());
   step.num_tokens = plan.num_tokens;
+  // Scoring a prompt takes a logits row per token (a 512-token chunk of SmolLM2: 100 MB);
+  // other steps need at most one per running sequence, so no more is kept between steps.
+  if (logits_.capacity() > size_t(c.vocab_size) * size_t(config_.scheduler.max_num_seqs)) {
+    std::vector<float>().swap(logits_);
+  }
   PublishStats(&step);
 }
 

@@ -38,6 +38,11 @@ struct Request {
   // its blocks: the prompt's K and V are computed and stored once, not n times.
   std::string group_id;  // empty: no group
   int32_t group_index = 0;
+  // Log-probabilities of the prompt's tokens (each given the tokens before it) with this many
+  // alternatives each; -1: none. Such a request computes its whole prompt (it adopts no
+  // prefix-cache blocks: their logits are needed). With it, stopping.max_tokens may be 0:
+  // score the prompt, generate nothing.
+  int32_t prompt_logprobs = -1;
   Clock::time_point arrival = Clock::now();
   std::optional<Clock::time_point> deadline;
 };
@@ -50,6 +55,11 @@ struct TokenDelta {
   std::string text;                                          // complete UTF-8 only
   std::vector<float> logprobs;                               // per token, when asked
   std::vector<std::vector<std::pair<int32_t, float>>> top;   // per token top-n, when asked
+  // Request::prompt_logprobs, in the request's first delta: the prompt's tokens and, for
+  // tokens 1 … P−1 (the first has nothing before it), each one's log-probability and the top n.
+  std::vector<int32_t> prompt_token_ids;
+  std::vector<float> prompt_logprobs;
+  std::vector<std::vector<std::pair<int32_t, float>>> prompt_top;
 };
 
 struct FinishInfo {

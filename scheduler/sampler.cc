@@ -45,7 +45,31 @@ Scratch& ThreadScratch() {
   return scratch;
 }
 
+// The n most likely tokens of a row whose log-sum-exp is `lse`, most likely first.
+void TopLogprobs(std::span<const float> logits, double lse, int32_t n,
+                 std::vector<std::pair<float, int32_t>>& candidates,
+                 std::vector<std::pair<int32_t, float>>* top) {
+  const int64_t vocab = static_cast<int64_t>(logits.size());
+  const int64_t count = std::min<int64_t>(n, vocab);
+  top->clear();
+  if (count <= 0) return;
+  candidates.clear();
+  for (int64_t i = 0; i < vocab; ++i) candidates.push_back({logits[i], int32_t(i)});
+  std::partial_sort(candidates.begin(), candidates.begin() + count, candidates.end(),
+                    [](auto& a, auto& b) { return a.first > b.first; });
+  for (int64_t i = 0; i < count; ++i) {
+    top->push_back({candidates[i].second, float(candidates[i].first - lse)});
+  }
+}
+
 }  // namespace
+
+float ScoreToken(std::span<const float> logits, int32_t token, int32_t top_n,
+                 std::vector<std::pair<int32_t, float>>* top) {
+  const double lse = LogSumExp(logits);
+  TopLogprobs(logits, lse, top_n, ThreadScratch().candidates, top);
+  return float(logits[token] - lse);
+}
 
 void TruncateDistribution(std::span<const float> scaled, const SamplingParams& params,
                           std::vector<std::pair<float, int32_t>>& c,
@@ -172,15 +196,7 @@ SampleResult Sampler::Sample(std::span<float> logits, std::span<const int32_t> p
   if (params_.logprobs > 0) {
     raw_lse = LogSumExp(logits);
     sc.raw.assign(logits.begin(), logits.end());
-    const double lse = raw_lse;
-    const int64_t n = std::min<int64_t>(params_.logprobs, vocab);
-    sc.candidates.clear();
-    for (int64_t i = 0; i < vocab; ++i) sc.candidates.push_back({logits[i], int32_t(i)});
-    std::partial_sort(sc.candidates.begin(), sc.candidates.begin() + n, sc.candidates.end(),
-                      [](auto& a, auto& b) { return a.first > b.first; });
-    for (int64_t i = 0; i < n; ++i) {
-      result.top.push_back({sc.candidates[i].second, float(sc.candidates[i].first - lse)});
-    }
+    TopLogprobs(logits, raw_lse, params_.logprobs, sc.candidates, &result.top);
   }
 
   // Penalties, then the bias.

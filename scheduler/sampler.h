@@ -52,6 +52,12 @@ void TruncateDistribution(std::span<const float> scaled, const SamplingParams& p
 void TruncateDistributionBySorting(std::span<const float> scaled, const SamplingParams& params,
                                    std::vector<std::pair<int32_t, double>>& kept);
 
+// The log-probability of `token` under the distribution of a row of logits (the model's own:
+// no penalties, bias or temperature), and the `top_n` most likely (id, log-probability), most
+// likely first, in *top: a prompt token's score.
+float ScoreToken(std::span<const float> logits, int32_t token, int32_t top_n,
+                 std::vector<std::pair<int32_t, float>>* top);
+
 // One sampler per request: it owns the request's random generator.
 class Sampler {
  public:

@@ -81,6 +81,7 @@ StepPlan Scheduler::Schedule() {
   };
   int64_t reserved = 0;
   for (const auto& r : running_) reserved += to_finish_prompt(*r);
+  FindGroupLeaders();
   for (size_t w = 0; plan.preempted.empty() && budget > 0 && w < waiting_.size() &&
                      int64_t(running_.size()) < config_.max_num_seqs;) {
     Sequence* seq = waiting_[w].get();
@@ -90,13 +91,17 @@ StepPlan Scheduler::Schedule() {
     }
     // Cached blocks first: all of the tokens but the last (whose logits are needed) can come
     // from the prefix cache. Adopting pins them, so it happens only when the rest fits too.
+    // A sequence whose prompt is still to be scored adopts nothing (it needs every row's
+    // logits) but offers its blocks as any other.
     if (prefix_ && seq->kv().blocks() == 0) {
       const auto& tokens = seq->tokens();
       const int64_t bs = pool_->block_size();
       const std::string& salt = seq->request().cache_salt;
       seq->cache_cursor = prefix_->Start(salt);
       const cache::PrefixCache::Match match =
-          prefix_->Find(tokens, (int64_t(tokens.size()) - 1) / bs, *pool_, salt);
+          seq->NeedsPromptScores()
+              ? cache::PrefixCache::Match{}
+              : prefix_->Find(tokens, (int64_t(tokens.size()) - 1) / bs, *pool_, salt);
       if (match.blocks() > 0) {
         const int64_t rest = to_finish_prompt(*seq) - 2 * match.blocks() * seq->kv().shape().tables();
         if (Available() - match.pinned_pages < reserved + rest) break;
@@ -160,19 +165,30 @@ std::unique_ptr<Sequence> Scheduler::Remove(Sequence* seq) {
   return out;
 }
 
+void Scheduler::FindGroupLeaders() {
+  group_leaders_.clear();
+  if (!prefix_) return;
+  auto consider = [&](const Sequence& s) {
+    const Request& r = s.request();
+    if (r.group_id.empty()) return;
+    const Sequence*& leader = group_leaders_[r.group_id];
+    if (leader == nullptr || r.group_index < leader->request().group_index) leader = &s;
+  };
+  for (const auto& s : waiting_) consider(*s);
+  if (group_leaders_.empty()) return;  // no group waits: nobody to hold back
+  for (const auto& s : running_) consider(*s);
+}
+
 bool Scheduler::WaitsForGroupPrompt(const Sequence& seq) const {
   const Request& r = seq.request();
-  if (!prefix_ || r.group_id.empty() || r.group_index == 0) return false;
-  auto is_first = [&](const auto& s) {
-    return s->request().group_id == r.group_id && s->request().group_index == 0;
-  };
-  for (const auto& s : waiting_) {
-    if (is_first(s)) return true;
-  }
-  for (const auto& s : running_) {
-    if (is_first(s)) return s->num_computed < int64_t(s->request().prompt.size());
-  }
-  return false;  // finished (or cancelled): nothing to wait for
+  if (r.group_id.empty()) return false;
+  auto it = group_leaders_.find(r.group_id);
+  if (it == group_leaders_.end() || it->second == &seq) return false;
+  const Sequence& leader = *it->second;
+  // Waiting, or running before the end of its prompt (num_computed moves at Commit, so a
+  // leader admitted earlier in this Schedule counts as not done).
+  return leader.state == SequenceState::kWaiting ||
+         leader.num_computed < int64_t(leader.request().prompt.size());
 }
 
 std::vector<Sequence*> Scheduler::FindAll(const std::string& id) {

@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "cache/page_pool.h"
@@ -66,7 +68,10 @@ class Scheduler {
  private:
   void Preempt(size_t running_index);
   // A group's later completions wait (with a prefix cache) until the first has computed the
-  // prompt, so that they adopt its blocks instead of computing the prompt again.
+  // prompt, so that they adopt its blocks instead of computing the prompt again. The first is
+  // the member with the lowest index still running or waiting (if completion 0 was cancelled,
+  // the next takes its place). FindGroupLeaders maps each group id to it, once per Schedule.
+  void FindGroupLeaders();
   bool WaitsForGroupPrompt(const Sequence& seq) const;
   // Pages free now or held only by the prefix cache (so freed on demand).
   int64_t Available() const { return pool_->num_free() + pool_->num_cached_only(); }
@@ -84,6 +89,7 @@ class Scheduler {
   int64_t preemptions_ = 0;
   int64_t prefix_query_tokens_ = 0;
   int64_t prefix_hit_tokens_ = 0;
+  std::unordered_map<std::string, const Sequence*> group_leaders_;  // FindGroupLeaders'
 };
 
 }  // namespace thetaserve::scheduler

@@ -86,9 +86,42 @@ Sequence::Sequence(Request request, std::shared_ptr<TokenSink> sink,
   }
 }
 
+void Sequence::ScorePromptRows(const float* logits, int64_t vocab, int64_t start_pos,
+                               int64_t rows) {
+  const int64_t prompt = int64_t(request_.prompt.size());
+  for (int64_t i = 0; i < rows; ++i) {
+    const int64_t pos = start_pos + i + 1;  // the token row i predicts
+    if (pos >= prompt) break;
+    if (pos < prompt_scored_) continue;  // scored before a preemption
+    std::span<const float> row(logits + i * vocab, vocab);
+    prompt_top_.emplace_back();
+    prompt_logprobs_.push_back(
+        ScoreToken(row, request_.prompt[pos], request_.prompt_logprobs, &prompt_top_.back()));
+    prompt_scored_ = pos + 1;
+  }
+}
+
+void Sequence::AttachPromptScores(TokenDelta& delta) {
+  if (request_.prompt_logprobs < 0 || prompt_scores_sent_) return;
+  delta.prompt_token_ids = request_.prompt;
+  delta.prompt_logprobs = std::move(prompt_logprobs_);
+  delta.prompt_top = std::move(prompt_top_);
+  prompt_logprobs_ = {};
+  prompt_top_ = {};
+  prompt_scores_sent_ = true;
+}
+
+void Sequence::FinishWithoutTokens() {
+  TokenDelta delta;
+  AttachPromptScores(delta);
+  finish_reason_ = FinishReason::kLength;
+  sink_->OnTokens(delta);
+}
+
 bool Sequence::AppendToken(const SampleResult& sample, const model::Tokenizer& tokenizer) {
   tokens_.push_back(sample.token);
   TokenDelta delta;
+  AttachPromptScores(delta);
   delta.token_ids.push_back(sample.token);
   if (request_.sampling.logprobs > 0) {
     delta.logprobs.push_back(sample.logprob);

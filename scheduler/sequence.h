@@ -53,6 +53,18 @@ class Sequence {
   // sink (text held back while it could still be the start of a stop string).
   // Returns true when finished (reason in finish_reason()).
   bool AppendToken(const SampleResult& sample, const model::Tokenizer& tokenizer);
+
+  // Prompt log-probabilities (Request::prompt_logprobs): whether prompt tokens are still to be
+  // scored (the next chunk needs the logits of all its rows, and no cached blocks may stand in
+  // for computing them).
+  bool NeedsPromptScores() const {
+    return request_.prompt_logprobs >= 0 && prompt_scored_ < int64_t(request_.prompt.size());
+  }
+  // Scores the prompt tokens that `rows` rows of logits, computed at positions start_pos …,
+  // predict (row i predicts the token at start_pos + i + 1), skipping those already scored.
+  void ScorePromptRows(const float* logits, int64_t vocab, int64_t start_pos, int64_t rows);
+  // A request for max_tokens = 0: emits the prompt's scores and ends (kLength, no tokens).
+  void FinishWithoutTokens();
   FinishReason finish_reason() const { return finish_reason_; }
 
   // Prefix cache: how many blocks of tokens() were adopted from or offered to the cache, where
@@ -78,6 +90,14 @@ class Sequence {
   size_t max_stop_len_ = 0;
   std::vector<int32_t> stop_tokens_;  // EOS ids (unless ignore_eos) and stop_token_ids
   FinishReason finish_reason_ = FinishReason::kLength;
+  // Prompt log-probabilities: tokens [1, prompt_scored_) are scored; what is kept until the
+  // first delta carries it.
+  int64_t prompt_scored_ = 1;
+  bool prompt_scores_sent_ = false;
+  std::vector<float> prompt_logprobs_;
+  std::vector<std::vector<std::pair<int32_t, float>>> prompt_top_;
+  // Moves the prompt's scores into `delta` the first time (when asked for).
+  void AttachPromptScores(TokenDelta& delta);
 };
 
 // The page tables the kernels read for `kv`. Hit marks (recency rule) or retained mass (mass

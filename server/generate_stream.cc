@@ -1,5 +1,7 @@
 #include "server/generate_stream.h"
 
+#include <algorithm>
+
 #include "grpcpp/support/proto_buffer_writer.h"
 #include "server/generation_service.h"
 
@@ -17,6 +19,20 @@ v1::FinishReason ToProto(scheduler::FinishReason r) {
   return v1::FINISH_REASON_UNSPECIFIED;
 }
 
+void AddLogprobs(const std::vector<float>& logprobs,
+                 const std::vector<std::vector<std::pair<int32_t, float>>>& top,
+                 google::protobuf::RepeatedPtrField<v1::TokenLogprobs>* out) {
+  for (size_t i = 0; i < logprobs.size(); ++i) {
+    v1::TokenLogprobs* lp = out->Add();
+    lp->set_logprob(logprobs[i]);
+    for (const auto& [id, logprob] : top[i]) {
+      v1::TopLogprob* t = lp->add_top();
+      t->set_token_id(static_cast<uint32_t>(id));
+      t->set_logprob(logprob);
+    }
+  }
+}
+
 }  // namespace
 
 void StreamSink::Attach(GenerateStream* stream) {
@@ -32,35 +48,28 @@ void StreamSink::Detach() {
   stream_ = nullptr;
 }
 
-bool StreamSink::done() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return left_ == 0;
-}
-
 void StreamSink::Deliver(int index, const scheduler::TokenDelta& delta) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    // Coalesce into the last queued chunk (of the same completion) when the client is slower
-    // than the engine.
-    v1::Chunk* chunk;
-    if (!queue_.empty() && queue_.back().has_chunk() &&
-        queue_.back().chunk().index() == uint32_t(index)) {
-      chunk = queue_.back().mutable_chunk();
-    } else {
-      queue_.emplace_back();
-      chunk = queue_.back().mutable_chunk();
-      chunk->set_index(uint32_t(index));
+    if (failed_) return;
+    if (!delta.prompt_token_ids.empty()) {
+      open_[index] = nullptr;  // the scores come before the tokens
+      v1::PromptLogprobs* p = queue_.emplace_back().mutable_prompt_logprobs();
+      for (int32_t id : delta.prompt_token_ids) p->add_token_ids(static_cast<uint32_t>(id));
+      AddLogprobs(delta.prompt_logprobs, delta.prompt_top, p->mutable_logprobs());
     }
-    for (int32_t id : delta.token_ids) chunk->add_token_ids(static_cast<uint32_t>(id));
-    chunk->mutable_text()->append(delta.text);
-    for (size_t i = 0; i < delta.logprobs.size(); ++i) {
-      auto* lp = chunk->add_logprobs();
-      lp->set_logprob(delta.logprobs[i]);
-      for (const auto& [id, logprob] : delta.top[i]) {
-        auto* t = lp->add_top();
-        t->set_token_id(static_cast<uint32_t>(id));
-        t->set_logprob(logprob);
+    // A delta of the prompt's scores alone (max_tokens = 0) has no chunk.
+    if (!delta.token_ids.empty()) {
+      // Coalesce into the completion's queued chunk when the client is slower than the
+      // engine (a deque's elements stay put while others are added or the front removed).
+      v1::Chunk*& chunk = open_[index];
+      if (chunk == nullptr) {
+        chunk = queue_.emplace_back().mutable_chunk();
+        chunk->set_index(uint32_t(index));
       }
+      for (int32_t id : delta.token_ids) chunk->add_token_ids(static_cast<uint32_t>(id));
+      chunk->mutable_text()->append(delta.text);
+      AddLogprobs(delta.logprobs, delta.top, chunk->mutable_logprobs());
     }
   }
   Pump();
@@ -70,10 +79,11 @@ void StreamSink::Finish(int index, const scheduler::FinishInfo& info) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     --left_;
+    open_[index] = nullptr;
     // Cancellations (Abort, client gone) end with a Complete message; deadline, shutdown and
-    // errors end the stream with their gRPC status (the first such; the stream's end cancels
-    // the other completions).
-    if (final_status_) {
+    // errors end the stream with their gRPC status (the first such, once every completion
+    // has finished).
+    if (failed_) {
       // The stream already ends with an error.
     } else if (info.status.ok() || absl::IsCancelled(info.status)) {
       v1::GenerateResponse resp;
@@ -88,10 +98,10 @@ void StreamSink::Finish(int index, const scheduler::FinishInfo& info) {
       c->set_preemptions(static_cast<uint32_t>(info.preemptions));
       c->set_index(uint32_t(index));
       queue_.push_back(std::move(resp));
-      if (left_ == 0) final_status_ = grpc::Status::OK;
     } else {
-      final_status_ = ToGrpcStatus(info.status);
+      failed_ = ToGrpcStatus(info.status);
     }
+    if (left_ == 0) final_status_ = failed_ ? *failed_ : grpc::Status::OK;
   }
   Pump();
 }
@@ -114,12 +124,19 @@ void StreamSink::Pump() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stream_ == nullptr || writing_ || finish_started_) return;
-    if (broken_) queue_.clear();
+    if (broken_) {
+      queue_.clear();
+      std::fill(open_.begin(), open_.end(), nullptr);
+    }
     if (!queue_.empty()) {
       bool own_buffer;
       in_flight_.Clear();  // the serializer wants an empty buffer
       grpc::GenericSerialize<grpc::ProtoBufferWriter, v1::GenerateResponse>(
           queue_.front(), &in_flight_, &own_buffer);
+      if (queue_.front().has_chunk()) {
+        v1::Chunk*& open = open_[queue_.front().chunk().index()];
+        if (open == queue_.front().mutable_chunk()) open = nullptr;
+      }
       queue_.pop_front();
       writing_ = true;
       write = true;
@@ -156,11 +173,15 @@ void GenerateStream::OnCancel() {
   service_->engine().Cancel(request_id_, absl::CancelledError("cancelled by the client"));
 }
 
-void GenerateStream::OnDone() {
-  // A completion failed and ended the stream: the others go too.
-  if (!sink_->done()) {
-    service_->engine().Cancel(request_id_, absl::CancelledError("the stream ended"));
+void ChoiceSink::Finish(const scheduler::FinishInfo& info) {
+  if (!info.status.ok() && !absl::IsCancelled(info.status)) {
+    service_->engine().Cancel(stream_->request_id(),
+                              absl::CancelledError("another completion of the request failed"));
   }
+  stream_->Finish(index_, info);
+}
+
+void GenerateStream::OnDone() {
   sink_->Detach();
   delete this;
 }

@@ -11,6 +11,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "grpcpp/grpcpp.h"
 #include "scheduler/request.h"
@@ -27,14 +28,14 @@ class GenerateStream;
 class StreamSink {
  public:
   // request_id: the client's, for Complete messages; n: the completions.
-  StreamSink(std::string request_id, int n) : request_id_(std::move(request_id)), left_(n) {}
+  StreamSink(std::string request_id, int n)
+      : request_id_(std::move(request_id)), left_(n), open_(n, nullptr) {}
+  const std::string& request_id() const { return request_id_; }
 
   void Attach(GenerateStream* stream);
   void Detach();
   // gRPC thread: the previous write completed.
   void WriteDone(bool ok);
-  // Whether every completion has finished.
-  bool done() const;
 
   // Engine thread.
   void Deliver(int index, const scheduler::TokenDelta& delta);
@@ -45,8 +46,14 @@ class StreamSink {
   void Pump();
 
   const std::string request_id_;
-  mutable std::mutex mu_;
+  std::mutex mu_;
   int left_;                                         // completions not finished; guarded by mu_
+  // Per completion, its last queued chunk while no later message of it is queued (where its
+  // next tokens merge when the client reads slower than the engine); guarded by mu_.
+  std::vector<v1::Chunk*> open_;
+  // The first completion that failed: the stream ends with its status once the others, which
+  // it cancels, have finished; what they send meanwhile is dropped. Guarded by mu_.
+  std::optional<grpc::Status> failed_;
   GenerateStream* stream_ = nullptr;                 // guarded by mu_
   std::deque<v1::GenerateResponse> queue_;           // guarded by mu_
   grpc::ByteBuffer in_flight_;                       // owned by the write in flight
@@ -65,7 +72,9 @@ class ChoiceSink : public ServiceSink {
 
  private:
   void Deliver(const scheduler::TokenDelta& delta) override { stream_->Deliver(index_, delta); }
-  void Finish(const scheduler::FinishInfo& info) override { stream_->Finish(index_, info); }
+  // A failure (not a cancellation) ends the whole stream: the other completions are
+  // cancelled now, so that their pages and ids are free before the client hears the error.
+  void Finish(const scheduler::FinishInfo& info) override;
 
   std::shared_ptr<StreamSink> stream_;
   const int index_;

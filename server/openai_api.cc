@@ -223,13 +223,21 @@ absl::Status ParseSampling(const In& body, OpenAiCall* call) {
                                                  "(every completion sampled is returned)"));
     }
   }
-  // max_tokens, or the chat API's newer max_completion_tokens.
+  // echo (completions): the prompt, and with logprobs its tokens' scores, come back first.
+  if (Given(body, "echo")) {
+    auto v = Bool(body, "echo");
+    if (!v.ok()) return v.status();
+    call->echo = *v;
+    if (call->echo && n > 1) return Unsupported("echo", "with n > 1");
+  }
+  // max_tokens, or the chat API's newer max_completion_tokens; 0 with echo (score the prompt).
   for (const char* key : {"max_completion_tokens", "max_tokens"}) {
     if (!Given(body, key)) continue;
     auto v = Integer(body, key);
     if (!v.ok()) return v.status();
-    if (*v < 1 || *v > std::numeric_limits<int32_t>::max()) {
-      return Invalid(key, absl::StrCat("= ", *v, "; it must be >= 1"));
+    if (*v < (call->echo ? 0 : 1) || *v > std::numeric_limits<int32_t>::max()) {
+      return Invalid(key, absl::StrCat("= ", *v, "; it must be >= ", call->echo ? "0" : "1",
+                                       call->echo ? "" : " (0 only with echo)"));
     }
     st->set_max_tokens(static_cast<uint32_t>(*v));
     call->max_tokens_given = true;
@@ -316,8 +324,8 @@ absl::Status ParseLogprobs(const In& body, OpenAiCall* call) {
 // Parameters with no counterpart here: refused unless neutral, so a client never believes it
 // got what it asked for.
 absl::Status RefuseUnsupported(const In& body, OpenAiEndpoint endpoint) {
-  if (Given(body, "echo") && body["echo"] != false) {
-    return Unsupported("echo", "the prompt is not returned");
+  if (Given(body, "echo") && body["echo"] != false && endpoint == OpenAiEndpoint::kChatCompletions) {
+    return Unsupported("echo", "not on chat completions");
   }
   if (Given(body, "suffix") && body["suffix"] != "") {
     return Unsupported("suffix", "no fill-in-the-middle");
@@ -385,6 +393,13 @@ absl::StatusOr<OpenAiCall> ParseOpenAiRequest(std::string_view body_text, OpenAi
   }
   if (absl::Status s = ParseSampling(body, &call); !s.ok()) return s;
   if (absl::Status s = ParseLogprobs(body, &call); !s.ok()) return s;
+  // echo with logprobs scores the prompt too; so does echo of a prompt alone (max_tokens 0,
+  // which the engine takes only for a request that scores its prompt).
+  const bool nothing_to_generate = call.request.stopping().has_max_tokens() &&
+                                   call.request.stopping().max_tokens() == 0;
+  if (call.echo && (call.logprobs || nothing_to_generate)) {
+    call.request.mutable_sampling()->set_prompt_logprobs(uint32_t(call.top_logprobs));
+  }
   if (Given(body, "stream")) {
     auto v = Bool(body, "stream");
     if (!v.ok()) return v.status();
@@ -455,9 +470,43 @@ std::string DumpJson(const Json& j) {
 
 OpenAiResponseBuilder::OpenAiResponseBuilder(const OpenAiCall& call, std::string id,
                                              int64_t created, std::string model,
-                                             const model::Tokenizer& tokenizer, int choices)
+                                             const model::Tokenizer& tokenizer, int choices,
+                                             std::string echo_text)
     : call_(call), id_(std::move(id)), created_(created), model_(std::move(model)),
-      tokenizer_(&tokenizer), choices_(std::max(1, choices)) {}
+      tokenizer_(&tokenizer), choices_(std::max(1, choices)), echo_text_(std::move(echo_text)) {}
+
+std::string OpenAiResponseBuilder::EchoText(Choice& c, const scheduler::TokenDelta& delta) {
+  if (!call_.echo || c.echoed) return "";
+  if (delta.token_ids.empty() && delta.prompt_token_ids.empty()) return "";
+  c.echoed = true;
+  return echo_text_;
+}
+
+Json OpenAiResponseBuilder::PromptLogprobs(const scheduler::TokenDelta& d) const {
+  if (!call_.echo || !call_.logprobs || d.prompt_token_ids.empty()) return nullptr;
+  // The legacy format: the prompt's tokens, the first with null log-probabilities.
+  Json tokens = Json::array(), token_logprobs = Json::array(), top = Json::array(),
+       offsets = Json::array();
+  size_t offset = 0;
+  for (size_t i = 0; i < d.prompt_token_ids.size(); ++i) {
+    const std::string bytes = tokenizer_->TokenBytes(d.prompt_token_ids[i]);
+    tokens.push_back(bytes);
+    offsets.push_back(offset);
+    offset += bytes.size();
+    if (i == 0 || i - 1 >= d.prompt_logprobs.size()) {
+      token_logprobs.push_back(nullptr);
+      top.push_back(nullptr);
+      continue;
+    }
+    const float lp = std::max(d.prompt_logprobs[i - 1], kMinLogprob);
+    token_logprobs.push_back(lp);
+    Json alternatives = TopList(d.prompt_top[i - 1], call_.top_logprobs, *tokenizer_, false);
+    if (!alternatives.contains(bytes)) alternatives[bytes] = lp;
+    top.push_back(alternatives);
+  }
+  return {{"tokens", tokens}, {"token_logprobs", token_logprobs}, {"top_logprobs", top},
+          {"text_offset", offsets}};
+}
 
 Json OpenAiResponseBuilder::Envelope(const char* object) const {
   return {{"id", id_}, {"object", object}, {"created", created_}, {"model", model_}};
@@ -514,13 +563,17 @@ Json OpenAiResponseBuilder::RoleChunk(int index) const {
 }
 
 Json OpenAiResponseBuilder::DeltaChunk(int index, const scheduler::TokenDelta& delta) {
-  std::string& text = choices_.at(index).text;
-  const size_t offset = text.size();
-  text += delta.text;
+  Choice& c = choices_.at(index);
+  const std::string echo = EchoText(c, delta);
+  Json logprobs = PromptLogprobs(delta);
+  c.text += echo;
+  const size_t offset = c.text.size();
+  c.text += delta.text;
+  AppendLogprobs(logprobs, Logprobs(delta, offset));
   const bool chat = call_.endpoint == OpenAiEndpoint::kChatCompletions;
   Json choice = chat ? Json{{"index", index}, {"delta", {{"content", delta.text}}}}
-                     : Json{{"text", delta.text}, {"index", index}};
-  choice["logprobs"] = Logprobs(delta, offset);
+                     : Json{{"text", echo + delta.text}, {"index", index}};
+  choice["logprobs"] = logprobs;
   choice["finish_reason"] = nullptr;
   Json j = Envelope(chat ? "chat.completion.chunk" : "text_completion");
   j["choices"] = Json::array({choice});
@@ -559,8 +612,18 @@ void OpenAiResponseBuilder::AppendLogprobs(Json& into, const Json& more) {
 
 void OpenAiResponseBuilder::Add(int index, const scheduler::TokenDelta& delta) {
   Choice& c = choices_.at(index);
+  c.text += EchoText(c, delta);
+  AppendLogprobs(c.logprobs, PromptLogprobs(delta));
   AppendLogprobs(c.logprobs, Logprobs(delta, c.text.size()));
   c.text += delta.text;
+}
+
+bool OpenAiResponseBuilder::Carries(const Json& chunk) {
+  if (chunk["choices"].empty()) return false;
+  const Json& c = chunk["choices"][0];
+  if (!c["logprobs"].is_null()) return true;
+  const Json& text = c.contains("delta") ? c["delta"]["content"] : c["text"];
+  return text.is_string() && !text.get<std::string>().empty();
 }
 
 Json OpenAiResponseBuilder::Complete(const std::vector<scheduler::FinishInfo>& infos) const {
@@ -568,6 +631,8 @@ Json OpenAiResponseBuilder::Complete(const std::vector<scheduler::FinishInfo>& i
   Json choices = Json::array();
   for (size_t i = 0; i < choices_.size() && i < infos.size(); ++i) {
     const Choice& c = choices_[i];
+    // A completion cancelled before its first token still echoes its prompt.
+    const std::string text = call_.echo && !c.echoed ? echo_text_ + c.text : c.text;
     Json logprobs = c.logprobs;
     if (call_.logprobs && logprobs.is_null()) {
       logprobs = chat ? Json{{"content", Json::array()}}
@@ -576,8 +641,8 @@ Json OpenAiResponseBuilder::Complete(const std::vector<scheduler::FinishInfo>& i
     }
     const int index = static_cast<int>(i);
     Json choice = chat ? Json{{"index", index},
-                              {"message", {{"role", "assistant"}, {"content", c.text}}}}
-                       : Json{{"text", c.text}, {"index", index}};
+                              {"message", {{"role", "assistant"}, {"content", text}}}}
+                       : Json{{"text", text}, {"index", index}};
     choice["logprobs"] = logprobs;
     choice["finish_reason"] = OpenAiFinishReason(infos[i].reason);
     choices.push_back(std::move(choice));

@@ -27,12 +27,13 @@ struct OpenAiCall {
   bool logprobs = false;       // return the sampled tokens' log-probabilities
   int top_logprobs = 0;        // and this many alternatives per token
   bool max_tokens_given = false;
+  bool echo = false;           // completions: the prompt comes back before the completion
 };
 
 // Parses a request body. INVALID_ARGUMENT names the field and what is allowed; NOT_FOUND when
 // `model` is given and is not `served_model`. Parameters the server cannot honour (best_of
-// other than n, echo, suffix, tools, ...) are refused rather than silently ignored; unknown
-// fields are ignored, as vLLM does.
+// other than n, echo on chat or with n > 1, suffix, tools, ...) are refused rather than
+// silently ignored; unknown fields are ignored, as vLLM does.
 absl::StatusOr<OpenAiCall> ParseOpenAiRequest(std::string_view body, OpenAiEndpoint endpoint,
                                               const std::string& served_model);
 
@@ -52,14 +53,19 @@ const char* OpenAiFinishReason(scheduler::FinishReason reason);
 // Builds one call's response objects, for its n completions (`choices`). Handler thread only.
 class OpenAiResponseBuilder {
  public:
+  // echo_text: with call.echo, the prompt's text, which each choice's text begins with.
   OpenAiResponseBuilder(const OpenAiCall& call, std::string id, int64_t created,
-                        std::string model, const model::Tokenizer& tokenizer, int choices = 1);
+                        std::string model, const model::Tokenizer& tokenizer, int choices = 1,
+                        std::string echo_text = "");
 
   // Streaming: for each completion the chat stream's first chunk (the assistant role), then
   // one chunk per delta and the chunk with the finish reason; last, if asked, a chunk with
   // the usage of them all.
   nlohmann::ordered_json RoleChunk(int index) const;
   nlohmann::ordered_json DeltaChunk(int index, const scheduler::TokenDelta& delta);
+  // Whether a DeltaChunk has anything to send (text, or log-probabilities): tokens whose
+  // text is not complete UTF-8 yet make chunks that do not.
+  static bool Carries(const nlohmann::ordered_json& chunk);
   nlohmann::ordered_json FinishChunk(int index, const scheduler::FinishInfo& info) const;
   // infos: every completion's, [choices].
   nlohmann::ordered_json UsageChunk(const std::vector<scheduler::FinishInfo>& infos) const;
@@ -72,9 +78,14 @@ class OpenAiResponseBuilder {
 
  private:
   struct Choice {
-    std::string text;                  // the completion so far
+    std::string text;                  // the completion so far (after the echoed prompt)
     nlohmann::ordered_json logprobs;   // accumulated (not streaming)
+    bool echoed = false;               // the prompt's text (and scores) went out
   };
+  // With echo: the prompt's text the first time a delta brings tokens or the prompt's scores,
+  // and the scores' log-probabilities (the first token's null) when asked; else "" and null.
+  std::string EchoText(Choice& c, const scheduler::TokenDelta& delta);
+  nlohmann::ordered_json PromptLogprobs(const scheduler::TokenDelta& delta) const;
   nlohmann::ordered_json Envelope(const char* object) const;
   // The prompt once, the completion tokens of all.
   nlohmann::ordered_json Usage(const std::vector<scheduler::FinishInfo>& infos) const;
@@ -89,6 +100,7 @@ class OpenAiResponseBuilder {
   std::string model_;
   const model::Tokenizer* tokenizer_;
   std::vector<Choice> choices_;
+  std::string echo_text_;
 };
 
 // Serializes for the wire: invalid UTF-8 (a token's raw bytes) becomes U+FFFD.

@@ -59,6 +59,11 @@ class HttpOutput {
     p.text += d.text;
     p.logprobs.insert(p.logprobs.end(), d.logprobs.begin(), d.logprobs.end());
     p.top.insert(p.top.end(), d.top.begin(), d.top.end());
+    if (!d.prompt_token_ids.empty()) {  // once, in the first delta
+      p.prompt_token_ids = d.prompt_token_ids;
+      p.prompt_logprobs = d.prompt_logprobs;
+      p.prompt_top = d.prompt_top;
+    }
     news_ = true;
     cv_.notify_one();
   }
@@ -83,14 +88,25 @@ class HttpOutput {
 
 class HttpChoiceSink : public ServiceSink {
  public:
-  HttpChoiceSink(GenerationService* service, std::string request_id,
+  // call_id: the call's id (its completions' group id when n > 1).
+  HttpChoiceSink(GenerationService* service, std::string request_id, std::string call_id,
                  std::shared_ptr<HttpOutput> output, int index)
-      : ServiceSink(service, std::move(request_id)), output_(std::move(output)), index_(index) {}
+      : ServiceSink(service, std::move(request_id)), call_id_(std::move(call_id)),
+        output_(std::move(output)), index_(index) {}
 
  private:
   void Deliver(const scheduler::TokenDelta& d) override { output_->Deliver(index_, d); }
-  void Finish(const scheduler::FinishInfo& info) override { output_->Finish(index_, info); }
+  // A failure (not a cancellation) fails the call: the other completions are cancelled now,
+  // so that their pages and ids are free before the client hears the error.
+  void Finish(const scheduler::FinishInfo& info) override {
+    if (!info.status.ok() && !absl::IsCancelled(info.status)) {
+      service_->engine().Cancel(call_id_,
+                                absl::CancelledError("another completion of the request failed"));
+    }
+    output_->Finish(index_, info);
+  }
 
+  const std::string call_id_;
   std::shared_ptr<HttpOutput> output_;
   const int index_;
 };
@@ -242,7 +258,7 @@ void OpenAiHttpServer::Generate(const HttpRequest& http, HttpResponder& out, boo
   auto output = std::make_shared<HttpOutput>(n);
   absl::Status submitted =
       service_->SubmitChoices(std::move(req), n, [&](int index, const std::string& choice_id) {
-        return std::make_shared<HttpChoiceSink>(service_, choice_id, output, index);
+        return std::make_shared<HttpChoiceSink>(service_, choice_id, id, output, index);
       });
   if (!submitted.ok()) {
     if (absl::IsAlreadyExists(submitted)) return reject(absl::AlreadyExistsError("request id collision"));
@@ -269,17 +285,26 @@ void OpenAiHttpServer::Generate(const HttpRequest& http, HttpResponder& out, boo
     return v;
   };
 
+  std::string echo_text;
+  if (call->echo) {
+    const v1::GenerateRequest& r = call->request;
+    echo_text = r.has_prompt_token_ids()
+                    ? model_->tokenizer().Decode(std::vector<int32_t>(r.prompt_token_ids().ids().begin(),
+                                                                      r.prompt_token_ids().ids().end()))
+                    : r.prompt();
+  }
   OpenAiResponseBuilder builder(*call, id, UnixNow(), options_.served_model_name,
-                                model_->tokenizer(), n);
+                                model_->tokenizer(), n, std::move(echo_text));
   if (!call->stream) {
     while (true) {
       output->Take(kPollInterval, &taken);
       for (int i = 0; i < n; ++i) builder.Add(i, taken[i].delta);
-      if (const scheduler::FinishInfo* failed = FirstFailure(taken)) {
-        return SendError(out, HttpStatusFor(failed->status), std::string(failed->status.message()));
-      }
       if (all_finished()) break;
       if (out.ClientGone()) return cancel("the client went away");
+    }
+    // A failed completion fails the call (its sink cancelled the others, which have ended).
+    if (const scheduler::FinishInfo* failed = FirstFailure(taken)) {
+      return SendError(out, HttpStatusFor(failed->status), std::string(failed->status.message()));
     }
     out.Send(200, "application/json", DumpJson(builder.Complete(infos())), {{"X-Request-Id", id}});
     return;
@@ -291,13 +316,16 @@ void OpenAiHttpServer::Generate(const HttpRequest& http, HttpResponder& out, boo
   auto last_write = std::chrono::steady_clock::now();
   while (ok) {
     output->Take(kPollInterval, &taken);
-    for (int i = 0; ok && i < n; ++i) {
+    // Once a completion failed, the others (cancelled by its sink) send nothing more.
+    const scheduler::FinishInfo* failed = FirstFailure(taken);
+    for (int i = 0; ok && !failed && i < n; ++i) {
       const scheduler::TokenDelta& delta = taken[i].delta;
-      if (!delta.text.empty() || (call->logprobs && !delta.logprobs.empty())) {
-        ok = SendEvent(out, builder.DeltaChunk(i, delta));
-        last_write = std::chrono::steady_clock::now();
-      } else if (!delta.token_ids.empty()) {
-        builder.DeltaChunk(i, delta);  // tokens whose text is not complete UTF-8 yet
+      if (!delta.token_ids.empty() || !delta.prompt_token_ids.empty()) {
+        const nlohmann::ordered_json chunk = builder.DeltaChunk(i, delta);
+        if (OpenAiResponseBuilder::Carries(chunk)) {
+          ok = SendEvent(out, chunk);
+          last_write = std::chrono::steady_clock::now();
+        }
       }
       const auto& finish = taken[i].finish;
       if (ok && taken[i].finished_now &&
@@ -306,8 +334,8 @@ void OpenAiHttpServer::Generate(const HttpRequest& http, HttpResponder& out, boo
       }
     }
     if (!ok) break;
-    if (const scheduler::FinishInfo* failed = FirstFailure(taken)) {
-      // The stream ends with the error; the cleanup cancels the other completions.
+    if (failed && all_finished()) {
+      // The stream ends with the error.
       ok = out.WriteChunk(absl::StrCat(
           "data: ",
           OpenAiErrorBody(HttpStatusFor(failed->status), std::string(failed->status.message())),

@@ -121,9 +121,22 @@ absl::StatusOr<scheduler::Request> BuildRequest(const v1::GenerateRequest& req,
   }
 
   const auto& st = req.stopping();
+  const auto& sp0 = req.sampling();
+  if (sp0.has_prompt_logprobs()) {
+    if (sp0.prompt_logprobs() > uint32_t(kMaxLogprobs)) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "sampling.prompt_logprobs = %d; it must be in [0, %d]", sp0.prompt_logprobs(),
+          kMaxLogprobs));
+    }
+    out.prompt_logprobs = static_cast<int32_t>(sp0.prompt_logprobs());
+  }
   int64_t max_tokens = kDefaultMaxTokens;
   if (st.has_max_tokens()) {
-    if (st.max_tokens() < 1) return absl::InvalidArgumentError("stopping.max_tokens must be >= 1");
+    // 0 scores the prompt without generating (prompt_logprobs).
+    if (st.max_tokens() < 1 && out.prompt_logprobs < 0) {
+      return absl::InvalidArgumentError(
+          "stopping.max_tokens must be >= 1 (0 only with sampling.prompt_logprobs)");
+    }
     max_tokens = st.max_tokens();
   }
   if (prompt_len + max_tokens > config.max_context) {
@@ -231,6 +244,9 @@ std::vector<scheduler::Request> SplitChoices(scheduler::Request req, int n) {
     r.group_id = req.id;
     r.group_index = i;
     if (r.sampling.seed) *r.sampling.seed += uint64_t(i);
+    // The prompt's scores are the same for every completion: the first computes them (the
+    // others adopt its blocks instead of computing the prompt).
+    if (i > 0) r.prompt_logprobs = -1;
     out.push_back(std::move(r));
   }
   return out;

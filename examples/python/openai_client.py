@@ -48,6 +48,14 @@ def check(client, model):
     assert [ch.index for ch in three.choices] == [0, 1, 2], three
     assert three.usage.completion_tokens == sum(
         len(ch.logprobs.content) for ch in three.choices), three.usage
+    # The prompt scored without generating (echo, logprobs, max_tokens=0: how evaluation
+    # harnesses compute log-likelihoods through a completions API).
+    scored = client.completions.create(model=model, prompt="The capital of France is",
+                                       echo=True, logprobs=1, max_tokens=0)
+    lp = scored.choices[0].logprobs
+    assert scored.choices[0].text == "The capital of France is", scored
+    assert len(lp.tokens) == scored.usage.prompt_tokens and lp.token_logprobs[0] is None, lp
+    assert all(x <= 0 for x in lp.token_logprobs[1:]), lp
     # Errors arrive as the client's exception types, with the server's message.
     try:
         client.completions.create(model=model, prompt="x", best_of=3)

@@ -168,7 +168,7 @@ absl::Status CpuBackend::Forward(const ForwardBatch& batch, float* logits) {
   float* last = scratch_.last.data();
   int64_t rows = 0;
   for (const SeqChunk& seq : batch.seqs) {
-    if (batch.all_logits) {
+    if (batch.all_logits || seq.all_logits) {
       std::memcpy(last + rows * hidden, x + int64_t(seq.token_offset) * hidden,
                   seq.num_tokens * hidden * sizeof(float));
       rows += seq.num_tokens;

@@ -497,7 +497,7 @@ absl::Status CudaBackend::Forward(const ForwardBatch& batch, float* logits) {
   // Rows whose logits are wanted, in sequence order.
   host_logit_rows_.clear();
   for (const SeqChunk& seq : batch.seqs) {
-    if (batch.all_logits) {
+    if (batch.all_logits || seq.all_logits) {
       for (int32_t i = 0; i < seq.num_tokens; ++i) host_logit_rows_.push_back(seq.token_offset + i);
     } else if (seq.want_logits && seq.num_tokens > 0) {
       host_logit_rows_.push_back(seq.token_offset + seq.num_tokens - 1);

@@ -20,6 +20,12 @@ class CollectingSink : public TokenSink {
     tokens.insert(tokens.end(), d.token_ids.begin(), d.token_ids.end());
     text += d.text;
     logprobs.insert(logprobs.end(), d.logprobs.begin(), d.logprobs.end());
+    if (!d.prompt_token_ids.empty()) {
+      ++prompt_deliveries;
+      prompt_token_ids = d.prompt_token_ids;
+      prompt_logprobs = d.prompt_logprobs;
+      prompt_top = d.prompt_top;
+    }
     count_.store(static_cast<int>(tokens.size()));
   }
   void OnFinish(const FinishInfo& i) override {
@@ -37,6 +43,11 @@ class CollectingSink : public TokenSink {
   std::vector<int32_t> tokens;
   std::string text;
   std::vector<float> logprobs;  // when the request asked for them
+  // Request::prompt_logprobs: what the first delta brought, and how many deltas brought any.
+  std::vector<int32_t> prompt_token_ids;
+  std::vector<float> prompt_logprobs;
+  std::vector<std::vector<std::pair<int32_t, float>>> prompt_top;
+  int prompt_deliveries = 0;
   FinishInfo info;
   bool finished = false;
 

@@ -847,7 +847,7 @@ TEST_F(EngineTest, PrefixCachingSkipsSharedBlocksAndChangesNoOutput) {
 TEST_F(EngineTest, AGroupComputesItsPromptOnceAndCancelsTogether) {
   std::string text = "You are a careful assistant. Read the passage and continue it. ";
   for (const auto& p : Prompts()) text += p + " ";
-  constexpr int kN = 4;
+  constexpr int kN = 4;  // completions per group
   auto group = [&](const std::string& id, int max_tokens) {
     std::vector<Request> requests;
     for (int i = 0; i < kN; ++i) {
@@ -911,23 +911,123 @@ TEST_F(EngineTest, AGroupComputesItsPromptOnceAndCancelsTogether) {
   EXPECT_NE(sinks[0]->tokens, sinks[1]->tokens);
   EXPECT_NE(sinks[2]->tokens, sinks[3]->tokens);
 
-  // Cancelling the group's id cancels every completion, running or still waiting for the
-  // prompt.
-  std::vector<std::shared_ptr<CollectingSink>> long_sinks;
-  ASSERT_TRUE(submit_all(**engine, group("h", 400), &long_sinks).ok());
-  while (long_sinks[0]->count() < 2 && !long_sinks[0]->finished) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  // Cancelling the group's id cancels every completion: at once (the later ones still wait
+  // for the prompt), and once all of them generate.
+  for (bool at_once : {true, false}) {
+    SCOPED_TRACE(at_once ? "cancelled at once" : "cancelled while generating");
+    const std::string id = at_once ? "h" : "i";
+    std::vector<std::shared_ptr<CollectingSink>> long_sinks;
+    ASSERT_TRUE(submit_all(**engine, group(id, 400), &long_sinks).ok());
+    while (!at_once && long_sinks[kN - 1]->count() < 2 && !long_sinks[kN - 1]->finished) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    (*engine)->Cancel(id);
+    for (auto& sk : long_sinks) {
+      ASSERT_TRUE(sk->Wait(300));
+      EXPECT_EQ(sk->info.reason, FinishReason::kCancelled);
+      EXPECT_LT(sk->info.completion_tokens, 400);
+    }
   }
-  (*engine)->Cancel("h");
-  for (auto& sk : long_sinks) {
-    ASSERT_TRUE(sk->Wait(300));
-    EXPECT_EQ(sk->info.reason, FinishReason::kCancelled);
-    EXPECT_LT(sk->info.completion_tokens, 400);
-  }
+  ASSERT_TRUE((*engine)->WaitIdle(10));
+
+  // When the first completion goes before computing the prompt, the next takes its place: the
+  // other two adopt its blocks (a new prompt, so nothing is cached before).
+  text = "Another passage altogether, about rivers and mills and weather. " + text;
+  const std::vector<Request> second = group("j", 4);
+  const int64_t second_shared = (int64_t(second[0].prompt.size()) - 1) / bs * bs;
+  const int64_t hits_before = (*engine)->Stats().counters.prefix_hit_tokens;
+  std::vector<std::shared_ptr<CollectingSink>> second_sinks;
+  ASSERT_TRUE(submit_all(**engine, second, &second_sinks).ok());
+  (*engine)->Cancel("j/0");
+  for (auto& sk : second_sinks) ASSERT_TRUE(sk->Wait(300));
+  for (int i = 1; i < kN; ++i) EXPECT_EQ(second_sinks[i]->info.reason, FinishReason::kLength) << i;
+  EXPECT_GE((*engine)->Stats().counters.prefix_hit_tokens - hits_before, 2 * second_shared);
   ASSERT_TRUE((*engine)->WaitIdle(10));
   const EngineStats idle = (*engine)->Stats();
   EXPECT_EQ(idle.pages_used_k + idle.pages_used_v, 0) << "pages leaked";
   EXPECT_EQ(idle.pages_free, idle.pages_total);
+}
+
+// Prompt log-probabilities: every prompt token is scored once (across prefill chunks, and
+// also when the prefix cache holds the prompt's blocks: a scoring request computes them), as
+// the model scores it computed alone; max_tokens = 0 scores without generating.
+TEST_F(EngineTest, PromptLogprobsScoreEveryPromptTokenEvenWhenItsBlocksAreCached) {
+  std::string text = "A careful reader notes every detail. ";
+  for (const auto& p : Prompts()) text += p + " ";
+  const Request plain = MakeRequest("plain", text, 4);
+  const std::vector<int32_t>& prompt = plain.prompt;
+  const int64_t P = int64_t(prompt.size());
+  const int64_t vocab = model_->config().vocab_size;
+  ASSERT_GT(P, 64);
+  // Alone: every position's logits in one pass.
+  auto runner = SequenceRunner::Create(*solo_backend_, P);
+  ASSERT_TRUE(runner.ok());
+  auto rows = runner->Append(prompt, /*all_logits=*/true);
+  ASSERT_TRUE(rows.ok());
+  std::vector<float> want(P - 1);
+  std::vector<int32_t> want_top1(P - 1);
+  for (int64_t i = 1; i < P; ++i) {
+    const float* row = rows->data() + (i - 1) * vocab;
+    double m = -1e30, sum = 0;
+    for (int64_t v = 0; v < vocab; ++v) m = std::max<double>(m, row[v]);
+    for (int64_t v = 0; v < vocab; ++v) sum += std::exp(double(row[v]) - m);
+    want[i - 1] = float(row[prompt[i]] - (m + std::log(sum)));
+    want_top1[i - 1] = int32_t(std::max_element(row, row + vocab) - row);
+  }
+
+  auto backend = kernels::CreateBackend(*model_, kernels::Device::kCpu, 0);
+  ASSERT_TRUE(backend.ok());
+  EngineConfig config;
+  config.kv_cache_bytes = int64_t(128) << 20;
+  config.prefix_caching = true;
+  config.scheduler.max_num_batched_tokens = 24;  // the prompt takes several chunks
+  auto engine = Engine::Create(config, **backend);
+  ASSERT_TRUE(engine.ok());
+  auto run = [&](const Request& r) {
+    auto sink = std::make_shared<CollectingSink>();
+    EXPECT_TRUE((*engine)->Submit(r, sink).ok());
+    EXPECT_TRUE(sink->Wait(300));
+    return sink;
+  };
+  const auto first = run(plain);  // caches the prompt's blocks
+  EXPECT_EQ(first->prompt_deliveries, 0) << "scores nobody asked for";
+
+  Request score = plain;
+  score.id = "score";
+  score.prompt_logprobs = 2;
+  score.stopping.max_tokens = 0;
+  const int64_t hits_before = (*engine)->Stats().counters.prefix_hit_tokens;
+  const auto scored = run(score);
+  EXPECT_EQ(scored->info.reason, FinishReason::kLength);
+  EXPECT_EQ(scored->info.completion_tokens, 0);
+  EXPECT_TRUE(scored->tokens.empty());
+  EXPECT_EQ((*engine)->Stats().counters.prefix_hit_tokens, hits_before)
+      << "a scoring request adopted cached blocks";
+  EXPECT_EQ(scored->prompt_deliveries, 1);
+  EXPECT_EQ(scored->prompt_token_ids, prompt);
+  ASSERT_EQ(int64_t(scored->prompt_logprobs.size()), P - 1);
+  ASSERT_EQ(int64_t(scored->prompt_top.size()), P - 1);
+  for (int64_t i = 0; i < P - 1; ++i) {
+    EXPECT_NEAR(scored->prompt_logprobs[i], want[i], 1e-4) << "prompt token " << i + 1;
+    ASSERT_EQ(scored->prompt_top[i].size(), 2u);
+    EXPECT_EQ(scored->prompt_top[i][0].first, want_top1[i]) << "prompt token " << i + 1;
+    EXPECT_GE(scored->prompt_top[i][0].second, scored->prompt_top[i][1].second);
+  }
+
+  // Scores and tokens together: the tokens are the plain request's.
+  Request both = plain;
+  both.id = "both";
+  both.prompt_logprobs = 0;
+  const auto with_tokens = run(both);
+  EXPECT_EQ(with_tokens->tokens, first->tokens);
+  EXPECT_EQ(with_tokens->prompt_deliveries, 1);
+  ASSERT_EQ(int64_t(with_tokens->prompt_logprobs.size()), P - 1);
+  EXPECT_TRUE(with_tokens->prompt_top[0].empty());
+  for (int64_t i = 0; i < P - 1; ++i) {
+    EXPECT_NEAR(with_tokens->prompt_logprobs[i], want[i], 1e-4) << "prompt token " << i + 1;
+  }
+  ASSERT_TRUE((*engine)->WaitIdle(10));
+  EXPECT_EQ((*engine)->Stats().pages_used_k + (*engine)->Stats().pages_used_v, 0);
 }
 
 // A group goes into the queue whole or not at all.
@@ -937,6 +1037,7 @@ TEST_F(EngineTest, SubmitAllQueuesAllOrNone) {
   EngineConfig config;
   config.kv_cache_bytes = int64_t(64) << 20;
   config.max_queue = 2;
+  config.scheduler.max_num_seqs = 1;  // one runs, the rest wait
   auto engine = Engine::Create(config, **backend);
   ASSERT_TRUE(engine.ok());
   std::vector<Request> requests;
@@ -945,17 +1046,37 @@ TEST_F(EngineTest, SubmitAllQueuesAllOrNone) {
     requests.push_back(MakeRequest(absl::StrCat("q/", i), "Hello", 4));
     sinks.push_back(std::make_shared<CollectingSink>());
   }
+  // More than the queue holds at all: never retryable.
   absl::Status st = (*engine)->SubmitAll(requests, sinks);
-  EXPECT_EQ(st.code(), absl::StatusCode::kResourceExhausted) << st;
-  EXPECT_NE(std::string(st.message()).find("cannot take 3 more"), std::string::npos) << st;
-  // One bad request refuses the whole group.
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_NE(std::string(st.message()).find("(--max-queue 2) even when it is empty"),
+            std::string::npos) << st;
+  // Two fit the queue, but not behind one already waiting (a long one runs meanwhile).
+  Request busy = MakeRequest("busy", "Hello", 200);
+  busy.stopping.ignore_eos = true;
+  Request queued = MakeRequest("queued", "Hello", 4);
+  auto busy_sink = std::make_shared<CollectingSink>();
+  auto queued_sink = std::make_shared<CollectingSink>();
+  ASSERT_TRUE((*engine)->Submit(busy, busy_sink).ok());
+  while ((*engine)->Stats().running == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ASSERT_TRUE((*engine)->Submit(queued, queued_sink).ok());
   requests.resize(2);
   sinks.resize(2);
+  st = (*engine)->SubmitAll(requests, sinks);
+  EXPECT_EQ(st.code(), absl::StatusCode::kResourceExhausted) << st;
+  EXPECT_NE(std::string(st.message()).find("cannot take 2 more (1 waiting"), std::string::npos)
+      << st;
+  (*engine)->Cancel("busy");
+  ASSERT_TRUE(busy_sink->Wait(300));
+  ASSERT_TRUE(queued_sink->Wait(300));
+  ASSERT_TRUE((*engine)->WaitIdle(10));
+  const int64_t finished_before = (*engine)->Stats().counters.requests_finished;
+  // One bad request refuses the whole group.
   requests[1].stopping.max_tokens = 100000;
   st = (*engine)->SubmitAll(requests, sinks);
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
   EXPECT_TRUE((*engine)->WaitIdle(1));
-  EXPECT_EQ((*engine)->Stats().counters.requests_finished, 0);
+  EXPECT_EQ((*engine)->Stats().counters.requests_finished, finished_before);
   // Two fit.
   requests[1].stopping.max_tokens = 4;
   ASSERT_TRUE((*engine)->SubmitAll(requests, sinks).ok());

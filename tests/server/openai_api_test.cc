@@ -169,7 +169,12 @@ TEST(OpenAiApiTest, WhatTheServerCannotHonourIsRefusedByName) {
                           "best_of is not supported: = 3 with n = 1; only best_of = n"));
   EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": "x", "n": 2, "best_of": 4})"),
                           "best_of is not supported: = 4 with n = 2"));
-  EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": "x", "echo": true})"), "echo"));
+  EXPECT_TRUE(RefusedWith(Chat(R"({"messages": [{"role": "user", "content": "x"}], "echo": true})"),
+                          "echo is not supported: not on chat completions"));
+  EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": "x", "echo": true, "n": 2})"),
+                          "echo is not supported: with n > 1"));
+  EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": "x", "max_tokens": 0})"),
+                          "max_tokens = 0; it must be >= 1 (0 only with echo)"));
   EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": "x", "suffix": "y"})"), "suffix"));
   // Neutral values pass.
   auto neutral = Completion(R"({"prompt": "x", "suffix": "", "logit_bias": {}, "min_tokens": 0})");
@@ -462,6 +467,69 @@ TEST_F(OpenAiResponseTest, SeveralCompletionsAreIndexedAndThePromptIsCountedOnce
   EXPECT_EQ(delta["choices"][0]["delta"]["content"], " Paris");
   EXPECT_EQ(s.FinishChunk(1, second)["choices"][0]["index"], 1);
   EXPECT_EQ(s.UsageChunk({second, second})["usage"]["completion_tokens"], 6);
+}
+
+TEST_F(OpenAiResponseTest, EchoReturnsThePromptAndItsScoresFirst) {
+  // The mapping: echo with logprobs scores the prompt; so does echo of the prompt alone.
+  auto scored = Completion(R"({"prompt": "x", "echo": true, "logprobs": 2, "max_tokens": 0})");
+  ASSERT_TRUE(scored.ok()) << scored.status();
+  EXPECT_TRUE(scored->echo);
+  EXPECT_EQ(scored->request.sampling().prompt_logprobs(), 2u);
+  EXPECT_EQ(scored->request.stopping().max_tokens(), 0u);
+  auto alone = Completion(R"({"prompt": "x", "echo": true, "max_tokens": 0})");
+  ASSERT_TRUE(alone.ok());
+  EXPECT_TRUE(alone->request.sampling().has_prompt_logprobs());
+  auto text_only = Completion(R"({"prompt": "x", "echo": true, "max_tokens": 3})");
+  ASSERT_TRUE(text_only.ok());
+  EXPECT_FALSE(text_only->request.sampling().has_prompt_logprobs());
+  auto built = BuildRequest(scored->request, *model_);
+  ASSERT_TRUE(built.ok()) << built.status();
+  EXPECT_EQ(built->prompt_logprobs, 2);
+  EXPECT_EQ(built->stopping.max_tokens, 0);
+  v1::GenerateRequest zero;
+  zero.set_prompt("x");
+  zero.mutable_stopping()->set_max_tokens(0);
+  auto refused = BuildRequest(zero, *model_);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().message(),
+            "stopping.max_tokens must be >= 1 (0 only with sampling.prompt_logprobs)");
+
+  // The response: the prompt's text, then the completion's; the prompt's tokens lead the
+  // log-probabilities, the first with nulls, the offsets running over both.
+  const std::vector<int32_t> prompt = model_->tokenizer().Encode("The capital", false);
+  ASSERT_EQ(prompt.size(), 2u);
+  auto deltas = Deltas();
+  deltas[0].prompt_token_ids = prompt;
+  deltas[0].prompt_logprobs = {-4.5f};
+  deltas[0].prompt_top = {{{prompt[1], -4.5f}, {deltas[0].token_ids[0], -5.0f}}};
+  auto call = Completion(R"({"prompt": "The capital", "echo": true, "logprobs": 1})");
+  ASSERT_TRUE(call.ok());
+  OpenAiResponseBuilder b(*call, "cmpl-5", 1, kServed, model_->tokenizer(), 1, "The capital");
+  for (const auto& d : deltas) b.Add(0, d);
+  const Json c = b.Complete({Finished(scheduler::FinishReason::kLength)})["choices"][0];
+  EXPECT_EQ(c["text"], "The capital Paris.");
+  EXPECT_EQ(c["logprobs"]["tokens"], Json({"The", " capital", " Paris", "."}));
+  EXPECT_EQ(c["logprobs"]["text_offset"], Json({0, 3, 11, 17}));
+  EXPECT_TRUE(c["logprobs"]["token_logprobs"][0].is_null());
+  EXPECT_TRUE(c["logprobs"]["top_logprobs"][0].is_null());
+  EXPECT_FLOAT_EQ(c["logprobs"]["token_logprobs"][1].get<float>(), -4.5f);
+  EXPECT_EQ(c["logprobs"]["top_logprobs"][1].size(), 1u);
+  EXPECT_FLOAT_EQ(c["logprobs"]["token_logprobs"][2].get<float>(), -0.25f);
+
+  // Streamed: the first chunk carries the prompt and its scores with the first token.
+  OpenAiResponseBuilder s(*call, "cmpl-6", 1, kServed, model_->tokenizer(), 1, "The capital");
+  const Json first = s.DeltaChunk(0, deltas[0]);
+  EXPECT_EQ(first["choices"][0]["text"], "The capital Paris");
+  EXPECT_EQ(first["choices"][0]["logprobs"]["tokens"], Json({"The", " capital", " Paris"}));
+  EXPECT_TRUE(OpenAiResponseBuilder::Carries(first));
+  const Json second = s.DeltaChunk(0, deltas[1]);
+  EXPECT_EQ(second["choices"][0]["text"], ".");
+  EXPECT_EQ(second["choices"][0]["logprobs"]["text_offset"], Json({17}));
+  // Without echo nothing of the prompt comes back, even when the delta has its scores.
+  auto plain = Completion(R"({"prompt": "The capital", "logprobs": 1})");
+  ASSERT_TRUE(plain.ok());
+  OpenAiResponseBuilder p(*plain, "cmpl-7", 1, kServed, model_->tokenizer());
+  EXPECT_EQ(p.DeltaChunk(0, deltas[0])["choices"][0]["text"], " Paris");
 }
 
 TEST_F(OpenAiResponseTest, FinishReasonsFollowVllm) {

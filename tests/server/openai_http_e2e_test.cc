@@ -400,6 +400,69 @@ TEST_F(OpenAiHttpTest, NCompletionsComeBackAsIndexedChoices) {
   EXPECT_TRUE(WaitForRunning(*stub, 0)) << "the completions kept running or kept their pages";
 }
 
+// echo: the prompt comes back before the completion, and with logprobs its tokens' scores
+// (the first null); max_tokens = 0 scores the prompt alone (how evaluation harnesses compute
+// log-likelihoods through a completions API).
+TEST_F(OpenAiHttpTest, EchoReturnsThePromptAndScoresIt) {
+  ASSERT_TRUE(server_->started());
+  const std::string prompt = "The capital of France is";
+  HttpResult r = Post("/v1/completions", {{"prompt", prompt}, {"echo", true}, {"logprobs", 1},
+                                          {"max_tokens", 0}});
+  ASSERT_EQ(r.status, 200) << r.body;
+  const Json j = Json::parse(r.body);
+  const Json& c = j["choices"][0];
+  EXPECT_EQ(c["text"], prompt);
+  EXPECT_EQ(c["finish_reason"], "length");
+  EXPECT_EQ(j["usage"]["completion_tokens"], 0);
+  const Json& lp = c["logprobs"];
+  const size_t P = j["usage"]["prompt_tokens"];
+  ASSERT_EQ(lp["tokens"].size(), P);
+  std::string joined;
+  for (const Json& t : lp["tokens"]) joined += t.get<std::string>();
+  EXPECT_EQ(joined, prompt);
+  EXPECT_TRUE(lp["token_logprobs"][0].is_null());
+  EXPECT_TRUE(lp["top_logprobs"][0].is_null());
+  for (size_t i = 1; i < P; ++i) {
+    EXPECT_LE(lp["token_logprobs"][i].get<double>(), 0.0);
+    EXPECT_GE(lp["top_logprobs"][i].size(), 1u);
+  }
+  EXPECT_EQ(lp["text_offset"][1], lp["tokens"][0].get<std::string>().size());
+
+  // With tokens: the prompt's text, then what the same request without echo gives.
+  const Json body = {{"prompt", prompt}, {"max_tokens", 6}, {"temperature", 0}};
+  HttpResult plain = Post("/v1/completions", body);
+  ASSERT_EQ(plain.status, 200);
+  const std::string completion = Json::parse(plain.body)["choices"][0]["text"];
+  Json echo_body = body;
+  echo_body["echo"] = true;
+  HttpResult echoed = Post("/v1/completions", echo_body);
+  ASSERT_EQ(echoed.status, 200) << echoed.body;
+  EXPECT_EQ(Json::parse(echoed.body)["choices"][0]["text"], prompt + completion);
+  echo_body["stream"] = true;
+  echo_body["logprobs"] = 0;
+  HttpResult streamed = Post("/v1/completions", echo_body);
+  ASSERT_EQ(streamed.status, 200);
+  const auto events = SseData(streamed.body);
+  ASSERT_GE(events.size(), 3u);
+  std::string text;
+  size_t scored_tokens = 0;
+  for (size_t i = 0; i + 1 < events.size(); ++i) {
+    const Json e = Json::parse(events[i]);
+    text += e["choices"][0]["text"].get<std::string>();
+    if (!e["choices"][0]["logprobs"].is_null()) {
+      scored_tokens += e["choices"][0]["logprobs"]["tokens"].size();
+    }
+  }
+  EXPECT_EQ(Json::parse(events[0])["choices"][0]["text"].get<std::string>().rfind(prompt, 0), 0u)
+      << "the first event starts with the prompt";
+  EXPECT_EQ(text, prompt + completion);
+  EXPECT_EQ(scored_tokens, P + 6);
+  // Not on chat, and max_tokens = 0 only with echo.
+  EXPECT_EQ(Post("/v1/chat/completions", {{"messages", {{{"role", "user"}, {"content", "x"}}}},
+                                          {"echo", true}}).status, 400);
+  EXPECT_EQ(Post("/v1/completions", {{"prompt", prompt}, {"max_tokens", 0}}).status, 400);
+}
+
 TEST_F(OpenAiHttpTest, SixteenConcurrentStreamsAllComplete) {
   ASSERT_TRUE(server_->started());
   using Clock = std::chrono::steady_clock;

@@ -644,6 +644,7 @@ TEST_F(ServerE2ETest, NCompletionsShareThePromptAndAbortTogether) {
   std::thread t([&] {
     auto s = server_->stub();
     grpc::ClientContext c;
+    c.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
     auto rd = s->Generate(&c, long_req);
     v1::GenerateResponse m;
     while (rd->Read(&m)) {
@@ -683,6 +684,25 @@ TEST_F(ServerE2ETest, NCompletionsShareThePromptAndAbortTogether) {
   EXPECT_EQ(idle.running(), 0u);
   EXPECT_EQ(idle.pages().used_k() + idle.pages().used_v(), 0u);
 
+  // A deadline ends every completion (the client hears DEADLINE_EXCEEDED from its own clock;
+  // the server cancels all three at its next step).
+  auto late = Prompt("Count from one to a thousand:", 1000, 0.9f);
+  late.set_n(3);
+  late.mutable_stopping()->set_ignore_eos(true);
+  StreamResult expired = Generate(*stub, late, /*timeout_s=*/1.0);
+  EXPECT_EQ(expired.status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED)
+      << expired.status.error_message();
+  const auto deadline_until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  v1::ServerStatus after_deadline = status();
+  while (std::chrono::steady_clock::now() < deadline_until &&
+         (after_deadline.running() > 0 ||
+          after_deadline.pages().used_k() + after_deadline.pages().used_v() > 0)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    after_deadline = status();
+  }
+  EXPECT_EQ(after_deadline.running(), 0u);
+  EXPECT_EQ(after_deadline.pages().used_k() + after_deadline.pages().used_v(), 0u);
+
   // Out of range: INVALID_ARGUMENT, and the server goes on.
   auto many = Prompt("x", 4);
   many.set_n(129);
@@ -690,6 +710,88 @@ TEST_F(ServerE2ETest, NCompletionsShareThePromptAndAbortTogether) {
   EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_EQ(refused.status.error_message(), "n = 129; it must be in [1, 128] (0 means 1)");
   EXPECT_TRUE(Generate(*stub, Prompt("The capital of France is", 4)).status.ok());
+}
+
+// SamplingParams.prompt_logprobs: one PromptLogprobs message before the tokens, scoring every
+// prompt token but the first; a prompt that continues with generated tokens scores them as
+// the generation did; max_tokens = 0 scores without generating.
+TEST_F(ServerE2ETest, PromptLogprobsScoreThePromptAsGenerationScoredItsTokens) {
+  auto stub = server_->stub();
+  auto read = [&](const v1::GenerateRequest& req, v1::PromptLogprobs* prompt, StreamResult* r,
+                  std::vector<float>* logprobs) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
+    auto reader = stub->Generate(&ctx, req);
+    v1::GenerateResponse resp;
+    int prompts = 0;
+    while (reader->Read(&resp)) {
+      if (resp.has_prompt_logprobs()) {
+        EXPECT_EQ(r->ids.size(), 0u) << "prompt scores after tokens";
+        *prompt = resp.prompt_logprobs();
+        ++prompts;
+      } else if (resp.has_chunk()) {
+        r->text += resp.chunk().text();
+        r->ids.insert(r->ids.end(), resp.chunk().token_ids().begin(), resp.chunk().token_ids().end());
+        for (const auto& lp : resp.chunk().logprobs()) logprobs->push_back(lp.logprob());
+      } else {
+        r->complete = resp.complete();
+      }
+    }
+    r->status = reader->Finish();
+    return prompts;
+  };
+  auto gen = Prompt("The capital of France is", 6);
+  gen.mutable_sampling()->set_logprobs(1);
+  gen.mutable_sampling()->set_prompt_logprobs(0);
+  gen.mutable_stopping()->set_ignore_eos(true);
+  v1::PromptLogprobs prompt;
+  StreamResult generated;
+  std::vector<float> gen_logprobs;
+  ASSERT_EQ(read(gen, &prompt, &generated, &gen_logprobs), 1);
+  ASSERT_TRUE(generated.status.ok()) << generated.status.error_message();
+  ASSERT_EQ(generated.ids.size(), 6u);
+  const int P = prompt.token_ids_size();
+  ASSERT_GE(P, 4);
+  EXPECT_EQ(uint32_t(P), generated.complete.usage().prompt_tokens());
+  ASSERT_EQ(prompt.logprobs_size(), P - 1);
+  for (const auto& lp : prompt.logprobs()) {
+    EXPECT_LE(lp.logprob(), 0.0f);
+    EXPECT_EQ(lp.top_size(), 0);
+  }
+
+  // The prompt and the generated tokens as one prompt, scored without generating.
+  v1::GenerateRequest score;
+  for (uint32_t id : prompt.token_ids()) score.mutable_prompt_token_ids()->add_ids(id);
+  for (uint32_t id : generated.ids) score.mutable_prompt_token_ids()->add_ids(id);
+  score.mutable_sampling()->set_prompt_logprobs(2);
+  score.mutable_stopping()->set_max_tokens(0);
+  v1::PromptLogprobs scored;
+  StreamResult none;
+  std::vector<float> no_logprobs;
+  ASSERT_EQ(read(score, &scored, &none, &no_logprobs), 1);
+  ASSERT_TRUE(none.status.ok()) << none.status.error_message();
+  EXPECT_TRUE(none.ids.empty());
+  EXPECT_EQ(none.complete.finish_reason(), v1::FINISH_REASON_LENGTH);
+  EXPECT_EQ(none.complete.usage().completion_tokens(), 0u);
+  ASSERT_EQ(scored.logprobs_size(), P + 6 - 1);
+  for (int i = 0; i < P - 1; ++i) {
+    EXPECT_NEAR(scored.logprobs(i).logprob(), prompt.logprobs(i).logprob(), 1e-3) << i;
+  }
+  for (int i = 0; i < 6; ++i) {
+    const auto& lp = scored.logprobs(P - 1 + i);
+    EXPECT_NEAR(lp.logprob(), gen_logprobs[i], 1e-3) << "generated token " << i;
+    ASSERT_EQ(lp.top_size(), 2);
+    EXPECT_EQ(lp.top(0).token_id(), generated.ids[i]) << "greedy: the most likely";
+  }
+
+  // Refused: scores past 20, and max_tokens = 0 without scores.
+  score.mutable_sampling()->set_prompt_logprobs(21);
+  StreamResult too_many = Generate(*stub, score);
+  EXPECT_EQ(too_many.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(too_many.status.error_message(), "sampling.prompt_logprobs = 21; it must be in [0, 20]");
+  score.mutable_sampling()->clear_prompt_logprobs();
+  StreamResult zero = Generate(*stub, score);
+  EXPECT_EQ(zero.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
 }
 
 // `thetaserve client` sends n, logit_bias, min_tokens and ignore_eos, and prints each
