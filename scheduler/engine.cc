@@ -119,7 +119,8 @@ absl::StatusOr<std::unique_ptr<Sequence>> Engine::Prepare(Request request,
         request.prompt.size(), request.stopping.max_tokens, total, c.max_context));
   }
   cache::SequenceKv probe(kv_shape_);
-  const int64_t pages = probe.PagesNeeded(total);
+  // A request for no tokens (prompt scores only) still reserves room for one, as admission does.
+  const int64_t pages = probe.PagesNeeded(std::max<int64_t>(total, int64_t(request.prompt.size()) + 1));
   if (pages > pool_.num_pages()) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "prompt + max_tokens = %d tokens needs %d KV pages but the whole cache has %d; "
@@ -430,11 +431,6 @@ void Engine::RunStep(StepPlan& plan) {
   step.forward_seconds = SecondsBetween(t0, t1);
   step.num_seqs = static_cast<int64_t>(plan.chunks.size());
   step.num_tokens = plan.num_tokens;
-  // Scoring a prompt takes a logits row per token (a 512-token chunk of SmolLM2: 100 MB);
-  // other steps need at most one per running sequence, so no more is kept between steps.
-  if (logits_.capacity() > size_t(c.vocab_size) * size_t(config_.scheduler.max_num_seqs)) {
-    std::vector<float>().swap(logits_);
-  }
   PublishStats(&step);
 }
 

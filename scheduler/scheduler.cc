@@ -44,10 +44,17 @@ StepPlan Scheduler::Schedule() {
   StepPlan plan;
   int64_t budget = config_.max_num_batched_tokens;
 
+  // Tokens this step may still score (each needs a logits row: kMaxScoredTokensPerStep).
+  int64_t score_budget = kMaxScoredTokensPerStep;
+  auto tokens_for = [&](const Sequence& s) {
+    int64_t n = std::min(s.num_uncomputed(), budget);
+    if (s.NeedsPromptScores()) n = std::min(n, score_budget);
+    return n;
+  };
   // Running sequences first, oldest first; preempt the newest when pages run out.
   for (size_t i = 0; i < running_.size() && budget > 0;) {
     Sequence* seq = running_[i].get();
-    const int64_t n = std::min(seq->num_uncomputed(), budget);
+    const int64_t n = tokens_for(*seq);
     if (n <= 0) {
       ++i;
       continue;
@@ -64,6 +71,7 @@ StepPlan Scheduler::Schedule() {
     seq->kv().Grow(*pool_, seq->num_computed + n);
     plan.chunks.push_back({seq, n, seq->num_computed + n == int64_t(seq->tokens().size())});
     budget -= n;
+    if (seq->NeedsPromptScores()) score_budget -= n;
     ++i;
   }
 
@@ -110,7 +118,8 @@ StepPlan Scheduler::Schedule() {
         seq->cached_blocks = match.blocks();
       }
     }
-    const int64_t n = std::min(seq->num_uncomputed(), budget);
+    const int64_t n = tokens_for(*seq);
+    if (n <= 0) break;  // a prompt to score, and this step scores no more
     const int64_t whole = to_finish_prompt(*seq);
     // Cached pages count as room for what is reserved, but are evicted only for what this
     // step allocates (the rest stays findable until it is needed).
@@ -131,6 +140,7 @@ StepPlan Scheduler::Schedule() {
     waiting_.erase(waiting_.begin() + w);
     plan.chunks.push_back({seq, n, seq->num_computed + n == int64_t(seq->tokens().size())});
     budget -= n;
+    if (seq->NeedsPromptScores()) score_budget -= n;
   }
   // Preempted sequences that were already planned must not run.
   if (!plan.preempted.empty()) {

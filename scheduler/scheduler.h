@@ -26,6 +26,11 @@ struct SchedulerConfig {
   cache::SparsePolicy sparse;
 };
 
+// Prompt tokens scored per step at most (Request::prompt_logprobs): each takes a row of logits
+// (vocabulary-sized, on the host and the device), so a long prompt to score goes in chunks of
+// this many, however large --max-num-batched-tokens is.
+inline constexpr int64_t kMaxScoredTokensPerStep = 128;
+
 // One sequence's share of a step.
 struct ScheduledChunk {
   Sequence* seq;

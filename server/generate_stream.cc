@@ -75,7 +75,8 @@ void StreamSink::Deliver(int index, const scheduler::TokenDelta& delta) {
   Pump();
 }
 
-void StreamSink::Finish(int index, const scheduler::FinishInfo& info) {
+bool StreamSink::Finish(int index, const scheduler::FinishInfo& info) {
+  int left;
   {
     std::lock_guard<std::mutex> lock(mu_);
     --left_;
@@ -102,8 +103,10 @@ void StreamSink::Finish(int index, const scheduler::FinishInfo& info) {
       failed_ = ToGrpcStatus(info.status);
     }
     if (left_ == 0) final_status_ = failed_ ? *failed_ : grpc::Status::OK;
+    left = left_;
   }
   Pump();
+  return left > 0;
 }
 
 void StreamSink::WriteDone(bool ok) {
@@ -174,11 +177,14 @@ void GenerateStream::OnCancel() {
 }
 
 void ChoiceSink::Finish(const scheduler::FinishInfo& info) {
-  if (!info.status.ok() && !absl::IsCancelled(info.status)) {
+  // The stream's end waits for the others (StreamSink::Finish), so they are cancelled before
+  // the client hears the error; when none is left nothing is cancelled (the id may already be
+  // a new request's).
+  const bool others_left = stream_->Finish(index_, info);
+  if (others_left && !info.status.ok() && !absl::IsCancelled(info.status)) {
     service_->engine().Cancel(stream_->request_id(),
                               absl::CancelledError("another completion of the request failed"));
   }
-  stream_->Finish(index_, info);
 }
 
 void GenerateStream::OnDone() {

@@ -39,7 +39,8 @@ class StreamSink {
 
   // Engine thread.
   void Deliver(int index, const scheduler::TokenDelta& delta);
-  void Finish(int index, const scheduler::FinishInfo& info);
+  // Returns whether other completions are still unfinished.
+  bool Finish(int index, const scheduler::FinishInfo& info);
 
  private:
   // Starts the next write or the Finish, if one is due. Call without holding mu_.

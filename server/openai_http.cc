@@ -68,11 +68,14 @@ class HttpOutput {
     cv_.notify_one();
   }
 
-  void Finish(int index, const scheduler::FinishInfo& info) {
+  // Returns whether other completions are still unfinished.
+  bool Finish(int index, const scheduler::FinishInfo& info) {
     std::lock_guard<std::mutex> lock(mu_);
     choices_[index].finish = info;
     news_ = true;
     cv_.notify_one();
+    return std::any_of(choices_.begin(), choices_.end(),
+                       [](const Choice& c) { return !c.finish.has_value(); });
   }
 
  private:
@@ -99,11 +102,11 @@ class HttpChoiceSink : public ServiceSink {
   // A failure (not a cancellation) fails the call: the other completions are cancelled now,
   // so that their pages and ids are free before the client hears the error.
   void Finish(const scheduler::FinishInfo& info) override {
-    if (!info.status.ok() && !absl::IsCancelled(info.status)) {
+    const bool others_left = output_->Finish(index_, info);
+    if (others_left && !info.status.ok() && !absl::IsCancelled(info.status)) {
       service_->engine().Cancel(call_id_,
                                 absl::CancelledError("another completion of the request failed"));
     }
-    output_->Finish(index_, info);
   }
 
   const std::string call_id_;
@@ -314,11 +317,14 @@ void OpenAiHttpServer::Generate(const HttpRequest& http, HttpResponder& out, boo
                              {{"Cache-Control", "no-cache"}, {"X-Request-Id", id}});
   for (int i = 0; ok && chat && i < n; ++i) ok = SendEvent(out, builder.RoleChunk(i));
   auto last_write = std::chrono::steady_clock::now();
+  const scheduler::FinishInfo* failed = nullptr;
   while (ok) {
     output->Take(kPollInterval, &taken);
-    // Once a completion failed, the others (cancelled by its sink) send nothing more.
-    const scheduler::FinishInfo* failed = FirstFailure(taken);
-    for (int i = 0; ok && !failed && i < n; ++i) {
+    // Once a completion failed, the others (cancelled by its sink) send nothing more; what
+    // came with the failure still goes out.
+    const bool failed_before = failed != nullptr;
+    failed = FirstFailure(taken);
+    for (int i = 0; ok && !failed_before && i < n; ++i) {
       const scheduler::TokenDelta& delta = taken[i].delta;
       if (!delta.token_ids.empty() || !delta.prompt_token_ids.empty()) {
         const nlohmann::ordered_json chunk = builder.DeltaChunk(i, delta);

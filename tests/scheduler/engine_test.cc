@@ -12,6 +12,7 @@
 #include <span>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -948,17 +949,20 @@ TEST_F(EngineTest, AGroupComputesItsPromptOnceAndCancelsTogether) {
   EXPECT_EQ(idle.pages_free, idle.pages_total);
 }
 
-// Prompt log-probabilities: every prompt token is scored once (across prefill chunks, and
-// also when the prefix cache holds the prompt's blocks: a scoring request computes them), as
-// the model scores it computed alone; max_tokens = 0 scores without generating.
+// Prompt log-probabilities: every prompt token is scored once (in chunks of at most
+// kMaxScoredTokensPerStep, batched with other requests' tokens, and also when the prefix cache
+// holds the prompt's blocks: a scoring request computes them), as the model scores it
+// computed alone; max_tokens = 0 scores without generating.
 TEST_F(EngineTest, PromptLogprobsScoreEveryPromptTokenEvenWhenItsBlocksAreCached) {
   std::string text = "A careful reader notes every detail. ";
-  for (const auto& p : Prompts()) text += p + " ";
+  for (int round = 0; round < 2; ++round) {
+    for (const auto& p : Prompts()) text += p + " ";
+  }
   const Request plain = MakeRequest("plain", text, 4);
   const std::vector<int32_t>& prompt = plain.prompt;
   const int64_t P = int64_t(prompt.size());
   const int64_t vocab = model_->config().vocab_size;
-  ASSERT_GT(P, 64);
+  ASSERT_GT(P, kMaxScoredTokensPerStep) << "the prompt was meant to take several steps";
   // Alone: every position's logits in one pass.
   auto runner = SequenceRunner::Create(*solo_backend_, P);
   ASSERT_TRUE(runner.ok());
@@ -980,13 +984,20 @@ TEST_F(EngineTest, PromptLogprobsScoreEveryPromptTokenEvenWhenItsBlocksAreCached
   EngineConfig config;
   config.kv_cache_bytes = int64_t(128) << 20;
   config.prefix_caching = true;
-  config.scheduler.max_num_batched_tokens = 24;  // the prompt takes several chunks
   auto engine = Engine::Create(config, **backend);
   ASSERT_TRUE(engine.ok());
+  // Each scoring request runs beside three others (their rows are in the same steps).
   auto run = [&](const Request& r) {
+    std::vector<std::shared_ptr<CollectingSink>> others;
+    for (int i = 0; i < 3; ++i) {
+      Request other = MakeRequest(absl::StrCat(r.id, "-other", i), Prompts()[i], 8);
+      others.push_back(std::make_shared<CollectingSink>());
+      EXPECT_TRUE((*engine)->Submit(other, others.back()).ok());
+    }
     auto sink = std::make_shared<CollectingSink>();
     EXPECT_TRUE((*engine)->Submit(r, sink).ok());
     EXPECT_TRUE(sink->Wait(300));
+    for (auto& o : others) EXPECT_TRUE(o->Wait(300));
     return sink;
   };
   const auto first = run(plain);  // caches the prompt's blocks
@@ -996,13 +1007,13 @@ TEST_F(EngineTest, PromptLogprobsScoreEveryPromptTokenEvenWhenItsBlocksAreCached
   score.id = "score";
   score.prompt_logprobs = 2;
   score.stopping.max_tokens = 0;
-  const int64_t hits_before = (*engine)->Stats().counters.prefix_hit_tokens;
+  const int64_t steps_before = (*engine)->Stats().counters.steps;
   const auto scored = run(score);
   EXPECT_EQ(scored->info.reason, FinishReason::kLength);
   EXPECT_EQ(scored->info.completion_tokens, 0);
   EXPECT_TRUE(scored->tokens.empty());
-  EXPECT_EQ((*engine)->Stats().counters.prefix_hit_tokens, hits_before)
-      << "a scoring request adopted cached blocks";
+  EXPECT_GE((*engine)->Stats().counters.steps - steps_before,
+            (P + kMaxScoredTokensPerStep - 1) / kMaxScoredTokensPerStep);
   EXPECT_EQ(scored->prompt_deliveries, 1);
   EXPECT_EQ(scored->prompt_token_ids, prompt);
   ASSERT_EQ(int64_t(scored->prompt_logprobs.size()), P - 1);
@@ -1028,6 +1039,62 @@ TEST_F(EngineTest, PromptLogprobsScoreEveryPromptTokenEvenWhenItsBlocksAreCached
   }
   ASSERT_TRUE((*engine)->WaitIdle(10));
   EXPECT_EQ((*engine)->Stats().pages_used_k + (*engine)->Stats().pages_used_v, 0);
+}
+
+// Preempted in the middle of its prompt, a scoring request recomputes the prompt but scores
+// each token once: a pool of 12 blocks of 4 rows per table and 6 tokens per step, and two
+// requests that decode long, force it.
+TEST_F(EngineTest, PromptLogprobsSurvivePreemptionWithoutRepeats) {
+  const auto& c = model_->config();
+  auto backend = kernels::CreateBackend(*model_, kernels::Device::kCpu, 0);
+  ASSERT_TRUE(backend.ok());
+  EngineConfig config;
+  config.block_size = 4;
+  const int64_t page_bytes = config.block_size * c.head_dim * (*backend)->kv_element_bytes();
+  config.kv_cache_bytes = 2 * 12 * c.num_layers * c.num_kv_heads * page_bytes;
+  config.scheduler.max_num_batched_tokens = 6;
+  config.scheduler.max_num_seqs = 4;
+  auto engine = Engine::Create(config, **backend);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  const auto prompts = Prompts();
+  std::vector<Request> requests;
+  std::vector<std::shared_ptr<CollectingSink>> sinks;
+  // Two short prompts that decode long, two longer prompts to score.
+  for (auto [i, tokens, score] : {std::tuple{4, 28, false}, std::tuple{1, 4, true},
+                                  std::tuple{0, 28, false}, std::tuple{2, 3, true}}) {
+    requests.push_back(MakeRequest(absl::StrCat("s", i), prompts[i], tokens));
+    requests.back().prompt_logprobs = score ? 1 : -1;
+    requests.back().stopping.ignore_eos = true;
+    sinks.push_back(std::make_shared<CollectingSink>());
+    ASSERT_TRUE((*engine)->Submit(requests.back(), sinks.back()).ok());
+  }
+  for (auto& sk : sinks) ASSERT_TRUE(sk->Wait(300));
+  EXPECT_GT((*engine)->Stats().counters.preemptions, 0) << "the pool was meant to force preemption";
+  EXPECT_GT(sinks[3]->info.preemptions, 0) << "the longer prompt to score was meant to be preempted";
+  for (size_t r = 0; r < requests.size(); ++r) {
+    const std::vector<int32_t>& prompt = requests[r].prompt;
+    const int64_t P = int64_t(prompt.size());
+    EXPECT_EQ(sinks[r]->tokens,
+              GreedyAlone(*solo_backend_, prompt, requests[r].stopping.max_tokens))
+        << "request " << r;
+    if (requests[r].prompt_logprobs < 0) {
+      EXPECT_EQ(sinks[r]->prompt_deliveries, 0) << r;
+      continue;
+    }
+    auto runner = SequenceRunner::Create(*solo_backend_, P);
+    ASSERT_TRUE(runner.ok());
+    auto rows = runner->Append(prompt, /*all_logits=*/true);
+    ASSERT_TRUE(rows.ok());
+    EXPECT_EQ(sinks[r]->prompt_deliveries, 1) << r;
+    ASSERT_EQ(int64_t(sinks[r]->prompt_logprobs.size()), P - 1) << "request " << r;
+    for (int64_t i = 1; i < P; ++i) {
+      std::vector<std::pair<int32_t, float>> top;
+      const float want = ScoreToken(std::span<const float>(rows->data() + (i - 1) * c.vocab_size,
+                                                           c.vocab_size),
+                                    prompt[i], 1, &top);
+      EXPECT_NEAR(sinks[r]->prompt_logprobs[i - 1], want, 1e-4) << "request " << r << " token " << i;
+    }
+  }
 }
 
 // A group goes into the queue whole or not at all.
