@@ -170,7 +170,10 @@ absl::Status Engine::SubmitAll(std::vector<Request> requests,
           "the request queue is full (%d waiting); retry later", queued));
     }
     pending_ += int64_t(seqs.size());
-    for (auto& seq : seqs) inbox_.push_back(std::move(seq));
+    for (auto& seq : seqs) {
+      seq->serial = ++submitted_;
+      inbox_.push_back(std::move(seq));
+    }
   }
   cv_.notify_one();
   return absl::OkStatus();
@@ -179,7 +182,7 @@ absl::Status Engine::SubmitAll(std::vector<Request> requests,
 void Engine::Cancel(const std::string& request_id, absl::Status why) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    cancels_.emplace_back(request_id, std::move(why));
+    cancels_.push_back({request_id, std::move(why), submitted_});
   }
   cv_.notify_one();
 }
@@ -249,15 +252,17 @@ void Engine::PublishStats(const StepStats* step, int64_t finishing) {
 
 void Engine::DrainInbox() {
   std::vector<std::unique_ptr<Sequence>> arrived;
-  std::vector<std::pair<std::string, absl::Status>> cancels;
+  std::vector<PendingCancel> cancels;
   {
     std::lock_guard<std::mutex> lock(mu_);
     arrived.swap(inbox_);
     cancels.swap(cancels_);
   }
   for (auto& seq : arrived) scheduler_.AddWaiting(std::move(seq));
-  for (auto& [id, why] : cancels) {
-    for (Sequence* seq : scheduler_.FindAll(id)) Finish(seq, FinishReason::kCancelled, why);
+  for (const PendingCancel& c : cancels) {
+    for (Sequence* seq : scheduler_.FindAll(c.id)) {
+      if (seq->serial <= c.serial) Finish(seq, FinishReason::kCancelled, c.why);
+    }
   }
 }
 

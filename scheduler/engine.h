@@ -133,7 +133,15 @@ class Engine {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::vector<std::unique_ptr<Sequence>> inbox_;
-  std::vector<std::pair<std::string, absl::Status>> cancels_;
+  // A cancel applies to the requests submitted before it (serial <= its own): a request that
+  // takes an id right after a cancel for its finished namesake is not hit.
+  struct PendingCancel {
+    std::string id;
+    absl::Status why;
+    uint64_t serial;
+  };
+  std::vector<PendingCancel> cancels_;
+  uint64_t submitted_ = 0;  // serial of the last submitted sequence
   int64_t pending_ = 0;  // inbox + waiting + running, for the queue limit and WaitIdle
   int64_t finishing_ = 0;  // of pending_: finished, sinks not yet told (DeliverFinished)
   bool stop_ = false;

@@ -2,6 +2,7 @@
 // pages, sampler and text decoder. Engine-thread only.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <span>
 #include <string>
@@ -73,6 +74,9 @@ class Sequence {
   int64_t cached_blocks = 0;
   cache::PrefixCache::Cursor cache_cursor;
   bool restore_v_sum = false;
+
+  // Order of submission (Engine::SubmitAll): a cancel reaches only requests submitted before it.
+  uint64_t serial = 0;
 
   // Timing, for FinishInfo.
   std::optional<Clock::time_point> first_scheduled;

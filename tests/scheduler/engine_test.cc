@@ -429,6 +429,49 @@ TEST_F(EngineTest, CancellingHalfMidwayReturnsEveryPage) {
   EXPECT_EQ((*engine)->Stats().running, 0);
 }
 
+// A cancel reaches the requests submitted before it, never one submitted after it with the
+// same id (a client that retries at once with the id of a request that just ended).
+TEST_F(EngineTest, ACancelReachesOnlyRequestsSubmittedBeforeIt) {
+  auto backend = kernels::CreateBackend(*model_, kernels::Device::kCpu, 0);
+  ASSERT_TRUE(backend.ok());
+  EngineConfig config;
+  config.kv_cache_bytes = int64_t(64) << 20;
+  auto engine = Engine::Create(config, **backend);
+  ASSERT_TRUE(engine.ok());
+  // Keep the engine stepping, so that what follows lands in its inbox between two steps.
+  Request busy = MakeRequest("busy", "Once upon a time", 400);
+  busy.stopping.ignore_eos = true;
+  auto busy_sink = std::make_shared<CollectingSink>();
+  ASSERT_TRUE((*engine)->Submit(busy, busy_sink).ok());
+  while (busy_sink->count() < 2) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  const Request first = MakeRequest("r", "The capital of France is", 2);
+  auto first_sink = std::make_shared<CollectingSink>();
+  ASSERT_TRUE((*engine)->Submit(first, first_sink).ok());
+  ASSERT_TRUE(first_sink->Wait(300));
+  ASSERT_EQ(first_sink->info.reason, FinishReason::kLength);
+  for (int round = 0; round < 5; ++round) {
+    // A late cancel for the finished "r", then a new "r" at once.
+    (*engine)->Cancel("r");
+    Request again = MakeRequest("r", "The capital of France is", 4);
+    auto again_sink = std::make_shared<CollectingSink>();
+    ASSERT_TRUE((*engine)->Submit(again, again_sink).ok());
+    ASSERT_TRUE(again_sink->Wait(300));
+    EXPECT_EQ(again_sink->info.reason, FinishReason::kLength) << "round " << round;
+    EXPECT_EQ(again_sink->info.completion_tokens, 4) << "round " << round;
+  }
+  // A cancel right after its submission still lands.
+  Request doomed = MakeRequest("doomed", "Tell me a long story", 300);
+  doomed.stopping.ignore_eos = true;
+  auto doomed_sink = std::make_shared<CollectingSink>();
+  ASSERT_TRUE((*engine)->Submit(doomed, doomed_sink).ok());
+  (*engine)->Cancel("doomed");
+  ASSERT_TRUE(doomed_sink->Wait(300));
+  EXPECT_EQ(doomed_sink->info.reason, FinishReason::kCancelled);
+  (*engine)->Cancel("busy");
+  ASSERT_TRUE(busy_sink->Wait(300));
+  EXPECT_EQ(busy_sink->info.reason, FinishReason::kCancelled);
+}
+
 TEST_F(EngineTest, RejectsARequestThatCanNeverFitThePool) {
   auto backend = kernels::CreateBackend(*model_, kernels::Device::kCpu, 0);
   ASSERT_TRUE(backend.ok());
