@@ -1085,8 +1085,9 @@ TEST_F(EngineTest, PromptLogprobsScoreEveryPromptTokenEvenWhenItsBlocksAreCached
 }
 
 // Preempted in the middle of its prompt, a scoring request recomputes the prompt but scores
-// each token once: a pool of 12 blocks of 4 rows per table and 6 tokens per step, and two
-// requests that decode long, force it.
+// each token once: a pool of 14 blocks of 4 rows per table, 4 tokens per step (a long
+// prefill) and two requests that decode long force it. (Mutation-checked: without the skip
+// of scored positions this fails on the scores' count.)
 TEST_F(EngineTest, PromptLogprobsSurvivePreemptionWithoutRepeats) {
   const auto& c = model_->config();
   auto backend = kernels::CreateBackend(*model_, kernels::Device::kCpu, 0);
@@ -1094,23 +1095,26 @@ TEST_F(EngineTest, PromptLogprobsSurvivePreemptionWithoutRepeats) {
   EngineConfig config;
   config.block_size = 4;
   const int64_t page_bytes = config.block_size * c.head_dim * (*backend)->kv_element_bytes();
-  config.kv_cache_bytes = 2 * 12 * c.num_layers * c.num_kv_heads * page_bytes;
-  config.scheduler.max_num_batched_tokens = 6;
+  config.kv_cache_bytes = 2 * 14 * c.num_layers * c.num_kv_heads * page_bytes;
+  config.scheduler.max_num_batched_tokens = 4;
   config.scheduler.max_num_seqs = 4;
   auto engine = Engine::Create(config, **backend);
   ASSERT_TRUE(engine.ok()) << engine.status();
   const auto prompts = Prompts();
   std::vector<Request> requests;
   std::vector<std::shared_ptr<CollectingSink>> sinks;
-  // Two short prompts that decode long, two longer prompts to score.
+  std::vector<std::shared_ptr<TokenSink>> as_sinks;
+  // Two short prompts that decode long, two longer prompts to score; queued together (one
+  // SubmitAll), so that the engine's schedule, and the preemption, is the same every run.
   for (auto [i, tokens, score] : {std::tuple{4, 28, false}, std::tuple{1, 4, true},
                                   std::tuple{0, 28, false}, std::tuple{2, 3, true}}) {
     requests.push_back(MakeRequest(absl::StrCat("s", i), prompts[i], tokens));
     requests.back().prompt_logprobs = score ? 1 : -1;
     requests.back().stopping.ignore_eos = true;
     sinks.push_back(std::make_shared<CollectingSink>());
-    ASSERT_TRUE((*engine)->Submit(requests.back(), sinks.back()).ok());
+    as_sinks.push_back(sinks.back());
   }
+  ASSERT_TRUE((*engine)->SubmitAll(requests, as_sinks).ok());
   for (auto& sk : sinks) ASSERT_TRUE(sk->Wait(300));
   EXPECT_GT((*engine)->Stats().counters.preemptions, 0) << "the pool was meant to force preemption";
   EXPECT_GT(sinks[3]->info.preemptions, 0) << "the longer prompt to score was meant to be preempted";
