@@ -9,15 +9,14 @@
 
 namespace thetaserve::kernels {
 
+int64_t LogitRows(const ForwardBatch& batch, const SeqChunk& seq) {
+  if (batch.all_logits || seq.all_logits) return seq.num_tokens;
+  return seq.want_logits && seq.num_tokens > 0 ? 1 : 0;
+}
+
 int64_t NumLogitRows(const ForwardBatch& batch) {
   int64_t rows = 0;
-  for (const SeqChunk& seq : batch.seqs) {
-    if (batch.all_logits || seq.all_logits) {
-      rows += seq.num_tokens;
-    } else if (seq.want_logits && seq.num_tokens > 0) {
-      rows += 1;
-    }
-  }
+  for (const SeqChunk& seq : batch.seqs) rows += LogitRows(batch, seq);
   return rows;
 }
 

@@ -37,7 +37,8 @@ struct ForwardBatch {
   AttentionStats* stats = nullptr;  // when set, attention adds its counters here
 };
 
-// Number of logit rows Forward writes for this batch.
+// Logit rows Forward writes for one sequence of the batch (in sequence order), and for all.
+int64_t LogitRows(const ForwardBatch& batch, const SeqChunk& seq);
 int64_t NumLogitRows(const ForwardBatch& batch);
 
 class Backend {

@@ -379,17 +379,15 @@ void Engine::RunStep(StepPlan& plan) {
   // thread. A request for no tokens ends once its prompt is scored.
   sample_rows_.clear();
   std::vector<Sequence*> score_only;
-  int64_t row = 0;
+  int64_t row = 0;  // the chunk's first logits row
   for (size_t i = 0; i < plan.chunks.size(); ++i) {
     const ScheduledChunk& sc = plan.chunks[i];
     const kernels::SeqChunk& chunk = chunks_[i];
     if (chunk.all_logits) {
       sc.seq->ScorePromptRows(logits_.data() + row * c.vocab_size, c.vocab_size, chunk.start_pos,
                               chunk.num_tokens);
-      row += chunk.num_tokens;
-    } else if (chunk.want_logits && chunk.num_tokens > 0) {
-      row += 1;
     }
+    row += kernels::LogitRows(batch, chunk);
     if (!sc.samples) continue;
     if (sc.seq->request().stopping.max_tokens == 0) {
       score_only.push_back(sc.seq);

@@ -75,8 +75,7 @@ void StreamSink::Deliver(int index, const scheduler::TokenDelta& delta) {
   Pump();
 }
 
-bool StreamSink::Finish(int index, const scheduler::FinishInfo& info) {
-  int left;
+void StreamSink::Finish(int index, const scheduler::FinishInfo& info) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     --left_;
@@ -86,7 +85,7 @@ bool StreamSink::Finish(int index, const scheduler::FinishInfo& info) {
     // has finished).
     if (failed_) {
       // The stream already ends with an error.
-    } else if (info.status.ok() || absl::IsCancelled(info.status)) {
+    } else if (!Failed(info)) {
       v1::GenerateResponse resp;
       v1::Complete* c = resp.mutable_complete();
       c->set_finish_reason(ToProto(info.reason));
@@ -103,10 +102,8 @@ bool StreamSink::Finish(int index, const scheduler::FinishInfo& info) {
       failed_ = ToGrpcStatus(info.status);
     }
     if (left_ == 0) final_status_ = failed_ ? *failed_ : grpc::Status::OK;
-    left = left_;
   }
   Pump();
-  return left > 0;
 }
 
 void StreamSink::WriteDone(bool ok) {
@@ -174,17 +171,6 @@ void GenerateStream::OnWriteDone(bool ok) {
 void GenerateStream::OnCancel() {
   // Client cancelled, disconnected, or its deadline passed: free the pages at the next step.
   service_->engine().Cancel(request_id_, absl::CancelledError("cancelled by the client"));
-}
-
-void ChoiceSink::Finish(const scheduler::FinishInfo& info) {
-  // The stream's end waits for the others (StreamSink::Finish), so they are cancelled before
-  // the client hears the error; when none is left nothing is cancelled (the id may already be
-  // a new request's).
-  const bool others_left = stream_->Finish(index_, info);
-  if (others_left && !info.status.ok() && !absl::IsCancelled(info.status)) {
-    service_->engine().Cancel(stream_->request_id(),
-                              absl::CancelledError("another completion of the request failed"));
-  }
 }
 
 void GenerateStream::OnDone() {

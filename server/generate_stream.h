@@ -30,7 +30,6 @@ class StreamSink {
   // request_id: the client's, for Complete messages; n: the completions.
   StreamSink(std::string request_id, int n)
       : request_id_(std::move(request_id)), left_(n), open_(n, nullptr) {}
-  const std::string& request_id() const { return request_id_; }
 
   void Attach(GenerateStream* stream);
   void Detach();
@@ -39,8 +38,7 @@ class StreamSink {
 
   // Engine thread.
   void Deliver(int index, const scheduler::TokenDelta& delta);
-  // Returns whether other completions are still unfinished.
-  bool Finish(int index, const scheduler::FinishInfo& info);
+  void Finish(int index, const scheduler::FinishInfo& info);
 
  private:
   // Starts the next write or the Finish, if one is due. Call without holding mu_.
@@ -73,9 +71,7 @@ class ChoiceSink : public ServiceSink {
 
  private:
   void Deliver(const scheduler::TokenDelta& delta) override { stream_->Deliver(index_, delta); }
-  // A failure (not a cancellation) ends the whole stream: the other completions are
-  // cancelled now, so that their pages and ids are free before the client hears the error.
-  void Finish(const scheduler::FinishInfo& info) override;
+  void Finish(const scheduler::FinishInfo& info) override { stream_->Finish(index_, info); }
 
   std::shared_ptr<StreamSink> stream_;
   const int index_;

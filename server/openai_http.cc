@@ -68,14 +68,11 @@ class HttpOutput {
     cv_.notify_one();
   }
 
-  // Returns whether other completions are still unfinished.
-  bool Finish(int index, const scheduler::FinishInfo& info) {
+  void Finish(int index, const scheduler::FinishInfo& info) {
     std::lock_guard<std::mutex> lock(mu_);
     choices_[index].finish = info;
     news_ = true;
     cv_.notify_one();
-    return std::any_of(choices_.begin(), choices_.end(),
-                       [](const Choice& c) { return !c.finish.has_value(); });
   }
 
  private:
@@ -91,25 +88,14 @@ class HttpOutput {
 
 class HttpChoiceSink : public ServiceSink {
  public:
-  // call_id: the call's id (its completions' group id when n > 1).
-  HttpChoiceSink(GenerationService* service, std::string request_id, std::string call_id,
+  HttpChoiceSink(GenerationService* service, std::string request_id,
                  std::shared_ptr<HttpOutput> output, int index)
-      : ServiceSink(service, std::move(request_id)), call_id_(std::move(call_id)),
-        output_(std::move(output)), index_(index) {}
+      : ServiceSink(service, std::move(request_id)), output_(std::move(output)), index_(index) {}
 
  private:
   void Deliver(const scheduler::TokenDelta& d) override { output_->Deliver(index_, d); }
-  // A failure (not a cancellation) fails the call: the other completions are cancelled now,
-  // so that their pages and ids are free before the client hears the error.
-  void Finish(const scheduler::FinishInfo& info) override {
-    const bool others_left = output_->Finish(index_, info);
-    if (others_left && !info.status.ok() && !absl::IsCancelled(info.status)) {
-      service_->engine().Cancel(call_id_,
-                                absl::CancelledError("another completion of the request failed"));
-    }
-  }
+  void Finish(const scheduler::FinishInfo& info) override { output_->Finish(index_, info); }
 
-  const std::string call_id_;
   std::shared_ptr<HttpOutput> output_;
   const int index_;
 };
@@ -117,7 +103,7 @@ class HttpChoiceSink : public ServiceSink {
 // The first completion that failed (not finished, not cancelled), or null.
 const scheduler::FinishInfo* FirstFailure(const std::vector<HttpOutput::Taken>& taken) {
   for (const auto& t : taken) {
-    if (t.finish && !t.finish->status.ok() && !absl::IsCancelled(t.finish->status)) {
+    if (t.finish && Failed(*t.finish)) {
       return &*t.finish;
     }
   }
@@ -261,7 +247,7 @@ void OpenAiHttpServer::Generate(const HttpRequest& http, HttpResponder& out, boo
   auto output = std::make_shared<HttpOutput>(n);
   absl::Status submitted =
       service_->SubmitChoices(std::move(req), n, [&](int index, const std::string& choice_id) {
-        return std::make_shared<HttpChoiceSink>(service_, choice_id, id, output, index);
+        return std::make_shared<HttpChoiceSink>(service_, choice_id, output, index);
       });
   if (!submitted.ok()) {
     if (absl::IsAlreadyExists(submitted)) return reject(absl::AlreadyExistsError("request id collision"));
@@ -305,7 +291,7 @@ void OpenAiHttpServer::Generate(const HttpRequest& http, HttpResponder& out, boo
       if (all_finished()) break;
       if (out.ClientGone()) return cancel("the client went away");
     }
-    // A failed completion fails the call (its sink cancelled the others, which have ended).
+    // A failed completion fails the call (ServiceSink cancelled the others, which have ended).
     if (const scheduler::FinishInfo* failed = FirstFailure(taken)) {
       return SendError(out, HttpStatusFor(failed->status), std::string(failed->status.message()));
     }
@@ -320,7 +306,7 @@ void OpenAiHttpServer::Generate(const HttpRequest& http, HttpResponder& out, boo
   const scheduler::FinishInfo* failed = nullptr;
   while (ok) {
     output->Take(kPollInterval, &taken);
-    // Once a completion failed, the others (cancelled by its sink) send nothing more; what
+    // Once a completion failed, the others (cancelled by ServiceSink) send nothing more; what
     // came with the failure still goes out.
     const bool failed_before = failed != nullptr;
     failed = FirstFailure(taken);
@@ -334,8 +320,7 @@ void OpenAiHttpServer::Generate(const HttpRequest& http, HttpResponder& out, boo
         }
       }
       const auto& finish = taken[i].finish;
-      if (ok && taken[i].finished_now &&
-          (finish->status.ok() || absl::IsCancelled(finish->status))) {
+      if (ok && taken[i].finished_now && !Failed(*finish)) {
         ok = SendEvent(out, builder.FinishChunk(i, *finish));
       }
     }

@@ -17,7 +17,15 @@ void ServiceSink::OnTokens(const scheduler::TokenDelta& delta) {
 void ServiceSink::OnFinish(const scheduler::FinishInfo& info) {
   if (service_->metrics()) service_->metrics()->OnFinish(info);
   service_->Untrack(request_id_);
-  if (group_ && group_->left.fetch_sub(1) == 1) service_->Untrack(group_->id);
+  if (group_) {
+    const int others_left = group_->left.fetch_sub(1) - 1;
+    if (others_left == 0) {
+      service_->Untrack(group_->id);
+    } else if (Failed(info)) {
+      service_->engine().Cancel(group_->id,
+                                absl::CancelledError("another completion of the request failed"));
+    }
+  }
   Finish(info);
 }
 

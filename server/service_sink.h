@@ -16,6 +16,11 @@ namespace thetaserve::server {
 
 class GenerationService;
 
+// Whether a request ended by failing: not finished, not cancelled (an Abort, a client gone).
+inline bool Failed(const scheduler::FinishInfo& info) {
+  return !info.status.ok() && !absl::IsCancelled(info.status);
+}
+
 // The n completions of one request: its id stays in flight until the last of them finishes.
 struct ChoiceGroup {
   ChoiceGroup(std::string group_id, int n) : id(std::move(group_id)), left(n) {}
@@ -31,7 +36,9 @@ class ServiceSink : public scheduler::TokenSink {
   // Before submission: this sink's request is one of a group's completions.
   void JoinGroup(std::shared_ptr<ChoiceGroup> group) { group_ = std::move(group); }
 
-  // Engine thread: records, then hands on to Deliver / Finish.
+  // Engine thread: records, then hands on to Deliver / Finish. A completion of a group that
+  // fails cancels the others still running or waiting (before the front end, which ends the
+  // call once all have finished, tells the client).
   void OnTokens(const scheduler::TokenDelta& delta) final;
   void OnFinish(const scheduler::FinishInfo& info) final;
 
