@@ -32,28 +32,6 @@ std::string GrpcText(v1::Generation::Stub& stub, const v1::GenerateRequest& req,
   return text;
 }
 
-v1::ServerStatus Status(v1::Generation::Stub& stub) {
-  grpc::ClientContext ctx;
-  v1::ServerStatus s;
-  EXPECT_TRUE(stub.GetServerStatus(&ctx, {}, &s).ok());
-  return s;
-}
-
-// Waits until the engine runs `running` requests and, when 0, holds no pages.
-bool WaitForRunning(v1::Generation::Stub& stub, uint32_t running, double timeout_s = 10) {
-  const auto until = std::chrono::steady_clock::now() +
-                     std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
-  while (std::chrono::steady_clock::now() < until) {
-    const v1::ServerStatus s = Status(stub);
-    if (s.running() == running &&
-        (running > 0 || s.pages().used_k() + s.pages().used_v() == 0)) {
-      return true;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  return false;
-}
-
 std::string RequestHead(const std::string& path, const std::string& body) {
   return "POST " + path + " HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
          "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;

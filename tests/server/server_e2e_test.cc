@@ -185,14 +185,8 @@ TEST_F(ServerE2ETest, ClientCancelFreesPagesWithinAStep) {
   EXPECT_GT(before.pages().used_k() + before.pages().used_v(), 0u);
   ctx.TryCancel();
   reader->Finish();
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-  v1::ServerStatus after;
-  while (std::chrono::steady_clock::now() < until) {
-    grpc::ClientContext c;
-    ASSERT_TRUE(stub->GetServerStatus(&c, {}, &after).ok());
-    if (after.pages().used_k() + after.pages().used_v() == 0 && after.running() == 0) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
+  EXPECT_TRUE(WaitForRunning(*stub, 0, /*timeout_s=*/5));
+  const v1::ServerStatus after = Status(*stub);
   EXPECT_EQ(after.pages().used_k() + after.pages().used_v(), 0u);
   EXPECT_EQ(after.pages().free(), after.pages().total());
   EXPECT_EQ(after.running(), 0u);
@@ -519,12 +513,7 @@ TEST_F(ServerE2ETest, PrefixCacheServesASharedPreambleAndReportsIt) {
     ASSERT_TRUE(stub->GetModelInfo(&ctx, {}, &info).ok());
     EXPECT_TRUE(info.prefix_caching());
   }
-  auto status = [&] {
-    grpc::ClientContext ctx;
-    v1::ServerStatus st;
-    EXPECT_TRUE(stub->GetServerStatus(&ctx, {}, &st).ok());
-    return st;
-  };
+  auto status = [&] { return Status(*stub); };
   std::string preamble = "The following is a conversation with a patient librarian. ";
   for (int i = 0; i < 12; ++i) preamble += "She knows every shelf, every author and every date. ";
   const std::string first = preamble + "Visitor: where are the atlases? Librarian:";
@@ -578,12 +567,7 @@ TEST_F(ServerE2ETest, PrefixCacheServesASharedPreambleAndReportsIt) {
 // find it in the prefix cache), and one Abort of the request id ends them all.
 TEST_F(ServerE2ETest, NCompletionsShareThePromptAndAbortTogether) {
   auto stub = server_->stub();
-  auto status = [&] {
-    grpc::ClientContext ctx;
-    v1::ServerStatus st;
-    EXPECT_TRUE(stub->GetServerStatus(&ctx, {}, &st).ok());
-    return st;
-  };
+  auto status = [&] { return Status(*stub); };
   std::string prompt = "Write the next line of the poem. ";
   for (int i = 0; i < 8; ++i) prompt += "The river runs past the mill and the mill wheel turns. ";
   auto req = Prompt(prompt, 12, 0.9f);
@@ -674,15 +658,7 @@ TEST_F(ServerE2ETest, NCompletionsShareThePromptAndAbortTogether) {
     EXPECT_EQ(e.finish_reason(), v1::FINISH_REASON_CANCELLED);
     EXPECT_LT(e.usage().completion_tokens(), 1000u);
   }
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-  v1::ServerStatus idle = status();
-  while (std::chrono::steady_clock::now() < until &&
-         (idle.running() > 0 || idle.pages().used_k() + idle.pages().used_v() > 0)) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    idle = status();
-  }
-  EXPECT_EQ(idle.running(), 0u);
-  EXPECT_EQ(idle.pages().used_k() + idle.pages().used_v(), 0u);
+  EXPECT_TRUE(WaitForRunning(*stub, 0, /*timeout_s=*/5)) << "running, or pages held, after Abort";
 
   // A deadline ends every completion (the client hears DEADLINE_EXCEEDED from its own clock;
   // the server cancels all three at its next step).
@@ -692,16 +668,8 @@ TEST_F(ServerE2ETest, NCompletionsShareThePromptAndAbortTogether) {
   StreamResult expired = Generate(*stub, late, /*timeout_s=*/1.0);
   EXPECT_EQ(expired.status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED)
       << expired.status.error_message();
-  const auto deadline_until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-  v1::ServerStatus after_deadline = status();
-  while (std::chrono::steady_clock::now() < deadline_until &&
-         (after_deadline.running() > 0 ||
-          after_deadline.pages().used_k() + after_deadline.pages().used_v() > 0)) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    after_deadline = status();
-  }
-  EXPECT_EQ(after_deadline.running(), 0u);
-  EXPECT_EQ(after_deadline.pages().used_k() + after_deadline.pages().used_v(), 0u);
+  EXPECT_TRUE(WaitForRunning(*stub, 0, /*timeout_s=*/5))
+      << "running, or pages held, after the deadline";
 
   // Out of range: INVALID_ARGUMENT, and the server goes on.
   auto many = Prompt("x", 4);

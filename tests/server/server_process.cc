@@ -133,4 +133,25 @@ std::string ServerProcess::ScrapeMetrics() const {
   return body == std::string::npos ? "" : out.substr(body + 4);
 }
 
+v1::ServerStatus Status(v1::Generation::Stub& stub) {
+  grpc::ClientContext ctx;
+  v1::ServerStatus s;
+  EXPECT_TRUE(stub.GetServerStatus(&ctx, {}, &s).ok());
+  return s;
+}
+
+bool WaitForRunning(v1::Generation::Stub& stub, uint32_t running, double timeout_s) {
+  const auto until = std::chrono::steady_clock::now() +
+                     std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+  while (std::chrono::steady_clock::now() < until) {
+    const v1::ServerStatus s = Status(stub);
+    if (s.running() == running &&
+        (running > 0 || s.pages().used_k() + s.pages().used_v() == 0)) {
+      return true;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return false;
+}
+
 }  // namespace thetaserve::testing

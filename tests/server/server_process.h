@@ -16,6 +16,10 @@ int FreePort();
 // The value of one series (name and labels, as exposed) in a Prometheus exposition, or -1.
 double MetricValue(const std::string& exposition, const std::string& series);
 std::string BinaryPath();  // build/thetaserve
+// GetServerStatus (a failed call fails the test).
+v1::ServerStatus Status(v1::Generation::Stub& stub);
+// Waits until the engine runs `running` requests and, when 0, holds no pages.
+bool WaitForRunning(v1::Generation::Stub& stub, uint32_t running, double timeout_s = 10);
 
 class ServerProcess {
  public:
