@@ -6,7 +6,7 @@
 // dense kernel's time over an f32 pool in the same run and the ratio of the two.
 //
 //   build/thetaserve_attention_bench [--contexts 1024,4096,16384,32768] [--batch 1]
-//       [--repeats 15] [--kv-dtype f32|f16|bf16]
+//       [--repeats 15] [--kv-dtype f32|f16|bf16|fp8_e4m3|fp8_e5m2]
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -90,7 +90,7 @@ int main(int argc, char** argv) {
       threads = std::stoi(v);
     } else if (k == "--kv-dtype") {
       if (!ts::kernels::ParseKvDtype(v, &dtype)) {
-        std::fprintf(stderr, "--kv-dtype must be f32, f16 or bf16\n");
+        std::fprintf(stderr, "--kv-dtype must be f32, f16, bf16, fp8_e4m3 or fp8_e5m2\n");
         return 2;
       }
       if (dtype == ts::kernels::KvDtype::kAuto) dtype = ts::kernels::KvDtype::kF32;

@@ -55,7 +55,7 @@ class Backend {
   // policy moves out of the KV pool. After AllocateKvPool.
   virtual absl::Status AllocateHostPool(int64_t num_pages) = 0;
   const KvPoolLayout& kv_layout() const { return kv_layout_; }
-  // The pool's element type (f32, f16 or bf16 on the CPU; bf16 on the GPU), never kAuto.
+  // The pool's element type (f32, f16, bf16 or fp8 on the CPU; bf16 on the GPU), never kAuto.
   virtual KvDtype kv_dtype() const = 0;
   // Bytes of one K or V element in the pool: the engine sizes the pool from
   // --kv-cache-memory with it.

@@ -11,9 +11,23 @@ enum class KvDtype {
   kF32,
   kF16,   // IEEE half: 10 mantissa bits, |x| ≤ 65504 (larger values become ±inf)
   kBf16,  // bfloat16: 7 mantissa bits, the f32 range
+  // 8-bit floats (OCP FP8, the formats of vLLM's --kv-cache-dtype fp8_e4m3 / fp8_e5m2), with no
+  // scale: values past the largest finite one are held at it.
+  kFp8E4M3,  // 3 mantissa bits, |x| ≤ 448, subnormals down to 2^-9; NaN, no infinities
+  kFp8E5M2,  // 2 mantissa bits, |x| ≤ 57344, subnormals down to 2^-16 (f16's top byte)
 };
 
-inline int64_t KvDtypeBytes(KvDtype t) { return t == KvDtype::kF32 ? 4 : 2; }
+inline int64_t KvDtypeBytes(KvDtype t) {
+  switch (t) {
+    case KvDtype::kF32: return 4;
+    case KvDtype::kAuto:
+    case KvDtype::kF16:
+    case KvDtype::kBf16: break;
+    case KvDtype::kFp8E4M3:
+    case KvDtype::kFp8E5M2: return 1;
+  }
+  return 2;
+}
 
 inline std::string_view KvDtypeName(KvDtype t) {
   switch (t) {
@@ -21,17 +35,21 @@ inline std::string_view KvDtypeName(KvDtype t) {
     case KvDtype::kF32: return "f32";
     case KvDtype::kF16: return "f16";
     case KvDtype::kBf16: return "bf16";
+    case KvDtype::kFp8E4M3: return "fp8_e4m3";
+    case KvDtype::kFp8E5M2: return "fp8_e5m2";
   }
   return "?";
 }
 
-// "auto", "f32", "f16" or "bf16" (also "fp32", "fp16", "float16", "bfloat16", as other
-// servers spell them); false for anything else.
+// "auto", "f32", "f16", "bf16", "fp8_e4m3" or "fp8_e5m2" (also "fp32", "fp16", "float16",
+// "bfloat16", and "fp8" for fp8_e4m3, as other servers spell them); false for anything else.
 inline bool ParseKvDtype(std::string_view s, KvDtype* out) {
   if (s == "auto") *out = KvDtype::kAuto;
   else if (s == "f32" || s == "fp32" || s == "float32") *out = KvDtype::kF32;
   else if (s == "f16" || s == "fp16" || s == "float16" || s == "half") *out = KvDtype::kF16;
   else if (s == "bf16" || s == "bfloat16") *out = KvDtype::kBf16;
+  else if (s == "fp8" || s == "fp8_e4m3") *out = KvDtype::kFp8E4M3;
+  else if (s == "fp8_e5m2") *out = KvDtype::kFp8E5M2;
   else return false;
   return true;
 }

@@ -38,10 +38,10 @@ constexpr char kUsage[] =
     "  --max-tokens N    tokens of the text to evaluate (default 65536)\n"
     "  --threads N --device cpu|cuda|auto\n"
     "  --exact-matmul    CPU: f32 activations for quantized weights (default: int8, faster)\n"
-    "  --kv-cache-dtype auto|f32|f16|bf16   the KV pages' element type (default auto: f16\n"
-    "                    on the CPU). With Top-θ the run is compared against dense attention\n"
-    "                    over the same KV type; without, f16 or bf16 given here is compared\n"
-    "                    against f32 pages (CPU only)\n"
+    "  --kv-cache-dtype auto|f32|f16|bf16|fp8|fp8_e4m3|fp8_e5m2   the KV pages' element\n"
+    "                    type (default auto: f16 on the CPU). With Top-θ the run is compared\n"
+    "                    against dense attention over the same KV type; without, a type other\n"
+    "                    than f32 given here is compared against f32 pages (CPU only)\n"
     "  --out FILE        append one JSON line with the result\n";
 
 struct RowStats {
@@ -112,7 +112,7 @@ int RunEval(const std::vector<std::string>& argv) {
   const int64_t P = *context / 2;  // prompt part of each window
 
   // The dense reference runs on a second backend over the same weights: over the same KV
-  // type as the run when Top-θ is on (so that it measures Top-θ alone), else, when a 16-bit
+  // type as the run when Top-θ is on (so that it measures Top-θ alone), else, when a narrower
   // type was asked for on the CPU, over f32 pages (so that the type is measured). A difference of a few thousandths of a
   // nat of KL is what any change to the activations costs under int8 matmul: measure a KV
   // type with --exact-matmul (docs/results.md).

@@ -479,6 +479,8 @@ void PagedAttention(ThreadPool& pool, const ForwardBatch& batch, const Attention
 THETASERVE_KV_ELEMENT(float)
 THETASERVE_KV_ELEMENT(F16)
 THETASERVE_KV_ELEMENT(Bf16)
+THETASERVE_KV_ELEMENT(Fp8E4M3)
+THETASERVE_KV_ELEMENT(Fp8E5M2)
 #undef THETASERVE_KV_ELEMENT
 
 }  // namespace thetaserve::kernels::cpu

@@ -1,8 +1,11 @@
 // Element types of the CPU backend's KV pages (kernels/kv_dtype.h) and their conversions.
 #pragma once
 
+#include <array>
 #include <bit>
+#include <cmath>
 #include <cstdint>
+#include <limits>
 
 #include "kernels/kv_dtype.h"
 
@@ -16,12 +19,77 @@ struct F16 {
 struct Bf16 {
   uint16_t bits;
 };
+// 8-bit elements (kernels/kv_dtype.h): OCP FP8 E4M3 ("fn": no infinities, S.1111.111 is NaN)
+// and E5M2 (IEEE-like, f16's top byte).
+struct Fp8E4M3 {
+  uint8_t bits;
+};
+struct Fp8E5M2 {
+  uint8_t bits;
+};
+
+namespace fp8 {
+
+// The value of each of the 256 codes of an 8-bit float with kMan mantissa bits and exponent
+// bias kBias; `ieee` formats have infinities and NaNs in the top exponent, the others only NaN
+// in the top code.
+template <int kMan, int kBias, bool kIeee>
+constexpr std::array<float, 256> Values() {
+  std::array<float, 256> v{};
+  for (int code = 0; code < 256; ++code) {
+    const int e = (code & 0x7f) >> kMan, m = code & ((1 << kMan) - 1);
+    const float sign = (code & 0x80) ? -1.0f : 1.0f;
+    float x = 0.0f;
+    if (kIeee && e == (0x7f >> kMan)) {
+      x = m == 0 ? std::numeric_limits<float>::infinity() : std::numeric_limits<float>::quiet_NaN();
+    } else if (!kIeee && (code & 0x7f) == 0x7f) {
+      x = std::numeric_limits<float>::quiet_NaN();
+    } else {
+      // (e == 0: subnormal) m · 2^(1 − bias − kMan), else (2^kMan + m) · 2^(e − bias − kMan).
+      x = float(e == 0 ? m : (1 << kMan) + m);
+      for (int p = (e == 0 ? 1 : e) - kBias - kMan; p < 0; ++p) x *= 0.5f;
+      for (int p = (e == 0 ? 1 : e) - kBias - kMan; p > 0; --p) x *= 2.0f;
+    }
+    v[code] = sign * x;
+  }
+  return v;
+}
+inline constexpr std::array<float, 256> kE4M3 = Values<3, 7, false>();
+inline constexpr std::array<float, 256> kE5M2 = Values<2, 15, true>();
+
+// f32 to the code of an 8-bit float (kMan mantissa bits, bias kBias), rounding to nearest
+// even; magnitudes at or past the largest finite value `max_code`'s are held at it (as vLLM's
+// and NVIDIA's saturating conversions do: an infinity in a K or V row would poison every
+// score it meets); NaN gives `nan_code`.
+template <int kMan, int kBias>
+uint8_t Round(float x, const std::array<float, 256>& values, uint8_t max_code, uint8_t nan_code) {
+  const uint32_t u = std::bit_cast<uint32_t>(x);
+  const uint8_t sign = uint8_t((u >> 24) & 0x80u);
+  const uint32_t a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return sign | nan_code;
+  const float ax = std::bit_cast<float>(a);
+  if (ax >= values[max_code]) return sign | max_code;
+  // Under the smallest normal, 2^(1 − bias): a multiple of the subnormal step
+  // 2^(1 − bias − kMan), whose count is the code (a count of 2^kMan is the smallest normal's).
+  if (a < uint32_t(128 - kBias) << 23) {
+    return sign | uint8_t(std::nearbyint(std::ldexp(ax, kBias - 1 + kMan)));
+  }
+  // Normal: round f32's mantissa to kMan bits (a carry moves into the exponent), then rebias.
+  constexpr int kShift = 23 - kMan;
+  const uint32_t r = (a + (1u << (kShift - 1)) - 1u + ((a >> kShift) & 1u)) >> kShift;
+  return sign | uint8_t(r - (uint32_t(127 - kBias) << kMan));
+}
+
+}  // namespace fp8
 
 inline float ToFloat(float x) { return x; }
 inline float ToFloat(F16 x) { return static_cast<float>(std::bit_cast<_Float16>(x.bits)); }
 inline float ToFloat(Bf16 x) { return std::bit_cast<float>(uint32_t(x.bits) << 16); }
+inline float ToFloat(Fp8E4M3 x) { return fp8::kE4M3[x.bits]; }
+inline float ToFloat(Fp8E5M2 x) { return fp8::kE5M2[x.bits]; }
 
-// Round to nearest, ties to even (f16: past 65504 gives ±inf); NaN stays NaN.
+// Round to nearest, ties to even (f16: past 65504 gives ±inf; fp8: past the largest finite
+// value gives it); NaN stays NaN.
 template <typename T>
 T FromFloat(float x);
 template <>
@@ -37,6 +105,14 @@ inline Bf16 FromFloat<Bf16>(float x) {
   u += 0x7fffu + ((u >> 16) & 1u);
   return {uint16_t(u >> 16)};
 }
+template <>
+inline Fp8E4M3 FromFloat<Fp8E4M3>(float x) {
+  return {fp8::Round<3, 7>(x, fp8::kE4M3, /*max_code=*/0x7e, /*nan_code=*/0x7f)};
+}
+template <>
+inline Fp8E5M2 FromFloat<Fp8E5M2>(float x) {
+  return {fp8::Round<2, 15>(x, fp8::kE5M2, /*max_code=*/0x7b, /*nan_code=*/0x7e)};
+}
 
 // f(T{}) with T the element type of `t` (auto: f16, the CPU backend's own).
 template <typename F>
@@ -44,6 +120,8 @@ decltype(auto) WithKvElement(KvDtype t, F&& f) {
   switch (t) {
     case KvDtype::kF32: return f(float{});
     case KvDtype::kBf16: return f(Bf16{});
+    case KvDtype::kFp8E4M3: return f(Fp8E4M3{});
+    case KvDtype::kFp8E5M2: return f(Fp8E5M2{});
     case KvDtype::kAuto:
     case KvDtype::kF16: break;
   }

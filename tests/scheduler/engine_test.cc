@@ -260,7 +260,7 @@ TEST_F(EngineTest, SeededSamplingOnParallelThreadsMatchesEachRequestAlone) {
 
 // The same --kv-cache-memory holds twice the pages in f16 (or bf16) as in f32, and concurrent
 // requests over those pages generate what each generates alone on them.
-TEST_F(EngineTest, SixteenBitPagesHoldTwiceTheTokensAndBatchingChangesNothing) {
+TEST_F(EngineTest, NarrowPagesHoldMoreTokensAndBatchingChangesNothing) {
   EngineConfig config;
   config.kv_cache_bytes = int64_t(64) << 20;
   auto f32 = kernels::CreateBackend(*model_, kernels::Device::kCpu, 0,
@@ -270,19 +270,22 @@ TEST_F(EngineTest, SixteenBitPagesHoldTwiceTheTokensAndBatchingChangesNothing) {
   ASSERT_TRUE(f32_engine.ok()) << f32_engine.status();
   const int64_t f32_pages = (*f32_engine)->Stats().pages_total;
   (*f32_engine)->Stop();
-  for (kernels::KvDtype dtype : {kernels::KvDtype::kF16, kernels::KvDtype::kBf16}) {
+  // 16-bit pages hold twice the tokens of f32 pages, 8-bit ones four times.
+  for (auto [dtype, bytes] : {std::pair{kernels::KvDtype::kF16, 2}, std::pair{kernels::KvDtype::kBf16, 2},
+                              std::pair{kernels::KvDtype::kFp8E4M3, 1},
+                              std::pair{kernels::KvDtype::kFp8E5M2, 1}}) {
     SCOPED_TRACE(std::string(kernels::KvDtypeName(dtype)));
     auto backend = kernels::CreateBackend(*model_, kernels::Device::kCpu, 0,
                                           kernels::MatMulMode::kQuantized, dtype);
     ASSERT_TRUE(backend.ok());
     EXPECT_EQ((*backend)->kv_dtype(), dtype);
-    EXPECT_EQ((*backend)->kv_element_bytes(), 2);
+    EXPECT_EQ((*backend)->kv_element_bytes(), bytes);
     auto solo = kernels::CreateBackend(*model_, kernels::Device::kCpu, 0,
                                        kernels::MatMulMode::kQuantized, dtype);
     ASSERT_TRUE(solo.ok());
     auto engine = Engine::Create(config, **backend);
     ASSERT_TRUE(engine.ok()) << engine.status();
-    EXPECT_EQ((*engine)->Stats().pages_total, 2 * f32_pages);
+    EXPECT_EQ((*engine)->Stats().pages_total, 4 / bytes * f32_pages);
     const auto prompts = Prompts();
     std::vector<std::shared_ptr<CollectingSink>> sinks;
     for (size_t i = 0; i < prompts.size(); ++i) {

@@ -884,7 +884,8 @@ TEST(ServerLifecycleTest, KvCacheDtypeIsUsedAndReported) {
   std::string out = RunCommand(BinaryPath() + " serve --model " + DefaultModelPath() +
                                " --kv-cache-dtype f8 2>&1", &rc);
   EXPECT_NE(rc, 0);
-  EXPECT_NE(out.find("--kv-cache-dtype must be auto, f32, f16 or bf16, got 'f8'"),
+  EXPECT_NE(out.find("--kv-cache-dtype must be auto, f32, f16, bf16, fp8 (= fp8_e4m3) or "
+                     "fp8_e5m2, got 'f8'"),
             std::string::npos) << out;
   out = RunCommand(BinaryPath() + " serve --model " + DefaultModelPath() +
                    " --device cuda --kv-cache-dtype f32 2>&1", &rc);
@@ -892,38 +893,50 @@ TEST(ServerLifecycleTest, KvCacheDtypeIsUsedAndReported) {
   EXPECT_NE(out.find("--kv-cache-dtype f32: the CUDA backend stores the KV cache in bf16 only"),
             std::string::npos) << out;
 
-  ServerProcess server({"--device", "cpu", "--kv-cache-dtype", "f32", "--kv-cache-memory", "64M"});
-  ASSERT_TRUE(server.started());
-  auto stub = server.stub();
-  {
-    grpc::ClientContext c;
-    v1::ModelInfo info;
-    ASSERT_TRUE(stub->GetModelInfo(&c, {}, &info).ok());
-    EXPECT_EQ(info.kv_cache_dtype(), "f32");
-  }
-  {
-    grpc::ClientContext c;
-    v1::ServerStatus st;
-    ASSERT_TRUE(stub->GetServerStatus(&c, {}, &st).ok());
-    EXPECT_EQ(st.pages().page_bytes(), 16u * 64u * 4u);  // 16 rows of head_dim 64, 4 bytes
-  }
-  // 64 MiB / (30 layers × 3 KV heads × K and V × 64 × 4 bytes) = 1456 tokens.
-  const std::string log = ReadFileOrDie(server.log_path());
-  EXPECT_NE(log.find("KV cache: 0.06 GiB; f32, ~1456 tokens of K and V"), std::string::npos) << log;
-  EXPECT_NE(log.find("backend cpu (KV cache in f32)"), std::string::npos) << log;
-  const std::string metrics = server.ScrapeMetrics();
-  const size_t info = metrics.find("\nthetaserve_build_info{");
-  ASSERT_NE(info, std::string::npos) << metrics;
-  EXPECT_NE(metrics.substr(info, metrics.find('\n', info + 1) - info).find("kv_cache_dtype=\"f32\""),
-            std::string::npos) << metrics;
+  // f32 and fp8 (4 bytes and 1): what each page holds, what the log, ModelInfo and the build
+  // metric say, and the server's text equal to `thetaserve generate`'s over the same type.
+  struct Case {
+    const char* flag;
+    const char* name;
+    uint32_t bytes;
+    const char* tokens;  // 64 MiB / (30 layers × 3 KV heads × K and V × 64 × bytes)
+  };
+  for (const Case& k : {Case{"f32", "f32", 4, "1456"}, Case{"fp8", "fp8_e4m3", 1, "5825"}}) {
+    SCOPED_TRACE(k.flag);
+    ServerProcess server({"--device", "cpu", "--kv-cache-dtype", k.flag, "--kv-cache-memory", "64M"});
+    ASSERT_TRUE(server.started());
+    auto stub = server.stub();
+    {
+      grpc::ClientContext c;
+      v1::ModelInfo info;
+      ASSERT_TRUE(stub->GetModelInfo(&c, {}, &info).ok());
+      EXPECT_EQ(info.kv_cache_dtype(), k.name);
+    }
+    {
+      grpc::ClientContext c;
+      v1::ServerStatus st;
+      ASSERT_TRUE(stub->GetServerStatus(&c, {}, &st).ok());
+      EXPECT_EQ(st.pages().page_bytes(), 16u * 64u * k.bytes);  // 16 rows of head_dim 64
+    }
+    const std::string log = ReadFileOrDie(server.log_path());
+    EXPECT_NE(log.find(absl::StrCat("KV cache: 0.06 GiB; ", k.name, ", ~", k.tokens, " tokens of K and V")),
+              std::string::npos) << log;
+    EXPECT_NE(log.find(absl::StrCat("backend cpu (KV cache in ", k.name, ")")), std::string::npos) << log;
+    const std::string metrics = server.ScrapeMetrics();
+    const size_t info = metrics.find("\nthetaserve_build_info{");
+    ASSERT_NE(info, std::string::npos) << metrics;
+    EXPECT_NE(metrics.substr(info, metrics.find('\n', info + 1) - info)
+                  .find(absl::StrCat("kv_cache_dtype=\"", k.name, "\"")),
+              std::string::npos) << metrics;
 
-  auto req = Prompt("Once upon a time", 20);
-  req.mutable_stopping()->set_ignore_eos(true);
-  StreamResult r = Generate(*stub, req);
-  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
-  EXPECT_EQ(r.text + "\n",
-            RunGenerateBinary("--prompt 'Once upon a time' --max-tokens 20 --ignore-eos "
-                              "--device cpu --kv-cache-dtype f32"));
+    auto req = Prompt("Once upon a time", 20);
+    req.mutable_stopping()->set_ignore_eos(true);
+    StreamResult r = Generate(*stub, req);
+    ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+    EXPECT_EQ(r.text + "\n",
+              RunGenerateBinary(absl::StrCat("--prompt 'Once upon a time' --max-tokens 20 --ignore-eos "
+                                             "--device cpu --kv-cache-dtype ", k.flag)));
+  }
 }
 
 TEST(ServerLifecycleTest, PrefixCachingFlagTakesOnOrOff) {
