@@ -2,8 +2,8 @@
 // sequence attending over paged K/V of one layer (3 KV heads × 3 query heads, head_dim 64, as
 // SmolLM2). Prints the median time of repeated runs of each, their ratio (taken in one run),
 // the fraction of V rows Top-θ read, and the bytes/s dense attention reached. With --kv-dtype
-// f16|bf16 the pages hold that type (the same values, rounded), and two more columns give the
-// dense kernel's time over an f32 pool in the same run and the ratio of the two.
+// other than f32 the pages hold that type (the same values, rounded), and two more columns give
+// the dense kernel's time over an f32 pool in the same run and the ratio of the two.
 //
 //   build/thetaserve_attention_bench [--contexts 1024,4096,16384,32768] [--batch 1]
 //       [--repeats 15] [--kv-dtype f32|f16|bf16|fp8_e4m3|fp8_e5m2]

@@ -70,8 +70,32 @@ struct Scratch {
   std::vector<float> sorted; // [L] for the (k+1)-th largest
   std::vector<const T*> kept_rows;      // Top-θ: [group, L] the V rows each head keeps
   std::vector<float> kept_e;            // [group, L] and their weights
+  std::vector<float> widened;           // a block of 8-bit K or V rows as f32 (WidenBlock)
   AttentionStats stats;
 };
+
+// A block of 8-bit rows costs more to widen (about ten instructions per eight elements) than
+// the dot products or the Σ e·V it feeds, and every query head of the group reads it: it is
+// widened once into f32 and the kernels read that. Widening is exact, so the arithmetic after
+// it, and its results, are the same bits. 16-bit rows widen in one instruction as they are read.
+template <typename T>
+constexpr bool kWidenBlocks = sizeof(T) == 1;
+
+// rows[u] for u < n (d elements each) widened into buf; out[u] points at row u there.
+template <typename T>
+void WidenBlock(const T* const* rows, int64_t n, int64_t d, std::vector<float>& buf,
+                const float** out) {
+  buf.resize(n * d);
+  for (int64_t u = 0; u < n; ++u) {
+    float* dst = buf.data() + u * d;
+    int64_t i = 0;
+#if TS_AVX2
+    for (; i + 8 <= d; i += 8) _mm256_storeu_ps(dst + i, Load8(rows[u] + i));
+#endif
+    for (; i < d; ++i) dst[i] = ToFloat(rows[u][i]);
+    out[u] = dst;
+  }
+}
 
 // Σ e·V takes this many V rows at a time (their pointers in a small array).
 constexpr int64_t kVBlock = 32;
@@ -139,7 +163,8 @@ template <typename T>
 void ExpScores(const SeqChunk& seq, int64_t lh, const Tile& tile, int64_t d, float scale,
                const KvPoolLayout& layout, const T* kv_pool,
                const float* q,  // row r at q + tile.Offset(r, q_stride, d)
-               int64_t q_stride, std::vector<float>& e, float* row_max, float* denom) {
+               int64_t q_stride, std::vector<float>& e, float* row_max, float* denom,
+               std::vector<float>& widened) {
   constexpr int64_t kKeys = 4;
   const int32_t bs = layout.block_size;
   const int64_t rows = tile.rows();
@@ -152,15 +177,25 @@ void ExpScores(const SeqChunk& seq, int64_t lh, const Tile& tile, int64_t d, flo
       const int64_t j = std::min(j0 + u, L - 1);  // the last block repeats its final key
       kr[u] = kv_pool + layout.RowOffset(seq.pages.KPage(lh, j, bs), int32_t(j % bs));
     }
-    for (int64_t r = tile.FirstRowSeeing(j0); r < rows; ++r) {
-      float s[kKeys];
-      Dot4(q + tile.Offset(r, q_stride, d), kr, d, s);
-      const int64_t j1 = std::min(j0 + kKeys, tile.RowLen(r));
-      for (int64_t j = j0; j < j1; ++j) {
-        const float x = s[j - j0] * scale;
-        e[r * L + j] = x;
-        row_max[r] = std::max(row_max[r], x);
+    const int64_t first_row = tile.FirstRowSeeing(j0);
+    auto score = [&](const auto* const* keys) {
+      for (int64_t r = first_row; r < rows; ++r) {
+        float s[kKeys];
+        Dot4(q + tile.Offset(r, q_stride, d), keys, d, s);
+        const int64_t j1 = std::min(j0 + kKeys, tile.RowLen(r));
+        for (int64_t j = j0; j < j1; ++j) {
+          const float x = s[j - j0] * scale;
+          e[r * L + j] = x;
+          row_max[r] = std::max(row_max[r], x);
+        }
       }
+    };
+    if (kWidenBlocks<T> && rows - first_row > 1) {
+      const float* kf[kKeys];
+      WidenBlock(kr, kKeys, d, widened, kf);
+      score(kf);
+    } else {
+      score(kr);
     }
   }
   for (int64_t r = 0; r < rows; ++r) denom[r] = ExpShiftSum(e.data() + r * L, tile.RowLen(r), row_max[r]);
@@ -174,12 +209,12 @@ void DenseTile(const SeqChunk& seq, int64_t lh, const Tile& tile, int64_t d, flo
                const float* q,  // row r at q + tile.Offset(r, q_stride, d)
                int64_t q_stride,
                float* o,        // same layout as q
-               std::vector<float>& e) {
+               std::vector<float>& e, std::vector<float>& widened) {
   const int32_t bs = layout.block_size;
   const int64_t rows = tile.rows();
   const int64_t L = tile.keys();  // e's row stride
   float row_max[kTileTokens * kMaxGroup], denom[kTileTokens * kMaxGroup];
-  ExpScores(seq, lh, tile, d, scale, layout, kv_pool, q, q_stride, e, row_max, denom);
+  ExpScores(seq, lh, tile, d, scale, layout, kv_pool, q, q_stride, e, row_max, denom, widened);
   auto o_row = [&](int64_t r) { return o + tile.Offset(r, q_stride, d); };
 
   // Σ e·V over blocks of keys; each row accumulates its keys in order.
@@ -191,9 +226,19 @@ void DenseTile(const SeqChunk& seq, int64_t lh, const Tile& tile, int64_t d, flo
       const int64_t j = j0 + u;
       vr[u] = kv_pool + layout.RowOffset(seq.pages.VPage(lh, j, bs), int32_t(j % bs));
     }
-    for (int64_t r = tile.FirstRowSeeing(j0); r < rows; ++r) {
-      const int64_t j1 = std::min(j0 + n, tile.RowLen(r));
-      AccumulateBlock(e.data() + r * L + j0, vr, j1 - j0, d, o_row(r));
+    const int64_t first_row = tile.FirstRowSeeing(j0);
+    auto accumulate = [&](const auto* const* values) {
+      for (int64_t r = first_row; r < rows; ++r) {
+        const int64_t j1 = std::min(j0 + n, tile.RowLen(r));
+        AccumulateBlock(e.data() + r * L + j0, values, j1 - j0, d, o_row(r));
+      }
+    };
+    if (kWidenBlocks<T> && rows - first_row > 1) {
+      const float* vf[kVBlock];
+      WidenBlock(vr, n, d, widened, vf);
+      accumulate(vf);
+    } else {
+      accumulate(vr);
     }
   }
   for (int64_t r = 0; r < rows; ++r) Scale(1.0f / denom[r], o_row(r), d);
@@ -387,7 +432,7 @@ void TopThetaTile(const SeqChunk& seq, int64_t layer, int64_t lh, const Tile& ti
   const int64_t L = tile.keys(), group = tile.group;
   float row_max[kTileTokens * kMaxGroup], d_full[kTileTokens * kMaxGroup];
   ExpScores(seq, lh, tile, shape.head_dim, shape.scale, layout, kv_pool, q, q_stride, scratch.e,
-            row_max, d_full);
+            row_max, d_full, scratch.widened);
   for (int64_t i = 0; i < tile.ntok; ++i) {
     TopThetaRow(seq, layer, lh, tile.first_pos + i, group, first_head, shape, layout, kv_pool,
                 host_pool, scratch.e.data() + i * group * L, L, row_max + i * group, d_full + i * group,
@@ -450,7 +495,7 @@ void PagedAttention(ThreadPool& pool, const ForwardBatch& batch, const Attention
         TopThetaTile(seq, layer, lh, tile, unit.kv_head * group, shape, layout, kv_pool, host_pool,
                      qg, q_dim, vsum, kv_dim, og, config, scratch);
       } else {
-        DenseTile(seq, lh, tile, d, shape.scale, layout, kv_pool, qg, q_dim, og, scratch.e);
+        DenseTile(seq, lh, tile, d, shape.scale, layout, kv_pool, qg, q_dim, og, scratch.e, scratch.widened);
         // Σ over the tile's tokens of their row lengths pos + 1 .. pos + num_tokens.
         const int64_t n = unit.num_tokens;
         const int64_t rows_read = n * (pos + 1) + n * (n - 1) / 2;

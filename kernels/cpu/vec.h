@@ -24,19 +24,19 @@ inline __m256 Load8(const Bf16* p) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
 // FP8 through f16, exactly. E5M2 is f16's top byte. E4M3's exponent and mantissa, shifted into
-// f16's, read as an f16 2^8 too small (bias 15 against 7), subnormals included; S.1111.111 is
-// NaN (all ones in f16).
+// f16's, read as an f16 2^8 too small (bias 15 against 7), subnormals included: the byte is
+// sign-extended and shifted left by 7, which puts the sign at bit 15 and a copy at bit 14 that
+// the mask clears; S.1111.111 is NaN (made all ones in f16).
 inline __m256 Load8(const Fp8E5M2* p) {
   const __m128i b = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
   return _mm256_cvtph_ps(_mm_slli_epi16(b, 8));
 }
 inline __m256 Load8(const Fp8E4M3* p) {
-  const __m128i b = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
-  const __m128i mag = _mm_and_si128(b, _mm_set1_epi16(0x7f));
-  const __m128i sign = _mm_slli_epi16(_mm_xor_si128(b, mag), 8);
-  const __m128i nan = _mm_cmpeq_epi16(mag, _mm_set1_epi16(0x7f));
-  const __m128i h = _mm_or_si128(_mm_or_si128(sign, _mm_slli_epi16(mag, 7)), nan);
-  return _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(256.0f));
+  const __m128i b = _mm_cvtepi8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  const __m128i h = _mm_and_si128(_mm_slli_epi16(b, 7), _mm_set1_epi16(int16_t(0xBF80)));
+  const __m128i nan = _mm_cmpeq_epi16(_mm_and_si128(h, _mm_set1_epi16(0x7FFF)),
+                                      _mm_set1_epi16(0x3F80));
+  return _mm256_mul_ps(_mm256_cvtph_ps(_mm_or_si128(h, nan)), _mm256_set1_ps(256.0f));
 }
 
 inline float HorizontalSum(__m256 v) {
