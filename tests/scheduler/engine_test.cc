@@ -623,6 +623,10 @@ TEST_F(EngineTest, OffloadPolicyGivesTheFullPolicysLogitsWithF16Pages) {
   ExpectOffloadGivesTheFullPolicysLogits(kernels::KvDtype::kF16);
 }
 
+TEST_F(EngineTest, OffloadPolicyGivesTheFullPolicysLogitsWithFp8Pages) {
+  ExpectOffloadGivesTheFullPolicysLogits(kernels::KvDtype::kFp8E4M3);
+}
+
 void EngineTest::ExpectOffloadGivesTheFullPolicysLogits(kernels::KvDtype kv_dtype) {
   const model::ThetaTable table = ConstantPostTheta(0.02f);
   auto backend = TopThetaBackend(table, kv_dtype);
