@@ -70,35 +70,41 @@ struct Scratch {
   std::vector<float> sorted; // [L] for the (k+1)-th largest
   std::vector<const T*> kept_rows;      // Top-θ: [group, L] the V rows each head keeps
   std::vector<float> kept_e;            // [group, L] and their weights
-  std::vector<float> widened;           // a block of 8-bit K or V rows as f32 (WidenBlock)
+  std::vector<float> widened;           // a block of 8-bit K or V rows as f32 (ReadBlock)
   AttentionStats stats;
 };
 
-// A block of 8-bit rows costs more to widen (about ten instructions per eight elements) than
-// the dot products or the Σ e·V it feeds, and every query head of the group reads it: it is
-// widened once into f32 and the kernels read that. Widening is exact, so the arithmetic after
-// it, and its results, are the same bits. 16-bit rows widen in one instruction as they are read.
-template <typename T>
-constexpr bool kWidenBlocks = sizeof(T) == 1;
-
-// rows[u] for u < n (d elements each) widened into buf; out[u] points at row u there.
-template <typename T>
-void WidenBlock(const T* const* rows, int64_t n, int64_t d, std::vector<float>& buf,
-                const float** out) {
-  buf.resize(n * d);
-  for (int64_t u = 0; u < n; ++u) {
-    float* dst = buf.data() + u * d;
-    int64_t i = 0;
-#if TS_AVX2
-    for (; i + 8 <= d; i += 8) _mm256_storeu_ps(dst + i, Load8(rows[u] + i));
-#endif
-    for (; i < d; ++i) dst[i] = ToFloat(rows[u][i]);
-    out[u] = dst;
-  }
-}
-
 // Σ e·V takes this many V rows at a time (their pointers in a small array).
 constexpr int64_t kVBlock = 32;
+
+// f(rows): a block of n ≤ kVBlock K or V rows (d elements each) for `readers` query rows. An
+// 8-bit row costs more to widen (about eight instructions per eight elements) than the dot
+// products or the Σ e·V it feeds, so when more than one query row reads the block, f gets it
+// widened once into f32 in `buf`. Widening is exact: the arithmetic after it, and its results,
+// are the same bits. 16-bit rows widen in one instruction as they are read and go as they are.
+template <typename T, typename F>
+void ReadBlock(const T* const* rows, int64_t n, int64_t d, int64_t readers,
+               std::vector<float>& buf, F&& f) {
+  if constexpr (sizeof(T) == 1) {
+    if (readers > 1) {
+      CHECK(n <= kVBlock);
+      buf.resize(n * d);
+      const float* widened[kVBlock];
+      for (int64_t u = 0; u < n; ++u) {
+        float* dst = buf.data() + u * d;
+        int64_t i = 0;
+#if TS_AVX2
+        for (; i + 8 <= d; i += 8) _mm256_storeu_ps(dst + i, Load8(rows[u] + i));
+#endif
+        for (; i < d; ++i) dst[i] = ToFloat(rows[u][i]);
+        widened[u] = dst;
+      }
+      f(widened);
+      return;
+    }
+  }
+  f(rows);
+}
 
 // y[c] += Σ_{u < n} w[u] · x[u][c] for c < 8·NV, in u order (the same FMAs, in the same order,
 // as Axpy row by row); y stays in registers across the rows.
@@ -190,13 +196,7 @@ void ExpScores(const SeqChunk& seq, int64_t lh, const Tile& tile, int64_t d, flo
         }
       }
     };
-    if (kWidenBlocks<T> && rows - first_row > 1) {
-      const float* kf[kKeys];
-      WidenBlock(kr, kKeys, d, widened, kf);
-      score(kf);
-    } else {
-      score(kr);
-    }
+    ReadBlock(kr, kKeys, d, rows - first_row, widened, score);
   }
   for (int64_t r = 0; r < rows; ++r) denom[r] = ExpShiftSum(e.data() + r * L, tile.RowLen(r), row_max[r]);
 }
@@ -233,13 +233,7 @@ void DenseTile(const SeqChunk& seq, int64_t lh, const Tile& tile, int64_t d, flo
         AccumulateBlock(e.data() + r * L + j0, values, j1 - j0, d, o_row(r));
       }
     };
-    if (kWidenBlocks<T> && rows - first_row > 1) {
-      const float* vf[kVBlock];
-      WidenBlock(vr, n, d, widened, vf);
-      accumulate(vf);
-    } else {
-      accumulate(vr);
-    }
+    ReadBlock(vr, n, d, rows - first_row, widened, accumulate);
   }
   for (int64_t r = 0; r < rows; ++r) Scale(1.0f / denom[r], o_row(r), d);
 }
