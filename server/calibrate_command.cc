@@ -31,7 +31,10 @@ constexpr char kUsage[] =
     "  --context N           window length in tokens (default 2048)\n"
     "  --max-tokens N        calibration tokens (default 32768)\n"
     "  --std-factor F        θ = mean + F·std (default 0.1)\n"
-    "  --threads N --device cpu|cuda|auto (default cpu: exact top-k runs on the CPU)\n";
+    "  --threads N --device cpu|cuda|auto (default cpu: exact top-k runs on the CPU)\n"
+    "  --kv-cache-dtype auto|f32|f16|bf16|fp8|fp8_e4m3|fp8_e5m2   the KV pages' element type\n"
+    "                        the scores are computed over: the one the server will use\n"
+    "                        (default auto: f16 on the CPU)\n";
 
 // "2048:64,8192:128" -> {(2048, 64), (8192, 128)}, validated.
 absl::StatusOr<model::ThetaTable::KSchedule> ParseKSchedule(const std::string& text) {
@@ -58,7 +61,7 @@ int RunCalibrate(const std::vector<std::string>& argv) {
       argv, {{"model", true}, {"corpus", true}, {"out", true}, {"k", true}, {"k-schedule", true},
              {"dense-layers", true}, {"dense-k", true}, {"placement", true}, {"context", true},
              {"max-tokens", true}, {"std-factor", true}, {"threads", true}, {"device", true},
-             {"help", false}});
+             {"kv-cache-dtype", true}, {"help", false}});
   if (!args.ok() || args->Has("help")) {
     if (!args.ok()) std::fprintf(stderr, "thetaserve calibrate: %s\n", args.status().ToString().c_str());
     std::fprintf(stderr, "%s", kUsage);
@@ -76,8 +79,10 @@ int RunCalibrate(const std::vector<std::string>& argv) {
   auto std_factor = args->GetDouble("std-factor", 0.1);
   auto threads = args->GetInt("threads", 0);
   auto device = ParseDevice(args->GetString("device", "cpu"));
+  auto kv_dtype = ParseKvDtypeFlag(args->GetString("kv-cache-dtype", "auto"));
   for (const absl::Status& st : {k.status(), dense_layers.status(), dense_k.status(), context.status(),
-                                 max_tokens.status(), std_factor.status(), threads.status(), device.status()}) {
+                                 max_tokens.status(), std_factor.status(), threads.status(), device.status(),
+                                 kv_dtype.status()}) {
     if (!st.ok()) return fail(st);
   }
   const std::string placement = args->GetString("placement", "post");
@@ -110,7 +115,8 @@ int RunCalibrate(const std::vector<std::string>& argv) {
   auto text = ReadCorpus("corpus", args->GetString("corpus"));
   if (!text.ok()) return fail(text.status());
 
-  auto loaded = LoadModelForCli(args->GetString("model"), *device, static_cast<int>(*threads));
+  auto loaded = LoadModelForCli(args->GetString("model"), *device, static_cast<int>(*threads),
+                                kernels::MatMulMode::kQuantized, *kv_dtype);
   if (!loaded.ok()) return fail(loaded.status());
   const auto& c = loaded->model->config();
   const std::vector<int32_t> ids = TokenizePrefix(loaded->model->tokenizer(), *text, *max_tokens);

@@ -21,10 +21,10 @@ struct AttentionShape {
   float scale = 1.0f;  // 1/sqrt(head_dim)
 };
 
-// Both functions take the pool in any KV element type T (float, F16, Bf16; kv_element.h),
-// instantiated for those three in attention.cc. Rows are rounded to T when written and widened
-// exactly when read, so a 16-bit pool gives the same bits as an f32 pool holding the rounded
-// values.
+// Both functions take the pool in any KV element type T (float, F16, Bf16, Fp8E4M3, Fp8E5M2;
+// kv_element.h), instantiated for those five in attention.cc. Rows are rounded to T when
+// written and widened exactly when read, so a 16- or 8-bit pool gives the same bits as an f32
+// pool holding the rounded values.
 
 // Writes K and V rows of this step's tokens into their pages for `layer`, adds the stored V
 // rows to the sequences' running sums, and leaves in `vsum_rows` each token's running V sum

@@ -3,7 +3,6 @@
 
 #include <array>
 #include <bit>
-#include <cmath>
 #include <cstdint>
 #include <limits>
 
@@ -71,8 +70,17 @@ uint8_t Round(float x, const std::array<float, 256>& values, uint8_t max_code, u
   if (ax >= values[max_code]) return sign | max_code;
   // Under the smallest normal, 2^(1 − bias): a multiple of the subnormal step
   // 2^(1 − bias − kMan), whose count is the code (a count of 2^kMan is the smallest normal's).
+  // The count is f32's significand shifted right, rounded to nearest even in integers (not by
+  // the floating-point rounding mode).
   if (a < uint32_t(128 - kBias) << 23) {
-    return sign | uint8_t(std::nearbyint(std::ldexp(ax, kBias - 1 + kMan)));
+    const int exponent = int(a >> 23);
+    if (exponent == 0) return sign;  // an f32 subnormal: far under half a step
+    const uint32_t significand = (a & 0x7fffffu) | 0x800000u;
+    const int shift = 150 - exponent - (kBias - 1 + kMan);  // at least 21 here
+    if (shift > 24) return sign;  // under half a step
+    const uint32_t count = significand >> shift, rest = significand & ((1u << shift) - 1u);
+    const uint32_t half = 1u << (shift - 1);
+    return sign | uint8_t(count + (rest > half || (rest == half && (count & 1u))));
   }
   // Normal: round f32's mantissa to kMan bits (a carry moves into the exponent), then rebias.
   constexpr int kShift = 23 - kMan;

@@ -118,8 +118,8 @@ TEST(KvElementTest, Fp8E5M2RoundsToNearestEvenAndSaturates) {
 }
 
 // The nearest finite value by search over all codes, ties to the even code (the one whose
-// mantissa ends in 0), magnitudes past the largest held at it: an oracle that shares nothing
-// with FromFloat's bit arithmetic.
+// mantissa ends in 0), magnitudes past the largest held at it: an oracle that shares only the
+// decode table with FromFloat, none of its bit arithmetic.
 template <typename T>
 uint8_t NearestCode(float x, uint8_t max_code) {
   if (std::isnan(x)) return 0;

@@ -1183,5 +1183,46 @@ TEST(CalibrateCommandTest, KScheduleRaisesKWithTheRowLength) {
   EXPECT_EQ(lower, heads) << "k = 60 at L = 480 must give a lower probability threshold than k = 16";
 }
 
+// `calibrate --kv-cache-dtype`: the scores θ is calibrated on are computed over pages of that
+// type, so fp8 pages give other thresholds than f32 pages, near them (K moves by at most 2^-4
+// of itself, so a score by a fraction of a nat, and a post-softmax θ by a factor near 1);
+// a bad type is refused.
+TEST(CalibrateCommandTest, ScoresAreComputedOverTheGivenKvCacheDtype) {
+  auto run = [](const std::string& args, int* rc) {
+    return RunCommand(BinaryPath() + " calibrate --model " + DefaultModelPath() + " --corpus " +
+                          SourceDir() + "/data/kjv.txt --context 512 --max-tokens 512 --k 16 " +
+                          args + " 2>&1",
+                      rc);
+  };
+  const std::string f32 = ::testing::TempDir() + "/theta_f32.json";
+  const std::string fp8 = ::testing::TempDir() + "/theta_fp8.json";
+  int rc = 0;
+  std::string out = run("--kv-cache-dtype f32 --out " + f32, &rc);
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("(KV cache in f32)"), std::string::npos) << out;
+  out = run("--kv-cache-dtype fp8 --out " + fp8, &rc);
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("(KV cache in fp8_e4m3)"), std::string::npos) << out;
+  out = run("--kv-cache-dtype int4 --out " + fp8 + ".x", &rc);
+  EXPECT_NE(rc, 0);
+  EXPECT_NE(out.find("--kv-cache-dtype must be auto, f32, f16, bf16, fp8"), std::string::npos) << out;
+
+  auto a = model::ThetaTable::Load(f32);
+  auto b = model::ThetaTable::Load(fp8);
+  ASSERT_TRUE(a.ok() && b.ok());
+  int differ = 0, heads = 0;
+  for (int32_t l = 2; l < a->num_layers(); ++l) {
+    for (int32_t h = 0; h < a->num_heads(); ++h) {
+      const float x = a->Theta(l, h, 480), y = b->Theta(l, h, 480);
+      ASSERT_GT(x, 0.0f);
+      ASSERT_GT(y, 0.0f);
+      EXPECT_LT(std::fabs(std::log(y / x)), 0.5f) << "layer " << l << " head " << h << ": " << x << " vs " << y;
+      differ += x != y;
+      ++heads;
+    }
+  }
+  EXPECT_GT(differ, heads / 2) << "fp8 pages gave f32's thresholds: were they used?";
+}
+
 }  // namespace
 }  // namespace thetaserve::testing
