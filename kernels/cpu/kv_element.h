@@ -30,7 +30,7 @@ struct Fp8E5M2 {
 namespace fp8 {
 
 // The value of each of the 256 codes of an 8-bit float with kMan mantissa bits and exponent
-// bias kBias; `ieee` formats have infinities and NaNs in the top exponent, the others only NaN
+// bias kBias; kIeee formats have infinities and NaNs in the top exponent, the others only NaN
 // in the top code.
 template <int kMan, int kBias, bool kIeee>
 constexpr std::array<float, 256> Values() {

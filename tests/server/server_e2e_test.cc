@@ -1142,16 +1142,19 @@ TEST(ServerTopThetaTest, OffloadPolicyServesTheFullPolicysTextAndReportsHostMemo
   }
 }
 
+// `thetaserve calibrate` on the real model and the KJV corpus with `args`: its stdout and stderr.
+std::string RunCalibrate(const std::string& args, int* rc) {
+  return RunCommand(BinaryPath() + " calibrate --model " + DefaultModelPath() + " --corpus " +
+                        SourceDir() + "/data/kjv.txt " + args + " 2>&1",
+                    rc);
+}
+
 // `calibrate --k-schedule` on the real model: the file records the schedule, θ is unchanged
 // where k is (rows up to the first point see the same k, and attention is causal) and lower
 // past it (post-softmax, the (k+1)-th largest probability falls as k grows); a schedule that
 // reaches past --context is refused.
 TEST(CalibrateCommandTest, KScheduleRaisesKWithTheRowLength) {
-  auto run = [](const std::string& args, int* rc) {
-    return RunCommand(BinaryPath() + " calibrate --model " + DefaultModelPath() + " --corpus " +
-                          SourceDir() + "/data/kjv.txt " + args + " 2>&1",
-                      rc);
-  };
+  const auto& run = RunCalibrate;
   const std::string fixed = ::testing::TempDir() + "/theta_k16.json";
   const std::string scheduled = ::testing::TempDir() + "/theta_k16_64.json";
   int rc = 0;
@@ -1189,10 +1192,7 @@ TEST(CalibrateCommandTest, KScheduleRaisesKWithTheRowLength) {
 // a bad type is refused.
 TEST(CalibrateCommandTest, ScoresAreComputedOverTheGivenKvCacheDtype) {
   auto run = [](const std::string& args, int* rc) {
-    return RunCommand(BinaryPath() + " calibrate --model " + DefaultModelPath() + " --corpus " +
-                          SourceDir() + "/data/kjv.txt --context 512 --max-tokens 512 --k 16 " +
-                          args + " 2>&1",
-                      rc);
+    return RunCalibrate("--context 512 --max-tokens 512 --k 16 " + args, rc);
   };
   const std::string f32 = ::testing::TempDir() + "/theta_f32.json";
   const std::string fp8 = ::testing::TempDir() + "/theta_fp8.json";
