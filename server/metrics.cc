@@ -56,6 +56,10 @@ Metrics::Metrics(const MetricsInfo& info)
                        .Register(*registry_).Add({})),
       pages_total_(BuildGauge().Name("thetaserve_kv_pages_capacity")
                        .Help("Pages in the KV page pool").Register(*registry_).Add({})),
+      page_bytes_(BuildGauge().Name("thetaserve_kv_page_size_bytes")
+                      .Help("Bytes of one KV page: block size x head dim x element bytes "
+                            "(--kv-cache-dtype)")
+                      .Register(*registry_).Add({})),
       pages_free_(BuildGauge().Name("thetaserve_kv_pages_free")
                       .Help("Free KV pages (including those only the prefix cache holds)")
                       .Register(*registry_).Add({})),
@@ -189,6 +193,7 @@ void Metrics::OnEngineStats(const scheduler::EngineStats& s, const scheduler::St
   running_.Set(double(s.running));
   waiting_.Set(double(s.waiting));
   pages_total_.Set(double(s.pages_total));
+  page_bytes_.Set(double(s.page_bytes));
   pages_used_k_->Set(double(s.pages_used_k));
   pages_used_v_->Set(double(s.pages_used_v));
   pages_free_.Set(double(s.pages_free));

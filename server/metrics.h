@@ -60,6 +60,7 @@ class Metrics {
   prometheus::Counter& generation_tokens_;
   prometheus::Counter& preemptions_;
   prometheus::Gauge& pages_total_;
+  prometheus::Gauge& page_bytes_;
   prometheus::Gauge* pages_used_k_;
   prometheus::Gauge* pages_used_v_;
   prometheus::Gauge& pages_free_;

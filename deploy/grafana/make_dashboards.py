@@ -308,6 +308,10 @@ def kv_cache():
     p.append(L.place(timeseries("KV cache usage", "Per instance, (K + V pages used) / capacity (recording rule thetaserve:kv_pages_used:ratio). The red band marks the 90% alert threshold.",
                                 targets((sel("thetaserve:kv_pages_used:ratio"), "{{instance}}")),
                                 unit="percentunit", minv=0, maxv=1, threshold=0.9), 12, 8))
+    p.append(L.place(timeseries("KV cache memory", "Bytes of the KV page pool held by requests (K and V pages used × the page size, which --kv-cache-dtype sets: 4, 2 or 1 bytes an element) and the pool's size, summed over the selected instances.",
+                                targets(("sum(sum without (kind) (%s) * %s)" % (sel("thetaserve_kv_pages_used"), sel("thetaserve_kv_page_size_bytes")), "used"),
+                                        ("sum(%s * %s)" % (sel("thetaserve_kv_pages_capacity"), sel("thetaserve_kv_page_size_bytes")), "capacity")),
+                                unit="bytes"), 12, 8))
 
     p.append(L.row("V cache savings"))
     p.append(L.place(timeseries("V rows resident vs dense equivalent", "V rows stored (per layer and KV head) against the rows a dense cache would store for the same sequences. The gap is the memory the sparse V policy saves (under offload, moved to host memory: Host offload row).",

@@ -928,6 +928,7 @@ TEST(ServerLifecycleTest, KvCacheDtypeIsUsedAndReported) {
     EXPECT_NE(metrics.substr(info, metrics.find('\n', info + 1) - info)
                   .find(absl::StrCat("kv_cache_dtype=\"", k.name, "\"")),
               std::string::npos) << metrics;
+    EXPECT_EQ(MetricValue(metrics, "thetaserve_kv_page_size_bytes"), 16.0 * 64 * k.bytes) << metrics;
 
     auto req = Prompt("Once upon a time", 20);
     req.mutable_stopping()->set_ignore_eos(true);
