@@ -81,8 +81,8 @@ int RunCalibrate(const std::vector<std::string>& argv) {
   auto device = ParseDevice(args->GetString("device", "cpu"));
   auto kv_dtype = ParseKvDtypeFlag(args->GetString("kv-cache-dtype", "auto"));
   for (const absl::Status& st : {k.status(), dense_layers.status(), dense_k.status(), context.status(),
-                                 max_tokens.status(), std_factor.status(), threads.status(), device.status(),
-                                 kv_dtype.status()}) {
+                                 max_tokens.status(), std_factor.status(), threads.status(),
+                                 device.status(), kv_dtype.status()}) {
     if (!st.ok()) return fail(st);
   }
   const std::string placement = args->GetString("placement", "post");

@@ -489,7 +489,8 @@ void PagedAttention(ThreadPool& pool, const ForwardBatch& batch, const Attention
         TopThetaTile(seq, layer, lh, tile, unit.kv_head * group, shape, layout, kv_pool, host_pool,
                      qg, q_dim, vsum, kv_dim, og, config, scratch);
       } else {
-        DenseTile(seq, lh, tile, d, shape.scale, layout, kv_pool, qg, q_dim, og, scratch.e, scratch.widened);
+        DenseTile(seq, lh, tile, d, shape.scale, layout, kv_pool, qg, q_dim, og, scratch.e,
+                  scratch.widened);
         // Σ over the tile's tokens of their row lengths pos + 1 .. pos + num_tokens.
         const int64_t n = unit.num_tokens;
         const int64_t rows_read = n * (pos + 1) + n * (n - 1) / 2;
