@@ -155,6 +155,23 @@ class EngineTest : public ::testing::Test {
     }
   }
 
+  // An engine with `config` over a new CPU backend that the fixture keeps until the test ends;
+  // null, with the failure recorded, when either cannot be made.
+  std::unique_ptr<Engine> CpuEngine(const EngineConfig& config) {
+    auto backend = kernels::CreateBackend(*model_, kernels::Device::kCpu, 0);
+    if (!backend.ok()) {
+      ADD_FAILURE() << backend.status();
+      return nullptr;
+    }
+    backends_.push_back(std::move(*backend));
+    auto engine = Engine::Create(config, *backends_.back());
+    if (!engine.ok()) {
+      ADD_FAILURE() << engine.status();
+      return nullptr;
+    }
+    return std::move(*engine);
+  }
+
   // The offload policy's logits equal the full policy's to the bit, with the sparse policy's
   // V rows in the KV pool, on one backend whose KV pages are `kv_dtype` (the host pool's rows
   // are copies of them).
@@ -162,20 +179,19 @@ class EngineTest : public ::testing::Test {
 
   static model::Model* model_;
   static kernels::Backend* solo_backend_;
+  std::vector<std::unique_ptr<kernels::Backend>> backends_;  // CpuEngine's, outliving its engines
 };
 
 model::Model* EngineTest::model_ = nullptr;
 kernels::Backend* EngineTest::solo_backend_ = nullptr;
 
 TEST_F(EngineTest, SixtyFourConcurrentGreedyRequestsMatchTheirSoloRuns) {
-  auto backend = kernels::CreateBackend(*model_, kernels::Device::kCpu, 0);
-  ASSERT_TRUE(backend.ok());
   EngineConfig config;
   config.kv_cache_bytes = int64_t(512) << 20;
   config.scheduler.max_num_seqs = 64;
   config.scheduler.max_num_batched_tokens = 256;
-  auto engine = Engine::Create(config, **backend);
-  ASSERT_TRUE(engine.ok()) << engine.status();
+  auto engine = CpuEngine(config);
+  ASSERT_NE(engine, nullptr);
 
   const auto prompts = Prompts();
   std::vector<std::shared_ptr<CollectingSink>> sinks;
@@ -188,7 +204,7 @@ TEST_F(EngineTest, SixtyFourConcurrentGreedyRequestsMatchTheirSoloRuns) {
   }
   for (auto& r : requests) {
     sinks.push_back(std::make_shared<CollectingSink>());
-    ASSERT_TRUE((*engine)->Submit(r, sinks.back()).ok());
+    ASSERT_TRUE(engine->Submit(r, sinks.back()).ok());
   }
   for (auto& s : sinks) ASSERT_TRUE(s->Wait(600)) << "request did not finish";
   for (size_t i = 0; i < requests.size(); ++i) {
@@ -199,8 +215,8 @@ TEST_F(EngineTest, SixtyFourConcurrentGreedyRequestsMatchTheirSoloRuns) {
                                   /*skip_special=*/true))
         << "request " << i;
   }
-  const auto& pool = (*engine)->pool_for_tests();
-  ASSERT_TRUE((*engine)->WaitIdle(10));
+  const auto& pool = engine->pool_for_tests();
+  ASSERT_TRUE(engine->WaitIdle(10));
   EXPECT_EQ(pool.num_free(), pool.num_pages()) << "pages leaked";
 }
 
@@ -358,18 +374,16 @@ class StatsAtFinishSink : public CollectingSink {
 };
 
 TEST_F(EngineTest, StatsAreCurrentWhenASinkHearsItsRequestFinish) {
-  auto backend = kernels::CreateBackend(*model_, kernels::Device::kCpu, 0);
-  ASSERT_TRUE(backend.ok());
   EngineConfig config;
   config.kv_cache_bytes = int64_t(64) << 20;
-  auto engine = Engine::Create(config, **backend);
-  ASSERT_TRUE(engine.ok());
+  auto engine = CpuEngine(config);
+  ASSERT_NE(engine, nullptr);
   const auto prompts = Prompts();
   // Alone: when it finishes nothing else holds pages. Then three at once, finishing at
   // different steps, and one cancelled while it runs.
   auto sink = std::make_shared<StatsAtFinishSink>();
-  sink->engine = engine->get();
-  ASSERT_TRUE((*engine)->Submit(MakeRequest("alone", prompts[0], 6), sink).ok());
+  sink->engine = engine.get();
+  ASSERT_TRUE(engine->Submit(MakeRequest("alone", prompts[0], 6), sink).ok());
   ASSERT_TRUE(sink->Wait(300));
   EXPECT_EQ(sink->pages_free, sink->pages_total);
   EXPECT_EQ(sink->running, 0);
@@ -380,12 +394,12 @@ TEST_F(EngineTest, StatsAreCurrentWhenASinkHearsItsRequestFinish) {
     Request r = MakeRequest(absl::StrCat("m", i), prompts[i + 1], i == 3 ? 200 : 4 + 6 * i);
     r.stopping.ignore_eos = true;
     sinks.push_back(std::make_shared<StatsAtFinishSink>());
-    sinks.back()->engine = engine->get();
-    ASSERT_TRUE((*engine)->Submit(r, sinks.back()).ok());
+    sinks.back()->engine = engine.get();
+    ASSERT_TRUE(engine->Submit(r, sinks.back()).ok());
   }
   while (sinks[3]->count() < 2) std::this_thread::sleep_for(std::chrono::milliseconds(2));
   ASSERT_TRUE(sinks[2]->Wait(300));  // the three short ones are done
-  (*engine)->Cancel("m3");
+  engine->Cancel("m3");
   for (auto& sk : sinks) ASSERT_TRUE(sk->Wait(300));
   EXPECT_EQ(sinks[3]->info.reason, FinishReason::kCancelled);
   for (int i = 0; i < 4; ++i) {
@@ -397,24 +411,22 @@ TEST_F(EngineTest, StatsAreCurrentWhenASinkHearsItsRequestFinish) {
 }
 
 TEST_F(EngineTest, CancellingHalfMidwayReturnsEveryPage) {
-  auto backend = kernels::CreateBackend(*model_, kernels::Device::kCpu, 0);
-  ASSERT_TRUE(backend.ok());
   EngineConfig config;
   config.kv_cache_bytes = int64_t(128) << 20;
-  auto engine = Engine::Create(config, **backend);
-  ASSERT_TRUE(engine.ok());
+  auto engine = CpuEngine(config);
+  ASSERT_NE(engine, nullptr);
   const auto prompts = Prompts();
   std::vector<std::shared_ptr<CollectingSink>> sinks;
   for (int i = 0; i < 16; ++i) {
     Request r = MakeRequest(absl::StrCat("c", i), prompts[i % prompts.size()], 40);
     r.stopping.ignore_eos = true;
     sinks.push_back(std::make_shared<CollectingSink>());
-    ASSERT_TRUE((*engine)->Submit(r, sinks.back()).ok());
+    ASSERT_TRUE(engine->Submit(r, sinks.back()).ok());
   }
   // Cancel the even ones once they have produced a few tokens.
   for (int i = 0; i < 16; i += 2) {
     while (sinks[i]->count() < 3 && !sinks[i]->finished) std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    (*engine)->Cancel(absl::StrCat("c", i));
+    engine->Cancel(absl::StrCat("c", i));
   }
   for (int i = 0; i < 16; ++i) {
     ASSERT_TRUE(sinks[i]->Wait(300));
@@ -426,38 +438,36 @@ TEST_F(EngineTest, CancellingHalfMidwayReturnsEveryPage) {
       EXPECT_EQ(sinks[i]->info.completion_tokens, 40) << i;
     }
   }
-  ASSERT_TRUE((*engine)->WaitIdle(10));
-  const auto& pool = (*engine)->pool_for_tests();
+  ASSERT_TRUE(engine->WaitIdle(10));
+  const auto& pool = engine->pool_for_tests();
   EXPECT_EQ(pool.num_free(), pool.num_pages()) << "pages leaked";
-  EXPECT_EQ((*engine)->Stats().running, 0);
+  EXPECT_EQ(engine->Stats().running, 0);
 }
 
 // A cancel reaches the requests submitted before it, never one submitted after it with the
 // same id (a client that retries at once with the id of a request that just ended).
 TEST_F(EngineTest, ACancelReachesOnlyRequestsSubmittedBeforeIt) {
-  auto backend = kernels::CreateBackend(*model_, kernels::Device::kCpu, 0);
-  ASSERT_TRUE(backend.ok());
   EngineConfig config;
   config.kv_cache_bytes = int64_t(64) << 20;
-  auto engine = Engine::Create(config, **backend);
-  ASSERT_TRUE(engine.ok());
+  auto engine = CpuEngine(config);
+  ASSERT_NE(engine, nullptr);
   // Keep the engine stepping, so that what follows lands in its inbox between two steps.
   Request busy = MakeRequest("busy", "Once upon a time", 400);
   busy.stopping.ignore_eos = true;
   auto busy_sink = std::make_shared<CollectingSink>();
-  ASSERT_TRUE((*engine)->Submit(busy, busy_sink).ok());
+  ASSERT_TRUE(engine->Submit(busy, busy_sink).ok());
   while (busy_sink->count() < 2) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   const Request first = MakeRequest("r", "The capital of France is", 2);
   auto first_sink = std::make_shared<CollectingSink>();
-  ASSERT_TRUE((*engine)->Submit(first, first_sink).ok());
+  ASSERT_TRUE(engine->Submit(first, first_sink).ok());
   ASSERT_TRUE(first_sink->Wait(300));
   ASSERT_EQ(first_sink->info.reason, FinishReason::kLength);
   for (int round = 0; round < 5; ++round) {
     // A late cancel for the finished "r", then a new "r" at once.
-    (*engine)->Cancel("r");
+    engine->Cancel("r");
     Request again = MakeRequest("r", "The capital of France is", 4);
     auto again_sink = std::make_shared<CollectingSink>();
-    ASSERT_TRUE((*engine)->Submit(again, again_sink).ok());
+    ASSERT_TRUE(engine->Submit(again, again_sink).ok());
     ASSERT_TRUE(again_sink->Wait(300));
     EXPECT_EQ(again_sink->info.reason, FinishReason::kLength) << "round " << round;
     EXPECT_EQ(again_sink->info.completion_tokens, 4) << "round " << round;
@@ -466,11 +476,11 @@ TEST_F(EngineTest, ACancelReachesOnlyRequestsSubmittedBeforeIt) {
   Request doomed = MakeRequest("doomed", "Tell me a long story", 300);
   doomed.stopping.ignore_eos = true;
   auto doomed_sink = std::make_shared<CollectingSink>();
-  ASSERT_TRUE((*engine)->Submit(doomed, doomed_sink).ok());
-  (*engine)->Cancel("doomed");
+  ASSERT_TRUE(engine->Submit(doomed, doomed_sink).ok());
+  engine->Cancel("doomed");
   ASSERT_TRUE(doomed_sink->Wait(300));
   EXPECT_EQ(doomed_sink->info.reason, FinishReason::kCancelled);
-  (*engine)->Cancel("busy");
+  engine->Cancel("busy");
   ASSERT_TRUE(busy_sink->Wait(300));
   EXPECT_EQ(busy_sink->info.reason, FinishReason::kCancelled);
 }
@@ -493,12 +503,10 @@ TEST_F(EngineTest, RejectsARequestThatCanNeverFitThePool) {
 // What metrics report must already count a request's tokens when its client hears it finished
 // (a client that scrapes /metrics after its stream ends must see them).
 TEST_F(EngineTest, ObserverHasCountedEveryTokenBeforeTheRequestFinishes) {
-  auto backend = kernels::CreateBackend(*model_, kernels::Device::kCpu, 0);
-  ASSERT_TRUE(backend.ok());
-  auto engine = Engine::Create(EngineConfig{}, **backend);
-  ASSERT_TRUE(engine.ok());
+  auto engine = CpuEngine(EngineConfig{});
+  ASSERT_NE(engine, nullptr);
   std::atomic<int64_t> observed{0};  // generation tokens the observer has seen
-  (*engine)->SetObserver([&](const EngineStats& s, const StepStats*) {
+  engine->SetObserver([&](const EngineStats& s, const StepStats*) {
     observed.store(s.counters.generation_tokens);
   });
   // Reads the observer's count at the moment the engine finishes the request.
@@ -517,7 +525,7 @@ TEST_F(EngineTest, ObserverHasCountedEveryTokenBeforeTheRequestFinishes) {
   auto sink = std::make_shared<CheckingSink>(observed);
   Request r = MakeRequest("counted", "The capital of France is", 6);
   r.stopping.ignore_eos = true;
-  ASSERT_TRUE((*engine)->Submit(r, sink).ok());
+  ASSERT_TRUE(engine->Submit(r, sink).ok());
   ASSERT_TRUE(sink->Wait(120));
   EXPECT_EQ(sink->info.completion_tokens, 6);
   EXPECT_EQ(sink->observed_at_finish, 6);
@@ -1029,23 +1037,21 @@ TEST_F(EngineTest, PromptLogprobsScoreEveryPromptTokenEvenWhenItsBlocksAreCached
     want_top1[i - 1] = int32_t(std::max_element(row, row + vocab) - row);
   }
 
-  auto backend = kernels::CreateBackend(*model_, kernels::Device::kCpu, 0);
-  ASSERT_TRUE(backend.ok());
   EngineConfig config;
   config.kv_cache_bytes = int64_t(128) << 20;
   config.prefix_caching = true;
-  auto engine = Engine::Create(config, **backend);
-  ASSERT_TRUE(engine.ok());
+  auto engine = CpuEngine(config);
+  ASSERT_NE(engine, nullptr);
   // Each scoring request runs beside three others (their rows are in the same steps).
   auto run = [&](const Request& r) {
     std::vector<std::shared_ptr<CollectingSink>> others;
     for (int i = 0; i < 3; ++i) {
       Request other = MakeRequest(absl::StrCat(r.id, "-other", i), Prompts()[i], 8);
       others.push_back(std::make_shared<CollectingSink>());
-      EXPECT_TRUE((*engine)->Submit(other, others.back()).ok());
+      EXPECT_TRUE(engine->Submit(other, others.back()).ok());
     }
     auto sink = std::make_shared<CollectingSink>();
-    EXPECT_TRUE((*engine)->Submit(r, sink).ok());
+    EXPECT_TRUE(engine->Submit(r, sink).ok());
     EXPECT_TRUE(sink->Wait(300));
     for (auto& o : others) EXPECT_TRUE(o->Wait(300));
     return sink;
@@ -1057,12 +1063,12 @@ TEST_F(EngineTest, PromptLogprobsScoreEveryPromptTokenEvenWhenItsBlocksAreCached
   score.id = "score";
   score.prompt_logprobs = 2;
   score.stopping.max_tokens = 0;
-  const int64_t steps_before = (*engine)->Stats().counters.steps;
+  const int64_t steps_before = engine->Stats().counters.steps;
   const auto scored = run(score);
   EXPECT_EQ(scored->info.reason, FinishReason::kLength);
   EXPECT_EQ(scored->info.completion_tokens, 0);
   EXPECT_TRUE(scored->tokens.empty());
-  EXPECT_GE((*engine)->Stats().counters.steps - steps_before,
+  EXPECT_GE(engine->Stats().counters.steps - steps_before,
             (P + kMaxScoredTokensPerStep - 1) / kMaxScoredTokensPerStep);
   EXPECT_EQ(scored->prompt_deliveries, 1);
   EXPECT_EQ(scored->prompt_token_ids, prompt);
@@ -1087,8 +1093,8 @@ TEST_F(EngineTest, PromptLogprobsScoreEveryPromptTokenEvenWhenItsBlocksAreCached
   for (int64_t i = 0; i < P - 1; ++i) {
     EXPECT_NEAR(with_tokens->prompt_logprobs[i], want[i], 1e-4) << "prompt token " << i + 1;
   }
-  ASSERT_TRUE((*engine)->WaitIdle(10));
-  EXPECT_EQ((*engine)->Stats().pages_used_k + (*engine)->Stats().pages_used_v, 0);
+  ASSERT_TRUE(engine->WaitIdle(10));
+  EXPECT_EQ(engine->Stats().pages_used_k + engine->Stats().pages_used_v, 0);
 }
 
 // Preempted in the middle of its prompt, a scoring request recomputes the prompt but scores
@@ -1153,14 +1159,12 @@ TEST_F(EngineTest, PromptLogprobsSurvivePreemptionWithoutRepeats) {
 
 // A group goes into the queue whole or not at all.
 TEST_F(EngineTest, SubmitAllQueuesAllOrNone) {
-  auto backend = kernels::CreateBackend(*model_, kernels::Device::kCpu, 0);
-  ASSERT_TRUE(backend.ok());
   EngineConfig config;
   config.kv_cache_bytes = int64_t(64) << 20;
   config.max_queue = 2;
   config.scheduler.max_num_seqs = 1;  // one runs, the rest wait
-  auto engine = Engine::Create(config, **backend);
-  ASSERT_TRUE(engine.ok());
+  auto engine = CpuEngine(config);
+  ASSERT_NE(engine, nullptr);
   std::vector<Request> requests;
   std::vector<std::shared_ptr<TokenSink>> sinks;
   for (int i = 0; i < 3; ++i) {
@@ -1168,7 +1172,7 @@ TEST_F(EngineTest, SubmitAllQueuesAllOrNone) {
     sinks.push_back(std::make_shared<CollectingSink>());
   }
   // More than the queue holds at all: never retryable.
-  absl::Status st = (*engine)->SubmitAll(requests, sinks);
+  absl::Status st = engine->SubmitAll(requests, sinks);
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
   EXPECT_NE(std::string(st.message()).find("(--max-queue 2) even when it is empty"),
             std::string::npos) << st;
@@ -1178,29 +1182,29 @@ TEST_F(EngineTest, SubmitAllQueuesAllOrNone) {
   Request queued = MakeRequest("queued", "Hello", 4);
   auto busy_sink = std::make_shared<CollectingSink>();
   auto queued_sink = std::make_shared<CollectingSink>();
-  ASSERT_TRUE((*engine)->Submit(busy, busy_sink).ok());
-  while ((*engine)->Stats().running == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  ASSERT_TRUE((*engine)->Submit(queued, queued_sink).ok());
+  ASSERT_TRUE(engine->Submit(busy, busy_sink).ok());
+  while (engine->Stats().running == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ASSERT_TRUE(engine->Submit(queued, queued_sink).ok());
   requests.resize(2);
   sinks.resize(2);
-  st = (*engine)->SubmitAll(requests, sinks);
+  st = engine->SubmitAll(requests, sinks);
   EXPECT_EQ(st.code(), absl::StatusCode::kResourceExhausted) << st;
   EXPECT_NE(std::string(st.message()).find("cannot take 2 more (1 waiting"), std::string::npos)
       << st;
-  (*engine)->Cancel("busy");
+  engine->Cancel("busy");
   ASSERT_TRUE(busy_sink->Wait(300));
   ASSERT_TRUE(queued_sink->Wait(300));
-  ASSERT_TRUE((*engine)->WaitIdle(10));
-  const int64_t finished_before = (*engine)->Stats().counters.requests_finished;
+  ASSERT_TRUE(engine->WaitIdle(10));
+  const int64_t finished_before = engine->Stats().counters.requests_finished;
   // One bad request refuses the whole group.
   requests[1].stopping.max_tokens = 100000;
-  st = (*engine)->SubmitAll(requests, sinks);
+  st = engine->SubmitAll(requests, sinks);
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
-  EXPECT_TRUE((*engine)->WaitIdle(1));
-  EXPECT_EQ((*engine)->Stats().counters.requests_finished, finished_before);
+  EXPECT_TRUE(engine->WaitIdle(1));
+  EXPECT_EQ(engine->Stats().counters.requests_finished, finished_before);
   // Two fit.
   requests[1].stopping.max_tokens = 4;
-  ASSERT_TRUE((*engine)->SubmitAll(requests, sinks).ok());
+  ASSERT_TRUE(engine->SubmitAll(requests, sinks).ok());
   for (auto& sk : sinks) ASSERT_TRUE(static_cast<CollectingSink&>(*sk).Wait(300));
 }
 
