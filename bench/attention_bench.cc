@@ -6,7 +6,7 @@
 // the dense kernel's time over an f32 pool in the same run and the ratio of the two.
 //
 //   build/thetaserve_attention_bench [--contexts 1024,4096,16384,32768] [--batch 1]
-//       [--repeats 15] [--kv-dtype f32|f16|bf16|fp8_e4m3|fp8_e5m2]
+//       [--repeats 15] [--kv-dtype f32|f16|bf16|fp8_e4m3|fp8_e5m2|q8_0]
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -43,8 +43,13 @@ Times Run(ts::kernels::cpu::ThreadPool& pool, const AttentionShape& shape,
           const std::vector<int32_t>& tokens, const std::vector<ts::kernels::SeqChunk>& seqs,
           const std::vector<float>& q, std::vector<float>& vsum_rows,
           const ts::kernels::TopThetaConfig& theta_cfg, int repeats, bool f32_baseline) {
-  std::vector<T> pages(kv.size());
-  for (size_t i = 0; i < kv.size(); ++i) pages[i] = ts::kernels::cpu::FromFloat<T>(kv[i]);
+  // The same rows stored as T (q8_0 rows are longer: StoredLayout).
+  const int64_t d = layout.head_dim, units = ts::kernels::cpu::RowUnits<T>(d);
+  const ts::kernels::KvPoolLayout stored = ts::kernels::cpu::StoredLayout<T>(layout);
+  std::vector<T> pages(kv.size() / d * units);
+  for (size_t r = 0; r < kv.size() / d; ++r) {
+    ts::kernels::cpu::StoreRow(kv.data() + r * d, d, pages.data() + r * units);
+  }
   std::vector<float> o(q.size());
   ts::kernels::TopThetaConfig dense_cfg;
   ts::kernels::AttentionStats stats;
@@ -58,13 +63,13 @@ Times Run(ts::kernels::cpu::ThreadPool& pool, const AttentionShape& shape,
       t.dense_f32.push_back(Now() - t0);
     }
     double t0 = Now();
-    ts::kernels::cpu::PagedAttention(pool, bd, shape, 0, q.data(), layout, pages.data(), nullptr,
+    ts::kernels::cpu::PagedAttention(pool, bd, shape, 0, q.data(), stored, pages.data(), nullptr,
                                      nullptr, dense_cfg, o.data());
     t.dense.push_back(Now() - t0);
     stats.Reset(1);
     ts::kernels::ForwardBatch bt{tokens, seqs, false, &stats};
     t0 = Now();
-    ts::kernels::cpu::PagedAttention(pool, bt, shape, 0, q.data(), layout, pages.data(), nullptr,
+    ts::kernels::cpu::PagedAttention(pool, bt, shape, 0, q.data(), stored, pages.data(), nullptr,
                                      vsum_rows.data(), theta_cfg, o.data());
     t.theta.push_back(Now() - t0);
   }
@@ -90,7 +95,7 @@ int main(int argc, char** argv) {
       threads = std::stoi(v);
     } else if (k == "--kv-dtype") {
       if (!ts::kernels::ParseKvDtype(v, &dtype)) {
-        std::fprintf(stderr, "--kv-dtype must be f32, f16, bf16, fp8_e4m3 or fp8_e5m2\n");
+        std::fprintf(stderr, "--kv-dtype must be f32, f16, bf16, fp8_e4m3, fp8_e5m2 or q8_0\n");
         return 2;
       }
       if (dtype == ts::kernels::KvDtype::kAuto) dtype = ts::kernels::KvDtype::kF32;
@@ -155,7 +160,7 @@ int main(int argc, char** argv) {
     });
     const double md = Median(t.dense), mt = Median(t.theta);
     // K and V read once.
-    const double bytes = 2.0 * L * d * ts::kernels::KvDtypeBytes(dtype) * kv_heads * batch;
+    const double bytes = 2.0 * L * ts::kernels::KvRowBytes(dtype, d) * kv_heads * batch;
     std::printf("%-8d %-12.3f %-12.3f %-8.2f %-14.3f %-12.2f", L, md * 1e3, mt * 1e3, md / mt,
                 t.v_rows_read, bytes / md / 1e9);
     if (narrow) {

@@ -5,8 +5,8 @@
 //   build/thetaserve_bench --model models/SmolLM2-135M-Instruct.Q4_1.gguf --batches 1,16
 //       --concurrency 1,8,32,64 --repeats 5   (one command)
 //   --shared-prefix 1024 [--shared-requests 16] adds requests that share a preamble, timed with
-//   the prefix cache on and off; --kv-dtype f32|f16|bf16|fp8_e4m3|fp8_e5m2 sets the KV pages'
-//   type (default f16)
+//   the prefix cache on and off; --kv-dtype f32|f16|bf16|fp8_e4m3|fp8_e5m2|q8_0 sets the KV
+//   pages' type (default f16)
 // At the largest batch it also times decode steps with sampling (temperature 0.7, top-p 0.9)
 // against greedy, on one sampling thread and on the pool.
 #include <algorithm>
@@ -72,7 +72,7 @@ int main(int argc, char** argv) {
     else if (k == "--shared-requests") shared_requests = std::stoi(v);
     else if (k == "--kv-dtype") {
       if (!ts::kernels::ParseKvDtype(v, &kv_dtype)) {
-        std::fprintf(stderr, "--kv-dtype must be auto, f32, f16, bf16, fp8_e4m3 or fp8_e5m2, got '%s'\n",
+        std::fprintf(stderr, "--kv-dtype must be auto, f32, f16, bf16, fp8_e4m3, fp8_e5m2 or q8_0, got '%s'\n",
                      v.c_str());
         return 2;
       }

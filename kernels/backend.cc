@@ -20,6 +20,10 @@ int64_t NumLogitRows(const ForwardBatch& batch) {
   return rows;
 }
 
+int64_t Backend::kv_row_bytes() const {
+  return KvRowBytes(kv_dtype(), model_->config().head_dim);
+}
+
 absl::Status Backend::SetKvLayout(int64_t num_pages, int32_t block_size) {
   if (num_pages <= 0 || block_size <= 0) {
     return absl::InvalidArgumentError(
@@ -81,6 +85,12 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const model::Model& model
     return absl::UnimplementedError(
         "this build has no CUDA backend (nvcc was not found at configure time); use --device cpu");
 #endif
+  }
+  if (kv_dtype == KvDtype::kQ8_0 && model.config().head_dim % kQ8BlockElems != 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--kv-cache-dtype q8_0 quantizes rows in blocks of %d elements, and this model's "
+        "head_dim is %d; use f16, bf16, fp8 or f32",
+        kQ8BlockElems, model.config().head_dim));
   }
   return std::unique_ptr<Backend>(new cpu::CpuBackend(model, threads, matmul, kv_dtype));
 }

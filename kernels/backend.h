@@ -55,11 +55,12 @@ class Backend {
   // policy moves out of the KV pool. After AllocateKvPool.
   virtual absl::Status AllocateHostPool(int64_t num_pages) = 0;
   const KvPoolLayout& kv_layout() const { return kv_layout_; }
-  // The pool's element type (f32, f16, bf16 or fp8 on the CPU; bf16 on the GPU), never kAuto.
+  // The pool's element type (f32, f16, bf16, fp8 or q8_0 on the CPU; bf16 on the GPU), never
+  // kAuto.
   virtual KvDtype kv_dtype() const = 0;
-  // Bytes of one K or V element in the pool: the engine sizes the pool from
-  // --kv-cache-memory with it.
-  int64_t kv_element_bytes() const { return KvDtypeBytes(kv_dtype()); }
+  // Bytes of one stored K or V row (head_dim elements, and q8_0's scales): a page is
+  // block_size of them, and the engine sizes the pool from --kv-cache-memory with it.
+  int64_t kv_row_bytes() const;
   // Memory the KV pool could still take now: free device memory (CUDA), available RAM
   // (CPU, MemAvailable); nullopt when unknown. `--kv-cache-memory 90%` sizes the pool with it.
   virtual std::optional<int64_t> FreeMemoryBytes() const = 0;

@@ -15,18 +15,28 @@ enum class KvDtype {
   // scale: values past the largest finite one are held at it.
   kFp8E4M3,  // 3 mantissa bits, |x| ≤ 448, subnormals down to 2^-9; NaN, no infinities
   kFp8E5M2,  // 2 mantissa bits, |x| ≤ 57344, subnormals down to 2^-16 (f16's top byte)
+  // llama.cpp's q8_0, by row: each block of 32 elements is 32 int8 codes and one f16 scale
+  // (the block's max |x| / 127), so a row of head_dim elements takes head_dim + head_dim / 16
+  // bytes (the codes, then the scales). head_dim must be a multiple of 32.
+  kQ8_0,
 };
 
-inline int64_t KvDtypeBytes(KvDtype t) {
+// Elements per q8_0 block (one scale each).
+inline constexpr int64_t kQ8BlockElems = 32;
+
+// Bytes of one stored K or V row of head_dim elements (auto: 2, the 16-bit types of both
+// backends). A page is block_size of them.
+inline int64_t KvRowBytes(KvDtype t, int64_t head_dim) {
   switch (t) {
-    case KvDtype::kF32: return 4;
+    case KvDtype::kF32: return 4 * head_dim;
     case KvDtype::kAuto:
     case KvDtype::kF16:
     case KvDtype::kBf16: break;
     case KvDtype::kFp8E4M3:
-    case KvDtype::kFp8E5M2: return 1;
+    case KvDtype::kFp8E5M2: return head_dim;
+    case KvDtype::kQ8_0: return head_dim + 2 * (head_dim / kQ8BlockElems);
   }
-  return 2;
+  return 2 * head_dim;
 }
 
 inline std::string_view KvDtypeName(KvDtype t) {
@@ -37,12 +47,14 @@ inline std::string_view KvDtypeName(KvDtype t) {
     case KvDtype::kBf16: return "bf16";
     case KvDtype::kFp8E4M3: return "fp8_e4m3";
     case KvDtype::kFp8E5M2: return "fp8_e5m2";
+    case KvDtype::kQ8_0: return "q8_0";
   }
   return "?";
 }
 
-// "auto", "f32", "f16", "bf16", "fp8_e4m3" or "fp8_e5m2" (also "fp32", "fp16", "float16",
-// "bfloat16", and "fp8" for fp8_e4m3, as other servers spell them); false for anything else.
+// "auto", "f32", "f16", "bf16", "fp8_e4m3", "fp8_e5m2" or "q8_0" (also "fp32", "fp16",
+// "float16", "bfloat16", and "fp8" for fp8_e4m3, as other servers spell them); false for
+// anything else.
 inline bool ParseKvDtype(std::string_view s, KvDtype* out) {
   if (s == "auto") *out = KvDtype::kAuto;
   else if (s == "f32" || s == "fp32" || s == "float32") *out = KvDtype::kF32;
@@ -50,6 +62,7 @@ inline bool ParseKvDtype(std::string_view s, KvDtype* out) {
   else if (s == "bf16" || s == "bfloat16") *out = KvDtype::kBf16;
   else if (s == "fp8" || s == "fp8_e4m3") *out = KvDtype::kFp8E4M3;
   else if (s == "fp8_e5m2") *out = KvDtype::kFp8E5M2;
+  else if (s == "q8_0") *out = KvDtype::kQ8_0;
   else return false;
   return true;
 }

@@ -21,7 +21,7 @@ SchedulerConfig WithSparse(SchedulerConfig config, const cache::SparsePolicy& sp
 
 // A page: `block_size` rows of one (layer, KV head), in the backend's KV element type.
 int64_t PageBytes(const kernels::Backend& backend, int32_t block_size) {
-  return int64_t(block_size) * backend.model().config().head_dim * backend.kv_element_bytes();
+  return int64_t(block_size) * backend.kv_row_bytes();
 }
 
 cache::KvShape KvShapeOf(const kernels::Backend& backend, int32_t block_size) {
@@ -237,7 +237,7 @@ void Engine::PublishStats(const StepStats* step, int64_t finishing) {
     s.v_rows_host_resident += seq->kv().VRowsOffloaded();
   }
   s.layer_kept_ratio = layer_kept_ratio_;
-  s.v_row_bytes = backend_->model().config().head_dim * backend_->kv_element_bytes();
+  s.v_row_bytes = backend_->kv_row_bytes();
   {
     std::lock_guard<std::mutex> lock(mu_);
     s.waiting += static_cast<int64_t>(inbox_.size());

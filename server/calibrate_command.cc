@@ -32,8 +32,8 @@ constexpr char kUsage[] =
     "  --max-tokens N        calibration tokens (default 32768)\n"
     "  --std-factor F        θ = mean + F·std (default 0.1)\n"
     "  --threads N --device cpu|cuda|auto (default cpu: exact top-k runs on the CPU)\n"
-    "  --kv-cache-dtype auto|f32|f16|bf16|fp8|fp8_e4m3|fp8_e5m2   the KV pages' element type\n"
-    "                        the scores are computed over: the one the server will use\n"
+    "  --kv-cache-dtype auto|f32|f16|bf16|fp8|fp8_e4m3|fp8_e5m2|q8_0   the KV pages' element\n"
+    "                        type the scores are computed over: the one the server will use\n"
     "                        (default auto: f16 on the CPU)\n";
 
 // "2048:64,8192:128" -> {(2048, 64), (8192, 128)}, validated.

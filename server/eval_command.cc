@@ -38,7 +38,7 @@ constexpr char kUsage[] =
     "  --max-tokens N    tokens of the text to evaluate (default 65536)\n"
     "  --threads N --device cpu|cuda|auto\n"
     "  --exact-matmul    CPU: f32 activations for quantized weights (default: int8, faster)\n"
-    "  --kv-cache-dtype auto|f32|f16|bf16|fp8|fp8_e4m3|fp8_e5m2   the KV pages' element\n"
+    "  --kv-cache-dtype auto|f32|f16|bf16|fp8|fp8_e4m3|fp8_e5m2|q8_0   the KV pages' element\n"
     "                    type (default auto: f16 on the CPU). With Top-θ the run is compared\n"
     "                    against dense attention over the same KV type; without, a type other\n"
     "                    than f32 given here is compared against f32 pages (CPU only)\n"

@@ -29,8 +29,8 @@ constexpr char kUsage[] =
     "  --ignore-eos        keep going past end-of-sequence tokens\n"
     "  --threads N         CPU threads (default: all cores)\n"
     "  --device cpu|cuda|auto (default auto)\n"
-    "  --kv-cache-dtype auto|f32|f16|bf16|fp8|fp8_e4m3|fp8_e5m2   the KV pages' element type\n"
-    "                    (default auto)\n";
+    "  --kv-cache-dtype auto|f32|f16|bf16|fp8|fp8_e4m3|fp8_e5m2|q8_0   the KV pages' element\n"
+    "                    type (default auto)\n";
 
 double Seconds(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();

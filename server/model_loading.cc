@@ -22,7 +22,7 @@ absl::StatusOr<kernels::KvDtype> ParseKvDtypeFlag(const std::string& name) {
   kernels::KvDtype t;
   if (kernels::ParseKvDtype(name, &t)) return t;
   return absl::InvalidArgumentError(absl::StrCat(
-      "--kv-cache-dtype must be auto, f32, f16, bf16, fp8 (= fp8_e4m3) or fp8_e5m2, got '", name,
+      "--kv-cache-dtype must be auto, f32, f16, bf16, fp8 (= fp8_e4m3), fp8_e5m2 or q8_0, got '", name,
       "'"));
 }
 

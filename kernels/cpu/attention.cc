@@ -19,6 +19,7 @@ void WriteKv(const ForwardBatch& batch, const AttentionShape& shape, int64_t lay
              float* vsum_rows) {
   const int64_t d = shape.head_dim;
   const int64_t kv_dim = shape.num_kv_heads * d;
+  std::vector<float> stored(d);  // a V row as stored, widened
   for (const SeqChunk& seq : batch.seqs) {
     for (int32_t i = 0; i < seq.num_tokens; ++i) {
       const int64_t row = seq.token_offset + i;
@@ -28,14 +29,13 @@ void WriteKv(const ForwardBatch& batch, const AttentionShape& shape, int64_t lay
         const int32_t slot = static_cast<int32_t>(pos % layout.block_size);
         T* kd = pool + layout.RowOffset(seq.pages.KPage(lh, pos, layout.block_size), slot);
         T* vd = pool + layout.RowOffset(seq.pages.VPage(lh, pos, layout.block_size), slot);
-        const float* kr = k + row * kv_dim + g * d;
-        const float* vr = v + row * kv_dim + g * d;
-        for (int64_t e = 0; e < d; ++e) kd[e] = FromFloat<T>(kr[e]);
-        for (int64_t e = 0; e < d; ++e) vd[e] = FromFloat<T>(vr[e]);
+        StoreRow(k + row * kv_dim + g * d, d, kd);
+        StoreRow(v + row * kv_dim + g * d, d, vd);
         if (seq.pages.v_sum) {
           // The stored rows' sum, so that SumVRows (which reads them back) gives the same bits.
           float* sum = seq.pages.v_sum + lh * d;
-          for (int64_t e = 0; e < d; ++e) sum[e] += ToFloat(vd[e]);
+          WidenRow(vd, d, stored.data());
+          for (int64_t e = 0; e < d; ++e) sum[e] += stored[e];
           if (vsum_rows) std::memcpy(vsum_rows + row * kv_dim + g * d, sum, d * sizeof(float));
         }
       }
@@ -63,14 +63,19 @@ struct Unit {
   int32_t kv_head;
 };
 
+// What Σ e·V reads a V row of T as: T itself, or (row-quantized T) the row widened to f32.
+template <typename T>
+using ReadRow = std::conditional_t<kRowQuantized<T>, float, T>;
+
 // Per-thread scratch, reused across units.
 template <typename T>
 struct Scratch {
   std::vector<float> e;      // [rows, L] exp(s - m); rows = tokens × group
   std::vector<float> sorted; // [L] for the (k+1)-th largest
-  std::vector<const T*> kept_rows;      // Top-θ: [group, L] the V rows each head keeps
-  std::vector<float> kept_e;            // [group, L] and their weights
-  std::vector<float> widened;           // a block of 8-bit K or V rows as f32 (ReadBlock)
+  std::vector<const ReadRow<T>*> kept_rows;  // Top-θ: [group, L] the V rows each head keeps
+  std::vector<float> kept_e;                 // [group, L] and their weights
+  std::vector<float> kept_widened;  // Top-θ, row-quantized T: [L, d] the read V rows as f32
+  std::vector<float> widened;       // a block of 8-bit K or V rows as f32 (ReadBlock)
   AttentionStats stats;
 };
 
@@ -80,30 +85,26 @@ constexpr int64_t kVBlock = 32;
 // f(rows): a block of n ≤ kVBlock K or V rows (d elements each) for `readers` query rows. An
 // 8-bit row costs more to widen (about eight instructions per eight elements) than the dot
 // products or the Σ e·V it feeds, so when more than one query row reads the block, f gets it
-// widened once into f32 in `buf`. Widening is exact: the arithmetic after it, and its results,
-// are the same bits. 16-bit rows widen in one instruction as they are read and go as they are.
+// widened once into f32 in `buf`; a row-quantized row (q8_0) is always widened. Widening is
+// exact: the arithmetic after it, and its results, are the same bits. 16-bit rows widen in one
+// instruction as they are read and go as they are.
 template <typename T, typename F>
 void ReadBlock(const T* const* rows, int64_t n, int64_t d, int64_t readers,
                std::vector<float>& buf, F&& f) {
   if constexpr (sizeof(T) == 1) {
-    if (readers > 1) {
+    if (kRowQuantized<T> || readers > 1) {
       CHECK(n <= kVBlock);
       buf.resize(n * d);
       const float* widened[kVBlock];
       for (int64_t u = 0; u < n; ++u) {
-        float* dst = buf.data() + u * d;
-        int64_t i = 0;
-#if TS_AVX2
-        for (; i + 8 <= d; i += 8) _mm256_storeu_ps(dst + i, Load8(rows[u] + i));
-#endif
-        for (; i < d; ++i) dst[i] = ToFloat(rows[u][i]);
-        widened[u] = dst;
+        WidenRow(rows[u], d, buf.data() + u * d);
+        widened[u] = buf.data() + u * d;
       }
       f(widened);
       return;
     }
   }
-  f(rows);
+  if constexpr (!kRowQuantized<T>) f(rows);
 }
 
 // y[c] += Σ_{u < n} w[u] · x[u][c] for c < 8·NV, in u order (the same FMAs, in the same order,
@@ -300,16 +301,24 @@ void TopThetaRow(const SeqChunk& seq, int64_t layer, int64_t lh, int64_t pos, in
   // Each head's kept rows and weights, in position order: gathered after the walk.
   scratch.kept_rows.resize(group * L);
   scratch.kept_e.resize(group * L);
-  const T** kept_rows = scratch.kept_rows.data();
+  const ReadRow<T>** kept_rows = scratch.kept_rows.data();
   float* kept_e = scratch.kept_e.data();
+  // Row-quantized T: each V row some head keeps is widened once, into row rows_read.
+  if constexpr (kRowQuantized<T>) scratch.kept_widened.resize(L * d);
   auto visit = [&](int64_t j, const T* vr, bool from_host = false) {
     bool any = false, strong = false;
     float mass = 0.0f;
+    const ReadRow<T>* row = nullptr;
+    if constexpr (kRowQuantized<T>) {
+      row = scratch.kept_widened.data() + rows_read * d;
+    } else {
+      row = vr;
+    }
     for (int64_t h = 0; h < group; ++h) {
       const float ej = e[h * e_stride + j];
       if (ej > thr[h]) {
         if (vr) {
-          kept_rows[h * L + kept[h]] = vr;
+          kept_rows[h * L + kept[h]] = row;
           kept_e[h * L + kept[h]] = ej;
           d_kept[h] += ej;
           ++kept[h];
@@ -321,6 +330,7 @@ void TopThetaRow(const SeqChunk& seq, int64_t layer, int64_t lh, int64_t pos, in
     }
     if (!any) return;
     if (vr) {
+      if constexpr (kRowQuantized<T>) WidenRow(vr, d, scratch.kept_widened.data() + rows_read * d);
       ++rows_read;
       host_reads += from_host;
     } else {
@@ -521,6 +531,7 @@ THETASERVE_KV_ELEMENT(F16)
 THETASERVE_KV_ELEMENT(Bf16)
 THETASERVE_KV_ELEMENT(Fp8E4M3)
 THETASERVE_KV_ELEMENT(Fp8E5M2)
+THETASERVE_KV_ELEMENT(Q8_0)
 #undef THETASERVE_KV_ELEMENT
 
 }  // namespace thetaserve::kernels::cpu

@@ -21,10 +21,16 @@ struct AttentionShape {
   float scale = 1.0f;  // 1/sqrt(head_dim)
 };
 
-// Both functions take the pool in any KV element type T (float, F16, Bf16, Fp8E4M3, Fp8E5M2;
-// kv_element.h), instantiated for those five in attention.cc. Rows are rounded to T when
-// written and widened exactly when read, so a 16- or 8-bit pool gives the same bits as an f32
-// pool holding the rounded values.
+// Both functions take the pool in any KV element type T (float, F16, Bf16, Fp8E4M3, Fp8E5M2,
+// Q8_0; kv_element.h), instantiated for those six in attention.cc. Rows are rounded (q8_0:
+// quantized) to T when written and widened exactly when read, so a 16- or 8-bit pool gives the
+// same bits as an f32 pool holding the values read back. `layout` addresses the pool in
+// elements of T: StoredLayout<T> of the backend's (a q8_0 row is longer than head_dim).
+template <typename T>
+KvPoolLayout StoredLayout(KvPoolLayout layout) {
+  layout.head_dim = static_cast<int32_t>(RowUnits<T>(layout.head_dim));
+  return layout;
+}
 
 // Writes K and V rows of this step's tokens into their pages for `layer`, adds the stored V
 // rows to the sequences' running sums, and leaves in `vsum_rows` each token's running V sum
@@ -34,7 +40,7 @@ void WriteKv(const ForwardBatch& batch, const AttentionShape& shape, int64_t lay
              const float* k,      // [num_tokens, num_kv_heads * head_dim]
              const float* v,      // [num_tokens, num_kv_heads * head_dim]
              const KvPoolLayout& layout,
-             T* pool,             // [num_pages, block_size, head_dim]
+             T* pool,             // [num_pages, block_size, RowUnits<T>(head_dim)]
              float* vsum_rows);   // [num_tokens, num_kv_heads * head_dim] or nullptr
 
 // o = attention(q, K, V) for every new token of every sequence in `batch`; token t of a
@@ -46,9 +52,9 @@ void PagedAttention(ThreadPool& pool, const ForwardBatch& batch, const Attention
                     int64_t layer,
                     const float* q,          // [num_tokens, num_heads * head_dim]
                     const KvPoolLayout& layout,
-                    const T* kv_pool,        // [num_pages, block_size, head_dim]
+                    const T* kv_pool,        // [num_pages, block_size, row units]
                     const std::type_identity_t<T>* host_pool,  // [num_host_pages, block_size,
-                                                               //  head_dim] or null
+                                                               //  row units] or null
                     const float* vsum_rows,  // [num_tokens, num_kv_heads * head_dim] or null
                     const TopThetaConfig& config,
                     float* o);               // [num_tokens, num_heads * head_dim]

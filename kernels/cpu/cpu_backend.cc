@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_format.h"
 #include "kernels/cpu/attention.h"
+#include "kernels/cpu/vec.h"
 
 namespace thetaserve::kernels::cpu {
 
@@ -38,7 +39,7 @@ void CpuBackend::Scratch::Resize(int64_t T, const model::ModelConfig& c) {
 
 absl::Status CpuBackend::AllocateKvPool(int64_t num_pages, int32_t block_size) {
   if (absl::Status st = SetKvLayout(num_pages, block_size); !st.ok()) return st;
-  kv_pool_.assign(num_pages * kv_layout_.PageElems() * KvDtypeBytes(kv_dtype_), std::byte{0});
+  kv_pool_.assign(num_pages * PageBytes(), std::byte{0});
   host_pool_.reset();
   return absl::OkStatus();
 }
@@ -47,7 +48,7 @@ absl::Status CpuBackend::AllocateHostPool(int64_t num_pages) {
   host_pool_.reset();
   if (absl::Status st = SetHostLayout(num_pages); !st.ok()) return st;
   if (num_pages == 0) return absl::OkStatus();
-  const size_t bytes = size_t(num_pages) * kv_layout_.PageElems() * KvDtypeBytes(kv_dtype_);
+  const size_t bytes = size_t(num_pages) * PageBytes();
   host_pool_.reset(new (std::nothrow) std::byte[bytes]);
   if (!host_pool_) {
     kv_layout_.num_host_pages = 0;
@@ -86,6 +87,8 @@ absl::Status CpuBackend::SumVRows(const SeqPageTables& pages, int64_t length) {
   const auto& c = model_->config();
   const int64_t d = kv_layout_.head_dim;
   return WithKvElement(kv_dtype_, [&]<typename T>(T) -> absl::Status {
+    const KvPoolLayout stored = StoredLayout<T>(kv_layout_);
+    std::vector<float> v(d);
     for (int64_t t = 0; t < int64_t(c.num_layers) * c.num_kv_heads; ++t) {
       float* sum = pages.v_sum + t * d;
       std::fill(sum, sum + d, 0.0f);
@@ -96,8 +99,8 @@ absl::Status CpuBackend::SumVRows(const SeqPageTables& pages, int64_t length) {
           return absl::InvalidArgumentError(absl::StrFormat(
               "V page %d of table %d at position %d is outside the pool", page, t, pos));
         }
-        const T* row = Pool<T>() + kv_layout_.RowOffset(page, pos % kv_layout_.block_size);
-        for (int64_t e = 0; e < d; ++e) sum[e] += ToFloat(row[e]);
+        WidenRow(Pool<T>() + stored.RowOffset(page, pos % kv_layout_.block_size), d, v.data());
+        for (int64_t e = 0; e < d; ++e) sum[e] += v[e];
       }
     }
     return absl::OkStatus();
@@ -147,8 +150,9 @@ absl::Status CpuBackend::Forward(const ForwardBatch& batch, float* logits) {
     }
     float* vsum = top_theta_.active() ? scratch_.vsum.data() : nullptr;
     WithKvElement(kv_dtype_, [&]<typename T>(T) {
-      WriteKv(batch, shape, l, k, v, kv_layout_, Pool<T>(), vsum);
-      PagedAttention(pool_, batch, shape, l, q, kv_layout_, Pool<T>(), HostPool<T>(), vsum,
+      const KvPoolLayout stored = StoredLayout<T>(kv_layout_);
+      WriteKv(batch, shape, l, k, v, stored, Pool<T>(), vsum);
+      PagedAttention(pool_, batch, shape, l, q, stored, Pool<T>(), HostPool<T>(), vsum,
                      top_theta_, attn);
     });
     MatMul(pool_, attn, T, lw.wo, nullptr, x, /*accumulate=*/true, matmul_);

@@ -15,7 +15,8 @@ namespace thetaserve::kernels::cpu {
 class CpuBackend : public Backend {
  public:
   // `kv_dtype`: the pages' element type (auto: f16, which on SmolLM2 gives f32's perplexity
-  // with half the bytes: docs/results.md).
+  // with half the bytes: docs/results.md). q8_0 needs a head_dim that is a multiple of 32
+  // (CreateBackend checks).
   CpuBackend(const model::Model& model, int threads,
              MatMulMode matmul = MatMulMode::kQuantized, KvDtype kv_dtype = KvDtype::kAuto);
   std::string name() const override { return "cpu"; }
@@ -43,19 +44,20 @@ class CpuBackend : public Backend {
   T* Pool() { return reinterpret_cast<T*>(kv_pool_.data()); }
   template <typename T>
   T* HostPool() { return reinterpret_cast<T*>(host_pool_.get()); }
-  size_t RowBytes() const { return kv_layout_.head_dim * size_t(KvDtypeBytes(kv_dtype_)); }
+  size_t RowBytes() const { return size_t(KvRowBytes(kv_dtype_, kv_layout_.head_dim)); }
   size_t RowByteOffset(int32_t page, int32_t row) const {
-    return kv_layout_.RowOffset(page, row) * KvDtypeBytes(kv_dtype_);
+    return (size_t(page) * kv_layout_.block_size + row) * RowBytes();
   }
+  size_t PageBytes() const { return size_t(kv_layout_.block_size) * RowBytes(); }
 
   ThreadPool pool_;
   MatMulMode matmul_;
   KvDtype kv_dtype_;
   Rope rope_;
-  // [num_pages, block_size, head_dim] elements of kv_dtype_, as bytes (which may hold
+  // [num_pages, block_size, RowBytes()] bytes: rows of kv_dtype_, as bytes (which may hold
   // objects of any type, C++20 [intro.object]).
   std::vector<std::byte> kv_pool_;
-  // [num_host_pages, block_size, head_dim], left uninitialized: the OS commits its memory as
+  // [num_host_pages, block_size, RowBytes()], left uninitialized: the OS commits its memory as
   // rows are offloaded there, not at allocation (which fails only past what the OS will
   // promise, RAM plus swap under Linux's default overcommit).
   std::unique_ptr<std::byte[]> host_pool_;

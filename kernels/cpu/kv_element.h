@@ -1,10 +1,14 @@
 // Element types of the CPU backend's KV pages (kernels/kv_dtype.h) and their conversions.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <bit>
+#include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
+#include <type_traits>
 
 #include "kernels/kv_dtype.h"
 
@@ -26,6 +30,24 @@ struct Fp8E4M3 {
 struct Fp8E5M2 {
   uint8_t bits;
 };
+// One byte of a q8_0 row (kernels/kv_dtype.h): a row of d elements is d int8 codes, then d / 32
+// f16 scales. Its elements are not single bytes, so it is read and written a row at a time
+// (StoreRow, and WidenRow in vec.h), never by ToFloat / FromFloat.
+struct Q8_0 {
+  uint8_t byte;
+};
+
+// Row-quantized types: a row holds more than its elements (scales), and kernels widen each row
+// they read into f32 first.
+template <typename T>
+inline constexpr bool kRowQuantized = std::is_same_v<T, Q8_0>;
+
+// A stored row of head_dim elements, in units of T (the pool's row stride).
+template <typename T>
+constexpr int64_t RowUnits(int64_t head_dim) {
+  if constexpr (kRowQuantized<T>) return head_dim + 2 * (head_dim / kQ8BlockElems);
+  return head_dim;
+}
 
 namespace fp8 {
 
@@ -122,6 +144,60 @@ inline Fp8E5M2 FromFloat<Fp8E5M2>(float x) {
   return {fp8::Round<2, 15>(x, fp8::kE5M2, /*max_code=*/0x7b, /*nan_code=*/0x7e)};
 }
 
+namespace q8 {
+
+// The f16 bits of block b's scale in a q8_0 row of d elements (unaligned: memcpy).
+inline uint16_t ScaleBits(const Q8_0* row, int64_t d, int64_t b) {
+  uint16_t bits;
+  std::memcpy(&bits, &row[d + 2 * b].byte, sizeof(bits));
+  return bits;
+}
+inline float Scale(const Q8_0* row, int64_t d, int64_t b) {
+  return ToFloat(F16{ScaleBits(row, d, b)});
+}
+inline int8_t Code(const Q8_0* row, int64_t e) { return std::bit_cast<int8_t>(row[e].byte); }
+
+// Quantizes x[0, d) (d a multiple of 32) into a q8_0 row, as llama.cpp's q8_0: per block of 32,
+// scale = max |x| / 127 rounded to f16 (held at f16's largest finite value, 65504), codes
+// round(x / scale) (half away from zero) clamped to ±127; an all-zero block has scale 0. A
+// block holding a NaN gets a NaN scale, so all its elements read back as NaN rather than as
+// numbers. Element e reads back as code · scale, exactly (8 × 11 significant bits fit in f32's
+// 24), within half a step of x while the scale is an f16 normal (max |x| ≥ 127 · 2^-14 ≈ 0.0078;
+// under that the scale, an f16 subnormal, is coarser).
+inline void QuantizeRow(const float* x, int64_t d, Q8_0* row) {
+  for (int64_t b = 0; b < d / kQ8BlockElems; ++b) {
+    const float* xb = x + b * kQ8BlockElems;
+    float amax = 0.0f;
+    bool nan = false;
+    for (int64_t i = 0; i < kQ8BlockElems; ++i) {
+      nan |= std::isnan(xb[i]);
+      amax = std::max(amax, std::fabs(xb[i]));
+    }
+    F16 scale_bits = FromFloat<F16>(std::min(amax / 127.0f, 65504.0f));
+    if (nan) scale_bits = F16{0x7e00};
+    const float scale = ToFloat(scale_bits);
+    for (int64_t i = 0; i < kQ8BlockElems; ++i) {
+      // A NaN scale: code 0 (the scale carries the NaN); ±inf / scale: ±127.
+      const float c = scale > 0.0f ? std::round(xb[i] / scale) : 0.0f;
+      const int8_t code = int8_t(std::clamp(c, -127.0f, 127.0f));
+      row[b * kQ8BlockElems + i].byte = std::bit_cast<uint8_t>(code);
+    }
+    std::memcpy(&row[d + 2 * b].byte, &scale_bits.bits, sizeof(scale_bits.bits));
+  }
+}
+
+}  // namespace q8
+
+// Stores x[0, d) as a row of T (rounding each element, or quantizing the row).
+template <typename T>
+void StoreRow(const float* x, int64_t d, T* row) {
+  if constexpr (kRowQuantized<T>) {
+    q8::QuantizeRow(x, d, row);
+  } else {
+    for (int64_t e = 0; e < d; ++e) row[e] = FromFloat<T>(x[e]);
+  }
+}
+
 // f(T{}) with T the element type of `t` (auto: f16, the CPU backend's own).
 template <typename F>
 decltype(auto) WithKvElement(KvDtype t, F&& f) {
@@ -130,6 +206,7 @@ decltype(auto) WithKvElement(KvDtype t, F&& f) {
     case KvDtype::kBf16: return f(Bf16{});
     case KvDtype::kFp8E4M3: return f(Fp8E4M3{});
     case KvDtype::kFp8E5M2: return f(Fp8E5M2{});
+    case KvDtype::kQ8_0: return f(Q8_0{});
     case KvDtype::kAuto:
     case KvDtype::kF16: break;
   }

@@ -96,6 +96,33 @@ void Dot4(const float* a, const T* const b[4], int64_t n, float out[4]) {
   }
 }
 
+// out[0, d) = the d elements of a stored row of T, widened to f32 exactly (q8_0: code · scale).
+template <typename T>
+void WidenRow(const T* row, int64_t d, float* out) {
+  if constexpr (kRowQuantized<T>) {
+    for (int64_t b = 0; b < d / kQ8BlockElems; ++b) {
+      const float scale = q8::Scale(row, d, b);
+      const Q8_0* codes = row + b * kQ8BlockElems;
+      float* dst = out + b * kQ8BlockElems;
+      int64_t i = 0;
+#if TS_AVX2
+      const __m256 vs = _mm256_set1_ps(scale);
+      for (; i < kQ8BlockElems; i += 8) {
+        const __m256i c = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + i)));
+        _mm256_storeu_ps(dst + i, _mm256_mul_ps(_mm256_cvtepi32_ps(c), vs));
+      }
+#endif
+      for (; i < kQ8BlockElems; ++i) dst[i] = float(q8::Code(codes, i)) * scale;
+    }
+  } else {
+    int64_t i = 0;
+#if TS_AVX2
+    for (; i + 8 <= d; i += 8) _mm256_storeu_ps(out + i, Load8(row + i));
+#endif
+    for (; i < d; ++i) out[i] = ToFloat(row[i]);
+  }
+}
+
 // x[j] = exp(x[j] - m) for j < n, and returns Σ x[j]. With AVX2, eight at a time by the
 // Cephes single-precision polynomial (within a few ulp of std::exp; arguments under -88,
 // -inf included, give 0; NaN stays NaN) summed in eight lanes, and the last n mod 8 by

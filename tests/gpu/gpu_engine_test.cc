@@ -141,7 +141,7 @@ TEST_F(GpuEngineTest, PreemptionChunkedPrefillAndCancellationReturnEveryPage) {
   EngineConfig config;
   // 6 blocks of 16 tokens per (layer, KV head), K and V: each request needs 2-3, so the four
   // running ones must take turns; prompts go in chunks of 8 tokens.
-  const int64_t page_bytes = int64_t(config.block_size) * c.head_dim * (*backend)->kv_element_bytes();
+  const int64_t page_bytes = int64_t(config.block_size) * (*backend)->kv_row_bytes();
   config.kv_cache_bytes = 2 * 6 * c.num_layers * c.num_kv_heads * page_bytes;
   config.scheduler.max_num_batched_tokens = 8;
   config.scheduler.max_num_seqs = 4;

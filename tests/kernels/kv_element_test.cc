@@ -1,6 +1,6 @@
 // The KV cache's 16- and 8-bit element types: rounding to nearest even, overflow (saturation
 // for fp8), NaN, exact widening (every bit pattern round-trips), and the eight-wide vector load
-// agreeing with the scalar one.
+// agreeing with the scalar one; q8_0 rows (int8 codes, an f16 scale per 32 elements).
 #include "kernels/cpu/kv_element.h"
 
 #include <bit>
@@ -236,14 +236,119 @@ TEST(KvDtypeTest, NamesParseAndSizes) {
   EXPECT_FALSE(ParseKvDtype("f8", &t));
   EXPECT_FALSE(ParseKvDtype("fp8_e4m3fnuz", &t));
   EXPECT_FALSE(ParseKvDtype("", &t));
+  ASSERT_TRUE(ParseKvDtype("q8_0", &t));
+  EXPECT_EQ(t, KvDtype::kQ8_0);
+  EXPECT_FALSE(ParseKvDtype("q8", &t));
   EXPECT_EQ(KvDtypeName(KvDtype::kBf16), "bf16");
-  EXPECT_EQ(KvDtypeBytes(KvDtype::kF32), 4);
-  EXPECT_EQ(KvDtypeBytes(KvDtype::kF16), 2);
-  EXPECT_EQ(KvDtypeBytes(KvDtype::kBf16), 2);
-  EXPECT_EQ(KvDtypeBytes(KvDtype::kFp8E4M3), 1);
-  EXPECT_EQ(KvDtypeBytes(KvDtype::kFp8E5M2), 1);
+  EXPECT_EQ(KvRowBytes(KvDtype::kF32, 64), 256);
+  EXPECT_EQ(KvRowBytes(KvDtype::kF16, 64), 128);
+  EXPECT_EQ(KvRowBytes(KvDtype::kAuto, 64), 128);
+  EXPECT_EQ(KvRowBytes(KvDtype::kBf16, 64), 128);
+  EXPECT_EQ(KvRowBytes(KvDtype::kFp8E4M3, 64), 64);
+  EXPECT_EQ(KvRowBytes(KvDtype::kFp8E5M2, 64), 64);
+  EXPECT_EQ(KvRowBytes(KvDtype::kQ8_0, 64), 68);    // 64 codes, 2 f16 scales
+  EXPECT_EQ(KvRowBytes(KvDtype::kQ8_0, 128), 136);  // llama.cpp's 34 bytes per 32
+  EXPECT_EQ(RowUnits<Q8_0>(128), 136);
+  EXPECT_EQ(RowUnits<F16>(128), 128);
   EXPECT_EQ(KvDtypeName(KvDtype::kFp8E4M3), "fp8_e4m3");
   EXPECT_EQ(KvDtypeName(KvDtype::kFp8E5M2), "fp8_e5m2");
+  EXPECT_EQ(KvDtypeName(KvDtype::kQ8_0), "q8_0");
+}
+
+// A q8_0 row of x (its size a multiple of 32) and the values it reads back.
+std::vector<Q8_0> Q8Row(const std::vector<float>& x) {
+  std::vector<Q8_0> row(RowUnits<Q8_0>(int64_t(x.size())));
+  StoreRow(x.data(), int64_t(x.size()), row.data());
+  return row;
+}
+std::vector<float> Widened(const std::vector<Q8_0>& row, int64_t d) {
+  std::vector<float> out(d, std::nanf(""));
+  WidenRow(row.data(), d, out.data());
+  return out;
+}
+
+TEST(KvElementTest, Q8_0QuantizesEachBlockOf32ByItsLargestMagnitude) {
+  // Block 0: max |x| 127 gives scale 1: integers stay, halves round away from zero, and the
+  // codes and the scale lie where llama.cpp's q8_0 puts them (codes, then the scales, here
+  // apart). Block 1: max |x| 254 gives scale 2.
+  std::vector<float> x(64, 0.0f);
+  x[0] = 127.0f;
+  x[1] = -127.0f;
+  x[2] = 2.5f;
+  x[3] = -2.5f;
+  x[4] = 3.4f;
+  x[5] = 0.49f;
+  x[32] = -254.0f;
+  x[33] = 5.0f;   // 2.5 steps: 3 steps, 6
+  x[34] = 1.0f;   // half a step: away from zero, 2
+  x[35] = 0.99f;  // under half a step: 0
+  const std::vector<Q8_0> row = Q8Row(x);
+  ASSERT_EQ(row.size(), 68u);
+  EXPECT_EQ(q8::ScaleBits(row.data(), 64, 0), 0x3C00);  // f16 1.0
+  EXPECT_EQ(q8::ScaleBits(row.data(), 64, 1), 0x4000);  // f16 2.0
+  const int8_t want0[] = {127, -127, 3, -3, 3, 0};
+  for (int e = 0; e < 6; ++e) EXPECT_EQ(q8::Code(row.data(), e), want0[e]) << e;
+  const int8_t want1[] = {-127, 3, 1, 0};
+  for (int e = 0; e < 4; ++e) EXPECT_EQ(q8::Code(row.data(), 32 + e), want1[e]) << 32 + e;
+  const std::vector<float> y = Widened(row, 64);
+  EXPECT_EQ(y[0], 127.0f);
+  EXPECT_EQ(y[2], 3.0f);
+  EXPECT_EQ(y[3], -3.0f);
+  EXPECT_EQ(y[32], -254.0f);
+  EXPECT_EQ(y[33], 6.0f);
+  EXPECT_EQ(y[34], 2.0f);
+  EXPECT_EQ(y[35], 0.0f);
+  EXPECT_EQ(y[63], 0.0f);
+}
+
+TEST(KvElementTest, Q8_0ZeroNaNAndHugeBlocks) {
+  std::vector<float> x(96, 0.0f);
+  // Block 0 all zero: scale 0, reads back 0 (not NaN from 0/0).
+  // Block 1 holds a NaN: every element of it reads back NaN; the other blocks are untouched.
+  for (int e = 32; e < 64; ++e) x[e] = 1.0f;
+  x[40] = std::nanf("");
+  // Block 2: past what an f16 scale reaches (127 · 65504): held at it, like fp8's saturation.
+  x[64] = 1e9f;
+  x[65] = -std::numeric_limits<float>::infinity();
+  x[66] = 65504.0f;
+  const std::vector<float> y = Widened(Q8Row(x), 96);
+  for (int e = 0; e < 32; ++e) EXPECT_EQ(y[e], 0.0f) << e;
+  for (int e = 32; e < 64; ++e) EXPECT_TRUE(std::isnan(y[e])) << e;
+  EXPECT_EQ(y[64], 127.0f * 65504.0f);
+  EXPECT_EQ(y[65], -127.0f * 65504.0f);
+  EXPECT_EQ(y[66], 65504.0f);
+  EXPECT_EQ(y[67], 0.0f);
+}
+
+// Random rows at magnitudes from 0.03 to 1000 (scales in f16's normal range): every element
+// reads back as code · scale, within half a step of x (a step is the f16 scale, max |x| / 127
+// to 2^-11), and the largest magnitude of each block gets code ±127.
+TEST(KvElementTest, Q8_0ReadsBackWithinHalfAStep) {
+  const uint32_t seed = std::random_device{}();
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> uni(-1.0f, 1.0f), exponent(-1.5f, 3.0f);
+  const int64_t d = 128;
+  for (int trial = 0; trial < 2000; ++trial) {
+    const float magnitude = std::pow(10.0f, exponent(rng));
+    std::vector<float> x(d);
+    for (float& v : x) v = magnitude * uni(rng);
+    const std::vector<Q8_0> row = Q8Row(x);
+    const std::vector<float> y = Widened(row, d);
+    for (int64_t b = 0; b < d / 32; ++b) {
+      const float scale = q8::Scale(row.data(), d, b);
+      int max_code = 0;
+      float amax = 0.0f;
+      for (int64_t e = b * 32; e < (b + 1) * 32; ++e) amax = std::max(amax, std::fabs(x[e]));
+      ASSERT_NEAR(scale, amax / 127.0f, amax / 127.0f / 2048.0f) << "seed " << seed;
+      for (int64_t e = b * 32; e < (b + 1) * 32; ++e) {
+        const int code = q8::Code(row.data(), e);
+        max_code = std::max(max_code, std::abs(code));
+        ASSERT_EQ(y[e], float(code) * scale) << "element " << e << "; seed " << seed;
+        ASSERT_LE(std::fabs(y[e] - x[e]), 0.5f * scale) << "element " << e << "; seed " << seed;
+      }
+      ASSERT_EQ(max_code, 127) << "seed " << seed;
+    }
+  }
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 // The KV pool checks every backend shares (Backend::SetKvLayout, CheckKvRowCopies), through
 // the CPU backend: bad sizes and copies outside the pool are clear errors; valid copies pass.
+// And the KV element types CreateBackend refuses for a model.
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -30,6 +31,28 @@ TEST(KvPoolChecksTest, BadSizesAndCopiesOutsideThePoolAreErrors) {
     EXPECT_NE(std::string(st.message()).find("outside the pool"), std::string::npos) << st;
   }
   EXPECT_TRUE(b.CopyKvRows(std::vector<KvRowCopy>{{0, 3, 7, 0}, {7, 0, 7, 3}}).ok());
+}
+
+// q8_0 quantizes rows in blocks of 32 elements: a model whose head_dim is not a multiple of 32
+// (the tiny test LLaMA's is 16) is refused with a clear error, other types are not.
+TEST(KvPoolChecksTest, Q8_0NeedsAHeadDimThatIsAMultipleOf32) {
+  auto tiny = model::Model::Load(testing::TestDataPath("tiny_llama"));
+  ASSERT_TRUE(tiny.ok()) << tiny.status();
+  ASSERT_EQ((*tiny)->config().head_dim, 16);
+  auto refused = CreateBackend(**tiny, Device::kCpu, 1, MatMulMode::kExact, KvDtype::kQ8_0);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(refused.status().message())
+                .find("--kv-cache-dtype q8_0 quantizes rows in blocks of 32 elements, and this "
+                      "model's head_dim is 16"),
+            std::string::npos) << refused.status();
+  EXPECT_TRUE(CreateBackend(**tiny, Device::kCpu, 1, MatMulMode::kExact, KvDtype::kFp8E4M3).ok());
+
+  auto smollm2 = model::Model::Load(testing::DefaultModelPath());  // head_dim 64
+  ASSERT_TRUE(smollm2.ok()) << smollm2.status();
+  auto q8 = CreateBackend(**smollm2, Device::kCpu, 1, MatMulMode::kExact, KvDtype::kQ8_0);
+  ASSERT_TRUE(q8.ok()) << q8.status();
+  EXPECT_EQ((*q8)->kv_row_bytes(), 68);
 }
 
 }  // namespace

@@ -274,8 +274,9 @@ TEST_F(EngineTest, SeededSamplingOnParallelThreadsMatchesEachRequestAlone) {
   EXPECT_GT(differs, 0);
 }
 
-// The same --kv-cache-memory holds twice the pages in f16 (or bf16) as in f32, and concurrent
-// requests over those pages generate what each generates alone on them.
+// The same --kv-cache-memory holds twice the pages in f16 (or bf16) as in f32 (four times in
+// fp8, 3.76 times in q8_0), and concurrent requests over those pages generate what each
+// generates alone on them.
 TEST_F(EngineTest, NarrowPagesHoldMoreTokensAndBatchingChangesNothing) {
   EngineConfig config;
   config.kv_cache_bytes = int64_t(64) << 20;
@@ -286,22 +287,27 @@ TEST_F(EngineTest, NarrowPagesHoldMoreTokensAndBatchingChangesNothing) {
   ASSERT_TRUE(f32_engine.ok()) << f32_engine.status();
   const int64_t f32_pages = (*f32_engine)->Stats().pages_total;
   (*f32_engine)->Stop();
-  // 16-bit pages hold twice the tokens of f32 pages, 8-bit ones four times.
-  for (auto [dtype, bytes] : {std::pair{kernels::KvDtype::kF16, 2}, std::pair{kernels::KvDtype::kBf16, 2},
-                              std::pair{kernels::KvDtype::kFp8E4M3, 1},
-                              std::pair{kernels::KvDtype::kFp8E5M2, 1}}) {
+  const int64_t d = model_->config().head_dim;
+  EXPECT_EQ(f32_pages, config.kv_cache_bytes / (config.block_size * 4 * d));
+  // 16-bit pages hold twice the tokens of f32 pages, 8-bit ones four times, q8_0 ones (a code
+  // per element and an f16 scale per 32) 64/17 times.
+  for (auto [dtype, row_bytes] : {std::pair{kernels::KvDtype::kF16, 2 * d},
+                                  std::pair{kernels::KvDtype::kBf16, 2 * d},
+                                  std::pair{kernels::KvDtype::kFp8E4M3, d},
+                                  std::pair{kernels::KvDtype::kFp8E5M2, d},
+                                  std::pair{kernels::KvDtype::kQ8_0, d + d / 16}}) {
     SCOPED_TRACE(std::string(kernels::KvDtypeName(dtype)));
     auto backend = kernels::CreateBackend(*model_, kernels::Device::kCpu, 0,
                                           kernels::MatMulMode::kQuantized, dtype);
     ASSERT_TRUE(backend.ok());
     EXPECT_EQ((*backend)->kv_dtype(), dtype);
-    EXPECT_EQ((*backend)->kv_element_bytes(), bytes);
+    EXPECT_EQ((*backend)->kv_row_bytes(), row_bytes);
     auto solo = kernels::CreateBackend(*model_, kernels::Device::kCpu, 0,
                                        kernels::MatMulMode::kQuantized, dtype);
     ASSERT_TRUE(solo.ok());
     auto engine = Engine::Create(config, **backend);
     ASSERT_TRUE(engine.ok()) << engine.status();
-    EXPECT_EQ((*engine)->Stats().pages_total, 4 / bytes * f32_pages);
+    EXPECT_EQ((*engine)->Stats().pages_total, config.kv_cache_bytes / (config.block_size * row_bytes));
     const auto prompts = Prompts();
     std::vector<std::shared_ptr<CollectingSink>> sinks;
     for (size_t i = 0; i < prompts.size(); ++i) {
@@ -330,7 +336,7 @@ TEST_F(EngineTest, TinyPoolForcesChunkedPrefillAndPreemptionWithIdenticalOutput)
   config.block_size = 4;
   // Room for 8 blocks of 4 tokens per (layer, KV head), K and V: 32 tokens in all, while
   // each request needs up to ~30: they must take turns.
-  const int64_t page_bytes = config.block_size * c.head_dim * (*backend)->kv_element_bytes();
+  const int64_t page_bytes = config.block_size * (*backend)->kv_row_bytes();
   config.kv_cache_bytes = 2 * 8 * c.num_layers * c.num_kv_heads * page_bytes;
   config.scheduler.max_num_batched_tokens = 6;  // prompts take several chunks
   config.scheduler.max_num_seqs = 4;
@@ -490,8 +496,8 @@ TEST_F(EngineTest, RejectsARequestThatCanNeverFitThePool) {
   ASSERT_TRUE(backend.ok());
   const auto& c = model_->config();
   EngineConfig config;
-  config.kv_cache_bytes = 2 * 4 * c.num_layers * c.num_kv_heads * 16 * c.head_dim *
-                          (*backend)->kv_element_bytes();  // 64 tokens
+  config.kv_cache_bytes = 2 * 4 * c.num_layers * c.num_kv_heads * 16 *
+                          (*backend)->kv_row_bytes();  // 64 tokens
   auto engine = Engine::Create(config, **backend);
   ASSERT_TRUE(engine.ok());
   Request big = MakeRequest("big", "hello", 100);
@@ -633,6 +639,12 @@ TEST_F(EngineTest, OffloadPolicyGivesTheFullPolicysLogitsWithF16Pages) {
 
 TEST_F(EngineTest, OffloadPolicyGivesTheFullPolicysLogitsWithFp8Pages) {
   ExpectOffloadGivesTheFullPolicysLogits(kernels::KvDtype::kFp8E4M3);
+}
+
+// q8_0 rows are longer than head_dim (their scales): the sparse store's moves and the host
+// copies carry whole rows.
+TEST_F(EngineTest, OffloadPolicyGivesTheFullPolicysLogitsWithQ8_0Pages) {
+  ExpectOffloadGivesTheFullPolicysLogits(kernels::KvDtype::kQ8_0);
 }
 
 void EngineTest::ExpectOffloadGivesTheFullPolicysLogits(kernels::KvDtype kv_dtype) {
@@ -782,7 +794,7 @@ TEST_F(EngineTest, MassBudgetAdmitsLongPromptsThatDenseMustRunOneAtATime) {
     ASSERT_TRUE(backend.ok());
     EngineConfig config;
     config.scheduler.max_num_batched_tokens = 64;  // many prefill chunks
-    const int64_t page_bytes = int64_t(config.block_size) * c.head_dim * (*backend)->kv_element_bytes();
+    const int64_t page_bytes = int64_t(config.block_size) * (*backend)->kv_row_bytes();
     const int64_t tokens = int64_t(model_->tokenizer().Encode(text).size()) + 8;
     const int64_t dense_pages = 2 * ((tokens + 15) / 16) * c.num_layers * c.num_kv_heads;
     config.kv_cache_bytes = dense_pages * 7 / 5 * page_bytes;  // 1.4 dense prompts
@@ -1107,7 +1119,7 @@ TEST_F(EngineTest, PromptLogprobsSurvivePreemptionWithoutRepeats) {
   ASSERT_TRUE(backend.ok());
   EngineConfig config;
   config.block_size = 4;
-  const int64_t page_bytes = config.block_size * c.head_dim * (*backend)->kv_element_bytes();
+  const int64_t page_bytes = config.block_size * (*backend)->kv_row_bytes();
   config.kv_cache_bytes = 2 * 14 * c.num_layers * c.num_kv_heads * page_bytes;
   config.scheduler.max_num_batched_tokens = 4;
   config.scheduler.max_num_seqs = 4;
@@ -1214,10 +1226,11 @@ TEST_F(EngineTest, SubmitAllQueuesAllOrNone) {
 // sequence's V sums come from SumVRows (θ = 0.1 past 4 rows, so that short rows drop some).
 TEST_F(EngineTest, PrefixCacheGivesWayToNewWorkInATinyPool) {
   const model::ThetaTable table = ConstantPostTheta(0.1f, 4);
-  // Dense; Top-θ; Top-θ over f16 pages, whose V sums SumVRows reads back from 16-bit rows.
+  // Dense; Top-θ (both over the CPU's default, f16 pages, whose V sums SumVRows reads back
+  // from 16-bit rows); Top-θ over q8_0 pages, whose rows SumVRows dequantizes.
   for (auto [top_theta, kv_dtype] : {std::pair{false, kernels::KvDtype::kAuto},
                                      std::pair{true, kernels::KvDtype::kAuto},
-                                     std::pair{true, kernels::KvDtype::kF16}}) {
+                                     std::pair{true, kernels::KvDtype::kQ8_0}}) {
     SCOPED_TRACE(absl::StrCat(top_theta ? "top-theta" : "dense", ", KV ",
                               std::string(kernels::KvDtypeName(kv_dtype))));
     auto make_backend = [&] {
@@ -1231,7 +1244,7 @@ TEST_F(EngineTest, PrefixCacheGivesWayToNewWorkInATinyPool) {
     const auto& c = model_->config();
     EngineConfig config;
     config.block_size = 4;
-    const int64_t page_bytes = config.block_size * c.head_dim * (*backend)->kv_element_bytes();
+    const int64_t page_bytes = config.block_size * (*backend)->kv_row_bytes();
     config.kv_cache_bytes = 2 * 8 * c.num_layers * c.num_kv_heads * page_bytes;
     config.scheduler.max_num_batched_tokens = 6;
     config.scheduler.max_num_seqs = 4;

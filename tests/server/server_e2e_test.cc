@@ -877,15 +877,15 @@ TEST(ServerLifecycleTest, TheCpuDefaultKvCacheHoldsTheWholeContext) {
 }
 
 // --kv-cache-dtype reaches ModelInfo, the page size, the startup log and build_info; a server
-// on f32 pages streams what `generate` computes on them. A value that is no type, or one the
+// on f32, fp8 or q8_0 pages streams what `generate` computes on them. A value that is no type, or one the
 // CUDA backend does not store, is refused at startup.
 TEST(ServerLifecycleTest, KvCacheDtypeIsUsedAndReported) {
   int rc = 0;
   std::string out = RunCommand(BinaryPath() + " serve --model " + DefaultModelPath() +
                                " --kv-cache-dtype f8 2>&1", &rc);
   EXPECT_NE(rc, 0);
-  EXPECT_NE(out.find("--kv-cache-dtype must be auto, f32, f16, bf16, fp8 (= fp8_e4m3) or "
-                     "fp8_e5m2, got 'f8'"),
+  EXPECT_NE(out.find("--kv-cache-dtype must be auto, f32, f16, bf16, fp8 (= fp8_e4m3), "
+                     "fp8_e5m2 or q8_0, got 'f8'"),
             std::string::npos) << out;
   out = RunCommand(BinaryPath() + " serve --model " + DefaultModelPath() +
                    " --device cuda --kv-cache-dtype f32 2>&1", &rc);
@@ -893,15 +893,17 @@ TEST(ServerLifecycleTest, KvCacheDtypeIsUsedAndReported) {
   EXPECT_NE(out.find("--kv-cache-dtype f32: the CUDA backend stores the KV cache in bf16 only"),
             std::string::npos) << out;
 
-  // f32 and fp8 (4 bytes and 1): what each page holds, what the log, ModelInfo and the build
-  // metric say, and the server's text equal to `thetaserve generate`'s over the same type.
+  // f32, fp8 and q8_0 (rows of head_dim 64 in 256, 64 and 64 + 2 scales × 2 bytes): what each
+  // page holds, what the log, ModelInfo and the build metric say, and the server's text equal
+  // to `thetaserve generate`'s over the same type.
   struct Case {
     const char* flag;
     const char* name;
-    uint32_t bytes;
-    const char* tokens;  // 64 MiB / (30 layers × 3 KV heads × K and V × 64 × bytes)
+    uint32_t row_bytes;
+    const char* tokens;  // 64 MiB / (30 layers × 3 KV heads × K and V × row_bytes)
   };
-  for (const Case& k : {Case{"f32", "f32", 4, "1456"}, Case{"fp8", "fp8_e4m3", 1, "5825"}}) {
+  for (const Case& k : {Case{"f32", "f32", 256, "1456"}, Case{"fp8", "fp8_e4m3", 64, "5825"},
+                        Case{"q8_0", "q8_0", 68, "5482"}}) {
     SCOPED_TRACE(k.flag);
     ServerProcess server({"--device", "cpu", "--kv-cache-dtype", k.flag, "--kv-cache-memory", "64M"});
     ASSERT_TRUE(server.started());
@@ -916,7 +918,7 @@ TEST(ServerLifecycleTest, KvCacheDtypeIsUsedAndReported) {
       grpc::ClientContext c;
       v1::ServerStatus st;
       ASSERT_TRUE(stub->GetServerStatus(&c, {}, &st).ok());
-      EXPECT_EQ(st.pages().page_bytes(), 16u * 64u * k.bytes);  // 16 rows of head_dim 64
+      EXPECT_EQ(st.pages().page_bytes(), 16u * k.row_bytes);  // 16 rows
     }
     const std::string log = ReadFileOrDie(server.log_path());
     EXPECT_NE(log.find(absl::StrCat("KV cache: 0.06 GiB; ", k.name, ", ~", k.tokens, " tokens of K and V")),
@@ -928,7 +930,7 @@ TEST(ServerLifecycleTest, KvCacheDtypeIsUsedAndReported) {
     EXPECT_NE(metrics.substr(info, metrics.find('\n', info + 1) - info)
                   .find(absl::StrCat("kv_cache_dtype=\"", k.name, "\"")),
               std::string::npos) << metrics;
-    EXPECT_EQ(MetricValue(metrics, "thetaserve_kv_page_size_bytes"), 16.0 * 64 * k.bytes) << metrics;
+    EXPECT_EQ(MetricValue(metrics, "thetaserve_kv_page_size_bytes"), 16.0 * k.row_bytes) << metrics;
 
     auto req = Prompt("Once upon a time", 20);
     req.mutable_stopping()->set_ignore_eos(true);
