@@ -308,7 +308,7 @@ def kv_cache():
     p.append(L.place(timeseries("KV cache usage", "Per instance, (K + V pages used) / capacity (recording rule thetaserve:kv_pages_used:ratio). The red band marks the 90% alert threshold.",
                                 targets((sel("thetaserve:kv_pages_used:ratio"), "{{instance}}")),
                                 unit="percentunit", minv=0, maxv=1, threshold=0.9), 12, 8))
-    p.append(L.place(timeseries("KV cache memory", "Bytes of the KV page pool held by requests (K and V pages used × the page size, which --kv-cache-dtype sets: 4, 2 or 1 bytes an element) and the pool's size, summed over the selected instances.",
+    p.append(L.place(timeseries("KV cache memory", "Bytes of the KV page pool held by requests (K and V pages used × the page size, which --kv-cache-dtype sets: 4, 2 or 1 bytes an element, 1.0625 for q8_0) and the pool's size, summed over the selected instances.",
                                 targets(("sum(sum without (kind) (%s) * %s)" % (sel("thetaserve_kv_pages_used"), sel("thetaserve_kv_page_size_bytes")), "used"),
                                         ("sum(%s * %s)" % (sel("thetaserve_kv_pages_capacity"), sel("thetaserve_kv_page_size_bytes")), "capacity")),
                                 unit="bytes"), 12, 8))
