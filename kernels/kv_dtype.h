@@ -15,9 +15,10 @@ enum class KvDtype {
   // scale: values past the largest finite one are held at it.
   kFp8E4M3,  // 3 mantissa bits, |x| ≤ 448, subnormals down to 2^-9; NaN, no infinities
   kFp8E5M2,  // 2 mantissa bits, |x| ≤ 57344, subnormals down to 2^-16 (f16's top byte)
-  // llama.cpp's q8_0, by row: each block of 32 elements is 32 int8 codes and one f16 scale
-  // (the block's max |x| / 127), so a row of head_dim elements takes head_dim + head_dim / 16
-  // bytes (the codes, then the scales). head_dim must be a multiple of 32.
+  // llama.cpp's q8_0 blocks and scale rule, in a layout of our own: each block of 32 elements
+  // is 32 int8 codes and one f16 scale (the block's max |x| / 127), and a row of head_dim
+  // elements takes head_dim + head_dim / 16 bytes, all its codes then all its scales (llama.cpp
+  // puts each block's scale before its codes). head_dim must be a multiple of 32.
   kQ8_0,
 };
 

@@ -72,15 +72,22 @@ template <typename T>
 struct Scratch {
   std::vector<float> e;      // [rows, L] exp(s - m); rows = tokens × group
   std::vector<float> sorted; // [L] for the (k+1)-th largest
-  std::vector<const ReadRow<T>*> kept_rows;  // Top-θ: [group, L] the V rows each head keeps
-  std::vector<float> kept_e;                 // [group, L] and their weights
-  std::vector<float> kept_widened;  // Top-θ, row-quantized T: [L, d] the read V rows as f32
-  std::vector<float> widened;       // a block of 8-bit K or V rows as f32 (ReadBlock)
+  // Top-θ pass 2, per gather (TopThetaRow): the V rows each head keeps, their weights, and
+  // (row-quantized T) the rows read, widened to f32.
+  std::vector<const ReadRow<T>*> kept_rows;  // [group, kGatherRows]
+  std::vector<float> kept_e;                 // [group, kGatherRows]
+  std::vector<float> kept_widened;           // [kGatherRows, d]
+  std::vector<float> widened;  // a block of 8-bit K or V rows as f32 (ReadBlock)
   AttentionStats stats;
 };
 
 // Σ e·V takes this many V rows at a time (their pointers in a small array).
 constexpr int64_t kVBlock = 32;
+// Top-θ's pass 2 gathers the kept V rows each time this many stored rows have been read (and at
+// the end), so that its lists (and q8_0's widened rows) stay small and in cache whatever the
+// row length. Σ e·V adds rows one after another in position order, so where the gathers fall
+// does not change a bit of the result.
+constexpr int64_t kGatherRows = 2 * kVBlock;
 
 // f(rows): a block of n ≤ kVBlock K or V rows (d elements each) for `readers` query rows. An
 // 8-bit row costs more to widen (about eight instructions per eight elements) than the dot
@@ -91,6 +98,7 @@ constexpr int64_t kVBlock = 32;
 template <typename T, typename F>
 void ReadBlock(const T* const* rows, int64_t n, int64_t d, int64_t readers,
                std::vector<float>& buf, F&& f) {
+  static_assert(!kRowQuantized<T> || sizeof(T) == 1, "a row-quantized type is stored as bytes");
   if constexpr (sizeof(T) == 1) {
     if (kRowQuantized<T> || readers > 1) {
       CHECK(n <= kVBlock);
@@ -288,29 +296,44 @@ void TopThetaRow(const SeqChunk& seq, int64_t layer, int64_t lh, int64_t pos, in
     }
   }
 
-  // Pass 2: walk the stored V rows, list the kept ones per head, then gather them.
+  // Pass 2: walk the stored V rows, list the kept ones per head, and gather them (Σ e·V) every
+  // kGatherRows rows read.
   std::fill(og, og + group * d, 0.0f);
   float d_kept[kMaxGroup] = {};
-  int64_t kept[kMaxGroup] = {};
+  int64_t kept[kMaxGroup] = {};    // rows each head kept
+  int64_t listed[kMaxGroup] = {};  // ... of which not yet gathered
   int64_t rows_read = 0, host_reads = 0, evicted_hits = 0;
+  int64_t pending = 0;  // rows read since the last gather
   // Marks and mass of positions from hits_begin on (kernels/paged_kv.h): entry j - mark_from.
   const int64_t mark_from = seq.pages.hits_begin;
   int32_t* hits = seq.pages.hits ? seq.pages.hits + lh * seq.pages.hits_stride : nullptr;
   float* hit_mass = seq.pages.hit_mass ? seq.pages.hit_mass + lh * seq.pages.hits_stride : nullptr;
   const float retain = cfg.retain_factor;
-  // Each head's kept rows and weights, in position order: gathered after the walk.
-  scratch.kept_rows.resize(group * L);
-  scratch.kept_e.resize(group * L);
+  // Each head's kept rows and weights since the last gather, in position order (a head lists
+  // at most one row per row read).
+  scratch.kept_rows.resize(group * kGatherRows);
+  scratch.kept_e.resize(group * kGatherRows);
   const ReadRow<T>** kept_rows = scratch.kept_rows.data();
   float* kept_e = scratch.kept_e.data();
-  // Row-quantized T: each V row some head keeps is widened once, into row rows_read.
-  if constexpr (kRowQuantized<T>) scratch.kept_widened.resize(L * d);
+  // Row-quantized T: each V row some head keeps is widened once, into row `pending`.
+  if constexpr (kRowQuantized<T>) scratch.kept_widened.resize(kGatherRows * d);
+  auto gather = [&] {
+    for (int64_t h = 0; h < group; ++h) {
+      const int64_t base = h * kGatherRows;
+      for (int64_t k0 = 0; k0 < listed[h]; k0 += kVBlock) {
+        AccumulateBlock(kept_e + base + k0, kept_rows + base + k0,
+                        std::min(kVBlock, listed[h] - k0), d, og + h * d);
+      }
+      listed[h] = 0;
+    }
+    pending = 0;
+  };
   auto visit = [&](int64_t j, const T* vr, bool from_host = false) {
     bool any = false, strong = false;
     float mass = 0.0f;
     const ReadRow<T>* row = nullptr;
     if constexpr (kRowQuantized<T>) {
-      row = scratch.kept_widened.data() + rows_read * d;
+      row = scratch.kept_widened.data() + pending * d;
     } else {
       row = vr;
     }
@@ -318,9 +341,10 @@ void TopThetaRow(const SeqChunk& seq, int64_t layer, int64_t lh, int64_t pos, in
       const float ej = e[h * e_stride + j];
       if (ej > thr[h]) {
         if (vr) {
-          kept_rows[h * L + kept[h]] = row;
-          kept_e[h * L + kept[h]] = ej;
+          kept_rows[h * kGatherRows + listed[h]] = row;
+          kept_e[h * kGatherRows + listed[h]] = ej;
           d_kept[h] += ej;
+          ++listed[h];
           ++kept[h];
         }
         any = true;
@@ -330,9 +354,10 @@ void TopThetaRow(const SeqChunk& seq, int64_t layer, int64_t lh, int64_t pos, in
     }
     if (!any) return;
     if (vr) {
-      if constexpr (kRowQuantized<T>) WidenRow(vr, d, scratch.kept_widened.data() + rows_read * d);
+      if constexpr (kRowQuantized<T>) WidenRow(vr, d, scratch.kept_widened.data() + pending * d);
       ++rows_read;
       host_reads += from_host;
+      if (++pending == kGatherRows) gather();
     } else {
       ++evicted_hits;  // retained, but its V row was dropped: its mass stays in D_miss
     }
@@ -371,12 +396,7 @@ void TopThetaRow(const SeqChunk& seq, int64_t layer, int64_t lh, int64_t pos, in
   for (int64_t j = tail_start; j < L; ++j) {
     visit(j, kv_pool + layout.RowOffset(seq.pages.VPage(lh, j, bs), int32_t(j % bs)));
   }
-  for (int64_t h = 0; h < group; ++h) {
-    for (int64_t k0 = 0; k0 < kept[h]; k0 += kVBlock) {
-      AccumulateBlock(kept_e + h * L + k0, kept_rows + h * L + k0, std::min(kVBlock, kept[h] - k0), d,
-                      og + h * d);
-    }
-  }
+  gather();
 
   // Compensation.
   const float inv_L = 1.0f / static_cast<float>(L);

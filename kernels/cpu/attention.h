@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "base/check.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/kv_element.h"
 #include "kernels/cpu/thread_pool.h"
@@ -28,6 +29,9 @@ struct AttentionShape {
 // elements of T: StoredLayout<T> of the backend's (a q8_0 row is longer than head_dim).
 template <typename T>
 KvPoolLayout StoredLayout(KvPoolLayout layout) {
+  if constexpr (kRowQuantized<T>) {
+    CHECK_EQ(layout.head_dim % kQ8BlockElems, 0) << "q8_0 rows need a head_dim multiple of 32";
+  }
   layout.head_dim = static_cast<int32_t>(RowUnits<T>(layout.head_dim));
   return layout;
 }

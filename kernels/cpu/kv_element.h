@@ -157,9 +157,11 @@ inline float Scale(const Q8_0* row, int64_t d, int64_t b) {
 }
 inline int8_t Code(const Q8_0* row, int64_t e) { return std::bit_cast<int8_t>(row[e].byte); }
 
-// Quantizes x[0, d) (d a multiple of 32) into a q8_0 row, as llama.cpp's q8_0: per block of 32,
-// scale = max |x| / 127 rounded to f16 (held at f16's largest finite value, 65504), codes
-// round(x / scale) (half away from zero) clamped to ±127; an all-zero block has scale 0. A
+// Quantizes x[0, d) (d a multiple of 32) into a q8_0 row, with llama.cpp's q8_0 rule: per block
+// of 32, scale = max |x| / 127 rounded to f16 (held at f16's largest finite value, 65504), codes
+// round(x / scale) (half away from zero) clamped to ±127; an all-zero block has scale 0. (llama.cpp
+// multiplies by the inverse of the unrounded scale; dividing by the stored one keeps every code
+// the nearest to x for the scale it is read back with: about 1% of codes differ by one.) A
 // block holding a NaN gets a NaN scale, so all its elements read back as NaN rather than as
 // numbers. Element e reads back as code · scale, exactly (8 × 11 significant bits fit in f32's
 // 24), within half a step of x while the scale is an f16 normal (max |x| ≥ 127 · 2^-14 ≈ 0.0078;

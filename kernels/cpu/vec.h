@@ -108,8 +108,9 @@ void WidenRow(const T* row, int64_t d, float* out) {
 #if TS_AVX2
       const __m256 vs = _mm256_set1_ps(scale);
       for (; i < kQ8BlockElems; i += 8) {
-        const __m256i c = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + i)));
-        _mm256_storeu_ps(dst + i, _mm256_mul_ps(_mm256_cvtepi32_ps(c), vs));
+        const __m128i c8 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + i));
+        const __m256 c = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(c8));
+        _mm256_storeu_ps(dst + i, _mm256_mul_ps(c, vs));
       }
 #endif
       for (; i < kQ8BlockElems; ++i) dst[i] = float(q8::Code(codes, i)) * scale;

@@ -261,16 +261,16 @@ std::vector<Q8_0> Q8Row(const std::vector<float>& x) {
   StoreRow(x.data(), int64_t(x.size()), row.data());
   return row;
 }
+// (The output starts as a sentinel that no test row holds, so an element never written shows.)
 std::vector<float> Widened(const std::vector<Q8_0>& row, int64_t d) {
-  std::vector<float> out(d, std::nanf(""));
+  std::vector<float> out(d, -12345.0f);
   WidenRow(row.data(), d, out.data());
   return out;
 }
 
 TEST(KvElementTest, Q8_0QuantizesEachBlockOf32ByItsLargestMagnitude) {
-  // Block 0: max |x| 127 gives scale 1: integers stay, halves round away from zero, and the
-  // codes and the scale lie where llama.cpp's q8_0 puts them (codes, then the scales, here
-  // apart). Block 1: max |x| 254 gives scale 2.
+  // Block 0: max |x| 127 gives scale 1: integers stay, halves round away from zero; the row's
+  // 64 codes come first, then its two f16 scales. Block 1: max |x| 254 gives scale 2.
   std::vector<float> x(64, 0.0f);
   x[0] = 127.0f;
   x[1] = -127.0f;
