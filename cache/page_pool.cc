@@ -15,12 +15,6 @@ PagePool::PagePool(int64_t num_pages, int32_t block_size)
   for (int64_t p = num_pages - 1; p >= 0; --p) free_.push_back(static_cast<int32_t>(p));
 }
 
-int64_t PagePool::PagesForBytes(int64_t bytes, int32_t block_size, int64_t head_dim,
-                                int64_t elem_bytes) {
-  const int64_t page_bytes = int64_t(block_size) * head_dim * elem_bytes;
-  return page_bytes > 0 ? bytes / page_bytes : 0;
-}
-
 int32_t PagePool::Allocate(PageKind kind) {
   CHECK(!free_.empty()) << "Allocate without CanAllocate";
   CHECK(kind != PageKind::kFree);

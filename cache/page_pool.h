@@ -14,10 +14,6 @@ class PagePool {
  public:
   PagePool(int64_t num_pages, int32_t block_size);
 
-  // Pages that fit in `bytes` for pages of block_size × head_dim elements of elem_bytes.
-  static int64_t PagesForBytes(int64_t bytes, int32_t block_size, int64_t head_dim,
-                               int64_t elem_bytes);
-
   int64_t num_pages() const { return static_cast<int64_t>(refs_.size()); }
   int32_t block_size() const { return block_size_; }
   int64_t num_free() const { return static_cast<int64_t>(free_.size()); }

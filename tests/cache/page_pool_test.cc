@@ -44,12 +44,6 @@ TEST(PagePoolTest, SharedPageReturnsOnlyAfterLastRelease) {
   EXPECT_EQ(pool.num_used(PageKind::kK), 0);
 }
 
-TEST(PagePoolTest, PagesForBytesRoundsDown) {
-  // 16 rows × 64 dims × 4 bytes = 4096 bytes a page.
-  EXPECT_EQ(PagePool::PagesForBytes(4096 * 10 + 4095, 16, 64, 4), 10);
-  EXPECT_EQ(PagePool::PagesForBytes(100, 16, 64, 4), 0);
-}
-
 TEST(PagePoolTest, CachedOnlyCountFollowsEveryReference) {
   PagePool pool(8, 4);
   const int32_t p = pool.Allocate(PageKind::kV);
