@@ -1,6 +1,9 @@
 // The KV pool checks every backend shares (Backend::SetKvLayout, CheckKvRowCopies), through
 // the CPU backend: bad sizes and copies outside the pool are clear errors; valid copies pass.
-// And the KV element types CreateBackend refuses for a model.
+// The KV element types CreateBackend refuses for a model. And the CPU backend's running V sums:
+// what Forward adds up as it writes rows equals what SumVRows reads back, in every type.
+#include <cstring>
+#include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -53,6 +56,61 @@ TEST(KvPoolChecksTest, Q8_0NeedsAHeadDimThatIsAMultipleOf32) {
   auto q8 = CreateBackend(**smollm2, Device::kCpu, 1, MatMulMode::kExact, KvDtype::kQ8_0);
   ASSERT_TRUE(q8.ok()) << q8.status();
   EXPECT_EQ((*q8)->kv_row_bytes(), 68);
+}
+
+// The prefix cache rebuilds an adopted sequence's VMC sums with SumVRows from its pages; Forward
+// keeps them as it writes. Both must be the same bits (the Top-θ outputs of a cached and an
+// uncached request are compared bit for bit), for rounded types and for q8_0's quantized rows.
+TEST(KvPoolChecksTest, SumVRowsReadsBackTheSumsForwardKeptInEveryType) {
+  auto model = model::Model::Load(testing::DefaultModelPath());
+  ASSERT_TRUE(model.ok()) << model.status();
+  const auto& c = (*model)->config();
+  const std::vector<int32_t> prompt = (*model)->tokenizer().Encode(
+      "It is a truth universally acknowledged, that a single man in possession of a good "
+      "fortune, must be in want of a wife.", true);
+  ASSERT_GT(prompt.size(), 20u);
+  const int32_t block = 4, stride = 16;  // 64 positions per table
+  const int64_t tables = int64_t(c.num_layers) * c.num_kv_heads;
+  std::vector<int32_t> k_table(tables * stride), v_table(tables * stride);
+  for (int64_t i = 0; i < tables * stride; ++i) {
+    k_table[i] = static_cast<int32_t>(2 * i);
+    v_table[i] = static_cast<int32_t>(2 * i + 1);
+  }
+  std::vector<float> f32_sums;
+  for (KvDtype dtype : {KvDtype::kF32, KvDtype::kF16, KvDtype::kFp8E4M3, KvDtype::kQ8_0}) {
+    SCOPED_TRACE(std::string(KvDtypeName(dtype)));
+    auto backend = CreateBackend(**model, Device::kCpu, 1, MatMulMode::kExact, dtype);
+    ASSERT_TRUE(backend.ok()) << backend.status();
+    ASSERT_TRUE((*backend)->AllocateKvPool(2 * tables * stride, block).ok());
+    std::vector<float> kept(tables * c.head_dim, 0.0f);
+    // The prompt's first 13 tokens in one chunk, then the rest one at a time (decode steps).
+    int32_t done = 0;
+    while (done < static_cast<int32_t>(prompt.size())) {
+      const int32_t n = done == 0 ? 13 : 1;
+      SeqChunk chunk;
+      chunk.num_tokens = n;
+      chunk.start_pos = done;
+      chunk.pages = SeqPageTables{k_table.data(), v_table.data(), stride};
+      chunk.pages.v_sum = kept.data();
+      const std::vector<SeqChunk> seqs = {chunk};
+      const ForwardBatch batch{std::span<const int32_t>(prompt).subspan(done, n), seqs};
+      std::vector<float> logits(NumLogitRows(batch) * c.vocab_size);
+      ASSERT_TRUE((*backend)->Forward(batch, logits.data()).ok());
+      done += n;
+    }
+    std::vector<float> read_back(tables * c.head_dim, -1.0f);
+    SeqPageTables pages{k_table.data(), v_table.data(), stride};
+    pages.v_sum = read_back.data();
+    ASSERT_TRUE((*backend)->SumVRows(pages, done).ok());
+    ASSERT_EQ(std::memcmp(read_back.data(), kept.data(), kept.size() * sizeof(float)), 0);
+    // Not all zero, and (past f32) the rows stored are not f32's.
+    EXPECT_NE(kept, std::vector<float>(kept.size(), 0.0f));
+    if (dtype == KvDtype::kF32) {
+      f32_sums = kept;
+    } else {
+      EXPECT_NE(kept, f32_sums);
+    }
+  }
 }
 
 }  // namespace
