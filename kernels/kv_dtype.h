@@ -27,7 +27,7 @@ inline constexpr int64_t kQ8BlockElems = 32;
 
 // Bytes of one stored K or V row of head_dim elements (auto: 2, the 16-bit types of both
 // backends). A page is block_size of them.
-inline int64_t KvRowBytes(KvDtype t, int64_t head_dim) {
+constexpr int64_t KvRowBytes(KvDtype t, int64_t head_dim) {
   switch (t) {
     case KvDtype::kF32: return 4 * head_dim;
     case KvDtype::kAuto:

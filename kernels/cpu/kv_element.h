@@ -42,10 +42,11 @@ struct Q8_0 {
 template <typename T>
 inline constexpr bool kRowQuantized = std::is_same_v<T, Q8_0>;
 
-// A stored row of head_dim elements, in units of T (the pool's row stride).
+// A stored row of head_dim elements, in units of T (the pool's row stride; a q8_0 unit is a
+// byte, so its rows are KvRowBytes long).
 template <typename T>
 constexpr int64_t RowUnits(int64_t head_dim) {
-  if constexpr (kRowQuantized<T>) return head_dim + 2 * (head_dim / kQ8BlockElems);
+  if constexpr (kRowQuantized<T>) return KvRowBytes(KvDtype::kQ8_0, head_dim);
   return head_dim;
 }
 
