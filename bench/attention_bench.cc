@@ -3,7 +3,11 @@
 // SmolLM2). Prints the median time of repeated runs of each, their ratio (taken in one run),
 // the fraction of V rows Top-θ read, and the bytes/s dense attention reached. With --kv-dtype
 // other than f32 the pages hold that type (the same values, rounded), and two more columns give
-// the dense kernel's time over an f32 pool in the same run and the ratio of the two.
+// the dense kernel's time over an f32 pool in the same run and the ratio of the two. Where the
+// kernels split the decode rows across threads by key chunks (flash-decoding: batch 1 has
+// fewer units of work, KV heads, than most machines have threads), the columns "split÷dense"
+// and "split÷θ" give each kernel's speed-up from it: its time with each KV head's row on one
+// thread (DecodeSplit::kNever) over its time split, in the same run ("-": no split).
 //
 //   build/thetaserve_attention_bench [--contexts 1024,4096,16384,32768] [--batch 1]
 //       [--repeats 15] [--kv-dtype f32|f16|bf16|fp8_e4m3|fp8_e5m2|q8_0]
@@ -34,6 +38,7 @@ namespace {
 // The kernels take turns so that machine noise hits all alike.
 struct Times {
   std::vector<double> dense, theta, dense_f32;
+  std::vector<double> dense_whole, theta_whole;  // DecodeSplit::kNever, where the rows split
   double v_rows_read = 0;
 };
 
@@ -54,8 +59,20 @@ Times Run(ts::kernels::cpu::ThreadPool& pool, const AttentionShape& shape,
   ts::kernels::TopThetaConfig dense_cfg;
   ts::kernels::AttentionStats stats;
   Times t;
+  using ts::kernels::cpu::DecodeSplit;
   for (int r = 0; r < repeats; ++r) {
     ts::kernels::ForwardBatch bd{tokens, seqs, false, nullptr};
+    if (ts::kernels::cpu::SplitsDecodeRows(bd, shape, pool.num_threads())) {
+      ts::kernels::ForwardBatch bw{tokens, seqs, false, nullptr};
+      double t0 = Now();
+      ts::kernels::cpu::PagedAttention(pool, bw, shape, 0, q.data(), stored, pages.data(), nullptr,
+                                       nullptr, dense_cfg, o.data(), DecodeSplit::kNever);
+      t.dense_whole.push_back(Now() - t0);
+      t0 = Now();
+      ts::kernels::cpu::PagedAttention(pool, bw, shape, 0, q.data(), stored, pages.data(), nullptr,
+                                       vsum_rows.data(), theta_cfg, o.data(), DecodeSplit::kNever);
+      t.theta_whole.push_back(Now() - t0);
+    }
     if (f32_baseline) {
       double t0 = Now();
       ts::kernels::cpu::PagedAttention(pool, bd, shape, 0, q.data(), layout, kv.data(), nullptr,
@@ -111,6 +128,7 @@ int main(int argc, char** argv) {
               batch, kv_heads, group, d, pool.num_threads(), name.c_str(), repeats);
   std::printf("%-8s %-12s %-12s %-8s %-14s %-12s", "context", "dense ms", "top-θ ms", "ratio",
               "V rows read", "dense GB/s");
+  std::printf(" %-12s %-8s", "split÷dense", "split÷θ");
   if (narrow) std::printf(" %-14s %-10s", "dense f32 ms", ("f32/" + name).c_str());
   std::printf("\n");
   std::mt19937 rng(1);
@@ -163,6 +181,11 @@ int main(int argc, char** argv) {
     const double bytes = 2.0 * L * ts::kernels::KvRowBytes(dtype, d) * kv_heads * batch;
     std::printf("%-8d %-12.3f %-12.3f %-8.2f %-14.3f %-12.2f", L, md * 1e3, mt * 1e3, md / mt,
                 t.v_rows_read, bytes / md / 1e9);
+    if (t.dense_whole.empty()) {
+      std::printf(" %-12s %-8s", "-", "-");
+    } else {
+      std::printf(" %-12.2f %-8.2f", Median(t.dense_whole) / md, Median(t.theta_whole) / mt);
+    }
     if (narrow) {
       const double mf = Median(t.dense_f32);
       std::printf(" %-14.3f %-10.2f", mf * 1e3, mf / md);

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <limits>
 #include <mutex>
+#include <queue>
 #include <vector>
 
 #include "base/check.h"
@@ -78,11 +79,19 @@ struct Scratch {
   std::vector<float> kept_e;                 // [group, kGatherRows]
   std::vector<float> kept_widened;           // [kGatherRows, d]
   std::vector<float> widened;  // a block of 8-bit K or V rows as f32 (ReadBlock)
+  std::vector<float> part;     // [rows, d] a key chunk's Σ e·V (DenseTile)
   AttentionStats stats;
 };
 
 // Σ e·V takes this many V rows at a time (their pointers in a small array).
 constexpr int64_t kVBlock = 32;
+// A row's keys are summed in chunks of this many (a multiple of kVBlock): Σe and Σ e·V start
+// from zero in each chunk, in key order, and the chunks' sums are added in chunk order. A long
+// decode row can then be worked by several threads, a chunk each (flash-decoding; see
+// SplitsDecodeRows), and give the same bits as one thread working it whole. Rows of up to
+// kKeyChunk keys are one chunk.
+constexpr int64_t kKeyChunk = 512;
+static_assert(kKeyChunk % kVBlock == 0);
 // Top-θ's pass 2 gathers the kept V rows each time this many stored rows have been read (and at
 // the end), so that its lists (and q8_0's widened rows) stay small and in cache whatever the
 // row length. Σ e·V adds rows one after another in position order, so where the gathers fall
@@ -170,26 +179,23 @@ struct Tile {
   }
 };
 
-// Pass 1 of attention for a tile: sizes e to [rows, keys] and writes e[r·keys + j] =
-// exp(s_rj - max_r) for j < RowLen(r), with s_rj = q_r·k_j·scale, and each row's max and Σe.
-// K rows are read once for the whole tile, four keys at a time. A row's own arithmetic is the
-// same whatever the tile, so the results do not depend on how the tokens were tiled.
+// Scores of a tile's rows against keys [j_begin, j_end) (j_begin a multiple of four, j_end ≤
+// tile.keys()): e[r·e_stride + j] = s_rj = q_r·k_j·scale for the keys row r sees, and
+// row_max[r] = max(row_max[r], those). K rows are read once for the whole tile, four keys at a
+// time. A score's arithmetic is the same whatever the tile or the range.
 template <typename T>
-void ExpScores(const SeqChunk& seq, int64_t lh, const Tile& tile, int64_t d, float scale,
-               const KvPoolLayout& layout, const T* kv_pool,
-               const float* q,  // row r at q + tile.Offset(r, q_stride, d)
-               int64_t q_stride, std::vector<float>& e, float* row_max, float* denom,
-               std::vector<float>& widened) {
+void Scores(const SeqChunk& seq, int64_t lh, const Tile& tile, int64_t j_begin, int64_t j_end,
+            int64_t d, float scale, const KvPoolLayout& layout, const T* kv_pool,
+            const float* q,  // row r at q + tile.Offset(r, q_stride, d)
+            int64_t q_stride, float* e, int64_t e_stride, float* row_max,
+            std::vector<float>& widened) {
   constexpr int64_t kKeys = 4;
   const int32_t bs = layout.block_size;
   const int64_t rows = tile.rows();
-  const int64_t L = tile.keys();
-  e.resize(rows * L);
-  std::fill(row_max, row_max + rows, -std::numeric_limits<float>::infinity());
-  for (int64_t j0 = 0; j0 < L; j0 += kKeys) {
+  for (int64_t j0 = j_begin; j0 < j_end; j0 += kKeys) {
     const T* kr[kKeys];
     for (int64_t u = 0; u < kKeys; ++u) {
-      const int64_t j = std::min(j0 + u, L - 1);  // the last block repeats its final key
+      const int64_t j = std::min(j0 + u, j_end - 1);  // the last block repeats its final key
       kr[u] = kv_pool + layout.RowOffset(seq.pages.KPage(lh, j, bs), int32_t(j % bs));
     }
     const int64_t first_row = tile.FirstRowSeeing(j0);
@@ -197,40 +203,63 @@ void ExpScores(const SeqChunk& seq, int64_t lh, const Tile& tile, int64_t d, flo
       for (int64_t r = first_row; r < rows; ++r) {
         float s[kKeys];
         Dot4(q + tile.Offset(r, q_stride, d), keys, d, s);
-        const int64_t j1 = std::min(j0 + kKeys, tile.RowLen(r));
+        const int64_t j1 = std::min({j0 + kKeys, j_end, tile.RowLen(r)});
         for (int64_t j = j0; j < j1; ++j) {
           const float x = s[j - j0] * scale;
-          e[r * L + j] = x;
+          e[r * e_stride + j] = x;
           row_max[r] = std::max(row_max[r], x);
         }
       }
     };
     ReadBlock(kr, kKeys, d, rows - first_row, widened, score);
   }
-  for (int64_t r = 0; r < rows; ++r) denom[r] = ExpShiftSum(e.data() + r * L, tile.RowLen(r), row_max[r]);
 }
 
-// Dense softmax attention for one unit (a tile as in ExpScores): pass 1, then Σ e·V over
-// blocks of 32 keys with each output row in registers across the block, then ÷ Σe.
+// x[j] = exp(x[j] - m) for j < n, and returns Σ x[j] summed by key chunks: each chunk's sum in
+// ExpShiftSum's order, the chunks' sums added in order (n ≤ kKeyChunk: ExpShiftSum itself).
+// Chunks start at multiples of eight, so every element gets the bits ExpShiftSum over the whole
+// row would give it.
+inline float ChunkedExpShiftSum(float* x, int64_t n, float m) {
+  float sum = ExpShiftSum(x, std::min(n, kKeyChunk), m);
+  for (int64_t c = kKeyChunk; c < n; c += kKeyChunk) {
+    sum += ExpShiftSum(x + c, std::min(kKeyChunk, n - c), m);
+  }
+  return sum;
+}
+
+// Pass 1 of attention for a tile: sizes e to [rows, keys] and writes e[r·keys + j] =
+// exp(s_rj - max_r) for j < RowLen(r), with each row's max and Σe (ChunkedExpShiftSum). A
+// row's own arithmetic is the same whatever the tile, so the results do not depend on how the
+// tokens were tiled.
 template <typename T>
-void DenseTile(const SeqChunk& seq, int64_t lh, const Tile& tile, int64_t d, float scale,
+void ExpScores(const SeqChunk& seq, int64_t lh, const Tile& tile, int64_t d, float scale,
                const KvPoolLayout& layout, const T* kv_pool,
                const float* q,  // row r at q + tile.Offset(r, q_stride, d)
-               int64_t q_stride,
-               float* o,        // same layout as q
-               std::vector<float>& e, std::vector<float>& widened) {
+               int64_t q_stride, std::vector<float>& e, float* row_max, float* denom,
+               std::vector<float>& widened) {
+  const int64_t rows = tile.rows();
+  const int64_t L = tile.keys();
+  e.resize(rows * L);
+  std::fill(row_max, row_max + rows, -std::numeric_limits<float>::infinity());
+  Scores(seq, lh, tile, 0, L, d, scale, layout, kv_pool, q, q_stride, e.data(), L, row_max,
+         widened);
+  for (int64_t r = 0; r < rows; ++r) {
+    denom[r] = ChunkedExpShiftSum(e.data() + r * L, tile.RowLen(r), row_max[r]);
+  }
+}
+
+// acc(r)[0, d) += Σ e[r·e_stride + j] · v_j over the keys j of [j_begin, j_end) that row r sees,
+// in key order, for the rows from FirstRowSeeing(j_begin) on: kVBlock V rows at a time, each
+// row's sum in registers across a block.
+template <typename T, typename Acc>
+void SumEV(const SeqChunk& seq, int64_t lh, const Tile& tile, int64_t j_begin, int64_t j_end,
+           int64_t d, const KvPoolLayout& layout, const T* kv_pool, const float* e,
+           int64_t e_stride, Acc&& acc, std::vector<float>& widened) {
   const int32_t bs = layout.block_size;
   const int64_t rows = tile.rows();
-  const int64_t L = tile.keys();  // e's row stride
-  float row_max[kTileTokens * kMaxGroup], denom[kTileTokens * kMaxGroup];
-  ExpScores(seq, lh, tile, d, scale, layout, kv_pool, q, q_stride, e, row_max, denom, widened);
-  auto o_row = [&](int64_t r) { return o + tile.Offset(r, q_stride, d); };
-
-  // Σ e·V over blocks of keys; each row accumulates its keys in order.
-  for (int64_t r = 0; r < rows; ++r) std::fill(o_row(r), o_row(r) + d, 0.0f);
   const T* vr[kVBlock];
-  for (int64_t j0 = 0; j0 < L; j0 += kVBlock) {
-    const int64_t n = std::min(kVBlock, L - j0);
+  for (int64_t j0 = j_begin; j0 < j_end; j0 += kVBlock) {
+    const int64_t n = std::min(kVBlock, j_end - j0);
     for (int64_t u = 0; u < n; ++u) {
       const int64_t j = j0 + u;
       vr[u] = kv_pool + layout.RowOffset(seq.pages.VPage(lh, j, bs), int32_t(j % bs));
@@ -239,10 +268,42 @@ void DenseTile(const SeqChunk& seq, int64_t lh, const Tile& tile, int64_t d, flo
     auto accumulate = [&](const auto* const* values) {
       for (int64_t r = first_row; r < rows; ++r) {
         const int64_t j1 = std::min(j0 + n, tile.RowLen(r));
-        AccumulateBlock(e.data() + r * L + j0, values, j1 - j0, d, o_row(r));
+        AccumulateBlock(e + r * e_stride + j0, values, j1 - j0, d, acc(r));
       }
     };
     ReadBlock(vr, n, d, rows - first_row, widened, accumulate);
+  }
+}
+
+// Dense softmax attention for one unit (a tile as in ExpScores): pass 1, then Σ e·V by key
+// chunks (the first into o, each later one into `part` and then added to o), then ÷ Σe.
+template <typename T>
+void DenseTile(const SeqChunk& seq, int64_t lh, const Tile& tile, int64_t d, float scale,
+               const KvPoolLayout& layout, const T* kv_pool,
+               const float* q,  // row r at q + tile.Offset(r, q_stride, d)
+               int64_t q_stride,
+               float* o,        // same layout as q
+               Scratch<T>& scratch) {
+  const int64_t rows = tile.rows();
+  const int64_t L = tile.keys();  // e's row stride
+  float row_max[kTileTokens * kMaxGroup], denom[kTileTokens * kMaxGroup];
+  ExpScores(seq, lh, tile, d, scale, layout, kv_pool, q, q_stride, scratch.e, row_max, denom,
+            scratch.widened);
+  auto o_row = [&](int64_t r) { return o + tile.Offset(r, q_stride, d); };
+  for (int64_t r = 0; r < rows; ++r) std::fill(o_row(r), o_row(r) + d, 0.0f);
+  SumEV(seq, lh, tile, 0, std::min(L, kKeyChunk), d, layout, kv_pool, scratch.e.data(), L, o_row,
+        scratch.widened);
+  scratch.part.resize(rows * d);
+  float* part = scratch.part.data();
+  for (int64_t c0 = kKeyChunk; c0 < L; c0 += kKeyChunk) {
+    const int64_t first_row = tile.FirstRowSeeing(c0);
+    std::fill(part + first_row * d, part + rows * d, 0.0f);
+    SumEV(seq, lh, tile, c0, std::min(L, c0 + kKeyChunk), d, layout, kv_pool, scratch.e.data(),
+          L, [&](int64_t r) { return part + r * d; }, scratch.widened);
+    for (int64_t r = first_row; r < rows; ++r) {
+      float* out = o_row(r);
+      for (int64_t c = 0; c < d; ++c) out[c] += part[r * d + c];
+    }
   }
   for (int64_t r = 0; r < rows; ++r) Scale(1.0f / denom[r], o_row(r), d);
 }
@@ -464,20 +525,26 @@ void TopThetaTile(const SeqChunk& seq, int64_t layer, int64_t lh, const Tile& ti
   }
 }
 
-}  // namespace
+// A unit's work, in query rows × keys: its tokens × its longest row.
+int64_t UnitCost(const ForwardBatch& batch, const Unit& u) {
+  return int64_t(u.num_tokens) * (batch.seqs[u.seq].start_pos + u.token + u.num_tokens);
+}
 
-template <typename T>
-void PagedAttention(ThreadPool& pool, const ForwardBatch& batch, const AttentionShape& shape,
-                    int64_t layer, const float* q, const KvPoolLayout& layout,
-                    const T* kv_pool, const std::type_identity_t<T>* host_pool,
-                    const float* vsum_rows,
-                    const TopThetaConfig& config, float* o) {
-  const int64_t d = shape.head_dim;
-  const int64_t group = shape.num_heads / shape.num_kv_heads;
-  const int64_t q_dim = shape.num_heads * d;
-  const int64_t kv_dim = shape.num_kv_heads * d;
-  CHECK_LE(group, kMaxGroup);
+// Dense attention's counters for `n` tokens from position pos: Σ of their row lengths
+// pos + 1 .. pos + n, every row read, every element kept.
+void CountDense(AttentionStats& st, int64_t layer, int64_t group, int64_t n, int64_t pos) {
+  const int64_t rows_read = n * (pos + 1) + n * (n - 1) / 2;
+  st.v_rows_read += rows_read;
+  st.v_rows_read_dense += rows_read;
+  st.elements_kept += rows_read * group;
+  st.elements_dense += rows_read * group;
+  st.layer_kept[layer] += rows_read * group;
+  st.layer_dense[layer] += rows_read * group;
+}
 
+// The batch's units, longest rows first: the pool hands out contiguous chunks of units as
+// threads free up, and a causal chunk's last tokens cost the most.
+std::vector<Unit> MakeUnits(const ForwardBatch& batch, int64_t group, int64_t num_kv_heads) {
   std::vector<Unit> units;
   for (int32_t s = 0; s < static_cast<int32_t>(batch.seqs.size()); ++s) {
     const int32_t n = batch.seqs[s].num_tokens;
@@ -487,56 +554,242 @@ void PagedAttention(ThreadPool& pool, const ForwardBatch& batch, const Attention
     const int32_t tile = static_cast<int32_t>(
         std::clamp<int64_t>(kMaxScoreFloats / (group * row), 1, kTileTokens));
     for (int32_t t = 0; t < n; t += tile) {
-      for (int32_t g = 0; g < shape.num_kv_heads; ++g) units.push_back({s, t, std::min(tile, n - t), g});
+      for (int32_t g = 0; g < num_kv_heads; ++g) units.push_back({s, t, std::min(tile, n - t), g});
     }
   }
-  // Longest rows first: the pool hands out contiguous chunks of units as threads free up, and
-  // a causal chunk's last tokens cost the most.
-  auto cost = [&](const Unit& u) {
-    return int64_t(u.num_tokens) * (batch.seqs[u.seq].start_pos + u.token + u.num_tokens);
+  std::stable_sort(units.begin(), units.end(), [&](const Unit& a, const Unit& b) {
+    return UnitCost(batch, a) > UnitCost(batch, b);
+  });
+  return units;
+}
+
+// A decode unit (one token) whose row is at least four key chunks long (shorter rows cost
+// less than the extra round of threads costs): the units PagedAttention may split.
+constexpr int64_t kMinSplitKeys = 4 * kKeyChunk;
+bool Splittable(const ForwardBatch& batch, const Unit& u) {
+  return u.num_tokens == 1 && batch.seqs[u.seq].start_pos + u.token + 1 >= kMinSplitKeys;
+}
+
+// See SplitsDecodeRows (attention.h). kAuto: the units handed out whole, longest first, each to
+// the thread that frees up first, would keep the busiest thread more than a fifth longer than
+// an even share of the work, and the splittable units' scores fit the threads' score buffers.
+bool ChooseSplit(const ForwardBatch& batch, const std::vector<Unit>& units, int64_t group,
+                 int threads, DecodeSplit split) {
+  if (split == DecodeSplit::kNever) return false;
+  int64_t total = 0, score_floats = 0;
+  for (const Unit& u : units) {
+    total += UnitCost(batch, u);
+    if (Splittable(batch, u)) score_floats += group * UnitCost(batch, u);
+  }
+  if (score_floats == 0) return false;  // no row long enough
+  if (split == DecodeSplit::kAlways) return true;
+  if (threads < 2 || score_floats > kMaxScoreFloats * threads) return false;
+  // The threads' loads as the units (longest first) go whole to the least loaded.
+  std::priority_queue<int64_t, std::vector<int64_t>, std::greater<int64_t>> loads;
+  for (int t = 0; t < threads; ++t) loads.push(0);
+  int64_t busiest = 0;
+  for (const Unit& u : units) {
+    const int64_t load = loads.top() + UnitCost(batch, u);
+    loads.pop();
+    loads.push(load);
+    busiest = std::max(busiest, load);
+  }
+  return 5 * busiest * threads > 6 * total;
+}
+
+}  // namespace
+
+bool SplitsDecodeRows(const ForwardBatch& batch, const AttentionShape& shape, int threads,
+                      DecodeSplit split) {
+  const int64_t group = shape.num_heads / shape.num_kv_heads;
+  return ChooseSplit(batch, MakeUnits(batch, group, shape.num_kv_heads), group, threads, split);
+}
+
+template <typename T>
+void PagedAttention(ThreadPool& pool, const ForwardBatch& batch, const AttentionShape& shape,
+                    int64_t layer, const float* q, const KvPoolLayout& layout,
+                    const T* kv_pool, const std::type_identity_t<T>* host_pool,
+                    const float* vsum_rows,
+                    const TopThetaConfig& config, float* o, DecodeSplit split) {
+  const int64_t d = shape.head_dim;
+  const int64_t group = shape.num_heads / shape.num_kv_heads;
+  const int64_t q_dim = shape.num_heads * d;
+  const int64_t kv_dim = shape.num_kv_heads * d;
+  CHECK_LE(group, kMaxGroup);
+  const bool theta = config.active();
+
+  const std::vector<Unit> units = MakeUnits(batch, group, shape.num_kv_heads);
+  // Where a unit's rows are: q and o of its first token ([group, d]; later tokens follow at a
+  // stride of q_dim), its (layer, KV head), and (Top-θ) the running V sums VMC needs (WriteKv
+  // fills these rows only when the sequence keeps sums).
+  struct At {
+    const SeqChunk* seq;
+    int64_t pos, lh;
+    const float* q;
+    float* o;
+    const float* vsum;
   };
-  std::stable_sort(units.begin(), units.end(),
-                   [&](const Unit& a, const Unit& b) { return cost(a) > cost(b); });
+  auto at = [&](const Unit& unit) {
+    const SeqChunk& seq = batch.seqs[unit.seq];
+    const int64_t row = seq.token_offset + unit.token;
+    const int64_t off = row * q_dim + unit.kv_head * group * d;
+    const float* vsum = theta && vsum_rows && seq.pages.v_sum
+                            ? vsum_rows + row * kv_dim + unit.kv_head * d
+                            : nullptr;
+    return At{&seq, seq.start_pos + unit.token, layer * shape.num_kv_heads + unit.kv_head,
+              q + off, o + off, vsum};
+  };
+  auto run_unit = [&](const Unit& unit, Scratch<T>& scratch) {
+    const At a = at(unit);
+    const Tile tile{a.pos, unit.num_tokens, group};
+    if (theta) {
+      TopThetaTile(*a.seq, layer, a.lh, tile, unit.kv_head * group, shape, layout, kv_pool,
+                   host_pool, a.q, q_dim, a.vsum, kv_dim, a.o, config, scratch);
+    } else {
+      DenseTile(*a.seq, a.lh, tile, d, shape.scale, layout, kv_pool, a.q, q_dim, a.o, scratch);
+      CountDense(scratch.stats, layer, group, unit.num_tokens, a.pos);
+    }
+  };
+  // fn(i, scratch) for i in [0, n) across the pool, each thread with its scratch; counters
+  // go to batch.stats.
   std::mutex stats_mu;
-  pool.ParallelFor(static_cast<int64_t>(units.size()), 1, [&](int64_t begin, int64_t end) {
-    thread_local Scratch<T> scratch;
-    scratch.stats.Reset(shape.num_layers);
-    for (int64_t u = begin; u < end; ++u) {
-      const Unit& unit = units[u];
-      const SeqChunk& seq = batch.seqs[unit.seq];
-      const int64_t row = seq.token_offset + unit.token;
-      const int64_t pos = seq.start_pos + unit.token;
-      const int64_t lh = layer * shape.num_kv_heads + unit.kv_head;
-      const Tile tile{pos, unit.num_tokens, group};
-      // The unit's first token: [group, d]; later tokens follow at a stride of q_dim.
-      const float* qg = q + row * q_dim + unit.kv_head * group * d;
-      float* og = o + row * q_dim + unit.kv_head * group * d;
-      if (config.active()) {
-        // VMC needs the sequence's running V sums (WriteKv fills these rows only then).
-        const float* vsum = vsum_rows && seq.pages.v_sum
-                                ? vsum_rows + row * kv_dim + unit.kv_head * d
-                                : nullptr;
-        TopThetaTile(seq, layer, lh, tile, unit.kv_head * group, shape, layout, kv_pool, host_pool,
-                     qg, q_dim, vsum, kv_dim, og, config, scratch);
-      } else {
-        DenseTile(seq, lh, tile, d, shape.scale, layout, kv_pool, qg, q_dim, og, scratch.e,
-                  scratch.widened);
-        // Σ over the tile's tokens of their row lengths pos + 1 .. pos + num_tokens.
-        const int64_t n = unit.num_tokens;
-        const int64_t rows_read = n * (pos + 1) + n * (n - 1) / 2;
-        AttentionStats& st = scratch.stats;
-        st.v_rows_read += rows_read;
-        st.v_rows_read_dense += rows_read;
-        st.elements_kept += rows_read * group;
-        st.elements_dense += rows_read * group;
-        st.layer_kept[layer] += rows_read * group;
-        st.layer_dense[layer] += rows_read * group;
+  auto parallel = [&](int64_t n, const auto& fn) {
+    pool.ParallelFor(n, 1, [&](int64_t begin, int64_t end) {
+      thread_local Scratch<T> scratch;
+      scratch.stats.Reset(shape.num_layers);
+      for (int64_t i = begin; i < end; ++i) fn(i, scratch);
+      if (batch.stats) {
+        std::lock_guard<std::mutex> lock(stats_mu);
+        batch.stats->Add(scratch.stats);
+      }
+    });
+  };
+
+  if (!ChooseSplit(batch, units, group, pool.num_threads(), split)) {
+    parallel(int64_t(units.size()), [&](int64_t u, Scratch<T>& scratch) { run_unit(units[u], scratch); });
+    return;
+  }
+
+  // Flash-decoding: the long decode rows are worked a key chunk at a time, in two rounds:
+  // (1) scores and each chunk's row maxima (the other units whole, meanwhile), (2) exp against
+  // the row max, each chunk's Σe and (dense) Σ e·V; the thread that ends a unit's last chunk
+  // adds the chunks' sums in order, then ÷ Σe (dense) or does Top-θ's pass 2. The arithmetic is DenseTile's and TopThetaTile's
+  // (kKeyChunk), so the bits are the same as one thread working each unit whole.
+  struct Split {
+    const Unit* unit;
+    int64_t L, first_chunk;  // its chunks' index in the flat chunk list
+    size_t e;                // its scores, [group, L], at e_all + e
+  };
+  std::vector<Split> splits;
+  std::vector<const Unit*> whole;
+  std::vector<std::pair<int32_t, int32_t>> chunks;  // (split, chunk)
+  size_t e_floats = 0;
+  for (const Unit& u : units) {
+    if (!Splittable(batch, u)) {
+      whole.push_back(&u);
+      continue;
+    }
+    const int64_t L = batch.seqs[u.seq].start_pos + u.token + 1;
+    splits.push_back({&u, L, int64_t(chunks.size()), e_floats});
+    for (int64_t c = 0; c * kKeyChunk < L; ++c) {
+      chunks.emplace_back(int32_t(splits.size() - 1), int32_t(c));
+    }
+    e_floats += size_t(group * L);
+  }
+  const int64_t num_chunks = int64_t(chunks.size());
+  // The calling thread's buffers, kept across calls (the names below refer to them from every
+  // thread, not to each thread's own).
+  struct Buffers {
+    std::vector<float> e, max, sum, ev;
+  };
+  thread_local Buffers buffers;
+  std::vector<float>& e_all = buffers.e;        // each split unit's scores, then exps
+  std::vector<float>& chunk_max = buffers.max;  // [chunk, group] the chunk's row maxima
+  std::vector<float>& chunk_sum = buffers.sum;  // [chunk, group] its Σe
+  std::vector<float>& chunk_ev = buffers.ev;    // [chunk, group, d] its Σ e·V (dense)
+  e_all.resize(e_floats);
+  chunk_max.resize(num_chunks * group);
+  chunk_sum.resize(num_chunks * group);
+  if (!theta) chunk_ev.resize(num_chunks * group * d);
+  // Row r's max over the chunks, folded in chunk order as the whole row's keys would be.
+  auto row_max = [&](const Split& sp, int64_t r) {
+    float m = -std::numeric_limits<float>::infinity();
+    for (int64_t c = 0; c * kKeyChunk < sp.L; ++c) {
+      m = std::max(m, chunk_max[(sp.first_chunk + c) * group + r]);
+    }
+    return m;
+  };
+
+  const int64_t num_whole = int64_t(whole.size());
+  parallel(num_whole + num_chunks, [&](int64_t i, Scratch<T>& scratch) {
+    if (i < num_whole) {
+      run_unit(*whole[i], scratch);
+      return;
+    }
+    const auto [s, c] = chunks[i - num_whole];
+    const Split& sp = splits[s];
+    const At a = at(*sp.unit);
+    // The maxima in a local array while the keys are scored (other threads write the chunks
+    // beside this one in chunk_max), then stored.
+    float mx[kMaxGroup];
+    std::fill(mx, mx + group, -std::numeric_limits<float>::infinity());
+    const int64_t c0 = c * kKeyChunk;
+    Scores(*a.seq, a.lh, Tile{a.pos, 1, group}, c0, std::min(sp.L, c0 + kKeyChunk), d,
+           shape.scale, layout, kv_pool, a.q, q_dim, e_all.data() + sp.e, sp.L, mx,
+           scratch.widened);
+    std::copy(mx, mx + group, chunk_max.data() + (sp.first_chunk + c) * group);
+  });
+  // A unit's sums, once its last chunk has had round 2.
+  auto finish = [&](const Split& sp, Scratch<T>& scratch) {
+    const At a = at(*sp.unit);
+    float mx[kMaxGroup], denom[kMaxGroup];
+    for (int64_t r = 0; r < group; ++r) {
+      mx[r] = row_max(sp, r);
+      denom[r] = chunk_sum[sp.first_chunk * group + r];
+      for (int64_t c = 1; c * kKeyChunk < sp.L; ++c) {
+        denom[r] += chunk_sum[(sp.first_chunk + c) * group + r];
       }
     }
-    if (batch.stats) {
-      std::lock_guard<std::mutex> lock(stats_mu);
-      batch.stats->Add(scratch.stats);
+    if (theta) {
+      TopThetaRow(*a.seq, layer, a.lh, a.pos, group, sp.unit->kv_head * group, shape, layout,
+                  kv_pool, host_pool, e_all.data() + sp.e, sp.L, mx, denom, a.vsum, a.o, config,
+                  scratch);
+      return;
     }
+    for (int64_t r = 0; r < group; ++r) {
+      float* out = a.o + r * d;
+      const float* ev = chunk_ev.data() + sp.first_chunk * group * d + r * d;
+      std::copy(ev, ev + d, out);
+      for (int64_t c = 1; c * kKeyChunk < sp.L; ++c) {
+        const float* part = ev + c * group * d;
+        for (int64_t x = 0; x < d; ++x) out[x] += part[x];
+      }
+      Scale(1.0f / denom[r], out, d);
+    }
+    CountDense(scratch.stats, layer, group, 1, a.pos);
+  };
+  std::vector<std::atomic<int32_t>> chunks_left(splits.size());
+  for (size_t s = 0; s < splits.size(); ++s) {
+    chunks_left[s].store(int32_t((splits[s].L + kKeyChunk - 1) / kKeyChunk), std::memory_order_relaxed);
+  }
+  parallel(num_chunks, [&](int64_t i, Scratch<T>& scratch) {
+    const auto [s, c] = chunks[i];
+    const Split& sp = splits[s];
+    const At a = at(*sp.unit);
+    const int64_t c0 = c * kKeyChunk, c1 = std::min(sp.L, c0 + kKeyChunk);
+    float* e = e_all.data() + sp.e;
+    const int64_t k = sp.first_chunk + c;
+    for (int64_t r = 0; r < group; ++r) {
+      chunk_sum[k * group + r] = ExpShiftSum(e + r * sp.L + c0, c1 - c0, row_max(sp, r));
+    }
+    if (!theta) {
+      float* ev = chunk_ev.data() + k * group * d;
+      std::fill(ev, ev + group * d, 0.0f);
+      SumEV(*a.seq, a.lh, Tile{a.pos, 1, group}, c0, c1, d, layout, kv_pool, e, sp.L,
+            [&](int64_t r) { return ev + r * d; }, scratch.widened);
+    }
+    // The thread that does a unit's last chunk finishes it (acq_rel: it sees the others').
+    if (chunks_left[s].fetch_sub(1, std::memory_order_acq_rel) == 1) finish(sp, scratch);
   });
 }
 
@@ -545,7 +798,8 @@ void PagedAttention(ThreadPool& pool, const ForwardBatch& batch, const Attention
                            const float*, const KvPoolLayout&, T*, float*);                  \
   template void PagedAttention<T>(ThreadPool&, const ForwardBatch&, const AttentionShape&,   \
                                   int64_t, const float*, const KvPoolLayout&, const T*,      \
-                                  const T*, const float*, const TopThetaConfig&, float*);
+                                  const T*, const float*, const TopThetaConfig&, float*,  \
+                                  DecodeSplit);
 THETASERVE_KV_ELEMENT(float)
 THETASERVE_KV_ELEMENT(F16)
 THETASERVE_KV_ELEMENT(Bf16)

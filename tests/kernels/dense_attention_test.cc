@@ -51,10 +51,17 @@ class DenseAttentionTest : public ::testing::TestWithParam<std::pair<int, int>> 
     std::tie(d_, group_) = GetParam();
     heads_ = group_ * kKvHeads;
     seed_ = std::random_device{}();
+    Build({{50, 37}, {200, 1}, {0, 20}});
+  }
+
+  // Sequences of (tokens cached, new tokens) with random pages, K, V and queries from seed_.
+  void Build(const std::vector<std::pair<int32_t, int32_t>>& seqs) {
     const uint32_t seed = seed_;
     std::mt19937 rng(seed);
     std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
-    for (auto [start, n] : {std::pair{50, 37}, std::pair{200, 1}, std::pair{0, 20}}) {
+    seqs_.clear();
+    num_tokens_ = 0;
+    for (auto [start, n] : seqs) {
       seqs_.emplace_back();
       seqs_.back().start_pos = start;
       seqs_.back().num_tokens = n;
@@ -112,9 +119,12 @@ class DenseAttentionTest : public ::testing::TestWithParam<std::pair<int, int>> 
   }
 
   // Attention over pool_, or over `pages` (the same layout, elements of T) when given.
+  // decode_split: whether long decode rows may be split across threads by key chunks; whether
+  // they were is left in rows_split_.
   template <typename T = float>
   std::vector<float> Run(bool split, int threads, AttentionStats* stats,
-                         const TopThetaConfig& cfg = {}, const std::vector<T>* pages = nullptr) {
+                         const TopThetaConfig& cfg = {}, const std::vector<T>* pages = nullptr,
+                         cpu::DecodeSplit decode_split = cpu::DecodeSplit::kAuto) {
     for (auto& s : seqs_) {
       s.record = cfg.active();
       s.hits.assign(kKvHeads * s.stride * kBlock, -1);
@@ -133,8 +143,9 @@ class DenseAttentionTest : public ::testing::TestWithParam<std::pair<int, int>> 
     } else {
       kv = pages->data();
     }
+    rows_split_ = cpu::SplitsDecodeRows(batch, shape, threads, decode_split);
     cpu::PagedAttention(pool, batch, shape, 0, q_.data(), cpu::StoredLayout<T>(layout_), kv, nullptr,
-                        cfg.active() ? vsum_rows_.data() : nullptr, cfg, out.data());
+                        cfg.active() ? vsum_rows_.data() : nullptr, cfg, out.data(), decode_split);
     return out;
   }
 
@@ -236,6 +247,7 @@ class DenseAttentionTest : public ::testing::TestWithParam<std::pair<int, int>> 
 
   int d_ = 0, group_ = 0, heads_ = 0;
   int32_t hits_begin_ = 0;  // marks are recorded from this position on
+  bool rows_split_ = false;  // the last Run split long decode rows across threads
   uint32_t seed_ = 0;
   std::vector<PagedSeq> seqs_;
   int32_t num_tokens_ = 0;
@@ -392,12 +404,163 @@ TEST_P(DenseAttentionTest, Q8_0PagesGiveTheF32KernelsBitsOnTheValuesReadBack) {
   ExpectSameBitsAsF32OnRoundedValues<cpu::Q8_0>(0.02f);
 }
 
+// Rows longer than 512 keys are summed by chunks of 512 keys, and a long decode row (2,048 keys
+// or more) may be worked a chunk per task across threads (flash-decoding). Whether split or
+// whole, on one thread or two, alone or as one token of a prefill tile, a row gives the same
+// bits — dense, and Top-θ with the same hit marks, retained mass and counters — and dense
+// stays within the float64 reference's tolerance.
+TEST_P(DenseAttentionTest, LongDecodeRowsSplitByKeyChunksGiveTheWholeRowsBits) {
+  SCOPED_TRACE(::testing::Message() << "seed " << seed_ << ", head_dim " << d_ << ", group " << group_);
+  // A prefill chunk whose rows are 2,596–2,601 keys long (the last of six chunks partly
+  // filled; a tile that starts mid-page), and a decode row of exactly eight chunks.
+  Build({{2595, 6}, {4095, 1}});
+  const model::ThetaTable table = AboveAverageTable();
+  for (bool theta : {false, true}) {
+    SCOPED_TRACE(theta ? "top-theta" : "dense");
+    const TopThetaConfig cfg = theta ? ExactSdcVmc(table) : TopThetaConfig{};
+    AttentionStats tile_stats, whole_stats, split_stats;
+    tile_stats.Reset(1);
+    whole_stats.Reset(1);
+    split_stats.Reset(1);
+    // One thread wherever retained mass is recorded: its sums over queries then come in the
+    // same order.
+    const std::vector<float> tile = Run(/*split=*/false, 1, &tile_stats, cfg);
+    EXPECT_FALSE(rows_split_);
+    const std::vector<PagedSeq> tile_seqs = seqs_;
+    const std::vector<float> whole =
+        Run<float>(/*split=*/true, 2, &whole_stats, cfg, nullptr, cpu::DecodeSplit::kNever);
+    EXPECT_FALSE(rows_split_);
+    const std::vector<float> split =
+        Run<float>(/*split=*/true, 1, &split_stats, cfg, nullptr, cpu::DecodeSplit::kAlways);
+    ASSERT_TRUE(rows_split_) << "the tokens alone were not split";
+    for (size_t i = 0; i < split.size(); ++i) {
+      ASSERT_FALSE(std::isnan(split[i])) << "output " << i << " never written; seed " << seed_;
+      ASSERT_EQ(split[i], whole[i]) << "output " << i << " (token " << i / (heads_ * d_)
+                                    << "); seed " << seed_;
+      ASSERT_EQ(split[i], tile[i]) << "output " << i << " (token " << i / (heads_ * d_)
+                                   << "); seed " << seed_;
+    }
+    for (size_t si = 0; si < seqs_.size(); ++si) {
+      EXPECT_EQ(seqs_[si].hits, tile_seqs[si].hits) << "sequence " << si;
+      // Float sums over the prefill chunk's queries, added in another order (units go longest
+      // first).
+      EXPECT_TRUE(testing::AllClose(seqs_[si].mass, tile_seqs[si].mass, 1e-6f, 1e-5f))
+          << "sequence " << si;
+    }
+    for (const AttentionStats* st : {&whole_stats, &split_stats}) {
+      EXPECT_EQ(st->v_rows_read, tile_stats.v_rows_read);
+      EXPECT_EQ(st->v_rows_read_dense, tile_stats.v_rows_read_dense);
+      EXPECT_EQ(st->elements_kept, tile_stats.elements_kept);
+      EXPECT_EQ(st->retained_but_evicted, tile_stats.retained_but_evicted);
+    }
+    if (theta) {
+      EXPECT_LT(split_stats.elements_kept, split_stats.elements_dense) << "θ pruned nothing";
+    } else {
+      EXPECT_EQ(split_stats.v_rows_read, kKvHeads * (2596 + 2597 + 2598 + 2599 + 2600 + 2601 + 4096));
+      EXPECT_TRUE(testing::AllClose(split, Reference(), 2e-6f, 2e-5f)) << "seed " << seed_;
+    }
+  }
+
+  // The same for pages of f16 and q8_0 (rows widened a block at a time, as whole rows do).
+  auto same_split_and_whole = [&]<typename T>(T) {
+    const int64_t rows = int64_t(pool_.size()) / d_, units = cpu::RowUnits<T>(d_);
+    std::vector<T> pages(rows * units);
+    for (int64_t r = 0; r < rows; ++r) cpu::StoreRow(pool_.data() + r * d_, d_, pages.data() + r * units);
+    for (bool theta : {false, true}) {
+      const TopThetaConfig cfg = theta ? ExactSdcVmc(table) : TopThetaConfig{};
+      const std::vector<float> whole = Run<T>(true, 2, nullptr, cfg, &pages, cpu::DecodeSplit::kNever);
+      const std::vector<float> split = Run<T>(true, 1, nullptr, cfg, &pages, cpu::DecodeSplit::kAlways);
+      ASSERT_TRUE(rows_split_);
+      ASSERT_EQ(split, whole) << (theta ? "top-theta" : "dense") << "; seed " << seed_;
+    }
+  };
+  {
+    SCOPED_TRACE("f16");
+    same_split_and_whole(cpu::F16{});
+  }
+  if (d_ % kQ8BlockElems == 0) {
+    SCOPED_TRACE("q8_0");
+    same_split_and_whole(cpu::Q8_0{});
+  }
+
+  // Batch 1 on three threads: kAuto splits the row (the two KV heads' units whole would leave
+  // a thread idle), and the bits stay those of each head's row on one thread.
+  Build({{4095, 1}});
+  for (bool theta : {false, true}) {
+    SCOPED_TRACE(theta ? "top-theta, batch 1" : "dense, batch 1");
+    const TopThetaConfig cfg = theta ? ExactSdcVmc(table) : TopThetaConfig{};
+    const std::vector<float> whole = Run<float>(false, 3, nullptr, cfg, nullptr, cpu::DecodeSplit::kNever);
+    const std::vector<PagedSeq> whole_seqs = seqs_;
+    const std::vector<float> split = Run(false, 3, nullptr, cfg);
+    ASSERT_TRUE(rows_split_) << "kAuto did not split batch 1 on three threads";
+    for (size_t i = 0; i < split.size(); ++i) {
+      ASSERT_FALSE(std::isnan(split[i])) << "output " << i << " never written; seed " << seed_;
+      ASSERT_EQ(split[i], whole[i]) << "output " << i << "; seed " << seed_;
+    }
+    EXPECT_EQ(seqs_[0].hits, whole_seqs[0].hits);
+    EXPECT_EQ(seqs_[0].mass, whole_seqs[0].mass);
+  }
+}
+
 // SmolLM2's shape; a head size with a 16-column and no 64-column part; one with a scalar
 // tail (100 = 64 + 2·16 + 4) and the largest group a CUDA kernel takes; the CPU's largest
 // group (16 tokens × 64 heads = the 1,024-row limit of a tile); Llama's head size.
 INSTANTIATE_TEST_SUITE_P(Shapes, DenseAttentionTest,
                          ::testing::Values(std::pair{64, 3}, std::pair{80, 1}, std::pair{100, 8},
                                            std::pair{16, 64}, std::pair{128, 4}));
+
+// kAuto splits decode rows of 2,048 keys or more, and only where the units handed out whole
+// would keep the busiest thread more than a fifth past an even share; kNever never splits and
+// kAlways splits every such row.
+TEST(SplitsDecodeRowsTest, OnlyLongDecodeRowsAndOnlyWhereWholeUnitsLeaveThreadsIdle) {
+  const cpu::AttentionShape shape{1, 9, 3, 64, 0.125f};  // SmolLM2's: 3 KV heads × 3
+  // seqs: (tokens cached, new tokens).
+  auto splits = [&](const std::vector<std::pair<int32_t, int32_t>>& seqs, int threads,
+                    cpu::DecodeSplit mode = cpu::DecodeSplit::kAuto) {
+    std::vector<SeqChunk> chunks;
+    int32_t offset = 0;
+    for (auto [start, n] : seqs) {
+      SeqChunk c;
+      c.token_offset = offset;
+      c.num_tokens = n;
+      c.start_pos = start;
+      chunks.push_back(c);
+      offset += n;
+    }
+    std::vector<int32_t> tokens(offset, 0);
+    return cpu::SplitsDecodeRows(ForwardBatch{tokens, chunks, false, nullptr}, shape, threads,
+                                 mode);
+  };
+  // Batch 1: three units on two threads (one idles a third of the time) or on sixteen.
+  EXPECT_TRUE(splits({{32767, 1}}, 2));
+  EXPECT_TRUE(splits({{2047, 1}}, 16));
+  EXPECT_FALSE(splits({{2046, 1}}, 16)) << "a row of 2,047 keys";
+  EXPECT_FALSE(splits({{32767, 1}}, 1)) << "one thread";
+  EXPECT_FALSE(splits({{32767, 1}}, 3)) << "three units, three threads";
+  // Two long sequences on two threads: six equal units, evenly shared.
+  EXPECT_FALSE(splits({{8191, 1}, {8191, 1}}, 2));
+  // One long sequence beside 40 short ones on eight threads: its three units keep three
+  // threads busy half again as long as an even share; on four, the short ones fill the fourth
+  // thread and then all four evenly.
+  std::vector<std::pair<int32_t, int32_t>> mixed(40, {300, 1});
+  mixed.push_back({16383, 1});
+  EXPECT_TRUE(splits(mixed, 8));
+  EXPECT_FALSE(splits(mixed, 4));
+  // A long prefill chunk is not a decode row; beside it, a long decode row may be split.
+  EXPECT_FALSE(splits({{32000, 16}}, 16, cpu::DecodeSplit::kAlways));
+  EXPECT_TRUE(splits({{32000, 16}, {4095, 1}}, 2, cpu::DecodeSplit::kAlways));
+  EXPECT_FALSE(splits({{32767, 1}}, 2, cpu::DecodeSplit::kNever));
+  EXPECT_TRUE(splits({{2047, 1}}, 1, cpu::DecodeSplit::kAlways));
+  // Batch 64 at 128k keys: 192 units even over 64 threads; over 128 the busiest thread has two
+  // where an even share is one and a half.
+  std::vector<std::pair<int32_t, int32_t>> big(64, {131071, 1});
+  EXPECT_FALSE(splits(big, 64));
+  EXPECT_TRUE(splits(big, 128));
+  // Batch 1 at a million keys on two threads: its scores (9 × 2^20 floats) would pass the two
+  // threads' score buffers (2 × 4 Mi floats).
+  EXPECT_FALSE(splits({{(1 << 20) - 1, 1}}, 2));
+  EXPECT_TRUE(splits({{(1 << 19) - 1, 1}}, 2));
+}
 
 TEST(ExpShiftSumTest, WithinAFewUlpOfStdExpAndSumsWhatItWrites) {
   const uint32_t seed = std::random_device{}();
