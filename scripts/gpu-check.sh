@@ -4,6 +4,8 @@
 # (copy bandwidth; decode attention dense vs Top-θ at 1k-128k context and batch 1-64;
 # prefill attention TFLOP/s; end-to-end decode tokens/s on SmolLM2), and prints a short table
 # last. Logs go to $OUT when it is set (else out/gpu-check/). Under 8 minutes on an H200.
+# Last, the CPU decode attention benchmark on the machine's cores (a few seconds): how much
+# splitting batch 1's long rows across many threads gains, which a 2-core VM cannot show.
 #
 #   scripts/gpu-check.sh                    # configure + build (needs scripts/install-deps.sh)
 #   scripts/gpu-check.sh --prebuilt DIR     # binaries from scripts/gpu-pack.sh (DIR/bin, DIR/lib)
@@ -45,9 +47,9 @@ else
   if ! command -v nvcc >/dev/null 2>&1 && [ -x /usr/local/cuda/bin/nvcc ]; then export PATH="/usr/local/cuda/bin:$PATH"; fi
   cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DTHETASERVE_CUDA=ON >"$out/build.log" 2>&1 &&
     cmake --build build-gpu -j"$(nproc)" --target gpu_ops_test gpu_attention_test gpu_forward_test \
-      device_batch_test gpu_engine_test thetaserve_gpu_bench >>"$out/build.log" 2>&1 || { tail -30 "$out/build.log"; exit 1; }
+      device_batch_test gpu_engine_test thetaserve_gpu_bench thetaserve_attention_bench >>"$out/build.log" 2>&1 || { tail -30 "$out/build.log"; exit 1; }
   bin="$root/build-gpu/tests"
-  cp build-gpu/thetaserve_gpu_bench build-gpu/tests/ 2>/dev/null
+  cp build-gpu/thetaserve_gpu_bench build-gpu/thetaserve_attention_bench build-gpu/tests/ 2>/dev/null
 fi
 
 declare -A result
@@ -87,6 +89,12 @@ if [ "$only_model" = 0 ] && [ "$bench_rc" = 0 ]; then
   stamp "decode attention at 512-key chunks"
   THETASERVE_ATTN_CHUNK=512 timeout 120 "$bin/thetaserve_gpu_bench" --contexts 32768 --batches 8,64 \
     --prefill "" --offload-contexts "" --model "" --repeats 5 2>&1 | tee "$out/gpu-bench-chunk512.log" | sed -n '/^## decode/,/^$/p'
+fi
+
+if [ "$only_model" = 0 ] && [ -x "$bin/thetaserve_attention_bench" ]; then
+  stamp "CPU decode attention, all cores (split÷: whole rows' time over split rows')"
+  timeout 60 "$bin/thetaserve_attention_bench" --kv-dtype f16 --contexts 4096,32768 --repeats 9 \
+    2>&1 | tee "$out/cpu-attention.log"
 fi
 
 stamp "done"

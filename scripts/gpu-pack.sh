@@ -11,12 +11,12 @@ dir=${1:-.devbin}
 if ! command -v nvcc >/dev/null 2>&1 && [ -x /usr/local/cuda/bin/nvcc ]; then export PATH="/usr/local/cuda/bin:$PATH"; fi
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DTHETASERVE_CUDA=ON >/dev/null
 cmake --build build -j"$(nproc)" --target gpu_ops_test gpu_attention_test gpu_forward_test device_batch_test gpu_engine_test \
-  thetaserve_gpu_bench
+  thetaserve_gpu_bench thetaserve_attention_bench
 rm -rf "$dir"
 mkdir -p "$dir/bin" "$dir/lib"
 cp build/tests/gpu_ops_test build/tests/gpu_attention_test build/tests/gpu_forward_test \
   build/tests/device_batch_test build/tests/gpu_engine_test \
-  build/thetaserve_gpu_bench "$dir/bin/"
+  build/thetaserve_gpu_bench build/thetaserve_attention_bench "$dir/bin/"
 for b in "$dir"/bin/*; do
   ldd "$b" | awk '/=> \//{print $3}'
 done | sort -u | grep -v -E '/(libc|libm|libstdc\+\+|libgcc_s|libpthread|libdl|librt|libcublas|libcublasLt|libcuda)\.so' |
