@@ -4,7 +4,7 @@
 #                                 # every test but the emulated GPU ones (-LE emu; they pass
 #                                 # too, in ~25 min more: `scripts/sanitize.sh address -L emu`)
 #   scripts/sanitize.sh thread    # ThreadSanitizer (build-tsan/): the engine, scheduler, cache,
-#                                 # thread pool and HTTP server tests
+#                                 # thread pool, attention and HTTP server tests
 # Extra arguments replace the default ctest selection. Under ASan the end-to-end tests start the
 # sanitized server, so a leak at its exit or undefined behaviour in it fails the test.
 # ThreadSanitizer gets no end-to-end or gRPC test by default: Debian's gRPC and Abseil are not
@@ -22,7 +22,7 @@ case "$kind" in
 esac
 if [ $# -eq 0 ]; then
   if [ "$kind" = thread ]; then
-    set -- -R '^(ThreadPoolTest|HttpServerTest|OpenAiApiTest|EngineTest|SamplerTest|PagePool[A-Za-z]*Test|SequenceKvTest|PrefixCacheTest|SchedulerTest)\.'
+    set -- -R '^(ThreadPoolTest|HttpServerTest|OpenAiApiTest|EngineTest|SamplerTest|PagePool[A-Za-z]*Test|SequenceKvTest|PrefixCacheTest|SchedulerTest|SplitsDecodeRowsTest|Shapes/DenseAttentionTest)\.'
   else
     set -- -LE emu
   fi

@@ -53,11 +53,12 @@ void WriteKv(const ForwardBatch& batch, const AttentionShape& shape, int64_t lay
 // of a sequence's host store (the offload policy) are read from `host_pool`.
 //
 // Long decode rows may be split across threads by key chunks (SplitsDecodeRows, below); the
-// results are the same bits either way. kNever and kAlways (every row long enough, whatever
-// the balance or the number of threads) are for checks and benchmarks.
+// results are the same bits either way, and the return value says whether they were. kNever
+// and kAlways (every row long enough, whatever the balance or the number of threads) are for
+// checks and benchmarks.
 enum class DecodeSplit { kAuto, kNever, kAlways };
 template <typename T>
-void PagedAttention(ThreadPool& pool, const ForwardBatch& batch, const AttentionShape& shape,
+bool PagedAttention(ThreadPool& pool, const ForwardBatch& batch, const AttentionShape& shape,
                     int64_t layer,
                     const float* q,          // [num_tokens, num_heads * head_dim]
                     const KvPoolLayout& layout,
@@ -72,11 +73,12 @@ void PagedAttention(ThreadPool& pool, const ForwardBatch& batch, const Attention
 // Whether PagedAttention, with `threads` threads, works this batch's long decode rows (one
 // token, at least 2,048 keys) 512 keys at a time across the threads (flash-decoding), rather
 // than each unit (one KV head's query heads for one tile of tokens) on one thread. kAuto: when
-// the units handed out whole would keep the busiest thread more than a fifth longer than an
-// even share of the work — a few long sequences (batch 1 has as many units as KV heads, fewer
-// than most machines' threads) or one long sequence beside short ones — and the split rows'
-// scores take no more memory than the threads' own score buffers may. The results are the
-// same bits either way: a row's keys are always summed in chunks of 512.
+// the busiest thread, with the units handed out whole, would have more than a fifth more work
+// than with those rows spread over the threads — a few long sequences (batch 1 has as many
+// units as KV heads, fewer than most machines' threads) or one long sequence beside short
+// ones — and the split rows' scores take no more memory than the threads' own score buffers
+// may (in addition to them). The results are the same bits either way: a row's keys are
+// always summed in chunks of 512.
 bool SplitsDecodeRows(const ForwardBatch& batch, const AttentionShape& shape, int threads,
                       DecodeSplit split = DecodeSplit::kAuto);
 
