@@ -232,11 +232,14 @@ bool PagedAttention(ThreadPool& pool, const ForwardBatch& batch, const Attention
     return false;
   }
 
-  // Flash-decoding: the long decode rows are worked a key chunk at a time, in two rounds:
+  // Flash-decoding: the long decode rows are worked a key chunk at a time, in three rounds:
   // (1) scores and each chunk's row maxima (the other units whole, meanwhile), (2) exp against
-  // the row max, each chunk's Σe and (dense) Σ e·V; the thread that ends a unit's last chunk
-  // adds the chunks' sums in order, then ÷ Σe (dense) or does Top-θ's pass 2. The arithmetic is DenseTile's and TopThetaTile's
-  // (kKeyChunk), so the bits are the same as one thread working each unit whole.
+  // the row max, each chunk's Σe and (dense) Σ e·V, (3) per unit, the chunks' sums added in
+  // order, then ÷ Σe (dense) or Top-θ's pass 2. The arithmetic is DenseTile's and
+  // TopThetaTile's (kKeyChunk), so the bits are the same as one thread working each unit
+  // whole. (Finishing a unit on the thread that ends its last chunk, counted down by an
+  // atomic, saved the third round; ThreadSanitizer reported a race there that we could not
+  // explain, and the round costs a few microseconds.)
   struct Split {
     const Unit* unit;
     int64_t L, first_chunk;  // its chunks' index in the flat chunk list
@@ -301,7 +304,7 @@ bool PagedAttention(ThreadPool& pool, const ForwardBatch& batch, const Attention
            scratch.widened);
     std::copy(mx, mx + group, chunk_max.data() + (sp.first_chunk + c) * group);
   });
-  // A unit's sums, once its last chunk has had round 2.
+  // Round 3 for a unit: its chunks' sums.
   auto finish = [&](const Split& sp, Scratch<T>& scratch) {
     const At a = at(*sp.unit);
     float mx[kMaxGroup], denom[kMaxGroup];
@@ -330,10 +333,6 @@ bool PagedAttention(ThreadPool& pool, const ForwardBatch& batch, const Attention
     }
     CountDense(scratch.stats, layer, group, 1, a.pos);
   };
-  std::vector<std::atomic<int32_t>> chunks_left(splits.size());
-  for (size_t s = 0; s < splits.size(); ++s) {
-    chunks_left[s].store(int32_t((splits[s].L + kKeyChunk - 1) / kKeyChunk), std::memory_order_relaxed);
-  }
   parallel(num_chunks, [&](int64_t i, Scratch<T>& scratch) {
     const auto [s, c] = chunks[i];
     const Split& sp = splits[s];
@@ -350,8 +349,9 @@ bool PagedAttention(ThreadPool& pool, const ForwardBatch& batch, const Attention
       SumEV(*a.seq, a.lh, Tile{a.pos, 1, group}, c0, c1, d, layout, kv_pool, e, sp.L,
             [&](int64_t r) { return ev + r * d; }, scratch.widened);
     }
-    // The thread that does a unit's last chunk finishes it (acq_rel: it sees the others').
-    if (chunks_left[s].fetch_sub(1, std::memory_order_acq_rel) == 1) finish(sp, scratch);
+  });
+  parallel(int64_t(splits.size()), [&](int64_t i, Scratch<T>& scratch) {
+    finish(splits[i], scratch);
   });
   return true;
 }

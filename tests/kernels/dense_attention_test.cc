@@ -143,9 +143,10 @@ class DenseAttentionTest : public ::testing::TestWithParam<std::pair<int, int>> 
     } else {
       kv = pages->data();
     }
-    rows_split_ = cpu::PagedAttention(pool, batch, shape, 0, q_.data(), cpu::StoredLayout<T>(layout_),
-                                      kv, nullptr, cfg.active() ? vsum_rows_.data() : nullptr, cfg,
-                                      out.data(), decode_split);
+    rows_split_ = cpu::PagedAttention(pool, batch, shape, 0, q_.data(),
+                                      cpu::StoredLayout<T>(layout_), kv, nullptr,
+                                      cfg.active() ? vsum_rows_.data() : nullptr, cfg, out.data(),
+                                      decode_split);
     // The rule the benchmark and callers can ask about is the one the kernel followed.
     EXPECT_EQ(cpu::SplitsDecodeRows(batch, shape, threads, decode_split), rows_split_);
     return out;
@@ -472,11 +473,15 @@ TEST_P(DenseAttentionTest, LongDecodeRowsSplitByKeyChunksGiveTheWholeRowsBits) {
   auto same_split_and_whole = [&]<typename T>(T) {
     const int64_t rows = int64_t(pool_.size()) / d_, units = cpu::RowUnits<T>(d_);
     std::vector<T> pages(rows * units);
-    for (int64_t r = 0; r < rows; ++r) cpu::StoreRow(pool_.data() + r * d_, d_, pages.data() + r * units);
+    for (int64_t r = 0; r < rows; ++r) {
+      cpu::StoreRow(pool_.data() + r * d_, d_, pages.data() + r * units);
+    }
     for (bool theta : {false, true}) {
       const TopThetaConfig cfg = theta ? ExactSdcVmc(table) : TopThetaConfig{};
-      const std::vector<float> whole = Run<T>(true, 2, nullptr, cfg, &pages, cpu::DecodeSplit::kNever);
-      const std::vector<float> split = Run<T>(true, 2, nullptr, cfg, &pages, cpu::DecodeSplit::kAlways);
+      const std::vector<float> whole =
+          Run<T>(true, 2, nullptr, cfg, &pages, cpu::DecodeSplit::kNever);
+      const std::vector<float> split =
+          Run<T>(true, 2, nullptr, cfg, &pages, cpu::DecodeSplit::kAlways);
       ASSERT_TRUE(rows_split_);
       ASSERT_EQ(split, whole) << (theta ? "top-theta" : "dense") << "; seed " << seed_;
     }
@@ -496,7 +501,8 @@ TEST_P(DenseAttentionTest, LongDecodeRowsSplitByKeyChunksGiveTheWholeRowsBits) {
   for (bool theta : {false, true}) {
     SCOPED_TRACE(theta ? "top-theta, batch 1" : "dense, batch 1");
     const TopThetaConfig cfg = theta ? ExactSdcVmc(table) : TopThetaConfig{};
-    const std::vector<float> whole = Run<float>(false, 3, nullptr, cfg, nullptr, cpu::DecodeSplit::kNever);
+    const std::vector<float> whole =
+        Run<float>(false, 3, nullptr, cfg, nullptr, cpu::DecodeSplit::kNever);
     const std::vector<PagedSeq> whole_seqs = seqs_;
     const std::vector<float> split = Run(false, 3, nullptr, cfg);
     ASSERT_TRUE(rows_split_) << "kAuto did not split batch 1 on three threads";
