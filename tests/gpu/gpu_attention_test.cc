@@ -3,6 +3,7 @@
 // over a sparse V store with dropped rows; outputs, hit marks and counters.
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <numeric>
@@ -336,22 +337,101 @@ class AttentionCase {
 
   void RunAndExpectSame(const TopThetaConfig& config, bool with_vsum) {
     Run(config, with_vsum);
-    ExpectSame();
+    ExpectSame(config);
   }
 
-  void ExpectSame() {
+  // The (head, key) decisions that rounding may flip: with a θ table, keys whose score
+  // (pre-softmax) or probability (post-softmax), in float64, lies within 1e-5 of θ (relative).
+  // The two sides sum D_full and round exp differently (the CPU by 512-key chunks, the GPU by
+  // splits), so such a key can be kept on one side only. Counted per sequence and position
+  // (summed over the group's heads, with their probabilities), and in all.
+  struct Ambiguous {
+    int64_t total = 0;
+    // [seq][table * end + j - hits_begin]: those keys' probabilities, as marks are indexed
+    std::vector<std::vector<float>> mass;
+    std::vector<std::vector<int32_t>> count;  // same shape: how many
+  };
+  Ambiguous FindAmbiguous(const TopThetaConfig& config) const {
+    Ambiguous a;
+    for (const Seq& q : seqs_) {
+      a.mass.emplace_back(q.mass_cpu.size(), 0.0f);
+      a.count.emplace_back(q.mass_cpu.size(), 0);
+    }
+    if (!config.table || config.top_k || config.recorder) return a;
+    const model::ThetaTable& table = *config.table;
+    const bool post = table.placement == model::ThetaPlacement::kPostSoftmax;
+    const int32_t d = s_.head_dim, bs = s_.block_size, group = s_.num_heads / s_.num_kv_heads;
+    const double scale = 1.0 / std::sqrt(double(d));
+    for (size_t si = 0; si < seqs_.size(); ++si) {
+      const SeqChunk& c = chunks_cpu_[si];
+      const int32_t end = c.start_pos + c.num_tokens;
+      for (int32_t i = 0; i < c.num_tokens; ++i) {
+        const int32_t L = c.start_pos + i + 1;
+        if (L <= table.KAt(s_.layer, L)) continue;  // dense
+        for (int32_t h = 0; h < s_.num_heads; ++h) {
+          const float theta = table.Theta(s_.layer, h, L);
+          if (std::isnan(theta)) continue;
+          const int32_t t = s_.layer * s_.num_kv_heads + h / group;
+          const float* qr = &q_[(size_t(c.token_offset) + i) * s_.num_heads * d + size_t(h) * d];
+          std::vector<double> x(L);
+          double m = -INFINITY, den = 0;
+          for (int32_t j = 0; j < L; ++j) {
+            const float* kr = &pool_[layout_.RowOffset(c.pages.KPage(t, j, bs), j % bs)];
+            double dot = 0;
+            for (int32_t e = 0; e < d; ++e) dot += double(qr[e]) * kr[e];
+            x[j] = dot * scale;
+            m = std::max(m, x[j]);
+          }
+          for (int32_t j = 0; j < L; ++j) den += std::exp(x[j] - m);
+          for (int32_t j = 0; j < L; ++j) {
+            const double p = std::exp(x[j] - m) / den;
+            const double v = post ? p : x[j];
+            if (std::fabs(v - theta) > 1e-5 * std::max(post ? 0.0 : 1.0, std::fabs(double(theta)))) {
+              continue;
+            }
+            ++a.total;
+            // Marks and mass are kept from hits_begin on: entry j - hits_begin of the table.
+            if (j < c.pages.hits_begin) continue;
+            const size_t entry = size_t(t) * end + (j - c.pages.hits_begin);
+            a.mass[si][entry] += float(p);
+            a.count[si][entry] += 1;
+          }
+        }
+      }
+    }
+    return a;
+  }
+
+  void ExpectSame(const TopThetaConfig& config = {}) {
     EXPECT_TRUE(testing::Close(gpu_out_, cpu_out_, 2e-4f, 2e-3f, "attention output"))
         << "(" << splits_ << " splits of " << chunk_ << ", K " << KLoadName(k_load_) << ")";
-    EXPECT_EQ(gpu_stats_.v_rows_read, cpu_stats_.v_rows_read);
-    EXPECT_EQ(gpu_stats_.v_rows_read_host, cpu_stats_.v_rows_read_host);
+    // Decisions on keys within rounding of θ may differ, and only those (none, nearly always).
+    const Ambiguous amb = FindAmbiguous(config);
+    auto near = [&](int64_t got, int64_t want) { return std::llabs(got - want) <= amb.total; };
+    EXPECT_PRED2(near, gpu_stats_.v_rows_read, cpu_stats_.v_rows_read);
+    EXPECT_PRED2(near, gpu_stats_.v_rows_read_host, cpu_stats_.v_rows_read_host);
     EXPECT_EQ(gpu_stats_.v_rows_read_dense, cpu_stats_.v_rows_read_dense);
-    EXPECT_EQ(gpu_stats_.elements_kept, cpu_stats_.elements_kept);
+    EXPECT_PRED2(near, gpu_stats_.elements_kept, cpu_stats_.elements_kept);
     EXPECT_EQ(gpu_stats_.elements_dense, cpu_stats_.elements_dense);
-    EXPECT_EQ(gpu_stats_.retained_but_evicted, cpu_stats_.retained_but_evicted);
-    EXPECT_EQ(gpu_stats_.layer_kept, cpu_stats_.layer_kept);
-    for (const Seq& q : seqs_) {
-      EXPECT_EQ(q.hits_gpu, q.hits_cpu) << "hit marks differ";
-      EXPECT_TRUE(testing::Close(q.mass_gpu, q.mass_cpu, 1e-5f, 2e-3f, "retained mass"));
+    EXPECT_PRED2(near, gpu_stats_.retained_but_evicted, cpu_stats_.retained_but_evicted);
+    ASSERT_EQ(gpu_stats_.layer_kept.size(), cpu_stats_.layer_kept.size());
+    for (size_t l = 0; l < cpu_stats_.layer_kept.size(); ++l) {
+      EXPECT_PRED2(near, gpu_stats_.layer_kept[l], cpu_stats_.layer_kept[l]) << "layer " << l;
+    }
+    if (amb.total > 0) std::printf("(%lld decisions within rounding of θ)\n", (long long)amb.total);
+    for (size_t si = 0; si < seqs_.size(); ++si) {
+      const Seq& q = seqs_[si];
+      ASSERT_EQ(q.hits_gpu.size(), q.hits_cpu.size());
+      for (size_t e = 0; e < q.hits_cpu.size(); ++e) {
+        if (amb.count[si][e] > 0) continue;
+        ASSERT_EQ(q.hits_gpu[e], q.hits_cpu[e]) << "hit marks differ at entry " << e;
+      }
+      for (size_t e = 0; e < q.mass_cpu.size(); ++e) {
+        const float want = q.mass_cpu[e], got = q.mass_gpu[e];
+        ASSERT_FALSE(std::isnan(got)) << "retained mass " << e;
+        ASSERT_LE(std::fabs(got - want), 1e-5f + 2e-3f * std::fabs(want) + 1.01f * amb.mass[si][e])
+            << "retained mass at entry " << e << ": got " << got << " want " << want;
+      }
       // Each table's entries past its window [hits_begin, end) stay unset on both sides.
       const size_t row = q.hits_gpu.size() / tables_;
       for (int32_t t = 0; t < tables_; ++t) {
