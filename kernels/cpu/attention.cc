@@ -265,26 +265,19 @@ bool PagedAttention(ThreadPool& pool, const ForwardBatch& batch, const Attention
   // The calling thread's buffers, kept across calls (the names below refer to them from every
   // thread, not to each thread's own).
   struct Buffers {
-    std::vector<float> e, max, sum, ev;
+    std::vector<float> e, max, row_max, sum, ev;
   };
   thread_local Buffers buffers;
   std::vector<float>& e_all = buffers.e;        // each split unit's scores, then exps
   std::vector<float>& chunk_max = buffers.max;  // [chunk, group] the chunk's row maxima
+  std::vector<float>& row_max = buffers.row_max;  // [split, group] the rows' maxima
   std::vector<float>& chunk_sum = buffers.sum;  // [chunk, group] its Σe
   std::vector<float>& chunk_ev = buffers.ev;    // [chunk, group, d] its Σ e·V (dense)
   e_all.resize(e_floats);
   chunk_max.resize(num_chunks * group);
+  row_max.resize(splits.size() * group);
   chunk_sum.resize(num_chunks * group);
   if (!theta) chunk_ev.resize(num_chunks * group * d);
-  // Row r's max over the chunks, folded in chunk order as the whole row's keys would be.
-  auto row_max = [&](const Split& sp, int64_t r) {
-    float m = -std::numeric_limits<float>::infinity();
-    for (int64_t c = 0; c * kKeyChunk < sp.L; ++c) {
-      m = std::max(m, chunk_max[(sp.first_chunk + c) * group + r]);
-    }
-    return m;
-  };
-
   const int64_t num_whole = int64_t(whole.size());
   parallel(num_whole + num_chunks, [&](int64_t i, Scratch<T>& scratch) {
     if (i < num_whole) {
@@ -304,12 +297,24 @@ bool PagedAttention(ThreadPool& pool, const ForwardBatch& batch, const Attention
            scratch.widened);
     std::copy(mx, mx + group, chunk_max.data() + (sp.first_chunk + c) * group);
   });
-  // Round 3 for a unit: its chunks' sums.
-  auto finish = [&](const Split& sp, Scratch<T>& scratch) {
-    const At a = at(*sp.unit);
-    float mx[kMaxGroup], denom[kMaxGroup];
+  // Each row's max over its chunks, folded in chunk order as the whole row's keys would be
+  // (a few floats per chunk: on this thread, between the rounds).
+  for (size_t si = 0; si < splits.size(); ++si) {
+    const Split& sp = splits[si];
     for (int64_t r = 0; r < group; ++r) {
-      mx[r] = row_max(sp, r);
+      float m = -std::numeric_limits<float>::infinity();
+      for (int64_t c = 0; c * kKeyChunk < sp.L; ++c) {
+        m = std::max(m, chunk_max[(sp.first_chunk + c) * group + r]);
+      }
+      row_max[si * group + r] = m;
+    }
+  }
+  // Round 3 for a unit: its chunks' sums.
+  auto finish = [&](int64_t si, Scratch<T>& scratch) {
+    const Split& sp = splits[si];
+    const At a = at(*sp.unit);
+    float denom[kMaxGroup];
+    for (int64_t r = 0; r < group; ++r) {
       denom[r] = chunk_sum[sp.first_chunk * group + r];
       for (int64_t c = 1; c * kKeyChunk < sp.L; ++c) {
         denom[r] += chunk_sum[(sp.first_chunk + c) * group + r];
@@ -317,8 +322,8 @@ bool PagedAttention(ThreadPool& pool, const ForwardBatch& batch, const Attention
     }
     if (theta) {
       TopThetaRow(*a.seq, layer, a.lh, a.pos, group, sp.unit->kv_head * group, shape, layout,
-                  kv_pool, host_pool, e_all.data() + sp.e, sp.L, mx, denom, a.vsum, a.o, config,
-                  scratch);
+                  kv_pool, host_pool, e_all.data() + sp.e, sp.L, row_max.data() + si * group,
+                  denom, a.vsum, a.o, config, scratch);
       return;
     }
     for (int64_t r = 0; r < group; ++r) {
@@ -341,7 +346,7 @@ bool PagedAttention(ThreadPool& pool, const ForwardBatch& batch, const Attention
     float* e = e_all.data() + sp.e;
     const int64_t k = sp.first_chunk + c;
     for (int64_t r = 0; r < group; ++r) {
-      chunk_sum[k * group + r] = ExpShiftSum(e + r * sp.L + c0, c1 - c0, row_max(sp, r));
+      chunk_sum[k * group + r] = ExpShiftSum(e + r * sp.L + c0, c1 - c0, row_max[s * group + r]);
     }
     if (!theta) {
       float* ev = chunk_ev.data() + k * group * d;
@@ -350,9 +355,7 @@ bool PagedAttention(ThreadPool& pool, const ForwardBatch& batch, const Attention
             [&](int64_t r) { return ev + r * d; }, scratch.widened);
     }
   });
-  parallel(int64_t(splits.size()), [&](int64_t i, Scratch<T>& scratch) {
-    finish(splits[i], scratch);
-  });
+  parallel(int64_t(splits.size()), finish);
   return true;
 }
 
