@@ -128,7 +128,7 @@ int64_t BusiestThread(const std::vector<int64_t>& costs, int threads, int64_t sp
 
 // See SplitsDecodeRows (attention.h). kAuto: split when the busiest thread, with the units
 // handed out whole, would have more than a fifth more work than with the splittable rows
-// spread over the threads, and when the split rows' scores (and dense partial sums) take no
+// spread over the threads, and when the split rows' scores (and partial sums) take no
 // more memory than the threads' own score buffers may (it is memory on top of those).
 bool ChooseSplit(const ForwardBatch& batch, const std::vector<Unit>& units, int64_t group,
                  int64_t head_dim, int threads, DecodeSplit split) {
@@ -232,14 +232,15 @@ bool PagedAttention(ThreadPool& pool, const ForwardBatch& batch, const Attention
     return false;
   }
 
-  // Flash-decoding: the long decode rows are worked a key chunk at a time, in three rounds:
-  // (1) scores and each chunk's row maxima (the other units whole, meanwhile), (2) exp against
-  // the row max, each chunk's Σe and (dense) Σ e·V, (3) per unit, the chunks' sums added in
-  // order, then ÷ Σe (dense) or Top-θ's pass 2. The arithmetic is DenseTile's and
-  // TopThetaTile's (kKeyChunk), so the bits are the same as one thread working each unit
-  // whole. (Finishing a unit on the thread that ends its last chunk, counted down by an
-  // atomic, saved the third round; ThreadSanitizer reported a race there that we could not
-  // explain, and the round costs a few microseconds.)
+  // Flash-decoding: the long decode rows are worked a key chunk at a time, in rounds of the
+  // pool: (1) scores and each chunk's row maxima (the other units whole, meanwhile), (2) exp
+  // against the row max, each chunk's Σe and (dense) Σ e·V; then dense (3) per unit, the
+  // chunks' sums added in order, ÷ Σe; Top-θ (3) per chunk, the keep test and pass 2 into the
+  // chunk's sums, (4) per unit, those added in order, then SDC and VMC. The arithmetic is
+  // DenseTile's and TopThetaRow's (kKeyChunk), so the bits are the same as one thread working
+  // each unit whole. (Finishing a unit on the thread that ends its last chunk, counted down by
+  // an atomic, saved a round; ThreadSanitizer reported a race there that we could not
+  // explain, and a round costs a few microseconds.)
   struct Split {
     const Unit* unit;
     int64_t L, first_chunk;  // its chunks' index in the flat chunk list
@@ -265,19 +266,30 @@ bool PagedAttention(ThreadPool& pool, const ForwardBatch& batch, const Attention
   // The calling thread's buffers, kept across calls (the names below refer to them from every
   // thread, not to each thread's own).
   struct Buffers {
-    std::vector<float> e, max, row_max, sum, ev;
+    std::vector<float> e, max, row_max, sum, row_sum, ev, thr, kept_sum;
+    std::vector<int64_t> kept_n;
   };
   thread_local Buffers buffers;
-  std::vector<float>& e_all = buffers.e;        // each split unit's scores, then exps
-  std::vector<float>& chunk_max = buffers.max;  // [chunk, group] the chunk's row maxima
+  std::vector<float>& e_all = buffers.e;          // each split unit's scores, then exps
+  std::vector<float>& chunk_max = buffers.max;    // [chunk, group] the chunk's row maxima
   std::vector<float>& row_max = buffers.row_max;  // [split, group] the rows' maxima
-  std::vector<float>& chunk_sum = buffers.sum;  // [chunk, group] its Σe
-  std::vector<float>& chunk_ev = buffers.ev;    // [chunk, group, d] its Σ e·V (dense)
+  std::vector<float>& chunk_sum = buffers.sum;    // [chunk, group] its Σe
+  std::vector<float>& row_sum = buffers.row_sum;  // [split, group] the rows' Σe (D_full)
+  std::vector<float>& chunk_ev = buffers.ev;      // [chunk, group, d] its Σ e·V (Top-θ: kept)
+  std::vector<float>& thr = buffers.thr;          // [split, group] Top-θ's keep thresholds
+  std::vector<float>& kept_sum = buffers.kept_sum;  // [chunk, group] Σe of the rows kept
+  std::vector<int64_t>& kept_n = buffers.kept_n;    // [chunk, group] the rows kept
   e_all.resize(e_floats);
   chunk_max.resize(num_chunks * group);
   row_max.resize(splits.size() * group);
   chunk_sum.resize(num_chunks * group);
-  if (!theta) chunk_ev.resize(num_chunks * group * d);
+  row_sum.resize(splits.size() * group);
+  chunk_ev.resize(num_chunks * group * d);
+  if (theta) {
+    thr.resize(splits.size() * group);
+    kept_sum.resize(num_chunks * group);
+    kept_n.resize(num_chunks * group);
+  }
   const int64_t num_whole = int64_t(whole.size());
   parallel(num_whole + num_chunks, [&](int64_t i, Scratch<T>& scratch) {
     if (i < num_whole) {
@@ -297,47 +309,22 @@ bool PagedAttention(ThreadPool& pool, const ForwardBatch& batch, const Attention
            scratch.widened);
     std::copy(mx, mx + group, chunk_max.data() + (sp.first_chunk + c) * group);
   });
-  // Each row's max over its chunks, folded in chunk order as the whole row's keys would be
-  // (a few floats per chunk: on this thread, between the rounds).
-  for (size_t si = 0; si < splits.size(); ++si) {
+  // fold(per_chunk, si, r): split unit si's row r of a [chunk, group] array, added over its
+  // chunks in order (maxima: max), as the whole row's sums are (a few numbers per chunk: on
+  // this thread, between the rounds).
+  auto fold = [&](const auto& per_chunk, size_t si, int64_t r, auto op) {
     const Split& sp = splits[si];
-    for (int64_t r = 0; r < group; ++r) {
-      float m = -std::numeric_limits<float>::infinity();
-      for (int64_t c = 0; c * kKeyChunk < sp.L; ++c) {
-        m = std::max(m, chunk_max[(sp.first_chunk + c) * group + r]);
-      }
-      row_max[si * group + r] = m;
+    auto acc = per_chunk[sp.first_chunk * group + r];
+    for (int64_t c = 1; c * kKeyChunk < sp.L; ++c) {
+      acc = op(acc, per_chunk[(sp.first_chunk + c) * group + r]);
     }
-  }
-  // Round 3 for a unit: its chunks' sums.
-  auto finish = [&](int64_t si, Scratch<T>& scratch) {
-    const Split& sp = splits[si];
-    const At a = at(*sp.unit);
-    float denom[kMaxGroup];
-    for (int64_t r = 0; r < group; ++r) {
-      denom[r] = chunk_sum[sp.first_chunk * group + r];
-      for (int64_t c = 1; c * kKeyChunk < sp.L; ++c) {
-        denom[r] += chunk_sum[(sp.first_chunk + c) * group + r];
-      }
-    }
-    if (theta) {
-      TopThetaRow(*a.seq, layer, a.lh, a.pos, group, sp.unit->kv_head * group, shape, layout,
-                  kv_pool, host_pool, e_all.data() + sp.e, sp.L, row_max.data() + si * group,
-                  denom, a.vsum, a.o, config, scratch);
-      return;
-    }
-    for (int64_t r = 0; r < group; ++r) {
-      float* out = a.o + r * d;
-      const float* ev = chunk_ev.data() + sp.first_chunk * group * d + r * d;
-      std::copy(ev, ev + d, out);
-      for (int64_t c = 1; c * kKeyChunk < sp.L; ++c) {
-        const float* part = ev + c * group * d;
-        for (int64_t x = 0; x < d; ++x) out[x] += part[x];
-      }
-      Scale(1.0f / denom[r], out, d);
-    }
-    CountDense(scratch.stats, layer, group, 1, a.pos);
+    return acc;
   };
+  const auto max_op = [](float x, float y) { return std::max(x, y); };
+  const auto add_op = [](auto x, auto y) { return x + y; };
+  for (size_t si = 0; si < splits.size(); ++si) {
+    for (int64_t r = 0; r < group; ++r) row_max[si * group + r] = fold(chunk_max, si, r, max_op);
+  }
   parallel(num_chunks, [&](int64_t i, Scratch<T>& scratch) {
     const auto [s, c] = chunks[i];
     const Split& sp = splits[s];
@@ -355,7 +342,69 @@ bool PagedAttention(ThreadPool& pool, const ForwardBatch& batch, const Attention
             [&](int64_t r) { return ev + r * d; }, scratch.widened);
     }
   });
-  parallel(int64_t(splits.size()), finish);
+  for (size_t si = 0; si < splits.size(); ++si) {
+    for (int64_t r = 0; r < group; ++r) row_sum[si * group + r] = fold(chunk_sum, si, r, add_op);
+  }
+  // A split unit's output rows: its chunks' Σ e·V added in order.
+  auto add_chunks = [&](size_t si, float* o_unit) {
+    const Split& sp = splits[si];
+    for (int64_t r = 0; r < group; ++r) {
+      float* out = o_unit + r * d;
+      const float* ev = chunk_ev.data() + sp.first_chunk * group * d + r * d;
+      std::copy(ev, ev + d, out);
+      for (int64_t c = 1; c * kKeyChunk < sp.L; ++c) {
+        const float* part = ev + c * group * d;
+        for (int64_t x = 0; x < d; ++x) out[x] += part[x];
+      }
+    }
+  };
+  if (!theta) {
+    parallel(int64_t(splits.size()), [&](int64_t si, Scratch<T>& scratch) {
+      const At a = at(*splits[si].unit);
+      add_chunks(si, a.o);
+      for (int64_t r = 0; r < group; ++r) Scale(1.0f / row_sum[si * group + r], a.o + r * d, d);
+      CountDense(scratch.stats, layer, group, 1, a.pos);
+    });
+    return true;
+  }
+  // Top-θ. The keep thresholds: a few floats per row on this thread, or, where exact top-k
+  // sorts each row, across the pool.
+  auto thresholds = [&](int64_t si, Scratch<T>& scratch) {
+    const Split& sp = splits[si];
+    KeepThresholds(layer, sp.L, group, sp.unit->kv_head * group, e_all.data() + sp.e, sp.L,
+                   row_max.data() + si * group, row_sum.data() + si * group, config,
+                   scratch.sorted, thr.data() + si * group);
+  };
+  if (config.top_k || config.recorder) {
+    parallel(int64_t(splits.size()), thresholds);
+  } else {
+    for (size_t si = 0; si < splits.size(); ++si) thresholds(int64_t(si), ThreadScratch<T>());
+  }
+  parallel(num_chunks, [&](int64_t i, Scratch<T>& scratch) {
+    const auto [s, c] = chunks[i];
+    const Split& sp = splits[s];
+    const At a = at(*sp.unit);
+    const int64_t c0 = c * kKeyChunk, k = sp.first_chunk + c;
+    KeepPass(*a.seq, a.lh, a.pos, group, d, layout, kv_pool, host_pool, e_all.data() + sp.e,
+             sp.L, thr.data() + s * group, row_sum.data() + s * group, config.retain_factor, c0,
+             std::min(sp.L, c0 + kKeyChunk),
+             KeptSums{chunk_ev.data() + k * group * d, kept_sum.data() + k * group,
+                      kept_n.data() + k * group},
+             scratch);
+  });
+  parallel(int64_t(splits.size()), [&](int64_t si, Scratch<T>& scratch) {
+    const Split& sp = splits[si];
+    const At a = at(*sp.unit);
+    add_chunks(si, a.o);
+    float d_kept[kMaxGroup];
+    int64_t kept[kMaxGroup];
+    for (int64_t r = 0; r < group; ++r) {
+      d_kept[r] = fold(kept_sum, si, r, add_op);
+      kept[r] = fold(kept_n, si, r, add_op);
+    }
+    Compensate(layer, sp.L, group, sp.unit->kv_head * group, d, thr.data() + si * group,
+               row_sum.data() + si * group, d_kept, kept, a.vsum, a.o, config, scratch.stats);
+  });
   return true;
 }
 

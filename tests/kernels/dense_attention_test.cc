@@ -38,6 +38,13 @@ struct PagedSeq {
   std::vector<int32_t> hits;  // [kKvHeads, stride * kBlock]
   std::vector<float> mass;    // same shape
   std::vector<float> v_sum;   // [kKvHeads, head_dim] (only its presence matters here)
+  // Top-θ's V stores (kernels/paged_kv.h), where tail_start > 0 (SetStores): positions below
+  // it are in the sparse store, in the host store, or were dropped. A store's row r is the V
+  // row of position r of the sequence's own pages (and the host pool is the pool): the values
+  // do not matter here, only that each store is read where it says.
+  int32_t tail_start = 0;
+  std::vector<int32_t> sparse_pos, host_pos;      // [kKvHeads, stride * kBlock], ascending
+  std::vector<int32_t> sparse_count, host_count;  // [kKvHeads]
 
   int32_t length() const { return start_pos + num_tokens; }
 };
@@ -90,6 +97,30 @@ class DenseAttentionTest : public ::testing::TestWithParam<std::pair<int, int>> 
     for (float& x : vsum_rows_) x = uni(rng);
   }
 
+  // Gives sequence s (Top-θ only: dense attention reads every V row from the tail) a tail from
+  // `tail_start` (a multiple of kBlock) and, for each KV head, positions below it that are in
+  // the sparse store (two in five), in the host store (one in five) or dropped, from rng.
+  static void SetStores(PagedSeq& s, int32_t tail_start, std::mt19937& rng) {
+    ASSERT_EQ(tail_start % kBlock, 0);
+    s.tail_start = tail_start;
+    const int32_t stride = s.stride * kBlock;
+    s.sparse_pos.assign(kKvHeads * stride, -1);
+    s.host_pos.assign(kKvHeads * stride, -1);
+    s.sparse_count.assign(kKvHeads, 0);
+    s.host_count.assign(kKvHeads, 0);
+    std::uniform_int_distribution<int> fifth(0, 4);
+    for (int g = 0; g < kKvHeads; ++g) {
+      for (int32_t p = 0; p < tail_start; ++p) {
+        const int u = fifth(rng);
+        if (u < 2) {
+          s.sparse_pos[g * stride + s.sparse_count[g]++] = p;
+        } else if (u == 2) {
+          s.host_pos[g * stride + s.host_count[g]++] = p;
+        }
+      }
+    }
+  }
+
   // Chunks of the batch: each sequence whole (split = false), or every token on its own.
   std::vector<SeqChunk> Chunks(bool split) {
     std::vector<SeqChunk> out;
@@ -104,6 +135,20 @@ class DenseAttentionTest : public ::testing::TestWithParam<std::pair<int, int>> 
         c.pages.k_pages = s.k_pages.data();
         c.pages.v_pages = s.v_pages.data();
         c.pages.stride = s.stride;
+        if (s.tail_start > 0) {
+          c.pages.v_pages = s.v_pages.data() + s.tail_start / kBlock;
+          c.pages.v_tail_start = s.tail_start;
+          c.pages.v_sparse_pages = s.v_pages.data();
+          c.pages.v_sparse_pos = s.sparse_pos.data();
+          c.pages.v_sparse_count = s.sparse_count.data();
+          c.pages.sparse_stride = s.stride;
+          c.pages.sparse_pos_stride = s.stride * kBlock;
+          c.pages.v_host_pages = s.v_pages.data();
+          c.pages.v_host_pos = s.host_pos.data();
+          c.pages.v_host_count = s.host_count.data();
+          c.pages.host_stride = s.stride;
+          c.pages.host_pos_stride = s.stride * kBlock;
+        }
         if (s.record) {
           c.pages.hits = s.hits.data();
           c.pages.hit_mass = s.mass.data();
@@ -144,7 +189,7 @@ class DenseAttentionTest : public ::testing::TestWithParam<std::pair<int, int>> 
       kv = pages->data();
     }
     rows_split_ = cpu::PagedAttention(pool, batch, shape, 0, q_.data(),
-                                      cpu::StoredLayout<T>(layout_), kv, nullptr,
+                                      cpu::StoredLayout<T>(layout_), kv, /*host_pool=*/kv,
                                       cfg.active() ? vsum_rows_.data() : nullptr, cfg, out.data(),
                                       decode_split);
     // The rule the benchmark and callers can ask about is the one the kernel followed.
@@ -195,12 +240,13 @@ class DenseAttentionTest : public ::testing::TestWithParam<std::pair<int, int>> 
     }
   }
 
-  // Post-softmax θ = 0.004 past k = 8 keys: rows keep their clearly-above-average keys.
-  model::ThetaTable AboveAverageTable() const {
+  // Post-softmax θ (0.004) past k = 8 keys: rows (of up to a few hundred keys) keep their
+  // clearly-above-average keys.
+  model::ThetaTable AboveAverageTable(float theta = 0.004f) const {
     model::ThetaTable table(1, heads_, model::ThetaTable::DefaultBuckets(4096));
     table.k_per_layer[0] = 8;
     for (int32_t h = 0; h < heads_; ++h) {
-      for (size_t b = 0; b < table.buckets().size(); ++b) table.theta_at(0, h, b) = 0.004f;
+      for (size_t b = 0; b < table.buckets().size(); ++b) table.theta_at(0, h, b) = theta;
     }
     table.placement = model::ThetaPlacement::kPostSoftmax;
     table.Finalize();
@@ -246,6 +292,109 @@ class DenseAttentionTest : public ::testing::TestWithParam<std::pair<int, int>> 
       }
     }
     return out;
+  }
+
+  // Top-θ in float64 for sequences of one new token, post-softmax θ past k = 8 keys (as
+  // AboveAverageTable), exact SDC and VMC (over vsum_rows_), V rows read from the stores
+  // SetStores made: each head keeps the stored rows with p > θ, and gives the mass of the
+  // dropped rows it keeps, and of the rest, to the mean. A key whose probability lies within
+  // 1e-5 (relative) of θ may fall either way in float32: its head's output row is NaN (not to
+  // be compared), and `ambiguous` counts such keys (by how much the counters may differ).
+  struct StoresReference {
+    std::vector<float> out;
+    AttentionStats stats;  // what the kernel's counters should say
+    int64_t ambiguous = 0;
+    // Per sequence, as PagedSeq's: the marks (retain factor 1: every retained position from
+    // hits_begin_ on) and the retained mass (Σ of the keeping heads' probabilities).
+    std::vector<std::vector<int32_t>> hits;
+    std::vector<std::vector<float>> mass;
+  };
+  StoresReference TopThetaStoresReference(float theta) const {
+    StoresReference ref;
+    std::vector<float>& out = ref.out;
+    AttentionStats& want = ref.stats;
+    int64_t& ambiguous = ref.ambiguous;
+    out.resize(q_.size());
+    want.Reset(1);
+    int32_t row = 0;
+    for (const auto& s : seqs_) {
+      EXPECT_EQ(s.num_tokens, 1);
+      const int32_t L = s.start_pos + 1;
+      const int32_t stride = s.stride * kBlock;
+      std::vector<int32_t>& hits = ref.hits.emplace_back(kKvHeads * stride, -1);
+      std::vector<double> mass(kKvHeads * stride, 0.0);
+      for (int g = 0; g < kKvHeads; ++g) {
+        auto page_row = [&](int32_t index) {  // row `index` of the sequence's V pages
+          return pool_.data() + layout_.RowOffset(s.v_pages[g * s.stride + index / kBlock],
+                                                  index % kBlock);
+        };
+        // Where position j's V row is: the tail, a store, or nowhere (dropped); from the host?
+        std::vector<const float*> v_row(L, nullptr);
+        std::vector<bool> host(L, false);
+        for (int32_t j = s.tail_start; j < L; ++j) v_row[j] = page_row(j);
+        for (int32_t r = 0; r < (s.tail_start ? s.sparse_count[g] : 0); ++r) {
+          v_row[s.sparse_pos[g * stride + r]] = page_row(r);
+        }
+        for (int32_t r = 0; r < (s.tail_start ? s.host_count[g] : 0); ++r) {
+          v_row[s.host_pos[g * stride + r]] = page_row(r);
+          host[s.host_pos[g * stride + r]] = true;
+        }
+        std::vector<int> keepers(L, 0);  // query heads of the group keeping position j
+        for (int h = g * group_; h < (g + 1) * group_; ++h) {
+          const float* q = q_.data() + (size_t(row) * heads_ + h) * d_;
+          std::vector<double> e(L);
+          double m = -INFINITY, d_full = 0;
+          for (int32_t j = 0; j < L; ++j) {
+            const float* k = pool_.data() + layout_.RowOffset(s.k_pages[g * s.stride + j / kBlock],
+                                                              j % kBlock);
+            double dot = 0;
+            for (int c = 0; c < d_; ++c) dot += double(q[c]) * k[c];
+            e[j] = dot / std::sqrt(double(d_));
+            m = std::max(m, e[j]);
+          }
+          for (double& x : e) d_full += x = std::exp(x - m);
+          std::vector<double> o(d_, 0.0);
+          double d_kept = 0;
+          bool unsure = false;
+          for (int32_t j = 0; j < L; ++j) {
+            const double p = e[j] / d_full;
+            if (L > 8 && std::abs(p - theta) <= 1e-5 * theta) {
+              unsure = true;
+              ++ambiguous;
+            }
+            if (L > 8 && !(p > theta)) continue;
+            ++keepers[j];
+            if (j >= hits_begin_) mass[g * stride + j - hits_begin_] += p;
+            if (!v_row[j]) continue;
+            d_kept += e[j];
+            ++want.elements_kept;
+            for (int c = 0; c < d_; ++c) o[c] += e[j] * v_row[j][c];
+          }
+          const float* vsum = vsum_rows_.data() + (size_t(row) * kKvHeads + g) * d_;
+          const double missing = std::max(0.0, 1.0 - d_kept / d_full);
+          float* oh = out.data() + (size_t(row) * heads_ + h) * d_;
+          for (int c = 0; c < d_; ++c) {
+            oh[c] = unsure ? std::numeric_limits<float>::quiet_NaN()
+                           : float(o[c] / d_full + missing * vsum[c] / L);
+          }
+        }
+        for (int32_t j = 0; j < L; ++j) {
+          if (keepers[j] == 0) continue;
+          if (j >= hits_begin_) hits[g * stride + j - hits_begin_] = s.start_pos;
+          if (!v_row[j]) {
+            ++want.retained_but_evicted;
+            continue;
+          }
+          ++want.v_rows_read;
+          want.v_rows_read_host += host[j];
+        }
+        want.v_rows_read_dense += L;
+        want.elements_dense += int64_t(L) * group_;
+      }
+      ref.mass.emplace_back(mass.begin(), mass.end());
+      ++row;
+    }
+    return ref;
   }
 
   int d_ = 0, group_ = 0, heads_ = 0;
@@ -512,6 +661,84 @@ TEST_P(DenseAttentionTest, LongDecodeRowsSplitByKeyChunksGiveTheWholeRowsBits) {
     }
     EXPECT_EQ(seqs_[0].hits, whole_seqs[0].hits);
     EXPECT_EQ(seqs_[0].mass, whole_seqs[0].mass);
+  }
+}
+
+// Top-θ's pass 2 of a split row walks each key chunk's positions in the sparse and host stores
+// from where the chunk starts in each: it gives the outputs, hit marks, retained mass and
+// counters of the row worked whole — with the table's thresholds, and with exact top-k (whose
+// thresholds sort whole rows across the pool) — and, with the table's, what a float64
+// reference that reads each position's V row from its store gives.
+TEST_P(DenseAttentionTest, TopThetaSplitRowsReadTheSparseAndHostStoresAsWholeRowsDo) {
+  SCOPED_TRACE(::testing::Message() << "seed " << seed_ << ", head_dim " << d_ << ", group " << group_);
+  // Two long decode rows whose tails start mid-chunk, and a short one that runs whole.
+  Build({{4095, 1}, {2999, 1}, {60, 1}});
+  std::mt19937 rng(seed_ ^ 0x5eed);
+  SetStores(seqs_[0], 2592, rng);
+  SetStores(seqs_[1], 1008, rng);
+  hits_begin_ = 1000;  // marks and mass from mid-chunk on
+  // θ = 0.0005: about twice the average probability at 4,096 keys.
+  const model::ThetaTable table = AboveAverageTable(0.0005f);
+  for (bool top_k : {false, true}) {
+    SCOPED_TRACE(top_k ? "exact top-k" : "θ table");
+    TopThetaConfig cfg = ExactSdcVmc(table);
+    cfg.top_k = top_k;
+    AttentionStats whole_stats, split_stats;
+    whole_stats.Reset(1);
+    split_stats.Reset(1);
+    const std::vector<float> whole =
+        Run<float>(/*split=*/true, 2, &whole_stats, cfg, nullptr, cpu::DecodeSplit::kNever);
+    const std::vector<PagedSeq> whole_seqs = seqs_;
+    const std::vector<float> split =
+        Run<float>(/*split=*/true, 2, &split_stats, cfg, nullptr, cpu::DecodeSplit::kAlways);
+    ASSERT_TRUE(rows_split_) << "the long rows were not split";
+    for (size_t i = 0; i < split.size(); ++i) {
+      ASSERT_FALSE(std::isnan(split[i])) << "output " << i << " never written";
+      ASSERT_EQ(split[i], whole[i]) << "output " << i << " (token " << i / (heads_ * d_) << ")";
+    }
+    for (size_t si = 0; si < seqs_.size(); ++si) {
+      EXPECT_EQ(seqs_[si].hits, whole_seqs[si].hits) << "sequence " << si;
+      EXPECT_EQ(seqs_[si].mass, whole_seqs[si].mass) << "sequence " << si;  // one query each
+    }
+    EXPECT_EQ(split_stats.v_rows_read, whole_stats.v_rows_read);
+    EXPECT_EQ(split_stats.v_rows_read_host, whole_stats.v_rows_read_host);
+    EXPECT_EQ(split_stats.v_rows_read_dense, whole_stats.v_rows_read_dense);
+    EXPECT_EQ(split_stats.elements_kept, whole_stats.elements_kept);
+    EXPECT_EQ(split_stats.elements_dense, whole_stats.elements_dense);
+    EXPECT_EQ(split_stats.retained_but_evicted, whole_stats.retained_but_evicted);
+    if (top_k) continue;
+    // And what a float64 reference reads from the stores, where no key is within rounding of θ
+    // (a key that is may flip, and moves the counters by one at most).
+    StoresReference ref = TopThetaStoresReference(0.0005f);
+    const AttentionStats& want = ref.stats;
+    const int64_t ambiguous = ref.ambiguous;
+    for (size_t i = 0; i < ref.out.size(); ++i) {
+      if (std::isnan(ref.out[i])) ref.out[i] = split[i];
+    }
+    EXPECT_TRUE(testing::AllClose(split, ref.out, 2e-6f, 2e-5f));
+    for (size_t si = 0; si < seqs_.size(); ++si) {
+      int64_t marks_differ = 0;
+      for (size_t x = 0; x < ref.hits[si].size(); ++x) {
+        marks_differ += seqs_[si].hits[x] != ref.hits[si][x];
+      }
+      EXPECT_LE(marks_differ, ambiguous) << "sequence " << si;
+      // (A flipped key moves its position's mass by about θ.)
+      EXPECT_TRUE(testing::AllClose(seqs_[si].mass, ref.mass[si], ambiguous ? 1e-3f : 1e-6f, 1e-5f))
+          << "sequence " << si;
+    }
+    auto near = [&](int64_t got, int64_t expected) { return std::abs(got - expected) <= ambiguous; };
+    EXPECT_PRED2(near, split_stats.v_rows_read, want.v_rows_read);
+    EXPECT_PRED2(near, split_stats.v_rows_read_host, want.v_rows_read_host);
+    EXPECT_PRED2(near, split_stats.retained_but_evicted, want.retained_but_evicted);
+    EXPECT_PRED2(near, split_stats.elements_kept, want.elements_kept);
+    EXPECT_EQ(split_stats.v_rows_read_dense, want.v_rows_read_dense);
+    EXPECT_EQ(split_stats.elements_dense, want.elements_dense);
+    // Every store was read from, some retained rows had been dropped, and θ pruned.
+    EXPECT_GT(split_stats.v_rows_read_host, 0);
+    EXPECT_GT(split_stats.v_rows_read, split_stats.v_rows_read_host);
+    EXPECT_GT(split_stats.retained_but_evicted, 0);
+    EXPECT_LT(split_stats.elements_kept, split_stats.elements_dense / 4) << "θ pruned little";
+    EXPECT_GT(split_stats.elements_kept, 0);
   }
 }
 
