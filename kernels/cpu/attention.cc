@@ -106,6 +106,10 @@ std::vector<Unit> MakeUnits(const ForwardBatch& batch, int64_t group, int64_t nu
 // of at least four key chunks (shorter rows cost less than the extra round of threads does):
 // the units PagedAttention may split.
 constexpr int64_t kMinSplitKeys = 4 * kKeyChunk;
+// Top-θ's pass 2 (the keep test and the gather of the kept rows) of a split row is split too
+// from this many keys; a shorter row's pass 2 runs on one thread, as tasks of so few chunks
+// cost more than they saved (measured at batch 1 on two threads: docs/results.md).
+constexpr int64_t kMinPass2SplitKeys = 16 * kKeyChunk;
 bool Splittable(const ForwardBatch& batch, const Unit& u) {
   return u.num_tokens == 1 && batch.seqs[u.seq].start_pos + u.token + 1 >= kMinSplitKeys;
 }
@@ -156,6 +160,345 @@ bool ChooseSplit(const ForwardBatch& batch, const std::vector<Unit>& units, int6
   return 5 * BusiestThread(all, threads) > 6 * BusiestThread(kept, threads, split_keys);
 }
 
+// One PagedAttention call: its arguments, and the two ways of running its units (each on one
+// thread, or with the long decode rows split by key chunks).
+template <typename T>
+class AttentionCall {
+ public:
+  AttentionCall(ThreadPool& pool, const ForwardBatch& batch, const AttentionShape& shape,
+                int64_t layer, const float* q, const KvPoolLayout& layout, const T* kv_pool,
+                const T* host_pool, const float* vsum_rows, const TopThetaConfig& config,
+                float* o)
+      : pool_(pool),
+        batch_(batch),
+        shape_(shape),
+        layer_(layer),
+        q_(q),
+        pools_{layout, kv_pool, host_pool},
+        vsum_rows_(vsum_rows),
+        config_(config),
+        o_(o),
+        d_(shape.head_dim),
+        group_(shape.num_heads / shape.num_kv_heads),
+        q_dim_(shape.num_heads * d_),
+        kv_dim_(shape.num_kv_heads * d_),
+        theta_(config.active()) {
+    CHECK_LE(group_, kMaxGroup);
+  }
+
+  int64_t group() const { return group_; }
+
+  // Each unit whole, on one thread.
+  void RunWhole(const std::vector<Unit>& units) {
+    Parallel(int64_t(units.size()), [&](int64_t u, Scratch<T>& scratch) {
+      RunUnit(units[u], scratch);
+    });
+  }
+
+  // Flash-decoding: the long decode rows are worked a key chunk at a time, in rounds of the
+  // pool: (1) scores and each chunk's row maxima (the other units whole, meanwhile), (2) exp
+  // against the row max, each chunk's Σe and (dense) Σ e·V; then dense (3) per unit, the
+  // chunks' sums added in order, ÷ Σe; Top-θ (3) the keep test and pass 2, per chunk into the
+  // chunk's sums (rows of kMinPass2SplitKeys or more; shorter ones whole, with SDC and VMC),
+  // (4) per split unit, those sums added in order, then SDC and VMC. The arithmetic is
+  // DenseTile's and TopThetaKeep's (kKeyChunk), so the bits are the same as one thread working
+  // each unit whole. (Finishing a unit on the thread that ends its last chunk, counted down by
+  // an atomic, saved a round; ThreadSanitizer reported a race there that we could not
+  // explain, and a round costs a few microseconds.)
+  void RunSplit(const std::vector<Unit>& units) {
+    PlanSplit(units);
+    ScoreChunks();
+    for (size_t si = 0; si < splits_.size(); ++si) {
+      for (int64_t r = 0; r < group_; ++r) {
+        buf_.row_max[si * group_ + r] =
+            Fold(buf_.chunk_max, si, r, [](float x, float y) { return std::max(x, y); });
+      }
+    }
+    ExpChunks();
+    for (size_t si = 0; si < splits_.size(); ++si) {
+      for (int64_t r = 0; r < group_; ++r) {
+        buf_.row_sum[si * group_ + r] = Fold(buf_.chunk_sum, si, r, Add);
+      }
+    }
+    if (theta_) {
+      FinishTopTheta();
+    } else {
+      FinishDense();
+    }
+  }
+
+ private:
+  // Where a unit's rows are: q and o of its first token ([group, d]; later tokens follow at a
+  // stride of q_dim), its (layer, KV head), and (Top-θ) the running V sums VMC needs (WriteKv
+  // fills these rows only when the sequence keeps sums).
+  struct At {
+    const SeqChunk* seq;
+    int64_t pos, lh;
+    const float* q;
+    float* o;
+    const float* vsum;
+  };
+  At Where(const Unit& unit) const {
+    const SeqChunk& seq = batch_.seqs[unit.seq];
+    const int64_t row = seq.token_offset + unit.token;
+    const int64_t off = row * q_dim_ + unit.kv_head * group_ * d_;
+    const float* vsum = theta_ && vsum_rows_ && seq.pages.v_sum
+                            ? vsum_rows_ + row * kv_dim_ + unit.kv_head * d_
+                            : nullptr;
+    return At{&seq, seq.start_pos + unit.token, layer_ * shape_.num_kv_heads + unit.kv_head,
+              q_ + off, o_ + off, vsum};
+  }
+
+  void RunUnit(const Unit& unit, Scratch<T>& scratch) const {
+    const At a = Where(unit);
+    const Tile tile{a.pos, unit.num_tokens, group_};
+    if (theta_) {
+      TopThetaTile(*a.seq, layer_, a.lh, tile, unit.kv_head * group_, shape_, pools_, a.q, q_dim_,
+                   a.vsum, kv_dim_, a.o, config_, scratch);
+    } else {
+      DenseTile(*a.seq, a.lh, tile, d_, shape_.scale, pools_.layout, pools_.kv_pool, a.q, q_dim_,
+                a.o, scratch);
+      CountDense(scratch.stats, layer_, group_, unit.num_tokens, a.pos);
+    }
+  }
+
+  // fn(i, scratch) for i in [0, n) across the pool, each thread with its scratch; counters go
+  // to batch.stats.
+  template <typename F>
+  void Parallel(int64_t n, const F& fn) {
+    pool_.ParallelFor(n, 1, [&](int64_t begin, int64_t end) {
+      Scratch<T>& scratch = ThreadScratch<T>();
+      scratch.stats.Reset(shape_.num_layers);
+      for (int64_t i = begin; i < end; ++i) fn(i, scratch);
+      if (batch_.stats) {
+        std::lock_guard<std::mutex> lock(stats_mu_);
+        batch_.stats->Add(scratch.stats);
+      }
+    });
+  }
+
+  // A split unit: its row length, where its chunks start in the flat chunk list, and where its
+  // scores ([group, L]) start in buf_.e.
+  struct Split {
+    const Unit* unit;
+    int64_t L, first_chunk;
+    size_t e;
+  };
+
+  // The units that split (chunks_: (split, chunk) for each of their chunks) and those that stay
+  // whole; sizes the buffers.
+  void PlanSplit(const std::vector<Unit>& units) {
+    size_t e_floats = 0;
+    for (const Unit& u : units) {
+      if (!Splittable(batch_, u)) {
+        whole_.push_back(&u);
+        continue;
+      }
+      const int64_t L = batch_.seqs[u.seq].start_pos + u.token + 1;
+      splits_.push_back({&u, L, int64_t(chunks_.size()), e_floats});
+      for (int64_t c = 0; c * kKeyChunk < L; ++c) {
+        chunks_.emplace_back(int32_t(splits_.size() - 1), int32_t(c));
+      }
+      e_floats += size_t(group_ * L);
+    }
+    const size_t num_chunks = chunks_.size(), rows = splits_.size() * group_;
+    buf_.e.resize(e_floats);
+    buf_.chunk_max.resize(num_chunks * group_);
+    buf_.row_max.resize(rows);
+    buf_.chunk_sum.resize(num_chunks * group_);
+    buf_.row_sum.resize(rows);
+    buf_.chunk_ev.resize(num_chunks * group_ * d_);
+    if (theta_) {
+      buf_.thr.resize(rows);
+      buf_.kept_sum.resize(num_chunks * group_);
+      buf_.kept_n.resize(num_chunks * group_);
+    }
+  }
+
+  // Round 1: each chunk's scores and row maxima; the whole units meanwhile.
+  void ScoreChunks() {
+    const int64_t num_whole = int64_t(whole_.size());
+    Parallel(num_whole + int64_t(chunks_.size()), [&](int64_t i, Scratch<T>& scratch) {
+      if (i < num_whole) {
+        RunUnit(*whole_[i], scratch);
+        return;
+      }
+      const auto [s, c] = chunks_[i - num_whole];
+      const Split& sp = splits_[s];
+      const At a = Where(*sp.unit);
+      // The maxima in a local array while the keys are scored (other threads write the chunks
+      // beside this one in chunk_max), then stored.
+      float mx[kMaxGroup];
+      std::fill(mx, mx + group_, -std::numeric_limits<float>::infinity());
+      const int64_t c0 = c * kKeyChunk;
+      Scores(*a.seq, a.lh, Tile{a.pos, 1, group_}, c0, std::min(sp.L, c0 + kKeyChunk), d_,
+             shape_.scale, pools_.layout, pools_.kv_pool, a.q, q_dim_, buf_.e.data() + sp.e,
+             sp.L, mx, scratch.widened);
+      std::copy(mx, mx + group_, buf_.chunk_max.data() + (sp.first_chunk + c) * group_);
+    });
+  }
+
+  // Round 2: each chunk's exps against its row's max, their Σe and (dense) Σ e·V.
+  void ExpChunks() {
+    Parallel(int64_t(chunks_.size()), [&](int64_t i, Scratch<T>& scratch) {
+      const auto [s, c] = chunks_[i];
+      const Split& sp = splits_[s];
+      const int64_t c0 = c * kKeyChunk, c1 = std::min(sp.L, c0 + kKeyChunk);
+      float* e = buf_.e.data() + sp.e;
+      const int64_t k = sp.first_chunk + c;
+      for (int64_t r = 0; r < group_; ++r) {
+        buf_.chunk_sum[k * group_ + r] =
+            ExpShiftSum(e + r * sp.L + c0, c1 - c0, buf_.row_max[s * group_ + r]);
+      }
+      if (!theta_) {
+        const At a = Where(*sp.unit);
+        float* ev = buf_.chunk_ev.data() + k * group_ * d_;
+        std::fill(ev, ev + group_ * d_, 0.0f);
+        SumEV(*a.seq, a.lh, Tile{a.pos, 1, group_}, c0, c1, d_, pools_.layout, pools_.kv_pool,
+              e, sp.L, [&](int64_t r) { return ev + r * d_; }, scratch.widened);
+      }
+    });
+  }
+
+  // Dense round 3: per unit, the chunks' Σ e·V added in order, ÷ Σe.
+  void FinishDense() {
+    Parallel(int64_t(splits_.size()), [&](int64_t si, Scratch<T>& scratch) {
+      const At a = Where(*splits_[si].unit);
+      AddChunks(si, a.o);
+      for (int64_t r = 0; r < group_; ++r) {
+        Scale(1.0f / buf_.row_sum[si * group_ + r], a.o + r * d_, d_);
+      }
+      CountDense(scratch.stats, layer_, group_, 1, a.pos);
+    });
+  }
+
+  // Top-θ: the keep thresholds (a few floats per row on this thread or, where exact top-k sorts
+  // each row, across the pool); round 3, pass 2 of a row of kMinPass2SplitKeys or more a chunk
+  // per task, each shorter row's on one thread (tasks of a few chunks cost more than they save),
+  // the whole rows' first (a whole row's pass 2 holds a thread longest); round 4, per unit whose
+  // pass 2 split, the chunks' sums added in order, then SDC and VMC.
+  void FinishTopTheta() {
+    auto thresholds = [&](int64_t si, Scratch<T>& scratch) {
+      KeepThresholds(Row(si), config_, scratch.sorted, buf_.thr.data() + si * group_);
+    };
+    if (config_.top_k || config_.recorder) {
+      Parallel(int64_t(splits_.size()), thresholds);
+    } else {
+      for (size_t si = 0; si < splits_.size(); ++si) thresholds(int64_t(si), ThreadScratch<T>());
+    }
+    std::vector<std::pair<int32_t, int32_t>> tasks;  // (split, chunk, or -1: the whole row)
+    for (size_t si = 0; si < splits_.size(); ++si) {
+      if (splits_[si].L < kMinPass2SplitKeys) tasks.emplace_back(int32_t(si), -1);
+    }
+    const bool any_split = tasks.size() < splits_.size();
+    for (const auto& [s, c] : chunks_) {
+      if (splits_[s].L >= kMinPass2SplitKeys) tasks.emplace_back(s, c);
+    }
+    Parallel(int64_t(tasks.size()), [&](int64_t i, Scratch<T>& scratch) {
+      const auto [s, c] = tasks[i];
+      const Split& sp = splits_[s];
+      const float* thr = buf_.thr.data() + s * group_;
+      if (c < 0) {
+        const At a = Where(*sp.unit);
+        TopThetaKeep(Row(s), thr, pools_, a.vsum, a.o, config_, scratch);
+        return;
+      }
+      const int64_t c0 = c * kKeyChunk, k = sp.first_chunk + c;
+      KeepPass(Row(s), thr, pools_, config_.retain_factor, c0, std::min(sp.L, c0 + kKeyChunk),
+               KeptSums{buf_.chunk_ev.data() + k * group_ * d_, buf_.kept_sum.data() + k * group_,
+                        buf_.kept_n.data() + k * group_},
+               scratch);
+    });
+    if (!any_split) return;
+    Parallel(int64_t(splits_.size()), [&](int64_t si, Scratch<T>& scratch) {
+      if (splits_[si].L < kMinPass2SplitKeys) return;
+      const At a = Where(*splits_[si].unit);
+      AddChunks(si, a.o);
+      float d_kept[kMaxGroup];
+      int64_t kept[kMaxGroup];
+      for (int64_t r = 0; r < group_; ++r) {
+        d_kept[r] = Fold(buf_.kept_sum, si, r, Add);
+        kept[r] = Fold(buf_.kept_n, si, r, Add);
+      }
+      Compensate(Row(si), buf_.thr.data() + si * group_, d_kept, kept, a.vsum, a.o, config_,
+                 scratch.stats);
+    });
+  }
+
+  // Split unit si's rows as Top-θ reads them after pass 1.
+  ThetaRow Row(int64_t si) const {
+    const Split& sp = splits_[si];
+    const At a = Where(*sp.unit);
+    return ThetaRow{a.seq, layer_, a.lh, a.pos, group_, sp.unit->kv_head * group_, d_,
+                    buf_.e.data() + sp.e, sp.L, buf_.row_max.data() + si * group_,
+                    buf_.row_sum.data() + si * group_};
+  }
+
+  // Split unit si's row r of a [chunk, group] array, taken over its chunks in order with op
+  // (max, or +), as the whole row's are (a few numbers per chunk: on the calling thread,
+  // between the rounds, or in a unit's own task).
+  template <typename V, typename Op>
+  V Fold(const std::vector<V>& per_chunk, size_t si, int64_t r, Op op) const {
+    const Split& sp = splits_[si];
+    V acc = per_chunk[sp.first_chunk * group_ + r];
+    for (int64_t c = 1; c * kKeyChunk < sp.L; ++c) {
+      acc = op(acc, per_chunk[(sp.first_chunk + c) * group_ + r]);
+    }
+    return acc;
+  }
+  static constexpr auto Add = [](auto x, auto y) { return x + y; };
+
+  // Split unit si's output rows: its chunks' Σ e·V added in order.
+  void AddChunks(size_t si, float* o_unit) const {
+    const Split& sp = splits_[si];
+    for (int64_t r = 0; r < group_; ++r) {
+      float* out = o_unit + r * d_;
+      const float* ev = buf_.chunk_ev.data() + sp.first_chunk * group_ * d_ + r * d_;
+      std::copy(ev, ev + d_, out);
+      for (int64_t c = 1; c * kKeyChunk < sp.L; ++c) {
+        const float* part = ev + c * group_ * d_;
+        for (int64_t x = 0; x < d_; ++x) out[x] += part[x];
+      }
+    }
+  }
+
+  // The split rows' buffers: the calling thread's, kept across calls (every thread of the pool
+  // writes into them, each its own chunks).
+  struct Buffers {
+    std::vector<float> e;          // each split unit's scores, then exps
+    std::vector<float> chunk_max;  // [chunk, group] the chunk's row maxima
+    std::vector<float> row_max;    // [split, group] the rows' maxima
+    std::vector<float> chunk_sum;  // [chunk, group] its Σe
+    std::vector<float> row_sum;    // [split, group] the rows' Σe (D_full)
+    std::vector<float> chunk_ev;   // [chunk, group, d] its Σ e·V (Top-θ: of the rows kept)
+    std::vector<float> thr;        // [split, group] Top-θ's keep thresholds
+    std::vector<float> kept_sum;   // [chunk, group] Σe of the rows kept
+    std::vector<int64_t> kept_n;   // [chunk, group] the rows kept
+  };
+  static Buffers& CallerBuffers() {
+    thread_local Buffers buffers;
+    return buffers;
+  }
+
+  ThreadPool& pool_;
+  const ForwardBatch& batch_;
+  const AttentionShape& shape_;
+  const int64_t layer_;
+  const float* const q_;
+  const VPools<T> pools_;
+  const float* const vsum_rows_;
+  const TopThetaConfig& config_;
+  float* const o_;
+  const int64_t d_, group_, q_dim_, kv_dim_;
+  const bool theta_;
+  std::mutex stats_mu_;
+  // The split path's plan and buffers.
+  std::vector<Split> splits_;
+  std::vector<const Unit*> whole_;
+  std::vector<std::pair<int32_t, int32_t>> chunks_;  // (split, chunk)
+  Buffers& buf_ = CallerBuffers();
+};
+
 }  // namespace
 
 bool SplitsDecodeRows(const ForwardBatch& batch, const AttentionShape& shape, int threads,
@@ -171,240 +514,14 @@ bool PagedAttention(ThreadPool& pool, const ForwardBatch& batch, const Attention
                     const T* kv_pool, const std::type_identity_t<T>* host_pool,
                     const float* vsum_rows,
                     const TopThetaConfig& config, float* o, DecodeSplit split) {
-  const int64_t d = shape.head_dim;
-  const int64_t group = shape.num_heads / shape.num_kv_heads;
-  const int64_t q_dim = shape.num_heads * d;
-  const int64_t kv_dim = shape.num_kv_heads * d;
-  CHECK_LE(group, kMaxGroup);
-  const bool theta = config.active();
-
-  const std::vector<Unit> units = MakeUnits(batch, group, shape.num_kv_heads);
-  // Where a unit's rows are: q and o of its first token ([group, d]; later tokens follow at a
-  // stride of q_dim), its (layer, KV head), and (Top-θ) the running V sums VMC needs (WriteKv
-  // fills these rows only when the sequence keeps sums).
-  struct At {
-    const SeqChunk* seq;
-    int64_t pos, lh;
-    const float* q;
-    float* o;
-    const float* vsum;
-  };
-  auto at = [&](const Unit& unit) {
-    const SeqChunk& seq = batch.seqs[unit.seq];
-    const int64_t row = seq.token_offset + unit.token;
-    const int64_t off = row * q_dim + unit.kv_head * group * d;
-    const float* vsum = theta && vsum_rows && seq.pages.v_sum
-                            ? vsum_rows + row * kv_dim + unit.kv_head * d
-                            : nullptr;
-    return At{&seq, seq.start_pos + unit.token, layer * shape.num_kv_heads + unit.kv_head,
-              q + off, o + off, vsum};
-  };
-  auto run_unit = [&](const Unit& unit, Scratch<T>& scratch) {
-    const At a = at(unit);
-    const Tile tile{a.pos, unit.num_tokens, group};
-    if (theta) {
-      TopThetaTile(*a.seq, layer, a.lh, tile, unit.kv_head * group, shape, layout, kv_pool,
-                   host_pool, a.q, q_dim, a.vsum, kv_dim, a.o, config, scratch);
-    } else {
-      DenseTile(*a.seq, a.lh, tile, d, shape.scale, layout, kv_pool, a.q, q_dim, a.o, scratch);
-      CountDense(scratch.stats, layer, group, unit.num_tokens, a.pos);
-    }
-  };
-  // fn(i, scratch) for i in [0, n) across the pool, each thread with its scratch; counters
-  // go to batch.stats.
-  std::mutex stats_mu;
-  auto parallel = [&](int64_t n, const auto& fn) {
-    pool.ParallelFor(n, 1, [&](int64_t begin, int64_t end) {
-      Scratch<T>& scratch = ThreadScratch<T>();
-      scratch.stats.Reset(shape.num_layers);
-      for (int64_t i = begin; i < end; ++i) fn(i, scratch);
-      if (batch.stats) {
-        std::lock_guard<std::mutex> lock(stats_mu);
-        batch.stats->Add(scratch.stats);
-      }
-    });
-  };
-
-  if (!ChooseSplit(batch, units, group, d, pool.num_threads(), split)) {
-    parallel(int64_t(units.size()), [&](int64_t u, Scratch<T>& scratch) {
-      run_unit(units[u], scratch);
-    });
+  AttentionCall<T> call(pool, batch, shape, layer, q, layout, kv_pool, host_pool, vsum_rows,
+                        config, o);
+  const std::vector<Unit> units = MakeUnits(batch, call.group(), shape.num_kv_heads);
+  if (!ChooseSplit(batch, units, call.group(), shape.head_dim, pool.num_threads(), split)) {
+    call.RunWhole(units);
     return false;
   }
-
-  // Flash-decoding: the long decode rows are worked a key chunk at a time, in rounds of the
-  // pool: (1) scores and each chunk's row maxima (the other units whole, meanwhile), (2) exp
-  // against the row max, each chunk's Σe and (dense) Σ e·V; then dense (3) per unit, the
-  // chunks' sums added in order, ÷ Σe; Top-θ (3) per chunk, the keep test and pass 2 into the
-  // chunk's sums, (4) per unit, those added in order, then SDC and VMC. The arithmetic is
-  // DenseTile's and TopThetaRow's (kKeyChunk), so the bits are the same as one thread working
-  // each unit whole. (Finishing a unit on the thread that ends its last chunk, counted down by
-  // an atomic, saved a round; ThreadSanitizer reported a race there that we could not
-  // explain, and a round costs a few microseconds.)
-  struct Split {
-    const Unit* unit;
-    int64_t L, first_chunk;  // its chunks' index in the flat chunk list
-    size_t e;                // its scores, [group, L], at e_all + e
-  };
-  std::vector<Split> splits;
-  std::vector<const Unit*> whole;
-  std::vector<std::pair<int32_t, int32_t>> chunks;  // (split, chunk)
-  size_t e_floats = 0;
-  for (const Unit& u : units) {
-    if (!Splittable(batch, u)) {
-      whole.push_back(&u);
-      continue;
-    }
-    const int64_t L = batch.seqs[u.seq].start_pos + u.token + 1;
-    splits.push_back({&u, L, int64_t(chunks.size()), e_floats});
-    for (int64_t c = 0; c * kKeyChunk < L; ++c) {
-      chunks.emplace_back(int32_t(splits.size() - 1), int32_t(c));
-    }
-    e_floats += size_t(group * L);
-  }
-  const int64_t num_chunks = int64_t(chunks.size());
-  // The calling thread's buffers, kept across calls (the names below refer to them from every
-  // thread, not to each thread's own).
-  struct Buffers {
-    std::vector<float> e, max, row_max, sum, row_sum, ev, thr, kept_sum;
-    std::vector<int64_t> kept_n;
-  };
-  thread_local Buffers buffers;
-  std::vector<float>& e_all = buffers.e;          // each split unit's scores, then exps
-  std::vector<float>& chunk_max = buffers.max;    // [chunk, group] the chunk's row maxima
-  std::vector<float>& row_max = buffers.row_max;  // [split, group] the rows' maxima
-  std::vector<float>& chunk_sum = buffers.sum;    // [chunk, group] its Σe
-  std::vector<float>& row_sum = buffers.row_sum;  // [split, group] the rows' Σe (D_full)
-  std::vector<float>& chunk_ev = buffers.ev;      // [chunk, group, d] its Σ e·V (Top-θ: kept)
-  std::vector<float>& thr = buffers.thr;          // [split, group] Top-θ's keep thresholds
-  std::vector<float>& kept_sum = buffers.kept_sum;  // [chunk, group] Σe of the rows kept
-  std::vector<int64_t>& kept_n = buffers.kept_n;    // [chunk, group] the rows kept
-  e_all.resize(e_floats);
-  chunk_max.resize(num_chunks * group);
-  row_max.resize(splits.size() * group);
-  chunk_sum.resize(num_chunks * group);
-  row_sum.resize(splits.size() * group);
-  chunk_ev.resize(num_chunks * group * d);
-  if (theta) {
-    thr.resize(splits.size() * group);
-    kept_sum.resize(num_chunks * group);
-    kept_n.resize(num_chunks * group);
-  }
-  const int64_t num_whole = int64_t(whole.size());
-  parallel(num_whole + num_chunks, [&](int64_t i, Scratch<T>& scratch) {
-    if (i < num_whole) {
-      run_unit(*whole[i], scratch);
-      return;
-    }
-    const auto [s, c] = chunks[i - num_whole];
-    const Split& sp = splits[s];
-    const At a = at(*sp.unit);
-    // The maxima in a local array while the keys are scored (other threads write the chunks
-    // beside this one in chunk_max), then stored.
-    float mx[kMaxGroup];
-    std::fill(mx, mx + group, -std::numeric_limits<float>::infinity());
-    const int64_t c0 = c * kKeyChunk;
-    Scores(*a.seq, a.lh, Tile{a.pos, 1, group}, c0, std::min(sp.L, c0 + kKeyChunk), d,
-           shape.scale, layout, kv_pool, a.q, q_dim, e_all.data() + sp.e, sp.L, mx,
-           scratch.widened);
-    std::copy(mx, mx + group, chunk_max.data() + (sp.first_chunk + c) * group);
-  });
-  // fold(per_chunk, si, r): split unit si's row r of a [chunk, group] array, added over its
-  // chunks in order (maxima: max), as the whole row's sums are (a few numbers per chunk: on
-  // this thread, between the rounds).
-  auto fold = [&](const auto& per_chunk, size_t si, int64_t r, auto op) {
-    const Split& sp = splits[si];
-    auto acc = per_chunk[sp.first_chunk * group + r];
-    for (int64_t c = 1; c * kKeyChunk < sp.L; ++c) {
-      acc = op(acc, per_chunk[(sp.first_chunk + c) * group + r]);
-    }
-    return acc;
-  };
-  const auto max_op = [](float x, float y) { return std::max(x, y); };
-  const auto add_op = [](auto x, auto y) { return x + y; };
-  for (size_t si = 0; si < splits.size(); ++si) {
-    for (int64_t r = 0; r < group; ++r) row_max[si * group + r] = fold(chunk_max, si, r, max_op);
-  }
-  parallel(num_chunks, [&](int64_t i, Scratch<T>& scratch) {
-    const auto [s, c] = chunks[i];
-    const Split& sp = splits[s];
-    const At a = at(*sp.unit);
-    const int64_t c0 = c * kKeyChunk, c1 = std::min(sp.L, c0 + kKeyChunk);
-    float* e = e_all.data() + sp.e;
-    const int64_t k = sp.first_chunk + c;
-    for (int64_t r = 0; r < group; ++r) {
-      chunk_sum[k * group + r] = ExpShiftSum(e + r * sp.L + c0, c1 - c0, row_max[s * group + r]);
-    }
-    if (!theta) {
-      float* ev = chunk_ev.data() + k * group * d;
-      std::fill(ev, ev + group * d, 0.0f);
-      SumEV(*a.seq, a.lh, Tile{a.pos, 1, group}, c0, c1, d, layout, kv_pool, e, sp.L,
-            [&](int64_t r) { return ev + r * d; }, scratch.widened);
-    }
-  });
-  for (size_t si = 0; si < splits.size(); ++si) {
-    for (int64_t r = 0; r < group; ++r) row_sum[si * group + r] = fold(chunk_sum, si, r, add_op);
-  }
-  // A split unit's output rows: its chunks' Σ e·V added in order.
-  auto add_chunks = [&](size_t si, float* o_unit) {
-    const Split& sp = splits[si];
-    for (int64_t r = 0; r < group; ++r) {
-      float* out = o_unit + r * d;
-      const float* ev = chunk_ev.data() + sp.first_chunk * group * d + r * d;
-      std::copy(ev, ev + d, out);
-      for (int64_t c = 1; c * kKeyChunk < sp.L; ++c) {
-        const float* part = ev + c * group * d;
-        for (int64_t x = 0; x < d; ++x) out[x] += part[x];
-      }
-    }
-  };
-  if (!theta) {
-    parallel(int64_t(splits.size()), [&](int64_t si, Scratch<T>& scratch) {
-      const At a = at(*splits[si].unit);
-      add_chunks(si, a.o);
-      for (int64_t r = 0; r < group; ++r) Scale(1.0f / row_sum[si * group + r], a.o + r * d, d);
-      CountDense(scratch.stats, layer, group, 1, a.pos);
-    });
-    return true;
-  }
-  // Top-θ. The keep thresholds: a few floats per row on this thread, or, where exact top-k
-  // sorts each row, across the pool.
-  auto thresholds = [&](int64_t si, Scratch<T>& scratch) {
-    const Split& sp = splits[si];
-    KeepThresholds(layer, sp.L, group, sp.unit->kv_head * group, e_all.data() + sp.e, sp.L,
-                   row_max.data() + si * group, row_sum.data() + si * group, config,
-                   scratch.sorted, thr.data() + si * group);
-  };
-  if (config.top_k || config.recorder) {
-    parallel(int64_t(splits.size()), thresholds);
-  } else {
-    for (size_t si = 0; si < splits.size(); ++si) thresholds(int64_t(si), ThreadScratch<T>());
-  }
-  parallel(num_chunks, [&](int64_t i, Scratch<T>& scratch) {
-    const auto [s, c] = chunks[i];
-    const Split& sp = splits[s];
-    const At a = at(*sp.unit);
-    const int64_t c0 = c * kKeyChunk, k = sp.first_chunk + c;
-    KeepPass(*a.seq, a.lh, a.pos, group, d, layout, kv_pool, host_pool, e_all.data() + sp.e,
-             sp.L, thr.data() + s * group, row_sum.data() + s * group, config.retain_factor, c0,
-             std::min(sp.L, c0 + kKeyChunk),
-             KeptSums{chunk_ev.data() + k * group * d, kept_sum.data() + k * group,
-                      kept_n.data() + k * group},
-             scratch);
-  });
-  parallel(int64_t(splits.size()), [&](int64_t si, Scratch<T>& scratch) {
-    const Split& sp = splits[si];
-    const At a = at(*sp.unit);
-    add_chunks(si, a.o);
-    float d_kept[kMaxGroup];
-    int64_t kept[kMaxGroup];
-    for (int64_t r = 0; r < group; ++r) {
-      d_kept[r] = fold(kept_sum, si, r, add_op);
-      kept[r] = fold(kept_n, si, r, add_op);
-    }
-    Compensate(layer, sp.L, group, sp.unit->kv_head * group, d, thr.data() + si * group,
-               row_sum.data() + si * group, d_kept, kept, a.vsum, a.o, config, scratch.stats);
-  });
+  call.RunSplit(units);
   return true;
 }
 

@@ -671,13 +671,14 @@ TEST_P(DenseAttentionTest, LongDecodeRowsSplitByKeyChunksGiveTheWholeRowsBits) {
 // reference that reads each position's V row from its store gives.
 TEST_P(DenseAttentionTest, TopThetaSplitRowsReadTheSparseAndHostStoresAsWholeRowsDo) {
   SCOPED_TRACE(::testing::Message() << "seed " << seed_ << ", head_dim " << d_ << ", group " << group_);
-  // Two long decode rows whose tails start mid-chunk, and a short one that runs whole.
-  Build({{4095, 1}, {2999, 1}, {60, 1}});
+  // Two long decode rows whose tails start mid-chunk, one long enough that its pass 2 splits
+  // too (8,192 keys), one whose pass 2 runs whole; and a short row that runs whole.
+  Build({{8191, 1}, {2999, 1}, {60, 1}});
   std::mt19937 rng(seed_ ^ 0x5eed);
-  SetStores(seqs_[0], 2592, rng);
+  SetStores(seqs_[0], 5136, rng);
   SetStores(seqs_[1], 1008, rng);
   hits_begin_ = 1000;  // marks and mass from mid-chunk on
-  // θ = 0.0005: about twice the average probability at 4,096 keys.
+  // θ = 0.0005: two to four times the average probability.
   const model::ThetaTable table = AboveAverageTable(0.0005f);
   for (bool top_k : {false, true}) {
     SCOPED_TRACE(top_k ? "exact top-k" : "θ table");
@@ -726,7 +727,9 @@ TEST_P(DenseAttentionTest, TopThetaSplitRowsReadTheSparseAndHostStoresAsWholeRow
       EXPECT_TRUE(testing::AllClose(seqs_[si].mass, ref.mass[si], ambiguous ? 1e-3f : 1e-6f, 1e-5f))
           << "sequence " << si;
     }
-    auto near = [&](int64_t got, int64_t expected) { return std::abs(got - expected) <= ambiguous; };
+    auto near = [&](int64_t got, int64_t expected) {
+      return std::abs(got - expected) <= ambiguous;
+    };
     EXPECT_PRED2(near, split_stats.v_rows_read, want.v_rows_read);
     EXPECT_PRED2(near, split_stats.v_rows_read_host, want.v_rows_read_host);
     EXPECT_PRED2(near, split_stats.retained_but_evicted, want.retained_but_evicted);
