@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <mutex>
 #include <queue>
@@ -143,7 +144,8 @@ bool ChooseSplit(const ForwardBatch& batch, const std::vector<Unit>& units, int6
     total += c;
     if (Splittable(batch, u)) {
       split_keys += c;
-      split_floats += group * (c + (c + kKeyChunk - 1) / kKeyChunk * head_dim);
+      // Scores, and per chunk its partial Σ e·V and five floats' worth of maxima and sums.
+      split_floats += group * (c + (c + kKeyChunk - 1) / kKeyChunk * (head_dim + 5));
     }
   }
   if (split_keys == 0) return false;  // no row long enough
@@ -206,6 +208,15 @@ class AttentionCall {
   // an atomic, saved a round; ThreadSanitizer reported a race there that we could not
   // explain, and a round costs a few microseconds.)
   void RunSplit(const std::vector<Unit>& units) {
+    // buf_ is this thread's: a second split call on it (none today) would resize it under the
+    // first one's tasks.
+    thread_local bool running = false;
+    CHECK(!running) << "PagedAttention re-entered on one thread while it split rows";
+    running = true;
+    struct Done {
+      bool& running;
+      ~Done() { running = false; }
+    } done{running};
     PlanSplit(units);
     ScoreChunks();
     for (size_t si = 0; si < splits_.size(); ++si) {
@@ -375,8 +386,9 @@ class AttentionCall {
   // Top-θ: the keep thresholds (a few floats per row on this thread or, where exact top-k sorts
   // each row, across the pool); round 3, pass 2 of a row of kMinPass2SplitKeys or more a chunk
   // per task, each shorter row's on one thread (tasks of a few chunks cost more than they save),
-  // the whole rows' first (a whole row's pass 2 holds a thread longest); round 4, per unit whose
-  // pass 2 split, the chunks' sums added in order, then SDC and VMC.
+  // the whole rows listed first (the pool hands out runs of tasks in order, so they start in
+  // the first runs); round 4 (only where some row's pass 2 split), per such unit, the chunks'
+  // sums added in order, then SDC and VMC.
   void FinishTopTheta() {
     auto thresholds = [&](int64_t si, Scratch<T>& scratch) {
       KeepThresholds(Row(si), config_, scratch.sorted, buf_.thr.data() + si * group_);
@@ -446,7 +458,7 @@ class AttentionCall {
     }
     return acc;
   }
-  static constexpr auto Add = [](auto x, auto y) { return x + y; };
+  static constexpr std::plus<> Add{};
 
   // Split unit si's output rows: its chunks' Σ e·V added in order.
   void AddChunks(size_t si, float* o_unit) const {
@@ -465,7 +477,7 @@ class AttentionCall {
   // The split rows' buffers: the calling thread's, kept across calls (every thread of the pool
   // writes into them, each its own chunks).
   struct Buffers {
-    std::vector<float> e;          // each split unit's scores, then exps
+    std::vector<float> e;          // [split][group, L] each split unit's scores, then exps
     std::vector<float> chunk_max;  // [chunk, group] the chunk's row maxima
     std::vector<float> row_max;    // [split, group] the rows' maxima
     std::vector<float> chunk_sum;  // [chunk, group] its Σe

@@ -11,6 +11,14 @@
 #define TS_AVX2 1
 #endif
 
+// Forces a function (or a lambda: after its parameter list) inline where the compiler's
+// heuristics would call it in a hot loop. GCC and Clang spell it this way; others ignore it.
+#if defined(__GNUC__)
+#define TS_ALWAYS_INLINE __attribute__((always_inline))
+#else
+#define TS_ALWAYS_INLINE
+#endif
+
 namespace thetaserve::kernels::cpu {
 
 #if TS_AVX2
