@@ -207,10 +207,9 @@ class DenseAttentionTest : public ::testing::TestWithParam<std::pair<int, int>> 
   template <typename T>
   void ExpectSameBitsAsF32OnRoundedValues(float tol) {
     const int64_t rows = int64_t(pool_.size()) / d_, units = cpu::RowUnits<T>(d_);
-    std::vector<T> pages(rows * units);
+    const std::vector<T> pages = StoredPages<T>();
     std::vector<float> widened(pool_.size());
     for (int64_t r = 0; r < rows; ++r) {
-      cpu::StoreRow(pool_.data() + r * d_, d_, pages.data() + r * units);
       cpu::WidenRow(pages.data() + r * units, d_, widened.data() + r * d_);
     }
     const model::ThetaTable table = AboveAverageTable();
@@ -262,6 +261,36 @@ class DenseAttentionTest : public ::testing::TestWithParam<std::pair<int, int>> 
     return cfg;
   }
 
+  // pool_ stored as pages of T (rounded, or quantized by rows), in the same layout.
+  template <typename T>
+  std::vector<T> StoredPages() const {
+    const int64_t rows = int64_t(pool_.size()) / d_, units = cpu::RowUnits<T>(d_);
+    std::vector<T> pages(rows * units);
+    for (int64_t r = 0; r < rows; ++r) {
+      cpu::StoreRow(pool_.data() + r * d_, d_, pages.data() + r * units);
+    }
+    return pages;
+  }
+
+  // exp(s_j - max s) in float64 for query q (one head) against the first L keys of sequence s's
+  // KV head g, s_j = q·k_j/√d; their sum goes to `sum`.
+  std::vector<double> Float64Weights(const PagedSeq& s, int g, const float* q, int32_t L,
+                                     double& sum) const {
+    std::vector<double> e(L);
+    double m = -INFINITY;
+    for (int32_t j = 0; j < L; ++j) {
+      const float* k =
+          pool_.data() + layout_.RowOffset(s.k_pages[g * s.stride + j / kBlock], j % kBlock);
+      double dot = 0;
+      for (int c = 0; c < d_; ++c) dot += double(q[c]) * k[c];
+      e[j] = dot / std::sqrt(double(d_));
+      m = std::max(m, e[j]);
+    }
+    sum = 0;
+    for (double& x : e) sum += x = std::exp(x - m);
+    return e;
+  }
+
   // softmax(q·K/√d)·V in float64, token by token.
   std::vector<float> Reference() const {
     std::vector<float> out(q_.size());
@@ -272,17 +301,8 @@ class DenseAttentionTest : public ::testing::TestWithParam<std::pair<int, int>> 
         for (int h = 0; h < heads_; ++h) {
           const int g = h / group_;
           const float* q = q_.data() + (size_t(row) * heads_ + h) * d_;
-          std::vector<double> sc(L);
-          double m = -INFINITY;
-          for (int32_t j = 0; j < L; ++j) {
-            const float* k = pool_.data() + layout_.RowOffset(s.k_pages[g * s.stride + j / kBlock], j % kBlock);
-            double dot = 0;
-            for (int c = 0; c < d_; ++c) dot += double(q[c]) * k[c];
-            sc[j] = dot / std::sqrt(double(d_));
-            m = std::max(m, sc[j]);
-          }
           double den = 0;
-          for (double& x : sc) den += x = std::exp(x - m);
+          const std::vector<double> sc = Float64Weights(s, g, q, L, den);
           for (int c = 0; c < d_; ++c) {
             double acc = 0;
             for (int32_t j = 0; j < L; ++j) {
@@ -349,17 +369,8 @@ class DenseAttentionTest : public ::testing::TestWithParam<std::pair<int, int>> 
         std::vector<int> keepers(L, 0);  // query heads of the group keeping position j
         for (int h = g * group_; h < (g + 1) * group_; ++h) {
           const float* q = q_.data() + (size_t(row) * heads_ + h) * d_;
-          std::vector<double> e(L);
-          double m = -INFINITY, d_full = 0;
-          for (int32_t j = 0; j < L; ++j) {
-            const float* k = pool_.data() + layout_.RowOffset(s.k_pages[g * s.stride + j / kBlock],
-                                                              j % kBlock);
-            double dot = 0;
-            for (int c = 0; c < d_; ++c) dot += double(q[c]) * k[c];
-            e[j] = dot / std::sqrt(double(d_));
-            m = std::max(m, e[j]);
-          }
-          for (double& x : e) d_full += x = std::exp(x - m);
+          double d_full = 0;
+          const std::vector<double> e = Float64Weights(s, g, q, L, d_full);
           std::vector<double> o(d_, 0.0);
           double d_kept = 0;
           bool unsure = false;
@@ -629,11 +640,7 @@ TEST_P(DenseAttentionTest, LongDecodeRowsSplitByKeyChunksGiveTheWholeRowsBits) {
 
   // The same for pages of f16 and q8_0 (rows widened a block at a time, as whole rows do).
   auto same_split_and_whole = [&]<typename T>(T) {
-    const int64_t rows = int64_t(pool_.size()) / d_, units = cpu::RowUnits<T>(d_);
-    std::vector<T> pages(rows * units);
-    for (int64_t r = 0; r < rows; ++r) {
-      cpu::StoreRow(pool_.data() + r * d_, d_, pages.data() + r * units);
-    }
+    const std::vector<T> pages = StoredPages<T>();
     for (bool theta : {false, true}) {
       const TopThetaConfig cfg = theta ? ExactSdcVmc(table) : TopThetaConfig{};
       const std::vector<float> whole =
@@ -762,11 +769,7 @@ TEST_P(DenseAttentionTest, TopThetaSplitRowsReadTheSparseAndHostStoresAsWholeRow
   // Over q8_0 pages (each kept V row widened as it is listed, a chunk per task or whole).
   if (d_ % kQ8BlockElems == 0) {
     SCOPED_TRACE("q8_0");
-    const int64_t rows = int64_t(pool_.size()) / d_, units = cpu::RowUnits<cpu::Q8_0>(d_);
-    std::vector<cpu::Q8_0> pages(rows * units);
-    for (int64_t r = 0; r < rows; ++r) {
-      cpu::StoreRow(pool_.data() + r * d_, d_, pages.data() + r * units);
-    }
+    const std::vector<cpu::Q8_0> pages = StoredPages<cpu::Q8_0>();
     const TopThetaConfig cfg = ExactSdcVmc(table);
     const std::vector<float> whole =
         Run<cpu::Q8_0>(true, 2, nullptr, cfg, &pages, cpu::DecodeSplit::kNever);
