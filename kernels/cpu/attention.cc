@@ -144,7 +144,8 @@ bool ChooseSplit(const ForwardBatch& batch, const std::vector<Unit>& units, int6
     total += c;
     if (Splittable(batch, u)) {
       split_keys += c;
-      // Scores, and per chunk its partial Σ e·V and five floats' worth of maxima and sums.
+      // Scores, and per chunk its partial Σ e·V and five floats' worth of maxima and sums (at
+      // most: a Top-θ row whose pass 2 stays whole keeps no partial sums).
       split_floats += group * (c + (c + kKeyChunk - 1) / kKeyChunk * (head_dim + 5));
     }
   }
@@ -176,7 +177,9 @@ class AttentionCall {
         shape_(shape),
         layer_(layer),
         q_(q),
-        pools_{layout, kv_pool, host_pool},
+        layout_(layout),
+        kv_pool_(kv_pool),
+        host_pool_(host_pool),
         vsum_rows_(vsum_rows),
         config_(config),
         o_(o),
@@ -221,14 +224,14 @@ class AttentionCall {
     ScoreChunks();
     for (size_t si = 0; si < splits_.size(); ++si) {
       for (int64_t r = 0; r < group_; ++r) {
-        buf_.row_max[si * group_ + r] =
-            Fold(buf_.chunk_max, si, r, [](float x, float y) { return std::max(x, y); });
+        buf_.row_max[si * group_ + r] = Fold(buf_.chunk_max, splits_[si].first_chunk, si, r,
+                                             [](float x, float y) { return std::max(x, y); });
       }
     }
     ExpChunks();
     for (size_t si = 0; si < splits_.size(); ++si) {
       for (int64_t r = 0; r < group_; ++r) {
-        buf_.row_sum[si * group_ + r] = Fold(buf_.chunk_sum, si, r, Add);
+        buf_.row_sum[si * group_ + r] = Fold(buf_.chunk_sum, splits_[si].first_chunk, si, r, Add);
       }
     }
     if (theta_) {
@@ -239,13 +242,13 @@ class AttentionCall {
   }
 
  private:
-  // Where a unit's rows are: q and o of its first token ([group, d]; later tokens follow at a
-  // stride of q_dim), its (layer, KV head), and (Top-θ) the running V sums VMC needs (WriteKv
-  // fills these rows only when the sequence keeps sums).
+  // Where a unit's rows are: its K and V rows, its queries and output rows (its first
+  // token's [group, d]; later tokens follow at a stride of q_dim), and (Top-θ) the running V
+  // sums VMC needs (WriteKv fills these rows only when the sequence keeps sums).
   struct At {
-    const SeqChunk* seq;
-    int64_t pos, lh;
-    const float* q;
+    KvRows<T> kv;
+    int64_t pos, first_head;
+    Queries queries;
     float* o;
     const float* vsum;
   };
@@ -256,19 +259,21 @@ class AttentionCall {
     const float* vsum = theta_ && vsum_rows_ && seq.pages.v_sum
                             ? vsum_rows_ + row * kv_dim_ + unit.kv_head * d_
                             : nullptr;
-    return At{&seq, seq.start_pos + unit.token, layer_ * shape_.num_kv_heads + unit.kv_head,
-              q_ + off, o_ + off, vsum};
+    const KvRows<T> kv{seq,     layer_,   layer_ * shape_.num_kv_heads + unit.kv_head,
+                       layout_, kv_pool_, host_pool_, d_};
+    return At{kv, seq.start_pos + unit.token, unit.kv_head * group_,
+              Queries{q_ + off, q_dim_, shape_.scale}, o_ + off, vsum};
   }
+  // The tile of a unit's first n tokens.
+  Tile Tokens(const At& a, int64_t n) const { return Tile{a.pos, n, group_, a.first_head}; }
 
   void RunUnit(const Unit& unit, Scratch<T>& scratch) const {
     const At a = Where(unit);
-    const Tile tile{a.pos, unit.num_tokens, group_};
+    const Tile tile = Tokens(a, unit.num_tokens);
     if (theta_) {
-      TopThetaTile(*a.seq, layer_, a.lh, tile, unit.kv_head * group_, shape_, pools_, a.q, q_dim_,
-                   a.vsum, kv_dim_, a.o, config_, scratch);
+      TopThetaTile(a.kv, tile, a.queries, a.vsum, kv_dim_, a.o, config_, scratch);
     } else {
-      DenseTile(*a.seq, a.lh, tile, d_, shape_.scale, pools_.layout, pools_.kv_pool, a.q, q_dim_,
-                a.o, scratch);
+      DenseTile(a.kv, tile, a.queries, a.o, scratch);
       CountDense(scratch.stats, layer_, group_, unit.num_tokens, a.pos);
     }
   }
@@ -288,26 +293,34 @@ class AttentionCall {
     });
   }
 
-  // A split unit: its row length, where its chunks start in the flat chunk list, and where its
-  // scores ([group, L]) start in buf_.e.
+  // A split unit: its row length; where its chunks start in the flat chunk list (chunks_,
+  // and the [chunk, group] maxima and Σe), and in the chunks' sums of V (buf_.chunk_ev, and
+  // Top-θ's kept_sum and kept_n; -1: a Top-θ row whose pass 2 stays whole needs none); where
+  // its scores ([group, L]) start in buf_.e.
   struct Split {
     const Unit* unit;
-    int64_t L, first_chunk;
+    int64_t L, first_chunk, first_sums;
     size_t e;
   };
+  // Whether a split unit's chunks sum their V rows apart (Top-θ: only where pass 2 splits).
+  bool SplitsSums(int64_t L) const { return !theta_ || L >= kMinPass2SplitKeys; }
 
   // The units that split (chunks_: (split, chunk) for each of their chunks) and those that stay
   // whole; sizes the buffers.
   void PlanSplit(const std::vector<Unit>& units) {
     size_t e_floats = 0;
+    int64_t sum_chunks = 0;
     for (const Unit& u : units) {
       if (!Splittable(batch_, u)) {
         whole_.push_back(&u);
         continue;
       }
       const int64_t L = batch_.seqs[u.seq].start_pos + u.token + 1;
-      splits_.push_back({&u, L, int64_t(chunks_.size()), e_floats});
-      for (int64_t c = 0; c * kKeyChunk < L; ++c) {
+      const int64_t num_chunks = (L + kKeyChunk - 1) / kKeyChunk;
+      const int64_t first_sums = SplitsSums(L) ? sum_chunks : -1;
+      if (first_sums >= 0) sum_chunks += num_chunks;
+      splits_.push_back({&u, L, int64_t(chunks_.size()), first_sums, e_floats});
+      for (int64_t c = 0; c < num_chunks; ++c) {
         chunks_.emplace_back(int32_t(splits_.size() - 1), int32_t(c));
       }
       e_floats += size_t(group_ * L);
@@ -318,11 +331,11 @@ class AttentionCall {
     buf_.row_max.resize(rows);
     buf_.chunk_sum.resize(num_chunks * group_);
     buf_.row_sum.resize(rows);
-    buf_.chunk_ev.resize(num_chunks * group_ * d_);
+    buf_.chunk_ev.resize(sum_chunks * group_ * d_);
     if (theta_) {
       buf_.thr.resize(rows);
-      buf_.kept_sum.resize(num_chunks * group_);
-      buf_.kept_n.resize(num_chunks * group_);
+      buf_.kept_sum.resize(sum_chunks * group_);
+      buf_.kept_n.resize(sum_chunks * group_);
     }
   }
 
@@ -342,9 +355,8 @@ class AttentionCall {
       float mx[kMaxGroup];
       std::fill(mx, mx + group_, -std::numeric_limits<float>::infinity());
       const int64_t c0 = c * kKeyChunk;
-      Scores(*a.seq, a.lh, Tile{a.pos, 1, group_}, c0, std::min(sp.L, c0 + kKeyChunk), d_,
-             shape_.scale, pools_.layout, pools_.kv_pool, a.q, q_dim_, buf_.e.data() + sp.e,
-             sp.L, mx, scratch.widened);
+      Scores(a.kv, Tokens(a, 1), a.queries, c0, std::min(sp.L, c0 + kKeyChunk),
+             ScoreRows{buf_.e.data() + sp.e, sp.L, mx}, scratch.widened);
       std::copy(mx, mx + group_, buf_.chunk_max.data() + (sp.first_chunk + c) * group_);
     });
   }
@@ -363,10 +375,10 @@ class AttentionCall {
       }
       if (!theta_) {
         const At a = Where(*sp.unit);
-        float* ev = buf_.chunk_ev.data() + k * group_ * d_;
+        float* ev = buf_.chunk_ev.data() + (sp.first_sums + c) * group_ * d_;
         std::fill(ev, ev + group_ * d_, 0.0f);
-        SumEV(*a.seq, a.lh, Tile{a.pos, 1, group_}, c0, c1, d_, pools_.layout, pools_.kv_pool,
-              e, sp.L, [&](int64_t r) { return ev + r * d_; }, scratch.widened);
+        SumEV(a.kv, Tokens(a, 1), c0, c1, e, sp.L, [&](int64_t r) { return ev + r * d_; },
+              scratch.widened);
       }
     });
   }
@@ -400,37 +412,38 @@ class AttentionCall {
     }
     std::vector<std::pair<int32_t, int32_t>> tasks;  // (split, chunk, or -1: the whole row)
     for (size_t si = 0; si < splits_.size(); ++si) {
-      if (splits_[si].L < kMinPass2SplitKeys) tasks.emplace_back(int32_t(si), -1);
+      if (!SplitsSums(splits_[si].L)) tasks.emplace_back(int32_t(si), -1);
     }
     const bool any_split = tasks.size() < splits_.size();
     for (const auto& [s, c] : chunks_) {
-      if (splits_[s].L >= kMinPass2SplitKeys) tasks.emplace_back(s, c);
+      if (SplitsSums(splits_[s].L)) tasks.emplace_back(s, c);
     }
     Parallel(int64_t(tasks.size()), [&](int64_t i, Scratch<T>& scratch) {
       const auto [s, c] = tasks[i];
       const Split& sp = splits_[s];
       const float* thr = buf_.thr.data() + s * group_;
+      const At a = Where(*sp.unit);
       if (c < 0) {
-        const At a = Where(*sp.unit);
-        TopThetaKeep(Row(s), thr, pools_, a.vsum, a.o, config_, scratch);
+        TopThetaKeep(Row(s), thr, a.kv, a.vsum, a.o, config_, scratch);
         return;
       }
-      const int64_t c0 = c * kKeyChunk, k = sp.first_chunk + c;
-      KeepPass(Row(s), thr, pools_, config_.retain_factor, c0, std::min(sp.L, c0 + kKeyChunk),
+      const int64_t c0 = c * kKeyChunk, k = sp.first_sums + c;
+      KeepPass(Row(s), thr, a.kv, config_.retain_factor, c0, std::min(sp.L, c0 + kKeyChunk),
                KeptSums{buf_.chunk_ev.data() + k * group_ * d_, buf_.kept_sum.data() + k * group_,
                         buf_.kept_n.data() + k * group_},
                scratch);
     });
     if (!any_split) return;
     Parallel(int64_t(splits_.size()), [&](int64_t si, Scratch<T>& scratch) {
-      if (splits_[si].L < kMinPass2SplitKeys) return;
-      const At a = Where(*splits_[si].unit);
+      const Split& sp = splits_[si];
+      if (!SplitsSums(sp.L)) return;
+      const At a = Where(*sp.unit);
       AddChunks(si, a.o);
       float d_kept[kMaxGroup];
       int64_t kept[kMaxGroup];
       for (int64_t r = 0; r < group_; ++r) {
-        d_kept[r] = Fold(buf_.kept_sum, si, r, Add);
-        kept[r] = Fold(buf_.kept_n, si, r, Add);
+        d_kept[r] = Fold(buf_.kept_sum, sp.first_sums, si, r, Add);
+        kept[r] = Fold(buf_.kept_n, sp.first_sums, si, r, Add);
       }
       Compensate(Row(si), buf_.thr.data() + si * group_, d_kept, kept, a.vsum, a.o, config_,
                  scratch.stats);
@@ -440,21 +453,19 @@ class AttentionCall {
   // Split unit si's rows as Top-θ reads them after pass 1.
   ThetaRow Row(int64_t si) const {
     const Split& sp = splits_[si];
-    const At a = Where(*sp.unit);
-    return ThetaRow{a.seq, layer_, a.lh, a.pos, group_, sp.unit->kv_head * group_, d_,
+    return ThetaRow{layer_, sp.L - 1, group_, sp.unit->kv_head * group_, d_,
                     buf_.e.data() + sp.e, sp.L, buf_.row_max.data() + si * group_,
                     buf_.row_sum.data() + si * group_};
   }
 
-  // Split unit si's row r of a [chunk, group] array, taken over its chunks in order with op
-  // (max, or +), as the whole row's are (a few numbers per chunk: on the calling thread,
-  // between the rounds, or in a unit's own task).
+  // Split unit si's row r of a [chunk, group] array whose chunks of the unit start at `first`,
+  // taken over its chunks in order with op (max, or +), as the whole row's are (a few numbers
+  // per chunk: on the calling thread, between the rounds, or in a unit's own task).
   template <typename V, typename Op>
-  V Fold(const std::vector<V>& per_chunk, size_t si, int64_t r, Op op) const {
-    const Split& sp = splits_[si];
-    V acc = per_chunk[sp.first_chunk * group_ + r];
-    for (int64_t c = 1; c * kKeyChunk < sp.L; ++c) {
-      acc = op(acc, per_chunk[(sp.first_chunk + c) * group_ + r]);
+  V Fold(const std::vector<V>& per_chunk, int64_t first, size_t si, int64_t r, Op op) const {
+    V acc = per_chunk[first * group_ + r];
+    for (int64_t c = 1; c * kKeyChunk < splits_[si].L; ++c) {
+      acc = op(acc, per_chunk[(first + c) * group_ + r]);
     }
     return acc;
   }
@@ -463,14 +474,10 @@ class AttentionCall {
   // Split unit si's output rows: its chunks' Σ e·V added in order.
   void AddChunks(size_t si, float* o_unit) const {
     const Split& sp = splits_[si];
-    for (int64_t r = 0; r < group_; ++r) {
-      float* out = o_unit + r * d_;
-      const float* ev = buf_.chunk_ev.data() + sp.first_chunk * group_ * d_ + r * d_;
-      std::copy(ev, ev + d_, out);
-      for (int64_t c = 1; c * kKeyChunk < sp.L; ++c) {
-        const float* part = ev + c * group_ * d_;
-        for (int64_t x = 0; x < d_; ++x) out[x] += part[x];
-      }
+    const float* ev = buf_.chunk_ev.data() + sp.first_sums * group_ * d_;  // [chunk, group, d]
+    for (int64_t r = 0; r < group_; ++r) std::copy(ev + r * d_, ev + (r + 1) * d_, o_unit + r * d_);
+    for (int64_t c = 1; c * kKeyChunk < sp.L; ++c) {
+      for (int64_t r = 0; r < group_; ++r) AddTo(ev + (c * group_ + r) * d_, o_unit + r * d_, d_);
     }
   }
 
@@ -482,10 +489,11 @@ class AttentionCall {
     std::vector<float> row_max;    // [split, group] the rows' maxima
     std::vector<float> chunk_sum;  // [chunk, group] its Σe
     std::vector<float> row_sum;    // [split, group] the rows' Σe (D_full)
+    // The chunks that sum their V rows apart (Split::first_sums):
     std::vector<float> chunk_ev;   // [chunk, group, d] its Σ e·V (Top-θ: of the rows kept)
+    std::vector<float> kept_sum;   // [chunk, group] Top-θ: Σe of the rows kept
+    std::vector<int64_t> kept_n;   // [chunk, group] Top-θ: the rows kept
     std::vector<float> thr;        // [split, group] Top-θ's keep thresholds
-    std::vector<float> kept_sum;   // [chunk, group] Σe of the rows kept
-    std::vector<int64_t> kept_n;   // [chunk, group] the rows kept
   };
   static Buffers& CallerBuffers() {
     thread_local Buffers buffers;
@@ -497,7 +505,9 @@ class AttentionCall {
   const AttentionShape& shape_;
   const int64_t layer_;
   const float* const q_;
-  const VPools<T> pools_;
+  const KvPoolLayout& layout_;
+  const T* const kv_pool_;
+  const T* const host_pool_;  // the offload policy's V rows, or null
   const float* const vsum_rows_;
   const TopThetaConfig& config_;
   float* const o_;

@@ -184,6 +184,17 @@ inline void Axpy(float a, const float* x, float* y, int64_t n) {
   for (; i < n; ++i) y[i] += a * x[i];
 }
 
+// y += x (a sum of partial sums: the same bits as adding element by element)
+inline void AddTo(const float* x, float* y, int64_t n) {
+  int64_t i = 0;
+#if TS_AVX2
+  for (; i + 8 <= n; i += 8) {
+    _mm256_storeu_ps(y + i, _mm256_add_ps(_mm256_loadu_ps(y + i), _mm256_loadu_ps(x + i)));
+  }
+#endif
+  for (; i < n; ++i) y[i] += x[i];
+}
+
 inline void Scale(float a, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] *= a;
 }
