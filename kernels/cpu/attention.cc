@@ -223,15 +223,17 @@ class AttentionCall {
     PlanSplit(units);
     ScoreChunks();
     for (size_t si = 0; si < splits_.size(); ++si) {
+      const Split& sp = splits_[si];
       for (int64_t r = 0; r < group_; ++r) {
-        buf_.row_max[si * group_ + r] = Fold(buf_.chunk_max, splits_[si].first_chunk, si, r,
+        buf_.row_max[si * group_ + r] = Fold(buf_.chunk_max, sp.first_chunk, sp.L, r,
                                              [](float x, float y) { return std::max(x, y); });
       }
     }
     ExpChunks();
     for (size_t si = 0; si < splits_.size(); ++si) {
+      const Split& sp = splits_[si];
       for (int64_t r = 0; r < group_; ++r) {
-        buf_.row_sum[si * group_ + r] = Fold(buf_.chunk_sum, splits_[si].first_chunk, si, r, Add);
+        buf_.row_sum[si * group_ + r] = Fold(buf_.chunk_sum, sp.first_chunk, sp.L, r, Add);
       }
     }
     if (theta_) {
@@ -442,8 +444,8 @@ class AttentionCall {
       float d_kept[kMaxGroup];
       int64_t kept[kMaxGroup];
       for (int64_t r = 0; r < group_; ++r) {
-        d_kept[r] = Fold(buf_.kept_sum, sp.first_sums, si, r, Add);
-        kept[r] = Fold(buf_.kept_n, sp.first_sums, si, r, Add);
+        d_kept[r] = Fold(buf_.kept_sum, sp.first_sums, sp.L, r, Add);
+        kept[r] = Fold(buf_.kept_n, sp.first_sums, sp.L, r, Add);
       }
       Compensate(Row(si), buf_.thr.data() + si * group_, d_kept, kept, a.vsum, a.o, config_,
                  scratch.stats);
@@ -458,13 +460,14 @@ class AttentionCall {
                     buf_.row_sum.data() + si * group_};
   }
 
-  // Split unit si's row r of a [chunk, group] array whose chunks of the unit start at `first`,
-  // taken over its chunks in order with op (max, or +), as the whole row's are (a few numbers
-  // per chunk: on the calling thread, between the rounds, or in a unit's own task).
+  // Row r of a split unit with L keys from a [chunk, group] array whose chunks of the unit
+  // start at `first`, taken over its chunks in order with op (max, or +), as the whole row's
+  // are (a few numbers per chunk: on the calling thread, between the rounds, or in a unit's
+  // own task).
   template <typename V, typename Op>
-  V Fold(const std::vector<V>& per_chunk, int64_t first, size_t si, int64_t r, Op op) const {
+  V Fold(const std::vector<V>& per_chunk, int64_t first, int64_t L, int64_t r, Op op) const {
     V acc = per_chunk[first * group_ + r];
-    for (int64_t c = 1; c * kKeyChunk < splits_[si].L; ++c) {
+    for (int64_t c = 1; c * kKeyChunk < L; ++c) {
       acc = op(acc, per_chunk[(first + c) * group_ + r]);
     }
     return acc;

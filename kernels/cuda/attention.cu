@@ -20,14 +20,9 @@ constexpr int kThreads = 128;   // split kernels
 
 struct SplitArgs {
   const int32_t* row_ids;
-  const DevRow* rows;
-  const DevSeq* seqs;
-  AttnShape shape;
-  int32_t layer;
-  const float* q;
-  int64_t q_stride;
-  KvPoolLayout layout;
+  DevKv kv;
   const uint16_t* pool;
+  DevQueries q;
   int32_t chunk;
   AttentionWorkspace ws;
   ThetaArgs theta;
@@ -56,7 +51,7 @@ __host__ __device__ constexpr int64_t StageOffsetFloats(int D, int G, int chunk)
 
 __device__ __forceinline__ int64_t PartIndex(const SplitArgs& a, int64_t r, int32_t head,
                                              int32_t split) {
-  return (r * a.shape.num_heads + head) * a.ws.max_splits + split;
+  return (r * a.kv.shape.num_heads + head) * a.ws.max_splits + split;
 }
 
 // Top-θ scores between the passes: 16-bit fixed point below the split's max,
@@ -89,13 +84,13 @@ __device__ __forceinline__ SplitBlock ThisSplit(const SplitArgs& a, int32_t G) {
   SplitBlock b;
   b.r = blockIdx.y;
   b.t = a.row_ids[b.r];
-  b.row = a.rows[b.t];
+  b.row = a.kv.rows[b.t];
   b.L = b.row.pos + 1;
   b.split = blockIdx.x;
   b.j0 = b.split * a.chunk;
   b.g = blockIdx.z;
   b.first_head = b.g * G;
-  b.lh = int64_t(a.layer) * a.shape.num_kv_heads + b.g;
+  b.lh = int64_t(a.kv.layer) * a.kv.shape.num_kv_heads + b.g;
   return b;
 }
 
@@ -107,11 +102,11 @@ template <int D, int GT>
 __device__ void ScoresPerThread(const SplitArgs& a, const DevSeq& seq, int64_t lh, int32_t j0,
                                 int32_t n, int32_t G, const float* qs, float* sc) {
   constexpr int kG = GT > 0 ? GT : kMaxGroup;  // compile-time group size when known
-  const int32_t bs = a.layout.block_size;
+  const int32_t bs = a.kv.layout.block_size;
 #pragma unroll 2
   for (int32_t jl = threadIdx.x; jl < n; jl += blockDim.x) {
     const int32_t j = j0 + jl;
-    const uint16_t* kr = a.pool + a.layout.RowOffset(seq.pages.KPage(lh, j, bs), j % bs);
+    const uint16_t* kr = a.pool + a.kv.layout.RowOffset(seq.pages.KPage(lh, j, bs), j % bs);
     float acc[kG];
 #pragma unroll
     for (int h = 0; h < kG; ++h) acc[h] = 0.0f;
@@ -169,7 +164,7 @@ template <int D, bool kV>
 __device__ __forceinline__ void IssueTile(const SplitArgs& a, const DevSeq& seq, int64_t lh,
                                           int32_t j0, int32_t n, int32_t tile, uint4* stage) {
   constexpr int kPieces = D / 8;
-  const int32_t bs = a.layout.block_size;
+  const int32_t bs = a.kv.layout.block_size;
   uint4* buf = stage + (tile % StageCount(D)) * kStageKeys * kPieces;
 #pragma unroll
   for (int i = threadIdx.x; i < kStageKeys * kPieces; i += kThreads) {
@@ -178,7 +173,7 @@ __device__ __forceinline__ void IssueTile(const SplitArgs& a, const DevSeq& seq,
     if (jl < n) {
       const int32_t j = j0 + jl;
       const int32_t page = kV ? seq.pages.VPage(lh, j, bs) : seq.pages.KPage(lh, j, bs);
-      const uint16_t* src = a.pool + a.layout.RowOffset(page, j % bs) + c * 8;
+      const uint16_t* src = a.pool + a.kv.layout.RowOffset(page, j % bs) + c * 8;
       __pipeline_memcpy_async(buf + kl * kPieces + (c ^ (kl & 7)), src, 16);
     }
   }
@@ -296,16 +291,16 @@ __global__ void __launch_bounds__(kThreads, (GT > 0 && GT <= 4) ? (kStaged ? 6 :
   constexpr int kG = GT > 0 ? GT : kMaxGroup;  // compile-time group size when known
   extern __shared__ __align__(16) float smem[];  // 16 bytes: cp.async and uint4 reads of the ring
   __shared__ float scratch[32];
-  const int32_t G = GT > 0 ? GT : a.shape.num_heads / a.shape.num_kv_heads;
+  const int32_t G = GT > 0 ? GT : a.kv.shape.num_heads / a.kv.shape.num_kv_heads;
   const auto [r, t, row, L, split, j0, g, first_head, lh] = ThisSplit(a, G);
   if (j0 >= L) return;
-  const DevSeq& seq = a.seqs[row.seq];
+  const DevSeq& seq = a.kv.seqs[row.seq];
   const int32_t n = min(a.chunk, L - j0);
 
   float* qs = smem;             // [G, D]
   float* sc = smem + G * D;     // [G, chunk]; later the row-group reduction
   for (int i = threadIdx.x; i < G * D; i += blockDim.x) {
-    qs[i] = a.q[int64_t(t) * a.q_stride + int64_t(first_head) * D + i] * a.shape.scale;
+    qs[i] = a.q.data[int64_t(t) * a.q.stride + int64_t(first_head) * D + i] * a.kv.shape.scale;
   }
   __syncthreads();
   if constexpr (kStaged) {
@@ -324,7 +319,7 @@ __global__ void __launch_bounds__(kThreads, (GT > 0 && GT <= 4) ? (kStaged ? 6 :
     for (int jl = threadIdx.x; jl < n; jl += blockDim.x) m = fmaxf(m, sc[h * a.chunk + jl]);
     m = BlockMax(m, scratch);
     float l = 0.0f;
-    const int64_t srow = (int64_t(r) * a.shape.num_heads + first_head + h) * a.ws.score_stride;
+    const int64_t srow = (int64_t(r) * a.kv.shape.num_heads + first_head + h) * a.ws.score_stride;
     for (int jl = threadIdx.x; jl < n; jl += blockDim.x) {
       const float s = sc[h * a.chunk + jl];
       if (a.top_theta) a.ws.scores[srow + j0 + jl] = EncodeScore(s, m);
@@ -345,7 +340,7 @@ __global__ void __launch_bounds__(kThreads, (GT > 0 && GT <= 4) ? (kStaged ? 6 :
   // rows rg, rg + kRowGroups, ... in that order, staged or not.
   constexpr int kRowGroups = kThreads / (D / 8);
   const int rg = threadIdx.x / (D / 8), lane8 = threadIdx.x % (D / 8);
-  const int32_t bs = a.layout.block_size;
+  const int32_t bs = a.kv.layout.block_size;
   float acc[kG][8];
 #pragma unroll
   for (int h = 0; h < kG; ++h)
@@ -370,7 +365,8 @@ __global__ void __launch_bounds__(kThreads, (GT > 0 && GT <= 4) ? (kStaged ? 6 :
     for (int32_t jl = rg; jl < n; jl += kRowGroups) {
       const int32_t j = j0 + jl;
       float vf[8];
-      LoadBf16x8(a.pool + a.layout.RowOffset(seq.pages.VPage(lh, j, bs), j % bs) + lane8 * 8, vf);
+      LoadBf16x8(a.pool + a.kv.layout.RowOffset(seq.pages.VPage(lh, j, bs), j % bs) + lane8 * 8,
+                 vf);
       AccumulateV<kG>(acc, vf, sc + jl, a.chunk, G);
     }
   }
@@ -396,7 +392,7 @@ __device__ __forceinline__ void WarpThreshold(const SplitArgs& a, int64_t r, int
   d_full = WarpSum(d_full);
   float thr = -1.0f;  // keeps everything: e > 0 > -1
   if (L > a.theta.k) {
-    const float theta = a.theta.theta[int64_t(t) * a.shape.num_heads + head];
+    const float theta = a.theta.theta[int64_t(t) * a.kv.shape.num_heads + head];
     if (!isnan(theta)) thr = a.theta.post_softmax ? theta * d_full : expf(theta - m);
   }
   *m_out = m;
@@ -429,9 +425,9 @@ __device__ __forceinline__ bool NearThreshold(float e, float thr) {
 template <int D, bool kStaged>
 __device__ float ExactScore(const SplitArgs& a, const DevSeq& seq, int64_t lh, int32_t t,
                             int32_t head, int32_t j) {
-  const int32_t bs = a.layout.block_size;
-  const uint16_t* kr = a.pool + a.layout.RowOffset(seq.pages.KPage(lh, j, bs), j % bs);
-  const float* qr = a.q + int64_t(t) * a.q_stride + int64_t(head) * D;
+  const int32_t bs = a.kv.layout.block_size;
+  const uint16_t* kr = a.pool + a.kv.layout.RowOffset(seq.pages.KPage(lh, j, bs), j % bs);
+  const float* qr = a.q.data + int64_t(t) * a.q.stride + int64_t(head) * D;
   if constexpr (kStaged) {
     // Rolled loops: unrolled, this rare path would cost pass 2 kilobytes of spills.
     auto half_dot = [&](int h) {
@@ -442,7 +438,7 @@ __device__ float ExactScore(const SplitArgs& a, const DevSeq& seq, int64_t lh, i
         float kf[8];
         LoadBf16x8(kr + c * 8, kf);
 #pragma unroll
-        for (int e = 0; e < 8; ++e) acc = fmaf(qr[c * 8 + e] * a.shape.scale, kf[e], acc);
+        for (int e = 0; e < 8; ++e) acc = fmaf(qr[c * 8 + e] * a.kv.shape.scale, kf[e], acc);
       }
       return acc;
     };
@@ -455,7 +451,7 @@ __device__ float ExactScore(const SplitArgs& a, const DevSeq& seq, int64_t lh, i
     float kf[8];
     LoadBf16x8(kr + c, kf);
 #pragma unroll
-    for (int e = 0; e < 8; ++e) acc = fmaf(qr[c + e] * a.shape.scale, kf[e], acc);
+    for (int e = 0; e < 8; ++e) acc = fmaf(qr[c + e] * a.kv.shape.scale, kf[e], acc);
   }
   return acc;
 }
@@ -467,32 +463,39 @@ __global__ void __launch_bounds__(kThreads) ExactScoresKernel(SplitArgs a, int32
   const int64_t r = blockIdx.x;
   const int32_t head = blockIdx.y;
   const int32_t t = a.row_ids[r];
-  const DevRow row = a.rows[t];
-  const DevSeq& seq = a.seqs[row.seq];
-  const int32_t G = a.shape.num_heads / a.shape.num_kv_heads;
-  const int64_t lh = int64_t(a.layer) * a.shape.num_kv_heads + head / G;
-  float* o = out + (r * a.shape.num_heads + head) * max_len;
+  const DevRow row = a.kv.rows[t];
+  const DevSeq& seq = a.kv.seqs[row.seq];
+  const int32_t G = a.kv.shape.num_heads / a.kv.shape.num_kv_heads;
+  const int64_t lh = int64_t(a.kv.layer) * a.kv.shape.num_kv_heads + head / G;
+  float* o = out + (r * a.kv.shape.num_heads + head) * max_len;
   for (int32_t j = threadIdx.x; j < max_len; j += blockDim.x) {
     o[j] = j <= row.pos ? ExactScore<D, kStaged>(a, seq, lh, t, head, j) : NAN;
   }
 }
 
+// Pass 2's values for each query head of the block's group (shared memory; WarpThreshold).
+template <int kG>
+struct GroupStats {
+  float m[kG];      // the row's max score
+  float off[kG];    // m_split − m for this block's split
+  float thr[kG];    // keep threshold on e = exp(s − m); <= 0 keeps everything
+  float inv_d[kG];  // 1 / D_full
+};
+
 // e per head of position j from the 16-bit scores, or from the exact scores when any head's
 // value is near its threshold or its retain threshold, or is saturated and not surely below
 // both (keep-everything rows, thr <= 0, included). ev[h] for h >= G is 0.
 template <int D, int kG, bool kStaged>
-__device__ __forceinline__ void RowE(const SplitArgs& a, const DevSeq& seq, int64_t lh,
-                                     int64_t r, int32_t t, int32_t first_head, int32_t G,
-                                     int32_t split, int32_t j, const uint16_t (&q)[kG],
-                                     const float* s_off, const float* s_m, const float* s_thr,
-                                     float (&ev)[kG]) {
+__device__ __forceinline__ void RowE(const SplitArgs& a, const SplitBlock& b, const DevSeq& seq,
+                                     int32_t G, int32_t j, const uint16_t (&q)[kG],
+                                     const GroupStats<kG>& st, float (&ev)[kG]) {
   bool near = false;
 #pragma unroll
   for (int h = 0; h < kG; ++h) {
     ev[h] = 0.0f;
     if (h < G) {
-      ev[h] = StoredE(a, r, first_head + h, split, j, q[h], s_off[h], s_m[h]);
-      const float thr = s_thr[h], retain = a.theta.retain_factor * thr;
+      ev[h] = StoredE(a, b.r, b.first_head + h, b.split, j, q[h], st.off[h], st.m[h]);
+      const float thr = st.thr[h], retain = a.theta.retain_factor * thr;
       near |= NearThreshold(ev[h], thr) || NearThreshold(ev[h], retain) ||
               (q[h] == kSaturated && ev[h] >= fminf(thr, retain) * (1.0f - kNearBand));
     }
@@ -500,7 +503,9 @@ __device__ __forceinline__ void RowE(const SplitArgs& a, const DevSeq& seq, int6
   if (!near) return;
 #pragma unroll
   for (int h = 0; h < kG; ++h) {
-    if (h < G) ev[h] = expf(ExactScore<D, kStaged>(a, seq, lh, t, first_head + h, j) - s_m[h]);
+    if (h < G) {
+      ev[h] = expf(ExactScore<D, kStaged>(a, seq, b.lh, b.t, b.first_head + h, j) - st.m[h]);
+    }
   }
 }
 
@@ -522,29 +527,30 @@ __global__ void __launch_bounds__(kThreads, (GT > 0 && GT <= 4) ? 8 : 4) SplitPa
   constexpr int kG = GT > 0 ? GT : kMaxGroup;  // compile-time group size when known
   extern __shared__ float smem[];
   constexpr int kWarps = kThreads / 32;
-  __shared__ float s_m[kG], s_off[kG], s_thr[kG], s_inv_d[kG];
+  __shared__ GroupStats<kG> st;
   __shared__ float s_dk[kWarps][kG], s_kc[kWarps][kG];  // per warp: summed in warp order
   __shared__ int s_kept[kWarps];                        // rows each warp listed
   __shared__ unsigned long long s_retained;
-  const int32_t G = GT > 0 ? GT : a.shape.num_heads / a.shape.num_kv_heads;
-  const auto [r, t, row, L, split, j0, g, first_head, lh] = ThisSplit(a, G);
+  const int32_t G = GT > 0 ? GT : a.kv.shape.num_heads / a.kv.shape.num_kv_heads;
+  const SplitBlock blk = ThisSplit(a, G);
+  const auto& [r, t, row, L, split, j0, g, first_head, lh] = blk;
   if (j0 >= L) return;
-  const DevSeq& seq = a.seqs[row.seq];
+  const DevSeq& seq = a.kv.seqs[row.seq];
   // Every split of the row computes the thresholds, a warp per head (a few partials per
   // split); split 0 keeps them for the final reduction.
   for (int h = threadIdx.x >> 5; h < G; h += blockDim.x >> 5) {
     float m, d_full, thr;
     WarpThreshold(a, r, t, L, first_head + h, &m, &d_full, &thr);
     if ((threadIdx.x & 31) == 0) {
-      s_m[h] = m;
-      s_off[h] = a.ws.part_m[PartIndex(a, r, first_head + h, split)] - m;
-      s_thr[h] = thr;
-      s_inv_d[h] = 1.0f / d_full;
+      st.m[h] = m;
+      st.off[h] = a.ws.part_m[PartIndex(a, r, first_head + h, split)] - m;
+      st.thr[h] = thr;
+      st.inv_d[h] = 1.0f / d_full;
       if (split == 0) {
-        float* st = a.ws.row_stat + (r * a.shape.num_heads + first_head + h) * 3;
-        st[0] = m;
-        st[1] = d_full;
-        st[2] = thr;
+        float* stat = a.ws.row_stat + (r * a.kv.shape.num_heads + first_head + h) * 3;
+        stat[0] = m;
+        stat[1] = d_full;
+        stat[2] = thr;
       }
     }
   }
@@ -552,7 +558,7 @@ __global__ void __launch_bounds__(kThreads, (GT > 0 && GT <= 4) ? 8 : 4) SplitPa
     s_retained = 0;
   }
   __syncthreads();
-  const uint16_t* srow0 = a.ws.scores + (r * a.shape.num_heads + first_head) * a.ws.score_stride;
+  const uint16_t* srow0 = a.ws.scores + (r * a.kv.shape.num_heads + first_head) * a.ws.score_stride;
   const int64_t stride = a.ws.score_stride;
   const int lane = threadIdx.x & 31;
   const int32_t step = kRowsPerBatch * blockDim.x;
@@ -583,18 +589,18 @@ __global__ void __launch_bounds__(kThreads, (GT > 0 && GT <= 4) ? 8 : 4) SplitPa
         if (jl >= n) continue;
         const int32_t j = j0 + jl;
         float ev[kG];
-        RowE<D, kG, kStaged>(a, seq, lh, r, t, first_head, G, split, j, q[b], s_off, s_m, s_thr, ev);
+        RowE<D, kG, kStaged>(a, blk, seq, G, j, q[b], st, ev);
         bool any = false, strong = false;
         float mass = 0.0f;
 #pragma unroll
         for (int h = 0; h < kG; ++h) {
           if (h < G) {
             const float e = ev[h];
-            if (e > s_thr[h]) {
+            if (e > st.thr[h]) {
               any = true;
-              mass += e * s_inv_d[h];
+              mass += e * st.inv_d[h];
             }
-            strong |= e > a.theta.retain_factor * s_thr[h];
+            strong |= e > a.theta.retain_factor * st.thr[h];
           }
         }
         if (any) {
@@ -610,7 +616,7 @@ __global__ void __launch_bounds__(kThreads, (GT > 0 && GT <= 4) ? 8 : 4) SplitPa
   }
 
   // Stored V rows: the sparse store's rows below the tail, then the host store's, then the tail.
-  const int32_t bs = a.layout.block_size;
+  const int32_t bs = a.kv.layout.block_size;
   const int32_t sparse_n = seq.pages.SparseCount(lh);
   const int32_t* sparse_pos =
       sparse_n ? seq.pages.v_sparse_pos + lh * seq.pages.sparse_pos_stride : nullptr;
@@ -688,14 +694,14 @@ __global__ void __launch_bounds__(kThreads, (GT > 0 && GT <= 4) ? 8 : 4) SplitPa
       float ev[kG];
       bool any = false, strong = false;
       if (j >= 0) {
-        RowE<D, kG, kStaged>(a, seq, lh, r, t, first_head, G, split, j, q[b], s_off, s_m, s_thr, ev);
+        RowE<D, kG, kStaged>(a, blk, seq, G, j, q[b], st, ev);
 #pragma unroll
         for (int h = 0; h < kG; ++h) {
-          if (h < G && ev[h] > s_thr[h]) {
+          if (h < G && ev[h] > st.thr[h]) {
             dk[h] += ev[h];
             kc[h] += 1.0f;
             any = true;
-            strong |= ev[h] > a.theta.retain_factor * s_thr[h];
+            strong |= ev[h] > a.theta.retain_factor * st.thr[h];
           } else {
             ev[h] = 0.0f;  // dropped by this head: no weight, no mass
           }
@@ -717,7 +723,7 @@ __global__ void __launch_bounds__(kThreads, (GT > 0 && GT <= 4) ? 8 : 4) SplitPa
         float mass = 0.0f;
 #pragma unroll
         for (int h = 0; h < kG; ++h) {
-          if (h < G) mass += ev[h] * s_inv_d[h];  // ev is 0 where the head dropped j
+          if (h < G) mass += ev[h] * st.inv_d[h];  // ev is 0 where the head dropped j
         }
         atomicAdd(hit_mass + (j - mark_from), mass);
       }
@@ -794,7 +800,7 @@ __global__ void DenseCombineKernel(SplitArgs a) {
   const int64_t r = blockIdx.x;
   const int32_t head = blockIdx.y;
   const int32_t t = a.row_ids[r];
-  const int32_t L = a.rows[t].pos + 1;
+  const int32_t L = a.kv.rows[t].pos + 1;
   const int32_t splits = (L + a.chunk - 1) / a.chunk;
   float m = -INFINITY;
   for (int s = 0; s < splits; ++s) m = fmaxf(m, a.ws.part_m[PartIndex(a, r, head, s)]);
@@ -805,7 +811,7 @@ __global__ void DenseCombineKernel(SplitArgs a) {
     l += a.ws.part_l[p] * w;
     o += a.ws.part_o[p * D + threadIdx.x] * w;
   }
-  a.o[int64_t(t) * a.shape.num_heads * D + int64_t(head) * D + threadIdx.x] = o / l;
+  a.o[int64_t(t) * a.kv.shape.num_heads * D + int64_t(head) * D + threadIdx.x] = o / l;
 }
 
 // Top-θ reduction: Σ over splits of the gathered rows, then SDC and VMC.
@@ -814,9 +820,9 @@ __global__ void ThetaCombineKernel(SplitArgs a) {
   const int64_t r = blockIdx.x;
   const int32_t head = blockIdx.y;
   const int32_t t = a.row_ids[r];
-  const int32_t L = a.rows[t].pos + 1;
+  const int32_t L = a.kv.rows[t].pos + 1;
   const int32_t splits = (L + a.chunk - 1) / a.chunk;
-  const float* st = a.ws.row_stat + (r * a.shape.num_heads + head) * 3;
+  const float* st = a.ws.row_stat + (r * a.kv.shape.num_heads + head) * 3;
   const float d_full = st[1], thr = st[2];
   float o = 0.0f, d_kept = 0.0f, kept = 0.0f;
   for (int s = 0; s < splits; ++s) {
@@ -833,13 +839,15 @@ __global__ void ThetaCombineKernel(SplitArgs a) {
       if (thr > 0) denom = d_kept + (float(L) - kept) * thr;
       break;
     case SdcMode::kOffline:
-      if (thr > 0) denom = d_kept * (1.0f + a.theta.sdc_ratio[int64_t(t) * a.shape.num_heads + head]);
+      if (thr > 0) {
+        denom = d_kept * (1.0f + a.theta.sdc_ratio[int64_t(t) * a.kv.shape.num_heads + head]);
+      }
       break;
   }
-  const int32_t G = a.shape.num_heads / a.shape.num_kv_heads;
-  const bool has_sum = a.seqs[a.rows[t].seq].pages.v_sum != nullptr;
+  const int32_t G = a.kv.shape.num_heads / a.kv.shape.num_kv_heads;
+  const bool has_sum = a.kv.seqs[a.kv.rows[t].seq].pages.v_sum != nullptr;
   const float* vsum = a.theta.vsum_rows && a.theta.vmc && has_sum
-                          ? a.theta.vsum_rows + int64_t(t) * a.shape.num_kv_heads * D +
+                          ? a.theta.vsum_rows + int64_t(t) * a.kv.shape.num_kv_heads * D +
                                 int64_t(head / G) * D
                           : nullptr;
   const float inv_L = 1.0f / float(L);
@@ -853,7 +861,7 @@ __global__ void ThetaCombineKernel(SplitArgs a) {
   } else if (vsum) {
     out = vsum[threadIdx.x] * inv_L;
   }
-  a.o[int64_t(t) * a.shape.num_heads * D + int64_t(head) * D + threadIdx.x] = out;
+  a.o[int64_t(t) * a.kv.shape.num_heads * D + int64_t(head) * D + threadIdx.x] = out;
   if (threadIdx.x == 0) atomicAdd(a.theta.counters + 1, (unsigned long long)(kept));
 }
 
@@ -865,13 +873,9 @@ constexpr int kRowsPerWarp = kTileRows / 4;
 
 struct PrefillArgs {
   const PrefillTile* tiles;
-  const DevSeq* seqs;
-  AttnShape shape;
-  int32_t layer;
-  const float* q;
-  int64_t q_stride;
-  KvPoolLayout layout;
+  DevKv kv;
   const uint16_t* pool;
+  DevQueries q;
   float* o;
 };
 
@@ -882,10 +886,10 @@ __global__ void __launch_bounds__(128) PrefillKernel(PrefillArgs a) {
   __shared__ float ks[kKeyTile][D + 1];
   __shared__ __align__(16) uint16_t vs[kKeyTile][D];  // bf16: keeps D = 128 under 48 KB
   const PrefillTile tile = a.tiles[blockIdx.x];
-  const DevSeq& seq = a.seqs[tile.seq];
-  const int32_t G = a.shape.num_heads / a.shape.num_kv_heads;
+  const DevSeq& seq = a.kv.seqs[tile.seq];
+  const int32_t G = a.kv.shape.num_heads / a.kv.shape.num_kv_heads;
   const int32_t g = blockIdx.y;
-  const int64_t lh = int64_t(a.layer) * a.shape.num_kv_heads + g;
+  const int64_t lh = int64_t(a.kv.layer) * a.kv.shape.num_kv_heads + g;
   const int32_t rows = tile.ntok * G;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 
@@ -894,7 +898,7 @@ __global__ void __launch_bounds__(128) PrefillKernel(PrefillArgs a) {
     float v = 0.0f;
     if (rr < rows) {
       const int64_t t = seq.token_offset + tile.tok0 + rr / G;
-      v = a.q[t * a.q_stride + int64_t(g * G + rr % G) * D + c] * a.shape.scale;
+      v = a.q.data[t * a.q.stride + int64_t(g * G + rr % G) * D + c] * a.kv.shape.scale;
     }
     qs[rr][c] = v;
   }
@@ -908,7 +912,7 @@ __global__ void __launch_bounds__(128) PrefillKernel(PrefillArgs a) {
   }
   const int32_t first_pos = seq.start_pos + tile.tok0;
   const int32_t last_pos = first_pos + tile.ntok - 1;
-  const int32_t bs = a.layout.block_size;
+  const int32_t bs = a.kv.layout.block_size;
   for (int32_t j0 = 0; j0 <= last_pos; j0 += kKeyTile) {
     __syncthreads();
     for (int i = threadIdx.x; i < kKeyTile * (D / 8); i += blockDim.x) {
@@ -917,9 +921,9 @@ __global__ void __launch_bounds__(128) PrefillKernel(PrefillArgs a) {
       float kf[8] = {};
       uint4 vraw = make_uint4(0, 0, 0, 0);
       if (j <= last_pos) {
-        LoadBf16x8(a.pool + a.layout.RowOffset(seq.pages.KPage(lh, j, bs), j % bs) + c, kf);
+        LoadBf16x8(a.pool + a.kv.layout.RowOffset(seq.pages.KPage(lh, j, bs), j % bs) + c, kf);
         vraw = *reinterpret_cast<const uint4*>(
-            a.pool + a.layout.RowOffset(seq.pages.VPage(lh, j, bs), j % bs) + c);
+            a.pool + a.kv.layout.RowOffset(seq.pages.VPage(lh, j, bs), j % bs) + c);
       }
 #pragma unroll
       for (int e = 0; e < 8; ++e) ks[jj][c + e] = kf[e];
@@ -959,7 +963,7 @@ __global__ void __launch_bounds__(128) PrefillKernel(PrefillArgs a) {
     const int rr = warp + 4 * k;
     if (rr >= rows) continue;
     const int64_t t = seq.token_offset + tile.tok0 + rr / G;
-    float* out = a.o + t * int64_t(a.shape.num_heads) * D + int64_t(g * G + rr % G) * D;
+    float* out = a.o + t * int64_t(a.kv.shape.num_heads) * D + int64_t(g * G + rr % G) * D;
 #pragma unroll
     for (int e = 0; e < kPerLane; ++e) out[lane + 32 * e] = acc[k][e] / l[k];
   }
@@ -978,8 +982,8 @@ constexpr size_t kMaxSmem = (48 << 10) - 1024;
 template <int D, int GT>
 cudaError_t RunSplit(const SplitArgs& a, int32_t num_rows, const SplitPlan& plan,
                      cudaStream_t stream) {
-  const int32_t G = a.shape.num_heads / a.shape.num_kv_heads;
-  const dim3 grid(plan.max_splits, num_rows, a.shape.num_kv_heads);
+  const int32_t G = a.kv.shape.num_heads / a.kv.shape.num_kv_heads;
+  const dim3 grid(plan.max_splits, num_rows, a.kv.shape.num_kv_heads);
   const size_t pass2_smem = SplitSmemBytes(D, G, plan.chunk, false);
   if constexpr (CanStage(D)) {
     if (plan.k_load == KLoad::kStaged) {
@@ -992,9 +996,9 @@ cudaError_t RunSplit(const SplitArgs& a, int32_t num_rows, const SplitPlan& plan
     if (a.top_theta) SplitPass2Kernel<D, GT, false><<<grid, kThreads, pass2_smem, stream>>>(a);
   }
   if (a.top_theta) {
-    ThetaCombineKernel<D><<<dim3(num_rows, a.shape.num_heads), D, 0, stream>>>(a);
+    ThetaCombineKernel<D><<<dim3(num_rows, a.kv.shape.num_heads), D, 0, stream>>>(a);
   } else {
-    DenseCombineKernel<D><<<dim3(num_rows, a.shape.num_heads), D, 0, stream>>>(a);
+    DenseCombineKernel<D><<<dim3(num_rows, a.kv.shape.num_heads), D, 0, stream>>>(a);
   }
   return cudaGetLastError();
 }
@@ -1062,16 +1066,15 @@ int32_t PrefillTileTokens(int32_t group) { return std::max(1, kTileRows / group)
 
 bool PrefillSupports(int32_t head_dim) { return head_dim == 64 || head_dim == 128; }
 
-cudaError_t LaunchSplitAttention(const int32_t* row_ids, int32_t num_rows, const DevRow* rows,
-                                 const DevSeq* seqs, const AttnShape& shape, int32_t layer,
-                                 const float* q, int64_t q_stride, const KvPoolLayout& layout,
-                                 const bf16* pool, const SplitPlan& plan,
+cudaError_t LaunchSplitAttention(const int32_t* row_ids, int32_t num_rows, const DevKv& kv,
+                                 const bf16* pool, const DevQueries& q, const SplitPlan& plan,
                                  const AttentionWorkspace& ws, const ThetaArgs* theta, float* o,
                                  cudaStream_t stream) {
   if (num_rows == 0) return cudaSuccess;
+  const AttnShape& shape = kv.shape;
   if (shape.num_heads / shape.num_kv_heads > kMaxGroup) return cudaErrorInvalidValue;
-  SplitArgs a{row_ids, rows, seqs, shape, layer, q, q_stride, layout, pool, plan.chunk, ws,
-              theta ? *theta : ThetaArgs{}, theta != nullptr, o};
+  SplitArgs a{row_ids, kv, pool, q, plan.chunk, ws, theta ? *theta : ThetaArgs{},
+              theta != nullptr, o};
   // Group sizes are compile-time for the common head sizes (registers: the accumulators are
   // [group][8]); 16 and 32 (test models) take the generic kernels.
   const int group = shape.num_heads / shape.num_kv_heads;
@@ -1084,14 +1087,13 @@ cudaError_t LaunchSplitAttention(const int32_t* row_ids, int32_t num_rows, const
   }
 }
 
-cudaError_t LaunchExactScores(const int32_t* row_ids, int32_t num_rows, const DevRow* rows,
-                              const DevSeq* seqs, const AttnShape& shape, int32_t layer,
-                              const float* q, int64_t q_stride, const KvPoolLayout& layout,
-                              const bf16* pool, KLoad k_load, int32_t max_len, float* out,
-                              cudaStream_t stream) {
+cudaError_t LaunchExactScores(const int32_t* row_ids, int32_t num_rows, const DevKv& kv,
+                              const bf16* pool, const DevQueries& q, KLoad k_load,
+                              int32_t max_len, float* out, cudaStream_t stream) {
   if (num_rows == 0) return cudaSuccess;
   if (num_rows > 65535 || max_len < 1) return cudaErrorInvalidValue;
-  SplitArgs a{row_ids, rows, seqs, shape, layer, q, q_stride, layout, pool, 0, {}, {}, true, nullptr};
+  const AttnShape& shape = kv.shape;
+  SplitArgs a{row_ids, kv, pool, q, 0, {}, {}, true, nullptr};
   const dim3 grid(num_rows, shape.num_heads);
   const bool staged = k_load == KLoad::kStaged && CanStage(shape.head_dim);
   switch (shape.head_dim) {
@@ -1110,13 +1112,13 @@ cudaError_t LaunchExactScores(const int32_t* row_ids, int32_t num_rows, const De
   return cudaGetLastError();
 }
 
-cudaError_t LaunchPrefillAttention(const PrefillTile* tiles, int32_t num_tiles,
-                                   const DevSeq* seqs, const AttnShape& shape, int32_t layer,
-                                   const float* q, int64_t q_stride, const KvPoolLayout& layout,
-                                   const bf16* pool, float* o, cudaStream_t stream) {
+cudaError_t LaunchPrefillAttention(const PrefillTile* tiles, int32_t num_tiles, const DevKv& kv,
+                                   const bf16* pool, const DevQueries& q, float* o,
+                                   cudaStream_t stream) {
   if (num_tiles == 0) return cudaSuccess;
+  const AttnShape& shape = kv.shape;
   if (shape.num_heads / shape.num_kv_heads > kTileRows) return cudaErrorInvalidValue;
-  PrefillArgs a{tiles, seqs, shape, layer, q, q_stride, layout, pool, o};
+  PrefillArgs a{tiles, kv, pool, q, o};
   const dim3 grid(num_tiles, shape.num_kv_heads);
   switch (shape.head_dim) {
     case 64: PrefillKernel<64><<<grid, 128, 0, stream>>>(a); break;

@@ -137,6 +137,8 @@ absl::Status CudaAttention::Run(int32_t layer, const DeviceBatch& db, const floa
     return absl::InvalidArgumentError(absl::StrFormat("attention layer %d of %d", layer, num_layers_));
   }
   ran_[layer] = true;
+  const DevKv kv{db.rows(), db.seqs(), shape_, layer, layout};
+  const DevQueries queries{q, q_stride};
   if (num_split_rows_ > 0) {
     ThetaArgs args;
     ThetaArgs* theta = nullptr;
@@ -159,14 +161,12 @@ absl::Status CudaAttention::Run(int32_t layer, const DeviceBatch& db, const floa
     }
     for (int32_t first = 0; first < num_split_rows_; first += row_batch_) {
       const int32_t n = std::min(row_batch_, num_split_rows_ - first);
-      TS_CUDA_RETURN(LaunchSplitAttention(row_ids_ + first, n, db.rows(), db.seqs(), shape_, layer,
-                                          q, q_stride, layout, pool, plan_, ws_, theta, o,
-                                          stream));
+      TS_CUDA_RETURN(LaunchSplitAttention(row_ids_ + first, n, kv, pool, queries, plan_, ws_,
+                                          theta, o, stream));
     }
   }
   if (num_tiles_ > 0) {
-    TS_CUDA_RETURN(LaunchPrefillAttention(tiles_, num_tiles_, db.seqs(), shape_, layer, q,
-                                          q_stride, layout, pool, o, stream));
+    TS_CUDA_RETURN(LaunchPrefillAttention(tiles_, num_tiles_, kv, pool, queries, o, stream));
   }
   return absl::OkStatus();
 }

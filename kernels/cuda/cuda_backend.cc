@@ -414,10 +414,9 @@ absl::Status CudaBackend::LaunchStep(int64_t T, int64_t R, bool vmc_rows) {
     const int32_t layer = static_cast<int32_t>(l);
     TS_CUDA_RETURN(LaunchRmsNormBf16(x, nullptr, L.attn_norm.as<float>(), T, hidden, eps, hb, stream_));
     if (absl::Status st = Gemm(hb, T, L.wqkv, qkv, false); !st.ok()) return st;
-    TS_CUDA_RETURN(LaunchRopeWriteKv(qkv, L.has_bias ? L.bqkv.as<float>() : nullptr,
-                                     batch_.rows(), batch_.seqs(), T, shape_, layer,
-                                     inv_freq_.as<float>(), c.rope_interleaved, kv_layout_, pool,
-                                     stream_));
+    const DevKv kv{batch_.rows(), batch_.seqs(), shape_, layer, kv_layout_};
+    TS_CUDA_RETURN(LaunchRopeWriteKv(qkv, L.has_bias ? L.bqkv.as<float>() : nullptr, T, kv,
+                                     inv_freq_.as<float>(), c.rope_interleaved, pool, stream_));
     if (batch_.any_vsum()) {
       TS_CUDA_RETURN(LaunchVSum(qkv, batch_.seqs(), batch_.num_seqs(), shape_, layer,
                                 vmc_rows ? vsum_rows_.as<float>() : nullptr, stream_));

@@ -36,6 +36,23 @@ struct AttnShape {
   float scale = 1.0f;
 };
 
+// Where one layer's K/V rows of a step are: the step's token rows and sequences (device
+// copies: DeviceBatch), the attention shape, the layer and the pool's layout. The pool goes
+// beside it: bf16* to the launcher that writes K and V, const bf16* to those that read them.
+struct DevKv {
+  const DevRow* rows = nullptr;
+  const DevSeq* seqs = nullptr;
+  AttnShape shape;
+  int32_t layer = 0;
+  KvPoolLayout layout;
+};
+
+// The step's query rows: q [T, stride] f32, query heads from column 0 (the rows of qkv).
+struct DevQueries {
+  const float* data = nullptr;
+  int64_t stride = 0;
+};
+
 // out[t] = table[tokens[t]] (bf16 -> f32).
 cudaError_t LaunchEmbed(const bf16* table, const int32_t* tokens, int64_t T, int64_t hidden,
                         float* out, cudaStream_t stream);
@@ -54,12 +71,11 @@ cudaError_t LaunchF32ToBf16(const float* x, int64_t n, bf16* y, cudaStream_t str
 
 // qkv rows hold [q (num_heads·d) | k (num_kv_heads·d) | v (num_kv_heads·d)] in f32. Adds the
 // bias (optional), rotates q and k at each row's position (inv_freq: [d/2]; pairs (2i, 2i+1)
-// when interleaved, else (i, i + d/2)), writes K and V of `layer` into their pages as bf16.
+// when interleaved, else (i, i + d/2)), writes K and V of kv.layer into their pages as bf16.
 // q and k are rotated in place; v stays as computed.
-cudaError_t LaunchRopeWriteKv(float* qkv, const float* bias, const DevRow* rows,
-                              const DevSeq* seqs, int64_t T, const AttnShape& shape,
-                              int32_t layer, const float* inv_freq, bool interleaved,
-                              const KvPoolLayout& layout, bf16* pool, cudaStream_t stream);
+cudaError_t LaunchRopeWriteKv(float* qkv, const float* bias, int64_t T, const DevKv& kv,
+                              const float* inv_freq, bool interleaved, bf16* pool,
+                              cudaStream_t stream);
 
 // VMC's running V sums: adds each new V row (in token order within each sequence) to its
 // sequence's v_sum and writes each row's sum including itself to vsum_rows [T, kv_dim].
@@ -157,11 +173,9 @@ constexpr int kThetaCounters = 4;
 
 // Causal paged attention for the rows in `row_ids` (indices into the step's token rows),
 // flash-decoding style: each row's keys are split into plan.chunk-sized pieces, then reduced.
-// Dense when theta is null. q: [T, q_stride] f32 (heads at column 0), o: [T, num_heads·d].
-cudaError_t LaunchSplitAttention(const int32_t* row_ids, int32_t num_rows, const DevRow* rows,
-                                 const DevSeq* seqs, const AttnShape& shape, int32_t layer,
-                                 const float* q, int64_t q_stride, const KvPoolLayout& layout,
-                                 const bf16* pool, const SplitPlan& plan,
+// Dense when theta is null. o: [T, num_heads·d].
+cudaError_t LaunchSplitAttention(const int32_t* row_ids, int32_t num_rows, const DevKv& kv,
+                                 const bf16* pool, const DevQueries& q, const SplitPlan& plan,
                                  const AttentionWorkspace& ws, const ThetaArgs* theta, float* o,
                                  cudaStream_t stream);
 
@@ -169,11 +183,9 @@ cudaError_t LaunchSplitAttention(const int32_t* row_ids, int32_t num_rows, const
 // equal pass 1's bit for bit: q_head · k_j · scale for every row of row_ids (at most 65,535),
 // query head and position j < L, read from K the way `k_load` says pass 1 did, at
 // out[(r · num_heads + head) · max_len + j]; NaN from L to max_len.
-cudaError_t LaunchExactScores(const int32_t* row_ids, int32_t num_rows, const DevRow* rows,
-                              const DevSeq* seqs, const AttnShape& shape, int32_t layer,
-                              const float* q, int64_t q_stride, const KvPoolLayout& layout,
-                              const bf16* pool, KLoad k_load, int32_t max_len, float* out,
-                              cudaStream_t stream);
+cudaError_t LaunchExactScores(const int32_t* row_ids, int32_t num_rows, const DevKv& kv,
+                              const bf16* pool, const DevQueries& q, KLoad k_load,
+                              int32_t max_len, float* out, cudaStream_t stream);
 
 // One prefill tile: tokens [tok0, tok0 + ntok) of sequence `seq` (indices within its chunk).
 struct PrefillTile {
@@ -189,9 +201,9 @@ bool PrefillSupports(int32_t head_dim);
 
 // Dense causal attention for prefill chunks, tiled with an online softmax: each block holds
 // one tile's query rows of one KV head and walks that sequence's K/V pages 32 rows at a time.
-cudaError_t LaunchPrefillAttention(const PrefillTile* tiles, int32_t num_tiles,
-                                   const DevSeq* seqs, const AttnShape& shape, int32_t layer,
-                                   const float* q, int64_t q_stride, const KvPoolLayout& layout,
-                                   const bf16* pool, float* o, cudaStream_t stream);
+// kv.rows is not read.
+cudaError_t LaunchPrefillAttention(const PrefillTile* tiles, int32_t num_tiles, const DevKv& kv,
+                                   const bf16* pool, const DevQueries& q, float* o,
+                                   cudaStream_t stream);
 
 }  // namespace thetaserve::kernels::cuda

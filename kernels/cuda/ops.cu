@@ -57,10 +57,9 @@ __global__ void F32ToBf16Kernel(const float* x, int64_t n, uint16_t* y) {
 }
 
 // One thread per (row, head slot, rotation pair). Head slots: q heads, then k, then v.
-__global__ void RopeWriteKvKernel(float* qkv, const float* bias, const DevRow* rows,
-                                  const DevSeq* seqs, int64_t T, AttnShape shape, int32_t layer,
-                                  const float* inv_freq, bool interleaved, KvPoolLayout layout,
-                                  uint16_t* pool) {
+__global__ void RopeWriteKvKernel(float* qkv, const float* bias, int64_t T, DevKv kv,
+                                  const float* inv_freq, bool interleaved, uint16_t* pool) {
+  const AttnShape& shape = kv.shape;
   const int32_t d = shape.head_dim, half = d / 2;
   const int32_t slots = shape.num_heads + 2 * shape.num_kv_heads;
   const int64_t per_row = int64_t(slots) * half;
@@ -78,7 +77,7 @@ __global__ void RopeWriteKvKernel(float* qkv, const float* bias, const DevRow* r
     x0 += bias[slot * d + a];
     x1 += bias[slot * d + b];
   }
-  const DevRow row = rows[t];
+  const DevRow row = kv.rows[t];
   if (slot < shape.num_heads + shape.num_kv_heads) {
     // Angles in double, as the CPU reference: positions reach 1e5+.
     double s, c;
@@ -92,13 +91,13 @@ __global__ void RopeWriteKvKernel(float* qkv, const float* bias, const DevRow* r
   head[a] = x0;
   head[b] = x1;
   if (slot < shape.num_heads) return;
-  const DevSeq& seq = seqs[row.seq];
+  const DevSeq& seq = kv.seqs[row.seq];
   const bool is_k = slot < shape.num_heads + shape.num_kv_heads;
   const int32_t g = is_k ? slot - shape.num_heads : slot - shape.num_heads - shape.num_kv_heads;
-  const int64_t lh = int64_t(layer) * shape.num_kv_heads + g;
-  const int32_t bs = layout.block_size;
+  const int64_t lh = int64_t(kv.layer) * shape.num_kv_heads + g;
+  const int32_t bs = kv.layout.block_size;
   const int32_t page = is_k ? seq.pages.KPage(lh, row.pos, bs) : seq.pages.VPage(lh, row.pos, bs);
-  uint16_t* dst = pool + layout.RowOffset(page, row.pos % bs);
+  uint16_t* dst = pool + kv.layout.RowOffset(page, row.pos % bs);
   dst[a] = F32ToBf16(x0);
   dst[b] = F32ToBf16(x1);
 }
@@ -232,14 +231,14 @@ cudaError_t LaunchF32ToBf16(const float* x, int64_t n, bf16* y, cudaStream_t str
   return cudaGetLastError();
 }
 
-cudaError_t LaunchRopeWriteKv(float* qkv, const float* bias, const DevRow* rows,
-                              const DevSeq* seqs, int64_t T, const AttnShape& shape,
-                              int32_t layer, const float* inv_freq, bool interleaved,
-                              const KvPoolLayout& layout, bf16* pool, cudaStream_t stream) {
+cudaError_t LaunchRopeWriteKv(float* qkv, const float* bias, int64_t T, const DevKv& kv,
+                              const float* inv_freq, bool interleaved, bf16* pool,
+                              cudaStream_t stream) {
+  const AttnShape& shape = kv.shape;
   const int64_t n = T * (shape.num_heads + 2 * shape.num_kv_heads) * (shape.head_dim / 2);
   if (n == 0) return cudaSuccess;
-  RopeWriteKvKernel<<<(n + 255) / 256, 256, 0, stream>>>(qkv, bias, rows, seqs, T, shape, layer,
-                                                         inv_freq, interleaved, layout, pool);
+  RopeWriteKvKernel<<<(n + 255) / 256, 256, 0, stream>>>(qkv, bias, T, kv, inv_freq,
+                                                         interleaved, pool);
   return cudaGetLastError();
 }
 

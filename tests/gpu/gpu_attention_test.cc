@@ -288,9 +288,10 @@ class AttentionCase {
     for (const DevRow& r : db.host_rows()) max_len = std::max(max_len, r.pos + 1);
     GuardedArray<float> exact(size_t(n) * H * max_len);
     ASSERT_TRUE(exact.ok());
-    CUDA_ASSERT(LaunchExactScores(att.row_ids() + first, n, db.rows(), db.seqs(), shape, s_.layer, q,
-                                  int64_t(H) * s_.head_dim, layout_, pool, att.plan().k_load, max_len,
-                                  exact.get(), nullptr));
+    const DevKv kv{db.rows(), db.seqs(), shape, s_.layer, layout_};
+    const DevQueries queries{q, int64_t(H) * s_.head_dim};
+    CUDA_ASSERT(LaunchExactScores(att.row_ids() + first, n, kv, pool, queries, att.plan().k_load,
+                                  max_len, exact.get(), nullptr));
     CUDA_ASSERT(cudaDeviceSynchronize());
     const std::vector<float> ex = exact.Download();
     EXPECT_TRUE(exact.GuardsIntact());

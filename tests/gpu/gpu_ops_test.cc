@@ -168,8 +168,9 @@ TEST(GpuOpsTest, RopeAndKvWriteMatchCpu) {
     dfreq.Upload(rope.inv_freq());
     GuardedArray<uint16_t> pool(num_pages * layout.PageElems());
     AttnShape shape{9, 3, d, 0.125f};
-    CUDA_ASSERT(LaunchRopeWriteKv(dqkv.get(), dbias.get(), drows.get(), dseq_arr.get(), T, shape,
-                                  layer, dfreq.get(), interleaved, layout, pool.get(), nullptr));
+    const DevKv kv{drows.get(), dseq_arr.get(), shape, layer, layout};
+    CUDA_ASSERT(LaunchRopeWriteKv(dqkv.get(), dbias.get(), T, kv, dfreq.get(), interleaved,
+                                  pool.get(), nullptr));
     CUDA_ASSERT(cudaDeviceSynchronize());
 
     // CPU side.
