@@ -1,10 +1,17 @@
 #include "tests/test_util.h"
 
+#include <stdlib.h>
+#include <sys/stat.h>
+
+#include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
-#include <sys/stat.h>
+#include <vector>
 
 namespace thetaserve::testing {
 
@@ -37,6 +44,36 @@ std::string ReadFileOrDie(const std::string& path) {
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();
+}
+
+ScopedTempDir::ScopedTempDir(const std::string& prefix) {
+  std::string base = ::testing::TempDir();
+  if (!base.empty() && base.back() == '/') base.pop_back();
+  std::string tmpl = base + "/" + prefix + ".XXXXXX";
+  std::vector<char> buf(tmpl.begin(), tmpl.end());
+  buf.push_back('\0');
+  if (mkdtemp(buf.data()) == nullptr) {
+    ADD_FAILURE() << "mkdtemp failed for " << tmpl << ": " << std::strerror(errno);
+    return;
+  }
+  path_ = buf.data();
+}
+
+ScopedTempDir::~ScopedTempDir() {
+  if (path_.empty()) return;
+  // A suite-wide object (a server shared by a suite) goes after the suite's last test: keep it
+  // when any test of the suite failed.
+  const auto* unit = ::testing::UnitTest::GetInstance();
+  const bool failed = ::testing::Test::HasFailure() ||
+                      (unit->current_test_info() == nullptr && unit->current_test_suite() &&
+                       unit->current_test_suite()->Failed());
+  if (failed) {
+    std::fprintf(stderr, "kept %s (the test failed)\n", path_.c_str());
+    return;
+  }
+  std::error_code ec;
+  std::filesystem::remove_all(path_, ec);
+  if (ec) std::fprintf(stderr, "cannot remove %s: %s\n", path_.c_str(), ec.message().c_str());
 }
 
 ::testing::AssertionResult AllClose(const float* a, const float* b, size_t n, float atol,

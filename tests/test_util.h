@@ -18,6 +18,25 @@ std::string TestDataPath(const std::string& relative);
 std::string DefaultModelPath();
 std::string ReadFileOrDie(const std::string& path);
 
+// A fresh directory <gtest's TempDir>/<prefix>.XXXXXX, removed with all it holds when the object
+// goes, so that test runs leave nothing in /tmp and two runs on one machine never share a file.
+// When the running test (or, for an object that outlives its tests, the suite) has failed the
+// directory stays, and its path is printed.
+class ScopedTempDir {
+ public:
+  explicit ScopedTempDir(const std::string& prefix);
+  ~ScopedTempDir();
+  ScopedTempDir(const ScopedTempDir&) = delete;
+  ScopedTempDir& operator=(const ScopedTempDir&) = delete;
+
+  const std::string& path() const { return path_; }
+  // path()/name
+  std::string File(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
+
 // |a-b| <= atol + rtol*|b| on every element; NaN never passes. Reports the worst element.
 ::testing::AssertionResult AllClose(const float* a, const float* b, size_t n, float atol,
                                     float rtol);

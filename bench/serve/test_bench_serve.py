@@ -10,6 +10,7 @@ import pathlib
 import random
 import socket
 import sys
+import tempfile
 import threading
 import unittest
 
@@ -184,9 +185,10 @@ class SustainableRateTest(unittest.TestCase):
         self.assertFalse(m.slo_open_ended)
 
     def test_an_empty_run_prints(self):
-        path = pathlib.Path(self.tmp()) / "empty.json"
-        path.write_text(json.dumps({"config": "x", "points": []}))
-        self.assertEqual(sustainable.main([str(path), "--slo-ttft-ms", "1000"]), 0)
+        with tempfile.TemporaryDirectory() as tmp:
+            path = pathlib.Path(tmp) / "empty.json"
+            path.write_text(json.dumps({"config": "x", "points": []}))
+            self.assertEqual(sustainable.main([str(path), "--slo-ttft-ms", "1000"]), 0)
 
     def test_departures_against_arrivals_when_requests_were_saved(self):
         # Sends every 10 s; a stable server finishes each 100 s later (ratio 1) although the
@@ -202,11 +204,6 @@ class SustainableRateTest(unittest.TestCase):
         self.assertFalse(sustainable.sustained(growing, 120_000, 0.9))
         self.assertLess(sustainable.keeps_up({k: v for k, v in stable.items() if k != "requests"})[0], 0.9,
                         "without per-request data the drain biases the ratio down")
-
-    @staticmethod
-    def tmp():
-        import tempfile
-        return tempfile.mkdtemp()
 
 
 class FakeOpenAIServer:

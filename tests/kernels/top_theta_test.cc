@@ -411,7 +411,8 @@ TEST(ThetaTableTest, KScheduleInterpolatesInLogLogAndRoundTrips) {
   for (int32_t b = 0; b < int32_t(t.buckets().size()); ++b) t.theta_at(1, 0, b) = 0.01f;
   t.Finalize();
   const std::string with = t.fingerprint;
-  const std::string path = ::testing::TempDir() + "/k_schedule_theta.json";
+  const thetaserve::testing::ScopedTempDir tmp("top_theta_test");
+  const std::string path = tmp.File("k_schedule_theta.json");
   ASSERT_TRUE(t.Save(path).ok());
   auto loaded = model::ThetaTable::Load(path);
   ASSERT_TRUE(loaded.ok()) << loaded.status();

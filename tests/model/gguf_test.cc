@@ -9,6 +9,7 @@
 #include "gtest/gtest.h"
 #include "model/quant.h"
 #include "tests/model/gguf_writer.h"
+#include "tests/test_util.h"
 
 namespace thetaserve::model {
 namespace {
@@ -21,8 +22,6 @@ constexpr uint32_t kGgmlF32 = 0, kGgmlF16 = 1, kGgmlQ4_1 = 3, kGgmlQ2_K = 10;
 
 class GgufTest : public ::testing::Test {
  protected:
-  void SetUp() override { dir_ = thetaserve::testing::MakeTempDir("gguf_test"); }
-
   std::string Write(const std::string& name, const std::string& bytes) {
     std::string path = dir_ + "/" + name;
     thetaserve::testing::WriteBytes(path, bytes);
@@ -74,7 +73,8 @@ class GgufTest : public ::testing::Test {
     return f.ok() ? "" : std::string(f.status().message());
   }
 
-  std::string dir_;
+  thetaserve::testing::ScopedTempDir tmp_{"gguf_test"};
+  const std::string dir_ = tmp_.path();
   std::string sample_bytes_;
 };
 

@@ -1,7 +1,5 @@
-// Test-only helpers: a minimal GGUF writer and temporary directories.
+// Test-only helpers: a minimal GGUF writer.
 #pragma once
-
-#include <stdlib.h>
 
 #include <cstdint>
 #include <cstring>
@@ -12,20 +10,6 @@
 #include "gtest/gtest.h"
 
 namespace thetaserve::testing {
-
-// A fresh directory under the test temp dir, e.g. /tmp/thetaserve_gguf_test.XXXXXX.
-inline std::string MakeTempDir(const std::string& prefix) {
-  std::string base = ::testing::TempDir();
-  if (!base.empty() && base.back() == '/') base.pop_back();
-  std::string tmpl = base + "/" + prefix + ".XXXXXX";
-  std::vector<char> buf(tmpl.begin(), tmpl.end());
-  buf.push_back('\0');
-  if (mkdtemp(buf.data()) == nullptr) {
-    ADD_FAILURE() << "mkdtemp failed for " << tmpl;
-    return ::testing::TempDir();
-  }
-  return std::string(buf.data());
-}
 
 inline void WriteBytes(const std::string& path, const std::string& bytes) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);

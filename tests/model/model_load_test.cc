@@ -208,8 +208,6 @@ void BuildTinyHf(const TinySpec& s, const std::string& dir) {
 
 class ModelLoadTest : public ::testing::Test {
  protected:
-  void SetUp() override { dir_ = thetaserve::testing::MakeTempDir("model_load_test"); }
-
   std::string WriteGguf(const std::string& name, const TinySpec& s) {
     std::string path = dir_ + "/" + name;
     thetaserve::testing::WriteBytes(path, BuildTinyGguf(s));
@@ -227,7 +225,8 @@ class ModelLoadTest : public ::testing::Test {
     return m.ok() ? "" : std::string(m.status().message());
   }
 
-  std::string dir_;
+  thetaserve::testing::ScopedTempDir tmp_{"model_load_test"};
+  const std::string dir_ = tmp_.path();
 };
 
 TEST_F(ModelLoadTest, LoadsTinyLlamaGguf) {

@@ -9,6 +9,7 @@
 #include "model/quant.h"
 #include "tests/model/gguf_writer.h"
 #include "tests/model/safetensors_writer.h"
+#include "tests/test_util.h"
 
 namespace thetaserve::model {
 namespace {
@@ -19,8 +20,6 @@ using ::testing::HasSubstr;
 
 class SafetensorsTest : public ::testing::Test {
  protected:
-  void SetUp() override { dir_ = thetaserve::testing::MakeTempDir("safetensors_test"); }
-
   std::string Write(const std::string& name, const std::string& bytes) {
     std::string path = dir_ + "/" + name;
     thetaserve::testing::WriteBytes(path, bytes);
@@ -39,7 +38,8 @@ class SafetensorsTest : public ::testing::Test {
     return c.ok() ? "" : std::string(c.status().message());
   }
 
-  std::string dir_;
+  thetaserve::testing::ScopedTempDir tmp_{"safetensors_test"};
+  const std::string dir_ = tmp_.path();
 };
 
 std::string F32(const std::vector<float>& v) { return SafetensorsWriter::Bytes(v); }

@@ -488,8 +488,9 @@ TEST_F(ServerE2ETest, MetricsPassPromtoolAndMoveWithRequests) {
   for (auto& t : load) t.join();
   std::string after = server_->ScrapeMetrics();
 
+  const ScopedTempDir tmp("server_e2e_test");
   for (const std::string* text : {&during, &after}) {
-    const std::string path = ::testing::TempDir() + "/metrics.txt";
+    const std::string path = tmp.File("metrics.txt");
     std::ofstream(path) << *text;
     int rc = 0;
     const std::string out = RunCommand("promtool check metrics < " + path + " 2>&1", &rc);
@@ -965,8 +966,8 @@ TEST(ServerLifecycleTest, ApiKeyIsRequiredWhenSet) {
 
 TEST(ServerLifecycleTest, ServesTlsWithTheGivenCertificate) {
   // A self-signed certificate for localhost, made here with the openssl CLI.
-  const std::string dir = ::testing::TempDir();
-  const std::string cert = dir + "/tls-cert.pem", key = dir + "/tls-key.pem";
+  const ScopedTempDir tmp("server_e2e_test");
+  const std::string cert = tmp.File("tls-cert.pem"), key = tmp.File("tls-key.pem");
   const std::string cmd = "openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=localhost "
                           "-addext subjectAltName=DNS:localhost -keyout " + key + " -out " + cert +
                           " >/dev/null 2>&1";
@@ -1036,7 +1037,8 @@ model::ThetaTable ConstantTheta(const std::string& path) {
 }
 
 TEST(ServerTopThetaTest, SparsePolicyReportsItselfAndItsSavingsMove) {
-  const std::string path = ::testing::TempDir() + "/theta_const.json";
+  const ScopedTempDir tmp("server_e2e_test");
+  const std::string path = tmp.File("theta_const.json");
   model::ThetaTable table = ConstantTheta(path);
   ASSERT_FALSE(::testing::Test::HasFailure());
 
@@ -1077,7 +1079,7 @@ TEST(ServerTopThetaTest, SparsePolicyReportsItselfAndItsSavingsMove) {
   // A θ file from another model is refused with a message naming both.
   table.model_fingerprint = "0123456789abcdef";
   table.Finalize();
-  const std::string wrong = ::testing::TempDir() + "/theta_wrong.json";
+  const std::string wrong = tmp.File("theta_wrong.json");
   ASSERT_TRUE(table.Save(wrong).ok());
   int rc = 0;
   const std::string out = RunCommand(BinaryPath() + " generate --model " + DefaultModelPath() +
@@ -1092,7 +1094,8 @@ TEST(ServerTopThetaTest, SparsePolicyReportsItselfAndItsSavingsMove) {
 // back, nothing is dropped, and every page of both pools comes back. --offload-memory without
 // the policy, as a share, or below one page is refused at startup.
 TEST(ServerTopThetaTest, OffloadPolicyServesTheFullPolicysTextAndReportsHostMemory) {
-  const std::string path = ::testing::TempDir() + "/theta_const_offload.json";
+  const ScopedTempDir tmp("server_e2e_test");
+  const std::string path = tmp.File("theta_const_offload.json");
   ConstantTheta(path);
   ASSERT_FALSE(::testing::Test::HasFailure());
   ServerProcess server({"--theta", path, "--policy", "offload", "--local-window", "32",
@@ -1158,8 +1161,9 @@ std::string RunCalibrate(const std::string& args, int* rc) {
 // reaches past --context is refused.
 TEST(CalibrateCommandTest, KScheduleRaisesKWithTheRowLength) {
   const auto& run = RunCalibrate;
-  const std::string fixed = ::testing::TempDir() + "/theta_k16.json";
-  const std::string scheduled = ::testing::TempDir() + "/theta_k16_64.json";
+  const ScopedTempDir tmp("server_e2e_test");
+  const std::string fixed = tmp.File("theta_k16.json");
+  const std::string scheduled = tmp.File("theta_k16_64.json");
   int rc = 0;
   std::string out = run("--context 512 --max-tokens 512 --k 16 --out " + fixed, &rc);
   ASSERT_EQ(rc, 0) << out;
@@ -1197,8 +1201,9 @@ TEST(CalibrateCommandTest, ScoresAreComputedOverTheGivenKvCacheDtype) {
   auto run = [](const std::string& args, int* rc) {
     return RunCalibrate("--context 512 --max-tokens 512 --k 16 " + args, rc);
   };
-  const std::string f32 = ::testing::TempDir() + "/theta_f32.json";
-  const std::string fp8 = ::testing::TempDir() + "/theta_fp8.json";
+  const ScopedTempDir tmp("server_e2e_test");
+  const std::string f32 = tmp.File("theta_f32.json");
+  const std::string fp8 = tmp.File("theta_fp8.json");
   int rc = 0;
   std::string out = run("--kv-cache-dtype f32 --out " + f32, &rc);
   ASSERT_EQ(rc, 0) << out;

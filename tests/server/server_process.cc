@@ -47,7 +47,6 @@ std::string BinaryPath() { return THETASERVE_BINARY; }
 ServerProcess::ServerProcess(std::vector<std::string> extra, double timeout_s) {
   port_ = FreePort();
   metrics_port_ = FreePort();
-  log_path_ = ::testing::TempDir() + "/thetaserve-" + std::to_string(port_) + ".log";
   std::vector<std::string> args = {BinaryPath(), "serve", "--model", DefaultModelPath(),
                                    "--host", "127.0.0.1", "--port", std::to_string(port_),
                                    "--metrics-port", std::to_string(metrics_port_)};
@@ -55,6 +54,7 @@ ServerProcess::ServerProcess(std::vector<std::string> extra, double timeout_s) {
   pid_ = fork();
   if (pid_ == 0) {
     FILE* log = std::fopen(log_path_.c_str(), "w");
+    if (log == nullptr) _exit(126);
     dup2(fileno(log), 1);
     dup2(fileno(log), 2);
     std::vector<char*> cargs;

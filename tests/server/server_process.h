@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "grpcpp/grpcpp.h"
+#include "tests/test_util.h"
 #include "thetaserve/v1/generation.grpc.pb.h"
 
 namespace thetaserve::testing {
@@ -25,6 +26,8 @@ class ServerProcess {
  public:
   // Starts the server with the default model and `extra` flags; waits until health says
   // SERVING over plaintext (fails the test after `timeout_s`; timeout_s <= 0: no wait).
+  // The server's stdout and stderr go to log_path(), in a directory of its own that goes with
+  // the object (kept when the test failed).
   explicit ServerProcess(std::vector<std::string> extra = {}, double timeout_s = 180);
   ~ServerProcess();  // SIGKILL if still running
 
@@ -51,7 +54,8 @@ class ServerProcess {
   int metrics_port_ = 0;
   bool started_ = false;
   bool exited_ = false;
-  std::string log_path_;
+  ScopedTempDir dir_{"thetaserve-serve"};  // before log_path_, which is made from it
+  std::string log_path_ = dir_.File("serve.log");
   std::shared_ptr<grpc::Channel> channel_;
 };
 
