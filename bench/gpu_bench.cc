@@ -425,8 +425,9 @@ void EndToEnd(const std::string& path, const std::string& theta_path, const std:
     else std::printf("θ file %s: %s\n", theta_path.c_str(), std::string(t.status().message()).c_str());
   }
   std::printf("bf16 weights on the device: %.1f MB\n", weight_bytes / 1e6);
-  std::printf("%-8s %-8s %-8s %-12s %-12s %-10s\n", "mode", "prompt", "batch", "step ms", "tokens/s",
-              "weights bw");
+  // graphs: CUDA graphs captured per run (the step median leaves the captures' steps out).
+  std::printf("%-8s %-8s %-8s %-12s %-12s %-10s %-8s\n", "mode", "prompt", "batch", "step ms",
+              "tokens/s", "weights bw", "graphs");
   struct Shape {
     int prompt, max_tokens;
     std::vector<int> batches;
@@ -440,6 +441,7 @@ void EndToEnd(const std::string& path, const std::string& theta_path, const std:
       (*backend)->SetTopTheta(cfg);
       for (int B : shape.batches) {
         std::vector<double> step_ms;
+        const int64_t captured = ts::kernels::cuda::GraphsCaptured();
         for (int rep = 0; rep < repeats; ++rep) {
           ts::scheduler::EngineConfig config;
           // bf16 K and V of every layer: 4 GiB holds 64 × 192 tokens many times over; the long
@@ -455,8 +457,9 @@ void EndToEnd(const std::string& path, const std::string& theta_path, const std:
         }
         const double ms = Median(step_ms);
         const double bw = weight_bytes / (ms / 1e3) / copy_bw;
-        std::printf("%-8s %-8d %-8d %-12.3f %-12.0f %-10.3f\n", mode ? "top-θ" : "dense", shape.prompt, B,
-                    ms, B / (ms / 1e3), bw);
+        const double graphs = double(ts::kernels::cuda::GraphsCaptured() - captured) / repeats;
+        std::printf("%-8s %-8d %-8d %-12.3f %-12.0f %-10.3f %-8.1f\n", mode ? "top-θ" : "dense",
+                    shape.prompt, B, ms, B / (ms / 1e3), bw, graphs);
         std::fflush(stdout);
         char buf[96];
         std::snprintf(buf, sizeof buf, "%.0f tok/s (%.3f ms/step, weights at %.0f%% of copy bw)", B / (ms / 1e3), ms, 100 * bw);

@@ -64,6 +64,9 @@ class Backend {
   // Memory the KV pool could still take now: free device memory (CUDA), available RAM
   // (CPU, MemAvailable); nullopt when unknown. `--kv-cache-memory 90%` sizes the pool with it.
   virtual std::optional<int64_t> FreeMemoryBytes() const = 0;
+  // The most rows (pages × block_size) a pool may hold, KV or host; nullopt when only memory
+  // limits it. A share-sized --kv-cache-memory stops there.
+  virtual std::optional<int64_t> MaxPoolRows() const { return std::nullopt; }
 
   // Runs the model. `logits` receives NumLogitRows(batch) rows of vocab_size floats, in
   // sequence order (and token order within a sequence when all_logits).

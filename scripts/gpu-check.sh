@@ -97,10 +97,16 @@ if [ "$only_model" = 0 ] && [ -x "$bin/thetaserve_attention_bench" ]; then
     2>&1 | tee "$out/cpu-attention.log"
 fi
 
+# A decode step whose graph cannot be captured falls back to direct launches and still passes:
+# say so, and fail the check, rather than let the fallback hide it.
+graph_failures=$(grep -l "CUDA graph capture failed" "$out"/*.log 2>/dev/null | xargs -r -n1 basename | tr '\n' ' ')
+[ -n "$graph_failures" ] && failed=1
+
 stamp "done"
 echo
 echo "== gpu-check summary ($(head -2 "$out/device.txt" | tail -1)) =="
 for t in "${tests[@]}"; do printf '%-24s %s\n' "$t" "${result[$t]}"; done
 printf '%-24s rc %s\n' "thetaserve_gpu_bench" "$bench_rc"
+[ -n "$graph_failures" ] && printf '%-24s %s\n' "CUDA graph capture" "FAILED in $graph_failures"
 sed -n '/^## summary/,$p' "$out/gpu-bench.log" | tail -n +2
 [ "$failed" = 0 ] && [ "$bench_rc" = 0 ]

@@ -44,7 +44,8 @@ absl::StatusOr<KvCacheSpec> ParseKvCacheSpec(const std::string& value) {
 }
 
 absl::StatusOr<KvCacheSize> ResolveKvCacheSize(const KvCacheSpec& spec,
-                                               std::optional<int64_t> free_bytes) {
+                                               std::optional<int64_t> free_bytes,
+                                               std::optional<int64_t> max_bytes) {
   KvCacheSize out;
   if (spec.percent <= 0.0) {
     out.bytes = spec.bytes;
@@ -68,6 +69,14 @@ absl::StatusOr<KvCacheSize> ResolveKvCacheSize(const KvCacheSpec& spec,
       "%.2f GiB (%g%% of the %.2f GiB free after the model, less %.0f GiB for per-step buffers)",
       double(out.bytes) / kGiB, spec.percent, double(*free_bytes) / kGiB,
       double(kKvReserveBytes) / kGiB);
+  if (max_bytes && out.bytes > *max_bytes) {
+    out.bytes = *max_bytes;
+    out.description = absl::StrFormat(
+        "%.2f GiB (the largest pool the backend can address; %g%% of the %.2f GiB free after "
+        "the model, less %.0f GiB for per-step buffers, is more)",
+        double(out.bytes) / kGiB, spec.percent, double(*free_bytes) / kGiB,
+        double(kKvReserveBytes) / kGiB);
+  }
   return out;
 }
 

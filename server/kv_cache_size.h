@@ -28,9 +28,12 @@ struct KvCacheSize {
 };
 
 // The pool's bytes. A share needs `free_bytes` (Backend::FreeMemoryBytes after the model
-// loaded) and more free memory than the reserve.
+// loaded) and more free memory than the reserve; it stops at `max_bytes`, the largest pool the
+// backend can address (a small model on a large GPU: the CUDA kernels' 2^31 rows of 32 bytes
+// at head size 16 are 64 GiB). A size is taken as given: the backend refuses one too large.
 absl::StatusOr<KvCacheSize> ResolveKvCacheSize(const KvCacheSpec& spec,
-                                               std::optional<int64_t> free_bytes);
+                                               std::optional<int64_t> free_bytes,
+                                               std::optional<int64_t> max_bytes = std::nullopt);
 
 // The CPU backend's pool when --kv-cache-memory is not given: kCpuKvFloorBytes, or the K and V
 // of one sequence as long as the model's context (`full_context_bytes`) when that is more, so

@@ -190,11 +190,15 @@ int RunServe(const std::vector<std::string>& argv) {
   ec.scheduler.max_num_batched_tokens = *max_tokens;
   // Defaults: 90% of a GPU's free memory; on the CPU, enough for one full-context sequence.
   const std::optional<int64_t> free_bytes = loaded->backend->FreeMemoryBytes();
+  std::optional<int64_t> max_bytes;  // whole pages of at most MaxPoolRows rows
+  if (const std::optional<int64_t> rows = loaded->backend->MaxPoolRows()) {
+    max_bytes = *rows / *block_size * *block_size * loaded->backend->kv_row_bytes();
+  }
   absl::StatusOr<KvCacheSize> kv;
   if (args->Has("kv-cache-memory")) {
-    kv = ResolveKvCacheSize(*kv_spec, free_bytes);
+    kv = ResolveKvCacheSize(*kv_spec, free_bytes, max_bytes);
   } else if (loaded->backend->name() == "cuda") {
-    kv = ResolveKvCacheSize(KvCacheSpec{.percent = 90.0}, free_bytes);
+    kv = ResolveKvCacheSize(KvCacheSpec{.percent = 90.0}, free_bytes, max_bytes);
   } else {
     kv = DefaultCpuKvCacheSize(
         scheduler::Engine::KvBytesForSequence(*loaded->backend, static_cast<int32_t>(*block_size),

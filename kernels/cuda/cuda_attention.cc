@@ -14,6 +14,12 @@ size_t Align(size_t n) { return (n + 255) / 256 * 256; }
 
 }  // namespace
 
+int64_t PlannedLength(int64_t max_len) {
+  int64_t step = 256;
+  while (step * 16 <= max_len) step *= 2;  // step = 2^(floor(log2 max_len) - 3) past 4,096
+  return (std::max<int64_t>(max_len, 1) + step - 1) / step * step;
+}
+
 absl::Status CudaAttention::Prepare(const ForwardBatch& batch, const DeviceBatch& db,
                                     const AttnShape& shape, int32_t num_layers,
                                     const TopThetaConfig& config, cudaStream_t stream) {
@@ -49,7 +55,8 @@ absl::Status CudaAttention::Prepare(const ForwardBatch& batch, const DeviceBatch
   }
   num_split_rows_ = static_cast<int32_t>(row_ids.size());
   num_tiles_ = static_cast<int32_t>(tiles.size());
-  plan_ = PlanSplits(num_split_rows_, shape, split_max_len, num_sms_, k_load_);
+  const int64_t planned_len = PlannedLength(split_max_len);
+  plan_ = PlanSplits(num_split_rows_, shape, planned_len, num_sms_, k_load_);
 
   // Inputs: row ids, tiles, θ and SDC ratios, counters.
   const int64_t T = num_rows_;
@@ -99,7 +106,7 @@ absl::Status CudaAttention::Prepare(const ForwardBatch& batch, const DeviceBatch
 
   // Workspace for the split kernels, for `row_batch_` rows at a time: Top-θ keeps every
   // row's scores, so a long prefill chunk runs in slices of at most 256 MiB of scores.
-  const int64_t score_stride_pre = theta ? (split_max_len + 3) / 4 * 4 : 0;
+  const int64_t score_stride_pre = theta ? planned_len : 0;  // a multiple of 256
   int64_t row_batch = std::max<int64_t>(1, num_split_rows_);
   if (score_stride_pre > 0) {
     row_batch = std::min<int64_t>(row_batch, std::max<int64_t>(1, (int64_t(256) << 20) / (H * score_stride_pre * int64_t(sizeof(uint16_t)))));

@@ -5,6 +5,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -23,6 +24,8 @@
 
 namespace thetaserve::kernels::cuda {
 namespace {
+
+std::atomic<int64_t> graphs_captured{0};
 
 // cuBLAS is loaded with dlopen(RTLD_LOCAL) when the first CUDA backend is created, not linked:
 // as a global DT_NEEDED library its symbols interposed on civetweb's (the metrics server failed
@@ -141,6 +144,9 @@ absl::Status UploadF32(const model::TensorView& t, DeviceBuffer& dst) {
   return Upload(t.data, size_t(t.numel()) * sizeof(float), dst);
 }
 
+// Top-θ's pass 2 names a pool row by a 31-bit index (kernels/cuda/attention.cu, kHostRow).
+constexpr int64_t kMaxPoolRows = int64_t(1) << 31;
+
 class CudaBackend : public Backend {
  public:
   explicit CudaBackend(const model::Model& model) : Backend(model), attention_(1) {}
@@ -171,6 +177,7 @@ class CudaBackend : public Backend {
     }
     return static_cast<int64_t>(free);
   }
+  std::optional<int64_t> MaxPoolRows() const override { return kMaxPoolRows; }
 
  private:
   struct Layer {
@@ -282,9 +289,6 @@ absl::Status CudaBackend::Init() {
   TS_CUDA_RETURN(cudaDeviceSynchronize());  // uploads done before the first step's stream
   return absl::OkStatus();
 }
-
-// Top-θ's pass 2 names a pool row by a 31-bit index (kernels/cuda/attention.cu, kHostRow).
-constexpr int64_t kMaxPoolRows = int64_t(1) << 31;
 
 absl::Status CudaBackend::AllocateKvPool(int64_t num_pages, int32_t block_size) {
   if (num_pages * block_size > kMaxPoolRows) {
@@ -418,7 +422,7 @@ absl::Status CudaBackend::LaunchStep(int64_t T, int64_t R, bool vmc_rows) {
     TS_CUDA_RETURN(LaunchRopeWriteKv(qkv, L.has_bias ? L.bqkv.as<float>() : nullptr, T, kv,
                                      inv_freq_.as<float>(), c.rope_interleaved, pool, stream_));
     if (batch_.any_vsum()) {
-      TS_CUDA_RETURN(LaunchVSum(qkv, batch_.seqs(), batch_.num_seqs(), shape_, layer,
+      TS_CUDA_RETURN(LaunchVSum(qkv, kv, batch_.num_seqs(),
                                 vmc_rows ? vsum_rows_.as<float>() : nullptr, stream_));
     }
     if (absl::Status st = attention_.Run(layer, batch_, qkv, qkv_dim, kv_layout_, pool,
@@ -472,6 +476,7 @@ absl::Status CudaBackend::LaunchStepGraph(int64_t T, int64_t R, bool vmc_rows) {
       graphs_.erase(graphs_.begin());
     }
     graphs_.emplace_back(key, exec);
+    graphs_captured.fetch_add(1, std::memory_order_relaxed);
     it = graphs_.end() - 1;
   } else if (it != graphs_.end() - 1) {
     std::rotate(it, it + 1, graphs_.end());  // most recent last
@@ -544,5 +549,7 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const model::Model& m
   if (absl::Status st = backend->Init(); !st.ok()) return st;
   return std::unique_ptr<Backend>(std::move(backend));
 }
+
+int64_t GraphsCaptured() { return graphs_captured.load(std::memory_order_relaxed); }
 
 }  // namespace thetaserve::kernels::cuda

@@ -4,6 +4,7 @@
 // Built only when nvcc is found (THETASERVE_HAVE_CUDA=1); CUDA errors come out as Status.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -20,5 +21,9 @@ std::string DeviceDescription();
 
 // The CUDA Backend on device 0: uploads the weights (bf16) and creates the cuBLAS handle.
 absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const model::Model& model);
+
+// CUDA graphs of decode steps captured so far by this process's CUDA backends (tests and
+// benchmarks: a capture costs far more than a replay).
+int64_t GraphsCaptured();
 
 }  // namespace thetaserve::kernels::cuda

@@ -77,11 +77,10 @@ cudaError_t LaunchRopeWriteKv(float* qkv, const float* bias, int64_t T, const De
                               const float* inv_freq, bool interleaved, bf16* pool,
                               cudaStream_t stream);
 
-// VMC's running V sums: adds each new V row (in token order within each sequence) to its
-// sequence's v_sum and writes each row's sum including itself to vsum_rows [T, kv_dim].
-// Sequences without v_sum get nothing.
-cudaError_t LaunchVSum(const float* qkv, const DevSeq* seqs, int32_t num_seqs,
-                       const AttnShape& shape, int32_t layer, float* vsum_rows,
+// VMC's running V sums of kv.layer: adds each new V row (in token order within each of the
+// num_seqs sequences kv.seqs) to its sequence's v_sum and writes each row's sum including
+// itself to vsum_rows [T, kv_dim] (optional). Sequences without v_sum get nothing.
+cudaError_t LaunchVSum(const float* qkv, const DevKv& kv, int32_t num_seqs, float* vsum_rows,
                        cudaStream_t stream);
 
 // v_sum [tables, head_dim] = the sum of each table's V rows [0, length) in position order,

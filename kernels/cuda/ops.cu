@@ -103,9 +103,10 @@ __global__ void RopeWriteKvKernel(float* qkv, const float* bias, int64_t T, DevK
 }
 
 // One thread per (sequence, kv head, element): a running sum down the sequence's new rows.
-__global__ void VSumKernel(const float* qkv, const DevSeq* seqs, AttnShape shape, int32_t layer,
-                           float* vsum_rows) {
-  const DevSeq& seq = seqs[blockIdx.x];
+__global__ void VSumKernel(const float* qkv, DevKv kv, float* vsum_rows) {
+  const DevSeq& seq = kv.seqs[blockIdx.x];
+  const AttnShape& shape = kv.shape;
+  const int32_t layer = kv.layer;
   if (!seq.pages.v_sum) return;
   const int32_t d = shape.head_dim;
   const int64_t kv_dim = int64_t(shape.num_kv_heads) * d;
@@ -242,11 +243,10 @@ cudaError_t LaunchRopeWriteKv(float* qkv, const float* bias, int64_t T, const De
   return cudaGetLastError();
 }
 
-cudaError_t LaunchVSum(const float* qkv, const DevSeq* seqs, int32_t num_seqs,
-                       const AttnShape& shape, int32_t layer, float* vsum_rows,
+cudaError_t LaunchVSum(const float* qkv, const DevKv& kv, int32_t num_seqs, float* vsum_rows,
                        cudaStream_t stream) {
   if (num_seqs == 0) return cudaSuccess;
-  VSumKernel<<<num_seqs, 256, 0, stream>>>(qkv, seqs, shape, layer, vsum_rows);
+  VSumKernel<<<num_seqs, 256, 0, stream>>>(qkv, kv, vsum_rows);
   return cudaGetLastError();
 }
 

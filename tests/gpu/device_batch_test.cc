@@ -13,6 +13,7 @@
 #include "cache/page_pool.h"
 #include "cache/sequence_kv.h"
 #include "gtest/gtest.h"
+#include "kernels/cuda/cuda_attention.h"
 #include "kernels/cuda/device_batch.h"
 #include "scheduler/sequence.h"
 #include "tests/gpu/gpu_test_util.h"
@@ -420,6 +421,26 @@ TEST(DeviceBatchTest, MarksAndMassRoundTripThroughTheirWindowOnly) {
       ASSERT_EQ(seq.mass[at], in ? mass0[at] : -7.0f) << "table " << t << " position " << p;
     }
   }
+}
+
+// The length a step's split plan is sized for (the CUDA graph key of decode steps): never
+// shorter than the rows, a multiple of 256, at most 255 keys more below 4,096 and 12.5% more
+// past it, so a growing row changes it every 256 keys at first and ever more rarely after.
+TEST(PlannedLengthTest, StepsOf256ThenAnEighthOfThePowerOfTwo) {
+  for (const auto& [len, planned] : std::vector<std::pair<int64_t, int64_t>>{
+           {1, 256}, {200, 256}, {256, 256}, {257, 512}, {4095, 4096}, {4096, 4096},
+           {4097, 4608}, {32768, 32768}, {32769, 36864}, {131072, 131072}}) {
+    EXPECT_EQ(PlannedLength(len), planned) << len;
+  }
+  int64_t changes = 0;
+  for (int64_t len = 1; len <= 131072; ++len) {
+    const int64_t p = PlannedLength(len);
+    ASSERT_GE(p, len);
+    ASSERT_EQ(p % 256, 0) << len;
+    ASSERT_LE(p - len, std::max<int64_t>(255, len / 8)) << len;
+    changes += len > 1 && p != PlannedLength(len - 1);
+  }
+  EXPECT_EQ(changes, 15 + 8 * 5) << "256-key steps to 4,096, then 8 per doubling";
 }
 
 }  // namespace

@@ -16,6 +16,7 @@
 #include "cache/sequence_kv.h"
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
+#include "kernels/cuda/cuda_backend.h"
 #include "model/model.h"
 #include "model/theta_table.h"
 #include "scheduler/sequence.h"
@@ -422,6 +423,54 @@ TEST(GpuForwardTest, CudaGraphReplayEqualsDirectLaunch) {
     ASSERT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float))) << "step " << step;
     done += n;
     tokens.push_back(int32_t(std::max_element(a.begin(), a.end()) - a.begin()));
+  }
+}
+
+// Decode steps replay a graph captured once per planned length (cuda::PlannedLength: steps of
+// 256 keys at these lengths), not one per step, under dense attention and Top-θ alike: from a
+// 200-token prompt to 530 keys, three captures (planned 256, 512, 768). Sized from the exact
+// length, Top-θ's score stride changed the graph's key every 4 tokens.
+TEST(GpuForwardTest, DecodeGraphsAreCapturedOncePerPlannedLength) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  auto m = model::Model::Load(testing::TestDataPath("tiny_llama"));
+  ASSERT_TRUE(m.ok()) << m.status();
+  const auto& c = (*m)->config();
+  const model::ThetaTable table = AboveAverageTable(c);
+  for (const bool theta : {false, true}) {
+    SCOPED_TRACE(theta ? "Top-θ" : "dense");
+    auto b = CreateBackend(**m, Device::kCuda, 0);
+    ASSERT_TRUE(b.ok()) << b.status();
+    if (theta) {
+      TopThetaConfig cfg;
+      cfg.table = &table;
+      (*b)->SetTopTheta(cfg);
+    }
+    constexpr int32_t kBlock = 16, kStride = 34, kPrompt = 200, kEnd = 530;  // 544 positions
+    const int64_t tables = c.num_layers * c.num_kv_heads;
+    std::vector<int32_t> ktab(tables * kStride), vtab(tables * kStride);
+    for (int64_t i = 0; i < tables * kStride; ++i) {
+      ktab[i] = int32_t(2 * i);
+      vtab[i] = int32_t(2 * i + 1);
+    }
+    std::vector<float> v_sum(size_t(tables) * c.head_dim, 0.0f);
+    ASSERT_TRUE((*b)->AllocateKvPool(2 * tables * kStride, kBlock).ok());
+    const int64_t before = cuda::GraphsCaptured();
+    std::vector<float> logits(c.vocab_size);
+    for (int32_t done = 0; done < kEnd;) {
+      const int32_t n = done == 0 ? kPrompt : 1;
+      std::vector<int32_t> tokens(n);
+      for (int32_t i = 0; i < n; ++i) tokens[i] = (7 * (done + i) + 3) % c.vocab_size;
+      SeqChunk ch;
+      ch.num_tokens = n;
+      ch.start_pos = done;
+      ch.pages = SeqPageTables{ktab.data(), vtab.data(), kStride};
+      ch.pages.v_sum = v_sum.data();
+      const std::vector<SeqChunk> seqs = {ch};
+      const absl::Status st = (*b)->Forward(ForwardBatch{tokens, seqs, false}, logits.data());
+      ASSERT_TRUE(st.ok()) << "at " << done << ": " << st;
+      done += n;
+    }
+    EXPECT_EQ(cuda::GraphsCaptured() - before, 3);
   }
 }
 

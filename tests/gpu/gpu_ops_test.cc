@@ -235,7 +235,8 @@ TEST(GpuOpsTest, VSumAndKvRowCopiesMatchCpu) {
   dseqs.Upload(seqs);
   GuardedArray<float> dqkv(qkv.size()), rows(size_t(T) * KVH * d);
   dqkv.Upload(qkv);
-  CUDA_ASSERT(LaunchVSum(dqkv.get(), dseqs.get(), 3, AttnShape{H, KVH, d, 1.0f}, layer, rows.get(), nullptr));
+  const DevKv kv{nullptr, dseqs.get(), AttnShape{H, KVH, d, 1.0f}, layer, {}};  // no rows read
+  CUDA_ASSERT(LaunchVSum(dqkv.get(), kv, 3, rows.get(), nullptr));
   CUDA_ASSERT(cudaDeviceSynchronize());
   const std::vector<float> got_rows = rows.Download();
   int k = 0;

@@ -34,6 +34,27 @@ TEST(KvCacheSizeTest, ASharePartsTheFreeMemoryLessTheReserve) {
   EXPECT_EQ(size->bytes, 2 * kGiB);
 }
 
+// A small model on a large GPU: 90% of 139 GiB free is more than the CUDA kernels can address
+// at head size 16 (2^31 rows of 32 bytes = 64 GiB). The share stops there and says so; a share
+// under the limit and a size are left as they are.
+TEST(KvCacheSizeTest, AShareStopsAtTheLargestPoolTheBackendAddresses) {
+  const int64_t max_bytes = (int64_t(1) << 31) * 32;
+  auto capped = ResolveKvCacheSize(*ParseKvCacheSpec("90%"), 139 * kGiB, max_bytes);
+  ASSERT_TRUE(capped.ok()) << capped.status();
+  EXPECT_EQ(capped->bytes, max_bytes);
+  EXPECT_NE(capped->description.find("64.00 GiB (the largest pool the backend can address; "
+                                     "90% of the 139.00 GiB free"),
+            std::string::npos)
+      << capped->description;
+  auto under = ResolveKvCacheSize(*ParseKvCacheSpec("50%"), 101 * kGiB, max_bytes);
+  ASSERT_TRUE(under.ok());
+  EXPECT_EQ(under->bytes, 50 * kGiB);
+  EXPECT_EQ(under->description.find("largest pool"), std::string::npos) << under->description;
+  auto size = ResolveKvCacheSize(*ParseKvCacheSpec("100G"), 139 * kGiB, max_bytes);
+  ASSERT_TRUE(size.ok());
+  EXPECT_EQ(size->bytes, 100 * kGiB) << "a size is the backend's to refuse";
+}
+
 TEST(KvCacheSizeTest, BadValuesSayWhatIsAccepted) {
   for (const std::string text : {"", "0", "-1G", "abc", "12X", "0%", "150%", "-5%", "%", "nan%"}) {
     auto spec = ParseKvCacheSpec(text);
