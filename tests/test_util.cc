@@ -54,13 +54,15 @@ ScopedTempDir::ScopedTempDir(const std::string& prefix) {
   buf.push_back('\0');
   if (mkdtemp(buf.data()) == nullptr) {
     ADD_FAILURE() << "mkdtemp failed for " << tmpl << ": " << std::strerror(errno);
+    path_ = base;  // the test still writes somewhere harmless; nothing is removed
     return;
   }
   path_ = buf.data();
+  owned_ = true;
 }
 
 ScopedTempDir::~ScopedTempDir() {
-  if (path_.empty()) return;
+  if (!owned_) return;
   // A suite-wide object (a server shared by a suite) goes after the suite's last test: keep it
   // when any test of the suite failed.
   const auto* unit = ::testing::UnitTest::GetInstance();
@@ -68,7 +70,7 @@ ScopedTempDir::~ScopedTempDir() {
                       (unit->current_test_info() == nullptr && unit->current_test_suite() &&
                        unit->current_test_suite()->Failed());
   if (failed) {
-    std::fprintf(stderr, "kept %s (the test failed)\n", path_.c_str());
+    std::fprintf(stderr, "kept %s (a test failed)\n", path_.c_str());
     return;
   }
   std::error_code ec;

@@ -35,6 +35,7 @@ class ScopedTempDir {
 
  private:
   std::string path_;
+  bool owned_ = false;  // made here (else mkdtemp failed: the test failed and path_ is TempDir)
 };
 
 // |a-b| <= atol + rtol*|b| on every element; NaN never passes. Reports the worst element.

@@ -17,8 +17,8 @@ namespace thetaserve::kernels::cuda {
 
 // The key length a step's split plan (chunk, splits) and Top-θ's score rows are sized for: the
 // longest split row's, rounded up to a multiple of 256 keys, and past 4,096 keys to a multiple
-// of an eighth of the power of two at or below it (at most 12.5% more: its blocks past a row's
-// end return at once). Decode steps replay a CUDA graph keyed by the plan; sized from the exact
+// of an eighth of the power of two at or below it (at most 255 keys more, or 12.5% past 4,096;
+// the blocks past a row's end return at once). Decode steps replay a CUDA graph keyed by the plan; sized from the exact
 // length, the key changed every 4 tokens under Top-θ (the score stride) and every chunk under
 // dense attention, and each change cost a capture.
 int64_t PlannedLength(int64_t max_len);

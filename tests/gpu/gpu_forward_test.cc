@@ -429,33 +429,38 @@ TEST(GpuForwardTest, CudaGraphReplayEqualsDirectLaunch) {
 // Decode steps replay a graph captured once per planned length (cuda::PlannedLength: steps of
 // 256 keys at these lengths), not one per step, under dense attention and Top-θ alike: from a
 // 200-token prompt to 530 keys, three captures (planned 256, 512, 768). Sized from the exact
-// length, Top-θ's score stride changed the graph's key every 4 tokens.
-TEST(GpuForwardTest, DecodeGraphsAreCapturedOncePerPlannedLength) {
+// length, Top-θ's score stride changed the graph's key every 4 tokens. A graph replayed at up to
+// 256 lengths gives the logits direct launches give, bit for bit (the plan is the same).
+TEST(GpuForwardTest, DecodeGraphsAreCapturedOncePerPlannedLengthAndEqualDirectLaunches) {
   SKIP_WITHOUT_CUDA_DEVICE();
   auto m = model::Model::Load(testing::TestDataPath("tiny_llama"));
   ASSERT_TRUE(m.ok()) << m.status();
   const auto& c = (*m)->config();
   const model::ThetaTable table = AboveAverageTable(c);
+  constexpr int32_t kBlock = 16, kStride = 34, kPrompt = 200, kEnd = 530;  // 544 positions
+  const int64_t tables = c.num_layers * c.num_kv_heads;
+  std::vector<int32_t> ktab(tables * kStride), vtab(tables * kStride);
+  for (int64_t i = 0; i < tables * kStride; ++i) {
+    ktab[i] = int32_t(2 * i);
+    vtab[i] = int32_t(2 * i + 1);
+  }
   for (const bool theta : {false, true}) {
     SCOPED_TRACE(theta ? "Top-θ" : "dense");
-    auto b = CreateBackend(**m, Device::kCuda, 0);
-    ASSERT_TRUE(b.ok()) << b.status();
-    if (theta) {
-      TopThetaConfig cfg;
-      cfg.table = &table;
+    setenv("THETASERVE_CUDA_GRAPHS", "0", 1);
+    auto direct = CreateBackend(**m, Device::kCuda, 0);
+    unsetenv("THETASERVE_CUDA_GRAPHS");
+    auto graphed = CreateBackend(**m, Device::kCuda, 0);
+    ASSERT_TRUE(direct.ok() && graphed.ok());
+    TopThetaConfig cfg;
+    if (theta) cfg.table = &table;
+    std::vector<std::vector<float>> v_sums;  // each backend's VMC sums
+    for (auto* b : {&*direct, &*graphed}) {
       (*b)->SetTopTheta(cfg);
+      ASSERT_TRUE((*b)->AllocateKvPool(2 * tables * kStride, kBlock).ok());
+      v_sums.emplace_back(size_t(tables) * c.head_dim, 0.0f);
     }
-    constexpr int32_t kBlock = 16, kStride = 34, kPrompt = 200, kEnd = 530;  // 544 positions
-    const int64_t tables = c.num_layers * c.num_kv_heads;
-    std::vector<int32_t> ktab(tables * kStride), vtab(tables * kStride);
-    for (int64_t i = 0; i < tables * kStride; ++i) {
-      ktab[i] = int32_t(2 * i);
-      vtab[i] = int32_t(2 * i + 1);
-    }
-    std::vector<float> v_sum(size_t(tables) * c.head_dim, 0.0f);
-    ASSERT_TRUE((*b)->AllocateKvPool(2 * tables * kStride, kBlock).ok());
     const int64_t before = cuda::GraphsCaptured();
-    std::vector<float> logits(c.vocab_size);
+    std::vector<float> a(c.vocab_size), g(c.vocab_size);
     for (int32_t done = 0; done < kEnd;) {
       const int32_t n = done == 0 ? kPrompt : 1;
       std::vector<int32_t> tokens(n);
@@ -464,10 +469,15 @@ TEST(GpuForwardTest, DecodeGraphsAreCapturedOncePerPlannedLength) {
       ch.num_tokens = n;
       ch.start_pos = done;
       ch.pages = SeqPageTables{ktab.data(), vtab.data(), kStride};
-      ch.pages.v_sum = v_sum.data();
-      const std::vector<SeqChunk> seqs = {ch};
-      const absl::Status st = (*b)->Forward(ForwardBatch{tokens, seqs, false}, logits.data());
+      SeqChunk gch = ch;
+      ch.pages.v_sum = v_sums[0].data();
+      gch.pages.v_sum = v_sums[1].data();
+      const std::vector<SeqChunk> seqs = {ch}, gseqs = {gch};
+      absl::Status st = (*direct)->Forward(ForwardBatch{tokens, seqs, false}, a.data());
       ASSERT_TRUE(st.ok()) << "at " << done << ": " << st;
+      st = (*graphed)->Forward(ForwardBatch{tokens, gseqs, false}, g.data());
+      ASSERT_TRUE(st.ok()) << "at " << done << ": " << st;
+      ASSERT_EQ(0, std::memcmp(a.data(), g.data(), a.size() * sizeof(float))) << "at " << done;
       done += n;
     }
     EXPECT_EQ(cuda::GraphsCaptured() - before, 3);
