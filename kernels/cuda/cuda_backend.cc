@@ -151,7 +151,7 @@ class CudaBackend : public Backend {
  public:
   explicit CudaBackend(const model::Model& model) : Backend(model), attention_(1) {}
   ~CudaBackend() override {
-    for (auto& [key, exec] : graphs_) cudaGraphExecDestroy(exec);
+    DropGraphs();
     if (handle_) cublas_->destroy(handle_);
     if (stream_) cudaStreamDestroy(stream_);
   }
@@ -196,6 +196,12 @@ class CudaBackend : public Backend {
   absl::Status LaunchStep(int64_t T, int64_t R, bool vmc_rows);
   // Replays (capturing first if new) the graph of a decode step with this signature.
   absl::Status LaunchStepGraph(int64_t T, int64_t R, bool vmc_rows);
+  // The captured graphs hold the pools' addresses and layout (the block size is not in their
+  // keys): a new pool, which may land at the old address, drops them.
+  void DropGraphs() {
+    for (auto& [key, exec] : graphs_) cudaGraphExecDestroy(exec);
+    graphs_.clear();
+  }
 
   cudaStream_t stream_ = nullptr;
   const CublasApi* cublas_ = nullptr;
@@ -296,6 +302,7 @@ absl::Status CudaBackend::AllocateKvPool(int64_t num_pages, int32_t block_size) 
         "a KV pool of %d pages of %d rows exceeds the CUDA kernels' 2^31 rows; use a smaller "
         "--kv-cache-memory", num_pages, block_size));
   }
+  DropGraphs();
   if (absl::Status st = SetKvLayout(num_pages, block_size); !st.ok()) return st;
   host_pool_.Free();
   attention_.set_host_pool(nullptr);
@@ -308,6 +315,7 @@ absl::Status CudaBackend::AllocateKvPool(int64_t num_pages, int32_t block_size) 
 }
 
 absl::Status CudaBackend::AllocateHostPool(int64_t num_pages) {
+  DropGraphs();
   host_pool_.Free();
   attention_.set_host_pool(nullptr);
   if (num_pages * kv_layout_.block_size > kMaxPoolRows) {

@@ -484,5 +484,51 @@ TEST(GpuForwardTest, DecodeGraphsAreCapturedOncePerPlannedLengthAndEqualDirectLa
   }
 }
 
+// A new pool drops the cached graphs: they hold the pool's address and layout, and the block
+// size is not in their keys. After AllocateKvPool with twice the block size (the same bytes,
+// which a device allocator tends to hand back at the same address; the emulator does), decode
+// steps capture again and give the logits direct launches give.
+TEST(GpuForwardTest, ANewPoolDropsCachedGraphs) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  auto m = model::Model::Load(testing::TestDataPath("tiny_llama"));
+  ASSERT_TRUE(m.ok()) << m.status();
+  const auto& c = (*m)->config();
+  setenv("THETASERVE_CUDA_GRAPHS", "0", 1);
+  auto direct = CreateBackend(**m, Device::kCuda, 0);
+  unsetenv("THETASERVE_CUDA_GRAPHS");
+  auto graphed = CreateBackend(**m, Device::kCuda, 0);
+  ASSERT_TRUE(direct.ok() && graphed.ok());
+  const int64_t tables = c.num_layers * c.num_kv_heads;
+  for (const int32_t block : {16, 32}) {
+    SCOPED_TRACE(::testing::Message() << "block " << block);
+    const int32_t stride = 1024 / block;  // 1,024 positions, the same bytes either way
+    std::vector<int32_t> ktab(tables * stride), vtab(tables * stride);
+    for (int64_t i = 0; i < tables * stride; ++i) {
+      ktab[i] = int32_t(2 * i);
+      vtab[i] = int32_t(2 * i + 1);
+    }
+    for (auto* b : {&*direct, &*graphed}) {
+      ASSERT_TRUE((*b)->AllocateKvPool(2 * tables * stride, block).ok());
+    }
+    const int64_t before = cuda::GraphsCaptured();
+    std::vector<float> a(c.vocab_size), g(c.vocab_size);
+    for (int32_t done = 0; done < 40;) {
+      const int32_t n = done == 0 ? 30 : 1;
+      std::vector<int32_t> tokens(n);
+      for (int32_t i = 0; i < n; ++i) tokens[i] = (5 * (done + i) + 1) % c.vocab_size;
+      SeqChunk ch;
+      ch.num_tokens = n;
+      ch.start_pos = done;
+      ch.pages = SeqPageTables{ktab.data(), vtab.data(), stride};
+      const std::vector<SeqChunk> seqs = {ch};
+      ASSERT_TRUE((*direct)->Forward(ForwardBatch{tokens, seqs, false}, a.data()).ok());
+      ASSERT_TRUE((*graphed)->Forward(ForwardBatch{tokens, seqs, false}, g.data()).ok());
+      ASSERT_EQ(0, std::memcmp(a.data(), g.data(), a.size() * sizeof(float))) << "at " << done;
+      done += n;
+    }
+    EXPECT_EQ(cuda::GraphsCaptured() - before, 1);
+  }
+}
+
 }  // namespace
 }  // namespace thetaserve::kernels

@@ -7,6 +7,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -354,6 +356,25 @@ std::map<void*, size_t>& Allocations() {
   static std::map<void*, size_t> m;
   return m;
 }
+// Freed device blocks, most recent last: cudaMalloc hands the latest one of the asked size back,
+// as a device allocator tends to hand back a freed range, so that code which keys anything by a
+// device address (CUDA graphs) meets a new buffer at an old address here too.
+std::deque<std::pair<void*, size_t>>& FreedBlocks() {
+  static std::deque<std::pair<void*, size_t>> q;
+  return q;
+}
+constexpr size_t kMaxFreedBlocks = 16;
+size_t Rounded(size_t bytes) { return (std::max<size_t>(bytes, 1) + 255) / 256 * 256; }
+// Under AddressSanitizer a freed block stays poisoned until it is handed out again, so a read
+// after cudaFree still shows.
+void PoisonFreed(void* p, size_t bytes, bool poison) {
+#if defined(__SANITIZE_ADDRESS__)
+  if (poison) ASAN_POISON_MEMORY_REGION(p, Rounded(bytes));
+  else ASAN_UNPOISON_MEMORY_REGION(p, Rounded(bytes));
+#else
+  (void)p, (void)bytes, (void)poison;
+#endif
+}
 
 cudaError_t Fail(cudaError_t e) {
   g_last_error = e;
@@ -518,9 +539,20 @@ static void* PoisonedAlloc(size_t bytes) {
 }
 
 cudaError_t cudaMalloc(void** ptr, size_t bytes) {
-  void* p = PoisonedAlloc(bytes);
-  if (!p) return Fail(cudaErrorMemoryAllocation);
   std::lock_guard<std::mutex> lock(emu::g_alloc_mutex);
+  void* p = nullptr;
+  auto& freed = emu::FreedBlocks();
+  for (auto it = freed.rbegin(); it != freed.rend(); ++it) {
+    if (it->second == bytes) {  // reused: NaN bytes again, as fresh memory is
+      p = it->first;
+      emu::PoisonFreed(p, bytes, false);
+      std::memset(p, 0xFF, emu::Rounded(bytes));
+      freed.erase(std::next(it).base());
+      break;
+    }
+  }
+  if (!p) p = PoisonedAlloc(bytes);
+  if (!p) return Fail(cudaErrorMemoryAllocation);
   emu::Allocations()[p] = bytes;
   *ptr = p;
   return cudaSuccess;
@@ -528,8 +560,17 @@ cudaError_t cudaMalloc(void** ptr, size_t bytes) {
 cudaError_t cudaFree(void* ptr) {
   if (!ptr) return cudaSuccess;
   std::lock_guard<std::mutex> lock(emu::g_alloc_mutex);
-  if (emu::Allocations().erase(ptr) == 0) return Fail(cudaErrorInvalidValue);
-  std::free(ptr);
+  auto it = emu::Allocations().find(ptr);
+  if (it == emu::Allocations().end()) return Fail(cudaErrorInvalidValue);
+  auto& freed = emu::FreedBlocks();
+  freed.emplace_back(ptr, it->second);
+  emu::PoisonFreed(ptr, it->second, true);
+  emu::Allocations().erase(it);
+  if (freed.size() > emu::kMaxFreedBlocks) {
+    emu::PoisonFreed(freed.front().first, freed.front().second, false);
+    std::free(freed.front().first);
+    freed.pop_front();
+  }
   return cudaSuccess;
 }
 cudaError_t cudaMemGetInfo(size_t* free, size_t* total) {
