@@ -387,6 +387,34 @@ TEST(GpuForwardTest, SparseVThroughCompactionSmolLM2) {
   }
 }
 
+// Two CUDA backends of one model: `direct` launches every step's kernels
+// (THETASERVE_CUDA_GRAPHS=0), `graphed` replays decode steps as CUDA graphs.
+struct DirectAndGraphed {
+  absl::StatusOr<std::unique_ptr<Backend>> direct, graphed;
+  explicit DirectAndGraphed(const model::Model& m) {
+    setenv("THETASERVE_CUDA_GRAPHS", "0", 1);
+    direct = CreateBackend(m, Device::kCuda, 0);
+    unsetenv("THETASERVE_CUDA_GRAPHS");
+    graphed = CreateBackend(m, Device::kCuda, 0);
+  }
+};
+
+// One sequence's page tables over a pool of 2 · tables · stride pages: position block i of
+// table lh in K page 2(lh · stride + i), in V page 2(lh · stride + i) + 1.
+struct InterleavedTables {
+  std::vector<int32_t> k, v;
+  int32_t stride;
+  InterleavedTables(int64_t tables, int32_t stride)
+      : k(tables * stride), v(tables * stride), stride(stride) {
+    for (int64_t i = 0; i < tables * stride; ++i) {
+      k[i] = int32_t(2 * i);
+      v[i] = int32_t(2 * i + 1);
+    }
+  }
+  int64_t pages() const { return 2 * int64_t(k.size()); }
+  SeqPageTables page_tables() const { return SeqPageTables{k.data(), v.data(), stride}; }
+};
+
 // Decode steps replay captured CUDA graphs; the same steps launched directly give the same
 // logits, bit for bit (dense attention is deterministic).
 TEST(GpuForwardTest, CudaGraphReplayEqualsDirectLaunch) {
@@ -396,16 +424,11 @@ TEST(GpuForwardTest, CudaGraphReplayEqualsDirectLaunch) {
   auto m = model::Model::Load(path);
   ASSERT_TRUE(m.ok()) << m.status();
   const auto& c = (*m)->config();
-  setenv("THETASERVE_CUDA_GRAPHS", "0", 1);
-  auto direct = CreateBackend(**m, Device::kCuda, 0);
-  unsetenv("THETASERVE_CUDA_GRAPHS");
-  auto graphed = CreateBackend(**m, Device::kCuda, 0);
+  auto [direct, graphed] = DirectAndGraphed(**m);
   ASSERT_TRUE(direct.ok() && graphed.ok());
-  const int32_t bs = 16, stride = 16;
-  const int64_t tables = c.num_layers * c.num_kv_heads;
-  std::vector<int32_t> ktab(tables * stride), vtab(tables * stride);
-  for (int64_t i = 0; i < tables * stride; ++i) ktab[i] = int32_t(2 * i), vtab[i] = int32_t(2 * i + 1);
-  for (auto* b : {&*direct, &*graphed}) ASSERT_TRUE((*b)->AllocateKvPool(2 * tables * stride, bs).ok());
+  const int32_t bs = 16;
+  const InterleavedTables tab(c.num_layers * c.num_kv_heads, 16);
+  for (auto* b : {&*direct, &*graphed}) ASSERT_TRUE((*b)->AllocateKvPool(tab.pages(), bs).ok());
   std::vector<int32_t> tokens = (*m)->tokenizer().Encode("The capital of France is", false);
   int32_t done = 0;
   for (int step = 0; step < 24; ++step) {
@@ -413,7 +436,7 @@ TEST(GpuForwardTest, CudaGraphReplayEqualsDirectLaunch) {
     SeqChunk ch;
     ch.num_tokens = n;
     ch.start_pos = done;
-    ch.pages = SeqPageTables{ktab.data(), vtab.data(), stride};
+    ch.pages = tab.page_tables();
     std::vector<int32_t> step_tokens(tokens.begin() + done, tokens.begin() + done + n);
     std::vector<SeqChunk> seqs = {ch};
     ForwardBatch batch{step_tokens, seqs, false};
@@ -437,26 +460,19 @@ TEST(GpuForwardTest, DecodeGraphsAreCapturedOncePerPlannedLengthAndEqualDirectLa
   ASSERT_TRUE(m.ok()) << m.status();
   const auto& c = (*m)->config();
   const model::ThetaTable table = AboveAverageTable(c);
-  constexpr int32_t kBlock = 16, kStride = 34, kPrompt = 200, kEnd = 530;  // 544 positions
+  constexpr int32_t kBlock = 16, kPrompt = 200, kEnd = 530;
   const int64_t tables = c.num_layers * c.num_kv_heads;
-  std::vector<int32_t> ktab(tables * kStride), vtab(tables * kStride);
-  for (int64_t i = 0; i < tables * kStride; ++i) {
-    ktab[i] = int32_t(2 * i);
-    vtab[i] = int32_t(2 * i + 1);
-  }
+  const InterleavedTables tab(tables, 34);  // 544 positions
   for (const bool theta : {false, true}) {
     SCOPED_TRACE(theta ? "Top-θ" : "dense");
-    setenv("THETASERVE_CUDA_GRAPHS", "0", 1);
-    auto direct = CreateBackend(**m, Device::kCuda, 0);
-    unsetenv("THETASERVE_CUDA_GRAPHS");
-    auto graphed = CreateBackend(**m, Device::kCuda, 0);
+    auto [direct, graphed] = DirectAndGraphed(**m);
     ASSERT_TRUE(direct.ok() && graphed.ok());
     TopThetaConfig cfg;
     if (theta) cfg.table = &table;
     std::vector<std::vector<float>> v_sums;  // each backend's VMC sums
     for (auto* b : {&*direct, &*graphed}) {
       (*b)->SetTopTheta(cfg);
-      ASSERT_TRUE((*b)->AllocateKvPool(2 * tables * kStride, kBlock).ok());
+      ASSERT_TRUE((*b)->AllocateKvPool(tab.pages(), kBlock).ok());
       v_sums.emplace_back(size_t(tables) * c.head_dim, 0.0f);
     }
     const int64_t before = cuda::GraphsCaptured();
@@ -468,7 +484,7 @@ TEST(GpuForwardTest, DecodeGraphsAreCapturedOncePerPlannedLengthAndEqualDirectLa
       SeqChunk ch;
       ch.num_tokens = n;
       ch.start_pos = done;
-      ch.pages = SeqPageTables{ktab.data(), vtab.data(), kStride};
+      ch.pages = tab.page_tables();
       SeqChunk gch = ch;
       ch.pages.v_sum = v_sums[0].data();
       gch.pages.v_sum = v_sums[1].data();
@@ -493,22 +509,14 @@ TEST(GpuForwardTest, ANewPoolDropsCachedGraphs) {
   auto m = model::Model::Load(testing::TestDataPath("tiny_llama"));
   ASSERT_TRUE(m.ok()) << m.status();
   const auto& c = (*m)->config();
-  setenv("THETASERVE_CUDA_GRAPHS", "0", 1);
-  auto direct = CreateBackend(**m, Device::kCuda, 0);
-  unsetenv("THETASERVE_CUDA_GRAPHS");
-  auto graphed = CreateBackend(**m, Device::kCuda, 0);
+  auto [direct, graphed] = DirectAndGraphed(**m);
   ASSERT_TRUE(direct.ok() && graphed.ok());
-  const int64_t tables = c.num_layers * c.num_kv_heads;
   for (const int32_t block : {16, 32}) {
     SCOPED_TRACE(::testing::Message() << "block " << block);
-    const int32_t stride = 1024 / block;  // 1,024 positions, the same bytes either way
-    std::vector<int32_t> ktab(tables * stride), vtab(tables * stride);
-    for (int64_t i = 0; i < tables * stride; ++i) {
-      ktab[i] = int32_t(2 * i);
-      vtab[i] = int32_t(2 * i + 1);
-    }
+    // 1,024 positions, the same bytes either way
+    const InterleavedTables tab(c.num_layers * c.num_kv_heads, 1024 / block);
     for (auto* b : {&*direct, &*graphed}) {
-      ASSERT_TRUE((*b)->AllocateKvPool(2 * tables * stride, block).ok());
+      ASSERT_TRUE((*b)->AllocateKvPool(tab.pages(), block).ok());
     }
     const int64_t before = cuda::GraphsCaptured();
     std::vector<float> a(c.vocab_size), g(c.vocab_size);
@@ -519,7 +527,7 @@ TEST(GpuForwardTest, ANewPoolDropsCachedGraphs) {
       SeqChunk ch;
       ch.num_tokens = n;
       ch.start_pos = done;
-      ch.pages = SeqPageTables{ktab.data(), vtab.data(), stride};
+      ch.pages = tab.page_tables();
       const std::vector<SeqChunk> seqs = {ch};
       ASSERT_TRUE((*direct)->Forward(ForwardBatch{tokens, seqs, false}, a.data()).ok());
       ASSERT_TRUE((*graphed)->Forward(ForwardBatch{tokens, seqs, false}, g.data()).ok());

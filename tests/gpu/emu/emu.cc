@@ -532,7 +532,7 @@ const char* cudaGetErrorString(cudaError_t e) { return cudaGetErrorName(e); }
 // and NaN makes a read of memory nobody wrote show, where the host heap's leftovers would pass
 // or fail by chance.
 static void* PoisonedAlloc(size_t bytes) {
-  const size_t rounded = (std::max<size_t>(bytes, 1) + 255) / 256 * 256;
+  const size_t rounded = emu::Rounded(bytes);
   void* p = std::aligned_alloc(256, rounded);
   if (p) std::memset(p, 0xFF, rounded);
   return p;
