@@ -2,7 +2,8 @@
 # Packs the GPU tests and benchmark, built here with nvcc, for a GPU machine that lacks the
 # build dependencies (gRPC, Abseil, GoogleTest): DIR/bin holds the binaries, DIR/lib the
 # shared libraries they need beyond glibc, libstdc++, the driver and cuBLAS (which the GPU
-# machine provides). Then, there: scripts/gpu-check.sh --prebuilt DIR.
+# machine provides). Then, there: scripts/gpu-check.sh --prebuilt DIR. Through the device tool
+# (64 MiB a call) scripts/gpu-stage.sh carries DIR and the model in parts and prints the calls.
 #
 #   scripts/gpu-pack.sh [DIR]   (default .devbin; git-ignored)
 set -euo pipefail
