@@ -73,8 +73,8 @@ for ctx in "${CONTEXTS[@]}"; do
   run "$ctx" --theta "$f" --sdc none --no-vmc                # no compensation
   run "$ctx" --theta "$f" --sdc exact --no-vmc               # SDC only
   run "$ctx" --theta "$f" --sdc none                         # VMC only
-  run "$ctx" --theta "$f" --top-k                            # exact top-k, same compensation
-  run "$ctx" --theta "$f" --top-k --sdc none --no-vmc        # exact top-k, plain
+  run "$ctx" --theta "$f" --exact-top-k                      # exact top-k, same compensation
+  run "$ctx" --theta "$f" --exact-top-k --sdc none --no-vmc  # exact top-k, plain
   f=$(theta_file 64 pre)
   run "$ctx" --theta "$f"
   run "$ctx" --theta "$(theta_file 64 post)" --sdc exp-threshold

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <sstream>
 
@@ -71,13 +72,14 @@ int RunCalibrate(const std::vector<std::string>& argv) {
     std::fprintf(stderr, "thetaserve calibrate: %s\n", std::string(st.message()).c_str());
     return 1;
   };
-  auto k = args->GetInt("k", 64);
-  auto dense_layers = args->GetInt("dense-layers", 2);
-  auto dense_k = args->GetInt("dense-k", 512);
-  auto context = args->GetInt("context", 2048);
+  constexpr int64_t kI32 = std::numeric_limits<int32_t>::max();  // the θ file's integers
+  auto k = args->GetInt("k", 64, 1, kI32);
+  auto dense_layers = args->GetInt("dense-layers", 2, 0, kI32);
+  auto dense_k = args->GetInt("dense-k", 512, 1, kI32);
+  auto context = args->GetInt("context", 2048, 2, kI32);
   auto max_tokens = args->GetInt("max-tokens", 32768);
   auto std_factor = args->GetDouble("std-factor", 0.1);
-  auto threads = args->GetInt("threads", 0);
+  auto threads = args->GetInt("threads", 0, 0, kMaxThreadsFlag);
   auto device = ParseDevice(args->GetString("device", "cpu"));
   auto kv_dtype = ParseKvDtypeFlag(args->GetString("kv-cache-dtype", "auto"));
   for (const absl::Status& st : {k.status(), dense_layers.status(), dense_k.status(), context.status(),

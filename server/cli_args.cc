@@ -55,6 +55,16 @@ absl::StatusOr<int64_t> CliArgs::GetInt(const std::string& name, int64_t fallbac
   return v;
 }
 
+absl::StatusOr<int64_t> CliArgs::GetInt(const std::string& name, int64_t fallback, int64_t lo,
+                                        int64_t hi) const {
+  absl::StatusOr<int64_t> v = GetInt(name, fallback);
+  if (v.ok() && (*v < lo || *v > hi)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", name, " must be in [", lo, ", ", hi, "], got ", *v));
+  }
+  return v;
+}
+
 absl::StatusOr<double> CliArgs::GetDouble(const std::string& name, double fallback) const {
   auto it = values_.find(name);
   if (it == values_.end()) return fallback;

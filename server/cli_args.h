@@ -10,6 +10,9 @@
 
 namespace thetaserve::server {
 
+// --threads N: 0 means every core; more than this is a typo, not a machine.
+inline constexpr int64_t kMaxThreadsFlag = 1024;
+
 class CliArgs {
  public:
   // `known` maps each accepted flag to whether it takes a value. Unknown flags are an error
@@ -20,6 +23,9 @@ class CliArgs {
   bool Has(const std::string& name) const { return values_.count(name) > 0; }
   std::string GetString(const std::string& name, const std::string& fallback = "") const;
   absl::StatusOr<int64_t> GetInt(const std::string& name, int64_t fallback) const;
+  // An integer flag that must lie in [lo, hi]; outside it, an error that names the range.
+  absl::StatusOr<int64_t> GetInt(const std::string& name, int64_t fallback, int64_t lo,
+                                 int64_t hi) const;
   absl::StatusOr<double> GetDouble(const std::string& name, double fallback) const;
 
  private:

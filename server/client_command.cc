@@ -1,6 +1,7 @@
 // `thetaserve client`: streams one completion from a running server to stdout.
 #include <cstdio>
 #include <fstream>
+#include <limits>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -73,14 +74,17 @@ int RunClient(const std::vector<std::string>& argv) {
     std::fprintf(stderr, "%s", kUsage);
     return args.ok() && args->Has("help") ? 0 : 2;
   }
-  auto max_tokens = args->GetInt("max-tokens", 64);
+  // Passed on as the proto's fields: out of their types' range is refused here, not wrapped.
+  constexpr int64_t kU32 = std::numeric_limits<uint32_t>::max();
+  constexpr int64_t kI32 = std::numeric_limits<int32_t>::max();
+  auto max_tokens = args->GetInt("max-tokens", 64, 0, kU32);
   auto temperature = args->GetDouble("temperature", 0);
   auto top_p = args->GetDouble("top-p", 1);
-  auto top_k = args->GetInt("top-k", 0);
+  auto top_k = args->GetInt("top-k", 0, -kI32 - 1, kI32);
   auto seed = args->GetInt("seed", -1);
   auto timeout = args->GetDouble("timeout", 0);
-  auto min_tokens = args->GetInt("min-tokens", 0);
-  auto n = args->GetInt("n", 1);
+  auto min_tokens = args->GetInt("min-tokens", 0, 0, kU32);
+  auto n = args->GetInt("n", 1, 1, kU32);
   auto bias = ParseLogitBias(args->GetString("logit-bias"));
   for (const absl::Status& st : {max_tokens.status(), temperature.status(), top_p.status(),
                                  top_k.status(), seed.status(), timeout.status(),

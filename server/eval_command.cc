@@ -84,7 +84,7 @@ int RunEval(const std::vector<std::string>& argv) {
   };
   auto context = args->GetInt("context", 2048);
   auto max_tokens = args->GetInt("max-tokens", 65536);
-  auto threads = args->GetInt("threads", 0);
+  auto threads = args->GetInt("threads", 0, 0, kMaxThreadsFlag);
   auto device = ParseDevice(args->GetString("device", "auto"));
   auto kv_dtype = ParseKvDtypeFlag(args->GetString("kv-cache-dtype", "auto"));
   for (const absl::Status& st : {context.status(), max_tokens.status(), threads.status(),

@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <limits>
 #include <map>
 #include <string>
 #include <vector>
@@ -13,6 +14,7 @@
 #include "server/commands.h"
 #include "server/model_loading.h"
 #include "server/theta_options.h"
+#include "server/validation.h"
 
 namespace thetaserve::server {
 namespace {
@@ -57,10 +59,10 @@ int RunGenerate(const std::vector<std::string>& argv) {
     return 1;
   };
   auto max_tokens = args->GetInt("max-tokens", 64);
-  auto threads = args->GetInt("threads", 0);
+  auto threads = args->GetInt("threads", 0, 0, kMaxThreadsFlag);
   auto temperature = args->GetDouble("temperature", 0.0);
   auto top_p = args->GetDouble("top-p", 1.0);
-  auto top_k = args->GetInt("top-k", 0);
+  auto top_k = args->GetInt("top-k", 0, 0, std::numeric_limits<int32_t>::max());
   auto min_p = args->GetDouble("min-p", 0.0);
   auto rep = args->GetDouble("repetition-penalty", 1.0);
   auto seed = args->GetInt("seed", -1);
@@ -73,6 +75,18 @@ int RunGenerate(const std::vector<std::string>& argv) {
     if (!st.ok()) return fail(st);
   }
   if (!args->Has("prompt")) return fail(absl::InvalidArgumentError("--prompt is required"));
+  if (*max_tokens < 1) return fail(absl::InvalidArgumentError("--max-tokens must be >= 1"));
+  // The API's checks, so a value the server refuses is refused here too.
+  v1::SamplingParams api;
+  api.set_temperature(static_cast<float>(*temperature));
+  api.set_top_p(static_cast<float>(*top_p));
+  api.set_top_k(static_cast<int32_t>(*top_k));
+  api.set_min_p(static_cast<float>(*min_p));
+  api.set_repetition_penalty(static_cast<float>(*rep));
+  if (*seed >= 0) api.set_seed(static_cast<uint64_t>(*seed));
+  // No logit bias here, so no vocabulary to check one against: checked before the model loads.
+  auto sampling = BuildSampling(api, /*vocab_size=*/0);
+  if (!sampling.ok()) return fail(sampling.status());
 
   auto loaded = LoadModelForCli(args->GetString("model"), *device, static_cast<int>(*threads),
                                 kernels::MatMulMode::kQuantized, *kv_dtype);
@@ -101,14 +115,7 @@ int RunGenerate(const std::vector<std::string>& argv) {
   auto runner = scheduler::SequenceRunner::Create(*loaded->backend, capacity, 16, theta->sparse);
   if (!runner.ok()) return fail(runner.status());
 
-  scheduler::SamplingParams sp;
-  sp.temperature = static_cast<float>(*temperature);
-  sp.top_p = static_cast<float>(*top_p);
-  sp.top_k = static_cast<int32_t>(*top_k);
-  sp.min_p = static_cast<float>(*min_p);
-  sp.repetition_penalty = static_cast<float>(*rep);
-  if (*seed >= 0) sp.seed = static_cast<uint64_t>(*seed);
-  scheduler::Sampler sampler(sp);
+  scheduler::Sampler sampler(*sampling);
   model::StreamDecoder decoder(tok);
   const bool ignore_eos = args->Has("ignore-eos");
   const auto& stops = tok.stop_ids();

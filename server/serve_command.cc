@@ -115,18 +115,19 @@ int RunServe(const std::vector<std::string>& argv) {
     std::fprintf(stderr, "thetaserve serve: %s\n", std::string(st.message()).c_str());
     return 1;
   };
-  auto port = args->GetInt("port", 50051);
-  auto metrics_port = args->GetInt("metrics-port", 9090);
-  auto http_port = args->GetInt("http-port", 0);
+  auto port = args->GetInt("port", 50051, 1, 65535);
+  auto metrics_port = args->GetInt("metrics-port", 9090, 0, 65535);  // 0 = off
+  auto http_port = args->GetInt("http-port", 0, 0, 65535);            // 0 = off
   auto max_seqs = args->GetInt("max-num-seqs", 64);
   auto max_tokens = args->GetInt("max-num-batched-tokens", 512);
   // Checked now; a share is resolved once the model is on its device.
   auto kv_spec = args->Has("kv-cache-memory")
                      ? ParseKvCacheSpec(args->GetString("kv-cache-memory"))
                      : absl::StatusOr<KvCacheSpec>(KvCacheSpec{});
-  auto block_size = args->GetInt("block-size", 16);
+  // A page's rows; past 65,536 a page outgrows any context (and int32 row arithmetic).
+  auto block_size = args->GetInt("block-size", 16, 1, 65536);
   auto max_queue = args->GetInt("max-queue", 1024);
-  auto threads = args->GetInt("threads", 0);
+  auto threads = args->GetInt("threads", 0, 0, kMaxThreadsFlag);
   auto drain = args->GetDouble("drain-timeout", 30);
   auto device = ParseDevice(args->GetString("device", "auto"));
   auto kv_dtype = ParseKvDtypeFlag(args->GetString("kv-cache-dtype", "auto"));
@@ -136,15 +137,12 @@ int RunServe(const std::vector<std::string>& argv) {
         threads.status(), drain.status(), device.status(), kv_dtype.status()}) {
     if (!st.ok()) return fail(st);
   }
-  if (*http_port < 0 || *http_port > 65535) {
-    return fail(absl::InvalidArgumentError("--http-port must be in [0, 65535] (0 = off)"));
-  }
   if (args->Has("served-model-name") && *http_port == 0) {
     return fail(absl::InvalidArgumentError("--served-model-name needs --http-port"));
   }
-  if (*max_seqs < 1 || *max_tokens < 1 || *block_size < 1 || *max_queue < 1) {
+  if (*max_seqs < 1 || *max_tokens < 1 || *max_queue < 1) {
     return fail(absl::InvalidArgumentError(
-        "--max-num-seqs, --max-num-batched-tokens, --block-size and --max-queue must be >= 1"));
+        "--max-num-seqs, --max-num-batched-tokens and --max-queue must be >= 1"));
   }
   const std::string prefix_caching = args->GetString("prefix-caching", "on");
   if (prefix_caching != "on" && prefix_caching != "off") {

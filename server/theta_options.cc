@@ -1,6 +1,8 @@
 #include "server/theta_options.h"
 
 #include <cmath>
+#include <cstdint>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 
@@ -11,7 +13,7 @@ const char kThetaUsage[] =
     "  --sdc MODE            softmax-denominator compensation: exact (default), exp-threshold,\n"
     "                        offline, none\n"
     "  --no-vmc              no V-mean compensation\n"
-    "  --top-k               exact top-k per row (k from the θ file) instead of θ (baseline)\n"
+    "  --exact-top-k         exact top-k per row (k from the θ file) instead of θ (baseline)\n"
     "  --policy full|sparse|offload\n"
     "                        V store: full keeps every row (savings are rows read); sparse\n"
     "                        drops rows attention did not retain; offload moves them to host\n"
@@ -28,9 +30,9 @@ const char kThetaUsage[] =
     "                        (a budget)\n";
 
 std::vector<std::pair<std::string, bool>> ThetaFlags() {
-  return {{"theta", true},  {"sdc", true},          {"no-vmc", false},
-          {"top-k", false}, {"policy", true},       {"local-window", true},
-          {"sink-tokens", true}, {"obs-window", true}, {"retain-factor", true},
+  return {{"theta", true},       {"sdc", true},        {"no-vmc", false},
+          {"exact-top-k", false}, {"policy", true},     {"local-window", true},
+          {"sink-tokens", true},  {"obs-window", true}, {"retain-factor", true},
           {"keep-fraction", true}};
 }
 
@@ -49,21 +51,20 @@ absl::StatusOr<ThetaOptions> ParseThetaOptions(const CliArgs& args, const model:
   else if (sdc == "none") out.config.sdc = kernels::SdcMode::kNone;
   else return absl::InvalidArgumentError(absl::StrCat("--sdc must be exact, exp-threshold, offline or none, got '", sdc, "'"));
   out.config.vmc = !args.Has("no-vmc");
-  out.config.top_k = args.Has("top-k");
+  out.config.top_k = args.Has("exact-top-k");
 
   out.policy = args.GetString("policy", "full");
   if (out.policy != "full" && out.policy != "sparse" && out.policy != "offload") {
     return absl::InvalidArgumentError(
         absl::StrCat("--policy must be full, sparse or offload, got '", out.policy, "'"));
   }
-  auto lw = args.GetInt("local-window", 256);
-  auto sink = args.GetInt("sink-tokens", 4);
-  auto obs = args.GetInt("obs-window", 32);
+  // Token counts, held as int32 by the engine.
+  constexpr int64_t kMaxTokens = std::numeric_limits<int32_t>::max();
+  auto lw = args.GetInt("local-window", 256, 1, kMaxTokens);
+  auto sink = args.GetInt("sink-tokens", 4, 0, kMaxTokens);
+  auto obs = args.GetInt("obs-window", 32, 1, kMaxTokens);
   for (const auto* st : {&lw, &sink, &obs}) {
     if (!st->ok()) return st->status();
-  }
-  if (*lw < 1 || *sink < 0 || *obs < 1) {
-    return absl::InvalidArgumentError("--local-window and --obs-window must be >= 1, --sink-tokens >= 0");
   }
   out.sparse.enabled = out.policy == "sparse" || out.policy == "offload";
   out.sparse.offload = out.policy == "offload";

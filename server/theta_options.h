@@ -15,7 +15,7 @@
 
 namespace thetaserve::server {
 
-// Flags: --theta FILE --sdc none|exact|exp-threshold|offline --no-vmc --top-k
+// Flags: --theta FILE --sdc none|exact|exp-threshold|offline --no-vmc --exact-top-k
 // --policy full|sparse|offload --local-window N --sink-tokens N --obs-window N --retain-factor X
 // --keep-fraction F
 std::vector<std::pair<std::string, bool>> ThetaFlags();

@@ -62,6 +62,62 @@ absl::StatusOr<std::string> RenderChat(const v1::ChatMessages& chat, const model
   return model.tokenizer().ApplyChatTemplate(messages, /*add_generation_prompt=*/true);
 }
 
+absl::StatusOr<scheduler::SamplingParams> BuildSampling(const v1::SamplingParams& sp,
+                                                        int64_t vocab_size) {
+  scheduler::SamplingParams o;
+  o.temperature = sp.has_temperature() ? sp.temperature() : 1.0f;
+  if (!(o.temperature >= 0.0f) || !std::isfinite(o.temperature)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "sampling.temperature = %g; it must be >= 0 (0 = greedy)", sp.temperature()));
+  }
+  o.top_p = sp.has_top_p() ? sp.top_p() : 1.0f;
+  if (!(o.top_p > 0.0f && o.top_p <= 1.0f)) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("sampling.top_p = %g; it must be in (0, 1]", sp.top_p()));
+  }
+  if (sp.top_k() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("sampling.top_k = %d; it must be >= 0 (0 = off)", sp.top_k()));
+  }
+  o.top_k = sp.top_k();
+  if (!(sp.min_p() >= 0.0f && sp.min_p() <= 1.0f)) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("sampling.min_p = %g; it must be in [0, 1]", sp.min_p()));
+  }
+  o.min_p = sp.min_p();
+  o.repetition_penalty = sp.has_repetition_penalty() ? sp.repetition_penalty() : 1.0f;
+  if (!(o.repetition_penalty > 0.0f) || !std::isfinite(o.repetition_penalty)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "sampling.repetition_penalty = %g; it must be > 0 (1 = off)", sp.repetition_penalty()));
+  }
+  if (!std::isfinite(sp.presence_penalty()) || std::fabs(sp.presence_penalty()) > 2.0f ||
+      !std::isfinite(sp.frequency_penalty()) || std::fabs(sp.frequency_penalty()) > 2.0f) {
+    return absl::InvalidArgumentError(
+        "sampling.presence_penalty and frequency_penalty must be in [-2, 2]");
+  }
+  o.presence_penalty = sp.presence_penalty();
+  o.frequency_penalty = sp.frequency_penalty();
+  if (sp.has_seed()) o.seed = sp.seed();
+  if (sp.logprobs() < 0 || sp.logprobs() > kMaxLogprobs) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "sampling.logprobs = %d; it must be in [0, %d]", sp.logprobs(), kMaxLogprobs));
+  }
+  o.logprobs = sp.logprobs();
+  for (const auto& [token, bias] : sp.logit_bias()) {
+    if (token >= uint32_t(vocab_size)) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "sampling.logit_bias has token id %d, outside the vocabulary [0, %d)", token,
+          vocab_size));
+    }
+    if (!(std::fabs(bias) <= 100.0f)) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "sampling.logit_bias[%d] = %g; it must be in [-100, 100]", token, bias));
+    }
+    o.logit_bias.push_back({static_cast<int32_t>(token), bias});
+  }
+  return o;
+}
+
 absl::StatusOr<scheduler::Request> BuildRequest(const v1::GenerateRequest& req,
                                                 const model::Model& model) {
   const auto& config = model.config();
@@ -177,58 +233,9 @@ absl::StatusOr<scheduler::Request> BuildRequest(const v1::GenerateRequest& req,
   }
   out.stopping.ignore_eos = st.ignore_eos();
 
-  const auto& sp = req.sampling();
-  auto& o = out.sampling;
-  o.temperature = sp.has_temperature() ? sp.temperature() : 1.0f;
-  if (!(o.temperature >= 0.0f) || !std::isfinite(o.temperature)) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "sampling.temperature = %g; it must be >= 0 (0 = greedy)", sp.temperature()));
-  }
-  o.top_p = sp.has_top_p() ? sp.top_p() : 1.0f;
-  if (!(o.top_p > 0.0f && o.top_p <= 1.0f)) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("sampling.top_p = %g; it must be in (0, 1]", sp.top_p()));
-  }
-  if (sp.top_k() < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("sampling.top_k = %d; it must be >= 0 (0 = off)", sp.top_k()));
-  }
-  o.top_k = sp.top_k();
-  if (!(sp.min_p() >= 0.0f && sp.min_p() <= 1.0f)) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("sampling.min_p = %g; it must be in [0, 1]", sp.min_p()));
-  }
-  o.min_p = sp.min_p();
-  o.repetition_penalty = sp.has_repetition_penalty() ? sp.repetition_penalty() : 1.0f;
-  if (!(o.repetition_penalty > 0.0f) || !std::isfinite(o.repetition_penalty)) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "sampling.repetition_penalty = %g; it must be > 0 (1 = off)", sp.repetition_penalty()));
-  }
-  if (!std::isfinite(sp.presence_penalty()) || std::fabs(sp.presence_penalty()) > 2.0f ||
-      !std::isfinite(sp.frequency_penalty()) || std::fabs(sp.frequency_penalty()) > 2.0f) {
-    return absl::InvalidArgumentError(
-        "sampling.presence_penalty and frequency_penalty must be in [-2, 2]");
-  }
-  o.presence_penalty = sp.presence_penalty();
-  o.frequency_penalty = sp.frequency_penalty();
-  if (sp.has_seed()) o.seed = sp.seed();
-  if (sp.logprobs() < 0 || sp.logprobs() > kMaxLogprobs) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "sampling.logprobs = %d; it must be in [0, %d]", sp.logprobs(), kMaxLogprobs));
-  }
-  o.logprobs = sp.logprobs();
-  for (const auto& [token, bias] : sp.logit_bias()) {
-    if (token >= uint32_t(config.vocab_size)) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "sampling.logit_bias has token id %d, outside the vocabulary [0, %d)", token,
-          config.vocab_size));
-    }
-    if (!(std::fabs(bias) <= 100.0f)) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "sampling.logit_bias[%d] = %g; it must be in [-100, 100]", token, bias));
-    }
-    o.logit_bias.push_back({static_cast<int32_t>(token), bias});
-  }
+  auto sampling = BuildSampling(req.sampling(), config.vocab_size);
+  if (!sampling.ok()) return sampling.status();
+  out.sampling = std::move(*sampling);
   return out;
 }
 

@@ -16,6 +16,11 @@ constexpr int kDefaultMaxTokens = 16;
 
 constexpr int kMaxChoices = 128;  // GenerateRequest.n, OpenAI's n
 
+// The sampling half of BuildRequest: checks every field against its range (naming it as
+// "sampling.<field>") and fills the engine's parameters, with the API's defaults for unset ones.
+absl::StatusOr<scheduler::SamplingParams> BuildSampling(const v1::SamplingParams& sp,
+                                                        int64_t vocab_size);
+
 absl::StatusOr<scheduler::Request> BuildRequest(const v1::GenerateRequest& req,
                                                 const model::Model& model);
 

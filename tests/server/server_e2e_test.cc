@@ -951,6 +951,59 @@ TEST(ServerLifecycleTest, PrefixCachingFlagTakesOnOrOff) {
   EXPECT_NE(out.find("--prefix-caching is 'maybe'; it must be on or off"), std::string::npos) << out;
 }
 
+TEST(ServerLifecycleTest, OutOfRangeFlagsAreRefusedByName) {
+  // Each was accepted before: the port wrapped or was never bound while the log said it
+  // served there, the thread count crashed the pool, the block size wrapped to negative pages.
+  const std::pair<std::string, std::string> cases[] = {
+      {"--port 70000", "--port must be in [1, 65535], got 70000"},
+      {"--metrics-port -5", "--metrics-port must be in [0, 65535], got -5"},
+      {"--http-port 65536", "--http-port must be in [0, 65535], got 65536"},
+      {"--threads 5000000000", "--threads must be in [0, 1024], got 5000000000"},
+      {"--block-size 3000000000", "--block-size must be in [1, 65536], got 3000000000"},
+      {"--block-size 0", "--block-size must be in [1, 65536], got 0"},
+      // The Top-θ flags are read with the model (the θ file must match it).
+      {"--local-window 0", "--local-window must be in [1, 2147483647], got 0"},
+  };
+  for (const auto& [flags, message] : cases) {
+    int rc = 0;
+    const std::string out = RunCommand(
+        BinaryPath() + " serve --model " + DefaultModelPath() + " " + flags + " 2>&1", &rc);
+    EXPECT_NE(rc, 0) << flags;
+    EXPECT_NE(out.find("thetaserve serve: " + message), std::string::npos) << flags << "\n" << out;
+    if (flags.find("--local-window") == std::string::npos) {
+      EXPECT_EQ(out.find("loading"), std::string::npos) << flags << ": refused before loading";
+    }
+  }
+}
+
+TEST(ServerLifecycleTest, GenerateTakesSamplingTopKAndTheApisChecks) {
+  // --top-k is the sampling flag (the attention baseline is --exact-top-k): it was refused as
+  // "unexpected argument '40'" while the usage offered it.
+  int rc = 0;
+  const std::string generate = BinaryPath() + " generate --model " + DefaultModelPath();
+  std::string out = RunCommand(generate + " --prompt 'Once upon a time' --max-tokens 4 --ignore-eos"
+                                          " --temperature 0.8 --top-k 40 --seed 7 2>&1",
+                               &rc);
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("generated 4 tokens"), std::string::npos) << out;
+  // The same sampling checks as the API, before the model loads.
+  const std::pair<std::string, std::string> cases[] = {
+      {"--temperature -1", "sampling.temperature = -1; it must be >= 0 (0 = greedy)"},
+      {"--top-p 7", "sampling.top_p = 7; it must be in (0, 1]"},
+      {"--top-k -4", "--top-k must be in [0, 2147483647], got -4"},
+      {"--min-p 2", "sampling.min_p = 2; it must be in [0, 1]"},
+      {"--repetition-penalty 0", "sampling.repetition_penalty = 0; it must be > 0 (1 = off)"},
+      {"--max-tokens 0", "--max-tokens must be >= 1"},
+  };
+  for (const auto& [flags, message] : cases) {
+    out = RunCommand(generate + " --prompt hi " + flags + " 2>&1", &rc);
+    EXPECT_NE(rc, 0) << flags;
+    EXPECT_NE(out.find("thetaserve generate: " + message), std::string::npos)
+        << flags << "\n" << out;
+    EXPECT_EQ(out.find("loading"), std::string::npos) << flags << ": refused before loading";
+  }
+}
+
 TEST(ServerLifecycleTest, ApiKeyIsRequiredWhenSet) {
   ServerProcess server({"--api-key", "sesame"});
   ASSERT_TRUE(server.started());
