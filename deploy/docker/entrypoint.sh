@@ -16,8 +16,10 @@
 #                           mounted
 #   THETASERVE_FLAG_<NAME>  becomes `--<name> VALUE` on the serve command line, NAME lowercased
 #                           and _ turned into -: THETASERVE_FLAG_KV_CACHE_MEMORY=2G gives
-#                           --kv-cache-memory 2G; an empty value is left out. Unknown flags make
-#                           the server refuse to start (it names the flag).
+#                           --kv-cache-memory 2G; an empty value is left out. The switches
+#                           (flags that take no value, such as --no-vmc) take true (the bare
+#                           flag) or false (left out). Unknown flags make the server refuse to
+#                           start (it names the flag).
 #   THETASERVE_API_KEY      read by the server itself (--api-key)
 #   THETASERVE_HOME         install root (default: the folder above this script's bin/)
 #   THETASERVE_PYTHON       python with the grpc module, for `health` (default python3)
@@ -47,7 +49,11 @@ serve_args() {  # fills the array `args` with the serve command line
     name="${var#THETASERVE_FLAG_}"
     name="${name,,}"
     name="${name//_/-}"
-    args+=("--$name" "$value")
+    case "$value" in
+      true) args+=("--$name") ;;  # a switch: no serve flag takes true or false as its value
+      false) ;;
+      *) args+=("--$name" "$value") ;;
+    esac
   done < <(compgen -e | LC_ALL=C sort)
 }
 

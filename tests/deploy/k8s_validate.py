@@ -14,8 +14,7 @@
    terminationGracePeriodSeconds covers preStop + drain, the probes are native gRPC probes on
    the health service, the GPU request and node selector follow gpu.enabled;
 5. every serve flag the chart's ConfigMap, extraArgs and deploy/docker/compose*.yaml set is a
-   flag of `thetaserve serve --help` (flags that the server gains with a later issue are
-   listed in PENDING_FLAGS and reported, not failed).
+   flag of `thetaserve serve --help`.
 
 The rendered manifests are written to OUT_DIR/<values set>.yaml for yamllint and for people.
 Usage: k8s_validate.py REPO_ROOT THETASERVE_BINARY OUT_DIR
@@ -35,7 +34,6 @@ root, binary, out_dir = sys.argv[1:4]
 chart_dir = os.path.join(root, "deploy/k8s/thetaserve")
 KUBE_VERSIONS = ["1.27.0", "1.30.0", kubernetes_validate.utils.latest_version()]
 # Flags the chart can set before the server has them: --theta arrives with issue 5 (Top-θ).
-PENDING_FLAGS = {"theta"}
 errors = []
 
 
@@ -58,9 +56,6 @@ if "kv-cache-memory" not in server_flags:
 
 def check_flag(where, flag):
     if flag in server_flags:
-        return
-    if flag in PENDING_FLAGS:
-        print("  note %s sets --%s, which `thetaserve serve` does not have yet" % (where, flag))
         return
     err("%s sets --%s, which is not a flag of `thetaserve serve`" % (where, flag))
 
@@ -96,6 +91,7 @@ SCENARIOS = {
 
 BAD_VALUES = {
     "a flag the chart owns in config": {"config": {"port": "1"}},
+    "TLS on the pod (the kubelet's gRPC probes are plaintext)": {"config": {"tls-cert": "/c.pem"}},
     "gpu.count 0": {"gpu": {"count": 0}},
     "a misspelt top-level key": {"imagee": {"tag": "x"}},
     "a misspelt probe field": {"probes": {"startup": {"periodSecond": 5}}},
@@ -104,6 +100,7 @@ BAD_VALUES = {
 BAD_RENDERS = {
     "fetching a model other than the default": {"model": {"file": "other.gguf"}},
     "no fetch and no volume": {"model": {"fetch": False}},
+    "TLS through extraArgs": {"extraArgs": ["--tls-cert", "/c.pem"]},
 }
 
 os.makedirs(out_dir, exist_ok=True)

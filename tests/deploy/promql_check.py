@@ -18,7 +18,8 @@
           of deploy/prometheus/rules/*.yml. An alert expression is a condition (`x > 0.9`,
           `a > 0 and b == 0`) that is legitimately empty while the alert is not firing, so it is
           split at its top-level comparison and set operators and each non-literal operand is
-          evaluated instead;
+          evaluated instead; `absent(x)` is empty while the target is scraped, so its argument
+          x is evaluated (it must match the live target);
         - every seriesQuery and metricsQuery of deploy/k8s/prometheus-adapter-values.yaml (the
           Kubernetes namespace/pod matchers dropped: the test target has no such labels);
       and asserts each returns data (a non-empty result; NaN values, e.g. 0/0 ratios under dense
@@ -214,8 +215,10 @@ def cmd_check(root, url, wait):
                 else:
                     operands = [o for o in split_condition(rule["expr"]) if not is_literal(o)]
                     for i, o in enumerate(operands):
-                        checks.append(("%s alert %s operand %d/%d" % (name, rule["alert"], i + 1, len(operands)),
-                                       o, None))
+                        where = "%s alert %s operand %d/%d" % (name, rule["alert"], i + 1, len(operands))
+                        if o.startswith("absent(") and o.endswith(")"):
+                            o, where = o[len("absent("):-1], where + " (absent's argument)"
+                        checks.append((where, o, None))
 
     adapter_path = os.path.join(root, "deploy/k8s/prometheus-adapter-values.yaml")
     with open(adapter_path, encoding="utf-8") as f:

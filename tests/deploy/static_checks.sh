@@ -90,9 +90,10 @@ echo "shellcheck: clean"
 
 step "entrypoint.sh: THETASERVE_FLAG_* -> serve flags"
 got="$(env -i PATH="$PATH" THETASERVE_HOME=/opt/thetaserve THETASERVE_FLAG_KV_CACHE_MEMORY=2G \
-  THETASERVE_FLAG_MAX_NUM_SEQS=8 THETASERVE_FLAG_THREADS= bash deploy/docker/entrypoint.sh print-args --max-queue 3 \
+  THETASERVE_FLAG_MAX_NUM_SEQS=8 THETASERVE_FLAG_THREADS= THETASERVE_FLAG_NO_VMC=true \
+  THETASERVE_FLAG_EXACT_TOP_K=false bash deploy/docker/entrypoint.sh print-args --max-queue 3 \
   | tr '\n' ' ')"
-want="/opt/thetaserve/bin/thetaserve serve --model /opt/thetaserve/models/SmolLM2-135M-Instruct.Q4_1.gguf --kv-cache-memory 2G --max-num-seqs 8 --max-queue 3 "
+want="/opt/thetaserve/bin/thetaserve serve --model /opt/thetaserve/models/SmolLM2-135M-Instruct.Q4_1.gguf --kv-cache-memory 2G --max-num-seqs 8 --no-vmc --max-queue 3 "
 if [ "$got" != "$want" ]; then
   echo "entrypoint print-args: got  '$got'" >&2
   echo "                       want '$want'" >&2
