@@ -423,12 +423,13 @@ void Engine::RunStep(StepPlan& plan) {
   }
   // The observer (metrics) and the status snapshot see this step's counters and the freed
   // pages before any client hears that its request finished: a client that scrapes or asks
-  // for the status after its stream ends finds its tokens counted and its pages free.
+  // for the status after its stream ends finds its tokens counted (and this step among the
+  // steps) and its pages free.
+  ++counters_.steps;
+  counters_.preemptions = scheduler_.num_preemptions();
   for (auto& [seq, reason] : done) Finish(seq, reason, absl::OkStatus());
   DeliverFinished();
   CompactSparseV(plan);
-  ++counters_.steps;
-  counters_.preemptions = scheduler_.num_preemptions();
 
   step.seconds = SecondsBetween(t0, Clock::now());
   step.forward_seconds = SecondsBetween(t0, t1);

@@ -153,7 +153,20 @@ StepPlan Scheduler::Schedule() {
 }
 
 void Scheduler::Commit(const StepPlan& plan) {
-  for (const ScheduledChunk& c : plan.chunks) c.seq->num_computed += c.num_tokens;
+  for (const ScheduledChunk& c : plan.chunks) {
+    Sequence& s = *c.seq;
+    const int64_t prompt = int64_t(s.request().prompt.size());
+    const bool prompt_done = s.num_computed < prompt && s.num_computed + c.num_tokens >= prompt;
+    s.num_computed += c.num_tokens;
+    // The rest of the group may go now, together: were it to wait for whichever member leads
+    // next, a first completion that ends in its prompt's step (max_tokens 1, a stop token
+    // first) would pass the lead on one step at a time.
+    if (prompt_done && !s.request().group_id.empty()) {
+      for (const auto& w : waiting_) {
+        if (w->request().group_id == s.request().group_id) w->group_prompt_computed = true;
+      }
+    }
+  }
 }
 
 std::unique_ptr<Sequence> Scheduler::Remove(Sequence* seq) {
@@ -191,7 +204,7 @@ void Scheduler::FindGroupLeaders() {
 
 bool Scheduler::WaitsForGroupPrompt(const Sequence& seq) const {
   const Request& r = seq.request();
-  if (r.group_id.empty()) return false;
+  if (r.group_id.empty() || seq.group_prompt_computed) return false;
   auto it = group_leaders_.find(r.group_id);
   if (it == group_leaders_.end() || it->second == &seq) return false;
   const Sequence& leader = *it->second;

@@ -73,9 +73,11 @@ class Scheduler {
  private:
   void Preempt(size_t running_index);
   // A group's later completions wait (with a prefix cache) until the first has computed the
-  // prompt, so that they adopt its blocks instead of computing the prompt again. The first is
-  // the member with the lowest index still running or waiting (if completion 0 was cancelled,
-  // the next takes its place). FindGroupLeaders maps each group id to it, once per Schedule.
+  // prompt, so that they adopt its blocks instead of computing the prompt again; once one
+  // has, Commit marks the waiting rest (Sequence::group_prompt_computed) and they all may go.
+  // The first is the member with the lowest index still running or waiting (if completion 0
+  // was cancelled before its prompt, the next takes its place). FindGroupLeaders maps each
+  // group id to it, once per Schedule.
   void FindGroupLeaders();
   bool WaitsForGroupPrompt(const Sequence& seq) const;
   // Pages free now or held only by the prefix cache (so freed on demand).

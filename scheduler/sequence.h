@@ -74,6 +74,9 @@ class Sequence {
   int64_t cached_blocks = 0;
   cache::PrefixCache::Cursor cache_cursor;
   bool restore_v_sum = false;
+  // A member of its group (the APIs' n) has computed the prompt and offered its blocks to the
+  // prefix cache: this one no longer waits for the group's first completion.
+  bool group_prompt_computed = false;
 
   // Order of submission (Engine::SubmitAll): a cancel reaches only requests submitted before it.
   uint64_t serial = 0;

@@ -52,13 +52,13 @@ grpc::Status GenerationService::CheckAuth(grpc::CallbackServerContext* ctx) cons
   return grpc::Status::OK;
 }
 
-bool GenerationService::Track(const std::vector<std::string>& ids) {
+std::optional<std::string> GenerationService::Track(const std::vector<std::string>& ids) {
   std::lock_guard<std::mutex> lock(mu_);
   for (const std::string& id : ids) {
-    if (active_.count(id)) return false;
+    if (active_.count(id)) return id;
   }
   active_.insert(ids.begin(), ids.end());
-  return true;
+  return std::nullopt;
 }
 
 absl::Status GenerationService::SubmitChoices(scheduler::Request req, int n,
@@ -68,8 +68,13 @@ absl::Status GenerationService::SubmitChoices(scheduler::Request req, int n,
   std::vector<std::string> ids;
   if (requests.size() > 1) ids.push_back(id);
   for (const auto& r : requests) ids.push_back(r.id);
-  if (!Track(ids)) {
-    return absl::AlreadyExistsError(absl::StrCat("request_id '", id, "' is already in flight"));
+  if (const std::optional<std::string> taken = Track(ids)) {
+    if (*taken == id) {
+      return absl::AlreadyExistsError(absl::StrCat("request_id '", id, "' is already in flight"));
+    }
+    return absl::AlreadyExistsError(absl::StrCat("request_id '", id, "' with n = ", n,
+                                                 " names its completions '", id, "/<i>', and '",
+                                                 *taken, "' is already in flight"));
   }
   auto group = requests.size() > 1 ? std::make_shared<ChoiceGroup>(id, int(requests.size()))
                                    : nullptr;

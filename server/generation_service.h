@@ -6,6 +6,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 
@@ -70,8 +71,9 @@ class GenerationService final : public GenerationBase {
 
  private:
   grpc::Status CheckAuth(grpc::CallbackServerContext* ctx) const;
-  // Adds all of `ids` to the ids in flight, or none when one of them already is.
-  bool Track(const std::vector<std::string>& ids);
+  // Adds all of `ids` to the ids in flight, or none when one of them already is: then returns
+  // that one.
+  std::optional<std::string> Track(const std::vector<std::string>& ids);
 
   scheduler::Engine* engine_;
   const model::Model* model_;

@@ -142,6 +142,9 @@ absl::Status ParseMessages(const In& body, v1::GenerateRequest* out) {
       } else {
         return Invalid(field + ".content", "must be a string or a list of text parts");
       }
+    } else if (*role != "assistant") {
+      // Only an assistant turn may come without content (OpenAI: one that called tools).
+      return Invalid(field + ".content", "is required");
     }
     if (Given(m, "tool_calls") && !(m["tool_calls"].is_array() && m["tool_calls"].empty())) {
       return Unsupported("tool_calls", "this server does not call tools");

@@ -162,10 +162,12 @@ bool OpenAiHttpServer::Authorized(const HttpRequest& req, HttpResponder& out) {
 void OpenAiHttpServer::Handle(const HttpRequest& req, HttpResponder& out) {
   if (req.path == "/health") {
     if (req.method != "GET") return SendError(out, 405, "use GET", {{"Allow", "GET"}});
-    const bool serving = service_->ready() && !service_->engine().draining();
-    if (!serving) out.CloseAfter();
-    out.Send(serving ? 200 : 503, "application/json",
-             serving ? R"({"status":"serving"})" : R"({"status":"not serving"})");
+    if (service_->ready() && !service_->engine().draining()) {
+      out.Send(200, "application/json", R"({"status":"serving"})");
+      return;
+    }
+    out.CloseAfter();  // as every 503 while loading or draining
+    out.Send(503, "application/json", R"({"status":"not serving"})", {{"Retry-After", "1"}});
     return;
   }
   if (req.path == "/v1/completions" || req.path == "/v1/chat/completions") {

@@ -115,7 +115,7 @@ int RunServe(const std::vector<std::string>& argv) {
     std::fprintf(stderr, "thetaserve serve: %s\n", std::string(st.message()).c_str());
     return 1;
   };
-  auto port = args->GetInt("port", 50051, 1, 65535);
+  auto port = args->GetInt("port", 50051, 0, 65535);                  // 0 = any free port
   auto metrics_port = args->GetInt("metrics-port", 9090, 0, 65535);  // 0 = off
   auto http_port = args->GetInt("http-port", 0, 0, 65535);            // 0 = off
   auto max_seqs = args->GetInt("max-num-seqs", 64);
@@ -324,7 +324,8 @@ int RunServe(const std::vector<std::string>& argv) {
   service.SetReady(true);
   health->SetServingStatus("", true);
   health->SetServingStatus(kService, true);
-  std::fprintf(stderr, "serving thetaserve.v1.Generation on %s (%s)\n", address.c_str(),
+  std::fprintf(stderr, "serving thetaserve.v1.Generation on %s:%d (%s)\n",
+               args->GetString("host", "0.0.0.0").c_str(), bound_port,
                args->Has("tls-cert") ? "TLS" : "plaintext");
 
   int sig = 0;

@@ -1019,6 +1019,56 @@ TEST_F(EngineTest, AGroupComputesItsPromptOnceAndCancelsTogether) {
   EXPECT_EQ(idle.pages_free, idle.pages_total);
 }
 
+// A group whose first completion ends in its prompt's step (one token, as for classification
+// or a first-token sample): the rest go together in the next step, adopting its blocks. They
+// waited for whichever member led next, so the lead passed on one completion per step (n = 128
+// took 127 steps through the server).
+TEST_F(EngineTest, AGroupWhoseFirstCompletionEndsWithItsPromptRunsTheRestTogether) {
+  std::string text = "Read the passage and answer in one word. ";
+  for (const auto& p : Prompts()) text += p + " ";
+  constexpr int kN = 8;
+  std::vector<Request> requests;
+  std::vector<std::shared_ptr<TokenSink>> sinks;
+  std::vector<std::shared_ptr<CollectingSink>> collecting;
+  for (int i = 0; i < kN; ++i) {
+    Request r = MakeRequest(absl::StrCat("one/", i), text, 1);
+    r.sampling.temperature = 0.8f;
+    r.sampling.seed = 7 + i;
+    r.stopping.ignore_eos = true;
+    r.group_id = "one";
+    r.group_index = i;
+    requests.push_back(r);
+    collecting.push_back(std::make_shared<CollectingSink>());
+    sinks.push_back(collecting.back());
+  }
+  auto backend = kernels::CreateBackend(*model_, kernels::Device::kCpu, 0);
+  ASSERT_TRUE(backend.ok());
+  EngineConfig config;
+  config.kv_cache_bytes = int64_t(128) << 20;
+  config.prefix_caching = true;
+  auto engine = Engine::Create(config, **backend);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  const int64_t prompt = int64_t(requests[0].prompt.size());
+  const int64_t bs = config.block_size;
+  ASSERT_GT(prompt, 4 * bs);
+  ASSERT_LE(prompt + (kN - 1) * bs, config.scheduler.max_num_batched_tokens)
+      << "each step's token budget was meant to hold the prompt, and then the rest at once";
+
+  ASSERT_TRUE((*engine)->SubmitAll(requests, sinks).ok());
+  for (auto& sk : collecting) ASSERT_TRUE(sk->Wait(300));
+  ASSERT_TRUE((*engine)->WaitIdle(10));
+  const EngineStats stats = (*engine)->Stats();
+  for (int i = 0; i < kN; ++i) {
+    EXPECT_EQ(collecting[i]->info.reason, FinishReason::kLength) << i;
+    EXPECT_EQ(collecting[i]->info.completion_tokens, 1) << i;
+  }
+  // Step 1: the first computes the prompt and ends; step 2: the other seven.
+  EXPECT_EQ(stats.counters.steps, 2);
+  const int64_t shared = (prompt - 1) / bs * bs;
+  EXPECT_EQ(stats.counters.prefix_hit_tokens, (kN - 1) * shared) << "the prompt computed once";
+  EXPECT_EQ(stats.pages_used_k + stats.pages_used_v, 0) << "pages leaked";
+}
+
 // Prompt log-probabilities: every prompt token is scored once (in chunks of at most
 // kMaxScoredTokensPerStep, batched with other requests' tokens, and also when the prefix cache
 // holds the prompt's blocks: a scoring request computes them), as the model scores it

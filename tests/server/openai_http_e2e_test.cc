@@ -544,6 +544,9 @@ TEST(OpenAiHttpLifecycleTest, SigtermDrainsHttpStreamsToTheirEnd) {
   EXPECT_EQ(late.status, 503);
   EXPECT_EQ(late.headers["retry-after"], "1");
   EXPECT_EQ(late.headers["connection"], "close");  // a pooled connection goes elsewhere
+  HttpResult health = HttpCall(http_port, "GET", "/health");
+  EXPECT_EQ(health.status, 503);
+  EXPECT_EQ(health.headers["retry-after"], "1") << "as every 503 while loading or draining";
   // ... and the one in flight finishes.
   c.ReadBody(&r, 60);
   const auto events = SseData(r.body);

@@ -362,6 +362,51 @@ TEST_F(ServerE2ETest, AbortCancelsByRequestId) {
   EXPECT_LT(r.complete.usage().completion_tokens(), 1000u);
 }
 
+// A request id in flight is ALREADY_EXISTS, and the message names the id that clashes: with
+// n = 2, "z" runs as "z/0" and "z/1" (it named "z" while "z/1" was the one in flight).
+TEST_F(ServerE2ETest, AnIdInFlightIsAlreadyExistsNamingTheClash) {
+  auto long_req = Prompt("Count from one to a thousand:", 1000);
+  long_req.set_request_id("dup-z/1");
+  long_req.mutable_stopping()->set_ignore_eos(true);
+  StreamResult first;
+  std::thread t([&] {
+    auto s = server_->stub();
+    first = Generate(*s, long_req);
+  });
+  auto stub = server_->stub();
+  auto group = Prompt("Hello", 2);
+  group.set_request_id("dup-z");
+  group.set_n(2);
+  for (int i = 0; i < 1000; ++i) {  // until the long request runs (a clash sent sooner wins)
+    grpc::ClientContext c;
+    v1::ServerStatus st;
+    if (stub->GetServerStatus(&c, {}, &st).ok() && st.running() > 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  StreamResult clash = Generate(*stub, group);
+  EXPECT_EQ(clash.status.error_code(), grpc::StatusCode::ALREADY_EXISTS);
+  EXPECT_EQ(clash.status.error_message(),
+            "request_id 'dup-z' with n = 2 names its completions 'dup-z/<i>', and 'dup-z/1' is "
+            "already in flight");
+  auto same = Prompt("Hello", 2);
+  same.set_request_id("dup-z/1");
+  StreamResult again = Generate(*stub, same);
+  EXPECT_EQ(again.status.error_code(), grpc::StatusCode::ALREADY_EXISTS);
+  EXPECT_EQ(again.status.error_message(), "request_id 'dup-z/1' is already in flight");
+
+  grpc::ClientContext c;
+  v1::AbortRequest a;
+  a.set_request_id("dup-z/1");
+  v1::AbortResponse resp;
+  EXPECT_TRUE(stub->Abort(&c, a, &resp).ok());
+  t.join();
+  EXPECT_EQ(first.complete.finish_reason(), v1::FINISH_REASON_CANCELLED)
+      << first.status.error_message();
+  // Once it has ended, the id is free again.
+  StreamResult after = Generate(*stub, group);
+  EXPECT_TRUE(after.status.ok()) << after.status.error_message();
+}
+
 // logit_bias over gRPC: -100 on the greedy first token makes another come first, +100 on a
 // token makes every sampled token that one; the streamed log-probabilities stay the model's.
 TEST_F(ServerE2ETest, LogitBiasBansAndForcesTokens) {
@@ -952,10 +997,9 @@ TEST(ServerLifecycleTest, PrefixCachingFlagTakesOnOrOff) {
 }
 
 TEST(ServerLifecycleTest, OutOfRangeFlagsAreRefusedByName) {
-  // Each was accepted before: the port wrapped or was never bound while the log said it
-  // served there, the thread count crashed the pool, the block size wrapped to negative pages.
+  // Each was accepted before: the log said it served on port 70000, the thread count crashed the pool, the block size wrapped to negative pages.
   const std::pair<std::string, std::string> cases[] = {
-      {"--port 70000", "--port must be in [1, 65535], got 70000"},
+      {"--port 70000", "--port must be in [0, 65535], got 70000"},
       {"--metrics-port -5", "--metrics-port must be in [0, 65535], got -5"},
       {"--http-port 65536", "--http-port must be in [0, 65535], got 65536"},
       {"--threads 5000000000", "--threads must be in [0, 1024], got 5000000000"},
