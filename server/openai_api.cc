@@ -82,7 +82,8 @@ absl::Status ParsePrompt(const In& body, v1::GenerateRequest* out) {
     out->set_prompt(p.get<std::string>());
     return absl::OkStatus();
   }
-  if (!p.is_array() || p.empty()) {
+  if (p.is_array() && p.empty()) return Invalid("prompt", "is empty");
+  if (!p.is_array()) {
     return Invalid("prompt", "must be a string, a list of token ids, or a list of one of either");
   }
   if (p.size() == 1 && (p[0].is_string() || p[0].is_array())) {
@@ -371,12 +372,44 @@ Json TopList(const std::vector<std::pair<int32_t, float>>& top, int n,
   return out;
 }
 
+// Why the parser refused `text`: its message (a number past double's range, a lone UTF-16
+// surrogate, a syntax error and where), without the "[json.exception...] " tag. Read through
+// the SAX interface, which hands the error over instead of throwing it.
+std::string JsonParseError(std::string_view text) {
+  struct Sax : nlohmann::json_sax<In> {
+    bool null() override { return true; }
+    bool boolean(bool) override { return true; }
+    bool number_integer(number_integer_t) override { return true; }
+    bool number_unsigned(number_unsigned_t) override { return true; }
+    bool number_float(number_float_t, const string_t&) override { return true; }
+    bool string(string_t&) override { return true; }
+    bool binary(binary_t&) override { return true; }
+    bool start_object(std::size_t) override { return true; }
+    bool key(string_t&) override { return true; }
+    bool end_object() override { return true; }
+    bool start_array(std::size_t) override { return true; }
+    bool end_array() override { return true; }
+    bool parse_error(std::size_t, const std::string&,
+                     const nlohmann::detail::exception& e) override {
+      what = e.what();
+      return false;
+    }
+    std::string what;
+  } sax;
+  In::sax_parse(text, &sax);
+  const size_t tag = sax.what.find("] ");
+  return tag == std::string::npos ? sax.what : sax.what.substr(tag + 2);
+}
+
 }  // namespace
 
 absl::StatusOr<OpenAiCall> ParseOpenAiRequest(std::string_view body_text, OpenAiEndpoint endpoint,
                                               const std::string& served_model) {
   In body = In::parse(body_text, nullptr, /*allow_exceptions=*/false);
-  if (body.is_discarded()) return absl::InvalidArgumentError("the request body is not valid JSON");
+  if (body.is_discarded()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the request body is not valid JSON: ", JsonParseError(body_text)));
+  }
   if (!body.is_object()) return absl::InvalidArgumentError("the request body must be a JSON object");
   OpenAiCall call;
   call.endpoint = endpoint;

@@ -190,6 +190,14 @@ TEST(OpenAiApiTest, WhatTheServerCannotHonourIsRefusedByName) {
 
 TEST(OpenAiApiTest, TypeErrorsNameTheField) {
   EXPECT_TRUE(RefusedWith(Completion("not json"), "not valid JSON"));
+  // The parser's reason, without its exception tag: valid JSON syntax that it cannot hold, and
+  // where the syntax breaks.
+  EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": "x", "temperature": 1e400})"),
+                          "not valid JSON: number overflow parsing '1e400'"));
+  EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": "\ud800"})"), "surrogate"));
+  EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": "x",})"),
+                          "not valid JSON: parse error at line 1"));
+  EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": []})"), "prompt is empty"));
   EXPECT_TRUE(RefusedWith(Completion("[1]"), "JSON object"));
   EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": "x", "temperature": "hot"})"), "temperature must be a number"));
   EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": "x", "max_tokens": 2.5})"), "max_tokens must be an integer"));
