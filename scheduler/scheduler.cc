@@ -161,7 +161,7 @@ void Scheduler::Commit(const StepPlan& plan) {
     // The rest of the group may go now, together: were it to wait for whichever member leads
     // next, a first completion that ends in its prompt's step (max_tokens 1, a stop token
     // first) would pass the lead on one step at a time.
-    if (prompt_done && !s.request().group_id.empty()) {
+    if (prefix_ && prompt_done && !s.request().group_id.empty()) {
       for (const auto& w : waiting_) {
         if (w->request().group_id == s.request().group_id) w->group_prompt_computed = true;
       }

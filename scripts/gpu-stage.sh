@@ -10,7 +10,11 @@
 # parts to /tmp there, so --unpack finds the earlier ones either way.
 #
 #   scripts/gpu-stage.sh [--pack DIR] [--model FILE] [--theta FILE]   # here: writes .xfer/, prints the calls
-#   scripts/gpu-stage.sh --unpack                                      # there, first in every call
+#   scripts/gpu-stage.sh --unpack [--need BUNDLE...]                   # there, first in every call
+#
+# --need names bundles (as the printed calls do) that must be unpacked by the end of this call:
+# if one is not (a part missing, the machine gone cold between calls), it fails, so the check
+# after it does not run without its files.
 #
 # Without --theta the end-to-end decode rows are dense only; a θ file takes a minute here:
 #   build/thetaserve calibrate --model models/SmolLM2-135M-Instruct.Q4_1.gguf --corpus data/kjv.txt \
@@ -64,8 +68,13 @@ unpack() {
 }
 
 if [ "${1:-}" = "--unpack" ]; then
+  shift
   unpack
-  exit
+  [ "${1:-}" = "--need" ] && shift
+  for need in "$@"; do
+    [ -e "$store/$need.unpacked" ] || { say "$need is not all here: not running the check"; exit 3; }
+  done
+  exit 0
 fi
 
 pack="" model="models/SmolLM2-135M-Instruct.Q4_1.gguf" theta=""
@@ -125,25 +134,37 @@ bundle model.tar.xz models
 rm -rf .xfer/stage
 
 # One folder per call, parts in order; a part joins the previous call's folder if both fit.
+# done_at[bundle]: the call that brings the bundle's last part.
+declare -A done_at=()
 call=0 used=$budget
 for p in "${parts[@]}"; do
   size=$(stat -c %s ".xfer/$p")
   if [ $((used + size)) -gt "$budget" ]; then call=$((call + 1)) used=0; mkdir -p ".xfer/$call"; fi
   mv ".xfer/$p" ".xfer/$call/"
   cp ".xfer/${p%%.part-*}.sha256" ".xfer/$call/"
+  done_at[${p%%.part-*}]=$call
   used=$((used + size))
 done
 rm -f .xfer/*.sha256
+devbin_id=$(basename -s .sha256 .xfer/*/devbin.tar.xz.*.sha256 | head -1)
+model_id=$(basename -s .sha256 .xfer/*/model.tar.xz.*.sha256 | head -1)
 
 theta_flag=""
 [ -n "$theta" ] && theta_flag=" --theta .devbin/theta.json"
 echo
 echo "== device calls, in order and back to back (a machine idle for 30 s goes back) =="
+# The check without the model runs where the binaries are complete (the kernel tables, first);
+# the model's tests where the model is, or the whole check at once if both arrive together.
 for i in $(seq 1 "$call"); do
   size=$(du -cb ".xfer/$i" | tail -1 | cut -f1)
   cmd="bash scripts/gpu-stage.sh --unpack"
-  [ "$i" = 1 ] && cmd="$cmd && bash scripts/gpu-check.sh --prebuilt .devbin$theta_flag"
-  [ "$i" = "$call" ] && cmd="$cmd && bash scripts/gpu-check.sh --prebuilt .devbin --only-model$theta_flag"
+  if [ "$i" = "${done_at[$devbin_id]}" ] && [ "$i" = "${done_at[$model_id]}" ]; then
+    cmd="$cmd --need $devbin_id $model_id && bash scripts/gpu-check.sh --prebuilt .devbin$theta_flag"
+  elif [ "$i" = "${done_at[$devbin_id]}" ]; then
+    cmd="$cmd --need $devbin_id && bash scripts/gpu-check.sh --prebuilt .devbin$theta_flag"
+  elif [ "$i" = "${done_at[$model_id]}" ]; then
+    cmd="$cmd --need $devbin_id $model_id && bash scripts/gpu-check.sh --prebuilt .devbin --only-model$theta_flag"
+  fi
   echo "call $i: carry [\".xfer/$i\"] ($(mb $((size + always))) in all)"
   echo "  $cmd"
 done

@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <optional>
 #include <sstream>
@@ -82,8 +83,9 @@ int RunEval(const std::vector<std::string>& argv) {
     std::fprintf(stderr, "thetaserve eval: %s\n", std::string(st.message()).c_str());
     return 1;
   };
-  auto context = args->GetInt("context", 2048);
-  auto max_tokens = args->GetInt("max-tokens", 65536);
+  constexpr int64_t kI32 = std::numeric_limits<int32_t>::max();  // token counts
+  auto context = args->GetInt("context", 2048, 4, kI32);
+  auto max_tokens = args->GetInt("max-tokens", 65536, 1, kI32);
   auto threads = args->GetInt("threads", 0, 0, kMaxThreadsFlag);
   auto device = ParseDevice(args->GetString("device", "auto"));
   auto kv_dtype = ParseKvDtypeFlag(args->GetString("kv-cache-dtype", "auto"));
@@ -91,7 +93,6 @@ int RunEval(const std::vector<std::string>& argv) {
                                  device.status(), kv_dtype.status()}) {
     if (!st.ok()) return fail(st);
   }
-  if (*context < 4) return fail(absl::InvalidArgumentError("--context must be at least 4"));
   const std::string text_path = args->GetString("text");
   auto text = ReadCorpus("text", text_path);
   if (!text.ok()) return fail(text.status());

@@ -58,7 +58,7 @@ int RunGenerate(const std::vector<std::string>& argv) {
     std::fprintf(stderr, "thetaserve generate: %s\n", std::string(st.message()).c_str());
     return 1;
   };
-  auto max_tokens = args->GetInt("max-tokens", 64);
+  auto max_tokens = args->GetInt("max-tokens", 64, 1, std::numeric_limits<int32_t>::max());
   auto threads = args->GetInt("threads", 0, 0, kMaxThreadsFlag);
   auto temperature = args->GetDouble("temperature", 0.0);
   auto top_p = args->GetDouble("top-p", 1.0);
@@ -75,7 +75,6 @@ int RunGenerate(const std::vector<std::string>& argv) {
     if (!st.ok()) return fail(st);
   }
   if (!args->Has("prompt")) return fail(absl::InvalidArgumentError("--prompt is required"));
-  if (*max_tokens < 1) return fail(absl::InvalidArgumentError("--max-tokens must be >= 1"));
   // The API's checks, so a value the server refuses is refused here too.
   v1::SamplingParams api;
   api.set_temperature(static_cast<float>(*temperature));

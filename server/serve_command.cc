@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <future>
+#include <limits>
 #include <map>
 #include <sstream>
 #include <string>
@@ -35,7 +36,7 @@ constexpr char kUsage[] =
     "usage: thetaserve serve --model PATH [flags]\n"
     "  --model PATH                 GGUF file or Hugging Face directory\n"
     "  --host ADDR                  listen address (default 0.0.0.0)\n"
-    "  --port N                     gRPC port (default 50051)\n"
+    "  --port N                     gRPC port (default 50051; 0: any free port, logged)\n"
     "  --metrics-port N             Prometheus /metrics port (default 9090; 0 = off)\n"
     "  --http-port N                OpenAI-compatible HTTP API (/v1/completions,\n"
     "                               /v1/chat/completions, /v1/models) on this port\n"
@@ -118,15 +119,16 @@ int RunServe(const std::vector<std::string>& argv) {
   auto port = args->GetInt("port", 50051, 0, 65535);                  // 0 = any free port
   auto metrics_port = args->GetInt("metrics-port", 9090, 0, 65535);  // 0 = off
   auto http_port = args->GetInt("http-port", 0, 0, 65535);            // 0 = off
-  auto max_seqs = args->GetInt("max-num-seqs", 64);
-  auto max_tokens = args->GetInt("max-num-batched-tokens", 512);
+  constexpr int64_t kI32 = std::numeric_limits<int32_t>::max();
+  auto max_seqs = args->GetInt("max-num-seqs", 64, 1, kI32);
+  auto max_tokens = args->GetInt("max-num-batched-tokens", 512, 1, kI32);
   // Checked now; a share is resolved once the model is on its device.
   auto kv_spec = args->Has("kv-cache-memory")
                      ? ParseKvCacheSpec(args->GetString("kv-cache-memory"))
                      : absl::StatusOr<KvCacheSpec>(KvCacheSpec{});
   // A page's rows; past 65,536 a page outgrows any context (and int32 row arithmetic).
   auto block_size = args->GetInt("block-size", 16, 1, 65536);
-  auto max_queue = args->GetInt("max-queue", 1024);
+  auto max_queue = args->GetInt("max-queue", 1024, 1, kI32);
   auto threads = args->GetInt("threads", 0, 0, kMaxThreadsFlag);
   auto drain = args->GetDouble("drain-timeout", 30);
   auto device = ParseDevice(args->GetString("device", "auto"));
@@ -139,10 +141,6 @@ int RunServe(const std::vector<std::string>& argv) {
   }
   if (args->Has("served-model-name") && *http_port == 0) {
     return fail(absl::InvalidArgumentError("--served-model-name needs --http-port"));
-  }
-  if (*max_seqs < 1 || *max_tokens < 1 || *max_queue < 1) {
-    return fail(absl::InvalidArgumentError(
-        "--max-num-seqs, --max-num-batched-tokens and --max-queue must be >= 1"));
   }
   const std::string prefix_caching = args->GetString("prefix-caching", "on");
   if (prefix_caching != "on" && prefix_caching != "off") {

@@ -332,7 +332,7 @@ def kv_cache():
     p.append(L.place(timeseries("V rows evicted and retained-but-evicted", "V rows dropped per second by the sparse policy, and dropped rows a later query retained anyway (their mass went to compensation instead of being read).",
                                 targets(("sum(%s)" % rate("thetaserve_v_rows_evicted_total"), "evicted"),
                                         ("sum(%s)" % rate("thetaserve_v_rows_retained_but_evicted_total"), "retained but evicted"))), 12, 8))
-    p.append(L.place(timeseries("Retained-but-evicted fraction", "Per instance, of the V rows θ retained, the fraction the sparse policy had already dropped (recording rule thetaserve:v_rows_retained_but_evicted:ratio_rate5m): the eviction's regret, whose attention mass went to compensation instead of being read. 0 while nothing is evicted; empty while idle.",
+    p.append(L.place(timeseries("Retained-but-evicted fraction", "Per instance, of the V rows attention used (read, or retained by θ but already dropped), the fraction the sparse policy had dropped (recording rule thetaserve:v_rows_retained_but_evicted:ratio_rate5m): the eviction's regret, whose attention mass went to compensation instead of being read. 0 while nothing is evicted; empty while idle.",
                                 targets((sel("thetaserve:v_rows_retained_but_evicted:ratio_rate5m"), "{{instance}}")),
                                 unit="percentunit", minv=0), 12, 8))
 

@@ -77,7 +77,7 @@ SCENARIOS = {
         "autoscaling": {"enabled": False},
         "replicaCount": 2,
         "serviceMonitor": {"labels": {"release": "kube-prometheus-stack"}},
-        "config": {"max-num-seqs": "128", "threads": "8"},
+        "config": {"max-num-seqs": "128", "threads": "8", "no-vmc": True},
         "extraEnv": [{"name": "OMP_NUM_THREADS", "value": "8"}],
         "gpu": {"count": 2},
         "drain": {"timeoutSeconds": 120, "preStopSleepSeconds": 10},
@@ -101,6 +101,7 @@ BAD_RENDERS = {
     "fetching a model other than the default": {"model": {"file": "other.gguf"}},
     "no fetch and no volume": {"model": {"fetch": False}},
     "TLS through extraArgs": {"extraArgs": ["--tls-cert", "/c.pem"]},
+    "the API key through extraArgs": {"extraArgs": ["--api-key=sesame"]},
 }
 
 os.makedirs(out_dir, exist_ok=True)
@@ -224,6 +225,10 @@ with helm.Chart.load(chart_dir) as chart:
         mounts = {m["mountPath"]: m for m in main["volumeMounts"]}
         if os.path.dirname(model_path) not in mounts:
             err("%s: the model %s is not on a mounted volume" % (name, model_path))
+        # A switch given as a YAML boolean reaches the entrypoint as "true" (the bare flag).
+        for flag, value in values.get("config", {}).items():
+            if value is True and flags.get("THETASERVE_FLAG_" + flag.upper().replace("-", "_")) != "true":
+                err("%s: config %s: true is not rendered as \"true\"" % (name, flag))
         theta = flags.get("THETASERVE_FLAG_THETA")
         if theta and os.path.dirname(theta) not in mounts:
             err("%s: the θ file %s is not on a mounted volume" % (name, theta))

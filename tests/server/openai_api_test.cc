@@ -130,7 +130,8 @@ TEST(OpenAiApiTest, ChatMessagesBecomeTheChatInput) {
   EXPECT_TRUE(RefusedWith(Chat(R"({"messages": []})"), "messages"));
   EXPECT_TRUE(RefusedWith(Chat(R"({"messages": [{"content": "x"}]})"), "messages[0].role"));
   // A user or system turn without content was rendered empty and generated to the context's end.
-  EXPECT_TRUE(RefusedWith(Chat(R"({"messages": [{"role": "user"}]})"), "messages[0].content is required"));
+  EXPECT_TRUE(RefusedWith(Chat(R"({"messages": [{"role": "user"}]})"),
+                          "messages[0].content is required"));
   EXPECT_TRUE(RefusedWith(Chat(R"({"messages": [{"role": "system", "content": null},
       {"role": "user", "content": "x"}]})"), "messages[0].content is required"));
   auto assistant = Chat(R"({"messages": [{"role": "user", "content": "x"},

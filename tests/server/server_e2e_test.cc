@@ -365,24 +365,18 @@ TEST_F(ServerE2ETest, AbortCancelsByRequestId) {
 // A request id in flight is ALREADY_EXISTS, and the message names the id that clashes: with
 // n = 2, "z" runs as "z/0" and "z/1" (it named "z" while "z/1" was the one in flight).
 TEST_F(ServerE2ETest, AnIdInFlightIsAlreadyExistsNamingTheClash) {
+  auto stub = server_->stub();
   auto long_req = Prompt("Count from one to a thousand:", 1000);
   long_req.set_request_id("dup-z/1");
   long_req.mutable_stopping()->set_ignore_eos(true);
-  StreamResult first;
-  std::thread t([&] {
-    auto s = server_->stub();
-    first = Generate(*s, long_req);
-  });
-  auto stub = server_->stub();
+  grpc::ClientContext ctx;
+  auto reader = stub->Generate(&ctx, long_req);
+  v1::GenerateResponse resp;
+  ASSERT_TRUE(reader->Read(&resp)) << "its first tokens: it is in flight";
+
   auto group = Prompt("Hello", 2);
   group.set_request_id("dup-z");
   group.set_n(2);
-  for (int i = 0; i < 1000; ++i) {  // until the long request runs (a clash sent sooner wins)
-    grpc::ClientContext c;
-    v1::ServerStatus st;
-    if (stub->GetServerStatus(&c, {}, &st).ok() && st.running() > 0) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
   StreamResult clash = Generate(*stub, group);
   EXPECT_EQ(clash.status.error_code(), grpc::StatusCode::ALREADY_EXISTS);
   EXPECT_EQ(clash.status.error_message(),
@@ -397,11 +391,15 @@ TEST_F(ServerE2ETest, AnIdInFlightIsAlreadyExistsNamingTheClash) {
   grpc::ClientContext c;
   v1::AbortRequest a;
   a.set_request_id("dup-z/1");
-  v1::AbortResponse resp;
-  EXPECT_TRUE(stub->Abort(&c, a, &resp).ok());
-  t.join();
-  EXPECT_EQ(first.complete.finish_reason(), v1::FINISH_REASON_CANCELLED)
-      << first.status.error_message();
+  v1::AbortResponse found;
+  EXPECT_TRUE(stub->Abort(&c, a, &found).ok());
+  EXPECT_TRUE(found.found());
+  v1::Complete complete;
+  while (reader->Read(&resp)) {
+    if (resp.has_complete()) complete = resp.complete();
+  }
+  EXPECT_TRUE(reader->Finish().ok());
+  EXPECT_EQ(complete.finish_reason(), v1::FINISH_REASON_CANCELLED);
   // Once it has ended, the id is free again.
   StreamResult after = Generate(*stub, group);
   EXPECT_TRUE(after.status.ok()) << after.status.error_message();
@@ -997,7 +995,8 @@ TEST(ServerLifecycleTest, PrefixCachingFlagTakesOnOrOff) {
 }
 
 TEST(ServerLifecycleTest, OutOfRangeFlagsAreRefusedByName) {
-  // Each was accepted before: the log said it served on port 70000, the thread count crashed the pool, the block size wrapped to negative pages.
+  // Each was accepted before: the log said it served on port 70000, the thread count crashed
+  // the pool, the block size wrapped to negative pages.
   const std::pair<std::string, std::string> cases[] = {
       {"--port 70000", "--port must be in [0, 65535], got 70000"},
       {"--metrics-port -5", "--metrics-port must be in [0, 65535], got -5"},
@@ -1037,7 +1036,7 @@ TEST(ServerLifecycleTest, GenerateTakesSamplingTopKAndTheApisChecks) {
       {"--top-k -4", "--top-k must be in [0, 2147483647], got -4"},
       {"--min-p 2", "sampling.min_p = 2; it must be in [0, 1]"},
       {"--repetition-penalty 0", "sampling.repetition_penalty = 0; it must be > 0 (1 = off)"},
-      {"--max-tokens 0", "--max-tokens must be >= 1"},
+      {"--max-tokens 0", "--max-tokens must be in [1, 2147483647], got 0"},
   };
   for (const auto& [flags, message] : cases) {
     out = RunCommand(generate + " --prompt hi " + flags + " 2>&1", &rc);
