@@ -78,7 +78,7 @@ int RunCalibrate(const std::vector<std::string>& argv) {
   auto dense_k = args->GetInt("dense-k", 512, 1, kI32);
   auto context = args->GetInt("context", 2048, 2, kI32);
   auto max_tokens = args->GetInt("max-tokens", 32768, 1, kI32);
-  auto std_factor = args->GetDouble("std-factor", 0.1);
+  auto std_factor = args->GetDouble("std-factor", 0.1, -100, 100);
   auto threads = args->GetInt("threads", 0, 0, kMaxThreadsFlag);
   auto device = ParseDevice(args->GetString("device", "cpu"));
   auto kv_dtype = ParseKvDtypeFlag(args->GetString("kv-cache-dtype", "auto"));

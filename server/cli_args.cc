@@ -76,4 +76,15 @@ absl::StatusOr<double> CliArgs::GetDouble(const std::string& name, double fallba
   return v;
 }
 
+absl::StatusOr<double> CliArgs::GetDouble(const std::string& name, double fallback, double lo,
+                                          double hi) const {
+  absl::StatusOr<double> v = GetDouble(name, fallback);
+  if (v.ok() && !(*v >= lo && *v <= hi)) {
+    return absl::InvalidArgumentError(absl::StrCat("--", name, " must be in [", lo, ", ", hi,
+                                                   "], got ",
+                                                   Has(name) ? GetString(name) : absl::StrCat(*v)));
+  }
+  return v;
+}
+
 }  // namespace thetaserve::server

@@ -27,6 +27,9 @@ class CliArgs {
   absl::StatusOr<int64_t> GetInt(const std::string& name, int64_t fallback, int64_t lo,
                                  int64_t hi) const;
   absl::StatusOr<double> GetDouble(const std::string& name, double fallback) const;
+  // A number flag that must lie in [lo, hi] (NaN never does).
+  absl::StatusOr<double> GetDouble(const std::string& name, double fallback, double lo,
+                                   double hi) const;
 
  private:
   std::map<std::string, std::string> values_;

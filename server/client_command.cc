@@ -82,7 +82,7 @@ int RunClient(const std::vector<std::string>& argv) {
   auto top_p = args->GetDouble("top-p", 1);
   auto top_k = args->GetInt("top-k", 0, -kI32 - 1, kI32);
   auto seed = args->GetInt("seed", -1);
-  auto timeout = args->GetDouble("timeout", 0);
+  auto timeout = args->GetDouble("timeout", 0, 0, 86400);  // 0 = no deadline
   auto min_tokens = args->GetInt("min-tokens", 0, 0, kU32);
   auto n = args->GetInt("n", 1, 1, kU32);
   auto bias = ParseLogitBias(args->GetString("logit-bias"));

@@ -19,8 +19,12 @@ int RunHealth(const std::vector<std::string>& argv) {
                  "exit 0 when the server reports SERVING, 1 otherwise\n");
     return args.ok() ? 0 : 2;
   }
-  auto timeout = args->GetDouble("timeout", 3);
-  if (!timeout.ok()) return 2;
+  auto timeout = args->GetDouble("timeout", 3, 0.01, 3600);
+  if (!timeout.ok()) {
+    std::fprintf(stderr, "thetaserve health: %s\n",
+                 std::string(timeout.status().message()).c_str());
+    return 2;
+  }
   auto channel = grpc::CreateChannel(args->GetString("addr", "localhost:50051"),
                                      grpc::InsecureChannelCredentials());
   const std::string status = ProbeHealth(channel, args->GetString("service", ""), *timeout);

@@ -130,7 +130,7 @@ int RunServe(const std::vector<std::string>& argv) {
   auto block_size = args->GetInt("block-size", 16, 1, 65536);
   auto max_queue = args->GetInt("max-queue", 1024, 1, kI32);
   auto threads = args->GetInt("threads", 0, 0, kMaxThreadsFlag);
-  auto drain = args->GetDouble("drain-timeout", 30);
+  auto drain = args->GetDouble("drain-timeout", 30, 0, 86400);
   auto device = ParseDevice(args->GetString("device", "auto"));
   auto kv_dtype = ParseKvDtypeFlag(args->GetString("kv-cache-dtype", "auto"));
   for (const absl::Status& st :

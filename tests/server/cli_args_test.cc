@@ -58,5 +58,18 @@ TEST(CliArgsTest, RangedIntegersNameTheirRange) {
   EXPECT_EQ(text.status().message(), "--n wants an integer, got 'ten'");
 }
 
+TEST(CliArgsTest, RangedNumbersRefuseNaNAndNameTheValueAsGiven) {
+  CliArgs a = ParseOrDie({"--rate", "nan"});
+  auto nan = a.GetDouble("rate", 1, 0, 60);
+  ASSERT_FALSE(nan.ok()) << "NaN compares false with both bounds, and was let through";
+  EXPECT_EQ(nan.status().message(), "--rate must be in [0, 60], got nan");
+  auto negative = ParseOrDie({"--rate", "-5"}).GetDouble("rate", 1, 0, 60);
+  ASSERT_FALSE(negative.ok());
+  EXPECT_EQ(negative.status().message(), "--rate must be in [0, 60], got -5");
+  EXPECT_FALSE(ParseOrDie({"--rate", "inf"}).GetDouble("rate", 1, 0, 60).ok());
+  EXPECT_EQ(*ParseOrDie({"--rate", "2.5"}).GetDouble("rate", 1, 0, 60), 2.5);
+  EXPECT_EQ(*ParseOrDie({}).GetDouble("rate", 1, 0, 60), 1);
+}
+
 }  // namespace
 }  // namespace thetaserve::server

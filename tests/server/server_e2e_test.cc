@@ -1004,6 +1004,7 @@ TEST(ServerLifecycleTest, OutOfRangeFlagsAreRefusedByName) {
       {"--threads 5000000000", "--threads must be in [0, 1024], got 5000000000"},
       {"--block-size 3000000000", "--block-size must be in [1, 65536], got 3000000000"},
       {"--block-size 0", "--block-size must be in [1, 65536], got 0"},
+      {"--drain-timeout nan", "--drain-timeout must be in [0, 86400], got nan"},
       // The Top-θ flags are read with the model (the θ file must match it).
       {"--local-window 0", "--local-window must be in [1, 2147483647], got 0"},
   };
