@@ -121,6 +121,12 @@ int RunCalibrate(const std::vector<std::string>& argv) {
                                 kernels::MatMulMode::kQuantized, *kv_dtype);
   if (!loaded.ok()) return fail(loaded.status());
   const auto& c = loaded->model->config();
+  if (*dense_layers >= c.num_layers) {
+    // Every layer dense: a file of no thresholds (it was written, every θ null).
+    return fail(absl::InvalidArgumentError(absl::StrCat(
+        "--dense-layers ", *dense_layers, " leaves none of the model's ", c.num_layers,
+        " layers to calibrate")));
+  }
   const std::vector<int32_t> ids = TokenizePrefix(loaded->model->tokenizer(), *text, *max_tokens);
   const int64_t windows = int64_t(ids.size()) / *context;
   if (windows == 0) return fail(absl::InvalidArgumentError("the corpus is shorter than one --context window"));

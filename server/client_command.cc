@@ -13,6 +13,7 @@
 #include "grpcpp/grpcpp.h"
 #include "server/cli_args.h"
 #include "server/commands.h"
+#include "server/validation.h"
 #include "thetaserve/v1/generation.grpc.pb.h"
 
 namespace thetaserve::server {
@@ -84,7 +85,7 @@ int RunClient(const std::vector<std::string>& argv) {
   auto seed = args->GetInt("seed", -1);
   auto timeout = args->GetDouble("timeout", 0, 0, 86400);  // 0 = no deadline
   auto min_tokens = args->GetInt("min-tokens", 0, 0, kU32);
-  auto n = args->GetInt("n", 1, 1, kU32);
+  auto n = args->GetInt("n", 1, 1, kMaxChoices);  // the server's limit, before any output
   auto bias = ParseLogitBias(args->GetString("logit-bias"));
   for (const absl::Status& st : {max_tokens.status(), temperature.status(), top_p.status(),
                                  top_k.status(), seed.status(), timeout.status(),
@@ -93,10 +94,6 @@ int RunClient(const std::vector<std::string>& argv) {
       std::fprintf(stderr, "thetaserve client: %s\n", std::string(st.message()).c_str());
       return 2;
     }
-  }
-  if (*n < 1 || *min_tokens < 0) {
-    std::fprintf(stderr, "thetaserve client: --n must be >= 1 and --min-tokens >= 0\n");
-    return 2;
   }
   std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
   if (args->Has("tls-ca")) {

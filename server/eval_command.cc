@@ -93,6 +93,12 @@ int RunEval(const std::vector<std::string>& argv) {
                                  device.status(), kv_dtype.status()}) {
     if (!st.ok()) return fail(st);
   }
+  // --out is appended to at the end: a path that cannot be written fails now, not after the run
+  // (it was silent then).
+  if (args->Has("out") && !std::ofstream(args->GetString("out"), std::ios::app)) {
+    return fail(absl::InvalidArgumentError(
+        absl::StrCat("cannot write --out ", args->GetString("out"))));
+  }
   const std::string text_path = args->GetString("text");
   auto text = ReadCorpus("text", text_path);
   if (!text.ok()) return fail(text.status());
@@ -249,6 +255,10 @@ int RunEval(const std::vector<std::string>& argv) {
   if (args->Has("out")) {
     std::ofstream out(args->GetString("out"), std::ios::app);
     out << json << "\n";
+    out.flush();
+    if (!out) {
+      return fail(absl::InternalError(absl::StrCat("cannot write ", args->GetString("out"))));
+    }
   }
   return 0;
 }

@@ -28,7 +28,12 @@ int RunHealth(const std::vector<std::string>& argv) {
   auto channel = grpc::CreateChannel(args->GetString("addr", "localhost:50051"),
                                      grpc::InsecureChannelCredentials());
   const std::string status = ProbeHealth(channel, args->GetString("service", ""), *timeout);
-  std::printf("%s\n", status.c_str());
+  // The answer (SERVING, NOT_SERVING, ...) on stdout; a failed call on stderr, as elsewhere.
+  if (status.rfind("error: ", 0) == 0) {
+    std::fprintf(stderr, "thetaserve health: %s\n", status.c_str() + 7);
+  } else {
+    std::printf("%s\n", status.c_str());
+  }
   return status == "SERVING" ? 0 : 1;
 }
 

@@ -15,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
@@ -160,6 +161,18 @@ int RunServe(const std::vector<std::string>& argv) {
   } else if (args->Has("offload-memory")) {
     return fail(absl::InvalidArgumentError("--offload-memory needs --policy offload"));
   }
+  // TLS files are read now: a typo fails in a moment, not after the model loads.
+  const bool tls = args->Has("tls-cert") || args->Has("tls-key");
+  std::string tls_cert, tls_key;
+  if (tls) {
+    bool ok_cert = false, ok_key = false;
+    tls_cert = ReadFile(args->GetString("tls-cert"), &ok_cert);
+    tls_key = ReadFile(args->GetString("tls-key"), &ok_key);
+    if (!ok_cert || !ok_key) {
+      return fail(absl::InvalidArgumentError(
+          "--tls-cert and --tls-key must both name readable PEM files"));
+    }
+  }
   std::string api_key = args->GetString("api-key");
   if (api_key.empty()) {
     if (const char* env = std::getenv("THETASERVE_API_KEY")) api_key = env;
@@ -241,11 +254,14 @@ int RunServe(const std::vector<std::string>& argv) {
                                     const scheduler::StepStats* step) {
     metrics.OnEngineStats(s, step);
   });
+  // Every return from here stops the engine first: its thread calls the observer, which points
+  // at `metrics` (and serves `service`'s streams), both destroyed on the way out. A failure to
+  // listen returned with the engine running: a heap corruption abort, or a segfault.
+  absl::Cleanup stop_engine = [&engine] { (*engine)->Stop(); };
   if (*metrics_port > 0) {
     std::string error;
     const std::string addr = absl::StrCat(args->GetString("host", "0.0.0.0"), ":", *metrics_port);
     if (!metrics.StartExposer(addr, &error)) {
-      (*engine)->Stop();  // its observer points at `metrics`, which dies first
       return fail(absl::UnavailableError(absl::StrCat("cannot serve /metrics on ", addr, ": ", error)));
     }
     std::fprintf(stderr, "metrics on http://%s/metrics\n", addr.c_str());
@@ -262,16 +278,12 @@ int RunServe(const std::vector<std::string>& argv) {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
+  // gRPC sets SO_REUSEPORT by default: a second server on a port in use started and shared it.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   std::shared_ptr<grpc::ServerCredentials> creds = grpc::InsecureServerCredentials();
-  if (args->Has("tls-cert") || args->Has("tls-key")) {
-    bool ok_cert = false, ok_key = false;
-    std::string cert = ReadFile(args->GetString("tls-cert"), &ok_cert);
-    std::string key = ReadFile(args->GetString("tls-key"), &ok_key);
-    if (!ok_cert || !ok_key) {
-      return fail(absl::InvalidArgumentError("--tls-cert and --tls-key must both name readable PEM files"));
-    }
+  if (tls) {
     grpc::SslServerCredentialsOptions ssl;
-    ssl.pem_key_cert_pairs.push_back({key, cert});
+    ssl.pem_key_cert_pairs.push_back({tls_key, tls_cert});
     creds = grpc::SslServerCredentials(ssl);
   }
   const std::string address = absl::StrCat(args->GetString("host", "0.0.0.0"), ":", *port);
@@ -280,7 +292,9 @@ int RunServe(const std::vector<std::string>& argv) {
   builder.RegisterService(&service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server || bound_port == 0) {
-    return fail(absl::UnavailableError(absl::StrCat("cannot listen on ", address)));
+    return fail(absl::UnavailableError(absl::StrCat(
+        "cannot listen on ", address,
+        tls ? " (in use, or the TLS certificate and key are not PEM)" : " (in use?)")));
   }
   std::unique_ptr<OpenAiHttpServer> http;
   if (*http_port > 0) {
@@ -324,7 +338,7 @@ int RunServe(const std::vector<std::string>& argv) {
   health->SetServingStatus(kService, true);
   std::fprintf(stderr, "serving thetaserve.v1.Generation on %s:%d (%s)\n",
                args->GetString("host", "0.0.0.0").c_str(), bound_port,
-               args->Has("tls-cert") ? "TLS" : "plaintext");
+               tls ? "TLS" : "plaintext");
 
   int sig = 0;
   sigwait(&signals, &sig);

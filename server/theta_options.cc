@@ -87,6 +87,10 @@ absl::StatusOr<ThetaOptions> ParseThetaOptions(const CliArgs& args, const model:
   out.sparse.keep_fraction = *keep;
 
   if (!args.Has("theta")) {
+    if (out.config.top_k) {
+      return absl::InvalidArgumentError(
+          "--exact-top-k needs --theta (its k per layer comes from the θ file)");
+    }
     if (out.sparse.enabled) {
       return absl::InvalidArgumentError(absl::StrCat(
           "--policy ", out.policy, " needs --theta (dense attention retains every row)"));
@@ -96,8 +100,13 @@ absl::StatusOr<ThetaOptions> ParseThetaOptions(const CliArgs& args, const model:
   auto table = model::ThetaTable::Load(args.GetString("theta"));
   if (!table.ok()) return table.status();
   const auto& c = model.config();
-  if (table->model_fingerprint != model.fingerprint() || table->num_layers() != c.num_layers ||
-      table->num_heads() != c.num_heads) {
+  if (table->num_layers() != c.num_layers || table->num_heads() != c.num_heads) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "θ file ", args.GetString("theta"), " holds ", table->num_layers(), " layers × ",
+        table->num_heads(), " heads; this model has ", c.num_layers, " × ", c.num_heads,
+        "; calibrate it with `thetaserve calibrate`"));
+  }
+  if (table->model_fingerprint != model.fingerprint()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "θ file ", args.GetString("theta"), " was calibrated for model '", table->model_name,
         "' (fingerprint ", table->model_fingerprint, "), not for this model '", c.name,

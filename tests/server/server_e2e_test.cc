@@ -1,6 +1,7 @@
 // End to end over loopback TCP with the real model: the `thetaserve serve` binary, real gRPC
 // clients, real /metrics scrapes checked by promtool.
 #include <signal.h>
+#include <sys/wait.h>
 
 #include <algorithm>
 #include <array>
@@ -1061,6 +1062,38 @@ TEST(ServerLifecycleTest, ApiKeyIsRequiredWhenSet) {
   EXPECT_EQ(server.HealthStatus(), "SERVING") << "health stays open for probes";
 }
 
+// Failures to listen exit 1 with a message. Both TLS failures crashed (an abort on a corrupted
+// heap, a segfault): the engine's thread still ran with the metrics and service it reports to
+// gone. A port in use was shared (gRPC's SO_REUSEPORT) and the second server said it served.
+TEST(ServerLifecycleTest, FailuresToListenExitCleanly) {
+  const ScopedTempDir tmp("server_e2e_test");
+  const std::string bogus = tmp.File("bogus.pem");
+  { std::ofstream(bogus) << "xx\n"; }
+  const std::string serve = BinaryPath() + " serve --model " + DefaultModelPath() +
+                            " --metrics-port 0 --port " + std::to_string(FreePort());
+  int rc = 0;
+  std::string out = RunCommand(serve + " --tls-cert /nonexistent --tls-key /nonexistent 2>&1", &rc);
+  EXPECT_TRUE(WIFEXITED(rc) && WEXITSTATUS(rc) == 1) << rc << "\n" << out;
+  EXPECT_NE(out.find("--tls-cert and --tls-key must both name readable PEM files"),
+            std::string::npos) << out;
+  EXPECT_EQ(out.find("loading"), std::string::npos) << "checked before the model loads";
+
+  out = RunCommand(serve + " --tls-cert " + bogus + " --tls-key " + bogus + " 2>&1", &rc);
+  EXPECT_TRUE(WIFEXITED(rc) && WEXITSTATUS(rc) == 1) << rc << "\n" << out;
+  EXPECT_NE(out.find("the TLS certificate and key are not PEM"), std::string::npos) << out;
+
+  ServerProcess first(std::vector<std::string>{});
+  ASSERT_TRUE(first.started());
+  const std::string taken = "127.0.0.1:" + std::to_string(first.port());
+  out = RunCommand(BinaryPath() + " serve --model " + DefaultModelPath() +
+                       " --metrics-port 0 --host 127.0.0.1 --port " + std::to_string(first.port()) +
+                       " 2>&1",
+                   &rc);
+  EXPECT_TRUE(WIFEXITED(rc) && WEXITSTATUS(rc) == 1) << rc << "\n" << out;
+  EXPECT_NE(out.find("cannot listen on " + taken + " (in use?)"), std::string::npos) << out;
+  EXPECT_EQ(first.HealthStatus(), "SERVING");
+}
+
 TEST(ServerLifecycleTest, ServesTlsWithTheGivenCertificate) {
   // A self-signed certificate for localhost, made here with the openssl CLI.
   const ScopedTempDir tmp("server_e2e_test");
@@ -1184,6 +1217,44 @@ TEST(ServerTopThetaTest, SparsePolicyReportsItselfAndItsSavingsMove) {
   EXPECT_NE(rc, 0);
   EXPECT_NE(out.find("was calibrated for model"), std::string::npos) << out;
   EXPECT_NE(out.find("0123456789abcdef"), std::string::npos) << out;
+
+  // A θ file of another shape names the shapes (it named two equal fingerprints).
+  model::ThetaTable short_table(20, table.num_heads(), table.buckets());
+  short_table.model_fingerprint = table.model_fingerprint;
+  short_table.model_name = table.model_name;
+  short_table.Finalize();
+  const std::string shorter = tmp.File("theta_20_layers.json");
+  ASSERT_TRUE(short_table.Save(shorter).ok());
+  const std::string generate = BinaryPath() + " generate --model " + DefaultModelPath();
+  std::string msg = RunCommand(generate + " --prompt hi --theta " + shorter + " 2>&1", &rc);
+  EXPECT_NE(rc, 0);
+  EXPECT_NE(msg.find("holds 20 layers × 9 heads; this model has 30 × 9"), std::string::npos)
+      << msg;
+  // --exact-top-k takes its k from a θ file: without one it was silently dense.
+  msg = RunCommand(generate + " --prompt hi --exact-top-k 2>&1", &rc);
+  EXPECT_NE(rc, 0);
+  EXPECT_NE(msg.find("--exact-top-k needs --theta"), std::string::npos) << msg;
+}
+
+// eval and calibrate refuse work whose result could not be kept or used, before the run: an
+// --out that cannot be written (eval wrote nothing and exited 0), --dense-layers covering every
+// layer (calibrate wrote a file of no thresholds).
+TEST(ServerLifecycleTest, EvalAndCalibrateRefuseUselessRunsUpFront) {
+  const std::string model = " --model " + DefaultModelPath();
+  int rc = 0;
+  std::string out = RunCommand(BinaryPath() + " eval" + model + " --text " + SourceDir() +
+                                   "/data/austen.txt --out /nonexistent/dir/x.jsonl 2>&1",
+                               &rc);
+  EXPECT_NE(rc, 0);
+  EXPECT_NE(out.find("cannot write --out /nonexistent/dir/x.jsonl"), std::string::npos) << out;
+  const ScopedTempDir tmp("server_e2e_test");
+  out = RunCommand(BinaryPath() + " calibrate" + model + " --corpus " + SourceDir() +
+                       "/data/kjv.txt --context 64 --max-tokens 64 --k 8 --dense-layers 30 --out " +
+                       tmp.File("t.json") + " 2>&1",
+                   &rc);
+  EXPECT_NE(rc, 0);
+  EXPECT_NE(out.find("--dense-layers 30 leaves none of the model's 30 layers"), std::string::npos)
+      << out;
 }
 
 // The offload policy over gRPC: it reports itself, a greedy request gets the text the full
