@@ -254,9 +254,10 @@ int RunServe(const std::vector<std::string>& argv) {
                                     const scheduler::StepStats* step) {
     metrics.OnEngineStats(s, step);
   });
-  // Every return from here stops the engine first: its thread calls the observer, which points
-  // at `metrics` (and serves `service`'s streams), both destroyed on the way out. A failure to
-  // listen returned with the engine running: a heap corruption abort, or a segfault.
+  // Every return from here stops the engine before `metrics` goes: the engine's thread calls the
+  // observer, which points at it. A failure to listen returned with the engine running: a heap
+  // corruption abort, or a segfault. (No request is in flight on those paths; the normal exit
+  // stops the engine itself, before the service and its streams go.)
   absl::Cleanup stop_engine = [&engine] { (*engine)->Stop(); };
   if (*metrics_port > 0) {
     std::string error;
