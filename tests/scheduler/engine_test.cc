@@ -97,6 +97,34 @@ class EngineTest : public ::testing::Test {
     return r;
   }
 
+  // n completions of `text` as the APIs split them: ids "<id>/<i>" in group `id`, sampled at
+  // temperature 0.8 with seed first_seed + i, past EOS.
+  static std::vector<Request> MakeGroup(const std::string& id, const std::string& text, int n,
+                                        int max_tokens, uint64_t first_seed) {
+    std::vector<Request> requests;
+    for (int i = 0; i < n; ++i) {
+      Request r = MakeRequest(absl::StrCat(id, "/", i), text, max_tokens);
+      r.sampling.temperature = 0.8f;
+      r.sampling.seed = first_seed + i;
+      r.stopping.ignore_eos = true;
+      r.group_id = id;
+      r.group_index = i;
+      requests.push_back(r);
+    }
+    return requests;
+  }
+
+  // SubmitAll of `requests`, each with a new sink appended to `sinks`.
+  static absl::Status SubmitGroup(Engine& engine, const std::vector<Request>& requests,
+                                  std::vector<std::shared_ptr<CollectingSink>>* sinks) {
+    std::vector<std::shared_ptr<TokenSink>> as_sinks;
+    for (size_t i = 0; i < requests.size(); ++i) {
+      sinks->push_back(std::make_shared<CollectingSink>());
+      as_sinks.push_back(sinks->back());
+    }
+    return engine.SubmitAll(requests, as_sinks);
+  }
+
   // The same post-softmax θ everywhere (layers 0-1 dense up to 512 rows, k = 16 after, or
   // `k`): rows past k keep keys with probability > theta.
   static model::ThetaTable ConstantPostTheta(float theta, int32_t k = 16) {
@@ -919,27 +947,9 @@ TEST_F(EngineTest, AGroupComputesItsPromptOnceAndCancelsTogether) {
   std::string text = "You are a careful assistant. Read the passage and continue it. ";
   for (const auto& p : Prompts()) text += p + " ";
   constexpr int kN = 4;  // completions per group
+  // `text` changes for the last group below: read it at each call.
   auto group = [&](const std::string& id, int max_tokens) {
-    std::vector<Request> requests;
-    for (int i = 0; i < kN; ++i) {
-      Request r = MakeRequest(absl::StrCat(id, "/", i), text, max_tokens);
-      r.sampling.temperature = 0.8f;
-      r.sampling.seed = 40 + i;
-      r.stopping.ignore_eos = true;
-      r.group_id = id;
-      r.group_index = i;
-      requests.push_back(r);
-    }
-    return requests;
-  };
-  auto submit_all = [](Engine& engine, const std::vector<Request>& requests,
-                       std::vector<std::shared_ptr<CollectingSink>>* sinks) {
-    std::vector<std::shared_ptr<TokenSink>> as_sinks;
-    for (size_t i = 0; i < requests.size(); ++i) {
-      sinks->push_back(std::make_shared<CollectingSink>());
-      as_sinks.push_back(sinks->back());
-    }
-    return engine.SubmitAll(requests, as_sinks);
+    return MakeGroup(id, text, kN, max_tokens, 40);
   };
   auto backend = kernels::CreateBackend(*model_, kernels::Device::kCpu, 0);
   ASSERT_TRUE(backend.ok());
@@ -954,7 +964,7 @@ TEST_F(EngineTest, AGroupComputesItsPromptOnceAndCancelsTogether) {
   const int64_t bs = config.block_size;
   ASSERT_GT(prompt, 4 * bs) << "the prompt was meant to span several blocks";
   std::vector<std::shared_ptr<CollectingSink>> sinks;
-  ASSERT_TRUE(submit_all(**engine, requests, &sinks).ok());
+  ASSERT_TRUE(SubmitGroup(**engine, requests, &sinks).ok());
   for (auto& sk : sinks) ASSERT_TRUE(sk->Wait(300));
   ASSERT_TRUE((*engine)->WaitIdle(10));
   const EngineStats stats = (*engine)->Stats();
@@ -988,7 +998,7 @@ TEST_F(EngineTest, AGroupComputesItsPromptOnceAndCancelsTogether) {
     SCOPED_TRACE(at_once ? "cancelled at once" : "cancelled while generating");
     const std::string id = at_once ? "h" : "i";
     std::vector<std::shared_ptr<CollectingSink>> long_sinks;
-    ASSERT_TRUE(submit_all(**engine, group(id, 400), &long_sinks).ok());
+    ASSERT_TRUE(SubmitGroup(**engine, group(id, 400), &long_sinks).ok());
     while (!at_once && long_sinks[kN - 1]->count() < 2 && !long_sinks[kN - 1]->finished) {
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
     }
@@ -1008,7 +1018,7 @@ TEST_F(EngineTest, AGroupComputesItsPromptOnceAndCancelsTogether) {
   const int64_t second_shared = (int64_t(second[0].prompt.size()) - 1) / bs * bs;
   const int64_t hits_before = (*engine)->Stats().counters.prefix_hit_tokens;
   std::vector<std::shared_ptr<CollectingSink>> second_sinks;
-  ASSERT_TRUE(submit_all(**engine, second, &second_sinks).ok());
+  ASSERT_TRUE(SubmitGroup(**engine, second, &second_sinks).ok());
   (*engine)->Cancel("j/0");
   for (auto& sk : second_sinks) ASSERT_TRUE(sk->Wait(300));
   for (int i = 1; i < kN; ++i) EXPECT_EQ(second_sinks[i]->info.reason, FinishReason::kLength) << i;
@@ -1027,20 +1037,7 @@ TEST_F(EngineTest, AGroupWhoseFirstCompletionEndsWithItsPromptRunsTheRestTogethe
   std::string text = "Read the passage and answer in one word. ";
   for (const auto& p : Prompts()) text += p + " ";
   constexpr int kN = 8;
-  std::vector<Request> requests;
-  std::vector<std::shared_ptr<TokenSink>> sinks;
-  std::vector<std::shared_ptr<CollectingSink>> collecting;
-  for (int i = 0; i < kN; ++i) {
-    Request r = MakeRequest(absl::StrCat("one/", i), text, 1);
-    r.sampling.temperature = 0.8f;
-    r.sampling.seed = 7 + i;
-    r.stopping.ignore_eos = true;
-    r.group_id = "one";
-    r.group_index = i;
-    requests.push_back(r);
-    collecting.push_back(std::make_shared<CollectingSink>());
-    sinks.push_back(collecting.back());
-  }
+  const std::vector<Request> requests = MakeGroup("one", text, kN, 1, 7);
   auto backend = kernels::CreateBackend(*model_, kernels::Device::kCpu, 0);
   ASSERT_TRUE(backend.ok());
   EngineConfig config;
@@ -1054,7 +1051,8 @@ TEST_F(EngineTest, AGroupWhoseFirstCompletionEndsWithItsPromptRunsTheRestTogethe
   ASSERT_LE(prompt + (kN - 1) * bs, config.scheduler.max_num_batched_tokens)
       << "each step's token budget was meant to hold the prompt, and then the rest at once";
 
-  ASSERT_TRUE((*engine)->SubmitAll(requests, sinks).ok());
+  std::vector<std::shared_ptr<CollectingSink>> collecting;
+  ASSERT_TRUE(SubmitGroup(**engine, requests, &collecting).ok());
   for (auto& sk : collecting) ASSERT_TRUE(sk->Wait(300));
   ASSERT_TRUE((*engine)->WaitIdle(10));
   const EngineStats stats = (*engine)->Stats();
