@@ -4,7 +4,6 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
-#include <limits>
 #include <map>
 #include <sstream>
 
@@ -72,12 +71,11 @@ int RunCalibrate(const std::vector<std::string>& argv) {
     std::fprintf(stderr, "thetaserve calibrate: %s\n", std::string(st.message()).c_str());
     return 1;
   };
-  constexpr int64_t kI32 = std::numeric_limits<int32_t>::max();  // the θ file's integers
-  auto k = args->GetInt("k", 64, 1, kI32);
-  auto dense_layers = args->GetInt("dense-layers", 2, 0, kI32);
-  auto dense_k = args->GetInt("dense-k", 512, 1, kI32);
-  auto context = args->GetInt("context", 2048, 2, kI32);
-  auto max_tokens = args->GetInt("max-tokens", 32768, 1, kI32);
+  auto k = args->GetInt("k", 64, 1, kMaxCountFlag);
+  auto dense_layers = args->GetInt("dense-layers", 2, 0, kMaxCountFlag);
+  auto dense_k = args->GetInt("dense-k", 512, 1, kMaxCountFlag);
+  auto context = args->GetInt("context", 2048, 2, kMaxCountFlag);
+  auto max_tokens = args->GetInt("max-tokens", 32768, 1, kMaxCountFlag);
   auto std_factor = args->GetDouble("std-factor", 0.1, -100, 100);
   auto threads = args->GetInt("threads", 0, 0, kMaxThreadsFlag);
   auto device = ParseDevice(args->GetString("device", "cpu"));

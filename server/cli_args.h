@@ -1,6 +1,8 @@
 // A small command-line parser for the subcommands: `--name value`, `--name=value`, `--flag`.
 #pragma once
 
+#include <cstdint>
+#include <limits>
 #include <map>
 #include <set>
 #include <string>
@@ -12,6 +14,8 @@ namespace thetaserve::server {
 
 // --threads N: 0 means every core; more than this is a typo, not a machine.
 inline constexpr int64_t kMaxThreadsFlag = 1024;
+// Counts of tokens, sequences, layers: the engine and the θ file hold them as int32.
+inline constexpr int64_t kMaxCountFlag = std::numeric_limits<int32_t>::max();
 
 class CliArgs {
  public:

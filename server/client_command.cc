@@ -77,11 +77,10 @@ int RunClient(const std::vector<std::string>& argv) {
   }
   // Passed on as the proto's fields: out of their types' range is refused here, not wrapped.
   constexpr int64_t kU32 = std::numeric_limits<uint32_t>::max();
-  constexpr int64_t kI32 = std::numeric_limits<int32_t>::max();
   auto max_tokens = args->GetInt("max-tokens", 64, 0, kU32);
   auto temperature = args->GetDouble("temperature", 0);
   auto top_p = args->GetDouble("top-p", 1);
-  auto top_k = args->GetInt("top-k", 0, -kI32 - 1, kI32);
+  auto top_k = args->GetInt("top-k", 0, -kMaxCountFlag - 1, kMaxCountFlag);
   auto seed = args->GetInt("seed", -1);
   auto timeout = args->GetDouble("timeout", 0, 0, 86400);  // 0 = no deadline
   auto min_tokens = args->GetInt("min-tokens", 0, 0, kU32);

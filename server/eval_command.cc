@@ -13,7 +13,6 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
-#include <limits>
 #include <map>
 #include <optional>
 #include <sstream>
@@ -83,9 +82,8 @@ int RunEval(const std::vector<std::string>& argv) {
     std::fprintf(stderr, "thetaserve eval: %s\n", std::string(st.message()).c_str());
     return 1;
   };
-  constexpr int64_t kI32 = std::numeric_limits<int32_t>::max();  // token counts
-  auto context = args->GetInt("context", 2048, 4, kI32);
-  auto max_tokens = args->GetInt("max-tokens", 65536, 1, kI32);
+  auto context = args->GetInt("context", 2048, 4, kMaxCountFlag);
+  auto max_tokens = args->GetInt("max-tokens", 65536, 1, kMaxCountFlag);
   auto threads = args->GetInt("threads", 0, 0, kMaxThreadsFlag);
   auto device = ParseDevice(args->GetString("device", "auto"));
   auto kv_dtype = ParseKvDtypeFlag(args->GetString("kv-cache-dtype", "auto"));

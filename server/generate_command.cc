@@ -2,7 +2,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <limits>
 #include <map>
 #include <string>
 #include <vector>
@@ -58,11 +57,11 @@ int RunGenerate(const std::vector<std::string>& argv) {
     std::fprintf(stderr, "thetaserve generate: %s\n", std::string(st.message()).c_str());
     return 1;
   };
-  auto max_tokens = args->GetInt("max-tokens", 64, 1, std::numeric_limits<int32_t>::max());
+  auto max_tokens = args->GetInt("max-tokens", 64, 1, kMaxCountFlag);
   auto threads = args->GetInt("threads", 0, 0, kMaxThreadsFlag);
   auto temperature = args->GetDouble("temperature", 0.0);
   auto top_p = args->GetDouble("top-p", 1.0);
-  auto top_k = args->GetInt("top-k", 0, 0, std::numeric_limits<int32_t>::max());
+  auto top_k = args->GetInt("top-k", 0, 0, kMaxCountFlag);
   auto min_p = args->GetDouble("min-p", 0.0);
   auto rep = args->GetDouble("repetition-penalty", 1.0);
   auto seed = args->GetInt("seed", -1);

@@ -8,7 +8,6 @@
 #include <cstdlib>
 #include <fstream>
 #include <future>
-#include <limits>
 #include <map>
 #include <sstream>
 #include <string>
@@ -120,16 +119,15 @@ int RunServe(const std::vector<std::string>& argv) {
   auto port = args->GetInt("port", 50051, 0, 65535);                  // 0 = any free port
   auto metrics_port = args->GetInt("metrics-port", 9090, 0, 65535);  // 0 = off
   auto http_port = args->GetInt("http-port", 0, 0, 65535);            // 0 = off
-  constexpr int64_t kI32 = std::numeric_limits<int32_t>::max();
-  auto max_seqs = args->GetInt("max-num-seqs", 64, 1, kI32);
-  auto max_tokens = args->GetInt("max-num-batched-tokens", 512, 1, kI32);
+  auto max_seqs = args->GetInt("max-num-seqs", 64, 1, kMaxCountFlag);
+  auto max_tokens = args->GetInt("max-num-batched-tokens", 512, 1, kMaxCountFlag);
   // Checked now; a share is resolved once the model is on its device.
   auto kv_spec = args->Has("kv-cache-memory")
                      ? ParseKvCacheSpec(args->GetString("kv-cache-memory"))
                      : absl::StatusOr<KvCacheSpec>(KvCacheSpec{});
   // A page's rows; past 65,536 a page outgrows any context (and int32 row arithmetic).
   auto block_size = args->GetInt("block-size", 16, 1, 65536);
-  auto max_queue = args->GetInt("max-queue", 1024, 1, kI32);
+  auto max_queue = args->GetInt("max-queue", 1024, 1, kMaxCountFlag);
   auto threads = args->GetInt("threads", 0, 0, kMaxThreadsFlag);
   auto drain = args->GetDouble("drain-timeout", 30, 0, 86400);
   auto device = ParseDevice(args->GetString("device", "auto"));

@@ -1,8 +1,6 @@
 #include "server/theta_options.h"
 
 #include <cmath>
-#include <cstdint>
-#include <limits>
 
 #include "absl/strings/str_cat.h"
 
@@ -58,11 +56,9 @@ absl::StatusOr<ThetaOptions> ParseThetaOptions(const CliArgs& args, const model:
     return absl::InvalidArgumentError(
         absl::StrCat("--policy must be full, sparse or offload, got '", out.policy, "'"));
   }
-  // Token counts, held as int32 by the engine.
-  constexpr int64_t kMaxTokens = std::numeric_limits<int32_t>::max();
-  auto lw = args.GetInt("local-window", 256, 1, kMaxTokens);
-  auto sink = args.GetInt("sink-tokens", 4, 0, kMaxTokens);
-  auto obs = args.GetInt("obs-window", 32, 1, kMaxTokens);
+  auto lw = args.GetInt("local-window", 256, 1, kMaxCountFlag);
+  auto sink = args.GetInt("sink-tokens", 4, 0, kMaxCountFlag);
+  auto obs = args.GetInt("obs-window", 32, 1, kMaxCountFlag);
   for (const auto* st : {&lw, &sink, &obs}) {
     if (!st->ok()) return st->status();
   }
