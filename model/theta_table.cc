@@ -216,12 +216,28 @@ absl::StatusOr<ThetaTable> ThetaTable::Load(const std::string& path) {
       return absl::InvalidArgumentError(
           absl::StrCat(path, " is not a thetaserve θ file (format thetaserve-theta-v1)"));
     }
-    ThetaTable t(j.at("num_layers").get<int32_t>(), j.at("num_heads").get<int32_t>(),
-                 j.at("buckets").get<std::vector<int32_t>>());
+    auto bad = [&path](const auto&... what) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": ", what...));
+    };
+    const int32_t layers = j.at("num_layers").get<int32_t>();
+    const int32_t heads = j.at("num_heads").get<int32_t>();
+    const auto buckets = j.at("buckets").get<std::vector<int32_t>>();
+    if (layers < 1 || heads < 1) return bad("num_layers and num_heads must be >= 1");
+    for (size_t b = 0; b < buckets.size(); ++b) {
+      if (buckets[b] < 1 || (b > 0 && buckets[b] <= buckets[b - 1])) {
+        return bad("buckets must be lengths >= 1 in increasing order");
+      }
+    }
+    if (buckets.empty()) return bad("no buckets");
+    ThetaTable t(layers, heads, buckets);
     t.model_name = j.value("model_name", "");
     t.model_fingerprint = j.at("model_fingerprint").get<std::string>();
-    t.placement = j.at("placement").get<std::string>() == "pre" ? ThetaPlacement::kPreSoftmax
-                                                                : ThetaPlacement::kPostSoftmax;
+    // Any other placement was read as post: a file edited by hand took the wrong softmax side.
+    const std::string placement = j.at("placement").get<std::string>();
+    if (placement != "pre" && placement != "post") {
+      return bad("placement is '", placement, "'; it must be pre or post");
+    }
+    t.placement = placement == "pre" ? ThetaPlacement::kPreSoftmax : ThetaPlacement::kPostSoftmax;
     t.corpus = j.value("corpus", "");
     t.calibration_tokens = j.value("calibration_tokens", int64_t(0));
     t.k_per_layer = j.at("k_per_layer").get<std::vector<int32_t>>();
@@ -237,6 +253,11 @@ absl::StatusOr<ThetaTable> ThetaTable::Load(const std::string& path) {
     if (theta.size() != n || sdc.size() != n || counts.size() != n ||
         t.k_per_layer.size() != size_t(t.num_layers_)) {
       return absl::InvalidArgumentError(absl::StrCat(path, ": table sizes do not match its shape"));
+    }
+    for (size_t l = 0; l < t.k_per_layer.size(); ++l) {
+      if (t.k_per_layer[l] < 1) {
+        return bad("k_per_layer[", l, "] = ", t.k_per_layer[l], "; k must be >= 1");
+      }
     }
     for (size_t i = 0; i < n; ++i) {
       t.theta_[i] = theta[i].is_null() ? kNaN : theta[i].get<float>();

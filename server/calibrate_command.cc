@@ -57,65 +57,63 @@ absl::StatusOr<model::ThetaTable::KSchedule> ParseKSchedule(const std::string& t
 }  // namespace
 
 int RunCalibrate(const std::vector<std::string>& argv) {
-  auto args = CliArgs::Parse(
-      argv, {{"model", true}, {"corpus", true}, {"out", true}, {"k", true}, {"k-schedule", true},
-             {"dense-layers", true}, {"dense-k", true}, {"placement", true}, {"context", true},
-             {"max-tokens", true}, {"std-factor", true}, {"threads", true}, {"device", true},
-             {"kv-cache-dtype", true}, {"help", false}});
-  if (!args.ok() || args->Has("help")) {
-    if (!args.ok()) std::fprintf(stderr, "thetaserve calibrate: %s\n", args.status().ToString().c_str());
-    std::fprintf(stderr, "%s", kUsage);
-    return args.ok() ? 0 : 2;
-  }
-  auto fail = [](const absl::Status& st) {
-    std::fprintf(stderr, "thetaserve calibrate: %s\n", std::string(st.message()).c_str());
-    return 1;
-  };
-  auto k = args->GetInt("k", 64, 1, kMaxCountFlag);
-  auto dense_layers = args->GetInt("dense-layers", 2, 0, kMaxCountFlag);
-  auto dense_k = args->GetInt("dense-k", 512, 1, kMaxCountFlag);
-  auto context = args->GetInt("context", 2048, 2, kMaxCountFlag);
-  auto max_tokens = args->GetInt("max-tokens", 32768, 1, kMaxCountFlag);
-  auto std_factor = args->GetDouble("std-factor", 0.1, -100, 100);
-  auto threads = args->GetInt("threads", 0, 0, kMaxThreadsFlag);
-  auto device = ParseDevice(args->GetString("device", "cpu"));
-  auto kv_dtype = ParseKvDtypeFlag(args->GetString("kv-cache-dtype", "auto"));
+  const std::map<std::string, bool> known = {
+      {"model", true},      {"corpus", true},  {"out", true},          {"k", true},
+      {"k-schedule", true}, {"dense-layers", true}, {"dense-k", true}, {"placement", true},
+      {"context", true},    {"max-tokens", true}, {"std-factor", true}, {"threads", true},
+      {"device", true},     {"kv-cache-dtype", true}};
+  CliArgs args;
+  if (auto exit = ParseCommandLine("calibrate", argv, known, kUsage, &args)) return *exit;
+  auto usage = [](const absl::Status& st) { return ReportFailure("calibrate", st, kExitUsage); };
+  auto fail = [](const absl::Status& st) { return ReportFailure("calibrate", st, kExitFailed); };
+  auto k = args.GetInt("k", 64, 1, kMaxCountFlag);
+  auto dense_layers = args.GetInt("dense-layers", 2, 0, kMaxCountFlag);
+  auto dense_k = args.GetInt("dense-k", 512, 1, kMaxCountFlag);
+  auto context = args.GetInt("context", 2048, 2, kMaxCountFlag);
+  auto max_tokens = args.GetInt("max-tokens", 32768, 1, kMaxCountFlag);
+  auto std_factor = args.GetDouble("std-factor", 0.1, -100, 100);
+  auto threads = args.GetInt("threads", 0, 0, kMaxThreadsFlag);
+  auto device = ParseDevice(args.GetString("device", "cpu"));
+  auto kv_dtype = ParseKvDtypeFlag(args.GetString("kv-cache-dtype", "auto"));
   for (const absl::Status& st : {k.status(), dense_layers.status(), dense_k.status(), context.status(),
                                  max_tokens.status(), std_factor.status(), threads.status(),
                                  device.status(), kv_dtype.status()}) {
-    if (!st.ok()) return fail(st);
+    if (!st.ok()) return usage(st);
   }
-  const std::string placement = args->GetString("placement", "post");
+  const std::string placement = args.GetString("placement", "post");
   if (placement != "pre" && placement != "post") {
-    return fail(absl::InvalidArgumentError("--placement must be pre or post"));
+    return usage(absl::InvalidArgumentError("--placement must be pre or post"));
   }
-  if (!args->Has("out") || !args->Has("corpus")) {
-    return fail(absl::InvalidArgumentError("--corpus and --out are required"));
+  if (!args.Has("out") || !args.Has("corpus")) {
+    return usage(absl::InvalidArgumentError("--corpus and --out are required"));
   }
   model::ThetaTable::KSchedule schedule;
-  if (args->Has("k-schedule")) {
-    if (args->Has("k")) {
-      return fail(absl::InvalidArgumentError("give --k or --k-schedule, not both"));
+  if (args.Has("k-schedule")) {
+    if (args.Has("k")) {
+      return usage(absl::InvalidArgumentError("give --k or --k-schedule, not both"));
     }
-    auto parsed = ParseKSchedule(args->GetString("k-schedule"));
-    if (!parsed.ok()) return fail(parsed.status());
+    auto parsed = ParseKSchedule(args.GetString("k-schedule"));
+    if (!parsed.ok()) return usage(parsed.status());
     schedule = std::move(*parsed);
     *k = schedule.front().second;
     // θ past --context is extrapolated from shorter rows, not calibrated with the schedule's
     // larger k: a schedule reaching past the windows would silently not apply there.
     if (*context < schedule.back().first) {
-      return fail(absl::InvalidArgumentError(absl::StrCat(
+      return usage(absl::InvalidArgumentError(absl::StrCat(
           "--context ", *context, " is shorter than the k schedule's last length ",
           schedule.back().first, ": calibrate with --context >= it")));
     }
   }
   if (*k < 1 || *context <= *k) {
-    return fail(absl::InvalidArgumentError("need 1 <= --k < --context"));
+    return usage(absl::InvalidArgumentError("need 1 <= --k < --context"));
   }
-  auto text = ReadCorpus("corpus", args->GetString("corpus"));
+  if (absl::Status st = CheckModelFlag(args.GetString("model")); !st.ok()) return usage(st);
+  // The file is written at the end: a path that cannot be written fails now, not after the run.
+  if (absl::Status st = CheckWritable("out", args.GetString("out")); !st.ok()) return fail(st);
+  auto text = ReadCorpus("corpus", args.GetString("corpus"));
   if (!text.ok()) return fail(text.status());
 
-  auto loaded = LoadModelForCli(args->GetString("model"), *device, static_cast<int>(*threads),
+  auto loaded = LoadModelForCli(args.GetString("model"), *device, static_cast<int>(*threads),
                                 kernels::MatMulMode::kQuantized, *kv_dtype);
   if (!loaded.ok()) return fail(loaded.status());
   const auto& c = loaded->model->config();
@@ -125,9 +123,18 @@ int RunCalibrate(const std::vector<std::string>& argv) {
         "--dense-layers ", *dense_layers, " leaves none of the model's ", c.num_layers,
         " layers to calibrate")));
   }
+  if (*context > c.max_context) {
+    return fail(absl::InvalidArgumentError(absl::StrCat(
+        "--context ", *context, " is longer than the model's context of ", c.max_context,
+        " tokens")));
+  }
   const std::vector<int32_t> ids = TokenizePrefix(loaded->model->tokenizer(), *text, *max_tokens);
   const int64_t windows = int64_t(ids.size()) / *context;
-  if (windows == 0) return fail(absl::InvalidArgumentError("the corpus is shorter than one --context window"));
+  if (windows == 0) {
+    return fail(absl::InvalidArgumentError(
+        absl::StrCat(args.GetString("corpus"), " holds ", ids.size(),
+                     " tokens, fewer than one --context window of ", *context)));
+  }
 
   model::ThetaTable shape(static_cast<int32_t>(c.num_layers), static_cast<int32_t>(c.num_heads),
                           model::ThetaTable::DefaultBuckets(static_cast<int32_t>(*context)));
@@ -139,7 +146,7 @@ int RunCalibrate(const std::vector<std::string>& argv) {
                                        : model::ThetaPlacement::kPostSoftmax;
   shape.model_fingerprint = loaded->model->fingerprint();
   shape.model_name = c.name;
-  shape.corpus = args->GetString("corpus");
+  shape.corpus = args.GetString("corpus");
   kernels::ThetaCalibrator calibrator(shape);
   kernels::TopThetaConfig cfg;
   cfg.table = &shape;  // k per layer and placement; θ values come from exact top-k
@@ -165,11 +172,11 @@ int RunCalibrate(const std::vector<std::string>& argv) {
   std::fprintf(stderr, "\n");
   model::ThetaTable table = calibrator.Build(*std_factor);
   table.calibration_tokens = windows * *context;
-  absl::Status st = table.Save(args->GetString("out"));
+  absl::Status st = table.Save(args.GetString("out"));
   if (!st.ok()) return fail(st);
   std::printf("wrote %s: %s placement, k=%s (first %lld layers k=%lld), %lld tokens, %lld rows, fingerprint %s\n",
-              args->GetString("out").c_str(), placement.c_str(),
-              schedule.empty() ? absl::StrCat(*k).c_str() : args->GetString("k-schedule").c_str(),
+              args.GetString("out").c_str(), placement.c_str(),
+              schedule.empty() ? absl::StrCat(*k).c_str() : args.GetString("k-schedule").c_str(),
               (long long)*dense_layers,
               (long long)*dense_k, (long long)table.calibration_tokens, (long long)calibrator.rows(),
               table.fingerprint.c_str());

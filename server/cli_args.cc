@@ -1,6 +1,8 @@
 #include "server/cli_args.h"
 
+#include <algorithm>
 #include <cctype>
+#include <cstdio>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -24,19 +26,80 @@ absl::StatusOr<CliArgs> CliArgs::Parse(const std::vector<std::string>& args,
     }
     auto it = known.find(name);
     if (it == known.end()) {
-      return absl::InvalidArgumentError(absl::StrCat("unknown flag --", name, " (see --help)"));
+      return absl::InvalidArgumentError(absl::StrCat("unknown flag --", name));
     }
     if (it->second && !has_inline) {
       if (i + 1 >= args.size()) {
         return absl::InvalidArgumentError(absl::StrCat("flag --", name, " needs a value"));
       }
       value = args[++i];
-    } else if (!it->second && !has_inline) {
+    } else if (!it->second) {
+      // --ignore-eos=false was taken as the switch given (Has() saw the name).
+      if (has_inline && value != "true" && value != "false") {
+        return absl::InvalidArgumentError(
+            absl::StrCat("flag --", name, " is a switch: --", name, " or --", name,
+                         "=true|false, not '", value, "'"));
+      }
+      if (value == "false") {
+        out.values_.erase(name);
+        continue;
+      }
       value = "true";
     }
     out.values_[name] = value;
   }
   return out;
+}
+
+int ReportFailure(const char* command, const absl::Status& status, int exit_code) {
+  std::fprintf(stderr, "thetaserve %s: %s\n", command, std::string(status.message()).c_str());
+  return exit_code;
+}
+
+absl::Status CheckAddressFlag(const std::string& addr) {
+  // A target with a scheme (dns:///, unix:, ipv4:, ipv6:, ...) is gRPC's to read.
+  for (const char* scheme : {"dns:", "unix:", "unix-abstract:", "ipv4:", "ipv6:", "vsock:"}) {
+    if (addr.rfind(scheme, 0) == 0) return absl::OkStatus();
+  }
+  std::string port;
+  if (!addr.empty() && addr[0] == '[') {  // [V6] or [V6]:PORT
+    const size_t close = addr.find(']');
+    if (close != std::string::npos && close + 1 == addr.size()) return absl::OkStatus();
+    if (close != std::string::npos && addr[close + 1] == ':') port = addr.substr(close + 2);
+  } else {
+    const size_t colon = addr.find(':');
+    if (colon == std::string::npos && !addr.empty()) return absl::OkStatus();  // gRPC's port
+    // More than one colon without brackets: a bare IPv6 address, gRPC's to read.
+    if (colon != std::string::npos && addr.find(':', colon + 1) != std::string::npos) {
+      return absl::OkStatus();
+    }
+    if (colon != std::string::npos) port = addr.substr(colon + 1);
+  }
+  int64_t value = 0;
+  if (port.empty() || !std::all_of(port.begin(), port.end(), ::isdigit) ||
+      !absl::SimpleAtoi(port, &value) || value < 1 || value > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--addr '", addr, "' is not HOST:PORT with a port in [1, 65535]"));
+  }
+  return absl::OkStatus();
+}
+
+std::optional<int> ParseCommandLine(const char* command, const std::vector<std::string>& argv,
+                                    std::map<std::string, bool> known, const std::string& usage,
+                                    CliArgs* args) {
+  known.emplace("help", false);
+  absl::StatusOr<CliArgs> parsed = CliArgs::Parse(argv, known);
+  if (!parsed.ok()) {
+    std::fprintf(stderr, "thetaserve %s: %s\nrun 'thetaserve %s --help' for its flags\n", command,
+                 std::string(parsed.status().message()).c_str(), command);
+    return kExitUsage;
+  }
+  if (parsed->Has("help")) {
+    std::fputs(usage.c_str(), stdout);
+    return 0;
+  }
+  *args = std::move(*parsed);
+  return std::nullopt;
 }
 
 std::string CliArgs::GetString(const std::string& name, const std::string& fallback) const {

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <limits>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -17,10 +18,32 @@ inline constexpr int64_t kMaxThreadsFlag = 1024;
 // Counts of tokens, sequences, layers: the engine and the θ file hold them as int32.
 inline constexpr int64_t kMaxCountFlag = std::numeric_limits<int32_t>::max();
 
+// The subcommands' exit status: 0 done; kExitFailed for a failure while running (a file, the
+// model, the server, a call); kExitUsage for a bad command line (an unknown flag, a value out of
+// range, a required flag missing), found before anything slow starts.
+inline constexpr int kExitFailed = 1;
+inline constexpr int kExitUsage = 2;
+
+// Prints "thetaserve COMMAND: MESSAGE" (the status's message, without its code) to stderr and
+// returns `exit_code`.
+int ReportFailure(const char* command, const absl::Status& status, int exit_code);
+
+// A gRPC target from --addr: in the HOST:PORT and [V6]:PORT forms the port must be 1–65535
+// (gRPC took 99999 as 34463). Other forms (dns:///…, unix:…) are left to gRPC.
+absl::Status CheckAddressFlag(const std::string& addr);
+
+class CliArgs;
+// The start of every subcommand: parses `argv` against `known` into *args. Returns the exit
+// status when the command is to stop there: 0 after --help (`usage` on stdout), kExitUsage after a
+// parse error (its message and a pointer to --help on stderr); nullopt to go on.
+std::optional<int> ParseCommandLine(const char* command, const std::vector<std::string>& argv,
+                                    std::map<std::string, bool> known, const std::string& usage,
+                                    CliArgs* args);
+
 class CliArgs {
  public:
   // `known` maps each accepted flag to whether it takes a value. Unknown flags are an error
-  // that names the flag.
+  // that names the flag. A switch (no value) may be written --name=true or --name=false.
   static absl::StatusOr<CliArgs> Parse(const std::vector<std::string>& args,
                                        const std::map<std::string, bool>& known);
 

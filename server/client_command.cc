@@ -2,6 +2,7 @@
 #include <cstdio>
 #include <fstream>
 #include <limits>
+#include <map>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -64,69 +65,72 @@ absl::StatusOr<std::vector<std::pair<uint32_t, float>>> ParseLogitBias(const std
 }  // namespace
 
 int RunClient(const std::vector<std::string>& argv) {
-  auto args = CliArgs::Parse(
-      argv, {{"addr", true}, {"prompt", true}, {"chat", false}, {"max-tokens", true},
-             {"temperature", true}, {"top-p", true}, {"top-k", true}, {"seed", true},
-             {"stop", true}, {"api-key", true}, {"tls-ca", true}, {"timeout", true},
-             {"min-tokens", true}, {"ignore-eos", false}, {"logit-bias", true}, {"n", true},
-             {"help", false}});
-  if (!args.ok() || args->Has("help") || !args->Has("prompt")) {
-    if (!args.ok()) std::fprintf(stderr, "thetaserve client: %s\n", args.status().ToString().c_str());
-    std::fprintf(stderr, "%s", kUsage);
-    return args.ok() && args->Has("help") ? 0 : 2;
-  }
+  const std::map<std::string, bool> known = {
+      {"addr", true},        {"prompt", true},     {"chat", false},       {"max-tokens", true},
+      {"temperature", true}, {"top-p", true},      {"top-k", true},       {"seed", true},
+      {"stop", true},        {"api-key", true},    {"tls-ca", true},      {"timeout", true},
+      {"min-tokens", true},  {"ignore-eos", false}, {"logit-bias", true}, {"n", true}};
+  CliArgs args;
+  if (auto exit = ParseCommandLine("client", argv, known, kUsage, &args)) return *exit;
+  auto usage = [](const absl::Status& st) { return ReportFailure("client", st, kExitUsage); };
+  if (!args.Has("prompt")) return usage(absl::InvalidArgumentError("--prompt is required"));
   // Passed on as the proto's fields: out of their types' range is refused here, not wrapped.
   constexpr int64_t kU32 = std::numeric_limits<uint32_t>::max();
-  auto max_tokens = args->GetInt("max-tokens", 64, 0, kU32);
-  auto temperature = args->GetDouble("temperature", 0);
-  auto top_p = args->GetDouble("top-p", 1);
-  auto top_k = args->GetInt("top-k", 0, -kMaxCountFlag - 1, kMaxCountFlag);
-  auto seed = args->GetInt("seed", -1);
-  auto timeout = args->GetDouble("timeout", 0, 0, 86400);  // 0 = no deadline
-  auto min_tokens = args->GetInt("min-tokens", 0, 0, kU32);
-  auto n = args->GetInt("n", 1, 1, kMaxChoices);  // the server's limit, before any output
-  auto bias = ParseLogitBias(args->GetString("logit-bias"));
+  auto max_tokens = args.GetInt("max-tokens", 64, 0, kU32);
+  auto temperature = args.GetDouble("temperature", 0);
+  auto top_p = args.GetDouble("top-p", 1);
+  auto top_k = args.GetInt("top-k", 0, -kMaxCountFlag - 1, kMaxCountFlag);
+  auto seed = args.GetInt("seed", -1);
+  auto timeout = args.GetDouble("timeout", 0, 0, 86400);  // 0 = no deadline
+  auto min_tokens = args.GetInt("min-tokens", 0, 0, kU32);
+  auto n = args.GetInt("n", 1, 1, kMaxChoices);  // the server's limit, before any output
+  auto bias = ParseLogitBias(args.GetString("logit-bias"));
   for (const absl::Status& st : {max_tokens.status(), temperature.status(), top_p.status(),
                                  top_k.status(), seed.status(), timeout.status(),
                                  min_tokens.status(), n.status(), bias.status()}) {
-    if (!st.ok()) {
-      std::fprintf(stderr, "thetaserve client: %s\n", std::string(st.message()).c_str());
-      return 2;
-    }
+    if (!st.ok()) return usage(st);
   }
+  const std::string addr = args.GetString("addr", "localhost:50051");
+  if (absl::Status st = CheckAddressFlag(addr); !st.ok()) return usage(st);
   std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
-  if (args->Has("tls-ca")) {
-    std::ifstream in(args->GetString("tls-ca"));
+  if (args.Has("tls-ca")) {
+    std::ifstream in(args.GetString("tls-ca"));
     std::stringstream ss;
     ss << in.rdbuf();
+    // An unreadable file gave empty roots, and gRPC then trusted the system's instead.
+    if (!in || ss.str().empty()) {
+      return ReportFailure("client",
+                           absl::NotFoundError("cannot read --tls-ca " + args.GetString("tls-ca")),
+                           kExitFailed);
+    }
     grpc::SslCredentialsOptions ssl;
     ssl.pem_root_certs = ss.str();
     creds = grpc::SslCredentials(ssl);
   }
-  auto channel = grpc::CreateChannel(args->GetString("addr", "localhost:50051"), creds);
+  auto channel = grpc::CreateChannel(addr, creds);
   auto stub = v1::Generation::NewStub(channel);
 
   v1::GenerateRequest req;
-  if (args->Has("chat")) {
+  if (args.Has("chat")) {
     auto* m = req.mutable_chat()->add_messages();
     m->set_role("user");
-    m->set_content(args->GetString("prompt"));
+    m->set_content(args.GetString("prompt"));
   } else {
-    req.set_prompt(args->GetString("prompt"));
+    req.set_prompt(args.GetString("prompt"));
   }
   req.mutable_sampling()->set_temperature(static_cast<float>(*temperature));
   req.mutable_sampling()->set_top_p(static_cast<float>(*top_p));
   req.mutable_sampling()->set_top_k(static_cast<int32_t>(*top_k));
   if (*seed >= 0) req.mutable_sampling()->set_seed(static_cast<uint64_t>(*seed));
   req.mutable_stopping()->set_max_tokens(static_cast<uint32_t>(*max_tokens));
-  if (args->Has("stop")) req.mutable_stopping()->add_stop(args->GetString("stop"));
+  if (args.Has("stop")) req.mutable_stopping()->add_stop(args.GetString("stop"));
   req.mutable_stopping()->set_min_tokens(static_cast<uint32_t>(*min_tokens));
-  req.mutable_stopping()->set_ignore_eos(args->Has("ignore-eos"));
+  req.mutable_stopping()->set_ignore_eos(args.Has("ignore-eos"));
   for (const auto& [token, b] : *bias) (*req.mutable_sampling()->mutable_logit_bias())[token] = b;
   req.set_n(static_cast<uint32_t>(*n));
 
   grpc::ClientContext ctx;
-  if (args->Has("api-key")) ctx.AddMetadata("authorization", "Bearer " + args->GetString("api-key"));
+  if (args.Has("api-key")) ctx.AddMetadata("authorization", "Bearer " + args.GetString("api-key"));
   if (*timeout > 0) {
     ctx.set_deadline(std::chrono::system_clock::now() +
                      std::chrono::milliseconds(static_cast<int64_t>(*timeout * 1000)));
@@ -154,10 +158,11 @@ int RunClient(const std::vector<std::string>& argv) {
     std::printf("--- completion %lld ---\n%s\n", static_cast<long long>(i), texts[i].c_str());
   }
   if (!status.ok()) {
-    std::fprintf(stderr, "thetaserve client: %s: %s\n",
-                 status.error_code() == grpc::StatusCode::UNAVAILABLE ? "UNAVAILABLE" : "error",
+    // The code names what to do about it (UNAVAILABLE: retry; INVALID_ARGUMENT: fix the flags).
+    const auto code = static_cast<absl::StatusCode>(status.error_code());
+    std::fprintf(stderr, "thetaserve client: %s: %s\n", absl::StatusCodeToString(code).c_str(),
                  status.error_message().c_str());
-    return 1;
+    return kExitFailed;
   }
   for (int64_t i = 0; i < *n; ++i) {
     const v1::Complete& complete = completes[i];

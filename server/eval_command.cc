@@ -70,48 +70,59 @@ int RunEval(const std::vector<std::string>& argv) {
   std::map<std::string, bool> known = {{"model", true}, {"text", true}, {"context", true},
                                        {"max-tokens", true}, {"threads", true}, {"device", true},
                                        {"out", true}, {"exact-matmul", false},
-                                       {"kv-cache-dtype", true}, {"help", false}};
+                                       {"kv-cache-dtype", true}};
   for (const auto& [name, v] : ThetaFlags()) known[name] = v;
-  auto args = CliArgs::Parse(argv, known);
-  if (!args.ok() || args->Has("help")) {
-    if (!args.ok()) std::fprintf(stderr, "thetaserve eval: %s\n", args.status().ToString().c_str());
-    std::fprintf(stderr, "%s%s", kUsage, kThetaUsage);
-    return args.ok() ? 0 : 2;
+  CliArgs args;
+  if (auto exit = ParseCommandLine("eval", argv, known, std::string(kUsage) + kThetaUsage,
+                                   &args)) {
+    return *exit;
   }
-  auto fail = [](const absl::Status& st) {
-    std::fprintf(stderr, "thetaserve eval: %s\n", std::string(st.message()).c_str());
-    return 1;
-  };
-  auto context = args->GetInt("context", 2048, 4, kMaxCountFlag);
-  auto max_tokens = args->GetInt("max-tokens", 65536, 1, kMaxCountFlag);
-  auto threads = args->GetInt("threads", 0, 0, kMaxThreadsFlag);
-  auto device = ParseDevice(args->GetString("device", "auto"));
-  auto kv_dtype = ParseKvDtypeFlag(args->GetString("kv-cache-dtype", "auto"));
+  auto usage = [](const absl::Status& st) { return ReportFailure("eval", st, kExitUsage); };
+  auto fail = [](const absl::Status& st) { return ReportFailure("eval", st, kExitFailed); };
+  auto context = args.GetInt("context", 2048, 4, kMaxCountFlag);
+  auto max_tokens = args.GetInt("max-tokens", 65536, 1, kMaxCountFlag);
+  auto threads = args.GetInt("threads", 0, 0, kMaxThreadsFlag);
+  auto device = ParseDevice(args.GetString("device", "auto"));
+  auto kv_dtype = ParseKvDtypeFlag(args.GetString("kv-cache-dtype", "auto"));
   for (const absl::Status& st : {context.status(), max_tokens.status(), threads.status(),
                                  device.status(), kv_dtype.status()}) {
-    if (!st.ok()) return fail(st);
+    if (!st.ok()) return usage(st);
   }
+  if (*max_tokens < *context) {
+    return usage(absl::InvalidArgumentError(absl::StrCat(
+        "--max-tokens ", *max_tokens, " is less than one --context window of ", *context)));
+  }
+  if (!args.Has("text")) return usage(absl::InvalidArgumentError("--text is required"));
+  if (absl::Status st = CheckModelFlag(args.GetString("model")); !st.ok()) return usage(st);
+  auto theta = ParseThetaOptions(args);
+  if (!theta.ok()) return usage(theta.status());
+  if (absl::Status st = LoadThetaFile(*theta); !st.ok()) return fail(st);
   // --out is appended to at the end: a path that cannot be written fails now, not after the run
   // (it was silent then).
-  if (args->Has("out") && !std::ofstream(args->GetString("out"), std::ios::app)) {
-    return fail(absl::InvalidArgumentError(
-        absl::StrCat("cannot write --out ", args->GetString("out"))));
+  if (args.Has("out")) {
+    if (absl::Status st = CheckWritable("out", args.GetString("out")); !st.ok()) return fail(st);
   }
-  const std::string text_path = args->GetString("text");
+  const std::string text_path = args.GetString("text");
   auto text = ReadCorpus("text", text_path);
   if (!text.ok()) return fail(text.status());
 
-  const kernels::MatMulMode matmul = args->Has("exact-matmul") ? kernels::MatMulMode::kExact
+  const kernels::MatMulMode matmul = args.Has("exact-matmul") ? kernels::MatMulMode::kExact
                                                                 : kernels::MatMulMode::kQuantized;
-  auto loaded = LoadModelForCli(args->GetString("model"), *device, static_cast<int>(*threads),
+  auto loaded = LoadModelForCli(args.GetString("model"), *device, static_cast<int>(*threads),
                                 matmul, *kv_dtype);
   if (!loaded.ok()) return fail(loaded.status());
-  auto theta = ParseThetaOptions(*args, *loaded->model);
-  if (!theta.ok()) return fail(theta.status());
+  if (absl::Status st = CheckThetaForModel(*theta, *loaded->model); !st.ok()) return fail(st);
+  if (*context > loaded->model->config().max_context) {
+    return fail(absl::InvalidArgumentError(
+        absl::StrCat("--context ", *context, " is longer than the model's context of ",
+                     loaded->model->config().max_context, " tokens")));
+  }
   const std::vector<int32_t> ids = TokenizePrefix(loaded->model->tokenizer(), *text, *max_tokens);
   const int64_t windows = static_cast<int64_t>(ids.size()) / *context;
   if (windows == 0) {
-    return fail(absl::InvalidArgumentError("the text has fewer tokens than one --context window"));
+    return fail(absl::InvalidArgumentError(
+        absl::StrCat(text_path, " holds ", ids.size(),
+                     " tokens, fewer than one --context window of ", *context)));
   }
   const int64_t vocab = loaded->model->config().vocab_size;
   const int64_t P = *context / 2;  // prompt part of each window
@@ -126,7 +137,7 @@ int RunEval(const std::vector<std::string>& argv) {
   const kernels::KvDtype kv = loaded->backend->kv_dtype();
   const bool on_cpu = loaded->backend->name() == "cpu";
   const bool compare = theta->table != nullptr ||
-                       (on_cpu && args->Has("kv-cache-dtype") && kv != kernels::KvDtype::kF32);
+                       (on_cpu && args.Has("kv-cache-dtype") && kv != kernels::KvDtype::kF32);
   if (compare) {
     auto reference = kernels::CreateBackend(
         *loaded->model, *device, static_cast<int>(*threads), matmul,
@@ -213,7 +224,7 @@ int RunEval(const std::vector<std::string>& argv) {
       "\"matmul\":\"%s\",\"kv_cache_dtype\":\"%s\"",
       loaded->model->config().name, text_path, *context, rows.n, theta->mode(), theta->policy,
       kernels::SdcModeName(theta->config.sdc), theta->config.vmc ? "true" : "false",
-      args->GetString("theta"), ppl, matmul == kernels::MatMulMode::kExact ? "f32" : "int8",
+      args.GetString("theta"), ppl, matmul == kernels::MatMulMode::kExact ? "f32" : "int8",
       kernels::KvDtypeName(loaded->backend->kv_dtype()));
   if (compare) {
     const double ref_ppl = std::exp(rows.nll_ref / rows.n);
@@ -250,12 +261,12 @@ int RunEval(const std::vector<std::string>& argv) {
   std::printf("perplexity %.4f over %lld predicted tokens (%lld windows of %lld) on %s\n", ppl,
               (long long)rows.n, (long long)windows, (long long)*context, text_path.c_str());
   std::printf("%s\n", json.c_str());
-  if (args->Has("out")) {
-    std::ofstream out(args->GetString("out"), std::ios::app);
+  if (args.Has("out")) {
+    std::ofstream out(args.GetString("out"), std::ios::app);
     out << json << "\n";
     out.flush();
     if (!out) {
-      return fail(absl::InternalError(absl::StrCat("cannot write ", args->GetString("out"))));
+      return fail(absl::InternalError(absl::StrCat("cannot write ", args.GetString("out"))));
     }
   }
   return 0;

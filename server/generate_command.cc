@@ -4,8 +4,10 @@
 #include <cstdio>
 #include <map>
 #include <string>
+#include <string_view>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "scheduler/sequence_runner.h"
 #include "model/tokenizer.h"
 #include "scheduler/sampler.h"
@@ -37,6 +39,18 @@ double Seconds(std::chrono::steady_clock::time_point a, std::chrono::steady_cloc
   return std::chrono::duration<double>(b - a).count();
 }
 
+// The API's messages name its fields ("sampling.top_p = 7; ..."); here they came from flags.
+absl::Status SamplingErrorAsFlag(const absl::Status& st) {
+  std::string message(st.message());
+  constexpr std::string_view kPrefix = "sampling.";
+  if (message.rfind(kPrefix, 0) != 0) return st;
+  const size_t end = message.find_first_of(" .[", kPrefix.size());
+  std::string field = message.substr(kPrefix.size(), end - kPrefix.size());
+  std::replace(field.begin(), field.end(), '_', '-');
+  return absl::InvalidArgumentError(
+      absl::StrCat("--", field, end == std::string::npos ? "" : message.substr(end)));
+}
+
 }  // namespace
 
 int RunGenerate(const std::vector<std::string>& argv) {
@@ -45,35 +59,33 @@ int RunGenerate(const std::vector<std::string>& argv) {
       {"max-tokens", true}, {"temperature", true}, {"top-p", true}, {"top-k", true},
       {"min-p", true}, {"seed", true}, {"repetition-penalty", true},
       {"ignore-eos", false}, {"threads", true}, {"device", true}, {"kv-cache-dtype", true},
-      {"help", false}};
-  for (const auto& [name, v] : ThetaFlags()) known[name] = v;
-  auto args = CliArgs::Parse(argv, known);
-  if (!args.ok() || args->Has("help")) {
-    if (!args.ok()) std::fprintf(stderr, "thetaserve generate: %s\n", args.status().ToString().c_str());
-    std::fprintf(stderr, "%s%s", kUsage, kThetaUsage);
-    return args.ok() ? 0 : 2;
-  }
-  auto fail = [](const absl::Status& st) {
-    std::fprintf(stderr, "thetaserve generate: %s\n", std::string(st.message()).c_str());
-    return 1;
   };
-  auto max_tokens = args->GetInt("max-tokens", 64, 1, kMaxCountFlag);
-  auto threads = args->GetInt("threads", 0, 0, kMaxThreadsFlag);
-  auto temperature = args->GetDouble("temperature", 0.0);
-  auto top_p = args->GetDouble("top-p", 1.0);
-  auto top_k = args->GetInt("top-k", 0, 0, kMaxCountFlag);
-  auto min_p = args->GetDouble("min-p", 0.0);
-  auto rep = args->GetDouble("repetition-penalty", 1.0);
-  auto seed = args->GetInt("seed", -1);
-  auto device = ParseDevice(args->GetString("device", "auto"));
-  auto kv_dtype = ParseKvDtypeFlag(args->GetString("kv-cache-dtype", "auto"));
+  for (const auto& [name, v] : ThetaFlags()) known[name] = v;
+  CliArgs args;
+  if (auto exit = ParseCommandLine("generate", argv, known, std::string(kUsage) + kThetaUsage,
+                                   &args)) {
+    return *exit;
+  }
+  auto usage = [](const absl::Status& st) { return ReportFailure("generate", st, kExitUsage); };
+  auto fail = [](const absl::Status& st) { return ReportFailure("generate", st, kExitFailed); };
+  auto max_tokens = args.GetInt("max-tokens", 64, 1, kMaxCountFlag);
+  auto threads = args.GetInt("threads", 0, 0, kMaxThreadsFlag);
+  auto temperature = args.GetDouble("temperature", 0.0);
+  auto top_p = args.GetDouble("top-p", 1.0);
+  auto top_k = args.GetInt("top-k", 0, 0, kMaxCountFlag);
+  auto min_p = args.GetDouble("min-p", 0.0);
+  auto rep = args.GetDouble("repetition-penalty", 1.0);
+  auto seed = args.GetInt("seed", -1);
+  auto device = ParseDevice(args.GetString("device", "auto"));
+  auto kv_dtype = ParseKvDtypeFlag(args.GetString("kv-cache-dtype", "auto"));
   for (const absl::Status& st :
        {max_tokens.status(), threads.status(), temperature.status(), top_p.status(),
         top_k.status(), min_p.status(), rep.status(), seed.status(), device.status(),
         kv_dtype.status()}) {
-    if (!st.ok()) return fail(st);
+    if (!st.ok()) return usage(st);
   }
-  if (!args->Has("prompt")) return fail(absl::InvalidArgumentError("--prompt is required"));
+  if (!args.Has("prompt")) return usage(absl::InvalidArgumentError("--prompt is required"));
+  if (absl::Status st = CheckModelFlag(args.GetString("model")); !st.ok()) return usage(st);
   // The API's checks, so a value the server refuses is refused here too.
   v1::SamplingParams api;
   api.set_temperature(static_cast<float>(*temperature));
@@ -84,20 +96,22 @@ int RunGenerate(const std::vector<std::string>& argv) {
   if (*seed >= 0) api.set_seed(static_cast<uint64_t>(*seed));
   // No logit bias here, so no vocabulary to check one against: checked before the model loads.
   auto sampling = BuildSampling(api, /*vocab_size=*/0);
-  if (!sampling.ok()) return fail(sampling.status());
+  if (!sampling.ok()) return usage(SamplingErrorAsFlag(sampling.status()));
+  auto theta = ParseThetaOptions(args);
+  if (!theta.ok()) return usage(theta.status());
+  if (absl::Status st = LoadThetaFile(*theta); !st.ok()) return fail(st);
 
-  auto loaded = LoadModelForCli(args->GetString("model"), *device, static_cast<int>(*threads),
+  auto loaded = LoadModelForCli(args.GetString("model"), *device, static_cast<int>(*threads),
                                 kernels::MatMulMode::kQuantized, *kv_dtype);
   if (!loaded.ok()) return fail(loaded.status());
   const model::Tokenizer& tok = loaded->model->tokenizer();
-  auto theta = ParseThetaOptions(*args, *loaded->model);
-  if (!theta.ok()) return fail(theta.status());
+  if (absl::Status st = CheckThetaForModel(*theta, *loaded->model); !st.ok()) return fail(st);
   loaded->backend->SetTopTheta(theta->config);
 
-  std::string text = args->GetString("prompt");
-  if (args->Has("chat")) {
+  std::string text = args.GetString("prompt");
+  if (args.Has("chat")) {
     std::vector<model::ChatMessage> messages;
-    if (args->Has("system")) messages.push_back({"system", args->GetString("system")});
+    if (args.Has("system")) messages.push_back({"system", args.GetString("system")});
     messages.push_back({"user", text});
     auto rendered = tok.ApplyChatTemplate(messages, /*add_generation_prompt=*/true);
     if (!rendered.ok()) return fail(rendered.status());
@@ -105,7 +119,7 @@ int RunGenerate(const std::vector<std::string>& argv) {
   }
   // A rendered chat template already holds BOS where the model wants one.
   std::vector<int32_t> prompt =
-      tok.Encode(text, /*add_bos=*/!args->Has("chat"), /*parse_special=*/true);
+      tok.Encode(text, /*add_bos=*/!args.Has("chat"), /*parse_special=*/true);
   if (prompt.empty()) return fail(absl::InvalidArgumentError("the prompt encodes to no tokens"));
   const int64_t max_ctx = loaded->model->config().max_context;
   const int64_t capacity = std::min<int64_t>(max_ctx, prompt.size() + *max_tokens);
@@ -115,7 +129,7 @@ int RunGenerate(const std::vector<std::string>& argv) {
 
   scheduler::Sampler sampler(*sampling);
   model::StreamDecoder decoder(tok);
-  const bool ignore_eos = args->Has("ignore-eos");
+  const bool ignore_eos = args.Has("ignore-eos");
   const auto& stops = tok.stop_ids();
 
   auto t0 = std::chrono::steady_clock::now();

@@ -8,8 +8,8 @@
 
 namespace {
 
-void PrintUsage() {
-  std::fprintf(stderr,
+void PrintUsage(std::FILE* to) {
+  std::fprintf(to,
                "usage: thetaserve <command> [flags]\n"
                "commands:\n"
                "  generate   continue a prompt with a local model, streaming text to stdout\n"
@@ -19,15 +19,25 @@ void PrintUsage() {
                "  health     check a server's gRPC health (exit 0 when SERVING)\n"
                "  calibrate  calibrate Top-θ thresholds on a text corpus\n"
                "  eval       perplexity of a model on a text file\n"
-               "run 'thetaserve <command> --help' for the flags of a command\n");
+               "run 'thetaserve <command> --help' for the flags of a command;\n"
+               "'thetaserve --version' for the version and the backends built in\n");
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
-    PrintUsage();
-    return argc < 2 ? 2 : 0;
+  if (argc < 2) {
+    PrintUsage(stderr);
+    return 2;
+  }
+  if (!std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
+    PrintUsage(stdout);
+    return 0;
+  }
+  if (!std::strcmp(argv[1], "--version")) {
+    std::printf("thetaserve %s\nbackends: cpu%s\n", THETASERVE_VERSION,
+                THETASERVE_HAVE_CUDA ? ", cuda (" THETASERVE_CUDA_BUILD ")" : "");
+    return 0;
   }
   std::string command = argv[1];
   std::vector<std::string> args(argv + 2, argv + argc);
@@ -39,6 +49,6 @@ int main(int argc, char** argv) {
   if (command == "calibrate") return thetaserve::server::RunCalibrate(args);
   if (command == "eval") return thetaserve::server::RunEval(args);
   std::fprintf(stderr, "thetaserve: unknown command '%s'\n", command.c_str());
-  PrintUsage();
+  PrintUsage(stderr);
   return 2;
 }

@@ -3,8 +3,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
+
+#include <unistd.h>
 
 #include "absl/strings/str_cat.h"
 
@@ -32,8 +35,17 @@ absl::StatusOr<std::string> ReadCorpus(const std::string& flag, const std::strin
     return absl::NotFoundError(absl::StrCat("cannot read --", flag, " '", path,
                                             "' (scripts/fetch-corpora.sh writes data/*.txt)"));
   }
+  // A directory opens on Linux and reads as nothing: it was "fewer tokens than one window".
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", flag, " '", path, "' is not a file (a directory?)"));
+  }
   std::stringstream ss;
   ss << in.rdbuf();
+  if (ss.str().empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("--", flag, " '", path, "' is empty"));
+  }
   return ss.str();
 }
 
@@ -47,14 +59,33 @@ std::vector<int32_t> TokenizePrefix(const model::Tokenizer& tokenizer, const std
   return ids;
 }
 
+absl::Status CheckWritable(const std::string& flag, const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path p(path);
+  const bool exists = fs::exists(p, ec);
+  const fs::path dir = p.has_parent_path() ? p.parent_path() : fs::path(".");
+  bool ok;
+  if (exists) {
+    ok = !fs::is_directory(p, ec) && ::access(path.c_str(), W_OK) == 0;
+  } else {
+    ok = fs::is_directory(dir, ec) && ::access(dir.c_str(), W_OK) == 0;
+  }
+  if (ok) return absl::OkStatus();
+  return absl::PermissionDeniedError(absl::StrCat("cannot write --", flag, " ", path));
+}
+
+absl::Status CheckModelFlag(const std::string& path) {
+  if (!path.empty()) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      "--model is required (e.g. models/SmolLM2-135M-Instruct.Q4_1.gguf; "
+      "scripts/fetch-model.sh downloads it)");
+}
+
 absl::StatusOr<LoadedModel> LoadModelForCli(const std::string& path, kernels::Device device,
                                             int threads, kernels::MatMulMode matmul,
                                             kernels::KvDtype kv_dtype) {
-  if (path.empty()) {
-    return absl::InvalidArgumentError(
-        "--model is required (e.g. models/SmolLM2-135M-Instruct.Q4_1.gguf; "
-        "scripts/fetch-model.sh downloads it)");
-  }
+  if (absl::Status st = CheckModelFlag(path); !st.ok()) return st;
   auto start = std::chrono::steady_clock::now();
   std::fprintf(stderr, "loading %s ...\n", path.c_str());
   LoadedModel out;

@@ -103,75 +103,76 @@ int RunServe(const std::vector<std::string>& argv) {
       {"max-num-seqs", true}, {"max-num-batched-tokens", true}, {"kv-cache-memory", true},
       {"block-size", true}, {"max-queue", true}, {"threads", true}, {"device", true},
       {"drain-timeout", true}, {"tls-cert", true}, {"tls-key", true}, {"api-key", true},
-      {"prefix-caching", true}, {"offload-memory", true}, {"kv-cache-dtype", true},
-      {"help", false}};
+      {"prefix-caching", true}, {"offload-memory", true}, {"kv-cache-dtype", true}};
   for (const auto& [name, v] : ThetaFlags()) known[name] = v;
-  auto args = CliArgs::Parse(argv, known);
-  if (!args.ok() || args->Has("help")) {
-    if (!args.ok()) std::fprintf(stderr, "thetaserve serve: %s\n", args.status().ToString().c_str());
-    std::fprintf(stderr, "%s%s", kUsage, kThetaUsage);
-    return args.ok() ? 0 : 2;
+  CliArgs args;
+  if (auto exit = ParseCommandLine("serve", argv, known, std::string(kUsage) + kThetaUsage,
+                                   &args)) {
+    return *exit;
   }
-  auto fail = [](const absl::Status& st) {
-    std::fprintf(stderr, "thetaserve serve: %s\n", std::string(st.message()).c_str());
-    return 1;
-  };
-  auto port = args->GetInt("port", 50051, 0, 65535);                  // 0 = any free port
-  auto metrics_port = args->GetInt("metrics-port", 9090, 0, 65535);  // 0 = off
-  auto http_port = args->GetInt("http-port", 0, 0, 65535);            // 0 = off
-  auto max_seqs = args->GetInt("max-num-seqs", 64, 1, kMaxCountFlag);
-  auto max_tokens = args->GetInt("max-num-batched-tokens", 512, 1, kMaxCountFlag);
+  auto usage = [](const absl::Status& st) { return ReportFailure("serve", st, kExitUsage); };
+  auto fail = [](const absl::Status& st) { return ReportFailure("serve", st, kExitFailed); };
+  auto port = args.GetInt("port", 50051, 0, 65535);                  // 0 = any free port
+  auto metrics_port = args.GetInt("metrics-port", 9090, 0, 65535);  // 0 = off
+  auto http_port = args.GetInt("http-port", 0, 0, 65535);            // 0 = off
+  auto max_seqs = args.GetInt("max-num-seqs", 64, 1, kMaxCountFlag);
+  auto max_tokens = args.GetInt("max-num-batched-tokens", 512, 1, kMaxCountFlag);
   // Checked now; a share is resolved once the model is on its device.
-  auto kv_spec = args->Has("kv-cache-memory")
-                     ? ParseKvCacheSpec(args->GetString("kv-cache-memory"))
+  auto kv_spec = args.Has("kv-cache-memory")
+                     ? ParseKvCacheSpec(args.GetString("kv-cache-memory"))
                      : absl::StatusOr<KvCacheSpec>(KvCacheSpec{});
   // A page's rows; past 65,536 a page outgrows any context (and int32 row arithmetic).
-  auto block_size = args->GetInt("block-size", 16, 1, 65536);
-  auto max_queue = args->GetInt("max-queue", 1024, 1, kMaxCountFlag);
-  auto threads = args->GetInt("threads", 0, 0, kMaxThreadsFlag);
-  auto drain = args->GetDouble("drain-timeout", 30, 0, 86400);
-  auto device = ParseDevice(args->GetString("device", "auto"));
-  auto kv_dtype = ParseKvDtypeFlag(args->GetString("kv-cache-dtype", "auto"));
+  auto block_size = args.GetInt("block-size", 16, 1, 65536);
+  auto max_queue = args.GetInt("max-queue", 1024, 1, kMaxCountFlag);
+  auto threads = args.GetInt("threads", 0, 0, kMaxThreadsFlag);
+  auto drain = args.GetDouble("drain-timeout", 30, 0, 86400);
+  auto device = ParseDevice(args.GetString("device", "auto"));
+  auto kv_dtype = ParseKvDtypeFlag(args.GetString("kv-cache-dtype", "auto"));
   for (const absl::Status& st :
        {port.status(), metrics_port.status(), http_port.status(), max_seqs.status(),
         max_tokens.status(), kv_spec.status(), block_size.status(), max_queue.status(),
         threads.status(), drain.status(), device.status(), kv_dtype.status()}) {
-    if (!st.ok()) return fail(st);
+    if (!st.ok()) return usage(st);
   }
-  if (args->Has("served-model-name") && *http_port == 0) {
-    return fail(absl::InvalidArgumentError("--served-model-name needs --http-port"));
+  if (args.Has("served-model-name") && *http_port == 0) {
+    return usage(absl::InvalidArgumentError("--served-model-name needs --http-port"));
   }
-  const std::string prefix_caching = args->GetString("prefix-caching", "on");
+  const std::string prefix_caching = args.GetString("prefix-caching", "on");
   if (prefix_caching != "on" && prefix_caching != "off") {
-    return fail(absl::InvalidArgumentError(absl::StrCat(
+    return usage(absl::InvalidArgumentError(absl::StrCat(
         "--prefix-caching is '", prefix_caching, "'; it must be on or off")));
   }
   // The offload policy's host memory: checked now, before the model loads.
   int64_t offload_bytes = 0;
-  if (args->GetString("policy") == "offload") {
-    auto offload = ParseKvCacheSpec(args->GetString("offload-memory", "4G"));
+  if (args.GetString("policy") == "offload") {
+    auto offload = ParseKvCacheSpec(args.GetString("offload-memory", "4G"));
     if (!offload.ok() || offload->bytes <= 0) {
-      return fail(absl::InvalidArgumentError(absl::StrCat(
+      return usage(absl::InvalidArgumentError(absl::StrCat(
           "--offload-memory must be a size such as 512M or 8G, got '",
-          args->GetString("offload-memory"), "'")));
+          args.GetString("offload-memory"), "'")));
     }
     offload_bytes = offload->bytes;
-  } else if (args->Has("offload-memory")) {
-    return fail(absl::InvalidArgumentError("--offload-memory needs --policy offload"));
+  } else if (args.Has("offload-memory")) {
+    return usage(absl::InvalidArgumentError("--offload-memory needs --policy offload"));
   }
+  if (absl::Status st = CheckModelFlag(args.GetString("model")); !st.ok()) return usage(st);
+  auto theta = ParseThetaOptions(args);
+  if (!theta.ok()) return usage(theta.status());
+  if (absl::Status st = LoadThetaFile(*theta); !st.ok()) return fail(st);
+
   // TLS files are read now: a typo fails in a moment, not after the model loads.
-  const bool tls = args->Has("tls-cert") || args->Has("tls-key");
+  const bool tls = args.Has("tls-cert") || args.Has("tls-key");
   std::string tls_cert, tls_key;
   if (tls) {
     bool ok_cert = false, ok_key = false;
-    tls_cert = ReadFile(args->GetString("tls-cert"), &ok_cert);
-    tls_key = ReadFile(args->GetString("tls-key"), &ok_key);
+    tls_cert = ReadFile(args.GetString("tls-cert"), &ok_cert);
+    tls_key = ReadFile(args.GetString("tls-key"), &ok_key);
     if (!ok_cert || !ok_key) {
       return fail(absl::InvalidArgumentError(
           "--tls-cert and --tls-key must both name readable PEM files"));
     }
   }
-  std::string api_key = args->GetString("api-key");
+  std::string api_key = args.GetString("api-key");
   if (api_key.empty()) {
     if (const char* env = std::getenv("THETASERVE_API_KEY")) api_key = env;
   }
@@ -183,12 +184,11 @@ int RunServe(const std::vector<std::string>& argv) {
   sigaddset(&signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
-  auto loaded = LoadModelForCli(args->GetString("model"), *device, static_cast<int>(*threads),
+  auto loaded = LoadModelForCli(args.GetString("model"), *device, static_cast<int>(*threads),
                                 kernels::MatMulMode::kQuantized, *kv_dtype);
   if (!loaded.ok()) return fail(loaded.status());
 
-  auto theta = ParseThetaOptions(*args, *loaded->model);
-  if (!theta.ok()) return fail(theta.status());
+  if (absl::Status st = CheckThetaForModel(*theta, *loaded->model); !st.ok()) return fail(st);
   loaded->backend->SetTopTheta(theta->config);
 
   scheduler::EngineConfig ec;
@@ -202,7 +202,7 @@ int RunServe(const std::vector<std::string>& argv) {
     max_bytes = *rows / *block_size * *block_size * loaded->backend->kv_row_bytes();
   }
   absl::StatusOr<KvCacheSize> kv;
-  if (args->Has("kv-cache-memory")) {
+  if (args.Has("kv-cache-memory")) {
     kv = ResolveKvCacheSize(*kv_spec, free_bytes, max_bytes);
   } else if (loaded->backend->name() == "cuda") {
     kv = ResolveKvCacheSize(KvCacheSpec{.percent = 90.0}, free_bytes, max_bytes);
@@ -218,7 +218,7 @@ int RunServe(const std::vector<std::string>& argv) {
       scheduler::Engine::KvBytesForSequence(*loaded->backend, static_cast<int32_t>(*block_size),
                                             static_cast<int32_t>(*block_size)) / *block_size;
   std::fprintf(stderr, "KV cache: %s%s; %s, ~%lld tokens of K and V\n", kv->description.c_str(),
-               args->Has("kv-cache-memory") ? "" : ", the default (--kv-cache-memory sets it)",
+               args.Has("kv-cache-memory") ? "" : ", the default (--kv-cache-memory sets it)",
                std::string(kernels::KvDtypeName(loaded->backend->kv_dtype())).c_str(),
                static_cast<long long>(kv->bytes / token_bytes));
   ec.kv_cache_bytes = kv->bytes;
@@ -238,7 +238,7 @@ int RunServe(const std::vector<std::string>& argv) {
     std::fprintf(stderr, "offload: %.2f GiB of host memory for V rows%s%s\n",
                  double(offload_bytes) / double(int64_t(1) << 30),
                  loaded->backend->name() == "cuda" ? ", pinned now" : "",
-                 args->Has("offload-memory") ? "" : ", the default (--offload-memory sets it)");
+                 args.Has("offload-memory") ? "" : ", the default (--offload-memory sets it)");
   }
   auto engine = scheduler::Engine::Create(ec, *loaded->backend);
   if (!engine.ok()) return fail(engine.status());
@@ -259,7 +259,7 @@ int RunServe(const std::vector<std::string>& argv) {
   absl::Cleanup stop_engine = [&engine] { (*engine)->Stop(); };
   if (*metrics_port > 0) {
     std::string error;
-    const std::string addr = absl::StrCat(args->GetString("host", "0.0.0.0"), ":", *metrics_port);
+    const std::string addr = absl::StrCat(args.GetString("host", "0.0.0.0"), ":", *metrics_port);
     if (!metrics.StartExposer(addr, &error)) {
       return fail(absl::UnavailableError(absl::StrCat("cannot serve /metrics on ", addr, ": ", error)));
     }
@@ -285,7 +285,7 @@ int RunServe(const std::vector<std::string>& argv) {
     ssl.pem_key_cert_pairs.push_back({tls_key, tls_cert});
     creds = grpc::SslServerCredentials(ssl);
   }
-  const std::string address = absl::StrCat(args->GetString("host", "0.0.0.0"), ":", *port);
+  const std::string address = absl::StrCat(args.GetString("host", "0.0.0.0"), ":", *port);
   int bound_port = 0;
   builder.AddListeningPort(address, creds, &bound_port);
   builder.RegisterService(&service);
@@ -298,10 +298,11 @@ int RunServe(const std::vector<std::string>& argv) {
   std::unique_ptr<OpenAiHttpServer> http;
   if (*http_port > 0) {
     OpenAiHttpOptions ho;
-    ho.host = args->GetString("host", "0.0.0.0");
+    ho.host = args.GetString("host", "0.0.0.0");
     ho.port = static_cast<int>(*http_port);
     ho.api_key = api_key;
-    ho.served_model_name = args->GetString("served-model-name", DefaultServedModelName(args->GetString("model")));
+    ho.served_model_name = args.GetString("served-model-name",
+                                          DefaultServedModelName(args.GetString("model")));
     auto started = OpenAiHttpServer::Start(service, *loaded->model, ho);
     if (!started.ok()) {
       server->Shutdown();
@@ -336,7 +337,7 @@ int RunServe(const std::vector<std::string>& argv) {
   health->SetServingStatus("", true);
   health->SetServingStatus(kService, true);
   std::fprintf(stderr, "serving thetaserve.v1.Generation on %s:%d (%s)\n",
-               args->GetString("host", "0.0.0.0").c_str(), bound_port,
+               args.GetString("host", "0.0.0.0").c_str(), bound_port,
                tls ? "TLS" : "plaintext");
 
   int sig = 0;

@@ -3,6 +3,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "grpcpp/grpcpp.h"
 #include "server/cli_args.h"
 #include "server/commands.h"
@@ -11,21 +12,28 @@
 namespace thetaserve::server {
 
 int RunStatus(const std::vector<std::string>& argv) {
-  auto args = CliArgs::Parse(argv, {{"addr", true}, {"api-key", true}, {"help", false}});
-  if (!args.ok() || args->Has("help")) {
-    std::fprintf(stderr, "usage: thetaserve status [--addr HOST:PORT] [--api-key KEY]\n");
-    return args.ok() ? 0 : 2;
+  CliArgs args;
+  if (auto exit = ParseCommandLine(
+          "status", argv, {{"addr", true}, {"api-key", true}},
+          "usage: thetaserve status [--addr HOST:PORT] [--api-key KEY]\n", &args)) {
+    return *exit;
   }
-  auto stub = v1::Generation::NewStub(grpc::CreateChannel(
-      args->GetString("addr", "localhost:50051"), grpc::InsecureChannelCredentials()));
+  const std::string addr = args.GetString("addr", "localhost:50051");
+  if (absl::Status st = CheckAddressFlag(addr); !st.ok()) {
+    return ReportFailure("status", st, kExitUsage);
+  }
+  auto stub =
+      v1::Generation::NewStub(grpc::CreateChannel(addr, grpc::InsecureChannelCredentials()));
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-  if (args->Has("api-key")) ctx.AddMetadata("authorization", "Bearer " + args->GetString("api-key"));
+  if (args.Has("api-key")) ctx.AddMetadata("authorization", "Bearer " + args.GetString("api-key"));
   v1::ServerStatus st;
   grpc::Status s = stub->GetServerStatus(&ctx, {}, &st);
   if (!s.ok()) {
-    std::fprintf(stderr, "thetaserve status: %s\n", s.error_message().c_str());
-    return 1;
+    std::fprintf(stderr, "thetaserve status: %s: %s\n",
+                 absl::StatusCodeToString(static_cast<absl::StatusCode>(s.error_code())).c_str(),
+                 s.error_message().c_str());
+    return kExitFailed;
   }
   std::printf("running %u waiting %u pages_total %llu used_k %llu used_v %llu free %llu "
               "preemptions %llu draining %d cached %llu prefix_hit_tokens %llu "

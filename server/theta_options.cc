@@ -40,7 +40,7 @@ std::string ThetaOptions::mode() const {
   return absl::StrCat("top-theta-", model::PlacementName(table->placement));
 }
 
-absl::StatusOr<ThetaOptions> ParseThetaOptions(const CliArgs& args, const model::Model& model) {
+absl::StatusOr<ThetaOptions> ParseThetaOptions(const CliArgs& args) {
   ThetaOptions out;
   const std::string sdc = args.GetString("sdc", "exact");
   if (sdc == "exact") out.config.sdc = kernels::SdcMode::kExact;
@@ -82,7 +82,11 @@ absl::StatusOr<ThetaOptions> ParseThetaOptions(const CliArgs& args, const model:
   }
   out.sparse.keep_fraction = *keep;
 
-  if (!args.Has("theta")) {
+  out.theta_path = args.GetString("theta");
+  if (args.Has("theta") && out.theta_path.empty()) {
+    return absl::InvalidArgumentError("--theta needs a file (from `thetaserve calibrate`)");
+  }
+  if (out.theta_path.empty()) {
     if (out.config.top_k) {
       return absl::InvalidArgumentError(
           "--exact-top-k needs --theta (its k per layer comes from the θ file)");
@@ -91,26 +95,36 @@ absl::StatusOr<ThetaOptions> ParseThetaOptions(const CliArgs& args, const model:
       return absl::InvalidArgumentError(absl::StrCat(
           "--policy ", out.policy, " needs --theta (dense attention retains every row)"));
     }
-    return out;
   }
-  auto table = model::ThetaTable::Load(args.GetString("theta"));
+  return out;
+}
+
+absl::Status LoadThetaFile(ThetaOptions& options) {
+  if (options.theta_path.empty()) return absl::OkStatus();
+  auto table = model::ThetaTable::Load(options.theta_path);
   if (!table.ok()) return table.status();
+  options.table = std::make_unique<model::ThetaTable>(std::move(*table));
+  options.config.table = options.table.get();
+  return absl::OkStatus();
+}
+
+absl::Status CheckThetaForModel(const ThetaOptions& options, const model::Model& model) {
+  if (!options.table) return absl::OkStatus();
+  const model::ThetaTable& table = *options.table;
   const auto& c = model.config();
-  if (table->num_layers() != c.num_layers || table->num_heads() != c.num_heads) {
+  if (table.num_layers() != c.num_layers || table.num_heads() != c.num_heads) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "θ file ", args.GetString("theta"), " holds ", table->num_layers(), " layers × ",
-        table->num_heads(), " heads; this model has ", c.num_layers, " × ", c.num_heads,
+        "θ file ", options.theta_path, " holds ", table.num_layers(), " layers × ",
+        table.num_heads(), " heads; this model has ", c.num_layers, " × ", c.num_heads,
         "; calibrate it with `thetaserve calibrate`"));
   }
-  if (table->model_fingerprint != model.fingerprint()) {
+  if (table.model_fingerprint != model.fingerprint()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "θ file ", args.GetString("theta"), " was calibrated for model '", table->model_name,
-        "' (fingerprint ", table->model_fingerprint, "), not for this model '", c.name,
+        "θ file ", options.theta_path, " was calibrated for model '", table.model_name,
+        "' (fingerprint ", table.model_fingerprint, "), not for this model '", c.name,
         "' (fingerprint ", model.fingerprint(), "); calibrate it with `thetaserve calibrate`"));
   }
-  out.table = std::make_unique<model::ThetaTable>(std::move(*table));
-  out.config.table = out.table.get();
-  return out;
+  return absl::OkStatus();
 }
 
 }  // namespace thetaserve::server

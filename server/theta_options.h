@@ -26,11 +26,17 @@ struct ThetaOptions {
   kernels::TopThetaConfig config;            // points into `table`
   cache::SparsePolicy sparse;  // enabled under sparse and offload
   std::string policy = "full";  // "full", "sparse", "offload"
+  std::string theta_path;       // --theta; empty: dense attention
   std::string mode() const;  // "dense", "top-theta-pre", "top-theta-post", "top-k"
 };
 
-// Reads the flags; loads and checks the θ file against `model` (a file calibrated for another
-// model is an INVALID_ARGUMENT that names both fingerprints).
-absl::StatusOr<ThetaOptions> ParseThetaOptions(const CliArgs& args, const model::Model& model);
+// Three steps, so that each mistake shows before the slow part it would spoil:
+// ParseThetaOptions reads the flags (a bad value is a bad command line); LoadThetaFile reads the
+// θ file they name, before the model loads (it does nothing without --theta); CheckThetaForModel
+// holds the file against the loaded model (a file calibrated for another model is an
+// INVALID_ARGUMENT that names both fingerprints).
+absl::StatusOr<ThetaOptions> ParseThetaOptions(const CliArgs& args);
+absl::Status LoadThetaFile(ThetaOptions& options);
+absl::Status CheckThetaForModel(const ThetaOptions& options, const model::Model& model);
 
 }  // namespace thetaserve::server

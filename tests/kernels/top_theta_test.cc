@@ -2,6 +2,8 @@
 // SDC and VMC equal hand-computed values; hit bits and counters; calibration recovers known
 // thresholds.
 #include <cmath>
+#include <fstream>
+#include <functional>
 #include <limits>
 #include <numeric>
 #include <random>
@@ -10,6 +12,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 #include "kernels/backend.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/thread_pool.h"
@@ -458,6 +461,38 @@ TEST(ThetaTableTest, KScheduleValidation) {
       << "lengths must increase";
   EXPECT_FALSE(model::ThetaTable::ValidateKSchedule(S{{64, 64}}).ok()) << "k < L";
   EXPECT_FALSE(model::ThetaTable::ValidateKSchedule(S{{64, 0}}).ok());
+}
+
+// A θ file edited by hand (or cut short) is refused by name: an unknown placement was read as
+// post-softmax, a k below 1 was taken, and buckets out of order broke the bisection over them.
+TEST(ThetaTableTest, LoadRefusesAFileWithValuesNoCalibrationWrites) {
+  model::ThetaTable t(2, 1, {16, 32, 64});
+  t.k_per_layer = {64, 8};
+  for (int32_t b = 0; b < 3; ++b) t.theta_at(1, 0, b) = 0.01f;
+  t.Finalize();
+  const thetaserve::testing::ScopedTempDir tmp("top_theta_test");
+  const std::string good = tmp.File("good_theta.json");
+  ASSERT_TRUE(t.Save(good).ok());
+  ASSERT_TRUE(model::ThetaTable::Load(good).ok());
+  nlohmann::json j;
+  std::ifstream(good) >> j;
+  const std::pair<std::string, std::function<void(nlohmann::json&)>> edits[] = {
+      {"placement is 'middle'; it must be pre or post", [](auto& x) { x["placement"] = "middle"; }},
+      {"k_per_layer[1] = -5; k must be >= 1", [](auto& x) { x["k_per_layer"][1] = -5; }},
+      {"k_per_layer[0] = 0; k must be >= 1", [](auto& x) { x["k_per_layer"][0] = 0; }},
+      {"buckets must be lengths >= 1 in increasing order",
+       [](auto& x) { x["buckets"] = {16, 64, 32}; }},
+      {"num_layers and num_heads must be >= 1", [](auto& x) { x["num_heads"] = 0; }},
+  };
+  for (const auto& [message, edit] : edits) {
+    nlohmann::json bad = j;
+    edit(bad);
+    const std::string path = tmp.File("bad_theta.json");
+    std::ofstream(path) << bad.dump();
+    auto loaded = model::ThetaTable::Load(path);
+    ASSERT_FALSE(loaded.ok()) << message;
+    EXPECT_EQ(loaded.status().message(), path + ": " + message);
+  }
 }
 
 }  // namespace

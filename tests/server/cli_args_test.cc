@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <limits>
 
+#include "absl/strings/str_cat.h"
+
 namespace thetaserve::server {
 namespace {
 
@@ -69,6 +71,32 @@ TEST(CliArgsTest, RangedNumbersRefuseNaNAndNameTheValueAsGiven) {
   EXPECT_FALSE(ParseOrDie({"--rate", "inf"}).GetDouble("rate", 1, 0, 60).ok());
   EXPECT_EQ(*ParseOrDie({"--rate", "2.5"}).GetDouble("rate", 1, 0, 60), 2.5);
   EXPECT_EQ(*ParseOrDie({}).GetDouble("rate", 1, 0, 60), 1);
+}
+
+// --ignore-eos=false was taken as the switch given: Has() saw the name, whatever the value.
+TEST(CliArgsTest, SwitchesTakeTrueOrFalseInline) {
+  EXPECT_TRUE(ParseOrDie({"--verbose=true"}).Has("verbose"));
+  EXPECT_FALSE(ParseOrDie({"--verbose=false"}).Has("verbose"));
+  EXPECT_FALSE(ParseOrDie({"--verbose", "--verbose=false"}).Has("verbose")) << "the last wins";
+  auto maybe = CliArgs::Parse({"--verbose=maybe"}, {{"verbose", false}});
+  ASSERT_FALSE(maybe.ok());
+  EXPECT_EQ(maybe.status().message(),
+            "flag --verbose is a switch: --verbose or --verbose=true|false, not 'maybe'");
+}
+
+// gRPC took "host:99999" as port 34463 (the value modulo 2^16) and called whatever was there.
+TEST(CliArgsTest, AddressesNeedAPortInRange) {
+  for (const char* ok : {"localhost:50051", "10.0.0.1:1", "[::1]:65535", "dns:///svc:50051",
+                         "unix:/tmp/thetaserve.sock", "ipv4:127.0.0.1:80", "localhost", "[::1]"}) {
+    EXPECT_TRUE(CheckAddressFlag(ok).ok()) << ok;
+  }
+  for (const char* bad : {"localhost:99999", "localhost:0", "localhost:", "localhost:5x",
+                          "[::1]:70000", "[::1]:", "host:-1", ""}) {
+    const absl::Status st = CheckAddressFlag(bad);
+    ASSERT_FALSE(st.ok()) << bad;
+    EXPECT_EQ(st.message(), absl::StrCat("--addr '", bad,
+                                         "' is not HOST:PORT with a port in [1, 65535]"));
+  }
 }
 
 }  // namespace

@@ -499,7 +499,7 @@ TEST(OpenAiHttpLifecycleTest, FlagErrorsAreRefusedBeforeTheModelLoads) {
        {std::vector<std::string>{"--http-port", "70000"},
         std::vector<std::string>{"--served-model-name", "x"}}) {
     ServerProcess server(flags, /*timeout_s=*/0);
-    EXPECT_EQ(server.Wait(30), 1) << flags[0];
+    EXPECT_EQ(server.Wait(30), 2) << flags[0] << ": a bad command line";
   }
 }
 

@@ -1,0 +1,287 @@
+// The `thetaserve` subcommands as a user runs them: flags checked before anything slow, with the
+// flag named and the exit status telling a bad command line (2) from a failed run (1); and
+// `calibrate` on the real model.
+#include <sys/wait.h>
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "model/theta_table.h"
+#include "tests/server/e2e_util.h"
+#include "tests/server/server_process.h"
+#include "tests/test_util.h"
+
+namespace thetaserve::testing {
+namespace {
+
+// The exit status a shell sees (pclose's status decoded); -1 for a signal.
+int ExitStatus(int rc) { return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1; }
+
+// Every subcommand answers a bad command line the same way: exit 2, "thetaserve CMD: <why>" and
+// a pointer to its --help (a parse error printed "INVALID_ARGUMENT: ..."; bad values exited 1 in
+// some commands and 2 in others), and --help is the usage on stdout with exit 0. A run that
+// fails (no server there) exits 1.
+TEST(CliCommandTest, EveryCommandTellsABadCommandLineFromAFailedRun) {
+  const std::string bin = BinaryPath();
+  int rc = 0;
+  for (const std::string command :
+       {"generate", "serve", "client", "status", "health", "calibrate", "eval"}) {
+    std::string out = RunCommand(bin + " " + command + " --bogus 1 2>&1", &rc);
+    EXPECT_EQ(ExitStatus(rc), 2) << command << "\n" << out;
+    EXPECT_EQ(out, "thetaserve " + command + ": unknown flag --bogus\nrun 'thetaserve " +
+                       command + " --help' for its flags\n");
+    out = RunCommand(bin + " " + command + " --help 2>/dev/null", &rc);
+    EXPECT_EQ(ExitStatus(rc), 0) << command;
+    EXPECT_EQ(out.rfind("usage: thetaserve " + command, 0), 0u) << command << "\n" << out;
+  }
+  // Values out of range or of the wrong kind, before anything starts.
+  const std::pair<std::string, std::string> usage_errors[] = {
+      {"client --prompt hi --addr localhost:99999",
+       "thetaserve client: --addr 'localhost:99999' is not HOST:PORT with a port in [1, 65535]"},
+      {"health --addr localhost:0", "thetaserve health: --addr 'localhost:0' is not HOST:PORT"},
+      {"status --addr :x", "thetaserve status: --addr ':x' is not HOST:PORT"},
+      {"client --addr localhost:1", "thetaserve client: --prompt is required"},
+      {"client --prompt hi --n 0", "thetaserve client: --n must be in [1, 128], got 0"},
+      {"health --timeout 0", "thetaserve health: --timeout must be in [0.01, 3600], got 0"},
+      {"generate --prompt hi --ignore-eos=maybe",
+       "thetaserve generate: flag --ignore-eos is a switch: --ignore-eos or "
+       "--ignore-eos=true|false, not 'maybe'"},
+      {"generate --prompt hi", "thetaserve generate: --model is required"},
+      {"eval --model m.gguf", "thetaserve eval: --text is required"},
+      {"eval --model m.gguf --text t.txt --context 64 --max-tokens 10",
+       "thetaserve eval: --max-tokens 10 is less than one --context window of 64"},
+      {"calibrate --model m.gguf --corpus c.txt",
+       "thetaserve calibrate: --corpus and --out are required"},
+      {"serve --model m.gguf --theta=", "thetaserve serve: --theta needs a file"},
+  };
+  for (const auto& [args, message] : usage_errors) {
+    const std::string out = RunCommand(bin + " " + args + " 2>&1", &rc);
+    EXPECT_EQ(ExitStatus(rc), 2) << args << "\n" << out;
+    EXPECT_EQ(out.rfind(message, 0), 0u) << args << "\n" << out;
+    EXPECT_EQ(out.find("INVALID_ARGUMENT"), std::string::npos) << out;
+  }
+  // Failures while running: nothing listens on a free port; a CA file that is not there (gRPC
+  // trusted the system's roots instead).
+  const std::string nobody = "127.0.0.1:" + std::to_string(FreePort());
+  const std::pair<std::string, std::string> failures[] = {
+      {"status --addr " + nobody, "thetaserve status: UNAVAILABLE: "},
+      {"health --addr " + nobody + " --timeout 2", "thetaserve health: "},
+      {"client --prompt hi --timeout 5 --addr " + nobody, "thetaserve client: UNAVAILABLE: "},
+      {"client --prompt hi --tls-ca /nonexistent.pem --addr " + nobody,
+       "thetaserve client: cannot read --tls-ca /nonexistent.pem"},
+  };
+  for (const auto& [args, message] : failures) {
+    const std::string out = RunCommand(bin + " " + args + " 2>&1", &rc);
+    EXPECT_EQ(ExitStatus(rc), 1) << args << "\n" << out;
+    EXPECT_NE(out.find(message), std::string::npos) << args << "\n" << out;
+  }
+  std::string out = RunCommand(bin + " 2>&1", &rc);
+  EXPECT_EQ(ExitStatus(rc), 2);
+  EXPECT_EQ(out.rfind("usage: thetaserve <command>", 0), 0u) << out;
+  out = RunCommand(bin + " --version 2>&1", &rc);
+  EXPECT_EQ(ExitStatus(rc), 0);
+  EXPECT_EQ(out.rfind("thetaserve 0.", 0), 0u) << out;
+  EXPECT_NE(out.find("\nbackends: cpu"), std::string::npos) << out;
+}
+
+TEST(CliCommandTest, OutOfRangeFlagsAreRefusedByName) {
+  // Each was accepted before: the log said it served on port 70000, the thread count crashed
+  // the pool, the block size wrapped to negative pages. The Top-θ flags were read only after
+  // the model loaded (they are now checked first; the θ file is held to the model after).
+  const std::pair<std::string, std::string> cases[] = {
+      {"--port 70000", "--port must be in [0, 65535], got 70000"},
+      {"--metrics-port -5", "--metrics-port must be in [0, 65535], got -5"},
+      {"--http-port 65536", "--http-port must be in [0, 65535], got 65536"},
+      {"--threads 5000000000", "--threads must be in [0, 1024], got 5000000000"},
+      {"--block-size 3000000000", "--block-size must be in [1, 65536], got 3000000000"},
+      {"--block-size 0", "--block-size must be in [1, 65536], got 0"},
+      {"--drain-timeout nan", "--drain-timeout must be in [0, 86400], got nan"},
+      {"--local-window 0", "--local-window must be in [1, 2147483647], got 0"},
+      {"--policy bogus", "--policy must be full, sparse or offload, got 'bogus'"},
+      {"--policy sparse", "--policy sparse needs --theta"},
+      {"--sdc maybe", "--sdc must be exact, exp-threshold, offline or none, got 'maybe'"},
+  };
+  for (const auto& [flags, message] : cases) {
+    int rc = 0;
+    const std::string out = RunCommand(
+        BinaryPath() + " serve --model " + DefaultModelPath() + " " + flags + " 2>&1", &rc);
+    EXPECT_EQ(ExitStatus(rc), 2) << flags << "\n" << out;
+    EXPECT_NE(out.find("thetaserve serve: " + message), std::string::npos) << flags << "\n" << out;
+    EXPECT_EQ(out.find("loading"), std::string::npos) << flags << ": refused before loading";
+  }
+}
+
+TEST(CliCommandTest, GenerateTakesSamplingTopKAndTheApisChecks) {
+  // --top-k is the sampling flag (the attention baseline is --exact-top-k): it was refused as
+  // "unexpected argument '40'" while the usage offered it.
+  int rc = 0;
+  const std::string generate = BinaryPath() + " generate --model " + DefaultModelPath();
+  std::string out = RunCommand(generate + " --prompt 'Once upon a time' --max-tokens 4 --ignore-eos"
+                                          " --temperature 0.8 --top-k 40 --seed 7 2>&1",
+                               &rc);
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("generated 4 tokens"), std::string::npos) << out;
+  // The same sampling checks as the API, before the model loads, naming the flag (the API's
+  // messages name its fields: sampling.top_p).
+  const std::pair<std::string, std::string> cases[] = {
+      {"--temperature -1", "--temperature = -1; it must be >= 0 (0 = greedy)"},
+      {"--top-p 7", "--top-p = 7; it must be in (0, 1]"},
+      {"--top-k -4", "--top-k must be in [0, 2147483647], got -4"},
+      {"--min-p 2", "--min-p = 2; it must be in [0, 1]"},
+      {"--repetition-penalty 0", "--repetition-penalty = 0; it must be > 0 (1 = off)"},
+      {"--max-tokens 0", "--max-tokens must be in [1, 2147483647], got 0"},
+  };
+  for (const auto& [flags, message] : cases) {
+    out = RunCommand(generate + " --prompt hi " + flags + " 2>&1", &rc);
+    EXPECT_EQ(ExitStatus(rc), 2) << flags;
+    EXPECT_NE(out.find("thetaserve generate: " + message), std::string::npos)
+        << flags << "\n" << out;
+    EXPECT_EQ(out.find("loading"), std::string::npos) << flags << ": refused before loading";
+  }
+}
+
+// eval and calibrate refuse work whose result could not be kept or used: an --out that cannot
+// be written (eval wrote nothing and exited 0; calibrate found out after the whole run), or a θ
+// file that is not there, before the model loads; after it, --dense-layers covering every layer
+// (calibrate wrote a file of no thresholds), a context past the model's, or a text too short for
+// one window, each said as such (all three were "fewer tokens than one --context window").
+TEST(CliCommandTest, EvalAndCalibrateRefuseUselessRunsUpFront) {
+  const std::string model = " --model " + DefaultModelPath();
+  const std::string eval = BinaryPath() + " eval" + model;
+  const std::string calibrate = BinaryPath() + " calibrate" + model;
+  const ScopedTempDir tmp("cli_commands_test");
+  const std::string tiny = tmp.File("tiny.txt");
+  { std::ofstream(tiny) << "In the beginning God created the heaven and the earth.\n"; }
+  const std::string kjv = absl::StrCat(" ", SourceDir(), "/data/kjv.txt");
+  const struct {
+    std::string command, message;
+    bool loads;  // the model loads before the refusal
+  } cases[] = {
+      {eval + " --text" + kjv + " --out /nonexistent/dir/x.jsonl",
+       "thetaserve eval: cannot write --out /nonexistent/dir/x.jsonl", false},
+      {calibrate + " --corpus" + kjv + " --out /nonexistent/dir/t.json",
+       "thetaserve calibrate: cannot write --out /nonexistent/dir/t.json", false},
+      {eval + " --text " + SourceDir() + "/data",
+       absl::StrCat("thetaserve eval: --text '", SourceDir(),
+                    "/data' is not a file (a directory?)"),
+       false},
+      {eval + " --text" + kjv + " --theta /nonexistent/theta.json",
+       "thetaserve eval: cannot open θ file /nonexistent/theta.json", false},
+      {calibrate + " --corpus" + kjv + " --context 64 --max-tokens 64 --k 8 --dense-layers 30"
+                   " --out " + tmp.File("t.json"),
+       "thetaserve calibrate: --dense-layers 30 leaves none of the model's 30 layers", true},
+      {calibrate + " --corpus" + kjv + " --context 9000 --max-tokens 9000 --out " +
+           tmp.File("t.json"),
+       "thetaserve calibrate: --context 9000 is longer than the model's context of 8192 tokens",
+       true},
+      {eval + " --text" + kjv + " --context 9000",
+       "thetaserve eval: --context 9000 is longer than the model's context of 8192 tokens", true},
+      {eval + " --text " + tiny + " --context 64",
+       "thetaserve eval: " + tiny + " holds 12 tokens, fewer than one --context window of 64",
+       true},
+  };
+  for (const auto& c : cases) {
+    int rc = 0;
+    const std::string out = RunCommand(c.command + " 2>&1", &rc);
+    EXPECT_EQ(ExitStatus(rc), 1) << c.command << "\n" << out;
+    EXPECT_NE(out.find(c.message), std::string::npos) << c.command << "\n" << out;
+    EXPECT_EQ(out.find("loading") != std::string::npos, c.loads) << c.command << "\n" << out;
+  }
+  EXPECT_FALSE(std::ifstream(tmp.File("t.json")).good())
+      << "a calibration that failed left a file behind";
+}
+
+// `thetaserve calibrate` on the real model and the KJV corpus with `args`: its stdout and stderr.
+std::string RunCalibrate(const std::string& args, int* rc) {
+  return RunCommand(BinaryPath() + " calibrate --model " + DefaultModelPath() + " --corpus " +
+                        SourceDir() + "/data/kjv.txt " + args + " 2>&1",
+                    rc);
+}
+
+// `calibrate --k-schedule` on the real model: the file records the schedule, θ is unchanged
+// where k is (rows up to the first point see the same k, and attention is causal) and lower
+// past it (post-softmax, the (k+1)-th largest probability falls as k grows); a schedule that
+// reaches past --context is refused.
+TEST(CalibrateCommandTest, KScheduleRaisesKWithTheRowLength) {
+  const auto& run = RunCalibrate;
+  const ScopedTempDir tmp("server_e2e_test");
+  const std::string fixed = tmp.File("theta_k16.json");
+  const std::string scheduled = tmp.File("theta_k16_64.json");
+  int rc = 0;
+  std::string out = run("--context 512 --max-tokens 512 --k 16 --out " + fixed, &rc);
+  ASSERT_EQ(rc, 0) << out;
+  out = run("--context 512 --max-tokens 512 --k-schedule 128:16,512:64 --out " + scheduled, &rc);
+  ASSERT_EQ(rc, 0) << out;
+  out = run("--context 256 --max-tokens 512 --k-schedule 128:16,512:64 --out " + scheduled + ".x",
+            &rc);
+  EXPECT_NE(rc, 0);
+  EXPECT_NE(out.find("shorter than the k schedule's last length 512"), std::string::npos) << out;
+
+  auto a = model::ThetaTable::Load(fixed);
+  auto b = model::ThetaTable::Load(scheduled);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_TRUE(a->k_schedule.empty());
+  ASSERT_EQ(b->k_schedule.size(), 2u);
+  EXPECT_EQ(b->k_schedule[1], std::make_pair(int64_t(512), 64));
+  EXPECT_NE(a->fingerprint, b->fingerprint);
+  int lower = 0, heads = 0;
+  for (int32_t l = 2; l < a->num_layers(); ++l) {  // layers 0-1 are dense (k = 512)
+    for (int32_t h = 0; h < a->num_heads(); ++h) {
+      // Equal up to the order in which threads summed the rows.
+      EXPECT_NEAR(a->Theta(l, h, 100), b->Theta(l, h, 100),
+                  1e-5f * std::fabs(a->Theta(l, h, 100)))
+          << l << " " << h;
+      lower += b->Theta(l, h, 480) < a->Theta(l, h, 480);
+      ++heads;
+    }
+  }
+  EXPECT_EQ(lower, heads)
+      << "k = 60 at L = 480 must give a lower probability threshold than k = 16";
+}
+
+// `calibrate --kv-cache-dtype`: the scores θ is calibrated on are computed over pages of that
+// type, so fp8 pages give other thresholds than f32 pages, near them (K moves by at most 2^-4
+// of itself, so a score by a fraction of a nat, and a post-softmax θ by a factor near 1);
+// a bad type is refused.
+TEST(CalibrateCommandTest, ScoresAreComputedOverTheGivenKvCacheDtype) {
+  auto run = [](const std::string& args, int* rc) {
+    return RunCalibrate("--context 512 --max-tokens 512 --k 16 " + args, rc);
+  };
+  const ScopedTempDir tmp("server_e2e_test");
+  const std::string f32 = tmp.File("theta_f32.json");
+  const std::string fp8 = tmp.File("theta_fp8.json");
+  int rc = 0;
+  std::string out = run("--kv-cache-dtype f32 --out " + f32, &rc);
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("(KV cache in f32)"), std::string::npos) << out;
+  out = run("--kv-cache-dtype fp8 --out " + fp8, &rc);
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("(KV cache in fp8_e4m3)"), std::string::npos) << out;
+  out = run("--kv-cache-dtype int4 --out " + fp8 + ".x", &rc);
+  EXPECT_NE(rc, 0);
+  EXPECT_NE(out.find("--kv-cache-dtype must be auto, f32, f16, bf16, fp8"), std::string::npos)
+      << out;
+
+  auto a = model::ThetaTable::Load(f32);
+  auto b = model::ThetaTable::Load(fp8);
+  ASSERT_TRUE(a.ok() && b.ok());
+  int differ = 0, heads = 0;
+  for (int32_t l = 2; l < a->num_layers(); ++l) {
+    for (int32_t h = 0; h < a->num_heads(); ++h) {
+      const float x = a->Theta(l, h, 480), y = b->Theta(l, h, 480);
+      ASSERT_GT(x, 0.0f);
+      ASSERT_GT(y, 0.0f);
+      EXPECT_LT(std::fabs(std::log(y / x)), 0.5f)
+          << "layer " << l << " head " << h << ": " << x << " vs " << y;
+      differ += x != y;
+      ++heads;
+    }
+  }
+  EXPECT_GT(differ, heads / 2) << "fp8 pages gave f32's thresholds: were they used?";
+}
+
+}  // namespace
+}  // namespace thetaserve::testing

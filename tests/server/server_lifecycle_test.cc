@@ -1,0 +1,248 @@
+// The `thetaserve serve` process over its life: startup flags (KV cache size and type, prefix
+// caching, API key, TLS), failures to listen, a full queue, and draining on SIGTERM.
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <fstream>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "tests/server/e2e_util.h"
+#include "tests/server/server_process.h"
+#include "tests/test_util.h"
+
+namespace thetaserve::testing {
+namespace {
+
+TEST(ServerLifecycleTest, DrainsOnSigtermWithHealthNotServing) {
+  ServerProcess server({"--drain-timeout", "60"});
+  ASSERT_TRUE(server.started());
+  // Long enough to still be running 200 ms after the signal: at ~4 ms per decode step, 48
+  // tokens were not.
+  constexpr uint32_t kTokens = 400;
+  StreamResult r;
+  std::thread t([&] {
+    auto s = server.stub();
+    auto req = Prompt("A long time ago", kTokens);
+    req.mutable_stopping()->set_ignore_eos(true);
+    r = Generate(*s, req);
+  });
+  // Wait until the request runs, then signal.
+  auto stub = server.stub();
+  for (int i = 0; i < 500; ++i) {
+    grpc::ClientContext c;
+    v1::ServerStatus st;
+    if (stub->GetServerStatus(&c, {}, &st).ok() && st.running() > 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  server.Signal(SIGTERM);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_EQ(server.HealthStatus(), "NOT_SERVING");
+  StreamResult late = Generate(*stub, Prompt("Hello", 2));
+  EXPECT_EQ(late.status.error_code(), grpc::StatusCode::UNAVAILABLE) << late.status.error_message();
+  t.join();
+  EXPECT_TRUE(r.status.ok()) << "in-flight request should finish during drain: " << r.status.error_message();
+  EXPECT_EQ(r.complete.usage().completion_tokens(), kTokens);
+  EXPECT_EQ(server.Wait(60), 0);
+}
+
+TEST(ServerLifecycleTest, TheCpuDefaultKvCacheHoldsTheWholeContext) {
+  ServerProcess server({"--device", "cpu"});
+  ASSERT_TRUE(server.started());
+  // "KV cache: 0.25 GiB, the default (...); f16, ~11650 tokens of K and V"
+  const std::string text = ReadFileOrDie(server.log_path());
+  const size_t line = text.find("KV cache: ");
+  ASSERT_NE(line, std::string::npos) << text;
+  const size_t tilde = text.find("f16, ~", line);
+  ASSERT_NE(tilde, std::string::npos) << text;
+  EXPECT_GE(std::atoll(text.c_str() + tilde + 6), 8192) << text;
+  // Prompt + max_tokens = the 8,192-token context less 15: accepted (256 MiB of f32 pages, the
+  // first default, refused it), and decoding; cancelled after its first tokens.
+  auto stub = server.stub();
+  auto req = Prompt("Hello", 8192 - 16);
+  grpc::ClientContext ctx;
+  auto reader = stub->Generate(&ctx, req);
+  v1::GenerateResponse resp;
+  int tokens = 0;
+  while (tokens < 2 && reader->Read(&resp)) tokens += resp.chunk().token_ids_size();
+  ctx.TryCancel();
+  const grpc::Status st = reader->Finish();
+  EXPECT_GE(tokens, 2) << st.error_message();
+  EXPECT_NE(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << st.error_message();
+}
+
+// --kv-cache-dtype reaches ModelInfo, the page size, the startup log and build_info; a server
+// on f32, fp8 or q8_0 pages streams what `generate` computes on them. A value that is no type, or one the
+// CUDA backend does not store, is refused at startup.
+TEST(ServerLifecycleTest, KvCacheDtypeIsUsedAndReported) {
+  int rc = 0;
+  std::string out = RunCommand(BinaryPath() + " serve --model " + DefaultModelPath() +
+                               " --kv-cache-dtype f8 2>&1", &rc);
+  EXPECT_NE(rc, 0);
+  EXPECT_NE(out.find("--kv-cache-dtype must be auto, f32, f16, bf16, fp8 (= fp8_e4m3), "
+                     "fp8_e5m2 or q8_0, got 'f8'"),
+            std::string::npos) << out;
+  out = RunCommand(BinaryPath() + " serve --model " + DefaultModelPath() +
+                   " --device cuda --kv-cache-dtype f32 2>&1", &rc);
+  EXPECT_NE(rc, 0);
+  EXPECT_NE(out.find("--kv-cache-dtype f32: the CUDA backend stores the KV cache in bf16 only"),
+            std::string::npos) << out;
+
+  // f32, fp8 and q8_0 (rows of head_dim 64 in 256, 64 and 64 + 2 scales × 2 bytes): what each
+  // page holds, what the log, ModelInfo and the build metric say, and the server's text equal
+  // to `thetaserve generate`'s over the same type.
+  struct Case {
+    const char* flag;
+    const char* name;
+    uint32_t row_bytes;
+    const char* tokens;  // 64 MiB / (30 layers × 3 KV heads × K and V × row_bytes)
+  };
+  for (const Case& k : {Case{"f32", "f32", 256, "1456"}, Case{"fp8", "fp8_e4m3", 64, "5825"},
+                        Case{"q8_0", "q8_0", 68, "5482"}}) {
+    SCOPED_TRACE(k.flag);
+    ServerProcess server({"--device", "cpu", "--kv-cache-dtype", k.flag, "--kv-cache-memory", "64M"});
+    ASSERT_TRUE(server.started());
+    auto stub = server.stub();
+    {
+      grpc::ClientContext c;
+      v1::ModelInfo info;
+      ASSERT_TRUE(stub->GetModelInfo(&c, {}, &info).ok());
+      EXPECT_EQ(info.kv_cache_dtype(), k.name);
+    }
+    {
+      grpc::ClientContext c;
+      v1::ServerStatus st;
+      ASSERT_TRUE(stub->GetServerStatus(&c, {}, &st).ok());
+      EXPECT_EQ(st.pages().page_bytes(), 16u * k.row_bytes);  // 16 rows
+    }
+    const std::string log = ReadFileOrDie(server.log_path());
+    EXPECT_NE(log.find(absl::StrCat("KV cache: 0.06 GiB; ", k.name, ", ~", k.tokens, " tokens of K and V")),
+              std::string::npos) << log;
+    EXPECT_NE(log.find(absl::StrCat("backend cpu (KV cache in ", k.name, ")")), std::string::npos) << log;
+    const std::string metrics = server.ScrapeMetrics();
+    const size_t info = metrics.find("\nthetaserve_build_info{");
+    ASSERT_NE(info, std::string::npos) << metrics;
+    EXPECT_NE(metrics.substr(info, metrics.find('\n', info + 1) - info)
+                  .find(absl::StrCat("kv_cache_dtype=\"", k.name, "\"")),
+              std::string::npos) << metrics;
+    EXPECT_EQ(MetricValue(metrics, "thetaserve_kv_page_size_bytes"), 16.0 * k.row_bytes) << metrics;
+
+    auto req = Prompt("Once upon a time", 20);
+    req.mutable_stopping()->set_ignore_eos(true);
+    StreamResult r = Generate(*stub, req);
+    ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+    EXPECT_EQ(r.text + "\n",
+              RunGenerateBinary(absl::StrCat("--prompt 'Once upon a time' --max-tokens 20 --ignore-eos "
+                                             "--device cpu --kv-cache-dtype ", k.flag)));
+  }
+}
+
+TEST(ServerLifecycleTest, PrefixCachingFlagTakesOnOrOff) {
+  int rc = 0;
+  const std::string out = RunCommand(BinaryPath() + " serve --model " + DefaultModelPath() +
+                                     " --prefix-caching maybe 2>&1", &rc);
+  EXPECT_NE(rc, 0);
+  EXPECT_NE(out.find("--prefix-caching is 'maybe'; it must be on or off"), std::string::npos) << out;
+}
+
+TEST(ServerLifecycleTest, ApiKeyIsRequiredWhenSet) {
+  ServerProcess server({"--api-key", "sesame"});
+  ASSERT_TRUE(server.started());
+  auto stub = server.stub();
+  StreamResult none = Generate(*stub, Prompt("Hello", 2));
+  EXPECT_EQ(none.status.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  StreamResult wrong = Generate(*stub, Prompt("Hello", 2), 60, "wrong");
+  EXPECT_EQ(wrong.status.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  StreamResult right = Generate(*stub, Prompt("Hello", 2), 60, "sesame");
+  EXPECT_TRUE(right.status.ok()) << right.status.error_message();
+  EXPECT_EQ(server.HealthStatus(), "SERVING") << "health stays open for probes";
+}
+
+// Failures to listen exit 1 with a message. Both TLS failures crashed (an abort on a corrupted
+// heap, a segfault): the engine's thread still ran with the metrics and service it reports to
+// gone. A port in use was shared (gRPC's SO_REUSEPORT) and the second server said it served.
+TEST(ServerLifecycleTest, FailuresToListenExitCleanly) {
+  const ScopedTempDir tmp("server_e2e_test");
+  const std::string bogus = tmp.File("bogus.pem");
+  { std::ofstream(bogus) << "xx\n"; }
+  const std::string serve = BinaryPath() + " serve --model " + DefaultModelPath() +
+                            " --metrics-port 0 --port " + std::to_string(FreePort());
+  int rc = 0;
+  std::string out = RunCommand(serve + " --tls-cert /nonexistent --tls-key /nonexistent 2>&1", &rc);
+  EXPECT_TRUE(WIFEXITED(rc) && WEXITSTATUS(rc) == 1) << rc << "\n" << out;
+  EXPECT_NE(out.find("--tls-cert and --tls-key must both name readable PEM files"),
+            std::string::npos) << out;
+  EXPECT_EQ(out.find("loading"), std::string::npos) << "checked before the model loads";
+
+  out = RunCommand(serve + " --tls-cert " + bogus + " --tls-key " + bogus + " 2>&1", &rc);
+  EXPECT_TRUE(WIFEXITED(rc) && WEXITSTATUS(rc) == 1) << rc << "\n" << out;
+  EXPECT_NE(out.find("the TLS certificate and key are not PEM"), std::string::npos) << out;
+
+  ServerProcess first(std::vector<std::string>{});
+  ASSERT_TRUE(first.started());
+  const std::string taken = "127.0.0.1:" + std::to_string(first.port());
+  out = RunCommand(BinaryPath() + " serve --model " + DefaultModelPath() +
+                       " --metrics-port 0 --host 127.0.0.1 --port " + std::to_string(first.port()) +
+                       " 2>&1",
+                   &rc);
+  EXPECT_TRUE(WIFEXITED(rc) && WEXITSTATUS(rc) == 1) << rc << "\n" << out;
+  EXPECT_NE(out.find("cannot listen on " + taken + " (in use?)"), std::string::npos) << out;
+  EXPECT_EQ(first.HealthStatus(), "SERVING");
+}
+
+TEST(ServerLifecycleTest, ServesTlsWithTheGivenCertificate) {
+  // A self-signed certificate for localhost, made here with the openssl CLI.
+  const ScopedTempDir tmp("server_e2e_test");
+  const std::string cert = tmp.File("tls-cert.pem"), key = tmp.File("tls-key.pem");
+  const std::string cmd = "openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=localhost "
+                          "-addext subjectAltName=DNS:localhost -keyout " + key + " -out " + cert +
+                          " >/dev/null 2>&1";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << "openssl could not make a test certificate";
+  // The fixture's plaintext health probe cannot reach a TLS server: probe over TLS here.
+  ServerProcess server({"--tls-cert", cert, "--tls-key", key}, /*timeout_s=*/0);
+  grpc::SslCredentialsOptions ssl;
+  ssl.pem_root_certs = ReadFileOrDie(cert);
+  auto channel = grpc::CreateChannel("localhost:" + std::to_string(server.port()), grpc::SslCredentials(ssl));
+  auto stub = v1::Generation::NewStub(channel);
+  StreamResult r;
+  for (int i = 0; i < 600; ++i) {  // until loaded and warmed up
+    r = Generate(*stub, Prompt("Hello", 4), 30);
+    if (r.status.error_code() != grpc::StatusCode::UNAVAILABLE) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.complete.usage().completion_tokens(), 4u);
+  // Plaintext clients are refused by a TLS server.
+  auto plain = v1::Generation::NewStub(
+      grpc::CreateChannel("localhost:" + std::to_string(server.port()), grpc::InsecureChannelCredentials()));
+  StreamResult p = Generate(*plain, Prompt("Hello", 2), 5);
+  EXPECT_FALSE(p.status.ok());
+}
+
+TEST(ServerLifecycleTest, FullQueueIsResourceExhausted) {
+  ServerProcess server({"--max-num-seqs", "1", "--max-queue", "1"});
+  ASSERT_TRUE(server.started());
+  auto long_req = Prompt("Once upon a time", 300);
+  long_req.mutable_stopping()->set_ignore_eos(true);
+  std::vector<StreamResult> results(3);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 3; ++i) {
+    threads.emplace_back([&, i] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(300 * i));
+      auto s = server.stub();
+      results[i] = Generate(*s, long_req, 120);
+    });
+  }
+  // Abort the long ones once the third has been answered.
+  threads[2].join();
+  EXPECT_EQ(results[2].status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+      << results[2].status.error_message();
+  server.Signal(SIGKILL);
+  threads[0].join();
+  threads[1].join();
+}
+
+}  // namespace
+}  // namespace thetaserve::testing
