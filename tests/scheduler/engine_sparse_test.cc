@@ -1,0 +1,304 @@
+// The engine and the sequence runner under Top-θ's V policies on the real model: sparse stores
+// fewer V rows, offload gives the full policy's logits with the sparse policy's rows in the pool,
+// and a mass budget admits long prompts that dense must run one at a time.
+#include <algorithm>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "tests/scheduler/engine_fixture.h"
+
+namespace thetaserve::scheduler {
+
+void EngineTest::ExpectOffloadGivesTheFullPolicysLogits(kernels::KvDtype kv_dtype) {
+  const model::ThetaTable table = ConstantPostTheta(0.02f);
+  auto backend = TopThetaBackend(table, kv_dtype);
+  ASSERT_TRUE(backend.ok());
+  const cache::SparsePolicy sparse = MassBudgetPolicy();
+  const cache::SparsePolicy offload = MassBudgetPolicy(/*offload=*/true);
+  std::string text;
+  for (const auto& p : Prompts()) text += p + " ";
+  const std::vector<int32_t> prompt = model_->tokenizer().Encode(text + text + text, true);
+  ASSERT_GT(prompt.size(), 200u);
+  constexpr int kDecode = 32;
+
+  struct Run {
+    std::vector<std::vector<float>> logits;  // every prompt token's, then each decode step's
+    std::vector<int32_t> tokens;             // greedy under the full policy
+    int64_t resident = 0, offloaded = 0, dropped = 0, dense = 0;
+    kernels::AttentionStats stats;
+  };
+  // Runs one policy to the end before the next starts: runners on one backend share its pool.
+  auto run = [&](const cache::SparsePolicy& policy, const std::vector<int32_t>* tokens) {
+    Run r;
+    r.stats.Reset(model_->config().num_layers);
+    auto runner = SequenceRunner::Create(**backend, prompt.size() + kDecode, 16, policy);
+    EXPECT_TRUE(runner.ok());
+    auto logits = runner->Append(prompt, true, 64, &r.stats);
+    EXPECT_TRUE(logits.ok());
+    r.logits.push_back(*logits);  // [prompt, vocab]
+    const int64_t vocab = model_->config().vocab_size;
+    logits->erase(logits->begin(), logits->end() - vocab);  // the last token's
+    for (int i = 0; i < kDecode; ++i) {
+      r.logits.push_back(*logits);
+      const int32_t t = tokens ? (*tokens)[i]
+                               : static_cast<int32_t>(std::max_element(logits->begin(), logits->end()) -
+                                                      logits->begin());
+      r.tokens.push_back(t);
+      logits = runner->Append(std::span<const int32_t>(&t, 1), false, 64, &r.stats);
+      EXPECT_TRUE(logits.ok());
+    }
+    r.logits.push_back(*logits);
+    r.resident = runner->v_rows_resident();
+    r.offloaded = runner->rows_offloaded();
+    r.dropped = runner->rows_dropped();
+    r.dense = runner->v_rows_dense();
+    return r;
+  };
+  const Run full = run(cache::SparsePolicy{}, nullptr);
+  const Run drop = run(sparse, &full.tokens);
+  const Run off = run(offload, &full.tokens);
+
+  ASSERT_EQ(off.logits.size(), full.logits.size());
+  for (size_t i = 0; i < full.logits.size(); ++i) {
+    ASSERT_EQ(off.logits[i], full.logits[i]) << "offload differs from full at step " << i;
+  }
+  bool sparse_differs = false;
+  for (size_t i = 0; i < full.logits.size(); ++i) sparse_differs |= drop.logits[i] != full.logits[i];
+  EXPECT_TRUE(sparse_differs) << "the sparse policy's dropped rows were never retained";
+  EXPECT_GT(drop.stats.retained_but_evicted, 0);
+
+  // The KV pool holds what the sparse policy holds, the host pool the rows it drops. Not to
+  // the row: which rows a budget keeps depends on the retained mass, which the two runs
+  // compute from slightly different activations (the sparse run's attention misses rows).
+  EXPECT_NEAR(double(off.resident), double(drop.resident), 0.01 * double(drop.resident));
+  EXPECT_LT(off.resident, off.dense / 2);
+  EXPECT_NEAR(double(off.offloaded), double(drop.dropped), 0.01 * double(drop.dropped));
+  EXPECT_EQ(off.dropped, 0);
+  EXPECT_EQ(off.resident + off.offloaded, off.dense);
+  // Rows retained after they left the KV pool were read from the host pool instead of being
+  // compensated for, and counted as such: the full policy's reads, some from the host.
+  EXPECT_EQ(off.stats.retained_but_evicted, 0);
+  EXPECT_GT(off.stats.v_rows_read_host, 0);
+  EXPECT_NEAR(double(off.stats.v_rows_read_host), double(drop.stats.retained_but_evicted),
+              0.01 * double(drop.stats.retained_but_evicted));
+  EXPECT_EQ(off.stats.v_rows_read, full.stats.v_rows_read);
+}
+
+namespace {
+
+TEST_F(EngineTest, SparsePolicyStoresFewerVRowsAndReturnsEveryPage) {
+  const model::ThetaTable table = ConstantPostTheta(0.02f);
+  auto backend = TopThetaBackend(table);
+  ASSERT_TRUE(backend.ok());
+  EngineConfig config;
+  config.kv_cache_bytes = int64_t(256) << 20;
+  config.sparse.enabled = true;
+  config.sparse.local_window = 32;
+  config.sparse.sink_tokens = 4;
+  config.sparse.obs_window = 16;
+  auto engine = Engine::Create(config, **backend);
+  ASSERT_TRUE(engine.ok());
+  std::atomic<int64_t> min_resident_ratio_permille{1000};
+  (*engine)->SetObserver([&](const EngineStats& s, const StepStats*) {
+    if (s.v_rows_dense_equivalent > 0 && s.running > 0) {
+      const int64_t r = 1000 * s.v_rows_resident / s.v_rows_dense_equivalent;
+      if (r < min_resident_ratio_permille.load()) min_resident_ratio_permille.store(r);
+    }
+  });
+  std::string text;
+  for (const auto& p : Prompts()) text += p + " ";
+  text += text;  // ~200 tokens
+  ASSERT_NO_FATAL_FAILURE(RunFixedLength(**engine, "s", text, 4, 48));
+  ASSERT_TRUE((*engine)->WaitIdle(10));
+  const EngineStats s = (*engine)->Stats();
+  EXPECT_LT(min_resident_ratio_permille.load(), 700) << "the sparse store should hold well under the dense rows";
+  EXPECT_GT(s.counters.v_rows_evicted, 0);
+  EXPECT_LT(s.counters.v_rows_read, s.counters.v_rows_read_dense);
+  EXPECT_EQ((*engine)->pool_for_tests().num_free(), (*engine)->pool_for_tests().num_pages())
+      << "pages leaked under the sparse policy";
+}
+
+// The runner applies the sparse policy itself after every chunk, as the engine does after
+// every step: one Append in chunks of 64 leaves the same cache and logits as separate Appends
+// of 64 tokens (each compacted), every V row is either resident or counted as dropped, the
+// cache holds well under the dense rows, and decoding goes on from the compacted cache.
+TEST_F(EngineTest, SequenceRunnerCompactsAfterEveryChunkUnderASparsePolicy) {
+  const model::ThetaTable table = ConstantPostTheta(0.02f);
+  auto backend = TopThetaBackend(table);
+  ASSERT_TRUE(backend.ok());
+  const cache::SparsePolicy policy = MassBudgetPolicy();
+  std::string text;
+  for (const auto& p : Prompts()) text += p + " ";
+  const std::vector<int32_t> prompt = model_->tokenizer().Encode(text + text + text, true);
+  ASSERT_GT(prompt.size(), 200u);
+  const std::span<const int32_t> all(prompt);
+
+  auto whole = SequenceRunner::Create(**backend, prompt.size() + 40, 16, policy);
+  ASSERT_TRUE(whole.ok());
+  auto logits = whole->Append(all, false, 64);
+  ASSERT_TRUE(logits.ok());
+  EXPECT_GT(whole->rows_dropped(), 0);
+  EXPECT_EQ(whole->v_rows_resident() + whole->rows_dropped(), whole->v_rows_dense());
+  EXPECT_LT(whole->v_rows_resident(), whole->v_rows_dense() / 2)
+      << "window 32 + 5% of the older rows should hold well under half the dense rows";
+
+  // The same prompt in separate calls of one chunk each: compaction after every call. Were
+  // Append to compact once per call (or not at all), the two caches would differ.
+  auto parts = SequenceRunner::Create(**backend, prompt.size() + 40, 16, policy);
+  ASSERT_TRUE(parts.ok());
+  absl::StatusOr<std::vector<float>> last;
+  for (size_t i = 0; i < prompt.size(); i += 64) {
+    last = parts->Append(all.subspan(i, std::min<size_t>(64, prompt.size() - i)), false, 64);
+    ASSERT_TRUE(last.ok());
+  }
+  EXPECT_EQ(parts->rows_dropped(), whole->rows_dropped());
+  EXPECT_EQ(parts->v_rows_resident(), whole->v_rows_resident());
+  EXPECT_EQ(*last, *logits);
+
+  // Decoding continues from the compacted cache; 32 more tokens push two more blocks out of
+  // the window, and the budget drops most of their rows.
+  const int64_t dropped_after_prompt = whole->rows_dropped();
+  for (int i = 0; i < 32; ++i) {
+    const auto best = std::max_element(logits->begin(), logits->end());
+    const int32_t t = static_cast<int32_t>(best - logits->begin());
+    logits = whole->Append(std::span<const int32_t>(&t, 1));
+    ASSERT_TRUE(logits.ok());
+    for (float x : *logits) ASSERT_TRUE(std::isfinite(x));
+  }
+  EXPECT_GT(whole->rows_dropped(), dropped_after_prompt);
+  EXPECT_EQ(whole->v_rows_resident() + whole->rows_dropped(), whole->v_rows_dense());
+  whole->Reset();
+  EXPECT_EQ(whole->rows_dropped(), 0);
+  EXPECT_EQ(whole->v_rows_resident(), 0);
+}
+
+// The offload policy stores in the KV pool what the sparse policy does, and moves the rows the
+// sparse policy drops to the host pool, where attention still reads them: its logits are the
+// full policy's, bit for bit, for every prompt token (64-token chunks, compacted after each)
+// and every decode step. The sparse run
+// beside it must differ from full (else the rows moved were never needed and this could not
+// fail).
+TEST_F(EngineTest, OffloadPolicyGivesTheFullPolicysLogitsWithTheSparsePolicysVRows) {
+  ExpectOffloadGivesTheFullPolicysLogits(kernels::KvDtype::kAuto);
+}
+
+TEST_F(EngineTest, OffloadPolicyGivesTheFullPolicysLogitsWithF16Pages) {
+  ExpectOffloadGivesTheFullPolicysLogits(kernels::KvDtype::kF16);
+}
+
+TEST_F(EngineTest, OffloadPolicyGivesTheFullPolicysLogitsWithFp8Pages) {
+  ExpectOffloadGivesTheFullPolicysLogits(kernels::KvDtype::kFp8E4M3);
+}
+
+// q8_0 rows are longer than head_dim (their scales): the sparse store's moves and the host
+// copies carry whole rows.
+TEST_F(EngineTest, OffloadPolicyGivesTheFullPolicysLogitsWithQ8_0Pages) {
+  ExpectOffloadGivesTheFullPolicysLogits(kernels::KvDtype::kQ8_0);
+}
+
+// In the engine, concurrent requests under the offload policy generate what each generates
+// alone under the full policy; every page of both pools comes back. With a host pool too small
+// for what is moved, the rest is dropped (as under the sparse policy), and again nothing leaks.
+TEST_F(EngineTest, OffloadPolicyInTheEngineMatchesFullPolicyRunsAndReturnsHostPages) {
+  const model::ThetaTable table = ConstantPostTheta(0.02f);
+  auto backend = TopThetaBackend(table);
+  ASSERT_TRUE(backend.ok());
+  std::string text;
+  for (const auto& p : Prompts()) text += p + " ";
+  text += text;  // ~200 tokens
+  const std::vector<int32_t> prompt = model_->tokenizer().Encode(text, true);
+  constexpr int kTokens = 40;
+  const std::vector<int32_t> alone = GreedyAlone(**backend, prompt, kTokens);
+
+  for (const int64_t host_bytes : {int64_t(64) << 20, int64_t(256) << 10}) {
+    SCOPED_TRACE(absl::StrCat("offload bytes ", host_bytes));
+    EngineConfig config;
+    config.kv_cache_bytes = int64_t(256) << 20;
+    config.sparse = MassBudgetPolicy(/*offload=*/true);
+    config.offload_bytes = host_bytes;
+    auto engine = Engine::Create(config, **backend);
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    std::atomic<int64_t> max_host_pages{0};
+    (*engine)->SetObserver([&](const EngineStats& s, const StepStats*) {
+      max_host_pages.store(std::max(max_host_pages.load(), s.host_pages_used));
+    });
+    std::vector<std::shared_ptr<CollectingSink>> sinks;
+    for (int i = 0; i < 3; ++i) {
+      Request r = MakeRequest(absl::StrCat("o", i), text, kTokens);
+      r.stopping.ignore_eos = true;
+      sinks.push_back(std::make_shared<CollectingSink>());
+      ASSERT_TRUE((*engine)->Submit(r, sinks.back()).ok());
+    }
+    for (auto& sk : sinks) ASSERT_TRUE(sk->Wait(300));
+    ASSERT_TRUE((*engine)->WaitIdle(10));
+    const EngineStats s = (*engine)->Stats();
+    const int64_t page_bytes = s.page_bytes;
+    EXPECT_EQ(s.host_pages_total, host_bytes / page_bytes);
+    EXPECT_GT(s.counters.v_rows_offloaded, 0);
+    EXPECT_GT(max_host_pages.load(), 0);
+    EXPECT_EQ(s.host_pages_used, 0) << "host pages leaked";
+    EXPECT_EQ(s.v_rows_host_resident, 0);
+    EXPECT_EQ((*engine)->pool_for_tests().num_free(), (*engine)->pool_for_tests().num_pages())
+        << "pages leaked under the offload policy";
+    const int64_t tables = model_->config().num_layers * model_->config().num_kv_heads;
+    const int64_t blocks = (int64_t(prompt.size()) + kTokens + config.block_size - 1) / config.block_size;
+    if (host_bytes / page_bytes >= 3 * (blocks + 1) * tables) {
+      // Room for every row: nothing dropped, and every request is its full-policy self.
+      EXPECT_EQ(s.counters.v_rows_evicted, 0);
+      EXPECT_EQ(s.counters.v_rows_retained_but_evicted, 0);
+      for (auto& sk : sinks) EXPECT_EQ(sk->tokens, alone);
+    } else {
+      EXPECT_EQ(max_host_pages.load(), s.host_pages_total) << "the small host pool filled up";
+      EXPECT_GT(s.counters.v_rows_evicted, 0) << "what did not fit was dropped";
+    }
+  }
+}
+
+// With a mass budget the engine compacts between prefill chunks and admission reserves the
+// bounded V store: two long prompts that the pool cannot hold together dense run together.
+TEST_F(EngineTest, MassBudgetAdmitsLongPromptsThatDenseMustRunOneAtATime) {
+  const auto& c = model_->config();
+  const model::ThetaTable table = ConstantPostTheta(0.02f);
+  std::string text;
+  for (const auto& p : Prompts()) text += p + " ";
+  text = text + text + text + text + text + text;  // ~600 tokens
+
+  auto run = [&](bool sparse, int* max_running, int64_t* preemptions) {
+    auto backend = TopThetaBackend(table);
+    ASSERT_TRUE(backend.ok());
+    EngineConfig config;
+    config.scheduler.max_num_batched_tokens = 64;  // many prefill chunks
+    const int64_t page_bytes = int64_t(config.block_size) * (*backend)->kv_row_bytes();
+    const int64_t tokens = int64_t(model_->tokenizer().Encode(text).size()) + 8;
+    const int64_t dense_pages = 2 * ((tokens + 15) / 16) * c.num_layers * c.num_kv_heads;
+    config.kv_cache_bytes = dense_pages * 7 / 5 * page_bytes;  // 1.4 dense prompts
+    if (sparse) config.sparse = MassBudgetPolicy();
+    auto engine = Engine::Create(config, **backend);
+    ASSERT_TRUE(engine.ok());
+    std::atomic<int> most{0};
+    (*engine)->SetObserver([&](const EngineStats& s, const StepStats*) {
+      most.store(std::max<int>(most.load(), static_cast<int>(s.running)));
+    });
+    ASSERT_NO_FATAL_FAILURE(RunFixedLength(**engine, "long", text, 2, 8));
+    ASSERT_TRUE((*engine)->WaitIdle(10));
+    *max_running = most.load();
+    *preemptions = (*engine)->Stats().counters.preemptions;
+    EXPECT_EQ((*engine)->pool_for_tests().num_free(), (*engine)->pool_for_tests().num_pages())
+        << "pages leaked (sparse " << sparse << ")";
+  };
+  int dense_running = 0, sparse_running = 0;
+  int64_t dense_preempt = 0, sparse_preempt = 0;
+  run(false, &dense_running, &dense_preempt);
+  run(true, &sparse_running, &sparse_preempt);
+  EXPECT_EQ(dense_running, 1) << "the pool was meant to hold one dense prompt";
+  EXPECT_EQ(sparse_running, 2);
+  EXPECT_EQ(dense_preempt, 0);
+  EXPECT_EQ(sparse_preempt, 0) << "the reservation must cover what the prompts grow to";
+}
+
+}  // namespace
+}  // namespace thetaserve::scheduler
