@@ -117,6 +117,10 @@ StepPlan Scheduler::Schedule() {
         seq->num_computed = match.blocks() * bs;
         seq->cached_blocks = match.blocks();
       }
+      if (seq->group_prompt_computed && !seq->NeedsPromptScores() &&
+          match.blocks() < (int64_t(seq->request().prompt.size()) - 1) / bs) {
+        RegroupBehind(*seq);
+      }
     }
     const int64_t n = tokens_for(*seq);
     if (n <= 0) break;  // a prompt to score, and this step scores no more
@@ -200,6 +204,14 @@ void Scheduler::FindGroupLeaders() {
   for (const auto& s : waiting_) consider(*s);
   if (group_leaders_.empty()) return;  // no group waits: nobody to hold back
   for (const auto& s : running_) consider(*s);
+}
+
+void Scheduler::RegroupBehind(Sequence& seq) {
+  const std::string& group = seq.request().group_id;
+  for (const auto& w : waiting_) {
+    if (w.get() != &seq && w->request().group_id == group) w->group_prompt_computed = false;
+  }
+  group_leaders_[group] = &seq;
 }
 
 bool Scheduler::WaitsForGroupPrompt(const Sequence& seq) const {

@@ -80,6 +80,10 @@ class Scheduler {
   // group id to it, once per Schedule.
   void FindGroupLeaders();
   bool WaitsForGroupPrompt(const Sequence& seq) const;
+  // A member let go because another computed the prompt, whose cached blocks have been
+  // evicted since (memory pressure), computes the prompt itself: the rest of its group waits
+  // for it again (they each computed it before), and Commit lets them go once it has.
+  void RegroupBehind(Sequence& seq);
   // Pages free now or held only by the prefix cache (so freed on demand).
   int64_t Available() const { return pool_->num_free() + pool_->num_cached_only(); }
   // Whether the pool has `pages` free pages, after evicting cached blocks if need be.
