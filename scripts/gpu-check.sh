@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU check, one command (DESIGN.md §9): builds with CUDA, runs the `gpu` tests (every
+# The GPU check, one command: builds with CUDA, runs the `gpu` tests (every
 # kernel and the whole forward pass against the CPU reference), then the GPU benchmarks
 # (copy bandwidth; decode attention dense vs Top-θ at 1k-128k context and batch 1-64;
 # prefill attention TFLOP/s; end-to-end decode tokens/s on SmolLM2), and prints a short table

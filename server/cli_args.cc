@@ -62,13 +62,14 @@ absl::Status CheckAddressFlag(const std::string& addr) {
     if (addr.rfind(scheme, 0) == 0) return absl::OkStatus();
   }
   std::string port;
-  if (!addr.empty() && addr[0] == '[') {  // [V6] or [V6]:PORT
+  // A port is required: without one gRPC dials 443, which no thetaserve listens on by default.
+  if (!addr.empty() && addr[0] == '[') {  // [V6]:PORT
     const size_t close = addr.find(']');
-    if (close != std::string::npos && close + 1 == addr.size()) return absl::OkStatus();
-    if (close != std::string::npos && addr[close + 1] == ':') port = addr.substr(close + 2);
+    if (close != std::string::npos && close + 1 < addr.size() && addr[close + 1] == ':') {
+      port = addr.substr(close + 2);
+    }
   } else {
     const size_t colon = addr.find(':');
-    if (colon == std::string::npos && !addr.empty()) return absl::OkStatus();  // gRPC's port
     // More than one colon without brackets: a bare IPv6 address, gRPC's to read.
     if (colon != std::string::npos && addr.find(':', colon + 1) != std::string::npos) {
       return absl::OkStatus();

@@ -28,8 +28,8 @@ inline constexpr int kExitUsage = 2;
 // returns `exit_code`.
 int ReportFailure(const char* command, const absl::Status& status, int exit_code);
 
-// A gRPC target from --addr: in the HOST:PORT and [V6]:PORT forms the port must be 1–65535
-// (gRPC took 99999 as 34463). Other forms (dns:///…, unix:…) are left to gRPC.
+// A gRPC target from --addr: HOST:PORT or [V6]:PORT with a port in 1–65535 (gRPC took 99999
+// as 34463, and a bare host as port 443). Targets with a scheme (dns:///…, unix:…) are gRPC's.
 absl::Status CheckAddressFlag(const std::string& addr);
 
 class CliArgs;

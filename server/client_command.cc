@@ -76,7 +76,7 @@ int RunClient(const std::vector<std::string>& argv) {
   if (!args.Has("prompt")) return usage(absl::InvalidArgumentError("--prompt is required"));
   // Passed on as the proto's fields: out of their types' range is refused here, not wrapped.
   constexpr int64_t kU32 = std::numeric_limits<uint32_t>::max();
-  auto max_tokens = args.GetInt("max-tokens", 64, 0, kU32);
+  auto max_tokens = args.GetInt("max-tokens", 64, 1, kU32);  // 0 only scores a prompt
   auto temperature = args.GetDouble("temperature", 0);
   auto top_p = args.GetDouble("top-p", 1);
   auto top_k = args.GetInt("top-k", 0, -kMaxCountFlag - 1, kMaxCountFlag);

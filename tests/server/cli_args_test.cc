@@ -84,14 +84,15 @@ TEST(CliArgsTest, SwitchesTakeTrueOrFalseInline) {
             "flag --verbose is a switch: --verbose or --verbose=true|false, not 'maybe'");
 }
 
-// gRPC took "host:99999" as port 34463 (the value modulo 2^16) and called whatever was there.
+// gRPC took "host:99999" as port 34463 (the value modulo 2^16) and called whatever was there,
+// and "host" as port 443.
 TEST(CliArgsTest, AddressesNeedAPortInRange) {
   for (const char* ok : {"localhost:50051", "10.0.0.1:1", "[::1]:65535", "dns:///svc:50051",
-                         "unix:/tmp/thetaserve.sock", "ipv4:127.0.0.1:80", "localhost", "[::1]"}) {
+                         "unix:/tmp/thetaserve.sock", "ipv4:127.0.0.1:80"}) {
     EXPECT_TRUE(CheckAddressFlag(ok).ok()) << ok;
   }
   for (const char* bad : {"localhost:99999", "localhost:0", "localhost:", "localhost:5x",
-                          "[::1]:70000", "[::1]:", "host:-1", ""}) {
+                          "[::1]:70000", "[::1]:", "host:-1", "", "localhost", "[::1]"}) {
     const absl::Status st = CheckAddressFlag(bad);
     ASSERT_FALSE(st.ok()) << bad;
     EXPECT_EQ(st.message(), absl::StrCat("--addr '", bad,
