@@ -70,6 +70,24 @@ std::string ErrorBody(int status, std::string_view message,
                       std::string(type), R"(","param":null,"code":)", status, "}}");
 }
 
+// A chunk's size line (hex digits and any extensions) or one trailer line.
+constexpr size_t kMaxChunkLineBytes = 4096;
+
+// The interim answer to Expect: 100-continue, before the client sends the body. False if the
+// client is gone.
+bool SendContinue(int fd) {
+  const std::string_view cont = "HTTP/1.1 100 Continue\r\n\r\n";
+  return ::send(fd, cont.data(), cont.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(cont.size());
+}
+
+// 0-15 for a hex digit, else -1.
+int HexDigit(char ch) {
+  if (ch >= '0' && ch <= '9') return ch - '0';
+  if (ch >= 'a' && ch <= 'f') return ch - 'a' + 10;
+  if (ch >= 'A' && ch <= 'F') return ch - 'A' + 10;
+  return -1;
+}
+
 }  // namespace
 
 const char* HttpReason(int status) {
@@ -150,7 +168,7 @@ bool HttpResponder::Send(int status, std::string_view content_type, std::string_
   if (stopping_->load()) keep_alive_ = false;
   std::string out = Head(status, content_type, extra);
   absl::StrAppend(&out, "Content-Length: ", body.size(), "\r\n\r\n");
-  out.append(body);
+  if (!head_only_) out.append(body);  // a HEAD's answer says the length and sends no body
   return WriteAll(out);
 }
 
@@ -158,15 +176,17 @@ bool HttpResponder::StartChunked(int status, std::string_view content_type,
                                  const HttpHeaders& extra) {
   if (state_ != State::kNone) return false;
   state_ = State::kChunked;
-  if (!http11_ || stopping_->load()) keep_alive_ = false;  // 1.0: the body ends with the connection
+  // 1.0: the body ends with the connection; HEAD: the head does.
+  if (!http11_ || stopping_->load() || head_only_) keep_alive_ = false;
   std::string out = Head(status, content_type, extra);
-  absl::StrAppend(&out, http11_ ? "Transfer-Encoding: chunked\r\n\r\n" : "\r\n");
+  const bool chunked = http11_ && !head_only_;
+  absl::StrAppend(&out, chunked ? "Transfer-Encoding: chunked\r\n\r\n" : "\r\n");
   return WriteAll(out);
 }
 
 bool HttpResponder::WriteChunk(std::string_view data) {
   if (state_ != State::kChunked) return false;
-  if (data.empty()) return !failed_;  // an empty chunk would end the body
+  if (data.empty() || head_only_) return !failed_;  // an empty chunk would end the body
   if (!http11_) return WriteAll(data);
   char size[24];
   std::snprintf(size, sizeof(size), "%zx\r\n", data.size());
@@ -179,7 +199,7 @@ bool HttpResponder::WriteChunk(std::string_view data) {
 bool HttpResponder::EndChunked() {
   if (state_ != State::kChunked) return false;
   state_ = State::kDone;
-  return http11_ ? WriteAll("0\r\n\r\n") : !failed_;
+  return http11_ && !head_only_ ? WriteAll("0\r\n\r\n") : !failed_;
 }
 
 bool HttpResponder::ClientGone() {
@@ -468,9 +488,76 @@ void HttpServer::Serve(int fd) {
     const bool keep_alive = http11 ? !ContainsToken(connection, "close")
                                    : ContainsToken(connection, "keep-alive");
 
-    // The body.
-    if (req.headers.count("transfer-encoding")) {
-      return reject(411, "send the request body with Content-Length, not Transfer-Encoding");
+    // The body: Content-Length bytes, or chunked (RFC 9112 7.1), which clients send for a body
+    // whose length they do not know up front (a stream, a generator, a proxy that does not
+    // buffer). Both at once, or another coding, is refused: framing a proxy might read
+    // differently is request smuggling.
+    const bool chunked = req.headers.count("transfer-encoding") > 0;
+    if (chunked) {
+      if (!http11) return reject(400, "Transfer-Encoding needs HTTP/1.1");
+      if (req.headers.count("content-length")) {
+        return reject(400, "a request with both Content-Length and Transfer-Encoding");
+      }
+      const std::string coding = Lower(req.Header("transfer-encoding"));
+      if (coding.empty()) return reject(400, "an empty Transfer-Encoding");
+      if (coding != "chunked") return reject(501, "the only transfer coding accepted is chunked");
+      if (in.empty() && ContainsToken(req.Header("expect"), "100-continue") && !SendContinue(fd)) {
+        return;
+      }
+      // Reads a line (a chunk's size and extensions, or a trailer) into *out; false when the
+      // client went, was too slow, or sent a line past kMaxChunkLineBytes (*too_long).
+      bool too_long = false;
+      auto line = [&](std::string* out) {
+        size_t eol;
+        while ((eol = in.find("\r\n")) == std::string::npos) {
+          if (in.size() > kMaxChunkLineBytes) too_long = true;
+          if (too_long || !read_more(deadline)) return false;
+        }
+        if (eol > kMaxChunkLineBytes) too_long = true;
+        *out = in.substr(0, eol);
+        in.erase(0, eol + 2);
+        return !too_long;
+      };
+      std::string size_line;
+      while (true) {
+        if (!line(&size_line)) {
+          if (too_long) reject(400, "a chunk size line is too long");
+          return;
+        }
+        const std::string_view hex =
+            Trim(std::string_view(size_line).substr(0, size_line.find(';')));
+        uint64_t size = 0;
+        for (char ch : hex) {
+          const int digit = HexDigit(ch);
+          if (digit < 0 || size >> 56) return reject(400, "a chunk size must be hexadecimal");
+          size = size * 16 + static_cast<uint64_t>(digit);
+        }
+        if (hex.empty()) return reject(400, "a chunk size must be hexadecimal");
+        if (size == 0) break;
+        if (req.body.size() + size > options_.max_body_bytes) {
+          return reject(413, absl::StrCat("the request body is over ", options_.max_body_bytes,
+                                          " bytes; at most that many are accepted"));
+        }
+        while (in.size() < size + 2) {
+          if (!read_more(deadline)) return;
+        }
+        if (in.compare(size, 2, "\r\n") != 0) return reject(400, "a chunk must end with CRLF");
+        req.body.append(in, 0, size);
+        in.erase(0, size + 2);
+      }
+      size_t trailer_bytes = 0;
+      std::string trailer;
+      while (true) {  // trailers, ignored, up to the empty line
+        if (!line(&trailer)) {
+          if (too_long) reject(400, "a trailer line is too long");
+          return;
+        }
+        if (trailer.empty()) break;
+        trailer_bytes += trailer.size();
+        if (trailer_bytes > options_.max_head_bytes) {
+          return reject(431, "the trailers are too long");
+        }
+      }
     }
     size_t length = 0;
     if (req.headers.count("content-length")) {
@@ -487,19 +574,20 @@ void HttpServer::Serve(int fd) {
       }
       length = static_cast<size_t>(v);
     }
-    if (length > in.size() && ContainsToken(req.Header("expect"), "100-continue")) {
-      const std::string cont = "HTTP/1.1 100 Continue\r\n\r\n";
-      if (::send(fd, cont.data(), cont.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(cont.size())) {
-        return;
-      }
+    if (length > in.size() && ContainsToken(req.Header("expect"), "100-continue") &&
+        !SendContinue(fd)) {
+      return;
     }
     while (in.size() < length) {
       if (!read_more(deadline)) return;
     }
-    req.body = in.substr(0, length);
-    in.erase(0, length);
+    if (!chunked) {
+      req.body = in.substr(0, length);
+      in.erase(0, length);
+    }
 
     HttpResponder responder(fd, http11, keep_alive && !stopping_.load(), &stopping_);
+    if (req.method == "HEAD") responder.HeadOnly();
     try {
       handler_(req, responder);
     } catch (const std::exception& e) {  // a bug in a handler fails its request, not the server

@@ -62,6 +62,9 @@ class HttpResponder {
   bool ClientGone();
   // Close the connection after this response (say so in it): before Send or StartChunked.
   void CloseAfter() { keep_alive_ = false; }
+  // The request was HEAD: the head of the response only (RFC 9110 9.3.2). A streamed response
+  // then closes the connection after its head.
+  void HeadOnly() { head_only_ = true; }
   // Give up on the response (the client is gone): nothing more is written, the connection
   // closes.
   void Abandon() { failed_ = true; }
@@ -83,6 +86,7 @@ class HttpResponder {
   const std::atomic<bool>* stopping_;
   State state_ = State::kNone;
   bool failed_ = false;
+  bool head_only_ = false;
 };
 
 using HttpHandler = std::function<void(const HttpRequest&, HttpResponder&)>;

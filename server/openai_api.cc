@@ -138,6 +138,8 @@ absl::Status ParseMessages(const In& body, v1::GenerateRequest* out) {
             return Invalid(part, "must be {\"type\": \"text\", \"text\": ...}; this model reads "
                                  "text only");
           }
+          // Joined by newlines, as vLLM joins them ("Hello" and "world" are not "Helloworld").
+          if (k > 0) content += "\n";
           content += c[k]["text"].get<std::string>();
         }
       } else {
@@ -325,8 +327,8 @@ absl::Status ParseLogprobs(const In& body, OpenAiCall* call) {
   return absl::OkStatus();
 }
 
-// Parameters with no counterpart here: refused unless neutral, so a client never believes it
-// got what it asked for.
+// Parameters with no counterpart here: refused unless neutral (absent, null, empty, or the
+// value that asks for nothing), so a client never believes it got what it asked for.
 absl::Status RefuseUnsupported(const In& body, OpenAiEndpoint endpoint) {
   if (Given(body, "echo") && body["echo"] != false && endpoint == OpenAiEndpoint::kChatCompletions) {
     return Unsupported("echo", "not on chat completions");
@@ -334,20 +336,75 @@ absl::Status RefuseUnsupported(const In& body, OpenAiEndpoint endpoint) {
   if (Given(body, "suffix") && body["suffix"] != "") {
     return Unsupported("suffix", "no fill-in-the-middle");
   }
+  // Tools (and the legacy functions) only with tool_choice "none", which calls none of them.
+  const bool no_tools = Given(body, "tool_choice") && body["tool_choice"] == "none";
+  if (Given(body, "tools") && !(body["tools"].is_array() && body["tools"].empty()) && !no_tools) {
+    return Unsupported("tools", "this server does not call tools (tool_choice \"none\" only)");
+  }
+  if (Given(body, "tool_choice") && !no_tools) {
+    return Unsupported("tool_choice", "this server does not call tools");
+  }
+  if (Given(body, "function_call") && body["function_call"] != "none") {
+    return Unsupported("function_call", "this server does not call functions");
+  }
+  if (Given(body, "functions") && !(body["functions"].is_array() && body["functions"].empty()) &&
+      !(Given(body, "function_call") && body["function_call"] == "none")) {
+    return Unsupported("functions", "this server does not call functions");
+  }
+  if (Given(body, "response_format") &&
+      !(body["response_format"].is_object() && body["response_format"].contains("type") &&
+        body["response_format"]["type"] == "text")) {
+    return Unsupported("response_format", "only {\"type\": \"text\"}");
+  }
+  // vLLM's extensions that would change what is generated, were they dropped: a client that
+  // trusts a constraint must not get unconstrained text with a 200.
+  for (const char* key : {"guided_json", "guided_regex", "guided_choice", "guided_grammar",
+                          "structured_outputs"}) {
+    if (Given(body, key)) return Unsupported(key, "no constrained decoding here");
+  }
+  for (const char* key : {"allowed_token_ids", "bad_words"}) {
+    if (Given(body, key) && !(body[key].is_array() && body[key].empty())) {
+      return Unsupported(key, "use logit_bias");
+    }
+  }
+  if (Given(body, "truncate_prompt_tokens")) {
+    return Unsupported("truncate_prompt_tokens", "a prompt is never cut; send a shorter one");
+  }
+  if (Given(body, "use_beam_search") && body["use_beam_search"] != false) {
+    return Unsupported("use_beam_search", "sampling only");
+  }
+  if (Given(body, "include_stop_str_in_output") && body["include_stop_str_in_output"] != false) {
+    return Unsupported("include_stop_str_in_output", "a stop string is always cut off");
+  }
+  if (Given(body, "prompt_logprobs")) {
+    return Unsupported("prompt_logprobs",
+                       endpoint == OpenAiEndpoint::kCompletions
+                           ? "send echo with logprobs, which scores the prompt's tokens"
+                           : "score a prompt on /v1/completions with echo and logprobs");
+  }
   if (endpoint == OpenAiEndpoint::kChatCompletions) {
-    if (Given(body, "tools") && !(body["tools"].is_array() && body["tools"].empty())) {
-      return Unsupported("tools", "this server does not call tools");
+    if (Given(body, "continue_final_message") && body["continue_final_message"] != false) {
+      return Unsupported("continue_final_message", "every reply opens a new assistant turn");
     }
-    if (Given(body, "tool_choice") && body["tool_choice"] != "none") {
-      return Unsupported("tool_choice", "this server does not call tools");
+    if (Given(body, "add_generation_prompt") && body["add_generation_prompt"] != true) {
+      return Unsupported("add_generation_prompt", "every reply opens a new assistant turn");
     }
-    if (Given(body, "response_format") &&
-        !(body["response_format"].is_object() && body["response_format"].contains("type") &&
-          body["response_format"]["type"] == "text")) {
-      return Unsupported("response_format", "only {\"type\": \"text\"}");
+    if (Given(body, "chat_template")) {
+      return Unsupported("chat_template", "the model's own template only");
+    }
+    if (Given(body, "chat_template_kwargs") &&
+        !(body["chat_template_kwargs"].is_object() && body["chat_template_kwargs"].empty())) {
+      return Unsupported("chat_template_kwargs", "the model's own template only");
     }
   }
   return absl::OkStatus();
+}
+
+// Characters (code points) in UTF-8 text: the bytes that begin one. A token that ends inside
+// a character counts it; the token holding the rest adds none.
+size_t Utf8Chars(std::string_view text) {
+  return std::count_if(text.begin(), text.end(),
+                       [](char c) { return (static_cast<unsigned char>(c) & 0xC0) != 0x80; });
 }
 
 // Chat's "bytes": a token's raw bytes as integers.
@@ -528,7 +585,7 @@ Json OpenAiResponseBuilder::PromptLogprobs(const scheduler::TokenDelta& d) const
     const std::string bytes = tokenizer_->TokenBytes(d.prompt_token_ids[i]);
     tokens.push_back(bytes);
     offsets.push_back(offset);
-    offset += bytes.size();
+    offset += Utf8Chars(bytes);
     if (i == 0 || i - 1 >= d.prompt_logprobs.size()) {
       token_logprobs.push_back(nullptr);
       top.push_back(nullptr);
@@ -542,6 +599,11 @@ Json OpenAiResponseBuilder::PromptLogprobs(const scheduler::TokenDelta& d) const
   }
   return {{"tokens", tokens}, {"token_logprobs", token_logprobs}, {"top_logprobs", top},
           {"text_offset", offsets}};
+}
+
+void OpenAiResponseBuilder::Choice::Append(const std::string& more) {
+  text += more;
+  chars += Utf8Chars(more);
 }
 
 Json OpenAiResponseBuilder::Envelope(const char* object) const {
@@ -583,7 +645,7 @@ Json OpenAiResponseBuilder::Logprobs(const scheduler::TokenDelta& d, size_t offs
     if (!alternatives.contains(bytes)) alternatives[bytes] = std::max(d.logprobs[i], kMinLogprob);
     top.push_back(alternatives);
     offsets.push_back(offset);
-    offset += bytes.size();
+    offset += Utf8Chars(bytes);
   }
   return {{"tokens", tokens}, {"token_logprobs", token_logprobs}, {"top_logprobs", top},
           {"text_offset", offsets}};
@@ -602,9 +664,9 @@ Json OpenAiResponseBuilder::DeltaChunk(int index, const scheduler::TokenDelta& d
   Choice& c = choices_.at(index);
   const std::string echo = EchoText(c, delta);
   Json logprobs = PromptLogprobs(delta);
-  c.text += echo;
-  const size_t offset = c.text.size();
-  c.text += delta.text;
+  c.Append(echo);
+  const size_t offset = c.chars;
+  c.Append(delta.text);
   AppendLogprobs(logprobs, Logprobs(delta, offset));
   const bool chat = call_.endpoint == OpenAiEndpoint::kChatCompletions;
   Json choice = chat ? Json{{"index", index}, {"delta", {{"content", delta.text}}}}
@@ -648,10 +710,10 @@ void OpenAiResponseBuilder::AppendLogprobs(Json& into, const Json& more) {
 
 void OpenAiResponseBuilder::Add(int index, const scheduler::TokenDelta& delta) {
   Choice& c = choices_.at(index);
-  c.text += EchoText(c, delta);
+  c.Append(EchoText(c, delta));
   AppendLogprobs(c.logprobs, PromptLogprobs(delta));
-  AppendLogprobs(c.logprobs, Logprobs(delta, c.text.size()));
-  c.text += delta.text;
+  AppendLogprobs(c.logprobs, Logprobs(delta, c.chars));
+  c.Append(delta.text);
 }
 
 bool OpenAiResponseBuilder::Carries(const Json& chunk) {

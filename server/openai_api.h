@@ -79,6 +79,8 @@ class OpenAiResponseBuilder {
  private:
   struct Choice {
     std::string text;                  // the completion so far (after the echoed prompt)
+    size_t chars = 0;                  // its length in characters (code points), as text_offset
+    void Append(const std::string& more);
     nlohmann::ordered_json logprobs;   // accumulated (not streaming)
     bool echoed = false;               // the prompt's text (and scores) went out
   };
@@ -90,7 +92,8 @@ class OpenAiResponseBuilder {
   // The prompt once, the completion tokens of all.
   nlohmann::ordered_json Usage(const std::vector<scheduler::FinishInfo>& infos) const;
   // Log-probabilities of a delta's tokens in the endpoint's format; `offset` is the completion
-  // text's length before them (the completions format's text_offset).
+  // text's length in characters before them (the completions format's text_offset, which
+  // OpenAI and vLLM count in characters, as Python slices a str).
   nlohmann::ordered_json Logprobs(const scheduler::TokenDelta& delta, size_t offset) const;
   static void AppendLogprobs(nlohmann::ordered_json& into, const nlohmann::ordered_json& more);
 

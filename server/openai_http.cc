@@ -6,6 +6,8 @@
 #include <condition_variable>
 #include <mutex>
 #include <optional>
+#include <random>
+#include <string>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
@@ -16,6 +18,17 @@
 
 namespace thetaserve::server {
 namespace {
+
+// 128 random bits in hex, as vLLM's ids: ids made of the start second and a counter were the
+// same on two replicas started in the same second, and easy to guess for an Abort.
+std::string RandomHex128() {
+  static std::mutex mu;
+  static std::random_device device;
+  std::lock_guard<std::mutex> lock(mu);
+  uint64_t hi = (uint64_t(device()) << 32) | device();
+  uint64_t lo = (uint64_t(device()) << 32) | device();
+  return absl::StrFormat("%016x%016x", hi, lo);
+}
 
 using Json = nlohmann::ordered_json;
 using std::chrono::milliseconds;
@@ -161,7 +174,9 @@ bool OpenAiHttpServer::Authorized(const HttpRequest& req, HttpResponder& out) {
 
 void OpenAiHttpServer::Handle(const HttpRequest& req, HttpResponder& out) {
   if (req.path == "/health") {
-    if (req.method != "GET") return SendError(out, 405, "use GET", {{"Allow", "GET"}});
+    if (req.method != "GET" && req.method != "HEAD") {
+      return SendError(out, 405, "use GET", {{"Allow", "GET, HEAD"}});
+    }
     if (service_->ready() && !service_->engine().draining()) {
       out.Send(200, "application/json", R"({"status":"serving"})");
       return;
@@ -176,7 +191,9 @@ void OpenAiHttpServer::Handle(const HttpRequest& req, HttpResponder& out) {
     return Generate(req, out, req.path == "/v1/chat/completions");
   }
   if (req.path == "/v1/models" || req.path.starts_with("/v1/models/")) {
-    if (req.method != "GET") return SendError(out, 405, "use GET", {{"Allow", "GET"}});
+    if (req.method != "GET" && req.method != "HEAD") {
+      return SendError(out, 405, "use GET", {{"Allow", "GET, HEAD"}});
+    }
     if (!Authorized(req, out)) return;
     return Models(req, out);
   }
@@ -242,8 +259,7 @@ void OpenAiHttpServer::Generate(const HttpRequest& http, HttpResponder& out, boo
     }
     req.stopping.max_tokens = static_cast<int32_t>(room);
   }
-  const std::string id = absl::StrFormat("%s-%x-%d", chat ? "chatcmpl" : "cmpl", created_,
-                                         next_id_.fetch_add(1));
+  const std::string id = absl::StrCat(chat ? "chatcmpl-" : "cmpl-", RandomHex128());
   req.id = id;
   const int n = std::max<int>(1, int(call->request.n()));
   auto output = std::make_shared<HttpOutput>(n);

@@ -50,8 +50,7 @@ class OpenAiHttpServer {
   GenerationService* service_;
   const model::Model* model_;
   OpenAiHttpOptions options_;
-  int64_t created_;  // unix seconds at start, for /v1/models and request ids
-  std::atomic<uint64_t> next_id_{1};
+  int64_t created_;  // unix seconds at start, for /v1/models
   std::unique_ptr<HttpServer> http_;
 };
 

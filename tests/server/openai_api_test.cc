@@ -115,7 +115,7 @@ TEST(OpenAiApiTest, ChatMessagesBecomeTheChatInput) {
   const auto& chat = call->request.chat();
   ASSERT_EQ(chat.messages_size(), 4);
   EXPECT_EQ(chat.messages(0).role(), "system");
-  EXPECT_EQ(chat.messages(1).content(), "Hi there");
+  EXPECT_EQ(chat.messages(1).content(), "Hi \nthere") << "text parts joined by newlines, as vLLM";
   EXPECT_EQ(chat.messages(3).content(), "Bye");
   EXPECT_EQ(call->request.stopping().max_tokens(), 9u);
   EXPECT_TRUE(call->logprobs);
@@ -184,9 +184,48 @@ TEST(OpenAiApiTest, WhatTheServerCannotHonourIsRefusedByName) {
   EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": "x", "max_tokens": 0})"),
                           "max_tokens = 0; it must be >= 1 (0 only with echo)"));
   EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": "x", "suffix": "y"})"), "suffix"));
-  // Neutral values pass.
-  auto neutral = Completion(R"({"prompt": "x", "suffix": "", "logit_bias": {}, "min_tokens": 0})");
+  // Fields that change what is generated were taken and dropped (200 with unconstrained text);
+  // each is refused by name on both routes.
+  const std::pair<std::string, std::string> dropped[] = {
+      {R"("response_format": {"type": "json_object"})", "response_format is not supported"},
+      {R"("guided_json": {"type": "object"})", "guided_json is not supported"},
+      {R"("guided_choice": ["yes", "no"])", "guided_choice is not supported"},
+      {R"("guided_regex": "a+")", "guided_regex is not supported"},
+      {R"("structured_outputs": {"choice": ["a"]})", "structured_outputs is not supported"},
+      {R"("include_stop_str_in_output": true)", "include_stop_str_in_output is not supported"},
+      {R"("prompt_logprobs": 1)", "prompt_logprobs is not supported"},
+      {R"("use_beam_search": true)", "use_beam_search is not supported"},
+      {R"("allowed_token_ids": [1, 2])", "allowed_token_ids is not supported: use logit_bias"},
+      {R"("bad_words": ["x"])", "bad_words is not supported"},
+      {R"("truncate_prompt_tokens": 10)", "truncate_prompt_tokens is not supported"},
+      {R"("functions": [{"name": "f"}])", "functions is not supported"},
+      {R"("function_call": "auto")", "function_call is not supported"},
+      {R"("tools": [{"type": "function"}])", "tools is not supported"},
+      {R"("tool_choice": "auto")", "tool_choice is not supported"},
+  };
+  for (const auto& [field, message] : dropped) {
+    EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": "x", )" + field + "}"), message)) << field;
+    EXPECT_TRUE(RefusedWith(
+        Chat(R"({"messages": [{"role": "user", "content": "x"}], )" + field + "}"), message))
+        << field;
+  }
+  for (const char* field : {R"("continue_final_message": true)",
+                            R"("add_generation_prompt": false)", R"("chat_template": "{{x}}")",
+                            R"("chat_template_kwargs": {"enable_thinking": false})"}) {
+    EXPECT_TRUE(RefusedWith(
+        Chat(absl::StrCat(R"({"messages": [{"role": "user", "content": "x"}], )", field, "}")),
+        "is not supported")) << field;
+  }
+  // Neutral values pass: tools with tool_choice "none" call none of them.
+  auto neutral = Completion(R"({"prompt": "x", "suffix": "", "logit_bias": {}, "min_tokens": 0,
+      "guided_json": null, "include_stop_str_in_output": false, "use_beam_search": false,
+      "allowed_token_ids": [], "response_format": {"type": "text"}})");
   EXPECT_TRUE(neutral.ok()) << neutral.status();
+  auto no_tools = Chat(R"({"messages": [{"role": "user", "content": "x"}],
+      "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "none",
+      "add_generation_prompt": true, "continue_final_message": false,
+      "chat_template_kwargs": {}})");
+  EXPECT_TRUE(no_tools.ok()) << no_tools.status();
 }
 
 TEST(OpenAiApiTest, TypeErrorsNameTheField) {
@@ -355,6 +394,75 @@ TEST_F(OpenAiResponseTest, CompletionWithLogprobsInTheLegacyFormat) {
   EXPECT_EQ(j["usage"]["prompt_tokens"], 5);
   EXPECT_EQ(j["usage"]["completion_tokens"], 2);
   EXPECT_EQ(j["usage"]["total_tokens"], 7);
+}
+
+// text_offset counts characters, as OpenAI and vLLM do (Python slices a str): it counted UTF-8
+// bytes, so text[offset:offset + len(token)] missed every token after the first non-ASCII one.
+TEST_F(OpenAiResponseTest, TextOffsetsCountCharactersNotBytes) {
+  const auto& tok = model_->tokenizer();
+  const std::string text = " Café übër naïve, 東京.";
+  const std::vector<int32_t> ids = tok.Encode(text, false, false);
+  ASSERT_GT(ids.size(), 4u);
+  scheduler::TokenDelta d;
+  d.token_ids = ids;
+  d.text = text;
+  for (int32_t id : ids) {
+    d.logprobs.push_back(-1.0f);
+    d.top.push_back({{id, -1.0f}});
+  }
+  auto call = Completion(R"({"prompt": "x", "logprobs": 0})");
+  ASSERT_TRUE(call.ok());
+  OpenAiResponseBuilder b(*call, "cmpl-4", 1, kServed, tok);
+  b.Add(0, d);
+  const Json j = b.Complete({Finished(scheduler::FinishReason::kLength)});
+  const Json& lp = j["choices"][0]["logprobs"];
+  // The text as code points, as a Python str holds it.
+  auto code_points = [](const std::string& s) {
+    std::vector<std::string> out;
+    for (size_t i = 0; i < s.size();) {
+      size_t n = 1;
+      while (i + n < s.size() && (static_cast<unsigned char>(s[i + n]) & 0xC0) == 0x80) ++n;
+      out.push_back(s.substr(i, n));
+      i += n;
+    }
+    return out;
+  };
+  // Whole characters only: no byte of one split off into another token (CJK characters are
+  // split over byte tokens).
+  auto whole_chars = [](const std::string& s) {
+    for (size_t i = 0; i < s.size();) {
+      const unsigned char c = static_cast<unsigned char>(s[i]);
+      const size_t n =
+          c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+      if (n == 0 || i + n > s.size()) return false;
+      for (size_t k = 1; k < n; ++k) {
+        if ((static_cast<unsigned char>(s[i + k]) & 0xC0) != 0x80) return false;
+      }
+      i += n;
+    }
+    return true;
+  };
+  const std::vector<std::string> chars = code_points(text);
+  ASSERT_EQ(lp["text_offset"].size(), ids.size());
+  int whole = 0;
+  size_t last = 0;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const std::string token = tok.TokenBytes(ids[i]);
+    const size_t offset = lp["text_offset"][i].get<size_t>();
+    EXPECT_GE(offset, last) << i;
+    last = offset;
+    if (!whole_chars(token)) continue;
+    ++whole;
+    // A token of whole characters sits at its offset in the text.
+    std::string at;
+    const size_t n = code_points(token).size();
+    for (size_t k = offset; k < offset + n && k < chars.size(); ++k) at += chars[k];
+    EXPECT_EQ(at, token) << "token " << i << " at " << offset;
+  }
+  EXPECT_GE(whole, 8) << "the text's Latin tokens, at least";
+  EXPECT_EQ(lp["text_offset"].back().get<size_t>() +
+                code_points(tok.TokenBytes(ids.back())).size(),
+            chars.size()) << "the last token ends at the text's length in characters";
 }
 
 TEST_F(OpenAiResponseTest, TheSampledTokenJoinsTheAlternativesWhenOutsideTheTopN) {

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <thread>
 
+#include "absl/strings/str_format.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/server/http_client.h"
@@ -107,6 +108,40 @@ TEST_F(OpenAiHttpTest, CompletionEqualsTheGrpcStreamOfTheSameRequest) {
   EXPECT_EQ(j["usage"]["completion_tokens"], complete.usage().completion_tokens());
   EXPECT_EQ(j["choices"][0]["finish_reason"],
             complete.finish_reason() == v1::FINISH_REASON_LENGTH ? "length" : "stop");
+}
+
+// What a client of another OpenAI server sends and was refused or misread: a body sent chunked
+// (its length unknown up front: 411 before), HEAD on a GET route (a 405 with a body), and ids
+// that two replicas started in the same second shared (the start second and a counter).
+TEST_F(OpenAiHttpTest, ChunkedBodiesHeadAndRandomIds) {
+  ASSERT_TRUE(server_->started());
+  const std::string body =
+      R"({"prompt": "The capital of France is", "max_tokens": 4, "temperature": 0})";
+  HttpConnection c(http_port_);
+  ASSERT_TRUE(c.SendRaw("POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                        "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n" +
+                        absl::StrFormat("%x\r\n%s\r\n", 10, body.substr(0, 10)) +
+                        absl::StrFormat("%x\r\n%s\r\n0\r\n\r\n", body.size() - 10,
+                                        body.substr(10))));
+  HttpResult chunked = c.Read(120);
+  ASSERT_EQ(chunked.status, 200) << chunked.body;
+  HttpResult plain = Post("/v1/completions", Json::parse(body));
+  ASSERT_EQ(plain.status, 200) << plain.body;
+  const Json a = Json::parse(chunked.body), b = Json::parse(plain.body);
+  EXPECT_EQ(a["choices"][0]["text"], b["choices"][0]["text"]);
+  for (const Json* j : {&a, &b}) {
+    const std::string id = (*j)["id"];
+    EXPECT_EQ(id.size(), 5u + 32u) << id;
+    EXPECT_EQ(id.find_first_not_of("0123456789abcdef", 5), std::string::npos) << id;
+  }
+  EXPECT_NE(a["id"], b["id"]);
+
+  ASSERT_TRUE(c.SendRaw("HEAD /health HTTP/1.1\r\n\r\nGET /health HTTP/1.1\r\n\r\n"));
+  HttpResult head = c.ReadHead(10);
+  EXPECT_EQ(head.status, 200);
+  HttpResult get = c.Read(10);  // the next response, not a HEAD body read as one
+  EXPECT_EQ(get.status, 200);
+  EXPECT_EQ(get.body, R"({"status":"serving"})");
 }
 
 TEST_F(OpenAiHttpTest, StreamedChatEqualsTheWholeChat) {
