@@ -209,7 +209,10 @@ void Scheduler::FindGroupLeaders() {
 void Scheduler::RegroupBehind(Sequence& seq) {
   const std::string& group = seq.request().group_id;
   for (const auto& w : waiting_) {
-    if (w.get() != &seq && w->request().group_id == group) w->group_prompt_computed = false;
+    // (A member that scores its prompt adopts nothing: it gains nothing by waiting.)
+    if (w.get() != &seq && w->request().group_id == group && !w->NeedsPromptScores()) {
+      w->group_prompt_computed = false;
+    }
   }
   group_leaders_[group] = &seq;
 }

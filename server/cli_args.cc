@@ -58,7 +58,8 @@ int ReportFailure(const char* command, const absl::Status& status, int exit_code
 
 absl::Status CheckAddressFlag(const std::string& addr) {
   // A target with a scheme (dns:///, unix:, ipv4:, ipv6:, ...) is gRPC's to read.
-  for (const char* scheme : {"dns:", "unix:", "unix-abstract:", "ipv4:", "ipv6:", "vsock:"}) {
+  for (const char* scheme :
+       {"dns:", "unix:", "unix-abstract:", "ipv4:", "ipv6:", "vsock:", "xds:", "google-c2p:"}) {
     if (addr.rfind(scheme, 0) == 0) return absl::OkStatus();
   }
   std::string port;
@@ -77,7 +78,8 @@ absl::Status CheckAddressFlag(const std::string& addr) {
     if (colon != std::string::npos) port = addr.substr(colon + 1);
   }
   int64_t value = 0;
-  if (port.empty() || !std::all_of(port.begin(), port.end(), ::isdigit) ||
+  if (port.empty() ||
+      !std::all_of(port.begin(), port.end(), [](char ch) { return ch >= '0' && ch <= '9'; }) ||
       !absl::SimpleAtoi(port, &value) || value < 1 || value > 65535) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--addr '", addr, "' is not HOST:PORT with a port in [1, 65535]"));

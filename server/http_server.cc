@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstring>
 #include <exception>
+#include <functional>
 #include <system_error>
 
 #include "absl/strings/ascii.h"
@@ -86,6 +87,82 @@ int HexDigit(char ch) {
   if (ch >= 'a' && ch <= 'f') return ch - 'a' + 10;
   if (ch >= 'A' && ch <= 'F') return ch - 'A' + 10;
   return -1;
+}
+
+// Decodes a chunked request body (RFC 9112 7.1) from the front of `in`, calling `read_more` to
+// append what the client sends next (false: it went, or was too slow). Returns 0 with the body in
+// *body and the chunks and trailers consumed from `in`; -1 when the client went; else the HTTP
+// status to refuse it with and *why. The size lines and trailers are held to the head's rules
+// (no control character, no bare CR or LF) so that a proxy in front cannot frame the body
+// differently (request smuggling). Parsed from an offset, `in` shifted once per read: a body of
+// one-byte chunks costs linear time.
+int DecodeChunkedBody(std::string& in, const std::function<bool()>& read_more,
+                      size_t max_body_bytes, size_t max_trailer_bytes, std::string* body,
+                      std::string* why) {
+  size_t pos = 0;
+  auto more = [&] {
+    in.erase(0, pos);
+    pos = 0;
+    return read_more();
+  };
+  auto refuse = [&](int status, std::string message) {
+    *why = std::move(message);
+    return status;
+  };
+  // The next line, without its CRLF, into *line (a view of `in`, good until the next read).
+  // 0, -1, or a status as the function returns.
+  auto next_line = [&](std::string_view* line) {
+    size_t eol;
+    while ((eol = in.find("\r\n", pos)) == std::string::npos) {
+      if (in.size() - pos > kMaxChunkLineBytes) return refuse(400, "a chunk line is too long");
+      if (!more()) return -1;
+    }
+    if (eol - pos > kMaxChunkLineBytes) return refuse(400, "a chunk line is too long");
+    *line = std::string_view(in).substr(pos, eol - pos);
+    for (unsigned char ch : *line) {
+      if ((ch < 0x20 && ch != '\t') || ch == 0x7f) {
+        return refuse(400, "a control character, or a bare CR or LF, in a chunk line");
+      }
+    }
+    pos = eol + 2;
+    return 0;
+  };
+  std::string_view line;
+  while (true) {
+    if (int status = next_line(&line); status != 0) return status;
+    // chunk-size = 1*HEXDIG, then optional whitespace and ";extensions" (ignored).
+    uint64_t size = 0;
+    size_t i = 0;
+    for (; i < line.size() && HexDigit(line[i]) >= 0; ++i) {
+      if (size >> 56) return refuse(400, "a chunk size past 64 bits");
+      size = size * 16 + static_cast<uint64_t>(HexDigit(line[i]));
+    }
+    if (i == 0) return refuse(400, "a chunk size must begin with hexadecimal digits");
+    while (i < line.size() && (line[i] == ' ' || line[i] == '\t')) ++i;
+    if (i < line.size() && line[i] != ';') {
+      return refuse(400, "a chunk size must be hexadecimal digits");
+    }
+    if (size == 0) break;
+    if (body->size() + size > max_body_bytes) {
+      return refuse(413, absl::StrCat("the request body is over ", max_body_bytes,
+                                      " bytes; at most that many are accepted"));
+    }
+    while (in.size() - pos < size + 2) {
+      if (!more()) return -1;
+    }
+    if (in.compare(pos + size, 2, "\r\n") != 0) return refuse(400, "a chunk must end with CRLF");
+    body->append(in, pos, size);
+    pos += size + 2;
+  }
+  size_t trailer_bytes = 0;
+  while (true) {  // trailers, ignored, up to the empty line
+    if (int status = next_line(&line); status != 0) return status;
+    if (line.empty()) break;
+    trailer_bytes += line.size();
+    if (trailer_bytes > max_trailer_bytes) return refuse(431, "the trailers are too long");
+  }
+  in.erase(0, pos);
+  return 0;
 }
 
 }  // namespace
@@ -504,60 +581,12 @@ void HttpServer::Serve(int fd) {
       if (in.empty() && ContainsToken(req.Header("expect"), "100-continue") && !SendContinue(fd)) {
         return;
       }
-      // Reads a line (a chunk's size and extensions, or a trailer) into *out; false when the
-      // client went, was too slow, or sent a line past kMaxChunkLineBytes (*too_long).
-      bool too_long = false;
-      auto line = [&](std::string* out) {
-        size_t eol;
-        while ((eol = in.find("\r\n")) == std::string::npos) {
-          if (in.size() > kMaxChunkLineBytes) too_long = true;
-          if (too_long || !read_more(deadline)) return false;
-        }
-        if (eol > kMaxChunkLineBytes) too_long = true;
-        *out = in.substr(0, eol);
-        in.erase(0, eol + 2);
-        return !too_long;
-      };
-      std::string size_line;
-      while (true) {
-        if (!line(&size_line)) {
-          if (too_long) reject(400, "a chunk size line is too long");
-          return;
-        }
-        const std::string_view hex =
-            Trim(std::string_view(size_line).substr(0, size_line.find(';')));
-        uint64_t size = 0;
-        for (char ch : hex) {
-          const int digit = HexDigit(ch);
-          if (digit < 0 || size >> 56) return reject(400, "a chunk size must be hexadecimal");
-          size = size * 16 + static_cast<uint64_t>(digit);
-        }
-        if (hex.empty()) return reject(400, "a chunk size must be hexadecimal");
-        if (size == 0) break;
-        if (req.body.size() + size > options_.max_body_bytes) {
-          return reject(413, absl::StrCat("the request body is over ", options_.max_body_bytes,
-                                          " bytes; at most that many are accepted"));
-        }
-        while (in.size() < size + 2) {
-          if (!read_more(deadline)) return;
-        }
-        if (in.compare(size, 2, "\r\n") != 0) return reject(400, "a chunk must end with CRLF");
-        req.body.append(in, 0, size);
-        in.erase(0, size + 2);
-      }
-      size_t trailer_bytes = 0;
-      std::string trailer;
-      while (true) {  // trailers, ignored, up to the empty line
-        if (!line(&trailer)) {
-          if (too_long) reject(400, "a trailer line is too long");
-          return;
-        }
-        if (trailer.empty()) break;
-        trailer_bytes += trailer.size();
-        if (trailer_bytes > options_.max_head_bytes) {
-          return reject(431, "the trailers are too long");
-        }
-      }
+      std::string why;
+      const int status = DecodeChunkedBody(
+          in, [&] { return read_more(deadline); }, options_.max_body_bytes,
+          options_.max_head_bytes, &req.body, &why);
+      if (status < 0) return;  // the client went, or was too slow
+      if (status > 0) return reject(status, why);
     }
     size_t length = 0;
     if (req.headers.count("content-length")) {

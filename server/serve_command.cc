@@ -161,6 +161,9 @@ int RunServe(const std::vector<std::string>& argv) {
   if (absl::Status st = LoadThetaFile(*theta); !st.ok()) return fail(st);
 
   // TLS files are read now: a typo fails in a moment, not after the model loads.
+  if (args.Has("tls-cert") != args.Has("tls-key")) {
+    return usage(absl::InvalidArgumentError("--tls-cert and --tls-key go together"));
+  }
   const bool tls = args.Has("tls-cert") || args.Has("tls-key");
   std::string tls_cert, tls_key;
   if (tls) {

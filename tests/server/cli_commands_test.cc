@@ -59,6 +59,8 @@ TEST(CliCommandTest, EveryCommandTellsABadCommandLineFromAFailedRun) {
       {"calibrate --model m.gguf --corpus c.txt",
        "thetaserve calibrate: --corpus and --out are required"},
       {"serve --model m.gguf --theta=", "thetaserve serve: --theta needs a file"},
+      {"serve --model m.gguf --tls-cert c.pem",
+       "thetaserve serve: --tls-cert and --tls-key go together"},
   };
   for (const auto& [args, message] : usage_errors) {
     const std::string out = RunCommand(bin + " " + args + " 2>&1", &rc);

@@ -177,7 +177,7 @@ TEST(HttpServerTest, ChunkedRequestBodiesAreDecoded) {
   ASSERT_TRUE(c.connected());
   // Extensions and trailers are ignored; hex in either case; the connection stays usable.
   ASSERT_TRUE(c.SendRaw("POST /c HTTP/1.1\r\nTransfer-Encoding: Chunked\r\n\r\n"
-                        "5;name=value\r\nhello\r\nA\r\n, chunked!\r\n0\r\nX-Trailer: t\r\n\r\n"
+                        "5 ;name=value\r\nhello\r\nA\r\n, chunked!\r\n0\r\nX-Trailer: t\r\n\r\n"
                         "GET /next HTTP/1.1\r\n\r\n"));
   HttpResult r = c.Read(10);
   EXPECT_EQ(r.status, 200);
@@ -195,6 +195,16 @@ TEST(HttpServerTest, ChunkedRequestBodiesAreDecoded) {
   }
   EXPECT_EQ(c.Read(10).body, "POST /p?||abc");
 
+  // A body of one-byte chunks (each shifted the whole buffer once: quadratic).
+  std::string ones;
+  for (int i = 0; i < 1000; ++i) ones += "1\r\n" + std::string(1, char('a' + i % 26)) + "\r\n";
+  ASSERT_TRUE(c.SendRaw("POST /o HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n" + ones +
+                        "0\r\n\r\n"));
+  HttpResult one_byte = c.Read(10);
+  EXPECT_EQ(one_byte.status, 200);
+  ASSERT_EQ(one_byte.body.size(), std::string("POST /o?||").size() + 1000);
+  EXPECT_EQ(one_byte.body.substr(10, 27), "abcdefghijklmnopqrstuvwxyza");
+
   auto raw = [&](const std::string& chunks) {
     return StatusOfRaw(server->port(),
                        "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n" + chunks);
@@ -203,7 +213,15 @@ TEST(HttpServerTest, ChunkedRequestBodiesAreDecoded) {
   EXPECT_EQ(raw("\r\n"), 400) << "no size";
   EXPECT_EQ(raw("5\r\nhelloXX0\r\n\r\n"), 400) << "no CRLF after the data";
   EXPECT_EQ(raw("fffffffffffffffffff\r\n"), 400) << "a size past 64 bits";
-  EXPECT_EQ(raw(std::string(5000, '1') + "\r\n"), 400) << "a size line past 4 KiB";
+  EXPECT_EQ(raw("1;" + std::string(5000, 'x') + "\r\n"), 400) << "a size line past 4 KiB";
+  EXPECT_EQ(raw("0\r\nX-T: " + std::string(5000, 'x') + "\r\n\r\n"), 400) << "a trailer, too";
+  // Framing a proxy might read differently (a bare LF ends a line for some): refused, as in
+  // the head.
+  EXPECT_EQ(raw("5;a\nb\r\nhello\r\n0\r\n\r\n"), 400) << "a bare LF in an extension";
+  EXPECT_EQ(raw("5\rX\r\nhello\r\n0\r\n\r\n"), 400) << "a bare CR";
+  EXPECT_EQ(raw(" 5\r\nhello\r\n0\r\n\r\n"), 400) << "whitespace before the size";
+  EXPECT_EQ(raw("5 x\r\nhello\r\n0\r\n\r\n"), 400) << "not an extension";
+  EXPECT_EQ(raw("0\r\nX-T: a\nb\r\n\r\n"), 400) << "a bare LF in a trailer";
   EXPECT_EQ(raw("200\r\n" + std::string(512, 'a') + "\r\n200\r\n"), 413) << "over 1000 bytes";
   EXPECT_EQ(StatusOfRaw(server->port(),
                         "POST / HTTP/1.1\r\nTransfer-Encoding: gzip, chunked\r\n\r\n"),
