@@ -234,6 +234,7 @@ std::string HttpResponder::Head(int status, std::string_view content_type,
   } else if (!http11_) {
     absl::StrAppend(&head, "Connection: keep-alive\r\n");  // 1.0 closes unless told
   }
+  for (const auto& [name, value] : headers_) absl::StrAppend(&head, name, ": ", value, "\r\n");
   for (const auto& [name, value] : extra) absl::StrAppend(&head, name, ": ", value, "\r\n");
   return head;
 }

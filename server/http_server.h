@@ -65,6 +65,10 @@ class HttpResponder {
   // The request was HEAD: the head of the response only (RFC 9110 9.3.2). A streamed response
   // then closes the connection after its head.
   void HeadOnly() { head_only_ = true; }
+  // A header for the response, whichever call sends it (before Send or StartChunked).
+  void AddHeader(std::string name, std::string value) {
+    headers_.emplace_back(std::move(name), std::move(value));
+  }
   // Give up on the response (the client is gone): nothing more is written, the connection
   // closes.
   void Abandon() { failed_ = true; }
@@ -87,6 +91,7 @@ class HttpResponder {
   State state_ = State::kNone;
   bool failed_ = false;
   bool head_only_ = false;
+  HttpHeaders headers_;  // AddHeader's
 };
 
 using HttpHandler = std::function<void(const HttpRequest&, HttpResponder&)>;

@@ -173,6 +173,27 @@ bool OpenAiHttpServer::Authorized(const HttpRequest& req, HttpResponder& out) {
 }
 
 void OpenAiHttpServer::Handle(const HttpRequest& req, HttpResponder& out) {
+  // CORS, for pages in a browser: an allowed Origin gets Access-Control-Allow-Origin on every
+  // answer, and a preflight (OPTIONS with Access-Control-Request-Method; it carries no API key)
+  // the methods and headers it may use. Another origin gets neither, and the browser refuses.
+  const std::string origin = req.Header("origin");
+  const auto& allowed = options_.allowed_origins;
+  const bool any = std::find(allowed.begin(), allowed.end(), "*") != allowed.end();
+  if (!origin.empty() &&
+      (any || std::find(allowed.begin(), allowed.end(), origin) != allowed.end())) {
+    out.AddHeader("Access-Control-Allow-Origin", any ? "*" : origin);
+    if (!any) out.AddHeader("Vary", "Origin");
+    out.AddHeader("Access-Control-Expose-Headers", "X-Request-Id");
+    if (req.method == "OPTIONS" && !req.Header("access-control-request-method").empty()) {
+      const std::string asked = req.Header("access-control-request-headers");
+      out.Send(200, "text/plain", "",
+               {{"Access-Control-Allow-Methods", "GET, HEAD, POST, OPTIONS"},
+                {"Access-Control-Allow-Headers",
+                 asked.empty() ? "Authorization, Content-Type" : asked},
+                {"Access-Control-Max-Age", "600"}});
+      return;
+    }
+  }
   if (req.path == "/health") {
     if (req.method != "GET" && req.method != "HEAD") {
       return SendError(out, 405, "use GET", {{"Allow", "GET, HEAD"}});

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "model/model.h"
@@ -27,6 +28,8 @@ struct OpenAiHttpOptions {
   std::string served_model_name;  // the `model` clients send and /v1/models lists
   std::string api_key;            // empty: no authentication
   int max_connections = 512;
+  // Origins a browser page may call from (CORS): "*" for any, as vLLM's default; empty: none.
+  std::vector<std::string> allowed_origins = {"*"};
 };
 
 class OpenAiHttpServer {

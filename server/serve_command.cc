@@ -15,7 +15,9 @@
 #include <vector>
 
 #include "absl/cleanup/cleanup.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
@@ -43,6 +45,9 @@ constexpr char kUsage[] =
     "                               (default 0 = off; vLLM's is 8000)\n"
     "  --served-model-name NAME     the model name the HTTP API answers to (default: the\n"
     "                               --model file's name without .gguf)\n"
+    "  --allowed-origins LIST       origins whose browser pages may call the HTTP API (CORS):\n"
+    "                               * (default, as vLLM), none, or a comma-separated list\n"
+    "                               such as https://app.example.com\n"
     "  --max-num-seqs N             running sequences at once (default 64)\n"
     "  --max-num-batched-tokens N   token budget per engine step (default 512)\n"
     "  --kv-cache-memory SIZE|PCT%  KV page pool size, e.g. 512M, or a share of the memory\n"
@@ -99,7 +104,7 @@ class WarmupSink : public scheduler::TokenSink {
 int RunServe(const std::vector<std::string>& argv) {
   std::map<std::string, bool> known = {
       {"model", true}, {"host", true}, {"port", true}, {"metrics-port", true},
-      {"http-port", true}, {"served-model-name", true},
+      {"http-port", true}, {"served-model-name", true}, {"allowed-origins", true},
       {"max-num-seqs", true}, {"max-num-batched-tokens", true}, {"kv-cache-memory", true},
       {"block-size", true}, {"max-queue", true}, {"threads", true}, {"device", true},
       {"drain-timeout", true}, {"tls-cert", true}, {"tls-key", true}, {"api-key", true},
@@ -136,6 +141,25 @@ int RunServe(const std::vector<std::string>& argv) {
   }
   if (args.Has("served-model-name") && *http_port == 0) {
     return usage(absl::InvalidArgumentError("--served-model-name needs --http-port"));
+  }
+  std::vector<std::string> origins = {"*"};
+  if (args.Has("allowed-origins")) {
+    if (*http_port == 0) {
+      return usage(absl::InvalidArgumentError("--allowed-origins needs --http-port"));
+    }
+    const std::string list = args.GetString("allowed-origins");
+    origins.clear();
+    if (list != "none") {
+      for (absl::string_view o : absl::StrSplit(list, ',')) {
+        if (o.empty() || (o != "*" && !absl::StartsWith(o, "http://") &&
+                          !absl::StartsWith(o, "https://"))) {
+          return usage(absl::InvalidArgumentError(absl::StrCat(
+              "--allowed-origins takes *, none, or origins such as https://app.example.com, "
+              "separated by commas; not '", o, "'")));
+        }
+        origins.emplace_back(o);
+      }
+    }
   }
   const std::string prefix_caching = args.GetString("prefix-caching", "on");
   if (prefix_caching != "on" && prefix_caching != "off") {
@@ -304,6 +328,7 @@ int RunServe(const std::vector<std::string>& argv) {
     ho.host = args.GetString("host", "0.0.0.0");
     ho.port = static_cast<int>(*http_port);
     ho.api_key = api_key;
+    ho.allowed_origins = origins;
     ho.served_model_name = args.GetString("served-model-name",
                                           DefaultServedModelName(args.GetString("model")));
     auto started = OpenAiHttpServer::Start(service, *loaded->model, ho);

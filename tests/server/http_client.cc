@@ -118,7 +118,8 @@ void HttpConnection::ReadBody(HttpResult* result, double timeout_s) {
     }
   } else {
     const size_t length = std::strtoul(r.headers["content-length"].c_str(), nullptr, 10);
-    if (!Fill(length, timeout_s)) {
+    // (Fill(0) waits for a line: an empty body needs no read.)
+    if (length > 0 && !Fill(length, timeout_s)) {
       r.status = 0;
       return;
     }

@@ -144,6 +144,30 @@ TEST_F(OpenAiHttpTest, ChunkedBodiesHeadAndRandomIds) {
   EXPECT_EQ(get.body, R"({"status":"serving"})");
 }
 
+// A page in a browser calls the API across origins (CORS): the preflight needs no API key and
+// names what the request may use; every answer carries Access-Control-Allow-Origin. (Refused
+// before: OPTIONS was a 405, and no answer allowed an origin.)
+TEST_F(OpenAiHttpTest, BrowserPagesMayCallTheApi) {
+  ASSERT_TRUE(server_->started());
+  HttpResult preflight =
+      HttpCall(http_port_, "OPTIONS", "/v1/chat/completions", "",
+               {{"Origin", "https://app.example.com"},
+                {"Access-Control-Request-Method", "POST"},
+                {"Access-Control-Request-Headers", "authorization, content-type"}});
+  EXPECT_EQ(preflight.status, 200);
+  EXPECT_EQ(preflight.headers["access-control-allow-origin"], "*");
+  EXPECT_EQ(preflight.headers["access-control-allow-methods"], "GET, HEAD, POST, OPTIONS");
+  EXPECT_EQ(preflight.headers["access-control-allow-headers"], "authorization, content-type");
+  HttpResult r = HttpCall(http_port_, "POST", "/v1/completions",
+                          R"({"prompt": "Hi", "max_tokens": 1})",
+                          {{"Origin", "https://app.example.com"}});
+  EXPECT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.headers["access-control-allow-origin"], "*");
+  EXPECT_EQ(r.headers["access-control-expose-headers"], "X-Request-Id");
+  EXPECT_EQ(HttpCall(http_port_, "GET", "/health").headers.count("access-control-allow-origin"),
+            0u) << "not without an Origin";
+}
+
 TEST_F(OpenAiHttpTest, StreamedChatEqualsTheWholeChat) {
   ASSERT_TRUE(server_->started());
   const Json body = {{"messages", {{{"role", "system"}, {"content", "You are brief."}},
@@ -529,10 +553,33 @@ TEST(OpenAiHttpLifecycleTest, ApiKeyGuardsTheApiButNotHealth) {
   EXPECT_EQ(HttpCall(http_port, "GET", "/health").status, 200);
 }
 
+// --allowed-origins: a listed origin is echoed (with Vary: Origin); another gets no CORS header
+// and its preflight is the route's 405, which the browser takes as a refusal.
+TEST(OpenAiHttpLifecycleTest, AllowedOriginsNameWhichPagesMayCall) {
+  const int http_port = FreePort();
+  ServerProcess server({"--http-port", std::to_string(http_port), "--allowed-origins",
+                        "https://a.example,http://localhost:3000"});
+  ASSERT_TRUE(server.started());
+  HttpResult ok = HttpCall(http_port, "GET", "/v1/models", "", {{"Origin", "https://a.example"}});
+  EXPECT_EQ(ok.status, 200);
+  EXPECT_EQ(ok.headers["access-control-allow-origin"], "https://a.example");
+  EXPECT_EQ(ok.headers["vary"], "Origin");
+  HttpResult other =
+      HttpCall(http_port, "GET", "/v1/models", "", {{"Origin", "https://b.example"}});
+  EXPECT_EQ(other.status, 200);
+  EXPECT_EQ(other.headers.count("access-control-allow-origin"), 0u);
+  EXPECT_EQ(HttpCall(http_port, "OPTIONS", "/v1/models", "",
+                     {{"Origin", "https://b.example"}, {"Access-Control-Request-Method", "GET"}})
+                .status,
+            405);
+}
+
 TEST(OpenAiHttpLifecycleTest, FlagErrorsAreRefusedBeforeTheModelLoads) {
   for (const std::vector<std::string>& flags :
        {std::vector<std::string>{"--http-port", "70000"},
-        std::vector<std::string>{"--served-model-name", "x"}}) {
+        std::vector<std::string>{"--served-model-name", "x"},
+        std::vector<std::string>{"--allowed-origins", "*"},
+        std::vector<std::string>{"--http-port", "8001", "--allowed-origins", "app.example.com"}}) {
     ServerProcess server(flags, /*timeout_s=*/0);
     EXPECT_EQ(server.Wait(30), 2) << flags[0] << ": a bad command line";
   }
