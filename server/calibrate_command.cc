@@ -3,9 +3,7 @@
 // writes a θ file (mean + 0.1·std per log-spaced length bucket).
 #include <chrono>
 #include <cstdio>
-#include <fstream>
 #include <map>
-#include <sstream>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"

@@ -9,7 +9,6 @@
 // at the next step.
 #pragma once
 
-#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
