@@ -58,8 +58,8 @@ class Engine {
   // queues the request; the sink hears everything else. Errors: RESOURCE_EXHAUSTED when the
   // queue is full, UNAVAILABLE when draining, INVALID_ARGUMENT when it can never fit.
   absl::Status Submit(Request request, std::shared_ptr<TokenSink> sink);
-  // Thread-safe. Queues all of the requests or none of them (a group's completions: the
-  // queue must hold them all). requests[i] reports to sinks[i].
+  // Thread-safe. Queues all of the requests or none of them (a group's completions, a call's
+  // prompts: the queue must hold them all). requests[i] reports to sinks[i].
   absl::Status SubmitAll(std::vector<Request> requests,
                          std::vector<std::shared_ptr<TokenSink>> sinks);
   // Thread-safe. The longest sequence (prompt + output tokens) Submit accepts: the model's
@@ -70,9 +70,9 @@ class Engine {
   static int64_t KvBytesForSequence(const kernels::Backend& backend, int32_t block_size,
                                     int64_t tokens);
   // Thread-safe. Cancels at the next step boundary (pages freed then); the sink gets
-  // OnFinish(kCancelled, status). `request_id` is a request's id or a group's (every request
-  // of the group still running or waiting). Unknown ids are ignored (the request may have
-  // finished).
+  // OnFinish(kCancelled, status). `request_id` is a request's id, a group's or a call's
+  // (every request of the group or call still running or waiting). Unknown ids are ignored
+  // (the request may have finished).
   void Cancel(const std::string& request_id, absl::Status why = absl::CancelledError("cancelled"));
 
   // Stop admitting new requests (Submit says UNAVAILABLE); running ones continue.

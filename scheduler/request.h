@@ -38,6 +38,9 @@ struct Request {
   // its blocks: the prompt's K and V are computed and stored once, not n times.
   std::string group_id;  // empty: no group
   int32_t group_index = 0;
+  // The prompts of one API call that carries several (the HTTP API's list of prompts, each
+  // its own request or group): Engine::Cancel(call_id) cancels them all.
+  std::string call_id;  // empty: a call of one prompt
   // Log-probabilities of the prompt's tokens (each given the tokens before it) with this many
   // alternatives each; -1: none. Such a request computes its whole prompt (it adopts no
   // prefix-cache blocks: their logits are needed). With it, stopping.max_tokens may be 0:

@@ -232,7 +232,9 @@ bool Scheduler::WaitsForGroupPrompt(const Sequence& seq) const {
 std::vector<Sequence*> Scheduler::FindAll(const std::string& id) {
   std::vector<Sequence*> found;
   auto match = [&](const Sequence& s) {
-    return s.request().id == id || (!s.request().group_id.empty() && s.request().group_id == id);
+    const Request& r = s.request();
+    return r.id == id || (!r.group_id.empty() && r.group_id == id) ||
+           (!r.call_id.empty() && r.call_id == id);
   };
   for (auto& s : running_) if (match(*s)) found.push_back(s.get());
   for (auto& s : waiting_) if (match(*s)) found.push_back(s.get());

@@ -1,6 +1,7 @@
 #include "server/generation_service.h"
 
 #include "absl/strings/str_cat.h"
+#include "base/check.h"
 #include "grpcpp/support/proto_buffer_reader.h"
 #include "server/generate_stream.h"
 #include "server/validation.h"
@@ -64,24 +65,51 @@ std::optional<std::string> GenerationService::Track(const std::vector<std::strin
 absl::Status GenerationService::SubmitChoices(scheduler::Request req, int n,
                                               const SinkFactory& make_sink) {
   const std::string id = req.id;
-  std::vector<scheduler::Request> requests = SplitChoices(std::move(req), n);
-  std::vector<std::string> ids;
-  if (requests.size() > 1) ids.push_back(id);
-  for (const auto& r : requests) ids.push_back(r.id);
+  std::vector<scheduler::Request> prompts;
+  prompts.push_back(std::move(req));
+  return SubmitPrompts(id, std::move(prompts), n, make_sink);
+}
+
+absl::Status GenerationService::SubmitPrompts(const std::string& id,
+                                              std::vector<scheduler::Request> prompts, int n,
+                                              const SinkFactory& make_sink) {
+  CHECK(!prompts.empty());
+  const bool several = prompts.size() > 1;
+  std::vector<std::string> ids;  // the call's, each group's, each completion's
+  if (several) ids.push_back(id);
+  std::vector<scheduler::Request> requests;
+  std::vector<std::shared_ptr<ChoiceGroup>> groups;  // [request]: its prompt's group, or null
+  for (size_t p = 0; p < prompts.size(); ++p) {
+    scheduler::Request& prompt = prompts[p];
+    prompt.id = several ? absl::StrCat(id, "-", p) : id;
+    if (several) prompt.call_id = id;
+    const std::string prompt_id = prompt.id;
+    std::vector<scheduler::Request> choices = SplitChoices(std::move(prompt), n);
+    auto group = choices.size() > 1 ? std::make_shared<ChoiceGroup>(prompt_id, int(choices.size()))
+                                    : nullptr;
+    if (group) ids.push_back(prompt_id);
+    for (auto& r : choices) {
+      ids.push_back(r.id);
+      requests.push_back(std::move(r));
+      groups.push_back(group);
+    }
+  }
   if (const std::optional<std::string> taken = Track(ids)) {
     if (*taken == id) {
       return absl::AlreadyExistsError(absl::StrCat("request_id '", id, "' is already in flight"));
     }
-    return absl::AlreadyExistsError(absl::StrCat("request_id '", id, "' with n = ", n,
-                                                 " names its completions '", id, "/<i>', and '",
-                                                 *taken, "' is already in flight"));
+    const std::string names = several ? absl::StrCat("names its prompts '", id, "-<p>'")
+                                      : absl::StrCat("with n = ", n, " names its completions '",
+                                                     id, "/<i>'");
+    return absl::AlreadyExistsError(
+        absl::StrCat("request_id '", id, "' ", names, ", and '", *taken, "' is already in flight"));
   }
-  auto group = requests.size() > 1 ? std::make_shared<ChoiceGroup>(id, int(requests.size()))
-                                   : nullptr;
+  auto call = several ? std::make_shared<ChoiceGroup>(id, int(requests.size())) : nullptr;
   std::vector<std::shared_ptr<scheduler::TokenSink>> sinks;
   for (size_t i = 0; i < requests.size(); ++i) {
     std::shared_ptr<ServiceSink> sink = make_sink(int(i), requests[i].id);
-    if (group) sink->JoinGroup(group);
+    if (groups[i]) sink->JoinGroup(groups[i]);
+    if (call) sink->JoinGroup(call);
     sinks.push_back(std::move(sink));
   }
   absl::Status st = engine_->SubmitAll(std::move(requests), std::move(sinks));

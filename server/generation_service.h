@@ -63,6 +63,13 @@ class GenerationService final : public GenerationBase {
   using SinkFactory =
       std::function<std::shared_ptr<ServiceSink>(int index, const std::string& request_id)>;
   absl::Status SubmitChoices(scheduler::Request req, int n, const SinkFactory& make_sink);
+  // The same for a call of several prompts (checked requests; their ids are set here): prompt
+  // p is request `id`-p (its completions `id`-p/<i>), completion i of prompt p reports to
+  // make_sink(p * n + i, …), and all are queued or none. `id` names the call, for Abort and
+  // Engine::Cancel, until the last completion finishes; a completion that fails cancels the
+  // call. One prompt is SubmitChoices (its request takes `id`).
+  absl::Status SubmitPrompts(const std::string& id, std::vector<scheduler::Request> prompts,
+                             int n, const SinkFactory& make_sink);
   // Request ids in flight (Abort's "found", duplicate detection). Thread-safe.
   void Untrack(const std::string& id);
 

@@ -75,35 +75,46 @@ absl::StatusOr<std::vector<uint32_t>> TokenIdArray(const In& v, const std::strin
   return ids;
 }
 
-absl::Status ParsePrompt(const In& body, v1::GenerateRequest* out) {
+// One prompt: text, or a list of token ids.
+absl::StatusOr<OpenAiPrompt> OnePrompt(const In& p, const std::string& field) {
+  OpenAiPrompt prompt;
+  if (p.is_string()) {
+    prompt.text = p.get<std::string>();
+    return prompt;
+  }
+  if (!p.is_array()) return Invalid(field, "must be a string or a list of token ids");
+  auto ids = TokenIdArray(p, field);
+  if (!ids.ok()) return ids.status();
+  prompt.token_ids = std::move(*ids);
+  prompt.tokens = true;
+  return prompt;
+}
+
+// A string, a list of token ids, or a list of several of either (each gets n choices).
+absl::Status ParsePrompt(const In& body, OpenAiCall* call) {
   if (!Given(body, "prompt")) return Invalid("prompt", "is required");
   const In& p = body["prompt"];
-  if (p.is_string()) {
-    out->set_prompt(p.get<std::string>());
-    return absl::OkStatus();
-  }
   if (p.is_array() && p.empty()) return Invalid("prompt", "is empty");
-  if (!p.is_array()) {
-    return Invalid("prompt", "must be a string, a list of token ids, or a list of one of either");
+  if (!p.is_string() && !p.is_array()) {
+    return Invalid("prompt", "must be a string, a list of token ids, or a list of several of "
+                             "either");
   }
-  if (p.size() == 1 && (p[0].is_string() || p[0].is_array())) {
-    if (p[0].is_string()) {
-      out->set_prompt(p[0].get<std::string>());
-      return absl::OkStatus();
+  if (p.is_string() || !(p[0].is_string() || p[0].is_array())) {
+    auto one = OnePrompt(p, "prompt");
+    if (!one.ok()) return one.status();
+    call->prompts.push_back(std::move(*one));
+  } else {
+    if (p.size() > size_t(kMaxCompletionsPerCall)) {
+      return Invalid("prompt", absl::StrCat("holds ", p.size(), " prompts; at most ",
+                                            kMaxCompletionsPerCall, " in one request"));
     }
-    auto ids = TokenIdArray(p[0], "prompt[0]");
-    if (!ids.ok()) return ids.status();
-    for (uint32_t id : *ids) out->mutable_prompt_token_ids()->add_ids(id);
-    return absl::OkStatus();
+    for (size_t i = 0; i < p.size(); ++i) {
+      auto one = OnePrompt(p[i], absl::StrCat("prompt[", i, "]"));
+      if (!one.ok()) return one.status();
+      call->prompts.push_back(std::move(*one));
+    }
   }
-  if (p[0].is_string() || p[0].is_array()) {
-    return Invalid("prompt", absl::StrCat("holds ", p.size(),
-                                          " prompts; send one request per prompt (batching "
-                                          "happens in the server)"));
-  }
-  auto ids = TokenIdArray(p, "prompt");
-  if (!ids.ok()) return ids.status();
-  for (uint32_t id : *ids) out->mutable_prompt_token_ids()->add_ids(id);
+  call->request = call->RequestFor(0);
   return absl::OkStatus();
 }
 
@@ -460,6 +471,21 @@ std::string JsonParseError(std::string_view text) {
 
 }  // namespace
 
+v1::GenerateRequest OpenAiCall::RequestFor(size_t p) const {
+  v1::GenerateRequest r = request;
+  if (p >= prompts.size()) return r;
+  r.clear_prompt();
+  r.clear_prompt_token_ids();
+  const OpenAiPrompt& prompt = prompts[p];
+  if (prompt.tokens) {
+    r.mutable_prompt_token_ids()->mutable_ids()->Add(prompt.token_ids.begin(),
+                                                     prompt.token_ids.end());
+  } else {
+    r.set_prompt(prompt.text);
+  }
+  return r;
+}
+
 absl::StatusOr<OpenAiCall> ParseOpenAiRequest(std::string_view body_text, OpenAiEndpoint endpoint,
                                               const std::string& served_model) {
   In body = In::parse(body_text, nullptr, /*allow_exceptions=*/false);
@@ -480,11 +506,17 @@ absl::StatusOr<OpenAiCall> ParseOpenAiRequest(std::string_view body_text, OpenAi
   }
   if (absl::Status s = RefuseUnsupported(body, endpoint); !s.ok()) return s;
   if (endpoint == OpenAiEndpoint::kCompletions) {
-    if (absl::Status s = ParsePrompt(body, &call.request); !s.ok()) return s;
+    if (absl::Status s = ParsePrompt(body, &call); !s.ok()) return s;
   } else {
     if (absl::Status s = ParseMessages(body, &call.request); !s.ok()) return s;
   }
   if (absl::Status s = ParseSampling(body, &call); !s.ok()) return s;
+  if (const int64_t n = std::max<uint32_t>(1, call.request.n());
+      int64_t(call.prompt_count()) * n > kMaxCompletionsPerCall) {
+    return Invalid("n", absl::StrCat("= ", n, " with ", call.prompt_count(), " prompts asks for ",
+                                     int64_t(call.prompt_count()) * n, " completions; at most ",
+                                     kMaxCompletionsPerCall, " in one request"));
+  }
   if (absl::Status s = ParseLogprobs(body, &call); !s.ok()) return s;
   // echo with logprobs scores the prompt too; so does echo of a prompt alone (max_tokens 0,
   // which the engine takes only for a request that scores its prompt).
@@ -564,15 +596,21 @@ std::string DumpJson(const Json& j) {
 OpenAiResponseBuilder::OpenAiResponseBuilder(const OpenAiCall& call, std::string id,
                                              int64_t created, std::string model,
                                              const model::Tokenizer& tokenizer, int choices,
-                                             std::string echo_text)
+                                             std::vector<std::string> echo_texts)
     : call_(call), id_(std::move(id)), created_(created), model_(std::move(model)),
-      tokenizer_(&tokenizer), choices_(std::max(1, choices)), echo_text_(std::move(echo_text)) {}
+      tokenizer_(&tokenizer), choices_(std::max(1, choices)),
+      per_prompt_(std::max<int>(1, int(choices_.size() / call.prompt_count()))) {
+  for (size_t i = 0; i < choices_.size(); ++i) {
+    const size_t p = i / size_t(per_prompt_);
+    if (p < echo_texts.size()) choices_[i].echo = echo_texts[p];
+  }
+}
 
 std::string OpenAiResponseBuilder::EchoText(Choice& c, const scheduler::TokenDelta& delta) {
   if (!call_.echo || c.echoed) return "";
   if (delta.token_ids.empty() && delta.prompt_token_ids.empty()) return "";
   c.echoed = true;
-  return echo_text_;
+  return c.echo;
 }
 
 Json OpenAiResponseBuilder::PromptLogprobs(const scheduler::TokenDelta& d) const {
@@ -611,9 +649,11 @@ Json OpenAiResponseBuilder::Envelope(const char* object) const {
 }
 
 Json OpenAiResponseBuilder::Usage(const std::vector<scheduler::FinishInfo>& infos) const {
-  const int64_t prompt = infos.empty() ? 0 : infos.front().prompt_tokens;
-  int64_t completion = 0;
-  for (const auto& info : infos) completion += info.completion_tokens;
+  int64_t prompt = 0, completion = 0;
+  for (size_t i = 0; i < infos.size(); ++i) {
+    if (i % size_t(per_prompt_) == 0) prompt += infos[i].prompt_tokens;  // its prompt's first
+    completion += infos[i].completion_tokens;
+  }
   return {{"prompt_tokens", prompt},
           {"completion_tokens", completion},
           {"total_tokens", prompt + completion}};
@@ -730,7 +770,7 @@ Json OpenAiResponseBuilder::Complete(const std::vector<scheduler::FinishInfo>& i
   for (size_t i = 0; i < choices_.size() && i < infos.size(); ++i) {
     const Choice& c = choices_[i];
     // A completion cancelled before its first token still echoes its prompt.
-    const std::string text = call_.echo && !c.echoed ? echo_text_ + c.text : c.text;
+    const std::string text = call_.echo && !c.echoed ? c.echo + c.text : c.text;
     Json logprobs = c.logprobs;
     if (call_.logprobs && logprobs.is_null()) {
       logprobs = chat ? Json{{"content", Json::array()}}

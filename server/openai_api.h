@@ -4,6 +4,7 @@
 // becomes completion objects and stream chunks.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -19,9 +20,26 @@ namespace thetaserve::server {
 
 enum class OpenAiEndpoint { kCompletions, kChatCompletions };
 
+// Completions of one /v1/completions call: its prompts × n.
+constexpr int kMaxCompletionsPerCall = 1024;
+
+// One prompt of /v1/completions: text, or token ids.
+struct OpenAiPrompt {
+  std::string text;
+  std::vector<uint32_t> token_ids;
+  bool tokens = false;  // given as token ids
+};
+
 struct OpenAiCall {
   OpenAiEndpoint endpoint = OpenAiEndpoint::kCompletions;
+  // Every parameter, and the first (or only) prompt.
   v1::GenerateRequest request;
+  // Completions: every prompt (a list of several gets n choices each, in order: choice
+  // p * n + i is completion i of prompt p, as OpenAI and vLLM number them). Empty for chat.
+  std::vector<OpenAiPrompt> prompts;
+  // `request` with prompt p (0 <= p < prompts.size(); for chat, `request`).
+  v1::GenerateRequest RequestFor(size_t p) const;
+  size_t prompt_count() const { return std::max<size_t>(1, prompts.size()); }
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage: a last chunk with usage
   bool logprobs = false;       // return the sampled tokens' log-probabilities
@@ -53,10 +71,11 @@ const char* OpenAiFinishReason(scheduler::FinishReason reason);
 // Builds one call's response objects, for its n completions (`choices`). Handler thread only.
 class OpenAiResponseBuilder {
  public:
-  // echo_text: with call.echo, the prompt's text, which each choice's text begins with.
+  // choices: call.prompt_count() × n. echo_texts: with call.echo, each prompt's text, which
+  // its choices' texts begin with.
   OpenAiResponseBuilder(const OpenAiCall& call, std::string id, int64_t created,
                         std::string model, const model::Tokenizer& tokenizer, int choices = 1,
-                        std::string echo_text = "");
+                        std::vector<std::string> echo_texts = {});
 
   // Streaming: for each completion the chat stream's first chunk (the assistant role), then
   // one chunk per delta and the chunk with the finish reason; last, if asked, a chunk with
@@ -82,6 +101,7 @@ class OpenAiResponseBuilder {
     size_t chars = 0;                  // its length in characters (code points), as text_offset
     void Append(const std::string& more);
     nlohmann::ordered_json logprobs;   // accumulated (not streaming)
+    std::string echo;                  // with echo: its prompt's text
     bool echoed = false;               // the prompt's text (and scores) went out
   };
   // With echo: the prompt's text the first time a delta brings tokens or the prompt's scores,
@@ -89,7 +109,7 @@ class OpenAiResponseBuilder {
   std::string EchoText(Choice& c, const scheduler::TokenDelta& delta);
   nlohmann::ordered_json PromptLogprobs(const scheduler::TokenDelta& delta) const;
   nlohmann::ordered_json Envelope(const char* object) const;
-  // The prompt once, the completion tokens of all.
+  // Each prompt once, the completion tokens of all.
   nlohmann::ordered_json Usage(const std::vector<scheduler::FinishInfo>& infos) const;
   // Log-probabilities of a delta's tokens in the endpoint's format; `offset` is the completion
   // text's length in characters before them (the completions format's text_offset, which
@@ -103,7 +123,7 @@ class OpenAiResponseBuilder {
   std::string model_;
   const model::Tokenizer* tokenizer_;
   std::vector<Choice> choices_;
-  std::string echo_text_;
+  int per_prompt_ = 1;  // n: choices of each prompt
 };
 
 // Serializes for the wire: invalid UTF-8 (a token's raw bytes) becomes U+FFFD.

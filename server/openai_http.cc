@@ -265,12 +265,27 @@ void OpenAiHttpServer::Generate(const HttpRequest& http, HttpResponder& out, boo
       chat ? OpenAiEndpoint::kChatCompletions : OpenAiEndpoint::kCompletions;
   auto call = ParseOpenAiRequest(http.body, endpoint, options_.served_model_name);
   if (!call.ok()) return reject(call.status());
-  auto built = BuildRequest(call->request, *model_);
-  if (!built.ok()) return reject(built.status());
-  scheduler::Request req = std::move(*built);
+  const size_t prompt_count = call->prompt_count();
+  std::vector<scheduler::Request> prompts;
+  for (size_t p = 0; p < prompt_count; ++p) {
+    auto built = BuildRequest(call->RequestFor(p), *model_);
+    if (!built.ok()) {
+      if (prompt_count == 1) return reject(built.status());
+      // A list of prompts: say which one ("prompt[1][2] = 999999 is outside the vocabulary",
+      // "prompt[1]: the prompt has 9000 tokens; …").
+      const std::string what = ToOpenAiFieldNames(std::string(built.status().message()));
+      const std::string which = absl::StrCat("prompt[", p, "]");
+      return reject(absl::Status(built.status().code(),
+                                 what.starts_with("prompt[")
+                                     ? absl::StrCat(which, what.substr(6))
+                                     : absl::StrCat(which, ": ", what)));
+    }
+    prompts.push_back(std::move(*built));
+  }
   // The chat API's default is "until the model stops": the rest of the context, or of what
   // the KV cache can hold for one sequence when that is less.
   if (chat && !call->max_tokens_given) {
+    scheduler::Request& req = prompts.front();
     const int64_t most = service_->engine().MaxSequenceTokens();
     const int64_t room = most - static_cast<int64_t>(req.prompt.size());
     if (room < 1) {
@@ -281,11 +296,11 @@ void OpenAiHttpServer::Generate(const HttpRequest& http, HttpResponder& out, boo
     req.stopping.max_tokens = static_cast<int32_t>(room);
   }
   const std::string id = absl::StrCat(chat ? "chatcmpl-" : "cmpl-", RandomHex128());
-  req.id = id;
-  const int n = std::max<int>(1, int(call->request.n()));
+  const int n_per_prompt = std::max<int>(1, int(call->request.n()));
+  const int n = n_per_prompt * int(prompt_count);  // choices in all
   auto output = std::make_shared<HttpOutput>(n);
-  absl::Status submitted =
-      service_->SubmitChoices(std::move(req), n, [&](int index, const std::string& choice_id) {
+  absl::Status submitted = service_->SubmitPrompts(
+      id, std::move(prompts), n_per_prompt, [&](int index, const std::string& choice_id) {
         return std::make_shared<HttpChoiceSink>(service_, choice_id, output, index);
       });
   if (!submitted.ok()) {
@@ -313,16 +328,15 @@ void OpenAiHttpServer::Generate(const HttpRequest& http, HttpResponder& out, boo
     return v;
   };
 
-  std::string echo_text;
-  if (call->echo) {
-    const v1::GenerateRequest& r = call->request;
-    echo_text = r.has_prompt_token_ids()
-                    ? model_->tokenizer().Decode(std::vector<int32_t>(r.prompt_token_ids().ids().begin(),
-                                                                      r.prompt_token_ids().ids().end()))
-                    : r.prompt();
+  std::vector<std::string> echo_texts;  // [prompt]
+  for (size_t p = 0; call->echo && p < call->prompts.size(); ++p) {
+    const OpenAiPrompt& prompt = call->prompts[p];
+    echo_texts.push_back(prompt.tokens ? model_->tokenizer().Decode(std::vector<int32_t>(
+                                             prompt.token_ids.begin(), prompt.token_ids.end()))
+                                       : prompt.text);
   }
   OpenAiResponseBuilder builder(*call, id, UnixNow(), options_.served_model_name,
-                                model_->tokenizer(), n, std::move(echo_text));
+                                model_->tokenizer(), n, std::move(echo_texts));
   if (!call->stream) {
     while (true) {
       output->Take(kPollInterval, &taken);

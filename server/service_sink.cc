@@ -17,12 +17,12 @@ void ServiceSink::OnTokens(const scheduler::TokenDelta& delta) {
 void ServiceSink::OnFinish(const scheduler::FinishInfo& info) {
   if (service_->metrics()) service_->metrics()->OnFinish(info);
   service_->Untrack(request_id_);
-  if (group_) {
-    const int others_left = group_->left.fetch_sub(1) - 1;
+  for (const auto& group : groups_) {
+    const int others_left = group->left.fetch_sub(1) - 1;
     if (others_left == 0) {
-      service_->Untrack(group_->id);
+      service_->Untrack(group->id);
     } else if (Failed(info)) {
-      service_->engine().Cancel(group_->id,
+      service_->engine().Cancel(group->id,
                                 absl::CancelledError("another completion of the request failed"));
     }
   }

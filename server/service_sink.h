@@ -9,6 +9,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "scheduler/request.h"
 
@@ -21,7 +22,8 @@ inline bool Failed(const scheduler::FinishInfo& info) {
   return !info.status.ok() && !absl::IsCancelled(info.status);
 }
 
-// The n completions of one request: its id stays in flight until the last of them finishes.
+// The n completions of one request, or the requests of one call with several prompts: its id
+// stays in flight until the last of them finishes.
 struct ChoiceGroup {
   ChoiceGroup(std::string group_id, int n) : id(std::move(group_id)), left(n) {}
   const std::string id;
@@ -33,8 +35,9 @@ class ServiceSink : public scheduler::TokenSink {
   ServiceSink(GenerationService* service, std::string request_id)
       : service_(service), request_id_(std::move(request_id)) {}
 
-  // Before submission: this sink's request is one of a group's completions.
-  void JoinGroup(std::shared_ptr<ChoiceGroup> group) { group_ = std::move(group); }
+  // Before submission: this sink's request is one of a group's completions, or one of a
+  // call's prompts (or both: a completion of one of the prompts).
+  void JoinGroup(std::shared_ptr<ChoiceGroup> group) { groups_.push_back(std::move(group)); }
 
   // Engine thread: records, then hands on to Deliver / Finish. A completion of a group that
   // fails cancels the others still running or waiting (before the front end, which ends the
@@ -52,7 +55,7 @@ class ServiceSink : public scheduler::TokenSink {
 
  private:
   std::optional<std::chrono::steady_clock::time_point> last_tokens_;  // engine thread
-  std::shared_ptr<ChoiceGroup> group_;  // null: a request of its own
+  std::vector<std::shared_ptr<ChoiceGroup>> groups_;  // none: a request of its own
 };
 
 }  // namespace thetaserve::server

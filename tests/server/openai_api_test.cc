@@ -97,8 +97,42 @@ TEST(OpenAiApiTest, PromptTakesEveryOpenAiShapeOfOnePrompt) {
   ASSERT_TRUE(one_list.ok());
   EXPECT_EQ(one_list->request.prompt_token_ids().ids_size(), 2);
 
-  EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": ["a", "b"]})"), "one request per prompt"));
   EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": [1, -2]})"), "prompt[1]"));
+}
+
+// A list of several prompts (strings and token-id lists mixed, as OpenAI takes them): each
+// is `request` with its own prompt; every other parameter goes with each.
+TEST(OpenAiApiTest, AListOfPromptsBecomesOneRequestEach) {
+  auto several = Completion(R"({"prompt": ["a b", [7, 8], "c"], "max_tokens": 3, "n": 2})");
+  ASSERT_TRUE(several.ok()) << several.status();
+  ASSERT_EQ(several->prompt_count(), 3u);
+  EXPECT_EQ(several->request.prompt(), "a b");
+  EXPECT_EQ(several->RequestFor(0).prompt(), "a b");
+  const v1::GenerateRequest ids = several->RequestFor(1);
+  EXPECT_TRUE(ids.prompt().empty());
+  ASSERT_EQ(ids.prompt_token_ids().ids_size(), 2);
+  EXPECT_EQ(ids.prompt_token_ids().ids(1), 8u);
+  const v1::GenerateRequest last = several->RequestFor(2);
+  EXPECT_EQ(last.prompt(), "c");
+  EXPECT_FALSE(last.has_prompt_token_ids());
+  EXPECT_EQ(last.stopping().max_tokens(), 3u);
+  EXPECT_EQ(last.n(), 2u);
+  // One prompt, as before; chat has none.
+  EXPECT_EQ(Completion(R"({"prompt": "x"})")->prompt_count(), 1u);
+  EXPECT_EQ(Chat(R"({"messages": [{"role": "user", "content": "x"}]})")->prompt_count(), 1u);
+
+  EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": ["a", 5]})"),
+                          "prompt[1] must be a string or a list of token ids"));
+  EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": ["a", [1, -2]]})"), "prompt[1][1] must be"));
+  EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": [[1], "b", {}]})"), "prompt[2] must be"));
+  // At most 1,024 completions in one call: prompts × n.
+  Json many = Json::array();
+  for (int i = 0; i < 1025; ++i) many.push_back("x");
+  EXPECT_TRUE(RefusedWith(Completion(Json{{"prompt", many}}.dump()), "holds 1025 prompts"));
+  many.erase(many.begin() + 600, many.end());
+  EXPECT_TRUE(RefusedWith(Completion(Json{{"prompt", many}, {"n", 2}}.dump()),
+                          "n = 2 with 600 prompts asks for 1200 completions; at most 1024"));
+  EXPECT_TRUE(Completion(Json{{"prompt", many}}.dump()).ok());
   EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": []})"), "prompt"));
   EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": 5})"), "prompt"));
   EXPECT_TRUE(RefusedWith(Completion(R"({"max_tokens": 5})"), "prompt is required"));
@@ -162,7 +196,7 @@ TEST(OpenAiApiTest, ChatMessagesBecomeTheChatInput) {
     EXPECT_NO_THROW(c = Chat(body)) << body;
     EXPECT_FALSE(c.ok()) << body;
   }
-  for (const char* body : {R"({"prompt": {"a": 1}})", R"({"prompt": [[1], [2]]})",
+  for (const char* body : {R"({"prompt": {"a": 1}})", R"({"prompt": [[1], [true]]})",
                            R"({"prompt": [true]})", R"({"prompt": "x", "n": "2"})",
                            R"({"prompt": "x", "logit_bias": 1})", R"({"prompt": "x", "echo": 1})",
                            R"({"prompt": "x", "stop_token_ids": 1})", R"({"prompt": "x", "model": 1})"}) {
@@ -593,6 +627,40 @@ TEST_F(OpenAiResponseTest, SeveralCompletionsAreIndexedAndThePromptIsCountedOnce
   EXPECT_EQ(s.UsageChunk({second, second})["usage"]["completion_tokens"], 6);
 }
 
+// Several prompts with n each: choice p * n + i is completion i of prompt p, each echoes its
+// own prompt, and usage counts every prompt once.
+TEST_F(OpenAiResponseTest, SeveralPromptsNumberTheirChoicesInOrder) {
+  auto call = Completion(R"({"prompt": ["The capital", "Paris"], "n": 2})");
+  ASSERT_TRUE(call.ok()) << call.status();
+  OpenAiResponseBuilder b(*call, "cmpl-8", 1, kServed, model_->tokenizer(), 4);
+  const auto deltas = Deltas();
+  for (int i = 0; i < 4; ++i) b.Add(i, deltas[i % 2]);
+  std::vector<scheduler::FinishInfo> infos(4, Finished(scheduler::FinishReason::kLength));
+  infos[2].prompt_tokens = infos[3].prompt_tokens = 1;
+  const Json j = b.Complete(infos);
+  ASSERT_EQ(j["choices"].size(), 4u);
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(j["choices"][i]["index"], i);
+    EXPECT_EQ(j["choices"][i]["text"], i % 2 ? "." : " Paris");
+  }
+  EXPECT_EQ(j["usage"]["prompt_tokens"], 5 + 1);
+  EXPECT_EQ(j["usage"]["completion_tokens"], 8);
+  EXPECT_EQ(b.UsageChunk(infos)["usage"]["total_tokens"], 14);
+
+  auto echo = Completion(R"({"prompt": ["The capital", "Paris"], "echo": true})");
+  ASSERT_TRUE(echo.ok()) << echo.status();
+  OpenAiResponseBuilder e(*echo, "cmpl-9", 1, kServed, model_->tokenizer(), 2,
+                          {"The capital", "Paris"});
+  EXPECT_EQ(e.DeltaChunk(1, deltas[1])["choices"][0]["text"], "Paris.");
+  EXPECT_EQ(e.DeltaChunk(0, deltas[0])["choices"][0]["text"], "The capital Paris");
+  OpenAiResponseBuilder w(*echo, "cmpl-10", 1, kServed, model_->tokenizer(), 2,
+                          {"The capital", "Paris"});
+  w.Add(0, deltas[0]);
+  const Json whole = w.Complete({infos[0], infos[2]});
+  EXPECT_EQ(whole["choices"][0]["text"], "The capital Paris");
+  EXPECT_EQ(whole["choices"][1]["text"], "Paris") << "a choice with no tokens still echoes";
+}
+
 TEST_F(OpenAiResponseTest, EchoReturnsThePromptAndItsScoresFirst) {
   // The mapping: echo with logprobs scores the prompt; so does echo of the prompt alone.
   auto scored = Completion(R"({"prompt": "x", "echo": true, "logprobs": 2, "max_tokens": 0})");
@@ -628,7 +696,7 @@ TEST_F(OpenAiResponseTest, EchoReturnsThePromptAndItsScoresFirst) {
   deltas[0].prompt_top = {{{prompt[1], -4.5f}, {deltas[0].token_ids[0], -5.0f}}};
   auto call = Completion(R"({"prompt": "The capital", "echo": true, "logprobs": 1})");
   ASSERT_TRUE(call.ok());
-  OpenAiResponseBuilder b(*call, "cmpl-5", 1, kServed, model_->tokenizer(), 1, "The capital");
+  OpenAiResponseBuilder b(*call, "cmpl-5", 1, kServed, model_->tokenizer(), 1, {"The capital"});
   for (const auto& d : deltas) b.Add(0, d);
   const Json c = b.Complete({Finished(scheduler::FinishReason::kLength)})["choices"][0];
   EXPECT_EQ(c["text"], "The capital Paris.");
@@ -641,7 +709,7 @@ TEST_F(OpenAiResponseTest, EchoReturnsThePromptAndItsScoresFirst) {
   EXPECT_FLOAT_EQ(c["logprobs"]["token_logprobs"][2].get<float>(), -0.25f);
 
   // Streamed: the first chunk carries the prompt and its scores with the first token.
-  OpenAiResponseBuilder s(*call, "cmpl-6", 1, kServed, model_->tokenizer(), 1, "The capital");
+  OpenAiResponseBuilder s(*call, "cmpl-6", 1, kServed, model_->tokenizer(), 1, {"The capital"});
   const Json first = s.DeltaChunk(0, deltas[0]);
   EXPECT_EQ(first["choices"][0]["text"], "The capital Paris");
   EXPECT_EQ(first["choices"][0]["logprobs"]["tokens"], Json({"The", " capital", " Paris"}));

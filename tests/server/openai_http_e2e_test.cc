@@ -500,6 +500,155 @@ TEST_F(OpenAiHttpTest, EchoReturnsThePromptAndScoresIt) {
   EXPECT_EQ(Post("/v1/completions", {{"prompt", prompt}, {"max_tokens", 0}}).status, 400);
 }
 
+// A list of prompts (how lm-evaluation-harness batches): choice p * n + i is what prompt p
+// alone gives as its choice i, scored prompts included; usage adds the prompts up; a stream
+// numbers its chunks alike; a bad prompt is named; a client that leaves cancels them all, and
+// Abort of the call's id ends every prompt.
+TEST_F(OpenAiHttpTest, AListOfPromptsGetsOneChoicePerPromptInOrder) {
+  ASSERT_TRUE(server_->started());
+  auto stub = server_->stub();
+  // Token ids as a harness sends them (its own tokenizer's).
+  grpc::ClientContext tctx;
+  v1::TokenizeRequest treq;
+  treq.set_text("Once upon a time");
+  v1::TokenizeResponse tokens;
+  ASSERT_TRUE(stub->Tokenize(&tctx, treq, &tokens).ok());
+  const Json ids = std::vector<uint32_t>(tokens.ids().begin(), tokens.ids().end());
+  const Json prompts = {"The capital of France is", ids, "Water boils at"};
+
+  // Log-likelihoods, as lm-evaluation-harness's local-completions asks for them (it reads
+  // token_logprobs[context:-1], dropping the one token generated).
+  const Json scored = {{"model", kModelName}, {"prompt", prompts}, {"temperature", 0},
+                       {"max_tokens", 1}, {"logprobs", 1}, {"seed", 1234}, {"echo", true}};
+  HttpResult r = Post("/v1/completions", scored);
+  ASSERT_EQ(r.status, 200) << r.body;
+  const Json j = Json::parse(r.body);
+  ASSERT_EQ(j["choices"].size(), 3u);
+  int64_t prompt_tokens = 0;
+  for (int p = 0; p < 3; ++p) {
+    Json alone = scored;
+    alone["prompt"] = prompts[p];
+    HttpResult a = Post("/v1/completions", alone);
+    ASSERT_EQ(a.status, 200) << a.body;
+    const Json aj = Json::parse(a.body);
+    const Json& c = j["choices"][p];
+    EXPECT_EQ(c["index"], p);
+    EXPECT_EQ(c["text"], aj["choices"][0]["text"]) << "prompt " << p;
+    EXPECT_EQ(c["logprobs"], aj["choices"][0]["logprobs"]) << "prompt " << p;
+    EXPECT_EQ(c["finish_reason"], "length");
+    const int64_t prompt_length = aj["usage"]["prompt_tokens"];
+    EXPECT_EQ(c["logprobs"]["token_logprobs"].size(), size_t(prompt_length + 1));
+    prompt_tokens += prompt_length;
+  }
+  EXPECT_EQ(j["choices"][1]["text"].get<std::string>().rfind("Once upon a time", 0), 0u);
+  EXPECT_EQ(j["usage"]["prompt_tokens"], prompt_tokens);
+  EXPECT_EQ(j["usage"]["completion_tokens"], 3);
+
+  // n per prompt: each prompt's choices are its own request's, in order.
+  const Json sampled = {{"prompt", {prompts[0], prompts[2]}}, {"max_tokens", 6}, {"n", 2},
+                        {"temperature", 0.9}, {"seed", 11}, {"ignore_eos", true}};
+  HttpResult s = Post("/v1/completions", sampled);
+  ASSERT_EQ(s.status, 200) << s.body;
+  const Json sj = Json::parse(s.body);
+  ASSERT_EQ(sj["choices"].size(), 4u);
+  for (int p = 0; p < 2; ++p) {
+    Json alone = sampled;
+    alone["prompt"] = sampled["prompt"][p];
+    HttpResult a = Post("/v1/completions", alone);
+    ASSERT_EQ(a.status, 200) << a.body;
+    const Json aj = Json::parse(a.body);
+    for (int i = 0; i < 2; ++i) {
+      EXPECT_EQ(sj["choices"][p * 2 + i]["index"], p * 2 + i);
+      EXPECT_EQ(sj["choices"][p * 2 + i]["text"], aj["choices"][i]["text"]) << p << "/" << i;
+    }
+  }
+  EXPECT_EQ(sj["usage"]["completion_tokens"], 24);
+
+  // Streamed: every chunk names its choice; each ends once; the usage counts them all.
+  Json streamed_body = {{"prompt", prompts}, {"max_tokens", 5}, {"temperature", 0},
+                        {"ignore_eos", true}, {"stream", true},
+                        {"stream_options", {{"include_usage", true}}}};
+  HttpResult st = Post("/v1/completions", streamed_body);
+  ASSERT_EQ(st.status, 200) << st.body;
+  const auto events = SseData(st.body);
+  ASSERT_FALSE(events.empty());
+  EXPECT_EQ(events.back(), "[DONE]");
+  std::vector<std::string> texts(3);
+  std::vector<int> finishes(3, 0);
+  Json usage;
+  for (size_t i = 0; i + 1 < events.size(); ++i) {
+    const Json e = Json::parse(events[i]);
+    if (e.contains("usage") && !e["usage"].is_null()) usage = e["usage"];
+    for (const Json& c : e["choices"]) {
+      const int index = c["index"];
+      ASSERT_TRUE(index >= 0 && index < 3) << events[i];
+      EXPECT_EQ(finishes[index], 0) << "a chunk after choice " << index << " finished";
+      texts[index] += c["text"].get<std::string>();
+      if (!c["finish_reason"].is_null()) ++finishes[index];
+    }
+  }
+  EXPECT_EQ(finishes, std::vector<int>({1, 1, 1}));
+  streamed_body.erase("stream");
+  streamed_body.erase("stream_options");
+  const Json whole = Json::parse(Post("/v1/completions", streamed_body).body);
+  for (int p = 0; p < 3; ++p) EXPECT_EQ(texts[p], whole["choices"][p]["text"]) << p;
+  EXPECT_EQ(usage["completion_tokens"], 15);
+  EXPECT_EQ(usage["prompt_tokens"], prompt_tokens);
+
+  // A prompt that cannot fit is named, and nothing of the call runs.
+  const std::string too_long(200'000, 'a');
+  HttpResult bad = Post("/v1/completions", {{"prompt", {"fine", too_long}}});
+  EXPECT_EQ(bad.status, 400) << bad.body;
+  EXPECT_NE(bad.body.find("prompt[1]: "), std::string::npos) << bad.body;
+  EXPECT_EQ(Post("/v1/completions", {{"prompt", {"a", 7}}}).status, 400);
+  HttpResult bad_id = Post("/v1/completions", {{"prompt", {ids, {1, 2, 999999}}}});
+  EXPECT_EQ(bad_id.status, 400);
+  EXPECT_NE(bad_id.body.find("prompt[1][2] = 999999 is outside the vocabulary"), std::string::npos)
+      << bad_id.body;
+  ASSERT_TRUE(WaitForRunning(*stub, 0));
+
+  // A client that leaves, streaming or not, cancels every prompt's completions.
+  const Json endless = {{"prompt", {"Tell me a story", "Write a long poem", "Count to a million"}},
+                        {"max_tokens", 4000}, {"ignore_eos", true}};
+  for (bool stream : {false, true}) {
+    SCOPED_TRACE(stream ? "streaming" : "whole completion");
+    Json body = endless;
+    body["stream"] = stream;
+    {
+      HttpConnection c(http_port_);
+      ASSERT_TRUE(c.SendRaw(RequestHead("/v1/completions", body.dump())));
+      ASSERT_TRUE(WaitForRunning(*stub, 3));
+    }
+    EXPECT_TRUE(WaitForRunning(*stub, 0)) << "the completions kept running or kept their pages";
+  }
+  // Abort with the call's id ends all three.
+  HttpConnection c(http_port_);
+  Json body = endless;
+  body["stream"] = true;
+  HttpResult head = OpenStream(c, body);
+  ASSERT_EQ(head.status, 200);
+  ASSERT_TRUE(WaitForRunning(*stub, 3));
+  grpc::ClientContext actx;
+  v1::AbortRequest abort;
+  abort.set_request_id(head.headers["x-request-id"]);
+  v1::AbortResponse found;
+  ASSERT_TRUE(stub->Abort(&actx, abort, &found).ok());
+  EXPECT_TRUE(found.found());
+  c.ReadBody(&head, 30);
+  const auto aborted = SseData(head.body);
+  std::vector<int> aborts(3, 0);
+  for (const std::string& e : aborted) {
+    if (e == "[DONE]") continue;
+    const Json event = Json::parse(e);
+    for (const Json& ch : event["choices"]) {
+      if (ch["finish_reason"] == "abort") ++aborts[ch["index"].get<int>()];
+    }
+  }
+  EXPECT_EQ(aborts, std::vector<int>({1, 1, 1}))
+      << (aborted.size() > 1 ? aborted[aborted.size() - 2] : head.body.substr(0, 400));
+  EXPECT_TRUE(WaitForRunning(*stub, 0));
+}
+
 TEST_F(OpenAiHttpTest, SixteenConcurrentStreamsAllComplete) {
   ASSERT_TRUE(server_->started());
   using Clock = std::chrono::steady_clock;
