@@ -216,10 +216,18 @@ absl::Status ParseSampling(const In& body, OpenAiCall* call) {
     sp->set_top_k(*v == -1 ? 0 : static_cast<int32_t>(*v));
   }
   if (Given(body, "seed")) {
-    auto v = Integer(body, "seed");
-    if (!v.ok()) return v.status();
-    if (*v < 0) return Invalid("seed", "must be >= 0");
-    sp->set_seed(static_cast<uint64_t>(*v));
+    // Any 64-bit integer, as vLLM takes it: -1 is no seed (vLLM's and llama.cpp's "random"),
+    // another negative seed its two's-complement bits.
+    const In& v = body["seed"];
+    if (v.is_number_unsigned()) {
+      sp->set_seed(v.get<uint64_t>());
+    } else if (v.is_number_integer()) {
+      if (v.get<int64_t>() != -1) sp->set_seed(static_cast<uint64_t>(v.get<int64_t>()));
+    } else {
+      auto whole = Integer(body, "seed");  // 7.0 is 7
+      if (!whole.ok()) return Invalid("seed", "must be an integer in [-2^63, 2^64)");
+      if (*whole != -1) sp->set_seed(static_cast<uint64_t>(*whole));
+    }
   }
   // n completions of the prompt. best_of (sample more, return the n most likely) only as n.
   int64_t n = 1;

@@ -3,6 +3,8 @@
 // The real SmolLM2 tokenizer renders the log-probabilities' tokens.
 #include "server/openai_api.h"
 
+#include <limits>
+
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "model/model.h"
@@ -278,11 +280,20 @@ TEST(OpenAiApiTest, TypeErrorsNameTheField) {
   EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": "x", "max_tokens": 0})"), "max_tokens = 0"));
   EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": "x", "stream": "yes"})"), "stream must be true or false"));
   EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": "x", "stop": [1]})"), "stop[0]"));
-  EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": "x", "seed": -1})"), "seed"));
+  EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": "x", "seed": 1e30})"),
+                          "seed must be an integer in [-2^63, 2^64)"));
+  EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": "x", "seed": "7"})"), "seed must be"));
   EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": "x", "logprobs": 21})"), "logprobs = 21"));
   EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": "x", "top_k": -2})"), "top_k"));
   EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": "x", "stream_options": {"include_usage": true}})"),
                           "stream: true"));
+  // A seed is any 64-bit integer, as vLLM's: -1 is none (random), another negative its bits.
+  EXPECT_FALSE(Completion(R"({"prompt": "x", "seed": -1})")->request.sampling().has_seed());
+  EXPECT_EQ(Completion(R"({"prompt": "x", "seed": -2})")->request.sampling().seed(),
+            std::numeric_limits<uint64_t>::max() - 1);
+  EXPECT_EQ(Completion(R"({"prompt": "x", "seed": 18446744073709551615})")->request.sampling().seed(),
+            std::numeric_limits<uint64_t>::max());
+  EXPECT_EQ(Completion(R"({"prompt": "x", "seed": 7.0})")->request.sampling().seed(), 7u);
   // vLLM's top_k = -1 is "off".
   auto off = Completion(R"({"prompt": "x", "top_k": -1})");
   ASSERT_TRUE(off.ok());
