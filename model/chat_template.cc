@@ -45,6 +45,18 @@ bool IsPythonSpace(uint32_t cp) {
   return (cp >= 0x1C && cp <= 0x1F) || (cp != kInvalidCodePoint && IsUnicodeWhitespace(cp));
 }
 
+// Python's str.rstrip().
+std::string RTrim(std::string_view s) {
+  size_t end = 0;  // end of the last non-space character
+  for (size_t i = 0; i < s.size();) {
+    int len = 1;
+    const uint32_t cp = DecodeUtf8At(s, i, &len);
+    i += len;
+    if (!IsPythonSpace(cp)) end = i;
+  }
+  return std::string(s.substr(0, end));
+}
+
 std::string Trim(std::string_view s) {
   size_t begin = 0;
   while (begin < s.size()) {
@@ -185,7 +197,34 @@ std::string RenderZephyr(const std::vector<ChatMessage>& msgs, std::string_view 
 }  // namespace
 
 absl::StatusOr<std::string> Tokenizer::ApplyChatTemplate(const std::vector<ChatMessage>& messages,
-                                                         bool add_generation_prompt) const {
+                                                         bool add_generation_prompt,
+                                                         bool continue_final_message) const {
+  if (!continue_final_message) return Render(messages, add_generation_prompt);
+  if (add_generation_prompt) {
+    return absl::InvalidArgumentError(
+        "continue_final_message opens no new turn; it cannot go with add_generation_prompt");
+  }
+  if (messages.empty()) return absl::InvalidArgumentError("no message to continue");
+  // As transformers does it: render with a tag after the last message's content and cut at
+  // the tag; when the template trimmed the content (the tag lost its trailing space), the
+  // spaces before the tag go too.
+  constexpr std::string_view kTag = "CONTINUE_FINAL_MESSAGE_TAG ";
+  std::vector<ChatMessage> tagged = messages;
+  tagged.back().content += kTag;
+  auto rendered = Render(tagged, /*add_generation_prompt=*/false);
+  if (!rendered.ok()) return rendered;
+  const size_t at = rendered->rfind(kTag.substr(0, kTag.size() - 1));
+  if (at == std::string::npos) {
+    return absl::InvalidArgumentError(
+        "the chat template does not render the last message, so it cannot be continued "
+        "(continue_final_message)");
+  }
+  if (rendered->compare(at, kTag.size(), kTag) == 0) return rendered->substr(0, at);
+  return RTrim(std::string_view(*rendered).substr(0, at));
+}
+
+absl::StatusOr<std::string> Tokenizer::Render(const std::vector<ChatMessage>& messages,
+                                              bool add_generation_prompt) const {
   const std::string bos = bos_id_ >= 0 ? pieces_[bos_id_] : "";
   const std::string eos = eos_id_ >= 0 ? pieces_[eos_id_] : "";
   Family family = Recognize(chat_template_);

@@ -54,8 +54,12 @@ class Tokenizer {
   // (and parse_special = true), as HF apply_chat_template(tokenize=True) does. An empty
   // template falls back to ChatML when the vocabulary has <|im_start|>/<|im_end|>; any
   // other template fails with InvalidArgument naming the supported families.
+  // continue_final_message (with add_generation_prompt false): the text ends right after the
+  // last message's content (its end-of-turn cut off), so that generation continues it, as
+  // transformers' apply_chat_template(continue_final_message=True).
   absl::StatusOr<std::string> ApplyChatTemplate(const std::vector<ChatMessage>& messages,
-                                                bool add_generation_prompt = true) const;
+                                                bool add_generation_prompt = true,
+                                                bool continue_final_message = false) const;
   const std::string& chat_template() const { return chat_template_; }
 
   // The id whose piece is exactly `piece`, or -1 (linear scan; for setup, not hot paths).
@@ -77,6 +81,11 @@ class Tokenizer {
   std::vector<int32_t> stop_ids_;
   bool add_bos_ = false;
   std::string chat_template_;
+
+ private:
+  // ApplyChatTemplate's rendering, by the template's family.
+  absl::StatusOr<std::string> Render(const std::vector<ChatMessage>& messages,
+                                     bool add_generation_prompt) const;
 };
 
 // Turns a stream of token ids into text deltas; bytes of a UTF-8 character split across

@@ -167,6 +167,23 @@ absl::Status ParseMessages(const In& body, v1::GenerateRequest* out) {
     msg->set_role(*role);
     msg->set_content(content);
   }
+  // vLLM's: the reply may continue the last message (an assistant's prefill) instead of
+  // opening a new turn.
+  for (const char* key : {"add_generation_prompt", "continue_final_message"}) {
+    if (!Given(body, key)) continue;
+    auto v = Bool(body, key);
+    if (!v.ok()) return v.status();
+    if (key == std::string_view("add_generation_prompt")) {
+      chat->set_add_generation_prompt(*v);
+    } else {
+      chat->set_continue_final_message(*v);
+    }
+  }
+  if (chat->continue_final_message() && chat->has_add_generation_prompt() &&
+      chat->add_generation_prompt()) {
+    return Invalid("continue_final_message",
+                   "cannot be true with add_generation_prompt true (it opens no new turn)");
+  }
   return absl::OkStatus();
 }
 
@@ -402,12 +419,6 @@ absl::Status RefuseUnsupported(const In& body, OpenAiEndpoint endpoint) {
                            : "score a prompt on /v1/completions with echo and logprobs");
   }
   if (endpoint == OpenAiEndpoint::kChatCompletions) {
-    if (Given(body, "continue_final_message") && body["continue_final_message"] != false) {
-      return Unsupported("continue_final_message", "every reply opens a new assistant turn");
-    }
-    if (Given(body, "add_generation_prompt") && body["add_generation_prompt"] != true) {
-      return Unsupported("add_generation_prompt", "every reply opens a new assistant turn");
-    }
     if (Given(body, "chat_template")) {
       return Unsupported("chat_template", "the model's own template only");
     }

@@ -59,7 +59,12 @@ absl::StatusOr<std::string> RenderChat(const v1::ChatMessages& chat, const model
     }
     messages.push_back({m.role(), m.content()});
   }
-  return model.tokenizer().ApplyChatTemplate(messages, /*add_generation_prompt=*/true);
+  // A continued last message opens no new turn unless asked (which the tokenizer refuses).
+  const bool add_generation_prompt = chat.has_add_generation_prompt()
+                                         ? chat.add_generation_prompt()
+                                         : !chat.continue_final_message();
+  return model.tokenizer().ApplyChatTemplate(messages, add_generation_prompt,
+                                             chat.continue_final_message());
 }
 
 absl::StatusOr<scheduler::SamplingParams> BuildSampling(const v1::SamplingParams& sp,

@@ -145,6 +145,51 @@ TEST(ChatTemplateTest, ZephyrForTinyLlama) {
             "<|user|>\nThanks</s>\n");
 }
 
+// continue_final_message: the text ends right after the last message's content, its spaces
+// kept unless the template trims the content. The expected strings are transformers 5.25's
+// apply_chat_template(continue_final_message=True, add_generation_prompt=False) of the same
+// templates and messages.
+TEST(ChatTemplateTest, ContinueFinalMessageEndsRightAfterItsContent) {
+  const std::vector<ChatMessage> prefill = {{"user", "Hi there"}, {"assistant", " The answer: "}};
+  const std::vector<ChatMessage> sure = {{"user", "Hi"}, {"assistant", "Sure, "}};
+  const std::vector<ChatMessage> user_last = {{"system", "S"}, {"user", "Complete this"}};
+  auto continued = [](const Tokenizer& tok, const std::vector<ChatMessage>& msgs) {
+    absl::StatusOr<std::string> s = tok.ApplyChatTemplate(msgs, false, true);
+    EXPECT_TRUE(s.ok()) << s.status();
+    return s.ok() ? *s : "";
+  };
+  const std::string smol_system =
+      "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
+      "Face<|im_end|>\n";
+  auto smol = WithTemplate({"<|endoftext|>", "<|im_start|>", "<|im_end|>"}, 1, 2, kSmolTemplate);
+  EXPECT_EQ(continued(*smol, prefill),
+            smol_system + "<|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\n"
+                          " The answer: ");
+  EXPECT_EQ(continued(*smol, sure),
+            smol_system + "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nSure, ");
+  // A user's message continued: its end of turn goes too.
+  EXPECT_EQ(continued(*smol, user_last), "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\n"
+                                         "Complete this");
+  // Llama 3 trims contents: so does the cut.
+  auto llama3 = WithTemplate({"<|begin_of_text|>", "<|eot_id|>", "<|end_of_text|>"}, 0, 2,
+                             kLlama3Template);
+  const std::string llama3_user =
+      "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\n";
+  EXPECT_EQ(continued(*llama3, prefill),
+            llama3_user + "Hi there<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"
+                          "The answer:");
+  EXPECT_EQ(continued(*llama3, sure),
+            llama3_user + "Hi<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\nSure,");
+  // Llama 2 strips the content but writes a space after it.
+  auto llama2 = WithTemplate({"<unk>", "<s>", "</s>"}, 1, 2, kLlama2Template);
+  EXPECT_EQ(continued(*llama2, prefill), "<s>[INST] Hi there [/INST] The answer: ");
+  EXPECT_EQ(continued(*llama2, sure), "<s>[INST] Hi [/INST] Sure, ");
+  EXPECT_EQ(continued(*llama2, user_last), "<s>[INST] <<SYS>>\nS\n<</SYS>>\n\nComplete this");
+
+  EXPECT_FALSE(smol->ApplyChatTemplate(prefill, true, true).ok()) << "no new turn to open";
+  EXPECT_FALSE(smol->ApplyChatTemplate({}, false, true).ok());
+}
+
 TEST(ChatTemplateTest, UnknownTemplateNamesTheSupportedFamilies) {
   auto tok = WithTemplate({"<s>"}, 0, 0, "{{ messages[0]['content'] }}");
   auto s = tok->ApplyChatTemplate(kOneTurn);

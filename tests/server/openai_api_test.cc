@@ -245,8 +245,7 @@ TEST(OpenAiApiTest, WhatTheServerCannotHonourIsRefusedByName) {
         Chat(R"({"messages": [{"role": "user", "content": "x"}], )" + field + "}"), message))
         << field;
   }
-  for (const char* field : {R"("continue_final_message": true)",
-                            R"("add_generation_prompt": false)", R"("chat_template": "{{x}}")",
+  for (const char* field : {R"("chat_template": "{{x}}")",
                             R"("chat_template_kwargs": {"enable_thinking": false})"}) {
     EXPECT_TRUE(RefusedWith(
         Chat(absl::StrCat(R"({"messages": [{"role": "user", "content": "x"}], )", field, "}")),
@@ -262,6 +261,27 @@ TEST(OpenAiApiTest, WhatTheServerCannotHonourIsRefusedByName) {
       "add_generation_prompt": true, "continue_final_message": false,
       "chat_template_kwargs": {}})");
   EXPECT_TRUE(no_tools.ok()) << no_tools.status();
+}
+
+// vLLM's add_generation_prompt and continue_final_message (an assistant's prefill) reach the
+// chat template.
+TEST(OpenAiApiTest, ChatMayContinueTheLastMessage) {
+  const std::string messages =
+      R"("messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}])";
+  auto plain = Chat(absl::StrCat("{", messages, "}"));
+  ASSERT_TRUE(plain.ok());
+  EXPECT_FALSE(plain->request.chat().has_add_generation_prompt());
+  EXPECT_FALSE(plain->request.chat().continue_final_message());
+  auto prefill = Chat(absl::StrCat("{", messages, R"(, "continue_final_message": true,
+      "add_generation_prompt": false})"));
+  ASSERT_TRUE(prefill.ok()) << prefill.status();
+  EXPECT_TRUE(prefill->request.chat().continue_final_message());
+  EXPECT_FALSE(prefill->request.chat().add_generation_prompt());
+  EXPECT_TRUE(Chat(absl::StrCat("{", messages, R"(, "continue_final_message": true})")).ok());
+  EXPECT_TRUE(RefusedWith(Chat(absl::StrCat("{", messages, R"(, "continue_final_message": true,
+      "add_generation_prompt": true})")), "continue_final_message cannot be true with"));
+  EXPECT_TRUE(RefusedWith(Chat(absl::StrCat("{", messages, R"(, "add_generation_prompt": 1})")),
+                          "add_generation_prompt must be true or false"));
 }
 
 TEST(OpenAiApiTest, TypeErrorsNameTheField) {
@@ -369,11 +389,11 @@ class OpenAiResponseTest : public ::testing::Test {
     const int32_t dot = tok.Encode(".", false, false).at(0);
     scheduler::TokenDelta a, b;
     a.token_ids = {paris};
-    a.text = " Paris";
+    a.text = std::string(" Paris");  // (assigning a literal sets off GCC 12's false -Wrestrict)
     a.logprobs = {-0.25f};
     a.top = {{{paris, -0.25f}, {dot, -2.0f}}};
     b.token_ids = {dot};
-    b.text = ".";
+    b.text = std::string(".");
     b.logprobs = {-std::numeric_limits<float>::infinity()};
     b.top = {{{dot, -std::numeric_limits<float>::infinity()}, {paris, -3.0f}}};
     return {a, b};

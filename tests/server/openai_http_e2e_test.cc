@@ -212,6 +212,54 @@ TEST_F(OpenAiHttpTest, StreamedChatEqualsTheWholeChat) {
   EXPECT_GE(streamed.chunks.size(), 4u);
 }
 
+// continue_final_message: the reply goes on from a prefilled start of the assistant's answer
+// (the rendering ends right after it; Tokenize over gRPC renders the same), and is what a
+// completion of that rendering gives; add_generation_prompt false renders no new turn.
+TEST_F(OpenAiHttpTest, ChatMayContinueAPrefilledAnswer) {
+  ASSERT_TRUE(server_->started());
+  const std::string prefill = "The capital of France is";
+  const Json messages = {{{"role", "user"}, {"content", "What is the capital of France?"}},
+                         {{"role", "assistant"}, {"content", prefill}}};
+  HttpResult r = Post("/v1/chat/completions", {{"messages", messages}, {"max_tokens", 8},
+                                               {"temperature", 0},
+                                               {"continue_final_message", true},
+                                               {"add_generation_prompt", false}});
+  ASSERT_EQ(r.status, 200) << r.body;
+  const std::string reply = Json::parse(r.body)["choices"][0]["message"]["content"];
+  EXPECT_NE(reply.find("Paris"), std::string::npos) << reply;
+
+  auto stub = server_->stub();
+  grpc::ClientContext ctx;
+  v1::TokenizeRequest treq;
+  v1::ChatMessages* chat = treq.mutable_chat();
+  for (const Json& m : messages) {
+    v1::ChatMessage* msg = chat->add_messages();
+    msg->set_role(m["role"].get<std::string>());
+    msg->set_content(m["content"].get<std::string>());
+  }
+  chat->set_continue_final_message(true);
+  treq.set_add_special_tokens(false);
+  v1::TokenizeResponse rendered;
+  ASSERT_TRUE(stub->Tokenize(&ctx, treq, &rendered).ok());
+  EXPECT_TRUE(rendered.rendered().ends_with("<|im_start|>assistant\n" + prefill))
+      << rendered.rendered();
+  const Json ids = std::vector<uint32_t>(rendered.ids().begin(), rendered.ids().end());
+  HttpResult completion = Post("/v1/completions", {{"prompt", ids}, {"max_tokens", 8},
+                                                   {"temperature", 0}});
+  ASSERT_EQ(completion.status, 200) << completion.body;
+  EXPECT_EQ(Json::parse(completion.body)["choices"][0]["text"], reply);
+
+  // Both at once opens a turn and continues one: refused.
+  EXPECT_EQ(Post("/v1/chat/completions", {{"messages", messages},
+                                          {"continue_final_message", true},
+                                          {"add_generation_prompt", true}}).status, 400);
+  // No new turn: the reply is whatever follows the end of the user's turn.
+  HttpResult no_turn = Post("/v1/chat/completions",
+                            {{"messages", {messages[0]}}, {"add_generation_prompt", false},
+                             {"max_tokens", 4}, {"temperature", 0}});
+  EXPECT_EQ(no_turn.status, 200) << no_turn.body;
+}
+
 TEST_F(OpenAiHttpTest, ChatWithoutMaxTokensRunsToTheEndWithinTheCache) {
   // The chat default is the rest of the context, clamped to what the KV cache (128 MiB here:
   // fewer tokens than SmolLM2's 8192) holds for one sequence.
