@@ -150,12 +150,16 @@ bool Sequence::AppendToken(const SampleResult& sample, const model::Tokenizer& t
     done = true;
   } else {
     held_text_ += decoder_.Push(sample.token);
-    // A stop string ends the output just before it; the string itself is not emitted.
-    size_t cut = std::string::npos;
+    // A stop string ends the output just before it (the string itself is not emitted), or
+    // just after it with include_stop_str; the earliest match wins.
+    size_t at = std::string::npos, cut = std::string::npos;
     for (const std::string& s : stops) {
       if (s.empty()) continue;
-      size_t at = held_text_.find(s);
-      if (at != std::string::npos) cut = std::min(cut, at);
+      const size_t found = held_text_.find(s);
+      if (found != std::string::npos && found < at) {
+        at = found;
+        cut = request_.stopping.include_stop_str ? found + s.size() : found;
+      }
     }
     if (cut != std::string::npos) {
       held_text_.resize(cut);

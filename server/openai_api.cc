@@ -305,6 +305,11 @@ absl::Status ParseSampling(const In& body, OpenAiCall* call) {
     if (!v.ok()) return v.status();
     st->set_ignore_eos(*v);
   }
+  if (Given(body, "include_stop_str_in_output")) {
+    auto v = Bool(body, "include_stop_str_in_output");
+    if (!v.ok()) return v.status();
+    st->set_include_stop_str_in_output(*v);
+  }
   if (Given(body, "logit_bias")) {
     // {"token id": bias}: keys are token ids written as strings (JSON keys are strings).
     const In& bias = body["logit_bias"];
@@ -408,9 +413,6 @@ absl::Status RefuseUnsupported(const In& body, OpenAiEndpoint endpoint) {
   }
   if (Given(body, "use_beam_search") && body["use_beam_search"] != false) {
     return Unsupported("use_beam_search", "sampling only");
-  }
-  if (Given(body, "include_stop_str_in_output") && body["include_stop_str_in_output"] != false) {
-    return Unsupported("include_stop_str_in_output", "a stop string is always cut off");
   }
   if (Given(body, "prompt_logprobs")) {
     return Unsupported("prompt_logprobs",

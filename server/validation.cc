@@ -237,6 +237,7 @@ absl::StatusOr<scheduler::Request> BuildRequest(const v1::GenerateRequest& req,
     out.stopping.stop_token_ids.push_back(static_cast<int32_t>(st.stop_token_ids(i)));
   }
   out.stopping.ignore_eos = st.ignore_eos();
+  out.stopping.include_stop_str = st.include_stop_str_in_output();
 
   auto sampling = BuildSampling(req.sampling(), config.vocab_size);
   if (!sampling.ok()) return sampling.status();

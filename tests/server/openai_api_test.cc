@@ -43,6 +43,7 @@ TEST(OpenAiApiTest, CompletionFieldsMapOntoTheGenerateRequest) {
       "max_tokens": 7, "temperature": 0.5, "top_p": 0.9, "top_k": 40, "min_p": 0.05,
       "repetition_penalty": 1.1, "presence_penalty": 0.5, "frequency_penalty": -0.5,
       "seed": 42, "stop": ["\n", "END"], "stop_token_ids": [2], "ignore_eos": true,
+      "include_stop_str_in_output": true,
       "logprobs": 3, "stream": true, "stream_options": {"include_usage": true},
       "cache_salt": "tenant-a", "user": "ignored", "n": 1, "echo": false})");
   ASSERT_TRUE(call.ok()) << call.status();
@@ -58,6 +59,7 @@ TEST(OpenAiApiTest, CompletionFieldsMapOntoTheGenerateRequest) {
   EXPECT_FLOAT_EQ(r.sampling().frequency_penalty(), -0.5f);
   EXPECT_EQ(r.sampling().seed(), 42u);
   ASSERT_EQ(r.stopping().stop_size(), 2);
+  EXPECT_TRUE(r.stopping().include_stop_str_in_output());
   EXPECT_EQ(r.stopping().stop(1), "END");
   ASSERT_EQ(r.stopping().stop_token_ids_size(), 1);
   EXPECT_EQ(r.stopping().stop_token_ids(0), 2u);
@@ -228,7 +230,6 @@ TEST(OpenAiApiTest, WhatTheServerCannotHonourIsRefusedByName) {
       {R"("guided_choice": ["yes", "no"])", "guided_choice is not supported"},
       {R"("guided_regex": "a+")", "guided_regex is not supported"},
       {R"("structured_outputs": {"choice": ["a"]})", "structured_outputs is not supported"},
-      {R"("include_stop_str_in_output": true)", "include_stop_str_in_output is not supported"},
       {R"("prompt_logprobs": 1)", "prompt_logprobs is not supported"},
       {R"("use_beam_search": true)", "use_beam_search is not supported"},
       {R"("allowed_token_ids": [1, 2])", "allowed_token_ids is not supported: use logit_bias"},

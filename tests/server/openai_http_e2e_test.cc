@@ -321,7 +321,25 @@ TEST_F(OpenAiHttpTest, StopStringsAndSeedsBehaveAsOverGrpc) {
                      {"stop", ", 8"}};
   const Json j = Json::parse(Post("/v1/completions", body).body);
   EXPECT_EQ(j["choices"][0]["finish_reason"], "stop") << j.dump();
-  EXPECT_EQ(j["choices"][0]["text"].get<std::string>().find(", 8"), std::string::npos);
+  const std::string cut = j["choices"][0]["text"];
+  EXPECT_EQ(cut.find(", 8"), std::string::npos);
+  // vLLM's include_stop_str_in_output: the same text up to the end of the stop string, whole
+  // or streamed.
+  Json with_stop = body;
+  with_stop["include_stop_str_in_output"] = true;
+  const Json k = Json::parse(Post("/v1/completions", with_stop).body);
+  EXPECT_EQ(k["choices"][0]["finish_reason"], "stop") << k.dump();
+  EXPECT_EQ(k["choices"][0]["text"], cut + ", 8");
+  with_stop["stream"] = true;
+  const HttpResult streamed = Post("/v1/completions", with_stop);
+  ASSERT_EQ(streamed.status, 200);
+  std::string text;
+  for (const std::string& e : SseData(streamed.body)) {
+    if (e == "[DONE]") continue;
+    const Json event = Json::parse(e);
+    for (const Json& c : event["choices"]) text += c["text"].get<std::string>();
+  }
+  EXPECT_EQ(text, cut + ", 8");
   // Sampling with a seed repeats.
   const Json seeded = {{"prompt", "Once upon a time"}, {"max_tokens", 16}, {"temperature", 1.0},
                        {"seed", 7}};
