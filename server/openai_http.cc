@@ -206,6 +206,16 @@ void OpenAiHttpServer::Handle(const HttpRequest& req, HttpResponder& out) {
     out.Send(503, "application/json", R"({"status":"not serving"})", {{"Retry-After", "1"}});
     return;
   }
+  if (req.path == "/metrics") {
+    // The Prometheus exposition here too, as vLLM serves it on its API port (scrape configs
+    // written for vLLM find it); no API key, as the --metrics-port endpoint.
+    if (req.method != "GET" && req.method != "HEAD") {
+      return SendError(out, 405, "use GET", {{"Allow", "GET, HEAD"}});
+    }
+    if (service_->metrics() == nullptr) return SendError(out, 404, "no metrics in this server");
+    out.Send(200, "text/plain; version=0.0.4; charset=utf-8", service_->metrics()->Serialize());
+    return;
+  }
   if (req.path == "/v1/completions" || req.path == "/v1/chat/completions") {
     if (req.method != "POST") return SendError(out, 405, "use POST", {{"Allow", "POST"}});
     if (!Authorized(req, out)) return;
@@ -220,7 +230,7 @@ void OpenAiHttpServer::Handle(const HttpRequest& req, HttpResponder& out) {
   }
   SendError(out, 404,
             absl::StrCat("no route ", req.path, "; the API is POST /v1/completions, POST "
-                         "/v1/chat/completions and GET /v1/models"));
+                         "/v1/chat/completions, GET /v1/models, GET /health and GET /metrics"));
 }
 
 void OpenAiHttpServer::Models(const HttpRequest& req, HttpResponder& out) {

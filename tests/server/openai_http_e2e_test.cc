@@ -5,13 +5,17 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <fstream>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/server/e2e_util.h"
 #include "tests/server/http_client.h"
 #include "tests/server/server_process.h"
+#include "tests/test_util.h"
 
 namespace thetaserve::testing {
 namespace {
@@ -78,6 +82,26 @@ TEST_F(OpenAiHttpTest, HealthAndModelsDescribeTheServer) {
   EXPECT_EQ(m["data"][0]["max_model_len"], 8192);
   EXPECT_EQ(HttpCall(http_port_, "GET", std::string("/v1/models/") + kModelName).status, 200);
   EXPECT_EQ(HttpCall(http_port_, "GET", "/v1/models/gpt-4o").status, 404);
+
+  // /metrics on the API port too, as vLLM serves it: the same families as --metrics-port's,
+  // valid for promtool.
+  HttpResult metrics = HttpCall(http_port_, "GET", "/metrics");
+  ASSERT_EQ(metrics.status, 200);
+  EXPECT_EQ(metrics.headers["content-type"], "text/plain; version=0.0.4; charset=utf-8");
+  for (const char* family : {"thetaserve_requests_total", "thetaserve_kv_pages_capacity",
+                             "thetaserve_build_info", "thetaserve_time_to_first_token_seconds"}) {
+    EXPECT_NE(metrics.body.find(absl::StrCat("# TYPE ", family, " ")), std::string::npos)
+        << family;
+    EXPECT_NE(server_->ScrapeMetrics().find(absl::StrCat("# TYPE ", family, " ")),
+              std::string::npos) << family;
+  }
+  ScopedTempDir tmp("openai_http_e2e_test");
+  const std::string path = tmp.File("metrics.txt");
+  std::ofstream(path) << metrics.body;
+  int rc = 0;
+  const std::string check = RunCommand("promtool check metrics < " + path + " 2>&1", &rc);
+  EXPECT_EQ(rc, 0) << "promtool check metrics failed:\n" << check;
+  EXPECT_EQ(HttpCall(http_port_, "POST", "/metrics", "{}").status, 405);
 }
 
 TEST_F(OpenAiHttpTest, CompletionEqualsTheGrpcStreamOfTheSameRequest) {
