@@ -104,6 +104,11 @@ int64_t Engine::KvBytesForSequence(const kernels::Backend& backend, int32_t bloc
 
 absl::StatusOr<std::unique_ptr<Sequence>> Engine::Prepare(Request request,
                                                           std::shared_ptr<TokenSink> sink) const {
+  if (absl::Status s = Check(request); !s.ok()) return s;
+  return std::make_unique<Sequence>(std::move(request), std::move(sink), *tokenizer_, kv_shape_);
+}
+
+absl::Status Engine::Check(const Request& request) const {
   const auto& c = backend_->model().config();
   if (request.prompt.empty()) return absl::InvalidArgumentError("the prompt is empty");
   for (int32_t t : request.prompt) {
@@ -127,7 +132,7 @@ absl::StatusOr<std::unique_ptr<Sequence>> Engine::Prepare(Request request,
         "shorten the request or start the server with a larger --kv-cache-memory",
         total, pages, pool_.num_pages()));
   }
-  return std::make_unique<Sequence>(std::move(request), std::move(sink), *tokenizer_, kv_shape_);
+  return absl::OkStatus();
 }
 
 absl::Status Engine::Submit(Request request, std::shared_ptr<TokenSink> sink) {

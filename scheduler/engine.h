@@ -62,6 +62,9 @@ class Engine {
   // prompts: the queue must hold them all). requests[i] reports to sinks[i].
   absl::Status SubmitAll(std::vector<Request> requests,
                          std::vector<std::shared_ptr<TokenSink>> sinks);
+  // Thread-safe. What Submit would refuse `request` for, if anything, apart from the queue
+  // (its prompt, its length against the context and against the whole KV cache).
+  absl::Status Check(const Request& request) const;
   // Thread-safe. The longest sequence (prompt + output tokens) Submit accepts: the model's
   // context, or less when the whole KV pool holds fewer tokens.
   int64_t MaxSequenceTokens() const;

@@ -19,7 +19,8 @@ using Clock = std::chrono::steady_clock;
 struct StoppingCriteria {
   int32_t max_tokens = 16;
   std::vector<std::string> stop;         // stop strings; matched across tokens, not emitted
-  bool include_stop_str = false;         // unless this: the matched string ends the output
+  // Unless this: the matched string ends the output, and a stop token id's text is emitted.
+  bool include_stop_str = false;
   std::vector<int32_t> stop_token_ids;   // end generation when sampled (emitted as ids only)
   bool ignore_eos = false;
   // Output tokens before EOS, stop_token_ids or stop strings may end generation (<= max_tokens).

@@ -148,7 +148,12 @@ bool Sequence::AppendToken(const SampleResult& sample, const model::Tokenizer& t
   } else if (std::find(stop_ids.begin(), stop_ids.end(), sample.token) != stop_ids.end()) {
     finish_reason_ = FinishReason::kStop;
     done = true;
-  } else {
+  }
+  if (done && request_.stopping.include_stop_str) {
+    // The stopping token's text too, as vLLM's include_stop_str_in_output (a special token,
+    // such as EOS, has none).
+    held_text_ += decoder_.Push(sample.token);
+  } else if (!done) {
     held_text_ += decoder_.Push(sample.token);
     // A stop string ends the output just before it (the string itself is not emitted), or
     // just after it with include_stop_str; the earliest match wins.

@@ -114,7 +114,8 @@ absl::Status ParsePrompt(const In& body, OpenAiCall* call) {
       call->prompts.push_back(std::move(*one));
     }
   }
-  call->request = call->RequestFor(0);
+  // One prompt goes in `request`; several stay out of it (RequestFor copies it for each).
+  if (call->prompts.size() == 1) call->request = call->RequestFor(0);
   return absl::OkStatus();
 }
 
@@ -241,9 +242,13 @@ absl::Status ParseSampling(const In& body, OpenAiCall* call) {
     } else if (v.is_number_integer()) {
       if (v.get<int64_t>() != -1) sp->set_seed(static_cast<uint64_t>(v.get<int64_t>()));
     } else {
-      auto whole = Integer(body, "seed");  // 7.0 is 7
-      if (!whole.ok()) return Invalid("seed", "must be an integer in [-2^63, 2^64)");
-      if (*whole != -1) sp->set_seed(static_cast<uint64_t>(*whole));
+      // A whole float (7.0, 1e16) in range is that integer.
+      const double d = v.is_number_float() ? v.get<double>() : 0.5;
+      if (std::floor(d) != d || d < -0x1p63 || d >= 0x1p64) {
+        return Invalid("seed", "must be an integer in [-2^63, 2^64)");
+      }
+      if (d != -1) sp->set_seed(d < 0 ? static_cast<uint64_t>(static_cast<int64_t>(d))
+                                      : static_cast<uint64_t>(d));
     }
   }
   // n completions of the prompt. best_of (sample more, return the n most likely) only as n.

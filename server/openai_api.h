@@ -22,6 +22,9 @@ enum class OpenAiEndpoint { kCompletions, kChatCompletions };
 
 // Completions of one /v1/completions call: its prompts × n.
 constexpr int kMaxCompletionsPerCall = 1024;
+// Prompt tokens of one call with a list of prompts, all prompts together (one prompt is
+// bounded by the context).
+constexpr int64_t kMaxPromptTokensPerCall = 262'144;
 
 // One prompt of /v1/completions: text, or token ids.
 struct OpenAiPrompt {
@@ -32,7 +35,7 @@ struct OpenAiPrompt {
 
 struct OpenAiCall {
   OpenAiEndpoint endpoint = OpenAiEndpoint::kCompletions;
-  // Every parameter, and the first (or only) prompt.
+  // Every parameter, and the prompt when there is one (not a list of several).
   v1::GenerateRequest request;
   // Completions: every prompt (a list of several gets n choices each, in order: choice
   // p * n + i is completion i of prompt p, as OpenAI and vLLM number them). Empty for chat.

@@ -276,19 +276,39 @@ void OpenAiHttpServer::Generate(const HttpRequest& http, HttpResponder& out, boo
   auto call = ParseOpenAiRequest(http.body, endpoint, options_.served_model_name);
   if (!call.ok()) return reject(call.status());
   const size_t prompt_count = call->prompt_count();
+  const int n_per_prompt = std::max<int>(1, int(call->request.n()));
+  const int n = n_per_prompt * int(prompt_count);  // choices in all
+  if (prompt_count > 1 && n > service_->engine().config().max_queue) {
+    return reject(absl::InvalidArgumentError(absl::StrCat(
+        prompt_count, " prompts × n = ", n, " completions do not fit the request queue "
+        "(--max-queue ", service_->engine().config().max_queue, ") even when it is empty")));
+  }
   std::vector<scheduler::Request> prompts;
+  int64_t prompt_tokens = 0;
   for (size_t p = 0; p < prompt_count; ++p) {
     auto built = BuildRequest(call->RequestFor(p), *model_);
-    if (!built.ok()) {
-      if (prompt_count == 1) return reject(built.status());
-      // A list of prompts: say which one ("prompt[1][2] = 999999 is outside the vocabulary",
-      // "prompt[1]: the prompt has 9000 tokens; …").
-      const std::string what = ToOpenAiFieldNames(std::string(built.status().message()));
+    absl::Status status = built.ok() ? absl::OkStatus() : built.status();
+    if (built.ok() && prompt_count > 1) status = service_->engine().Check(*built);
+    if (!status.ok()) {
+      // A list of prompts: say which one when the error is about its prompt
+      // ("prompt[1][2] = 999999 is outside the vocabulary", "prompt[1]: the prompt has …"),
+      // not when it is about a parameter they share.
+      const std::string what = ToOpenAiFieldNames(std::string(status.message()));
+      if (prompt_count == 1 || what.find("prompt") == std::string::npos) {
+        return reject(absl::Status(status.code(), what));
+      }
       const std::string which = absl::StrCat("prompt[", p, "]");
-      return reject(absl::Status(built.status().code(),
-                                 what.starts_with("prompt[")
-                                     ? absl::StrCat(which, what.substr(6))
-                                     : absl::StrCat(which, ": ", what)));
+      return reject(absl::Status(status.code(), what.starts_with("prompt[")
+                                                    ? absl::StrCat(which, what.substr(6))
+                                                    : absl::StrCat(which, ": ", what)));
+    }
+    // Each prompt's scores or completions are held until the call ends: a bound on the
+    // response, whatever the number of prompts.
+    prompt_tokens += int64_t(built->prompt.size());
+    if (prompt_count > 1 && prompt_tokens > kMaxPromptTokensPerCall) {
+      return reject(absl::InvalidArgumentError(absl::StrCat(
+          "the prompts hold more than ", kMaxPromptTokensPerCall, " tokens in all (", p + 1,
+          " of ", prompt_count, " counted); send fewer prompts per request")));
     }
     prompts.push_back(std::move(*built));
   }
@@ -306,8 +326,6 @@ void OpenAiHttpServer::Generate(const HttpRequest& http, HttpResponder& out, boo
     req.stopping.max_tokens = static_cast<int32_t>(room);
   }
   const std::string id = absl::StrCat(chat ? "chatcmpl-" : "cmpl-", RandomHex128());
-  const int n_per_prompt = std::max<int>(1, int(call->request.n()));
-  const int n = n_per_prompt * int(prompt_count);  // choices in all
   auto output = std::make_shared<HttpOutput>(n);
   absl::Status submitted = service_->SubmitPrompts(
       id, std::move(prompts), n_per_prompt, [&](int index, const std::string& choice_id) {

@@ -417,5 +417,47 @@ TEST_F(EngineTest, SubmitAllQueuesAllOrNone) {
   for (auto& sk : sinks) ASSERT_TRUE(static_cast<CollectingSink&>(*sk).Wait(300));
 }
 
+// Cancel(call_id) reaches every request of a call with several prompts, running or waiting
+// (each prompt's n completions being a group of their own), and nothing else.
+TEST_F(EngineTest, ACallsIdCancelsEachOfItsPrompts) {
+  EngineConfig config;
+  config.kv_cache_bytes = int64_t(64) << 20;
+  config.scheduler.max_num_seqs = 2;  // two run, the rest wait
+  auto engine = CpuEngine(config);
+  ASSERT_NE(engine, nullptr);
+  std::vector<Request> requests;
+  std::vector<std::shared_ptr<TokenSink>> sinks;
+  const char* prompts[] = {"Once upon a time", "Tell me a story", "Count to ten"};
+  for (int p = 0; p < 3; ++p) {
+    for (int i = 0; i < 2; ++i) {
+      Request r = MakeRequest(absl::StrCat("call-", p, "/", i), prompts[p], 300);
+      r.stopping.ignore_eos = true;
+      r.group_id = absl::StrCat("call-", p);
+      r.group_index = i;
+      r.call_id = "call";
+      requests.push_back(std::move(r));
+      sinks.push_back(std::make_shared<CollectingSink>());
+    }
+  }
+  Request other = MakeRequest("call-other", "Hello", 6);  // shares a prefix of the id only
+  auto other_sink = std::make_shared<CollectingSink>();
+  ASSERT_TRUE(engine->SubmitAll(requests, sinks).ok());
+  ASSERT_TRUE(engine->Submit(other, other_sink).ok());
+  auto& first = static_cast<CollectingSink&>(*sinks[0]);
+  while (first.count() < 2 && !first.finished) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  EXPECT_EQ(engine->Stats().running, 2);
+  engine->Cancel("call");
+  for (size_t k = 0; k < sinks.size(); ++k) {
+    auto& sink = static_cast<CollectingSink&>(*sinks[k]);
+    ASSERT_TRUE(sink.Wait(300));
+    EXPECT_EQ(sink.info.reason, FinishReason::kCancelled) << k;
+    EXPECT_LT(sink.info.completion_tokens, 300) << k;
+  }
+  ASSERT_TRUE(other_sink->Wait(300));
+  EXPECT_EQ(other_sink->info.reason, FinishReason::kLength);
+  ASSERT_TRUE(engine->WaitIdle(10));
+  EXPECT_EQ(engine->pool_for_tests().num_free(), engine->pool_for_tests().num_pages());
+}
+
 }  // namespace
 }  // namespace thetaserve::scheduler

@@ -110,7 +110,7 @@ TEST(OpenAiApiTest, AListOfPromptsBecomesOneRequestEach) {
   auto several = Completion(R"({"prompt": ["a b", [7, 8], "c"], "max_tokens": 3, "n": 2})");
   ASSERT_TRUE(several.ok()) << several.status();
   ASSERT_EQ(several->prompt_count(), 3u);
-  EXPECT_EQ(several->request.prompt(), "a b");
+  EXPECT_TRUE(several->request.prompt().empty()) << "a list's prompts go in RequestFor's copies";
   EXPECT_EQ(several->RequestFor(0).prompt(), "a b");
   const v1::GenerateRequest ids = several->RequestFor(1);
   EXPECT_TRUE(ids.prompt().empty());
@@ -315,6 +315,9 @@ TEST(OpenAiApiTest, TypeErrorsNameTheField) {
   EXPECT_EQ(Completion(R"({"prompt": "x", "seed": 18446744073709551615})")->request.sampling().seed(),
             std::numeric_limits<uint64_t>::max());
   EXPECT_EQ(Completion(R"({"prompt": "x", "seed": 7.0})")->request.sampling().seed(), 7u);
+  EXPECT_EQ(Completion(R"({"prompt": "x", "seed": 1e16})")->request.sampling().seed(),
+            10'000'000'000'000'000u);
+  EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": "x", "seed": 2.5})"), "seed must be an integer"));
   // vLLM's top_k = -1 is "off".
   auto off = Completion(R"({"prompt": "x", "top_k": -1})");
   ASSERT_TRUE(off.ok());

@@ -277,11 +277,24 @@ TEST_F(OpenAiHttpTest, ChatMayContinueAPrefilledAnswer) {
   EXPECT_EQ(Post("/v1/chat/completions", {{"messages", messages},
                                           {"continue_final_message", true},
                                           {"add_generation_prompt", true}}).status, 400);
-  // No new turn: the reply is whatever follows the end of the user's turn.
+  // No new turn: the reply is what follows the end of the user's turn.
   HttpResult no_turn = Post("/v1/chat/completions",
                             {{"messages", {messages[0]}}, {"add_generation_prompt", false},
                              {"max_tokens", 4}, {"temperature", 0}});
-  EXPECT_EQ(no_turn.status, 200) << no_turn.body;
+  ASSERT_EQ(no_turn.status, 200) << no_turn.body;
+  grpc::ClientContext ctx2;
+  chat->clear_continue_final_message();
+  chat->set_add_generation_prompt(false);
+  chat->mutable_messages()->RemoveLast();
+  ASSERT_TRUE(stub->Tokenize(&ctx2, treq, &rendered).ok());
+  EXPECT_TRUE(rendered.rendered().ends_with("France?<|im_end|>\n")) << rendered.rendered();
+  HttpResult after_turn = Post("/v1/completions",
+                               {{"prompt", std::vector<uint32_t>(rendered.ids().begin(),
+                                                                 rendered.ids().end())},
+                                {"max_tokens", 4}, {"temperature", 0}});
+  ASSERT_EQ(after_turn.status, 200);
+  EXPECT_EQ(Json::parse(no_turn.body)["choices"][0]["message"]["content"],
+            Json::parse(after_turn.body)["choices"][0]["text"]);
 }
 
 TEST_F(OpenAiHttpTest, ChatWithoutMaxTokensRunsToTheEndWithinTheCache) {
@@ -364,6 +377,21 @@ TEST_F(OpenAiHttpTest, StopStringsAndSeedsBehaveAsOverGrpc) {
     for (const Json& c : event["choices"]) text += c["text"].get<std::string>();
   }
   EXPECT_EQ(text, cut + ", 8");
+  // And a stop token id's text, as vLLM's (without it, the token ends the output unseen).
+  auto stub = server_->stub();
+  grpc::ClientContext ctx;
+  v1::TokenizeRequest comma;
+  comma.set_text(",");
+  comma.set_add_special_tokens(false);
+  v1::TokenizeResponse comma_ids;
+  ASSERT_TRUE(stub->Tokenize(&ctx, comma, &comma_ids).ok());
+  ASSERT_EQ(comma_ids.ids_size(), 1);
+  Json at_comma = {{"prompt", "Count: 1, 2, 3, 4,"}, {"max_tokens", 30}, {"temperature", 0},
+                   {"stop_token_ids", {comma_ids.ids(0)}}};
+  const std::string before = Json::parse(Post("/v1/completions", at_comma).body)["choices"][0]["text"];
+  EXPECT_EQ(before.find(','), std::string::npos) << before;
+  at_comma["include_stop_str_in_output"] = true;
+  EXPECT_EQ(Json::parse(Post("/v1/completions", at_comma).body)["choices"][0]["text"], before + ",");
   // Sampling with a seed repeats.
   const Json seeded = {{"prompt", "Once upon a time"}, {"max_tokens", 16}, {"temperature", 1.0},
                        {"seed", 7}};
@@ -690,6 +718,21 @@ TEST_F(OpenAiHttpTest, AListOfPromptsGetsOneChoicePerPromptInOrder) {
   HttpResult bad = Post("/v1/completions", {{"prompt", {"fine", too_long}}});
   EXPECT_EQ(bad.status, 400) << bad.body;
   EXPECT_NE(bad.body.find("prompt[1]: "), std::string::npos) << bad.body;
+  // One that fits the context but never the KV cache (128 MiB here) is named too.
+  HttpResult big = Post("/v1/completions", {{"prompt", {"fine", "fine"}}, {"max_tokens", 7000}});
+  EXPECT_EQ(big.status, 400) << big.body;
+  EXPECT_NE(big.body.find("prompt[0]: prompt + max_tokens = "), std::string::npos) << big.body;
+  // A parameter they share is not blamed on a prompt.
+  HttpResult shared = Post("/v1/completions", {{"prompt", {"a", "b"}},
+                                               {"stop_token_ids", {999999}}});
+  EXPECT_EQ(shared.status, 400);
+  EXPECT_NE(shared.body.find("\"stop_token_ids[0] = 999999"), std::string::npos) << shared.body;
+  // At most 262,144 prompt tokens in one call, all prompts together.
+  const Json five_thousand = std::vector<uint32_t>(5000, ids[0].get<uint32_t>());
+  HttpResult heavy = Post("/v1/completions", {{"prompt", std::vector<Json>(53, five_thousand)}});
+  EXPECT_EQ(heavy.status, 400);
+  EXPECT_NE(heavy.body.find("more than 262144 tokens in all (53 of 53 counted)"),
+            std::string::npos) << heavy.body;
   EXPECT_EQ(Post("/v1/completions", {{"prompt", {"a", 7}}}).status, 400);
   HttpResult bad_id = Post("/v1/completions", {{"prompt", {ids, {1, 2, 999999}}}});
   EXPECT_EQ(bad_id.status, 400);
@@ -698,10 +741,12 @@ TEST_F(OpenAiHttpTest, AListOfPromptsGetsOneChoicePerPromptInOrder) {
   ASSERT_TRUE(WaitForRunning(*stub, 0));
 
   // A client that leaves, streaming or not, cancels every prompt's completions.
+  const std::string kCancelled = "thetaserve_requests_total{outcome=\"cancelled\"}";
   const Json endless = {{"prompt", {"Tell me a story", "Write a long poem", "Count to a million"}},
                         {"max_tokens", 4000}, {"ignore_eos", true}};
   for (bool stream : {false, true}) {
     SCOPED_TRACE(stream ? "streaming" : "whole completion");
+    const double cancelled_before = MetricValue(server_->ScrapeMetrics(), kCancelled);
     Json body = endless;
     body["stream"] = stream;
     {
@@ -710,6 +755,7 @@ TEST_F(OpenAiHttpTest, AListOfPromptsGetsOneChoicePerPromptInOrder) {
       ASSERT_TRUE(WaitForRunning(*stub, 3));
     }
     EXPECT_TRUE(WaitForRunning(*stub, 0)) << "the completions kept running or kept their pages";
+    EXPECT_EQ(MetricValue(server_->ScrapeMetrics(), kCancelled), cancelled_before + 3);
   }
   // Abort with the call's id ends all three.
   HttpConnection c(http_port_);
@@ -737,6 +783,14 @@ TEST_F(OpenAiHttpTest, AListOfPromptsGetsOneChoicePerPromptInOrder) {
   EXPECT_EQ(aborts, std::vector<int>({1, 1, 1}))
       << (aborted.size() > 1 ? aborted[aborted.size() - 2] : head.body.substr(0, 400));
   EXPECT_TRUE(WaitForRunning(*stub, 0));
+  // Once it has ended, its id is no longer in flight (nor after a call that ran to its end).
+  for (const std::string& ended : {head.headers["x-request-id"],
+                                   r.headers["x-request-id"]}) {
+    grpc::ClientContext again;
+    abort.set_request_id(ended);
+    ASSERT_TRUE(stub->Abort(&again, abort, &found).ok());
+    EXPECT_FALSE(found.found()) << ended;
+  }
 }
 
 TEST_F(OpenAiHttpTest, SixteenConcurrentStreamsAllComplete) {
