@@ -7,6 +7,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
+#include "server/openai_response.h"
 #include "server/validation.h"
 
 namespace thetaserve::server {
@@ -17,9 +18,6 @@ namespace {
 // OpenAI documents.
 using In = nlohmann::json;
 using Json = nlohmann::ordered_json;
-
-// vLLM's stand-in for a log-probability of -inf, which JSON cannot carry.
-constexpr float kMinLogprob = -9999.0f;
 
 absl::Status Invalid(const std::string& field, const std::string& what) {
   return absl::InvalidArgumentError(field + " " + what);
@@ -437,35 +435,6 @@ absl::Status RefuseUnsupported(const In& body, OpenAiEndpoint endpoint) {
   return absl::OkStatus();
 }
 
-// Characters (code points) in UTF-8 text: the bytes that begin one. A token that ends inside
-// a character counts it; the token holding the rest adds none.
-size_t Utf8Chars(std::string_view text) {
-  return std::count_if(text.begin(), text.end(),
-                       [](char c) { return (static_cast<unsigned char>(c) & 0xC0) != 0x80; });
-}
-
-// Chat's "bytes": a token's raw bytes as integers.
-Json ByteList(const std::string& bytes) {
-  Json b = Json::array();
-  for (unsigned char c : bytes) b.push_back(int(c));
-  return b;
-}
-
-Json TopList(const std::vector<std::pair<int32_t, float>>& top, int n,
-             const model::Tokenizer& tok, bool chat) {
-  Json out = chat ? Json::array() : Json::object();
-  for (int i = 0; i < n && i < static_cast<int>(top.size()); ++i) {
-    const std::string bytes = tok.TokenBytes(top[i].first);
-    const float lp = std::max(top[i].second, kMinLogprob);
-    if (chat) {
-      out.push_back({{"token", bytes}, {"logprob", lp}, {"bytes", ByteList(bytes)}});
-    } else {
-      out[bytes] = lp;
-    }
-  }
-  return out;
-}
-
 // Why the parser refused `text`: its message (a number past double's range, a lone UTF-16
 // surrogate, a syntax error and where), without the "[json.exception...] " tag. Read through
 // the SAX interface, which hands the error over instead of throwing it.
@@ -602,219 +571,6 @@ std::string OpenAiErrorBody(int http_status, std::string_view message) {
              {{"message", std::string(message)}, {"type", type}, {"param", nullptr},
               {"code", http_status}}}};
   return DumpJson(j);
-}
-
-const char* OpenAiFinishReason(scheduler::FinishReason reason) {
-  switch (reason) {
-    case scheduler::FinishReason::kLength: return "length";
-    case scheduler::FinishReason::kCancelled: return "abort";
-    case scheduler::FinishReason::kError: return "error";
-    case scheduler::FinishReason::kStop:
-    case scheduler::FinishReason::kEos: break;
-  }
-  return "stop";
-}
-
-std::string DumpJson(const Json& j) {
-  return j.dump(-1, ' ', false, Json::error_handler_t::replace);
-}
-
-OpenAiResponseBuilder::OpenAiResponseBuilder(const OpenAiCall& call, std::string id,
-                                             int64_t created, std::string model,
-                                             const model::Tokenizer& tokenizer, int choices,
-                                             std::vector<std::string> echo_texts)
-    : call_(call), id_(std::move(id)), created_(created), model_(std::move(model)),
-      tokenizer_(&tokenizer), choices_(std::max(1, choices)),
-      per_prompt_(std::max<int>(1, int(choices_.size() / call.prompt_count()))) {
-  for (size_t i = 0; i < choices_.size(); ++i) {
-    const size_t p = i / size_t(per_prompt_);
-    if (p < echo_texts.size()) choices_[i].echo = echo_texts[p];
-  }
-}
-
-std::string OpenAiResponseBuilder::EchoText(Choice& c, const scheduler::TokenDelta& delta) {
-  if (!call_.echo || c.echoed) return "";
-  if (delta.token_ids.empty() && delta.prompt_token_ids.empty()) return "";
-  c.echoed = true;
-  return c.echo;
-}
-
-Json OpenAiResponseBuilder::PromptLogprobs(const scheduler::TokenDelta& d) const {
-  if (!call_.echo || !call_.logprobs || d.prompt_token_ids.empty()) return nullptr;
-  // The legacy format: the prompt's tokens, the first with null log-probabilities.
-  Json tokens = Json::array(), token_logprobs = Json::array(), top = Json::array(),
-       offsets = Json::array();
-  size_t offset = 0;
-  for (size_t i = 0; i < d.prompt_token_ids.size(); ++i) {
-    const std::string bytes = tokenizer_->TokenBytes(d.prompt_token_ids[i]);
-    tokens.push_back(bytes);
-    offsets.push_back(offset);
-    offset += Utf8Chars(bytes);
-    if (i == 0 || i - 1 >= d.prompt_logprobs.size()) {
-      token_logprobs.push_back(nullptr);
-      top.push_back(nullptr);
-      continue;
-    }
-    const float lp = std::max(d.prompt_logprobs[i - 1], kMinLogprob);
-    token_logprobs.push_back(lp);
-    Json alternatives = TopList(d.prompt_top[i - 1], call_.top_logprobs, *tokenizer_, false);
-    if (!alternatives.contains(bytes)) alternatives[bytes] = lp;
-    top.push_back(alternatives);
-  }
-  return {{"tokens", tokens}, {"token_logprobs", token_logprobs}, {"top_logprobs", top},
-          {"text_offset", offsets}};
-}
-
-void OpenAiResponseBuilder::Choice::Append(const std::string& more) {
-  text += more;
-  chars += Utf8Chars(more);
-}
-
-Json OpenAiResponseBuilder::Envelope(const char* object) const {
-  return {{"id", id_}, {"object", object}, {"created", created_}, {"model", model_}};
-}
-
-Json OpenAiResponseBuilder::Usage(const std::vector<scheduler::FinishInfo>& infos) const {
-  int64_t prompt = 0, completion = 0;
-  for (size_t i = 0; i < infos.size(); ++i) {
-    if (i % size_t(per_prompt_) == 0) prompt += infos[i].prompt_tokens;  // its prompt's first
-    completion += infos[i].completion_tokens;
-  }
-  return {{"prompt_tokens", prompt},
-          {"completion_tokens", completion},
-          {"total_tokens", prompt + completion}};
-}
-
-Json OpenAiResponseBuilder::Logprobs(const scheduler::TokenDelta& d, size_t offset) const {
-  const bool chat = call_.endpoint == OpenAiEndpoint::kChatCompletions;
-  if (!call_.logprobs || d.logprobs.empty()) return nullptr;
-  if (chat) {
-    Json content = Json::array();
-    for (size_t i = 0; i < d.logprobs.size() && i < d.token_ids.size(); ++i) {
-      const std::string bytes = tokenizer_->TokenBytes(d.token_ids[i]);
-      content.push_back({{"token", bytes},
-                         {"logprob", std::max(d.logprobs[i], kMinLogprob)},
-                         {"bytes", ByteList(bytes)},
-                         {"top_logprobs", TopList(d.top[i], call_.top_logprobs, *tokenizer_, true)}});
-    }
-    return {{"content", content}};
-  }
-  Json tokens = Json::array(), token_logprobs = Json::array(), top = Json::array(),
-       offsets = Json::array();
-  for (size_t i = 0; i < d.logprobs.size() && i < d.token_ids.size(); ++i) {
-    const std::string bytes = tokenizer_->TokenBytes(d.token_ids[i]);
-    tokens.push_back(bytes);
-    token_logprobs.push_back(std::max(d.logprobs[i], kMinLogprob));
-    // The legacy format always carries the sampled token among the alternatives: up to n + 1
-    // entries (OpenAI's documentation; vLLM does the same).
-    Json alternatives = TopList(d.top[i], call_.top_logprobs, *tokenizer_, false);
-    if (!alternatives.contains(bytes)) alternatives[bytes] = std::max(d.logprobs[i], kMinLogprob);
-    top.push_back(alternatives);
-    offsets.push_back(offset);
-    offset += Utf8Chars(bytes);
-  }
-  return {{"tokens", tokens}, {"token_logprobs", token_logprobs}, {"top_logprobs", top},
-          {"text_offset", offsets}};
-}
-
-Json OpenAiResponseBuilder::RoleChunk(int index) const {
-  Json j = Envelope("chat.completion.chunk");
-  j["choices"] = Json::array({{{"index", index},
-                               {"delta", {{"role", "assistant"}, {"content", ""}}},
-                               {"logprobs", nullptr},
-                               {"finish_reason", nullptr}}});
-  return j;
-}
-
-Json OpenAiResponseBuilder::DeltaChunk(int index, const scheduler::TokenDelta& delta) {
-  Choice& c = choices_.at(index);
-  const std::string echo = EchoText(c, delta);
-  Json logprobs = PromptLogprobs(delta);
-  c.Append(echo);
-  const size_t offset = c.chars;
-  c.Append(delta.text);
-  AppendLogprobs(logprobs, Logprobs(delta, offset));
-  const bool chat = call_.endpoint == OpenAiEndpoint::kChatCompletions;
-  Json choice = chat ? Json{{"index", index}, {"delta", {{"content", delta.text}}}}
-                     : Json{{"text", echo + delta.text}, {"index", index}};
-  choice["logprobs"] = logprobs;
-  choice["finish_reason"] = nullptr;
-  Json j = Envelope(chat ? "chat.completion.chunk" : "text_completion");
-  j["choices"] = Json::array({choice});
-  return j;
-}
-
-Json OpenAiResponseBuilder::FinishChunk(int index, const scheduler::FinishInfo& info) const {
-  const bool chat = call_.endpoint == OpenAiEndpoint::kChatCompletions;
-  Json choice = chat ? Json{{"index", index}, {"delta", Json::object()}}
-                     : Json{{"text", ""}, {"index", index}};
-  choice["logprobs"] = nullptr;
-  choice["finish_reason"] = OpenAiFinishReason(info.reason);
-  Json j = Envelope(chat ? "chat.completion.chunk" : "text_completion");
-  j["choices"] = Json::array({choice});
-  return j;
-}
-
-Json OpenAiResponseBuilder::UsageChunk(const std::vector<scheduler::FinishInfo>& infos) const {
-  const bool chat = call_.endpoint == OpenAiEndpoint::kChatCompletions;
-  Json j = Envelope(chat ? "chat.completion.chunk" : "text_completion");
-  j["choices"] = Json::array();
-  j["usage"] = Usage(infos);
-  return j;
-}
-
-void OpenAiResponseBuilder::AppendLogprobs(Json& into, const Json& more) {
-  if (more.is_null()) return;
-  if (into.is_null()) {
-    into = more;
-    return;
-  }
-  for (auto& [key, value] : more.items()) {
-    for (const Json& x : value) into[key].push_back(x);
-  }
-}
-
-void OpenAiResponseBuilder::Add(int index, const scheduler::TokenDelta& delta) {
-  Choice& c = choices_.at(index);
-  c.Append(EchoText(c, delta));
-  AppendLogprobs(c.logprobs, PromptLogprobs(delta));
-  AppendLogprobs(c.logprobs, Logprobs(delta, c.chars));
-  c.Append(delta.text);
-}
-
-bool OpenAiResponseBuilder::Carries(const Json& chunk) {
-  if (chunk["choices"].empty()) return false;
-  const Json& c = chunk["choices"][0];
-  if (!c["logprobs"].is_null()) return true;
-  const Json& text = c.contains("delta") ? c["delta"]["content"] : c["text"];
-  return text.is_string() && !text.get<std::string>().empty();
-}
-
-Json OpenAiResponseBuilder::Complete(const std::vector<scheduler::FinishInfo>& infos) const {
-  const bool chat = call_.endpoint == OpenAiEndpoint::kChatCompletions;
-  Json choices = Json::array();
-  for (size_t i = 0; i < choices_.size() && i < infos.size(); ++i) {
-    const Choice& c = choices_[i];
-    // A completion cancelled before its first token still echoes its prompt.
-    const std::string text = call_.echo && !c.echoed ? c.echo + c.text : c.text;
-    Json logprobs = c.logprobs;
-    if (call_.logprobs && logprobs.is_null()) {
-      logprobs = chat ? Json{{"content", Json::array()}}
-                      : Json{{"tokens", Json::array()}, {"token_logprobs", Json::array()},
-                             {"top_logprobs", Json::array()}, {"text_offset", Json::array()}};
-    }
-    const int index = static_cast<int>(i);
-    Json choice = chat ? Json{{"index", index},
-                              {"message", {{"role", "assistant"}, {"content", text}}}}
-                       : Json{{"text", text}, {"index", index}};
-    choice["logprobs"] = logprobs;
-    choice["finish_reason"] = OpenAiFinishReason(infos[i].reason);
-    choices.push_back(std::move(choice));
-  }
-  Json j = Envelope(chat ? "chat.completion" : "text_completion");
-  j["choices"] = std::move(choices);
-  j["usage"] = Usage(infos);
-  return j;
 }
 
 }  // namespace thetaserve::server

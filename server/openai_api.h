@@ -1,7 +1,7 @@
-// The OpenAI-compatible API's JSON, apart from any transport: a /v1/completions or
+// The OpenAI-compatible API's requests, apart from any transport: a /v1/completions or
 // /v1/chat/completions body becomes a v1::GenerateRequest (which then goes through BuildRequest,
-// exactly as a gRPC request does, so both front ends validate alike), and the engine's output
-// becomes completion objects and stream chunks.
+// exactly as a gRPC request does, so both front ends validate alike). The responses are
+// openai_response.h's.
 #pragma once
 
 #include <algorithm>
@@ -11,9 +11,6 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "model/tokenizer.h"
-#include "nlohmann/json.hpp"
-#include "scheduler/request.h"
 #include "thetaserve/v1/generation.pb.h"
 
 namespace thetaserve::server {
@@ -66,70 +63,5 @@ std::string ToOpenAiFieldNames(std::string message);
 std::string OpenAiErrorBody(int http_status, std::string_view message);
 // The HTTP status for a Status code.
 int HttpStatusFor(const absl::Status& status);
-
-// "stop" (stop strings, stop token ids and EOS), "length", or, as vLLM says, "abort" for a
-// request cancelled by an Abort call.
-const char* OpenAiFinishReason(scheduler::FinishReason reason);
-
-// Builds one call's response objects, for its n completions (`choices`). Handler thread only.
-class OpenAiResponseBuilder {
- public:
-  // choices: call.prompt_count() × n. echo_texts: with call.echo, each prompt's text, which
-  // its choices' texts begin with.
-  OpenAiResponseBuilder(const OpenAiCall& call, std::string id, int64_t created,
-                        std::string model, const model::Tokenizer& tokenizer, int choices = 1,
-                        std::vector<std::string> echo_texts = {});
-
-  // Streaming: for each completion the chat stream's first chunk (the assistant role), then
-  // one chunk per delta and the chunk with the finish reason; last, if asked, a chunk with
-  // the usage of them all.
-  nlohmann::ordered_json RoleChunk(int index) const;
-  nlohmann::ordered_json DeltaChunk(int index, const scheduler::TokenDelta& delta);
-  // Whether a DeltaChunk has anything to send (text, or log-probabilities): tokens whose
-  // text is not complete UTF-8 yet make chunks that do not.
-  static bool Carries(const nlohmann::ordered_json& chunk);
-  nlohmann::ordered_json FinishChunk(int index, const scheduler::FinishInfo& info) const;
-  // infos: every completion's, [choices].
-  nlohmann::ordered_json UsageChunk(const std::vector<scheduler::FinishInfo>& infos) const;
-
-  // Not streaming: Add every delta, then Complete with every completion's FinishInfo.
-  void Add(int index, const scheduler::TokenDelta& delta);
-  nlohmann::ordered_json Complete(const std::vector<scheduler::FinishInfo>& infos) const;
-
-  const std::string& id() const { return id_; }
-
- private:
-  struct Choice {
-    std::string text;                  // the completion so far (after the echoed prompt)
-    size_t chars = 0;                  // its length in characters (code points), as text_offset
-    void Append(const std::string& more);
-    nlohmann::ordered_json logprobs;   // accumulated (not streaming)
-    std::string echo;                  // with echo: its prompt's text
-    bool echoed = false;               // the prompt's text (and scores) went out
-  };
-  // With echo: the prompt's text the first time a delta brings tokens or the prompt's scores,
-  // and the scores' log-probabilities (the first token's null) when asked; else "" and null.
-  std::string EchoText(Choice& c, const scheduler::TokenDelta& delta);
-  nlohmann::ordered_json PromptLogprobs(const scheduler::TokenDelta& delta) const;
-  nlohmann::ordered_json Envelope(const char* object) const;
-  // Each prompt once, the completion tokens of all.
-  nlohmann::ordered_json Usage(const std::vector<scheduler::FinishInfo>& infos) const;
-  // Log-probabilities of a delta's tokens in the endpoint's format; `offset` is the completion
-  // text's length in characters before them (the completions format's text_offset, which
-  // OpenAI and vLLM count in characters, as Python slices a str).
-  nlohmann::ordered_json Logprobs(const scheduler::TokenDelta& delta, size_t offset) const;
-  static void AppendLogprobs(nlohmann::ordered_json& into, const nlohmann::ordered_json& more);
-
-  OpenAiCall call_;
-  std::string id_;
-  int64_t created_;
-  std::string model_;
-  const model::Tokenizer* tokenizer_;
-  std::vector<Choice> choices_;
-  int per_prompt_ = 1;  // n: choices of each prompt
-};
-
-// Serializes for the wire: invalid UTF-8 (a token's raw bytes) becomes U+FFFD.
-std::string DumpJson(const nlohmann::ordered_json& j);
 
 }  // namespace thetaserve::server

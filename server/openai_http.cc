@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "server/openai_api.h"
+#include "server/openai_response.h"
 #include "server/service_sink.h"
 #include "server/validation.h"
 

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "model/model.h"
+#include "server/openai_response.h"
 #include "server/validation.h"
 #include "tests/test_util.h"
 
