@@ -9,7 +9,7 @@
   promql_check.py wait-scraped PROMETHEUS_URL
       Waits (up to 30 s) until the thetaserve target has been scraped twice.
 
-  promql_check.py check REPO_ROOT PROMETHEUS_URL [--wait SECONDS]
+  promql_check.py check REPO_ROOT PROMETHEUS_URL [--wait SECONDS] [--savings]
       Evaluates through Prometheus' HTTP API (/api/v1/query) every PromQL expression of
         - every target of every panel of deploy/grafana/dashboards/*.json, with the dashboard
           variables set as Grafana would ($job and $instance to the scraped target's values,
@@ -26,6 +26,9 @@
       attention, count as data and are reported). Expressions that are empty at first are
       retried until --wait seconds have passed (recording rules need an evaluation or two). It
       also asserts the target is up and every rule's health is ok.
+      --savings (a server under Top-θ with the sparse V policy): the memory-savings ratios the
+      dashboards show must also be finite and below 1 (memory and reads saved), the share of
+      retained rows already evicted in [0, 1]; SAVINGS lists the expressions.
 """
 import glob
 import json
@@ -282,6 +285,36 @@ def cmd_check(root, url, wait):
     return 1 if failed or rule_errors else 0
 
 
+# (expression, lowest, highest, highest included): under Top-θ with --policy sparse. The resident
+# ratio is a gauge (0/0 while nothing runs): its lowest value recorded during the traffic.
+SAVINGS = [
+    ("min_over_time((thetaserve:v_rows_resident:ratio >= 0)[5m:1s])", 0.0, 1.0, False),
+    ("thetaserve:v_rows_read:ratio_rate5m", 0.0, 1.0, False),
+    ("thetaserve:attention_elements_kept:ratio_rate5m", 0.0, 1.0, False),
+    ("thetaserve:v_rows_retained_but_evicted:ratio_rate5m", 0.0, 1.0, True),
+]
+
+
+def cmd_savings(url, wait):
+    prom = Prom(url)
+    deadline = time.time() + wait
+    failed = 0
+    for expr, lo, hi, hi_ok in SAVINGS:
+        while True:
+            result, error = prom.query(expr)
+            vals = [float(x["value"][1]) for x in (result or [])]
+            ok = (not error and vals and
+                  all(math.isfinite(v) and lo < v and (v <= hi if hi_ok else v < hi) for v in vals))
+            if ok or time.time() > deadline:
+                break
+            time.sleep(1)
+        shown = error or (", ".join("%g" % v for v in vals) if vals else "no data")
+        print("  %s %-66s %s" % ("ok  " if ok else "FAIL", expr[:66], shown))
+        failed += 0 if ok else 1
+    print("promql_check: %d savings ratios, %d outside (0, 1)" % (len(SAVINGS), failed))
+    return 1 if failed else 0
+
+
 def cmd_wait_scraped(url, wait):
     """Waits until Prometheus has scraped the thetaserve target twice (it applies new targets
     up to 5 s after start), so the traffic that follows has a baseline for rate()."""
@@ -307,7 +340,10 @@ def main(argv):
         wait = 60.0
         if "--wait" in argv:
             wait = float(argv[argv.index("--wait") + 1])
-        return cmd_check(argv[2], argv[3], wait)
+        rc = cmd_check(argv[2], argv[3], wait)
+        if "--savings" in argv:
+            rc = cmd_savings(argv[3], wait) or rc
+        return rc
     print(__doc__)
     return 2
 

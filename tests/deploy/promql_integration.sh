@@ -15,12 +15,24 @@
 #     their comparisons, which are empty while the alerts do not fire);
 #  5. sends SIGTERM and checks the server drains and exits 0 (what the chart's preStop and
 #     terminationGracePeriodSeconds rely on).
+# With --top-theta (ctest: deploy_promql_top_theta) the server runs Top-θ attention with the
+# sparse V policy instead of dense attention: a θ file is calibrated first (`thetaserve
+# calibrate` on the repository's docs, a few seconds), the tail and observation windows are
+# short so that rows leave the dense tail within these short requests, the concurrent requests
+# are long enough to be running across scrapes, and step 4 also asserts the memory-savings
+# ratios are finite and below 1 (promql_check.py --savings).
 # Everything is bounded in time; both processes are stopped on exit.
-# Usage: promql_integration.sh THETASERVE_BINARY
+# Usage: promql_integration.sh THETASERVE_BINARY [--top-theta]
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 bin="$(cd "$(dirname "${1:?usage: promql_integration.sh THETASERVE_BINARY}")" && pwd)/$(basename "$1")"
 model="$root/models/SmolLM2-135M-Instruct.Q4_1.gguf"
+top_theta=0
+case "${2:-}" in
+  "") ;;
+  --top-theta) top_theta=1 ;;
+  *) echo "usage: promql_integration.sh THETASERVE_BINARY [--top-theta]" >&2; exit 2 ;;
+esac
 for tool in prometheus promtool python3; do
   command -v "$tool" >/dev/null || { echo "promql_integration: $tool not found (scripts/install-deps.sh)" >&2; exit 1; }
 done
@@ -63,7 +75,6 @@ port=$(free_port); mport=$(free_port); pport=$(free_port)
 while [ "$mport" = "$port" ]; do mport=$(free_port); done
 while [ "$pport" = "$port" ] || [ "$pport" = "$mport" ]; do pport=$(free_port); done
 
-echo "== 1. server through deploy/docker/entrypoint.sh on 127.0.0.1:$port (metrics :$mport)"
 server_env=(
   THETASERVE_HOME="$root" THETASERVE_BIN="$bin" THETASERVE_MODEL="$model"
   THETASERVE_FETCH_MODEL=always THETASERVE_PYTHON="$health_py"
@@ -71,6 +82,22 @@ server_env=(
   THETASERVE_FLAG_THREADS=1 THETASERVE_FLAG_KV_CACHE_MEMORY=64M THETASERVE_FLAG_MAX_NUM_SEQS=4
   THETASERVE_FLAG_DRAIN_TIMEOUT=20
 )
+gen_tokens=16   # the concurrent requests' max tokens
+check_flags=()
+if [ "$top_theta" = 1 ]; then
+  echo "== 0. θ file: thetaserve calibrate on the repository's docs"
+  cat "$root"/docs/*.md "$root/README.md" >"$work/corpus.txt"
+  "$bin" calibrate --model "$model" --corpus "$work/corpus.txt" --k 8 --dense-layers 1 \
+    --context 256 --max-tokens 1024 --out "$work/theta.json" 2>&1 |
+    tr '\r' '\n' | grep -v '^calibrating' || true
+  [ -s "$work/theta.json" ] || { echo "calibration wrote no θ file"; exit 1; }
+  server_env+=(THETASERVE_FLAG_THETA="$work/theta.json" THETASERVE_FLAG_POLICY=sparse
+               THETASERVE_FLAG_LOCAL_WINDOW=16 THETASERVE_FLAG_OBS_WINDOW=4)
+  gen_tokens=160
+  check_flags=(--savings)
+fi
+
+echo "== 1. server through deploy/docker/entrypoint.sh on 127.0.0.1:$port (metrics :$mport)"
 env "${server_env[@]}" bash "$root/deploy/docker/entrypoint.sh" serve >"$work/server.log" 2>&1 &
 server_pid=$!
 healthy=0
@@ -112,7 +139,8 @@ for prompt in "The capital of France is" "Once upon a time" "The three primary c
 done
 pids=()
 for i in 1 2 3 4 5 6; do  # more than --max-num-seqs 4: some wait
-  n=$((n + 1)); client --prompt "Count to ten: $i," --max-tokens 16 >"$work/client.$n.txt" 2>&1 &
+  n=$((n + 1)); client --prompt "Count to ten: $i," --max-tokens "$gen_tokens" --ignore-eos \
+    >"$work/client.$n.txt" 2>&1 &
   pids+=($!)
 done
 for p in "${pids[@]}"; do wait "$p"; done
@@ -125,7 +153,8 @@ fi
 sleep 3  # scrapes after the traffic
 
 echo "== 4. every dashboard, rule and adapter expression through /api/v1/query"
-python3 "$root/tests/deploy/promql_check.py" check "$root" "http://127.0.0.1:$pport" --wait 60
+python3 "$root/tests/deploy/promql_check.py" check "$root" "http://127.0.0.1:$pport" --wait 60 \
+  "${check_flags[@]}"
 
 echo "== 5. SIGTERM: drain and exit 0"
 kill -TERM "$server_pid"
