@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <thread>
@@ -50,6 +51,12 @@ ServerProcess::ServerProcess(std::vector<std::string> extra, double timeout_s) {
   std::vector<std::string> args = {BinaryPath(), "serve", "--model", DefaultModelPath(),
                                    "--host", "127.0.0.1", "--port", std::to_string(port_),
                                    "--metrics-port", std::to_string(metrics_port_)};
+  // The CPU backend unless a test names a device: the tests compare outputs bit for bit with
+  // solo runs, which holds on the CPU (on a GPU the last bits depend on the batch's shape), and
+  // `auto` would pick a GPU on a machine that has one.
+  if (std::find(extra.begin(), extra.end(), "--device") == extra.end()) {
+    args.insert(args.end(), {"--device", "cpu"});
+  }
   args.insert(args.end(), extra.begin(), extra.end());
   pid_ = fork();
   if (pid_ == 0) {

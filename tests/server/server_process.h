@@ -24,7 +24,8 @@ bool WaitForRunning(v1::Generation::Stub& stub, uint32_t running, double timeout
 
 class ServerProcess {
  public:
-  // Starts the server with the default model and `extra` flags; waits until health says
+  // Starts the server with the default model on the CPU backend (unless `extra` names a
+  // --device) and `extra` flags; waits until health says
   // SERVING over plaintext (fails the test after `timeout_s`; timeout_s <= 0: no wait).
   // The server's stdout and stderr go to log_path(), in a directory of its own that goes with
   // the object (kept when the test failed).
