@@ -239,23 +239,9 @@ grpc::ServerUnaryReactor* GenerationService::Tokenize(grpc::CallbackServerContex
                                                       const v1::TokenizeRequest* request,
                                                       v1::TokenizeResponse* response) {
   if (grpc::Status auth = CheckAuth(ctx); !auth.ok()) return FinishUnary(ctx, auth);
-  const bool add_special = !request->has_add_special_tokens() || request->add_special_tokens();
-  std::string text;
-  if (request->has_chat()) {
-    auto rendered = RenderChat(request->chat(), *model_);
-    if (!rendered.ok()) return FinishUnary(ctx, ToGrpcStatus(rendered.status()));
-    text = *rendered;
-    response->set_rendered(text);
-  } else {
-    if (!IsValidUtf8(request->text())) {
-      return FinishUnary(ctx, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                                           "text is not valid UTF-8"));
-    }
-    text = request->text();
-  }
-  for (int32_t id : model_->tokenizer().Encode(text, add_special, /*parse_special=*/true)) {
-    response->add_ids(static_cast<uint32_t>(id));
-  }
+  auto tokens = TokenizeInput(*request, *model_);
+  if (!tokens.ok()) return FinishUnary(ctx, ToGrpcStatus(tokens.status()));
+  *response = std::move(*tokens);
   return FinishUnary(ctx, grpc::Status::OK);
 }
 

@@ -117,11 +117,10 @@ absl::Status ParsePrompt(const In& body, OpenAiCall* call) {
   return absl::OkStatus();
 }
 
-absl::Status ParseMessages(const In& body, v1::GenerateRequest* out) {
+absl::Status ParseMessages(const In& body, v1::ChatMessages* chat) {
   if (!Given(body, "messages")) return Invalid("messages", "is required");
   const In& msgs = body["messages"];
   if (!msgs.is_array() || msgs.empty()) return Invalid("messages", "must be a non-empty list");
-  auto* chat = out->mutable_chat();
   for (size_t i = 0; i < msgs.size(); ++i) {
     const std::string field = absl::StrCat("messages[", i, "]");
     const In& m = msgs[i];
@@ -481,16 +480,16 @@ v1::GenerateRequest OpenAiCall::RequestFor(size_t p) const {
   return r;
 }
 
-absl::StatusOr<OpenAiCall> ParseOpenAiRequest(std::string_view body_text, OpenAiEndpoint endpoint,
-                                              const std::string& served_model) {
+namespace {
+
+// A request body: a JSON object whose `model`, when given, is the served one.
+absl::StatusOr<In> ParseBody(std::string_view body_text, const std::string& served_model) {
   In body = In::parse(body_text, nullptr, /*allow_exceptions=*/false);
   if (body.is_discarded()) {
     return absl::InvalidArgumentError(
         absl::StrCat("the request body is not valid JSON: ", JsonParseError(body_text)));
   }
   if (!body.is_object()) return absl::InvalidArgumentError("the request body must be a JSON object");
-  OpenAiCall call;
-  call.endpoint = endpoint;
   if (Given(body, "model")) {
     auto model = String(body["model"], "model");
     if (!model.ok()) return model.status();
@@ -499,11 +498,23 @@ absl::StatusOr<OpenAiCall> ParseOpenAiRequest(std::string_view body_text, OpenAi
                                               "server serves '", served_model, "'"));
     }
   }
+  return body;
+}
+
+}  // namespace
+
+absl::StatusOr<OpenAiCall> ParseOpenAiRequest(std::string_view body_text, OpenAiEndpoint endpoint,
+                                              const std::string& served_model) {
+  auto parsed = ParseBody(body_text, served_model);
+  if (!parsed.ok()) return parsed.status();
+  const In& body = *parsed;
+  OpenAiCall call;
+  call.endpoint = endpoint;
   if (absl::Status s = RefuseUnsupported(body, endpoint); !s.ok()) return s;
   if (endpoint == OpenAiEndpoint::kCompletions) {
     if (absl::Status s = ParsePrompt(body, &call); !s.ok()) return s;
   } else {
-    if (absl::Status s = ParseMessages(body, &call.request); !s.ok()) return s;
+    if (absl::Status s = ParseMessages(body, call.request.mutable_chat()); !s.ok()) return s;
   }
   if (absl::Status s = ParseSampling(body, &call); !s.ok()) return s;
   if (const int64_t n = std::max<uint32_t>(1, call.request.n());
@@ -537,6 +548,56 @@ absl::StatusOr<OpenAiCall> ParseOpenAiRequest(std::string_view body_text, OpenAi
     }
   }
   return call;
+}
+
+absl::StatusOr<v1::TokenizeRequest> ParseTokenizeRequest(std::string_view body_text,
+                                                         const std::string& served_model) {
+  auto parsed = ParseBody(body_text, served_model);
+  if (!parsed.ok()) return parsed.status();
+  const In& body = *parsed;
+  const bool chat = Given(body, "messages");
+  if (chat == Given(body, "prompt")) {
+    return absl::InvalidArgumentError("give one of prompt (a string) or messages");
+  }
+  v1::TokenizeRequest request;
+  if (chat) {
+    if (absl::Status s = ParseMessages(body, request.mutable_chat()); !s.ok()) return s;
+  } else {
+    auto text = String(body["prompt"], "prompt");
+    if (!text.ok()) return text.status();
+    request.set_text(*text);
+  }
+  // vLLM's defaults: special tokens (BOS) for a prompt, none for a chat (its template writes
+  // them).
+  bool add_special = !chat;
+  if (Given(body, "add_special_tokens")) {
+    auto v = Bool(body, "add_special_tokens");
+    if (!v.ok()) return v.status();
+    add_special = *v;
+  }
+  request.set_add_special_tokens(add_special);
+  return request;
+}
+
+absl::StatusOr<std::vector<int32_t>> ParseDetokenizeRequest(std::string_view body_text,
+                                                            const std::string& served_model,
+                                                            int64_t vocab_size) {
+  auto parsed = ParseBody(body_text, served_model);
+  if (!parsed.ok()) return parsed.status();
+  const In& body = *parsed;
+  if (!Given(body, "tokens")) return Invalid("tokens", "is required");
+  if (!body["tokens"].is_array()) return Invalid("tokens", "must be a list of token ids");
+  auto ids = TokenIdArray(body["tokens"], "tokens");
+  if (!ids.ok()) return ids.status();
+  std::vector<int32_t> tokens;
+  for (size_t i = 0; i < ids->size(); ++i) {
+    if ((*ids)[i] >= vocab_size) {
+      return Invalid(absl::StrCat("tokens[", i, "] = ", (*ids)[i]),
+                     absl::StrCat("is outside the vocabulary [0, ", vocab_size, ")"));
+    }
+    tokens.push_back(static_cast<int32_t>((*ids)[i]));
+  }
+  return tokens;
 }
 
 std::string ToOpenAiFieldNames(std::string message) {

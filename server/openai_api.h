@@ -55,6 +55,16 @@ struct OpenAiCall {
 absl::StatusOr<OpenAiCall> ParseOpenAiRequest(std::string_view body, OpenAiEndpoint endpoint,
                                               const std::string& served_model);
 
+// vLLM's POST /tokenize: {"prompt": text} or {"messages": [...]} (with add_generation_prompt
+// and continue_final_message as on chat), add_special_tokens (default true for a prompt, false
+// for messages, as vLLM's), model. INVALID_ARGUMENT / NOT_FOUND as ParseOpenAiRequest.
+absl::StatusOr<v1::TokenizeRequest> ParseTokenizeRequest(std::string_view body,
+                                                         const std::string& served_model);
+// vLLM's POST /detokenize: {"tokens": [ids]}, each in [0, vocab_size).
+absl::StatusOr<std::vector<int32_t>> ParseDetokenizeRequest(std::string_view body,
+                                                            const std::string& served_model,
+                                                            int64_t vocab_size);
+
 // Error messages from BuildRequest name the gRPC fields ("stopping.max_tokens"); the HTTP API's
 // names have no prefix.
 std::string ToOpenAiFieldNames(std::string message);

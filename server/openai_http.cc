@@ -222,6 +222,11 @@ void OpenAiHttpServer::Handle(const HttpRequest& req, HttpResponder& out) {
     if (!Authorized(req, out)) return;
     return Generate(req, out, req.path == "/v1/chat/completions");
   }
+  if (req.path == "/tokenize" || req.path == "/detokenize") {
+    if (req.method != "POST") return SendError(out, 405, "use POST", {{"Allow", "POST"}});
+    if (!Authorized(req, out)) return;
+    return req.path == "/tokenize" ? Tokenize(req, out) : Detokenize(req, out);
+  }
   if (req.path == "/v1/models" || req.path.starts_with("/v1/models/")) {
     if (req.method != "GET" && req.method != "HEAD") {
       return SendError(out, 405, "use GET", {{"Allow", "GET, HEAD"}});
@@ -231,7 +236,8 @@ void OpenAiHttpServer::Handle(const HttpRequest& req, HttpResponder& out) {
   }
   SendError(out, 404,
             absl::StrCat("no route ", req.path, "; the API is POST /v1/completions, POST "
-                         "/v1/chat/completions, GET /v1/models, GET /health and GET /metrics"));
+                         "/v1/chat/completions, GET /v1/models, POST /tokenize, POST "
+                         "/detokenize, GET /health and GET /metrics"));
 }
 
 void OpenAiHttpServer::Models(const HttpRequest& req, HttpResponder& out) {
@@ -251,6 +257,31 @@ void OpenAiHttpServer::Models(const HttpRequest& req, HttpResponder& out) {
                                             "serves '", options_.served_model_name, "'"));
   }
   out.Send(200, "application/json", DumpJson(model));
+}
+
+void OpenAiHttpServer::Tokenize(const HttpRequest& req, HttpResponder& out) {
+  auto request = ParseTokenizeRequest(req.body, options_.served_model_name);
+  absl::StatusOr<v1::TokenizeResponse> tokens =
+      request.ok() ? TokenizeInput(*request, *model_) : request.status();
+  if (!tokens.ok()) {
+    return SendError(out, HttpStatusFor(tokens.status()),
+                     ToOpenAiFieldNames(std::string(tokens.status().message())));
+  }
+  Json ids = Json::array();
+  for (uint32_t id : tokens->ids()) ids.push_back(id);
+  out.Send(200, "application/json",
+           DumpJson({{"count", tokens->ids_size()},
+                     {"max_model_len", model_->config().max_context},
+                     {"tokens", std::move(ids)}}));
+}
+
+void OpenAiHttpServer::Detokenize(const HttpRequest& req, HttpResponder& out) {
+  auto tokens = ParseDetokenizeRequest(req.body, options_.served_model_name,
+                                       model_->config().vocab_size);
+  if (!tokens.ok()) {
+    return SendError(out, HttpStatusFor(tokens.status()), std::string(tokens.status().message()));
+  }
+  out.Send(200, "application/json", DumpJson({{"prompt", model_->tokenizer().Decode(*tokens)}}));
 }
 
 void OpenAiHttpServer::Generate(const HttpRequest& http, HttpResponder& out, bool chat) {

@@ -47,6 +47,9 @@ class OpenAiHttpServer {
   void Handle(const HttpRequest& req, HttpResponder& out);
   void Generate(const HttpRequest& req, HttpResponder& out, bool chat);
   void Models(const HttpRequest& req, HttpResponder& out);
+  // vLLM's /tokenize and /detokenize.
+  void Tokenize(const HttpRequest& req, HttpResponder& out);
+  void Detokenize(const HttpRequest& req, HttpResponder& out);
   bool Authorized(const HttpRequest& req, HttpResponder& out);
 
   GenerationService* service_;

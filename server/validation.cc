@@ -7,6 +7,26 @@
 
 namespace thetaserve::server {
 
+absl::StatusOr<v1::TokenizeResponse> TokenizeInput(const v1::TokenizeRequest& request,
+                                                   const model::Model& model) {
+  const bool add_special = !request.has_add_special_tokens() || request.add_special_tokens();
+  v1::TokenizeResponse response;
+  std::string text;
+  if (request.has_chat()) {
+    auto rendered = RenderChat(request.chat(), model);
+    if (!rendered.ok()) return rendered.status();
+    text = *rendered;
+    response.set_rendered(text);
+  } else {
+    if (!IsValidUtf8(request.text())) return absl::InvalidArgumentError("text is not valid UTF-8");
+    text = request.text();
+  }
+  for (int32_t id : model.tokenizer().Encode(text, add_special, /*parse_special=*/true)) {
+    response.add_ids(static_cast<uint32_t>(id));
+  }
+  return response;
+}
+
 bool IsValidUtf8(std::string_view s) {
   size_t i = 0;
   while (i < s.size()) {

@@ -34,4 +34,9 @@ absl::StatusOr<std::string> RenderChat(const v1::ChatMessages& chat, const model
 
 bool IsValidUtf8(std::string_view s);
 
+// The Tokenize RPC's answer (and the HTTP API's /tokenize): the ids of the text, or of the
+// rendered chat (then `rendered` too). add_special_tokens unset = true.
+absl::StatusOr<v1::TokenizeResponse> TokenizeInput(const v1::TokenizeRequest& request,
+                                                   const model::Model& model);
+
 }  // namespace thetaserve::server

@@ -286,6 +286,39 @@ TEST(OpenAiApiTest, ChatMayContinueTheLastMessage) {
                           "add_generation_prompt must be true or false"));
 }
 
+// vLLM's /tokenize and /detokenize bodies.
+TEST(OpenAiApiTest, TokenizeAndDetokenizeBodies) {
+  auto text = ParseTokenizeRequest(R"({"prompt": "Hello"})", kServed);
+  ASSERT_TRUE(text.ok()) << text.status();
+  EXPECT_EQ(text->text(), "Hello");
+  EXPECT_TRUE(text->add_special_tokens()) << "a prompt gets BOS by default, as in vLLM";
+  auto chat = ParseTokenizeRequest(R"({"messages": [{"role": "user", "content": "x"}],
+      "add_generation_prompt": false, "model": "SmolLM2-135M-Instruct.Q4_1"})", kServed);
+  ASSERT_TRUE(chat.ok()) << chat.status();
+  ASSERT_EQ(chat->chat().messages_size(), 1);
+  EXPECT_FALSE(chat->chat().add_generation_prompt());
+  EXPECT_FALSE(chat->add_special_tokens()) << "the template writes a chat's special tokens";
+  EXPECT_FALSE(ParseTokenizeRequest(R"({"prompt": "x", "add_special_tokens": false})", kServed)
+                   ->add_special_tokens());
+  for (const char* bad : {R"({})", R"({"prompt": "x", "messages": []})", R"({"prompt": [1]})",
+                          R"({"prompt": "x", "add_special_tokens": 1})"}) {
+    EXPECT_EQ(ParseTokenizeRequest(bad, kServed).status().code(),
+              absl::StatusCode::kInvalidArgument) << bad;
+  }
+  EXPECT_EQ(ParseTokenizeRequest(R"({"prompt": "x", "model": "gpt-4o"})", kServed).status().code(),
+            absl::StatusCode::kNotFound);
+
+  auto ids = ParseDetokenizeRequest(R"({"tokens": [1, 2, 3]})", kServed, 100);
+  ASSERT_TRUE(ids.ok()) << ids.status();
+  EXPECT_EQ(*ids, (std::vector<int32_t>{1, 2, 3}));
+  EXPECT_EQ(ParseDetokenizeRequest(R"({"tokens": [1, 100]})", kServed, 100).status().message(),
+            "tokens[1] = 100 is outside the vocabulary [0, 100)");
+  EXPECT_EQ(ParseDetokenizeRequest(R"({"tokens": [-1]})", kServed, 100).status().message(),
+            "tokens[0] must be a token id (an integer >= 0)");
+  EXPECT_FALSE(ParseDetokenizeRequest(R"({"tokens": "abc"})", kServed, 100).ok());
+  EXPECT_FALSE(ParseDetokenizeRequest(R"({})", kServed, 100).ok());
+}
+
 TEST(OpenAiApiTest, TypeErrorsNameTheField) {
   EXPECT_TRUE(RefusedWith(Completion("not json"), "not valid JSON"));
   // The parser's reason, without its exception tag: valid JSON syntax that it cannot hold, and

@@ -104,6 +104,53 @@ TEST_F(OpenAiHttpTest, HealthAndModelsDescribeTheServer) {
   EXPECT_EQ(HttpCall(http_port_, "POST", "/metrics", "{}").status, 405);
 }
 
+// vLLM's /tokenize (a prompt, or messages through the chat template) gives the Tokenize RPC's
+// ids, and /detokenize turns ids back into the text.
+TEST_F(OpenAiHttpTest, TokenizeAndDetokenizeAsVllm) {
+  ASSERT_TRUE(server_->started());
+  auto stub = server_->stub();
+  auto grpc_ids = [&](const v1::TokenizeRequest& req) {
+    grpc::ClientContext ctx;
+    v1::TokenizeResponse resp;
+    EXPECT_TRUE(stub->Tokenize(&ctx, req, &resp).ok());
+    return Json(std::vector<uint32_t>(resp.ids().begin(), resp.ids().end()));
+  };
+  const std::string text = "The capital of France is";
+  v1::TokenizeRequest plain;
+  plain.set_text(text);
+  HttpResult r = Post("/tokenize", {{"prompt", text}});
+  ASSERT_EQ(r.status, 200) << r.body;
+  Json j = Json::parse(r.body);
+  EXPECT_EQ(j["tokens"], grpc_ids(plain));
+  EXPECT_EQ(j["count"], j["tokens"].size());
+  EXPECT_EQ(j["max_model_len"], 8192);
+  plain.set_add_special_tokens(false);
+  r = Post("/tokenize", {{"prompt", text}, {"add_special_tokens", false}, {"model", kModelName}});
+  ASSERT_EQ(r.status, 200) << r.body;
+  const Json bare = Json::parse(r.body)["tokens"];
+  EXPECT_EQ(bare, grpc_ids(plain));
+
+  v1::TokenizeRequest chat;
+  v1::ChatMessage* m = chat.mutable_chat()->add_messages();
+  m->set_role("user");
+  m->set_content("Hi");
+  chat.set_add_special_tokens(false);
+  r = Post("/tokenize", {{"messages", {{{"role", "user"}, {"content", "Hi"}}}}});
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(Json::parse(r.body)["tokens"], grpc_ids(chat));
+
+  HttpResult back = Post("/detokenize", {{"tokens", bare}});
+  ASSERT_EQ(back.status, 200) << back.body;
+  EXPECT_EQ(Json::parse(back.body)["prompt"], text);
+
+  EXPECT_EQ(Post("/tokenize", {{"prompt", text}, {"messages", Json::array()}}).status, 400);
+  HttpResult outside = Post("/detokenize", {{"tokens", {5, 999999}}});
+  EXPECT_EQ(outside.status, 400);
+  EXPECT_NE(outside.body.find("tokens[1] = 999999 is outside the vocabulary"), std::string::npos)
+      << outside.body;
+  EXPECT_EQ(HttpCall(http_port_, "GET", "/tokenize").status, 405);
+}
+
 TEST_F(OpenAiHttpTest, CompletionEqualsTheGrpcStreamOfTheSameRequest) {
   ASSERT_TRUE(server_->started());
   HttpResult r = Post("/v1/completions", {{"model", kModelName},
@@ -843,7 +890,12 @@ TEST(OpenAiHttpLifecycleTest, ApiKeyGuardsTheApiButNotHealth) {
                               {{"Authorization", "Bearer sesame"}});
   EXPECT_EQ(right.status, 200) << right.body;
   EXPECT_EQ(Json::parse(right.body)["model"], "tiny");
+  EXPECT_EQ(HttpCall(http_port, "POST", "/tokenize", R"({"prompt": "Hello"})").status, 401);
+  EXPECT_EQ(HttpCall(http_port, "POST", "/detokenize", R"({"tokens": [1]})",
+                     {{"Authorization", "Bearer sesame"}}).status, 200);
+  // Health and metrics need no key (probes and scrapers have none).
   EXPECT_EQ(HttpCall(http_port, "GET", "/health").status, 200);
+  EXPECT_EQ(HttpCall(http_port, "GET", "/metrics").status, 200);
 }
 
 // --allowed-origins: a listed origin is echoed (with Vary: Origin); another gets no CORS header
