@@ -444,7 +444,9 @@ TEST_F(EngineTest, ACallsIdCancelsEachOfItsPrompts) {
   ASSERT_TRUE(engine->SubmitAll(requests, sinks).ok());
   ASSERT_TRUE(engine->Submit(other, other_sink).ok());
   auto& first = static_cast<CollectingSink&>(*sinks[0]);
-  while (first.count() < 2 && !first.finished) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  while (first.count() < 2 && !first.finished) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
   EXPECT_EQ(engine->Stats().running, 2);
   engine->Cancel("call");
   for (size_t k = 0; k < sinks.size(); ++k) {

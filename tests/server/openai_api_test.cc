@@ -346,12 +346,14 @@ TEST(OpenAiApiTest, TypeErrorsNameTheField) {
   EXPECT_FALSE(Completion(R"({"prompt": "x", "seed": -1})")->request.sampling().has_seed());
   EXPECT_EQ(Completion(R"({"prompt": "x", "seed": -2})")->request.sampling().seed(),
             std::numeric_limits<uint64_t>::max() - 1);
-  EXPECT_EQ(Completion(R"({"prompt": "x", "seed": 18446744073709551615})")->request.sampling().seed(),
-            std::numeric_limits<uint64_t>::max());
+  EXPECT_EQ(
+      Completion(R"({"prompt": "x", "seed": 18446744073709551615})")->request.sampling().seed(),
+      std::numeric_limits<uint64_t>::max());
   EXPECT_EQ(Completion(R"({"prompt": "x", "seed": 7.0})")->request.sampling().seed(), 7u);
   EXPECT_EQ(Completion(R"({"prompt": "x", "seed": 1e16})")->request.sampling().seed(),
             10'000'000'000'000'000u);
-  EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": "x", "seed": 2.5})"), "seed must be an integer"));
+  EXPECT_TRUE(
+      RefusedWith(Completion(R"({"prompt": "x", "seed": 2.5})"), "seed must be an integer"));
   // vLLM's top_k = -1 is "off".
   auto off = Completion(R"({"prompt": "x", "top_k": -1})");
   ASSERT_TRUE(off.ok());

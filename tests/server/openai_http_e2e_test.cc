@@ -435,10 +435,13 @@ TEST_F(OpenAiHttpTest, StopStringsAndSeedsBehaveAsOverGrpc) {
   ASSERT_EQ(comma_ids.ids_size(), 1);
   Json at_comma = {{"prompt", "Count: 1, 2, 3, 4,"}, {"max_tokens", 30}, {"temperature", 0},
                    {"stop_token_ids", {comma_ids.ids(0)}}};
-  const std::string before = Json::parse(Post("/v1/completions", at_comma).body)["choices"][0]["text"];
+  auto text_of = [&](const Json& body) {
+    return Json::parse(Post("/v1/completions", body).body)["choices"][0]["text"];
+  };
+  const std::string before = text_of(at_comma);
   EXPECT_EQ(before.find(','), std::string::npos) << before;
   at_comma["include_stop_str_in_output"] = true;
-  EXPECT_EQ(Json::parse(Post("/v1/completions", at_comma).body)["choices"][0]["text"], before + ",");
+  EXPECT_EQ(text_of(at_comma), before + ",");
   // Sampling with a seed repeats.
   const Json seeded = {{"prompt", "Once upon a time"}, {"max_tokens", 16}, {"temperature", 1.0},
                        {"seed", 7}};
