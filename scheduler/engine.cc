@@ -104,11 +104,6 @@ int64_t Engine::KvBytesForSequence(const kernels::Backend& backend, int32_t bloc
 
 absl::StatusOr<std::unique_ptr<Sequence>> Engine::Prepare(Request request,
                                                           std::shared_ptr<TokenSink> sink) const {
-  if (absl::Status s = Check(request); !s.ok()) return s;
-  return std::make_unique<Sequence>(std::move(request), std::move(sink), *tokenizer_, kv_shape_);
-}
-
-absl::Status Engine::Check(const Request& request) const {
   const auto& c = backend_->model().config();
   if (request.prompt.empty()) return absl::InvalidArgumentError("the prompt is empty");
   for (int32_t t : request.prompt) {
@@ -125,14 +120,15 @@ absl::Status Engine::Check(const Request& request) const {
   }
   cache::SequenceKv probe(kv_shape_);
   // A request for no tokens (prompt scores only) still reserves room for one, as admission does.
-  const int64_t pages = probe.PagesNeeded(std::max<int64_t>(total, int64_t(request.prompt.size()) + 1));
+  const int64_t pages =
+      probe.PagesNeeded(std::max<int64_t>(total, int64_t(request.prompt.size()) + 1));
   if (pages > pool_.num_pages()) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "prompt + max_tokens = %d tokens needs %d KV pages but the whole cache has %d; "
         "shorten the request or start the server with a larger --kv-cache-memory",
         total, pages, pool_.num_pages()));
   }
-  return absl::OkStatus();
+  return std::make_unique<Sequence>(std::move(request), std::move(sink), *tokenizer_, kv_shape_);
 }
 
 absl::Status Engine::Submit(Request request, std::shared_ptr<TokenSink> sink) {
@@ -144,7 +140,7 @@ absl::Status Engine::Submit(Request request, std::shared_ptr<TokenSink> sink) {
 }
 
 absl::Status Engine::SubmitAll(std::vector<Request> requests,
-                               std::vector<std::shared_ptr<TokenSink>> sinks) {
+                               std::vector<std::shared_ptr<TokenSink>> sinks, int* refused) {
   CHECK_EQ(requests.size(), sinks.size());
   if (int64_t(requests.size()) > config_.max_queue) {
     return absl::InvalidArgumentError(absl::StrFormat(
@@ -154,7 +150,10 @@ absl::Status Engine::SubmitAll(std::vector<Request> requests,
   std::vector<std::unique_ptr<Sequence>> seqs;
   for (size_t i = 0; i < requests.size(); ++i) {
     auto seq = Prepare(std::move(requests[i]), std::move(sinks[i]));
-    if (!seq.ok()) return seq.status();
+    if (!seq.ok()) {
+      if (refused) *refused = int(i);
+      return seq.status();
+    }
     seqs.push_back(std::move(*seq));
   }
   {

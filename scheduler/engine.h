@@ -59,12 +59,11 @@ class Engine {
   // queue is full, UNAVAILABLE when draining, INVALID_ARGUMENT when it can never fit.
   absl::Status Submit(Request request, std::shared_ptr<TokenSink> sink);
   // Thread-safe. Queues all of the requests or none of them (a group's completions, a call's
-  // prompts: the queue must hold them all). requests[i] reports to sinks[i].
+  // prompts: the queue must hold them all). requests[i] reports to sinks[i]. When one request
+  // is refused for itself (its prompt, its length), `refused` (if given) is set to its index;
+  // for the queue or the server's state, which concern them all, it is left alone.
   absl::Status SubmitAll(std::vector<Request> requests,
-                         std::vector<std::shared_ptr<TokenSink>> sinks);
-  // Thread-safe. What Submit would refuse `request` for, if anything, apart from the queue
-  // (its prompt, its length against the context and against the whole KV cache).
-  absl::Status Check(const Request& request) const;
+                         std::vector<std::shared_ptr<TokenSink>> sinks, int* refused = nullptr);
   // Thread-safe. The longest sequence (prompt + output tokens) Submit accepts: the model's
   // context, or less when the whole KV pool holds fewer tokens.
   int64_t MaxSequenceTokens() const;

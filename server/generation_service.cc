@@ -72,13 +72,15 @@ absl::Status GenerationService::SubmitChoices(scheduler::Request req, int n,
 
 absl::Status GenerationService::SubmitPrompts(const std::string& id,
                                               std::vector<scheduler::Request> prompts, int n,
-                                              const SinkFactory& make_sink) {
+                                              const SinkFactory& make_sink,
+                                              int* refused_prompt) {
   CHECK(!prompts.empty());
   const bool several = prompts.size() > 1;
   std::vector<std::string> ids;  // the call's, each group's, each completion's
   if (several) ids.push_back(id);
   std::vector<scheduler::Request> requests;
   std::vector<std::shared_ptr<ChoiceGroup>> groups;  // [request]: its prompt's group, or null
+  std::vector<int> prompt_of;                         // [request]: p
   for (size_t p = 0; p < prompts.size(); ++p) {
     scheduler::Request& prompt = prompts[p];
     prompt.id = several ? absl::StrCat(id, "-", p) : id;
@@ -92,6 +94,7 @@ absl::Status GenerationService::SubmitPrompts(const std::string& id,
       ids.push_back(r.id);
       requests.push_back(std::move(r));
       groups.push_back(group);
+      prompt_of.push_back(int(p));
     }
   }
   if (const std::optional<std::string> taken = Track(ids)) {
@@ -112,9 +115,11 @@ absl::Status GenerationService::SubmitPrompts(const std::string& id,
     if (call) sink->JoinGroup(call);
     sinks.push_back(std::move(sink));
   }
-  absl::Status st = engine_->SubmitAll(std::move(requests), std::move(sinks));
+  int refused = -1;
+  absl::Status st = engine_->SubmitAll(std::move(requests), std::move(sinks), &refused);
   if (!st.ok()) {
     for (const std::string& tracked : ids) Untrack(tracked);
+    if (refused >= 0 && refused_prompt) *refused_prompt = prompt_of[refused];
   }
   return st;
 }

@@ -67,9 +67,10 @@ class GenerationService final : public GenerationBase {
   // p is request `id`-p (its completions `id`-p/<i>), completion i of prompt p reports to
   // make_sink(p * n + i, …), and all are queued or none. `id` names the call, for Abort and
   // Engine::Cancel, until the last completion finishes; a completion that fails cancels the
-  // call. One prompt is SubmitChoices (its request takes `id`).
+  // call. One prompt is SubmitChoices (its request takes `id`). When the engine refuses one
+  // prompt for itself (Engine::SubmitAll's `refused`), `refused_prompt` (if given) is set to p.
   absl::Status SubmitPrompts(const std::string& id, std::vector<scheduler::Request> prompts,
-                             int n, const SinkFactory& make_sink);
+                             int n, const SinkFactory& make_sink, int* refused_prompt = nullptr);
   // Request ids in flight (Abort's "found", duplicate detection). Thread-safe.
   void Untrack(const std::string& id);
 

@@ -310,30 +310,23 @@ void OpenAiHttpServer::Generate(const HttpRequest& http, HttpResponder& out, boo
   const size_t prompt_count = call->prompt_count();
   const int n_per_prompt = std::max<int>(1, int(call->request.n()));
   const int n = n_per_prompt * int(prompt_count);  // choices in all
-  if (prompt_count > 1 && n > service_->engine().config().max_queue) {
-    return reject(absl::InvalidArgumentError(absl::StrCat(
-        prompt_count, " prompts × n = ", n, " completions do not fit the request queue "
-        "(--max-queue ", service_->engine().config().max_queue, ") even when it is empty")));
-  }
+  // A list of prompts: an error about prompt p names it ("prompt[1][2] = 999999 is outside the
+  // vocabulary", "prompt[1]: the prompt has …"); one about a parameter they share does not.
+  auto refuse_prompt = [&](const absl::Status& status, size_t p) {
+    const std::string what = ToOpenAiFieldNames(std::string(status.message()));
+    if (prompt_count == 1 || what.find("prompt") == std::string::npos) {
+      return reject(absl::Status(status.code(), what));
+    }
+    const std::string which = absl::StrCat("prompt[", p, "]");
+    reject(absl::Status(status.code(), what.starts_with("prompt[")
+                                           ? absl::StrCat(which, what.substr(6))
+                                           : absl::StrCat(which, ": ", what)));
+  };
   std::vector<scheduler::Request> prompts;
   int64_t prompt_tokens = 0;
   for (size_t p = 0; p < prompt_count; ++p) {
     auto built = BuildRequest(call->RequestFor(p), *model_);
-    absl::Status status = built.ok() ? absl::OkStatus() : built.status();
-    if (built.ok() && prompt_count > 1) status = service_->engine().Check(*built);
-    if (!status.ok()) {
-      // A list of prompts: say which one when the error is about its prompt
-      // ("prompt[1][2] = 999999 is outside the vocabulary", "prompt[1]: the prompt has …"),
-      // not when it is about a parameter they share.
-      const std::string what = ToOpenAiFieldNames(std::string(status.message()));
-      if (prompt_count == 1 || what.find("prompt") == std::string::npos) {
-        return reject(absl::Status(status.code(), what));
-      }
-      const std::string which = absl::StrCat("prompt[", p, "]");
-      return reject(absl::Status(status.code(), what.starts_with("prompt[")
-                                                    ? absl::StrCat(which, what.substr(6))
-                                                    : absl::StrCat(which, ": ", what)));
-    }
+    if (!built.ok()) return refuse_prompt(built.status(), p);
     // Each prompt's scores or completions are held until the call ends: a bound on the
     // response, whatever the number of prompts.
     prompt_tokens += int64_t(built->prompt.size());
@@ -359,12 +352,18 @@ void OpenAiHttpServer::Generate(const HttpRequest& http, HttpResponder& out, boo
   }
   const std::string id = absl::StrCat(chat ? "chatcmpl-" : "cmpl-", RandomHex128());
   auto output = std::make_shared<HttpOutput>(n);
+  int refused = -1;
   absl::Status submitted = service_->SubmitPrompts(
-      id, std::move(prompts), n_per_prompt, [&](int index, const std::string& choice_id) {
+      id, std::move(prompts), n_per_prompt,
+      [&](int index, const std::string& choice_id) {
         return std::make_shared<HttpChoiceSink>(service_, choice_id, output, index);
-      });
+      },
+      &refused);
   if (!submitted.ok()) {
-    if (absl::IsAlreadyExists(submitted)) return reject(absl::AlreadyExistsError("request id collision"));
+    if (absl::IsAlreadyExists(submitted)) {
+      return reject(absl::AlreadyExistsError("request id collision"));
+    }
+    if (refused >= 0) return refuse_prompt(submitted, size_t(refused));
     return reject(submitted);
   }
   std::vector<HttpOutput::Taken> taken;

@@ -380,11 +380,13 @@ TEST_F(EngineTest, SubmitAllQueuesAllOrNone) {
     requests.push_back(MakeRequest(absl::StrCat("q/", i), "Hello", 4));
     sinks.push_back(std::make_shared<CollectingSink>());
   }
-  // More than the queue holds at all: never retryable.
-  absl::Status st = engine->SubmitAll(requests, sinks);
+  // More than the queue holds at all: never retryable, and no one request's fault.
+  int refused = -1;
+  absl::Status st = engine->SubmitAll(requests, sinks, &refused);
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
   EXPECT_NE(std::string(st.message()).find("(--max-queue 2) even when it is empty"),
             std::string::npos) << st;
+  EXPECT_EQ(refused, -1);
   // Two fit the queue, but not behind one already waiting (a long one runs meanwhile).
   Request busy = MakeRequest("busy", "Hello", 200);
   busy.stopping.ignore_eos = true;
@@ -396,19 +398,21 @@ TEST_F(EngineTest, SubmitAllQueuesAllOrNone) {
   ASSERT_TRUE(engine->Submit(queued, queued_sink).ok());
   requests.resize(2);
   sinks.resize(2);
-  st = engine->SubmitAll(requests, sinks);
+  st = engine->SubmitAll(requests, sinks, &refused);
   EXPECT_EQ(st.code(), absl::StatusCode::kResourceExhausted) << st;
   EXPECT_NE(std::string(st.message()).find("cannot take 2 more (1 waiting"), std::string::npos)
       << st;
+  EXPECT_EQ(refused, -1);
   engine->Cancel("busy");
   ASSERT_TRUE(busy_sink->Wait(300));
   ASSERT_TRUE(queued_sink->Wait(300));
   ASSERT_TRUE(engine->WaitIdle(10));
   const int64_t finished_before = engine->Stats().counters.requests_finished;
-  // One bad request refuses the whole group.
+  // One bad request refuses the whole group, and is named.
   requests[1].stopping.max_tokens = 100000;
-  st = engine->SubmitAll(requests, sinks);
+  st = engine->SubmitAll(requests, sinks, &refused);
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_EQ(refused, 1);
   EXPECT_TRUE(engine->WaitIdle(1));
   EXPECT_EQ(engine->Stats().counters.requests_finished, finished_before);
   // Two fit.

@@ -39,6 +39,30 @@ v1::GenerateRequest Prompt(const std::string& text, int max_tokens, float temper
   return req;
 }
 
+v1::TokenizeResponse TokenizeRpc(v1::Generation::Stub& stub, const v1::TokenizeRequest& req) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  v1::TokenizeResponse resp;
+  const grpc::Status status = stub.Tokenize(&ctx, req, &resp);
+  if (!status.ok()) {
+    ADD_FAILURE() << "Tokenize failed: " << status.error_message();
+    return v1::TokenizeResponse();
+  }
+  return resp;
+}
+
+std::vector<uint32_t> TokenIds(v1::Generation::Stub& stub, const std::string& text,
+                               std::optional<bool> add_special_tokens) {
+  v1::TokenizeRequest req;
+  req.set_text(text);
+  if (add_special_tokens) req.set_add_special_tokens(*add_special_tokens);
+  return TokenIds(TokenizeRpc(stub, req));
+}
+
+std::vector<uint32_t> TokenIds(const v1::TokenizeResponse& response) {
+  return std::vector<uint32_t>(response.ids().begin(), response.ids().end());
+}
+
 std::string RunCommand(const std::string& cmd, int* rc) {
   FILE* p = popen(cmd.c_str(), "r");
   std::string out;

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -27,6 +28,14 @@ StreamResult Generate(v1::Generation::Stub& stub, const v1::GenerateRequest& req
 
 // A prompt with greedy (or `temperature`) sampling and max_tokens.
 v1::GenerateRequest Prompt(const std::string& text, int max_tokens, float temperature = 0);
+
+// The Tokenize RPC's answer to `req`. A failed call fails the test (and answers empty).
+v1::TokenizeResponse TokenizeRpc(v1::Generation::Stub& stub, const v1::TokenizeRequest& req);
+
+// The ids the Tokenize RPC gives for `text` (add_special_tokens unset: the server's default).
+std::vector<uint32_t> TokenIds(v1::Generation::Stub& stub, const std::string& text,
+                               std::optional<bool> add_special_tokens = std::nullopt);
+std::vector<uint32_t> TokenIds(const v1::TokenizeResponse& response);
 
 // Runs a shell command; returns its stdout and, through `rc`, pclose's status.
 std::string RunCommand(const std::string& cmd, int* rc = nullptr);

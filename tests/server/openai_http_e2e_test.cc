@@ -49,6 +49,45 @@ HttpResult OpenStream(HttpConnection& c, const Json& body) {
   return c.ReadHead(60);
 }
 
+// A streamed response of n choices taken apart: each choice's text (a completion's `text`, a
+// chat reply's delta content), how many of its chunks named the role and how many carried a
+// finish reason, and the usage when it was sent. A chunk for a choice outside [0, n) or after
+// its choice finished fails the test; so does a stream that does not end with [DONE].
+struct StreamedChoices {
+  std::vector<std::string> texts;
+  std::vector<int> roles, finishes;
+  Json usage;
+};
+
+StreamedChoices CollectChoices(const std::string& sse_body, int n) {
+  StreamedChoices out{std::vector<std::string>(n), std::vector<int>(n, 0),
+                      std::vector<int>(n, 0), Json()};
+  const std::vector<std::string> events = SseData(sse_body);
+  EXPECT_TRUE(!events.empty() && events.back() == "[DONE]") << sse_body;
+  for (size_t i = 0; i + 1 < events.size(); ++i) {
+    const Json e = Json::parse(events[i]);
+    if (e.contains("usage") && !e["usage"].is_null()) out.usage = e["usage"];
+    for (const Json& c : e["choices"]) {
+      const int index = c["index"];
+      if (index < 0 || index >= n) {
+        ADD_FAILURE() << "choice index " << index << " in " << events[i];
+        continue;
+      }
+      EXPECT_EQ(out.finishes[index], 0) << "a chunk after choice " << index << " finished";
+      if (c.contains("text")) out.texts[index] += c["text"].get<std::string>();
+      if (c.contains("delta")) {
+        const Json& delta = c["delta"];
+        if (delta.contains("role")) ++out.roles[index];
+        if (delta.contains("content") && delta["content"].is_string()) {
+          out.texts[index] += delta["content"].get<std::string>();
+        }
+      }
+      if (!c["finish_reason"].is_null()) ++out.finishes[index];
+    }
+  }
+  return out;
+}
+
 class OpenAiHttpTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -110,10 +149,7 @@ TEST_F(OpenAiHttpTest, TokenizeAndDetokenizeAsVllm) {
   ASSERT_TRUE(server_->started());
   auto stub = server_->stub();
   auto grpc_ids = [&](const v1::TokenizeRequest& req) {
-    grpc::ClientContext ctx;
-    v1::TokenizeResponse resp;
-    EXPECT_TRUE(stub->Tokenize(&ctx, req, &resp).ok());
-    return Json(std::vector<uint32_t>(resp.ids().begin(), resp.ids().end()));
+    return Json(TokenIds(TokenizeRpc(*stub, req)));
   };
   const std::string text = "The capital of France is";
   v1::TokenizeRequest plain;
@@ -300,7 +336,6 @@ TEST_F(OpenAiHttpTest, ChatMayContinueAPrefilledAnswer) {
   EXPECT_NE(reply.find("Paris"), std::string::npos) << reply;
 
   auto stub = server_->stub();
-  grpc::ClientContext ctx;
   v1::TokenizeRequest treq;
   v1::ChatMessages* chat = treq.mutable_chat();
   for (const Json& m : messages) {
@@ -310,11 +345,10 @@ TEST_F(OpenAiHttpTest, ChatMayContinueAPrefilledAnswer) {
   }
   chat->set_continue_final_message(true);
   treq.set_add_special_tokens(false);
-  v1::TokenizeResponse rendered;
-  ASSERT_TRUE(stub->Tokenize(&ctx, treq, &rendered).ok());
+  v1::TokenizeResponse rendered = TokenizeRpc(*stub, treq);
   EXPECT_TRUE(rendered.rendered().ends_with("<|im_start|>assistant\n" + prefill))
       << rendered.rendered();
-  const Json ids = std::vector<uint32_t>(rendered.ids().begin(), rendered.ids().end());
+  const Json ids = TokenIds(rendered);
   HttpResult completion = Post("/v1/completions", {{"prompt", ids}, {"max_tokens", 8},
                                                    {"temperature", 0}});
   ASSERT_EQ(completion.status, 200) << completion.body;
@@ -329,16 +363,13 @@ TEST_F(OpenAiHttpTest, ChatMayContinueAPrefilledAnswer) {
                             {{"messages", {messages[0]}}, {"add_generation_prompt", false},
                              {"max_tokens", 4}, {"temperature", 0}});
   ASSERT_EQ(no_turn.status, 200) << no_turn.body;
-  grpc::ClientContext ctx2;
   chat->clear_continue_final_message();
   chat->set_add_generation_prompt(false);
   chat->mutable_messages()->RemoveLast();
-  ASSERT_TRUE(stub->Tokenize(&ctx2, treq, &rendered).ok());
+  rendered = TokenizeRpc(*stub, treq);
   EXPECT_TRUE(rendered.rendered().ends_with("France?<|im_end|>\n")) << rendered.rendered();
-  HttpResult after_turn = Post("/v1/completions",
-                               {{"prompt", std::vector<uint32_t>(rendered.ids().begin(),
-                                                                 rendered.ids().end())},
-                                {"max_tokens", 4}, {"temperature", 0}});
+  HttpResult after_turn = Post("/v1/completions", {{"prompt", TokenIds(rendered)},
+                                                   {"max_tokens", 4}, {"temperature", 0}});
   ASSERT_EQ(after_turn.status, 200);
   EXPECT_EQ(Json::parse(no_turn.body)["choices"][0]["message"]["content"],
             Json::parse(after_turn.body)["choices"][0]["text"]);
@@ -417,24 +448,13 @@ TEST_F(OpenAiHttpTest, StopStringsAndSeedsBehaveAsOverGrpc) {
   with_stop["stream"] = true;
   const HttpResult streamed = Post("/v1/completions", with_stop);
   ASSERT_EQ(streamed.status, 200);
-  std::string text;
-  for (const std::string& e : SseData(streamed.body)) {
-    if (e == "[DONE]") continue;
-    const Json event = Json::parse(e);
-    for (const Json& c : event["choices"]) text += c["text"].get<std::string>();
-  }
-  EXPECT_EQ(text, cut + ", 8");
+  EXPECT_EQ(CollectChoices(streamed.body, 1).texts[0], cut + ", 8");
   // And a stop token id's text, as vLLM's (without it, the token ends the output unseen).
   auto stub = server_->stub();
-  grpc::ClientContext ctx;
-  v1::TokenizeRequest comma;
-  comma.set_text(",");
-  comma.set_add_special_tokens(false);
-  v1::TokenizeResponse comma_ids;
-  ASSERT_TRUE(stub->Tokenize(&ctx, comma, &comma_ids).ok());
-  ASSERT_EQ(comma_ids.ids_size(), 1);
+  const std::vector<uint32_t> comma = TokenIds(*stub, ",", /*add_special_tokens=*/false);
+  ASSERT_EQ(comma.size(), 1u);
   Json at_comma = {{"prompt", "Count: 1, 2, 3, 4,"}, {"max_tokens", 30}, {"temperature", 0},
-                   {"stop_token_ids", {comma_ids.ids(0)}}};
+                   {"stop_token_ids", {comma[0]}}};
   auto text_of = [&](const Json& body) {
     return Json::parse(Post("/v1/completions", body).body)["choices"][0]["text"];
   };
@@ -571,26 +591,13 @@ TEST_F(OpenAiHttpTest, NCompletionsComeBackAsIndexedChoices) {
                {"stream_options", {{"include_usage", true}}}};
   HttpResult streamed = Post("/v1/chat/completions", chat);
   ASSERT_EQ(streamed.status, 200) << streamed.body;
-  const auto events = SseData(streamed.body);
-  ASSERT_GE(events.size(), 6u);
-  EXPECT_EQ(events.back(), "[DONE]");
-  std::vector<int> roles(2, 0), finishes(2, 0);
-  Json usage;
-  for (size_t i = 0; i + 1 < events.size(); ++i) {
-    const Json e = Json::parse(events[i]);
-    if (e.contains("usage") && !e["usage"].is_null()) usage = e["usage"];
-    for (const Json& c : e["choices"]) {
-      const int index = c["index"];
-      ASSERT_TRUE(index == 0 || index == 1) << events[i];
-      EXPECT_EQ(finishes[index], 0) << "a chunk after choice " << index << " finished";
-      if (c["delta"].contains("role")) ++roles[index];
-      if (!c["finish_reason"].is_null()) ++finishes[index];
-    }
-  }
-  EXPECT_EQ(roles, std::vector<int>({1, 1}));
-  EXPECT_EQ(finishes, std::vector<int>({1, 1}));
-  EXPECT_LE(usage["completion_tokens"].get<int>(), 16);
-  EXPECT_GE(usage["completion_tokens"].get<int>(), 2);
+  EXPECT_GE(SseData(streamed.body).size(), 6u);
+  const StreamedChoices colours = CollectChoices(streamed.body, 2);
+  EXPECT_EQ(colours.roles, std::vector<int>({1, 1}));
+  EXPECT_EQ(colours.finishes, std::vector<int>({1, 1}));
+  ASSERT_TRUE(colours.usage.is_object()) << streamed.body;
+  EXPECT_LE(colours.usage["completion_tokens"].get<int>(), 16);
+  EXPECT_GE(colours.usage["completion_tokens"].get<int>(), 2);
 
   // A client that leaves a stream of n = 4 cancels all four.
   auto stub = server_->stub();
@@ -676,12 +683,8 @@ TEST_F(OpenAiHttpTest, AListOfPromptsGetsOneChoicePerPromptInOrder) {
   ASSERT_TRUE(server_->started());
   auto stub = server_->stub();
   // Token ids as a harness sends them (its own tokenizer's).
-  grpc::ClientContext tctx;
-  v1::TokenizeRequest treq;
-  treq.set_text("Once upon a time");
-  v1::TokenizeResponse tokens;
-  ASSERT_TRUE(stub->Tokenize(&tctx, treq, &tokens).ok());
-  const Json ids = std::vector<uint32_t>(tokens.ids().begin(), tokens.ids().end());
+  const Json ids = TokenIds(*stub, "Once upon a time");
+  ASSERT_FALSE(ids.empty());
   const Json prompts = {"The capital of France is", ids, "Water boils at"};
 
   // Log-likelihoods, as lm-evaluation-harness's local-completions asks for them (it reads
@@ -738,30 +741,14 @@ TEST_F(OpenAiHttpTest, AListOfPromptsGetsOneChoicePerPromptInOrder) {
                         {"stream_options", {{"include_usage", true}}}};
   HttpResult st = Post("/v1/completions", streamed_body);
   ASSERT_EQ(st.status, 200) << st.body;
-  const auto events = SseData(st.body);
-  ASSERT_FALSE(events.empty());
-  EXPECT_EQ(events.back(), "[DONE]");
-  std::vector<std::string> texts(3);
-  std::vector<int> finishes(3, 0);
-  Json usage;
-  for (size_t i = 0; i + 1 < events.size(); ++i) {
-    const Json e = Json::parse(events[i]);
-    if (e.contains("usage") && !e["usage"].is_null()) usage = e["usage"];
-    for (const Json& c : e["choices"]) {
-      const int index = c["index"];
-      ASSERT_TRUE(index >= 0 && index < 3) << events[i];
-      EXPECT_EQ(finishes[index], 0) << "a chunk after choice " << index << " finished";
-      texts[index] += c["text"].get<std::string>();
-      if (!c["finish_reason"].is_null()) ++finishes[index];
-    }
-  }
-  EXPECT_EQ(finishes, std::vector<int>({1, 1, 1}));
+  const StreamedChoices per_prompt = CollectChoices(st.body, 3);
+  EXPECT_EQ(per_prompt.finishes, std::vector<int>({1, 1, 1}));
   streamed_body.erase("stream");
   streamed_body.erase("stream_options");
   const Json whole = Json::parse(Post("/v1/completions", streamed_body).body);
-  for (int p = 0; p < 3; ++p) EXPECT_EQ(texts[p], whole["choices"][p]["text"]) << p;
-  EXPECT_EQ(usage["completion_tokens"], 15);
-  EXPECT_EQ(usage["prompt_tokens"], prompt_tokens);
+  for (int p = 0; p < 3; ++p) EXPECT_EQ(per_prompt.texts[p], whole["choices"][p]["text"]) << p;
+  EXPECT_EQ(per_prompt.usage["completion_tokens"], 15);
+  EXPECT_EQ(per_prompt.usage["prompt_tokens"], prompt_tokens);
 
   // A prompt that cannot fit is named, and nothing of the call runs.
   const std::string too_long(200'000, 'a');
