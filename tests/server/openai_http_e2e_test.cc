@@ -948,7 +948,9 @@ TEST(OpenAiHttpLifecycleTest, SigtermDrainsHttpStreamsToTheirEnd) {
   ServerProcess server({"--http-port", std::to_string(http_port)});
   ASSERT_TRUE(server.started());
   HttpConnection c(http_port);
-  const Json body = {{"prompt", "Hello"}, {"max_tokens", 48}, {"ignore_eos", true},
+  // Long enough to be still running after the 200 ms below and the checks that follow (48
+  // tokens took under 200 ms on a 2-core VM, and the server had gone when they ran).
+  const Json body = {{"prompt", "Hello"}, {"max_tokens", 400}, {"ignore_eos", true},
                      {"stream", true}};
   HttpResult r = OpenStream(c, body);
   ASSERT_EQ(r.status, 200);
