@@ -229,8 +229,27 @@ SampleResult Sampler::Sample(std::span<float> logits, std::span<const int32_t> p
   for (const auto& [t, bias] : params_.logit_bias) {
     if (t >= 0 && t < vocab) logits[t] += bias;
   }
+  constexpr float kNever = -std::numeric_limits<float>::infinity();
   for (int32_t t : banned) {
-    if (t >= 0 && t < vocab) logits[t] = -std::numeric_limits<float>::infinity();
+    if (t >= 0 && t < vocab) logits[t] = kNever;
+  }
+  if (!params_.allowed_tokens.empty()) {
+    auto next = params_.allowed_tokens.begin();
+    for (int32_t t = 0; t < vocab; ++t) {
+      if (next != params_.allowed_tokens.end() && *next == t) {
+        ++next;
+      } else {
+        logits[t] = kNever;
+      }
+    }
+  }
+  for (const std::vector<int32_t>& word : params_.bad_words) {
+    const size_t rest = word.size() - 1;  // tokens the output must end with
+    if (rest > output.size()) continue;
+    if (std::equal(word.begin(), word.end() - 1, output.end() - rest) && word.back() >= 0 &&
+        word.back() < vocab) {
+      logits[word.back()] = kNever;
+    }
   }
 
   // Temperatures below kGreedyTemperature sample greedily (as vLLM does): dividing by them

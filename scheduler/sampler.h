@@ -27,6 +27,11 @@ struct SamplingParams {
   // (token, bias) added to the logits after the penalties, before the temperature; tokens
   // inside the vocabulary.
   std::vector<std::pair<int32_t, float>> logit_bias;
+  // Only these tokens are sampled (sorted, no repeats, inside the vocabulary); empty: any.
+  std::vector<int32_t> allowed_tokens;
+  // Token sequences the output never completes: the last token of one is not sampled where
+  // the output so far ends with the others (vLLM's bad_words, tokenized). None empty.
+  std::vector<std::vector<int32_t>> bad_words;
 };
 
 struct SampleResult {
@@ -64,8 +69,10 @@ class Sampler {
   explicit Sampler(const SamplingParams& params);
 
   // `logits` is modified in place (penalties, temperature). `prompt` and `output` are the
-  // request's tokens so far (for the penalties). `banned` tokens are never sampled (their
-  // log-probabilities are still reported): min_tokens' stop tokens.
+  // request's tokens so far (for the penalties and bad words). `banned` tokens are never
+  // sampled (their log-probabilities are still reported): min_tokens' stop tokens. Neither
+  // are tokens outside allowed_tokens, nor the bad words' last tokens where they would
+  // complete one.
   SampleResult Sample(std::span<float> logits, std::span<const int32_t> prompt,
                       std::span<const int32_t> output, std::span<const int32_t> banned = {});
 

@@ -328,6 +328,34 @@ absl::Status ParseSampling(const In& body, OpenAiCall* call) {
       (*sp->mutable_logit_bias())[id] = static_cast<float>(it.value().get<double>());
     }
   }
+  // vLLM's extensions that narrow what is sampled.
+  if (Given(body, "allowed_token_ids")) {
+    if (!body["allowed_token_ids"].is_array()) {
+      return Invalid("allowed_token_ids", "must be a list of token ids");
+    }
+    auto ids = TokenIdArray(body["allowed_token_ids"], "allowed_token_ids");
+    if (!ids.ok()) return ids.status();
+    for (uint32_t id : *ids) sp->add_allowed_token_ids(id);
+  }
+  if (Given(body, "bad_words")) {
+    const In& words = body["bad_words"];
+    if (!words.is_array()) return Invalid("bad_words", "must be a list of strings");
+    for (size_t i = 0; i < words.size(); ++i) {
+      auto word = String(words[i], absl::StrCat("bad_words[", i, "]"));
+      if (!word.ok()) return word.status();
+      sp->add_bad_words(*word);
+    }
+  }
+  if (Given(body, "truncate_prompt_tokens")) {
+    auto v = Integer(body, "truncate_prompt_tokens");
+    if (!v.ok()) return v.status();
+    if ((*v < 1 && *v != -1) || *v > std::numeric_limits<int32_t>::max()) {
+      return Invalid("truncate_prompt_tokens",
+                     absl::StrCat("= ", *v, "; it must be >= 1 (the prompt's last k tokens are "
+                                  "kept) or -1 (the model's context)"));
+    }
+    call->request.set_truncate_prompt_tokens(static_cast<int32_t>(*v));
+  }
   if (Given(body, "cache_salt")) {
     auto v = String(body["cache_salt"], "cache_salt");
     if (!v.ok()) return v.status();
@@ -404,14 +432,6 @@ absl::Status RefuseUnsupported(const In& body, OpenAiEndpoint endpoint) {
   for (const char* key : {"guided_json", "guided_regex", "guided_choice", "guided_grammar",
                           "structured_outputs"}) {
     if (Given(body, key)) return Unsupported(key, "no constrained decoding here");
-  }
-  for (const char* key : {"allowed_token_ids", "bad_words"}) {
-    if (Given(body, key) && !(body[key].is_array() && body[key].empty())) {
-      return Unsupported(key, "use logit_bias");
-    }
-  }
-  if (Given(body, "truncate_prompt_tokens")) {
-    return Unsupported("truncate_prompt_tokens", "a prompt is never cut; send a shorter one");
   }
   if (Given(body, "use_beam_search") && body["use_beam_search"] != false) {
     return Unsupported("use_beam_search", "sampling only");

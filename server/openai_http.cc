@@ -323,10 +323,18 @@ void OpenAiHttpServer::Generate(const HttpRequest& http, HttpResponder& out, boo
                                            : absl::StrCat(which, ": ", what)));
   };
   std::vector<scheduler::Request> prompts;
+  std::vector<std::string> echo_texts;  // [prompt]
   int64_t prompt_tokens = 0;
   for (size_t p = 0; p < prompt_count; ++p) {
     auto built = BuildRequest(call->RequestFor(p), *model_);
     if (!built.ok()) return refuse_prompt(built.status(), p);
+    if (call->echo) {
+      // The prompt as sent, or its tokens' text when it was ids or truncate_prompt_tokens cut it.
+      const OpenAiPrompt& prompt = call->prompts[p];
+      echo_texts.push_back(prompt.tokens || call->request.has_truncate_prompt_tokens()
+                               ? model_->tokenizer().Decode(built->prompt)
+                               : prompt.text);
+    }
     // Each prompt's scores or completions are held until the call ends: a bound on the
     // response, whatever the number of prompts.
     prompt_tokens += int64_t(built->prompt.size());
@@ -387,13 +395,6 @@ void OpenAiHttpServer::Generate(const HttpRequest& http, HttpResponder& out, boo
     return v;
   };
 
-  std::vector<std::string> echo_texts;  // [prompt]
-  for (size_t p = 0; call->echo && p < call->prompts.size(); ++p) {
-    const OpenAiPrompt& prompt = call->prompts[p];
-    echo_texts.push_back(prompt.tokens ? model_->tokenizer().Decode(std::vector<int32_t>(
-                                             prompt.token_ids.begin(), prompt.token_ids.end()))
-                                       : prompt.text);
-  }
   OpenAiResponseBuilder builder(*call, id, UnixNow(), options_.served_model_name,
                                 model_->tokenizer(), n, std::move(echo_texts));
   if (!call->stream) {

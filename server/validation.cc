@@ -1,5 +1,6 @@
 #include "server/validation.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
@@ -140,7 +141,56 @@ absl::StatusOr<scheduler::SamplingParams> BuildSampling(const v1::SamplingParams
     }
     o.logit_bias.push_back({static_cast<int32_t>(token), bias});
   }
+  for (int i = 0; i < sp.allowed_token_ids_size(); ++i) {
+    if (sp.allowed_token_ids(i) >= uint32_t(vocab_size)) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "sampling.allowed_token_ids[%d] = %d is outside the vocabulary [0, %d)", i,
+          sp.allowed_token_ids(i), vocab_size));
+    }
+    o.allowed_tokens.push_back(static_cast<int32_t>(sp.allowed_token_ids(i)));
+  }
+  std::sort(o.allowed_tokens.begin(), o.allowed_tokens.end());
+  o.allowed_tokens.erase(std::unique(o.allowed_tokens.begin(), o.allowed_tokens.end()),
+                         o.allowed_tokens.end());
   return o;
+}
+
+absl::StatusOr<std::vector<std::vector<int32_t>>> TokenizeBadWords(
+    const google::protobuf::RepeatedPtrField<std::string>& words,
+    const model::Tokenizer& tokenizer) {
+  if (words.size() > kMaxBadWords) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "sampling.bad_words has %d words; at most %d are allowed", words.size(), kMaxBadWords));
+  }
+  std::vector<std::vector<int32_t>> out;
+  for (int i = 0; i < words.size(); ++i) {
+    const std::string& word = words[i];
+    if (word.size() > kMaxBadWordBytes) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "sampling.bad_words[%d] is %d bytes; at most %d are allowed", i, word.size(),
+          kMaxBadWordBytes));
+    }
+    if (!IsValidUtf8(word)) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("sampling.bad_words[%d] is not valid UTF-8", i));
+    }
+    const size_t start = word.find_first_not_of(" \t\n\v\f\r");
+    const std::string bare = start == std::string::npos ? "" : word.substr(start);
+    std::vector<int32_t> alone = tokenizer.Encode(bare, /*add_bos=*/false, /*parse_special=*/true);
+    if (alone.empty()) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "sampling.bad_words[%d] is empty (or only spaces); remove it", i));
+    }
+    // vLLM's rule: the word after a space too, when that makes another first token of the
+    // same length (a word-initial token: "Paris" and " Paris" are different tokens).
+    std::vector<int32_t> spaced =
+        tokenizer.Encode(absl::StrCat(" ", bare), /*add_bos=*/false, /*parse_special=*/true);
+    const bool another = !spaced.empty() && spaced.front() != alone.front() &&
+                         spaced.size() == alone.size();
+    out.push_back(std::move(alone));
+    if (another) out.push_back(std::move(spaced));
+  }
+  return out;
 }
 
 absl::StatusOr<scheduler::Request> BuildRequest(const v1::GenerateRequest& req,
@@ -193,6 +243,17 @@ absl::StatusOr<scheduler::Request> BuildRequest(const v1::GenerateRequest& req,
       return absl::InvalidArgumentError("one of prompt, prompt_token_ids or chat is required");
   }
   if (out.prompt.empty()) return absl::InvalidArgumentError("the prompt encodes to no tokens");
+  if (req.has_truncate_prompt_tokens()) {
+    // vLLM's: keep the last k tokens; -1 is the model's context (still checked below).
+    const int32_t k = req.truncate_prompt_tokens();
+    if (k < 1 && k != -1) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "truncate_prompt_tokens = %d; it must be >= 1 (the prompt's last k tokens are kept) "
+          "or -1 (the model's context)", k));
+    }
+    const size_t keep = k == -1 ? size_t(config.max_context) : size_t(k);
+    if (out.prompt.size() > keep) out.prompt.erase(out.prompt.begin(), out.prompt.end() - keep);
+  }
   const int64_t prompt_len = static_cast<int64_t>(out.prompt.size());
   if (prompt_len >= config.max_context) {
     return absl::InvalidArgumentError(absl::StrFormat(
@@ -262,6 +323,9 @@ absl::StatusOr<scheduler::Request> BuildRequest(const v1::GenerateRequest& req,
   auto sampling = BuildSampling(req.sampling(), config.vocab_size);
   if (!sampling.ok()) return sampling.status();
   out.sampling = std::move(*sampling);
+  auto bad_words = TokenizeBadWords(req.sampling().bad_words(), tok);
+  if (!bad_words.ok()) return bad_words.status();
+  out.sampling.bad_words = std::move(*bad_words);
   return out;
 }
 

@@ -205,6 +205,62 @@ TEST(SamplerTest, BannedTokensAreNeverSampledButKeepTheirLogprobs) {
   }
 }
 
+// allowed_tokens: nothing else is sampled, greedy or not (the best of the allowed wins
+// greedily), and the log-probabilities stay the model's.
+TEST(SamplerTest, OnlyAllowedTokensAreSampledAndLogprobsStayTheModels) {
+  SamplingParams p;
+  p.temperature = 0;
+  p.logprobs = 2;
+  p.allowed_tokens = {0, 3, 4};
+  Sampler greedy(p);
+  auto l = Logits();
+  const SampleResult r = greedy.Sample(l, {}, {});
+  EXPECT_EQ(r.token, 0);  // logit 1.0: the best of {1.0, -1.0, 0.5}
+  ASSERT_EQ(r.top.size(), 2u);
+  EXPECT_EQ(r.top[0].first, 1);  // the model's best, though never sampled
+  EXPECT_EQ(r.top[1].first, 5);
+  p.temperature = 1.5f;
+  p.seed = 4;
+  p.allowed_tokens = {3, 5};  // the least likely token and a likely one
+  Sampler s(p);
+  std::map<int32_t, int> seen;
+  for (int i = 0; i < 400; ++i) {
+    auto row = Logits();
+    ++seen[s.Sample(row, {}, {}).token];
+  }
+  EXPECT_EQ(seen.size(), 2u);
+  EXPECT_GT(seen[3], 0);
+  EXPECT_GT(seen[5], seen[3]);
+}
+
+// A bad word's last token is banned exactly where it would complete the word: after the
+// word's other tokens at the end of the output, not after part of them, and a one-token word
+// always. Other tokens and the log-probabilities are untouched.
+TEST(SamplerTest, BadWordsBanTheTokenThatWouldCompleteThem) {
+  SamplingParams p;
+  p.temperature = 0;
+  p.logprobs = 1;
+  p.bad_words = {{4, 1}, {2, 3, 5}};
+  auto next = [&](std::vector<int32_t> output) {
+    Sampler s(p);
+    auto l = Logits();
+    const SampleResult r = s.Sample(l, {}, output);
+    EXPECT_EQ(r.top.at(0).first, 1);
+    return r.token;
+  };
+  EXPECT_EQ(next({}), 1);            // no output: nothing to complete
+  EXPECT_EQ(next({0, 4}), 5);        // 4 then 1 is banned; 5 (2.9) is next best
+  EXPECT_EQ(next({4, 0}), 1);        // 4 is not at the end
+  EXPECT_EQ(next({2, 3}), 1);        // 2, 3 then 5 is banned; 1 is not
+  p.logit_bias = {{1, -100.0f}};
+  EXPECT_EQ(next({7, 2, 3}), 2);     // 1 biased away and 5 banned: 2 (2.5)
+  EXPECT_EQ(next({3}), 5);           // only part of the prefix
+  p.logit_bias.clear();
+  p.bad_words = {{1}};
+  EXPECT_EQ(next({}), 5);            // a one-token word: banned everywhere
+  EXPECT_EQ(next({1, 1}), 5);
+}
+
 // TruncateDistribution sorts only the head top-p keeps; it must keep exactly the tokens, with
 // exactly the weights, that sorting the whole vocabulary keeps.
 TEST(SamplerTest, TruncationKeepsWhatSortingEverythingKeeps) {

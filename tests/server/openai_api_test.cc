@@ -233,9 +233,6 @@ TEST(OpenAiApiTest, WhatTheServerCannotHonourIsRefusedByName) {
       {R"("structured_outputs": {"choice": ["a"]})", "structured_outputs is not supported"},
       {R"("prompt_logprobs": 1)", "prompt_logprobs is not supported"},
       {R"("use_beam_search": true)", "use_beam_search is not supported"},
-      {R"("allowed_token_ids": [1, 2])", "allowed_token_ids is not supported: use logit_bias"},
-      {R"("bad_words": ["x"])", "bad_words is not supported"},
-      {R"("truncate_prompt_tokens": 10)", "truncate_prompt_tokens is not supported"},
       {R"("functions": [{"name": "f"}])", "functions is not supported"},
       {R"("function_call": "auto")", "function_call is not supported"},
       {R"("tools": [{"type": "function"}])", "tools is not supported"},
@@ -256,7 +253,7 @@ TEST(OpenAiApiTest, WhatTheServerCannotHonourIsRefusedByName) {
   // Neutral values pass: tools with tool_choice "none" call none of them.
   auto neutral = Completion(R"({"prompt": "x", "suffix": "", "logit_bias": {}, "min_tokens": 0,
       "guided_json": null, "include_stop_str_in_output": false, "use_beam_search": false,
-      "allowed_token_ids": [], "response_format": {"type": "text"}})");
+      "allowed_token_ids": [], "bad_words": [], "response_format": {"type": "text"}})");
   EXPECT_TRUE(neutral.ok()) << neutral.status();
   auto no_tools = Chat(R"({"messages": [{"role": "user", "content": "x"}],
       "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "none",
@@ -448,6 +445,72 @@ class OpenAiResponseTest : public ::testing::Test {
   static model::Model* model_;
 };
 model::Model* OpenAiResponseTest::model_ = nullptr;
+
+// vLLM's allowed_token_ids, bad_words and truncate_prompt_tokens reach the engine's request:
+// the allowed ids sorted once each, each bad word tokenized alone and after a space (where
+// that is another token), the prompt's last k tokens; what is wrong is named.
+TEST_F(OpenAiResponseTest, VllmsSamplingExtensionsReachTheEngineRequest) {
+  auto build = [&](const std::string& body) -> absl::StatusOr<scheduler::Request> {
+    auto call = Completion(body);
+    if (!call.ok()) return call.status();
+    auto built = BuildRequest(call->request, *model_);
+    if (!built.ok()) {
+      return absl::Status(built.status().code(),
+                          ToOpenAiFieldNames(std::string(built.status().message())));
+    }
+    return built;
+  };
+  auto allowed = build(R"({"prompt": "x", "allowed_token_ids": [7, 3, 7]})");
+  ASSERT_TRUE(allowed.ok()) << allowed.status();
+  EXPECT_EQ(allowed->sampling.allowed_tokens, std::vector<int32_t>({3, 7}));
+  EXPECT_EQ(build(R"({"prompt": "x", "allowed_token_ids": [1, 49152]})").status().message(),
+            "allowed_token_ids[1] = 49152 is outside the vocabulary [0, 49152)");
+  EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": "x", "allowed_token_ids": 5})"),
+                          "allowed_token_ids must be a list of token ids"));
+  EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": "x", "allowed_token_ids": [-1]})"),
+                          "allowed_token_ids[0] must be a token id"));
+
+  const model::Tokenizer& tok = model_->tokenizer();
+  auto words = build(R"({"prompt": "x", "bad_words": ["Paris", "  New York"]})");
+  ASSERT_TRUE(words.ok()) << words.status();
+  std::vector<std::vector<int32_t>> expected = {tok.Encode("Paris", false)};
+  const std::vector<int32_t> spaced = tok.Encode(" Paris", false);
+  ASSERT_EQ(spaced.size(), 1u);  // " Paris" is one token of its own
+  ASSERT_NE(spaced, expected[0]);
+  expected.push_back(spaced);
+  expected.push_back(tok.Encode("New York", false));
+  const std::vector<int32_t> spaced_ny = tok.Encode(" New York", false);
+  if (spaced_ny.size() == expected.back().size() && spaced_ny[0] != expected.back()[0]) {
+    expected.push_back(spaced_ny);
+  }
+  EXPECT_EQ(words->sampling.bad_words, expected);
+  EXPECT_EQ(build(R"({"prompt": "x", "bad_words": ["ok", "  "]})").status().message(),
+            "bad_words[1] is empty (or only spaces); remove it");
+  EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": "x", "bad_words": ["a", 5]})"),
+                          "bad_words[1] must be a string"));
+  Json many = {{"prompt", "x"}, {"bad_words", std::vector<std::string>(1025, "a")}};
+  EXPECT_EQ(build(many.dump()).status().message(),
+            "bad_words has 1025 words; at most 1024 are allowed");
+
+  const std::string text = "one two three four five six seven";
+  const std::vector<int32_t> whole = tok.Encode(text);
+  ASSERT_GT(whole.size(), 4u);
+  auto cut = build(Json{{"prompt", text}, {"truncate_prompt_tokens", 3}}.dump());
+  ASSERT_TRUE(cut.ok()) << cut.status();
+  EXPECT_EQ(cut->prompt, std::vector<int32_t>(whole.end() - 3, whole.end()));
+  for (int k : {-1, 1000}) {
+    auto kept = build(Json{{"prompt", text}, {"truncate_prompt_tokens", k}}.dump());
+    ASSERT_TRUE(kept.ok()) << kept.status();
+    EXPECT_EQ(kept->prompt, whole) << k;
+  }
+  EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": "x", "truncate_prompt_tokens": 0})"),
+                          "truncate_prompt_tokens = 0; it must be >= 1"));
+  v1::GenerateRequest grpc_zero;
+  grpc_zero.set_prompt(text);
+  grpc_zero.set_truncate_prompt_tokens(0);
+  EXPECT_EQ(BuildRequest(grpc_zero, *model_).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
 
 // The range and the vocabulary are checked where gRPC's are (BuildRequest), with the HTTP name.
 TEST_F(OpenAiResponseTest, LogitBiasOutsideItsRangeOrTheVocabularyIsRefused) {

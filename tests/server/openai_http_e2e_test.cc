@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstring>
 #include <fstream>
 #include <thread>
 
@@ -317,6 +318,63 @@ TEST_F(OpenAiHttpTest, StreamedChatEqualsTheWholeChat) {
   EXPECT_EQ(usage, w["usage"]);
   // Several events: the text arrived as it was generated, not in one piece.
   EXPECT_GE(streamed.chunks.size(), 4u);
+}
+
+// vLLM's bad_words, allowed_token_ids and truncate_prompt_tokens on the real model: the word
+// the model would say is not said; only the allowed tokens come out; a cut prompt is its last
+// k tokens (the same completion as those ids sent alone, and what echo returns).
+TEST_F(OpenAiHttpTest, VllmsSamplingExtensionsShapeTheOutput) {
+  ASSERT_TRUE(server_->started());
+  auto text_of = [&](const Json& body) {
+    HttpResult r = Post("/v1/completions", body);
+    EXPECT_EQ(r.status, 200) << r.body;
+    return Json::parse(r.body)["choices"][0]["text"].get<std::string>();
+  };
+  const Json france = {{"prompt", "The capital of France is"}, {"max_tokens", 12},
+                       {"temperature", 0}};
+  const std::string said = text_of(france);
+  ASSERT_NE(said.find("Paris"), std::string::npos) << said;
+  Json no_paris = france;
+  no_paris["bad_words"] = {"Paris"};
+  const std::string unsaid = text_of(no_paris);
+  EXPECT_EQ(unsaid.find("Paris"), std::string::npos) << unsaid;
+  EXPECT_NE(unsaid, said);
+
+  auto stub = server_->stub();
+  const std::vector<uint32_t> yes = TokenIds(*stub, " yes", false);
+  const std::vector<uint32_t> no = TokenIds(*stub, " no", false);
+  ASSERT_EQ(yes.size(), 1u);
+  ASSERT_EQ(no.size(), 1u);
+  for (uint64_t seed : {1, 2, 3}) {
+    std::string rest = text_of({{"prompt", "Is the sky green?"}, {"max_tokens", 6},
+                                {"temperature", 1.0}, {"seed", seed}, {"ignore_eos", true},
+                                {"allowed_token_ids", {yes[0], no[0]}}});
+    const size_t length = rest.size();
+    for (const char* word : {" yes", " no"}) {
+      for (size_t at; (at = rest.find(word)) != std::string::npos;) rest.erase(at, strlen(word));
+    }
+    EXPECT_GE(length, 6 * 3u);
+    EXPECT_EQ(rest, "") << "seed " << seed;
+  }
+
+  const std::string story = "Once upon a time, in a small village by the sea, there lived";
+  const std::vector<uint32_t> ids = TokenIds(*stub, story);
+  ASSERT_GT(ids.size(), 8u);
+  const std::vector<uint32_t> last5(ids.end() - 5, ids.end());
+  const Json cut = {{"prompt", story}, {"truncate_prompt_tokens", 5}, {"max_tokens", 6},
+                    {"temperature", 0}};
+  HttpResult r = Post("/v1/completions", cut);
+  ASSERT_EQ(r.status, 200) << r.body;
+  const Json j = Json::parse(r.body);
+  EXPECT_EQ(j["usage"]["prompt_tokens"], 5);
+  EXPECT_EQ(j["choices"][0]["text"], text_of({{"prompt", last5}, {"max_tokens", 6},
+                                               {"temperature", 0}}));
+  Json echoed = cut;
+  echoed["echo"] = true;
+  const std::string tail = Json::parse(Post("/detokenize", {{"tokens", last5}}).body)["prompt"];
+  EXPECT_EQ(text_of(echoed), tail + j["choices"][0]["text"].get<std::string>());
+  EXPECT_EQ(Post("/v1/completions", {{"prompt", story}, {"truncate_prompt_tokens", 0}}).status,
+            400);
 }
 
 // continue_final_message: the reply goes on from a prefilled start of the assistant's answer
