@@ -272,7 +272,6 @@ absl::Status ParseSampling(const In& body, OpenAiCall* call) {
     auto v = Bool(body, "echo");
     if (!v.ok()) return v.status();
     call->echo = *v;
-    if (call->echo && n > 1) return Unsupported("echo", "with n > 1");
   }
   // max_tokens, or the chat API's newer max_completion_tokens; 0 with echo (score the prompt).
   for (const char* key : {"max_completion_tokens", "max_tokens"}) {

@@ -37,6 +37,19 @@ using std::chrono::milliseconds;
 constexpr milliseconds kPollInterval{100};     // how often a waiting handler checks its client
 constexpr milliseconds kKeepAliveInterval{15'000};  // SSE comment during a long silence
 
+// Appends a later delta of the same completion to `into`; the prompt's scores come once.
+void AppendDelta(scheduler::TokenDelta& into, const scheduler::TokenDelta& d) {
+  into.token_ids.insert(into.token_ids.end(), d.token_ids.begin(), d.token_ids.end());
+  into.text += d.text;
+  into.logprobs.insert(into.logprobs.end(), d.logprobs.begin(), d.logprobs.end());
+  into.top.insert(into.top.end(), d.top.begin(), d.top.end());
+  if (!d.prompt_token_ids.empty()) {
+    into.prompt_token_ids = d.prompt_token_ids;
+    into.prompt_logprobs = d.prompt_logprobs;
+    into.prompt_top = d.prompt_top;
+  }
+}
+
 // One call's output, for its n completions: pushed by the engine thread (through each
 // completion's ChoiceSink), taken by the handler thread.
 class HttpOutput {
@@ -68,16 +81,7 @@ class HttpOutput {
 
   void Deliver(int index, const scheduler::TokenDelta& d) {
     std::lock_guard<std::mutex> lock(mu_);
-    scheduler::TokenDelta& p = choices_[index].pending;
-    p.token_ids.insert(p.token_ids.end(), d.token_ids.begin(), d.token_ids.end());
-    p.text += d.text;
-    p.logprobs.insert(p.logprobs.end(), d.logprobs.begin(), d.logprobs.end());
-    p.top.insert(p.top.end(), d.top.begin(), d.top.end());
-    if (!d.prompt_token_ids.empty()) {  // once, in the first delta
-      p.prompt_token_ids = d.prompt_token_ids;
-      p.prompt_logprobs = d.prompt_logprobs;
-      p.prompt_top = d.prompt_top;
-    }
+    AppendDelta(choices_[index].pending, d);
     news_ = true;
     cv_.notify_one();
   }
@@ -98,6 +102,47 @@ class HttpOutput {
   std::condition_variable cv_;
   std::vector<Choice> choices_;  // guarded by mu_
   bool news_ = false;            // guarded by mu_
+};
+
+// echo with the prompt's scores and n > 1: only the first completion of each prompt scores it
+// (SplitChoices), but every choice echoes the prompt with its scores, as vLLM's do. Each other
+// choice's output is held until the first's scores have come, then goes on with a copy of
+// them; one that ends before they come goes out without them. Handler thread only.
+class SharedPromptScores {
+ public:
+  SharedPromptScores(int choices, int per_prompt)
+      : per_prompt_(per_prompt), scores_(choices / per_prompt), held_(choices),
+        given_(choices, false) {}
+
+  void Share(std::vector<HttpOutput::Taken>& taken) {
+    for (size_t i = 0; i < taken.size(); i += per_prompt_) {
+      if (!taken[i].delta.prompt_token_ids.empty()) scores_[i / per_prompt_] = taken[i].delta;
+    }
+    for (size_t i = 0; i < taken.size(); ++i) {
+      if (i % per_prompt_ == 0 || given_[i]) continue;
+      HttpOutput::Taken& t = taken[i];
+      AppendDelta(held_[i], t.delta);
+      const std::optional<scheduler::TokenDelta>& scores = scores_[i / per_prompt_];
+      if (!scores && !t.finish) {
+        t.delta = {};
+        continue;
+      }
+      t.delta = std::move(held_[i]);
+      held_[i] = {};
+      if (scores) {
+        t.delta.prompt_token_ids = scores->prompt_token_ids;
+        t.delta.prompt_logprobs = scores->prompt_logprobs;
+        t.delta.prompt_top = scores->prompt_top;
+      }
+      given_[i] = true;
+    }
+  }
+
+ private:
+  size_t per_prompt_;
+  std::vector<std::optional<scheduler::TokenDelta>> scores_;  // [prompt]: its first's delta
+  std::vector<scheduler::TokenDelta> held_;                   // [choice]
+  std::vector<bool> given_;                                   // [choice]: scores passed on
 };
 
 class HttpChoiceSink : public ServiceSink {
@@ -397,9 +442,17 @@ void OpenAiHttpServer::Generate(const HttpRequest& http, HttpResponder& out, boo
 
   OpenAiResponseBuilder builder(*call, id, UnixNow(), options_.served_model_name,
                                 model_->tokenizer(), n, std::move(echo_texts));
+  std::optional<SharedPromptScores> shared;
+  if (call->echo && n_per_prompt > 1 && call->request.sampling().has_prompt_logprobs()) {
+    shared.emplace(n, n_per_prompt);
+  }
+  auto take = [&] {
+    output->Take(kPollInterval, &taken);
+    if (shared) shared->Share(taken);
+  };
   if (!call->stream) {
     while (true) {
-      output->Take(kPollInterval, &taken);
+      take();
       for (int i = 0; i < n; ++i) builder.Add(i, taken[i].delta);
       if (all_finished()) break;
       if (out.ClientGone()) return cancel("the client went away");
@@ -418,7 +471,7 @@ void OpenAiHttpServer::Generate(const HttpRequest& http, HttpResponder& out, boo
   auto last_write = std::chrono::steady_clock::now();
   const scheduler::FinishInfo* failed = nullptr;
   while (ok) {
-    output->Take(kPollInterval, &taken);
+    take();
     // Once a completion failed, the others (cancelled by ServiceSink) send nothing more; what
     // came with the failure still goes out.
     const bool failed_before = failed != nullptr;

@@ -218,8 +218,6 @@ TEST(OpenAiApiTest, WhatTheServerCannotHonourIsRefusedByName) {
                           "best_of is not supported: = 4 with n = 2"));
   EXPECT_TRUE(RefusedWith(Chat(R"({"messages": [{"role": "user", "content": "x"}], "echo": true})"),
                           "echo is not supported: not on chat completions"));
-  EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": "x", "echo": true, "n": 2})"),
-                          "echo is not supported: with n > 1"));
   EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": "x", "max_tokens": 0})"),
                           "max_tokens = 0; it must be >= 1 (0 only with echo)"));
   EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": "x", "suffix": "y"})"), "suffix"));

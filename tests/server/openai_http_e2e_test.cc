@@ -733,6 +733,86 @@ TEST_F(OpenAiHttpTest, EchoReturnsThePromptAndScoresIt) {
   EXPECT_EQ(Post("/v1/completions", {{"prompt", prompt}, {"max_tokens", 0}}).status, 400);
 }
 
+// echo with n > 1: every choice echoes its prompt with the prompt's scores (computed once, by
+// the first completion), then its own completion (what a request of its own with seed + i
+// gives); streamed alike; with max_tokens 0 every choice is the scored prompt alone.
+TEST_F(OpenAiHttpTest, EchoWithNCompletionsGivesEveryChoiceThePromptAndItsScores) {
+  ASSERT_TRUE(server_->started());
+  auto post = [&](const Json& body) {
+    HttpResult r = Post("/v1/completions", body);
+    EXPECT_EQ(r.status, 200) << r.body;
+    return r.status == 200 ? Json::parse(r.body) : Json();
+  };
+  const std::vector<std::string> prompts = {"The capital of France is", "Water boils at"};
+  std::vector<Json> scores;  // [prompt]: its echo's log-probabilities when sent alone
+  for (const std::string& p : prompts) {
+    const Json alone = post({{"prompt", p}, {"echo", true}, {"logprobs", 1}, {"max_tokens", 0}});
+    ASSERT_FALSE(alone.is_null());
+    scores.push_back(alone["choices"][0]["logprobs"]);
+    ASSERT_GE(scores.back()["tokens"].size(), 3u);
+  }
+  auto head = [](const Json& logprobs, size_t count) {  // the first `count` of each list
+    Json out = Json::object();
+    for (const char* key : {"tokens", "token_logprobs", "top_logprobs", "text_offset"}) {
+      out[key] = Json(std::vector<Json>(logprobs[key].begin(), logprobs[key].begin() + count));
+    }
+    return out;
+  };
+
+  const Json body = {{"prompt", prompts[0]}, {"echo", true}, {"logprobs", 1}, {"n", 3},
+                     {"max_tokens", 5}, {"temperature", 0.9}, {"seed", 5}, {"ignore_eos", true}};
+  const Json whole = post(body);
+  ASSERT_EQ(whole["choices"].size(), 3u);
+  const size_t P = scores[0]["tokens"].size();
+  for (int i = 0; i < 3; ++i) {
+    SCOPED_TRACE(i);
+    const Json& c = whole["choices"][i];
+    const Json own = post({{"prompt", prompts[0]}, {"max_tokens", 5}, {"temperature", 0.9},
+                           {"seed", 5 + i}, {"ignore_eos", true}});
+    EXPECT_EQ(c["text"], prompts[0] + own["choices"][0]["text"].get<std::string>());
+    ASSERT_EQ(c["logprobs"]["tokens"].size(), P + 5);
+    EXPECT_EQ(head(c["logprobs"], P), scores[0]);
+  }
+  EXPECT_EQ(whole["usage"]["completion_tokens"], 15);
+
+  Json stream_body = body;
+  stream_body["stream"] = true;
+  HttpResult streamed = Post("/v1/completions", stream_body);
+  ASSERT_EQ(streamed.status, 200) << streamed.body;
+  const StreamedChoices choices = CollectChoices(streamed.body, 3);
+  std::vector<size_t> scored(3, 0);
+  std::vector<bool> first_seen(3, false);
+  for (const std::string& e : SseData(streamed.body)) {
+    if (e == "[DONE]") continue;
+    const Json event = Json::parse(e);
+    for (const Json& c : event["choices"]) {
+      const int index = c["index"];
+      if (!first_seen[index] && c["finish_reason"].is_null()) {
+        first_seen[index] = true;
+        EXPECT_EQ(c["text"].get<std::string>().rfind(prompts[0], 0), 0u) << e;
+        ASSERT_FALSE(c["logprobs"].is_null()) << e;
+        EXPECT_EQ(head(c["logprobs"], P), scores[0]) << e;
+      }
+      if (!c["logprobs"].is_null()) scored[index] += c["logprobs"]["tokens"].size();
+    }
+  }
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(choices.texts[i], whole["choices"][i]["text"]) << i;
+    EXPECT_EQ(scored[i], P + 5) << i;
+  }
+
+  // Two prompts, two choices each, scored alone: choice p * 2 + i is prompt p's scores.
+  const Json just_scores = post({{"prompt", prompts}, {"echo", true}, {"logprobs", 1},
+                                 {"n", 2}, {"max_tokens", 0}});
+  ASSERT_EQ(just_scores["choices"].size(), 4u);
+  for (int k = 0; k < 4; ++k) {
+    const Json& c = just_scores["choices"][k];
+    EXPECT_EQ(c["text"], prompts[k / 2]) << k;
+    EXPECT_EQ(c["logprobs"], scores[k / 2]) << k;
+  }
+  EXPECT_EQ(just_scores["usage"]["completion_tokens"], 0);
+}
+
 // A list of prompts (how lm-evaluation-harness batches): choice p * n + i is what prompt p
 // alone gives as its choice i, scored prompts included; usage adds the prompts up; a stream
 // numbers its chunks alike; a bad prompt is named; a client that leaves cancels them all, and
