@@ -61,10 +61,12 @@ struct TokenDelta {
   std::vector<float> logprobs;                               // per token, when asked
   std::vector<std::vector<std::pair<int32_t, float>>> top;   // per token top-n, when asked
   // Request::prompt_logprobs, in the request's first delta: the prompt's tokens and, for
-  // tokens 1 … P−1 (the first has nothing before it), each one's log-probability and the top n.
+  // tokens 1 … P−1 (the first has nothing before it), each one's log-probability, the top n,
+  // and its rank (1 + how many tokens the model found likelier).
   std::vector<int32_t> prompt_token_ids;
   std::vector<float> prompt_logprobs;
   std::vector<std::vector<std::pair<int32_t, float>>> prompt_top;
+  std::vector<int32_t> prompt_ranks;
 };
 
 struct FinishInfo {

@@ -65,9 +65,14 @@ void TopLogprobs(std::span<const float> logits, double lse, int32_t n,
 }  // namespace
 
 float ScoreToken(std::span<const float> logits, int32_t token, int32_t top_n,
-                 std::vector<std::pair<int32_t, float>>* top) {
+                 std::vector<std::pair<int32_t, float>>* top, int32_t* rank) {
   const double lse = LogSumExp(logits);
   TopLogprobs(logits, lse, top_n, ThreadScratch().candidates, top);
+  if (rank) {
+    const float own = logits[token];
+    *rank = 1 + int32_t(std::count_if(logits.begin(), logits.end(),
+                                      [own](float l) { return l > own; }));
+  }
   return float(logits[token] - lse);
 }
 

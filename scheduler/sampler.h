@@ -58,10 +58,11 @@ void TruncateDistributionBySorting(std::span<const float> scaled, const Sampling
                                    std::vector<std::pair<int32_t, double>>& kept);
 
 // The log-probability of `token` under the distribution of a row of logits (the model's own:
-// no penalties, bias or temperature), and the `top_n` most likely (id, log-probability), most
-// likely first, in *top: a prompt token's score.
+// no penalties, bias or temperature), the `top_n` most likely (id, log-probability), most
+// likely first, in *top, and, when `rank` is given, the token's rank in *rank: 1 + how many
+// tokens have a higher logit (vLLM's). A prompt token's score.
 float ScoreToken(std::span<const float> logits, int32_t token, int32_t top_n,
-                 std::vector<std::pair<int32_t, float>>* top);
+                 std::vector<std::pair<int32_t, float>>* top, int32_t* rank = nullptr);
 
 // One sampler per request: it owns the request's random generator.
 class Sampler {

@@ -103,6 +103,7 @@ class Sequence {
   bool prompt_scores_sent_ = false;
   std::vector<float> prompt_logprobs_;
   std::vector<std::vector<std::pair<int32_t, float>>> prompt_top_;
+  std::vector<int32_t> prompt_ranks_;
   // Moves the prompt's scores into `delta` the first time (when asked for).
   void AttachPromptScores(TokenDelta& delta);
 };

@@ -19,12 +19,15 @@ v1::FinishReason ToProto(scheduler::FinishReason r) {
   return v1::FINISH_REASON_UNSPECIFIED;
 }
 
+// ranks: [token] (prompt tokens), or empty.
 void AddLogprobs(const std::vector<float>& logprobs,
                  const std::vector<std::vector<std::pair<int32_t, float>>>& top,
+                 const std::vector<int32_t>& ranks,
                  google::protobuf::RepeatedPtrField<v1::TokenLogprobs>* out) {
   for (size_t i = 0; i < logprobs.size(); ++i) {
     v1::TokenLogprobs* lp = out->Add();
     lp->set_logprob(logprobs[i]);
+    if (i < ranks.size()) lp->set_rank(static_cast<uint32_t>(ranks[i]));
     for (const auto& [id, logprob] : top[i]) {
       v1::TopLogprob* t = lp->add_top();
       t->set_token_id(static_cast<uint32_t>(id));
@@ -56,7 +59,8 @@ void StreamSink::Deliver(int index, const scheduler::TokenDelta& delta) {
       open_[index] = nullptr;  // the scores come before the tokens
       v1::PromptLogprobs* p = queue_.emplace_back().mutable_prompt_logprobs();
       for (int32_t id : delta.prompt_token_ids) p->add_token_ids(static_cast<uint32_t>(id));
-      AddLogprobs(delta.prompt_logprobs, delta.prompt_top, p->mutable_logprobs());
+      AddLogprobs(delta.prompt_logprobs, delta.prompt_top, delta.prompt_ranks,
+                  p->mutable_logprobs());
     }
     // A delta of the prompt's scores alone (max_tokens = 0) has no chunk.
     if (!delta.token_ids.empty()) {
@@ -69,7 +73,7 @@ void StreamSink::Deliver(int index, const scheduler::TokenDelta& delta) {
       }
       for (int32_t id : delta.token_ids) chunk->add_token_ids(static_cast<uint32_t>(id));
       chunk->mutable_text()->append(delta.text);
-      AddLogprobs(delta.logprobs, delta.top, chunk->mutable_logprobs());
+      AddLogprobs(delta.logprobs, delta.top, {}, chunk->mutable_logprobs());
     }
   }
   Pump();

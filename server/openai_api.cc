@@ -435,12 +435,6 @@ absl::Status RefuseUnsupported(const In& body, OpenAiEndpoint endpoint) {
   if (Given(body, "use_beam_search") && body["use_beam_search"] != false) {
     return Unsupported("use_beam_search", "sampling only");
   }
-  if (Given(body, "prompt_logprobs")) {
-    return Unsupported("prompt_logprobs",
-                       endpoint == OpenAiEndpoint::kCompletions
-                           ? "send echo with logprobs, which scores the prompt's tokens"
-                           : "score a prompt on /v1/completions with echo and logprobs");
-  }
   if (endpoint == OpenAiEndpoint::kChatCompletions) {
     if (Given(body, "chat_template")) {
       return Unsupported("chat_template", "the model's own template only");
@@ -564,6 +558,26 @@ absl::StatusOr<OpenAiCall> ParseOpenAiRequest(std::string_view body_text, OpenAi
         return Invalid("stream_options.include_usage", "must be true or false");
       }
       call.include_usage = so["include_usage"].get<bool>();
+    }
+  }
+  // vLLM's prompt_logprobs (not streamed, as vLLM's; 0 with stream is taken and returns
+  // nothing there too).
+  if (Given(body, "prompt_logprobs")) {
+    auto v = Integer(body, "prompt_logprobs");
+    if (!v.ok()) return v.status();
+    if (call.stream && *v != 0) {
+      return Invalid("prompt_logprobs", "is not available with stream: true");
+    }
+    if (*v < 0 || *v > kMaxLogprobs) {
+      return Invalid("prompt_logprobs",
+                     absl::StrCat("= ", *v, "; it must be in [0, ", kMaxLogprobs, "] (-1, the ",
+                                  "whole vocabulary, is more than this server returns)"));
+    }
+    if (!call.stream) {
+      call.prompt_logprobs = static_cast<int>(*v);
+      // One scoring serves echo's alternatives and these.
+      v1::SamplingParams* sp = call.request.mutable_sampling();
+      sp->set_prompt_logprobs(std::max<uint32_t>(sp->prompt_logprobs(), uint32_t(*v)));
     }
   }
   return call;

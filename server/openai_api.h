@@ -46,12 +46,15 @@ struct OpenAiCall {
   int top_logprobs = 0;        // and this many alternatives per token
   bool max_tokens_given = false;
   bool echo = false;           // completions: the prompt comes back before the completion
+  // vLLM's prompt_logprobs: each prompt token's score, rank and this many alternatives
+  // (-1: not asked).
+  int prompt_logprobs = -1;
 };
 
 // Parses a request body. INVALID_ARGUMENT names the field and what is allowed; NOT_FOUND when
 // `model` is given and is not `served_model`. Parameters the server cannot honour (best_of
-// other than n, echo on chat or with n > 1, suffix, tools, ...) are refused rather than
-// silently ignored; unknown fields are ignored, as vLLM does.
+// other than n, echo on chat, suffix, tools, ...) are refused rather than silently ignored;
+// unknown fields are ignored, as vLLM does.
 absl::StatusOr<OpenAiCall> ParseOpenAiRequest(std::string_view body, OpenAiEndpoint endpoint,
                                               const std::string& served_model);
 

@@ -47,6 +47,7 @@ void AppendDelta(scheduler::TokenDelta& into, const scheduler::TokenDelta& d) {
     into.prompt_token_ids = d.prompt_token_ids;
     into.prompt_logprobs = d.prompt_logprobs;
     into.prompt_top = d.prompt_top;
+    into.prompt_ranks = d.prompt_ranks;
   }
 }
 
@@ -104,8 +105,8 @@ class HttpOutput {
   bool news_ = false;            // guarded by mu_
 };
 
-// echo with the prompt's scores and n > 1: only the first completion of each prompt scores it
-// (SplitChoices), but every choice echoes the prompt with its scores, as vLLM's do. Each other
+// The prompt's scores (echo, prompt_logprobs) with n > 1: only the first completion of each
+// prompt scores it (SplitChoices), but every choice carries them, as vLLM's do. Each other
 // choice's output is held until the first's scores have come, then goes on with a copy of
 // them; one that ends before they come goes out without them. Handler thread only.
 class SharedPromptScores {
@@ -133,6 +134,7 @@ class SharedPromptScores {
         t.delta.prompt_token_ids = scores->prompt_token_ids;
         t.delta.prompt_logprobs = scores->prompt_logprobs;
         t.delta.prompt_top = scores->prompt_top;
+        t.delta.prompt_ranks = scores->prompt_ranks;
       }
       given_[i] = true;
     }
@@ -443,7 +445,7 @@ void OpenAiHttpServer::Generate(const HttpRequest& http, HttpResponder& out, boo
   OpenAiResponseBuilder builder(*call, id, UnixNow(), options_.served_model_name,
                                 model_->tokenizer(), n, std::move(echo_texts));
   std::optional<SharedPromptScores> shared;
-  if (call->echo && n_per_prompt > 1 && call->request.sampling().has_prompt_logprobs()) {
+  if (n_per_prompt > 1 && call->request.sampling().has_prompt_logprobs()) {
     shared.emplace(n, n_per_prompt);
   }
   auto take = [&] {

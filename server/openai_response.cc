@@ -103,6 +103,28 @@ Json OpenAiResponseBuilder::PromptLogprobs(const scheduler::TokenDelta& d) const
           {"text_offset", offsets}};
 }
 
+Json OpenAiResponseBuilder::VllmPromptLogprobs(const scheduler::TokenDelta& d) const {
+  Json out = Json::array({nullptr});
+  auto entry = [&](int32_t id, float logprob, int32_t rank) {
+    return Json{{"logprob", std::max(logprob, kMinLogprob)},
+                {"rank", rank},
+                {"decoded_token", tokenizer_->TokenBytes(id)}};
+  };
+  for (size_t i = 0; i < d.prompt_logprobs.size() && i + 1 < d.prompt_token_ids.size(); ++i) {
+    const int32_t id = d.prompt_token_ids[i + 1];
+    Json scores = Json::object();
+    scores[std::to_string(id)] =
+        entry(id, d.prompt_logprobs[i], i < d.prompt_ranks.size() ? d.prompt_ranks[i] : 0);
+    const auto& top = d.prompt_top[i];
+    for (int k = 0; k < call_.prompt_logprobs && k < int(top.size()); ++k) {
+      const std::string key = std::to_string(top[k].first);
+      if (!scores.contains(key)) scores[key] = entry(top[k].first, top[k].second, k + 1);
+    }
+    out.push_back(std::move(scores));
+  }
+  return out;
+}
+
 void OpenAiResponseBuilder::Choice::Append(const std::string& more) {
   text += more;
   chars += Utf8Chars(more);
@@ -214,6 +236,9 @@ void OpenAiResponseBuilder::AppendLogprobs(Json& into, const Json& more) {
 
 void OpenAiResponseBuilder::Add(int index, const scheduler::TokenDelta& delta) {
   Choice& c = choices_.at(index);
+  if (call_.prompt_logprobs >= 0 && !delta.prompt_token_ids.empty()) {
+    c.prompt_logprobs = VllmPromptLogprobs(delta);
+  }
   c.Append(EchoText(c, delta));
   AppendLogprobs(c.logprobs, PromptLogprobs(delta));
   AppendLogprobs(c.logprobs, Logprobs(delta, c.chars));
@@ -247,10 +272,13 @@ Json OpenAiResponseBuilder::Complete(const std::vector<scheduler::FinishInfo>& i
                        : Json{{"text", text}, {"index", index}};
     choice["logprobs"] = logprobs;
     choice["finish_reason"] = OpenAiFinishReason(infos[i].reason);
+    if (!chat && call_.prompt_logprobs >= 0) choice["prompt_logprobs"] = c.prompt_logprobs;
     choices.push_back(std::move(choice));
   }
   Json j = Envelope(chat ? "chat.completion" : "text_completion");
   j["choices"] = std::move(choices);
+  // vLLM gives a chat's prompt_logprobs once, beside the choices.
+  if (chat && call_.prompt_logprobs >= 0) j["prompt_logprobs"] = choices_[0].prompt_logprobs;
   j["usage"] = Usage(infos);
   return j;
 }

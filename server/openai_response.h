@@ -52,11 +52,15 @@ class OpenAiResponseBuilder {
     nlohmann::ordered_json logprobs;   // accumulated (not streaming)
     std::string echo;                  // with echo: its prompt's text
     bool echoed = false;               // the prompt's text (and scores) went out
+    nlohmann::ordered_json prompt_logprobs;  // vLLM's prompt_logprobs, when asked
   };
   // With echo: the prompt's text the first time a delta brings tokens or the prompt's scores,
   // and the scores' log-probabilities (the first token's null) when asked; else "" and null.
   std::string EchoText(Choice& c, const scheduler::TokenDelta& delta);
   nlohmann::ordered_json PromptLogprobs(const scheduler::TokenDelta& delta) const;
+  // vLLM's prompt_logprobs: per prompt token (the first null) {"<id>": {logprob, rank,
+  // decoded_token}} for the token itself and the call's prompt_logprobs most likely.
+  nlohmann::ordered_json VllmPromptLogprobs(const scheduler::TokenDelta& delta) const;
   nlohmann::ordered_json Envelope(const char* object) const;
   // Each prompt once, the completion tokens of all.
   nlohmann::ordered_json Usage(const std::vector<scheduler::FinishInfo>& infos) const;

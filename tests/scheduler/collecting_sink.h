@@ -25,6 +25,7 @@ class CollectingSink : public TokenSink {
       prompt_token_ids = d.prompt_token_ids;
       prompt_logprobs = d.prompt_logprobs;
       prompt_top = d.prompt_top;
+      prompt_ranks = d.prompt_ranks;
     }
     count_.store(static_cast<int>(tokens.size()));
   }
@@ -47,6 +48,7 @@ class CollectingSink : public TokenSink {
   std::vector<int32_t> prompt_token_ids;
   std::vector<float> prompt_logprobs;
   std::vector<std::vector<std::pair<int32_t, float>>> prompt_top;
+  std::vector<int32_t> prompt_ranks;
   int prompt_deliveries = 0;
   FinishInfo info;
   bool finished = false;

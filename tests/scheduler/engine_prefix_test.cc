@@ -252,6 +252,9 @@ TEST_F(EngineTest, PromptLogprobsScoreEveryPromptTokenEvenWhenItsBlocksAreCached
   ASSERT_TRUE(rows.ok());
   std::vector<float> want(P - 1);
   std::vector<int32_t> want_top1(P - 1);
+  // The rank: 1 + tokens with a higher logit. Batched rows differ from these in the last
+  // bits, so it may be anywhere between the counts of tokens clearly and barely higher.
+  std::vector<int32_t> rank_lo(P - 1, 1), rank_hi(P - 1, 1);
   for (int64_t i = 1; i < P; ++i) {
     const float* row = rows->data() + (i - 1) * vocab;
     double m = -1e30, sum = 0;
@@ -259,6 +262,11 @@ TEST_F(EngineTest, PromptLogprobsScoreEveryPromptTokenEvenWhenItsBlocksAreCached
     for (int64_t v = 0; v < vocab; ++v) sum += std::exp(double(row[v]) - m);
     want[i - 1] = float(row[prompt[i]] - (m + std::log(sum)));
     want_top1[i - 1] = int32_t(std::max_element(row, row + vocab) - row);
+    const float own = row[prompt[i]];
+    for (int64_t v = 0; v < vocab; ++v) {
+      rank_lo[i - 1] += row[v] > own + 1e-3f;
+      rank_hi[i - 1] += row[v] > own - 1e-3f && v != prompt[i];
+    }
   }
 
   EngineConfig config;
@@ -298,12 +306,20 @@ TEST_F(EngineTest, PromptLogprobsScoreEveryPromptTokenEvenWhenItsBlocksAreCached
   EXPECT_EQ(scored->prompt_token_ids, prompt);
   ASSERT_EQ(int64_t(scored->prompt_logprobs.size()), P - 1);
   ASSERT_EQ(int64_t(scored->prompt_top.size()), P - 1);
+  ASSERT_EQ(int64_t(scored->prompt_ranks.size()), P - 1);
+  int64_t ranked_first = 0;
   for (int64_t i = 0; i < P - 1; ++i) {
     EXPECT_NEAR(scored->prompt_logprobs[i], want[i], 1e-4) << "prompt token " << i + 1;
+    EXPECT_GE(scored->prompt_ranks[i], rank_lo[i]) << "prompt token " << i + 1;
+    EXPECT_LE(scored->prompt_ranks[i], rank_hi[i]) << "prompt token " << i + 1;
+    ranked_first += scored->prompt_ranks[i] == 1;
     ASSERT_EQ(scored->prompt_top[i].size(), 2u);
     EXPECT_EQ(scored->prompt_top[i][0].first, want_top1[i]) << "prompt token " << i + 1;
     EXPECT_GE(scored->prompt_top[i][0].second, scored->prompt_top[i][1].second);
   }
+  // Not every token the model's first choice, nor none of them (the prompt repeats itself).
+  EXPECT_GT(ranked_first, 0);
+  EXPECT_LT(ranked_first, P - 1);
 
   // Scores and tokens together: the tokens are the plain request's.
   Request both = plain;

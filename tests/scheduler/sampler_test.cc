@@ -205,6 +205,26 @@ TEST(SamplerTest, BannedTokensAreNeverSampledButKeepTheirLogprobs) {
   }
 }
 
+// A prompt token's score: its log-probability, the top n, and its rank (1 + the tokens with
+// a higher logit: a tie shares the better rank, as vLLM counts).
+TEST(SamplerTest, ScoreTokenGivesTheRankAmongTheWholeVocabulary) {
+  const std::vector<float> logits = {1.0f, 3.0f, 2.5f, -1.0f, 2.5f, 2.9f};
+  double sum = 0;
+  for (float l : logits) sum += std::exp(double(l));
+  const std::pair<int32_t, int32_t> token_rank[] = {{1, 1}, {5, 2}, {2, 3}, {4, 3}, {0, 5},
+                                                    {3, 6}};
+  for (const auto& [token, rank] : token_rank) {
+    std::vector<std::pair<int32_t, float>> top;
+    int32_t got = -1;
+    const float lp = ScoreToken(logits, token, 2, &top, &got);
+    EXPECT_EQ(got, rank) << "token " << token;
+    EXPECT_NEAR(lp, logits[token] - std::log(sum), 1e-6) << "token " << token;
+    ASSERT_EQ(top.size(), 2u);
+    EXPECT_EQ(top[0].first, 1);
+    EXPECT_EQ(top[1].first, 5);
+  }
+}
+
 // allowed_tokens: nothing else is sampled, greedy or not (the best of the allowed wins
 // greedily), and the log-probabilities stay the model's.
 TEST(SamplerTest, OnlyAllowedTokensAreSampledAndLogprobsStayTheModels) {

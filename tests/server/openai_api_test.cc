@@ -229,7 +229,6 @@ TEST(OpenAiApiTest, WhatTheServerCannotHonourIsRefusedByName) {
       {R"("guided_choice": ["yes", "no"])", "guided_choice is not supported"},
       {R"("guided_regex": "a+")", "guided_regex is not supported"},
       {R"("structured_outputs": {"choice": ["a"]})", "structured_outputs is not supported"},
-      {R"("prompt_logprobs": 1)", "prompt_logprobs is not supported"},
       {R"("use_beam_search": true)", "use_beam_search is not supported"},
       {R"("functions": [{"name": "f"}])", "functions is not supported"},
       {R"("function_call": "auto")", "function_call is not supported"},
@@ -854,6 +853,81 @@ TEST_F(OpenAiResponseTest, EchoReturnsThePromptAndItsScoresFirst) {
   ASSERT_TRUE(plain.ok());
   OpenAiResponseBuilder p(*plain, "cmpl-7", 1, kServed, model_->tokenizer());
   EXPECT_EQ(p.DeltaChunk(0, deltas[0])["choices"][0]["text"], " Paris");
+}
+
+// vLLM's prompt_logprobs: asked for (not with a stream, where only 0 is taken, and returns
+// nothing, as vLLM's), one scoring serving echo too; in the response each prompt token but the
+// first has its own entry (with its rank) and the k most likely, keyed by token id, on each
+// completion's choice, and once beside a chat's choices.
+TEST_F(OpenAiResponseTest, PromptLogprobsAsVllmGivesThem) {
+  auto three = Completion(R"({"prompt": "x", "prompt_logprobs": 3})");
+  ASSERT_TRUE(three.ok()) << three.status();
+  EXPECT_EQ(three->prompt_logprobs, 3);
+  EXPECT_EQ(three->request.sampling().prompt_logprobs(), 3u);
+  auto with_echo = Completion(R"({"prompt": "x", "prompt_logprobs": 1, "echo": true,
+      "logprobs": 4})");
+  ASSERT_TRUE(with_echo.ok()) << with_echo.status();
+  EXPECT_EQ(with_echo->request.sampling().prompt_logprobs(), 4u);
+  auto chat = Chat(R"({"messages": [{"role": "user", "content": "x"}], "prompt_logprobs": 0})");
+  ASSERT_TRUE(chat.ok()) << chat.status();
+  EXPECT_EQ(chat->prompt_logprobs, 0);
+  EXPECT_TRUE(chat->request.sampling().has_prompt_logprobs());
+  EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": "x", "prompt_logprobs": 1, "stream": true})"),
+                          "prompt_logprobs is not available with stream: true"));
+  auto streamed_zero = Completion(R"({"prompt": "x", "prompt_logprobs": 0, "stream": true})");
+  ASSERT_TRUE(streamed_zero.ok()) << streamed_zero.status();
+  EXPECT_EQ(streamed_zero->prompt_logprobs, -1);
+  EXPECT_FALSE(streamed_zero->request.sampling().has_prompt_logprobs());
+  for (const char* k : {"-1", "21", "1.5", "true"}) {
+    EXPECT_TRUE(RefusedWith(Completion(absl::StrCat(R"({"prompt": "x", "prompt_logprobs": )", k,
+                                                    "}")),
+                            "prompt_logprobs")) << k;
+  }
+
+  const std::vector<int32_t> prompt = model_->tokenizer().Encode("The capital of", false);
+  ASSERT_EQ(prompt.size(), 3u);
+  auto deltas = Deltas();
+  deltas[0].prompt_token_ids = prompt;
+  deltas[0].prompt_logprobs = {-4.5f, -0.5f};
+  deltas[0].prompt_top = {{{7, -1.0f}, {prompt[1], -4.5f}, {9, -5.0f}},
+                          {{prompt[2], -0.5f}, {11, -2.0f}, {12, -3.0f}}};
+  deltas[0].prompt_ranks = {2, 1};
+  auto two = Completion(R"({"prompt": "The capital of", "prompt_logprobs": 2})");
+  ASSERT_TRUE(two.ok());
+  OpenAiResponseBuilder b(*two, "cmpl-8", 1, kServed, model_->tokenizer(), 2);
+  for (int i = 0; i < 2; ++i) {
+    for (const auto& d : deltas) b.Add(i, d);
+  }
+  const auto& tok = model_->tokenizer();
+  auto entry = [&](int32_t id, float logprob, int rank) {
+    return Json{{"logprob", logprob}, {"rank", rank}, {"decoded_token", tok.TokenBytes(id)}};
+  };
+  Json want = Json::array({nullptr});
+  want.push_back({{std::to_string(prompt[1]), entry(prompt[1], -4.5f, 2)},
+                  {"7", entry(7, -1.0f, 1)}});
+  want.push_back({{std::to_string(prompt[2]), entry(prompt[2], -0.5f, 1)},
+                  {"11", entry(11, -2.0f, 2)}});
+  const Json done = b.Complete({Finished(scheduler::FinishReason::kLength),
+                                Finished(scheduler::FinishReason::kLength)});
+  EXPECT_EQ(done["choices"][0]["prompt_logprobs"], want);
+  EXPECT_EQ(done["choices"][1]["prompt_logprobs"], want);
+  EXPECT_EQ(done["choices"][0]["text"], " Paris.");
+  EXPECT_FALSE(done.contains("prompt_logprobs"));
+
+  ASSERT_TRUE(chat.ok());
+  OpenAiResponseBuilder c(*chat, "chatcmpl-9", 1, kServed, tok);
+  for (const auto& d : deltas) c.Add(0, d);
+  const Json chat_done = c.Complete({Finished(scheduler::FinishReason::kLength)});
+  ASSERT_EQ(chat_done["prompt_logprobs"].size(), 3u);
+  EXPECT_EQ(chat_done["prompt_logprobs"][2],
+            Json({{std::to_string(prompt[2]), entry(prompt[2], -0.5f, 1)}}));
+  EXPECT_FALSE(chat_done["choices"][0].contains("prompt_logprobs"));
+  // Not asked: no field.
+  auto plain = Completion(R"({"prompt": "The capital of"})");
+  OpenAiResponseBuilder p(*plain, "cmpl-10", 1, kServed, tok);
+  for (const auto& d : deltas) p.Add(0, d);
+  EXPECT_FALSE(p.Complete({Finished(scheduler::FinishReason::kLength)})["choices"][0]
+                   .contains("prompt_logprobs"));
 }
 
 TEST_F(OpenAiResponseTest, FinishReasonsFollowVllm) {

@@ -813,6 +813,77 @@ TEST_F(OpenAiHttpTest, EchoWithNCompletionsGivesEveryChoiceThePromptAndItsScores
   EXPECT_EQ(just_scores["usage"]["completion_tokens"], 0);
 }
 
+// vLLM's prompt_logprobs on the real model: each prompt token after the first has its score
+// (the one echo gives), its rank (the one gRPC's PromptLogprobs gives) and the k most likely;
+// every choice of n has them; a chat has them once, for the rendered prompt; not streamed.
+TEST_F(OpenAiHttpTest, PromptLogprobsScoreAndRankEveryPromptToken) {
+  ASSERT_TRUE(server_->started());
+  auto stub = server_->stub();
+  const std::string prompt = "The capital of France is Paris, and the capital of Italy is";
+  const std::vector<uint32_t> ids = TokenIds(*stub, prompt);
+  const size_t P = ids.size();
+  ASSERT_GT(P, 8u);
+  HttpResult r = Post("/v1/completions", {{"prompt", prompt}, {"prompt_logprobs", 2},
+                                          {"max_tokens", 2}, {"n", 2}, {"temperature", 0}});
+  ASSERT_EQ(r.status, 200) << r.body;
+  const Json j = Json::parse(r.body);
+  const Json& scores = j["choices"][0]["prompt_logprobs"];
+  ASSERT_EQ(scores.size(), P) << r.body;
+  EXPECT_TRUE(scores[0].is_null());
+  EXPECT_EQ(j["choices"][1]["prompt_logprobs"], scores);
+
+  const Json echoed = Json::parse(Post("/v1/completions", {{"prompt", prompt}, {"echo", true},
+                                                           {"logprobs", 1}, {"max_tokens", 0}})
+                                      .body)["choices"][0]["logprobs"];
+  v1::GenerateRequest req = Prompt(prompt, 1);
+  req.mutable_sampling()->set_prompt_logprobs(0);
+  grpc::ClientContext ctx;
+  auto reader = stub->Generate(&ctx, req);
+  v1::GenerateResponse resp;
+  v1::PromptLogprobs grpc_scores;
+  while (reader->Read(&resp)) {
+    if (resp.has_prompt_logprobs()) grpc_scores = resp.prompt_logprobs();
+  }
+  ASSERT_TRUE(reader->Finish().ok());
+  ASSERT_EQ(size_t(grpc_scores.logprobs_size()), P - 1);
+  int firsts = 0;
+  for (size_t i = 1; i < P; ++i) {
+    SCOPED_TRACE(i);
+    const Json& at = scores[i];
+    const std::string own = std::to_string(ids[i]);
+    ASSERT_TRUE(at.contains(own)) << at;
+    EXPECT_LE(at.size(), 3u);
+    EXPECT_NEAR(at[own]["logprob"].get<double>(), echoed["token_logprobs"][i].get<double>(),
+                1e-6);
+    EXPECT_EQ(at[own]["decoded_token"], echoed["tokens"][i]);
+    const int rank = at[own]["rank"];
+    EXPECT_EQ(rank, int(grpc_scores.logprobs(int(i) - 1).rank()));
+    EXPECT_GE(rank, 1);
+    firsts += rank == 1;
+    bool has_first = false;  // the model's most likely token is always among them (k = 2)
+    for (const auto& [id, e] : at.items()) {
+      EXPECT_LE(e["logprob"].get<double>(), 0.0);
+      if (e["rank"] == 1) has_first = true;
+      if (e["rank"].get<int>() < rank) {
+        EXPECT_GE(e["logprob"].get<double>(), at[own]["logprob"].get<double>()) << id;
+      }
+    }
+    EXPECT_TRUE(has_first) << at;
+  }
+  EXPECT_GT(firsts, 0);  // "capital of" is predictable the second time
+  EXPECT_LT(firsts, int(P) - 1);
+
+  HttpResult chat = Post("/v1/chat/completions",
+                         {{"messages", {{{"role", "user"}, {"content", "Hi"}}}},
+                          {"prompt_logprobs", 1}, {"max_tokens", 1}});
+  ASSERT_EQ(chat.status, 200) << chat.body;
+  const Json cj = Json::parse(chat.body);
+  EXPECT_EQ(cj["prompt_logprobs"].size(), cj["usage"]["prompt_tokens"].get<size_t>());
+  EXPECT_FALSE(cj["choices"][0].contains("prompt_logprobs"));
+  EXPECT_EQ(Post("/v1/completions", {{"prompt", prompt}, {"prompt_logprobs", 1},
+                                     {"stream", true}}).status, 400);
+}
+
 // A list of prompts (how lm-evaluation-harness batches): choice p * n + i is what prompt p
 // alone gives as its choice i, scored prompts included; usage adds the prompts up; a stream
 // numbers its chunks alike; a bad prompt is named; a client that leaves cancels them all, and
