@@ -1,0 +1,116 @@
+#include "server/openai_body.h"
+
+#include <cmath>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+
+namespace thetaserve::server::openai_body {
+namespace {
+
+// Why the parser refused `text`: its message (a number past double's range, a lone UTF-16
+// surrogate, a syntax error and where), without the "[json.exception...] " tag. Read through
+// the SAX interface, which hands the error over instead of throwing it.
+std::string JsonParseError(std::string_view text) {
+  struct Sax : nlohmann::json_sax<In> {
+    bool null() override { return true; }
+    bool boolean(bool) override { return true; }
+    bool number_integer(number_integer_t) override { return true; }
+    bool number_unsigned(number_unsigned_t) override { return true; }
+    bool number_float(number_float_t, const string_t&) override { return true; }
+    bool string(string_t&) override { return true; }
+    bool binary(binary_t&) override { return true; }
+    bool start_object(std::size_t) override { return true; }
+    bool key(string_t&) override { return true; }
+    bool end_object() override { return true; }
+    bool start_array(std::size_t) override { return true; }
+    bool end_array() override { return true; }
+    bool parse_error(std::size_t, const std::string&,
+                     const nlohmann::detail::exception& e) override {
+      what = e.what();
+      return false;
+    }
+    std::string what;
+  } sax;
+  In::sax_parse(text, &sax);
+  const size_t tag = sax.what.find("] ");
+  return tag == std::string::npos ? sax.what : sax.what.substr(tag + 2);
+}
+
+}  // namespace
+
+absl::Status Invalid(const std::string& field, const std::string& what) {
+  return absl::InvalidArgumentError(field + " " + what);
+}
+
+bool Given(const In& body, const char* key) {
+  auto it = body.find(key);
+  return it != body.end() && !it->is_null();
+}
+
+absl::StatusOr<double> Number(const In& body, const char* key) {
+  const In& v = body.at(key);
+  if (!v.is_number()) return Invalid(key, "must be a number");
+  return v.get<double>();
+}
+
+absl::StatusOr<int64_t> Integer(const In& body, const char* key) {
+  const In& v = body.at(key);
+  if (v.is_number_integer()) return v.get<int64_t>();
+  if (v.is_number_float() && std::floor(v.get<double>()) == v.get<double>() &&
+      std::fabs(v.get<double>()) < 9e15) {
+    return static_cast<int64_t>(v.get<double>());
+  }
+  return Invalid(key, "must be an integer");
+}
+
+absl::StatusOr<bool> Bool(const In& body, const char* key) {
+  const In& v = body.at(key);
+  if (!v.is_boolean()) return Invalid(key, "must be true or false");
+  return v.get<bool>();
+}
+
+absl::StatusOr<std::string> String(const In& v, const std::string& field) {
+  if (!v.is_string()) return Invalid(field, "must be a string");
+  return v.get<std::string>();
+}
+
+// Refuses a parameter the server cannot honour unless it has its neutral value.
+absl::Status Unsupported(const std::string& key, const std::string& why) {
+  return absl::InvalidArgumentError(key + " is not supported: " + why);
+}
+
+// Token ids from a JSON array (the prompt, stop_token_ids).
+absl::StatusOr<std::vector<uint32_t>> TokenIdArray(const In& v, const std::string& field) {
+  std::vector<uint32_t> ids;
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (!v[i].is_number_integer() || v[i].get<int64_t>() < 0 ||
+        v[i].get<int64_t>() > std::numeric_limits<uint32_t>::max()) {
+      return Invalid(absl::StrCat(field, "[", i, "]"), "must be a token id (an integer >= 0)");
+    }
+    ids.push_back(static_cast<uint32_t>(v[i].get<int64_t>()));
+  }
+  return ids;
+}
+
+absl::StatusOr<In> ParseBody(std::string_view body_text, const std::string& served_model) {
+  In body = In::parse(body_text, nullptr, /*allow_exceptions=*/false);
+  if (body.is_discarded()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the request body is not valid JSON: ", JsonParseError(body_text)));
+  }
+  if (!body.is_object()) {
+    return absl::InvalidArgumentError("the request body must be a JSON object");
+  }
+  if (Given(body, "model")) {
+    auto model = String(body["model"], "model");
+    if (!model.ok()) return model.status();
+    if (*model != served_model) {
+      return absl::NotFoundError(absl::StrCat("the model '", *model, "' does not exist; this "
+                                              "server serves '", served_model, "'"));
+    }
+  }
+  return body;
+}
+
+}  // namespace thetaserve::server::openai_body

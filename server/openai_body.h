@@ -1,0 +1,37 @@
+// Reading an OpenAI-compatible request body: the JSON object and its fields, each refusal
+// naming the field (INVALID_ARGUMENT "<field> <what is wrong>"). Shared by the request parsers
+// (openai_api.cc, openai_params.cc).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "nlohmann/json.hpp"
+
+namespace thetaserve::server::openai_body {
+
+// Requests parse into nlohmann::json (a sorted map: ordered_json inserts a key by scanning the
+// others, so a body with many keys would cost quadratic time); responses keep the field order
+// OpenAI documents.
+using In = nlohmann::json;
+
+absl::Status Invalid(const std::string& field, const std::string& what);
+// `key` is present and not null.
+bool Given(const In& body, const char* key);
+absl::StatusOr<double> Number(const In& body, const char* key);
+// An integer, or a float with a whole value.
+absl::StatusOr<int64_t> Integer(const In& body, const char* key);
+absl::StatusOr<bool> Bool(const In& body, const char* key);
+absl::StatusOr<std::string> String(const In& v, const std::string& field);
+// Refuses a parameter the server cannot honour unless it has its neutral value.
+absl::Status Unsupported(const std::string& key, const std::string& why);
+// Token ids from a JSON array (the prompt, stop_token_ids).
+absl::StatusOr<std::vector<uint32_t>> TokenIdArray(const In& v, const std::string& field);
+// A request body: a JSON object whose `model`, when given, is `served_model` (else NOT_FOUND);
+// invalid JSON is INVALID_ARGUMENT saying what the parser found wrong.
+absl::StatusOr<In> ParseBody(std::string_view body_text, const std::string& served_model);
+
+}  // namespace thetaserve::server::openai_body
