@@ -75,6 +75,10 @@ Engine::Engine(const EngineConfig& config, kernels::Backend& backend, int64_t nu
                         : nullptr),
       scheduler_(WithSparse(config.scheduler, config.sparse), pool_, prefix_cache_.get()),
       tokenizer_(&backend.model().tokenizer()) {
+  vocab_bytes_.resize(tokenizer_->vocab_size());
+  for (int32_t id = 0; id < int32_t(vocab_bytes_.size()); ++id) {
+    if (!tokenizer_->IsSpecial(id)) vocab_bytes_[id] = tokenizer_->TokenBytes(id);
+  }
   if (config.sampling_threads > 1) {
     sampling_pool_ = std::make_unique<kernels::cpu::ThreadPool>(config.sampling_threads);
   }
@@ -405,7 +409,8 @@ void Engine::RunStep(StepPlan& plan) {
       auto [seq, row] = sample_rows_[i];
       std::span<float> logits(logits_.data() + row * c.vocab_size, c.vocab_size);
       samples_[i] = seq->sampler().Sample(logits, seq->request().prompt, seq->output(),
-                                          seq->BannedTokens());
+                                          seq->BannedTokens(),
+                                          seq->GuidedTokens(vocab_bytes_, *tokenizer_));
     }
   };
   const int64_t num_samples = int64_t(sample_rows_.size());

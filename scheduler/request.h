@@ -48,6 +48,8 @@ struct Request {
   // prefix-cache blocks: their logits are needed). With it, stopping.max_tokens may be 0:
   // score the prompt, generate nothing.
   int32_t prompt_logprobs = -1;
+  // vLLM's guided_choice: the output is exactly one of these (none empty; empty: unguided).
+  std::vector<std::string> guided_choice;
   Clock::time_point arrival = Clock::now();
   std::optional<Clock::time_point> deadline;
 };

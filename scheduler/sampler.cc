@@ -190,7 +190,8 @@ void TruncateDistributionBySorting(std::span<const float> scaled, const Sampling
 Sampler::Sampler(const SamplingParams& params) : params_(params), rng_(SeedFor(params)) {}
 
 SampleResult Sampler::Sample(std::span<float> logits, std::span<const int32_t> prompt,
-                             std::span<const int32_t> output, std::span<const int32_t> banned) {
+                             std::span<const int32_t> output, std::span<const int32_t> banned,
+                             std::span<const int32_t> only) {
   const int64_t vocab = static_cast<int64_t>(logits.size());
   SampleResult result;
   Scratch& sc = ThreadScratch();
@@ -238,16 +239,19 @@ SampleResult Sampler::Sample(std::span<float> logits, std::span<const int32_t> p
   for (int32_t t : banned) {
     if (t >= 0 && t < vocab) logits[t] = kNever;
   }
-  if (!params_.allowed_tokens.empty()) {
-    auto next = params_.allowed_tokens.begin();
+  // Every token outside `keep` (ascending) never.
+  auto keep_only = [&](std::span<const int32_t> keep) {
+    auto next = keep.begin();
     for (int32_t t = 0; t < vocab; ++t) {
-      if (next != params_.allowed_tokens.end() && *next == t) {
+      if (next != keep.end() && *next == t) {
         ++next;
       } else {
         logits[t] = kNever;
       }
     }
-  }
+  };
+  if (!params_.allowed_tokens.empty()) keep_only(params_.allowed_tokens);
+  if (!only.empty()) keep_only(only);
   for (const std::vector<int32_t>& word : params_.bad_words) {
     const size_t rest = word.size() - 1;  // tokens the output must end with
     if (rest > output.size()) continue;

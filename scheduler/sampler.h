@@ -73,9 +73,11 @@ class Sampler {
   // request's tokens so far (for the penalties and bad words). `banned` tokens are never
   // sampled (their log-probabilities are still reported): min_tokens' stop tokens. Neither
   // are tokens outside allowed_tokens, nor the bad words' last tokens where they would
-  // complete one.
+  // complete one, nor, when `only` (ascending) is not empty, tokens outside it (a guided
+  // choice's next tokens).
   SampleResult Sample(std::span<float> logits, std::span<const int32_t> prompt,
-                      std::span<const int32_t> output, std::span<const int32_t> banned = {});
+                      std::span<const int32_t> output, std::span<const int32_t> banned = {},
+                      std::span<const int32_t> only = {});
 
   const SamplingParams& params() const { return params_; }
 

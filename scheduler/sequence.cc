@@ -78,6 +78,7 @@ Sequence::Sequence(Request request, std::shared_ptr<TokenSink> sink,
       kv_(kv_shape),
       sampler_(request_.sampling),
       decoder_(tokenizer) {
+  if (!request_.guided_choice.empty()) guide_.emplace(request_.guided_choice);
   for (const std::string& s : request_.stopping.stop) max_stop_len_ = std::max(max_stop_len_, s.size());
   if (request_.stopping.min_tokens > 0) {
     if (!request_.stopping.ignore_eos) stop_tokens_ = tokenizer.stop_ids();
@@ -121,8 +122,26 @@ void Sequence::FinishWithoutTokens() {
   sink_->OnTokens(delta);
 }
 
+std::span<const int32_t> Sequence::GuidedTokens(const std::vector<std::string>& vocab_bytes,
+                                                const model::Tokenizer& tokenizer) {
+  if (!guide_) return {};
+  guide_->Allowed(guided_bytes_, vocab_bytes, &guided_next_);
+  // A choice that others extend may end here, by EOS (never offered under ignore_eos). With
+  // nothing else left (a vocabulary without the bytes needed), EOS is all there is.
+  if ((guide_->IsChoice(guided_bytes_) && !request_.stopping.ignore_eos) ||
+      guided_next_.empty()) {
+    for (int32_t id : tokenizer.stop_ids()) {
+      guided_next_.insert(std::lower_bound(guided_next_.begin(), guided_next_.end(), id), id);
+    }
+  }
+  return guided_next_;
+}
+
 bool Sequence::AppendToken(const SampleResult& sample, const model::Tokenizer& tokenizer) {
   tokens_.push_back(sample.token);
+  if (guide_ && !tokenizer.IsSpecial(sample.token)) {
+    guided_bytes_ += tokenizer.TokenBytes(sample.token);
+  }
   TokenDelta delta;
   AttachPromptScores(delta);
   delta.token_ids.push_back(sample.token);
@@ -173,6 +192,9 @@ bool Sequence::AppendToken(const SampleResult& sample, const model::Tokenizer& t
       held_text_.resize(cut);
       stop_string_hit = true;
       finish_reason_ = FinishReason::kStop;
+      done = true;
+    } else if (guide_ && guide_->Complete(guided_bytes_)) {
+      finish_reason_ = FinishReason::kStop;  // the whole of a choice, and no other is longer
       done = true;
     } else if (num_output() >= request_.stopping.max_tokens) {
       finish_reason_ = FinishReason::kLength;

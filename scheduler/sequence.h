@@ -14,6 +14,7 @@
 #include "kernels/backend.h"
 #include "kernels/paged_kv.h"
 #include "model/tokenizer.h"
+#include "scheduler/guided_choice.h"
 #include "scheduler/request.h"
 #include "scheduler/sampler.h"
 
@@ -49,6 +50,12 @@ class Sequence {
     return num_output() < request_.stopping.min_tokens ? std::span<const int32_t>(stop_tokens_)
                                                         : std::span<const int32_t>();
   }
+
+  // A guided choice's next tokens (ascending; vocab_bytes: each id's bytes, empty for special
+  // tokens), with the end-of-sequence ids where the output is a choice another one extends;
+  // empty when unguided. Computed per call into the sequence's own buffer.
+  std::span<const int32_t> GuidedTokens(const std::vector<std::string>& vocab_bytes,
+                                        const model::Tokenizer& tokenizer);
 
   // Appends a sampled token and decides whether the sequence is done; emits the delta to the
   // sink (text held back while it could still be the start of a stop string).
@@ -96,6 +103,10 @@ class Sequence {
   std::string held_text_;  // decoded but not yet emitted (possible stop-string prefix)
   size_t max_stop_len_ = 0;
   std::vector<int32_t> stop_tokens_;  // EOS ids (unless ignore_eos) and stop_token_ids
+  // Request::guided_choice: the guide, the output's bytes so far, the next tokens' buffer.
+  std::optional<ChoiceGuide> guide_;
+  std::string guided_bytes_;
+  std::vector<int32_t> guided_next_;
   FinishReason finish_reason_ = FinishReason::kLength;
   // Prompt log-probabilities: tokens [1, prompt_scored_) are scored; what is kept until the
   // first delta carries it.

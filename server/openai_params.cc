@@ -162,6 +162,25 @@ absl::Status ParseSampling(const In& body, OpenAiCall* call) {
       (*sp->mutable_logit_bias())[id] = static_cast<float>(it.value().get<double>());
     }
   }
+  // vLLM's guided choice, by either of its names.
+  const bool old_name = Given(body, "guided_choice");
+  const bool new_name = Given(body, "structured_outputs") &&
+                        Given(body["structured_outputs"], "choice");
+  if (old_name && new_name) {
+    return Invalid("guided_choice", "and structured_outputs.choice are both given; send one");
+  }
+  if (old_name || new_name) {
+    const std::string field = old_name ? "guided_choice" : "structured_outputs.choice";
+    const In& choices = old_name ? body["guided_choice"] : body["structured_outputs"]["choice"];
+    if (!choices.is_array() || choices.empty()) {
+      return Invalid(field, "must be a non-empty list of strings");
+    }
+    for (size_t i = 0; i < choices.size(); ++i) {
+      auto choice = String(choices[i], absl::StrCat(field, "[", i, "]"));
+      if (!choice.ok()) return choice.status();
+      sp->add_guided_choice(*choice);
+    }
+  }
   // vLLM's extensions that narrow what is sampled.
   if (Given(body, "allowed_token_ids")) {
     if (!body["allowed_token_ids"].is_array()) {
@@ -264,9 +283,18 @@ absl::Status RefuseUnsupported(const In& body, OpenAiEndpoint endpoint) {
   }
   // vLLM's extensions that would change what is generated, were they dropped: a client that
   // trusts a constraint must not get unconstrained text with a 200.
-  for (const char* key : {"guided_json", "guided_regex", "guided_choice", "guided_grammar",
-                          "structured_outputs"}) {
-    if (Given(body, key)) return Unsupported(key, "no constrained decoding here");
+  for (const char* key : {"guided_json", "guided_regex", "guided_grammar"}) {
+    if (Given(body, key)) return Unsupported(key, "no constrained decoding but guided_choice");
+  }
+  if (Given(body, "structured_outputs")) {
+    const In& so = body["structured_outputs"];
+    if (!so.is_object()) return Invalid("structured_outputs", "must be an object");
+    for (const char* key : {"json", "regex", "grammar", "json_object", "structural_tag"}) {
+      if (Given(so, key) && so[key] != false) {
+        return Unsupported(absl::StrCat("structured_outputs.", key),
+                           "no constrained decoding but choice");
+      }
+    }
   }
   if (Given(body, "use_beam_search") && body["use_beam_search"] != false) {
     return Unsupported("use_beam_search", "sampling only");

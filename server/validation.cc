@@ -326,6 +326,24 @@ absl::StatusOr<scheduler::Request> BuildRequest(const v1::GenerateRequest& req,
   auto bad_words = TokenizeBadWords(req.sampling().bad_words(), tok);
   if (!bad_words.ok()) return bad_words.status();
   out.sampling.bad_words = std::move(*bad_words);
+  const auto& choices = req.sampling().guided_choice();
+  if (choices.size() > kMaxGuidedChoices) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "sampling.guided_choice has %d choices; at most %d are allowed", choices.size(),
+        kMaxGuidedChoices));
+  }
+  for (int i = 0; i < choices.size(); ++i) {
+    if (choices[i].empty() || choices[i].size() > kMaxGuidedChoiceBytes) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "sampling.guided_choice[%d] has %d bytes; it must have 1 to %d", i, choices[i].size(),
+          kMaxGuidedChoiceBytes));
+    }
+    if (!IsValidUtf8(choices[i])) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("sampling.guided_choice[%d] is not valid UTF-8", i));
+    }
+    out.guided_choice.push_back(choices[i]);
+  }
   return out;
 }
 

@@ -17,6 +17,8 @@ constexpr int kDefaultMaxTokens = 16;
 constexpr int kMaxChoices = 128;  // GenerateRequest.n, OpenAI's n
 constexpr int kMaxBadWords = 1024;
 constexpr int kMaxBadWordBytes = 256;
+constexpr int kMaxGuidedChoices = 1024;
+constexpr int kMaxGuidedChoiceBytes = 1024;
 
 // The sampling half of BuildRequest: checks every field against its range (naming it as
 // "sampling.<field>") and fills the engine's parameters, with the API's defaults for unset ones.

@@ -253,6 +253,29 @@ TEST(SamplerTest, OnlyAllowedTokensAreSampledAndLogprobsStayTheModels) {
   EXPECT_GT(seen[5], seen[3]);
 }
 
+// `only` (a guided choice's next tokens) narrows what is sampled as allowed_tokens does, and
+// the two together leave what both allow.
+TEST(SamplerTest, OnlyTheGivenNextTokensAreSampled) {
+  SamplingParams p;
+  p.temperature = 0;
+  const std::vector<int32_t> only = {0, 3, 4};
+  Sampler s(p);
+  auto l = Logits();
+  EXPECT_EQ(s.Sample(l, {}, {}, {}, only).token, 0);
+  p.allowed_tokens = {3, 4, 5};
+  Sampler both(p);
+  l = Logits();
+  EXPECT_EQ(both.Sample(l, {}, {}, {}, only).token, 4);  // 0.5: the better of {3, 4}
+  p.temperature = 1.0f;
+  p.seed = 3;
+  Sampler sampled(p);
+  for (int i = 0; i < 200; ++i) {
+    auto row = Logits();
+    const int32_t t = sampled.Sample(row, {}, {}, {}, only).token;
+    ASSERT_TRUE(t == 3 || t == 4) << t;
+  }
+}
+
 // A bad word's last token is banned exactly where it would complete the word: after the
 // word's other tokens at the end of the output, not after part of them, and a one-token word
 // always. Other tokens and the log-probabilities are untouched.

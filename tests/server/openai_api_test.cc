@@ -226,9 +226,11 @@ TEST(OpenAiApiTest, WhatTheServerCannotHonourIsRefusedByName) {
   const std::pair<std::string, std::string> dropped[] = {
       {R"("response_format": {"type": "json_object"})", "response_format is not supported"},
       {R"("guided_json": {"type": "object"})", "guided_json is not supported"},
-      {R"("guided_choice": ["yes", "no"])", "guided_choice is not supported"},
       {R"("guided_regex": "a+")", "guided_regex is not supported"},
-      {R"("structured_outputs": {"choice": ["a"]})", "structured_outputs is not supported"},
+      {R"("structured_outputs": {"json": {"type": "object"}})",
+       "structured_outputs.json is not supported"},
+      {R"("structured_outputs": {"regex": "a+", "choice": ["a"]})",
+       "structured_outputs.regex is not supported"},
       {R"("use_beam_search": true)", "use_beam_search is not supported"},
       {R"("functions": [{"name": "f"}])", "functions is not supported"},
       {R"("function_call": "auto")", "function_call is not supported"},
@@ -466,6 +468,26 @@ TEST_F(OpenAiResponseTest, VllmsSamplingExtensionsReachTheEngineRequest) {
                           "allowed_token_ids must be a list of token ids"));
   EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": "x", "allowed_token_ids": [-1]})"),
                           "allowed_token_ids[0] must be a token id"));
+
+  // guided_choice, or structured_outputs.choice (vLLM's newer name), not both.
+  for (const char* body : {R"({"prompt": "x", "guided_choice": ["yes", "no"]})",
+                           R"({"prompt": "x", "structured_outputs": {"choice": ["yes", "no"],
+                               "disable_fallback": true}})"}) {
+    auto guided = build(body);
+    ASSERT_TRUE(guided.ok()) << guided.status();
+    EXPECT_EQ(guided->guided_choice, std::vector<std::string>({"yes", "no"})) << body;
+  }
+  EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": "x", "guided_choice": ["a"],
+      "structured_outputs": {"choice": ["b"]}})"), "are both given; send one"));
+  EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": "x", "guided_choice": []})"),
+                          "guided_choice must be a non-empty list of strings"));
+  EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": "x", "structured_outputs": {"choice": [1]}})"),
+                          "structured_outputs.choice[0] must be a string"));
+  EXPECT_EQ(build(R"({"prompt": "x", "guided_choice": ["a", ""]})").status().message(),
+            "guided_choice[1] has 0 bytes; it must have 1 to 1024");
+  Json many_choices = {{"prompt", "x"}, {"guided_choice", std::vector<std::string>(1025, "a")}};
+  EXPECT_EQ(build(many_choices.dump()).status().message(),
+            "guided_choice has 1025 choices; at most 1024 are allowed");
 
   const model::Tokenizer& tok = model_->tokenizer();
   auto words = build(R"({"prompt": "x", "bad_words": ["Paris", "  New York"]})");

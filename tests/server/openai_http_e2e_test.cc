@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstring>
 #include <fstream>
+#include <set>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -375,6 +376,57 @@ TEST_F(OpenAiHttpTest, VllmsSamplingExtensionsShapeTheOutput) {
   EXPECT_EQ(text_of(echoed), tail + j["choices"][0]["text"].get<std::string>());
   EXPECT_EQ(Post("/v1/completions", {{"prompt", story}, {"truncate_prompt_tokens", 0}}).status,
             400);
+}
+
+// guided_choice on the real model: the answer is one of the choices, whole, with finish_reason
+// stop (greedy: the one the model prefers; sampled, streamed, n of them, a choice that is the
+// start of another, chat with vLLM's structured_outputs.choice).
+TEST_F(OpenAiHttpTest, GuidedChoiceAnswersWithOneOfTheChoices) {
+  ASSERT_TRUE(server_->started());
+  auto post = [&](const std::string& path, const Json& body) {
+    HttpResult r = Post(path, body);
+    EXPECT_EQ(r.status, 200) << r.body;
+    return r.status == 200 ? Json::parse(r.body) : Json();
+  };
+  const std::vector<std::string> cities = {" London", " Paris", " Berlin", " Rome"};
+  Json j = post("/v1/completions", {{"prompt", "The capital of France is"}, {"max_tokens", 20},
+                                    {"temperature", 0}, {"guided_choice", cities}});
+  EXPECT_EQ(j["choices"][0]["text"], " Paris");
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "stop");
+
+  const std::vector<std::string> answers = {"yes", "yes, absolutely", "no", "maybe", "I think so"};
+  auto one_of = [&](const std::string& text) {
+    return std::find(answers.begin(), answers.end(), text) != answers.end();
+  };
+  const Json sampled = {{"prompt", "Question: is the sea salty? Answer:"}, {"max_tokens", 20},
+                        {"temperature", 1.5}, {"n", 4}, {"seed", 21},
+                        {"guided_choice", answers}};
+  j = post("/v1/completions", sampled);
+  ASSERT_EQ(j["choices"].size(), 4u);
+  std::set<std::string> seen;
+  for (const Json& c : j["choices"]) {
+    const std::string text = c["text"];
+    EXPECT_TRUE(one_of(text)) << text;
+    EXPECT_EQ(c["finish_reason"], "stop") << text;
+    seen.insert(text);
+  }
+  Json streamed = sampled;
+  streamed["stream"] = true;
+  HttpResult s = Post("/v1/completions", streamed);
+  ASSERT_EQ(s.status, 200) << s.body;
+  const StreamedChoices parts = CollectChoices(s.body, 4);
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(parts.texts[i], j["choices"][i]["text"]) << i;
+    EXPECT_EQ(parts.finishes[i], 1) << i;
+  }
+
+  j = post("/v1/chat/completions",
+           {{"messages", {{{"role", "user"}, {"content", "Is this review positive or negative? "
+                                                          "'I loved every minute of it.'"}}}},
+            {"temperature", 0}, {"structured_outputs", {{"choice", {"positive", "negative"}}}}});
+  const std::string label = j["choices"][0]["message"]["content"];
+  EXPECT_TRUE(label == "positive" || label == "negative") << label;
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "stop");
 }
 
 // continue_final_message: the reply goes on from a prefilled start of the assistant's answer
