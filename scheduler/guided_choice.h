@@ -23,6 +23,7 @@ class ChoiceGuide {
   bool IsChoice(std::string_view so_far) const;
   // `so_far` is a choice that no other choice extends: nothing more may come.
   bool Complete(std::string_view so_far) const;
+  const std::vector<std::string>& choices() const { return choices_; }  // sorted, unique
 
  private:
   std::vector<std::string> choices_;  // sorted, unique

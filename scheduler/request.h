@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "scheduler/guided_choice.h"
 #include "scheduler/sampler.h"
 
 namespace thetaserve::scheduler {
@@ -48,8 +49,9 @@ struct Request {
   // prefix-cache blocks: their logits are needed). With it, stopping.max_tokens may be 0:
   // score the prompt, generate nothing.
   int32_t prompt_logprobs = -1;
-  // vLLM's guided_choice: the output is exactly one of these (none empty; empty: unguided).
-  std::vector<std::string> guided_choice;
+  // vLLM's guided_choice: the output is exactly one of its choices; null: unguided. Shared by
+  // a call's prompts and completions.
+  std::shared_ptr<const ChoiceGuide> guide;
   Clock::time_point arrival = Clock::now();
   std::optional<Clock::time_point> deadline;
 };

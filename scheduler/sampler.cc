@@ -39,6 +39,8 @@ struct Scratch {
   std::vector<float> raw;       // [vocab] logits before penalties (log-probabilities)
   std::vector<int32_t> counts;  // [vocab] output token counts, all 0 between calls
   std::vector<uint8_t> seen;    // [vocab] tokens already penalized, all 0 between calls
+  std::vector<int32_t> completing;                   // bad words' last tokens, this step
+  std::vector<std::pair<int32_t, float>> undo;       // banned tokens' logits before the ban
 };
 Scratch& ThreadScratch() {
   thread_local Scratch scratch;
@@ -235,12 +237,19 @@ SampleResult Sampler::Sample(std::span<float> logits, std::span<const int32_t> p
   for (const auto& [t, bias] : params_.logit_bias) {
     if (t >= 0 && t < vocab) logits[t] += bias;
   }
+  // The masks, the most binding first: a guided choice's next tokens, allowed_token_ids,
+  // the bad words' last tokens, min_tokens' bans. One that would leave no token at all is
+  // not applied (allowed_token_ids that a bad word empties, min_tokens banning a guided
+  // choice's only way out), so the sampler never picks from a row of nothing but -inf.
   constexpr float kNever = -std::numeric_limits<float>::infinity();
-  for (int32_t t : banned) {
-    if (t >= 0 && t < vocab) logits[t] = kNever;
-  }
-  // Every token outside `keep` (ascending) never.
+  auto possible = [](float l) { return l > kNever; };  // NaN never is
+  // Every token outside `keep` (ascending) never, if one in it is possible.
   auto keep_only = [&](std::span<const int32_t> keep) {
+    if (std::none_of(keep.begin(), keep.end(), [&](int32_t t) {
+          return t >= 0 && t < vocab && possible(logits[t]);
+        })) {
+      return;
+    }
     auto next = keep.begin();
     for (int32_t t = 0; t < vocab; ++t) {
       if (next != keep.end() && *next == t) {
@@ -250,16 +259,33 @@ SampleResult Sampler::Sample(std::span<float> logits, std::span<const int32_t> p
       }
     }
   };
-  if (!params_.allowed_tokens.empty()) keep_only(params_.allowed_tokens);
-  if (!only.empty()) keep_only(only);
-  for (const std::vector<int32_t>& word : params_.bad_words) {
-    const size_t rest = word.size() - 1;  // tokens the output must end with
-    if (rest > output.size()) continue;
-    if (std::equal(word.begin(), word.end() - 1, output.end() - rest) && word.back() >= 0 &&
-        word.back() < vocab) {
-      logits[word.back()] = kNever;
+  // `ban` never, unless nothing else would be possible.
+  std::vector<std::pair<int32_t, float>>& undo = sc.undo;
+  auto ban_all = [&](std::span<const int32_t> ban) {
+    undo.clear();
+    for (int32_t t : ban) {
+      if (t < 0 || t >= vocab || !possible(logits[t])) continue;
+      undo.push_back({t, logits[t]});
+      logits[t] = kNever;
     }
+    if (!undo.empty() && std::none_of(logits.begin(), logits.end(), possible)) {
+      for (const auto& [t, l] : undo) logits[t] = l;
+    }
+  };
+  if (!only.empty()) keep_only(only);
+  if (params_.allowed_tokens) keep_only(*params_.allowed_tokens);
+  if (params_.bad_words) {
+    std::vector<int32_t>& completing = sc.completing;
+    completing.clear();
+    for (const std::vector<int32_t>& word : *params_.bad_words) {
+      const size_t rest = word.size() - 1;  // tokens the output must end with
+      if (rest <= output.size() && std::equal(word.begin(), word.end() - 1, output.end() - rest)) {
+        completing.push_back(word.back());
+      }
+    }
+    ban_all(completing);
   }
+  ban_all(banned);
 
   // Temperatures below kGreedyTemperature sample greedily (as vLLM does): dividing by them
   // could overflow the logits. A NaN logit (a broken row) is never chosen.

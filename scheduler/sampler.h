@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <random>
 #include <span>
@@ -27,11 +28,12 @@ struct SamplingParams {
   // (token, bias) added to the logits after the penalties, before the temperature; tokens
   // inside the vocabulary.
   std::vector<std::pair<int32_t, float>> logit_bias;
-  // Only these tokens are sampled (sorted, no repeats, inside the vocabulary); empty: any.
-  std::vector<int32_t> allowed_tokens;
+  // Only these tokens are sampled (sorted, no repeats, inside the vocabulary); null: any.
+  // Shared, as bad_words: a call's prompts and completions all hold the same.
+  std::shared_ptr<const std::vector<int32_t>> allowed_tokens;
   // Token sequences the output never completes: the last token of one is not sampled where
   // the output so far ends with the others (vLLM's bad_words, tokenized). None empty.
-  std::vector<std::vector<int32_t>> bad_words;
+  std::shared_ptr<const std::vector<std::vector<int32_t>>> bad_words;
 };
 
 struct SampleResult {

@@ -78,7 +78,7 @@ Sequence::Sequence(Request request, std::shared_ptr<TokenSink> sink,
       kv_(kv_shape),
       sampler_(request_.sampling),
       decoder_(tokenizer) {
-  if (!request_.guided_choice.empty()) guide_.emplace(request_.guided_choice);
+  guide_ = request_.guide.get();
   for (const std::string& s : request_.stopping.stop) max_stop_len_ = std::max(max_stop_len_, s.size());
   if (request_.stopping.min_tokens > 0) {
     if (!request_.stopping.ignore_eos) stop_tokens_ = tokenizer.stop_ids();

@@ -103,8 +103,8 @@ class Sequence {
   std::string held_text_;  // decoded but not yet emitted (possible stop-string prefix)
   size_t max_stop_len_ = 0;
   std::vector<int32_t> stop_tokens_;  // EOS ids (unless ignore_eos) and stop_token_ids
-  // Request::guided_choice: the guide, the output's bytes so far, the next tokens' buffer.
-  std::optional<ChoiceGuide> guide_;
+  // Request::guide: the output's bytes so far, the next tokens' buffer.
+  const ChoiceGuide* guide_ = nullptr;  // request_.guide's
   std::string guided_bytes_;
   std::vector<int32_t> guided_next_;
   FinishReason finish_reason_ = FinishReason::kLength;

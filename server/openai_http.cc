@@ -107,8 +107,9 @@ class HttpOutput {
 
 // The prompt's scores (echo, prompt_logprobs) with n > 1: only the first completion of each
 // prompt scores it (SplitChoices), but every choice carries them, as vLLM's do. Each other
-// choice's output is held until the first's scores have come, then goes on with a copy of
-// them; one that ends before they come goes out without them. Handler thread only.
+// choice's output, and its end, are held until the first's scores have come, then go on with
+// a copy of them; only if the first completion ends without scores (cancelled before its
+// first delta) do the others go on without. Handler thread only.
 class SharedPromptScores {
  public:
   SharedPromptScores(int choices, int per_prompt)
@@ -117,15 +118,26 @@ class SharedPromptScores {
 
   void Share(std::vector<HttpOutput::Taken>& taken) {
     for (size_t i = 0; i < taken.size(); i += per_prompt_) {
-      if (!taken[i].delta.prompt_token_ids.empty()) scores_[i / per_prompt_] = taken[i].delta;
+      const scheduler::TokenDelta& d = taken[i].delta;
+      if (d.prompt_token_ids.empty()) continue;
+      scheduler::TokenDelta& scores = scores_[i / per_prompt_].emplace();
+      scores.prompt_token_ids = d.prompt_token_ids;
+      scores.prompt_logprobs = d.prompt_logprobs;
+      scores.prompt_top = d.prompt_top;
+      scores.prompt_ranks = d.prompt_ranks;
     }
     for (size_t i = 0; i < taken.size(); ++i) {
       if (i % per_prompt_ == 0 || given_[i]) continue;
       HttpOutput::Taken& t = taken[i];
       AppendDelta(held_[i], t.delta);
+      const size_t first = i - i % per_prompt_;
       const std::optional<scheduler::TokenDelta>& scores = scores_[i / per_prompt_];
-      if (!scores && !t.finish) {
+      if (!scores && !taken[first].finish) {
+        // Hidden until released: HttpOutput::Take reports the end again (finished_now) while
+        // `finish` is unset here.
         t.delta = {};
+        t.finish.reset();
+        t.finished_now = false;
         continue;
       }
       t.delta = std::move(held_[i]);
@@ -142,7 +154,7 @@ class SharedPromptScores {
 
  private:
   size_t per_prompt_;
-  std::vector<std::optional<scheduler::TokenDelta>> scores_;  // [prompt]: its first's delta
+  std::vector<std::optional<scheduler::TokenDelta>> scores_;  // [prompt]: its scores alone
   std::vector<scheduler::TokenDelta> held_;                   // [choice]
   std::vector<bool> given_;                                   // [choice]: scores passed on
 };
@@ -372,9 +384,25 @@ void OpenAiHttpServer::Generate(const HttpRequest& http, HttpResponder& out, boo
   std::vector<scheduler::Request> prompts;
   std::vector<std::string> echo_texts;  // [prompt]
   int64_t prompt_tokens = 0;
+  const int64_t scored_copies =
+      call->request.sampling().has_prompt_logprobs() ? n_per_prompt : 1;
   for (size_t p = 0; p < prompt_count; ++p) {
-    auto built = BuildRequest(call->RequestFor(p), *model_);
+    v1::GenerateRequest request = call->RequestFor(p);
+    if (p > 0) {
+      // The prompts share their parameters: the bad words' tokens, the allowed ids and the
+      // guided choice are built (and checked) once, with prompt 0, and held once.
+      v1::SamplingParams* sp = request.mutable_sampling();
+      sp->clear_bad_words();
+      sp->clear_allowed_token_ids();
+      sp->clear_guided_choice();
+    }
+    auto built = BuildRequest(request, *model_);
     if (!built.ok()) return refuse_prompt(built.status(), p);
+    if (p > 0) {
+      built->sampling.allowed_tokens = prompts.front().sampling.allowed_tokens;
+      built->sampling.bad_words = prompts.front().sampling.bad_words;
+      built->guide = prompts.front().guide;
+    }
     if (call->echo) {
       // The prompt as sent, or its tokens' text when it was ids or truncate_prompt_tokens cut it.
       const OpenAiPrompt& prompt = call->prompts[p];
@@ -382,13 +410,19 @@ void OpenAiHttpServer::Generate(const HttpRequest& http, HttpResponder& out, boo
                                ? model_->tokenizer().Decode(built->prompt)
                                : prompt.text);
     }
-    // Each prompt's scores or completions are held until the call ends: a bound on the
-    // response, whatever the number of prompts.
+    // Each prompt's scores or completions are held until the call ends, and its scores go
+    // to each of its n choices: a bound on the response, whatever the prompts and n.
     prompt_tokens += int64_t(built->prompt.size());
     if (prompt_count > 1 && prompt_tokens > kMaxPromptTokensPerCall) {
       return reject(absl::InvalidArgumentError(absl::StrCat(
           "the prompts hold more than ", kMaxPromptTokensPerCall, " tokens in all (", p + 1,
           " of ", prompt_count, " counted); send fewer prompts per request")));
+    }
+    if (scored_copies > 1 && prompt_tokens * scored_copies > kMaxPromptTokensPerCall) {
+      return reject(absl::InvalidArgumentError(absl::StrCat(
+          "the prompt scores asked for come to more than ", kMaxPromptTokensPerCall,
+          " tokens (", prompt_tokens, " prompt tokens so far, n = ", scored_copies,
+          " choices each); ask for fewer choices or send fewer prompts")));
     }
     prompts.push_back(std::move(*built));
   }

@@ -236,7 +236,9 @@ void OpenAiResponseBuilder::AppendLogprobs(Json& into, const Json& more) {
 
 void OpenAiResponseBuilder::Add(int index, const scheduler::TokenDelta& delta) {
   Choice& c = choices_.at(index);
-  if (call_.prompt_logprobs >= 0 && !delta.prompt_token_ids.empty()) {
+  // A chat response carries its prompt's scores once, from choice 0.
+  const bool chat = call_.endpoint == OpenAiEndpoint::kChatCompletions;
+  if (call_.prompt_logprobs >= 0 && !delta.prompt_token_ids.empty() && (!chat || index == 0)) {
     c.prompt_logprobs = VllmPromptLogprobs(delta);
   }
   c.Append(EchoText(c, delta));

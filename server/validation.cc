@@ -141,28 +141,33 @@ absl::StatusOr<scheduler::SamplingParams> BuildSampling(const v1::SamplingParams
     }
     o.logit_bias.push_back({static_cast<int32_t>(token), bias});
   }
-  for (int i = 0; i < sp.allowed_token_ids_size(); ++i) {
-    if (sp.allowed_token_ids(i) >= uint32_t(vocab_size)) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "sampling.allowed_token_ids[%d] = %d is outside the vocabulary [0, %d)", i,
-          sp.allowed_token_ids(i), vocab_size));
+  if (sp.allowed_token_ids_size() > 0) {
+    std::vector<int32_t> allowed;
+    for (int i = 0; i < sp.allowed_token_ids_size(); ++i) {
+      if (sp.allowed_token_ids(i) >= uint32_t(vocab_size)) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "sampling.allowed_token_ids[%d] = %d is outside the vocabulary [0, %d)", i,
+            sp.allowed_token_ids(i), vocab_size));
+      }
+      allowed.push_back(static_cast<int32_t>(sp.allowed_token_ids(i)));
     }
-    o.allowed_tokens.push_back(static_cast<int32_t>(sp.allowed_token_ids(i)));
+    std::sort(allowed.begin(), allowed.end());
+    allowed.erase(std::unique(allowed.begin(), allowed.end()), allowed.end());
+    o.allowed_tokens = std::make_shared<const std::vector<int32_t>>(std::move(allowed));
   }
-  std::sort(o.allowed_tokens.begin(), o.allowed_tokens.end());
-  o.allowed_tokens.erase(std::unique(o.allowed_tokens.begin(), o.allowed_tokens.end()),
-                         o.allowed_tokens.end());
   return o;
 }
 
-absl::StatusOr<std::vector<std::vector<int32_t>>> TokenizeBadWords(
+absl::StatusOr<std::shared_ptr<const std::vector<std::vector<int32_t>>>> TokenizeBadWords(
     const google::protobuf::RepeatedPtrField<std::string>& words,
     const model::Tokenizer& tokenizer) {
   if (words.size() > kMaxBadWords) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "sampling.bad_words has %d words; at most %d are allowed", words.size(), kMaxBadWords));
   }
+  if (words.empty()) return nullptr;
   std::vector<std::vector<int32_t>> out;
+  size_t tokens = 0;
   for (int i = 0; i < words.size(); ++i) {
     const std::string& word = words[i];
     if (word.size() > kMaxBadWordBytes) {
@@ -187,10 +192,16 @@ absl::StatusOr<std::vector<std::vector<int32_t>>> TokenizeBadWords(
         tokenizer.Encode(absl::StrCat(" ", bare), /*add_bos=*/false, /*parse_special=*/true);
     const bool another = !spaced.empty() && spaced.front() != alone.front() &&
                          spaced.size() == alone.size();
+    tokens += alone.size() + (another ? spaced.size() : 0);
+    if (tokens > size_t(kMaxBadWordTokens)) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "sampling.bad_words come to more than %d tokens (%d words counted); each step "
+          "checks them all, send fewer", kMaxBadWordTokens, i + 1));
+    }
     out.push_back(std::move(alone));
     if (another) out.push_back(std::move(spaced));
   }
-  return out;
+  return std::make_shared<const std::vector<std::vector<int32_t>>>(std::move(out));
 }
 
 absl::StatusOr<scheduler::Request> BuildRequest(const v1::GenerateRequest& req,
@@ -252,7 +263,14 @@ absl::StatusOr<scheduler::Request> BuildRequest(const v1::GenerateRequest& req,
           "or -1 (the model's context)", k));
     }
     const size_t keep = k == -1 ? size_t(config.max_context) : size_t(k);
-    if (out.prompt.size() > keep) out.prompt.erase(out.prompt.begin(), out.prompt.end() - keep);
+    // A text prompt keeps the BOS the tokenizer put in front, and the last k - 1 after it, as
+    // vLLM's (HF's left truncation adds the special tokens after cutting).
+    const bool bos_added = req.input_case() == v1::GenerateRequest::kPrompt && add_special &&
+                           tok.add_bos() && out.prompt.front() == tok.bos_id();
+    const size_t head = bos_added && keep > 1 ? 1 : 0;
+    if (out.prompt.size() > keep) {
+      out.prompt.erase(out.prompt.begin() + head, out.prompt.end() - (keep - head));
+    }
   }
   const int64_t prompt_len = static_cast<int64_t>(out.prompt.size());
   if (prompt_len >= config.max_context) {
@@ -332,6 +350,8 @@ absl::StatusOr<scheduler::Request> BuildRequest(const v1::GenerateRequest& req,
         "sampling.guided_choice has %d choices; at most %d are allowed", choices.size(),
         kMaxGuidedChoices));
   }
+  std::vector<std::string> guided;
+  size_t guided_bytes = 0;
   for (int i = 0; i < choices.size(); ++i) {
     if (choices[i].empty() || choices[i].size() > kMaxGuidedChoiceBytes) {
       return absl::InvalidArgumentError(absl::StrFormat(
@@ -342,7 +362,16 @@ absl::StatusOr<scheduler::Request> BuildRequest(const v1::GenerateRequest& req,
       return absl::InvalidArgumentError(
           absl::StrFormat("sampling.guided_choice[%d] is not valid UTF-8", i));
     }
-    out.guided_choice.push_back(choices[i]);
+    guided_bytes += choices[i].size();
+    if (guided_bytes > size_t(kMaxGuidedChoiceTotalBytes)) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "sampling.guided_choice holds more than %d bytes in all (%d choices counted)",
+          kMaxGuidedChoiceTotalBytes, i + 1));
+    }
+    guided.push_back(choices[i]);
+  }
+  if (!guided.empty()) {
+    out.guide = std::make_shared<const scheduler::ChoiceGuide>(std::move(guided));
   }
   return out;
 }

@@ -17,16 +17,19 @@ constexpr int kDefaultMaxTokens = 16;
 constexpr int kMaxChoices = 128;  // GenerateRequest.n, OpenAI's n
 constexpr int kMaxBadWords = 1024;
 constexpr int kMaxBadWordBytes = 256;
+constexpr int kMaxBadWordTokens = 4096;  // all words, both spellings: checked every step
 constexpr int kMaxGuidedChoices = 1024;
 constexpr int kMaxGuidedChoiceBytes = 1024;
+constexpr int kMaxGuidedChoiceTotalBytes = 65536;
 
 // The sampling half of BuildRequest: checks every field against its range (naming it as
 // "sampling.<field>") and fills the engine's parameters, with the API's defaults for unset ones.
 absl::StatusOr<scheduler::SamplingParams> BuildSampling(const v1::SamplingParams& sp,
                                                         int64_t vocab_size);
 
-// The bad words' token sequences (SamplingParams.bad_words's rule), or what is wrong with one.
-absl::StatusOr<std::vector<std::vector<int32_t>>> TokenizeBadWords(
+// The bad words' token sequences (SamplingParams.bad_words's rule; null for none), or what is
+// wrong with them.
+absl::StatusOr<std::shared_ptr<const std::vector<std::vector<int32_t>>>> TokenizeBadWords(
     const google::protobuf::RepeatedPtrField<std::string>& words,
     const model::Tokenizer& tokenizer);
 

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 #include <map>
+#include <memory>
 #include <random>
 #include <vector>
 
@@ -13,6 +14,14 @@ namespace thetaserve::scheduler {
 namespace {
 
 std::vector<float> Logits() { return {1.0f, 3.0f, 2.5f, -1.0f, 0.5f, 2.9f}; }
+
+std::shared_ptr<const std::vector<int32_t>> Ids(std::vector<int32_t> ids) {
+  return std::make_shared<const std::vector<int32_t>>(std::move(ids));
+}
+std::shared_ptr<const std::vector<std::vector<int32_t>>> Words(
+    std::vector<std::vector<int32_t>> words) {
+  return std::make_shared<const std::vector<std::vector<int32_t>>>(std::move(words));
+}
 
 std::vector<int32_t> Draw(SamplingParams p, int n) {
   Sampler s(p);
@@ -231,7 +240,7 @@ TEST(SamplerTest, OnlyAllowedTokensAreSampledAndLogprobsStayTheModels) {
   SamplingParams p;
   p.temperature = 0;
   p.logprobs = 2;
-  p.allowed_tokens = {0, 3, 4};
+  p.allowed_tokens = Ids({0, 3, 4});
   Sampler greedy(p);
   auto l = Logits();
   const SampleResult r = greedy.Sample(l, {}, {});
@@ -241,7 +250,7 @@ TEST(SamplerTest, OnlyAllowedTokensAreSampledAndLogprobsStayTheModels) {
   EXPECT_EQ(r.top[1].first, 5);
   p.temperature = 1.5f;
   p.seed = 4;
-  p.allowed_tokens = {3, 5};  // the least likely token and a likely one
+  p.allowed_tokens = Ids({3, 5});  // the least likely token and a likely one
   Sampler s(p);
   std::map<int32_t, int> seen;
   for (int i = 0; i < 400; ++i) {
@@ -262,7 +271,7 @@ TEST(SamplerTest, OnlyTheGivenNextTokensAreSampled) {
   Sampler s(p);
   auto l = Logits();
   EXPECT_EQ(s.Sample(l, {}, {}, {}, only).token, 0);
-  p.allowed_tokens = {3, 4, 5};
+  p.allowed_tokens = Ids({3, 4, 5});
   Sampler both(p);
   l = Logits();
   EXPECT_EQ(both.Sample(l, {}, {}, {}, only).token, 4);  // 0.5: the better of {3, 4}
@@ -276,6 +285,32 @@ TEST(SamplerTest, OnlyTheGivenNextTokensAreSampled) {
   }
 }
 
+// A mask that would leave no token at all is not applied: the more binding one holds (the
+// guide over allowed_token_ids over bad words over min_tokens' bans), never token 0 of an
+// all -inf row.
+TEST(SamplerTest, AMaskThatWouldLeaveNothingIsNotApplied) {
+  SamplingParams p;
+  p.temperature = 0;
+  p.allowed_tokens = Ids({4});
+  p.bad_words = Words({{4}});
+  Sampler bad_word_skipped(p);
+  auto l = Logits();
+  EXPECT_EQ(bad_word_skipped.Sample(l, {}, {}).token, 4);
+  p.bad_words = nullptr;
+  Sampler allowed_skipped(p);
+  l = Logits();
+  const std::vector<int32_t> only = {2, 3};
+  EXPECT_EQ(allowed_skipped.Sample(l, {}, {}, {}, only).token, 2);  // the guide wins
+  p.allowed_tokens = nullptr;
+  Sampler ban_skipped(p);
+  const std::vector<int32_t> banned = {3};
+  const std::vector<int32_t> only_three = {3};
+  l = Logits();
+  EXPECT_EQ(ban_skipped.Sample(l, {}, {}, banned, only_three).token, 3);
+  l = Logits();
+  EXPECT_EQ(ban_skipped.Sample(l, {}, {}, banned, only).token, 2);  // a ban that leaves 2
+}
+
 // A bad word's last token is banned exactly where it would complete the word: after the
 // word's other tokens at the end of the output, not after part of them, and a one-token word
 // always. Other tokens and the log-probabilities are untouched.
@@ -283,7 +318,7 @@ TEST(SamplerTest, BadWordsBanTheTokenThatWouldCompleteThem) {
   SamplingParams p;
   p.temperature = 0;
   p.logprobs = 1;
-  p.bad_words = {{4, 1}, {2, 3, 5}};
+  p.bad_words = Words({{4, 1}, {2, 3, 5}});
   auto next = [&](std::vector<int32_t> output) {
     Sampler s(p);
     auto l = Logits();
@@ -299,7 +334,7 @@ TEST(SamplerTest, BadWordsBanTheTokenThatWouldCompleteThem) {
   EXPECT_EQ(next({7, 2, 3}), 2);     // 1 biased away and 5 banned: 2 (2.5)
   EXPECT_EQ(next({3}), 5);           // only part of the prefix
   p.logit_bias.clear();
-  p.bad_words = {{1}};
+  p.bad_words = Words({{1}});
   EXPECT_EQ(next({}), 5);            // a one-token word: banned everywhere
   EXPECT_EQ(next({1, 1}), 5);
 }

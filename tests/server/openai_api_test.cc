@@ -461,7 +461,8 @@ TEST_F(OpenAiResponseTest, VllmsSamplingExtensionsReachTheEngineRequest) {
   };
   auto allowed = build(R"({"prompt": "x", "allowed_token_ids": [7, 3, 7]})");
   ASSERT_TRUE(allowed.ok()) << allowed.status();
-  EXPECT_EQ(allowed->sampling.allowed_tokens, std::vector<int32_t>({3, 7}));
+  ASSERT_NE(allowed->sampling.allowed_tokens, nullptr);
+  EXPECT_EQ(*allowed->sampling.allowed_tokens, std::vector<int32_t>({3, 7}));
   EXPECT_EQ(build(R"({"prompt": "x", "allowed_token_ids": [1, 49152]})").status().message(),
             "allowed_token_ids[1] = 49152 is outside the vocabulary [0, 49152)");
   EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": "x", "allowed_token_ids": 5})"),
@@ -475,7 +476,8 @@ TEST_F(OpenAiResponseTest, VllmsSamplingExtensionsReachTheEngineRequest) {
                                "disable_fallback": true}})"}) {
     auto guided = build(body);
     ASSERT_TRUE(guided.ok()) << guided.status();
-    EXPECT_EQ(guided->guided_choice, std::vector<std::string>({"yes", "no"})) << body;
+    ASSERT_NE(guided->guide, nullptr) << body;
+    EXPECT_EQ(guided->guide->choices(), std::vector<std::string>({"no", "yes"})) << body;
   }
   EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": "x", "guided_choice": ["a"],
       "structured_outputs": {"choice": ["b"]}})"), "are both given; send one"));
@@ -497,12 +499,27 @@ TEST_F(OpenAiResponseTest, VllmsSamplingExtensionsReachTheEngineRequest) {
   ASSERT_EQ(spaced.size(), 1u);  // " Paris" is one token of its own
   ASSERT_NE(spaced, expected[0]);
   expected.push_back(spaced);
-  expected.push_back(tok.Encode("New York", false));
+  const std::vector<int32_t> ny = tok.Encode("New York", false);
   const std::vector<int32_t> spaced_ny = tok.Encode(" New York", false);
-  if (spaced_ny.size() == expected.back().size() && spaced_ny[0] != expected.back()[0]) {
-    expected.push_back(spaced_ny);
-  }
-  EXPECT_EQ(words->sampling.bad_words, expected);
+  ASSERT_EQ(ny.size(), 2u);  // the tokenizer's facts the rule is tested on
+  ASSERT_EQ(spaced_ny.size(), 2u);
+  ASSERT_NE(ny[0], spaced_ny[0]);
+  expected.push_back(ny);
+  expected.push_back(spaced_ny);
+  ASSERT_NE(words->sampling.bad_words, nullptr);
+  EXPECT_EQ(*words->sampling.bad_words, expected);
+  // After a space the digits take one token more: that spelling is not added (vLLM's rule).
+  ASSERT_NE(tok.Encode(" 123", false).size(), tok.Encode("123", false).size());
+  auto digits = build(R"({"prompt": "x", "bad_words": ["123"]})");
+  ASSERT_TRUE(digits.ok()) << digits.status();
+  EXPECT_EQ(*digits->sampling.bad_words,
+            std::vector<std::vector<int32_t>>({tok.Encode("123", false)}));
+  std::string long_word;
+  for (int i = 0; i < 128; ++i) long_word += "x ";
+  Json heavy_words = {{"prompt", "x"}, {"bad_words", std::vector<std::string>(40, long_word)}};
+  EXPECT_EQ(std::string(build(heavy_words.dump()).status().message()).rfind(
+                "bad_words come to more than 4096 tokens", 0),
+            0u) << build(heavy_words.dump()).status();
   EXPECT_EQ(build(R"({"prompt": "x", "bad_words": ["ok", "  "]})").status().message(),
             "bad_words[1] is empty (or only spaces); remove it");
   EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": "x", "bad_words": ["a", 5]})"),
@@ -529,6 +546,29 @@ TEST_F(OpenAiResponseTest, VllmsSamplingExtensionsReachTheEngineRequest) {
   grpc_zero.set_truncate_prompt_tokens(0);
   EXPECT_EQ(BuildRequest(grpc_zero, *model_).status().code(),
             absl::StatusCode::kInvalidArgument);
+
+  // A tokenizer that puts BOS in front of text keeps it, and the last k - 1 tokens after it
+  // (vLLM's left truncation); token ids are cut as they are.
+  auto tiny = model::Model::Load(testing::TestDataPath("tiny_llama"));
+  ASSERT_TRUE(tiny.ok()) << tiny.status();
+  const model::Tokenizer& llama = (*tiny)->tokenizer();
+  ASSERT_TRUE(llama.add_bos());
+  const std::vector<int32_t> with_bos = llama.Encode(text);
+  ASSERT_EQ(with_bos.front(), llama.bos_id());
+  ASSERT_GT(with_bos.size(), 4u);
+  v1::GenerateRequest cut_text;
+  cut_text.set_prompt(text);
+  cut_text.set_truncate_prompt_tokens(3);
+  auto kept_bos = BuildRequest(cut_text, **tiny);
+  ASSERT_TRUE(kept_bos.ok()) << kept_bos.status();
+  EXPECT_EQ(kept_bos->prompt, std::vector<int32_t>({with_bos[0], with_bos[with_bos.size() - 2],
+                                                    with_bos.back()}));
+  v1::GenerateRequest cut_ids;
+  cut_ids.mutable_prompt_token_ids()->mutable_ids()->Add(with_bos.begin(), with_bos.end());
+  cut_ids.set_truncate_prompt_tokens(3);
+  auto sliced = BuildRequest(cut_ids, **tiny);
+  ASSERT_TRUE(sliced.ok()) << sliced.status();
+  EXPECT_EQ(sliced->prompt, std::vector<int32_t>(with_bos.end() - 3, with_bos.end()));
 }
 
 // The range and the vocabulary are checked where gRPC's are (BuildRequest), with the HTTP name.

@@ -863,6 +863,15 @@ TEST_F(OpenAiHttpTest, EchoWithNCompletionsGivesEveryChoiceThePromptAndItsScores
     EXPECT_EQ(c["logprobs"], scores[k / 2]) << k;
   }
   EXPECT_EQ(just_scores["usage"]["completion_tokens"], 0);
+
+  // Every choice carries the prompt's scores: prompt tokens x n are bounded (262,144).
+  const Json five_thousand = std::vector<uint32_t>(5000, 1);
+  HttpResult heavy = Post("/v1/completions", {{"prompt", five_thousand}, {"echo", true},
+                                              {"logprobs", 1}, {"n", 60}, {"max_tokens", 0}});
+  EXPECT_EQ(heavy.status, 400);
+  EXPECT_NE(heavy.body.find("the prompt scores asked for come to more than 262144 tokens "
+                            "(5000 prompt tokens so far, n = 60"), std::string::npos)
+      << heavy.body;
 }
 
 // vLLM's prompt_logprobs on the real model: each prompt token after the first has its score
@@ -1032,6 +1041,13 @@ TEST_F(OpenAiHttpTest, AListOfPromptsGetsOneChoicePerPromptInOrder) {
   EXPECT_NE(heavy.body.find("more than 262144 tokens in all (53 of 53 counted)"),
             std::string::npos) << heavy.body;
   EXPECT_EQ(Post("/v1/completions", {{"prompt", {"a", 7}}}).status, 400);
+  // With n = 2 the engine refuses request 2, the first of prompt 1's: prompt 1 is named.
+  const Json two_thousand = std::vector<uint32_t>(2000, ids[0].get<uint32_t>());
+  HttpResult second = Post("/v1/completions", {{"prompt", {"fine", two_thousand}}, {"n", 2},
+                                               {"max_tokens", 4000}});
+  EXPECT_EQ(second.status, 400) << second.body;
+  EXPECT_NE(second.body.find("prompt[1]: prompt + max_tokens = 6000"), std::string::npos)
+      << second.body;
   HttpResult bad_id = Post("/v1/completions", {{"prompt", {ids, {1, 2, 999999}}}});
   EXPECT_EQ(bad_id.status, 400);
   EXPECT_NE(bad_id.body.find("prompt[1][2] = 999999 is outside the vocabulary"), std::string::npos)
@@ -1202,6 +1218,51 @@ TEST(OpenAiHttpLifecycleTest, AStreamCutOffByShutdownEndsWithAnErrorEvent) {
   EXPECT_EQ(last["error"]["code"], 503);
   for (const auto& e : events) EXPECT_EQ(e.find("\"usage\""), std::string::npos) << e;
   EXPECT_EQ(server.Wait(60), 0);
+}
+
+// Without prefix caching a group's other completions do not wait for the first to compute
+// the prompt: they finish a scoring-only request long before the first has scored a long
+// prompt (128 tokens a step). Every choice still echoes the prompt with its scores, whole or
+// streamed, with max_tokens 0 or 1.
+TEST(OpenAiHttpLifecycleTest, WithoutPrefixCachingEveryChoiceStillGetsThePromptsScores) {
+  const int http_port = FreePort();
+  ServerProcess server({"--http-port", std::to_string(http_port), "--prefix-caching", "off"});
+  ASSERT_TRUE(server.started());
+  std::string prompt;
+  for (int i = 0; i < 40; ++i) prompt += "The quick brown fox jumps over the lazy dog. ";
+  auto post = [&](const Json& body) {
+    return HttpCall(http_port, "POST", "/v1/completions", body.dump());
+  };
+  const HttpResult alone = post({{"prompt", prompt}, {"echo", true}, {"logprobs", 1},
+                                 {"max_tokens", 0}});
+  ASSERT_EQ(alone.status, 200) << alone.body;
+  const Json scores = Json::parse(alone.body)["choices"][0]["logprobs"];
+  const size_t P = scores["tokens"].size();
+  ASSERT_GT(P, 300u);
+  for (int max_tokens : {0, 1}) {
+    SCOPED_TRACE(max_tokens);
+    const Json body = {{"prompt", prompt}, {"echo", true}, {"logprobs", 1}, {"n", 4},
+                       {"max_tokens", max_tokens}, {"temperature", 0}};
+    const HttpResult r = post(body);
+    ASSERT_EQ(r.status, 200) << r.body;
+    const Json j = Json::parse(r.body);
+    ASSERT_EQ(j["choices"].size(), 4u);
+    for (const Json& c : j["choices"]) {
+      EXPECT_EQ(c["text"].get<std::string>().rfind(prompt, 0), 0u) << c["index"];
+      ASSERT_EQ(c["logprobs"]["tokens"].size(), P + max_tokens) << c["index"];
+      EXPECT_EQ(c["logprobs"]["token_logprobs"][P - 1], scores["token_logprobs"][P - 1]);
+    }
+    Json streamed_body = body;
+    streamed_body["stream"] = true;
+    const HttpResult s = post(streamed_body);
+    ASSERT_EQ(s.status, 200) << s.body;
+    const StreamedChoices streamed = CollectChoices(s.body, 4);
+    for (int i = 0; i < 4; ++i) {
+      EXPECT_EQ(streamed.texts[i], j["choices"][i]["text"]) << i;
+      EXPECT_EQ(streamed.finishes[i], 1) << i;
+    }
+  }
+  EXPECT_EQ(server.HealthStatus(), "SERVING");
 }
 
 TEST(OpenAiHttpLifecycleTest, SigtermDrainsHttpStreamsToTheirEnd) {
