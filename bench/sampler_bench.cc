@@ -3,7 +3,10 @@
 //     sorts the whole vocabulary (TruncateDistributionBySorting) against TruncateDistribution,
 //     which sorts only the head top-p keeps; ratio = reference ÷ ours;
 //  2. Sampler::Sample for a batch of rows on the engine thread alone and on a pool of sampling
-//     threads (EngineConfig::sampling_threads), as a step samples them.
+//     threads (EngineConfig::sampling_threads), as a step samples them;
+//  3. what narrowing a row costs (allowed_token_ids, bad_words, a guided choice's next tokens
+//     found by ChoiceGuide::Allowed in the vocabulary indexed by bytes, plus the masked
+//     Sample), per row, against the same Sample without it; ratio = with ÷ without.
 // Two kinds of rows: "peaked" (a few dozen likely tokens over a N(0, 2.5) background, like a
 // language model's) and "flat" (N(0, 1): top-p keeps most of the vocabulary, the worst case).
 //
@@ -11,13 +14,16 @@
 //       [--repeats 15]
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <random>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "bench/bench_util.h"
 #include "kernels/cpu/thread_pool.h"
+#include "scheduler/guided_choice.h"
 #include "scheduler/sampler.h"
 
 namespace ts = thetaserve;
@@ -129,6 +135,75 @@ int main(int argc, char** argv) {
     const double a = ts::bench::Median(t1), b = ts::bench::Median(tn);
     std::printf("%-32s %-11.2f %-11.2f %-7.2f (%d threads)\n", c.name, a, b, a / b, pool.num_threads());
     std::fflush(stdout);
+  }
+
+  // A vocabulary of distinct byte strings like a BPE one's (1 to 8 letters, half with a
+  // leading space), and choices made of its entries, so each is reachable.
+  std::mt19937 rng(7);
+  std::vector<std::string> vocab_bytes;
+  std::set<std::string> taken;
+  while (int(vocab_bytes.size()) < vocab) {
+    std::string b = rng() % 2 ? " " : "";
+    for (int n = 1 + int(rng() % 8); n > 0; --n) b += char('a' + rng() % 26);
+    if (taken.insert(b).second) vocab_bytes.push_back(b);
+  }
+  auto choices = [&](int count) {
+    std::vector<std::string> out;
+    for (int i = 0; i < count; ++i) {
+      std::string c;
+      for (int n = 2 + int(rng() % 4); n > 0; --n) c += vocab_bytes[rng() % vocab];
+      out.push_back(c);
+    }
+    return out;
+  };
+  const ts::scheduler::TokenBytesIndex vocab_index(vocab_bytes);
+  SamplingParams base = Cases()[1].p;  // T 0.7, top-p 0.9
+  std::printf("\n## narrowing a row, µs per row (peaked rows, %s)\n", Cases()[1].name);
+  std::printf("%-44s %-11s %-11s %-7s %-7s\n", "narrowing", "without", "with", "ratio", "next");
+  const std::vector<float> row = Row(true, vocab, 5);
+  auto run = [&](const char* name, SamplingParams with, const ts::scheduler::ChoiceGuide* guide) {
+    ts::scheduler::Sampler plain(base), narrowed(with);
+    std::vector<float> work(row);
+    std::vector<int32_t> next;
+    std::vector<int32_t> output = {1, 2, 3};
+    std::vector<double> t0, t1;
+    for (int r = 0; r < repeats; ++r) {
+      t0.push_back(TimeMs([&] {
+        work = row;
+        plain.Sample(work, {}, output);
+      }, 5));
+      t1.push_back(TimeMs([&] {
+        work = row;
+        if (guide) guide->Allowed("", vocab_index, &next);
+        narrowed.Sample(work, {}, output, {}, next);
+      }, 5));
+    }
+    const double a = ts::bench::Median(t0) * 1e3, b = ts::bench::Median(t1) * 1e3;
+    std::printf("%-44s %-11.1f %-11.1f %-7.2f %-7zu\n", name, a, b, b / a,
+                guide ? next.size() : size_t(0));
+    std::fflush(stdout);
+  };
+  {
+    SamplingParams p = base;
+    std::vector<int32_t> ids;
+    for (int i = 0; i < 1000; ++i) ids.push_back(i * (vocab / 1000));
+    p.allowed_tokens = std::make_shared<const std::vector<int32_t>>(ids);
+    run("allowed_token_ids: 1000 ids", p, nullptr);
+  }
+  {
+    SamplingParams p = base;
+    std::vector<std::vector<int32_t>> words;
+    for (int i = 0; i < 1024; ++i) {  // 4096 tokens, the bound; each compared every step
+      words.push_back({int32_t(rng() % vocab), int32_t(rng() % vocab), i % 2 ? 2 : 1,
+                       int32_t(3 + i % 7)});
+    }
+    p.bad_words = std::make_shared<const std::vector<std::vector<int32_t>>>(words);
+    run("bad_words: 1024 words, 4096 tokens", p, nullptr);
+  }
+  for (int count : {4, 64, 1024}) {
+    const ts::scheduler::ChoiceGuide guide(choices(count));
+    const std::string name = "guided choice: " + std::to_string(count) + " choices, all open";
+    run(name.c_str(), base, &guide);
   }
   return 0;
 }

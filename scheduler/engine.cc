@@ -10,6 +10,15 @@
 namespace thetaserve::scheduler {
 namespace {
 
+// Each token's bytes, special tokens' left empty (a guided choice never matches them).
+TokenBytesIndex VocabBytes(const model::Tokenizer& tokenizer) {
+  std::vector<std::string> bytes(tokenizer.vocab_size());
+  for (int32_t id = 0; id < int32_t(bytes.size()); ++id) {
+    if (!tokenizer.IsSpecial(id)) bytes[id] = tokenizer.TokenBytes(id);
+  }
+  return TokenBytesIndex(std::move(bytes));
+}
+
 double SecondsBetween(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
@@ -74,11 +83,8 @@ Engine::Engine(const EngineConfig& config, kernels::Backend& backend, int64_t nu
                         ? std::make_unique<cache::PrefixCache>(kv_shape_)
                         : nullptr),
       scheduler_(WithSparse(config.scheduler, config.sparse), pool_, prefix_cache_.get()),
-      tokenizer_(&backend.model().tokenizer()) {
-  vocab_bytes_.resize(tokenizer_->vocab_size());
-  for (int32_t id = 0; id < int32_t(vocab_bytes_.size()); ++id) {
-    if (!tokenizer_->IsSpecial(id)) vocab_bytes_[id] = tokenizer_->TokenBytes(id);
-  }
+      tokenizer_(&backend.model().tokenizer()),
+      vocab_bytes_(VocabBytes(*tokenizer_)) {
   if (config.sampling_threads > 1) {
     sampling_pool_ = std::make_unique<kernels::cpu::ThreadPool>(config.sampling_threads);
   }

@@ -129,8 +129,8 @@ class Engine {
   std::unique_ptr<cache::PrefixCache> prefix_cache_;  // null: no prefix caching
   Scheduler scheduler_;
   const model::Tokenizer* tokenizer_;
-  // Each token's bytes (empty for special tokens): what a guided choice matches against.
-  std::vector<std::string> vocab_bytes_;
+  // The tokens by their bytes (special tokens left out): what a guided choice matches.
+  TokenBytesIndex vocab_bytes_;
   Observer observer_;
 
   // Inbox: guarded by mu_.

@@ -4,30 +4,44 @@
 
 namespace thetaserve::scheduler {
 
+TokenBytesIndex::TokenBytesIndex(std::vector<std::string> bytes) : bytes_(std::move(bytes)) {
+  for (size_t id = 0; id < bytes_.size(); ++id) {
+    if (bytes_[id].empty()) continue;
+    sorted_.push_back({bytes_[id], int32_t(id)});
+    max_len_ = std::max(max_len_, bytes_[id].size());
+  }
+  std::sort(sorted_.begin(), sorted_.end());
+}
+
+void TokenBytesIndex::PrefixesOf(std::string_view s, std::vector<int32_t>* ids) const {
+  for (size_t len = 1; len <= std::min(s.size(), max_len_); ++len) {
+    const std::string_view prefix = s.substr(0, len);
+    auto it = std::lower_bound(
+        sorted_.begin(), sorted_.end(), prefix,
+        [](const auto& entry, std::string_view p) { return entry.first < p; });
+    // The first entry >= prefix begins with it if any does; if none does, no longer prefix of
+    // s is a token either.
+    if (it == sorted_.end() || !it->first.starts_with(prefix)) break;
+    for (; it != sorted_.end() && it->first == prefix; ++it) ids->push_back(it->second);
+  }
+}
+
 ChoiceGuide::ChoiceGuide(std::vector<std::string> choices) : choices_(std::move(choices)) {
   std::sort(choices_.begin(), choices_.end());
   choices_.erase(std::unique(choices_.begin(), choices_.end()), choices_.end());
 }
 
-void ChoiceGuide::Allowed(std::string_view so_far, const std::vector<std::string>& vocab_bytes,
+void ChoiceGuide::Allowed(std::string_view so_far, const TokenBytesIndex& vocab,
                           std::vector<int32_t>* allowed) const {
   allowed->clear();
-  // What is left of each choice that begins with so_far (sorted, as the choices are). A
-  // token's bytes b may come next when some rest begins with b: then the first rest >= b does
-  // (every string beginning with b sorts after b and before any other string >= b).
-  std::vector<std::string_view> rests;
-  for (const std::string& c : choices_) {
-    if (c.size() > so_far.size() && std::string_view(c).starts_with(so_far)) {
-      rests.push_back(std::string_view(c).substr(so_far.size()));
-    }
+  // The choices that begin with so_far are contiguous in sorted order, from so_far's place.
+  auto it = std::lower_bound(choices_.begin(), choices_.end(), so_far,
+                             [](const std::string& c, std::string_view s) { return c < s; });
+  for (; it != choices_.end() && std::string_view(*it).starts_with(so_far); ++it) {
+    vocab.PrefixesOf(std::string_view(*it).substr(so_far.size()), allowed);
   }
-  if (rests.empty()) return;
-  for (size_t id = 0; id < vocab_bytes.size(); ++id) {
-    const std::string& b = vocab_bytes[id];
-    if (b.empty()) continue;
-    auto it = std::lower_bound(rests.begin(), rests.end(), std::string_view(b));
-    if (it != rests.end() && it->starts_with(b)) allowed->push_back(int32_t(id));
-  }
+  std::sort(allowed->begin(), allowed->end());
+  allowed->erase(std::unique(allowed->begin(), allowed->end()), allowed->end());
 }
 
 bool ChoiceGuide::IsChoice(std::string_view so_far) const {

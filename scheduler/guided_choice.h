@@ -10,14 +10,36 @@
 
 namespace thetaserve::scheduler {
 
+// The vocabulary by its tokens' bytes: which tokens begin a string.
+class TokenBytesIndex {
+ public:
+  // bytes[id]: each token's bytes; empty ones (special tokens) never match.
+  explicit TokenBytesIndex(std::vector<std::string> bytes);
+  // sorted_ views bytes_'s strings: a move keeps them where they are, a copy would not.
+  TokenBytesIndex(TokenBytesIndex&&) = default;
+  TokenBytesIndex& operator=(TokenBytesIndex&&) = default;
+  TokenBytesIndex(const TokenBytesIndex&) = delete;
+  TokenBytesIndex& operator=(const TokenBytesIndex&) = delete;
+  // Appends to *ids every token whose bytes are a prefix of `s`: one binary search per prefix
+  // length, up to the longest token's, stopping where no token begins with the prefix.
+  void PrefixesOf(std::string_view s, std::vector<int32_t>* ids) const;
+  size_t size() const { return bytes_.size(); }
+
+ private:
+  std::vector<std::string> bytes_;                            // [id]
+  std::vector<std::pair<std::string_view, int32_t>> sorted_;  // (bytes, id), non-empty, sorted
+  size_t max_len_ = 0;
+};
+
 class ChoiceGuide {
  public:
   // choices: non-empty.
   explicit ChoiceGuide(std::vector<std::string> choices);
 
-  // The ids whose bytes (vocab_bytes[id]; empty for special tokens, which never match) keep
-  // `so_far` on the way to a choice, ascending, into *allowed. O(vocabulary × log choices).
-  void Allowed(std::string_view so_far, const std::vector<std::string>& vocab_bytes,
+  // The ids whose bytes keep `so_far` on the way to a choice, ascending, into *allowed: the
+  // tokens that are a prefix of what is left of a choice still open. O(open choices × longest
+  // token × log vocabulary).
+  void Allowed(std::string_view so_far, const TokenBytesIndex& vocab,
                std::vector<int32_t>* allowed) const;
   // `so_far` is one of the choices.
   bool IsChoice(std::string_view so_far) const;

@@ -122,10 +122,10 @@ void Sequence::FinishWithoutTokens() {
   sink_->OnTokens(delta);
 }
 
-std::span<const int32_t> Sequence::GuidedTokens(const std::vector<std::string>& vocab_bytes,
+std::span<const int32_t> Sequence::GuidedTokens(const TokenBytesIndex& vocab,
                                                 const model::Tokenizer& tokenizer) {
   if (!guide_) return {};
-  guide_->Allowed(guided_bytes_, vocab_bytes, &guided_next_);
+  guide_->Allowed(guided_bytes_, vocab, &guided_next_);
   // A choice that others extend may end here, by EOS (never offered under ignore_eos). With
   // nothing else left (a vocabulary without the bytes needed), EOS is all there is.
   if ((guide_->IsChoice(guided_bytes_) && !request_.stopping.ignore_eos) ||

@@ -51,10 +51,10 @@ class Sequence {
                                                         : std::span<const int32_t>();
   }
 
-  // A guided choice's next tokens (ascending; vocab_bytes: each id's bytes, empty for special
-  // tokens), with the end-of-sequence ids where the output is a choice another one extends;
+  // A guided choice's next tokens (ascending; `vocab`: the tokens by their bytes), with the
+  // end-of-sequence ids where the output is a choice another one extends;
   // empty when unguided. Computed per call into the sequence's own buffer.
-  std::span<const int32_t> GuidedTokens(const std::vector<std::string>& vocab_bytes,
+  std::span<const int32_t> GuidedTokens(const TokenBytesIndex& vocab,
                                         const model::Tokenizer& tokenizer);
 
   // Appends a sampled token and decides whether the sequence is done; emits the delta to the
