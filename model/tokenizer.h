@@ -36,6 +36,9 @@ class Tokenizer {
                                       bool parse_special = true) const = 0;
   // The raw bytes of one token (byte-level and byte-fallback pieces decoded to bytes).
   virtual std::string TokenBytes(int32_t id) const = 0;
+  // The bytes `id` adds to decoded text (StreamDecoder's): TokenBytes, except that an SPM
+  // model's first token of a text drops the leading space its encoder added (`first`).
+  std::string TextBytes(int32_t id, bool first) const { return StreamBytes(id, first); }
   // Ids to text; special tokens are rendered unless `skip_special`.
   std::string Decode(const std::vector<int32_t>& ids, bool skip_special = false) const;
 

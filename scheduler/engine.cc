@@ -10,13 +10,21 @@
 namespace thetaserve::scheduler {
 namespace {
 
-// Each token's bytes, special tokens' left empty (a guided choice never matches them).
-TokenBytesIndex VocabBytes(const model::Tokenizer& tokenizer) {
+// Each token's bytes in decoded text (as the output's first token if `first`), special
+// tokens' left empty (a guided choice never matches them).
+std::vector<std::string> VocabBytes(const model::Tokenizer& tokenizer, bool first) {
   std::vector<std::string> bytes(tokenizer.vocab_size());
   for (int32_t id = 0; id < int32_t(bytes.size()); ++id) {
-    if (!tokenizer.IsSpecial(id)) bytes[id] = tokenizer.TokenBytes(id);
+    if (!tokenizer.IsSpecial(id)) bytes[id] = tokenizer.TextBytes(id, first);
   }
-  return TokenBytesIndex(std::move(bytes));
+  return bytes;
+}
+
+// The same as the output's first token, where that differs (an SPM model's): else null.
+std::unique_ptr<TokenBytesIndex> FirstVocabBytes(const model::Tokenizer& tokenizer) {
+  std::vector<std::string> first = VocabBytes(tokenizer, /*first=*/true);
+  if (first == VocabBytes(tokenizer, /*first=*/false)) return nullptr;
+  return std::make_unique<TokenBytesIndex>(std::move(first));
 }
 
 double SecondsBetween(Clock::time_point a, Clock::time_point b) {
@@ -84,7 +92,8 @@ Engine::Engine(const EngineConfig& config, kernels::Backend& backend, int64_t nu
                         : nullptr),
       scheduler_(WithSparse(config.scheduler, config.sparse), pool_, prefix_cache_.get()),
       tokenizer_(&backend.model().tokenizer()),
-      vocab_bytes_(VocabBytes(*tokenizer_)) {
+      vocab_bytes_(VocabBytes(*tokenizer_, /*first=*/false)),
+      first_vocab_bytes_(FirstVocabBytes(*tokenizer_)) {
   if (config.sampling_threads > 1) {
     sampling_pool_ = std::make_unique<kernels::cpu::ThreadPool>(config.sampling_threads);
   }
@@ -416,7 +425,9 @@ void Engine::RunStep(StepPlan& plan) {
       std::span<float> logits(logits_.data() + row * c.vocab_size, c.vocab_size);
       samples_[i] = seq->sampler().Sample(logits, seq->request().prompt, seq->output(),
                                           seq->BannedTokens(),
-                                          seq->GuidedTokens(vocab_bytes_, *tokenizer_));
+                                          seq->GuidedTokens(vocab_bytes_,
+                                                            first_vocab_bytes_.get(),
+                                                            *tokenizer_));
     }
   };
   const int64_t num_samples = int64_t(sample_rows_.size());

@@ -129,8 +129,10 @@ class Engine {
   std::unique_ptr<cache::PrefixCache> prefix_cache_;  // null: no prefix caching
   Scheduler scheduler_;
   const model::Tokenizer* tokenizer_;
-  // The tokens by their bytes (special tokens left out): what a guided choice matches.
+  // The tokens by their bytes in decoded text (special tokens left out): what a guided choice
+  // matches; and as the output's first token where that differs (SPM), else null.
   TokenBytesIndex vocab_bytes_;
+  std::unique_ptr<TokenBytesIndex> first_vocab_bytes_;
   Observer observer_;
 
   // Inbox: guarded by mu_.

@@ -240,20 +240,22 @@ SampleResult Sampler::Sample(std::span<float> logits, std::span<const int32_t> p
   // The masks, the most binding first: a guided choice's next tokens, allowed_token_ids,
   // the bad words' last tokens, min_tokens' bans. One that would leave no token at all is
   // not applied (allowed_token_ids that a bad word empties, min_tokens banning a guided
-  // choice's only way out), so the sampler never picks from a row of nothing but -inf.
+  // choice's only way out), so the sampler never picks from a row of nothing but -inf; the
+  // guided choice's always is.
   constexpr float kNever = -std::numeric_limits<float>::infinity();
   auto possible = [](float l) { return l > kNever; };  // NaN never is
-  // Every token outside `keep` (ascending) never, if one in it is possible.
-  auto keep_only = [&](std::span<const int32_t> keep) {
-    if (std::none_of(keep.begin(), keep.end(), [&](int32_t t) {
-          return t >= 0 && t < vocab && possible(logits[t]);
-        })) {
-      return;
-    }
+  // Every token outside `keep` (ascending) never, if one in it is possible. `hard` (a guided
+  // choice's next tokens, which must hold): if none is, they become equally likely instead.
+  auto keep_only = [&](std::span<const int32_t> keep, bool hard) {
+    const bool none = std::none_of(keep.begin(), keep.end(), [&](int32_t t) {
+      return t >= 0 && t < vocab && possible(logits[t]);
+    });
+    if (none && !hard) return;
     auto next = keep.begin();
     for (int32_t t = 0; t < vocab; ++t) {
       if (next != keep.end() && *next == t) {
-        ++next;
+        if (none) logits[t] = 0.0f;
+        while (next != keep.end() && *next == t) ++next;  // repeats, if any
       } else {
         logits[t] = kNever;
       }
@@ -272,8 +274,8 @@ SampleResult Sampler::Sample(std::span<float> logits, std::span<const int32_t> p
       for (const auto& [t, l] : undo) logits[t] = l;
     }
   };
-  if (!only.empty()) keep_only(only);
-  if (params_.allowed_tokens) keep_only(*params_.allowed_tokens);
+  if (!only.empty()) keep_only(only, /*hard=*/true);
+  if (params_.allowed_tokens) keep_only(*params_.allowed_tokens, /*hard=*/false);
   if (params_.bad_words) {
     std::vector<int32_t>& completing = sc.completing;
     completing.clear();

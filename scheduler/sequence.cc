@@ -123,24 +123,28 @@ void Sequence::FinishWithoutTokens() {
 }
 
 std::span<const int32_t> Sequence::GuidedTokens(const TokenBytesIndex& vocab,
+                                                const TokenBytesIndex* first_vocab,
                                                 const model::Tokenizer& tokenizer) {
   if (!guide_) return {};
-  guide_->Allowed(guided_bytes_, vocab, &guided_next_);
-  // A choice that others extend may end here, by EOS (never offered under ignore_eos). With
-  // nothing else left (a vocabulary without the bytes needed), EOS is all there is.
-  if ((guide_->IsChoice(guided_bytes_) && !request_.stopping.ignore_eos) ||
-      guided_next_.empty()) {
+  guide_->Allowed(guided_bytes_, guided_first_ && first_vocab ? *first_vocab : vocab,
+                  &guided_next_);
+  // A choice that others extend may end here, by EOS (never offered under ignore_eos).
+  if (guide_->IsChoice(guided_bytes_) && !request_.stopping.ignore_eos) {
     for (int32_t id : tokenizer.stop_ids()) {
-      guided_next_.insert(std::lower_bound(guided_next_.begin(), guided_next_.end(), id), id);
+      auto at = std::lower_bound(guided_next_.begin(), guided_next_.end(), id);
+      if (at == guided_next_.end() || *at != id) guided_next_.insert(at, id);
     }
   }
+  // Nothing leads on (a vocabulary without the bytes needed): whatever comes next ends it.
+  guided_stuck_ = guided_next_.empty();
   return guided_next_;
 }
 
 bool Sequence::AppendToken(const SampleResult& sample, const model::Tokenizer& tokenizer) {
   tokens_.push_back(sample.token);
-  if (guide_ && !tokenizer.IsSpecial(sample.token)) {
-    guided_bytes_ += tokenizer.TokenBytes(sample.token);
+  if (guide_ && !guided_stuck_ && !tokenizer.IsSpecial(sample.token)) {
+    guided_bytes_ += tokenizer.TextBytes(sample.token, guided_first_);
+    guided_first_ = false;
   }
   TokenDelta delta;
   AttachPromptScores(delta);
@@ -167,11 +171,14 @@ bool Sequence::AppendToken(const SampleResult& sample, const model::Tokenizer& t
   if (is_eos) {
     finish_reason_ = FinishReason::kEos;
     done = true;
+  } else if (guide_ && guided_stuck_) {
+    finish_reason_ = FinishReason::kStop;  // the guide had nothing to offer: end, unsent
+    done = true;
   } else if (std::find(stop_ids.begin(), stop_ids.end(), sample.token) != stop_ids.end()) {
     finish_reason_ = FinishReason::kStop;
     done = true;
   }
-  if (done && request_.stopping.include_stop_str) {
+  if (done && request_.stopping.include_stop_str && !(guide_ && guided_stuck_)) {
     // The stopping token's text too, as vLLM's include_stop_str_in_output (a special token,
     // such as EOS, has none).
     held_text_ += decoder_.Push(sample.token);

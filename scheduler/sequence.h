@@ -51,10 +51,13 @@ class Sequence {
                                                         : std::span<const int32_t>();
   }
 
-  // A guided choice's next tokens (ascending; `vocab`: the tokens by their bytes), with the
-  // end-of-sequence ids where the output is a choice another one extends;
-  // empty when unguided. Computed per call into the sequence's own buffer.
+  // A guided choice's next tokens (ascending; `vocab`: the tokens by their bytes in decoded
+  // text, `first_vocab` as the output's first token where that differs, else null), with the
+  // end-of-sequence ids where the output is a choice another one extends; empty when
+  // unguided. When nothing can continue the output toward a choice, the next token ends the
+  // sequence (kStop) whatever it is, its text unsent. Computed into the sequence's buffer.
   std::span<const int32_t> GuidedTokens(const TokenBytesIndex& vocab,
+                                        const TokenBytesIndex* first_vocab,
                                         const model::Tokenizer& tokenizer);
 
   // Appends a sampled token and decides whether the sequence is done; emits the delta to the
@@ -106,6 +109,8 @@ class Sequence {
   // Request::guide: the output's bytes so far, the next tokens' buffer.
   const ChoiceGuide* guide_ = nullptr;  // request_.guide's
   std::string guided_bytes_;
+  bool guided_first_ = true;   // no text token out yet (the decoder's first)
+  bool guided_stuck_ = false;  // nothing continues toward a choice: the next token ends it
   std::vector<int32_t> guided_next_;
   FinishReason finish_reason_ = FinishReason::kLength;
   // Prompt log-probabilities: tokens [1, prompt_scored_) are scored; what is kept until the

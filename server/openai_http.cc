@@ -109,7 +109,8 @@ class HttpOutput {
 // prompt scores it (SplitChoices), but every choice carries them, as vLLM's do. Each other
 // choice's output, and its end, are held until the first's scores have come, then go on with
 // a copy of them; only if the first completion ends without scores (cancelled before its
-// first delta) do the others go on without. Handler thread only.
+// first delta), or the choice itself fails, does it go on without. Completions only (a chat
+// response carries the scores once, from choice 0). Handler thread only.
 class SharedPromptScores {
  public:
   SharedPromptScores(int choices, int per_prompt)
@@ -132,7 +133,9 @@ class SharedPromptScores {
       AppendDelta(held_[i], t.delta);
       const size_t first = i - i % per_prompt_;
       const std::optional<scheduler::TokenDelta>& scores = scores_[i / per_prompt_];
-      if (!scores && !taken[first].finish) {
+      // A failure is never held: it ends the call (ServiceSink cancels the others) at once.
+      const bool failed = t.finish && Failed(*t.finish);
+      if (!scores && !taken[first].finish && !failed) {
         // Hidden until released: HttpOutput::Take reports the end again (finished_now) while
         // `finish` is unset here.
         t.delta = {};
@@ -384,8 +387,9 @@ void OpenAiHttpServer::Generate(const HttpRequest& http, HttpResponder& out, boo
   std::vector<scheduler::Request> prompts;
   std::vector<std::string> echo_texts;  // [prompt]
   int64_t prompt_tokens = 0;
+  // Completions' choices each carry the prompt's scores; a chat response carries them once.
   const int64_t scored_copies =
-      call->request.sampling().has_prompt_logprobs() ? n_per_prompt : 1;
+      !chat && call->request.sampling().has_prompt_logprobs() ? n_per_prompt : 1;
   for (size_t p = 0; p < prompt_count; ++p) {
     v1::GenerateRequest request = call->RequestFor(p);
     if (p > 0) {
@@ -479,7 +483,7 @@ void OpenAiHttpServer::Generate(const HttpRequest& http, HttpResponder& out, boo
   OpenAiResponseBuilder builder(*call, id, UnixNow(), options_.served_model_name,
                                 model_->tokenizer(), n, std::move(echo_texts));
   std::optional<SharedPromptScores> shared;
-  if (n_per_prompt > 1 && call->request.sampling().has_prompt_logprobs()) {
+  if (!chat && n_per_prompt > 1 && call->request.sampling().has_prompt_logprobs()) {
     shared.emplace(n, n_per_prompt);
   }
   auto take = [&] {

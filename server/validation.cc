@@ -267,7 +267,7 @@ absl::StatusOr<scheduler::Request> BuildRequest(const v1::GenerateRequest& req,
     // vLLM's (HF's left truncation adds the special tokens after cutting).
     const bool bos_added = req.input_case() == v1::GenerateRequest::kPrompt && add_special &&
                            tok.add_bos() && out.prompt.front() == tok.bos_id();
-    const size_t head = bos_added && keep > 1 ? 1 : 0;
+    const size_t head = bos_added ? 1 : 0;  // k = 1: BOS alone, as HF's left truncation
     if (out.prompt.size() > keep) {
       out.prompt.erase(out.prompt.begin() + head, out.prompt.end() - (keep - head));
     }

@@ -6,6 +6,10 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "model/model.h"
+#include "scheduler/sequence.h"
+#include "tests/scheduler/collecting_sink.h"
+#include "tests/test_util.h"
 
 namespace thetaserve::scheduler {
 namespace {
@@ -114,6 +118,114 @@ TEST(ChoiceGuideTest, AllowedIsEveryTokenThatContinuesTowardAChoice) {
     guide.Allowed(so_far, vocab, &got);
     EXPECT_EQ(got, want) << "after '" << so_far << "'";
   }
+}
+
+// A sequence under a guide, with the engine's two vocabularies (bytes in decoded text, and as
+// the output's first token).
+struct Guided {
+  Guided(const model::Tokenizer& tok, std::vector<std::string> choices, bool ignore_eos = false)
+      : tok(tok), vocab(Bytes(tok, false)), first(Bytes(tok, true)) {
+    Request r;
+    r.id = "g";
+    r.prompt = {1, 2};
+    r.stopping.max_tokens = 20;
+    r.stopping.ignore_eos = ignore_eos;
+    r.guide = std::make_shared<const ChoiceGuide>(std::move(choices));
+    seq = std::make_unique<Sequence>(r, sink, tok, cache::KvShape{2, 1, 16, 8});
+  }
+  static std::vector<std::string> Bytes(const model::Tokenizer& tok, bool first) {
+    std::vector<std::string> b(tok.vocab_size());
+    for (int32_t id = 0; id < int32_t(b.size()); ++id) {
+      if (!tok.IsSpecial(id)) b[id] = tok.TextBytes(id, first);
+    }
+    return b;
+  }
+  std::vector<int32_t> Next() {
+    auto next = seq->GuidedTokens(vocab, &first, tok);
+    return std::vector<int32_t>(next.begin(), next.end());
+  }
+  bool Append(int32_t token) {
+    SampleResult r;
+    r.token = token;
+    return seq->AppendToken(r, tok);
+  }
+  const model::Tokenizer& tok;
+  TokenBytesIndex vocab, first;
+  std::shared_ptr<CollectingSink> sink = std::make_shared<CollectingSink>();
+  std::unique_ptr<Sequence> seq;
+};
+
+bool Has(const std::vector<int32_t>& ids, int32_t id) {
+  return std::find(ids.begin(), ids.end(), id) != ids.end();
+}
+
+// An SPM model's first token of the output drops its leading space in the text the client
+// gets: "▁no" is the choice "no", and the output is "no", not " no".
+TEST(GuidedSequenceTest, TheFirstTokenIsMatchedAsTheClientWillReadIt) {
+  auto tiny = model::Model::Load(testing::TestDataPath("tiny_llama"));
+  ASSERT_TRUE(tiny.ok()) << tiny.status();
+  const model::Tokenizer& tok = (*tiny)->tokenizer();
+  const int32_t no = tok.PieceToId("\xe2\x96\x81no");  // ▁no
+  ASSERT_GE(no, 0);
+  Guided g(tok, {"no", "yes"});
+  const std::vector<int32_t> next = g.Next();
+  EXPECT_TRUE(Has(next, no));
+  EXPECT_TRUE(g.Append(no));
+  EXPECT_EQ(g.seq->finish_reason(), FinishReason::kStop);
+  EXPECT_EQ(g.sink->text, "no");
+  // After the first token, "▁no" is " no" again: not a way to finish "yes".
+  Guided later(tok, {"yes", "y no"});
+  const int32_t y = tok.PieceToId("y");
+  ASSERT_GE(y, 0);
+  ASSERT_TRUE(Has(later.Next(), y));
+  EXPECT_FALSE(later.Append(y));
+  EXPECT_TRUE(Has(later.Next(), no));
+}
+
+// A choice that another extends may end by EOS (not under ignore_eos) or go on; the output
+// ends with the longer one complete; the EOS's reason is kEos.
+TEST(GuidedSequenceTest, AChoiceThatAnotherExtendsEndsByEosOrGoesOn) {
+  auto model = model::Model::Load(testing::DefaultModelPath());
+  ASSERT_TRUE(model.ok()) << model.status();
+  const model::Tokenizer& tok = (*model)->tokenizer();
+  const std::vector<int32_t> yes = tok.Encode("yes", false);
+  const std::vector<int32_t> please = tok.Encode(" please", false);
+  ASSERT_EQ(yes.size(), 1u);
+  ASSERT_EQ(please.size(), 1u);
+  const int32_t eos = tok.stop_ids().at(0);
+  {
+    Guided g(tok, {"yes", "yes please"});
+    EXPECT_FALSE(Has(g.Next(), eos));
+    EXPECT_FALSE(g.Append(yes[0]));
+    const std::vector<int32_t> next = g.Next();
+    EXPECT_TRUE(Has(next, eos));
+    EXPECT_TRUE(Has(next, please[0]));
+    EXPECT_TRUE(g.Append(eos));
+    EXPECT_EQ(g.seq->finish_reason(), FinishReason::kEos);
+    EXPECT_EQ(g.sink->text, "yes");
+  }
+  {
+    Guided g(tok, {"yes", "yes please"}, /*ignore_eos=*/true);
+    EXPECT_FALSE(g.Append(yes[0]));
+    EXPECT_FALSE(Has(g.Next(), eos));
+    EXPECT_TRUE(g.Append(please[0]));
+    EXPECT_EQ(g.seq->finish_reason(), FinishReason::kStop);
+    EXPECT_EQ(g.sink->text, "yes please");
+  }
+}
+
+// With nothing that leads toward a choice (here, a vocabulary index without the bytes), the
+// guide offers nothing and whatever is sampled next ends the output, its text unsent.
+TEST(GuidedSequenceTest, AGuideWithNothingToOfferEndsTheOutput) {
+  auto model = model::Model::Load(testing::DefaultModelPath());
+  ASSERT_TRUE(model.ok()) << model.status();
+  const model::Tokenizer& tok = (*model)->tokenizer();
+  Guided g(tok, {"yes"});
+  const TokenBytesIndex nothing(std::vector<std::string>(tok.vocab_size()));
+  EXPECT_TRUE(g.seq->GuidedTokens(nothing, nullptr, tok).empty());
+  EXPECT_TRUE(g.Append(tok.Encode("hello", false).at(0)));
+  EXPECT_EQ(g.seq->finish_reason(), FinishReason::kStop);
+  EXPECT_EQ(g.sink->text, "");
 }
 
 }  // namespace

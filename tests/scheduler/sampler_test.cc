@@ -307,8 +307,18 @@ TEST(SamplerTest, AMaskThatWouldLeaveNothingIsNotApplied) {
   const std::vector<int32_t> only_three = {3};
   l = Logits();
   EXPECT_EQ(ban_skipped.Sample(l, {}, {}, banned, only_three).token, 3);
+  const std::vector<int32_t> ban_two = {2};
   l = Logits();
-  EXPECT_EQ(ban_skipped.Sample(l, {}, {}, banned, only).token, 2);  // a ban that leaves 2
+  EXPECT_EQ(ban_skipped.Sample(l, {}, {}, ban_two, only).token, 3);  // 3 is left: banned
+  // The guide holds even where the row gives its tokens nothing: they become equally likely.
+  l = Logits();
+  l[2] = l[3] = -std::numeric_limits<float>::infinity();
+  const int32_t t = ban_skipped.Sample(l, {}, {}, {}, only).token;
+  EXPECT_TRUE(t == 2 || t == 3) << t;
+  // Repeated ids in the guide's list mask nothing they should not.
+  const std::vector<int32_t> repeated = {2, 2, 5};
+  l = Logits();
+  EXPECT_EQ(ban_skipped.Sample(l, {}, {}, {}, repeated).token, 5);
 }
 
 // A bad word's last token is banned exactly where it would complete the word: after the
