@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <set>
+#include <string_view>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
@@ -295,14 +297,37 @@ int HttpStatusFor(const absl::Status& status) {
   }
 }
 
+std::string ErrorParam(std::string_view message) {
+  // The fields either route reads (completions, chat, /tokenize, /detokenize), refused ones
+  // included.
+  static const std::set<std::string_view> kFields = {
+      "add_generation_prompt", "add_special_tokens", "allowed_token_ids", "bad_words",
+      "best_of", "cache_salt", "chat_template", "chat_template_kwargs",
+      "continue_final_message", "echo", "frequency_penalty", "function_call", "functions",
+      "guided_choice", "guided_grammar", "guided_json", "guided_regex", "ignore_eos",
+      "include_stop_str_in_output", "logit_bias", "logprobs", "max_completion_tokens",
+      "max_tokens", "messages", "min_p", "min_tokens", "model", "n", "presence_penalty",
+      "prompt", "prompt_logprobs", "repetition_penalty", "response_format", "seed", "stop",
+      "stop_token_ids", "stream", "stream_options", "structured_outputs", "suffix",
+      "temperature", "tokens", "tool_choice", "tools", "top_k", "top_logprobs", "top_p",
+      "truncate_prompt_tokens", "use_beam_search"};
+  std::string_view path = message.substr(0, message.find(' '));
+  while (!path.empty() && (path.back() == ':' || path.back() == ',')) path.remove_suffix(1);
+  const std::string_view root = path.substr(0, path.find_first_of("[."));
+  return kFields.count(root) ? std::string(path) : std::string();
+}
+
 std::string OpenAiErrorBody(int http_status, std::string_view message) {
   const char* type = http_status == 401   ? "authentication_error"
                      : http_status == 404 ? "not_found_error"
                      : http_status == 429 ? "rate_limit_error"
                      : http_status < 500  ? "invalid_request_error"
                                           : "server_error";
+  const std::string param = ErrorParam(message);
   Json j = {{"error",
-             {{"message", std::string(message)}, {"type", type}, {"param", nullptr},
+             {{"message", std::string(message)},
+              {"type", type},
+              {"param", param.empty() ? Json(nullptr) : Json(param)},
               {"code", http_status}}}};
   return DumpJson(j);
 }

@@ -72,7 +72,13 @@ absl::StatusOr<std::vector<int32_t>> ParseDetokenizeRequest(std::string_view bod
 // names have no prefix.
 std::string ToOpenAiFieldNames(std::string message);
 
-// {"error": {"message", "type", "param", "code"}} for an HTTP status.
+// The request field an error message is about: its leading field path when that begins with
+// a field of the API ("top_p", "messages[1].role", "prompt[1][2]", "stop_token_ids[0]"), else
+// "" (a message about no one field: "the request body is not valid JSON").
+std::string ErrorParam(std::string_view message);
+
+// {"error": {"message", "type", "param", "code"}} for an HTTP status; param is ErrorParam's,
+// or null.
 std::string OpenAiErrorBody(int http_status, std::string_view message);
 // The HTTP status for a Status code.
 int HttpStatusFor(const absl::Status& status);

@@ -405,6 +405,25 @@ TEST(OpenAiApiTest, ValidationMessagesUseTheHttpFieldNames) {
   EXPECT_EQ(err["error"]["message"], "queue \"full\"");
   EXPECT_EQ(err["error"]["type"], "rate_limit_error");
   EXPECT_EQ(err["error"]["code"], 429);
+  EXPECT_TRUE(err["error"]["param"].is_null());
+  // param: the field the message is about, as it names it.
+  const std::pair<const char*, const char*> params[] = {
+      {"top_p = 2; it must be in (0, 1]", "top_p"},
+      {"messages[1].role is 'x'; use system, user or assistant", "messages[1].role"},
+      {"prompt[1][2] = 999999 is outside the vocabulary [0, 49152)", "prompt[1][2]"},
+      {"prompt[1]: the prompt has 50000 tokens", "prompt[1]"},
+      {"structured_outputs.json is not supported: choice only", "structured_outputs.json"},
+      {"n = 3 with 400 prompts asks for 1200 completions", "n"},
+      {"the request body is not valid JSON: syntax error", ""},
+      {"a message with role 'tool' is not supported", ""},
+      {"request id collision", ""},
+      {"", ""},
+  };
+  for (const auto& [message, param] : params) {
+    EXPECT_EQ(ErrorParam(message), param) << message;
+  }
+  const Json with_param = Json::parse(OpenAiErrorBody(400, "top_k = -2; it must be >= 0"));
+  EXPECT_EQ(with_param["error"]["param"], "top_k");
 }
 
 class OpenAiResponseTest : public ::testing::Test {

@@ -606,6 +606,16 @@ TEST_F(OpenAiHttpTest, BadInputGetsItsStatusAndTheServerKeepsServing) {
             400);  // once a crash of the whole server (a JSON type error thrown)
   EXPECT_EQ(status_of("/v1/embeddings", "{}"), 404);
   EXPECT_EQ(HttpCall(http_port_, "GET", "/v1/completions").status, 405);
+  // The error names its field in `param`, whichever layer refused it (the HTTP parser, the
+  // shared validation, a prompt of a list), and none when it is about no one field.
+  auto param_of = [&](const std::string& raw_body) {
+    return Json::parse(HttpCall(http_port_, "POST", "/v1/completions", raw_body).body)["error"]
+                      ["param"];
+  };
+  EXPECT_EQ(param_of(R"({"prompt": "x", "temperature": "hot"})"), "temperature");
+  EXPECT_EQ(param_of(R"({"prompt": "x", "top_p": 1.5})"), "top_p");
+  EXPECT_EQ(param_of(R"({"prompt": ["a", [1, 2, 4000000]]})"), "prompt[1][2]");
+  EXPECT_TRUE(param_of("{not json").is_null());
   {
     HttpConnection c(http_port_);
     c.SendRaw("\x16\x03\x01 not http at all\r\n\r\n");
