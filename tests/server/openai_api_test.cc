@@ -541,6 +541,10 @@ TEST_F(OpenAiResponseTest, VllmsSamplingExtensionsReachTheEngineRequest) {
             0u) << build(heavy_words.dump()).status();
   EXPECT_EQ(build(R"({"prompt": "x", "bad_words": ["ok", "  "]})").status().message(),
             "bad_words[1] is empty (or only spaces); remove it");
+  // Leading spaces are stripped as Python's lstrip strips them, Unicode ones (U+3000) too.
+  auto ideographic = build(R"({"prompt": "x", "bad_words": ["　  Paris"]})");
+  ASSERT_TRUE(ideographic.ok()) << ideographic.status();
+  EXPECT_EQ(ideographic->sampling.bad_words->front(), tok.Encode("Paris", false));
   EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": "x", "bad_words": ["a", 5]})"),
                           "bad_words[1] must be a string"));
   Json many = {{"prompt", "x"}, {"bad_words", std::vector<std::string>(1025, "a")}};

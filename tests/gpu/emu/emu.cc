@@ -356,14 +356,6 @@ std::map<void*, size_t>& Allocations() {
   static std::map<void*, size_t> m;
   return m;
 }
-// Freed device blocks, most recent last: cudaMalloc hands the latest one of the asked size back,
-// as a device allocator tends to hand back a freed range, so that code which keys anything by a
-// device address (CUDA graphs) meets a new buffer at an old address here too.
-std::deque<std::pair<void*, size_t>>& FreedBlocks() {
-  static std::deque<std::pair<void*, size_t>> q;
-  return q;
-}
-constexpr size_t kMaxFreedBlocks = 16;
 size_t Rounded(size_t bytes) { return (std::max<size_t>(bytes, 1) + 255) / 256 * 256; }
 // Under AddressSanitizer a freed block stays poisoned until it is handed out again, so a read
 // after cudaFree still shows.
@@ -375,6 +367,25 @@ void PoisonFreed(void* p, size_t bytes, bool poison) {
   (void)p, (void)bytes, (void)poison;
 #endif
 }
+// Freed device blocks, most recent last: cudaMalloc hands the latest one of the asked size back,
+// as a device allocator tends to hand back a freed range, so that code which keys anything by a
+// device address (CUDA graphs) meets a new buffer at an old address here too. The blocks still
+// kept at exit are released then: LeakSanitizer checks after static destructors, and would
+// report them once the list holding them was gone.
+struct FreedBlockList {
+  std::deque<std::pair<void*, size_t>> q;
+  ~FreedBlockList() {
+    for (const auto& [p, bytes] : q) {
+      PoisonFreed(p, bytes, false);
+      std::free(p);
+    }
+  }
+};
+std::deque<std::pair<void*, size_t>>& FreedBlocks() {
+  static FreedBlockList list;
+  return list.q;
+}
+constexpr size_t kMaxFreedBlocks = 16;
 
 cudaError_t Fail(cudaError_t e) {
   g_last_error = e;
