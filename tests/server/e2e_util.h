@@ -47,7 +47,8 @@ std::string RunGenerateBinary(const std::string& args);
 class ServerE2ETest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    server_ = new ServerProcess({"--max-num-seqs", "32", "--kv-cache-memory", "256M"});
+    server_ = new ServerProcess({"--max-num-seqs", "32", "--kv-cache-memory", "256M"}, 180,
+                                /*report_failure=*/false);
   }
   static void TearDownTestSuite() {
     delete server_;

@@ -97,7 +97,7 @@ class OpenAiHttpTest : public ::testing::Test {
     // 128 MiB of KV cache (f16) holds ~5,800 tokens of one sequence, fewer than SmolLM2's
     // context: the chat default's clamp to the cache is tested.
     server_ = new ServerProcess({"--http-port", std::to_string(http_port_), "--max-num-seqs", "16",
-                                 "--kv-cache-memory", "128M"});
+                                 "--kv-cache-memory", "128M"}, 180, /*report_failure=*/false);
   }
   static void TearDownTestSuite() { delete server_; }
 
