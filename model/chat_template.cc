@@ -19,7 +19,6 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "model/tokenizer.h"
-#include "model/unicode_tables.h"
 #include "model/tokenizer_utf8.h"
 
 namespace thetaserve::model {
@@ -40,39 +39,8 @@ Family Recognize(std::string_view t) {
   return Family::kUnknown;
 }
 
-// Python's str.strip() (Jinja's trim): White_Space plus the separators U+001C..U+001F.
-bool IsPythonSpace(uint32_t cp) {
-  return (cp >= 0x1C && cp <= 0x1F) || (cp != kInvalidCodePoint && IsUnicodeWhitespace(cp));
-}
-
-// Python's str.rstrip().
-std::string RTrim(std::string_view s) {
-  size_t end = 0;  // end of the last non-space character
-  for (size_t i = 0; i < s.size();) {
-    int len = 1;
-    const uint32_t cp = DecodeUtf8At(s, i, &len);
-    i += len;
-    if (!IsPythonSpace(cp)) end = i;
-  }
-  return std::string(s.substr(0, end));
-}
-
-std::string Trim(std::string_view s) {
-  size_t begin = 0;
-  while (begin < s.size()) {
-    int len = 1;
-    if (!IsPythonSpace(DecodeUtf8At(s, begin, &len))) break;
-    begin += len;
-  }
-  size_t end = begin;  // end of the last non-space character
-  for (size_t i = begin; i < s.size();) {
-    int len = 1;
-    const uint32_t cp = DecodeUtf8At(s, i, &len);
-    i += len;
-    if (!IsPythonSpace(cp)) end = i;
-  }
-  return std::string(s.substr(begin, end - begin));
-}
+// Python's str.strip() (Jinja's trim).
+std::string Trim(std::string_view s) { return std::string(PythonRStrip(PythonLStrip(s))); }
 
 // The literal default system message of a ChatML template: the text of a Jinja string
 // literal '<|im_start|>system\n...<|im_end|>' ("\n" written either as an escape or as a real
@@ -220,7 +188,7 @@ absl::StatusOr<std::string> Tokenizer::ApplyChatTemplate(const std::vector<ChatM
         "(continue_final_message)");
   }
   if (rendered->compare(at, kTag.size(), kTag) == 0) return rendered->substr(0, at);
-  return RTrim(std::string_view(*rendered).substr(0, at));
+  return std::string(PythonRStrip(std::string_view(*rendered).substr(0, at)));
 }
 
 absl::StatusOr<std::string> Tokenizer::Render(const std::vector<ChatMessage>& messages,

@@ -2,6 +2,8 @@
 
 #include <array>
 
+#include "model/unicode_tables.h"
+
 namespace thetaserve::model {
 namespace {
 
@@ -157,6 +159,31 @@ std::string BytesToByteLevel(std::string_view bytes) {
   out.reserve(bytes.size() * 2);
   for (char c : bytes) AppendUtf8(ByteToUnicode(static_cast<uint8_t>(c)), &out);
   return out;
+}
+
+bool IsPythonSpace(uint32_t cp) {
+  return (cp >= 0x1C && cp <= 0x1F) || (cp != kInvalidCodePoint && IsUnicodeWhitespace(cp));
+}
+
+std::string_view PythonLStrip(std::string_view s) {
+  size_t begin = 0;
+  while (begin < s.size()) {
+    int len = 1;
+    if (!IsPythonSpace(DecodeUtf8At(s, begin, &len))) break;
+    begin += len;
+  }
+  return s.substr(begin);
+}
+
+std::string_view PythonRStrip(std::string_view s) {
+  size_t end = 0;  // end of the last character that is not a space
+  for (size_t i = 0; i < s.size();) {
+    int len = 1;
+    const uint32_t cp = DecodeUtf8At(s, i, &len);
+    i += len;
+    if (!IsPythonSpace(cp)) end = i;
+  }
+  return s.substr(0, end);
 }
 
 }  // namespace thetaserve::model

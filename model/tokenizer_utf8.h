@@ -33,6 +33,13 @@ bool IsValidUtf8(std::string_view bytes);
 // still be completed by more bytes; ill-formed bytes count as complete (they will not heal).
 size_t Utf8CompletePrefix(std::string_view bytes);
 
+// Python's str.isspace() for one character, which str.strip() and Jinja's trim use: Unicode
+// White_Space plus the separators U+001C..U+001F.
+bool IsPythonSpace(uint32_t cp);
+// Python's str.lstrip() and str.rstrip(); ill-formed bytes are not spaces.
+std::string_view PythonLStrip(std::string_view s);
+std::string_view PythonRStrip(std::string_view s);
+
 // GPT-2's bytes_to_unicode: the printable byte b maps to U+00b, the others to U+0100+k.
 uint32_t ByteToUnicode(uint8_t b);
 // Inverse of ByteToUnicode; -1 for code points outside the table.

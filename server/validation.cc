@@ -6,27 +6,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "model/tokenizer_utf8.h"
-#include "model/unicode_tables.h"
 
 namespace thetaserve::server {
-namespace {
-
-// Python's str.lstrip() (vLLM strips bad words so): Unicode White_Space and U+001C..U+001F.
-std::string LStripPython(const std::string& s) {
-  size_t i = 0;
-  while (i < s.size()) {
-    int len = 1;
-    const uint32_t cp = model::DecodeUtf8At(s, i, &len);
-    const bool space = (cp >= 0x1C && cp <= 0x1F) ||
-                       (cp != model::kInvalidCodePoint && model::IsUnicodeWhitespace(cp));
-    if (!space) break;
-    i += len;
-  }
-  return s.substr(i);
-}
-
-}  // namespace
-
 absl::StatusOr<v1::TokenizeResponse> TokenizeInput(const v1::TokenizeRequest& request,
                                                    const model::Model& model) {
   const bool add_special = !request.has_add_special_tokens() || request.add_special_tokens();
@@ -198,7 +179,7 @@ absl::StatusOr<std::shared_ptr<const std::vector<std::vector<int32_t>>>> Tokeniz
       return absl::InvalidArgumentError(
           absl::StrFormat("sampling.bad_words[%d] is not valid UTF-8", i));
     }
-    const std::string bare = LStripPython(word);
+    const std::string bare(model::PythonLStrip(word));
     std::vector<int32_t> alone = tokenizer.Encode(bare, /*add_bos=*/false, /*parse_special=*/true);
     if (alone.empty()) {
       return absl::InvalidArgumentError(absl::StrFormat(

@@ -259,5 +259,19 @@ TEST(TokenizerTest, StopIdsIncludeTheTemplatesEndOfTurnToken) {
   EXPECT_EQ(tok->stop_ids(), (std::vector<int32_t>{0, 2}));
 }
 
+// Python's str.lstrip()/rstrip(): Unicode White_Space and U+001C..U+001F go, U+200B (not
+// White_Space), ill-formed bytes and everything inside the text stay.
+TEST(TokenizerTest, PythonStripTakesUnicodeSpacesOnlyAtTheEnds) {
+  const std::string s = "\x1c \t\u3000\u00a0a b\u2003\n\x1f";
+  EXPECT_EQ(PythonLStrip(s), "a b\u2003\n\x1f");
+  EXPECT_EQ(PythonRStrip(s), "\x1c \t\u3000\u00a0a b");
+  EXPECT_EQ(PythonLStrip("\u200bx "), "\u200bx ");
+  EXPECT_EQ(PythonRStrip(" x\xff"), " x\xff");
+  EXPECT_EQ(PythonLStrip(" \r\n"), "");
+  EXPECT_EQ(PythonRStrip(" \r\n"), "");
+  EXPECT_TRUE(IsPythonSpace(0x85));
+  EXPECT_FALSE(IsPythonSpace(kInvalidCodePoint));
+}
+
 }  // namespace
 }  // namespace thetaserve::model
