@@ -59,18 +59,24 @@ struct Request {
 enum class FinishReason { kStop, kLength, kEos, kCancelled, kError };
 const char* FinishReasonName(FinishReason r);
 
+// Request::prompt_logprobs: the prompt's tokens and, for tokens 1 … P−1 (the first has
+// nothing before it), each one's log-probability, the top n, and its rank (1 + how many
+// tokens the model found likelier).
+struct PromptScores {
+  std::vector<int32_t> token_ids;
+  std::vector<float> logprobs;
+  std::vector<std::vector<std::pair<int32_t, float>>> top;
+  std::vector<int32_t> ranks;
+};
+
 struct TokenDelta {
   std::vector<int32_t> token_ids;
   std::string text;                                          // complete UTF-8 only
   std::vector<float> logprobs;                               // per token, when asked
   std::vector<std::vector<std::pair<int32_t, float>>> top;   // per token top-n, when asked
-  // Request::prompt_logprobs, in the request's first delta: the prompt's tokens and, for
-  // tokens 1 … P−1 (the first has nothing before it), each one's log-probability, the top n,
-  // and its rank (1 + how many tokens the model found likelier).
-  std::vector<int32_t> prompt_token_ids;
-  std::vector<float> prompt_logprobs;
-  std::vector<std::vector<std::pair<int32_t, float>>> prompt_top;
-  std::vector<int32_t> prompt_ranks;
+  // Request::prompt_logprobs, in the request's first delta. Shared, never changed: the
+  // completions of one prompt that all carry its scores hold one copy.
+  std::shared_ptr<const PromptScores> prompt;
 };
 
 struct FinishInfo {

@@ -95,23 +95,21 @@ void Sequence::ScorePromptRows(const float* logits, int64_t vocab, int64_t start
     if (pos >= prompt) break;
     if (pos < prompt_scored_) continue;  // scored before a preemption
     std::span<const float> row(logits + i * vocab, vocab);
-    prompt_top_.emplace_back();
-    prompt_ranks_.push_back(0);
-    prompt_logprobs_.push_back(ScoreToken(row, request_.prompt[pos], request_.prompt_logprobs,
-                                          &prompt_top_.back(), &prompt_ranks_.back()));
+    PromptScores& s = prompt_scores_;
+    s.top.emplace_back();
+    s.ranks.push_back(0);
+    s.logprobs.push_back(
+        ScoreToken(row, request_.prompt[pos], request_.prompt_logprobs, &s.top.back(),
+                   &s.ranks.back()));
     prompt_scored_ = pos + 1;
   }
 }
 
 void Sequence::AttachPromptScores(TokenDelta& delta) {
   if (request_.prompt_logprobs < 0 || prompt_scores_sent_) return;
-  delta.prompt_token_ids = request_.prompt;
-  delta.prompt_logprobs = std::move(prompt_logprobs_);
-  delta.prompt_top = std::move(prompt_top_);
-  delta.prompt_ranks = std::move(prompt_ranks_);
-  prompt_logprobs_ = {};
-  prompt_top_ = {};
-  prompt_ranks_ = {};
+  prompt_scores_.token_ids = request_.prompt;
+  delta.prompt = std::make_shared<const PromptScores>(std::move(prompt_scores_));
+  prompt_scores_ = {};
   prompt_scores_sent_ = true;
 }
 

@@ -117,9 +117,7 @@ class Sequence {
   // first delta carries it.
   int64_t prompt_scored_ = 1;
   bool prompt_scores_sent_ = false;
-  std::vector<float> prompt_logprobs_;
-  std::vector<std::vector<std::pair<int32_t, float>>> prompt_top_;
-  std::vector<int32_t> prompt_ranks_;
+  PromptScores prompt_scores_;
   // Moves the prompt's scores into `delta` the first time (when asked for).
   void AttachPromptScores(TokenDelta& delta);
 };

@@ -55,12 +55,12 @@ void StreamSink::Deliver(int index, const scheduler::TokenDelta& delta) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (failed_) return;
-    if (!delta.prompt_token_ids.empty()) {
+    if (delta.prompt) {
       open_[index] = nullptr;  // the scores come before the tokens
+      const scheduler::PromptScores& s = *delta.prompt;
       v1::PromptLogprobs* p = queue_.emplace_back().mutable_prompt_logprobs();
-      for (int32_t id : delta.prompt_token_ids) p->add_token_ids(static_cast<uint32_t>(id));
-      AddLogprobs(delta.prompt_logprobs, delta.prompt_top, delta.prompt_ranks,
-                  p->mutable_logprobs());
+      for (int32_t id : s.token_ids) p->add_token_ids(static_cast<uint32_t>(id));
+      AddLogprobs(s.logprobs, s.top, s.ranks, p->mutable_logprobs());
     }
     // A delta of the prompt's scores alone (max_tokens = 0) has no chunk.
     if (!delta.token_ids.empty()) {

@@ -43,12 +43,7 @@ void AppendDelta(scheduler::TokenDelta& into, const scheduler::TokenDelta& d) {
   into.text += d.text;
   into.logprobs.insert(into.logprobs.end(), d.logprobs.begin(), d.logprobs.end());
   into.top.insert(into.top.end(), d.top.begin(), d.top.end());
-  if (!d.prompt_token_ids.empty()) {
-    into.prompt_token_ids = d.prompt_token_ids;
-    into.prompt_logprobs = d.prompt_logprobs;
-    into.prompt_top = d.prompt_top;
-    into.prompt_ranks = d.prompt_ranks;
-  }
+  if (d.prompt) into.prompt = d.prompt;
 }
 
 // One call's output, for its n completions: pushed by the engine thread (through each
@@ -119,20 +114,14 @@ class SharedPromptScores {
 
   void Share(std::vector<HttpOutput::Taken>& taken) {
     for (size_t i = 0; i < taken.size(); i += per_prompt_) {
-      const scheduler::TokenDelta& d = taken[i].delta;
-      if (d.prompt_token_ids.empty()) continue;
-      scheduler::TokenDelta& scores = scores_[i / per_prompt_].emplace();
-      scores.prompt_token_ids = d.prompt_token_ids;
-      scores.prompt_logprobs = d.prompt_logprobs;
-      scores.prompt_top = d.prompt_top;
-      scores.prompt_ranks = d.prompt_ranks;
+      if (taken[i].delta.prompt) scores_[i / per_prompt_] = taken[i].delta.prompt;
     }
     for (size_t i = 0; i < taken.size(); ++i) {
       if (i % per_prompt_ == 0 || given_[i]) continue;
       HttpOutput::Taken& t = taken[i];
       AppendDelta(held_[i], t.delta);
       const size_t first = i - i % per_prompt_;
-      const std::optional<scheduler::TokenDelta>& scores = scores_[i / per_prompt_];
+      const std::shared_ptr<const scheduler::PromptScores>& scores = scores_[i / per_prompt_];
       // A failure is never held: it ends the call (ServiceSink cancels the others) at once.
       const bool failed = t.finish && Failed(*t.finish);
       if (!scores && !taken[first].finish && !failed) {
@@ -145,19 +134,14 @@ class SharedPromptScores {
       }
       t.delta = std::move(held_[i]);
       held_[i] = {};
-      if (scores) {
-        t.delta.prompt_token_ids = scores->prompt_token_ids;
-        t.delta.prompt_logprobs = scores->prompt_logprobs;
-        t.delta.prompt_top = scores->prompt_top;
-        t.delta.prompt_ranks = scores->prompt_ranks;
-      }
+      t.delta.prompt = scores;
       given_[i] = true;
     }
   }
 
  private:
   size_t per_prompt_;
-  std::vector<std::optional<scheduler::TokenDelta>> scores_;  // [prompt]: its scores alone
+  std::vector<std::shared_ptr<const scheduler::PromptScores>> scores_;  // [prompt]
   std::vector<scheduler::TokenDelta> held_;                   // [choice]
   std::vector<bool> given_;                                   // [choice]: scores passed on
 };
@@ -518,7 +502,7 @@ void OpenAiHttpServer::Generate(const HttpRequest& http, HttpResponder& out, boo
     failed = FirstFailure(taken);
     for (int i = 0; ok && !failed_before && i < n; ++i) {
       const scheduler::TokenDelta& delta = taken[i].delta;
-      if (!delta.token_ids.empty() || !delta.prompt_token_ids.empty()) {
+      if (!delta.token_ids.empty() || delta.prompt) {
         const nlohmann::ordered_json chunk = builder.DeltaChunk(i, delta);
         if (OpenAiResponseBuilder::Carries(chunk)) {
           ok = SendEvent(out, chunk);

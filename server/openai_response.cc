@@ -72,30 +72,31 @@ OpenAiResponseBuilder::OpenAiResponseBuilder(const OpenAiCall& call, std::string
 
 std::string OpenAiResponseBuilder::EchoText(Choice& c, const scheduler::TokenDelta& delta) {
   if (!call_.echo || c.echoed) return "";
-  if (delta.token_ids.empty() && delta.prompt_token_ids.empty()) return "";
+  if (delta.token_ids.empty() && !delta.prompt) return "";
   c.echoed = true;
   return c.echo;
 }
 
-Json OpenAiResponseBuilder::PromptLogprobs(const scheduler::TokenDelta& d) const {
-  if (!call_.echo || !call_.logprobs || d.prompt_token_ids.empty()) return nullptr;
+Json OpenAiResponseBuilder::PromptLogprobs(const scheduler::TokenDelta& delta) const {
+  if (!call_.echo || !call_.logprobs || !delta.prompt) return nullptr;
+  const scheduler::PromptScores& d = *delta.prompt;
   // The legacy format: the prompt's tokens, the first with null log-probabilities.
   Json tokens = Json::array(), token_logprobs = Json::array(), top = Json::array(),
        offsets = Json::array();
   size_t offset = 0;
-  for (size_t i = 0; i < d.prompt_token_ids.size(); ++i) {
-    const std::string bytes = tokenizer_->TokenBytes(d.prompt_token_ids[i]);
+  for (size_t i = 0; i < d.token_ids.size(); ++i) {
+    const std::string bytes = tokenizer_->TokenBytes(d.token_ids[i]);
     tokens.push_back(bytes);
     offsets.push_back(offset);
     offset += Utf8Chars(bytes);
-    if (i == 0 || i - 1 >= d.prompt_logprobs.size()) {
+    if (i == 0 || i - 1 >= d.logprobs.size()) {
       token_logprobs.push_back(nullptr);
       top.push_back(nullptr);
       continue;
     }
-    const float lp = std::max(d.prompt_logprobs[i - 1], kMinLogprob);
+    const float lp = std::max(d.logprobs[i - 1], kMinLogprob);
     token_logprobs.push_back(lp);
-    Json alternatives = TopList(d.prompt_top[i - 1], call_.top_logprobs, *tokenizer_, false);
+    Json alternatives = TopList(d.top[i - 1], call_.top_logprobs, *tokenizer_, false);
     if (!alternatives.contains(bytes)) alternatives[bytes] = lp;
     top.push_back(alternatives);
   }
@@ -103,19 +104,18 @@ Json OpenAiResponseBuilder::PromptLogprobs(const scheduler::TokenDelta& d) const
           {"text_offset", offsets}};
 }
 
-Json OpenAiResponseBuilder::VllmPromptLogprobs(const scheduler::TokenDelta& d) const {
+Json OpenAiResponseBuilder::VllmPromptLogprobs(const scheduler::PromptScores& d) const {
   Json out = Json::array({nullptr});
   auto entry = [&](int32_t id, float logprob, int32_t rank) {
     return Json{{"logprob", std::max(logprob, kMinLogprob)},
                 {"rank", rank},
                 {"decoded_token", tokenizer_->TokenBytes(id)}};
   };
-  for (size_t i = 0; i < d.prompt_logprobs.size() && i + 1 < d.prompt_token_ids.size(); ++i) {
-    const int32_t id = d.prompt_token_ids[i + 1];
+  for (size_t i = 0; i < d.logprobs.size() && i + 1 < d.token_ids.size(); ++i) {
+    const int32_t id = d.token_ids[i + 1];
     Json scores = Json::object();
-    scores[std::to_string(id)] =
-        entry(id, d.prompt_logprobs[i], i < d.prompt_ranks.size() ? d.prompt_ranks[i] : 0);
-    const auto& top = d.prompt_top[i];
+    scores[std::to_string(id)] = entry(id, d.logprobs[i], i < d.ranks.size() ? d.ranks[i] : 0);
+    const auto& top = d.top[i];
     for (int k = 0; k < call_.prompt_logprobs && k < int(top.size()); ++k) {
       const std::string key = std::to_string(top[k].first);
       if (!scores.contains(key)) scores[key] = entry(top[k].first, top[k].second, k + 1);
@@ -238,8 +238,8 @@ void OpenAiResponseBuilder::Add(int index, const scheduler::TokenDelta& delta) {
   Choice& c = choices_.at(index);
   // A chat response carries its prompt's scores once, from choice 0.
   const bool chat = call_.endpoint == OpenAiEndpoint::kChatCompletions;
-  if (call_.prompt_logprobs >= 0 && !delta.prompt_token_ids.empty() && (!chat || index == 0)) {
-    c.prompt_logprobs = VllmPromptLogprobs(delta);
+  if (call_.prompt_logprobs >= 0 && delta.prompt && (!chat || index == 0)) {
+    c.prompt_logprobs = VllmPromptLogprobs(*delta.prompt);
   }
   c.Append(EchoText(c, delta));
   AppendLogprobs(c.logprobs, PromptLogprobs(delta));

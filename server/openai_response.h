@@ -60,7 +60,7 @@ class OpenAiResponseBuilder {
   nlohmann::ordered_json PromptLogprobs(const scheduler::TokenDelta& delta) const;
   // vLLM's prompt_logprobs: per prompt token (the first null) {"<id>": {logprob, rank,
   // decoded_token}} for the token itself and the call's prompt_logprobs most likely.
-  nlohmann::ordered_json VllmPromptLogprobs(const scheduler::TokenDelta& delta) const;
+  nlohmann::ordered_json VllmPromptLogprobs(const scheduler::PromptScores& scores) const;
   nlohmann::ordered_json Envelope(const char* object) const;
   // Each prompt once, the completion tokens of all.
   nlohmann::ordered_json Usage(const std::vector<scheduler::FinishInfo>& infos) const;

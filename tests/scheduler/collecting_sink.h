@@ -20,12 +20,12 @@ class CollectingSink : public TokenSink {
     tokens.insert(tokens.end(), d.token_ids.begin(), d.token_ids.end());
     text += d.text;
     logprobs.insert(logprobs.end(), d.logprobs.begin(), d.logprobs.end());
-    if (!d.prompt_token_ids.empty()) {
+    if (d.prompt) {
       ++prompt_deliveries;
-      prompt_token_ids = d.prompt_token_ids;
-      prompt_logprobs = d.prompt_logprobs;
-      prompt_top = d.prompt_top;
-      prompt_ranks = d.prompt_ranks;
+      prompt_token_ids = d.prompt->token_ids;
+      prompt_logprobs = d.prompt->logprobs;
+      prompt_top = d.prompt->top;
+      prompt_ranks = d.prompt->ranks;
     }
     count_.store(static_cast<int>(tokens.size()));
   }

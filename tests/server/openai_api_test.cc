@@ -907,9 +907,11 @@ TEST_F(OpenAiResponseTest, EchoReturnsThePromptAndItsScoresFirst) {
   const std::vector<int32_t> prompt = model_->tokenizer().Encode("The capital", false);
   ASSERT_EQ(prompt.size(), 2u);
   auto deltas = Deltas();
-  deltas[0].prompt_token_ids = prompt;
-  deltas[0].prompt_logprobs = {-4.5f};
-  deltas[0].prompt_top = {{{prompt[1], -4.5f}, {deltas[0].token_ids[0], -5.0f}}};
+  deltas[0].prompt = std::make_shared<const scheduler::PromptScores>(scheduler::PromptScores{
+      .token_ids = prompt,
+      .logprobs = {-4.5f},
+      .top = {{{prompt[1], -4.5f}, {deltas[0].token_ids[0], -5.0f}}},
+      .ranks = {}});
   auto call = Completion(R"({"prompt": "The capital", "echo": true, "logprobs": 1})");
   ASSERT_TRUE(call.ok());
   OpenAiResponseBuilder b(*call, "cmpl-5", 1, kServed, model_->tokenizer(), 1, {"The capital"});
@@ -972,11 +974,12 @@ TEST_F(OpenAiResponseTest, PromptLogprobsAsVllmGivesThem) {
   const std::vector<int32_t> prompt = model_->tokenizer().Encode("The capital of", false);
   ASSERT_EQ(prompt.size(), 3u);
   auto deltas = Deltas();
-  deltas[0].prompt_token_ids = prompt;
-  deltas[0].prompt_logprobs = {-4.5f, -0.5f};
-  deltas[0].prompt_top = {{{7, -1.0f}, {prompt[1], -4.5f}, {9, -5.0f}},
-                          {{prompt[2], -0.5f}, {11, -2.0f}, {12, -3.0f}}};
-  deltas[0].prompt_ranks = {2, 1};
+  deltas[0].prompt = std::make_shared<const scheduler::PromptScores>(scheduler::PromptScores{
+      .token_ids = prompt,
+      .logprobs = {-4.5f, -0.5f},
+      .top = {{{7, -1.0f}, {prompt[1], -4.5f}, {9, -5.0f}},
+              {{prompt[2], -0.5f}, {11, -2.0f}, {12, -3.0f}}},
+      .ranks = {2, 1}});
   auto two = Completion(R"({"prompt": "The capital of", "prompt_logprobs": 2})");
   ASSERT_TRUE(two.ok());
   OpenAiResponseBuilder b(*two, "cmpl-8", 1, kServed, model_->tokenizer(), 2);
