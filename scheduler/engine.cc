@@ -20,11 +20,15 @@ std::vector<std::string> VocabBytes(const model::Tokenizer& tokenizer, bool firs
   return bytes;
 }
 
-// The same as the output's first token, where that differs (an SPM model's): else null.
-std::unique_ptr<TokenBytesIndex> FirstVocabBytes(const model::Tokenizer& tokenizer) {
+// The same as the output's first token, where that differs from `rest` (an SPM model's:
+// the decoder drops the first token's leading space): else null.
+std::unique_ptr<TokenBytesIndex> FirstVocabBytes(const model::Tokenizer& tokenizer,
+                                                 const TokenBytesIndex& rest) {
   std::vector<std::string> first = VocabBytes(tokenizer, /*first=*/true);
-  if (first == VocabBytes(tokenizer, /*first=*/false)) return nullptr;
-  return std::make_unique<TokenBytesIndex>(std::move(first));
+  for (int32_t id = 0; id < int32_t(first.size()); ++id) {
+    if (first[id] != rest.bytes(id)) return std::make_unique<TokenBytesIndex>(std::move(first));
+  }
+  return nullptr;
 }
 
 double SecondsBetween(Clock::time_point a, Clock::time_point b) {
@@ -93,7 +97,7 @@ Engine::Engine(const EngineConfig& config, kernels::Backend& backend, int64_t nu
       scheduler_(WithSparse(config.scheduler, config.sparse), pool_, prefix_cache_.get()),
       tokenizer_(&backend.model().tokenizer()),
       vocab_bytes_(VocabBytes(*tokenizer_, /*first=*/false)),
-      first_vocab_bytes_(FirstVocabBytes(*tokenizer_)) {
+      first_vocab_bytes_(FirstVocabBytes(*tokenizer_, vocab_bytes_)) {
   if (config.sampling_threads > 1) {
     sampling_pool_ = std::make_unique<kernels::cpu::ThreadPool>(config.sampling_threads);
   }

@@ -24,6 +24,7 @@ class TokenBytesIndex {
   // length, up to the longest token's, stopping where no token begins with the prefix.
   void PrefixesOf(std::string_view s, std::vector<int32_t>* ids) const;
   size_t size() const { return bytes_.size(); }
+  const std::string& bytes(int32_t id) const { return bytes_[id]; }
 
  private:
   std::vector<std::string> bytes_;                            // [id]
