@@ -12,6 +12,7 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_replace.h"
 #include "server/openai_api.h"
 #include "server/openai_response.h"
 #include "server/service_sink.h"
@@ -374,23 +375,19 @@ void OpenAiHttpServer::Generate(const HttpRequest& http, HttpResponder& out, boo
   // Completions' choices each carry the prompt's scores; a chat response carries them once.
   const int64_t scored_copies =
       !chat && call->request.sampling().has_prompt_logprobs() ? n_per_prompt : 1;
+  // The prompts share their parameters: the bad words' tokens, the allowed ids and the
+  // guided choice are built (and checked) once, and held once.
+  auto constraints = BuildTokenConstraints(call->request.sampling(), *model_);
+  if (!constraints.ok()) {
+    const absl::Status& st = constraints.status();
+    if (!call->structured_choice) return reject(st);
+    return reject(absl::Status(
+        st.code(), absl::StrReplaceAll(st.message(),
+                                       {{"sampling.guided_choice", "structured_outputs.choice"}})));
+  }
   for (size_t p = 0; p < prompt_count; ++p) {
-    v1::GenerateRequest request = call->RequestFor(p);
-    if (p > 0) {
-      // The prompts share their parameters: the bad words' tokens, the allowed ids and the
-      // guided choice are built (and checked) once, with prompt 0, and held once.
-      v1::SamplingParams* sp = request.mutable_sampling();
-      sp->clear_bad_words();
-      sp->clear_allowed_token_ids();
-      sp->clear_guided_choice();
-    }
-    auto built = BuildRequest(request, *model_);
+    auto built = BuildRequest(call->RequestFor(p), *model_, &*constraints);
     if (!built.ok()) return refuse_prompt(built.status(), p);
-    if (p > 0) {
-      built->sampling.allowed_tokens = prompts.front().sampling.allowed_tokens;
-      built->sampling.bad_words = prompts.front().sampling.bad_words;
-      built->guide = prompts.front().guide;
-    }
     if (call->echo) {
       // The prompt as sent, or its tokens' text when it was ids or truncate_prompt_tokens cut it.
       const OpenAiPrompt& prompt = call->prompts[p];

@@ -170,6 +170,7 @@ absl::Status ParseSampling(const In& body, OpenAiCall* call) {
     return Invalid("guided_choice", "and structured_outputs.choice are both given; send one");
   }
   if (old_name || new_name) {
+    call->structured_choice = new_name;
     const std::string field = old_name ? "guided_choice" : "structured_outputs.choice";
     const In& choices = old_name ? body["guided_choice"] : body["structured_outputs"]["choice"];
     if (!choices.is_array() || choices.empty()) {

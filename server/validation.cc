@@ -8,6 +8,7 @@
 #include "model/tokenizer_utf8.h"
 
 namespace thetaserve::server {
+
 absl::StatusOr<v1::TokenizeResponse> TokenizeInput(const v1::TokenizeRequest& request,
                                                    const model::Model& model) {
   const bool add_special = !request.has_add_special_tokens() || request.add_special_tokens();
@@ -88,6 +89,57 @@ absl::StatusOr<std::string> RenderChat(const v1::ChatMessages& chat, const model
                                              chat.continue_final_message());
 }
 
+namespace {
+
+// The bad words' token sequences (SamplingParams.bad_words's rule; null for none), or what is
+// wrong with them.
+absl::StatusOr<std::shared_ptr<const std::vector<std::vector<int32_t>>>> TokenizeBadWords(
+    const google::protobuf::RepeatedPtrField<std::string>& words,
+    const model::Tokenizer& tokenizer) {
+  if (words.size() > kMaxBadWords) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "sampling.bad_words has %d words; at most %d are allowed", words.size(), kMaxBadWords));
+  }
+  if (words.empty()) return nullptr;
+  std::vector<std::vector<int32_t>> out;
+  size_t tokens = 0;
+  for (int i = 0; i < words.size(); ++i) {
+    const std::string& word = words[i];
+    if (word.size() > kMaxBadWordBytes) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "sampling.bad_words[%d] is %d bytes; at most %d are allowed", i, word.size(),
+          kMaxBadWordBytes));
+    }
+    if (!IsValidUtf8(word)) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("sampling.bad_words[%d] is not valid UTF-8", i));
+    }
+    const std::string bare(model::PythonLStrip(word));
+    std::vector<int32_t> alone = tokenizer.Encode(bare, /*add_bos=*/false, /*parse_special=*/true);
+    if (alone.empty()) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "sampling.bad_words[%d] is empty (or only spaces); remove it", i));
+    }
+    // vLLM's rule: the word after a space too, when that makes another first token of the
+    // same length (a word-initial token: "Paris" and " Paris" are different tokens).
+    std::vector<int32_t> spaced =
+        tokenizer.Encode(absl::StrCat(" ", bare), /*add_bos=*/false, /*parse_special=*/true);
+    const bool another = !spaced.empty() && spaced.front() != alone.front() &&
+                         spaced.size() == alone.size();
+    tokens += alone.size() + (another ? spaced.size() : 0);
+    if (tokens > size_t(kMaxBadWordTokens)) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "sampling.bad_words come to more than %d tokens (%d words counted); each step "
+          "checks them all, send fewer", kMaxBadWordTokens, i + 1));
+    }
+    out.push_back(std::move(alone));
+    if (another) out.push_back(std::move(spaced));
+  }
+  return std::make_shared<const std::vector<std::vector<int32_t>>>(std::move(out));
+}
+
+}  // namespace
+
 absl::StatusOr<scheduler::SamplingParams> BuildSampling(const v1::SamplingParams& sp,
                                                         int64_t vocab_size) {
   scheduler::SamplingParams o;
@@ -141,70 +193,65 @@ absl::StatusOr<scheduler::SamplingParams> BuildSampling(const v1::SamplingParams
     }
     o.logit_bias.push_back({static_cast<int32_t>(token), bias});
   }
+  return o;
+}
+
+absl::StatusOr<TokenConstraints> BuildTokenConstraints(const v1::SamplingParams& sp,
+                                                       const model::Model& model) {
+  const auto& config = model.config();
+  TokenConstraints out;
   if (sp.allowed_token_ids_size() > 0) {
     std::vector<int32_t> allowed;
     for (int i = 0; i < sp.allowed_token_ids_size(); ++i) {
-      if (sp.allowed_token_ids(i) >= uint32_t(vocab_size)) {
+      if (sp.allowed_token_ids(i) >= uint32_t(config.vocab_size)) {
         return absl::InvalidArgumentError(absl::StrFormat(
             "sampling.allowed_token_ids[%d] = %d is outside the vocabulary [0, %d)", i,
-            sp.allowed_token_ids(i), vocab_size));
+            sp.allowed_token_ids(i), config.vocab_size));
       }
       allowed.push_back(static_cast<int32_t>(sp.allowed_token_ids(i)));
     }
     std::sort(allowed.begin(), allowed.end());
     allowed.erase(std::unique(allowed.begin(), allowed.end()), allowed.end());
-    o.allowed_tokens = std::make_shared<const std::vector<int32_t>>(std::move(allowed));
+    out.allowed_tokens = std::make_shared<const std::vector<int32_t>>(std::move(allowed));
   }
-  return o;
-}
-
-absl::StatusOr<std::shared_ptr<const std::vector<std::vector<int32_t>>>> TokenizeBadWords(
-    const google::protobuf::RepeatedPtrField<std::string>& words,
-    const model::Tokenizer& tokenizer) {
-  if (words.size() > kMaxBadWords) {
+  auto bad_words = TokenizeBadWords(sp.bad_words(), model.tokenizer());
+  if (!bad_words.ok()) return bad_words.status();
+  out.bad_words = std::move(*bad_words);
+  const auto& choices = sp.guided_choice();
+  if (choices.size() > kMaxGuidedChoices) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "sampling.bad_words has %d words; at most %d are allowed", words.size(), kMaxBadWords));
+        "sampling.guided_choice has %d choices; at most %d are allowed", choices.size(),
+        kMaxGuidedChoices));
   }
-  if (words.empty()) return nullptr;
-  std::vector<std::vector<int32_t>> out;
-  size_t tokens = 0;
-  for (int i = 0; i < words.size(); ++i) {
-    const std::string& word = words[i];
-    if (word.size() > kMaxBadWordBytes) {
+  std::vector<std::string> guided;
+  size_t guided_bytes = 0;
+  for (int i = 0; i < choices.size(); ++i) {
+    if (choices[i].empty() || choices[i].size() > kMaxGuidedChoiceBytes) {
       return absl::InvalidArgumentError(absl::StrFormat(
-          "sampling.bad_words[%d] is %d bytes; at most %d are allowed", i, word.size(),
-          kMaxBadWordBytes));
+          "sampling.guided_choice[%d] has %d bytes; it must have 1 to %d", i, choices[i].size(),
+          kMaxGuidedChoiceBytes));
     }
-    if (!IsValidUtf8(word)) {
+    if (!IsValidUtf8(choices[i])) {
       return absl::InvalidArgumentError(
-          absl::StrFormat("sampling.bad_words[%d] is not valid UTF-8", i));
+          absl::StrFormat("sampling.guided_choice[%d] is not valid UTF-8", i));
     }
-    const std::string bare(model::PythonLStrip(word));
-    std::vector<int32_t> alone = tokenizer.Encode(bare, /*add_bos=*/false, /*parse_special=*/true);
-    if (alone.empty()) {
+    guided_bytes += choices[i].size();
+    if (guided_bytes > size_t(kMaxGuidedChoiceTotalBytes)) {
       return absl::InvalidArgumentError(absl::StrFormat(
-          "sampling.bad_words[%d] is empty (or only spaces); remove it", i));
+          "sampling.guided_choice holds more than %d bytes in all (%d choices counted)",
+          kMaxGuidedChoiceTotalBytes, i + 1));
     }
-    // vLLM's rule: the word after a space too, when that makes another first token of the
-    // same length (a word-initial token: "Paris" and " Paris" are different tokens).
-    std::vector<int32_t> spaced =
-        tokenizer.Encode(absl::StrCat(" ", bare), /*add_bos=*/false, /*parse_special=*/true);
-    const bool another = !spaced.empty() && spaced.front() != alone.front() &&
-                         spaced.size() == alone.size();
-    tokens += alone.size() + (another ? spaced.size() : 0);
-    if (tokens > size_t(kMaxBadWordTokens)) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "sampling.bad_words come to more than %d tokens (%d words counted); each step "
-          "checks them all, send fewer", kMaxBadWordTokens, i + 1));
-    }
-    out.push_back(std::move(alone));
-    if (another) out.push_back(std::move(spaced));
+    guided.push_back(choices[i]);
   }
-  return std::make_shared<const std::vector<std::vector<int32_t>>>(std::move(out));
+  if (!guided.empty()) {
+    out.guide = std::make_shared<const scheduler::ChoiceGuide>(std::move(guided));
+  }
+  return out;
 }
 
 absl::StatusOr<scheduler::Request> BuildRequest(const v1::GenerateRequest& req,
-                                                const model::Model& model) {
+                                                const model::Model& model,
+                                                const TokenConstraints* constraints) {
   const auto& config = model.config();
   const auto& tok = model.tokenizer();
   scheduler::Request out;
@@ -340,38 +387,16 @@ absl::StatusOr<scheduler::Request> BuildRequest(const v1::GenerateRequest& req,
   auto sampling = BuildSampling(req.sampling(), config.vocab_size);
   if (!sampling.ok()) return sampling.status();
   out.sampling = std::move(*sampling);
-  auto bad_words = TokenizeBadWords(req.sampling().bad_words(), tok);
-  if (!bad_words.ok()) return bad_words.status();
-  out.sampling.bad_words = std::move(*bad_words);
-  const auto& choices = req.sampling().guided_choice();
-  if (choices.size() > kMaxGuidedChoices) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "sampling.guided_choice has %d choices; at most %d are allowed", choices.size(),
-        kMaxGuidedChoices));
+  TokenConstraints built;
+  if (constraints == nullptr) {
+    auto made = BuildTokenConstraints(req.sampling(), model);
+    if (!made.ok()) return made.status();
+    built = std::move(*made);
+    constraints = &built;
   }
-  std::vector<std::string> guided;
-  size_t guided_bytes = 0;
-  for (int i = 0; i < choices.size(); ++i) {
-    if (choices[i].empty() || choices[i].size() > kMaxGuidedChoiceBytes) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "sampling.guided_choice[%d] has %d bytes; it must have 1 to %d", i, choices[i].size(),
-          kMaxGuidedChoiceBytes));
-    }
-    if (!IsValidUtf8(choices[i])) {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("sampling.guided_choice[%d] is not valid UTF-8", i));
-    }
-    guided_bytes += choices[i].size();
-    if (guided_bytes > size_t(kMaxGuidedChoiceTotalBytes)) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "sampling.guided_choice holds more than %d bytes in all (%d choices counted)",
-          kMaxGuidedChoiceTotalBytes, i + 1));
-    }
-    guided.push_back(choices[i]);
-  }
-  if (!guided.empty()) {
-    out.guide = std::make_shared<const scheduler::ChoiceGuide>(std::move(guided));
-  }
+  out.sampling.allowed_tokens = constraints->allowed_tokens;
+  out.sampling.bad_words = constraints->bad_words;
+  out.guide = constraints->guide;
   return out;
 }
 

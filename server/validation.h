@@ -23,18 +23,28 @@ constexpr int kMaxGuidedChoiceBytes = 1024;
 constexpr int kMaxGuidedChoiceTotalBytes = 65536;
 
 // The sampling half of BuildRequest: checks every field against its range (naming it as
-// "sampling.<field>") and fills the engine's parameters, with the API's defaults for unset ones.
+// "sampling.<field>") and fills the engine's parameters, with the API's defaults for unset
+// ones; all but the TokenConstraints.
 absl::StatusOr<scheduler::SamplingParams> BuildSampling(const v1::SamplingParams& sp,
                                                         int64_t vocab_size);
 
-// The bad words' token sequences (SamplingParams.bad_words's rule; null for none), or what is
-// wrong with them.
-absl::StatusOr<std::shared_ptr<const std::vector<std::vector<int32_t>>>> TokenizeBadWords(
-    const google::protobuf::RepeatedPtrField<std::string>& words,
-    const model::Tokenizer& tokenizer);
+// What the sampling parameters make of the vocabulary, the same whatever the prompt: the
+// allowed ids (sorted, unique), the bad words' token sequences (SamplingParams.bad_words's
+// rule) and the guided choice's guide; each null when not asked for. Built once per call and
+// shared by its prompts and completions.
+struct TokenConstraints {
+  std::shared_ptr<const std::vector<int32_t>> allowed_tokens;
+  std::shared_ptr<const std::vector<std::vector<int32_t>>> bad_words;
+  std::shared_ptr<const scheduler::ChoiceGuide> guide;
+};
+absl::StatusOr<TokenConstraints> BuildTokenConstraints(const v1::SamplingParams& sp,
+                                                       const model::Model& model);
 
+// `constraints`: req.sampling()'s, built already (a call of several prompts builds them once);
+// null builds them here.
 absl::StatusOr<scheduler::Request> BuildRequest(const v1::GenerateRequest& req,
-                                                const model::Model& model);
+                                                const model::Model& model,
+                                                const TokenConstraints* constraints = nullptr);
 
 // The engine requests for `n` completions of `req` (a checked request with its id set): for
 // n = 1, `req` itself; otherwise a group with id req.id whose requests are "<id>/<i>", and

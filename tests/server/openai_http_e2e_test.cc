@@ -615,6 +615,15 @@ TEST_F(OpenAiHttpTest, BadInputGetsItsStatusAndTheServerKeepsServing) {
   EXPECT_EQ(param_of(R"({"prompt": "x", "temperature": "hot"})"), "temperature");
   EXPECT_EQ(param_of(R"({"prompt": "x", "top_p": 1.5})"), "top_p");
   EXPECT_EQ(param_of(R"({"prompt": ["a", [1, 2, 4000000]]})"), "prompt[1][2]");
+  // A field checked by the shared validation is named as the client spelled it.
+  EXPECT_EQ(param_of(R"({"prompt": "x", "guided_choice": ["a", ""]})"), "guided_choice[1]");
+  HttpResult structured =
+      HttpCall(http_port_, "POST", "/v1/completions",
+               R"({"prompt": "x", "structured_outputs": {"choice": ["a", ""]}})");
+  EXPECT_EQ(structured.status, 400);
+  EXPECT_EQ(Json::parse(structured.body)["error"]["message"],
+            "structured_outputs.choice[1] has 0 bytes; it must have 1 to 1024");
+  EXPECT_EQ(Json::parse(structured.body)["error"]["param"], "structured_outputs.choice[1]");
   EXPECT_TRUE(param_of("{not json").is_null());
   {
     HttpConnection c(http_port_);
