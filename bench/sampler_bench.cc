@@ -4,9 +4,10 @@
 //     which sorts only the head top-p keeps; ratio = reference ÷ ours;
 //  2. Sampler::Sample for a batch of rows on the engine thread alone and on a pool of sampling
 //     threads (EngineConfig::sampling_threads), as a step samples them;
-//  3. what narrowing a row costs (allowed_token_ids, bad_words, a guided choice's next tokens
-//     found by ChoiceGuide::Allowed in the vocabulary indexed by bytes, plus the masked
-//     Sample), per row, against the same Sample without it; ratio = with ÷ without.
+//  3. what narrowing a row costs (allowed_token_ids, bad_words, a guided choice's or guided
+//     regex's next tokens found by Guide::Allowed in the vocabulary indexed by bytes, plus the
+//     masked Sample), per row, against the same Sample without it; ratio = with ÷ without;
+//     "next": the tokens the guide lets through, "guide": its Allowed alone.
 // Two kinds of rows: "peaked" (a few dozen likely tokens over a N(0, 2.5) background, like a
 // language model's) and "flat" (N(0, 1): top-p keeps most of the vocabulary, the worst case).
 //
@@ -24,6 +25,7 @@
 #include "bench/bench_util.h"
 #include "kernels/cpu/thread_pool.h"
 #include "scheduler/guided_choice.h"
+#include "scheduler/guided_regex.h"
 #include "scheduler/sampler.h"
 
 namespace ts = thetaserve;
@@ -159,15 +161,17 @@ int main(int argc, char** argv) {
   const ts::scheduler::TokenBytesIndex vocab_index(vocab_bytes);
   SamplingParams base = Cases()[1].p;  // T 0.7, top-p 0.9
   std::printf("\n## narrowing a row, µs per row (peaked rows, %s)\n", Cases()[1].name);
-  std::printf("%-44s %-11s %-11s %-7s %-7s\n", "narrowing", "without", "with", "ratio", "next");
+  std::printf("%-44s %-11s %-11s %-7s %-7s %-7s\n", "narrowing", "without", "with", "ratio",
+              "next", "guide");
   const std::vector<float> row = Row(true, vocab, 5);
-  auto run = [&](const char* name, SamplingParams with, const ts::scheduler::ChoiceGuide* guide) {
+  auto run = [&](const std::string& name, SamplingParams with, const ts::scheduler::Guide* guide) {
     ts::scheduler::Sampler plain(base), narrowed(with);
     std::vector<float> work(row);
     std::vector<int32_t> next;
     std::vector<int32_t> output = {1, 2, 3};
-    std::vector<double> t0, t1;
+    std::vector<double> t0, t1, tg;
     for (int r = 0; r < repeats; ++r) {
+      if (guide) tg.push_back(TimeMs([&] { guide->Allowed("", vocab_index, &next); }, 5));
       t0.push_back(TimeMs([&] {
         work = row;
         plain.Sample(work, {}, output);
@@ -179,8 +183,8 @@ int main(int argc, char** argv) {
       }, 5));
     }
     const double a = ts::bench::Median(t0) * 1e3, b = ts::bench::Median(t1) * 1e3;
-    std::printf("%-44s %-11.1f %-11.1f %-7.2f %-7zu\n", name, a, b, b / a,
-                guide ? next.size() : size_t(0));
+    std::printf("%-44s %-11.1f %-11.1f %-7.2f %-7zu %-7.1f\n", name.c_str(), a, b, b / a,
+                guide ? next.size() : size_t(0), guide ? ts::bench::Median(tg) * 1e3 : 0.0);
     std::fflush(stdout);
   };
   {
@@ -203,7 +207,16 @@ int main(int argc, char** argv) {
   for (int count : {4, 64, 1024}) {
     const ts::scheduler::ChoiceGuide guide(choices(count));
     const std::string name = "guided choice: " + std::to_string(count) + " choices, all open";
-    run(name.c_str(), base, &guide);
+    run(name, base, &guide);
+  }
+  // Patterns over this vocabulary's letters: nearly every token open, about half, a few.
+  for (const char* pattern : {"[a-z ]{1,200}", " ?[a-m]+( [a-m]+)*", "(yes|no), because [a-z ]+"}) {
+    auto guide = ts::scheduler::RegexGuide::Compile(pattern);
+    if (!guide.ok()) {
+      std::fprintf(stderr, "%s: %s\n", pattern, guide.status().ToString().c_str());
+      return 1;
+    }
+    run(std::string("guided regex: ") + pattern, base, guide->get());
   }
   return 0;
 }

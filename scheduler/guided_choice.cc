@@ -11,6 +11,13 @@ TokenBytesIndex::TokenBytesIndex(std::vector<std::string> bytes) : bytes_(std::m
     max_len_ = std::max(max_len_, bytes_[id].size());
   }
   std::sort(sorted_.begin(), sorted_.end());
+  common_.assign(sorted_.size(), 0);
+  for (size_t i = 1; i < sorted_.size(); ++i) {
+    const std::string_view a = sorted_[i - 1].first, b = sorted_[i].first;
+    uint32_t n = 0;
+    while (n < a.size() && n < b.size() && a[n] == b[n]) ++n;
+    common_[i] = n;
+  }
 }
 
 void TokenBytesIndex::PrefixesOf(std::string_view s, std::vector<int32_t>* ids) const {
@@ -44,13 +51,13 @@ void ChoiceGuide::Allowed(std::string_view so_far, const TokenBytesIndex& vocab,
   allowed->erase(std::unique(allowed->begin(), allowed->end()), allowed->end());
 }
 
-bool ChoiceGuide::IsChoice(std::string_view so_far) const {
+bool ChoiceGuide::Accepts(std::string_view so_far) const {
   return std::binary_search(choices_.begin(), choices_.end(), so_far,
                             [](std::string_view a, std::string_view b) { return a < b; });
 }
 
 bool ChoiceGuide::Complete(std::string_view so_far) const {
-  if (!IsChoice(so_far)) return false;
+  if (!Accepts(so_far)) return false;
   for (const std::string& c : choices_) {
     if (c.size() > so_far.size() && std::string_view(c).starts_with(so_far)) return false;
   }

@@ -3,6 +3,7 @@
 // of the choices, and the output is done once it is a choice that no other choice extends.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -23,16 +24,37 @@ class TokenBytesIndex {
   // Appends to *ids every token whose bytes are a prefix of `s`: one binary search per prefix
   // length, up to the longest token's, stopping where no token begins with the prefix.
   void PrefixesOf(std::string_view s, std::vector<int32_t>* ids) const;
+  // Appends to *ids (in byte order, not by id) every token whose bytes an automaton takes from
+  // `start` to a live state: step(state, byte) is the next state, negative for none. Tokens
+  // that share a prefix share its steps, and a prefix that leads nowhere skips every token
+  // under it at once.
+  template <typename Step>
+  void Walk(int32_t start, const Step& step, std::vector<int32_t>* ids) const;
   size_t size() const { return bytes_.size(); }
   const std::string& bytes(int32_t id) const { return bytes_[id]; }
 
  private:
   std::vector<std::string> bytes_;                            // [id]
   std::vector<std::pair<std::string_view, int32_t>> sorted_;  // (bytes, id), non-empty, sorted
+  std::vector<uint32_t> common_;  // [i]: bytes sorted_[i] shares with sorted_[i - 1] (0 for 0)
   size_t max_len_ = 0;
 };
 
-class ChoiceGuide {
+// What a guided output may be (vLLM's structured outputs), as a function of its bytes so far.
+// Immutable once built: one is shared by the completions of a call.
+class Guide {
+ public:
+  virtual ~Guide() = default;
+  // The ids whose bytes keep `so_far` on the way to a whole answer, ascending, into *allowed.
+  virtual void Allowed(std::string_view so_far, const TokenBytesIndex& vocab,
+                       std::vector<int32_t>* allowed) const = 0;
+  // `so_far` is a whole answer: the output may end here.
+  virtual bool Accepts(std::string_view so_far) const = 0;
+  // `so_far` is a whole answer that nothing may extend: the output ends here.
+  virtual bool Complete(std::string_view so_far) const = 0;
+};
+
+class ChoiceGuide : public Guide {
  public:
   // choices: non-empty.
   explicit ChoiceGuide(std::vector<std::string> choices);
@@ -41,15 +63,51 @@ class ChoiceGuide {
   // tokens that are a prefix of what is left of a choice still open. O(open choices × longest
   // token × log vocabulary).
   void Allowed(std::string_view so_far, const TokenBytesIndex& vocab,
-               std::vector<int32_t>* allowed) const;
+               std::vector<int32_t>* allowed) const override;
   // `so_far` is one of the choices.
-  bool IsChoice(std::string_view so_far) const;
+  bool Accepts(std::string_view so_far) const override;
   // `so_far` is a choice that no other choice extends: nothing more may come.
-  bool Complete(std::string_view so_far) const;
+  bool Complete(std::string_view so_far) const override;
   const std::vector<std::string>& choices() const { return choices_; }  // sorted, unique
 
  private:
   std::vector<std::string> choices_;  // sorted, unique
 };
+
+template <typename Step>
+void TokenBytesIndex::Walk(int32_t start, const Step& step, std::vector<int32_t>* ids) const {
+  std::vector<int32_t> states(max_len_ + 1);  // [d]: the state after the token's first d bytes
+  states[0] = start;
+  // states[0 … valid] hold for the first bytes of the token walked last, and so for as many of
+  // the next one's as it shares with that token: the least common_ between them (sorted order),
+  // which is common_ of the next one itself when no token was skipped, and when some were
+  // (all sharing more than `valid` bytes with the last) too.
+  size_t valid = 0;
+  size_t i = 0;
+  while (i < sorted_.size()) {
+    const std::string_view t = sorted_[i].first;
+    size_t d = std::min<size_t>(valid, common_[i]);
+    bool live = true;
+    for (; d < t.size(); ++d) {
+      const int32_t next = step(states[d], static_cast<uint8_t>(t[d]));
+      if (next < 0) {
+        live = false;
+        break;
+      }
+      states[d + 1] = next;
+    }
+    if (live) {
+      valid = t.size();
+      ids->push_back(sorted_[i].second);
+      ++i;
+      continue;
+    }
+    // t's first d + 1 bytes lead nowhere: neither does any token that begins with them (they
+    // follow t in byte order, each sharing more than d bytes with the one before).
+    valid = d;
+    for (++i; i < sorted_.size() && common_[i] > d; ++i) {
+    }
+  }
+}
 
 }  // namespace thetaserve::scheduler

@@ -127,7 +127,7 @@ std::span<const int32_t> Sequence::GuidedTokens(const TokenBytesIndex& vocab,
   guide_->Allowed(guided_bytes_, guided_first_ && first_vocab ? *first_vocab : vocab,
                   &guided_next_);
   // A choice that others extend may end here, by EOS (never offered under ignore_eos).
-  if (guide_->IsChoice(guided_bytes_) && !request_.stopping.ignore_eos) {
+  if (guide_->Accepts(guided_bytes_) && !request_.stopping.ignore_eos) {
     for (int32_t id : tokenizer.stop_ids()) {
       auto at = std::lower_bound(guided_next_.begin(), guided_next_.end(), id);
       if (at == guided_next_.end() || *at != id) guided_next_.insert(at, id);

@@ -107,7 +107,7 @@ class Sequence {
   size_t max_stop_len_ = 0;
   std::vector<int32_t> stop_tokens_;  // EOS ids (unless ignore_eos) and stop_token_ids
   // Request::guide: the output's bytes so far, the next tokens' buffer.
-  const ChoiceGuide* guide_ = nullptr;  // request_.guide's
+  const Guide* guide_ = nullptr;  // request_.guide's
   std::string guided_bytes_;
   bool guided_first_ = true;   // no text token out yet (the decoder's first)
   bool guided_stuck_ = false;  // nothing continues toward a choice: the next token ends it

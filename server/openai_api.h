@@ -49,8 +49,10 @@ struct OpenAiCall {
   // vLLM's prompt_logprobs: each prompt token's score, rank and this many alternatives
   // (-1: not asked).
   int prompt_logprobs = -1;
-  // The guided choice came as structured_outputs.choice (errors name it so), not guided_choice.
+  // The guided choice / regex came as structured_outputs.choice / .regex (errors name them
+  // so), not as guided_choice / guided_regex.
   bool structured_choice = false;
+  bool structured_regex = false;
 };
 
 // Parses a request body. INVALID_ARGUMENT names the field and what is allowed; NOT_FOUND when

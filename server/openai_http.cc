@@ -379,11 +379,15 @@ void OpenAiHttpServer::Generate(const HttpRequest& http, HttpResponder& out, boo
   // guided choice are built (and checked) once, and held once.
   auto constraints = BuildTokenConstraints(call->request.sampling(), *model_);
   if (!constraints.ok()) {
-    const absl::Status& st = constraints.status();
-    if (!call->structured_choice) return reject(st);
-    return reject(absl::Status(
-        st.code(), absl::StrReplaceAll(st.message(),
-                                       {{"sampling.guided_choice", "structured_outputs.choice"}})));
+    // The fields named as the client named them.
+    std::string message(constraints.status().message());
+    if (call->structured_choice) {
+      absl::StrReplaceAll({{"sampling.guided_choice", "structured_outputs.choice"}}, &message);
+    }
+    if (call->structured_regex) {
+      absl::StrReplaceAll({{"sampling.guided_regex", "structured_outputs.regex"}}, &message);
+    }
+    return reject(absl::Status(constraints.status().code(), message));
   }
   for (size_t p = 0; p < prompt_count; ++p) {
     auto built = BuildRequest(call->RequestFor(p), *model_, &*constraints);

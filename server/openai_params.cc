@@ -162,25 +162,43 @@ absl::Status ParseSampling(const In& body, OpenAiCall* call) {
       (*sp->mutable_logit_bias())[id] = static_cast<float>(it.value().get<double>());
     }
   }
-  // vLLM's guided choice, by either of its names.
-  const bool old_name = Given(body, "guided_choice");
-  const bool new_name = Given(body, "structured_outputs") &&
-                        Given(body["structured_outputs"], "choice");
-  if (old_name && new_name) {
-    return Invalid("guided_choice", "and structured_outputs.choice are both given; send one");
-  }
-  if (old_name || new_name) {
-    call->structured_choice = new_name;
-    const std::string field = old_name ? "guided_choice" : "structured_outputs.choice";
-    const In& choices = old_name ? body["guided_choice"] : body["structured_outputs"]["choice"];
-    if (!choices.is_array() || choices.empty()) {
+  // vLLM's structured outputs, by either of their names (guided_choice or
+  // structured_outputs.choice; guided_regex or structured_outputs.regex): the value given and
+  // the name it came by, or null.
+  std::string field;
+  auto structured = [&](const std::string& old_key, const std::string& new_key,
+                        bool* by_new_name) -> absl::StatusOr<const In*> {
+    const bool old_name = Given(body, old_key.c_str());
+    const bool new_name = Given(body, "structured_outputs") &&
+                          Given(body["structured_outputs"], new_key.c_str());
+    if (old_name && new_name) {
+      return Invalid(old_key, absl::StrCat("and structured_outputs.", new_key,
+                                           " are both given; send one"));
+    }
+    *by_new_name = new_name;
+    field = old_name ? old_key : absl::StrCat("structured_outputs.", new_key);
+    return old_name ? &body[old_key] : new_name ? &body["structured_outputs"][new_key] : nullptr;
+  };
+  auto choices = structured("guided_choice", "choice", &call->structured_choice);
+  if (!choices.ok()) return choices.status();
+  if (*choices) {
+    const In& list = **choices;
+    if (!list.is_array() || list.empty()) {
       return Invalid(field, "must be a non-empty list of strings");
     }
-    for (size_t i = 0; i < choices.size(); ++i) {
-      auto choice = String(choices[i], absl::StrCat(field, "[", i, "]"));
+    for (size_t i = 0; i < list.size(); ++i) {
+      auto choice = String(list[i], absl::StrCat(field, "[", i, "]"));
       if (!choice.ok()) return choice.status();
       sp->add_guided_choice(*choice);
     }
+  }
+  auto regex = structured("guided_regex", "regex", &call->structured_regex);
+  if (!regex.ok()) return regex.status();
+  if (*regex) {
+    auto pattern = String(**regex, field);
+    if (!pattern.ok()) return pattern.status();
+    if (pattern->empty()) return Invalid(field, "is empty");
+    sp->set_guided_regex(*pattern);
   }
   // vLLM's extensions that narrow what is sampled.
   if (Given(body, "allowed_token_ids")) {
@@ -284,16 +302,18 @@ absl::Status RefuseUnsupported(const In& body, OpenAiEndpoint endpoint) {
   }
   // vLLM's extensions that would change what is generated, were they dropped: a client that
   // trusts a constraint must not get unconstrained text with a 200.
-  for (const char* key : {"guided_json", "guided_regex", "guided_grammar"}) {
-    if (Given(body, key)) return Unsupported(key, "no constrained decoding but guided_choice");
+  for (const char* key : {"guided_json", "guided_grammar"}) {
+    if (Given(body, key)) {
+      return Unsupported(key, "no constrained decoding but guided_choice and guided_regex");
+    }
   }
   if (Given(body, "structured_outputs")) {
     const In& so = body["structured_outputs"];
     if (!so.is_object()) return Invalid("structured_outputs", "must be an object");
-    for (const char* key : {"json", "regex", "grammar", "json_object", "structural_tag"}) {
+    for (const char* key : {"json", "grammar", "json_object", "structural_tag"}) {
       if (Given(so, key) && so[key] != false) {
         return Unsupported(absl::StrCat("structured_outputs.", key),
-                           "no constrained decoding but choice");
+                           "no constrained decoding but choice and regex");
       }
     }
   }

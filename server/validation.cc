@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "model/tokenizer_utf8.h"
+#include "scheduler/guided_regex.h"
 
 namespace thetaserve::server {
 
@@ -245,6 +246,18 @@ absl::StatusOr<TokenConstraints> BuildTokenConstraints(const v1::SamplingParams&
   }
   if (!guided.empty()) {
     out.guide = std::make_shared<const scheduler::ChoiceGuide>(std::move(guided));
+  }
+  if (!sp.guided_regex().empty()) {
+    if (out.guide) {
+      return absl::InvalidArgumentError(
+          "sampling.guided_choice and sampling.guided_regex are both given; send one");
+    }
+    auto regex = scheduler::RegexGuide::Compile(sp.guided_regex());
+    if (!regex.ok()) {
+      return absl::Status(regex.status().code(),
+                          absl::StrCat("sampling.", regex.status().message()));
+    }
+    out.guide = std::move(*regex);
   }
   return out;
 }

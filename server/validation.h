@@ -35,7 +35,7 @@ absl::StatusOr<scheduler::SamplingParams> BuildSampling(const v1::SamplingParams
 struct TokenConstraints {
   std::shared_ptr<const std::vector<int32_t>> allowed_tokens;
   std::shared_ptr<const std::vector<std::vector<int32_t>>> bad_words;
-  std::shared_ptr<const scheduler::ChoiceGuide> guide;
+  std::shared_ptr<const scheduler::Guide> guide;
 };
 absl::StatusOr<TokenConstraints> BuildTokenConstraints(const v1::SamplingParams& sp,
                                                        const model::Model& model);

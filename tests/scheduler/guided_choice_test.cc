@@ -42,11 +42,11 @@ TEST(ChoiceGuideTest, NextTokensContinueTowardAChoice) {
 // choice (EOS may end it there) but not complete.
 TEST(ChoiceGuideTest, CompleteOnlyWhenNoLongerChoiceExtendsIt) {
   const ChoiceGuide g({"yes", "yes please", "no"});
-  EXPECT_TRUE(g.IsChoice("yes"));
+  EXPECT_TRUE(g.Accepts("yes"));
   EXPECT_FALSE(g.Complete("yes"));
   EXPECT_TRUE(g.Complete("yes please"));
   EXPECT_TRUE(g.Complete("no"));
-  EXPECT_FALSE(g.IsChoice("ye"));
+  EXPECT_FALSE(g.Accepts("ye"));
   EXPECT_FALSE(g.Complete("ye"));
   EXPECT_FALSE(g.Complete(""));
 }

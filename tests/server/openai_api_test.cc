@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "model/model.h"
+#include "scheduler/guided_regex.h"
 #include "server/openai_response.h"
 #include "server/validation.h"
 #include "tests/test_util.h"
@@ -226,11 +227,11 @@ TEST(OpenAiApiTest, WhatTheServerCannotHonourIsRefusedByName) {
   const std::pair<std::string, std::string> dropped[] = {
       {R"("response_format": {"type": "json_object"})", "response_format is not supported"},
       {R"("guided_json": {"type": "object"})", "guided_json is not supported"},
-      {R"("guided_regex": "a+")", "guided_regex is not supported"},
+      {R"("guided_grammar": "root ::= x")", "guided_grammar is not supported"},
       {R"("structured_outputs": {"json": {"type": "object"}})",
        "structured_outputs.json is not supported"},
-      {R"("structured_outputs": {"regex": "a+", "choice": ["a"]})",
-       "structured_outputs.regex is not supported"},
+      {R"("structured_outputs": {"grammar": "root ::= x", "choice": ["a"]})",
+       "structured_outputs.grammar is not supported"},
       {R"("use_beam_search": true)", "use_beam_search is not supported"},
       {R"("functions": [{"name": "f"}])", "functions is not supported"},
       {R"("function_call": "auto")", "function_call is not supported"},
@@ -495,9 +496,28 @@ TEST_F(OpenAiResponseTest, VllmsSamplingExtensionsReachTheEngineRequest) {
                                "disable_fallback": true}})"}) {
     auto guided = build(body);
     ASSERT_TRUE(guided.ok()) << guided.status();
-    ASSERT_NE(guided->guide, nullptr) << body;
-    EXPECT_EQ(guided->guide->choices(), std::vector<std::string>({"no", "yes"})) << body;
+    auto* choice = dynamic_cast<const scheduler::ChoiceGuide*>(guided->guide.get());
+    ASSERT_NE(choice, nullptr) << body;
+    EXPECT_EQ(choice->choices(), std::vector<std::string>({"no", "yes"})) << body;
   }
+  // guided_regex, or structured_outputs.regex.
+  for (const char* body : {R"({"prompt": "x", "guided_regex": "(yes|no)!"})",
+                           R"({"prompt": "x", "structured_outputs": {"regex": "(yes|no)!"}})"}) {
+    auto guided = build(body);
+    ASSERT_TRUE(guided.ok()) << guided.status();
+    auto* regex = dynamic_cast<const scheduler::RegexGuide*>(guided->guide.get());
+    ASSERT_NE(regex, nullptr) << body;
+    EXPECT_EQ(regex->pattern(), "(yes|no)!") << body;
+    EXPECT_TRUE(regex->Complete("no!")) << body;
+  }
+  EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": "x", "guided_regex": "a",
+      "structured_outputs": {"regex": "b"}})"), "are both given; send one"));
+  EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": "x", "guided_regex": ["a"]})"),
+                          "guided_regex must be a string"));
+  EXPECT_EQ(build(R"({"prompt": "x", "structured_outputs": {"regex": "a+", "choice": ["a"]}})")
+                .status()
+                .message(),
+            "guided_choice and guided_regex are both given; send one");
   EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": "x", "guided_choice": ["a"],
       "structured_outputs": {"choice": ["b"]}})"), "are both given; send one"));
   EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": "x", "guided_choice": []})"),

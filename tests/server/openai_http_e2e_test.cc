@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstring>
 #include <fstream>
+#include <regex>
 #include <set>
 #include <thread>
 
@@ -428,6 +429,90 @@ TEST_F(OpenAiHttpTest, GuidedChoiceAnswersWithOneOfTheChoices) {
   const std::string label = j["choices"][0]["message"]["content"];
   EXPECT_TRUE(label == "positive" || label == "negative") << label;
   EXPECT_EQ(j["choices"][0]["finish_reason"], "stop");
+}
+
+// guided_regex on the real model: every answer matches the pattern whole (greedy; sampled at a
+// high temperature, n of them, streamed alike; chat with structured_outputs.regex), ending with
+// stop once nothing may follow; a pattern that may go on ends by EOS or max_tokens, a match or
+// a prefix of one. A pattern the guide cannot take is refused, naming the field as sent.
+TEST_F(OpenAiHttpTest, GuidedRegexAnswersMatchThePattern) {
+  ASSERT_TRUE(server_->started());
+  auto post = [&](const std::string& path, const Json& body) {
+    HttpResult r = Post(path, body);
+    EXPECT_EQ(r.status, 200) << r.body;
+    return r.status == 200 ? Json::parse(r.body) : Json();
+  };
+  const std::string phone = R"(\(\d{3}\) \d{3}-\d{4})";
+  const std::regex phone_re(phone);
+  Json j = post("/v1/completions", {{"prompt", "For reservations, call us at"}, {"max_tokens", 30},
+                                    {"temperature", 0}, {"guided_regex", phone}});
+  std::string text = j["choices"][0]["text"];
+  EXPECT_TRUE(std::regex_match(text, phone_re)) << text;
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "stop");
+  const std::string greedy_phone = text;
+
+  const Json sampled = {{"prompt", "My favourite number is"}, {"max_tokens", 12},
+                        {"temperature", 1.5}, {"n", 4}, {"seed", 5},
+                        {"guided_regex", "[1-9][0-9]*( or [1-9][0-9]*)?"}};
+  j = post("/v1/completions", sampled);
+  ASSERT_EQ(j["choices"].size(), 4u);
+  // A prefix of a match: digits, then perhaps " or" and digits.
+  const std::regex prefix_re("[1-9][0-9]*( (o(r( [1-9][0-9]*)?)?)?)?");
+  for (const Json& c : j["choices"]) {
+    text = c["text"];
+    EXPECT_TRUE(std::regex_match(text, prefix_re)) << text;
+    EXPECT_TRUE(c["finish_reason"] == "stop" || c["finish_reason"] == "length") << text;
+    if (c["finish_reason"] == "stop") {
+      EXPECT_TRUE(std::regex_match(text, std::regex("[1-9][0-9]*( or [1-9][0-9]*)?"))) << text;
+    }
+  }
+  Json streamed = sampled;
+  streamed["stream"] = true;
+  HttpResult s = Post("/v1/completions", streamed);
+  ASSERT_EQ(s.status, 200) << s.body;
+  const StreamedChoices parts = CollectChoices(s.body, 4);
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(parts.texts[i], j["choices"][i]["text"]) << i;
+
+  const std::string verdict = "(yes|no), because [a-z ,]{10,60}\\.";
+  j = post("/v1/chat/completions",
+           {{"messages", {{{"role", "user"}, {"content", "Is the sea salty? Explain briefly."}}}},
+            {"temperature", 0}, {"max_tokens", 40},
+            {"structured_outputs", {{"regex", verdict}}}});
+  text = j["choices"][0]["message"]["content"];
+  EXPECT_TRUE(std::regex_match(text, std::regex(verdict))) << text;
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "stop");
+
+  auto error_of = [&](const Json& body) {
+    HttpResult r = Post("/v1/completions", body);
+    EXPECT_EQ(r.status, 400) << r.body;
+    return r.status == 400 ? Json::parse(r.body)["error"] : Json();
+  };
+  Json e = error_of({{"prompt", "x"}, {"guided_regex", "(?=a)b"}});
+  EXPECT_TRUE(e["message"].get<std::string>().starts_with(
+      "guided_regex: '(?' at position 0: look-arounds")) << e;
+  EXPECT_EQ(e["param"], "guided_regex");
+  e = error_of({{"prompt", "x"}, {"structured_outputs", {{"regex", "a{3,2}"}}}});
+  EXPECT_EQ(e["message"],
+            "structured_outputs.regex: {3,2} at position 1: the minimum is over the maximum");
+  EXPECT_EQ(e["param"], "structured_outputs.regex");
+  e = error_of({{"prompt", "x"}, {"guided_regex", "a"}, {"guided_choice", {"a"}}});
+  EXPECT_EQ(e["message"], "guided_choice and guided_regex are both given; send one");
+  EXPECT_EQ(error_of({{"prompt", "x"}, {"guided_regex", ""}})["message"], "guided_regex is empty");
+
+  auto stub = server_->stub();
+  v1::GenerateRequest bad = Prompt("x", 4);
+  bad.mutable_sampling()->set_guided_regex("[ab");
+  StreamResult refused = Generate(*stub, bad);
+  EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(refused.status.error_message(),
+            "sampling.guided_regex: unterminated character set at position 0");
+  v1::GenerateRequest good = Prompt("For reservations, call us at", 30);
+  good.mutable_sampling()->set_guided_regex(phone);
+  StreamResult answered = Generate(*stub, good);
+  ASSERT_TRUE(answered.status.ok()) << answered.status.error_message();
+  EXPECT_EQ(answered.text, greedy_phone);  // the same guide over gRPC
+  EXPECT_TRUE(std::regex_match(answered.text, phone_re)) << answered.text;
+  EXPECT_EQ(answered.complete.finish_reason(), v1::FINISH_REASON_STOP);
 }
 
 // continue_final_message: the reply goes on from a prefilled start of the assistant's answer
