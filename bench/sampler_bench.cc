@@ -4,9 +4,10 @@
 //     which sorts only the head top-p keeps; ratio = reference ÷ ours;
 //  2. Sampler::Sample for a batch of rows on the engine thread alone and on a pool of sampling
 //     threads (EngineConfig::sampling_threads), as a step samples them;
-//  3. what narrowing a row costs (allowed_token_ids, bad_words, a guided choice's or guided
-//     regex's next tokens found by Guide::Allowed in the vocabulary indexed by bytes, plus the
-//     masked Sample), per row, against the same Sample without it; ratio = with ÷ without;
+//  3. what narrowing a row costs (allowed_token_ids, bad_words, a guided choice's, regex's or
+//     JSON object's next tokens found by Guide::Allowed in the vocabulary indexed by bytes,
+//     plus the masked Sample), per row, against the same Sample without it; ratio = with ÷
+//     without;
 //     "next": the tokens the guide lets through, "guide": its Allowed alone.
 // Two kinds of rows: "peaked" (a few dozen likely tokens over a N(0, 2.5) background, like a
 // language model's) and "flat" (N(0, 1): top-p keeps most of the vocabulary, the worst case).
@@ -19,12 +20,14 @@
 #include <random>
 #include <set>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
 #include "bench/bench_util.h"
 #include "kernels/cpu/thread_pool.h"
 #include "scheduler/guided_choice.h"
+#include "scheduler/guided_json.h"
 #include "scheduler/guided_regex.h"
 #include "scheduler/sampler.h"
 
@@ -164,21 +167,22 @@ int main(int argc, char** argv) {
   std::printf("%-44s %-11s %-11s %-7s %-7s %-7s\n", "narrowing", "without", "with", "ratio",
               "next", "guide");
   const std::vector<float> row = Row(true, vocab, 5);
-  auto run = [&](const std::string& name, SamplingParams with, const ts::scheduler::Guide* guide) {
+  auto run = [&](const std::string& name, SamplingParams with, const ts::scheduler::Guide* guide,
+                 std::string_view so_far = "") {
     ts::scheduler::Sampler plain(base), narrowed(with);
     std::vector<float> work(row);
     std::vector<int32_t> next;
     std::vector<int32_t> output = {1, 2, 3};
     std::vector<double> t0, t1, tg;
     for (int r = 0; r < repeats; ++r) {
-      if (guide) tg.push_back(TimeMs([&] { guide->Allowed("", vocab_index, &next); }, 5));
+      if (guide) tg.push_back(TimeMs([&] { guide->Allowed(so_far, vocab_index, &next); }, 5));
       t0.push_back(TimeMs([&] {
         work = row;
         plain.Sample(work, {}, output);
       }, 5));
       t1.push_back(TimeMs([&] {
         work = row;
-        if (guide) guide->Allowed("", vocab_index, &next);
+        if (guide) guide->Allowed(so_far, vocab_index, &next);
         narrowed.Sample(work, {}, output, {}, next);
       }, 5));
     }
@@ -218,5 +222,9 @@ int main(int argc, char** argv) {
     }
     run(std::string("guided regex: ") + pattern, base, guide->get());
   }
+  // A JSON object's next tokens where few and where most of the vocabulary may come.
+  const ts::scheduler::JsonObjectGuide json;
+  run("json_object: after {\"a\":", base, &json, "{\"a\":");
+  run("json_object: inside a string", base, &json, "{\"a\": \"x");
   return 0;
 }

@@ -33,6 +33,15 @@ void TokenBytesIndex::PrefixesOf(std::string_view s, std::vector<int32_t>* ids) 
   }
 }
 
+void TokenBytesIndex::SortIds(std::vector<int32_t>* ids) const {
+  std::vector<uint8_t> marked(bytes_.size(), 0);
+  for (int32_t id : *ids) marked[id] = 1;
+  ids->clear();
+  for (int32_t id = 0; id < int32_t(marked.size()); ++id) {
+    if (marked[id]) ids->push_back(id);
+  }
+}
+
 ChoiceGuide::ChoiceGuide(std::vector<std::string> choices) : choices_(std::move(choices)) {
   std::sort(choices_.begin(), choices_.end());
   choices_.erase(std::unique(choices_.begin(), choices_.end()), choices_.end());

@@ -25,11 +25,14 @@ class TokenBytesIndex {
   // length, up to the longest token's, stopping where no token begins with the prefix.
   void PrefixesOf(std::string_view s, std::vector<int32_t>* ids) const;
   // Appends to *ids (in byte order, not by id) every token whose bytes an automaton takes from
-  // `start` to a live state: step(state, byte) is the next state, negative for none. Tokens
-  // that share a prefix share its steps, and a prefix that leads nowhere skips every token
-  // under it at once.
-  template <typename Step>
-  void Walk(int32_t start, const Step& step, std::vector<int32_t>* ids) const;
+  // `start` to a live state: step(state, byte, &next) says whether the byte leads on, and
+  // where. Tokens that share a prefix share its steps, and a prefix that leads nowhere skips
+  // every token under it at once.
+  template <typename State, typename Step>
+  void Walk(const State& start, const Step& step, std::vector<int32_t>* ids) const;
+  // The token ids ascending: `ids` (any order, no repeats) marked, then read in order, cheaper
+  // than a sort when a loose guide lets most of the vocabulary through.
+  void SortIds(std::vector<int32_t>* ids) const;
   size_t size() const { return bytes_.size(); }
   const std::string& bytes(int32_t id) const { return bytes_[id]; }
 
@@ -74,9 +77,9 @@ class ChoiceGuide : public Guide {
   std::vector<std::string> choices_;  // sorted, unique
 };
 
-template <typename Step>
-void TokenBytesIndex::Walk(int32_t start, const Step& step, std::vector<int32_t>* ids) const {
-  std::vector<int32_t> states(max_len_ + 1);  // [d]: the state after the token's first d bytes
+template <typename State, typename Step>
+void TokenBytesIndex::Walk(const State& start, const Step& step, std::vector<int32_t>* ids) const {
+  std::vector<State> states(max_len_ + 1);  // [d]: the state after the token's first d bytes
   states[0] = start;
   // states[0 … valid] hold for the first bytes of the token walked last, and so for as many of
   // the next one's as it shares with that token: the least common_ between them (sorted order),
@@ -89,12 +92,10 @@ void TokenBytesIndex::Walk(int32_t start, const Step& step, std::vector<int32_t>
     size_t d = std::min<size_t>(valid, common_[i]);
     bool live = true;
     for (; d < t.size(); ++d) {
-      const int32_t next = step(states[d], static_cast<uint8_t>(t[d]));
-      if (next < 0) {
+      if (!step(states[d], static_cast<uint8_t>(t[d]), &states[d + 1])) {
         live = false;
         break;
       }
-      states[d + 1] = next;
     }
     if (live) {
       valid = t.size();

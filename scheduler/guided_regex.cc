@@ -660,16 +660,12 @@ void RegexGuide::Allowed(std::string_view so_far, const TokenBytesIndex& vocab,
   allowed->clear();
   const int32_t state = Step(kStart, so_far);
   if (state == kDead || !leads_on_[state]) return;
-  std::vector<int32_t> found;  // in byte order
-  vocab.Walk(state, [this](int32_t s, uint8_t b) { return Next(s, b); }, &found);
-  // Ascending by id: marked, then read in order (sorting a whole vocabulary's worth of ids, as a
-  // loose pattern allows, costs several times the walk).
-  std::vector<uint8_t> marked(vocab.size(), 0);
-  for (int32_t id : found) marked[id] = 1;
-  allowed->reserve(found.size());
-  for (int32_t id = 0; id < int32_t(marked.size()); ++id) {
-    if (marked[id]) allowed->push_back(id);
-  }
+  auto step = [this](int32_t s, uint8_t b, int32_t* next) {
+    *next = Next(s, b);
+    return *next != kDead;
+  };
+  vocab.Walk(state, step, allowed);
+  vocab.SortIds(allowed);
 }
 
 bool RegexGuide::Accepts(std::string_view so_far) const {

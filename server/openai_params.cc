@@ -200,6 +200,35 @@ absl::Status ParseSampling(const In& body, OpenAiCall* call) {
     if (pattern->empty()) return Invalid(field, "is empty");
     sp->set_guided_regex(*pattern);
   }
+  // One JSON object: response_format {"type": "json_object"} or structured_outputs.json_object.
+  std::string json_field;
+  if (Given(body, "response_format") && body["response_format"].is_object() &&
+      body["response_format"].contains("type") &&
+      body["response_format"]["type"] == "json_object") {
+    json_field = "response_format";
+  }
+  if (Given(body, "structured_outputs") && Given(body["structured_outputs"], "json_object")) {
+    const In& v = body["structured_outputs"]["json_object"];
+    if (!v.is_boolean()) return Invalid("structured_outputs.json_object", "must be true or false");
+    if (v == true) {
+      if (!json_field.empty()) {
+        return Invalid("response_format",
+                       "and structured_outputs.json_object are both given; send one");
+      }
+      json_field = "structured_outputs.json_object";
+    }
+  }
+  if (!json_field.empty()) {
+    if (sp->guided_choice_size() > 0 || !sp->guided_regex().empty()) {
+      const char* other = sp->guided_choice_size() > 0
+                              ? (call->structured_choice ? "structured_outputs.choice"
+                                                         : "guided_choice")
+                              : (call->structured_regex ? "structured_outputs.regex"
+                                                        : "guided_regex");
+      return Invalid(json_field, absl::StrCat("and ", other, " are both given; send one"));
+    }
+    sp->set_json_object(true);
+  }
   // vLLM's extensions that narrow what is sampled.
   if (Given(body, "allowed_token_ids")) {
     if (!body["allowed_token_ids"].is_array()) {
@@ -297,23 +326,26 @@ absl::Status RefuseUnsupported(const In& body, OpenAiEndpoint endpoint) {
   }
   if (Given(body, "response_format") &&
       !(body["response_format"].is_object() && body["response_format"].contains("type") &&
-        body["response_format"]["type"] == "text")) {
-    return Unsupported("response_format", "only {\"type\": \"text\"}");
+        (body["response_format"]["type"] == "text" ||
+         body["response_format"]["type"] == "json_object"))) {
+    return Unsupported("response_format",
+                       "only {\"type\": \"text\"} and {\"type\": \"json_object\"}");
   }
   // vLLM's extensions that would change what is generated, were they dropped: a client that
   // trusts a constraint must not get unconstrained text with a 200.
   for (const char* key : {"guided_json", "guided_grammar"}) {
     if (Given(body, key)) {
-      return Unsupported(key, "no constrained decoding but guided_choice and guided_regex");
+      return Unsupported(key, "no constrained decoding but guided_choice, guided_regex and "
+                              "response_format json_object");
     }
   }
   if (Given(body, "structured_outputs")) {
     const In& so = body["structured_outputs"];
     if (!so.is_object()) return Invalid("structured_outputs", "must be an object");
-    for (const char* key : {"json", "grammar", "json_object", "structural_tag"}) {
+    for (const char* key : {"json", "grammar", "structural_tag"}) {
       if (Given(so, key) && so[key] != false) {
         return Unsupported(absl::StrCat("structured_outputs.", key),
-                           "no constrained decoding but choice and regex");
+                           "no constrained decoding but choice, regex and json_object");
       }
     }
   }

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "model/tokenizer_utf8.h"
+#include "scheduler/guided_json.h"
 #include "scheduler/guided_regex.h"
 
 namespace thetaserve::server {
@@ -258,6 +259,15 @@ absl::StatusOr<TokenConstraints> BuildTokenConstraints(const v1::SamplingParams&
                           absl::StrCat("sampling.", regex.status().message()));
     }
     out.guide = std::move(*regex);
+  }
+  if (sp.json_object()) {
+    if (out.guide) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "sampling.json_object and ",
+          sp.guided_choice_size() > 0 ? "sampling.guided_choice" : "sampling.guided_regex",
+          " are both given; send one"));
+    }
+    out.guide = std::make_shared<const scheduler::JsonObjectGuide>();
   }
   return out;
 }

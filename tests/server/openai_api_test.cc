@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "model/model.h"
+#include "scheduler/guided_json.h"
 #include "scheduler/guided_regex.h"
 #include "server/openai_response.h"
 #include "server/validation.h"
@@ -186,7 +187,8 @@ TEST(OpenAiApiTest, ChatMessagesBecomeTheChatInput) {
   EXPECT_TRUE(RefusedWith(Chat(R"({"messages": [{"role": "user", "content": "x"}],
       "tools": [{"type": "function"}]})"), "tools is not supported"));
   EXPECT_TRUE(RefusedWith(Chat(R"({"messages": [{"role": "user", "content": "x"}],
-      "response_format": {"type": "json_object"}})"), "response_format"));
+      "response_format": {"type": "json_schema", "json_schema": {}}})"),
+      "response_format is not supported"));
   // Wrong JSON types anywhere are refused, never thrown.
   for (const char* body : {
            R"({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": 5}})",
@@ -225,7 +227,7 @@ TEST(OpenAiApiTest, WhatTheServerCannotHonourIsRefusedByName) {
   // Fields that change what is generated were taken and dropped (200 with unconstrained text);
   // each is refused by name on both routes.
   const std::pair<std::string, std::string> dropped[] = {
-      {R"("response_format": {"type": "json_object"})", "response_format is not supported"},
+      {R"("response_format": {"type": "json_schema"})", "response_format is not supported"},
       {R"("guided_json": {"type": "object"})", "guided_json is not supported"},
       {R"("guided_grammar": "root ::= x")", "guided_grammar is not supported"},
       {R"("structured_outputs": {"json": {"type": "object"}})",
@@ -514,6 +516,27 @@ TEST_F(OpenAiResponseTest, VllmsSamplingExtensionsReachTheEngineRequest) {
       "structured_outputs": {"regex": "b"}})"), "are both given; send one"));
   EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": "x", "guided_regex": ["a"]})"),
                           "guided_regex must be a string"));
+  // One JSON object: response_format json_object, or structured_outputs.json_object.
+  for (const char* body : {R"({"prompt": "x", "response_format": {"type": "json_object"}})",
+                           R"({"prompt": "x", "structured_outputs": {"json_object": true}})"}) {
+    auto guided = build(body);
+    ASSERT_TRUE(guided.ok()) << guided.status();
+    auto* json = dynamic_cast<const scheduler::JsonObjectGuide*>(guided->guide.get());
+    ASSERT_NE(json, nullptr) << body;
+    EXPECT_TRUE(json->Complete(R"({"a": [1]})")) << body;
+  }
+  auto unguided = build(R"({"prompt": "x", "structured_outputs": {"json_object": false}})");
+  ASSERT_TRUE(unguided.ok()) << unguided.status();
+  EXPECT_EQ(unguided->guide, nullptr);
+  EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": "x", "response_format": {"type": "json_object"},
+      "structured_outputs": {"regex": "a"}})"),
+      "response_format and structured_outputs.regex are both given; send one"));
+  EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": "x", "guided_choice": ["a"],
+      "structured_outputs": {"json_object": true}})"),
+      "structured_outputs.json_object and guided_choice are both given; send one"));
+  EXPECT_TRUE(
+      RefusedWith(Completion(R"({"prompt": "x", "structured_outputs": {"json_object": 1}})"),
+                  "structured_outputs.json_object must be true or false"));
   EXPECT_EQ(build(R"({"prompt": "x", "structured_outputs": {"regex": "a+", "choice": ["a"]}})")
                 .status()
                 .message(),

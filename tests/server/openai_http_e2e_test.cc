@@ -15,6 +15,7 @@
 #include "absl/strings/str_format.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "scheduler/guided_json.h"
 #include "tests/server/e2e_util.h"
 #include "tests/server/http_client.h"
 #include "tests/server/server_process.h"
@@ -513,6 +514,70 @@ TEST_F(OpenAiHttpTest, GuidedRegexAnswersMatchThePattern) {
   EXPECT_EQ(answered.text, greedy_phone);  // the same guide over gRPC
   EXPECT_TRUE(std::regex_match(answered.text, phone_re)) << answered.text;
   EXPECT_EQ(answered.complete.finish_reason(), v1::FINISH_REASON_STOP);
+}
+
+// response_format json_object on the real model: greedy answers are JSON objects that end with
+// stop when they close; sampled ones (n of them, streamed alike) are objects or, cut by
+// max_tokens, the start of one; over gRPC too, and never with another guide.
+TEST_F(OpenAiHttpTest, JsonObjectAnswersAreJsonObjects) {
+  ASSERT_TRUE(server_->started());
+  auto post = [&](const std::string& path, const Json& body) {
+    HttpResult r = Post(path, body);
+    EXPECT_EQ(r.status, 200) << r.body;
+    return r.status == 200 ? Json::parse(r.body) : Json();
+  };
+  auto ask = [](const std::string& content) {
+    return Json{{"messages", {{{"role", "user"}, {"content", content}}}}, {"temperature", 0},
+                {"max_tokens", 120}, {"response_format", {{"type", "json_object"}}}};
+  };
+  Json j = post("/v1/chat/completions", ask("Describe a cat as a JSON object with name and age."));
+  std::string text = j["choices"][0]["message"]["content"];
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "stop") << text;
+  ASSERT_TRUE(Json::accept(text)) << text;
+  EXPECT_TRUE(Json::parse(text).is_object()) << text;
+  const std::string greedy_cat = text;
+
+  auto leads_on = [](const std::string& prefix) {
+    scheduler::JsonObjectGuide::State state;
+    return scheduler::JsonObjectGuide::Step({}, prefix, &state);
+  };
+  const Json sampled = {{"prompt", "A JSON object describing a book:"}, {"max_tokens", 40},
+                        {"temperature", 1.0}, {"n", 3}, {"seed", 11},
+                        {"structured_outputs", {{"json_object", true}}}};
+  j = post("/v1/completions", sampled);
+  ASSERT_EQ(j["choices"].size(), 3u);
+  for (const Json& c : j["choices"]) {
+    text = c["text"];
+    if (c["finish_reason"] == "stop") {
+      EXPECT_TRUE(Json::accept(text) && Json::parse(text).is_object()) << text;
+    } else {
+      EXPECT_EQ(c["finish_reason"], "length") << text;
+      EXPECT_TRUE(leads_on(text)) << text;
+    }
+  }
+  Json streamed = sampled;
+  streamed["stream"] = true;
+  HttpResult s = Post("/v1/completions", streamed);
+  ASSERT_EQ(s.status, 200) << s.body;
+  const StreamedChoices parts = CollectChoices(s.body, 3);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(parts.texts[i], j["choices"][i]["text"]) << i;
+
+  auto stub = server_->stub();
+  v1::GenerateRequest req;
+  v1::ChatMessage* m = req.mutable_chat()->add_messages();
+  m->set_role("user");
+  m->set_content("Describe a cat as a JSON object with name and age.");
+  req.mutable_stopping()->set_max_tokens(120);
+  req.mutable_sampling()->set_temperature(0);
+  req.mutable_sampling()->set_json_object(true);
+  StreamResult answered = Generate(*stub, req);
+  ASSERT_TRUE(answered.status.ok()) << answered.status.error_message();
+  EXPECT_EQ(answered.text, greedy_cat);
+  req.mutable_sampling()->set_guided_regex("a+");
+  StreamResult refused = Generate(*stub, req);
+  EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(refused.status.error_message(),
+            "sampling.json_object and sampling.guided_regex are both given; send one");
 }
 
 // continue_final_message: the reply goes on from a prefilled start of the assistant's answer

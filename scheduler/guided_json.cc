@@ -1,0 +1,271 @@
+#include "scheduler/guided_json.h"
+
+namespace thetaserve::scheduler {
+namespace {
+
+enum Mode : uint8_t {
+  kStart,      // before the object: whitespace, '{'
+  kObjectOpen,  // after '{': a key or '}'
+  kKey,        // after ',' in an object: a key
+  kColon,      // after a key
+  kValue,      // after ':' or ',' in an array
+  kArrayOpen,  // after '[': a value or ']'
+  kAfter,      // after a value in a container: ',' or its closer
+  kString,     // inside a string
+  kEscape,     // after a backslash
+  kHex,        // in \uXXXX, aux digits to go
+  kUtf8,       // in a character, aux continuation bytes to go
+  kMinus,      // number: after '-'
+  kZero,       // number: a leading 0
+  kInt,        // number: integer digits
+  kDot,        // number: after '.'
+  kFraction,   // number: fraction digits
+  kExponent,   // number: after 'e'
+  kExpSign,    // number: after the exponent's sign
+  kExpDigits,  // number: exponent digits
+  kLiteral,    // inside true, false or null: aux bytes read
+  kDone,       // the object is closed
+};
+
+constexpr std::string_view kLiterals[] = {"true", "false", "null"};
+
+bool IsSpace(uint8_t b) { return b == ' ' || b == '\n' || b == '\t' || b == '\r'; }
+bool IsDigit(uint8_t b) { return b >= '0' && b <= '9'; }
+bool IsHex(uint8_t b) {
+  return IsDigit(b) || (b >= 'a' && b <= 'f') || (b >= 'A' && b <= 'F');
+}
+
+using State = JsonObjectGuide::State;
+
+// A value has ended: the container it is in takes a ',' or its closer next; a closed top
+// object ends it all.
+State ValueDone(State s) {
+  s.mode = s.depth == 0 ? kDone : kAfter;
+  return s;
+}
+
+bool Top(const State& s) { return s.depth > 0 && (s.objects >> (s.depth - 1)) & 1u; }
+
+// A value begins with b (whitespace handled by the caller).
+bool BeginValue(State s, uint8_t b, State* out) {
+  switch (b) {
+    case '{':
+    case '[':
+      if (s.depth >= kMaxJsonDepth) return false;
+      if (b == '{') {
+        s.objects |= 1u << s.depth;
+      } else {
+        s.objects &= ~(1u << s.depth);
+      }
+      ++s.depth;
+      s.mode = b == '{' ? kObjectOpen : kArrayOpen;
+      break;
+    case '"':
+      s.mode = kString;
+      s.key = false;
+      break;
+    case '-': s.mode = kMinus; break;
+    case '0': s.mode = kZero; break;
+    case 't':
+    case 'f':
+    case 'n':
+      s.mode = kLiteral;
+      s.literal = b == 't' ? 0 : b == 'f' ? 1 : 2;
+      s.aux = 1;
+      break;
+    default:
+      if (b < '1' || b > '9') return false;
+      s.mode = kInt;
+  }
+  *out = s;
+  return true;
+}
+
+// A container is closed by b, if b closes the one open.
+bool Close(State s, uint8_t b, State* out) {
+  if (s.depth == 0 || b != (Top(s) ? '}' : ']')) return false;
+  --s.depth;
+  *out = ValueDone(s);
+  return true;
+}
+
+}  // namespace
+
+bool JsonObjectGuide::Next(const State& in, uint8_t b, State* out) {
+  State s = in;
+  // Whitespace between tokens, a bounded run of it.
+  switch (s.mode) {
+    case kStart: case kObjectOpen: case kKey: case kColon: case kValue: case kArrayOpen:
+    case kAfter:
+      if (IsSpace(b)) {
+        if (s.spaces >= kMaxJsonWhitespace) return false;
+        ++s.spaces;
+        *out = s;
+        return true;
+      }
+      s.spaces = 0;
+      break;
+    default: break;
+  }
+  switch (s.mode) {
+    case kStart:
+      if (b != '{') return false;
+      return BeginValue(s, b, out);
+    case kObjectOpen:
+      if (b == '}') return Close(s, b, out);
+      [[fallthrough]];
+    case kKey:
+      if (b != '"') return false;
+      s.mode = kString;
+      s.key = true;
+      *out = s;
+      return true;
+    case kColon:
+      if (b != ':') return false;
+      s.mode = kValue;
+      *out = s;
+      return true;
+    case kArrayOpen:
+      if (b == ']') return Close(s, b, out);
+      [[fallthrough]];
+    case kValue:
+      return BeginValue(s, b, out);
+    case kAfter:
+      if (b == ',') {
+        s.mode = Top(s) ? kKey : kValue;
+        *out = s;
+        return true;
+      }
+      return Close(s, b, out);
+    case kString:
+      if (b == '"') {
+        if (s.key) {
+          s.mode = kColon;
+          s.key = false;
+          *out = s;
+        } else {
+          *out = ValueDone(s);
+        }
+        return true;
+      }
+      if (b == '\\') {
+        s.mode = kEscape;
+      } else if (b < 0x20) {
+        return false;  // control characters are escaped in JSON
+      } else if (b >= 0x80) {
+        // A character's lead byte and how many continuation bytes it announces.
+        if (b >= 0xC2 && b <= 0xDF) {
+          s.aux = 1;
+        } else if (b >= 0xE0 && b <= 0xEF) {
+          s.aux = 2;
+        } else if (b >= 0xF0 && b <= 0xF4) {
+          s.aux = 3;
+        } else {
+          return false;
+        }
+        s.mode = kUtf8;
+      }
+      *out = s;
+      return true;
+    case kUtf8:
+      if (b < 0x80 || b > 0xBF) return false;
+      if (--s.aux == 0) s.mode = kString;
+      *out = s;
+      return true;
+    case kEscape:
+      if (b == 'u') {
+        s.mode = kHex;
+        s.aux = 4;
+      } else if (std::string_view("\"\\/bfnrt").find(char(b)) != std::string_view::npos) {
+        s.mode = kString;
+      } else {
+        return false;
+      }
+      *out = s;
+      return true;
+    case kHex:
+      if (!IsHex(b)) return false;
+      if (--s.aux == 0) s.mode = kString;
+      *out = s;
+      return true;
+    case kLiteral: {
+      const std::string_view lit = kLiterals[s.literal];
+      if (b != uint8_t(lit[s.aux])) return false;
+      ++s.aux;
+      *out = s.aux == lit.size() ? ValueDone(s) : s;
+      return true;
+    }
+    case kMinus:
+      if (b == '0') {
+        s.mode = kZero;
+      } else if (IsDigit(b)) {
+        s.mode = kInt;
+      } else {
+        return false;
+      }
+      *out = s;
+      return true;
+    case kDot:
+      if (!IsDigit(b)) return false;
+      s.mode = kFraction;
+      *out = s;
+      return true;
+    case kExponent:
+      if (b == '+' || b == '-') {
+        s.mode = kExpSign;
+        *out = s;
+        return true;
+      }
+      [[fallthrough]];
+    case kExpSign:
+      if (!IsDigit(b)) return false;
+      s.mode = kExpDigits;
+      *out = s;
+      return true;
+    case kZero: case kInt: case kFraction: case kExpDigits:
+      if (IsDigit(b) && s.mode != kZero) {
+        *out = s;
+        return true;
+      }
+      if (b == '.' && (s.mode == kZero || s.mode == kInt)) {
+        s.mode = kDot;
+        *out = s;
+        return true;
+      }
+      if ((b == 'e' || b == 'E') && s.mode != kExpDigits) {
+        s.mode = kExponent;
+        *out = s;
+        return true;
+      }
+      // Anything else ends the number (which is never the whole output: the top is an
+      // object), and is read after it.
+      return Next(ValueDone(s), b, out);
+    case kDone:
+    default:
+      return false;
+  }
+}
+
+bool JsonObjectGuide::Step(State s, std::string_view bytes, State* out) {
+  for (char c : bytes) {
+    if (!Next(s, uint8_t(c), &s)) return false;
+  }
+  *out = s;
+  return true;
+}
+
+void JsonObjectGuide::Allowed(std::string_view so_far, const TokenBytesIndex& vocab,
+                              std::vector<int32_t>* allowed) const {
+  allowed->clear();
+  State s;
+  if (!Step(State{}, so_far, &s) || s.mode == kDone) return;
+  vocab.Walk(s, &JsonObjectGuide::Next, allowed);
+  vocab.SortIds(allowed);
+}
+
+bool JsonObjectGuide::Accepts(std::string_view so_far) const {
+  State s;
+  return Step(State{}, so_far, &s) && s.mode == kDone;
+}
+
+}  // namespace thetaserve::scheduler

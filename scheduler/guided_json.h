@@ -1,0 +1,42 @@
+// vLLM's response_format {"type": "json_object"}: the output is one JSON object (RFC 8259).
+// JSON nests, so the guide is a pushdown automaton over the output's bytes: a lexer mode and
+// a stack of the open objects and arrays, small enough to copy at every byte, walked through
+// the vocabulary in byte order like a regular expression's automaton.
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+#include <vector>
+
+#include "scheduler/guided_choice.h"
+
+namespace thetaserve::scheduler {
+
+constexpr int kMaxJsonDepth = 32;          // objects and arrays open at once
+constexpr int kMaxJsonWhitespace = 32;     // whitespace bytes in a row (indentation fits)
+
+class JsonObjectGuide : public Guide {
+ public:
+  // Where the output is in its JSON.
+  struct State {
+    uint8_t mode = 0;    // JsonObjectGuide::Mode
+    uint8_t aux = 0;     // hex digits or UTF-8 bytes still owed; a literal's next byte
+    uint8_t literal = 0;  // which of true, false, null
+    uint8_t spaces = 0;  // whitespace bytes in a row
+    uint8_t depth = 0;   // containers open
+    bool key = false;    // the string being read is an object's key
+    uint32_t objects = 0;  // bit d: the container at depth d + 1 is an object (else an array)
+  };
+
+  void Allowed(std::string_view so_far, const TokenBytesIndex& vocab,
+               std::vector<int32_t>* allowed) const override;
+  // The object is closed: nothing may follow.
+  bool Accepts(std::string_view so_far) const override;
+  bool Complete(std::string_view so_far) const override { return Accepts(so_far); }
+
+  // The state after `bytes` from `s`; false where no JSON object has them next.
+  static bool Step(State s, std::string_view bytes, State* out);
+  static bool Next(const State& s, uint8_t b, State* out);
+};
+
+}  // namespace thetaserve::scheduler
