@@ -86,7 +86,6 @@ class Parser {
 
   absl::StatusOr<int> Parse(std::vector<Node>* nodes) {
     nodes_ = nodes;
-    if (Peek('^')) ++pos_;
     auto root = Alternation();
     if (!root.ok()) return root.status();
     if (pos_ < p_.size()) {
@@ -112,7 +111,9 @@ class Parser {
   absl::StatusOr<int> Alternation() {
     Node alt;
     alt.kind = Node::Kind::kAlt;
+    const bool at_start = at_start_;
     while (true) {
+      at_start_ = at_start;  // each alternative begins where the group does
       auto seq = Sequence();
       if (!seq.ok()) return seq.status();
       alt.kids.push_back(*seq);
@@ -126,15 +127,29 @@ class Parser {
     Node seq;
     seq.kind = Node::Kind::kConcat;
     while (pos_ < p_.size() && !Peek('|') && !Peek(')')) {
-      if (Peek('$')) {
-        // The end: only where the pattern ends (a whole match ends there anyway).
-        ++pos_;
-        if (pos_ != p_.size()) {
-          return Refused(absl::StrFormat("'$' at position %d is not at the end", pos_ - 1));
+      // Anchors match nothing, and a whole match begins and ends where they say: taken where
+      // nothing can come before (^, \A) or after ($, \Z), refused elsewhere.
+      const size_t at = pos_;
+      const std::string_view rest = p_.substr(pos_);
+      if (rest.starts_with("^") || rest.starts_with("\\A")) {
+        pos_ += rest[0] == '^' ? 1 : 2;
+        if (!at_start_) {
+          return Refused(absl::StrFormat("%s at position %d is not at the start",
+                                         p_.substr(at, pos_ - at), at));
+        }
+        continue;
+      }
+      if (rest.starts_with("$") || rest.starts_with("\\Z")) {
+        pos_ += rest[0] == '$' ? 1 : 2;
+        if (pos_ != p_.size() && !(nesting_ == 0 && Peek('|'))) {
+          return Refused(absl::StrFormat(
+              "%s at position %d is not at the end of the pattern or of one of its "
+              "alternatives", p_.substr(at, pos_ - at), at));
         }
         break;
       }
       auto atom = Atom();
+      at_start_ = false;
       if (!atom.ok()) return atom.status();
       auto repeated = Quantified(*atom);
       if (!repeated.ok()) return repeated.status();
@@ -253,7 +268,6 @@ class Parser {
       case 'f': ++pos_; return '\f';
       case 'v': ++pos_; return '\v';
       case 'a': ++pos_; return '\a';
-      case '0': ++pos_; return 0;
       case 'x': ++pos_; return Hex(2);
       case 'u': ++pos_; return Hex(4);
       case 'U': ++pos_; return Hex(8);
@@ -267,7 +281,23 @@ class Parser {
     }
     const bool alnum = (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z');
     if (!alnum) return TakeChar();
-    if (c >= '1' && c <= '9') {
+    // Python's octal escapes: \0 and up to two more octal digits, or three octal digits (in a
+    // class, one to three); up to \377.
+    auto octal = [&](size_t digits) -> absl::StatusOr<uint32_t> {
+      uint32_t v = 0;
+      for (size_t k = 0; k < digits && pos_ < p_.size() && p_[pos_] >= '0' && p_[pos_] <= '7';
+           ++k) {
+        v = v * 8 + uint32_t(p_[pos_++] - '0');
+      }
+      if (v > 0377) {
+        return Refused(absl::StrFormat("octal escape at position %d is over \\377", at));
+      }
+      return v;
+    };
+    auto is_octal = [&](size_t i) { return i < p_.size() && p_[i] >= '0' && p_[i] <= '7'; };
+    if (c == '0' || (in_class && is_octal(pos_))) return octal(3);
+    if (!in_class && is_octal(pos_) && is_octal(pos_ + 1) && is_octal(pos_ + 2)) return octal(3);
+    if (c >= '1' && c <= '9' && !in_class) {
       return Refused(absl::StrFormat("back-references (\\%c at position %d) are not supported",
                                      c, at));
     }
@@ -301,6 +331,9 @@ class Parser {
       auto lo = item(&set);
       if (!lo.ok()) return lo.status();
       if (!set.empty()) {
+        if (Peek('-') && pos_ + 1 < p_.size() && p_[pos_ + 1] != ']') {
+          return Refused(absl::StrFormat("bad character range at position %d", pos_ - 2));
+        }
         ranges.insert(ranges.end(), set.begin(), set.end());
         continue;
       }
@@ -324,6 +357,10 @@ class Parser {
     const size_t at = pos_;
     const char c = p_[pos_];
     if (c == '(') {
+      if (++nesting_ > kMaxRegexNesting) {
+        return Refused(absl::StrFormat("more than %d groups nested at position %d",
+                                       kMaxRegexNesting, at));
+      }
       ++pos_;
       if (Peek('?')) {
         if (p_.substr(pos_).starts_with("?:")) {
@@ -341,6 +378,7 @@ class Parser {
         }
       }
       auto inner = Alternation();
+      --nesting_;
       if (!inner.ok()) return inner.status();
       if (!Peek(')')) {
         return Refused(absl::StrFormat("missing ), unterminated subpattern at position %d", at));
@@ -350,9 +388,6 @@ class Parser {
     }
     if (c == '*' || c == '+' || c == '?') {
       return Refused(absl::StrFormat("nothing to repeat at position %d", at));
-    }
-    if (c == '^') {
-      return Refused(absl::StrFormat("'^' at position %d is not at the start", at));
     }
     if (c == '[') {
       ++pos_;
@@ -375,6 +410,8 @@ class Parser {
 
   std::string_view p_;
   size_t pos_ = 0;
+  int nesting_ = 0;  // groups open
+  bool at_start_ = true;  // nothing can have come before the next atom
   std::vector<Node>* nodes_ = nullptr;
 };
 
@@ -422,15 +459,17 @@ struct Nfa {
     int32_t to = -1;
   };
   std::vector<State> states;
-  bool too_big = false;
+  int64_t empty_moves = 0;
+  bool too_big = false;  // states and empty moves together over kMaxRegexNfaSize
 
   int32_t Add() {
-    if (states.size() >= size_t(kMaxRegexNfaStates)) too_big = true;
+    if (int64_t(states.size()) + empty_moves >= kMaxRegexNfaSize) too_big = true;
     if (too_big) return 0;
     states.emplace_back();
     return int32_t(states.size()) - 1;
   }
   void Empty(int32_t from, int32_t to) {
+    if (int64_t(states.size()) + ++empty_moves > kMaxRegexNfaSize) too_big = true;
     if (!too_big) states[from].empty.push_back(to);
   }
 
@@ -515,13 +554,20 @@ struct Nfa {
 
   // The states reachable from `set` by empty moves that have a byte move or are `accept`,
   // sorted: a deterministic state.
+  // sorted: a deterministic state. Each state and move looked at counts in *work.
   std::vector<int32_t> Closure(const std::vector<int32_t>& set, int32_t accept,
-                               std::vector<uint32_t>& seen, uint32_t mark) const {
-    std::vector<int32_t> stack = set, out;
-    for (int32_t s : set) seen[s] = mark;
+                               std::vector<uint32_t>& seen, uint32_t mark, int64_t* work) const {
+    std::vector<int32_t> stack, out;
+    for (int32_t s : set) {
+      if (seen[s] != mark) {
+        seen[s] = mark;
+        stack.push_back(s);
+      }
+    }
     while (!stack.empty()) {
       const int32_t s = stack.back();
       stack.pop_back();
+      *work += 1 + int64_t(states[s].empty.size());
       if (states[s].lo <= states[s].hi || s == accept) out.push_back(s);
       for (int32_t t : states[s].empty) {
         if (seen[t] != mark) {
@@ -552,8 +598,8 @@ absl::StatusOr<std::shared_ptr<const RegexGuide>> RegexGuide::Compile(std::strin
   nfa.Build(nodes, *root, start, accept);
   if (nfa.too_big) {
     return Refused(absl::StrFormat(
-        "the pattern is too large: its automaton has more than %d states (repeats count once "
-        "per copy)", kMaxRegexNfaStates));
+        "the pattern is too large: its automaton has more than %d states and moves (repeats "
+        "count once per copy)", kMaxRegexNfaSize));
   }
 
   auto guide = std::shared_ptr<RegexGuide>(new RegexGuide());
@@ -567,42 +613,54 @@ absl::StatusOr<std::shared_ptr<const RegexGuide>> RegexGuide::Compile(std::strin
     }
   }
   int classes = 0;
-  uint8_t representative[256];
   for (int b = 0; b < 256; ++b) {
     if (b > 0 && boundary[b]) ++classes;
     guide->byte_class_[b] = uint8_t(classes);
-    representative[classes] = uint8_t(b);
   }
   guide->num_classes_ = classes + 1;
   const int nc = guide->num_classes_;
 
-  // Subset construction, breadth first from the start.
+  // Subset construction, breadth first from the start. Each state set is kept once (a map
+  // key; `sets` points at it). `work` counts the states and moves looked at, `kept` the sets'
+  // sizes: a pattern that would cost more than their bounds is refused as soon as it does.
   std::map<std::vector<int32_t>, int32_t> ids;
-  std::vector<std::vector<int32_t>> sets;
+  std::vector<const std::vector<int32_t>*> sets;
   std::vector<uint32_t> seen(nfa.states.size(), 0);
   uint32_t mark = 0;
-  sets.push_back(nfa.Closure({start}, accept, seen, ++mark));
-  ids[sets[0]] = 0;
+  int64_t work = 0, kept = 0;
+  auto too_complex = [] {
+    return Refused(absl::StrFormat(
+        "the pattern is too complex: its deterministic automaton has more than %d states or "
+        "takes more than %d steps to build", kMaxRegexDfaStates, kMaxRegexWork));
+  };
+  sets.push_back(&ids.try_emplace(nfa.Closure({start}, accept, seen, ++mark, &work), 0)
+                      .first->first);
   std::vector<int32_t>& next = guide->next_;
+  std::vector<std::vector<int32_t>> moved(nc);  // [class]: where the set's moves lead
   for (size_t d = 0; d < sets.size(); ++d) {
     next.resize((d + 1) * nc, kDead);
-    for (int c = 0; c < nc; ++c) {
-      const uint8_t b = representative[c];
-      std::vector<int32_t> moved;
-      for (int32_t s : sets[d]) {
-        const Nfa::State& st = nfa.states[s];
-        if (st.lo <= b && b <= st.hi) moved.push_back(st.to);
+    for (auto& m : moved) m.clear();
+    for (int32_t s : *sets[d]) {
+      const Nfa::State& st = nfa.states[s];
+      if (st.lo > st.hi) continue;
+      // A byte range covers whole classes, consecutive ones.
+      for (int c = guide->byte_class_[st.lo]; c <= guide->byte_class_[st.hi]; ++c) {
+        moved[c].push_back(st.to);
       }
-      if (moved.empty()) continue;
-      std::vector<int32_t> closure = nfa.Closure(moved, accept, seen, ++mark);
+      work += 1 + guide->byte_class_[st.hi] - guide->byte_class_[st.lo];
+    }
+    for (int c = 0; c < nc; ++c) {
+      if (moved[c].empty()) continue;
+      std::vector<int32_t> closure = nfa.Closure(moved[c], accept, seen, ++mark, &work);
+      if (work > kMaxRegexWork) return too_complex();
+      const size_t size = closure.size();
       auto [it, fresh] = ids.try_emplace(std::move(closure), int32_t(sets.size()));
       if (fresh) {
-        if (sets.size() >= size_t(kMaxRegexDfaStates)) {
-          return Refused(absl::StrFormat(
-              "the pattern is too complex: its deterministic automaton has more than %d states",
-              kMaxRegexDfaStates));
+        kept += int64_t(size);
+        if (sets.size() >= size_t(kMaxRegexDfaStates) || kept > kMaxRegexWork / 4) {
+          return too_complex();
         }
-        sets.push_back(it->first);
+        sets.push_back(&it->first);
       }
       next[d * nc + c] = it->second;
     }
@@ -611,7 +669,7 @@ absl::StatusOr<std::shared_ptr<const RegexGuide>> RegexGuide::Compile(std::strin
   guide->num_states_ = n;
   guide->accepting_.assign(n, false);
   for (int d = 0; d < n; ++d) {
-    guide->accepting_[d] = std::binary_search(sets[d].begin(), sets[d].end(), accept);
+    guide->accepting_[d] = std::binary_search(sets[d]->begin(), sets[d]->end(), accept);
   }
   // Live states reach a match; a move to any other is a dead end, cut.
   std::vector<std::vector<int32_t>> into(n);

@@ -19,8 +19,11 @@ namespace thetaserve::scheduler {
 // Bounds on what one pattern may cost (checked as it is compiled).
 constexpr int kMaxRegexBytes = 4096;
 constexpr int kMaxRegexRepeat = 1000;      // m and n of {m,n}
-constexpr int kMaxRegexNfaStates = 50000;  // the pattern's automaton, repeats expanded
+constexpr int kMaxRegexNesting = 64;       // groups inside groups (parsed recursively)
+constexpr int kMaxRegexNfaSize = 100000;   // the pattern's automaton's states and empty
+                                           // moves, repeats expanded
 constexpr int kMaxRegexDfaStates = 20000;  // the deterministic automaton's states
+constexpr int kMaxRegexWork = 20000000;    // states and moves looked at while building it
 
 class RegexGuide : public Guide {
  public:

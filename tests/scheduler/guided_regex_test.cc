@@ -86,6 +86,16 @@ TEST(RegexGuideTest, WholeMatchesAreThoseOfPythonsFullmatch) {
       {"(a|)b", "b", true},
       {R"([\w-]+)", "foo-bar_9", true},
       {R"([\w-]+)", "foo bar", false},
+      {R"(\012)", "\n", true},  // octal escapes, as Python reads them
+      {R"([a-z\012])", "\n", true},
+      {R"(\07)", "\a", true},
+      {R"(\141)", "a", true},
+      {R"([\1])", "\x01", true},
+      {R"(\0012)", "\x01" "2", true},
+      {"^a|^b", "b", true},  // anchors where nothing comes before or after
+      {"a$|b$", "a", true},
+      {R"(\Aab\Z)", "ab", true},
+      {"(^a)|b", "a", true},
   };
   for (const Case& c : cases) {
     auto g = MustCompile(c.pattern);
@@ -202,12 +212,15 @@ TEST(RegexGuideTest, RefusesWhatItCannotMatchAndSaysWhy) {
   EXPECT_TRUE(refused("(?=a)b", "look-arounds"));
   EXPECT_TRUE(refused("(?i)a", "flags"));
   EXPECT_TRUE(refused(R"(\bword)", "\\b at position 0 is not supported"));
+  EXPECT_TRUE(refused("a^b", "^ at position 1 is not at the start"));
+  EXPECT_TRUE(refused("a?^b", "^ at position 2 is not at the start"));  // a? may be empty
+  EXPECT_TRUE(refused("(a$)b", "$ at position 2 is not at the end"));
+  EXPECT_TRUE(refused(R"([\d-z])", "bad character range at position 1"));
+  EXPECT_TRUE(refused(R"(\400)", "octal escape at position 0 is over \\377"));
   EXPECT_TRUE(refused("[ab", "unterminated character set"));
   EXPECT_TRUE(refused("[z-a]", "bad character range"));
   EXPECT_TRUE(refused("a{3,2}", "the minimum is over the maximum"));
   EXPECT_TRUE(refused("a{1001}", "over 1000"));
-  EXPECT_TRUE(refused("a$b", "not at the end"));
-  EXPECT_TRUE(refused("a^", "not at the start"));
   EXPECT_TRUE(refused("ab\\", "ends with a backslash"));
   EXPECT_TRUE(refused("\xff", "not valid UTF-8"));
   EXPECT_TRUE(refused(R"([^\x00-\U0010FFFF])", "matches nothing"));
@@ -215,6 +228,14 @@ TEST(RegexGuideTest, RefusesWhatItCannotMatchAndSaysWhy) {
   // 2^16 states to remember the last 16 letters.
   EXPECT_TRUE(refused("(a|b)*a(a|b){15}", "too complex"));
   EXPECT_TRUE(refused(std::string(4097, 'a'), "at most 4096"));
+  // Small patterns with large automata are refused quickly (each once took seconds to minutes
+  // and gigabytes): empty alternatives repeated, and repeats whose sets of states grow.
+  EXPECT_TRUE(refused("(?:(?:" + std::string(2000, '|') + "a){1000}){20}", "too large"));
+  EXPECT_TRUE(refused("(?:.?){1000}(?:.?){1000}", "too complex"));
+  EXPECT_TRUE(refused("[ab]*a[ab]{13}(?:.?){1000}", "too complex"));
+  EXPECT_TRUE(refused(std::string(65, '(') + "a" + std::string(65, ')'),
+                      "more than 64 groups nested at position 64"));
+  EXPECT_TRUE(RegexGuide::Compile(std::string(64, '(') + "a" + std::string(64, ')')).ok());
 }
 
 // Long bounded repeats of any character (".{0,1000}": up to 1000 characters of free text)
