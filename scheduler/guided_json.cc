@@ -153,13 +153,18 @@ bool JsonObjectGuide::Next(const State& in, uint8_t b, State* out) {
       } else if (b < 0x20) {
         return false;  // control characters are escaped in JSON
       } else if (b >= 0x80) {
-        // A character's lead byte and how many continuation bytes it announces.
+        // A character's lead byte, how many continuation bytes it announces, and the range of
+        // the first where it is narrower than 80..BF (no overlong forms, surrogates or code
+        // points past U+10FFFF: Unicode's Table 3-7).
+        s.literal = 0;
         if (b >= 0xC2 && b <= 0xDF) {
           s.aux = 1;
         } else if (b >= 0xE0 && b <= 0xEF) {
           s.aux = 2;
+          s.literal = b == 0xE0 ? 1 : b == 0xED ? 2 : 0;
         } else if (b >= 0xF0 && b <= 0xF4) {
           s.aux = 3;
+          s.literal = b == 0xF0 ? 3 : b == 0xF4 ? 4 : 0;
         } else {
           return false;
         }
@@ -167,11 +172,15 @@ bool JsonObjectGuide::Next(const State& in, uint8_t b, State* out) {
       }
       *out = s;
       return true;
-    case kUtf8:
-      if (b < 0x80 || b > 0xBF) return false;
+    case kUtf8: {
+      static constexpr uint8_t kLow[] = {0x80, 0xA0, 0x80, 0x90, 0x80};
+      static constexpr uint8_t kHigh[] = {0xBF, 0xBF, 0x9F, 0xBF, 0x8F};
+      if (b < kLow[s.literal] || b > kHigh[s.literal]) return false;
+      s.literal = 0;
       if (--s.aux == 0) s.mode = kString;
       *out = s;
       return true;
+    }
     case kEscape:
       if (b == 'u') {
         s.mode = kHex;

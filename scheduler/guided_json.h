@@ -21,7 +21,7 @@ class JsonObjectGuide : public Guide {
   struct State {
     uint8_t mode = 0;    // JsonObjectGuide::Mode
     uint8_t aux = 0;     // hex digits or UTF-8 bytes still owed; a literal's next byte
-    uint8_t literal = 0;  // which of true, false, null
+    uint8_t literal = 0;  // which of true, false, null; in a character, its 2nd byte's range
     uint8_t spaces = 0;  // whitespace bytes in a row
     uint8_t depth = 0;   // containers open
     bool key = false;    // the string being read is an object's key

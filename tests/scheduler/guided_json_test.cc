@@ -43,6 +43,14 @@ TEST(JsonObjectGuideTest, AcceptsJsonObjectsAndNothingElse) {
   // A prefix of an object leads on; what no object begins with does not.
   EXPECT_TRUE(LeadsOn(R"({"a": [1, {"b": "x\u00)"));
   EXPECT_TRUE(LeadsOn("{\"a\": \"\xc3"));  // half of é
+  // Only well-formed UTF-8 (Table 3-7): no overlong forms, surrogates or past U+10FFFF.
+  for (const char* bad : {"\xe0\x80", "\xed\xa0", "\xf0\x80", "\xf4\x90", "\xc0", "\xf5"}) {
+    EXPECT_FALSE(LeadsOn(std::string("{\"a\": \"") + bad)) << bad;
+  }
+  for (const char* good : {"\xe0\xa0\x80", "\xed\x9f\xbf", "\xf0\x90\x80\x80",
+                           "\xf4\x8f\xbf\xbf", "\xe1\x80\x80"}) {
+    EXPECT_TRUE(Accepts(std::string("{\"a\": \"") + good + "\"}")) << good;
+  }
   EXPECT_FALSE(LeadsOn(R"({"a": 1]})"));
   EXPECT_FALSE(LeadsOn(R"({"a": 1} )"));  // nothing after the object, not even a space
 }
