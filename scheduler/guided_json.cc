@@ -13,7 +13,9 @@ enum Mode : uint8_t {
   kAfter,      // after a value in a container: ',' or its closer
   kString,     // inside a string
   kEscape,     // after a backslash
-  kHex,        // in \uXXXX, aux digits to go
+  kHex,        // in \uXXXX, aux digits to go; `literal` holds the kHex* flags
+  kLowSlash,   // after a high surrogate's \uD800..\uDBFF: the backslash of its low half
+  kLowU,       // and its u
   kUtf8,       // in a character, aux continuation bytes to go
   kMinus,      // number: after '-'
   kZero,       // number: a leading 0
@@ -28,6 +30,13 @@ enum Mode : uint8_t {
 };
 
 constexpr std::string_view kLiterals[] = {"true", "false", "null"};
+
+// In \uXXXX: what `literal` records about the code unit being read.
+constexpr uint8_t kHexLowOwed = 1;   // it must be a low surrogate, DC00..DFFF
+constexpr uint8_t kHexFirstD = 2;    // its first digit is D
+constexpr uint8_t kHexHigh = 4;      // it is a high surrogate, D800..DBFF
+
+int HexValue(uint8_t b) { return b <= '9' ? b - '0' : (b | 0x20) - 'a' + 10; }
 
 bool IsSpace(uint8_t b) { return b == ' ' || b == '\n' || b == '\t' || b == '\r'; }
 bool IsDigit(uint8_t b) { return b >= '0' && b <= '9'; }
@@ -185,6 +194,7 @@ bool JsonObjectGuide::Next(const State& in, uint8_t b, State* out) {
       if (b == 'u') {
         s.mode = kHex;
         s.aux = 4;
+        s.literal = 0;
       } else if (std::string_view("\"\\/bfnrt").find(char(b)) != std::string_view::npos) {
         s.mode = kString;
       } else {
@@ -192,9 +202,37 @@ bool JsonObjectGuide::Next(const State& in, uint8_t b, State* out) {
       }
       *out = s;
       return true;
-    case kHex:
+    case kHex: {
+      // Surrogates come in pairs, \uD800..\uDBFF then \uDC00..\uDFFF, or a parser refuses
+      // them; the first two digits tell which a code unit is.
       if (!IsHex(b)) return false;
-      if (--s.aux == 0) s.mode = kString;
+      const bool low_owed = s.literal & kHexLowOwed;
+      if (s.aux == 4) {
+        const bool d = HexValue(b) == 0xD;
+        if (low_owed && !d) return false;
+        if (d) s.literal |= kHexFirstD;
+      } else if (s.aux == 3 && (s.literal & kHexFirstD)) {
+        const int v = HexValue(b);
+        if (low_owed ? v < 0xC : v >= 0xC) return false;  // a low half only after a high one
+        if (!low_owed && v >= 0x8) s.literal |= kHexHigh;
+      }
+      if (--s.aux == 0) {
+        s.mode = s.literal & kHexHigh ? kLowSlash : kString;
+        s.literal = 0;
+      }
+      *out = s;
+      return true;
+    }
+    case kLowSlash:
+      if (b != '\\') return false;
+      s.mode = kLowU;
+      *out = s;
+      return true;
+    case kLowU:
+      if (b != 'u') return false;
+      s.mode = kHex;
+      s.aux = 4;
+      s.literal = kHexLowOwed;
       *out = s;
       return true;
     case kLiteral: {

@@ -13,7 +13,8 @@
 namespace thetaserve::scheduler {
 
 constexpr int kMaxJsonDepth = 32;          // objects and arrays open at once
-constexpr int kMaxJsonWhitespace = 32;     // whitespace bytes in a row (indentation fits)
+constexpr int kMaxJsonWhitespace = 32;     // whitespace bytes in a row (a newline and 31
+                                           // spaces of indentation)
 
 class JsonObjectGuide : public Guide {
  public:
@@ -21,7 +22,8 @@ class JsonObjectGuide : public Guide {
   struct State {
     uint8_t mode = 0;    // JsonObjectGuide::Mode
     uint8_t aux = 0;     // hex digits or UTF-8 bytes still owed; a literal's next byte
-    uint8_t literal = 0;  // which of true, false, null; in a character, its 2nd byte's range
+    uint8_t literal = 0;  // which of true, false, null; in a character, its 2nd byte's range;
+                        // in \uXXXX, what is known of the surrogates
     uint8_t spaces = 0;  // whitespace bytes in a row
     uint8_t depth = 0;   // containers open
     bool key = false;    // the string being read is an object's key

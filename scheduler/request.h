@@ -49,8 +49,8 @@ struct Request {
   // prefix-cache blocks: their logits are needed). With it, stopping.max_tokens may be 0:
   // score the prompt, generate nothing.
   int32_t prompt_logprobs = -1;
-  // vLLM's structured outputs (guided_choice, guided_regex): what the whole output must be;
-  // null: unguided. Shared by a call's prompts and completions.
+  // vLLM's structured outputs (guided_choice, guided_regex, json_object): what the whole
+  // output must be; null: unguided. Shared by a call's prompts and completions.
   std::shared_ptr<const Guide> guide;
   Clock::time_point arrival = Clock::now();
   std::optional<Clock::time_point> deadline;

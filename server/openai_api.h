@@ -50,7 +50,8 @@ struct OpenAiCall {
   // (-1: not asked).
   int prompt_logprobs = -1;
   // The guided choice / regex came as structured_outputs.choice / .regex (errors name them
-  // so), not as guided_choice / guided_regex.
+  // so), not as guided_choice / guided_regex. (json_object's conflicts are refused while the
+  // body is read, naming the client's own fields.)
   bool structured_choice = false;
   bool structured_regex = false;
 };

@@ -339,6 +339,12 @@ absl::Status RefuseUnsupported(const In& body, OpenAiEndpoint endpoint) {
                               "response_format json_object");
     }
   }
+  // JSON's whitespace is JSON's own (a bounded run of space, tab, CR and LF), never a pattern
+  // of the client's.
+  constexpr const char* kWhitespace = "JSON's own whitespace only, at most 32 bytes in a row";
+  if (Given(body, "guided_whitespace_pattern")) {
+    return Unsupported("guided_whitespace_pattern", kWhitespace);
+  }
   if (Given(body, "structured_outputs")) {
     const In& so = body["structured_outputs"];
     if (!so.is_object()) return Invalid("structured_outputs", "must be an object");
@@ -347,6 +353,12 @@ absl::Status RefuseUnsupported(const In& body, OpenAiEndpoint endpoint) {
         return Unsupported(absl::StrCat("structured_outputs.", key),
                            "no constrained decoding but choice, regex and json_object");
       }
+    }
+    if (Given(so, "whitespace_pattern")) {
+      return Unsupported("structured_outputs.whitespace_pattern", kWhitespace);
+    }
+    if (Given(so, "disable_any_whitespace") && so["disable_any_whitespace"] != false) {
+      return Unsupported("structured_outputs.disable_any_whitespace", kWhitespace);
     }
   }
   if (Given(body, "use_beam_search") && body["use_beam_search"] != false) {

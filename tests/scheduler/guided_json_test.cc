@@ -51,6 +51,15 @@ TEST(JsonObjectGuideTest, AcceptsJsonObjectsAndNothingElse) {
                            "\xf4\x8f\xbf\xbf", "\xe1\x80\x80"}) {
     EXPECT_TRUE(Accepts(std::string("{\"a\": \"") + good + "\"}")) << good;
   }
+  // \u surrogates only in pairs, high then low, as a parser wants them.
+  for (const char* good :
+       {R"(\ud83d\ude00)", R"(\uDBFF\uDFFF)", R"(\ud7ff\ue000)", R"(\uD000)"}) {
+    EXPECT_TRUE(Accepts(std::string("{\"a\": \"") + good + "\"}")) << good;
+  }
+  for (const char* bad : {R"(\ud800")", R"(\udc00)", R"(\ud83d\u0041)", R"(\ud83d\n)",
+                          R"(\ud83d\ud83d)", R"(\uDFFF)"}) {
+    EXPECT_FALSE(LeadsOn(std::string("{\"a\": \"") + bad)) << bad;
+  }
   EXPECT_FALSE(LeadsOn(R"({"a": 1]})"));
   EXPECT_FALSE(LeadsOn(R"({"a": 1} )"));  // nothing after the object, not even a space
 }
@@ -78,9 +87,9 @@ TEST(JsonObjectGuideTest, AgreesWithAJsonParserOnRandomObjectsAndEdits) {
   };
   auto string = [&] {
     static const char* kParts[] = {"a", "Z", " ", "é", "😀", "\\n", "\\\"", "\\\\", "\\u00e9",
-                                   "\\/", "9", "{", "]", ":", ","};
+                                   "\\/", "9", "{", "]", ":", ",", "\\ud83d\\ude00"};
     std::string s = "\"";
-    for (int n = pick(5); n > 0; --n) s += kParts[pick(15)];
+    for (int n = pick(5); n > 0; --n) s += kParts[pick(16)];
     return s + "\"";
   };
   // Appends to `out` (GCC 12 warns falsely about chains of + on strings).

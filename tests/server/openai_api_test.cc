@@ -234,6 +234,12 @@ TEST(OpenAiApiTest, WhatTheServerCannotHonourIsRefusedByName) {
        "structured_outputs.json is not supported"},
       {R"("structured_outputs": {"grammar": "root ::= x", "choice": ["a"]})",
        "structured_outputs.grammar is not supported"},
+      {R"("guided_whitespace_pattern": " ?", "response_format": {"type": "json_object"})",
+       "guided_whitespace_pattern is not supported"},
+      {R"("structured_outputs": {"json_object": true, "whitespace_pattern": ""})",
+       "structured_outputs.whitespace_pattern is not supported"},
+      {R"("structured_outputs": {"json_object": true, "disable_any_whitespace": true})",
+       "structured_outputs.disable_any_whitespace is not supported"},
       {R"("use_beam_search": true)", "use_beam_search is not supported"},
       {R"("functions": [{"name": "f"}])", "functions is not supported"},
       {R"("function_call": "auto")", "function_call is not supported"},
@@ -255,6 +261,8 @@ TEST(OpenAiApiTest, WhatTheServerCannotHonourIsRefusedByName) {
   // Neutral values pass: tools with tool_choice "none" call none of them.
   auto neutral = Completion(R"({"prompt": "x", "suffix": "", "logit_bias": {}, "min_tokens": 0,
       "guided_json": null, "include_stop_str_in_output": false, "use_beam_search": false,
+      "guided_whitespace_pattern": null,
+      "structured_outputs": {"json_object": true, "disable_any_whitespace": false},
       "allowed_token_ids": [], "bad_words": [], "response_format": {"type": "text"}})");
   EXPECT_TRUE(neutral.ok()) << neutral.status();
   auto no_tools = Chat(R"({"messages": [{"role": "user", "content": "x"}],
