@@ -583,10 +583,11 @@ struct Nfa {
 
 }  // namespace
 
-absl::StatusOr<std::shared_ptr<const RegexGuide>> RegexGuide::Compile(std::string_view pattern) {
-  if (pattern.size() > size_t(kMaxRegexBytes)) {
+absl::StatusOr<std::shared_ptr<const RegexGuide>> RegexGuide::Compile(std::string_view pattern,
+                                                                     size_t max_bytes) {
+  if (pattern.size() > max_bytes) {
     return Refused(absl::StrFormat("the pattern has %d bytes; at most %d are allowed",
-                                   pattern.size(), kMaxRegexBytes));
+                                   pattern.size(), max_bytes));
   }
   if (!model::IsValidUtf8(pattern)) return Refused("the pattern is not valid UTF-8");
   std::vector<Node> nodes;
@@ -724,6 +725,14 @@ void RegexGuide::Allowed(std::string_view so_far, const TokenBytesIndex& vocab,
   };
   vocab.Walk(state, step, allowed);
   vocab.SortIds(allowed);
+}
+
+bool RegexGuide::Emits(uint8_t byte) const {
+  // Every state left is on the way to a match, so a move on `byte` from any is in one.
+  for (int32_t state = 0; state < num_states_; ++state) {
+    if (Next(state, byte) != kDead) return true;
+  }
+  return false;
 }
 
 bool RegexGuide::Accepts(std::string_view so_far) const {

@@ -32,8 +32,11 @@ class RegexGuide : public Guide {
   // newline), classes [a-z], [^…] with \d \w \s \D \W \S (ASCII meanings, as re.ASCII),
   // groups (…), (?:…), (?P<name>…), alternation, the quantifiers * + ? {m} {m,} {,n} {m,n}
   // (lazy and greedy alike: a whole match does not care), and ^ at the start and $ at the
-  // end. Back-references, look-arounds, \b and inline flags are refused by name.
-  static absl::StatusOr<std::shared_ptr<const RegexGuide>> Compile(std::string_view pattern);
+  // end. Back-references, look-arounds, \b and inline flags are refused by name. A client's
+  // pattern has at most kMaxRegexBytes; one built by the server (from a JSON schema) may be
+  // longer, the automaton's bounds still holding.
+  static absl::StatusOr<std::shared_ptr<const RegexGuide>> Compile(
+      std::string_view pattern, size_t max_bytes = kMaxRegexBytes);
 
   void Allowed(std::string_view so_far, const TokenBytesIndex& vocab,
                std::vector<int32_t>* allowed) const override;
@@ -42,6 +45,8 @@ class RegexGuide : public Guide {
 
   const std::string& pattern() const { return pattern_; }
   int num_states() const { return num_states_; }
+  // Some match has `byte` in it.
+  bool Emits(uint8_t byte) const;
   // The state after `bytes` from `state`, or kDead when no match can follow.
   int32_t Step(int32_t state, std::string_view bytes) const;
   static constexpr int32_t kDead = -1;

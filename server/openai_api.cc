@@ -169,7 +169,7 @@ absl::StatusOr<OpenAiCall> ParseOpenAiRequest(std::string_view body_text, OpenAi
   } else {
     if (absl::Status s = ParseMessages(body, call.request.mutable_chat()); !s.ok()) return s;
   }
-  if (absl::Status s = ParseSampling(body, &call); !s.ok()) return s;
+  if (absl::Status s = ParseSampling(body, body_text, &call); !s.ok()) return s;
   if (const int64_t n = std::max<uint32_t>(1, call.request.n());
       int64_t(call.prompt_count()) * n > kMaxCompletionsPerCall) {
     return Invalid("n", absl::StrCat("= ", n, " with ", call.prompt_count(), " prompts asks for ",

@@ -54,6 +54,9 @@ struct OpenAiCall {
   // body is read, naming the client's own fields.)
   bool structured_choice = false;
   bool structured_regex = false;
+  // Where the JSON schema came from (guided_json, structured_outputs.json or
+  // response_format.json_schema.schema), to name it in errors; empty: none.
+  std::string schema_field;
 };
 
 // Parses a request body. INVALID_ARGUMENT names the field and what is allowed; NOT_FOUND when

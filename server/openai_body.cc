@@ -93,6 +93,87 @@ absl::StatusOr<std::vector<uint32_t>> TokenIdArray(const In& v, const std::strin
   return ids;
 }
 
+namespace {
+
+size_t SkipSpace(std::string_view t, size_t i) {
+  while (i < t.size() && (t[i] == ' ' || t[i] == '\t' || t[i] == '\n' || t[i] == '\r')) ++i;
+  return i;
+}
+
+// Past the string that starts at t[i].
+size_t SkipString(std::string_view t, size_t i) {
+  for (++i; i < t.size(); ++i) {
+    if (t[i] == '\\') {
+      ++i;
+    } else if (t[i] == '"') {
+      return i + 1;
+    }
+  }
+  return t.size();
+}
+
+// Past the value that starts at t[i] (valid JSON: the parse has seen it).
+size_t SkipValue(std::string_view t, size_t i) {
+  if (i < t.size() && t[i] == '"') return SkipString(t, i);
+  if (i < t.size() && (t[i] == '{' || t[i] == '[')) {
+    int depth = 0;
+    while (i < t.size()) {
+      const char c = t[i];
+      if (c == '"') {
+        i = SkipString(t, i);
+        continue;
+      }
+      if (c == '{' || c == '[') {
+        ++depth;
+      } else if ((c == '}' || c == ']') && --depth == 0) {
+        return i + 1;
+      }
+      ++i;
+    }
+    return t.size();
+  }
+  while (i < t.size() && std::string_view(",}] \t\n\r").find(t[i]) == std::string_view::npos) {
+    ++i;
+  }
+  return i;
+}
+
+// The text of member `key` of the object whose text is `object`; empty when absent.
+std::string_view Member(std::string_view object, std::string_view key) {
+  std::string_view found;
+  size_t i = SkipSpace(object, 1);
+  while (i < object.size() && object[i] == '"') {
+    const size_t key_end = SkipString(object, i);
+    const std::string_view raw = object.substr(i + 1, key_end - i - 2);
+    bool same = raw == key;
+    if (!same && raw.find('\\') != std::string_view::npos) {  // an escaped name: decode it
+      const In name = In::parse(object.substr(i, key_end - i), nullptr, false);
+      same = name.is_string() && name.get_ref<const std::string&>() == key;
+    }
+    i = SkipSpace(object, SkipSpace(object, key_end) + 1);  // past ':'
+    const size_t value_end = SkipValue(object, i);
+    if (same) found = object.substr(i, value_end - i);
+    i = SkipSpace(object, value_end);
+    if (i >= object.size() || object[i] != ',') break;
+    i = SkipSpace(object, i + 1);
+  }
+  return found;
+}
+
+}  // namespace
+
+std::string_view RawValue(std::string_view body_text,
+                          std::initializer_list<std::string_view> path) {
+  std::string_view v = body_text;
+  if (v.substr(0, 3) == "\xEF\xBB\xBF") v.remove_prefix(3);  // a BOM, which the parse skips
+  v.remove_prefix(SkipSpace(v, 0));
+  for (std::string_view key : path) {
+    if (v.empty() || v[0] != '{') return {};
+    v = Member(v, key);
+  }
+  return v;
+}
+
 absl::StatusOr<In> ParseBody(std::string_view body_text, const std::string& served_model) {
   In body = In::parse(body_text, nullptr, /*allow_exceptions=*/false);
   if (body.is_discarded()) {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -30,6 +31,12 @@ absl::StatusOr<std::string> String(const In& v, const std::string& field);
 absl::Status Unsupported(const std::string& key, const std::string& why);
 // Token ids from a JSON array (the prompt, stop_token_ids).
 absl::StatusOr<std::vector<uint32_t>> TokenIdArray(const In& v, const std::string& field);
+// The text of the value at `path` (keys from the top object down) in `body_text`, a body that
+// ParseBody took; empty when absent (or not under objects). Of duplicate keys, the last, as
+// the parse keeps. For a value whose keys' order matters (a JSON schema's properties), which
+// In, sorted, does not keep.
+std::string_view RawValue(std::string_view body_text,
+                          std::initializer_list<std::string_view> path);
 // A request body: a JSON object whose `model`, when given, is `served_model` (else NOT_FOUND);
 // invalid JSON is INVALID_ARGUMENT saying what the parser found wrong.
 absl::StatusOr<In> ParseBody(std::string_view body_text, const std::string& served_model);

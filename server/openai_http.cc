@@ -387,6 +387,9 @@ void OpenAiHttpServer::Generate(const HttpRequest& http, HttpResponder& out, boo
     if (call->structured_regex) {
       absl::StrReplaceAll({{"sampling.guided_regex", "structured_outputs.regex"}}, &message);
     }
+    if (!call->schema_field.empty()) {
+      absl::StrReplaceAll({{"sampling.guided_json", call->schema_field}}, &message);
+    }
     return reject(absl::Status(constraints.status().code(), message));
   }
   for (size_t p = 0; p < prompt_count; ++p) {

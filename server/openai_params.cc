@@ -16,6 +16,7 @@ using openai_body::In;
 using openai_body::Integer;
 using openai_body::Invalid;
 using openai_body::Number;
+using openai_body::RawValue;
 using openai_body::String;
 using openai_body::TokenIdArray;
 using openai_body::Unsupported;
@@ -36,7 +37,7 @@ absl::Status ParseStop(const In& body, v1::GenerateRequest* out) {
   return absl::OkStatus();
 }
 
-absl::Status ParseSampling(const In& body, OpenAiCall* call) {
+absl::Status ParseSampling(const In& body, std::string_view body_text, OpenAiCall* call) {
   auto* sp = call->request.mutable_sampling();
   auto* st = call->request.mutable_stopping();
   absl::Status status;
@@ -218,16 +219,71 @@ absl::Status ParseSampling(const In& body, OpenAiCall* call) {
       json_field = "structured_outputs.json_object";
     }
   }
+  // The guide given before: a later one is refused beside it.
+  auto earlier = [&]() -> std::string {
+    if (sp->guided_choice_size() > 0) {
+      return call->structured_choice ? "structured_outputs.choice" : "guided_choice";
+    }
+    if (!sp->guided_regex().empty()) {
+      return call->structured_regex ? "structured_outputs.regex" : "guided_regex";
+    }
+    return sp->json_object() ? json_field : "";
+  };
   if (!json_field.empty()) {
-    if (sp->guided_choice_size() > 0 || !sp->guided_regex().empty()) {
-      const char* other = sp->guided_choice_size() > 0
-                              ? (call->structured_choice ? "structured_outputs.choice"
-                                                         : "guided_choice")
-                              : (call->structured_regex ? "structured_outputs.regex"
-                                                        : "guided_regex");
+    if (const std::string other = earlier(); !other.empty()) {
       return Invalid(json_field, absl::StrCat("and ", other, " are both given; send one"));
     }
     sp->set_json_object(true);
+  }
+  // A JSON schema: guided_json or structured_outputs.json (an object, or a string holding
+  // one), or response_format {"type": "json_schema", "json_schema": {"schema": ...}}. It is
+  // read from the body's text, keeping its properties' order (the order they are written in).
+  bool by_new_name = false;
+  auto schema = structured("guided_json", "json", &by_new_name);
+  if (!schema.ok()) return schema.status();
+  std::string schema_field;
+  std::string_view schema_text;
+  std::string schema_string;
+  if (*schema) {
+    schema_field = field;
+    if ((*schema)->is_string()) {
+      schema_string = (*schema)->get<std::string>();
+      schema_text = schema_string;
+    } else if ((*schema)->is_object()) {
+      schema_text = by_new_name ? RawValue(body_text, {"structured_outputs", "json"})
+                                : RawValue(body_text, {"guided_json"});
+    } else {
+      return Invalid(field, "must be a JSON schema (an object, or a string holding one)");
+    }
+  }
+  if (Given(body, "response_format") && body["response_format"].is_object() &&
+      body["response_format"].contains("type") &&
+      body["response_format"]["type"] == "json_schema") {
+    if (!schema_field.empty()) {
+      return Invalid("response_format", absl::StrCat("and ", schema_field,
+                                                      " are both given; send one"));
+    }
+    const In& format = body["response_format"];
+    if (!format.contains("json_schema") || !format["json_schema"].is_object()) {
+      return Invalid("response_format.json_schema", "must be an object with the schema");
+    }
+    const In& spec = format["json_schema"];
+    schema_field = "response_format.json_schema.schema";
+    if (!Given(spec, "schema") || !spec["schema"].is_object()) {
+      return Invalid(schema_field, "must be given, a JSON schema (an object)");
+    }
+    if (Given(spec, "strict") && !spec["strict"].is_boolean()) {
+      return Invalid("response_format.json_schema.strict", "must be true or false");
+    }
+    schema_text = RawValue(body_text, {"response_format", "json_schema", "schema"});
+  }
+  if (!schema_field.empty()) {
+    if (const std::string other = earlier(); !other.empty()) {
+      return Invalid(schema_field, absl::StrCat("and ", other, " are both given; send one"));
+    }
+    if (schema_text.empty()) return Invalid(schema_field, "is empty");
+    sp->set_guided_json(std::string(schema_text));
+    call->schema_field = schema_field;
   }
   // vLLM's extensions that narrow what is sampled.
   if (Given(body, "allowed_token_ids")) {
@@ -327,17 +383,16 @@ absl::Status RefuseUnsupported(const In& body, OpenAiEndpoint endpoint) {
   if (Given(body, "response_format") &&
       !(body["response_format"].is_object() && body["response_format"].contains("type") &&
         (body["response_format"]["type"] == "text" ||
-         body["response_format"]["type"] == "json_object"))) {
-    return Unsupported("response_format",
-                       "only {\"type\": \"text\"} and {\"type\": \"json_object\"}");
+         body["response_format"]["type"] == "json_object" ||
+         body["response_format"]["type"] == "json_schema"))) {
+    return Unsupported("response_format", "only {\"type\": \"text\"}, \"json_object\" and "
+                                          "\"json_schema\"");
   }
   // vLLM's extensions that would change what is generated, were they dropped: a client that
   // trusts a constraint must not get unconstrained text with a 200.
-  for (const char* key : {"guided_json", "guided_grammar"}) {
-    if (Given(body, key)) {
-      return Unsupported(key, "no constrained decoding but guided_choice, guided_regex and "
-                              "response_format json_object");
-    }
+  if (Given(body, "guided_grammar")) {
+    return Unsupported("guided_grammar", "no grammars; guided_choice, guided_regex, "
+                                         "guided_json and response_format are taken");
   }
   // JSON's whitespace is JSON's own (a bounded run of space, tab, CR and LF), never a pattern
   // of the client's.
@@ -348,10 +403,10 @@ absl::Status RefuseUnsupported(const In& body, OpenAiEndpoint endpoint) {
   if (Given(body, "structured_outputs")) {
     const In& so = body["structured_outputs"];
     if (!so.is_object()) return Invalid("structured_outputs", "must be an object");
-    for (const char* key : {"json", "grammar", "structural_tag"}) {
+    for (const char* key : {"grammar", "structural_tag"}) {
       if (Given(so, key) && so[key] != false) {
         return Unsupported(absl::StrCat("structured_outputs.", key),
-                           "no constrained decoding but choice, regex and json_object");
+                           "no grammars; choice, regex, json and json_object are taken");
       }
     }
     if (Given(so, "whitespace_pattern")) {

@@ -3,6 +3,8 @@
 // server cannot honour. Part of ParseOpenAiRequest (openai_api.cc).
 #pragma once
 
+#include <string_view>
+
 #include "absl/status/status.h"
 #include "server/openai_api.h"
 #include "server/openai_body.h"
@@ -10,8 +12,10 @@
 namespace thetaserve::server {
 
 absl::Status ParseStop(const openai_body::In& body, v1::GenerateRequest* out);
-// Sampling and stopping (ParseStop among them), n, best_of, echo, max_tokens.
-absl::Status ParseSampling(const openai_body::In& body, OpenAiCall* call);
+// Sampling and stopping (ParseStop among them), n, best_of, echo, max_tokens. `body_text` is
+// the body as sent (a JSON schema is taken from it with its keys in their order).
+absl::Status ParseSampling(const openai_body::In& body, std::string_view body_text,
+                           OpenAiCall* call);
 // logprobs (completions: a count; chat: a flag and top_logprobs).
 absl::Status ParseLogprobs(const openai_body::In& body, OpenAiCall* call);
 // Parameters with no counterpart here: refused unless neutral (absent, null, empty, or the

@@ -8,6 +8,7 @@
 #include "model/tokenizer_utf8.h"
 #include "scheduler/guided_json.h"
 #include "scheduler/guided_regex.h"
+#include "scheduler/guided_schema.h"
 
 namespace thetaserve::server {
 
@@ -260,14 +261,27 @@ absl::StatusOr<TokenConstraints> BuildTokenConstraints(const v1::SamplingParams&
     }
     out.guide = std::move(*regex);
   }
+  const char* earlier =
+      sp.guided_choice_size() > 0 ? "sampling.guided_choice" : "sampling.guided_regex";
   if (sp.json_object()) {
     if (out.guide) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "sampling.json_object and ",
-          sp.guided_choice_size() > 0 ? "sampling.guided_choice" : "sampling.guided_regex",
-          " are both given; send one"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("sampling.json_object and ", earlier, " are both given; send one"));
     }
     out.guide = std::make_shared<const scheduler::JsonObjectGuide>();
+  }
+  if (!sp.guided_json().empty()) {
+    if (out.guide) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "sampling.guided_json and ", sp.json_object() ? "sampling.json_object" : earlier,
+          " are both given; send one"));
+    }
+    auto schema = scheduler::CompileJsonSchema(sp.guided_json());
+    if (!schema.ok()) {
+      return absl::Status(schema.status().code(),
+                          absl::StrCat("sampling.", schema.status().message()));
+    }
+    out.guide = std::move(*schema);
   }
   return out;
 }

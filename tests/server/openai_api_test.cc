@@ -188,6 +188,9 @@ TEST(OpenAiApiTest, ChatMessagesBecomeTheChatInput) {
       "tools": [{"type": "function"}]})"), "tools is not supported"));
   EXPECT_TRUE(RefusedWith(Chat(R"({"messages": [{"role": "user", "content": "x"}],
       "response_format": {"type": "json_schema", "json_schema": {}}})"),
+      "response_format.json_schema.schema must be given"));
+  EXPECT_TRUE(RefusedWith(Chat(R"({"messages": [{"role": "user", "content": "x"}],
+      "response_format": {"type": "grammar", "grammar": "root ::= x"}})"),
       "response_format is not supported"));
   // Wrong JSON types anywhere are refused, never thrown.
   for (const char* body : {
@@ -227,11 +230,10 @@ TEST(OpenAiApiTest, WhatTheServerCannotHonourIsRefusedByName) {
   // Fields that change what is generated were taken and dropped (200 with unconstrained text);
   // each is refused by name on both routes.
   const std::pair<std::string, std::string> dropped[] = {
-      {R"("response_format": {"type": "json_schema"})", "response_format is not supported"},
-      {R"("guided_json": {"type": "object"})", "guided_json is not supported"},
+      {R"("response_format": {"type": "grammar"})", "response_format is not supported"},
       {R"("guided_grammar": "root ::= x")", "guided_grammar is not supported"},
-      {R"("structured_outputs": {"json": {"type": "object"}})",
-       "structured_outputs.json is not supported"},
+      {R"("structured_outputs": {"structural_tag": "{}"})",
+       "structured_outputs.structural_tag is not supported"},
       {R"("structured_outputs": {"grammar": "root ::= x", "choice": ["a"]})",
        "structured_outputs.grammar is not supported"},
       {R"("guided_whitespace_pattern": " ?", "response_format": {"type": "json_object"})",
@@ -545,6 +547,50 @@ TEST_F(OpenAiResponseTest, VllmsSamplingExtensionsReachTheEngineRequest) {
   EXPECT_TRUE(
       RefusedWith(Completion(R"({"prompt": "x", "structured_outputs": {"json_object": 1}})"),
                   "structured_outputs.json_object must be true or false"));
+  // A JSON schema by any of its three names (or as a string holding it), its properties in the
+  // order they were sent (the parsed body sorts keys; the schema is taken from its text).
+  const std::string schema =
+      R"({"type": "object", "properties": {"zeta": {"type": "integer"},
+          "alpha": {"enum": ["a", "b"]}}, "required": ["zeta", "alpha"]})";
+  Json as_string = {{"prompt", "x"}, {"guided_json", schema}};
+  for (const std::string& body :
+       {absl::StrCat(R"({"prompt": "x", "guided_json": )", schema, "}"),
+        absl::StrCat(R"({"prompt": "x", "structured_outputs": {"json": )", schema, "}}"),
+        absl::StrCat(R"({"prompt": "x", "response_format": {"type": "json_schema",
+            "json_schema": {"name": "pair", "strict": true, "schema": )", schema, "}}}"),
+        as_string.dump()}) {
+    auto call = Completion(body);
+    ASSERT_TRUE(call.ok()) << call.status() << body;
+    auto guided = build(body);
+    ASSERT_TRUE(guided.ok()) << guided.status();
+    auto* regex = dynamic_cast<const scheduler::RegexGuide*>(guided->guide.get());
+    ASSERT_NE(regex, nullptr) << body;
+    EXPECT_TRUE(regex->Complete(R"({"zeta": 3, "alpha": "b"})")) << body;
+    EXPECT_FALSE(regex->Accepts(R"({"alpha": "b", "zeta": 3})")) << body;
+  }
+  EXPECT_EQ(Completion(absl::StrCat(R"({"prompt": "x", "response_format": {"type": "json_schema",
+      "json_schema": {"schema": )", schema, "}}}"))->schema_field,
+            "response_format.json_schema.schema");
+  EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": "x", "guided_json": {"type": "string"},
+      "response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "null"}}}})"),
+      "response_format and guided_json are both given; send one"));
+  EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": "x", "guided_json": {"type": "string"},
+      "structured_outputs": {"json": {"type": "null"}}})"), "are both given; send one"));
+  EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": "x", "response_format": {"type": "json_object"},
+      "structured_outputs": {"json": {"type": "null"}}})"),
+      "structured_outputs.json and response_format are both given; send one"));
+  EXPECT_TRUE(RefusedWith(
+      Completion(R"({"prompt": "x", "guided_json": 3})"),
+      "guided_json must be a JSON schema (an object, or a string holding one)"));
+  EXPECT_TRUE(
+      RefusedWith(Completion(R"({"prompt": "x", "response_format": {"type": "json_schema"}})"),
+                  "response_format.json_schema must be an object with the schema"));
+  EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": "x", "response_format": {"type": "json_schema",
+      "json_schema": {"name": "x"}}})"),
+      "response_format.json_schema.schema must be given, a JSON schema (an object)"));
+  EXPECT_EQ(build(R"({"prompt": "x", "guided_json": {"type": "object"}})").status().message(),
+            "guided_json: #: an object without properties (any object) cannot be guided; "
+            "response_format json_object asks for one");
   EXPECT_EQ(build(R"({"prompt": "x", "structured_outputs": {"regex": "a+", "choice": ["a"]}})")
                 .status()
                 .message(),

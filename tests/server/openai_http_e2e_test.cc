@@ -580,6 +580,105 @@ TEST_F(OpenAiHttpTest, JsonObjectAnswersAreJsonObjects) {
             "sampling.json_object and sampling.guided_regex are both given; send one");
 }
 
+// A JSON schema guides the answer: by response_format json_schema on chat, guided_json on
+// completions (sampled, streamed alike) and on gRPC; the answers parse, hold the schema's
+// types and bounds, and keep its properties' order; a schema that cannot be guided is refused
+// naming the field and where in the schema.
+TEST_F(OpenAiHttpTest, JsonSchemaAnswersFollowTheSchema) {
+  ASSERT_TRUE(server_->started());
+  auto post = [&](const std::string& path, const std::string& body) {
+    HttpResult r = HttpCall(http_port_, "POST", path, body);
+    EXPECT_EQ(r.status, 200) << r.body;
+    return r.status == 200 ? Json::parse(r.body) : Json();
+  };
+  // Sent as text: the order of "name", "age", "indoor" is the order asked for.
+  const std::string cat_schema =
+      R"({"type": "object", "properties": {"name": {"type": "string", "maxLength": 20},
+          "age": {"type": "integer", "minimum": 0, "maximum": 30}, "indoor": {"type": "boolean"}},
+          "required": ["name", "age", "indoor"]})";
+  auto check_cat = [](const std::string& text) {
+    ASSERT_TRUE(Json::accept(text)) << text;
+    const auto cat = nlohmann::ordered_json::parse(text);
+    std::vector<std::string> keys;
+    for (const auto& [key, value] : cat.items()) keys.push_back(key);
+    EXPECT_EQ(keys, std::vector<std::string>({"name", "age", "indoor"})) << text;
+    EXPECT_TRUE(cat["name"].is_string() && cat["indoor"].is_boolean()) << text;
+    ASSERT_TRUE(cat["age"].is_number_integer()) << text;
+    EXPECT_GE(cat["age"].get<int>(), 0) << text;
+    EXPECT_LE(cat["age"].get<int>(), 30) << text;
+  };
+  Json j = post("/v1/chat/completions", absl::StrCat(R"({"messages": [{"role": "user",
+      "content": "Describe a cat as JSON."}], "temperature": 0, "max_tokens": 200,
+      "response_format": {"type": "json_schema", "json_schema": {"name": "cat", "strict": true,
+      "schema": )", cat_schema, "}}}"));
+  std::string text = j["choices"][0]["message"]["content"];
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "stop") << text;
+  check_cat(text);
+  const std::string greedy_cat = text;
+
+  // Sampled completions, an enum and an optional property among them.
+  const std::string book_schema =
+      R"({"type": "object", "properties": {"title": {"type": "string", "maxLength": 30},
+          "genre": {"enum": ["novel", "poetry", "history"]},
+          "pages": {"type": "integer", "minimum": 1, "maximum": 2000}},
+          "required": ["title", "genre"]})";
+  const std::string sampled = absl::StrCat(R"({"prompt": "A JSON object describing a book:",
+      "max_tokens": 80, "temperature": 1.0, "n": 3, "seed": 5, "guided_json": )", book_schema,
+                                           "}");
+  j = post("/v1/completions", sampled);
+  ASSERT_EQ(j["choices"].size(), 3u);
+  for (const Json& c : j["choices"]) {
+    text = c["text"];
+    ASSERT_EQ(c["finish_reason"], "stop") << text;
+    ASSERT_TRUE(Json::accept(text)) << text;
+    const Json book = Json::parse(text);
+    EXPECT_TRUE(book["title"].is_string()) << text;
+    EXPECT_TRUE(book["genre"] == "novel" || book["genre"] == "poetry" || book["genre"] == "history")
+        << text;
+    if (book.contains("pages")) {
+      EXPECT_TRUE(book["pages"].is_number_integer()) << text;
+    }
+    EXPECT_EQ(book.size(), book.contains("pages") ? 3u : 2u) << text;
+  }
+  Json streamed = Json::parse(sampled);
+  streamed["stream"] = true;
+  // (Re-sent as parsed: a sorted body; the schema keeps its order as it travels as text.)
+  streamed["guided_json"] = book_schema;
+  HttpResult s = Post("/v1/completions", streamed);
+  ASSERT_EQ(s.status, 200) << s.body;
+  const StreamedChoices parts = CollectChoices(s.body, 3);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(parts.texts[i], j["choices"][i]["text"]) << i;
+
+  // gRPC: the same schema gives the same greedy answer.
+  auto stub = server_->stub();
+  v1::GenerateRequest req;
+  v1::ChatMessage* m = req.mutable_chat()->add_messages();
+  m->set_role("user");
+  m->set_content("Describe a cat as JSON.");
+  req.mutable_stopping()->set_max_tokens(200);
+  req.mutable_sampling()->set_temperature(0);
+  req.mutable_sampling()->set_guided_json(cat_schema);
+  StreamResult answered = Generate(*stub, req);
+  ASSERT_TRUE(answered.status.ok()) << answered.status.error_message();
+  EXPECT_EQ(answered.text, greedy_cat);
+  req.mutable_sampling()->set_guided_json(R"({"type": "object", "properties": {"a": {}}})");
+  StreamResult refused = Generate(*stub, req);
+  EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(refused.status.error_message(),
+            "sampling.guided_json: #/properties/a: no type (any value) cannot be guided");
+  HttpResult bad = HttpCall(http_port_, "POST", "/v1/chat/completions",
+                            R"({"messages": [{"role": "user", "content": "x"}],
+      "response_format": {"type": "json_schema", "json_schema": {"name": "x",
+      "schema": {"type": "object", "properties": {"n": {"type": "number", "maximum": 3}}}}}})");
+  EXPECT_EQ(bad.status, 400);
+  EXPECT_EQ(Json::parse(bad.body)["error"]["message"],
+            "response_format.json_schema.schema: #/properties/n/maximum: bounds on a number "
+            "other than minimum 0 are not supported (an integer takes any bounds)");
+  EXPECT_EQ(Json::parse(bad.body)["error"]["param"], "response_format.json_schema.schema");
+  // And the server serves on.
+  EXPECT_EQ(post("/v1/completions", sampled)["choices"], j["choices"]);
+}
+
 // continue_final_message: the reply goes on from a prefilled start of the assistant's answer
 // (the rendering ends right after it; Tokenize over gRPC renders the same), and is what a
 // completion of that rendering gives; add_generation_prompt false renders no new turn.

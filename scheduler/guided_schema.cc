@@ -1,0 +1,654 @@
+#include "scheduler/guided_schema.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <optional>
+#include <set>
+#include <tuple>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
+#include "model/tokenizer_utf8.h"
+#include "nlohmann/json.hpp"
+
+namespace thetaserve::scheduler {
+namespace {
+
+// Ordered: properties are written in the schema's order.
+using Json = nlohmann::ordered_json;
+
+// One character of a JSON string: any but '"', '\' and controls, an escape, or \uXXXX with
+// surrogates only as a high-low pair.
+constexpr char kStringChar[] =
+    R"((?:[^"\\\x00-\x1f]|\\["\\/bfnrt]|\\u(?:[0-9a-cA-Ce-fE-F][0-9a-fA-F]{3}|)"
+    R"([dD][0-7][0-9a-fA-F]{2}|[dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2})))";
+constexpr char kInteger[] = "-?(?:0|[1-9][0-9]*)";
+constexpr char kFraction[] = R"((?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?)";
+
+// Keywords that only annotate: read past.
+const std::set<std::string, std::less<>>& Annotations() {
+  static const auto* keys = new std::set<std::string, std::less<>>{
+      "title", "description", "$schema", "$id", "$comment", "default", "examples",
+      "deprecated", "readOnly", "writeOnly", "$defs", "definitions"};
+  return *keys;
+}
+
+// Keywords that constrain and are guided.
+const std::set<std::string, std::less<>>& Constraints() {
+  static const auto* keys = new std::set<std::string, std::less<>>{
+      "type", "enum", "const", "anyOf", "oneOf", "allOf", "$ref",
+      "properties", "required", "additionalProperties",
+      "items", "prefixItems", "minItems", "maxItems",
+      "minLength", "maxLength", "pattern", "format",
+      "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"};
+  return *keys;
+}
+
+// The formats a string may have, as expressions (RFC 3339's date, full-time, date-time; RFC
+// 4122's uuid).
+constexpr char kDate[] = "[0-9]{4}-(?:0[1-9]|1[0-2])-(?:0[1-9]|[12][0-9]|3[01])";
+constexpr char kTime[] =
+    "(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\\.[0-9]+)?"
+    "(?:Z|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])";
+constexpr char kUuid[] =
+    "[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}";
+
+// `text` matched as it is: letters, digits and multibyte characters as themselves, every other
+// byte as \xHH.
+std::string Literal(std::string_view text) {
+  std::string out;
+  for (char c : text) {
+    const auto b = uint8_t(c);
+    if (b >= 0x80 || (b >= '0' && b <= '9') || (b >= 'a' && b <= 'z') ||
+        (b >= 'A' && b <= 'Z')) {
+      out += c;
+    } else {
+      absl::StrAppendFormat(&out, "\\x%02x", b);
+    }
+  }
+  return out;
+}
+
+// A JSON pointer's token for `key`.
+std::string PointerToken(const std::string& key) {
+  return absl::StrReplaceAll(key, {{"~", "~0"}, {"/", "~1"}});
+}
+
+std::string Group(const std::string& alternatives) {
+  return absl::StrCat("(?:", alternatives, ")");
+}
+
+// Decimal integers from `lo` to `hi`, both with the same number of digits.
+std::string SameLength(const std::string& lo, const std::string& hi) {
+  const size_t n = lo.size();
+  if (n == 0) return "";
+  if (lo == hi) return lo;
+  auto digits = [](size_t k) -> std::string {
+    return k == 0 ? "" : k == 1 ? "[0-9]" : absl::StrCat("[0-9]{", k, "}");
+  };
+  auto range = [](char a, char b) -> std::string {
+    return a == b ? std::string(1, a) : absl::StrCat("[", std::string(1, a), "-",
+                                                     std::string(1, b), "]");
+  };
+  const std::string lo_rest = lo.substr(1), hi_rest = hi.substr(1);
+  if (lo[0] == hi[0]) {
+    return absl::StrCat(std::string(1, lo[0]), Group(SameLength(lo_rest, hi_rest)));
+  }
+  const bool zeros = lo_rest == std::string(n - 1, '0');
+  const bool nines = hi_rest == std::string(n - 1, '9');
+  std::vector<std::string> parts;
+  char first = lo[0], last = hi[0];
+  if (!zeros) {
+    parts.push_back(absl::StrCat(std::string(1, lo[0]),
+                                 Group(SameLength(lo_rest, std::string(n - 1, '9')))));
+    ++first;
+  }
+  if (!nines) --last;
+  if (first <= last) parts.push_back(absl::StrCat(range(first, last), digits(n - 1)));
+  if (!nines) {
+    parts.push_back(absl::StrCat(std::string(1, hi[0]),
+                                 Group(SameLength(std::string(n - 1, '0'), hi_rest))));
+  }
+  return absl::StrJoin(parts, "|");
+}
+
+// Decimal integers from `lo` to `hi` (none: no end), without leading zeros.
+std::string NonNegative(uint64_t lo, std::optional<uint64_t> hi) {
+  const std::string lo_text = std::to_string(lo);
+  const size_t lo_len = lo_text.size();
+  const size_t hi_len = hi ? std::to_string(*hi).size() : lo_len;
+  std::vector<std::string> parts;
+  for (size_t len = lo_len; len <= hi_len; ++len) {
+    const std::string from = len == lo_len ? lo_text : absl::StrCat("1", std::string(len - 1, '0'));
+    const std::string to = hi && len == hi_len ? std::to_string(*hi) : std::string(len, '9');
+    parts.push_back(SameLength(from, to));
+  }
+  if (!hi) parts.push_back(absl::StrCat("[1-9][0-9]{", lo_len, ",}"));
+  return Group(absl::StrJoin(parts, "|"));
+}
+
+// The outermost '|' of a pattern, outside groups and classes.
+bool HasTopLevelBar(std::string_view p) {
+  int depth = 0;
+  for (size_t i = 0; i < p.size(); ++i) {
+    if (p[i] == '\\') {
+      ++i;
+    } else if (p[i] == '[') {
+      ++i;
+      if (i < p.size() && p[i] == '^') ++i;
+      if (i < p.size() && p[i] == ']') ++i;
+      while (i < p.size() && p[i] != ']') i += p[i] == '\\' ? 2 : 1;
+    } else if (p[i] == '(') {
+      ++depth;
+    } else if (p[i] == ')') {
+      --depth;
+    } else if (p[i] == '|' && depth == 0) {
+      return true;
+    }
+  }
+  return false;
+}
+
+// How deep a JSON text's arrays and objects nest (its strings skipped).
+int Nesting(std::string_view text) {
+  int depth = 0, deepest = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (c == '\\') ++i;
+      if (c == '"') in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      deepest = std::max(deepest, ++depth);
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return deepest;
+}
+
+class SchemaRegex {
+ public:
+  explicit SchemaRegex(const Json& root) : root_(root) {
+    ws_ = absl::StrCat("[ \\t\\n\\r]{0,", kJsonSchemaWhitespace, "}");
+  }
+
+  absl::Status Value(const Json& s, const std::string& path, int depth, std::string* out) {
+    if (depth > kMaxJsonSchemaNesting) {
+      return Refuse(path, absl::StrFormat("schemas nest more than %d deep", kMaxJsonSchemaNesting));
+    }
+    if (s.is_boolean()) {
+      return Refuse(path, s == true ? "true (any value) cannot be guided"
+                                    : "false matches nothing");
+    }
+    if (!s.is_object()) return Refuse(path, "a schema must be an object");
+    std::vector<std::string> constraining;
+    for (const auto& [key, value] : s.items()) {
+      if (Annotations().count(key)) continue;
+      if (!Constraints().count(key)) {
+        return Refuse(path, absl::StrCat("keyword ", key, " is not supported"));
+      }
+      constraining.push_back(key);
+    }
+    // $ref, anyOf, oneOf and allOf stand alone (beside them, other keywords would intersect).
+    for (const char* alone : {"$ref", "anyOf", "oneOf", "allOf"}) {
+      if (s.contains(alone) && constraining.size() > 1) {
+        return Refuse(path, absl::StrCat(alone, " beside other keywords (",
+                                         absl::StrJoin(constraining, ", "),
+                                         ") is not supported"));
+      }
+    }
+    if (s.contains("$ref")) return Ref(s["$ref"], path, depth, out);
+    for (const char* any : {"anyOf", "oneOf"}) {
+      if (!s.contains(any)) continue;
+      const Json& list = s[any];
+      const std::string at = absl::StrCat(path, "/", any);
+      if (!list.is_array() || list.empty()) return Refuse(at, "must be a non-empty list");
+      std::vector<std::string> alternatives(list.size());
+      for (size_t i = 0; i < list.size(); ++i) {
+        auto status = Value(list[i], absl::StrCat(at, "/", i), depth + 1, &alternatives[i]);
+        if (!status.ok()) return status;
+      }
+      *out = Group(absl::StrJoin(alternatives, "|"));
+      return Fits(path, *out);
+    }
+    if (s.contains("allOf")) {
+      const Json& list = s["allOf"];
+      if (!list.is_array() || list.size() != 1) {
+        return Refuse(path + "/allOf", "only a list of one schema is supported");
+      }
+      return Value(list[0], path + "/allOf/0", depth + 1, out);
+    }
+    if (s.contains("const") || s.contains("enum")) return Enum(s, constraining, path, out);
+    std::vector<std::string> types;
+    if (s.contains("type")) {
+      const Json& type = s["type"];
+      if (type.is_string()) {
+        types.push_back(type.get<std::string>());
+      } else if (type.is_array() && !type.empty()) {
+        for (const Json& t : type) {
+          if (!t.is_string()) return Refuse(path + "/type", "must be a name or a list of names");
+          types.push_back(t.get<std::string>());
+        }
+      } else {
+        return Refuse(path + "/type", "must be a name or a list of names");
+      }
+    } else {
+      // No type: the one its keywords imply.
+      for (const std::string& key : constraining) {
+        const std::string type =
+            key == "properties" || key == "required" || key == "additionalProperties" ? "object"
+            : key == "items" || key == "prefixItems" || key == "minItems" ||
+                    key == "maxItems"
+                ? "array"
+            : key == "minLength" || key == "maxLength" || key == "pattern" || key == "format"
+                ? "string"
+                : "number";
+        if (std::find(types.begin(), types.end(), type) == types.end()) types.push_back(type);
+      }
+      if (types.empty()) return Refuse(path, "no type (any value) cannot be guided");
+      if (types.size() > 1) {
+        return Refuse(path, absl::StrCat("no type, and keywords of several (",
+                                         absl::StrJoin(types, ", "), "): give the type"));
+      }
+    }
+    std::vector<std::string> alternatives(types.size());
+    for (size_t i = 0; i < types.size(); ++i) {
+      auto status = Typed(s, types[i], path, depth, &alternatives[i]);
+      if (!status.ok()) return status;
+    }
+    *out = alternatives.size() == 1 ? alternatives[0] : Group(absl::StrJoin(alternatives, "|"));
+    return Fits(path, *out);
+  }
+
+ private:
+  static absl::Status Refuse(const std::string& path, std::string_view what) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("guided_json: ", path, ": ", model::AsAbsl(what)));
+  }
+
+  static absl::Status Fits(const std::string& path, const std::string& regex) {
+    if (regex.size() <= size_t(kMaxJsonSchemaRegexBytes)) return absl::OkStatus();
+    return Refuse(path, absl::StrFormat("its regular expression would be over %d bytes",
+                                        kMaxJsonSchemaRegexBytes));
+  }
+
+  absl::Status Ref(const Json& ref, const std::string& path, int depth, std::string* out) {
+    if (!ref.is_string() || ref.get<std::string>().rfind('#', 0) != 0) {
+      return Refuse(path + "/$ref", "only references into this schema (\"#/...\") are supported");
+    }
+    const std::string target_path = ref.get<std::string>();
+    const Json* target = nullptr;
+    try {
+      target = &root_.at(Json::json_pointer(target_path.substr(1)));
+    } catch (const nlohmann::json::exception&) {
+      return Refuse(path + "/$ref", absl::StrCat(target_path, " points at nothing in the schema"));
+    }
+    if (std::find(expanding_.begin(), expanding_.end(), target) != expanding_.end()) {
+      return Refuse(path + "/$ref",
+                    absl::StrCat(target_path, " is recursive; recursive schemas cannot be guided"));
+    }
+    expanding_.push_back(target);
+    auto status = Value(*target, target_path, depth + 1, out);
+    expanding_.pop_back();
+    return status;
+  }
+
+  absl::Status Enum(const Json& s, const std::vector<std::string>& constraining,
+                    const std::string& path, std::string* out) {
+    for (const std::string& key : constraining) {
+      if (key != "type" && key != "enum" && key != "const") {
+        return Refuse(path, absl::StrCat(key, " beside enum or const is not supported"));
+      }
+    }
+    if (s.contains("const") && s.contains("enum")) {
+      return Refuse(path, "const and enum are both given; send one");
+    }
+    std::vector<std::string> values;
+    if (s.contains("const")) {
+      values.push_back(Literal(s["const"].dump()));
+    } else {
+      const Json& list = s["enum"];
+      if (!list.is_array() || list.empty()) {
+        return Refuse(path + "/enum", "must be a non-empty list");
+      }
+      for (const Json& v : list) values.push_back(Literal(v.dump()));
+    }
+    *out = Group(absl::StrJoin(values, "|"));
+    return Fits(path, *out);
+  }
+
+  absl::Status Typed(const Json& s, const std::string& type, const std::string& path, int depth,
+                     std::string* out) {
+    if (type == "string") return String(s, path, out);
+    if (type == "integer") return Integer(s, path, out);
+    if (type == "number") return Number(s, path, out);
+    if (type == "boolean") {
+      *out = "(?:true|false)";
+      return absl::OkStatus();
+    }
+    if (type == "null") {
+      *out = "null";
+      return absl::OkStatus();
+    }
+    if (type == "object") return Object(s, path, depth, out);
+    if (type == "array") return Array(s, path, depth, out);
+    return Refuse(path + "/type", absl::StrCat(type, " is not a JSON schema type"));
+  }
+
+  // A count (minLength, maxItems, ...): absent, or a whole number from 0 to kMaxRegexRepeat.
+  static absl::StatusOr<std::optional<int>> Count(const Json& s, const char* key,
+                                                  const std::string& path) {
+    if (!s.contains(key)) return std::optional<int>();
+    const Json& v = s[key];
+    if (!v.is_number() || v.get<double>() < 0 || v.get<double>() != std::floor(v.get<double>())) {
+      return Refuse(path + "/" + key, "must be a whole number >= 0");
+    }
+    if (v.get<double>() > kMaxRegexRepeat) {
+      return Refuse(path + "/" + key, absl::StrFormat("over %d is not supported", kMaxRegexRepeat));
+    }
+    return std::optional<int>(int(v.get<double>()));
+  }
+
+  absl::Status String(const Json& s, const std::string& path, std::string* out) {
+    auto min = Count(s, "minLength", path);
+    if (!min.ok()) return min.status();
+    auto max = Count(s, "maxLength", path);
+    if (!max.ok()) return max.status();
+    const bool lengths = min->has_value() || max->has_value();
+    if (s.contains("format")) {
+      if (lengths || s.contains("pattern")) {
+        return Refuse(path, "format beside pattern, minLength or maxLength is not supported");
+      }
+      const Json& f = s["format"];
+      const std::string name = f.is_string() ? f.get<std::string>() : "";
+      const char* body = nullptr;
+      if (name == "date") {
+        body = kDate;
+      } else if (name == "time") {
+        body = kTime;
+      } else if (name == "date-time") {
+        *out = absl::StrCat("\"", kDate, "T", kTime, "\"");
+        return absl::OkStatus();
+      } else if (name == "uuid") {
+        body = kUuid;
+      } else {
+        return Refuse(path + "/format",
+                      absl::StrCat(f.dump(), " is not supported (date, time, date-time, uuid)"));
+      }
+      *out = absl::StrCat("\"", body, "\"");
+      return absl::OkStatus();
+    }
+    if (s.contains("pattern")) {
+      if (lengths) return Refuse(path, "pattern beside minLength or maxLength is not supported");
+      return Pattern(s["pattern"], path + "/pattern", out);
+    }
+    const int lo = min->value_or(0);
+    if (max->has_value() && **max < lo) return Refuse(path, "minLength is over maxLength");
+    const std::string repeat = max->has_value() ? absl::StrCat("{", lo, ",", **max, "}")
+                               : lo == 0        ? std::string("*")
+                                                : absl::StrCat("{", lo, ",}");
+    *out = absl::StrCat("\"", kStringChar, repeat, "\"");
+    return absl::OkStatus();
+  }
+
+  // A string that the pattern finds (JSON schema's patterns search: unanchored, they match
+  // anywhere in the string).
+  absl::Status Pattern(const Json& p, const std::string& path, std::string* out) {
+    if (!p.is_string()) return Refuse(path, "must be a string");
+    std::string body = p.get<std::string>();
+    const bool start = !body.empty() && body.front() == '^';
+    if (start) body.erase(0, 1);
+    size_t backslashes = 0;
+    while (body.size() >= backslashes + 2 && body[body.size() - 2 - backslashes] == '\\') {
+      ++backslashes;
+    }
+    const bool end = !body.empty() && body.back() == '$' && backslashes % 2 == 0;
+    if (end) body.pop_back();
+    if ((start || end) && HasTopLevelBar(body)) {
+      return Refuse(path, "an anchor beside a top-level | is not supported; group the "
+                          "alternatives: ^(?:a|b)$");
+    }
+    auto alone = RegexGuide::Compile(body);
+    if (!alone.ok()) {
+      std::string why(alone.status().message());
+      absl::StrReplaceAll({{"guided_regex: ", ""}}, &why);
+      return Refuse(path, why);
+    }
+    // The pattern is matched against the JSON text, so what JSON would escape is kept out.
+    bool escaped = (*alone)->Emits('"') || (*alone)->Emits('\\');
+    for (int b = 0; b < 0x20; ++b) escaped = escaped || (*alone)->Emits(uint8_t(b));
+    if (escaped) {
+      return Refuse(path, "it may match '\"', '\\' or a control character, which JSON escapes; "
+                          "keep them out of it (e.g. [^\"\\\\] for .)");
+    }
+    const std::string any = absl::StrCat(kStringChar, "*");
+    *out = absl::StrCat("\"", start ? "" : any, Group(body), end ? "" : any, "\"");
+    return absl::OkStatus();
+  }
+
+  // A bound of an integer: a whole number (rounded inwards) within ±1e18.
+  static absl::StatusOr<std::optional<int64_t>> Bound(const Json& s, const char* key, bool lower,
+                                                      bool exclusive, const std::string& path) {
+    if (!s.contains(key)) return std::optional<int64_t>();
+    const Json& v = s[key];
+    if (v.is_boolean()) {
+      return Refuse(path + "/" + key, "as a boolean (draft 4) is not supported; give the bound");
+    }
+    if (!v.is_number() || !(std::fabs(v.get<double>()) <= 1e18)) {
+      return Refuse(path + "/" + key, "must be a number within ±1e18");
+    }
+    const double x = v.get<double>();
+    double bound = lower ? std::ceil(x) : std::floor(x);
+    if (exclusive && bound == x) bound += lower ? 1 : -1;
+    return std::optional<int64_t>(int64_t(bound));
+  }
+
+  absl::Status Integer(const Json& s, const std::string& path, std::string* out) {
+    std::optional<int64_t> lo, hi;
+    for (auto [key, lower, exclusive] : {std::tuple{"minimum", true, false},
+                                         {"exclusiveMinimum", true, true},
+                                         {"maximum", false, false},
+                                         {"exclusiveMaximum", false, true}}) {
+      auto bound = Bound(s, key, lower, exclusive, path);
+      if (!bound.ok()) return bound.status();
+      if (!bound->has_value()) continue;
+      std::optional<int64_t>& b = lower ? lo : hi;
+      b = !b ? **bound : lower ? std::max(*b, **bound) : std::min(*b, **bound);
+    }
+    if (lo && hi && *lo > *hi) return Refuse(path, "no integer lies within its bounds");
+    if (!lo && !hi) {
+      *out = kInteger;
+      return absl::OkStatus();
+    }
+    std::vector<std::string> parts;
+    if (!lo || *lo < 0) {  // negatives: their magnitudes
+      const uint64_t from = hi && *hi < 0 ? uint64_t(-*hi) : 1;
+      parts.push_back(absl::StrCat(
+          "-", NonNegative(from, lo ? std::optional<uint64_t>(uint64_t(-*lo)) : std::nullopt)));
+    }
+    if (!hi || *hi >= 0) {
+      parts.push_back(NonNegative(lo && *lo > 0 ? uint64_t(*lo) : 0,
+                                  hi ? std::optional<uint64_t>(uint64_t(*hi)) : std::nullopt));
+    }
+    *out = Group(absl::StrJoin(parts, "|"));
+    return absl::OkStatus();
+  }
+
+  absl::Status Number(const Json& s, const std::string& path, std::string* out) {
+    for (const char* key : {"maximum", "exclusiveMinimum", "exclusiveMaximum"}) {
+      if (s.contains(key)) {
+        return Refuse(path + "/" + key, "bounds on a number other than minimum 0 are not "
+                                        "supported (an integer takes any bounds)");
+      }
+    }
+    if (s.contains("minimum")) {
+      if (!s["minimum"].is_number() || s["minimum"].get<double>() != 0) {
+        return Refuse(path + "/minimum", "bounds on a number other than minimum 0 are not "
+                                         "supported (an integer takes any bounds)");
+      }
+      *out = absl::StrCat("(?:0|[1-9][0-9]*)", kFraction);
+      return absl::OkStatus();
+    }
+    *out = absl::StrCat(kInteger, kFraction);
+    return absl::OkStatus();
+  }
+
+  absl::Status Object(const Json& s, const std::string& path, int depth, std::string* out) {
+    static const Json kNone = Json::object();
+    const Json& props = s.contains("properties") ? s["properties"] : kNone;
+    if (!props.is_object()) return Refuse(path + "/properties", "must be an object");
+    std::set<std::string> required;
+    if (s.contains("required")) {
+      const Json& list = s["required"];
+      if (!list.is_array()) return Refuse(path + "/required", "must be a list of names");
+      for (const Json& name : list) {
+        if (!name.is_string()) return Refuse(path + "/required", "must be a list of names");
+        if (!props.contains(name.get<std::string>())) {
+          return Refuse(path + "/required",
+                        absl::StrCat(name.dump(), " is not in properties (any property "
+                                                  "cannot be guided)"));
+        }
+        required.insert(name.get<std::string>());
+      }
+    }
+    if (s.contains("additionalProperties")) {
+      const Json& extra = s["additionalProperties"];
+      if (!extra.is_boolean() && !extra.is_object()) {
+        return Refuse(path + "/additionalProperties", "must be a boolean or a schema");
+      }
+    }
+    // Only the listed properties are written, which every additionalProperties allows.
+    const std::string brace_open = absl::StrCat("\\{", ws_), brace_close = absl::StrCat(ws_, "\\}");
+    if (props.empty()) {
+      if (s.contains("additionalProperties") && s["additionalProperties"] == false) {
+        *out = absl::StrCat(brace_open, brace_close);
+        return absl::OkStatus();
+      }
+      return Refuse(path, "an object without properties (any object) cannot be guided; "
+                          "response_format json_object asks for one");
+    }
+    const std::string sep = absl::StrCat(ws_, ",", ws_);
+    std::vector<std::string> member;  // "key": value
+    std::vector<bool> needed;
+    for (const auto& [key, schema] : props.items()) {
+      std::string value;
+      auto status = Value(schema, absl::StrCat(path, "/properties/", PointerToken(key)),
+                          depth + 1, &value);
+      if (!status.ok()) return status;
+      member.push_back(absl::StrCat(Literal(Json(key).dump()), ws_, ":", ws_, value));
+      needed.push_back(required.count(key) > 0);
+    }
+    // after[j]: members j.. written after one already is, each after a comma.
+    const size_t n = member.size();
+    std::vector<std::string> after(n + 1);
+    for (size_t j = n; j-- > 0;) {
+      const std::string piece = absl::StrCat(sep, member[j]);
+      after[j] = absl::StrCat(needed[j] ? piece : absl::StrCat(Group(piece), "?"), after[j + 1]);
+      if (auto status = Fits(path, after[j]); !status.ok()) return status;
+    }
+    // The first member written: any up to the first required one.
+    std::vector<std::string> first;
+    bool some_required = false;
+    size_t bytes = 0;
+    for (size_t k = 0; k < n && !some_required; ++k) {
+      first.push_back(absl::StrCat(member[k], after[k + 1]));
+      some_required = needed[k];
+      bytes += first.back().size();
+      if (bytes > size_t(kMaxJsonSchemaRegexBytes)) return Fits(path, std::string(bytes, ' '));
+    }
+    *out = absl::StrCat(brace_open, Group(absl::StrJoin(first, "|")), some_required ? "" : "?",
+                        brace_close);
+    return Fits(path, *out);
+  }
+
+  absl::Status Array(const Json& s, const std::string& path, int depth, std::string* out) {
+    const std::string open = absl::StrCat("\\[", ws_), close = absl::StrCat(ws_, "\\]");
+    const std::string sep = absl::StrCat(ws_, ",", ws_);
+    if (s.contains("prefixItems")) {
+      const Json& list = s["prefixItems"];
+      if ((s.contains("items") && s["items"] != false) || s.contains("minItems") ||
+          s.contains("maxItems")) {
+        return Refuse(path, "prefixItems beside items, minItems or maxItems is not supported");
+      }
+      if (!list.is_array()) return Refuse(path + "/prefixItems", "must be a list of schemas");
+      std::vector<std::string> items(list.size());
+      for (size_t i = 0; i < list.size(); ++i) {
+        auto status = Value(list[i], absl::StrCat(path, "/prefixItems/", i), depth + 1, &items[i]);
+        if (!status.ok()) return status;
+      }
+      *out = absl::StrCat(open, absl::StrJoin(items, sep), close);
+      return Fits(path, *out);
+    }
+    if (!s.contains("items")) {
+      return Refuse(path, "an array without items (of any values) cannot be guided");
+    }
+    auto min = Count(s, "minItems", path);
+    if (!min.ok()) return min.status();
+    auto max = Count(s, "maxItems", path);
+    if (!max.ok()) return max.status();
+    const int lo = min->value_or(0);
+    if (max->has_value() && **max < lo) return Refuse(path, "minItems is over maxItems");
+    if (max->has_value() && **max == 0) {
+      *out = absl::StrCat(open, close);
+      return absl::OkStatus();
+    }
+    std::string item;
+    auto status = Value(s["items"], path + "/items", depth + 1, &item);
+    if (!status.ok()) return status;
+    const int more_lo = std::max(lo, 1) - 1;
+    const std::string repeat = max->has_value() ? absl::StrCat("{", more_lo, ",", **max - 1, "}")
+                               : more_lo == 0   ? std::string("*")
+                                                : absl::StrCat("{", more_lo, ",}");
+    const std::string body = absl::StrCat(item, Group(absl::StrCat(sep, item)), repeat);
+    *out = absl::StrCat(open, lo == 0 ? absl::StrCat(Group(body), "?") : body, close);
+    return Fits(path, *out);
+  }
+
+  const Json& root_;
+  std::string ws_;
+  std::vector<const Json*> expanding_;  // the $ref targets being expanded, for recursion
+};
+
+}  // namespace
+
+absl::StatusOr<std::string> JsonSchemaRegex(std::string_view schema) {
+  if (schema.size() > size_t(kMaxJsonSchemaBytes)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "guided_json: the schema has %d bytes; at most %d", schema.size(), kMaxJsonSchemaBytes));
+  }
+  // Nesting is checked before parsing: printing a value (const, enum) recurses.
+  if (Nesting(schema) > 2 * kMaxJsonSchemaNesting) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "guided_json: the schema nests more than %d deep", 2 * kMaxJsonSchemaNesting));
+  }
+  const Json root = Json::parse(schema, nullptr, /*allow_exceptions=*/false);
+  if (root.is_discarded()) return absl::InvalidArgumentError("guided_json: is not valid JSON");
+  std::string regex;
+  auto status = SchemaRegex(root).Value(root, "#", 0, &regex);
+  if (!status.ok()) return status;
+  return regex;
+}
+
+absl::StatusOr<std::shared_ptr<const RegexGuide>> CompileJsonSchema(std::string_view schema) {
+  auto regex = JsonSchemaRegex(schema);
+  if (!regex.ok()) return regex.status();
+  auto guide = RegexGuide::Compile(*regex, kMaxJsonSchemaRegexBytes);
+  if (!guide.ok()) {
+    std::string why(guide.status().message());
+    absl::StrReplaceAll({{"guided_regex: ", ""}, {"the pattern", "its regular expression"}},
+                        &why);
+    return absl::InvalidArgumentError(absl::StrCat("guided_json: the schema cannot be guided: ",
+                                                   why));
+  }
+  return guide;
+}
+
+}  // namespace thetaserve::scheduler

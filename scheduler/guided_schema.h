@@ -1,0 +1,36 @@
+// vLLM's guided_json and OpenAI's response_format json_schema: the output is JSON that a JSON
+// schema describes. The schema becomes a regular expression over the JSON text (as Outlines
+// builds one) and is guided by that expression's automaton (guided_regex.h): properties in the
+// schema's order, each required one present, optional ones that may be left out; strings,
+// numbers, integers (with bounds), booleans, null, arrays (with item counts), enum and const,
+// anyOf/oneOf, $ref into the schema. Between JSON's tokens, a bounded run of whitespace.
+//
+// What the expression cannot say is refused by name, with where it is in the schema (a JSON
+// pointer), rather than dropped: any value or any object (no type, no properties: what
+// response_format json_object is for), recursion, allOf of more than one schema, bounds on
+// non-integer numbers other than minimum 0, and every keyword not listed in guided_schema.cc.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "absl/status/statusor.h"
+#include "scheduler/guided_regex.h"
+
+namespace thetaserve::scheduler {
+
+constexpr int kMaxJsonSchemaBytes = 65536;
+constexpr int kMaxJsonSchemaRegexBytes = 1 << 20;  // the expression built from a schema
+constexpr int kMaxJsonSchemaNesting = 32;          // schemas inside schemas
+constexpr int kJsonSchemaWhitespace = 16;          // whitespace bytes in a row between tokens
+
+// The regular expression (Python's re syntax, as guided_regex takes) of the JSON texts that
+// `schema` (JSON text) describes. INVALID_ARGUMENT "guided_json: <pointer>: <what>" where the
+// schema is not JSON or asks for what cannot be guided.
+absl::StatusOr<std::string> JsonSchemaRegex(std::string_view schema);
+
+// The guide for `schema`: JsonSchemaRegex compiled (its automaton's bounds are guided_regex's).
+absl::StatusOr<std::shared_ptr<const RegexGuide>> CompileJsonSchema(std::string_view schema);
+
+}  // namespace thetaserve::scheduler
