@@ -86,6 +86,7 @@ bool BeginValue(State s, uint8_t b, State* out) {
       if (b < '1' || b > '9') return false;
       s.mode = kInt;
   }
+  s.digits = 1;
   *out = s;
   return true;
 }
@@ -250,11 +251,13 @@ bool JsonObjectGuide::Next(const State& in, uint8_t b, State* out) {
       } else {
         return false;
       }
+      s.digits = 1;
       *out = s;
       return true;
     case kDot:
       if (!IsDigit(b)) return false;
       s.mode = kFraction;
+      s.digits = 1;
       *out = s;
       return true;
     case kExponent:
@@ -267,10 +270,15 @@ bool JsonObjectGuide::Next(const State& in, uint8_t b, State* out) {
     case kExpSign:
       if (!IsDigit(b)) return false;
       s.mode = kExpDigits;
+      s.digits = 1;
       *out = s;
       return true;
     case kZero: case kInt: case kFraction: case kExpDigits:
       if (IsDigit(b) && s.mode != kZero) {
+        if (s.digits >= (s.mode == kExpDigits ? kMaxJsonExponentDigits : kMaxJsonDigits)) {
+          return false;
+        }
+        ++s.digits;
         *out = s;
         return true;
       }

@@ -15,6 +15,10 @@ namespace thetaserve::scheduler {
 constexpr int kMaxJsonDepth = 32;          // objects and arrays open at once
 constexpr int kMaxJsonWhitespace = 32;     // whitespace bytes in a row (a newline and 31
                                            // spaces of indentation)
+// Digits in a number's integer part and in its fraction (int64's 19), and in its exponent: a
+// model cannot write zeros forever.
+constexpr int kMaxJsonDigits = 19;
+constexpr int kMaxJsonExponentDigits = 3;
 
 class JsonObjectGuide : public Guide {
  public:
@@ -26,6 +30,7 @@ class JsonObjectGuide : public Guide {
                         // in \uXXXX, what is known of the surrogates
     uint8_t spaces = 0;  // whitespace bytes in a row
     uint8_t depth = 0;   // containers open
+    uint8_t digits = 0;  // in a number, the digits of the part being read
     bool key = false;    // the string being read is an object's key
     uint32_t objects = 0;  // bit d: the container at depth d + 1 is an object (else an array)
   };

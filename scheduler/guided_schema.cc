@@ -15,6 +15,7 @@
 #include "absl/strings/str_replace.h"
 #include "model/tokenizer_utf8.h"
 #include "nlohmann/json.hpp"
+#include "scheduler/guided_json.h"
 
 namespace thetaserve::scheduler {
 namespace {
@@ -27,8 +28,12 @@ using Json = nlohmann::ordered_json;
 constexpr char kStringChar[] =
     R"((?:[^"\\\x00-\x1f]|\\["\\/bfnrt]|\\u(?:[0-9a-cA-Ce-fE-F][0-9a-fA-F]{3}|)"
     R"([dD][0-7][0-9a-fA-F]{2}|[dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2})))";
-constexpr char kInteger[] = "-?(?:0|[1-9][0-9]*)";
-constexpr char kFraction[] = R"((?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?)";
+// Numbers with the digits json_object allows (kMaxJsonDigits in the integer part and the
+// fraction, kMaxJsonExponentDigits in the exponent): a model cannot write zeros forever.
+constexpr char kInteger[] = "-?(?:0|[1-9][0-9]{0,18})";
+constexpr char kNonNegative[] = "(?:0|[1-9][0-9]{0,18})";
+constexpr char kFraction[] = R"((?:\.[0-9]{1,19})?(?:[eE][+-]?[0-9]{1,3})?)";
+static_assert(kMaxJsonDigits == 19 && kMaxJsonExponentDigits == 3);
 
 // Keywords that only annotate: read past.
 const std::set<std::string, std::less<>>& Annotations() {
@@ -128,7 +133,10 @@ std::string NonNegative(uint64_t lo, std::optional<uint64_t> hi) {
     const std::string to = hi && len == hi_len ? std::to_string(*hi) : std::string(len, '9');
     parts.push_back(SameLength(from, to));
   }
-  if (!hi) parts.push_back(absl::StrCat("[1-9][0-9]{", lo_len, ",}"));
+  // With no upper bound, more digits, up to kMaxJsonDigits.
+  if (!hi && lo_len < size_t(kMaxJsonDigits)) {
+    parts.push_back(absl::StrCat("[1-9][0-9]{", lo_len, ",", kMaxJsonDigits - 1, "}"));
+  }
   return Group(absl::StrJoin(parts, "|"));
 }
 
@@ -494,7 +502,7 @@ class SchemaRegex {
         return Refuse(path + "/minimum", "bounds on a number other than minimum 0 are not "
                                          "supported (an integer takes any bounds)");
       }
-      *out = absl::StrCat("(?:0|[1-9][0-9]*)", kFraction);
+      *out = absl::StrCat(kNonNegative, kFraction);
       return absl::OkStatus();
     }
     *out = absl::StrCat(kInteger, kFraction);

@@ -10,8 +10,10 @@ calls tests/python/openai_client_test.sh relies on and fails loudly if any answe
 """
 import argparse
 import sys
+from typing import Optional
 
 import openai
+import pydantic
 
 
 def check(client, model):
@@ -56,6 +58,22 @@ def check(client, model):
     assert scored.choices[0].text == "The capital of France is", scored
     assert len(lp.tokens) == scored.usage.prompt_tokens and lp.token_logprobs[0] is None, lp
     assert all(x <= 0 for x in lp.token_logprobs[1:]), lp
+    # Structured outputs: the SDK's parse() sends a pydantic model as a strict JSON schema
+    # (response_format json_schema) and reads the answer back into the model.
+    class Step(pydantic.BaseModel):
+        explanation: str
+        output: str
+
+    class Solution(pydantic.BaseModel):
+        steps: list[Step]
+        final_answer: str
+        confidence: Optional[int]
+
+    chat = getattr(client.chat.completions, "parse", None) or client.beta.chat.completions.parse
+    solved = chat(model=model, messages=[{"role": "user", "content": "Solve 2x = 4."}],
+                  response_format=Solution, temperature=0, max_tokens=300)
+    assert solved.choices[0].finish_reason == "stop", solved
+    assert isinstance(solved.choices[0].message.parsed, Solution), solved
     # Errors arrive as the client's exception types, with the server's message.
     try:
         client.completions.create(model=model, prompt="x", best_of=3)

@@ -64,7 +64,13 @@ TEST(JsonObjectGuideTest, AcceptsJsonObjectsAndNothingElse) {
   EXPECT_FALSE(LeadsOn(R"({"a": 1} )"));  // nothing after the object, not even a space
 }
 
-TEST(JsonObjectGuideTest, DepthAndWhitespaceAreBounded) {
+TEST(JsonObjectGuideTest, DepthWhitespaceAndDigitsAreBounded) {
+  // A number's parts have at most kMaxJsonDigits digits, its exponent kMaxJsonExponentDigits.
+  EXPECT_TRUE(Accepts(R"({"a": -1234567890123456789.1234567890123456789e-123})"));
+  for (const char* bad : {R"({"a": 12345678901234567890})", R"({"a": 0.12345678901234567890})",
+                          R"({"a": 1e1234})", R"({"a": -12345678901234567890})"}) {
+    EXPECT_FALSE(Accepts(bad)) << bad;
+  }
   std::string deep = "{\"a\": ";
   for (int i = 1; i < kMaxJsonDepth; ++i) deep += "[";
   EXPECT_TRUE(LeadsOn(deep));

@@ -124,6 +124,15 @@ TEST(JsonSchemaGuideTest, IntegerBoundsAreExact) {
   ExpectTakes(R"({"type": "integer", "minimum": -2.5, "exclusiveMaximum": 3})",
               {"-2", "0", "2"}, {"-3", "3"});
   ExpectTakes(R"({"type": "integer", "minimum": 1})", {"1", "9", "10", "123456789"}, {"0", "-1"});
+  // Digits are bounded as json_object bounds them (a model cannot write zeros forever).
+  ExpectTakes(R"({"type": "integer"})", {"1234567890123456789", "-1000000000000000000"},
+              {"12345678901234567890", "-10000000000000000000"});
+  ExpectTakes(R"({"type": "integer", "minimum": 5})", {"1234567890123456789"},
+              {"12345678901234567890"});
+  ExpectTakes(R"({"type": "integer", "maximum": -5})", {"-1234567890123456789"},
+              {"-12345678901234567890"});
+  ExpectTakes(R"({"type": "number"})", {"1.5e308", "0.1234567890123456789", "-2E-999"},
+              {"1e1000", "0.12345678901234567890", "12345678901234567890.5"});
 }
 
 // A minimal validator for the keywords the guide takes (oneOf as anyOf: the schemas below keep
