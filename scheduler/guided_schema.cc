@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <set>
 #include <tuple>
@@ -55,11 +56,16 @@ const std::set<std::string, std::less<>>& Constraints() {
 }
 
 // The formats a string may have, as expressions (RFC 3339's date, full-time, date-time; RFC
-// 4122's uuid).
-constexpr char kDate[] = "[0-9]{4}-(?:0[1-9]|1[0-2])-(?:0[1-9]|[12][0-9]|3[01])";
+// 4122's uuid). Days as each month has them, 29 February only in leap years (the Gregorian
+// rule: years divisible by 4, centuries only when divisible by 400).
+constexpr char kDate[] =
+    "(?:[0-9]{4}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12][0-9]|3[01])|(?:0[469]|11)-"
+    "(?:0[1-9]|[12][0-9]|30)|02-(?:0[1-9]|1[0-9]|2[0-8]))|(?:[0-9]{2}(?:0[48]|[2468][048]|"
+    "[13579][26])|(?:[02468][048]|[13579][26])00)-02-29)";
+// T and Z in either case, and a leap second, as RFC 3339 has them.
 constexpr char kTime[] =
-    "(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\\.[0-9]+)?"
-    "(?:Z|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])";
+    "(?:[01][0-9]|2[0-3]):[0-5][0-9]:(?:[0-5][0-9]|60)(?:\\.[0-9]{1,9})?"
+    "(?:[Zz]|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])";
 constexpr char kUuid[] =
     "[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}";
 
@@ -184,6 +190,8 @@ int Nesting(std::string_view text) {
 
 class SchemaRegex {
  public:
+  const std::vector<std::pair<std::string, std::string>>& counted() const { return counted_; }
+
   explicit SchemaRegex(const Json& root) : root_(root) {
     ws_ = absl::StrCat("[ \\t\\n\\r]{0,", kJsonSchemaWhitespace, "}");
   }
@@ -225,7 +233,7 @@ class SchemaRegex {
         if (!status.ok()) return status;
       }
       *out = Group(absl::StrJoin(alternatives, "|"));
-      return Fits(path, *out);
+      return Charge(path, *out);
     }
     if (s.contains("allOf")) {
       const Json& list = s["allOf"];
@@ -273,7 +281,7 @@ class SchemaRegex {
       if (!status.ok()) return status;
     }
     *out = alternatives.size() == 1 ? alternatives[0] : Group(absl::StrJoin(alternatives, "|"));
-    return Fits(path, *out);
+    return Charge(path, *out);
   }
 
  private:
@@ -282,10 +290,21 @@ class SchemaRegex {
         absl::StrCat("guided_json: ", path, ": ", model::AsAbsl(what)));
   }
 
-  static absl::Status Fits(const std::string& path, const std::string& regex) {
-    if (regex.size() <= size_t(kMaxJsonSchemaRegexBytes)) return absl::OkStatus();
-    return Refuse(path, absl::StrFormat("its regular expression would be over %d bytes",
-                                        kMaxJsonSchemaRegexBytes));
+  // Every piece of the expression built is counted as it is made: a schema that reuses a part
+  // many times (a $ref in each of thousands of alternatives) is refused before its copies add
+  // up, not after.
+  absl::Status Charge(const std::string& path, const std::string& piece) {
+    spent_ += piece.size();
+    if (piece.size() > size_t(kMaxJsonSchemaRegexBytes)) {
+      return Refuse(path, absl::StrFormat("the schema is too large: its regular expression "
+                                          "would be over %d bytes", kMaxJsonSchemaRegexBytes));
+    }
+    if (spent_ > size_t(kMaxJsonSchemaWork)) {
+      return Refuse(path, absl::StrFormat("the schema is too large: building its regular "
+                                          "expression passed %d bytes here",
+                                          kMaxJsonSchemaWork));
+    }
+    return absl::OkStatus();
   }
 
   absl::Status Ref(const Json& ref, const std::string& path, int depth, std::string* out) {
@@ -303,9 +322,15 @@ class SchemaRegex {
       return Refuse(path + "/$ref",
                     absl::StrCat(target_path, " is recursive; recursive schemas cannot be guided"));
     }
+    // A part referred to again is built once.
+    if (auto it = refs_.find(target); it != refs_.end()) {
+      *out = it->second;
+      return Charge(path, *out);
+    }
     expanding_.push_back(target);
     auto status = Value(*target, target_path, depth + 1, out);
     expanding_.pop_back();
+    if (status.ok()) refs_[target] = *out;
     return status;
   }
 
@@ -319,18 +344,49 @@ class SchemaRegex {
     if (s.contains("const") && s.contains("enum")) {
       return Refuse(path, "const and enum are both given; send one");
     }
+    // Beside a type, only the values of that type.
+    std::vector<std::string> types;
+    if (s.contains("type")) {
+      const Json& type = s["type"];
+      if (type.is_string()) {
+        types.push_back(type.get<std::string>());
+      } else if (type.is_array()) {
+        for (const Json& t : type) {
+          if (t.is_string()) types.push_back(t.get<std::string>());
+        }
+      }
+      if (types.empty()) return Refuse(path + "/type", "must be a name or a list of names");
+    }
+    auto typed = [&](const Json& v) {
+      if (types.empty()) return true;
+      for (const std::string& t : types) {
+        if ((t == "string" && v.is_string()) || (t == "boolean" && v.is_boolean()) ||
+            (t == "null" && v.is_null()) || (t == "object" && v.is_object()) ||
+            (t == "array" && v.is_array()) || (t == "number" && v.is_number()) ||
+            (t == "integer" && (v.is_number_integer() ||
+                                (v.is_number_float() &&
+                                 v.get<double>() == std::floor(v.get<double>()))))) {
+          return true;
+        }
+      }
+      return false;
+    };
     std::vector<std::string> values;
     if (s.contains("const")) {
+      if (!typed(s["const"])) return Refuse(path, "const is not of the type: it matches nothing");
       values.push_back(Literal(s["const"].dump()));
     } else {
       const Json& list = s["enum"];
       if (!list.is_array() || list.empty()) {
         return Refuse(path + "/enum", "must be a non-empty list");
       }
-      for (const Json& v : list) values.push_back(Literal(v.dump()));
+      for (const Json& v : list) {
+        if (typed(v)) values.push_back(Literal(v.dump()));
+      }
+      if (values.empty()) return Refuse(path, "no enum value is of the type: it matches nothing");
     }
     *out = Group(absl::StrJoin(values, "|"));
-    return Fits(path, *out);
+    return Charge(path, *out);
   }
 
   absl::Status Typed(const Json& s, const std::string& type, const std::string& path, int depth,
@@ -383,7 +439,7 @@ class SchemaRegex {
       } else if (name == "time") {
         body = kTime;
       } else if (name == "date-time") {
-        *out = absl::StrCat("\"", kDate, "T", kTime, "\"");
+        *out = absl::StrCat("\"", kDate, "[Tt]", kTime, "\"");
         return absl::OkStatus();
       } else if (name == "uuid") {
         body = kUuid;
@@ -404,6 +460,9 @@ class SchemaRegex {
                                : lo == 0        ? std::string("*")
                                                 : absl::StrCat("{", lo, ",}");
     *out = absl::StrCat("\"", kStringChar, repeat, "\"");
+    if (min->has_value() || max->has_value()) {
+      counted_.push_back({absl::StrCat(path, max->has_value() ? "/maxLength" : "/minLength"), *out});
+    }
     return absl::OkStatus();
   }
 
@@ -435,7 +494,12 @@ class SchemaRegex {
     for (int b = 0; b < 0x20; ++b) escaped = escaped || (*alone)->Emits(uint8_t(b));
     if (escaped) {
       return Refuse(path, "it may match '\"', '\\' or a control character, which JSON escapes; "
-                          "keep them out of it (e.g. [^\"\\\\] for .)");
+                          "keep them out of it (e.g. [^\"\\\\\\x00-\\x1f] for .)");
+    }
+    // Anchors are taken at its ends only (with text around it, one inside would be refused
+    // later, without saying where).
+    if (!RegexGuide::Compile(absl::StrCat("x", Group(body), "x")).ok()) {
+      return Refuse(path, "^ or $ inside the pattern (not at its start or end) is not supported");
     }
     const std::string any = absl::StrCat(kStringChar, "*");
     *out = absl::StrCat("\"", start ? "" : any, Group(body), end ? "" : any, "\"");
@@ -450,8 +514,15 @@ class SchemaRegex {
     if (v.is_boolean()) {
       return Refuse(path + "/" + key, "as a boolean (draft 4) is not supported; give the bound");
     }
-    if (!v.is_number() || !(std::fabs(v.get<double>()) <= 1e18)) {
+    constexpr int64_t kLimit = 1000000000000000000;  // 1e18
+    if (!v.is_number() || !(std::fabs(v.get<double>()) <= 1e18) ||
+        (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(kLimit))) {
       return Refuse(path + "/" + key, "must be a number within ±1e18");
+    }
+    if (v.is_number_integer()) {  // exactly, not through a double (2^53 < 1e18)
+      const int64_t x = v.get<int64_t>();
+      if (x < -kLimit || x > kLimit) return Refuse(path + "/" + key, "must be a number within ±1e18");
+      return std::optional<int64_t>(exclusive ? x + (lower ? 1 : -1) : x);
     }
     const double x = v.get<double>();
     double bound = lower ? std::ceil(x) : std::floor(x);
@@ -547,34 +618,41 @@ class SchemaRegex {
     std::vector<std::string> member;  // "key": value
     std::vector<bool> needed;
     for (const auto& [key, schema] : props.items()) {
+      const std::string at = absl::StrCat(path, "/properties/", PointerToken(key));
+      if (schema == false) {  // never present
+        if (required.count(key)) return Refuse(at, "is required, and false matches nothing");
+        continue;
+      }
       std::string value;
-      auto status = Value(schema, absl::StrCat(path, "/properties/", PointerToken(key)),
-                          depth + 1, &value);
+      auto status = Value(schema, at, depth + 1, &value);
       if (!status.ok()) return status;
       member.push_back(absl::StrCat(Literal(Json(key).dump()), ws_, ":", ws_, value));
+      if (status = Charge(at, member.back()); !status.ok()) return status;
       needed.push_back(required.count(key) > 0);
     }
     // after[j]: members j.. written after one already is, each after a comma.
     const size_t n = member.size();
+    if (n == 0) {
+      *out = absl::StrCat(brace_open, brace_close);
+      return absl::OkStatus();
+    }
     std::vector<std::string> after(n + 1);
     for (size_t j = n; j-- > 0;) {
       const std::string piece = absl::StrCat(sep, member[j]);
       after[j] = absl::StrCat(needed[j] ? piece : absl::StrCat(Group(piece), "?"), after[j + 1]);
-      if (auto status = Fits(path, after[j]); !status.ok()) return status;
+      if (auto status = Charge(path, after[j]); !status.ok()) return status;
     }
     // The first member written: any up to the first required one.
     std::vector<std::string> first;
     bool some_required = false;
-    size_t bytes = 0;
     for (size_t k = 0; k < n && !some_required; ++k) {
       first.push_back(absl::StrCat(member[k], after[k + 1]));
       some_required = needed[k];
-      bytes += first.back().size();
-      if (bytes > size_t(kMaxJsonSchemaRegexBytes)) return Fits(path, std::string(bytes, ' '));
+      if (auto status = Charge(path, first.back()); !status.ok()) return status;
     }
     *out = absl::StrCat(brace_open, Group(absl::StrJoin(first, "|")), some_required ? "" : "?",
                         brace_close);
-    return Fits(path, *out);
+    return Charge(path, *out);
   }
 
   absl::Status Array(const Json& s, const std::string& path, int depth, std::string* out) {
@@ -593,7 +671,7 @@ class SchemaRegex {
         if (!status.ok()) return status;
       }
       *out = absl::StrCat(open, absl::StrJoin(items, sep), close);
-      return Fits(path, *out);
+      return Charge(path, *out);
     }
     if (!s.contains("items")) {
       return Refuse(path, "an array without items (of any values) cannot be guided");
@@ -617,17 +695,29 @@ class SchemaRegex {
                                                 : absl::StrCat("{", more_lo, ",}");
     const std::string body = absl::StrCat(item, Group(absl::StrCat(sep, item)), repeat);
     *out = absl::StrCat(open, lo == 0 ? absl::StrCat(Group(body), "?") : body, close);
-    return Fits(path, *out);
+    if (min->has_value() || max->has_value()) {
+      counted_.push_back({absl::StrCat(path, max->has_value() ? "/maxItems" : "/minItems"), *out});
+    }
+    return Charge(path, *out);
   }
 
   const Json& root_;
   std::string ws_;
+  // The parts with counted repeats (where the automaton grows with the count) and their
+  // expressions: the first to blame when the whole is too large.
+  std::vector<std::pair<std::string, std::string>> counted_;
   std::vector<const Json*> expanding_;  // the $ref targets being expanded, for recursion
+  std::map<const Json*, std::string> refs_;  // the $ref targets built
+  size_t spent_ = 0;                     // bytes of expression built, pieces included
 };
 
 }  // namespace
 
-absl::StatusOr<std::string> JsonSchemaRegex(std::string_view schema) {
+namespace {
+
+// The regular expression, and the parts with counted repeats.
+absl::StatusOr<std::string> Build(std::string_view schema,
+                                  std::vector<std::pair<std::string, std::string>>* counted) {
   if (schema.size() > size_t(kMaxJsonSchemaBytes)) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "guided_json: the schema has %d bytes; at most %d", schema.size(), kMaxJsonSchemaBytes));
@@ -640,19 +730,36 @@ absl::StatusOr<std::string> JsonSchemaRegex(std::string_view schema) {
   const Json root = Json::parse(schema, nullptr, /*allow_exceptions=*/false);
   if (root.is_discarded()) return absl::InvalidArgumentError("guided_json: is not valid JSON");
   std::string regex;
-  auto status = SchemaRegex(root).Value(root, "#", 0, &regex);
+  SchemaRegex builder(root);
+  auto status = builder.Value(root, "#", 0, &regex);
   if (!status.ok()) return status;
+  *counted = builder.counted();
   return regex;
 }
 
+}  // namespace
+
+absl::StatusOr<std::string> JsonSchemaRegex(std::string_view schema) {
+  std::vector<std::pair<std::string, std::string>> counted;
+  return Build(schema, &counted);
+}
+
 absl::StatusOr<std::shared_ptr<const RegexGuide>> CompileJsonSchema(std::string_view schema) {
-  auto regex = JsonSchemaRegex(schema);
+  std::vector<std::pair<std::string, std::string>> counted;
+  auto regex = Build(schema, &counted);
   if (!regex.ok()) return regex.status();
   auto guide = RegexGuide::Compile(*regex, kMaxJsonSchemaRegexBytes);
   if (!guide.ok()) {
     std::string why(guide.status().message());
     absl::StrReplaceAll({{"guided_regex: ", ""}, {"the pattern", "its regular expression"}},
                         &why);
+    // Too large: a count the automaton cannot hold alone is named where it is.
+    for (const auto& [where, part] : counted) {
+      if (RegexGuide::Compile(part, kMaxJsonSchemaRegexBytes).ok()) continue;
+      return absl::InvalidArgumentError(absl::StrCat(
+          "guided_json: ", where, ": the count is too large to guide (each string character "
+          "or array item is states of the automaton; docs/api.md gives the bounds): ", why));
+    }
     return absl::InvalidArgumentError(absl::StrCat("guided_json: the schema cannot be guided: ",
                                                    why));
   }

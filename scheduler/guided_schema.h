@@ -21,7 +21,8 @@
 namespace thetaserve::scheduler {
 
 constexpr int kMaxJsonSchemaBytes = 65536;
-constexpr int kMaxJsonSchemaRegexBytes = 1 << 20;  // the expression built from a schema
+constexpr int kMaxJsonSchemaRegexBytes = 1 << 18;  // the expression built from a schema
+constexpr int kMaxJsonSchemaWork = 1 << 22;        // its pieces' bytes, all counted
 constexpr int kMaxJsonSchemaNesting = 32;          // schemas inside schemas
 constexpr int kJsonSchemaWhitespace = 16;          // whitespace bytes in a row between tokens
 

@@ -244,7 +244,7 @@ absl::Status ParseSampling(const In& body, std::string_view body_text, OpenAiCal
   std::string schema_field;
   std::string_view schema_text;
   std::string schema_string;
-  if (*schema) {
+  if (*schema && !(by_new_name && **schema == false)) {  // structured_outputs.json false: none
     schema_field = field;
     if ((*schema)->is_string()) {
       schema_string = (*schema)->get<std::string>();

@@ -319,8 +319,82 @@ TEST(JsonSchemaGuideTest, WhatCannotBeGuidedIsRefusedWithWhere) {
   }
   auto too_big = CompileJsonSchema(wide.dump());
   ASSERT_FALSE(too_big.ok());
-  EXPECT_NE(std::string(too_big.status().message()).find("over"), std::string::npos)
+  EXPECT_NE(std::string(too_big.status().message()).find("is too large"), std::string::npos)
       << too_big.status();
+  // A part reused many times (each $ref used 8 times at each of 4 levels, then 2937 times): a
+  // 64 KiB schema whose expression would be gigabytes is refused as its pieces add up (it took
+  // 36 s and 6.5 GB before they were counted).
+  Json bomb = {{"$defs", {{"d0", {{"type", "string"}}}}}};
+  for (int k = 1; k <= 4; ++k) {
+    Json items = Json::array();
+    for (int i = 0; i < 8; ++i) items.push_back({{"$ref", absl::StrCat("#/$defs/d", k - 1)}});
+    bomb["$defs"][absl::StrCat("d", k)] = {{"type", "array"}, {"prefixItems", items}};
+  }
+  bomb["anyOf"] = Json::array();
+  const size_t one_ref = Json({{"$ref", "#/$defs/d4"}}).dump().size() + 1;
+  for (size_t n = (kMaxJsonSchemaBytes - bomb.dump().size() - 20) / one_ref; n > 0; --n) {
+    bomb["anyOf"].push_back({{"$ref", "#/$defs/d4"}});
+  }
+  ASSERT_LE(bomb.dump().size(), size_t(kMaxJsonSchemaBytes));
+  auto bombed = CompileJsonSchema(bomb.dump());
+  ASSERT_FALSE(bombed.ok());
+  EXPECT_NE(std::string(bombed.status().message()).find("is too large"), std::string::npos)
+      << bombed.status();
+  // Many optional properties: the expression grows with their square, and is counted so.
+  Json flat = {{"type", "object"}, {"properties", Json::object()}};
+  for (int i = 0; i < 2600; ++i) flat["properties"][std::to_string(i)] = {{"type", "string"}};
+  ASSERT_LE(flat.dump().size(), size_t(kMaxJsonSchemaBytes));
+  auto flattened = CompileJsonSchema(flat.dump());
+  ASSERT_FALSE(flattened.ok());
+  EXPECT_NE(std::string(flattened.status().message()).find("is too large"), std::string::npos)
+      << flattened.status();
+}
+
+// Points an earlier review found: bounds past 2^53 exact, enum values of the type only,
+// calendar dates, anchors inside a pattern named, properties whose schema is false.
+TEST(JsonSchemaGuideTest, ReviewedEdges) {
+  ExpectTakes(R"({"type": "integer", "minimum": 9007199254740993})",
+              {"9007199254740993", "9007199254740994"}, {"9007199254740992"});
+  ExpectTakes(R"({"type": "integer", "maximum": 999999999999999999})", {"999999999999999999"},
+              {"1000000000000000000"});
+  ExpectTakes(R"({"type": "integer", "exclusiveMaximum": 9007199254740995})",
+              {"9007199254740994"}, {"9007199254740995", "9007199254740996"});
+  ExpectTakes(R"({"type": "string", "enum": ["a", 1, "b"]})", {R"("a")", R"("b")"}, {"1"});
+  ExpectTakes(R"({"type": "integer", "enum": [1, 2.0, 2.5, "3"]})", {"1", "2.0"},
+              {"2.5", R"("3")"});
+  ExpectTakes(R"({"type": "string", "format": "date"})",
+              {R"("2024-02-29")", R"("2000-02-29")", R"("2023-01-31")", R"("2023-04-30")"},
+              {R"("2023-02-29")", R"("1900-02-29")", R"("2023-04-31")", R"("2023-02-30")",
+               R"("2023-00-10")", R"("2023-01-00")"});
+  ExpectTakes(R"({"type": "string", "format": "date-time"})",
+              {R"("2016-12-31t23:59:60z")", R"("2024-02-29T00:00:00.123456789-05:30")"},
+              {R"("2016-12-31T23:59:61Z")", R"("2016-12-31T24:00:00Z")"});
+  ExpectTakes(R"({"type": "string", "maxLength": 500})", {R"("ok")"}, {});
+  ExpectTakes(R"({"type": "object", "properties": {"a": false, "b": {"type": "null"}}})",
+              {"{}", R"({"b": null})"}, {R"({"a": null})"});
+  const std::pair<const char*, const char*> refused[] = {
+      {R"({"type": "string", "const": 5})", "guided_json: #: const is not of the type"},
+      {R"({"type": "boolean", "enum": [1, "x"]})", "guided_json: #: no enum value is of the type"},
+      {R"({"type": "string", "pattern": "a$|b"})",
+       "guided_json: #/pattern: ^ or $ inside the pattern"},
+      {R"x({"type": "string", "pattern": "(^a)"})x",
+       "guided_json: #/pattern: ^ or $ inside the pattern"},
+      {R"({"properties": {"a": false}, "required": ["a"]})",
+       "guided_json: #/properties/a: is required, and false matches nothing"},
+      {R"({"type": "integer", "minimum": 1000000000000000001})",
+       "#/minimum: must be a number"},
+      // Counts the automaton cannot hold are named, not left to a position in the expression.
+      {R"({"properties": {"bio": {"type": "string", "maxLength": 800}}})",
+       "guided_json: #/properties/bio/maxLength: the count is too large to guide"},
+      {R"({"type": "array", "items": {"type": "string", "maxLength": 20}, "maxItems": 400})",
+       "guided_json: #/maxItems: the count is too large to guide"},
+  };
+  for (const auto& [schema, message] : refused) {
+    auto guide = CompileJsonSchema(schema);
+    ASSERT_FALSE(guide.ok()) << schema;
+    EXPECT_NE(std::string(guide.status().message()).find(message), std::string::npos)
+        << schema << " → " << guide.status().message();
+  }
 }
 
 }  // namespace

@@ -588,6 +588,9 @@ TEST_F(OpenAiResponseTest, VllmsSamplingExtensionsReachTheEngineRequest) {
   EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": "x", "response_format": {"type": "json_schema",
       "json_schema": {"name": "x"}}})"),
       "response_format.json_schema.schema must be given, a JSON schema (an object)"));
+  auto json_false = build(R"({"prompt": "x", "structured_outputs": {"json": false}})");
+  ASSERT_TRUE(json_false.ok()) << json_false.status();
+  EXPECT_EQ(json_false->guide, nullptr);
   EXPECT_EQ(build(R"({"prompt": "x", "guided_json": {"type": "object"}})").status().message(),
             "guided_json: #: an object without properties (any object) cannot be guided; "
             "response_format json_object asks for one");
