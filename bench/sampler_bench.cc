@@ -8,7 +8,8 @@
 //     JSON object's or JSON schema's next tokens found by Guide::Allowed in the vocabulary
 //     indexed by bytes, plus the masked Sample), per row, against the same Sample without it;
 //     ratio = with ÷ without; a schema's compile time;
-//     "next": the tokens the guide lets through, "guide": its Allowed alone.
+//     "next": the tokens the guide lets through; "cold": a new guide's Allowed alone (its walk
+//     through the vocabulary), "warm": Allowed for a state it has walked before.
 // Two kinds of rows: "peaked" (a few dozen likely tokens over a N(0, 2.5) background, like a
 // language model's) and "flat" (N(0, 1): top-p keeps most of the vocabulary, the worst case).
 //
@@ -16,6 +17,7 @@
 //       [--repeats 15]
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <random>
 #include <set>
@@ -165,18 +167,27 @@ int main(int argc, char** argv) {
   const ts::scheduler::TokenBytesIndex vocab_index(vocab_bytes);
   SamplingParams base = Cases()[1].p;  // T 0.7, top-p 0.9
   std::printf("\n## narrowing a row, µs per row (peaked rows, %s)\n", Cases()[1].name);
-  std::printf("%-44s %-11s %-11s %-7s %-7s %-7s\n", "narrowing", "without", "with", "ratio",
-              "next", "guide");
+  std::printf("%-44s %-9s %-9s %-6s %-6s %-9s %-9s\n", "narrowing", "without", "with", "ratio",
+              "next", "cold", "warm");
   const std::vector<float> row = Row(true, vocab, 5);
-  auto run = [&](const std::string& name, SamplingParams with, const ts::scheduler::Guide* guide,
-                 std::string_view so_far = "") {
+  // make(): a new guide, or null. "cold": a new guide's first Allowed (its walk through the
+  // vocabulary); "warm": the same state asked again (regex and JSON guides remember it);
+  // "with": a warm Allowed and the masked Sample.
+  using GuidePtr = std::shared_ptr<const ts::scheduler::Guide>;
+  auto run = [&](const std::string& name, SamplingParams with,
+                 const std::function<GuidePtr()>& make, std::string_view so_far = "") {
     ts::scheduler::Sampler plain(base), narrowed(with);
     std::vector<float> work(row);
     std::vector<int32_t> next;
     std::vector<int32_t> output = {1, 2, 3};
-    std::vector<double> t0, t1, tg;
+    std::vector<double> t0, t1, cold, warm;
+    GuidePtr guide = make();
     for (int r = 0; r < repeats; ++r) {
-      if (guide) tg.push_back(TimeMs([&] { guide->Allowed(so_far, vocab_index, &next); }, 5));
+      if (guide) {
+        GuidePtr fresh = make();
+        cold.push_back(TimeMs([&] { fresh->Allowed(so_far, vocab_index, &next); }, 1));
+        warm.push_back(TimeMs([&] { guide->Allowed(so_far, vocab_index, &next); }, 5));
+      }
       t0.push_back(TimeMs([&] {
         work = row;
         plain.Sample(work, {}, output);
@@ -188,16 +199,18 @@ int main(int argc, char** argv) {
       }, 5));
     }
     const double a = ts::bench::Median(t0) * 1e3, b = ts::bench::Median(t1) * 1e3;
-    std::printf("%-44s %-11.1f %-11.1f %-7.2f %-7zu %-7.1f\n", name.c_str(), a, b, b / a,
-                guide ? next.size() : size_t(0), guide ? ts::bench::Median(tg) * 1e3 : 0.0);
+    std::printf("%-44s %-9.1f %-9.1f %-6.2f %-6zu %-9.1f %-9.1f\n", name.c_str(), a, b, b / a,
+                guide ? next.size() : size_t(0), guide ? ts::bench::Median(cold) * 1e3 : 0.0,
+                guide ? ts::bench::Median(warm) * 1e3 : 0.0);
     std::fflush(stdout);
   };
+  auto none = [] { return GuidePtr(); };
   {
     SamplingParams p = base;
     std::vector<int32_t> ids;
     for (int i = 0; i < 1000; ++i) ids.push_back(i * (vocab / 1000));
     p.allowed_tokens = std::make_shared<const std::vector<int32_t>>(ids);
-    run("allowed_token_ids: 1000 ids", p, nullptr);
+    run("allowed_token_ids: 1000 ids", p, none);
   }
   {
     SamplingParams p = base;
@@ -207,12 +220,12 @@ int main(int argc, char** argv) {
                        int32_t(3 + i % 7)});
     }
     p.bad_words = std::make_shared<const std::vector<std::vector<int32_t>>>(words);
-    run("bad_words: 1024 words, 4096 tokens", p, nullptr);
+    run("bad_words: 1024 words, 4096 tokens", p, none);
   }
   for (int count : {4, 64, 1024}) {
-    const ts::scheduler::ChoiceGuide guide(choices(count));
+    const std::vector<std::string> picked = choices(count);
     const std::string name = "guided choice: " + std::to_string(count) + " choices, all open";
-    run(name, base, &guide);
+    run(name, base, [&] { return std::make_shared<const ts::scheduler::ChoiceGuide>(picked); });
   }
   // Patterns over this vocabulary's letters: nearly every token open, about half, a few.
   for (const char* pattern : {"[a-z ]{1,200}", " ?[a-m]+( [a-m]+)*", "(yes|no), because [a-z ]+"}) {
@@ -221,12 +234,13 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "%s: %s\n", pattern, guide.status().ToString().c_str());
       return 1;
     }
-    run(std::string("guided regex: ") + pattern, base, guide->get());
+    run(std::string("guided regex: ") + pattern, base,
+        [&] { return GuidePtr(*ts::scheduler::RegexGuide::Compile(pattern)); });
   }
   // A JSON object's next tokens where few and where most of the vocabulary may come.
-  const ts::scheduler::JsonObjectGuide json;
-  run("json_object: after {\"a\":", base, &json, "{\"a\":");
-  run("json_object: inside a string", base, &json, "{\"a\": \"x");
+  auto json = [] { return std::make_shared<const ts::scheduler::JsonObjectGuide>(); };
+  run("json_object: after {\"a\":", base, json, "{\"a\":");
+  run("json_object: inside a string", base, json, "{\"a\": \"x");
   // A JSON schema (OpenAI's structured-outputs example: steps of an explanation and an output,
   // and a final answer), compiled once per request, then walked like a regex (this vocabulary
   // has no quotes, so inside a string is where its tokens go).
@@ -248,7 +262,9 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "the steps schema did not compile\n");
     return 1;
   }
-  run("json_schema: inside a string", base, schema.get(), "{\"steps\": [{\"explanation\": \"x");
+  run("json_schema: inside a string", base,
+      [&] { return GuidePtr(*ts::scheduler::CompileJsonSchema(kSteps)); },
+      "{\"steps\": [{\"explanation\": \"x");
   std::printf("json_schema (steps, final_answer): %d states, compiled in %.2f ms (median)\n",
               schema->num_states(), ts::bench::Median(compile));
   return 0;

@@ -314,8 +314,18 @@ void JsonObjectGuide::Allowed(std::string_view so_far, const TokenBytesIndex& vo
   allowed->clear();
   State s;
   if (!Step(State{}, so_far, &s) || s.mode == kDone) return;
-  vocab.Walk(s, &JsonObjectGuide::Next, allowed);
-  vocab.SortIds(allowed);
+  // The state as a key: what is left from earlier parts (a number's digits once it has ended,
+  // the kinds of containers closed) left out, so that equal states meet.
+  const bool number = s.mode >= kMinus && s.mode <= kExpDigits;
+  const uint64_t head = uint64_t(s.mode) | uint64_t(s.aux) << 8 | uint64_t(s.literal) << 16 |
+                        uint64_t(s.spaces) << 24 | uint64_t(s.depth) << 32 |
+                        uint64_t(s.key) << 40 | uint64_t(number ? s.digits : 0) << 48;
+  const uint32_t open = uint32_t(s.objects & ((uint64_t(1) << s.depth) - 1));
+  cache_.Allowed(vocab, std::make_pair(head, open), [&](std::vector<int32_t>* ids) {
+    ids->clear();
+    vocab.Walk(s, &JsonObjectGuide::Next, ids);
+    vocab.SortIds(ids);
+  }, allowed);
 }
 
 bool JsonObjectGuide::Accepts(std::string_view so_far) const {

@@ -6,8 +6,10 @@
 
 #include <cstdint>
 #include <string_view>
+#include <utility>
 #include <vector>
 
+#include "scheduler/guide_cache.h"
 #include "scheduler/guided_choice.h"
 
 namespace thetaserve::scheduler {
@@ -44,6 +46,9 @@ class JsonObjectGuide : public Guide {
   // The state after `bytes` from `s`; false where no JSON object has them next.
   static bool Step(State s, std::string_view bytes, State* out);
   static bool Next(const State& s, uint8_t b, State* out);
+
+ private:
+  GuideCache<std::pair<uint64_t, uint32_t>> cache_;  // next tokens by state
 };
 
 }  // namespace thetaserve::scheduler

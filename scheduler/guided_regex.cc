@@ -723,8 +723,11 @@ void RegexGuide::Allowed(std::string_view so_far, const TokenBytesIndex& vocab,
     *next = Next(s, b);
     return *next != kDead;
   };
-  vocab.Walk(state, step, allowed);
-  vocab.SortIds(allowed);
+  cache_.Allowed(vocab, state, [&](std::vector<int32_t>* ids) {
+    ids->clear();
+    vocab.Walk(state, step, ids);
+    vocab.SortIds(ids);
+  }, allowed);
 }
 
 bool RegexGuide::Emits(uint8_t byte) const {

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "scheduler/guide_cache.h"
 #include "scheduler/guided_choice.h"
 
 namespace thetaserve::scheduler {
@@ -65,6 +66,7 @@ class RegexGuide : public Guide {
   std::vector<int32_t> next_;      // [state * num_classes_ + class]: the next state or kDead
   std::vector<bool> accepting_;    // [state]
   std::vector<bool> leads_on_;     // [state]: some byte leads to a live state
+  GuideCache<int32_t> cache_;      // next tokens by state
 };
 
 }  // namespace thetaserve::scheduler

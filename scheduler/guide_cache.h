@@ -1,0 +1,112 @@
+// Next tokens remembered per state, for guides whose next tokens depend on their automaton's
+// state alone (a regular expression's, a JSON object's pushdown state): a string's contents,
+// dozens of steps in one state, walk the vocabulary once. A guide is shared by a call's
+// completions and read by the sampling threads at once, so the memory is locked; what it holds
+// is bounded per guide and over all guides, and a set most of the vocabulary passes is held as
+// a bitmap (a 49k vocabulary: 6 KiB, where its ids would take 192 KiB). Keys hold the
+// vocabulary's address: a guide lives for a request, within the engine whose vocabularies
+// outlive it.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
+#include "scheduler/guided_choice.h"
+
+namespace thetaserve::scheduler {
+
+constexpr int64_t kMaxGuideCacheBytes = int64_t(1) << 20;        // one guide's
+constexpr int64_t kMaxGuideCacheBytesTotal = int64_t(64) << 20;  // all guides'
+
+// Bytes held by every GuideCache alive (for the bound over all guides, and tests).
+std::atomic<int64_t>& GuideCacheBytesHeld();
+
+template <typename Key>
+class GuideCache {
+ public:
+  GuideCache() = default;
+  GuideCache(const GuideCache&) = delete;
+  GuideCache& operator=(const GuideCache&) = delete;
+  ~GuideCache() { GuideCacheBytesHeld().fetch_sub(held_); }
+
+  // The next tokens from `key` in `vocab` into *allowed (ascending): remembered, or found by
+  // walk(allowed) and remembered while the bounds allow.
+  template <typename Walk>
+  void Allowed(const TokenBytesIndex& vocab, const Key& key, const Walk& walk,
+               std::vector<int32_t>* allowed) const {
+    std::shared_ptr<const Entry> entry;
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = map_.find(std::make_pair(&vocab, key));
+      if (it != map_.end()) entry = it->second;
+    }
+    if (entry) {
+      entry->Read(allowed);
+      return;
+    }
+    walk(allowed);
+    auto made = std::make_shared<Entry>(*allowed, vocab.size());
+    const int64_t bytes = made->bytes();
+    absl::MutexLock lock(&mu_);
+    if (held_ + bytes > kMaxGuideCacheBytes) return;
+    if (GuideCacheBytesHeld().fetch_add(bytes) + bytes > kMaxGuideCacheBytesTotal) {
+      GuideCacheBytesHeld().fetch_sub(bytes);
+      return;
+    }
+    if (map_.emplace(std::make_pair(&vocab, key), std::move(made)).second) {
+      held_ += bytes;
+    } else {
+      GuideCacheBytesHeld().fetch_sub(bytes);
+    }
+  }
+
+ private:
+  // Ascending ids, or a bitmap of them where that is smaller.
+  class Entry {
+   public:
+    Entry(const std::vector<int32_t>& ids, size_t vocab_size) {
+      if (ids.size() * 32 > vocab_size) {
+        bits_.assign((vocab_size + 63) / 64, 0);
+        for (int32_t id : ids) bits_[size_t(id) / 64] |= uint64_t(1) << (id % 64);
+        count_ = ids.size();
+      } else {
+        ids_ = ids;
+      }
+    }
+    void Read(std::vector<int32_t>* allowed) const {
+      if (bits_.empty()) {
+        allowed->assign(ids_.begin(), ids_.end());
+        return;
+      }
+      allowed->clear();
+      allowed->reserve(count_);
+      for (size_t w = 0; w < bits_.size(); ++w) {
+        for (uint64_t word = bits_[w]; word != 0; word &= word - 1) {
+          allowed->push_back(int32_t(w * 64 + size_t(__builtin_ctzll(word))));
+        }
+      }
+    }
+    int64_t bytes() const {
+      return int64_t(sizeof(Entry) + ids_.size() * sizeof(int32_t) +
+                     bits_.size() * sizeof(uint64_t));
+    }
+
+   private:
+    std::vector<int32_t> ids_;
+    std::vector<uint64_t> bits_;
+    size_t count_ = 0;
+  };
+
+  mutable absl::Mutex mu_;
+  mutable absl::flat_hash_map<std::pair<const TokenBytesIndex*, Key>,
+                              std::shared_ptr<const Entry>>
+      map_ ABSL_GUARDED_BY(mu_);
+  mutable int64_t held_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace thetaserve::scheduler
