@@ -201,8 +201,9 @@ class SchemaRegex {
       return Refuse(path, absl::StrFormat("schemas nest more than %d deep", kMaxJsonSchemaNesting));
     }
     if (s.is_boolean()) {
-      return Refuse(path, s == true ? "true (any value) cannot be guided"
-                                    : "false matches nothing");
+      if (s == false) return Refuse(path, "false matches nothing");
+      *out = Any(kJsonSchemaAnyLevels);
+      return Charge(path, *out);
     }
     if (!s.is_object()) return Refuse(path, "a schema must be an object");
     std::vector<std::string> constraining;
@@ -269,7 +270,10 @@ class SchemaRegex {
                 : "number";
         if (std::find(types.begin(), types.end(), type) == types.end()) types.push_back(type);
       }
-      if (types.empty()) return Refuse(path, "no type (any value) cannot be guided");
+      if (types.empty()) {  // any value
+        *out = Any(kJsonSchemaAnyLevels);
+        return Charge(path, *out);
+      }
       if (types.size() > 1) {
         return Refuse(path, absl::StrCat("no type, and keywords of several (",
                                          absl::StrJoin(types, ", "), "): give the type"));
@@ -305,6 +309,32 @@ class SchemaRegex {
                                           kMaxJsonSchemaWork));
     }
     return absl::OkStatus();
+  }
+
+  // Any JSON value with at most `levels` objects and arrays nested in it (0: a string, a
+  // number, true, false or null); an object's names any strings. Each level built once.
+  const std::string& Any(int levels) {
+    while (any_.size() <= size_t(levels)) {
+      if (any_.empty()) {
+        any_.push_back(Group(absl::StrCat("\"", kStringChar, "*\"|", kInteger, kFraction,
+                                          "|true|false|null")));
+        continue;
+      }
+      const std::string& inner = any_.back();
+      const std::string sep = absl::StrCat(ws_, ",", ws_);
+      const std::string array = absl::StrCat("\\[", ws_, Group(absl::StrCat(inner, Group(
+          absl::StrCat(sep, inner)), "*")), "?", ws_, "\\]");
+      any_.push_back(Group(absl::StrCat(any_.front(), "|", Map(inner), "|", array)));
+    }
+    return any_[size_t(levels)];
+  }
+
+  // An object of any names, each value `value`.
+  std::string Map(const std::string& value) const {
+    const std::string member =
+        absl::StrCat("\"", kStringChar, "*\"", ws_, ":", ws_, value);
+    return absl::StrCat("\\{", ws_, Group(absl::StrCat(member, Group(absl::StrCat(
+        ws_, ",", ws_, member)), "*")), "?", ws_, "\\}");
   }
 
   absl::Status Ref(const Json& ref, const std::string& path, int depth, std::string* out) {
@@ -607,12 +637,21 @@ class SchemaRegex {
     // Only the listed properties are written, which every additionalProperties allows.
     const std::string brace_open = absl::StrCat("\\{", ws_), brace_close = absl::StrCat(ws_, "\\}");
     if (props.empty()) {
-      if (s.contains("additionalProperties") && s["additionalProperties"] == false) {
+      const Json& extra = s.contains("additionalProperties") ? s["additionalProperties"]
+                                                             : Json(true);
+      if (extra == false) {
         *out = absl::StrCat(brace_open, brace_close);
         return absl::OkStatus();
       }
-      return Refuse(path, "an object without properties (any object) cannot be guided; "
-                          "response_format json_object asks for one");
+      // A map: any names, each value what additionalProperties says (any value, nested at
+      // most kJsonSchemaAnyLevels deep with the object).
+      std::string value = Any(kJsonSchemaAnyLevels - 1);
+      if (extra != true) {
+        auto status = Value(extra, path + "/additionalProperties", depth + 1, &value);
+        if (!status.ok()) return status;
+      }
+      *out = Map(value);
+      return Charge(path, *out);
     }
     const std::string sep = absl::StrCat(ws_, ",", ws_);
     std::vector<std::string> member;  // "key": value
@@ -673,9 +712,7 @@ class SchemaRegex {
       *out = absl::StrCat(open, absl::StrJoin(items, sep), close);
       return Charge(path, *out);
     }
-    if (!s.contains("items")) {
-      return Refuse(path, "an array without items (of any values) cannot be guided");
-    }
+    const std::string any_item = Any(kJsonSchemaAnyLevels - 1);
     auto min = Count(s, "minItems", path);
     if (!min.ok()) return min.status();
     auto max = Count(s, "maxItems", path);
@@ -686,9 +723,11 @@ class SchemaRegex {
       *out = absl::StrCat(open, close);
       return absl::OkStatus();
     }
-    std::string item;
-    auto status = Value(s["items"], path + "/items", depth + 1, &item);
-    if (!status.ok()) return status;
+    std::string item = any_item;  // no items: any values
+    if (s.contains("items")) {
+      auto status = Value(s["items"], path + "/items", depth + 1, &item);
+      if (!status.ok()) return status;
+    }
     const int more_lo = std::max(lo, 1) - 1;
     const std::string repeat = max->has_value() ? absl::StrCat("{", more_lo, ",", **max - 1, "}")
                                : more_lo == 0   ? std::string("*")
@@ -708,6 +747,7 @@ class SchemaRegex {
   std::vector<std::pair<std::string, std::string>> counted_;
   std::vector<const Json*> expanding_;  // the $ref targets being expanded, for recursion
   std::map<const Json*, std::string> refs_;  // the $ref targets built
+  std::vector<std::string> any_;             // [levels]: Any(levels)
   size_t spent_ = 0;                     // bytes of expression built, pieces included
 };
 

@@ -3,11 +3,12 @@
 // builds one) and is guided by that expression's automaton (guided_regex.h): properties in the
 // schema's order, each required one present, optional ones that may be left out; strings,
 // numbers, integers (with bounds), booleans, null, arrays (with item counts), enum and const,
-// anyOf/oneOf, $ref into the schema. Between JSON's tokens, a bounded run of whitespace.
+// anyOf/oneOf, $ref into the schema, maps, and any value (nested at most
+// kJsonSchemaAnyLevels deep: an expression cannot count brackets). Between JSON's tokens, a
+// bounded run of whitespace.
 //
 // What the expression cannot say is refused by name, with where it is in the schema (a JSON
-// pointer), rather than dropped: any value or any object (no type, no properties: what
-// response_format json_object is for), recursion, allOf of more than one schema, bounds on
+// pointer), rather than dropped: recursion, allOf of more than one schema, bounds on
 // non-integer numbers other than minimum 0, and every keyword not listed in guided_schema.cc.
 #pragma once
 
@@ -25,6 +26,9 @@ constexpr int kMaxJsonSchemaRegexBytes = 1 << 18;  // the expression built from 
 constexpr int kMaxJsonSchemaWork = 1 << 22;        // its pieces' bytes, all counted
 constexpr int kMaxJsonSchemaNesting = 32;          // schemas inside schemas
 constexpr int kJsonSchemaWhitespace = 16;          // whitespace bytes in a row between tokens
+// Where a schema allows any value (true, {}, an object without properties, an array without
+// items), objects and arrays nested at most this deep (the object or array included).
+constexpr int kJsonSchemaAnyLevels = 2;
 
 // The regular expression (Python's re syntax, as guided_regex takes) of the JSON texts that
 // `schema` (JSON text) describes. INVALID_ARGUMENT "guided_json: <pointer>: <what>" where the

@@ -92,6 +92,26 @@ TEST(JsonSchemaGuideTest, EachKeywordLetsThroughWhatItDescribes) {
               {R"({"aXb (c)*": "$x|y^"})", R"({"a.b (c)*": "$xy^"})"});
 }
 
+// Where a schema allows any value, any JSON with at most kJsonSchemaAnyLevels objects and
+// arrays nested; a map's values what additionalProperties says.
+TEST(JsonSchemaGuideTest, AnyValueAndMaps) {
+  static_assert(kJsonSchemaAnyLevels == 2);
+  for (const char* any : {"{}", "true", R"({"description": "anything"})"}) {
+    ExpectTakes(any, {"1", R"("x")", "null", R"({"a": [1, "b"], "c": {}})", "[[1], {\"k\": 2}]"},
+                {R"({"a": {"b": {}}})", "[[[1]]]", "tru", R"({"a" 1})"});
+  }
+  ExpectTakes(R"({"type": "object"})", {"{}", R"({"a": 1, "b": [true, null], "c": {"d": "e"}})"},
+              {"[1]", R"({"a": {"b": {"c": 1}}})", R"({"a": {"b": [1]}})"});
+  ExpectTakes(R"({"type": "array"})", {"[]", R"([1, "a", {"k": null}, []])"},
+              {"{}", "[[[]]]"});
+  ExpectTakes(R"({"type": "object", "additionalProperties": {"type": "integer"}})",
+              {"{}", R"({"x": 1, "y z": -2})"}, {R"({"x": "1"})", R"({"x": 1.5})"});
+  ExpectTakes(R"({"type": "object", "properties": {"name": {"type": "string"},
+                 "args": {"type": "object"}}, "required": ["name", "args"]})",
+              {R"({"name": "f", "args": {"x": [1, 2], "y": "z"}})"},
+              {R"({"name": "f"})", R"({"name": "f", "args": [1]})"});
+}
+
 // Integer bounds are exact: every integer in [-1500, 1500] against random bounds.
 TEST(JsonSchemaGuideTest, IntegerBoundsAreExact) {
   const uint32_t seed = std::random_device{}();
@@ -156,6 +176,7 @@ bool Valid(const Json& v, const Json& s, const Json& root) {
     }
     return false;
   }
+  if (!s.contains("type")) return true;  // any value
   std::vector<std::string> types;
   if (s["type"].is_string()) {
     types.push_back(s["type"]);
@@ -188,6 +209,14 @@ bool Valid(const Json& v, const Json& s, const Json& root) {
       if (s.contains("maxItems") && v.size() > s["maxItems"].get<size_t>()) return false;
       for (const Json& item : v) {
         if (!Valid(item, s["items"], root)) return false;
+      }
+      return true;
+    }
+    if (type == "object" && v.is_object() && !s.contains("properties")) {  // a map
+      for (const auto& [key, value] : v.items()) {
+        if (s.contains("additionalProperties") && !Valid(value, s["additionalProperties"], root)) {
+          return false;
+        }
       }
       return true;
     }
@@ -224,7 +253,9 @@ TEST(JsonSchemaGuideTest, RandomTextsItAcceptsAreValidInstances) {
       "kind": {"enum": ["a", "b", 3]},
       "nested": {"type": "object", "properties": {"ok": {"type": "boolean"},
                  "when": {"type": "string", "format": "date"}}, "required": ["ok"]},
-      "either": {"oneOf": [{"type": "integer", "minimum": 0}, {"type": "string", "maxLength": 2}]}
+      "either": {"oneOf": [{"type": "integer", "minimum": 0}, {"type": "string", "maxLength": 2}]},
+      "counts": {"type": "object", "additionalProperties": {"type": "integer", "minimum": 0}},
+      "anything": {}
     },
     "required": ["id", "name"]
   })");
@@ -270,10 +301,9 @@ TEST(JsonSchemaGuideTest, RandomTextsItAcceptsAreValidInstances) {
 
 TEST(JsonSchemaGuideTest, WhatCannotBeGuidedIsRefusedWithWhere) {
   const std::pair<const char*, const char*> refused[] = {
-      {"{}", "guided_json: #: no type (any value) cannot be guided"},
-      {"true", "guided_json: #: true (any value) cannot be guided"},
-      {R"({"type": "object"})", "guided_json: #: an object without properties"},
-      {R"({"type": "array"})", "guided_json: #: an array without items"},
+      {"false", "guided_json: #: false matches nothing"},
+      {R"({"type": "object", "additionalProperties": {"type": "strin"}})",
+       "guided_json: #/additionalProperties/type: strin is not a JSON schema type"},
       {R"({"properties": {"a": {"type": "string", "multipleOf": 2}}})",
        "guided_json: #/properties/a: keyword multipleOf is not supported"},
       {R"({"properties": {"a/b": {"type": "strin"}}})",

@@ -661,11 +661,13 @@ TEST_F(OpenAiHttpTest, JsonSchemaAnswersFollowTheSchema) {
   StreamResult answered = Generate(*stub, req);
   ASSERT_TRUE(answered.status.ok()) << answered.status.error_message();
   EXPECT_EQ(answered.text, greedy_cat);
-  req.mutable_sampling()->set_guided_json(R"({"type": "object", "properties": {"a": {}}})");
+  req.mutable_sampling()->set_guided_json(
+      R"({"type": "object", "properties": {"a": {"type": "string", "format": "email"}}})");
   StreamResult refused = Generate(*stub, req);
   EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_EQ(refused.status.error_message(),
-            "sampling.guided_json: #/properties/a: no type (any value) cannot be guided");
+            "sampling.guided_json: #/properties/a/format: \"email\" is not supported (date, "
+            "time, date-time, uuid)");
   HttpResult bad = HttpCall(http_port_, "POST", "/v1/chat/completions",
                             R"({"messages": [{"role": "user", "content": "x"}],
       "response_format": {"type": "json_schema", "json_schema": {"name": "x",
