@@ -84,8 +84,8 @@ absl::Status ParseMessages(const In& body, v1::ChatMessages* chat) {
     if (!role.ok()) return role.status();
     // "developer" is the newer name of the system role.
     if (*role == "developer") *role = "system";
-    if (*role == "tool" || *role == "function") {
-      return Unsupported("a message with role 'tool'", "this server does not call tools");
+    if (*role == "function") {
+      return Unsupported("a message with role 'function'", "send the result as role 'tool'");
     }
     std::string content;
     if (Given(m, "content")) {
@@ -112,8 +112,28 @@ absl::Status ParseMessages(const In& body, v1::ChatMessages* chat) {
       // Only an assistant turn may come without content (OpenAI: one that called tools).
       return Invalid(field + ".content", "is required");
     }
-    if (Given(m, "tool_calls") && !(m["tool_calls"].is_array() && m["tool_calls"].empty())) {
-      return Unsupported("tool_calls", "this server does not call tools");
+    // An assistant's earlier tool calls reach the model as its text, after any content: one
+    // {"name", "arguments"} per line (the chat template has no tools of its own).
+    if (Given(m, "tool_calls")) {
+      const In& calls = m["tool_calls"];
+      if (*role != "assistant" || !calls.is_array()) {
+        return Invalid(field + ".tool_calls", "must be a list, on an assistant message");
+      }
+      for (size_t k = 0; k < calls.size(); ++k) {
+        const std::string at = absl::StrCat(field, ".tool_calls[", k, "]");
+        const In& c = calls[k];
+        if (!c.is_object() || !Given(c, "function") || !c["function"].is_object() ||
+            !Given(c["function"], "name") || !c["function"]["name"].is_string() ||
+            !Given(c["function"], "arguments") || !c["function"]["arguments"].is_string()) {
+          return Invalid(at, "must be {\"function\": {\"name\": ..., \"arguments\": ...}}");
+        }
+        const std::string arguments = c["function"]["arguments"];
+        Json args = Json::parse(arguments, nullptr, /*allow_exceptions=*/false);
+        if (args.is_discarded()) args = arguments;
+        if (!content.empty()) content += "\n";
+        content += Json{{"name", c["function"]["name"]}, {"arguments", args}}.dump(
+            -1, ' ', false, Json::error_handler_t::replace);
+      }
     }
     auto* msg = chat->add_messages();
     msg->set_role(*role);
@@ -188,6 +208,10 @@ absl::StatusOr<OpenAiCall> ParseOpenAiRequest(std::string_view body_text, OpenAi
     auto v = Bool(body, "stream");
     if (!v.ok()) return v.status();
     call.stream = *v;
+  }
+  if (call.stream && call.tool_calls == OpenAiCall::ToolCalls::kRequired) {
+    return Unsupported("tool_choice", "\"required\" is not streamed (the calls are read from "
+                                      "the whole answer): send stream false, or name a function");
   }
   if (Given(body, "stream_options")) {
     const In& so = body["stream_options"];
@@ -308,7 +332,8 @@ std::string ErrorParam(std::string_view message) {
       "guided_whitespace_pattern", "ignore_eos",
       "include_stop_str_in_output", "logit_bias", "logprobs", "max_completion_tokens",
       "max_tokens", "messages", "min_p", "min_tokens", "model", "n", "presence_penalty",
-      "prompt", "prompt_logprobs", "repetition_penalty", "response_format", "seed", "stop",
+      "parallel_tool_calls", "prompt", "prompt_logprobs", "repetition_penalty",
+      "response_format", "seed", "stop",
       "stop_token_ids", "stream", "stream_options", "structured_outputs", "suffix",
       "temperature", "tokens", "tool_choice", "tools", "top_k", "top_logprobs", "top_p",
       "truncate_prompt_tokens", "use_beam_search"};

@@ -57,6 +57,12 @@ struct OpenAiCall {
   // Where the JSON schema came from (guided_json, structured_outputs.json or
   // response_format.json_schema.schema), to name it in errors; empty: none.
   std::string schema_field;
+  // Chat's tools, called when tool_choice names one (the output is its arguments) or is
+  // "required" (the output is a list of calls, [{"name", "parameters"}]): the output is guided
+  // to that JSON and answered as the message's tool_calls.
+  enum class ToolCalls { kNone, kNamed, kRequired };
+  ToolCalls tool_calls = ToolCalls::kNone;
+  std::string tool_name;  // kNamed: the function
 };
 
 // Parses a request body. INVALID_ARGUMENT names the field and what is allowed; NOT_FOUND when

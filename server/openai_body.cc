@@ -168,6 +168,22 @@ std::string_view RawValue(std::string_view body_text,
   if (v.substr(0, 3) == "\xEF\xBB\xBF") v.remove_prefix(3);  // a BOM, which the parse skips
   v.remove_prefix(SkipSpace(v, 0));
   for (std::string_view key : path) {
+    if (!v.empty() && v[0] == '[') {  // an index
+      size_t index = 0;
+      for (char c : key) {
+        if (c < '0' || c > '9') return {};
+        index = index * 10 + size_t(c - '0');
+      }
+      size_t i = SkipSpace(v, 1);
+      for (; index > 0 && i < v.size() && v[i] != ']'; --index) {
+        i = SkipSpace(v, SkipValue(v, i));
+        if (i >= v.size() || v[i] != ',') return {};
+        i = SkipSpace(v, i + 1);
+      }
+      if (i >= v.size() || v[i] == ']') return {};
+      v = v.substr(i, SkipValue(v, i) - i);
+      continue;
+    }
     if (v.empty() || v[0] != '{') return {};
     v = Member(v, key);
   }

@@ -31,7 +31,8 @@ absl::StatusOr<std::string> String(const In& v, const std::string& field);
 absl::Status Unsupported(const std::string& key, const std::string& why);
 // Token ids from a JSON array (the prompt, stop_token_ids).
 absl::StatusOr<std::vector<uint32_t>> TokenIdArray(const In& v, const std::string& field);
-// The text of the value at `path` (keys from the top object down) in `body_text`, a body that
+// The text of the value at `path` (keys from the top object down; in an array, an index in
+// decimal) in `body_text`, a body that
 // ParseBody took; empty when absent (or not under objects). Of duplicate keys, the last, as
 // the parse keeps. For a value whose keys' order matters (a JSON schema's properties), which
 // In, sorted, does not keep.

@@ -6,6 +6,9 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
+#include "scheduler/guided_schema.h"
 #include "server/validation.h"
 
 namespace thetaserve::server {
@@ -36,6 +39,103 @@ absl::Status ParseStop(const In& body, v1::GenerateRequest* out) {
   }
   return absl::OkStatus();
 }
+
+namespace {
+
+// Chat's tool_choice naming a function or "required": the output guided to the call's JSON
+// (OpenAiCall::tool_calls). `other_guide`: another guide given, if any.
+absl::Status ParseToolCalls(const In& body, std::string_view body_text, OpenAiCall* call,
+                            const std::string& other_guide) {
+  if (!Given(body, "tool_choice") || body["tool_choice"] == "none") return absl::OkStatus();
+  const In& choice = body["tool_choice"];
+  if (!other_guide.empty()) {
+    return Invalid("tool_choice", absl::StrCat("and ", other_guide, " are both given; send one"));
+  }
+  if (!Given(body, "tools") || !body["tools"].is_array() || body["tools"].empty()) {
+    return Invalid("tools", "must be a non-empty list of functions when tool_choice calls one");
+  }
+  // Each function's parameters, as JSON schema text in the order sent.
+  const In& tools = body["tools"];
+  std::vector<std::string> names, parameters;
+  for (size_t i = 0; i < tools.size(); ++i) {
+    const std::string at = absl::StrCat("tools[", i, "]");
+    const In& t = tools[i];
+    if (!t.is_object() || !t.contains("type") || t["type"] != "function" ||
+        !Given(t, "function") || !t["function"].is_object()) {
+      return Invalid(at, "must be {\"type\": \"function\", \"function\": {...}}");
+    }
+    const In& f = t["function"];
+    auto name = Given(f, "name") ? String(f["name"], at + ".function.name")
+                                 : absl::StatusOr<std::string>(Invalid(at + ".function.name",
+                                                                       "is required"));
+    if (!name.ok()) return name.status();
+    if (name->empty() || name->size() > 64 ||
+        name->find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                "0123456789_-") != std::string::npos) {
+      return Invalid(at + ".function.name", "must be 1 to 64 letters, digits, _ or -");
+    }
+    if (std::find(names.begin(), names.end(), *name) != names.end()) {
+      return Invalid(at + ".function.name", absl::StrCat("repeats '", *name, "'"));
+    }
+    std::string schema = "{\"type\": \"object\", \"properties\": {}, "
+                         "\"additionalProperties\": false}";  // none: no parameters
+    if (Given(f, "parameters")) {
+      if (!f["parameters"].is_object()) {
+        return Invalid(at + ".function.parameters", "must be a JSON schema (an object)");
+      }
+      schema = std::string(RawValue(body_text, {"tools", std::to_string(i), "function",
+                                                "parameters"}));
+      // Checked here, so that an error names the function's own schema.
+      if (auto regex = scheduler::JsonSchemaRegex(schema); !regex.ok()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(at, ".function.parameters: ",
+                         absl::StripPrefix(regex.status().message(), "guided_json: ")));
+      }
+    }
+    names.push_back(*name);
+    parameters.push_back(std::move(schema));
+  }
+  auto* sp = call->request.mutable_sampling();
+  if (choice.is_object()) {
+    if (!choice.contains("type") || choice["type"] != "function" || !Given(choice, "function") ||
+        !choice["function"].is_object() || !Given(choice["function"], "name") ||
+        !choice["function"]["name"].is_string()) {
+      return Invalid("tool_choice", "must be \"none\", \"required\" or {\"type\": "
+                                    "\"function\", \"function\": {\"name\": ...}}");
+    }
+    const std::string name = choice["function"]["name"];
+    auto it = std::find(names.begin(), names.end(), name);
+    if (it == names.end()) {
+      return Invalid("tool_choice.function.name", absl::StrCat("'", name, "' is not in tools"));
+    }
+    const size_t i = size_t(it - names.begin());
+    sp->set_guided_json(parameters[i]);
+    call->schema_field = absl::StrCat("tools[", i, "].function.parameters");
+    call->tool_calls = OpenAiCall::ToolCalls::kNamed;
+    call->tool_name = name;
+    return absl::OkStatus();
+  }
+  // "required": one call or more (one with parallel_tool_calls false), each a function's name
+  // and its parameters.
+  auto parallel = Given(body, "parallel_tool_calls") ? Bool(body, "parallel_tool_calls")
+                                                     : absl::StatusOr<bool>(true);
+  if (!parallel.ok()) return parallel.status();
+  std::vector<std::string> alternatives;
+  for (size_t i = 0; i < names.size(); ++i) {
+    alternatives.push_back(absl::StrCat(
+        "{\"type\": \"object\", \"properties\": {\"name\": {\"const\": ",
+        In(names[i]).dump(), "}, \"parameters\": ", parameters[i],
+        "}, \"required\": [\"name\", \"parameters\"]}"));
+  }
+  sp->set_guided_json(absl::StrCat("{\"type\": \"array\", \"minItems\": 1, ",
+                                   *parallel ? "" : "\"maxItems\": 1, ", "\"items\": {\"anyOf\": [",
+                                   absl::StrJoin(alternatives, ", "), "]}}"));
+  call->schema_field = "tools";
+  call->tool_calls = OpenAiCall::ToolCalls::kRequired;
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 absl::Status ParseSampling(const In& body, std::string_view body_text, OpenAiCall* call) {
   auto* sp = call->request.mutable_sampling();
@@ -285,6 +385,11 @@ absl::Status ParseSampling(const In& body, std::string_view body_text, OpenAiCal
     sp->set_guided_json(std::string(schema_text));
     call->schema_field = schema_field;
   }
+  if (auto status = ParseToolCalls(body, body_text, call,
+                                   !schema_field.empty() ? schema_field : earlier());
+      !status.ok()) {
+    return status;
+  }
   // vLLM's extensions that narrow what is sampled.
   if (Given(body, "allowed_token_ids")) {
     if (!body["allowed_token_ids"].is_array()) {
@@ -365,13 +470,23 @@ absl::Status RefuseUnsupported(const In& body, OpenAiEndpoint endpoint) {
   if (Given(body, "suffix") && body["suffix"] != "") {
     return Unsupported("suffix", "no fill-in-the-middle");
   }
-  // Tools (and the legacy functions) only with tool_choice "none", which calls none of them.
+  // Tools are called when tool_choice names one or is "required" (chat: the output is guided
+  // to the call's JSON); "none" calls none. "auto", the default with tools, would need the
+  // model's own tool-call format read back out of free text, which this server does not do.
   const bool no_tools = Given(body, "tool_choice") && body["tool_choice"] == "none";
-  if (Given(body, "tools") && !(body["tools"].is_array() && body["tools"].empty()) && !no_tools) {
-    return Unsupported("tools", "this server does not call tools (tool_choice \"none\" only)");
+  const bool forced = Given(body, "tool_choice") &&
+                      (body["tool_choice"] == "required" || body["tool_choice"].is_object());
+  constexpr const char* kAuto = "tool_choice \"auto\" (the default with tools) is not supported: "
+                                "name a function in tool_choice, or send \"required\" or \"none\"";
+  if (forced && endpoint != OpenAiEndpoint::kChatCompletions) {
+    return Unsupported("tool_choice", "chat completions only");
   }
-  if (Given(body, "tool_choice") && !no_tools) {
-    return Unsupported("tool_choice", "this server does not call tools");
+  if (Given(body, "tools") && !(body["tools"].is_array() && body["tools"].empty()) && !no_tools &&
+      !forced) {
+    return Unsupported("tools", kAuto);
+  }
+  if (Given(body, "tool_choice") && !no_tools && !forced) {
+    return Unsupported("tool_choice", kAuto);
   }
   if (Given(body, "function_call") && body["function_call"] != "none") {
     return Unsupported("function_call", "this server does not call functions");

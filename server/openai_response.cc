@@ -1,7 +1,10 @@
 #include "server/openai_response.h"
 
 #include <algorithm>
+#include <random>
 #include <string_view>
+
+#include "absl/strings/str_format.h"
 
 namespace thetaserve::server {
 namespace {
@@ -16,6 +19,18 @@ constexpr float kMinLogprob = -9999.0f;
 size_t Utf8Chars(std::string_view text) {
   return std::count_if(text.begin(), text.end(),
                        [](char c) { return (static_cast<unsigned char>(c) & 0xC0) != 0x80; });
+}
+
+// A tool call's id, as OpenAI's look: "call_" and 24 random hex digits.
+std::string ToolCallId() {
+  thread_local std::mt19937_64 rng(std::random_device{}());
+  return absl::StrFormat("call_%016x%08x", rng(), uint32_t(rng()));
+}
+
+Json ToolCall(const std::string& id, const Json& name, const std::string& arguments) {
+  return {{"id", id},
+          {"type", "function"},
+          {"function", {{"name", name}, {"arguments", arguments}}}};
 }
 
 // Chat's "bytes": a token's raw bytes as integers.
@@ -67,6 +82,7 @@ OpenAiResponseBuilder::OpenAiResponseBuilder(const OpenAiCall& call, std::string
   for (size_t i = 0; i < choices_.size(); ++i) {
     const size_t p = i / size_t(per_prompt_);
     if (p < echo_texts.size()) choices_[i].echo = echo_texts[p];
+    if (call_.tool_calls == OpenAiCall::ToolCalls::kNamed) choices_[i].tool_id = ToolCallId();
   }
 }
 
@@ -197,6 +213,18 @@ Json OpenAiResponseBuilder::DeltaChunk(int index, const scheduler::TokenDelta& d
   const bool chat = call_.endpoint == OpenAiEndpoint::kChatCompletions;
   Json choice = chat ? Json{{"index", index}, {"delta", {{"content", delta.text}}}}
                      : Json{{"text", echo + delta.text}, {"index", index}};
+  if (chat && call_.tool_calls == OpenAiCall::ToolCalls::kNamed) {
+    // The named function's arguments, streamed as the call's: its id and name first.
+    Json call = {{"index", 0}};
+    if (!c.tool_started) {
+      call = Json{{"index", 0}, {"id", c.tool_id}, {"type", "function"},
+                  {"function", {{"name", call_.tool_name}, {"arguments", delta.text}}}};
+      c.tool_started = true;
+    } else {
+      call["function"] = {{"arguments", delta.text}};
+    }
+    choice["delta"] = {{"tool_calls", Json::array({call})}};
+  }
   choice["logprobs"] = logprobs;
   choice["finish_reason"] = nullptr;
   Json j = Envelope(chat ? "chat.completion.chunk" : "text_completion");
@@ -251,6 +279,10 @@ bool OpenAiResponseBuilder::Carries(const Json& chunk) {
   if (chunk["choices"].empty()) return false;
   const Json& c = chunk["choices"][0];
   if (!c["logprobs"].is_null()) return true;
+  if (c.contains("delta") && c["delta"].contains("tool_calls")) {
+    const Json& call = c["delta"]["tool_calls"][0];
+    return call.contains("id") || !call["function"]["arguments"].get<std::string>().empty();
+  }
   const Json& text = c.contains("delta") ? c["delta"]["content"] : c["text"];
   return text.is_string() && !text.get<std::string>().empty();
 }
@@ -272,8 +304,30 @@ Json OpenAiResponseBuilder::Complete(const std::vector<scheduler::FinishInfo>& i
     Json choice = chat ? Json{{"index", index},
                               {"message", {{"role", "assistant"}, {"content", text}}}}
                        : Json{{"text", text}, {"index", index}};
+    std::string finish = OpenAiFinishReason(infos[i].reason);
+    if (chat && call_.tool_calls == OpenAiCall::ToolCalls::kNamed) {
+      // The output is the named function's arguments (finish "stop", as OpenAI's forced call).
+      choice["message"]["content"] = nullptr;
+      choice["message"]["tool_calls"] =
+          Json::array({ToolCall(c.tool_id, call_.tool_name, text)});
+    } else if (chat && call_.tool_calls == OpenAiCall::ToolCalls::kRequired) {
+      // The output is a list of calls: [{"name", "parameters"}]. Cut short, it stays text.
+      const Json calls = Json::parse(text, nullptr, /*allow_exceptions=*/false);
+      const bool whole = calls.is_array() && std::all_of(calls.begin(), calls.end(), [](auto& c) {
+        return c.is_object() && c.contains("name") && c.contains("parameters");
+      });
+      if (whole) {
+        Json tool_calls = Json::array();
+        for (const Json& call : calls) {
+          tool_calls.push_back(ToolCall(ToolCallId(), call["name"], call["parameters"].dump()));
+        }
+        choice["message"]["content"] = nullptr;
+        choice["message"]["tool_calls"] = std::move(tool_calls);
+        if (infos[i].reason == scheduler::FinishReason::kStop) finish = "tool_calls";
+      }
+    }
     choice["logprobs"] = logprobs;
-    choice["finish_reason"] = OpenAiFinishReason(infos[i].reason);
+    choice["finish_reason"] = finish;
     if (!chat && call_.prompt_logprobs >= 0) choice["prompt_logprobs"] = c.prompt_logprobs;
     choices.push_back(std::move(choice));
   }

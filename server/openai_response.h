@@ -53,6 +53,8 @@ class OpenAiResponseBuilder {
     std::string echo;                  // with echo: its prompt's text
     bool echoed = false;               // the prompt's text (and scores) went out
     nlohmann::ordered_json prompt_logprobs;  // vLLM's prompt_logprobs, when asked
+    std::string tool_id;               // a named tool call's id
+    bool tool_started = false;         // streaming it: its id and name went out
   };
   // With echo: the prompt's text the first time a delta brings tokens or the prompt's scores,
   // and the scores' log-probabilities (the first token's null) when asked; else "" and null.

@@ -74,9 +74,10 @@ absl::StatusOr<std::string> RenderChat(const v1::ChatMessages& chat, const model
   std::vector<model::ChatMessage> messages;
   for (int i = 0; i < chat.messages_size(); ++i) {
     const auto& m = chat.messages(i);
-    if (m.role() != "system" && m.role() != "user" && m.role() != "assistant") {
+    if (m.role() != "system" && m.role() != "user" && m.role() != "assistant" &&
+        m.role() != "tool") {
       return absl::InvalidArgumentError(absl::StrFormat(
-          "chat.messages[%d].role is '%s'; use system, user or assistant", i, m.role()));
+          "chat.messages[%d].role is '%s'; use system, user, assistant or tool", i, m.role()));
     }
     if (!IsValidUtf8(m.content())) {
       return absl::InvalidArgumentError(

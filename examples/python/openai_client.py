@@ -9,6 +9,7 @@ It lists the served model, then streams a chat completion. With --check it also 
 calls tests/python/openai_client_test.sh relies on and fails loudly if any answer is off.
 """
 import argparse
+import json
 import sys
 from typing import Optional
 
@@ -74,6 +75,39 @@ def check(client, model):
                   response_format=Solution, temperature=0, max_tokens=300)
     assert solved.choices[0].finish_reason == "stop", solved
     assert isinstance(solved.choices[0].message.parsed, Solution), solved
+    # Tools: a function named in tool_choice is called (its arguments guided to its
+    # parameters' schema), streamed or not alike; "required" calls one or more; the result goes
+    # back as a role "tool" message.
+    tools = [{"type": "function", "function": {
+        "name": "get_weather", "description": "The weather in a city",
+        "parameters": {"type": "object", "properties": {
+            "city": {"type": "string", "maxLength": 40},
+            "unit": {"enum": ["celsius", "fahrenheit"]}}, "required": ["city", "unit"]}}}]
+    question = [{"role": "user", "content": "What is the weather in Paris?"}]
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    called = client.chat.completions.create(model=model, messages=question, tools=tools,
+                                            tool_choice=named, temperature=0, max_tokens=100)
+    call = called.choices[0].message.tool_calls[0]
+    assert call.function.name == "get_weather" and call.id.startswith("call_"), call
+    args = json.loads(call.function.arguments)
+    assert set(args) == {"city", "unit"} and args["unit"] in ("celsius", "fahrenheit"), args
+    streamed_args = "".join(
+        ch.choices[0].delta.tool_calls[0].function.arguments or ""
+        for ch in client.chat.completions.create(
+            model=model, messages=question, tools=tools, tool_choice=named, temperature=0,
+            max_tokens=100, stream=True)
+        if ch.choices and ch.choices[0].delta.tool_calls)
+    assert streamed_args == call.function.arguments, (streamed_args, call.function.arguments)
+    required = client.chat.completions.create(model=model, messages=question, tools=tools,
+                                              tool_choice="required", temperature=0,
+                                              max_tokens=100)
+    assert required.choices[0].finish_reason == "tool_calls", required
+    assert required.choices[0].message.tool_calls[0].function.name == "get_weather", required
+    answer = client.chat.completions.create(
+        model=model, temperature=0, max_tokens=16,
+        messages=question + [called.choices[0].message.model_dump(exclude_none=True),
+                             {"role": "tool", "tool_call_id": call.id, "content": "18 C, sunny"}])
+    assert answer.choices[0].message.content, answer
     # Errors arrive as the client's exception types, with the server's message.
     try:
         client.completions.create(model=model, prompt="x", best_of=3)

@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "scheduler/guided_json.h"
@@ -679,6 +680,85 @@ TEST_F(OpenAiHttpTest, JsonSchemaAnswersFollowTheSchema) {
   EXPECT_EQ(Json::parse(bad.body)["error"]["param"], "response_format.json_schema.schema");
   // And the server serves on.
   EXPECT_EQ(post("/v1/completions", sampled)["choices"], j["choices"]);
+}
+
+// Tools over real HTTP with the real model: a named function's call (streamed alike), calls
+// when "required", and the result sent back as a tool message, answered as text.
+TEST_F(OpenAiHttpTest, ToolCallsFollowTheirFunctionsParameters) {
+  ASSERT_TRUE(server_->started());
+  const Json tools = Json::parse(R"([{"type": "function", "function": {"name": "get_weather",
+      "description": "The weather in a city", "parameters": {"type": "object", "properties": {
+      "city": {"type": "string", "maxLength": 40}, "unit": {"enum": ["celsius", "fahrenheit"]}},
+      "required": ["city", "unit"]}}}, {"type": "function", "function": {"name": "get_time",
+      "parameters": {"type": "object", "properties": {"zone": {"type": "string", "maxLength":
+      20}}, "required": ["zone"]}}}])");
+  Json ask = {{"messages", {{{"role", "user"}, {"content", "What is the weather in Paris?"}}}},
+              {"temperature", 0}, {"max_tokens", 100}, {"tools", tools},
+              {"tool_choice", {{"type", "function"}, {"function", {{"name", "get_weather"}}}}}};
+  HttpResult r = Post("/v1/chat/completions", ask);
+  ASSERT_EQ(r.status, 200) << r.body;
+  const Json named = Json::parse(r.body);
+  const Json& message = named["choices"][0]["message"];
+  EXPECT_TRUE(message["content"].is_null()) << r.body;
+  ASSERT_EQ(message["tool_calls"].size(), 1u) << r.body;
+  const Json& call = message["tool_calls"][0];
+  EXPECT_EQ(call["function"]["name"], "get_weather");
+  const std::string arguments = call["function"]["arguments"];
+  ASSERT_TRUE(Json::accept(arguments)) << arguments;
+  const Json args = Json::parse(arguments);
+  EXPECT_TRUE(args["city"].is_string()) << arguments;
+  EXPECT_TRUE(args["unit"] == "celsius" || args["unit"] == "fahrenheit") << arguments;
+  EXPECT_EQ(named["choices"][0]["finish_reason"], "stop");
+
+  // Streamed: the id and name first, then the same arguments in pieces.
+  Json streamed = ask;
+  streamed["stream"] = true;
+  HttpResult s = Post("/v1/chat/completions", streamed);
+  ASSERT_EQ(s.status, 200) << s.body;
+  std::string pieces, id;
+  const std::vector<std::string> lines = absl::StrSplit(s.body, '\n');
+  for (const std::string& line : lines) {
+    if (line.rfind("data: {", 0) != 0) continue;
+    const Json chunk = Json::parse(line.substr(6));
+    if (chunk["choices"].empty() || !chunk["choices"][0]["delta"].contains("tool_calls")) {
+      continue;
+    }
+    const Json& d = chunk["choices"][0]["delta"]["tool_calls"][0];
+    if (d.contains("id")) {
+      EXPECT_TRUE(id.empty()) << "a second id";
+      id = d["id"];
+      EXPECT_EQ(d["function"]["name"], "get_weather");
+    }
+    pieces += d["function"]["arguments"].get<std::string>();
+  }
+  EXPECT_FALSE(id.empty());
+  EXPECT_EQ(pieces, arguments);
+
+  // "required": a list of calls, finish "tool_calls".
+  Json required = ask;
+  required["tool_choice"] = "required";
+  r = Post("/v1/chat/completions", required);
+  ASSERT_EQ(r.status, 200) << r.body;
+  const Json listed = Json::parse(r.body);
+  EXPECT_EQ(listed["choices"][0]["finish_reason"], "tool_calls") << r.body;
+  ASSERT_GE(listed["choices"][0]["message"]["tool_calls"].size(), 1u) << r.body;
+  for (const Json& c : listed["choices"][0]["message"]["tool_calls"]) {
+    EXPECT_TRUE(c["function"]["name"] == "get_weather" || c["function"]["name"] == "get_time");
+    EXPECT_TRUE(Json::accept(c["function"]["arguments"].get<std::string>())) << r.body;
+  }
+
+  // The result goes back; the answer is text.
+  Json answer = {{"messages", {{{"role", "user"}, {"content", "What is the weather in Paris?"}},
+                               message,
+                               {{"role", "tool"}, {"tool_call_id", call["id"]},
+                                {"content", "18 C and sunny"}}}},
+                 {"temperature", 0}, {"max_tokens", 24}};
+  r = Post("/v1/chat/completions", answer);
+  ASSERT_EQ(r.status, 200) << r.body;
+  const Json replied = Json::parse(r.body);
+  EXPECT_TRUE(replied["choices"][0]["message"]["content"].is_string()) << r.body;
+  EXPECT_FALSE(replied["choices"][0]["message"]["content"].get<std::string>().empty());
+  EXPECT_FALSE(replied["choices"][0]["message"].contains("tool_calls"));
 }
 
 // continue_final_message: the reply goes on from a prefilled start of the assistant's answer
