@@ -114,7 +114,7 @@ absl::Status ParseMessages(const In& body, v1::ChatMessages* chat) {
     }
     // An assistant's earlier tool calls reach the model as its text, after any content: one
     // {"name", "arguments"} per line (the chat template has no tools of its own).
-    if (Given(m, "tool_calls")) {
+    if (Given(m, "tool_calls") && !(m["tool_calls"].is_array() && m["tool_calls"].empty())) {
       const In& calls = m["tool_calls"];
       if (*role != "assistant" || !calls.is_array()) {
         return Invalid(field + ".tool_calls", "must be a list, on an assistant message");

@@ -12,7 +12,9 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_replace.h"
+#include "absl/strings/strip.h"
 #include "server/openai_api.h"
 #include "server/openai_response.h"
 #include "server/service_sink.h"
@@ -387,7 +389,15 @@ void OpenAiHttpServer::Generate(const HttpRequest& http, HttpResponder& out, boo
     if (call->structured_regex) {
       absl::StrReplaceAll({{"sampling.guided_regex", "structured_outputs.regex"}}, &message);
     }
-    if (!call->schema_field.empty()) {
+    if (call->tool_calls == OpenAiCall::ToolCalls::kRequired &&
+        absl::StrContains(message, "too large")) {
+      // The list's schema is the server's: say what the client can change.
+      message = absl::StrCat(
+          "tools: with tool_choice \"required\" the functions' parameters, as a list of calls, "
+          "are too large to guide; name one function in tool_choice, or send "
+          "parallel_tool_calls false (",
+          absl::StripPrefix(message, "sampling.guided_json: "), ")");
+    } else if (!call->schema_field.empty()) {
       absl::StrReplaceAll({{"sampling.guided_json", call->schema_field}}, &message);
     }
     return reject(absl::Status(constraints.status().code(), message));

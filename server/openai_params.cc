@@ -7,6 +7,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/match.h"
 #include "absl/strings/strip.h"
 #include "scheduler/guided_schema.h"
 #include "server/validation.h"
@@ -42,19 +43,43 @@ absl::Status ParseStop(const In& body, v1::GenerateRequest* out) {
 
 namespace {
 
+// A function's parameters schema, checked alone so that an error names the function's own.
+absl::Status CheckParameters(const std::string& at, const std::string& schema) {
+  if (auto regex = scheduler::JsonSchemaRegex(schema); !regex.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        at, ".function.parameters: ", absl::StripPrefix(regex.status().message(), "guided_json: ")));
+  }
+  return absl::OkStatus();
+}
+
 // Chat's tool_choice naming a function or "required": the output guided to the call's JSON
-// (OpenAiCall::tool_calls). `other_guide`: another guide given, if any.
+// (OpenAiCall::tool_calls). `other_guide`: another guide given, if any; response_format's
+// gives way (it shapes a text answer, and a called function gives none).
 absl::Status ParseToolCalls(const In& body, std::string_view body_text, OpenAiCall* call,
                             const std::string& other_guide) {
   if (!Given(body, "tool_choice") || body["tool_choice"] == "none") return absl::OkStatus();
   const In& choice = body["tool_choice"];
-  if (!other_guide.empty()) {
+  auto* sp = call->request.mutable_sampling();
+  if (absl::StartsWith(other_guide, "response_format")) {
+    sp->set_json_object(false);
+    sp->clear_guided_json();
+    call->schema_field.clear();
+  } else if (!other_guide.empty()) {
     return Invalid("tool_choice", absl::StrCat("and ", other_guide, " are both given; send one"));
   }
   if (!Given(body, "tools") || !body["tools"].is_array() || body["tools"].empty()) {
     return Invalid("tools", "must be a non-empty list of functions when tool_choice calls one");
   }
-  // Each function's parameters, as JSON schema text in the order sent.
+  if (choice.is_object() &&
+      (!choice.contains("type") || choice["type"] != "function" || !Given(choice, "function") ||
+       !choice["function"].is_object() || !Given(choice["function"], "name") ||
+       !choice["function"]["name"].is_string())) {
+    return Invalid("tool_choice", "must be \"none\", \"required\" or {\"type\": \"function\", "
+                                  "\"function\": {\"name\": ...}}");
+  }
+  const std::string wanted = choice.is_object() ? choice["function"]["name"] : "";
+  // Each function's name and parameters (JSON schema text in the order sent; none, or {}: no
+  // parameters, the object {}).
   const In& tools = body["tools"];
   std::vector<std::string> names, parameters;
   for (size_t i = 0; i < tools.size(); ++i) {
@@ -77,59 +102,72 @@ absl::Status ParseToolCalls(const In& body, std::string_view body_text, OpenAiCa
     if (std::find(names.begin(), names.end(), *name) != names.end()) {
       return Invalid(at + ".function.name", absl::StrCat("repeats '", *name, "'"));
     }
-    std::string schema = "{\"type\": \"object\", \"properties\": {}, "
-                         "\"additionalProperties\": false}";  // none: no parameters
+    std::string schema =
+        R"({"type": "object", "properties": {}, "additionalProperties": false})";
     if (Given(f, "parameters")) {
       if (!f["parameters"].is_object()) {
         return Invalid(at + ".function.parameters", "must be a JSON schema (an object)");
       }
-      schema = std::string(RawValue(body_text, {"tools", std::to_string(i), "function",
-                                                "parameters"}));
-      // Checked here, so that an error names the function's own schema.
-      if (auto regex = scheduler::JsonSchemaRegex(schema); !regex.ok()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(at, ".function.parameters: ",
-                         absl::StripPrefix(regex.status().message(), "guided_json: ")));
+      if (!f["parameters"].empty()) {
+        schema = std::string(
+            RawValue(body_text, {"tools", std::to_string(i), "function", "parameters"}));
       }
+    }
+    // Only a function that may be called is checked: a client sends its whole tool list.
+    if (wanted.empty() || wanted == *name) {
+      if (auto status = CheckParameters(at, schema); !status.ok()) return status;
     }
     names.push_back(*name);
     parameters.push_back(std::move(schema));
   }
-  auto* sp = call->request.mutable_sampling();
-  if (choice.is_object()) {
-    if (!choice.contains("type") || choice["type"] != "function" || !Given(choice, "function") ||
-        !choice["function"].is_object() || !Given(choice["function"], "name") ||
-        !choice["function"]["name"].is_string()) {
-      return Invalid("tool_choice", "must be \"none\", \"required\" or {\"type\": "
-                                    "\"function\", \"function\": {\"name\": ...}}");
-    }
-    const std::string name = choice["function"]["name"];
-    auto it = std::find(names.begin(), names.end(), name);
+  if (!wanted.empty()) {
+    auto it = std::find(names.begin(), names.end(), wanted);
     if (it == names.end()) {
-      return Invalid("tool_choice.function.name", absl::StrCat("'", name, "' is not in tools"));
+      return Invalid("tool_choice.function.name", absl::StrCat("'", wanted, "' is not in tools"));
     }
     const size_t i = size_t(it - names.begin());
     sp->set_guided_json(parameters[i]);
     call->schema_field = absl::StrCat("tools[", i, "].function.parameters");
     call->tool_calls = OpenAiCall::ToolCalls::kNamed;
-    call->tool_name = name;
+    call->tool_name = wanted;
     return absl::OkStatus();
   }
   // "required": one call or more (one with parallel_tool_calls false), each a function's name
-  // and its parameters.
+  // and its parameters. The functions' definitions ($defs, definitions) move to the list's
+  // schema, where their "#/$defs/..." references find them (as vLLM does); two functions
+  // defining one name differently are refused.
   auto parallel = Given(body, "parallel_tool_calls") ? Bool(body, "parallel_tool_calls")
                                                      : absl::StatusOr<bool>(true);
   if (!parallel.ok()) return parallel.status();
+  using Ordered = nlohmann::ordered_json;
+  Ordered defs = Ordered::object();
   std::vector<std::string> alternatives;
   for (size_t i = 0; i < names.size(); ++i) {
+    Ordered schema = Ordered::parse(parameters[i], nullptr, /*allow_exceptions=*/false);
+    for (const char* key : {"$defs", "definitions"}) {
+      if (!schema.is_object() || !schema.contains(key) || !schema[key].is_object()) continue;
+      for (auto& [name, def] : schema[key].items()) {
+        if (defs.contains(key) && defs[key].contains(name) && defs[key][name] != def) {
+          return Invalid(absl::StrCat("tools[", i, "].function.parameters.", key, ".", name),
+                         "is defined differently by another function; with tool_choice "
+                         "\"required\" the functions share their definitions");
+        }
+        defs[key][name] = def;
+      }
+      schema.erase(key);
+    }
     alternatives.push_back(absl::StrCat(
-        "{\"type\": \"object\", \"properties\": {\"name\": {\"const\": ",
-        In(names[i]).dump(), "}, \"parameters\": ", parameters[i],
-        "}, \"required\": [\"name\", \"parameters\"]}"));
+        R"({"type": "object", "properties": {"name": {"const": )", In(names[i]).dump(),
+        R"(}, "parameters": )", schema.dump(), R"(}, "required": ["name", "parameters"]})"));
   }
-  sp->set_guided_json(absl::StrCat("{\"type\": \"array\", \"minItems\": 1, ",
-                                   *parallel ? "" : "\"maxItems\": 1, ", "\"items\": {\"anyOf\": [",
-                                   absl::StrJoin(alternatives, ", "), "]}}"));
+  std::string list = absl::StrCat(R"({"type": "array", "minItems": 1, )",
+                                  *parallel ? "" : R"("maxItems": 1, )",
+                                  R"("items": {"anyOf": [)", absl::StrJoin(alternatives, ", "),
+                                  "]}");
+  for (const auto& [key, value] : defs.items()) {
+    absl::StrAppend(&list, ", ", In(key).dump(), ": ", value.dump());
+  }
+  sp->set_guided_json(absl::StrCat(list, "}"));
   call->schema_field = "tools";
   call->tool_calls = OpenAiCall::ToolCalls::kRequired;
   return absl::OkStatus();
@@ -476,6 +514,10 @@ absl::Status RefuseUnsupported(const In& body, OpenAiEndpoint endpoint) {
   const bool no_tools = Given(body, "tool_choice") && body["tool_choice"] == "none";
   const bool forced = Given(body, "tool_choice") &&
                       (body["tool_choice"] == "required" || body["tool_choice"].is_object());
+  if (Given(body, "tool_choice") && !no_tools && !forced && body["tool_choice"] != "auto") {
+    return Invalid("tool_choice", "must be \"none\", \"auto\", \"required\" or {\"type\": "
+                                  "\"function\", \"function\": {\"name\": ...}}");
+  }
   constexpr const char* kAuto = "tool_choice \"auto\" (the default with tools) is not supported: "
                                 "name a function in tool_choice, or send \"required\" or \"none\"";
   if (forced && endpoint != OpenAiEndpoint::kChatCompletions) {

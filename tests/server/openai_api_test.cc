@@ -946,7 +946,63 @@ TEST(OpenAiApiTest, ToolChoiceGuidesTheCall) {
             R"({"name":"get_weather","arguments":{"city":"Paris"}})");
   EXPECT_EQ(history->request.chat().messages(2).role(), "tool");
   EXPECT_TRUE(RefusedWith(Chat(R"({"messages": [{"role": "user", "content": "x",
-      "tool_calls": []}]})"), "messages[0].tool_calls must be a list, on an assistant message"));
+      "tool_calls": [{"function": {"name": "f", "arguments": "{}"}}]}]})"),
+      "messages[0].tool_calls must be a list, on an assistant message"));
+  EXPECT_TRUE(Chat(R"({"messages": [{"role": "user", "content": "x", "tool_calls": []}]})").ok());
+
+  // A function of no arguments ({"properties": {}}, {} or none) is called with {}.
+  for (const char* parameters : {R"(, "parameters": {"type": "object", "properties": {}})",
+                                 R"(, "parameters": {})", ""}) {
+    auto none = Chat(absl::StrCat(R"({"messages": [{"role": "user", "content": "x"}],
+        "tools": [{"type": "function", "function": {"name": "ping")", parameters, R"(}}],
+        "tool_choice": {"type": "function", "function": {"name": "ping"}}})"));
+    ASSERT_TRUE(none.ok()) << none.status() << parameters;
+    auto g = scheduler::CompileJsonSchema(none->request.sampling().guided_json());
+    ASSERT_TRUE(g.ok()) << g.status();
+    EXPECT_TRUE((*g)->Accepts("{}")) << parameters;
+    EXPECT_TRUE((*g)->Accepts("{ }")) << parameters;
+    EXPECT_FALSE((*g)->Accepts(R"({"a": 1})")) << parameters;
+    EXPECT_FALSE((*g)->Accepts(R"("text")")) << parameters;
+  }
+  // Only a function that may be called is checked; response_format gives way to a call.
+  auto other_unsupported = chat(R"(, "tool_choice": {"type": "function", "function":
+      {"name": "get_time"}}, "response_format": {"type": "json_object"})");
+  const std::string mail = R"({"type": "function", "function": {"name": "mail", "parameters":
+      {"type": "object", "properties": {"to": {"type": "string", "format": "email"}}}}})";
+  auto skipped = Chat(absl::StrCat(R"({"messages": [{"role": "user", "content": "x"}],
+      "tools": [)", mail, R"(, {"type": "function", "function": {"name": "get_time"}}],
+      "tool_choice": {"type": "function", "function": {"name": "get_time"}},
+      "response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "null"}}}})"));
+  ASSERT_TRUE(skipped.ok()) << skipped.status();
+  EXPECT_EQ(skipped->schema_field, "tools[1].function.parameters");
+  EXPECT_FALSE(skipped->request.sampling().json_object());
+  EXPECT_TRUE(RefusedWith(Chat(absl::StrCat(R"({"messages": [{"role": "user", "content": "x"}],
+      "tools": [)", mail, R"(], "tool_choice": "required"})")),
+      "tools[0].function.parameters: #/properties/to/format: \"email\" is not supported"));
+  EXPECT_TRUE(RefusedWith(chat(R"(, "tool_choice": 5)"), "tool_choice must be \"none\""));
+  EXPECT_TRUE(RefusedWith(chat(R"(, "tool_choice": "bogus")"), "tool_choice must be \"none\""));
+  // "required": the functions' definitions meet at the list's top, where their references
+  // find them; one name defined two ways is refused.
+  const std::string point = R"({"type": "object", "properties": {"x": {"type": "integer"}},
+      "required": ["x"]})";
+  auto with_defs = [&](const std::string& second_point) {
+    return Chat(absl::StrCat(R"({"messages": [{"role": "user", "content": "x"}], "tools": [
+        {"type": "function", "function": {"name": "a", "parameters": {"$defs": {"P": )", point,
+        R"(}, "type": "object", "properties": {"p": {"$ref": "#/$defs/P"}}, "required": ["p"]}}},
+        {"type": "function", "function": {"name": "b", "parameters": {"$defs": {"P": )",
+        second_point, R"(}, "type": "object", "properties": {"q": {"$ref": "#/$defs/P"}},
+        "required": ["q"]}}}], "tool_choice": "required"})"));
+  };
+  auto shared = with_defs(point);
+  ASSERT_TRUE(shared.ok()) << shared.status();
+  auto shared_guide = scheduler::CompileJsonSchema(shared->request.sampling().guided_json());
+  ASSERT_TRUE(shared_guide.ok()) << shared_guide.status();
+  EXPECT_TRUE((*shared_guide)->Accepts(R"([{"name": "a", "parameters": {"p": {"x": 1}}},
+      {"name": "b", "parameters": {"q": {"x": 2}}}])"));
+  EXPECT_TRUE(RefusedWith(with_defs(R"({"type": "string"})"),
+                          "tools[1].function.parameters.$defs.P is defined differently"));
+  ASSERT_TRUE(other_unsupported.ok()) << other_unsupported.status();
+  EXPECT_EQ(other_unsupported->tool_calls, OpenAiCall::ToolCalls::kNamed);
 }
 
 // A named call answers with the message's tool_calls (content null, finish "stop"), streamed

@@ -747,6 +747,32 @@ TEST_F(OpenAiHttpTest, ToolCallsFollowTheirFunctionsParameters) {
     EXPECT_TRUE(Json::accept(c["function"]["arguments"].get<std::string>())) << r.body;
   }
 
+  // A function of no arguments is called with {}.
+  Json ping = ask;
+  ping["tools"] = Json::parse(R"([{"type": "function", "function": {"name": "ping",
+      "parameters": {"type": "object", "properties": {}}}}])");
+  ping["tool_choice"] = {{"type", "function"}, {"function", {{"name", "ping"}}}};
+  r = Post("/v1/chat/completions", ping);
+  ASSERT_EQ(r.status, 200) << r.body;
+  const std::string ping_args =
+      Json::parse(r.body)["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"];
+  EXPECT_TRUE(Json::parse(ping_args).empty() && Json::parse(ping_args).is_object()) << ping_args;
+  // Too many functions for a list of calls: the message says what to change.
+  Json many = required;
+  many["tools"] = Json::array();
+  for (int i = 0; i < 40; ++i) {
+    many["tools"].push_back(Json::parse(absl::StrCat(
+        R"({"type": "function", "function": {"name": "f)", i, R"(", "parameters": {"type":
+        "object", "properties": {"a": {"type": "string"}, "b": {"type": "integer"},
+        "c": {"type": "boolean"}}, "required": ["a", "b", "c"]}}})")));
+  }
+  r = Post("/v1/chat/completions", many);
+  EXPECT_EQ(r.status, 400) << r.body;
+  const std::string too_many = Json::parse(r.body)["error"]["message"];
+  EXPECT_EQ(too_many.rfind("tools: with tool_choice \"required\" the functions' parameters, as "
+                           "a list of calls, are too large to guide", 0), 0u)
+      << too_many;
+
   // The result goes back; the answer is text.
   Json answer = {{"messages", {{{"role", "user"}, {"content", "What is the weather in Paris?"}},
                                message,
