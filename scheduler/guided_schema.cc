@@ -17,6 +17,7 @@
 #include "model/tokenizer_utf8.h"
 #include "nlohmann/json.hpp"
 #include "scheduler/guided_json.h"
+#include "scheduler/json_text_regex.h"
 
 namespace thetaserve::scheduler {
 namespace {
@@ -24,17 +25,6 @@ namespace {
 // Ordered: properties are written in the schema's order.
 using Json = nlohmann::ordered_json;
 
-// One character of a JSON string: any but '"', '\' and controls, an escape, or \uXXXX with
-// surrogates only as a high-low pair.
-constexpr char kStringChar[] =
-    R"((?:[^"\\\x00-\x1f]|\\["\\/bfnrt]|\\u(?:[0-9a-cA-Ce-fE-F][0-9a-fA-F]{3}|)"
-    R"([dD][0-7][0-9a-fA-F]{2}|[dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2})))";
-// Numbers with the digits json_object allows (kMaxJsonDigits in the integer part and the
-// fraction, kMaxJsonExponentDigits in the exponent): a model cannot write zeros forever.
-constexpr char kInteger[] = "-?(?:0|[1-9][0-9]{0,18})";
-constexpr char kNonNegative[] = "(?:0|[1-9][0-9]{0,18})";
-constexpr char kFraction[] = R"((?:\.[0-9]{1,19})?(?:[eE][+-]?[0-9]{1,3})?)";
-static_assert(kMaxJsonDigits == 19 && kMaxJsonExponentDigits == 3);
 
 // Keywords that only annotate: read past.
 const std::set<std::string, std::less<>>& Annotations() {
@@ -55,138 +45,16 @@ const std::set<std::string, std::less<>>& Constraints() {
   return *keys;
 }
 
-// The formats a string may have, as expressions (RFC 3339's date, full-time, date-time; RFC
-// 4122's uuid). Days as each month has them, 29 February only in leap years (the Gregorian
-// rule: years divisible by 4, centuries only when divisible by 400).
-constexpr char kDate[] =
-    "(?:[0-9]{4}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12][0-9]|3[01])|(?:0[469]|11)-"
-    "(?:0[1-9]|[12][0-9]|30)|02-(?:0[1-9]|1[0-9]|2[0-8]))|(?:[0-9]{2}(?:0[48]|[2468][048]|"
-    "[13579][26])|(?:[02468][048]|[13579][26])00)-02-29)";
-// T and Z in either case, and a leap second, as RFC 3339 has them.
-constexpr char kTime[] =
-    "(?:[01][0-9]|2[0-3]):[0-5][0-9]:(?:[0-5][0-9]|60)(?:\\.[0-9]{1,9})?"
-    "(?:[Zz]|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])";
-constexpr char kUuid[] =
-    "[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}";
 
-// `text` matched as it is: letters, digits and multibyte characters as themselves, every other
-// byte as \xHH.
-std::string Literal(std::string_view text) {
-  std::string out;
-  for (char c : text) {
-    const auto b = uint8_t(c);
-    if (b >= 0x80 || (b >= '0' && b <= '9') || (b >= 'a' && b <= 'z') ||
-        (b >= 'A' && b <= 'Z')) {
-      out += c;
-    } else {
-      absl::StrAppendFormat(&out, "\\x%02x", b);
-    }
-  }
-  return out;
-}
 
 // A JSON pointer's token for `key`.
 std::string PointerToken(const std::string& key) {
   return absl::StrReplaceAll(key, {{"~", "~0"}, {"/", "~1"}});
 }
 
-std::string Group(const std::string& alternatives) {
-  return absl::StrCat("(?:", alternatives, ")");
-}
 
-// Decimal integers from `lo` to `hi`, both with the same number of digits.
-std::string SameLength(const std::string& lo, const std::string& hi) {
-  const size_t n = lo.size();
-  if (n == 0) return "";
-  if (lo == hi) return lo;
-  auto digits = [](size_t k) -> std::string {
-    return k == 0 ? "" : k == 1 ? "[0-9]" : absl::StrCat("[0-9]{", k, "}");
-  };
-  auto range = [](char a, char b) -> std::string {
-    return a == b ? std::string(1, a) : absl::StrCat("[", std::string(1, a), "-",
-                                                     std::string(1, b), "]");
-  };
-  const std::string lo_rest = lo.substr(1), hi_rest = hi.substr(1);
-  if (lo[0] == hi[0]) {
-    return absl::StrCat(std::string(1, lo[0]), Group(SameLength(lo_rest, hi_rest)));
-  }
-  const bool zeros = lo_rest == std::string(n - 1, '0');
-  const bool nines = hi_rest == std::string(n - 1, '9');
-  std::vector<std::string> parts;
-  char first = lo[0], last = hi[0];
-  if (!zeros) {
-    parts.push_back(absl::StrCat(std::string(1, lo[0]),
-                                 Group(SameLength(lo_rest, std::string(n - 1, '9')))));
-    ++first;
-  }
-  if (!nines) --last;
-  if (first <= last) parts.push_back(absl::StrCat(range(first, last), digits(n - 1)));
-  if (!nines) {
-    parts.push_back(absl::StrCat(std::string(1, hi[0]),
-                                 Group(SameLength(std::string(n - 1, '0'), hi_rest))));
-  }
-  return absl::StrJoin(parts, "|");
-}
 
-// Decimal integers from `lo` to `hi` (none: no end), without leading zeros.
-std::string NonNegative(uint64_t lo, std::optional<uint64_t> hi) {
-  const std::string lo_text = std::to_string(lo);
-  const size_t lo_len = lo_text.size();
-  const size_t hi_len = hi ? std::to_string(*hi).size() : lo_len;
-  std::vector<std::string> parts;
-  for (size_t len = lo_len; len <= hi_len; ++len) {
-    const std::string from = len == lo_len ? lo_text : absl::StrCat("1", std::string(len - 1, '0'));
-    const std::string to = hi && len == hi_len ? std::to_string(*hi) : std::string(len, '9');
-    parts.push_back(SameLength(from, to));
-  }
-  // With no upper bound, more digits, up to kMaxJsonDigits.
-  if (!hi && lo_len < size_t(kMaxJsonDigits)) {
-    parts.push_back(absl::StrCat("[1-9][0-9]{", lo_len, ",", kMaxJsonDigits - 1, "}"));
-  }
-  return Group(absl::StrJoin(parts, "|"));
-}
 
-// The outermost '|' of a pattern, outside groups and classes.
-bool HasTopLevelBar(std::string_view p) {
-  int depth = 0;
-  for (size_t i = 0; i < p.size(); ++i) {
-    if (p[i] == '\\') {
-      ++i;
-    } else if (p[i] == '[') {
-      ++i;
-      if (i < p.size() && p[i] == '^') ++i;
-      if (i < p.size() && p[i] == ']') ++i;
-      while (i < p.size() && p[i] != ']') i += p[i] == '\\' ? 2 : 1;
-    } else if (p[i] == '(') {
-      ++depth;
-    } else if (p[i] == ')') {
-      --depth;
-    } else if (p[i] == '|' && depth == 0) {
-      return true;
-    }
-  }
-  return false;
-}
-
-// How deep a JSON text's arrays and objects nest (its strings skipped).
-int Nesting(std::string_view text) {
-  int depth = 0, deepest = 0;
-  bool in_string = false;
-  for (size_t i = 0; i < text.size(); ++i) {
-    const char c = text[i];
-    if (in_string) {
-      if (c == '\\') ++i;
-      if (c == '"') in_string = false;
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
-      deepest = std::max(deepest, ++depth);
-    } else if (c == ']' || c == '}') {
-      --depth;
-    }
-  }
-  return deepest;
-}
 
 class SchemaRegex {
  public:
@@ -235,7 +103,7 @@ class SchemaRegex {
         auto status = Value(list[i], absl::StrCat(at, "/", i), depth + 1, &alternatives[i]);
         if (!status.ok()) return status;
       }
-      *out = Group(absl::StrJoin(alternatives, "|"));
+      *out = RegexGroup(absl::StrJoin(alternatives, "|"));
       return Charge(path, *out);
     }
     if (s.contains("allOf")) {
@@ -287,7 +155,8 @@ class SchemaRegex {
       auto status = Typed(s, types[i], path, depth, &alternatives[i]);
       if (!status.ok()) return status;
     }
-    *out = alternatives.size() == 1 ? alternatives[0] : Group(absl::StrJoin(alternatives, "|"));
+    *out = alternatives.size() == 1 ? alternatives[0]
+                                    : RegexGroup(absl::StrJoin(alternatives, "|"));
     return Charge(path, *out);
   }
 
@@ -319,15 +188,16 @@ class SchemaRegex {
   const std::string& Any(int levels) {
     while (any_.size() <= size_t(levels)) {
       if (any_.empty()) {
-        any_.push_back(Group(absl::StrCat("\"", kStringChar, "*\"|", kInteger, kFraction,
+        any_.push_back(RegexGroup(absl::StrCat("\"", kJsonStringChar, "*\"|", kJsonInteger,
+                                               kJsonFraction,
                                           "|true|false|null")));
         continue;
       }
       const std::string& inner = any_.back();
       const std::string sep = absl::StrCat(ws_, ",", ws_);
-      const std::string array = absl::StrCat("\\[", ws_, Group(absl::StrCat(inner, Group(
+      const std::string array = absl::StrCat("\\[", ws_, RegexGroup(absl::StrCat(inner, RegexGroup(
           absl::StrCat(sep, inner)), "*")), "?", ws_, "\\]");
-      any_.push_back(Group(absl::StrCat(any_.front(), "|", Map(inner), "|", array)));
+      any_.push_back(RegexGroup(absl::StrCat(any_.front(), "|", Map(inner), "|", array)));
     }
     return any_[size_t(levels)];
   }
@@ -335,8 +205,8 @@ class SchemaRegex {
   // An object of any names, each value `value`.
   std::string Map(const std::string& value) const {
     const std::string member =
-        absl::StrCat("\"", kStringChar, "*\"", ws_, ":", ws_, value);
-    return absl::StrCat("\\{", ws_, Group(absl::StrCat(member, Group(absl::StrCat(
+        absl::StrCat("\"", kJsonStringChar, "*\"", ws_, ":", ws_, value);
+    return absl::StrCat("\\{", ws_, RegexGroup(absl::StrCat(member, RegexGroup(absl::StrCat(
         ws_, ",", ws_, member)), "*")), "?", ws_, "\\}");
   }
 
@@ -407,18 +277,18 @@ class SchemaRegex {
     std::vector<std::string> values;
     if (s.contains("const")) {
       if (!typed(s["const"])) return Refuse(path, "const is not of the type: it matches nothing");
-      values.push_back(Literal(s["const"].dump()));
+      values.push_back(RegexLiteral(s["const"].dump()));
     } else {
       const Json& list = s["enum"];
       if (!list.is_array() || list.empty()) {
         return Refuse(path + "/enum", "must be a non-empty list");
       }
       for (const Json& v : list) {
-        if (typed(v)) values.push_back(Literal(v.dump()));
+        if (typed(v)) values.push_back(RegexLiteral(v.dump()));
       }
       if (values.empty()) return Refuse(path, "no enum value is of the type: it matches nothing");
     }
-    *out = Group(absl::StrJoin(values, "|"));
+    *out = RegexGroup(absl::StrJoin(values, "|"));
     return Charge(path, *out);
   }
 
@@ -468,14 +338,14 @@ class SchemaRegex {
       const std::string name = f.is_string() ? f.get<std::string>() : "";
       const char* body = nullptr;
       if (name == "date") {
-        body = kDate;
+        body = kJsonDate;
       } else if (name == "time") {
-        body = kTime;
+        body = kJsonTime;
       } else if (name == "date-time") {
-        *out = absl::StrCat("\"", kDate, "[Tt]", kTime, "\"");
+        *out = absl::StrCat("\"", kJsonDate, "[Tt]", kJsonTime, "\"");
         return absl::OkStatus();
       } else if (name == "uuid") {
-        body = kUuid;
+        body = kJsonUuid;
       } else {
         return Refuse(path + "/format",
                       absl::StrCat(f.dump(), " is not supported (date, time, date-time, uuid)"));
@@ -492,9 +362,10 @@ class SchemaRegex {
     const std::string repeat = max->has_value() ? absl::StrCat("{", lo, ",", **max, "}")
                                : lo == 0        ? std::string("*")
                                                 : absl::StrCat("{", lo, ",}");
-    *out = absl::StrCat("\"", kStringChar, repeat, "\"");
+    *out = absl::StrCat("\"", kJsonStringChar, repeat, "\"");
     if (min->has_value() || max->has_value()) {
-      counted_.push_back({absl::StrCat(path, max->has_value() ? "/maxLength" : "/minLength"), *out});
+      counted_.push_back(
+          {absl::StrCat(path, max->has_value() ? "/maxLength" : "/minLength"), *out});
     }
     return absl::OkStatus();
   }
@@ -531,11 +402,11 @@ class SchemaRegex {
     }
     // Anchors are taken at its ends only (with text around it, one inside would be refused
     // later, without saying where).
-    if (!RegexGuide::Compile(absl::StrCat("x", Group(body), "x")).ok()) {
+    if (!RegexGuide::Compile(absl::StrCat("x", RegexGroup(body), "x")).ok()) {
       return Refuse(path, "^ or $ inside the pattern (not at its start or end) is not supported");
     }
-    const std::string any = absl::StrCat(kStringChar, "*");
-    *out = absl::StrCat("\"", start ? "" : any, Group(body), end ? "" : any, "\"");
+    const std::string any = absl::StrCat(kJsonStringChar, "*");
+    *out = absl::StrCat("\"", start ? "" : any, RegexGroup(body), end ? "" : any, "\"");
     return absl::OkStatus();
   }
 
@@ -554,7 +425,9 @@ class SchemaRegex {
     }
     if (v.is_number_integer()) {  // exactly, not through a double (2^53 < 1e18)
       const int64_t x = v.get<int64_t>();
-      if (x < -kLimit || x > kLimit) return Refuse(path + "/" + key, "must be a number within ±1e18");
+      if (x < -kLimit || x > kLimit) {
+        return Refuse(path + "/" + key, "must be a number within ±1e18");
+      }
       return std::optional<int64_t>(exclusive ? x + (lower ? 1 : -1) : x);
     }
     const double x = v.get<double>();
@@ -576,21 +449,7 @@ class SchemaRegex {
       b = !b ? **bound : lower ? std::max(*b, **bound) : std::min(*b, **bound);
     }
     if (lo && hi && *lo > *hi) return Refuse(path, "no integer lies within its bounds");
-    if (!lo && !hi) {
-      *out = kInteger;
-      return absl::OkStatus();
-    }
-    std::vector<std::string> parts;
-    if (!lo || *lo < 0) {  // negatives: their magnitudes
-      const uint64_t from = hi && *hi < 0 ? uint64_t(-*hi) : 1;
-      parts.push_back(absl::StrCat(
-          "-", NonNegative(from, lo ? std::optional<uint64_t>(uint64_t(-*lo)) : std::nullopt)));
-    }
-    if (!hi || *hi >= 0) {
-      parts.push_back(NonNegative(lo && *lo > 0 ? uint64_t(*lo) : 0,
-                                  hi ? std::optional<uint64_t>(uint64_t(*hi)) : std::nullopt));
-    }
-    *out = Group(absl::StrJoin(parts, "|"));
+    *out = IntegerRangeRegex(lo, hi);
     return absl::OkStatus();
   }
 
@@ -606,10 +465,10 @@ class SchemaRegex {
         return Refuse(path + "/minimum", "bounds on a number other than minimum 0 are not "
                                          "supported (an integer takes any bounds)");
       }
-      *out = absl::StrCat(kNonNegative, kFraction);
+      *out = absl::StrCat(kJsonNonNegative, kJsonFraction);
       return absl::OkStatus();
     }
-    *out = absl::StrCat(kInteger, kFraction);
+    *out = absl::StrCat(kJsonInteger, kJsonFraction);
     return absl::OkStatus();
   }
 
@@ -673,7 +532,7 @@ class SchemaRegex {
       std::string value;
       auto status = Value(schema, at, depth + 1, &value);
       if (!status.ok()) return status;
-      member.push_back(absl::StrCat(Literal(Json(key).dump()), ws_, ":", ws_, value));
+      member.push_back(absl::StrCat(RegexLiteral(Json(key).dump()), ws_, ":", ws_, value));
       if (status = Charge(at, member.back()); !status.ok()) return status;
       needed.push_back(required.count(key) > 0);
     }
@@ -686,7 +545,8 @@ class SchemaRegex {
     std::vector<std::string> after(n + 1);
     for (size_t j = n; j-- > 0;) {
       const std::string piece = absl::StrCat(sep, member[j]);
-      after[j] = absl::StrCat(needed[j] ? piece : absl::StrCat(Group(piece), "?"), after[j + 1]);
+      after[j] =
+          absl::StrCat(needed[j] ? piece : absl::StrCat(RegexGroup(piece), "?"), after[j + 1]);
       if (auto status = Charge(path, after[j]); !status.ok()) return status;
     }
     // The first member written: any up to the first required one.
@@ -697,7 +557,7 @@ class SchemaRegex {
       some_required = needed[k];
       if (auto status = Charge(path, first.back()); !status.ok()) return status;
     }
-    *out = absl::StrCat(brace_open, Group(absl::StrJoin(first, "|")), some_required ? "" : "?",
+    *out = absl::StrCat(brace_open, RegexGroup(absl::StrJoin(first, "|")), some_required ? "" : "?",
                         brace_close);
     return Charge(path, *out);
   }
@@ -743,8 +603,8 @@ class SchemaRegex {
     const std::string repeat = max->has_value() ? absl::StrCat("{", more_lo, ",", **max - 1, "}")
                                : more_lo == 0   ? std::string("*")
                                                 : absl::StrCat("{", more_lo, ",}");
-    const std::string body = absl::StrCat(item, Group(absl::StrCat(sep, item)), repeat);
-    *out = absl::StrCat(open, lo == 0 ? absl::StrCat(Group(body), "?") : body, close);
+    const std::string body = absl::StrCat(item, RegexGroup(absl::StrCat(sep, item)), repeat);
+    *out = absl::StrCat(open, lo == 0 ? absl::StrCat(RegexGroup(body), "?") : body, close);
     if (min->has_value() || max->has_value()) {
       counted_.push_back({absl::StrCat(path, max->has_value() ? "/maxItems" : "/minItems"), *out});
     }
@@ -776,7 +636,7 @@ absl::StatusOr<std::string> Build(std::string_view schema,
         "guided_json: the schema has %d bytes; at most %d", schema.size(), kMaxJsonSchemaBytes));
   }
   // Nesting is checked before parsing: printing a value (const, enum) recurses.
-  if (Nesting(schema) > 2 * kMaxJsonSchemaNesting) {
+  if (JsonNesting(schema) > 2 * kMaxJsonSchemaNesting) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "guided_json: the schema nests more than %d deep", 2 * kMaxJsonSchemaNesting));
   }
