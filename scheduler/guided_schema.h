@@ -26,8 +26,9 @@ constexpr int kMaxJsonSchemaRegexBytes = 1 << 18;  // the expression built from 
 constexpr int kMaxJsonSchemaWork = 1 << 22;        // its pieces' bytes, all counted
 constexpr int kMaxJsonSchemaNesting = 32;          // schemas inside schemas
 constexpr int kJsonSchemaWhitespace = 16;          // whitespace bytes in a row between tokens
-// Where a schema allows any value (true, {}, an object without properties, an array without
-// items), objects and arrays nested at most this deep (the object or array included).
+// Where a schema allows any value (true, {}, no type; an object with neither properties nor
+// an additionalProperties schema; an array without items), objects and arrays nested at most
+// this deep (the object or array included).
 constexpr int kJsonSchemaAnyLevels = 2;
 
 // The regular expression (Python's re syntax, as guided_regex takes) of the JSON texts that
