@@ -63,6 +63,7 @@ class SchemaRegex {
 
   explicit SchemaRegex(const Json& root) : root_(root) {
     ws_ = absl::StrCat("[ \\t\\n\\r]{0,", kJsonSchemaWhitespace, "}");
+    sep_ = absl::StrCat(ws_, ",", ws_);
   }
 
   absl::Status Value(const Json& s, const std::string& path, int depth, std::string* out) {
@@ -114,20 +115,10 @@ class SchemaRegex {
       return Value(list[0], path + "/allOf/0", depth + 1, out);
     }
     if (s.contains("const") || s.contains("enum")) return Enum(s, constraining, path, out);
-    std::vector<std::string> types;
-    if (s.contains("type")) {
-      const Json& type = s["type"];
-      if (type.is_string()) {
-        types.push_back(type.get<std::string>());
-      } else if (type.is_array() && !type.empty()) {
-        for (const Json& t : type) {
-          if (!t.is_string()) return Refuse(path + "/type", "must be a name or a list of names");
-          types.push_back(t.get<std::string>());
-        }
-      } else {
-        return Refuse(path + "/type", "must be a name or a list of names");
-      }
-    } else {
+    auto given = Types(s, path);
+    if (!given.ok()) return given.status();
+    std::vector<std::string> types = std::move(*given);
+    if (types.empty()) {
       // No type: the one its keywords imply.
       for (const std::string& key : constraining) {
         const std::string type =
@@ -166,6 +157,25 @@ class SchemaRegex {
         absl::StrCat("guided_json: ", path, ": ", model::AsAbsl(what)));
   }
 
+  // The names `type` gives (a name or a non-empty list of them); none when it is absent.
+  static absl::StatusOr<std::vector<std::string>> Types(const Json& s, const std::string& path) {
+    std::vector<std::string> types;
+    if (!s.contains("type")) return types;
+    const Json& type = s["type"];
+    if (type.is_string()) {
+      types.push_back(type.get<std::string>());
+      return types;
+    }
+    if (!type.is_array() || type.empty()) {
+      return Refuse(path + "/type", "must be a name or a list of names");
+    }
+    for (const Json& t : type) {
+      if (!t.is_string()) return Refuse(path + "/type", "must be a name or a list of names");
+      types.push_back(t.get<std::string>());
+    }
+    return types;
+  }
+
   // Every piece of the expression built is counted as it is made: a schema that reuses a part
   // many times (a $ref in each of thousands of alternatives) is refused before its copies add
   // up, not after.
@@ -189,25 +199,27 @@ class SchemaRegex {
     while (any_.size() <= size_t(levels)) {
       if (any_.empty()) {
         any_.push_back(RegexGroup(absl::StrCat("\"", kJsonStringChar, "*\"|", kJsonInteger,
-                                               kJsonFraction,
-                                          "|true|false|null")));
+                                               kJsonFraction, "|true|false|null")));
         continue;
       }
       const std::string& inner = any_.back();
-      const std::string sep = absl::StrCat(ws_, ",", ws_);
-      const std::string array = absl::StrCat("\\[", ws_, RegexGroup(absl::StrCat(inner, RegexGroup(
-          absl::StrCat(sep, inner)), "*")), "?", ws_, "\\]");
+      const std::string array =
+          absl::StrCat("\\[", ws_, RegexGroup(List(inner, "*")), "?", ws_, "\\]");
       any_.push_back(RegexGroup(absl::StrCat(any_.front(), "|", Map(inner), "|", array)));
     }
     return any_[size_t(levels)];
+  }
+
+  // `item`, then more of it after commas, as many as `repeat` says (a regex quantifier).
+  std::string List(const std::string& item, const std::string& repeat) const {
+    return absl::StrCat(item, RegexGroup(absl::StrCat(sep_, item)), repeat);
   }
 
   // An object of any names, each value `value`.
   std::string Map(const std::string& value) const {
     const std::string member =
         absl::StrCat("\"", kJsonStringChar, "*\"", ws_, ":", ws_, value);
-    return absl::StrCat("\\{", ws_, RegexGroup(absl::StrCat(member, RegexGroup(absl::StrCat(
-        ws_, ",", ws_, member)), "*")), "?", ws_, "\\}");
+    return absl::StrCat("\\{", ws_, RegexGroup(List(member, "*")), "?", ws_, "\\}");
   }
 
   absl::Status Ref(const Json& ref, const std::string& path, int depth, std::string* out) {
@@ -248,18 +260,9 @@ class SchemaRegex {
       return Refuse(path, "const and enum are both given; send one");
     }
     // Beside a type, only the values of that type.
-    std::vector<std::string> types;
-    if (s.contains("type")) {
-      const Json& type = s["type"];
-      if (type.is_string()) {
-        types.push_back(type.get<std::string>());
-      } else if (type.is_array()) {
-        for (const Json& t : type) {
-          if (t.is_string()) types.push_back(t.get<std::string>());
-        }
-      }
-      if (types.empty()) return Refuse(path + "/type", "must be a name or a list of names");
-    }
+    auto given = Types(s, path);
+    if (!given.ok()) return given.status();
+    const std::vector<std::string>& types = *given;
     auto typed = [&](const Json& v) {
       if (types.empty()) return true;
       for (const std::string& t : types) {
@@ -520,7 +523,6 @@ class SchemaRegex {
       *out = Map(value);
       return Charge(path, *out);
     }
-    const std::string sep = absl::StrCat(ws_, ",", ws_);
     std::vector<std::string> member;  // "key": value
     std::vector<bool> needed;
     for (const auto& [key, schema] : props.items()) {
@@ -544,7 +546,7 @@ class SchemaRegex {
     }
     std::vector<std::string> after(n + 1);
     for (size_t j = n; j-- > 0;) {
-      const std::string piece = absl::StrCat(sep, member[j]);
+      const std::string piece = absl::StrCat(sep_, member[j]);
       after[j] =
           absl::StrCat(needed[j] ? piece : absl::StrCat(RegexGroup(piece), "?"), after[j + 1]);
       if (auto status = Charge(path, after[j]); !status.ok()) return status;
@@ -564,7 +566,6 @@ class SchemaRegex {
 
   absl::Status Array(const Json& s, const std::string& path, int depth, std::string* out) {
     const std::string open = absl::StrCat("\\[", ws_), close = absl::StrCat(ws_, "\\]");
-    const std::string sep = absl::StrCat(ws_, ",", ws_);
     if (s.contains("prefixItems")) {
       const Json& list = s["prefixItems"];
       if ((s.contains("items") && s["items"] != false) || s.contains("minItems") ||
@@ -577,7 +578,7 @@ class SchemaRegex {
         auto status = Value(list[i], absl::StrCat(path, "/prefixItems/", i), depth + 1, &items[i]);
         if (!status.ok()) return status;
       }
-      *out = absl::StrCat(open, absl::StrJoin(items, sep), close);
+      *out = absl::StrCat(open, absl::StrJoin(items, sep_), close);
       return Charge(path, *out);
     }
 
@@ -603,7 +604,7 @@ class SchemaRegex {
     const std::string repeat = max->has_value() ? absl::StrCat("{", more_lo, ",", **max - 1, "}")
                                : more_lo == 0   ? std::string("*")
                                                 : absl::StrCat("{", more_lo, ",}");
-    const std::string body = absl::StrCat(item, RegexGroup(absl::StrCat(sep, item)), repeat);
+    const std::string body = List(item, repeat);
     *out = absl::StrCat(open, lo == 0 ? absl::StrCat(RegexGroup(body), "?") : body, close);
     if (min->has_value() || max->has_value()) {
       counted_.push_back({absl::StrCat(path, max->has_value() ? "/maxItems" : "/minItems"), *out});
@@ -612,7 +613,8 @@ class SchemaRegex {
   }
 
   const Json& root_;
-  std::string ws_;
+  std::string ws_;   // whitespace between tokens
+  std::string sep_;  // a comma between items, whitespace around it
   // The parts with counted repeats (where the automaton grows with the count) and their
   // expressions: the first to blame when the whole is too large.
   std::vector<std::pair<std::string, std::string>> counted_;
@@ -623,14 +625,15 @@ class SchemaRegex {
   size_t spent_ = 0;                     // bytes of expression built, pieces included
 };
 
-}  // namespace
+// A schema's regular expression, with what to blame should it be too large: the parts with
+// counted repeats, and how many places take any value.
+struct Built {
+  std::string regex;
+  std::vector<std::pair<std::string, std::string>> counted;
+  int any_uses = 0;
+};
 
-namespace {
-
-// The regular expression, and the parts with counted repeats.
-absl::StatusOr<std::string> Build(std::string_view schema,
-                                  std::vector<std::pair<std::string, std::string>>* counted,
-                                  int* any_uses) {
+absl::StatusOr<Built> Build(std::string_view schema) {
   if (schema.size() > size_t(kMaxJsonSchemaBytes)) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "guided_json: the schema has %d bytes; at most %d", schema.size(), kMaxJsonSchemaBytes));
@@ -642,44 +645,42 @@ absl::StatusOr<std::string> Build(std::string_view schema,
   }
   const Json root = Json::parse(schema, nullptr, /*allow_exceptions=*/false);
   if (root.is_discarded()) return absl::InvalidArgumentError("guided_json: is not valid JSON");
-  std::string regex;
+  Built built;
   SchemaRegex builder(root);
-  auto status = builder.Value(root, "#", 0, &regex);
+  auto status = builder.Value(root, "#", 0, &built.regex);
   if (!status.ok()) return status;
-  *counted = builder.counted();
-  *any_uses = builder.any_uses();
-  return regex;
+  built.counted = builder.counted();
+  built.any_uses = builder.any_uses();
+  return built;
 }
 
 }  // namespace
 
 absl::StatusOr<std::string> JsonSchemaRegex(std::string_view schema) {
-  std::vector<std::pair<std::string, std::string>> counted;
-  int any_uses = 0;
-  return Build(schema, &counted, &any_uses);
+  auto built = Build(schema);
+  if (!built.ok()) return built.status();
+  return std::move(built->regex);
 }
 
 absl::StatusOr<std::shared_ptr<const RegexGuide>> CompileJsonSchema(std::string_view schema) {
-  std::vector<std::pair<std::string, std::string>> counted;
-  int any_uses = 0;
-  auto regex = Build(schema, &counted, &any_uses);
-  if (!regex.ok()) return regex.status();
-  auto guide = RegexGuide::Compile(*regex, kMaxJsonSchemaRegexBytes);
+  auto built = Build(schema);
+  if (!built.ok()) return built.status();
+  auto guide = RegexGuide::Compile(built->regex, kMaxJsonSchemaRegexBytes);
   if (!guide.ok()) {
     std::string why(guide.status().message());
     absl::StrReplaceAll({{"guided_regex: ", ""}, {"the pattern", "its regular expression"}},
                         &why);
     // Too large: a count the automaton cannot hold alone is named where it is.
-    for (const auto& [where, part] : counted) {
+    for (const auto& [where, part] : built->counted) {
       if (RegexGuide::Compile(part, kMaxJsonSchemaRegexBytes).ok()) continue;
       return absl::InvalidArgumentError(absl::StrCat(
           "guided_json: ", where, ": the count is too large to guide (each string character "
           "or array item is states of the automaton; docs/api.md gives the bounds): ", why));
     }
     // Places that take any value are the other large parts.
-    const std::string any = any_uses == 0 ? "" : absl::StrFormat(
+    const std::string any = built->any_uses == 0 ? "" : absl::StrFormat(
         " (it takes any value in %d places, each about 1,500 to 2,900 automaton states)",
-        any_uses);
+        built->any_uses);
     return absl::InvalidArgumentError(absl::StrCat("guided_json: the schema cannot be guided: ",
                                                    why, any));
   }
