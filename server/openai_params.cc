@@ -43,7 +43,8 @@ absl::Status ParseStop(const In& body, v1::GenerateRequest* out) {
 
 namespace {
 
-// A function's parameters schema, checked alone so that an error names the function's own.
+// A function's parameters schema, checked alone so that an error names the function's own
+// (with tool_choice "required" they are guided inside a list's schema).
 absl::Status CheckParameters(const std::string& at, const std::string& schema) {
   if (auto regex = scheduler::JsonSchemaRegex(schema); !regex.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -113,8 +114,10 @@ absl::Status ParseToolCalls(const In& body, std::string_view body_text, OpenAiCa
             RawValue(body_text, {"tools", std::to_string(i), "function", "parameters"}));
       }
     }
-    // Only a function that may be called is checked: a client sends its whole tool list.
-    if (wanted.empty() || wanted == *name) {
+    // A named function's schema is checked where the request is (its errors then name
+    // call->schema_field); any other is not, as it is not called: a client sends its whole
+    // tool list.
+    if (wanted.empty()) {
       if (auto status = CheckParameters(at, schema); !status.ok()) return status;
     }
     names.push_back(*name);

@@ -216,12 +216,11 @@ Json OpenAiResponseBuilder::DeltaChunk(int index, const scheduler::TokenDelta& d
   if (chat && call_.tool_calls == OpenAiCall::ToolCalls::kNamed) {
     // The named function's arguments, streamed as the call's: its id and name first.
     Json call = {{"index", 0}};
-    if (!c.tool_started) {
-      call = Json{{"index", 0}, {"id", c.tool_id}, {"type", "function"},
-                  {"function", {{"name", call_.tool_name}, {"arguments", delta.text}}}};
-      c.tool_started = true;
-    } else {
+    if (c.tool_started) {
       call["function"] = {{"arguments", delta.text}};
+    } else {
+      call.update(ToolCall(c.tool_id, call_.tool_name, delta.text));
+      c.tool_started = true;
     }
     choice["delta"] = {{"tool_calls", Json::array({call})}};
   }

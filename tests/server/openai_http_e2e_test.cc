@@ -107,6 +107,26 @@ class OpenAiHttpTest : public ::testing::Test {
   static HttpResult Post(const std::string& path, const Json& body) {
     return HttpCall(http_port_, "POST", path, body.dump());
   }
+  // A completions request again, streamed: each choice's text is the whole response's.
+  static StreamedChoices StreamedAlike(Json body, const Json& whole) {
+    body["stream"] = true;
+    const HttpResult s = Post("/v1/completions", body);
+    EXPECT_EQ(s.status, 200) << s.body;
+    const int n = int(whole["choices"].size());
+    StreamedChoices parts = CollectChoices(s.body, n);
+    for (int i = 0; i < n; ++i) EXPECT_EQ(parts.texts[i], whole["choices"][i]["text"]) << i;
+    return parts;
+  }
+  // A greedy chat of one user message, for the gRPC side.
+  static v1::GenerateRequest GreedyChat(const std::string& content, uint32_t max_tokens) {
+    v1::GenerateRequest req;
+    v1::ChatMessage* m = req.mutable_chat()->add_messages();
+    m->set_role("user");
+    m->set_content(content);
+    req.mutable_stopping()->set_max_tokens(max_tokens);
+    req.mutable_sampling()->set_temperature(0);
+    return req;
+  }
   static ServerProcess* server_;
   static int http_port_;
 };
@@ -414,15 +434,8 @@ TEST_F(OpenAiHttpTest, GuidedChoiceAnswersWithOneOfTheChoices) {
     seen.insert(text);
   }
   EXPECT_GE(seen.size(), 2u) << "four draws at temperature 1.5 gave one answer (seed 21)";
-  Json streamed = sampled;
-  streamed["stream"] = true;
-  HttpResult s = Post("/v1/completions", streamed);
-  ASSERT_EQ(s.status, 200) << s.body;
-  const StreamedChoices parts = CollectChoices(s.body, 4);
-  for (int i = 0; i < 4; ++i) {
-    EXPECT_EQ(parts.texts[i], j["choices"][i]["text"]) << i;
-    EXPECT_EQ(parts.finishes[i], 1) << i;
-  }
+  const StreamedChoices parts = StreamedAlike(sampled, j);
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(parts.finishes[i], 1) << i;
 
   j = post("/v1/chat/completions",
            {{"messages", {{{"role", "user"}, {"content", "Is this review positive or negative? "
@@ -468,12 +481,7 @@ TEST_F(OpenAiHttpTest, GuidedRegexAnswersMatchThePattern) {
       EXPECT_TRUE(std::regex_match(text, std::regex("[1-9][0-9]*( or [1-9][0-9]*)?"))) << text;
     }
   }
-  Json streamed = sampled;
-  streamed["stream"] = true;
-  HttpResult s = Post("/v1/completions", streamed);
-  ASSERT_EQ(s.status, 200) << s.body;
-  const StreamedChoices parts = CollectChoices(s.body, 4);
-  for (int i = 0; i < 4; ++i) EXPECT_EQ(parts.texts[i], j["choices"][i]["text"]) << i;
+  StreamedAlike(sampled, j);
 
   const std::string verdict = "(yes|no), because [a-z ,]{10,60}\\.";
   j = post("/v1/chat/completions",
@@ -556,20 +564,10 @@ TEST_F(OpenAiHttpTest, JsonObjectAnswersAreJsonObjects) {
       EXPECT_TRUE(leads_on(text)) << text;
     }
   }
-  Json streamed = sampled;
-  streamed["stream"] = true;
-  HttpResult s = Post("/v1/completions", streamed);
-  ASSERT_EQ(s.status, 200) << s.body;
-  const StreamedChoices parts = CollectChoices(s.body, 3);
-  for (int i = 0; i < 3; ++i) EXPECT_EQ(parts.texts[i], j["choices"][i]["text"]) << i;
+  StreamedAlike(sampled, j);
 
   auto stub = server_->stub();
-  v1::GenerateRequest req;
-  v1::ChatMessage* m = req.mutable_chat()->add_messages();
-  m->set_role("user");
-  m->set_content("Describe a cat as a JSON object with name and age.");
-  req.mutable_stopping()->set_max_tokens(120);
-  req.mutable_sampling()->set_temperature(0);
+  v1::GenerateRequest req = GreedyChat("Describe a cat as a JSON object with name and age.", 120);
   req.mutable_sampling()->set_json_object(true);
   StreamResult answered = Generate(*stub, req);
   ASSERT_TRUE(answered.status.ok()) << answered.status.error_message();
@@ -641,23 +639,14 @@ TEST_F(OpenAiHttpTest, JsonSchemaAnswersFollowTheSchema) {
     }
     EXPECT_EQ(book.size(), book.contains("pages") ? 3u : 2u) << text;
   }
-  Json streamed = Json::parse(sampled);
-  streamed["stream"] = true;
-  // (Re-sent as parsed: a sorted body; the schema keeps its order as it travels as text.)
-  streamed["guided_json"] = book_schema;
-  HttpResult s = Post("/v1/completions", streamed);
-  ASSERT_EQ(s.status, 200) << s.body;
-  const StreamedChoices parts = CollectChoices(s.body, 3);
-  for (int i = 0; i < 3; ++i) EXPECT_EQ(parts.texts[i], j["choices"][i]["text"]) << i;
+  // Re-sent as parsed (a sorted body), the schema as text keeping its order.
+  Json resent = Json::parse(sampled);
+  resent["guided_json"] = book_schema;
+  StreamedAlike(resent, j);
 
   // gRPC: the same schema gives the same greedy answer.
   auto stub = server_->stub();
-  v1::GenerateRequest req;
-  v1::ChatMessage* m = req.mutable_chat()->add_messages();
-  m->set_role("user");
-  m->set_content("Describe a cat as JSON.");
-  req.mutable_stopping()->set_max_tokens(200);
-  req.mutable_sampling()->set_temperature(0);
+  v1::GenerateRequest req = GreedyChat("Describe a cat as JSON.", 200);
   req.mutable_sampling()->set_guided_json(cat_schema);
   StreamResult answered = Generate(*stub, req);
   ASSERT_TRUE(answered.status.ok()) << answered.status.error_message();
@@ -746,6 +735,15 @@ TEST_F(OpenAiHttpTest, ToolCallsFollowTheirFunctionsParameters) {
     EXPECT_TRUE(c["function"]["name"] == "get_weather" || c["function"]["name"] == "get_time");
     EXPECT_TRUE(Json::accept(c["function"]["arguments"].get<std::string>())) << r.body;
   }
+
+  // A named function's schema that cannot be guided is named as the client sent it.
+  Json unguided = ask;
+  unguided["tools"][0]["function"]["parameters"]["properties"]["city"]["format"] = "email";
+  r = Post("/v1/chat/completions", unguided);
+  EXPECT_EQ(r.status, 400) << r.body;
+  EXPECT_EQ(Json::parse(r.body)["error"]["message"],
+            "tools[0].function.parameters: #/properties/city: format beside pattern, "
+            "minLength or maxLength is not supported");
 
   // A function of no arguments is called with {}.
   Json ping = ask;
