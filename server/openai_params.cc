@@ -556,7 +556,8 @@ absl::Status RefuseUnsupported(const In& body, OpenAiEndpoint endpoint) {
   }
   // JSON's whitespace is JSON's own (a bounded run of space, tab, CR and LF), never a pattern
   // of the client's.
-  constexpr const char* kWhitespace = "JSON's own whitespace only, at most 32 bytes in a row";
+  constexpr const char* kWhitespace =
+      "JSON's own whitespace only (space, tab, CR and LF, in bounded runs: docs/api.md)";
   if (Given(body, "guided_whitespace_pattern")) {
     return Unsupported("guided_whitespace_pattern", kWhitespace);
   }
