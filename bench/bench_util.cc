@@ -5,6 +5,7 @@
 #include <memory>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 
 namespace thetaserve::bench {
@@ -93,6 +94,11 @@ absl::StatusOr<double> DecodeStepSeconds(scheduler::EngineConfig config, kernels
   }
   sink->WaitFor(batch);
   (*engine)->Stop();  // joins the engine thread: no observer call after this
+  if (steps.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "no decode step ran all ", batch, " sequences (the first ended before the last was "
+        "prefilled): raise max_tokens above the prefill steps"));
+  }
   return Median(steps);
 }
 

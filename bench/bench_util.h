@@ -50,7 +50,8 @@ scheduler::Request MakeRequest(const model::Model& model, int i, int prompt_toke
                                const scheduler::SamplingParams* sampling = nullptr);
 
 // Submits `batch` requests at once to a fresh engine (config with max_num_seqs = batch) and
-// returns the median duration of the steps that decoded the whole batch and prefilled nothing.
+// returns the median duration of the steps that decoded the whole batch and prefilled nothing
+// (FAILED_PRECONDITION when there was none: the first sequences ended before the last began).
 absl::StatusOr<double> DecodeStepSeconds(scheduler::EngineConfig config, kernels::Backend& backend,
                                          const model::Model& model, int batch, int prompt_tokens,
                                          int max_tokens,

@@ -1,7 +1,7 @@
 // GPU benchmarks (built with CUDA only; run by scripts/gpu-check.sh):
 //  1. device copy bandwidth (cudaMemcpy device to device, read + write bytes);
 //  2. decode attention, dense vs Top-θ, at contexts × batch sizes, each with pass 1 reading K
-//     per thread and staged through shared memory (cp.async): median times, the ratios
+//     per thread, staged through shared memory (cp.async) and per quad of threads: median times, the ratios
 //     measured in the same run, V rows read, and the bytes/s the faster dense kernel reached
 //     against the copy bandwidth;
 //  3. Top-θ decode attention over a host store (the offload policy) against the full policy;
@@ -153,11 +153,14 @@ void DecodeAttention(const std::vector<int>& contexts, const std::vector<int>& b
   uint16_t* pool;
   CHECK_CUDA(cudaMalloc(&pool, max_pages * full.PageElems() * 2));
   CHECK_CUDA(cu::LaunchFillRandomBf16(pool, max_pages * full.PageElems(), 7, 1.0f, nullptr));
-  std::printf("K per thread (thread) or staged through shared memory (staged); best: the faster of each\n");
-  std::printf("%-8s %-6s %-9s %-9s %-9s %-9s %-7s %-7s %-7s %-7s %-10s %-8s\n", "context", "batch",
-              "dense", "dense", "top-θ", "top-θ", "ratio", "ratio", "ratio", "V read", "best dense", "of copy");
-  std::printf("%-8s %-6s %-9s %-9s %-9s %-9s %-7s %-7s %-7s %-7s %-10s %-8s\n", "", "", "thread us",
-              "staged us", "thread us", "staged us", "thread", "staged", "best", "", "GB/s", "bw");
+  std::printf("K per thread (thread), staged through shared memory (staged) or per quad of threads "
+              "(quad); µs; ratio: dense ÷ top-θ; best: the fastest of each\n");
+  std::printf("%-8s %-6s %-8s %-8s %-8s %-8s %-8s %-8s %-7s %-7s %-7s %-7s %-7s %-10s %-8s\n", "context", "batch",
+              "dense", "dense", "dense", "top-θ", "top-θ", "top-θ", "ratio", "ratio", "ratio", "ratio", "V read",
+              "best dense", "of copy");
+  std::printf("%-8s %-6s %-8s %-8s %-8s %-8s %-8s %-8s %-7s %-7s %-7s %-7s %-7s %-10s %-8s\n", "", "",
+              "thread", "staged", "quad", "thread", "staged", "quad", "thread", "staged", "quad", "best", "", "GB/s",
+              "bw");
   for (int L : contexts) {
     for (int B : batches) {
       const int blocks = (L + bs - 1) / bs;
@@ -186,20 +189,22 @@ void DecodeAttention(const std::vector<int>& contexts, const std::vector<int>& b
       const cu::AttnShape shape{H, kvh, d, 0.125f};
       cu::DeviceBatch db;
       CHECK_OK(db.Upload(batch, kvh, layout, nullptr));
-      // [0]: K per thread, [1]: staged.
-      cu::CudaAttention dense[2] = {cu::CudaAttention(sms), cu::CudaAttention(sms)};
-      cu::CudaAttention theta[2] = {cu::CudaAttention(sms), cu::CudaAttention(sms)};
-      for (int v = 0; v < 2; ++v) {
-        const cu::KLoad k = v ? cu::KLoad::kStaged : cu::KLoad::kPerThread;
+      // Ways of reading K: [0] per thread, [1] staged, [2] per quad.
+      constexpr int kWays = 3;
+      const cu::KLoad ways[kWays] = {cu::KLoad::kPerThread, cu::KLoad::kStaged, cu::KLoad::kQuad};
+      cu::CudaAttention dense[kWays] = {cu::CudaAttention(sms), cu::CudaAttention(sms), cu::CudaAttention(sms)};
+      cu::CudaAttention theta[kWays] = {cu::CudaAttention(sms), cu::CudaAttention(sms), cu::CudaAttention(sms)};
+      for (int v = 0; v < kWays; ++v) {
+        const cu::KLoad k = ways[v];
         dense[v].set_k_load(k);
         theta[v].set_k_load(k);
         CHECK_OK(dense[v].Prepare(batch, db, shape, 1, dense_cfg, nullptr));
         CHECK_OK(theta[v].Prepare(batch, db, shape, 1, theta_cfg, nullptr));
       }
-      std::vector<double> td[2], tt[2];
+      std::vector<double> td[kWays], tt[kWays];
       const int iters = L * B >= (1 << 20) ? 5 : 20;
       for (int r = 0; r < repeats; ++r) {  // alternate: noise hits all alike
-        for (int v = 0; v < 2; ++v) {
+        for (int v = 0; v < kWays; ++v) {
           td[v].push_back(TimeMs([&] { CHECK_OK(dense[v].Run(0, db, in.q, H * d, layout, pool, nullptr, in.out, nullptr)); }, iters, 1));
           tt[v].push_back(TimeMs([&] { CHECK_OK(theta[v].Run(0, db, in.q, H * d, layout, pool, in.vsum, in.out, nullptr)); }, iters, 1));
         }
@@ -210,20 +215,25 @@ void DecodeAttention(const std::vector<int>& contexts, const std::vector<int>& b
       CHECK_OK(theta[0].Prepare(batch, db, shape, 1, theta_cfg, nullptr));
       CHECK_OK(theta[0].Run(0, db, in.q, H * d, layout, pool, in.vsum, in.out, nullptr));
       CHECK_OK(theta[0].Finish(&stats, nullptr));
-      const double md[2] = {Median(td[0]), Median(td[1])}, mt[2] = {Median(tt[0]), Median(tt[1])};
-      const int bd = md[1] < md[0] ? 1 : 0, bt = mt[1] < mt[0] ? 1 : 0;  // the faster of each
+      double md[kWays], mt[kWays];
+      int bd = 0, bt = 0;  // the fastest of each
+      for (int v = 0; v < kWays; ++v) {
+        md[v] = Median(td[v]);
+        mt[v] = Median(tt[v]);
+        if (md[v] < md[bd]) bd = v;
+        if (mt[v] < mt[bt]) bt = v;
+      }
       const double bytes = 2.0 * L * d * 2 * kvh * B;  // K and V, bf16, read once
       const double gbs = bytes / (md[bd] / 1e3) / 1e9;
       const double read = double(stats.v_rows_read) / stats.v_rows_read_dense;
-      std::printf("%-8d %-6d %-9.1f %-9.1f %-9.1f %-9.1f %-7.2f %-7.2f %-7.2f %-7.3f %-10.0f %-8.2f\n", L, B,
-                  md[0] * 1e3, md[1] * 1e3, mt[0] * 1e3, mt[1] * 1e3, md[0] / mt[0], md[1] / mt[1],
-                  md[bd] / mt[bt], read, gbs, gbs * 1e9 / copy_bw);
+      std::printf("%-8d %-6d %-8.1f %-8.1f %-8.1f %-8.1f %-8.1f %-8.1f %-7.2f %-7.2f %-7.2f %-7.2f %-7.3f %-10.0f %-8.2f\n",
+                  L, B, md[0] * 1e3, md[1] * 1e3, md[2] * 1e3, mt[0] * 1e3, mt[1] * 1e3, mt[2] * 1e3,
+                  md[0] / mt[0], md[1] / mt[1], md[2] / mt[2], md[bd] / mt[bt], read, gbs, gbs * 1e9 / copy_bw);
       std::fflush(stdout);
       if (L == 32768) {
-        const char* name[2] = {"thread", "staged"};
         char buf[200];
         std::snprintf(buf, sizeof buf, "dense %.1f us (%s), top-θ %.1f us (%s), ratio %.2f, dense at %.0f%% of copy bw (V read %.2f)",
-                      md[bd] * 1e3, name[bd], mt[bt] * 1e3, name[bt], md[bd] / mt[bt],
+                      md[bd] * 1e3, cu::KLoadName(ways[bd]), mt[bt] * 1e3, cu::KLoadName(ways[bt]), md[bd] / mt[bt],
                       100 * gbs * 1e9 / copy_bw, read);
         g_summary.push_back({"decode attn 32k, batch " + std::to_string(B), buf});
       }
@@ -443,16 +453,22 @@ void EndToEnd(const std::string& path, const std::string& theta_path, const std:
       for (int B : shape.batches) {
         std::vector<double> step_ms;
         int64_t graphs = ts::kernels::cuda::GraphsCaptured();
+        // The prompts are prefilled 8192 tokens a step while the first ones already decode: each
+        // sequence generates that many steps more, so that max_tokens steps run the whole batch
+        // (8000-token prompts at batch 32 take 32 steps to prefill, and 32 tokens used to end
+        // the first sequences before the last began: no step ran all 32).
+        constexpr int kStepTokens = 8192;
+        const int max_tokens = shape.max_tokens + (B * shape.prompt + kStepTokens - 1) / kStepTokens;
         for (int rep = 0; rep < repeats; ++rep) {
           ts::scheduler::EngineConfig config;
           // bf16 K and V of every layer: 4 GiB holds 64 × 192 tokens many times over; the long
           // prompts need their own share.
-          const int64_t kv_bytes = int64_t(B) * (shape.prompt + shape.max_tokens + 16) *
+          const int64_t kv_bytes = int64_t(B) * (shape.prompt + max_tokens + 16) *
                                    c.num_layers * c.kv_dim() * 2 * 2;
           config.kv_cache_bytes = std::max<int64_t>(int64_t(4) << 30, kv_bytes * 5 / 4);
-          config.scheduler.max_num_batched_tokens = 8192;
+          config.scheduler.max_num_batched_tokens = kStepTokens;
           auto seconds = ts::bench::DecodeStepSeconds(config, **backend, **model, B, shape.prompt,
-                                                      shape.max_tokens);
+                                                      max_tokens);
           CHECK_OK(seconds.status());
           step_ms.push_back(*seconds * 1e3);
           if (rep == 0) graphs = ts::kernels::cuda::GraphsCaptured() - graphs;

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <string>
+#include <type_traits>
 
 #include <cuda_pipeline.h>
 
@@ -59,7 +60,7 @@ __device__ __forceinline__ int64_t PartIndex(const SplitArgs& a, int64_t r, int3
 // them and pass 2 reads them back: after K, the largest traffic of Top-θ), at most 1/8192 nat
 // of rounding in a score: a 0.012% change of e, less than bf16 K moves a score by. A
 // saturated score (kSaturated) only bounds e from above; a row with one is decided and
-// weighted on its exact score whenever that bound could pass a threshold (RowE): a split
+// weighted on its exact score whenever that bound could pass a threshold (RowKeep): a split
 // holding an attention sink puts every other row of it there.
 constexpr float kScoreSteps = 4096.0f;  // per nat
 constexpr uint16_t kSaturated = 65535;
@@ -102,11 +103,12 @@ template <int D, int GT>
 __device__ void ScoresPerThread(const SplitArgs& a, const DevSeq& seq, int64_t lh, int32_t j0,
                                 int32_t n, int32_t G, const float* qs, float* sc) {
   constexpr int kG = GT > 0 ? GT : kMaxGroup;  // compile-time group size when known
-  const int32_t bs = a.kv.layout.block_size;
+  const Divisor bs(a.kv.layout.block_size);
+  const int32_t* k_pages = seq.pages.k_pages + lh * seq.pages.stride;
 #pragma unroll 2
   for (int32_t jl = threadIdx.x; jl < n; jl += blockDim.x) {
     const int32_t j = j0 + jl;
-    const uint16_t* kr = a.pool + a.kv.layout.RowOffset(seq.pages.KPage(lh, j, bs), j % bs);
+    const uint16_t* kr = a.pool + a.kv.layout.RowOffset(k_pages[bs.Div(j)], bs.Mod(j));
     float acc[kG];
 #pragma unroll
     for (int h = 0; h < kG; ++h) acc[h] = 0.0f;
@@ -125,6 +127,77 @@ __device__ void ScoresPerThread(const SplitArgs& a, const DevSeq& seq, int64_t l
 #pragma unroll
     for (int h = 0; h < kG; ++h) {
       if (h < G) sc[h * a.chunk + jl] = acc[h];
+    }
+  }
+}
+
+// K per quad (KLoad::kQuad): four threads score a key, thread s of the quad over pieces
+// s, s + 4, ... of its row (8 bf16 each), and the quad adds its partial sums with two shuffles
+// per head, (p0 + p1) + (p2 + p3). A load instruction of a warp then covers 64 contiguous bytes
+// of each of 8 rows, where a thread per key touches 32 rows (16 bytes of each): a quarter of
+// the L1 lines per instruction (pass 1 per thread keeps the L1 93% busy at 53% of the DRAM
+// bandwidth on the H200: docs/results.md). Each thread keeps kQuadKeys keys' loads in flight.
+constexpr int kQuad = 4;
+__host__ __device__ constexpr int QuadPiece(int s, int i) { return i * kQuad + s; }
+template <int D>
+__host__ __device__ constexpr int QuadKeys() {
+  return D <= 64 ? 4 : 2;  // 8 loads in flight per thread
+}
+
+template <int D, int GT>
+__device__ void ScoresQuad(const SplitArgs& a, const DevSeq& seq, int64_t lh, int32_t j0,
+                           int32_t n, int32_t G, const float* qs, float* sc) {
+  constexpr int kG = GT > 0 ? GT : kMaxGroup;
+  constexpr int kMine = D / 8 / kQuad;  // pieces per thread
+  constexpr int kKeys = QuadKeys<D>();
+  constexpr int32_t kRound = kThreads / kQuad;  // keys a block scores per key slot
+  const Divisor bs(a.kv.layout.block_size);
+  const int32_t* k_pages = seq.pages.k_pages + lh * seq.pages.stride;
+  const int s = threadIdx.x % kQuad;
+  for (int32_t base = 0; base < n; base += kKeys * kRound) {  // the same trips for every thread
+    uint4 raw[kKeys][kMine];
+#pragma unroll
+    for (int u = 0; u < kKeys; ++u) {
+      const int32_t jl = base + u * kRound + int32_t(threadIdx.x) / kQuad;
+      if (jl < n) {
+        const int32_t j = j0 + jl;
+        const uint16_t* kr = a.pool + a.kv.layout.RowOffset(k_pages[bs.Div(j)], bs.Mod(j));
+#pragma unroll
+        for (int i = 0; i < kMine; ++i) {
+          raw[u][i] = *reinterpret_cast<const uint4*>(kr + QuadPiece(s, i) * 8);
+        }
+      } else {
+#pragma unroll
+        for (int i = 0; i < kMine; ++i) raw[u][i] = make_uint4(0, 0, 0, 0);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kKeys; ++u) {
+      const int32_t jl = base + u * kRound + int32_t(threadIdx.x) / kQuad;
+      float acc[kG];
+#pragma unroll
+      for (int h = 0; h < kG; ++h) acc[h] = 0.0f;
+#pragma unroll
+      for (int i = 0; i < kMine; ++i) {
+        const int c = QuadPiece(s, i) * 8;
+        float kf[8];
+        Bf16x8ToF32(raw[u][i], kf);
+#pragma unroll
+        for (int h = 0; h < kG; ++h) {
+          if (h < G) {
+#pragma unroll
+            for (int e = 0; e < 8; ++e) acc[h] = fmaf(qs[h * D + c + e], kf[e], acc[h]);
+          }
+        }
+      }
+#pragma unroll
+      for (int h = 0; h < kG; ++h) {
+        if (h < G) {  // every lane takes part
+          acc[h] += __shfl_xor_sync(0xffffffffu, acc[h], 1);
+          acc[h] += __shfl_xor_sync(0xffffffffu, acc[h], 2);
+          if (s == 0 && jl < n) sc[h * a.chunk + jl] = acc[h];
+        }
+      }
     }
   }
 }
@@ -164,7 +237,9 @@ template <int D, bool kV>
 __device__ __forceinline__ void IssueTile(const SplitArgs& a, const DevSeq& seq, int64_t lh,
                                           int32_t j0, int32_t n, int32_t tile, uint4* stage) {
   constexpr int kPieces = D / 8;
-  const int32_t bs = a.kv.layout.block_size;
+  const Divisor bs(a.kv.layout.block_size);
+  const int32_t* pages = (kV ? seq.pages.v_pages : seq.pages.k_pages) + lh * seq.pages.stride;
+  const int32_t first = kV ? seq.pages.v_tail_start : 0;  // V: positions of the tail's pages
   uint4* buf = stage + (tile % StageCount(D)) * kStageKeys * kPieces;
 #pragma unroll
   for (int i = threadIdx.x; i < kStageKeys * kPieces; i += kThreads) {
@@ -172,8 +247,8 @@ __device__ __forceinline__ void IssueTile(const SplitArgs& a, const DevSeq& seq,
     const int32_t jl = tile * kStageKeys + kl;
     if (jl < n) {
       const int32_t j = j0 + jl;
-      const int32_t page = kV ? seq.pages.VPage(lh, j, bs) : seq.pages.KPage(lh, j, bs);
-      const uint16_t* src = a.pool + a.kv.layout.RowOffset(page, j % bs) + c * 8;
+      const int32_t page = pages[bs.Div(j - first)];
+      const uint16_t* src = a.pool + a.kv.layout.RowOffset(page, bs.Mod(j)) + c * 8;
       __pipeline_memcpy_async(buf + kl * kPieces + (c ^ (kl & 7)), src, 16);
     }
   }
@@ -282,13 +357,16 @@ __device__ __forceinline__ void AccumulateV(float (&acc)[kG][8], const float (&v
 
 // Dense split: scores, chunk max and Σe, and Σ e·V over the chunk.
 // Top-θ pass 1: scores to the workspace (EncodeScore), chunk max and Σe; no V.
-// kStaged: K through shared memory (ScoresStaged), its tiles after the scores. Its shared
+// kK: how K is read (per thread, per quad, or staged: through shared memory, ScoresStaged,
+// its tiles after the scores). Its shared
 // memory holds it to 5 blocks per SM at 1024-key chunks (d 64, group 3) and 7 at 512, so it is
 // given the registers of 6 (80).
-template <int D, int GT, bool kStaged>
-__global__ void __launch_bounds__(kThreads, (GT > 0 && GT <= 4) ? (kStaged ? 6 : 8) : 4)
+template <int D, int GT, KLoad kK>
+__global__ void __launch_bounds__(kThreads,
+                                  (GT > 0 && GT <= 4) ? (kK == KLoad::kStaged ? 6 : 8) : 4)
     SplitPass1Kernel(SplitArgs a) {
   constexpr int kG = GT > 0 ? GT : kMaxGroup;  // compile-time group size when known
+  constexpr bool kStaged = kK == KLoad::kStaged;
   extern __shared__ __align__(16) float smem[];  // 16 bytes: cp.async and uint4 reads of the ring
   __shared__ float scratch[32];
   const int32_t G = GT > 0 ? GT : a.kv.shape.num_heads / a.kv.shape.num_kv_heads;
@@ -309,7 +387,11 @@ __global__ void __launch_bounds__(kThreads, (GT > 0 && GT <= 4) ? (kStaged ? 6 :
     __syncthreads();  // every K tile read: the ring takes V (dense), loading during the softmax
     if (!a.top_theta) StartRing<D, true>(a, seq, lh, j0, n, stage);
   } else {
-    ScoresPerThread<D, GT>(a, seq, lh, j0, n, G, qs, sc);
+    if constexpr (kK == KLoad::kQuad) {
+      ScoresQuad<D, GT>(a, seq, lh, j0, n, G, qs, sc);
+    } else {
+      ScoresPerThread<D, GT>(a, seq, lh, j0, n, G, qs, sc);
+    }
     __syncthreads();
   }
 
@@ -340,7 +422,6 @@ __global__ void __launch_bounds__(kThreads, (GT > 0 && GT <= 4) ? (kStaged ? 6 :
   // rows rg, rg + kRowGroups, ... in that order, staged or not.
   constexpr int kRowGroups = kThreads / (D / 8);
   const int rg = threadIdx.x / (D / 8), lane8 = threadIdx.x % (D / 8);
-  const int32_t bs = a.kv.layout.block_size;
   float acc[kG][8];
 #pragma unroll
   for (int h = 0; h < kG; ++h)
@@ -361,11 +442,14 @@ __global__ void __launch_bounds__(kThreads, (GT > 0 && GT <= 4) ? (kStaged ? 6 :
       }
     }
   } else {
+    const Divisor bs(a.kv.layout.block_size);
+    const int32_t* v_pages = seq.pages.v_pages + lh * seq.pages.stride;
+    const int32_t tail = seq.pages.v_tail_start;
 #pragma unroll 8  // several 16-byte loads in flight per thread
     for (int32_t jl = rg; jl < n; jl += kRowGroups) {
       const int32_t j = j0 + jl;
       float vf[8];
-      LoadBf16x8(a.pool + a.kv.layout.RowOffset(seq.pages.VPage(lh, j, bs), j % bs) + lane8 * 8,
+      LoadBf16x8(a.pool + a.kv.layout.RowOffset(v_pages[bs.Div(j - tail)], bs.Mod(j)) + lane8 * 8,
                  vf);
       AccumulateV<kG>(acc, vf, sc + jl, a.chunk, G);
     }
@@ -400,36 +484,37 @@ __device__ __forceinline__ void WarpThreshold(const SplitArgs& a, int64_t r, int
   *thr_out = thr;
 }
 
-// e = exp(s − m) of position j for one head from its stored score. off_here: m_split − m of
-// this block's split; positions of other splits (rows of the sparse store or of a tail that
-// starts in an earlier split) read their split's max from the pass-1 partials.
-__device__ __forceinline__ float StoredE(const SplitArgs& a, int64_t r, int32_t head,
-                                         int32_t split, int32_t j, uint16_t q, float off_here,
-                                         float m) {
-  const int32_t sj = j / a.chunk;
-  const float off = sj == split ? off_here : a.ws.part_m[PartIndex(a, r, head, sj)] - m;
-  return expf(off - float(q) * (1.0f / kScoreSteps));
-}
+// A row whose 16-bit score lies within kNearSteps steps (1/2048 nat) of a threshold's is
+// decided on its exact score instead (ExactScore): four times the encoding's worst error
+// (half a step), so a decision never depends on the encoding, and the GPU keeps exactly the
+// rows the f32 scores keep. Such rows are rare (a band of ±1/2048 nat around each threshold).
+constexpr float kNearSteps = 2.0f;
 
-// A row whose e (from its 16-bit score) lies this close to a threshold, relatively, is decided
-// on its exact score instead (ExactScore): four times the encoding's worst error, so a
-// decision never depends on the encoding, and the GPU keeps exactly the rows the f32 scores
-// keep. Such rows are rare (a band of 1/2048 around each threshold).
-constexpr float kNearBand = 1.0f / 2048.0f;
-__device__ __forceinline__ bool NearThreshold(float e, float thr) {
-  return thr > 0.0f && fabsf(e - thr) <= thr * kNearBand;
-}
-
-// q_head · k_j · scale exactly as pass 1 computed it (same products, same order: per thread,
-// or, kStaged, as two half rows, each in StagedPiece order, then added).
-template <int D, bool kStaged>
-__device__ float ExactScore(const SplitArgs& a, const DevSeq& seq, int64_t lh, int32_t t,
-                            int32_t head, int32_t j) {
-  const int32_t bs = a.kv.layout.block_size;
-  const uint16_t* kr = a.pool + a.kv.layout.RowOffset(seq.pages.KPage(lh, j, bs), j % bs);
-  const float* qr = a.q.data + int64_t(t) * a.q.stride + int64_t(head) * D;
-  if constexpr (kStaged) {
-    // Rolled loops: unrolled, this rare path would cost pass 2 kilobytes of spills.
+// q_head · k_j · scale exactly as pass 1 computed it (same products, same order: per thread;
+// staged, as two half rows, each in StagedPiece order, then added; per quad, as four quarter
+// rows in QuadPiece order, added (p0 + p1) + (p2 + p3)). kr: the key's row, qr: the head's
+// query. Out of line and rolled: pass 2 calls it for the rare rows near a threshold, and
+// inlined at each of its call sites it cost the kernel registers, spills and code size.
+template <int D, KLoad kK>
+TS_NOINLINE __device__ float ExactScore(const uint16_t* kr, const float* qr, float scale) {
+  if constexpr (kK == KLoad::kQuad) {
+    float p[kQuad];
+#pragma unroll 1
+    for (int s = 0; s < kQuad; ++s) {
+      float acc = 0.0f;
+#pragma unroll 1
+      for (int i = 0; i < D / 8 / kQuad; ++i) {
+        const int c = QuadPiece(s, i) * 8;
+        float kf[8];
+        LoadBf16x8(kr + c, kf);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc = fmaf(qr[c + e] * scale, kf[e], acc);
+      }
+      p[s] = acc;
+    }
+    return (p[0] + p[1]) + (p[2] + p[3]);
+  }
+  if constexpr (kK == KLoad::kStaged) {
     auto half_dot = [&](int h) {
       float acc = 0.0f;
 #pragma unroll 1
@@ -438,7 +523,7 @@ __device__ float ExactScore(const SplitArgs& a, const DevSeq& seq, int64_t lh, i
         float kf[8];
         LoadBf16x8(kr + c * 8, kf);
 #pragma unroll
-        for (int e = 0; e < 8; ++e) acc = fmaf(qr[c * 8 + e] * a.kv.shape.scale, kf[e], acc);
+        for (int e = 0; e < 8; ++e) acc = fmaf(qr[c * 8 + e] * scale, kf[e], acc);
       }
       return acc;
     };
@@ -446,19 +531,29 @@ __device__ float ExactScore(const SplitArgs& a, const DevSeq& seq, int64_t lh, i
     return h0 + half_dot(1);
   }
   float acc = 0.0f;
-#pragma unroll
+#pragma unroll 1
   for (int c = 0; c < D; c += 8) {
     float kf[8];
     LoadBf16x8(kr + c, kf);
 #pragma unroll
-    for (int e = 0; e < 8; ++e) acc = fmaf(qr[c + e] * a.kv.shape.scale, kf[e], acc);
+    for (int e = 0; e < 8; ++e) acc = fmaf(qr[c + e] * scale, kf[e], acc);
   }
   return acc;
 }
 
+// ExactScore of position j (K row from the page tables) for query head `head` of token t.
+template <int D, KLoad kK>
+__device__ __forceinline__ float ExactScoreAt(const SplitArgs& a, const DevSeq& seq, int64_t lh,
+                                              int32_t t, int32_t head, int32_t j) {
+  const int32_t bs = a.kv.layout.block_size;
+  const uint16_t* kr = a.pool + a.kv.layout.RowOffset(seq.pages.KPage(lh, j, bs), j % bs);
+  return ExactScore<D, kK>(kr, a.q.data + int64_t(t) * a.q.stride + int64_t(head) * D,
+                           a.kv.shape.scale);
+}
+
 // Tests (LaunchExactScores): ExactScore of every position j < L of row r for every query head,
 // at out[(r · heads + head) · max_len + j]; NaN from L to max_len. Grid (rows, heads).
-template <int D, bool kStaged>
+template <int D, KLoad kK>
 __global__ void __launch_bounds__(kThreads) ExactScoresKernel(SplitArgs a, int32_t max_len, float* out) {
   const int64_t r = blockIdx.x;
   const int32_t head = blockIdx.y;
@@ -469,7 +564,7 @@ __global__ void __launch_bounds__(kThreads) ExactScoresKernel(SplitArgs a, int32
   const int64_t lh = int64_t(a.kv.layer) * a.kv.shape.num_kv_heads + head / G;
   float* o = out + (r * a.kv.shape.num_heads + head) * max_len;
   for (int32_t j = threadIdx.x; j < max_len; j += blockDim.x) {
-    o[j] = j <= row.pos ? ExactScore<D, kStaged>(a, seq, lh, t, head, j) : NAN;
+    o[j] = j <= row.pos ? ExactScoreAt<D, kK>(a, seq, lh, t, head, j) : NAN;
   }
 }
 
@@ -479,34 +574,64 @@ struct GroupStats {
   float m[kG];      // the row's max score
   float off[kG];    // m_split − m for this block's split
   float thr[kG];    // keep threshold on e = exp(s − m); <= 0 keeps everything
+  float log_thr[kG];     // log thr (−inf where thr <= 0)
+  float log_retain[kG];  // log of retain_factor · thr (−inf where that is <= 0)
   float inv_d[kG];  // 1 / D_full
 };
 
-// e per head of position j from the 16-bit scores, or from the exact scores when any head's
-// value is near its threshold or its retain threshold, or is saturated and not surely below
-// both (keep-everything rows, thr <= 0, included). ev[h] for h >= G is 0.
-template <int D, int kG, bool kStaged>
-__device__ __forceinline__ void RowE(const SplitArgs& a, const SplitBlock& b, const DevSeq& seq,
-                                     int32_t G, int32_t j, const uint16_t (&q)[kG],
-                                     const GroupStats<kG>& st, float (&ev)[kG]) {
+// Keep decisions of position j for each head of the group from its 16-bit scores q: bit h of
+// the result is set where head h keeps j (e > thr), bit h of *strong where it keeps it by the
+// retain factor (e > retain_factor · thr), and ev[h] = e = exp(s − m) where head h keeps j, 0
+// where it drops it. Decided in the score domain, e > thr ⟺ q < (off − log thr)·kScoreSteps
+// (off: m_split − m of j's split; a position of another split, a row of the sparse store or
+// of a tail that starts in an earlier split, reads its split's max from the pass-1 partials),
+// so a dropped row costs no exp. When any head's score is within kNearSteps of either
+// threshold, or saturated and not surely below both (keep-everything rows, thr <= 0,
+// included), the row is decided on its exact scores instead.
+template <int D, int kG, KLoad kK>
+__device__ __forceinline__ unsigned RowKeep(const SplitArgs& a, const SplitBlock& b,
+                                            const DevSeq& seq, const Divisor& chunk, int32_t G,
+                                            int32_t j, const uint16_t (&q)[kG],
+                                            const GroupStats<kG>& st, float (&ev)[kG],
+                                            unsigned* strong) {
+  const int32_t sj = chunk.Div(j);
   bool near = false;
+  unsigned keep = 0, str = 0;
 #pragma unroll
   for (int h = 0; h < kG; ++h) {
     ev[h] = 0.0f;
     if (h < G) {
-      ev[h] = StoredE(a, b.r, b.first_head + h, b.split, j, q[h], st.off[h], st.m[h]);
-      const float thr = st.thr[h], retain = a.theta.retain_factor * thr;
-      near |= NearThreshold(ev[h], thr) || NearThreshold(ev[h], retain) ||
-              (q[h] == kSaturated && ev[h] >= fminf(thr, retain) * (1.0f - kNearBand));
+      const float off = sj == b.split
+                            ? st.off[h]
+                            : a.ws.part_m[PartIndex(a, b.r, b.first_head + h, sj)] - st.m[h];
+      const float qf = float(q[h]);
+      const float keep_by = (off - st.log_thr[h]) * kScoreSteps - qf;  // steps; > 0: kept
+      const float strong_by = (off - st.log_retain[h]) * kScoreSteps - qf;
+      near |= fabsf(keep_by) <= kNearSteps || fabsf(strong_by) <= kNearSteps ||
+              (q[h] == kSaturated && (keep_by >= -kNearSteps || strong_by >= -kNearSteps));
+      if (keep_by > 0.0f) {
+        keep |= 1u << h;
+        ev[h] = expf(off - qf * (1.0f / kScoreSteps));
+        near |= !(ev[h] > st.thr[h]);  // e underflowed to a threshold of 0: decide exactly
+      }
+      if (strong_by > 0.0f) str |= 1u << h;
     }
   }
-  if (!near) return;
+  if (near) {
+    keep = str = 0;
 #pragma unroll
-  for (int h = 0; h < kG; ++h) {
-    if (h < G) {
-      ev[h] = expf(ExactScore<D, kStaged>(a, seq, b.lh, b.t, b.first_head + h, j) - st.m[h]);
+    for (int h = 0; h < kG; ++h) {
+      if (h < G) {
+        const float e = expf(ExactScoreAt<D, kK>(a, seq, b.lh, b.t, b.first_head + h, j) - st.m[h]);
+        const bool kept = e > st.thr[h];
+        ev[h] = kept ? e : 0.0f;
+        keep |= unsigned(kept) << h;
+        str |= unsigned(e > a.theta.retain_factor * st.thr[h]) << h;
+      }
     }
   }
+  *strong = str;
+  return keep;
 }
 
 // Pass 2's kept list names a V row by its index in the pool (page · block_size + slot), with
@@ -521,8 +646,8 @@ constexpr int kRowsPerBatch = 4;
 // Top-θ pass 2 over one split: positions [j0, j0 + chunk) for hit marks and the retained
 // count, and stored V rows [i0, i0 + chunk) (sparse store first, then the host store, then the
 // tail) for the
-// gather of retained rows. kStaged: pass 1 read K staged (ExactScore follows its order).
-template <int D, int GT, bool kStaged>
+// gather of retained rows. kK: how pass 1 read K (ExactScore follows its order).
+template <int D, int GT, KLoad kK>
 __global__ void __launch_bounds__(kThreads, (GT > 0 && GT <= 4) ? 8 : 4) SplitPass2Kernel(SplitArgs a) {
   constexpr int kG = GT > 0 ? GT : kMaxGroup;  // compile-time group size when known
   extern __shared__ float smem[];
@@ -545,6 +670,9 @@ __global__ void __launch_bounds__(kThreads, (GT > 0 && GT <= 4) ? 8 : 4) SplitPa
       st.m[h] = m;
       st.off[h] = a.ws.part_m[PartIndex(a, r, first_head + h, split)] - m;
       st.thr[h] = thr;
+      const float retain = a.theta.retain_factor * thr;
+      st.log_thr[h] = thr > 0.0f ? logf(thr) : -INFINITY;
+      st.log_retain[h] = retain > 0.0f ? logf(retain) : -INFINITY;
       st.inv_d[h] = 1.0f / d_full;
       if (split == 0) {
         float* stat = a.ws.row_stat + (r * a.kv.shape.num_heads + first_head + h) * 3;
@@ -562,6 +690,7 @@ __global__ void __launch_bounds__(kThreads, (GT > 0 && GT <= 4) ? 8 : 4) SplitPa
   const int64_t stride = a.ws.score_stride;
   const int lane = threadIdx.x & 31;
   const int32_t step = kRowsPerBatch * blockDim.x;
+  const Divisor chunk(a.chunk);
 
   // Positions: any head of the group keeps j -> retained, and the hit mark. Without a
   // sparse store (tail at 0) stored rows are the positions, and the gather loop below does
@@ -589,21 +718,16 @@ __global__ void __launch_bounds__(kThreads, (GT > 0 && GT <= 4) ? 8 : 4) SplitPa
         if (jl >= n) continue;
         const int32_t j = j0 + jl;
         float ev[kG];
-        RowE<D, kG, kStaged>(a, blk, seq, G, j, q[b], st, ev);
-        bool any = false, strong = false;
+        unsigned strong_heads;
+        const unsigned kept =
+            RowKeep<D, kG, kK>(a, blk, seq, chunk, G, j, q[b], st, ev, &strong_heads);
+        const bool strong = strong_heads != 0;
         float mass = 0.0f;
 #pragma unroll
         for (int h = 0; h < kG; ++h) {
-          if (h < G) {
-            const float e = ev[h];
-            if (e > st.thr[h]) {
-              any = true;
-              mass += e * st.inv_d[h];
-            }
-            strong |= e > a.theta.retain_factor * st.thr[h];
-          }
+          if (kept >> h & 1u) mass += ev[h] * st.inv_d[h];
         }
-        if (any) {
+        if (kept) {
           ++retained;
           if (j >= mark_from) {
             if (hits && strong) atomicMax(hits + (j - mark_from), row.pos);
@@ -616,7 +740,11 @@ __global__ void __launch_bounds__(kThreads, (GT > 0 && GT <= 4) ? 8 : 4) SplitPa
   }
 
   // Stored V rows: the sparse store's rows below the tail, then the host store's, then the tail.
-  const int32_t bs = a.kv.layout.block_size;
+  // The tables' rows of this (layer, KV head), read from the sequence once.
+  const Divisor bs(a.kv.layout.block_size);
+  const int32_t* v_pages =
+      seq.pages.v_pages ? seq.pages.v_pages + lh * seq.pages.stride : nullptr;
+  const int32_t v_tail_start = seq.pages.v_tail_start;
   const int32_t sparse_n = seq.pages.SparseCount(lh);
   const int32_t* sparse_pos =
       sparse_n ? seq.pages.v_sparse_pos + lh * seq.pages.sparse_pos_stride : nullptr;
@@ -626,6 +754,8 @@ __global__ void __launch_bounds__(kThreads, (GT > 0 && GT <= 4) ? 8 : 4) SplitPa
     if (sparse_pos[mid] < tail) lo = mid + 1; else hi = mid;
   }
   const int32_t sparse_vis = lo;
+  const int32_t* sparse_pages =
+      sparse_n ? seq.pages.v_sparse_pages + lh * seq.pages.sparse_stride : nullptr;
   // Then the host store's rows below the tail (the offload policy), read from host memory.
   const int32_t host_n = seq.pages.HostCount(lh);
   const int32_t* host_pos = host_n ? seq.pages.v_host_pos + lh * seq.pages.host_pos_stride : nullptr;
@@ -636,6 +766,8 @@ __global__ void __launch_bounds__(kThreads, (GT > 0 && GT <= 4) ? 8 : 4) SplitPa
     if (host_pos[mid] < tail) lo = mid + 1; else hi = mid;
   }
   const int32_t host_vis = lo;
+  const int32_t* host_pages =
+      host_n ? seq.pages.v_host_pages + lh * seq.pages.host_stride : nullptr;
   const int32_t below = sparse_vis + host_vis;  // stored rows before the tail's
   const int32_t stored = below + (L - tail);
   const int32_t i0 = split * a.chunk;
@@ -668,20 +800,20 @@ __global__ void __launch_bounds__(kThreads, (GT > 0 && GT <= 4) ? 8 : 4) SplitPa
       uint32_t host_bit = 0;
       if (i < sparse_vis) {
         jb[b] = sparse_pos[i];
-        page = seq.pages.v_sparse_pages[lh * seq.pages.sparse_stride + i / bs];
-        slot = i % bs;
+        page = sparse_pages[bs.Div(i)];
+        slot = bs.Mod(i);
       } else if (i < below) {
         const int32_t h = i - sparse_vis;
         jb[b] = host_pos[h];
-        page = seq.pages.v_host_pages[lh * seq.pages.host_stride + h / bs];
-        slot = h % bs;
+        page = host_pages[bs.Div(h)];
+        slot = bs.Mod(h);
         host_bit = kHostRow;
       } else {
         jb[b] = tail + (i - below);
-        page = seq.pages.VPage(lh, jb[b], bs);
-        slot = jb[b] % bs;
+        page = v_pages[bs.Div(jb[b] - v_tail_start)];
+        slot = bs.Mod(jb[b]);
       }
-      pool_row[b] = (uint32_t(page) * uint32_t(bs) + uint32_t(slot)) | host_bit;
+      pool_row[b] = (uint32_t(page) * uint32_t(bs.d) + uint32_t(slot)) | host_bit;
     }
 #pragma unroll
     for (int b = 0; b < kRowsPerBatch; ++b) {
@@ -691,21 +823,24 @@ __global__ void __launch_bounds__(kThreads, (GT > 0 && GT <= 4) ? 8 : 4) SplitPa
 #pragma unroll
     for (int b = 0; b < kRowsPerBatch; ++b) {
       const int32_t j = jb[b];
-      float ev[kG];
+      float ev[kG];  // 0 where a head drops j: no weight, no mass
       bool any = false, strong = false;
       if (j >= 0) {
-        RowE<D, kG, kStaged>(a, blk, seq, G, j, q[b], st, ev);
+        unsigned strong_heads;
+        const unsigned kept =
+            RowKeep<D, kG, kK>(a, blk, seq, chunk, G, j, q[b], st, ev, &strong_heads);
 #pragma unroll
         for (int h = 0; h < kG; ++h) {
-          if (h < G && ev[h] > st.thr[h]) {
+          if (kept >> h & 1u) {
             dk[h] += ev[h];
             kc[h] += 1.0f;
-            any = true;
-            strong |= ev[h] > a.theta.retain_factor * st.thr[h];
-          } else {
-            ev[h] = 0.0f;  // dropped by this head: no weight, no mass
           }
         }
+        any = kept != 0;
+        strong = (kept & strong_heads) != 0;
+      } else {
+#pragma unroll
+        for (int h = 0; h < kG; ++h) ev[h] = 0.0f;
       }
       const unsigned kept = __ballot_sync(0xffffffffu, any);
       const int k = warp * seg + listed + __popc(kept & ((1u << lane) - 1u));
@@ -969,6 +1104,19 @@ __global__ void __launch_bounds__(128) PrefillKernel(PrefillArgs a) {
   }
 }
 
+template <int D>
+void LaunchExactScoresOf(KLoad k, dim3 grid, const SplitArgs& a, int32_t max_len, float* out,
+                         cudaStream_t stream) {
+  constexpr KLoad kThread = KLoad::kPerThread, kStaged = KLoad::kStaged, kQuadK = KLoad::kQuad;
+  if constexpr (CanStage(D)) {
+    if (k == kStaged) ExactScoresKernel<D, kStaged><<<grid, kThreads, 0, stream>>>(a, max_len, out);
+    if (k == kQuadK) ExactScoresKernel<D, kQuadK><<<grid, kThreads, 0, stream>>>(a, max_len, out);
+  }
+  if (!CanStage(D) || k == kThread) {
+    ExactScoresKernel<D, kThread><<<grid, kThreads, 0, stream>>>(a, max_len, out);
+  }
+}
+
 // Dynamic shared memory of pass 1 (staged or not) and pass 2.
 size_t SplitSmemBytes(int D, int G, int chunk, bool staged) {
   const size_t area = size_t(SplitAreaFloats(D, G, chunk)) * sizeof(float);
@@ -985,16 +1133,18 @@ cudaError_t RunSplit(const SplitArgs& a, int32_t num_rows, const SplitPlan& plan
   const int32_t G = a.kv.shape.num_heads / a.kv.shape.num_kv_heads;
   const dim3 grid(plan.max_splits, num_rows, a.kv.shape.num_kv_heads);
   const size_t pass2_smem = SplitSmemBytes(D, G, plan.chunk, false);
+  const size_t pass1_smem = SplitSmemBytes(D, G, plan.chunk, plan.k_load == KLoad::kStaged);
+  const KLoad k_load = CanStage(D) ? plan.k_load : KLoad::kPerThread;
+  auto run = [&](auto k) {
+    constexpr KLoad kK = decltype(k)::value;
+    SplitPass1Kernel<D, GT, kK><<<grid, kThreads, pass1_smem, stream>>>(a);
+    if (a.top_theta) SplitPass2Kernel<D, GT, kK><<<grid, kThreads, pass2_smem, stream>>>(a);
+  };
   if constexpr (CanStage(D)) {
-    if (plan.k_load == KLoad::kStaged) {
-      SplitPass1Kernel<D, GT, true><<<grid, kThreads, SplitSmemBytes(D, G, plan.chunk, true), stream>>>(a);
-      if (a.top_theta) SplitPass2Kernel<D, GT, true><<<grid, kThreads, pass2_smem, stream>>>(a);
-    }
+    if (k_load == KLoad::kStaged) run(std::integral_constant<KLoad, KLoad::kStaged>{});
+    if (k_load == KLoad::kQuad) run(std::integral_constant<KLoad, KLoad::kQuad>{});
   }
-  if (!CanStage(D) || plan.k_load != KLoad::kStaged) {
-    SplitPass1Kernel<D, GT, false><<<grid, kThreads, SplitSmemBytes(D, G, plan.chunk, false), stream>>>(a);
-    if (a.top_theta) SplitPass2Kernel<D, GT, false><<<grid, kThreads, pass2_smem, stream>>>(a);
-  }
+  if (k_load == KLoad::kPerThread) run(std::integral_constant<KLoad, KLoad::kPerThread>{});
   if (a.top_theta) {
     ThetaCombineKernel<D><<<dim3(num_rows, a.kv.shape.num_heads), D, 0, stream>>>(a);
   } else {
@@ -1023,10 +1173,19 @@ cudaError_t DispatchGroup(int group, const SplitArgs& a, int32_t num_rows, const
 
 KLoad DefaultKLoad() {
   const char* v = std::getenv("THETASERVE_ATTN_K_LOAD");
-  return v && std::string(v) == "staged" ? KLoad::kStaged : KLoad::kPerThread;
+  const std::string name = v ? v : "";
+  if (name == "staged") return KLoad::kStaged;
+  if (name == "quad") return KLoad::kQuad;
+  return KLoad::kPerThread;
 }
 
-const char* KLoadName(KLoad k) { return k == KLoad::kStaged ? "staged" : "thread"; }
+const char* KLoadName(KLoad k) {
+  switch (k) {
+    case KLoad::kStaged: return "staged";
+    case KLoad::kQuad: return "quad";
+    default: return "thread";
+  }
+}
 
 SplitPlan PlanSplits(int64_t num_rows, const AttnShape& shape, int64_t max_len, int num_sms,
                      KLoad k_load) {
@@ -1095,18 +1254,11 @@ cudaError_t LaunchExactScores(const int32_t* row_ids, int32_t num_rows, const De
   const AttnShape& shape = kv.shape;
   SplitArgs a{row_ids, kv, pool, q, 0, {}, {}, true, nullptr};
   const dim3 grid(num_rows, shape.num_heads);
-  const bool staged = k_load == KLoad::kStaged && CanStage(shape.head_dim);
   switch (shape.head_dim) {
-    case 16: ExactScoresKernel<16, false><<<grid, kThreads, 0, stream>>>(a, max_len, out); break;
-    case 32: ExactScoresKernel<32, false><<<grid, kThreads, 0, stream>>>(a, max_len, out); break;
-    case 64:
-      if (staged) ExactScoresKernel<64, true><<<grid, kThreads, 0, stream>>>(a, max_len, out);
-      else ExactScoresKernel<64, false><<<grid, kThreads, 0, stream>>>(a, max_len, out);
-      break;
-    case 128:
-      if (staged) ExactScoresKernel<128, true><<<grid, kThreads, 0, stream>>>(a, max_len, out);
-      else ExactScoresKernel<128, false><<<grid, kThreads, 0, stream>>>(a, max_len, out);
-      break;
+    case 16: LaunchExactScoresOf<16>(KLoad::kPerThread, grid, a, max_len, out, stream); break;
+    case 32: LaunchExactScoresOf<32>(KLoad::kPerThread, grid, a, max_len, out, stream); break;
+    case 64: LaunchExactScoresOf<64>(k_load, grid, a, max_len, out, stream); break;
+    case 128: LaunchExactScoresOf<128>(k_load, grid, a, max_len, out, stream); break;
     default: return cudaErrorInvalidValue;
   }
   return cudaGetLastError();

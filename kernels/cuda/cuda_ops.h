@@ -134,9 +134,10 @@ struct AttentionWorkspace {
 enum class KLoad : int32_t {
   kPerThread,  // a thread per key, its 16-byte loads straight into registers
   kStaged,     // tiles of keys copied into shared memory with cp.async, two threads per key
-               // (head_dim 64 and 128; other sizes read per thread)
+  kQuad,       // four threads per key, each a quarter of the row, added with shuffles
+               // (staged and quad: head_dim 64 and 128; other sizes read per thread)
 };
-// THETASERVE_ATTN_K_LOAD=thread|staged, else kPerThread (the kernel measured on the H200).
+// THETASERVE_ATTN_K_LOAD=thread|staged|quad, else kPerThread (the kernel measured on the H200).
 KLoad DefaultKLoad();
 const char* KLoadName(KLoad k);
 

@@ -268,15 +268,15 @@ class AttentionCase {
     splits_ = att.plan().max_splits;
     chunk_ = att.plan().chunk;
     if (config.active()) ExpectExactScoresArePass1s(att, db, shape, q.get(), pool.get());
-    // Staged K where the head size allows it (64, 128), per thread otherwise.
+    // Staged or quad K where the head size allows it (64, 128), per thread otherwise.
     EXPECT_EQ(att.plan().k_load, d == 64 || d == 128 ? k_load_ : KLoad::kPerThread);
   }
 
   // Pass 2 decides rows near a threshold on ExactScore, which must be pass 1's f32 score bit
-  // for bit (same products, same order, per thread or staged) for the GPU to keep exactly the
-  // rows the f32 scores keep. Checked directly, for every row and head of the last launch:
-  // the exact scores' max over each split is pass 1's split max, bit for bit, and encoding
-  // them below it gives pass 1's 16-bit scores.
+  // for bit (same products, same order: per thread, staged or per quad) for the GPU to keep
+  // exactly the rows the f32 scores keep. Checked directly, for every row and head of the last
+  // launch: the exact scores' max over each split is pass 1's split max, bit for bit, and
+  // encoding them below it gives pass 1's 16-bit scores.
   void ExpectExactScoresArePass1s(const CudaAttention& att, const DeviceBatch& db,
                                   const AttnShape& shape, const float* q, const uint16_t* pool) {
     const AttentionWorkspace& ws = att.workspace();
@@ -384,12 +384,16 @@ class AttentionCase {
             m = std::max(m, x[j]);
           }
           for (int32_t j = 0; j < L; ++j) den += std::exp(x[j] - m);
+          // The keep threshold and, for hit marks, the retain threshold (e > r · thr).
+          const double r = config.retain_factor;
+          const double thetas[2] = {theta, post ? r * theta : theta + std::log(r)};
+          auto near = [&](double v, double th) {
+            return std::fabs(v - th) <= 1e-5 * std::max(post ? 0.0 : 1.0, std::fabs(th));
+          };
           for (int32_t j = 0; j < L; ++j) {
             const double p = std::exp(x[j] - m) / den;
             const double v = post ? p : x[j];
-            if (std::fabs(v - theta) > 1e-5 * std::max(post ? 0.0 : 1.0, std::fabs(double(theta)))) {
-              continue;
-            }
+            if (!near(v, thetas[0]) && !(r != 1.0 && near(v, thetas[1]))) continue;
             ++a.total;
             // Marks and mass are kept from hits_begin on: entry j - hits_begin of the table.
             if (j < c.pages.hits_begin) continue;
@@ -446,6 +450,14 @@ class AttentionCase {
   }
 
   const AttentionStats& cpu_stats() const { return cpu_stats_; }
+  // Hit marks the CPU side set, over every sequence and table.
+  int64_t cpu_marks() const {
+    int64_t n = 0;
+    for (const Seq& q : seqs_) {
+      n += std::count_if(q.hits_cpu.begin(), q.hits_cpu.end(), [](int32_t v) { return v >= 0; });
+    }
+    return n;
+  }
   int32_t chunk() const { return chunk_; }
   // Σ of the CPU side's retained mass over every sequence and row.
   double total_mass() const {
@@ -502,10 +514,10 @@ model::ThetaTable MakeTable(const Shape& s, model::ThetaPlacement placement, int
   return t;
 }
 
-// Every case runs with pass 1 reading K per thread and staged through shared memory.
+// Every case runs with pass 1 reading K per thread, staged through shared memory, and per quad.
 class GpuAttentionTest : public ::testing::TestWithParam<KLoad> {};
 INSTANTIATE_TEST_SUITE_P(KLoad, GpuAttentionTest,
-                         ::testing::Values(KLoad::kPerThread, KLoad::kStaged),
+                         ::testing::Values(KLoad::kPerThread, KLoad::kStaged, KLoad::kQuad),
                          [](const ::testing::TestParamInfo<KLoad>& p) { return std::string(KLoadName(p.param)); });
 
 TEST_P(GpuAttentionTest, DenseDecodeAndPrefillMatchCpu) {
@@ -564,8 +576,8 @@ TEST_P(GpuAttentionTest, LargestChunksForBigHeadsAndGroups) {
     for (const TopThetaConfig& cfg : {TopThetaConfig{}, theta}) {
       AttentionCase c(s, {{2500, 1}, {1100, 1}}, seed, GetParam());
       c.RunAndExpectSame(cfg, cfg.table != nullptr);
-      // Per thread every shape here fits 1024-key chunks; staged, none does.
-      if (GetParam() == KLoad::kPerThread) {
+      // Per thread or quad every shape here fits 1024-key chunks; staged, none does.
+      if (GetParam() != KLoad::kStaged) {
         EXPECT_EQ(c.chunk(), 1024);
       } else {
         EXPECT_LT(c.chunk(), 1024);
@@ -614,6 +626,34 @@ TEST_P(GpuAttentionTest, TopThetaOverSparseVStoreMatchesCpu) {
   c.RunAndExpectSame(cfg, true);
   EXPECT_GT(c.cpu_stats().retained_but_evicted, 0);
   EXPECT_GT(c.total_mass(), 1.0) << "Top-θ recorded no retained mass";
+}
+
+// Hit marks with a retain factor (--retain-factor): a row is marked where some head keeps it
+// with e > r · threshold, a second threshold pass 2 tests beside the keep threshold, in the
+// positions loop (over a sparse store) and in the stored rows' loop (without one).
+TEST_P(GpuAttentionTest, TopThetaRetainFactorMarksMatchCpu) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  const uint64_t seed = testing::TestSeed();
+  SCOPED_TRACE("THETASERVE_SEED=" + std::to_string(seed));
+  const Shape s;
+  for (auto placement : {model::ThetaPlacement::kPreSoftmax, model::ThetaPlacement::kPostSoftmax}) {
+    SCOPED_TRACE(model::PlacementName(placement));
+    const model::ThetaTable table = MakeTable(s, placement, 16);
+    int64_t marks[2] = {0, 0};
+    for (int i = 0; i < 2; ++i) {
+      TopThetaConfig cfg;
+      cfg.table = &table;
+      // 8: the kept mode's scores (about 4 pre-softmax, 8.5/L post) straddle 8 θ (2 + ln 8,
+      // 8/L), so the factor splits the kept rows (MakeTable).
+      cfg.retain_factor = i == 0 ? 1.0f : 8.0f;
+      AttentionCase c(s, {{300, 1, 256}, {1200, 1}, {40, 30}}, seed, GetParam());
+      c.RunAndExpectSame(cfg, true);
+      marks[i] = c.cpu_marks();
+    }
+    // The factor takes marks away (some kept rows pass θ but not 8θ), not all of them.
+    EXPECT_GT(marks[1], 0);
+    EXPECT_LT(marks[1], marks[0]);
+  }
 }
 
 // The offload policy's host store: the rows the sparse store above drops are in the host pool
