@@ -74,15 +74,26 @@ scheduler::Request MakeRequest(const model::Model& model, int i, int prompt_toke
 absl::StatusOr<double> DecodeStepSeconds(scheduler::EngineConfig config, kernels::Backend& backend,
                                          const model::Model& model, int batch, int prompt_tokens,
                                          int max_tokens, const scheduler::SamplingParams* sampling) {
+  auto times = DecodeStepMedians(config, backend, model, batch, prompt_tokens, max_tokens, sampling);
+  if (!times.ok()) return times.status();
+  return times->step_seconds;
+}
+
+absl::StatusOr<DecodeStepTimes> DecodeStepMedians(scheduler::EngineConfig config,
+                                                  kernels::Backend& backend,
+                                                  const model::Model& model, int batch,
+                                                  int prompt_tokens, int max_tokens,
+                                                  const scheduler::SamplingParams* sampling) {
   config.scheduler.max_num_seqs = batch;
   auto engine = scheduler::Engine::Create(config, backend);
   if (!engine.ok()) return engine.status();
-  std::vector<double> steps;
+  std::vector<double> steps, forwards;
   std::mutex mu;
   (*engine)->SetObserver([&](const scheduler::EngineStats&, const scheduler::StepStats* s) {
     if (s && s->prefill_tokens == 0 && s->num_seqs == batch) {
       std::lock_guard<std::mutex> lock(mu);
       steps.push_back(s->seconds);
+      forwards.push_back(s->forward_seconds);
     }
   });
   auto sink = std::make_shared<CountingSink>();
@@ -99,7 +110,7 @@ absl::StatusOr<double> DecodeStepSeconds(scheduler::EngineConfig config, kernels
         "no decode step ran all ", batch, " sequences (the first ended before the last was "
         "prefilled): raise max_tokens above the prefill steps"));
   }
-  return Median(steps);
+  return DecodeStepTimes{Median(steps), Median(forwards)};
 }
 
 scheduler::SamplingParams TypicalSampling() {

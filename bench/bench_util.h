@@ -56,6 +56,18 @@ absl::StatusOr<double> DecodeStepSeconds(scheduler::EngineConfig config, kernels
                                          const model::Model& model, int batch, int prompt_tokens,
                                          int max_tokens,
                                          const scheduler::SamplingParams* sampling = nullptr);
+// The same steps' medians of the whole step and of its part up to the logits on the host
+// (StepStats::forward_seconds: the batch's tables and the backend's forward pass); the
+// difference is sampling and the engine's bookkeeping after it.
+struct DecodeStepTimes {
+  double step_seconds = 0;
+  double forward_seconds = 0;
+};
+absl::StatusOr<DecodeStepTimes> DecodeStepMedians(scheduler::EngineConfig config,
+                                                  kernels::Backend& backend,
+                                                  const model::Model& model, int batch,
+                                                  int prompt_tokens, int max_tokens,
+                                                  const scheduler::SamplingParams* sampling = nullptr);
 
 // The sampling the benchmarks time besides greedy: temperature 0.7, top-p 0.9.
 scheduler::SamplingParams TypicalSampling();

@@ -437,8 +437,10 @@ void EndToEnd(const std::string& path, const std::string& theta_path, const std:
   std::printf("bf16 weights on the device: %.1f MB\n", weight_bytes / 1e6);
   // graphs: CUDA graphs the first run captured (the step median leaves the captures' steps out;
   // later runs replay the backend's cached graphs where their keys match).
-  std::printf("%-8s %-8s %-8s %-12s %-12s %-10s %-8s\n", "mode", "prompt", "batch", "step ms",
-              "tokens/s", "weights bw", "graphs");
+  // fwd ms: the step up to its logits on the host (the batch's tables, the launches, the GPU,
+  // the copy back); host ms: the rest (sampling, the engine's bookkeeping).
+  std::printf("%-8s %-8s %-8s %-12s %-9s %-9s %-12s %-10s %-8s\n", "mode", "prompt", "batch",
+              "step ms", "fwd ms", "host ms", "tokens/s", "weights bw", "graphs");
   struct Shape {
     int prompt, max_tokens;
     std::vector<int> batches;
@@ -451,7 +453,7 @@ void EndToEnd(const std::string& path, const std::string& theta_path, const std:
       if (mode == 1) cfg.table = &*table;
       (*backend)->SetTopTheta(cfg);
       for (int B : shape.batches) {
-        std::vector<double> step_ms;
+        std::vector<double> step_ms, fwd_ms;
         int64_t graphs = ts::kernels::cuda::GraphsCaptured();
         // The prompts are prefilled 8192 tokens a step while the first ones already decode: each
         // sequence generates that many steps more, so that max_tokens steps run the whole batch
@@ -467,16 +469,18 @@ void EndToEnd(const std::string& path, const std::string& theta_path, const std:
                                    c.num_layers * c.kv_dim() * 2 * 2;
           config.kv_cache_bytes = std::max<int64_t>(int64_t(4) << 30, kv_bytes * 5 / 4);
           config.scheduler.max_num_batched_tokens = kStepTokens;
-          auto seconds = ts::bench::DecodeStepSeconds(config, **backend, **model, B, shape.prompt,
-                                                      max_tokens);
-          CHECK_OK(seconds.status());
-          step_ms.push_back(*seconds * 1e3);
+          auto times = ts::bench::DecodeStepMedians(config, **backend, **model, B, shape.prompt,
+                                                    max_tokens);
+          CHECK_OK(times.status());
+          step_ms.push_back(times->step_seconds * 1e3);
+          fwd_ms.push_back(times->forward_seconds * 1e3);
           if (rep == 0) graphs = ts::kernels::cuda::GraphsCaptured() - graphs;
         }
-        const double ms = Median(step_ms);
+        const double ms = Median(step_ms), fwd = Median(fwd_ms);
         const double bw = weight_bytes / (ms / 1e3) / copy_bw;
-        std::printf("%-8s %-8d %-8d %-12.3f %-12.0f %-10.3f %-8lld\n", mode ? "top-θ" : "dense",
-                    shape.prompt, B, ms, B / (ms / 1e3), bw, static_cast<long long>(graphs));
+        std::printf("%-8s %-8d %-8d %-12.3f %-9.3f %-9.3f %-12.0f %-10.3f %-8lld\n",
+                    mode ? "top-θ" : "dense", shape.prompt, B, ms, fwd, ms - fwd, B / (ms / 1e3), bw,
+                    static_cast<long long>(graphs));
         std::fflush(stdout);
         char buf[96];
         std::snprintf(buf, sizeof buf, "%.0f tok/s (%.3f ms/step, weights at %.0f%% of copy bw)", B / (ms / 1e3), ms, 100 * bw);
