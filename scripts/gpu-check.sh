@@ -10,10 +10,13 @@
 #   scripts/gpu-check.sh                    # configure + build (needs scripts/install-deps.sh)
 #   scripts/gpu-check.sh --prebuilt DIR     # binaries from scripts/gpu-pack.sh (DIR/bin, DIR/lib)
 #   scripts/gpu-check.sh --model FILE --theta FILE   # defaults: models/SmolLM2…gguf, none
+#   scripts/gpu-check.sh ... --ncu          # then Nsight Compute on Top-θ's kernels at 32k × 64
+# Files under $OUT (the device tool brings back 8): device.txt, tests.log (every test's output),
+# gpu-bench.log, gpu-bench-chunk512.log, cpu-attention.log, ncu.txt.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
-prebuilt="" model="models/SmolLM2-135M-Instruct.Q4_1.gguf" theta="" quick=0 only_model=0
+prebuilt="" model="models/SmolLM2-135M-Instruct.Q4_1.gguf" theta="" quick=0 only_model=0 ncu=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --prebuilt) prebuilt=$2; shift 2 ;;
@@ -21,11 +24,15 @@ while [ $# -gt 0 ]; do
     --theta) theta=$2; shift 2 ;;
     --quick) quick=1; shift ;;
     --only-model) only_model=1; shift ;;  # just the model's forward test and decode benchmark
+    --ncu) ncu=1; shift ;;
     *) echo "unknown flag $1" >&2; exit 2 ;;
   esac
 done
 out=${OUT:-$root/out/gpu-check}
 mkdir -p "$out"
+logs=$(mktemp -d)  # each test's log, joined into $out/tests.log
+trap 'rm -rf "$logs"' EXIT
+: >"$out/tests.log"
 start=$(date +%s)
 stamp() { echo "[gpu-check +$(( $(date +%s) - start ))s] $*"; }
 
@@ -63,7 +70,7 @@ if [ "$only_model" = 1 ]; then tests=(gpu_forward_test); filter='*SmolLM2*'; fi
 [ -f "$model" ] && tests+=(gpu_forward_test:staged gpu_forward_test:quad)
 for t in "${tests[@]}"; do
   stamp "test $t"
-  name=${t%%:*} log="$out/${t/:/-}.log" env=()
+  name=${t%%:*} log="$logs/${t/:/-}.log" env=()
   f=$filter
   [ "$t" != "$name" ] && env=(THETASERVE_ATTN_K_LOAD=${t#*:}) f='*SmolLM2*'
   timeout "${GPU_CHECK_TEST_TIMEOUT:-240}" env "${env[@]}" stdbuf -oL -eL "$bin/$name" --gtest_color=no --gtest_filter="$f" 2>&1 | tee "$log" | grep -E '^\[ +(OK|FAILED|SKIPPED) +\]|^\[ .* \]|Failure|error|THETASERVE_SEED' | head -60
@@ -73,6 +80,7 @@ for t in "${tests[@]}"; do
   skipped=$(grep -c '^\[  SKIPPED \] .* ms)$' "$log")
   result[$t]="rc $rc: $passed passed, $fails failed, $skipped skipped"
   [ "$rc" -ne 0 ] && failed=1
+  { echo "==== $t (rc $rc)"; cat "$log"; } >>"$out/tests.log"
 done
 
 stamp "benchmarks"
@@ -95,6 +103,29 @@ if [ "$only_model" = 0 ] && [ -x "$bin/thetaserve_attention_bench" ]; then
   stamp "CPU decode attention, all cores (split÷: whole rows' time over split rows')"
   timeout 60 "$bin/thetaserve_attention_bench" --kv-dtype f16 --contexts 4096,32768 --repeats 9 \
     2>&1 | tee "$out/cpu-attention.log"
+fi
+
+# Nsight Compute on Top-θ's three kernels at 32k × 64, for each way of reading K. The benchmark
+# runs, per way, dense (a warm-up and 5 timed runs of pass 1 + combine: 12 launches) then
+# Top-θ (6 runs of pass 1, pass 2, combine: 18): Top-θ's first run of way v starts at launch
+# 30·v + 12 of those the filter matches.
+if [ "$ncu" = 1 ] && [ "$only_model" = 0 ]; then
+  ncu_bin=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  if [ -n "$ncu_bin" ]; then
+    stamp "Nsight Compute: Top-θ at 32k × 64 ($ncu_bin)"
+    for v in 0 1 2; do
+      echo "==== K way $v (0 per thread, 1 staged, 2 quad)"
+      timeout 90 "$ncu_bin" --clock-control none --kernel-name regex:'SplitPass|Combine' \
+        --launch-skip $((30 * v + 12)) --launch-count 3 --section SpeedOfLight --section Occupancy \
+        --section LaunchStats --section WarpStateStats --section InstructionStats \
+        --section MemoryWorkloadAnalysis --section SourceCounters \
+        "$bin/thetaserve_gpu_bench" --contexts 32768 --batches 64 --repeats 1 --prefill "" \
+        --offload-contexts "" --model "" 2>&1
+    done >"$out/ncu.txt"
+    grep -E '^  void|Duration|DRAM Throughput|Compute \(SM\)' "$out/ncu.txt" | sed -E 's/\(unnamed>::SplitArgs\).*//'
+  else
+    stamp "Nsight Compute: ncu not found"
+  fi
 fi
 
 # A decode step whose graph cannot be captured falls back to direct launches and still passes:

@@ -3,10 +3,11 @@
 # checkout's tracked and untracked files plus what `carry` names. The packed binaries
 # (scripts/gpu-pack.sh, ~57 MB) and SmolLM2 (~98 MB) do not fit in one call, nor the binaries
 # beside the model's half, so they travel as xz bundles cut into parts, one folder .xfer/N per
-# call, each sized to what the checkout leaves of the limit. Call 1 brings the binaries (and the
-# θ file) and runs the check without the model, which holds the kernel figures the acceptance
-# names; the later calls bring the model and the last runs the model's tests and decode
-# benchmark. A warm machine keeps ignored paths between calls, and every call also copies its
+# call, each sized to what the checkout leaves of the limit (a part goes to the first call with
+# room). Call 1 brings the binaries (and the θ file) and runs the check without the model, which
+# holds the kernel figures the acceptance names, and Nsight Compute on Top-θ's kernels; the call
+# that completes the model runs the model's tests and decode benchmark (with a 10 MB pack, as
+# on 2026-12-04: two calls). A warm machine keeps ignored paths between calls, and every call also copies its
 # parts to /tmp there, so --unpack finds the earlier ones either way.
 #
 #   scripts/gpu-stage.sh [--pack DIR] [--model FILE] [--theta FILE]   # here: writes .xfer/, prints the calls
@@ -133,17 +134,25 @@ bundle devbin.tar.xz .devbin
 bundle model.tar.xz models
 rm -rf .xfer/stage
 
-# One folder per call, parts in order; a part joins the previous call's folder if both fit.
-# done_at[bundle]: the call that brings the bundle's last part.
+# One folder per call; each part, in order, goes to the first call with room for it (the
+# binaries first, so the kernel check runs in call 1; a small pack and the model's last part
+# then share it: two calls instead of three). done_at[bundle]: the call that brings the
+# bundle's last part.
 declare -A done_at=()
-call=0 used=$budget
+declare -a used=()
+call=0
 for p in "${parts[@]}"; do
   size=$(stat -c %s ".xfer/$p")
-  if [ $((used + size)) -gt "$budget" ]; then call=$((call + 1)) used=0; mkdir -p ".xfer/$call"; fi
-  mv ".xfer/$p" ".xfer/$call/"
-  cp ".xfer/${p%%.part-*}.sha256" ".xfer/$call/"
-  done_at[${p%%.part-*}]=$call
-  used=$((used + size))
+  at=0
+  for i in $(seq 1 "$call"); do
+    if [ $((used[i] + size)) -le "$budget" ]; then at=$i; break; fi
+  done
+  if [ "$at" = 0 ]; then call=$((call + 1)) at=$call used[$call]=0; mkdir -p ".xfer/$call"; fi
+  mv ".xfer/$p" ".xfer/$at/"
+  cp ".xfer/${p%%.part-*}.sha256" ".xfer/$at/"
+  b=${p%%.part-*}
+  [ "${done_at[$b]:-0}" -lt "$at" ] && done_at[$b]=$at
+  used[$at]=$((used[at] + size))
 done
 rm -f .xfer/*.sha256
 devbin_id=$(basename -s .sha256 .xfer/*/devbin.tar.xz.*.sha256 | head -1)
@@ -159,9 +168,9 @@ for i in $(seq 1 "$call"); do
   size=$(du -cb ".xfer/$i" | tail -1 | cut -f1)
   cmd="bash scripts/gpu-stage.sh --unpack"
   if [ "$i" = "${done_at[$devbin_id]}" ] && [ "$i" = "${done_at[$model_id]}" ]; then
-    cmd="$cmd --need $devbin_id $model_id && bash scripts/gpu-check.sh --prebuilt .devbin$theta_flag"
+    cmd="$cmd --need $devbin_id $model_id && bash scripts/gpu-check.sh --prebuilt .devbin --ncu$theta_flag"
   elif [ "$i" = "${done_at[$devbin_id]}" ]; then
-    cmd="$cmd --need $devbin_id && bash scripts/gpu-check.sh --prebuilt .devbin$theta_flag"
+    cmd="$cmd --need $devbin_id && bash scripts/gpu-check.sh --prebuilt .devbin --ncu$theta_flag"
   elif [ "$i" = "${done_at[$model_id]}" ]; then
     cmd="$cmd --need $devbin_id $model_id && bash scripts/gpu-check.sh --prebuilt .devbin --only-model$theta_flag"
   fi
