@@ -87,13 +87,14 @@ absl::StatusOr<DecodeStepTimes> DecodeStepMedians(scheduler::EngineConfig config
   config.scheduler.max_num_seqs = batch;
   auto engine = scheduler::Engine::Create(config, backend);
   if (!engine.ok()) return engine.status();
-  std::vector<double> steps, forwards;
+  std::vector<double> steps, forwards, hosts;
   std::mutex mu;
   (*engine)->SetObserver([&](const scheduler::EngineStats&, const scheduler::StepStats* s) {
     if (s && s->prefill_tokens == 0 && s->num_seqs == batch) {
       std::lock_guard<std::mutex> lock(mu);
       steps.push_back(s->seconds);
       forwards.push_back(s->forward_seconds);
+      hosts.push_back(s->seconds - s->forward_seconds);
     }
   });
   auto sink = std::make_shared<CountingSink>();
@@ -110,7 +111,7 @@ absl::StatusOr<DecodeStepTimes> DecodeStepMedians(scheduler::EngineConfig config
         "no decode step ran all ", batch, " sequences (the first ended before the last was "
         "prefilled): raise max_tokens above the prefill steps"));
   }
-  return DecodeStepTimes{Median(steps), Median(forwards)};
+  return DecodeStepTimes{Median(steps), Median(forwards), Median(hosts)};
 }
 
 scheduler::SamplingParams TypicalSampling() {

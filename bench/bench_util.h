@@ -62,6 +62,7 @@ absl::StatusOr<double> DecodeStepSeconds(scheduler::EngineConfig config, kernels
 struct DecodeStepTimes {
   double step_seconds = 0;
   double forward_seconds = 0;
+  double host_seconds = 0;  // median of each step's time after its logits
 };
 absl::StatusOr<DecodeStepTimes> DecodeStepMedians(scheduler::EngineConfig config,
                                                   kernels::Backend& backend,

@@ -604,9 +604,13 @@ __device__ __forceinline__ unsigned RowKeep(const SplitArgs& a, const SplitBlock
       const float off = sj == b.split
                             ? st.off[h]
                             : a.ws.part_m[PartIndex(a, b.r, b.first_head + h, sj)] - st.m[h];
+      // Steps past the threshold (> 0: kept); a threshold <= 0 (log −inf) keeps every row,
+      // also one of a split whose max is −inf (−inf − −inf would be NaN).
       const float qf = float(q[h]);
-      const float keep_by = (off - st.log_thr[h]) * kScoreSteps - qf;  // steps; > 0: kept
-      const float strong_by = (off - st.log_retain[h]) * kScoreSteps - qf;
+      const float keep_by =
+          st.log_thr[h] == -INFINITY ? INFINITY : (off - st.log_thr[h]) * kScoreSteps - qf;
+      const float strong_by =
+          st.log_retain[h] == -INFINITY ? INFINITY : (off - st.log_retain[h]) * kScoreSteps - qf;
       near |= fabsf(keep_by) <= kNearSteps || fabsf(strong_by) <= kNearSteps ||
               (q[h] == kSaturated && (keep_by >= -kNearSteps || strong_by >= -kNearSteps));
       if (keep_by > 0.0f) {
@@ -1133,8 +1137,8 @@ cudaError_t RunSplit(const SplitArgs& a, int32_t num_rows, const SplitPlan& plan
   const int32_t G = a.kv.shape.num_heads / a.kv.shape.num_kv_heads;
   const dim3 grid(plan.max_splits, num_rows, a.kv.shape.num_kv_heads);
   const size_t pass2_smem = SplitSmemBytes(D, G, plan.chunk, false);
-  const size_t pass1_smem = SplitSmemBytes(D, G, plan.chunk, plan.k_load == KLoad::kStaged);
   const KLoad k_load = CanStage(D) ? plan.k_load : KLoad::kPerThread;
+  const size_t pass1_smem = SplitSmemBytes(D, G, plan.chunk, k_load == KLoad::kStaged);
   auto run = [&](auto k) {
     constexpr KLoad kK = decltype(k)::value;
     SplitPass1Kernel<D, GT, kK><<<grid, kThreads, pass1_smem, stream>>>(a);

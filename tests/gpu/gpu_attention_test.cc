@@ -679,6 +679,35 @@ TEST_P(GpuAttentionTest, TopThetaOverAHostStoreMatchesCpu) {
   }
 }
 
+// Pages of 12 rows (--block-size takes any size): every page lookup divides by a block size
+// that is not a power of two (Divisor's division, not its shift), in pass 1's K reads (each
+// way), the staged copies, dense V, prefill, and pass 2's tail, sparse and host stores.
+TEST_P(GpuAttentionTest, BlockSizeNotAPowerOfTwoMatchesCpu) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  const uint64_t seed = testing::TestSeed();
+  SCOPED_TRACE("THETASERVE_SEED=" + std::to_string(seed));
+  const Shape s{2, 1, 9, 3, 64, 12};
+  {
+    AttentionCase c(s, {{37, 1}, {0, 70}, {130, 45}, {2100, 1}}, seed, GetParam());
+    c.RunAndExpectSame(TopThetaConfig{}, false);
+  }
+  const model::ThetaTable table = MakeTable(s, model::ThetaPlacement::kPostSoftmax, 16);
+  TopThetaConfig cfg;
+  cfg.table = &table;
+  for (bool host : {false, true}) {
+    SCOPED_TRACE(host ? "host store" : "sparse store");
+    // V tails start at multiples of 12; the first sequence keeps all of V.
+    std::vector<SeqSpec> specs = {{1500, 1}, {300, 1, 252}, {320, 20, 252}, {1200, 1, 1020}};
+    for (SeqSpec& sp : specs) sp.host = host && sp.v_tail_start > 0;
+    AttentionCase c(s, specs, seed, GetParam());
+    c.RunAndExpectSame(cfg, true);
+    if (host) {
+      EXPECT_GT(c.cpu_stats().v_rows_read_host, 0) << "no row was read from the host store";
+    }
+    EXPECT_GT(c.total_mass(), 1.0) << "Top-θ recorded no retained mass";
+  }
+}
+
 // An attention sink scores ~30 where the rest score ~0 and ~4: its split's other rows lie 26-30
 // nats below that split's max, past what the 16-bit scores between the passes hold. Pre-softmax
 // θ = 2 keeps the ~4 rows everywhere, those of the sink's split included; their saturated
