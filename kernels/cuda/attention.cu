@@ -95,6 +95,21 @@ __device__ __forceinline__ SplitBlock ThisSplit(const SplitArgs& a, int32_t G) {
   return b;
 }
 
+// acc[h] += q_h[c .. c + 8) · kf for the group's heads, one fmaf per element in order; q points
+// at element c of head 0's query in shared memory ([G, D]). Every way of reading K scores its
+// pieces with it (ExactScore repeats the order for one head).
+template <int D, int kG>
+__device__ __forceinline__ void AddPieceDots(float (&acc)[kG], const float* q,
+                                             const float (&kf)[8], int32_t G) {
+#pragma unroll
+  for (int h = 0; h < kG; ++h) {
+    if (h < G) {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) acc[h] = fmaf(q[h * D + e], kf[e], acc[h]);
+    }
+  }
+}
+
 // Scores of this block's keys for the group's heads: sc[h * chunk + jl] = q_h · k_j · scale.
 // A thread per key: eight independent 16-byte loads per key, two keys in flight. (Eight lanes
 // per key with coalesced 512-byte warp loads and shuffled dots measured ~20% slower on the
@@ -116,13 +131,7 @@ __device__ void ScoresPerThread(const SplitArgs& a, const DevSeq& seq, int64_t l
     for (int c = 0; c < D; c += 8) {
       float kf[8];
       LoadBf16x8(kr + c, kf);
-#pragma unroll
-      for (int h = 0; h < kG; ++h) {
-        if (h < G) {
-#pragma unroll
-          for (int e = 0; e < 8; ++e) acc[h] = fmaf(qs[h * D + c + e], kf[e], acc[h]);
-        }
-      }
+      AddPieceDots<D, kG>(acc, qs + c, kf, G);
     }
 #pragma unroll
     for (int h = 0; h < kG; ++h) {
@@ -182,13 +191,7 @@ __device__ void ScoresQuad(const SplitArgs& a, const DevSeq& seq, int64_t lh, in
         const int c = QuadPiece(s, i) * 8;
         float kf[8];
         Bf16x8ToF32(raw[u][i], kf);
-#pragma unroll
-        for (int h = 0; h < kG; ++h) {
-          if (h < G) {
-#pragma unroll
-            for (int e = 0; e < 8; ++e) acc[h] = fmaf(qs[h * D + c + e], kf[e], acc[h]);
-          }
-        }
+        AddPieceDots<D, kG>(acc, qs + c, kf, G);
       }
 #pragma unroll
       for (int h = 0; h < kG; ++h) {
@@ -297,13 +300,7 @@ __device__ void ScoresStaged(const SplitArgs& a, const DevSeq& seq, int64_t lh, 
         const int c = StagedPiece<D>(half, s);
         float kf[8];
         Bf16x8ToF32(row[c ^ (kl & 7)], kf);
-#pragma unroll
-        for (int h = 0; h < kG; ++h) {
-          if (h < G) {
-#pragma unroll
-            for (int e = 0; e < 8; ++e) acc[h] = fmaf(qs[h * D + c * 8 + e], kf[e], acc[h]);
-          }
-        }
+        AddPieceDots<D, kG>(acc, qs + c * 8, kf, G);
       }
     }
 #pragma unroll
