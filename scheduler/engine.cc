@@ -380,8 +380,16 @@ void Engine::RunStep(StepPlan& plan) {
   }
   attn_stats_.Reset(c.num_layers);
   kernels::ForwardBatch batch{tokens_, chunks_, false, &attn_stats_};
-  logits_.resize(kernels::NumLogitRows(batch) * c.vocab_size);
-  absl::Status st = backend_->Forward(batch, logits_.data());
+  // The backend's own logits memory where it has one (page-locked on a GPU), else ours.
+  const int64_t num_logits = kernels::NumLogitRows(batch) * c.vocab_size;
+  absl::StatusOr<float*> own = backend_->LogitsBuffer(num_logits);
+  if (!own.ok()) return FailStep(plan, own.status());
+  float* step_logits = *own;
+  if (step_logits == nullptr) {
+    logits_.resize(num_logits);
+    step_logits = logits_.data();
+  }
+  absl::Status st = backend_->Forward(batch, step_logits);
   const auto t1 = Clock::now();
   if (!st.ok()) return FailStep(plan, st);
   scheduler_.Commit(plan);
@@ -411,7 +419,7 @@ void Engine::RunStep(StepPlan& plan) {
     const ScheduledChunk& sc = plan.chunks[i];
     const kernels::SeqChunk& chunk = chunks_[i];
     if (chunk.all_logits) {
-      sc.seq->ScorePromptRows(logits_.data() + row * c.vocab_size, c.vocab_size, chunk.start_pos,
+      sc.seq->ScorePromptRows(step_logits + row * c.vocab_size, c.vocab_size, chunk.start_pos,
                               chunk.num_tokens);
     }
     row += kernels::LogitRows(batch, chunk);
@@ -426,7 +434,7 @@ void Engine::RunStep(StepPlan& plan) {
   auto sample = [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       auto [seq, row] = sample_rows_[i];
-      std::span<float> logits(logits_.data() + row * c.vocab_size, c.vocab_size);
+      std::span<float> logits(step_logits + row * c.vocab_size, c.vocab_size);
       samples_[i] = seq->sampler().Sample(logits, seq->request().prompt, seq->output(),
                                           seq->BannedTokens(),
                                           seq->GuidedTokens(vocab_bytes_,

@@ -162,7 +162,7 @@ class Engine {
   std::vector<std::pair<Sequence*, int64_t>> sample_rows_;  // (sequence, logits row)
   std::vector<SampleResult> samples_;  // [sample_rows_] this step's tokens
   std::vector<std::pair<std::unique_ptr<Sequence>, FinishInfo>> finished_;  // not yet told
-  std::vector<float> logits_;
+  std::vector<float> logits_;  // a step's logits where the backend has no LogitsBuffer
   std::vector<int32_t> tokens_;
   std::vector<kernels::SeqChunk> chunks_;
   kernels::AttentionStats attn_stats_;

@@ -66,7 +66,7 @@ absl::StatusOr<std::vector<float>> SequenceRunner::Append(std::span<const int32_
   }
   std::vector<float> out;
   if (all_logits) out.reserve(tokens.size() * vocab);
-  std::vector<float> logits;
+  std::vector<float> own;  // where the backend has no LogitsBuffer
   for (size_t begin = 0; begin < tokens.size(); begin += chunk) {
     const int64_t n = std::min<int64_t>(chunk, tokens.size() - begin);
     if (!pool_->CanAllocate(kv_->PagesNeeded(length_ + n))) {
@@ -82,17 +82,25 @@ absl::StatusOr<std::vector<float>> SequenceRunner::Append(std::span<const int32_
     seq.tables = TableVersionOf(*kv_);
     kernels::ForwardBatch batch{tokens.subspan(begin, n), std::span<const kernels::SeqChunk>(&seq, 1),
                                 all_logits, stats};
-    logits.resize(kernels::NumLogitRows(batch) * vocab);
-    absl::Status st = backend_->Forward(batch, logits.data());
+    const int64_t num_logits = kernels::NumLogitRows(batch) * vocab;
+    absl::StatusOr<float*> buffer = backend_->LogitsBuffer(num_logits);
+    if (!buffer.ok()) return buffer.status();
+    float* logits = *buffer;
+    if (logits == nullptr) {
+      own.resize(num_logits);
+      logits = own.data();
+    }
+    absl::Status st = backend_->Forward(batch, logits);
     if (!st.ok()) return st;
     length_ += n;
     if (policy_.enabled) {
       st = Compact();
       if (!st.ok()) return st;
     }
-    if (all_logits) out.insert(out.end(), logits.begin(), logits.end());
+    // The last chunk's logits, or every chunk's (the backend's buffer is reused each call).
+    if (!all_logits) out.clear();
+    out.insert(out.end(), logits, logits + num_logits);
   }
-  if (!all_logits) out = std::move(logits);
   return out;
 }
 

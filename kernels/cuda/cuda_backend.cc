@@ -161,6 +161,10 @@ class CudaBackend : public Backend {
   KvDtype kv_dtype() const override { return KvDtype::kBf16; }
   absl::Status AllocateKvPool(int64_t num_pages, int32_t block_size) override;
   absl::Status Forward(const ForwardBatch& batch, float* logits) override;
+  absl::StatusOr<float*> LogitsBuffer(int64_t floats) override {
+    if (absl::Status st = host_logits_.Reserve(size_t(floats) * sizeof(float)); !st.ok()) return st;
+    return reinterpret_cast<float*>(host_logits_.data());
+  }
   absl::Status AllocateHostPool(int64_t num_pages) override;
   absl::Status CopyKvRows(std::span<const KvRowCopy> copies) override {
     return RunRowCopies(copies, /*to_host=*/false);
@@ -217,6 +221,7 @@ class CudaBackend : public Backend {
   // Activations, grown to the largest step.
   DeviceBuffer x_, hb_, qkv_, attn_, attn_bf_, gu_, act_, vsum_rows_, logits_, logit_rows_;
   std::vector<int32_t> host_logit_rows_;
+  PinnedBuffer host_logits_;  // LogitsBuffer
   DeviceBuffer copies_;
   DeviceBuffer cublas_workspace_;
   // Decode steps replay CUDA graphs keyed by everything they depend on (THETASERVE_CUDA_GRAPHS=0
