@@ -155,12 +155,12 @@ void DecodeAttention(const std::vector<int>& contexts, const std::vector<int>& b
   CHECK_CUDA(cu::LaunchFillRandomBf16(pool, max_pages * full.PageElems(), 7, 1.0f, nullptr));
   std::printf("K per thread (thread), staged through shared memory (staged) or per quad of threads "
               "(quad); µs; ratio: dense ÷ top-θ; best: the fastest of each\n");
-  std::printf("%-8s %-6s %-8s %-8s %-8s %-8s %-8s %-8s %-7s %-7s %-7s %-7s %-7s %-10s %-8s\n", "context", "batch",
-              "dense", "dense", "dense", "top-θ", "top-θ", "top-θ", "ratio", "ratio", "ratio", "ratio", "V read",
-              "best dense", "of copy");
-  std::printf("%-8s %-6s %-8s %-8s %-8s %-8s %-8s %-8s %-7s %-7s %-7s %-7s %-7s %-10s %-8s\n", "", "",
+  std::printf("%-8s %-6s %-8s %-8s %-8s %-8s %-8s %-8s %-7s %-7s %-7s %-7s %-7s %-10s %-8s %-7s\n", "context",
+              "batch", "dense", "dense", "dense", "top-θ", "top-θ", "top-θ", "ratio", "ratio", "ratio", "ratio",
+              "V read", "best dense", "of copy", "auto");
+  std::printf("%-8s %-6s %-8s %-8s %-8s %-8s %-8s %-8s %-7s %-7s %-7s %-7s %-7s %-10s %-8s %-7s\n", "", "",
               "thread", "staged", "quad", "thread", "staged", "quad", "thread", "staged", "quad", "best", "", "GB/s",
-              "bw");
+              "bw", "picks");
   for (int L : contexts) {
     for (int B : batches) {
       const int blocks = (L + bs - 1) / bs;
@@ -226,15 +226,18 @@ void DecodeAttention(const std::vector<int>& contexts, const std::vector<int>& b
       const double bytes = 2.0 * L * d * 2 * kvh * B;  // K and V, bf16, read once
       const double gbs = bytes / (md[bd] / 1e3) / 1e9;
       const double read = double(stats.v_rows_read) / stats.v_rows_read_dense;
-      std::printf("%-8d %-6d %-8.1f %-8.1f %-8.1f %-8.1f %-8.1f %-8.1f %-7.2f %-7.2f %-7.2f %-7.2f %-7.3f %-10.0f %-8.2f\n",
+      // The way the server takes by default here (THETASERVE_ATTN_K_LOAD unset).
+      const char* picks = cu::KLoadName(cu::PlanSplits(B, shape, L, sms, cu::KLoad::kAuto).k_load);
+      std::printf("%-8d %-6d %-8.1f %-8.1f %-8.1f %-8.1f %-8.1f %-8.1f %-7.2f %-7.2f %-7.2f %-7.2f %-7.3f %-10.0f %-8.2f %-7s\n",
                   L, B, md[0] * 1e3, md[1] * 1e3, md[2] * 1e3, mt[0] * 1e3, mt[1] * 1e3, mt[2] * 1e3,
-                  md[0] / mt[0], md[1] / mt[1], md[2] / mt[2], md[bd] / mt[bt], read, gbs, gbs * 1e9 / copy_bw);
+                  md[0] / mt[0], md[1] / mt[1], md[2] / mt[2], md[bd] / mt[bt], read, gbs, gbs * 1e9 / copy_bw,
+                  picks);
       std::fflush(stdout);
       if (L == 32768) {
-        char buf[200];
-        std::snprintf(buf, sizeof buf, "dense %.1f us (%s), top-θ %.1f us (%s), ratio %.2f, dense at %.0f%% of copy bw (V read %.2f)",
+        char buf[256];
+        std::snprintf(buf, sizeof buf, "dense %.1f us (%s), top-θ %.1f us (%s), ratio %.2f, dense at %.0f%% of copy bw (V read %.2f; auto: %s)",
                       md[bd] * 1e3, cu::KLoadName(ways[bd]), mt[bt] * 1e3, cu::KLoadName(ways[bt]), md[bd] / mt[bt],
-                      100 * gbs * 1e9 / copy_bw, read);
+                      100 * gbs * 1e9 / copy_bw, read, picks);
         g_summary.push_back({"decode attn 32k, batch " + std::to_string(B), buf});
       }
     }

@@ -1177,13 +1177,15 @@ KLoad DefaultKLoad() {
   const std::string name = v ? v : "";
   if (name == "staged") return KLoad::kStaged;
   if (name == "quad") return KLoad::kQuad;
-  return KLoad::kPerThread;
+  if (name == "thread") return KLoad::kPerThread;
+  return KLoad::kAuto;
 }
 
 const char* KLoadName(KLoad k) {
   switch (k) {
     case KLoad::kStaged: return "staged";
     case KLoad::kQuad: return "quad";
+    case KLoad::kAuto: return "auto";
     default: return "thread";
   }
 }
@@ -1191,6 +1193,9 @@ const char* KLoadName(KLoad k) {
 SplitPlan PlanSplits(int64_t num_rows, const AttnShape& shape, int64_t max_len, int num_sms,
                      KLoad k_load) {
   SplitPlan plan;
+  if (k_load == KLoad::kAuto) {
+    k_load = num_rows * max_len >= kStagedFromKeys ? KLoad::kStaged : KLoad::kPerThread;
+  }
   plan.k_load = CanStage(shape.head_dim) ? k_load : KLoad::kPerThread;
   const int64_t units = std::max<int64_t>(1, num_rows * shape.num_kv_heads);
   // About four blocks per multiprocessor (THETASERVE_ATTN_BLOCKS_PER_SM changes it, for
@@ -1233,6 +1238,7 @@ cudaError_t LaunchSplitAttention(const int32_t* row_ids, int32_t num_rows, const
   if (num_rows == 0) return cudaSuccess;
   const AttnShape& shape = kv.shape;
   if (shape.num_heads / shape.num_kv_heads > kMaxGroup) return cudaErrorInvalidValue;
+  if (plan.k_load == KLoad::kAuto) return cudaErrorInvalidValue;  // PlanSplits resolves it
   SplitArgs a{row_ids, kv, pool, q, plan.chunk, ws, theta ? *theta : ThetaArgs{},
               theta != nullptr, o};
   // Group sizes are compile-time for the common head sizes (registers: the accumulators are
@@ -1251,7 +1257,7 @@ cudaError_t LaunchExactScores(const int32_t* row_ids, int32_t num_rows, const De
                               const bf16* pool, const DevQueries& q, KLoad k_load,
                               int32_t max_len, float* out, cudaStream_t stream) {
   if (num_rows == 0) return cudaSuccess;
-  if (num_rows > 65535 || max_len < 1) return cudaErrorInvalidValue;
+  if (num_rows > 65535 || max_len < 1 || k_load == KLoad::kAuto) return cudaErrorInvalidValue;
   const AttnShape& shape = kv.shape;
   SplitArgs a{row_ids, kv, pool, q, 0, {}, {}, true, nullptr};
   const dim3 grid(num_rows, shape.num_heads);

@@ -136,13 +136,20 @@ enum class KLoad : int32_t {
   kStaged,     // tiles of keys copied into shared memory with cp.async, two threads per key
   kQuad,       // four threads per key, each a quarter of the row, added with shuffles
                // (staged and quad: head_dim 64 and 128; other sizes read per thread)
+  kAuto,       // PlanSplits picks one of the above by the launch's size (kStagedFromKeys)
 };
-// THETASERVE_ATTN_K_LOAD=thread|staged|quad, else kPerThread (the kernel measured on the H200).
+// THETASERVE_ATTN_K_LOAD=thread|staged|quad|auto; kAuto when unset.
 KLoad DefaultKLoad();
+// kAuto stages K from this many keys per KV head a launch (rows × their longest length) up
+// and reads it per thread below: on the H200 (2026-12-04, docs/results.md) staged was the
+// faster of the two at every point measured from 65,536 up (dense 32k × 8: 83 vs 95 µs, 128k ×
+// 1: 72 vs 82 µs) and per thread at every point below (by 1–2 µs: 32k × 1, 4k × 8, 1k × 32).
+constexpr int64_t kStagedFromKeys = 65536;
 const char* KLoadName(KLoad k);
 
 // How a step's attention is split: `chunk` keys per block (a multiple of 64, at most 1024, and
-// small enough that pass 1's shared memory fits in 48 KB), and how pass 1 reads K.
+// small enough that pass 1's shared memory fits in 48 KB), and how pass 1 reads K (never kAuto:
+// PlanSplits resolves it).
 struct SplitPlan {
   int32_t chunk = 1024;
   int32_t max_splits = 1;

@@ -514,6 +514,23 @@ model::ThetaTable MakeTable(const Shape& s, model::ThetaPlacement placement, int
   return t;
 }
 
+// kAuto reads K per thread below kStagedFromKeys keys per KV head a launch (rows × longest
+// length), staged from there, and per thread where the head size has no staged kernel; an
+// explicit way stays as asked. (Host code: runs without a device.)
+TEST(SplitPlanTest, AutoKLoadStagesLargeLaunches) {
+  const AttnShape d64{9, 3, 64, 0.125f}, d32{4, 1, 32, 0.17f};
+  EXPECT_EQ(PlanSplits(1, d64, 32768, 132, KLoad::kAuto).k_load, KLoad::kPerThread);
+  EXPECT_EQ(PlanSplits(8, d64, 4096, 132, KLoad::kAuto).k_load, KLoad::kPerThread);
+  EXPECT_EQ(PlanSplits(1, d64, 65535, 132, KLoad::kAuto).k_load, KLoad::kPerThread);
+  EXPECT_EQ(PlanSplits(2, d64, 32768, 132, KLoad::kAuto).k_load, KLoad::kStaged);
+  EXPECT_EQ(PlanSplits(64, d64, 1024, 132, KLoad::kAuto).k_load, KLoad::kStaged);
+  EXPECT_EQ(PlanSplits(1, d64, 131072, 132, KLoad::kAuto).k_load, KLoad::kStaged);
+  EXPECT_EQ(PlanSplits(64, d32, 32768, 132, KLoad::kAuto).k_load, KLoad::kPerThread);
+  EXPECT_EQ(PlanSplits(64, d64, 32768, 132, KLoad::kQuad).k_load, KLoad::kQuad);
+  EXPECT_EQ(PlanSplits(1, d64, 64, 132, KLoad::kStaged).k_load, KLoad::kStaged);
+  EXPECT_EQ(PlanSplits(64, d64, 32768, 132, KLoad::kPerThread).k_load, KLoad::kPerThread);
+}
+
 // Every case runs with pass 1 reading K per thread, staged through shared memory, and per quad.
 class GpuAttentionTest : public ::testing::TestWithParam<KLoad> {};
 INSTANTIATE_TEST_SUITE_P(KLoad, GpuAttentionTest,
