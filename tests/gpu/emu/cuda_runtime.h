@@ -67,8 +67,10 @@ enum class ScheduleOrder { kForward, kReverse, kAlternate };
 void SetScheduleOrder(ScheduleOrder order);
 ScheduleOrder GetScheduleOrder();
 
-cudaError_t RunKernel(dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
-                      std::function<void()> body);
+// Runs (or, on a capturing stream, records) a launch of `kernel` (for its attributes) in
+// clusters of `cluster` blocks ((1, 1, 1): none).
+cudaError_t RunKernel(dim3 grid, dim3 block, size_t smem, cudaStream_t stream, const void* kernel,
+                      dim3 cluster, std::function<void()> body);
 
 // `kernel<<<grid, block, smem, stream>>>(args...)` becomes
 // `emu::Launch(grid, block, smem, stream)(kernel, args...)`.
@@ -76,16 +78,23 @@ struct Launch {
   dim3 grid, block;
   size_t smem;
   cudaStream_t stream;
+  dim3 cluster{1, 1, 1};
   Launch(dim3 g, dim3 b, size_t s = 0, cudaStream_t st = nullptr) : grid(g), block(b), smem(s), stream(st) {}
   template <typename... P, typename... A>
-  void operator()(void (*kernel)(P...), A&&... args) const {
+  cudaError_t operator()(void (*kernel)(P...), A&&... args) const {
     // Arguments are converted to the parameter types once, as a real launch copies them.
     std::function<void()> body = [kernel, tup = std::tuple<std::decay_t<P>...>(std::forward<A>(args)...)] {
       std::apply(kernel, tup);
     };
-    RunKernel(grid, block, smem, stream, std::move(body));
+    return RunKernel(grid, block, smem, stream, reinterpret_cast<const void*>(kernel), cluster,
+                     std::move(body));
   }
 };
+
+// The running block's place in its cluster (cooperative_groups.h) and the cluster barrier.
+void ClusterSync();
+unsigned ClusterBlockRank();
+unsigned ClusterNumBlocks();
 
 template <typename T>
 uint64_t ToBits(T v) {
@@ -102,6 +111,18 @@ T FromBits(uint64_t b) {
 }
 
 }  // namespace emu
+
+// An extended launch: its cluster dimension attribute is kept, any other attribute refused.
+template <typename... P, typename... A>
+cudaError_t cudaLaunchKernelEx(const cudaLaunchConfig_t* config, void (*kernel)(P...), A&&... args) {
+  emu::Launch launch(config->gridDim, config->blockDim, config->dynamicSmemBytes, config->stream);
+  for (unsigned i = 0; i < config->numAttrs; ++i) {
+    const cudaLaunchAttribute& at = config->attrs[i];
+    if (at.id != cudaLaunchAttributeClusterDimension) return cudaErrorInvalidValue;
+    launch.cluster = dim3(at.val.clusterDim.x, at.val.clusterDim.y, at.val.clusterDim.z);
+  }
+  return launch(kernel, std::forward<A>(args)...);
+}
 
 inline void __syncthreads() { emu::SyncThreads(); }
 inline void __syncwarp(unsigned = 0xffffffffu) { emu::SyncWarp(); }

@@ -68,6 +68,41 @@ struct dim3 {
   constexpr dim3(unsigned int vx = 1, unsigned int vy = 1, unsigned int vz = 1) : x(vx), y(vy), z(vz) {}
 };
 
+// Kernel attributes (cudaFuncSetAttribute): the opt-in above 48 KB of dynamic shared memory
+// (at most 227 KB, an H200's) is the only one the emulator keeps.
+enum cudaFuncAttribute {
+  cudaFuncAttributeMaxDynamicSharedMemorySize = 8,
+};
+// Extended launches (cudaLaunchKernelEx): thread block clusters are the only attribute here.
+enum cudaLaunchAttributeID {
+  cudaLaunchAttributeClusterDimension = 4,
+};
+union cudaLaunchAttributeValue {
+  struct {
+    unsigned int x, y, z;
+  } clusterDim;
+};
+struct cudaLaunchAttribute {
+  cudaLaunchAttributeID id;
+  cudaLaunchAttributeValue val;
+};
+struct cudaLaunchConfig_t {
+  dim3 gridDim;
+  dim3 blockDim;
+  size_t dynamicSmemBytes;
+  cudaStream_t stream;
+  cudaLaunchAttribute* attrs;
+  unsigned int numAttrs;
+};
+namespace emu {
+cudaError_t SetMaxDynamicShared(const void* kernel, int bytes);
+}  // namespace emu
+template <typename T>
+cudaError_t cudaFuncSetAttribute(T* kernel, cudaFuncAttribute attr, int value) {
+  if (attr != cudaFuncAttributeMaxDynamicSharedMemorySize) return cudaErrorInvalidValue;
+  return emu::SetMaxDynamicShared(reinterpret_cast<const void*>(kernel), value);
+}
+
 cudaError_t cudaGetDeviceCount(int* count);
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device);
 cudaError_t cudaSetDevice(int device);

@@ -76,8 +76,10 @@ namespace {
 constexpr size_t kStackBytes = size_t(256) << 10;
 constexpr size_t kGuardBytes = 4096;
 constexpr size_t kMaxDynamicShared = 48 << 10;  // without the opt-in attribute
+constexpr size_t kMaxDynamicSharedOptIn = 227 << 10;  // an H200's, with it
+constexpr unsigned kMaxClusterBlocks = 8;  // the portable cluster size
 
-enum class FiberState { kReady, kAtBlockBarrier, kAtWarpBarrier, kDone };
+enum class FiberState { kReady, kAtBlockBarrier, kAtWarpBarrier, kAtClusterBarrier, kDone };
 
 // A cp.async copy in flight: the bytes it will write at its wait.
 struct AsyncCopy {
@@ -110,9 +112,15 @@ struct Block {
   std::vector<uint64_t> slots;  // [warps, 32] values being exchanged
   const std::function<void()>* body = nullptr;
   std::vector<unsigned char> smem;
+  // Clusters (cooperative_groups.h): the block's index and rank, and its threads waiting at
+  // cluster.sync().
+  uint3 idx{};
+  unsigned rank = 0;
+  int cluster_arrived = 0;
 };
 
 thread_local Block* g_block = nullptr;
+unsigned g_cluster_blocks = 0;  // blocks per cluster of the running launch (0: no clusters)
 thread_local cudaError_t g_last_error = cudaSuccess;
 std::mutex g_launch_mutex;  // one block at a time: static __shared__ variables are global here
 
@@ -262,23 +270,27 @@ void* PrepareStack(char* top) {
 }
 
 const char* WaitSummary(const Block& b, char* buf, size_t n) {
-  int at_block = 0, at_warp = 0, done = 0;
+  int at_block = 0, at_warp = 0, at_cluster = 0, done = 0;
   for (const Fiber& f : b.fibers) {
     at_block += f.state == FiberState::kAtBlockBarrier;
     at_warp += f.state == FiberState::kAtWarpBarrier;
+    at_cluster += f.state == FiberState::kAtClusterBarrier;
     done += f.state == FiberState::kDone;
   }
-  std::snprintf(buf, n, "%d threads at __syncthreads, %d at a warp exchange, %d exited", at_block,
-                at_warp, done);
+  std::snprintf(buf, n,
+                "%d threads at __syncthreads, %d at a warp exchange, %d at cluster.sync(), %d exited",
+                at_block, at_warp, at_cluster, done);
   return buf;
 }
 
-void RunBlock(Block& b, dim3 block, bool reverse) {
+// Sets up the block's threads (fibers on stacks first_stack, first_stack + 1, ...), none run.
+void StartBlock(Block& b, dim3 block, bool reverse, size_t first_stack) {
   const int n = int(block.x * block.y * block.z);
   const int warps = (n + 31) / 32;
   b.fibers.assign(n, Fiber{});
   b.live = n;
   b.block_arrived = 0;
+  b.cluster_arrived = 0;
   b.warp_arrived.assign(warps, 0);
   b.warp_live.assign(warps, 0);
   b.slots.assign(size_t(warps) * 32, 0);
@@ -289,21 +301,73 @@ void RunBlock(Block& b, dim3 block, bool reverse) {
                   unsigned(i) / (block.x * block.y)};
     f.warp = i / 32;
     ++b.warp_live[f.warp];
-    f.sp = PrepareStack(StackTop(i));
+    f.sp = PrepareStack(StackTop(first_stack + i));
   }
-  // The fibers pass control among themselves and come back here only when none is ready.
   b.step = reverse ? -1 : 1;
-  b.current = reverse ? n - 1 : 0;
-  threadIdx = b.fibers[b.current].tid;
-  EmuSwitchContext(&b.sched_sp, b.fibers[b.current].sp);
-  if (b.live > 0) {
-    char buf[160];
-    std::fprintf(stderr,
-                 "emu: deadlock in block (%u, %u, %u): %s. A barrier or warp exchange is not "
-                 "reached by every live thread (threads started in %s order).\n",
-                 blockIdx.x, blockIdx.y, blockIdx.z, WaitSummary(b, buf, sizeof buf),
-                 reverse ? "reverse" : "index");
-    std::abort();
+}
+
+// Runs the block's ready threads (the first in its order first) until none is ready: all
+// exited, waiting at cluster.sync(), or deadlocked.
+void ResumeBlock(Block& b) {
+  const int n = int(b.fibers.size());
+  for (int k = 0; k < n; ++k) {
+    const int i = b.step > 0 ? k : n - 1 - k;
+    if (b.fibers[i].state != FiberState::kReady) continue;
+    // The fibers pass control among themselves and come back here only when none is ready.
+    b.current = i;
+    threadIdx = b.fibers[i].tid;
+    EmuSwitchContext(&b.sched_sp, b.fibers[i].sp);
+    return;
+  }
+}
+
+bool WaitsAtClusterBarrier(const Block& b) {
+  return b.live > 0 && b.cluster_arrived == b.live;
+}
+
+void Enter(Block& b) {
+  g_block = &b;
+  blockIdx = b.idx;
+}
+
+// Runs a cluster's blocks (a launch without clusters: one block) to their ends, in phases: each
+// block up to cluster.sync() (or its end) in rank order, then, once every block's live threads
+// wait there, the next phase. Stops the test on a deadlock inside a block, or when some of the
+// cluster's blocks end while the others wait at the barrier.
+void RunCluster(std::vector<Block>& blocks) {
+  for (;;) {
+    for (Block& b : blocks) {
+      Enter(b);
+      ResumeBlock(b);
+    }
+    size_t done = 0;
+    for (Block& b : blocks) {
+      if (b.live == 0) {
+        ++done;
+      } else if (!WaitsAtClusterBarrier(b)) {
+        char buf[200];
+        std::fprintf(stderr,
+                     "emu: deadlock in block (%u, %u, %u): %s. A barrier or warp exchange is not "
+                     "reached by every live thread (threads started in %s order).\n",
+                     b.idx.x, b.idx.y, b.idx.z, WaitSummary(b, buf, sizeof buf),
+                     b.step < 0 ? "reverse" : "index");
+        std::abort();
+      }
+    }
+    if (done == blocks.size()) return;
+    if (done > 0) {
+      std::fprintf(stderr,
+                   "emu: %zu of a cluster's %zu blocks (block (%u, %u, %u) first) ended while the "
+                   "others wait at cluster.sync()\n",
+                   done, blocks.size(), blocks[0].idx.x, blocks[0].idx.y, blocks[0].idx.z);
+      std::abort();
+    }
+    for (Block& b : blocks) {
+      for (Fiber& f : b.fibers) {
+        if (f.state == FiberState::kAtClusterBarrier) f.state = FiberState::kReady;
+      }
+      b.cluster_arrived = 0;
+    }
   }
 }
 
@@ -322,27 +386,41 @@ ScheduleOrder InitialOrder() {
 ScheduleOrder g_order = InitialOrder();
 uint64_t g_blocks_run = 0;  // under g_launch_mutex
 
-cudaError_t Execute(dim3 grid, dim3 block, size_t smem, const std::function<void()>& body) {
+cudaError_t Execute(dim3 grid, dim3 block, dim3 cluster, size_t smem,
+                    const std::function<void()>& body) {
   std::lock_guard<std::mutex> lock(g_launch_mutex);
-  Block b;
-  b.body = &body;
-  b.smem.resize(smem);
+  const unsigned blocks_per_cluster = cluster.x * cluster.y * cluster.z;
+  const size_t threads = size_t(block.x) * block.y * block.z;
+  std::vector<Block> blocks(blocks_per_cluster);
+  for (Block& b : blocks) {
+    b.body = &body;
+    b.smem.resize(smem);
+  }
   Block* outer = g_block;
-  g_block = &b;
+  const unsigned outer_cluster = g_cluster_blocks;
+  g_cluster_blocks = blocks_per_cluster;
   gridDim = grid;
   blockDim = block;
-  for (unsigned z = 0; z < grid.z; ++z) {
-    for (unsigned y = 0; y < grid.y; ++y) {
-      for (unsigned x = 0; x < grid.x; ++x) {
-        blockIdx = uint3{x, y, z};
-        const bool reverse = g_order == ScheduleOrder::kReverse ||
-                             (g_order == ScheduleOrder::kAlternate && g_blocks_run % 2 == 1);
-        ++g_blocks_run;
-        RunBlock(b, block, reverse);
+  for (unsigned z = 0; z < grid.z; z += cluster.z) {
+    for (unsigned y = 0; y < grid.y; y += cluster.y) {
+      for (unsigned x = 0; x < grid.x; x += cluster.x) {
+        for (unsigned r = 0; r < blocks_per_cluster; ++r) {
+          Block& b = blocks[r];
+          b.rank = r;
+          b.idx = uint3{x + r % cluster.x, y + r / cluster.x % cluster.y,
+                        z + r / (cluster.x * cluster.y)};
+          const bool reverse = g_order == ScheduleOrder::kReverse ||
+                               (g_order == ScheduleOrder::kAlternate && g_blocks_run % 2 == 1);
+          ++g_blocks_run;
+          Enter(b);
+          StartBlock(b, block, reverse, r * threads);
+        }
+        RunCluster(blocks);
       }
     }
   }
   g_block = outer;
+  g_cluster_blocks = outer_cluster;
   return cudaSuccess;
 }
 
@@ -392,6 +470,12 @@ cudaError_t Fail(cudaError_t e) {
   return e;
 }
 
+std::mutex g_attr_mutex;
+std::map<const void*, size_t>& MaxDynamicShared() {  // cudaFuncSetAttribute's opt-ins
+  static std::map<const void*, size_t> m;
+  return m;
+}
+
 }  // namespace
 
 void SyncThreads() {
@@ -432,6 +516,23 @@ uint64_t ExchangeInWarp(uint64_t bits, int src_lane) {
 }
 
 void* DynamicShared() { return g_block->smem.data(); }
+
+void ClusterSync() {
+  Block& b = *g_block;
+  Current().state = FiberState::kAtClusterBarrier;
+  ++b.cluster_arrived;
+  Yield();  // RunCluster releases the barrier when every block's live threads wait at it
+}
+
+unsigned ClusterBlockRank() { return g_block->rank; }
+unsigned ClusterNumBlocks() { return g_cluster_blocks; }
+
+cudaError_t SetMaxDynamicShared(const void* kernel, int bytes) {
+  if (bytes < 0 || size_t(bytes) > kMaxDynamicSharedOptIn) return Fail(cudaErrorInvalidValue);
+  std::lock_guard<std::mutex> lock(g_attr_mutex);
+  MaxDynamicShared()[kernel] = size_t(bytes);
+  return cudaSuccess;
+}
 
 }  // namespace emu
 
@@ -488,15 +589,29 @@ void EnqueueOnStream(cudaStream_t stream, std::function<void()> op) {
   }
 }
 
-cudaError_t RunKernel(dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
-                      std::function<void()> body) {
+cudaError_t RunKernel(dim3 grid, dim3 block, size_t smem, cudaStream_t stream, const void* kernel,
+                      dim3 cluster, std::function<void()> body) {
   const uint64_t threads = uint64_t(block.x) * block.y * block.z;
   if (threads == 0 || threads > 1024 || grid.x == 0 || grid.y == 0 || grid.z == 0 ||
       grid.y > 65535 || grid.z > 65535 || block.z > 64) {
     return Fail(cudaErrorInvalidConfiguration);
   }
-  if (smem > kMaxDynamicShared) return Fail(cudaErrorInvalidValue);
-  EnqueueOnStream(stream, [grid, block, smem, body = std::move(body)] { Execute(grid, block, smem, body); });
+  // Clusters: at most 8 blocks (the portable size), dividing the grid in each dimension.
+  const uint64_t cluster_blocks = uint64_t(cluster.x) * cluster.y * cluster.z;
+  if (cluster_blocks == 0 || cluster_blocks > kMaxClusterBlocks || grid.x % cluster.x != 0 ||
+      grid.y % cluster.y != 0 || grid.z % cluster.z != 0) {
+    return Fail(cudaErrorInvalidValue);
+  }
+  size_t limit = kMaxDynamicShared;
+  {
+    std::lock_guard<std::mutex> lock(g_attr_mutex);
+    auto it = MaxDynamicShared().find(kernel);
+    if (it != MaxDynamicShared().end()) limit = std::max(limit, it->second);
+  }
+  if (smem > limit) return Fail(cudaErrorInvalidValue);
+  EnqueueOnStream(stream, [grid, block, cluster, smem, body = std::move(body)] {
+    Execute(grid, block, cluster, smem, body);
+  });
   return cudaSuccess;
 }
 

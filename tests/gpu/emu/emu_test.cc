@@ -1,13 +1,16 @@
 // The CUDA emulator's own behaviour: barriers order shared memory, a missing barrier shows
 // (whichever of its two threads would run first: blocks alternate between orders), warp
 // exchanges, fresh NaN shared memory per block, launch-configuration errors, graph capture,
-// cp.async copies that land only at their wait, and a deadlock is reported rather than hung on.
+// cp.async copies that land only at their wait, a deadlock is reported rather than hung on, and
+// thread block clusters: what a block writes before cluster.sync() is there for the others
+// after it, and not before.
 #include <cmath>
 #include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
 // The emulator's device header (tests/gpu/emu), as kernels/cuda sees it in this build.
+#include "cooperative_groups.h"
 #include "cuda_pipeline.h"
 #include "cuda_runtime.h"
 
@@ -240,6 +243,87 @@ TEST(CudaEmulatorDeathTest, ExchangingWithAnExitedLaneIsReported) {
 TEST(CudaEmulatorDeathTest, DeadlockIsReported) {
   std::vector<float> out(64);
   EXPECT_DEATH(emu::Launch(1, 64)(DivergentKernel, out.data()), "emu: deadlock in block");
+}
+
+// Each block of a cluster writes its slot of `out` (global memory), then reads the next
+// block's (by rank, within the cluster) into `got`, with or without cluster.sync() between.
+void ClusterNeighbourKernel(float* out, float* got, bool sync) {
+  namespace cg = cooperative_groups;
+  const cg::cluster_group cluster = cg::this_cluster();
+  const unsigned rank = cluster.block_rank(), n = cluster.num_blocks();
+  const unsigned first = blockIdx.x - rank;  // the cluster's first block
+  if (threadIdx.x == 0) out[blockIdx.x] = float(blockIdx.x * 10 + 1);
+  if (sync) cluster.sync();
+  if (threadIdx.x == 0) got[blockIdx.x] = out[first + (rank + 1) % n];
+}
+
+TEST(CudaEmulatorTest, ClusterSyncOrdersTheClustersBlocksAndMissingOneShows) {
+  constexpr unsigned kBlocks = 12, kCluster = 4;
+  for (bool sync : {true, false}) {
+    std::vector<float> out(kBlocks, NAN), got(kBlocks, NAN);
+    cudaLaunchAttribute attr;
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = kCluster;
+    attr.val.clusterDim.y = attr.val.clusterDim.z = 1;
+    const cudaLaunchConfig_t config{dim3(kBlocks), dim3(64), 0, nullptr, &attr, 1};
+    ASSERT_EQ(cudaLaunchKernelEx(&config, ClusterNeighbourKernel, out.data(), got.data(), sync),
+              cudaSuccess);
+    int wrong = 0;
+    for (unsigned b = 0; b < kBlocks; ++b) {
+      const unsigned next = b / kCluster * kCluster + (b % kCluster + 1) % kCluster;
+      wrong += !(got[b] == float(next * 10 + 1));
+    }
+    // With the barrier every block reads its neighbour's value; without it, the blocks that
+    // run before their neighbour (all but each cluster's last) read what was there before.
+    EXPECT_EQ(wrong, sync ? 0 : int(kBlocks / kCluster * (kCluster - 1))) << "sync " << sync;
+  }
+}
+
+TEST(CudaEmulatorTest, ClusterAndSharedMemoryOptInLimits) {
+  std::vector<float> out(16), got(16);
+  cudaLaunchAttribute attr;
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim = {3, 1, 1};  // does not divide 16 blocks
+  cudaLaunchConfig_t config{dim3(16), dim3(32), 0, nullptr, &attr, 1};
+  EXPECT_EQ(cudaLaunchKernelEx(&config, ClusterNeighbourKernel, out.data(), got.data(), true),
+            cudaErrorInvalidValue);
+  attr.val.clusterDim = {16, 1, 1};  // more than the portable 8
+  EXPECT_EQ(cudaLaunchKernelEx(&config, ClusterNeighbourKernel, out.data(), got.data(), true),
+            cudaErrorInvalidValue);
+  cudaGetLastError();
+  // 64 KB of dynamic shared memory only after the kernel's opt-in, and never past 227 KB.
+  attr.val.clusterDim = {8, 1, 1};
+  config.dynamicSmemBytes = 64 << 10;
+  EXPECT_EQ(cudaLaunchKernelEx(&config, ClusterNeighbourKernel, out.data(), got.data(), true),
+            cudaErrorInvalidValue);
+  cudaGetLastError();
+  EXPECT_EQ(cudaFuncSetAttribute(ClusterNeighbourKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 228 << 10),
+            cudaErrorInvalidValue);
+  cudaGetLastError();
+  ASSERT_EQ(cudaFuncSetAttribute(ClusterNeighbourKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 64 << 10),
+            cudaSuccess);
+  EXPECT_EQ(cudaLaunchKernelEx(&config, ClusterNeighbourKernel, out.data(), got.data(), true),
+            cudaSuccess);
+  for (unsigned b = 0; b < 16; ++b) EXPECT_EQ(got[b], float((b / 8 * 8 + (b + 1) % 8) * 10 + 1));
+}
+
+// Block 0 of each cluster returns before the barrier the others wait at.
+void ClusterEarlyExitKernel(float* out) {
+  if (cooperative_groups::this_cluster().block_rank() == 0) return;
+  cooperative_groups::this_cluster().sync();
+  out[blockIdx.x] = 1.0f;
+}
+
+TEST(CudaEmulatorDeathTest, ABlockEndingWhileItsClusterWaitsIsReported) {
+  std::vector<float> out(4);
+  cudaLaunchAttribute attr;
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim = {4, 1, 1};
+  const cudaLaunchConfig_t config{dim3(4), dim3(32), 0, nullptr, &attr, 1};
+  EXPECT_DEATH(cudaLaunchKernelEx(&config, ClusterEarlyExitKernel, out.data()),
+               "ended while the others wait at cluster.sync");
 }
 
 }  // namespace
