@@ -154,11 +154,12 @@ void DecodeAttention(const std::vector<int>& contexts, const std::vector<int>& b
   CHECK_CUDA(cudaMalloc(&pool, max_pages * full.PageElems() * 2));
   CHECK_CUDA(cu::LaunchFillRandomBf16(pool, max_pages * full.PageElems(), 7, 1.0f, nullptr));
   std::printf("K per thread (thread), staged through shared memory (staged) or per quad of threads "
-              "(quad); µs; ratio: dense ÷ top-θ; best: the fastest of each\n");
-  std::printf("%-8s %-6s %-8s %-8s %-8s %-8s %-8s %-8s %-7s %-7s %-7s %-7s %-7s %-10s %-8s %-7s\n", "context",
-              "batch", "dense", "dense", "dense", "top-θ", "top-θ", "top-θ", "ratio", "ratio", "ratio", "ratio",
+              "(quad); top-θ: two kernels, fused: one launch of thread block clusters (rows up to 32k); "
+              "µs; ratio: the fastest dense ÷ the fastest top-θ or fused\n");
+  std::printf("%-8s %-6s %-8s %-8s %-8s %-8s %-8s %-8s %-8s %-8s %-8s %-7s %-7s %-10s %-8s %-7s\n", "context",
+              "batch", "dense", "dense", "dense", "top-θ", "top-θ", "top-θ", "fused", "fused", "fused", "ratio",
               "V read", "best dense", "of copy", "auto");
-  std::printf("%-8s %-6s %-8s %-8s %-8s %-8s %-8s %-8s %-7s %-7s %-7s %-7s %-7s %-10s %-8s %-7s\n", "", "",
+  std::printf("%-8s %-6s %-8s %-8s %-8s %-8s %-8s %-8s %-8s %-8s %-8s %-7s %-7s %-10s %-8s %-7s\n", "", "",
               "thread", "staged", "quad", "thread", "staged", "quad", "thread", "staged", "quad", "best", "", "GB/s",
               "bw", "picks");
   for (int L : contexts) {
@@ -194,19 +195,29 @@ void DecodeAttention(const std::vector<int>& contexts, const std::vector<int>& b
       const cu::KLoad ways[kWays] = {cu::KLoad::kPerThread, cu::KLoad::kStaged, cu::KLoad::kQuad};
       cu::CudaAttention dense[kWays] = {cu::CudaAttention(sms), cu::CudaAttention(sms), cu::CudaAttention(sms)};
       cu::CudaAttention theta[kWays] = {cu::CudaAttention(sms), cu::CudaAttention(sms), cu::CudaAttention(sms)};
+      cu::CudaAttention fused[kWays] = {cu::CudaAttention(sms), cu::CudaAttention(sms), cu::CudaAttention(sms)};
+      bool fits = true;  // the row fits a fused plan (else the fused columns are left out)
       for (int v = 0; v < kWays; ++v) {
         const cu::KLoad k = ways[v];
         dense[v].set_k_load(k);
         theta[v].set_k_load(k);
+        fused[v].set_k_load(k);
+        theta[v].set_theta_passes(cu::ThetaPasses::kSplit);
+        fused[v].set_theta_passes(cu::ThetaPasses::kFused);
         CHECK_OK(dense[v].Prepare(batch, db, shape, 1, dense_cfg, nullptr));
         CHECK_OK(theta[v].Prepare(batch, db, shape, 1, theta_cfg, nullptr));
+        CHECK_OK(fused[v].Prepare(batch, db, shape, 1, theta_cfg, nullptr));
+        fits &= fused[v].plan().fused;
       }
-      std::vector<double> td[kWays], tt[kWays];
+      std::vector<double> td[kWays], tt[kWays], tf[kWays];
       const int iters = L * B >= (1 << 20) ? 5 : 20;
       for (int r = 0; r < repeats; ++r) {  // alternate: noise hits all alike
         for (int v = 0; v < kWays; ++v) {
           td[v].push_back(TimeMs([&] { CHECK_OK(dense[v].Run(0, db, in.q, H * d, layout, pool, nullptr, in.out, nullptr)); }, iters, 1));
           tt[v].push_back(TimeMs([&] { CHECK_OK(theta[v].Run(0, db, in.q, H * d, layout, pool, in.vsum, in.out, nullptr)); }, iters, 1));
+          if (fits) {
+            tf[v].push_back(TimeMs([&] { CHECK_OK(fused[v].Run(0, db, in.q, H * d, layout, pool, in.vsum, in.out, nullptr)); }, iters, 1));
+          }
         }
       }
       // One more Top-θ run on fresh counters for the V rows read.
@@ -215,28 +226,35 @@ void DecodeAttention(const std::vector<int>& contexts, const std::vector<int>& b
       CHECK_OK(theta[0].Prepare(batch, db, shape, 1, theta_cfg, nullptr));
       CHECK_OK(theta[0].Run(0, db, in.q, H * d, layout, pool, in.vsum, in.out, nullptr));
       CHECK_OK(theta[0].Finish(&stats, nullptr));
-      double md[kWays], mt[kWays];
+      // mt: top-θ, two kernels [0, kWays) then fused [kWays, 2·kWays) (NaN where the row does
+      // not fit a fused plan).
+      double md[kWays], mt[2 * kWays];
       int bd = 0, bt = 0;  // the fastest of each
       for (int v = 0; v < kWays; ++v) {
         md[v] = Median(td[v]);
         mt[v] = Median(tt[v]);
+        mt[kWays + v] = fits ? Median(tf[v]) : NAN;
         if (md[v] < md[bd]) bd = v;
+      }
+      for (int v = 0; v < 2 * kWays; ++v) {
         if (mt[v] < mt[bt]) bt = v;
       }
+      const std::string best_theta =
+          std::string(cu::KLoadName(ways[bt % kWays])) + (bt >= kWays ? ", fused" : "");
       const double bytes = 2.0 * L * d * 2 * kvh * B;  // K and V, bf16, read once
       const double gbs = bytes / (md[bd] / 1e3) / 1e9;
       const double read = double(stats.v_rows_read) / stats.v_rows_read_dense;
       // The way the server takes by default here (THETASERVE_ATTN_K_LOAD unset).
       const char* picks = cu::KLoadName(cu::PlanSplits(B, shape, L, sms, cu::KLoad::kAuto).k_load);
-      std::printf("%-8d %-6d %-8.1f %-8.1f %-8.1f %-8.1f %-8.1f %-8.1f %-7.2f %-7.2f %-7.2f %-7.2f %-7.3f %-10.0f %-8.2f %-7s\n",
+      std::printf("%-8d %-6d %-8.1f %-8.1f %-8.1f %-8.1f %-8.1f %-8.1f %-8.1f %-8.1f %-8.1f %-7.2f %-7.3f %-10.0f %-8.2f %-7s\n",
                   L, B, md[0] * 1e3, md[1] * 1e3, md[2] * 1e3, mt[0] * 1e3, mt[1] * 1e3, mt[2] * 1e3,
-                  md[0] / mt[0], md[1] / mt[1], md[2] / mt[2], md[bd] / mt[bt], read, gbs, gbs * 1e9 / copy_bw,
+                  mt[3] * 1e3, mt[4] * 1e3, mt[5] * 1e3, md[bd] / mt[bt], read, gbs, gbs * 1e9 / copy_bw,
                   picks);
       std::fflush(stdout);
       if (L == 32768) {
         char buf[256];
         std::snprintf(buf, sizeof buf, "dense %.1f us (%s), top-θ %.1f us (%s), ratio %.2f, dense at %.0f%% of copy bw (V read %.2f; auto: %s)",
-                      md[bd] * 1e3, cu::KLoadName(ways[bd]), mt[bt] * 1e3, cu::KLoadName(ways[bt]), md[bd] / mt[bt],
+                      md[bd] * 1e3, cu::KLoadName(ways[bd]), mt[bt] * 1e3, best_theta.c_str(), md[bd] / mt[bt],
                       100 * gbs * 1e9 / copy_bw, read, picks);
         g_summary.push_back({"decode attn 32k, batch " + std::to_string(B), buf});
       }

@@ -8,6 +8,7 @@
 #include <string>
 #include <type_traits>
 
+#include <cooperative_groups.h>
 #include <cuda_pipeline.h>
 
 #include "kernels/cuda/common.cuh"
@@ -68,7 +69,8 @@ __device__ __forceinline__ uint16_t EncodeScore(float s, float m_split) {
   return static_cast<uint16_t>(fminf(65535.0f, fmaxf(0.0f, rintf((m_split - s) * kScoreSteps))));
 }
 
-// What a split-kernel block works on: grid (split, row, KV group).
+// What a split-kernel block works on: grid (split, row, KV group); a fused block, several
+// splits of its row in turn (SplitFusedKernel).
 struct SplitBlock {
   int64_t r;           // row of the batch (index into row_ids)
   int32_t t;           // token the row belongs to
@@ -81,13 +83,13 @@ struct SplitBlock {
   int64_t lh;          // page-table index (layer, KV head)
 };
 
-__device__ __forceinline__ SplitBlock ThisSplit(const SplitArgs& a, int32_t G) {
+__device__ __forceinline__ SplitBlock ThisSplit(const SplitArgs& a, int32_t G, int32_t split) {
   SplitBlock b;
   b.r = blockIdx.y;
   b.t = a.row_ids[b.r];
   b.row = a.kv.rows[b.t];
   b.L = b.row.pos + 1;
-  b.split = blockIdx.x;
+  b.split = split;
   b.j0 = b.split * a.chunk;
   b.g = blockIdx.z;
   b.first_head = b.g * G;
@@ -355,19 +357,15 @@ __device__ __forceinline__ void AccumulateV(float (&acc)[kG][8], const float (&v
 // Dense split: scores, chunk max and Σe, and Σ e·V over the chunk.
 // Top-θ pass 1: scores to the workspace (EncodeScore), chunk max and Σe; no V.
 // kK: how K is read (per thread, per quad, or staged: through shared memory, ScoresStaged,
-// its tiles after the scores). Its shared
-// memory holds it to 5 blocks per SM at 1024-key chunks (d 64, group 3) and 7 at 512, so it is
-// given the registers of 6 (80).
+// its tiles after the scores). One split's work; SplitPass1Kernel and SplitFusedKernel run it.
 template <int D, int GT, KLoad kK>
-__global__ void __launch_bounds__(kThreads,
-                                  (GT > 0 && GT <= 4) ? (kK == KLoad::kStaged ? 6 : 8) : 4)
-    SplitPass1Kernel(SplitArgs a) {
+__device__ __forceinline__ void SplitPass1(const SplitArgs& a, int32_t split_index) {
   constexpr int kG = GT > 0 ? GT : kMaxGroup;  // compile-time group size when known
   constexpr bool kStaged = kK == KLoad::kStaged;
   extern __shared__ __align__(16) float smem[];  // 16 bytes: cp.async and uint4 reads of the ring
   __shared__ float scratch[32];
   const int32_t G = GT > 0 ? GT : a.kv.shape.num_heads / a.kv.shape.num_kv_heads;
-  const auto [r, t, row, L, split, j0, g, first_head, lh] = ThisSplit(a, G);
+  const auto [r, t, row, L, split, j0, g, first_head, lh] = ThisSplit(a, G, split_index);
   if (j0 >= L) return;
   const DevSeq& seq = a.kv.seqs[row.seq];
   const int32_t n = min(a.chunk, L - j0);
@@ -452,6 +450,18 @@ __global__ void __launch_bounds__(kThreads,
     }
   }
   ReduceRowGroups<D, GT>(a, acc, G, sc, r, first_head, split);
+}
+
+// Staged K's shared memory holds pass 1 to 5 blocks per SM at 1024-key chunks (d 64, group 3)
+// and 7 at 512, so it is given the registers of 6 (80).
+template <int GT, KLoad kK>
+constexpr int Pass1MinBlocks() {
+  return (GT > 0 && GT <= 4) ? (kK == KLoad::kStaged ? 6 : 8) : 4;
+}
+
+template <int D, int GT, KLoad kK>
+__global__ void __launch_bounds__(kThreads, Pass1MinBlocks<GT, kK>()) SplitPass1Kernel(SplitArgs a) {
+  SplitPass1<D, GT, kK>(a, blockIdx.x);
 }
 
 // Top-θ between the passes: global max, D_full and the keep threshold of (row r, head) from
@@ -646,19 +656,19 @@ constexpr int kRowsPerBatch = 4;
 
 // Top-θ pass 2 over one split: positions [j0, j0 + chunk) for hit marks and the retained
 // count, and stored V rows [i0, i0 + chunk) (sparse store first, then the host store, then the
-// tail) for the
-// gather of retained rows. kK: how pass 1 read K (ExactScore follows its order).
+// tail) for the gather of retained rows. kK: how pass 1 read K (ExactScore follows its order).
+// One split's work; SplitPass2Kernel and SplitFusedKernel run it.
 template <int D, int GT, KLoad kK>
-__global__ void __launch_bounds__(kThreads, (GT > 0 && GT <= 4) ? 8 : 4) SplitPass2Kernel(SplitArgs a) {
+__device__ __forceinline__ void SplitPass2(const SplitArgs& a, int32_t split_index) {
   constexpr int kG = GT > 0 ? GT : kMaxGroup;  // compile-time group size when known
-  extern __shared__ float smem[];
+  extern __shared__ __align__(16) float smem[];
   constexpr int kWarps = kThreads / 32;
   __shared__ GroupStats<kG> st;
   __shared__ float s_dk[kWarps][kG], s_kc[kWarps][kG];  // per warp: summed in warp order
   __shared__ int s_kept[kWarps];                        // rows each warp listed
   __shared__ unsigned long long s_retained;
   const int32_t G = GT > 0 ? GT : a.kv.shape.num_heads / a.kv.shape.num_kv_heads;
-  const SplitBlock blk = ThisSplit(a, G);
+  const SplitBlock blk = ThisSplit(a, G, split_index);
   const auto& [r, t, row, L, split, j0, g, first_head, lh] = blk;
   if (j0 >= L) return;
   const DevSeq& seq = a.kv.seqs[row.seq];
@@ -930,6 +940,36 @@ __global__ void __launch_bounds__(kThreads, (GT > 0 && GT <= 4) ? 8 : 4) SplitPa
   }
 }
 
+template <int D, int GT, KLoad kK>
+__global__ void __launch_bounds__(kThreads, (GT > 0 && GT <= 4) ? 8 : 4) SplitPass2Kernel(SplitArgs a) {
+  SplitPass2<D, GT, kK>(a, blockIdx.x);
+}
+
+// Top-θ's two passes in one launch (SplitPlan::fused): a (row, KV group) is one thread block
+// cluster of gridDim.x blocks (at most 8), block b taking the row's splits b, b + gridDim.x, ...
+// (the split kernels' chunks and shared memory: 8 blocks per SM as theirs, where a cluster
+// holding a whole row's scores on chip ran 3 and lost, results.md). Pass 2 starts when
+// cluster.sync() says every split's partials and 16-bit scores are written (the barrier orders
+// the cluster's global writes before its reads) instead of at a kernel boundary: a row's scores
+// are read back while they are likely still in L2, and clusters test and gather while others
+// stream K, with no drain of the GPU between the passes. Every block reaches the barrier, also
+// one whose splits lie past its row's end.
+template <int D, int GT, KLoad kK>
+__global__ void __launch_bounds__(kThreads, Pass1MinBlocks<GT, kK>()) SplitFusedKernel(SplitArgs a) {
+  // (The barriers between one split and the next are not needed by the passes as they are —
+  // each first writes shared memory after a barrier that follows its last reads of it, and
+  // the emulated tests pass without them — and keep a change to either end from racing.)
+  for (int32_t split = blockIdx.x; split < a.ws.max_splits; split += gridDim.x) {
+    if (split != int32_t(blockIdx.x)) __syncthreads();
+    SplitPass1<D, GT, kK>(a, split);
+  }
+  cooperative_groups::this_cluster().sync();
+  for (int32_t split = blockIdx.x; split < a.ws.max_splits; split += gridDim.x) {
+    if (split != int32_t(blockIdx.x)) __syncthreads();
+    SplitPass2<D, GT, kK>(a, split);
+  }
+}
+
 // Dense reduction over splits: one block of D threads per (row, head).
 template <int D>
 __global__ void DenseCombineKernel(SplitArgs a) {
@@ -1127,6 +1167,24 @@ size_t SplitSmemBytes(int D, int G, int chunk, bool staged) {
 // 48 KB; the split kernels' static arrays take under 0.5 KB (pass 2's per-head and per-warp
 // sums at group 8), and the plan keeps dynamic memory 1 KB below the limit.
 constexpr size_t kMaxSmem = (48 << 10) - 1024;
+// Launches SplitFusedKernel: a cluster of up to kMaxClusterBlocks blocks per (row, KV group).
+template <int D, int GT, KLoad kK>
+cudaError_t LaunchFused(const SplitArgs& a, dim3 grid, size_t smem, cudaStream_t stream) {
+  grid.x = std::min<unsigned>(grid.x, kMaxClusterBlocks);
+  cudaLaunchAttribute cluster;
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim.x = grid.x;  // the row's blocks
+  cluster.val.clusterDim.y = 1;
+  cluster.val.clusterDim.z = 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  config.attrs = &cluster;
+  config.numAttrs = 1;
+  return cudaLaunchKernelEx(&config, SplitFusedKernel<D, GT, kK>, a);
+}
 
 template <int D, int GT>
 cudaError_t RunSplit(const SplitArgs& a, int32_t num_rows, const SplitPlan& plan,
@@ -1136,8 +1194,13 @@ cudaError_t RunSplit(const SplitArgs& a, int32_t num_rows, const SplitPlan& plan
   const size_t pass2_smem = SplitSmemBytes(D, G, plan.chunk, false);
   const KLoad k_load = CanStage(D) ? plan.k_load : KLoad::kPerThread;
   const size_t pass1_smem = SplitSmemBytes(D, G, plan.chunk, k_load == KLoad::kStaged);
+  cudaError_t launched = cudaSuccess;
   auto run = [&](auto k) {
     constexpr KLoad kK = decltype(k)::value;
+    if (a.top_theta && plan.fused) {
+      launched = LaunchFused<D, GT, kK>(a, grid, std::max(pass1_smem, pass2_smem), stream);
+      return;
+    }
     SplitPass1Kernel<D, GT, kK><<<grid, kThreads, pass1_smem, stream>>>(a);
     if (a.top_theta) SplitPass2Kernel<D, GT, kK><<<grid, kThreads, pass2_smem, stream>>>(a);
   };
@@ -1146,6 +1209,7 @@ cudaError_t RunSplit(const SplitArgs& a, int32_t num_rows, const SplitPlan& plan
     if (k_load == KLoad::kQuad) run(std::integral_constant<KLoad, KLoad::kQuad>{});
   }
   if (k_load == KLoad::kPerThread) run(std::integral_constant<KLoad, KLoad::kPerThread>{});
+  if (launched != cudaSuccess) return launched;
   if (a.top_theta) {
     ThetaCombineKernel<D><<<dim3(num_rows, a.kv.shape.num_heads), D, 0, stream>>>(a);
   } else {
@@ -1190,13 +1254,19 @@ const char* KLoadName(KLoad k) {
   }
 }
 
+ThetaPasses DefaultThetaPasses() {
+  const char* v = std::getenv("THETASERVE_ATTN_THETA");
+  return v && std::string(v) == "fused" ? ThetaPasses::kFused : ThetaPasses::kSplit;
+}
+
 SplitPlan PlanSplits(int64_t num_rows, const AttnShape& shape, int64_t max_len, int num_sms,
-                     KLoad k_load) {
+                     KLoad k_load, ThetaPasses passes) {
   SplitPlan plan;
   if (k_load == KLoad::kAuto) {
     k_load = num_rows * max_len >= kStagedFromKeys ? KLoad::kStaged : KLoad::kPerThread;
   }
   plan.k_load = CanStage(shape.head_dim) ? k_load : KLoad::kPerThread;
+  plan.fused = passes == ThetaPasses::kFused;
   const int64_t units = std::max<int64_t>(1, num_rows * shape.num_kv_heads);
   // About four blocks per multiprocessor (THETASERVE_ATTN_BLOCKS_PER_SM changes it, for
   // measuring); chunks of 64..1024 keys.

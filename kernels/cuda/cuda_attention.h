@@ -50,6 +50,8 @@ class CudaAttention {
   const AttentionWorkspace& workspace() const { return ws_; }
   // How pass 1 reads K from the next Prepare on (default: DefaultKLoad()).
   void set_k_load(KLoad k) { k_load_ = k; }
+  // How Top-θ's passes run from the next Prepare on (default: DefaultThetaPasses()).
+  void set_theta_passes(ThetaPasses p) { theta_passes_ = p; }
   // Everything a captured launch sequence depends on (pointers and launch shapes): two steps
   // with equal signatures can replay the same CUDA graph.
   std::string Signature() const;
@@ -66,6 +68,7 @@ class CudaAttention {
   TopThetaConfig config_;
   SplitPlan plan_;
   KLoad k_load_ = DefaultKLoad();
+  ThetaPasses theta_passes_ = DefaultThetaPasses();
   int32_t num_split_rows_ = 0;
   int32_t row_batch_ = 1;        // split rows per launch (workspace and grid bound)
   std::vector<bool> ran_;        // layers Run saw since Prepare

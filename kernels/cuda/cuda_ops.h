@@ -147,16 +147,26 @@ KLoad DefaultKLoad();
 constexpr int64_t kStagedFromKeys = 65536;
 const char* KLoadName(KLoad k);
 
-// How a step's attention is split: `chunk` keys per block (a multiple of 64, at most 1024, and
-// small enough that pass 1's shared memory fits in 48 KB), and how pass 1 reads K (never kAuto:
-// PlanSplits resolves it).
+// How Top-θ's two passes run: as two kernels (pass 2 after every block of pass 1), or fused
+// into one launch of thread block clusters (sm_90), a cluster of up to kMaxClusterBlocks
+// blocks per (row, KV group), each taking several of the row's splits, that meet at a cluster
+// barrier between the passes.
+enum class ThetaPasses : int32_t { kSplit, kFused };
+// THETASERVE_ATTN_THETA=split|fused; kSplit when unset (fused is not yet measured on a GPU).
+ThetaPasses DefaultThetaPasses();
+constexpr unsigned kMaxClusterBlocks = 8;  // the portable cluster size
+
+// How a step's attention is split: `chunk` keys per split (a multiple of 64, at most 1024, and
+// small enough that pass 1's shared memory fits in 48 KB), how pass 1 reads K (never kAuto:
+// PlanSplits resolves it), and whether Top-θ's passes run fused (where `passes` asks for it).
 struct SplitPlan {
   int32_t chunk = 1024;
   int32_t max_splits = 1;
   KLoad k_load = KLoad::kPerThread;
+  bool fused = false;
 };
 SplitPlan PlanSplits(int64_t num_rows, const AttnShape& shape, int64_t max_len, int num_sms,
-                     KLoad k_load);
+                     KLoad k_load, ThetaPasses passes = ThetaPasses::kSplit);
 
 // Top-θ inputs of one layer. θ and the offline SDC ratio per (row, query head), computed by
 // the host from the table at each row's length (NaN θ: keep everything).

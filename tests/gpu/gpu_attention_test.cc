@@ -8,6 +8,7 @@
 #include <cstring>
 #include <numeric>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -20,8 +21,17 @@
 
 namespace thetaserve::kernels::cuda {
 
+// How a case runs the split kernels: pass 1's way of reading K, and Top-θ's passes as two
+// kernels or fused into one cluster launch.
+struct AttnWay {
+  KLoad k_load;
+  ThetaPasses passes = ThetaPasses::kSplit;
+};
+std::string WayName(const AttnWay& w) {
+  return std::string(KLoadName(w.k_load)) + (w.passes == ThetaPasses::kFused ? "_fused" : "");
+}
 // For gtest's messages (found by argument-dependent lookup, so outside the unnamed namespace).
-void PrintTo(KLoad k, std::ostream* os) { *os << KLoadName(k); }
+void PrintTo(const AttnWay& w, std::ostream* os) { *os << WayName(w); }
 
 namespace {
 
@@ -49,8 +59,8 @@ struct Shape {
 // post-softmax threshold can fall inside the lower mode, among many rows.
 class AttentionCase {
  public:
-  AttentionCase(const Shape& s, std::vector<SeqSpec> specs, uint64_t seed, KLoad k_load)
-      : s_(s), specs_(std::move(specs)), rng_(seed), k_load_(k_load) {
+  AttentionCase(const Shape& s, std::vector<SeqSpec> specs, uint64_t seed, AttnWay way)
+      : s_(s), specs_(std::move(specs)), rng_(seed), k_load_(way.k_load), passes_(way.passes) {
     const int32_t d = s.head_dim, bs = s.block_size;
     tables_ = s.num_layers * s.num_kv_heads;
     int32_t max_end = 0;
@@ -243,6 +253,7 @@ class AttentionCase {
     ASSERT_TRUE(db.Upload(gpu_batch, s_.num_layers * s_.num_kv_heads, layout_, nullptr).ok());
     CudaAttention att(prop.multiProcessorCount);
     att.set_k_load(k_load_);
+    att.set_theta_passes(passes_);
     // The host pool in mapped pinned memory, as the backend allocates it.
     MappedHostBuffer host_pool;
     if (!host_pool_.empty()) {
@@ -270,6 +281,8 @@ class AttentionCase {
     if (config.active()) ExpectExactScoresArePass1s(att, db, shape, q.get(), pool.get());
     // Staged or quad K where the head size allows it (64, 128), per thread otherwise.
     EXPECT_EQ(att.plan().k_load, d == 64 || d == 128 ? k_load_ : KLoad::kPerThread);
+    // Fused where asked for under Top-θ (every row here fits a cluster's 8 × 4096 keys).
+    EXPECT_EQ(att.plan().fused, config.active() && passes_ == ThetaPasses::kFused);
   }
 
   // Pass 2 decides rows near a threshold on ExactScore, which must be pass 1's f32 score bit
@@ -409,7 +422,8 @@ class AttentionCase {
 
   void ExpectSame(const TopThetaConfig& config = {}) {
     EXPECT_TRUE(testing::Close(gpu_out_, cpu_out_, 2e-4f, 2e-3f, "attention output"))
-        << "(" << splits_ << " splits of " << chunk_ << ", K " << KLoadName(k_load_) << ")";
+        << "(" << splits_ << " splits of " << chunk_ << ", K " << KLoadName(k_load_)
+        << (passes_ == ThetaPasses::kFused ? ", fused" : "") << ")";
     // Decisions on keys within rounding of θ may differ, and only those (none, nearly always).
     const Ambiguous amb = FindAmbiguous(config);
     auto near = [&](int64_t got, int64_t want) { return std::llabs(got - want) <= amb.total; };
@@ -459,6 +473,7 @@ class AttentionCase {
     return n;
   }
   int32_t chunk() const { return chunk_; }
+  int32_t splits() const { return splits_; }
   // Σ of the CPU side's retained mass over every sequence and row.
   double total_mass() const {
     double sum = 0;
@@ -483,6 +498,7 @@ class AttentionCase {
   std::vector<SeqSpec> specs_;
   std::mt19937_64 rng_;
   KLoad k_load_;
+  ThetaPasses passes_;
   int32_t tables_ = 0, stride_ = 0, num_tokens_ = 0, splits_ = 0, chunk_ = 0;
   int64_t num_pages_ = 0;
   KvPoolLayout layout_;
@@ -531,11 +547,21 @@ TEST(SplitPlanTest, AutoKLoadStagesLargeLaunches) {
   EXPECT_EQ(PlanSplits(64, d64, 32768, 132, KLoad::kPerThread).k_load, KLoad::kPerThread);
 }
 
-// Every case runs with pass 1 reading K per thread, staged through shared memory, and per quad.
-class GpuAttentionTest : public ::testing::TestWithParam<KLoad> {};
+// Every case runs with pass 1 reading K per thread, staged through shared memory, and per quad;
+// the Top-θ cases (GpuTopThetaTest) each way again with the passes fused.
+class GpuAttentionTest : public ::testing::TestWithParam<AttnWay> {};
 INSTANTIATE_TEST_SUITE_P(KLoad, GpuAttentionTest,
-                         ::testing::Values(KLoad::kPerThread, KLoad::kStaged, KLoad::kQuad),
-                         [](const ::testing::TestParamInfo<KLoad>& p) { return std::string(KLoadName(p.param)); });
+                         ::testing::Values(AttnWay{KLoad::kPerThread}, AttnWay{KLoad::kStaged},
+                                           AttnWay{KLoad::kQuad}),
+                         [](const ::testing::TestParamInfo<AttnWay>& p) { return WayName(p.param); });
+class GpuTopThetaTest : public GpuAttentionTest {};
+INSTANTIATE_TEST_SUITE_P(
+    Way, GpuTopThetaTest,
+    ::testing::Values(AttnWay{KLoad::kPerThread}, AttnWay{KLoad::kStaged}, AttnWay{KLoad::kQuad},
+                      AttnWay{KLoad::kPerThread, ThetaPasses::kFused},
+                      AttnWay{KLoad::kStaged, ThetaPasses::kFused},
+                      AttnWay{KLoad::kQuad, ThetaPasses::kFused}),
+    [](const ::testing::TestParamInfo<AttnWay>& p) { return WayName(p.param); });
 
 TEST_P(GpuAttentionTest, DenseDecodeAndPrefillMatchCpu) {
   SKIP_WITHOUT_CUDA_DEVICE();
@@ -594,7 +620,7 @@ TEST_P(GpuAttentionTest, LargestChunksForBigHeadsAndGroups) {
       AttentionCase c(s, {{2500, 1}, {1100, 1}}, seed, GetParam());
       c.RunAndExpectSame(cfg, cfg.table != nullptr);
       // Per thread or quad every shape here fits 1024-key chunks; staged, none does.
-      if (GetParam() != KLoad::kStaged) {
+      if (GetParam().k_load != KLoad::kStaged) {
         EXPECT_EQ(c.chunk(), 1024);
       } else {
         EXPECT_LT(c.chunk(), 1024);
@@ -603,7 +629,7 @@ TEST_P(GpuAttentionTest, LargestChunksForBigHeadsAndGroups) {
   }
 }
 
-TEST_P(GpuAttentionTest, TopThetaEveryPlacementSdcAndVmcMatchesCpu) {
+TEST_P(GpuTopThetaTest, TopThetaEveryPlacementSdcAndVmcMatchesCpu) {
   SKIP_WITHOUT_CUDA_DEVICE();
   const uint64_t seed = testing::TestSeed();
   SCOPED_TRACE("THETASERVE_SEED=" + std::to_string(seed));
@@ -630,7 +656,7 @@ TEST_P(GpuAttentionTest, TopThetaEveryPlacementSdcAndVmcMatchesCpu) {
   }
 }
 
-TEST_P(GpuAttentionTest, TopThetaOverSparseVStoreMatchesCpu) {
+TEST_P(GpuTopThetaTest, TopThetaOverSparseVStoreMatchesCpu) {
   SKIP_WITHOUT_CUDA_DEVICE();
   const uint64_t seed = testing::TestSeed();
   SCOPED_TRACE("THETASERVE_SEED=" + std::to_string(seed));
@@ -648,7 +674,7 @@ TEST_P(GpuAttentionTest, TopThetaOverSparseVStoreMatchesCpu) {
 // Hit marks with a retain factor (--retain-factor): a row is marked where some head keeps it
 // with e > r · threshold, a second threshold pass 2 tests beside the keep threshold, in the
 // positions loop (over a sparse store) and in the stored rows' loop (without one).
-TEST_P(GpuAttentionTest, TopThetaRetainFactorMarksMatchCpu) {
+TEST_P(GpuTopThetaTest, TopThetaRetainFactorMarksMatchCpu) {
   SKIP_WITHOUT_CUDA_DEVICE();
   const uint64_t seed = testing::TestSeed();
   SCOPED_TRACE("THETASERVE_SEED=" + std::to_string(seed));
@@ -677,7 +703,7 @@ TEST_P(GpuAttentionTest, TopThetaRetainFactorMarksMatchCpu) {
 // (mapped pinned memory on the GPU) instead, and both sides read the retained ones from there;
 // nothing is missed. Pre- and post-softmax, decode rows, a prefill chunk, a long row over
 // several splits, and a short one whose host rows end inside the first block.
-TEST_P(GpuAttentionTest, TopThetaOverAHostStoreMatchesCpu) {
+TEST_P(GpuTopThetaTest, TopThetaOverAHostStoreMatchesCpu) {
   SKIP_WITHOUT_CUDA_DEVICE();
   const uint64_t seed = testing::TestSeed();
   SCOPED_TRACE("THETASERVE_SEED=" + std::to_string(seed));
@@ -699,7 +725,7 @@ TEST_P(GpuAttentionTest, TopThetaOverAHostStoreMatchesCpu) {
 // Pages of 12 rows (--block-size takes any size): every page lookup divides by a block size
 // that is not a power of two (Divisor's division, not its shift), in pass 1's K reads (each
 // way), the staged copies, dense V, prefill, and pass 2's tail, sparse and host stores.
-TEST_P(GpuAttentionTest, BlockSizeNotAPowerOfTwoMatchesCpu) {
+TEST_P(GpuTopThetaTest, BlockSizeNotAPowerOfTwoMatchesCpu) {
   SKIP_WITHOUT_CUDA_DEVICE();
   const uint64_t seed = testing::TestSeed();
   SCOPED_TRACE("THETASERVE_SEED=" + std::to_string(seed));
@@ -729,7 +755,7 @@ TEST_P(GpuAttentionTest, BlockSizeNotAPowerOfTwoMatchesCpu) {
 // nats below that split's max, past what the 16-bit scores between the passes hold. Pre-softmax
 // θ = 2 keeps the ~4 rows everywhere, those of the sink's split included; their saturated
 // scores must not decide (or weigh) them. Post-softmax the sink takes nearly all the mass.
-TEST_P(GpuAttentionTest, TopThetaWithAnAttentionSinkMatchesCpu) {
+TEST_P(GpuTopThetaTest, TopThetaWithAnAttentionSinkMatchesCpu) {
   SKIP_WITHOUT_CUDA_DEVICE();
   const uint64_t seed = testing::TestSeed();
   SCOPED_TRACE("THETASERVE_SEED=" + std::to_string(seed));
@@ -748,7 +774,23 @@ TEST_P(GpuAttentionTest, TopThetaWithAnAttentionSinkMatchesCpu) {
   }
 }
 
-TEST_P(GpuAttentionTest, TopThetaLongRowsMatchCpu) {
+// A row of 30,000 keys beside short ones: over 50 splits, which a fused cluster's 8 blocks
+// take in turn (block b: splits b, b + 8, ...), the short rows' blocks mostly past their ends.
+TEST_P(GpuTopThetaTest, TopThetaRowOf30kKeysMatchesCpu) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  const uint64_t seed = testing::TestSeed();
+  SCOPED_TRACE("THETASERVE_SEED=" + std::to_string(seed));
+  const Shape s;
+  const model::ThetaTable table = MakeTable(s, model::ThetaPlacement::kPostSoftmax, 16);
+  TopThetaConfig cfg;
+  cfg.table = &table;
+  AttentionCase c(s, {{30000, 1}, {700, 1, 512}, {3, 1}}, seed, GetParam());
+  c.RunAndExpectSame(cfg, true);
+  EXPECT_GT(c.splits(), 6 * 8);
+  EXPECT_GT(c.total_mass(), 1.0) << "Top-θ recorded no retained mass";
+}
+
+TEST_P(GpuTopThetaTest, TopThetaLongRowsMatchCpu) {
   SKIP_WITHOUT_CUDA_DEVICE();
   const Shape s;
   // A fresh seed, and one whose post-softmax case puts rows within 1e-4 of a threshold: the
