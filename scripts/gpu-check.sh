@@ -64,15 +64,22 @@ failed=0
 tests=(gpu_ops_test device_batch_test gpu_attention_test gpu_forward_test gpu_engine_test)
 filter='*'
 if [ "$only_model" = 1 ]; then tests=(gpu_forward_test); filter='*SmolLM2*'; fi
-# The attention tests run every way of reading K themselves; SmolLM2's forward tests run once
-# more with staged K and once per quad (THETASERVE_ATTN_K_LOAD=staged|quad, "name:staged"
-# below; the tiny models' d 16 heads read K per thread either way).
-[ -f "$model" ] && tests+=(gpu_forward_test:staged gpu_forward_test:quad)
+# The attention tests run every way of reading K, and Top-θ's passes split and fused,
+# themselves; SmolLM2's forward tests run once more with staged K, once per quad
+# (THETASERVE_ATTN_K_LOAD=staged|quad, "name:staged" below; the tiny models' d 16 heads read K
+# per thread either way) and once with the passes fused (THETASERVE_ATTN_THETA=fused).
+[ -f "$model" ] && tests+=(gpu_forward_test:staged gpu_forward_test:quad gpu_forward_test:fused)
 for t in "${tests[@]}"; do
   stamp "test $t"
   name=${t%%:*} log="$logs/${t/:/-}.log" env=()
   f=$filter
-  [ "$t" != "$name" ] && env=(THETASERVE_ATTN_K_LOAD=${t#*:}) f='*SmolLM2*'
+  if [ "$t" != "$name" ]; then
+    f='*SmolLM2*'
+    case "${t#*:}" in
+      fused) env=(THETASERVE_ATTN_THETA=fused) ;;
+      *) env=(THETASERVE_ATTN_K_LOAD=${t#*:}) ;;
+    esac
+  fi
   timeout "${GPU_CHECK_TEST_TIMEOUT:-240}" env "${env[@]}" stdbuf -oL -eL "$bin/$name" --gtest_color=no --gtest_filter="$f" 2>&1 | tee "$log" | grep -E '^\[ +(OK|FAILED|SKIPPED) +\]|^\[ .* \]|Failure|error|THETASERVE_SEED' | head -60
   rc=${PIPESTATUS[0]}
   passed=$(grep -c '^\[       OK \]' "$log")
