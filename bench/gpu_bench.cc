@@ -154,7 +154,7 @@ void DecodeAttention(const std::vector<int>& contexts, const std::vector<int>& b
   CHECK_CUDA(cudaMalloc(&pool, max_pages * full.PageElems() * 2));
   CHECK_CUDA(cu::LaunchFillRandomBf16(pool, max_pages * full.PageElems(), 7, 1.0f, nullptr));
   std::printf("K per thread (thread), staged through shared memory (staged) or per quad of threads "
-              "(quad); top-θ: two kernels, fused: one launch of thread block clusters (rows up to 32k); "
+              "(quad); top-θ: two kernels, fused: one launch of thread block clusters; "
               "µs; ratio: the fastest dense ÷ the fastest top-θ or fused\n");
   std::printf("%-8s %-6s %-8s %-8s %-8s %-8s %-8s %-8s %-8s %-8s %-8s %-7s %-7s %-10s %-8s %-7s\n", "context",
               "batch", "dense", "dense", "dense", "top-θ", "top-θ", "top-θ", "fused", "fused", "fused", "ratio",
@@ -196,7 +196,6 @@ void DecodeAttention(const std::vector<int>& contexts, const std::vector<int>& b
       cu::CudaAttention dense[kWays] = {cu::CudaAttention(sms), cu::CudaAttention(sms), cu::CudaAttention(sms)};
       cu::CudaAttention theta[kWays] = {cu::CudaAttention(sms), cu::CudaAttention(sms), cu::CudaAttention(sms)};
       cu::CudaAttention fused[kWays] = {cu::CudaAttention(sms), cu::CudaAttention(sms), cu::CudaAttention(sms)};
-      bool fits = true;  // the row fits a fused plan (else the fused columns are left out)
       for (int v = 0; v < kWays; ++v) {
         const cu::KLoad k = ways[v];
         dense[v].set_k_load(k);
@@ -207,7 +206,10 @@ void DecodeAttention(const std::vector<int>& contexts, const std::vector<int>& b
         CHECK_OK(dense[v].Prepare(batch, db, shape, 1, dense_cfg, nullptr));
         CHECK_OK(theta[v].Prepare(batch, db, shape, 1, theta_cfg, nullptr));
         CHECK_OK(fused[v].Prepare(batch, db, shape, 1, theta_cfg, nullptr));
-        fits &= fused[v].plan().fused;
+        if (!fused[v].plan().fused) {
+          std::fprintf(stderr, "decode attention %d x %d: no fused plan\n", L, B);
+          std::exit(1);
+        }
       }
       std::vector<double> td[kWays], tt[kWays], tf[kWays];
       const int iters = L * B >= (1 << 20) ? 5 : 20;
@@ -215,9 +217,7 @@ void DecodeAttention(const std::vector<int>& contexts, const std::vector<int>& b
         for (int v = 0; v < kWays; ++v) {
           td[v].push_back(TimeMs([&] { CHECK_OK(dense[v].Run(0, db, in.q, H * d, layout, pool, nullptr, in.out, nullptr)); }, iters, 1));
           tt[v].push_back(TimeMs([&] { CHECK_OK(theta[v].Run(0, db, in.q, H * d, layout, pool, in.vsum, in.out, nullptr)); }, iters, 1));
-          if (fits) {
-            tf[v].push_back(TimeMs([&] { CHECK_OK(fused[v].Run(0, db, in.q, H * d, layout, pool, in.vsum, in.out, nullptr)); }, iters, 1));
-          }
+          tf[v].push_back(TimeMs([&] { CHECK_OK(fused[v].Run(0, db, in.q, H * d, layout, pool, in.vsum, in.out, nullptr)); }, iters, 1));
         }
       }
       // One more Top-θ run on fresh counters for the V rows read.
@@ -226,14 +226,13 @@ void DecodeAttention(const std::vector<int>& contexts, const std::vector<int>& b
       CHECK_OK(theta[0].Prepare(batch, db, shape, 1, theta_cfg, nullptr));
       CHECK_OK(theta[0].Run(0, db, in.q, H * d, layout, pool, in.vsum, in.out, nullptr));
       CHECK_OK(theta[0].Finish(&stats, nullptr));
-      // mt: top-θ, two kernels [0, kWays) then fused [kWays, 2·kWays) (NaN where the row does
-      // not fit a fused plan).
+      // mt: top-θ, two kernels [0, kWays) then fused [kWays, 2·kWays).
       double md[kWays], mt[2 * kWays];
       int bd = 0, bt = 0;  // the fastest of each
       for (int v = 0; v < kWays; ++v) {
         md[v] = Median(td[v]);
         mt[v] = Median(tt[v]);
-        mt[kWays + v] = fits ? Median(tf[v]) : NAN;
+        mt[kWays + v] = Median(tf[v]);
         if (md[v] < md[bd]) bd = v;
       }
       for (int v = 0; v < 2 * kWays; ++v) {

@@ -380,11 +380,12 @@ void Engine::RunStep(StepPlan& plan) {
   }
   attn_stats_.Reset(c.num_layers);
   kernels::ForwardBatch batch{tokens_, chunks_, false, &attn_stats_};
-  // The backend's own logits memory where it has one (page-locked on a GPU), else ours.
+  // The backend's own logits memory where it has one (page-locked on a GPU), else ours: also
+  // when it cannot grow it (page-locked memory is scarcer than memory), which only slows the
+  // copy back.
   const int64_t num_logits = kernels::NumLogitRows(batch) * c.vocab_size;
   absl::StatusOr<float*> own = backend_->LogitsBuffer(num_logits);
-  if (!own.ok()) return FailStep(plan, own.status());
-  float* step_logits = *own;
+  float* step_logits = own.ok() ? *own : nullptr;
   if (step_logits == nullptr) {
     logits_.resize(num_logits);
     step_logits = logits_.data();

@@ -83,9 +83,9 @@ absl::StatusOr<std::vector<float>> SequenceRunner::Append(std::span<const int32_
     kernels::ForwardBatch batch{tokens.subspan(begin, n), std::span<const kernels::SeqChunk>(&seq, 1),
                                 all_logits, stats};
     const int64_t num_logits = kernels::NumLogitRows(batch) * vocab;
+    // The backend's own memory (page-locked on a GPU) where it has it and can grow it.
     absl::StatusOr<float*> buffer = backend_->LogitsBuffer(num_logits);
-    if (!buffer.ok()) return buffer.status();
-    float* logits = *buffer;
+    float* logits = buffer.ok() ? *buffer : nullptr;
     if (logits == nullptr) {
       own.resize(num_logits);
       logits = own.data();

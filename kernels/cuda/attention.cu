@@ -1171,7 +1171,7 @@ constexpr size_t kMaxSmem = (48 << 10) - 1024;
 template <int D, int GT, KLoad kK>
 cudaError_t LaunchFused(const SplitArgs& a, dim3 grid, size_t smem, cudaStream_t stream) {
   grid.x = std::min<unsigned>(grid.x, kMaxClusterBlocks);
-  cudaLaunchAttribute cluster;
+  cudaLaunchAttribute cluster = {};
   cluster.id = cudaLaunchAttributeClusterDimension;
   cluster.val.clusterDim.x = grid.x;  // the row's blocks
   cluster.val.clusterDim.y = 1;
@@ -1209,7 +1209,10 @@ cudaError_t RunSplit(const SplitArgs& a, int32_t num_rows, const SplitPlan& plan
     if (k_load == KLoad::kQuad) run(std::integral_constant<KLoad, KLoad::kQuad>{});
   }
   if (k_load == KLoad::kPerThread) run(std::integral_constant<KLoad, KLoad::kPerThread>{});
-  if (launched != cudaSuccess) return launched;
+  if (launched != cudaSuccess) {
+    cudaGetLastError();  // returned here: not left to fail the next launch's check
+    return launched;
+  }
   if (a.top_theta) {
     ThetaCombineKernel<D><<<dim3(num_rows, a.kv.shape.num_heads), D, 0, stream>>>(a);
   } else {
@@ -1262,8 +1265,12 @@ ThetaPasses DefaultThetaPasses() {
 SplitPlan PlanSplits(int64_t num_rows, const AttnShape& shape, int64_t max_len, int num_sms,
                      KLoad k_load, ThetaPasses passes) {
   SplitPlan plan;
+  // THETASERVE_ATTN_CHUNK (below) makes attention batch-invariant; kAuto then reads K per
+  // thread whatever the batch, as the ways add a score's products in different orders.
+  const char* fixed_chunk = std::getenv("THETASERVE_ATTN_CHUNK");
   if (k_load == KLoad::kAuto) {
-    k_load = num_rows * max_len >= kStagedFromKeys ? KLoad::kStaged : KLoad::kPerThread;
+    k_load = !fixed_chunk && num_rows * max_len >= kStagedFromKeys ? KLoad::kStaged
+                                                                    : KLoad::kPerThread;
   }
   plan.k_load = CanStage(shape.head_dim) ? k_load : KLoad::kPerThread;
   plan.fused = passes == ThetaPasses::kFused;
@@ -1280,11 +1287,9 @@ SplitPlan PlanSplits(int64_t num_rows, const AttnShape& shape, int64_t max_len, 
   // The chunk follows the batch, so a row's reduction order (and the last bits of its output)
   // depends on what else runs with it. THETASERVE_ATTN_CHUNK fixes it (a multiple of 64, at
   // most 1024; for tests: a small chunk on long rows makes many splits and a large part_o):
-  // attention then does not depend on the batch (the GEMMs still may: cuBLAS picks kernels by
-  // shape).
-  if (const char* v = std::getenv("THETASERVE_ATTN_CHUNK")) {
-    chunk = std::clamp<int64_t>(std::atoll(v) / 64 * 64, 64, 1024);
-  }
+  // attention then does not depend on the batch (kAuto reads K per thread then, above; the
+  // GEMMs still may: cuBLAS picks kernels by shape).
+  if (fixed_chunk) chunk = std::clamp<int64_t>(std::atoll(fixed_chunk) / 64 * 64, 64, 1024);
   // Pass 1's shared memory (scores of the chunk, and staged K) within 48 KB: a smaller chunk
   // only adds splits. Staged K at d 128 takes chunks of at most 896 (group 4) or 384 (8).
   const int group = shape.num_heads / shape.num_kv_heads;

@@ -83,7 +83,13 @@ class PinnedBuffer {
     ptr_ = nullptr;
     bytes_ = 0;
     const size_t rounded = (std::max<size_t>(bytes, 64 << 10) * 3 / 2 + 4095) / 4096 * 4096;
-    TS_CUDA_RETURN(cudaMallocHost(&ptr_, rounded));
+    if (cudaError_t e = cudaMallocHost(&ptr_, rounded); e != cudaSuccess) {
+      cudaGetLastError();  // returned here: not left to fail the next launch's check
+      ptr_ = nullptr;
+      return absl::ResourceExhaustedError(absl::StrFormat(
+          "cudaMallocHost of %d bytes of page-locked memory failed: %s", rounded,
+          cudaGetErrorString(e)));
+    }
     bytes_ = rounded;
     return absl::OkStatus();
   }

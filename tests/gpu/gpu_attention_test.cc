@@ -19,6 +19,10 @@
 #include "model/theta_table.h"
 #include "tests/gpu/gpu_test_util.h"
 
+#if defined(THETASERVE_CUDA_EMU)
+#include "cuda_runtime.h"  // the emulator's: emu::ClusterLaunches
+#endif
+
 namespace thetaserve::kernels::cuda {
 
 // How a case runs the split kernels: pass 1's way of reading K, and Top-θ's passes as two
@@ -265,6 +269,9 @@ class AttentionCase {
     AttnShape shape{s_.num_heads, s_.num_kv_heads, d, scale};
     absl::Status st = att.Prepare(gpu_batch, db, shape, s_.num_layers, config, nullptr);
     ASSERT_TRUE(st.ok()) << st;
+#if defined(THETASERVE_CUDA_EMU)
+    const uint64_t cluster_launches = emu::ClusterLaunches();
+#endif
     st = att.Run(s_.layer, db, q.get(), int64_t(s_.num_heads) * d, layout_, pool.get(),
                  with_vsum ? vsum.get() : nullptr, out.get(), nullptr);
     ASSERT_TRUE(st.ok()) << st;
@@ -281,8 +288,12 @@ class AttentionCase {
     if (config.active()) ExpectExactScoresArePass1s(att, db, shape, q.get(), pool.get());
     // Staged or quad K where the head size allows it (64, 128), per thread otherwise.
     EXPECT_EQ(att.plan().k_load, d == 64 || d == 128 ? k_load_ : KLoad::kPerThread);
-    // Fused where asked for under Top-θ (every row here fits a cluster's 8 × 4096 keys).
+    // Fused where asked for under Top-θ; on the emulator, which counts cluster launches, the
+    // fused kernel really ran (and the split kernels did not launch as clusters).
     EXPECT_EQ(att.plan().fused, config.active() && passes_ == ThetaPasses::kFused);
+#if defined(THETASERVE_CUDA_EMU)
+    EXPECT_EQ(emu::ClusterLaunches() > cluster_launches, att.plan().fused);
+#endif
   }
 
   // Pass 2 decides rows near a threshold on ExactScore, which must be pass 1's f32 score bit
@@ -545,6 +556,17 @@ TEST(SplitPlanTest, AutoKLoadStagesLargeLaunches) {
   EXPECT_EQ(PlanSplits(64, d64, 32768, 132, KLoad::kQuad).k_load, KLoad::kQuad);
   EXPECT_EQ(PlanSplits(1, d64, 64, 132, KLoad::kStaged).k_load, KLoad::kStaged);
   EXPECT_EQ(PlanSplits(64, d64, 32768, 132, KLoad::kPerThread).k_load, KLoad::kPerThread);
+  // A fixed chunk (batch-invariant attention): per thread whatever the batch.
+  const char* chunk = std::getenv("THETASERVE_ATTN_CHUNK");
+  const std::string saved = chunk ? chunk : "";
+  setenv("THETASERVE_ATTN_CHUNK", "512", 1);
+  EXPECT_EQ(PlanSplits(64, d64, 32768, 132, KLoad::kAuto).k_load, KLoad::kPerThread);
+  EXPECT_EQ(PlanSplits(64, d64, 32768, 132, KLoad::kAuto).chunk, 512);
+  if (chunk) {
+    setenv("THETASERVE_ATTN_CHUNK", saved.c_str(), 1);
+  } else {
+    unsetenv("THETASERVE_ATTN_CHUNK");
+  }
 }
 
 // Every case runs with pass 1 reading K per thread, staged through shared memory, and per quad;

@@ -95,6 +95,11 @@ struct Launch {
 void ClusterSync();
 unsigned ClusterBlockRank();
 unsigned ClusterNumBlocks();
+// Records e as the last error (cudaGetLastError) and returns it.
+cudaError_t SetLastError(cudaError_t e);
+// Launches made with a cluster dimension so far (tests: that a kernel ran as clusters).
+void CountClusterLaunch();
+uint64_t ClusterLaunches();
 
 template <typename T>
 uint64_t ToBits(T v) {
@@ -116,12 +121,16 @@ T FromBits(uint64_t b) {
 template <typename... P, typename... A>
 cudaError_t cudaLaunchKernelEx(const cudaLaunchConfig_t* config, void (*kernel)(P...), A&&... args) {
   emu::Launch launch(config->gridDim, config->blockDim, config->dynamicSmemBytes, config->stream);
+  bool clusters = false;
   for (unsigned i = 0; i < config->numAttrs; ++i) {
     const cudaLaunchAttribute& at = config->attrs[i];
-    if (at.id != cudaLaunchAttributeClusterDimension) return cudaErrorInvalidValue;
+    if (at.id != cudaLaunchAttributeClusterDimension) return emu::SetLastError(cudaErrorInvalidValue);
     launch.cluster = dim3(at.val.clusterDim.x, at.val.clusterDim.y, at.val.clusterDim.z);
+    clusters = true;
   }
-  return launch(kernel, std::forward<A>(args)...);
+  const cudaError_t e = launch(kernel, std::forward<A>(args)...);
+  if (e == cudaSuccess && clusters) emu::CountClusterLaunch();
+  return e;
 }
 
 inline void __syncthreads() { emu::SyncThreads(); }

@@ -3,6 +3,7 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -120,9 +121,12 @@ struct Block {
 };
 
 thread_local Block* g_block = nullptr;
-unsigned g_cluster_blocks = 0;  // blocks per cluster of the running launch (0: no clusters)
+unsigned g_cluster_blocks = 1;  // blocks per cluster of the running launch (1: no clusters)
 thread_local cudaError_t g_last_error = cudaSuccess;
-std::mutex g_launch_mutex;  // one block at a time: static __shared__ variables are global here
+// One launch at a time: static __shared__ variables are global here, one copy per kernel (the
+// blocks of a cluster take turns, each up to its next cluster.sync(), so a kernel must not keep
+// a static __shared__ value across that barrier).
+std::mutex g_launch_mutex;
 
 // Stacks with a guard page below each, kept for later launches.
 std::vector<char*>& Stacks() {
@@ -331,12 +335,14 @@ void Enter(Block& b) {
 }
 
 // Runs a cluster's blocks (a launch without clusters: one block) to their ends, in phases: each
-// block up to cluster.sync() (or its end) in rank order, then, once every block's live threads
-// wait there, the next phase. Stops the test on a deadlock inside a block, or when some of the
-// cluster's blocks end while the others wait at the barrier.
-void RunCluster(std::vector<Block>& blocks) {
+// block up to cluster.sync() (or its end), in rank order or (reverse_ranks) the reverse, then,
+// once every block's live threads wait there, the next phase. Stops the test on a deadlock
+// inside a block, or when some of the cluster's blocks end while the others wait at the barrier.
+void RunCluster(std::vector<Block>& blocks, bool reverse_ranks) {
+  const size_t n = blocks.size();
   for (;;) {
-    for (Block& b : blocks) {
+    for (size_t k = 0; k < n; ++k) {
+      Block& b = blocks[reverse_ranks ? n - 1 - k : k];
       Enter(b);
       ResumeBlock(b);
     }
@@ -384,7 +390,9 @@ ScheduleOrder InitialOrder() {
   return ScheduleOrder::kAlternate;
 }
 ScheduleOrder g_order = InitialOrder();
-uint64_t g_blocks_run = 0;  // under g_launch_mutex
+uint64_t g_blocks_run = 0;    // under g_launch_mutex
+uint64_t g_clusters_run = 0;  // of more than one block; under g_launch_mutex
+std::atomic<uint64_t> g_cluster_launches{0};
 
 cudaError_t Execute(dim3 grid, dim3 block, dim3 cluster, size_t smem,
                     const std::function<void()>& body) {
@@ -415,7 +423,13 @@ cudaError_t Execute(dim3 grid, dim3 block, dim3 cluster, size_t smem,
           Enter(b);
           StartBlock(b, block, reverse, r * threads);
         }
-        RunCluster(blocks);
+        // Clusters alternate rank orders as blocks alternate thread orders (ScheduleOrder), so
+        // a missing cluster barrier shows whichever of two blocks runs first.
+        const bool reverse_ranks =
+            blocks_per_cluster > 1 &&
+            (g_order == ScheduleOrder::kReverse ||
+             (g_order == ScheduleOrder::kAlternate && g_clusters_run++ % 2 == 1));
+        RunCluster(blocks, reverse_ranks);
       }
     }
   }
@@ -525,6 +539,9 @@ void ClusterSync() {
 }
 
 unsigned ClusterBlockRank() { return g_block->rank; }
+void CountClusterLaunch() { ++g_cluster_launches; }
+cudaError_t SetLastError(cudaError_t e) { return Fail(e); }
+uint64_t ClusterLaunches() { return g_cluster_launches.load(); }
 unsigned ClusterNumBlocks() { return g_cluster_blocks; }
 
 cudaError_t SetMaxDynamicShared(const void* kernel, int bytes) {
@@ -573,6 +590,7 @@ void SetScheduleOrder(ScheduleOrder order) {
   std::lock_guard<std::mutex> lock(g_launch_mutex);
   g_order = order;
   g_blocks_run = 0;
+  g_clusters_run = 0;
 }
 
 ScheduleOrder GetScheduleOrder() {
