@@ -20,6 +20,13 @@ int64_t NumLogitRows(const ForwardBatch& batch) {
   return rows;
 }
 
+float* Backend::LogitsMemory(int64_t floats, std::vector<float>* fallback) {
+  absl::StatusOr<float*> own = LogitsBuffer(floats);
+  if (own.ok() && *own != nullptr) return *own;
+  fallback->resize(floats);
+  return fallback->data();
+}
+
 int64_t Backend::kv_row_bytes() const {
   return KvRowBytes(kv_dtype(), model_->config().head_dim);
 }

@@ -7,6 +7,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "kernels/kv_dtype.h"
@@ -80,6 +81,10 @@ class Backend {
     (void)floats;
     return nullptr;
   }
+  // Where Forward should write `floats` logits: LogitsBuffer's memory where the backend has it
+  // and can grow it, else `fallback`, resized (page-locked memory is scarcer than memory, and
+  // without it the copy back is only slower).
+  float* LogitsMemory(int64_t floats, std::vector<float>* fallback);
 
   // Copies rows inside the KV pool, in the given order (later copies may overwrite the
   // sources of earlier ones), before the next Forward.

@@ -380,16 +380,9 @@ void Engine::RunStep(StepPlan& plan) {
   }
   attn_stats_.Reset(c.num_layers);
   kernels::ForwardBatch batch{tokens_, chunks_, false, &attn_stats_};
-  // The backend's own logits memory where it has one (page-locked on a GPU), else ours: also
-  // when it cannot grow it (page-locked memory is scarcer than memory), which only slows the
-  // copy back.
-  const int64_t num_logits = kernels::NumLogitRows(batch) * c.vocab_size;
-  absl::StatusOr<float*> own = backend_->LogitsBuffer(num_logits);
-  float* step_logits = own.ok() ? *own : nullptr;
-  if (step_logits == nullptr) {
-    logits_.resize(num_logits);
-    step_logits = logits_.data();
-  }
+  // The backend's own logits memory where it has one (page-locked on a GPU), else ours.
+  float* const step_logits =
+      backend_->LogitsMemory(kernels::NumLogitRows(batch) * c.vocab_size, &logits_);
   absl::Status st = backend_->Forward(batch, step_logits);
   const auto t1 = Clock::now();
   if (!st.ok()) return FailStep(plan, st);

@@ -83,13 +83,7 @@ absl::StatusOr<std::vector<float>> SequenceRunner::Append(std::span<const int32_
     kernels::ForwardBatch batch{tokens.subspan(begin, n), std::span<const kernels::SeqChunk>(&seq, 1),
                                 all_logits, stats};
     const int64_t num_logits = kernels::NumLogitRows(batch) * vocab;
-    // The backend's own memory (page-locked on a GPU) where it has it and can grow it.
-    absl::StatusOr<float*> buffer = backend_->LogitsBuffer(num_logits);
-    float* logits = buffer.ok() ? *buffer : nullptr;
-    if (logits == nullptr) {
-      own.resize(num_logits);
-      logits = own.data();
-    }
+    float* const logits = backend_->LogitsMemory(num_logits, &own);
     absl::Status st = backend_->Forward(batch, logits);
     if (!st.ok()) return st;
     length_ += n;
