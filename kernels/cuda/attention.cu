@@ -578,52 +578,77 @@ __global__ void __launch_bounds__(kThreads) ExactScoresKernel(SplitArgs a, int32
 // Pass 2's values for each query head of the block's group (shared memory; WarpThreshold).
 template <int kG>
 struct GroupStats {
-  float m[kG];      // the row's max score
-  float off[kG];    // m_split − m for this block's split
-  float thr[kG];    // keep threshold on e = exp(s − m); <= 0 keeps everything
-  float log_thr[kG];     // log thr (−inf where thr <= 0)
-  float log_retain[kG];  // log of retain_factor · thr (−inf where that is <= 0)
-  float inv_d[kG];  // 1 / D_full
+  float m[kG];           // the row's max score
+  float thr[kG];         // keep threshold on e = exp(s − m); < 0 keeps everything
+  float log_thr[kG];     // LogThreshold(thr)
+  float log_retain[kG];  // LogThreshold(retain_factor · thr)
+  float inv_d[kG];       // 1 / D_full
 };
+
+// log of a keep threshold on e for the 16-bit score domain: −inf where it is negative (every
+// row kept, e >= 0 > thr), NaN where it is 0 or NaN (decided on exact scores: e > 0 depends on
+// whether e underflows).
+__device__ __forceinline__ float LogThreshold(float thr) {
+  return thr > 0.0f ? logf(thr) : thr < 0.0f ? -INFINITY : NAN;
+}
+
+// One head's keep test over the 16-bit scores of one split (RowKeep): with off = m_split − m,
+// e > thr ⟺ q < keep and e > retain_factor · thr ⟺ q < strong.
+struct ScoreBands {
+  float off;     // m_split − m; e = exp(off − q / kScoreSteps)
+  float keep;    // (off − log thr) · kScoreSteps (BandOf)
+  float strong;  // the same for retain_factor · thr
+};
+
+// (off − log_t) · kScoreSteps, the score below which e passes the threshold. +inf (every row)
+// where log_t is −inf, also in a split whose max is −inf (−inf − −inf would be NaN); clamped
+// to kSaturated, so a saturated score (it only bounds e from above) is within the near band
+// wherever it might pass. NaN, every row decided on its exact scores, where off or log_t is NaN
+// and where the threshold is so small that an e just above it could underflow (log_t < −87,
+// where exp leaves the normal floats).
+__device__ __forceinline__ float BandOf(float off, float log_t) {
+  if (isnan(off) || !(log_t == -INFINITY || log_t >= -87.0f)) return NAN;
+  const float at = log_t == -INFINITY ? INFINITY : (off - log_t) * kScoreSteps;
+  return isnan(at) ? NAN : fminf(at, float(kSaturated));
+}
+
+__device__ __forceinline__ ScoreBands BandsOf(float off, float log_thr, float log_retain) {
+  return ScoreBands{off, BandOf(off, log_thr), BandOf(off, log_retain)};
+}
 
 // Keep decisions of position j for each head of the group from its 16-bit scores q: bit h of
 // the result is set where head h keeps j (e > thr), bit h of *strong where it keeps it by the
-// retain factor (e > retain_factor · thr), and ev[h] = e = exp(s − m) where head h keeps j, 0
-// where it drops it. Decided in the score domain, e > thr ⟺ q < (off − log thr)·kScoreSteps
-// (off: m_split − m of j's split; a position of another split, a row of the sparse store or
-// of a tail that starts in an earlier split, reads its split's max from the pass-1 partials),
-// so a dropped row costs no exp. When any head's score is within kNearSteps of either
-// threshold, or saturated and not surely below both (keep-everything rows, thr <= 0,
+// retain factor (e > retain_factor · thr), and x[h] = s − m (e = exp(x[h])) where head h keeps
+// j, NaN where it drops it. Decided in the score domain, on float compares against the bands
+// (own: this block's split, in registers; a position of another split, a row of the sparse or
+// host store or of a tail that starts in an earlier split, reads its split's max from the
+// pass-1 partials), so a row costs no exp here: pass 2 takes the exps of the kept rows only,
+// a lane per listed row. When any head's score is within kNearSteps of either band (NaN bands
 // included), the row is decided on its exact scores instead.
 template <int D, int kG, KLoad kK>
 __device__ __forceinline__ unsigned RowKeep(const SplitArgs& a, const SplitBlock& b,
                                             const DevSeq& seq, const Divisor& chunk, int32_t G,
                                             int32_t j, const uint16_t (&q)[kG],
-                                            const GroupStats<kG>& st, float (&ev)[kG],
+                                            const GroupStats<kG>& st,
+                                            const ScoreBands (&own)[kG], float (&x)[kG],
                                             unsigned* strong) {
   const int32_t sj = chunk.Div(j);
   bool near = false;
   unsigned keep = 0, str = 0;
 #pragma unroll
   for (int h = 0; h < kG; ++h) {
-    ev[h] = 0.0f;
+    x[h] = NAN;
     if (h < G) {
-      const float off = sj == b.split
-                            ? st.off[h]
-                            : a.ws.part_m[PartIndex(a, b.r, b.first_head + h, sj)] - st.m[h];
-      // Steps past the threshold (> 0: kept); a threshold <= 0 (log −inf) keeps every row,
-      // also one of a split whose max is −inf (−inf − −inf would be NaN).
+      const ScoreBands bd =
+          sj == b.split ? own[h]
+                        : BandsOf(a.ws.part_m[PartIndex(a, b.r, b.first_head + h, sj)] - st.m[h],
+                                  st.log_thr[h], st.log_retain[h]);
       const float qf = float(q[h]);
-      const float keep_by =
-          st.log_thr[h] == -INFINITY ? INFINITY : (off - st.log_thr[h]) * kScoreSteps - qf;
-      const float strong_by =
-          st.log_retain[h] == -INFINITY ? INFINITY : (off - st.log_retain[h]) * kScoreSteps - qf;
-      near |= fabsf(keep_by) <= kNearSteps || fabsf(strong_by) <= kNearSteps ||
-              (q[h] == kSaturated && (keep_by >= -kNearSteps || strong_by >= -kNearSteps));
+      const float keep_by = bd.keep - qf, strong_by = bd.strong - qf;  // > 0: passes
+      near |= !(fabsf(keep_by) > kNearSteps) || !(fabsf(strong_by) > kNearSteps);
       if (keep_by > 0.0f) {
         keep |= 1u << h;
-        ev[h] = expf(off - qf * (1.0f / kScoreSteps));
-        near |= !(ev[h] > st.thr[h]);  // e underflowed to a threshold of 0: decide exactly
+        x[h] = bd.off - qf * (1.0f / kScoreSteps);
       }
       if (strong_by > 0.0f) str |= 1u << h;
     }
@@ -633,9 +658,10 @@ __device__ __forceinline__ unsigned RowKeep(const SplitArgs& a, const SplitBlock
 #pragma unroll
     for (int h = 0; h < kG; ++h) {
       if (h < G) {
-        const float e = expf(ExactScoreAt<D, kK>(a, seq, b.lh, b.t, b.first_head + h, j) - st.m[h]);
+        const float xe = ExactScoreAt<D, kK>(a, seq, b.lh, b.t, b.first_head + h, j) - st.m[h];
+        const float e = expf(xe);
         const bool kept = e > st.thr[h];
-        ev[h] = kept ? e : 0.0f;
+        x[h] = kept ? xe : NAN;
         keep |= unsigned(kept) << h;
         str |= unsigned(e > a.theta.retain_factor * st.thr[h]) << h;
       }
@@ -664,6 +690,7 @@ __device__ __forceinline__ void SplitPass2(const SplitArgs& a, int32_t split_ind
   extern __shared__ __align__(16) float smem[];
   constexpr int kWarps = kThreads / 32;
   __shared__ GroupStats<kG> st;
+  __shared__ ScoreBands s_own[kG];  // this split's bands (RowKeep)
   __shared__ float s_dk[kWarps][kG], s_kc[kWarps][kG];  // per warp: summed in warp order
   __shared__ int s_kept[kWarps];                        // rows each warp listed
   __shared__ unsigned long long s_retained;
@@ -679,12 +706,12 @@ __device__ __forceinline__ void SplitPass2(const SplitArgs& a, int32_t split_ind
     WarpThreshold(a, r, t, L, first_head + h, &m, &d_full, &thr);
     if ((threadIdx.x & 31) == 0) {
       st.m[h] = m;
-      st.off[h] = a.ws.part_m[PartIndex(a, r, first_head + h, split)] - m;
       st.thr[h] = thr;
-      const float retain = a.theta.retain_factor * thr;
-      st.log_thr[h] = thr > 0.0f ? logf(thr) : -INFINITY;
-      st.log_retain[h] = retain > 0.0f ? logf(retain) : -INFINITY;
+      st.log_thr[h] = LogThreshold(thr);
+      st.log_retain[h] = LogThreshold(a.theta.retain_factor * thr);
       st.inv_d[h] = 1.0f / d_full;
+      s_own[h] = BandsOf(a.ws.part_m[PartIndex(a, r, first_head + h, split)] - m,
+                         st.log_thr[h], st.log_retain[h]);
       if (split == 0) {
         float* stat = a.ws.row_stat + (r * a.kv.shape.num_heads + first_head + h) * 3;
         stat[0] = m;
@@ -702,6 +729,9 @@ __device__ __forceinline__ void SplitPass2(const SplitArgs& a, int32_t split_ind
   const int lane = threadIdx.x & 31;
   const int32_t step = kRowsPerBatch * blockDim.x;
   const Divisor chunk(a.chunk);
+  ScoreBands own[kG];  // in registers: RowKeep reads them for every row
+#pragma unroll
+  for (int h = 0; h < kG; ++h) own[h] = h < G ? s_own[h] : ScoreBands{};
 
   // Positions: any head of the group keeps j -> retained, and the hit mark. Without a
   // sparse store (tail at 0) stored rows are the positions, and the gather loop below does
@@ -728,21 +758,22 @@ __device__ __forceinline__ void SplitPass2(const SplitArgs& a, int32_t split_ind
         const int32_t jl = base + b * int32_t(blockDim.x) + int32_t(threadIdx.x);
         if (jl >= n) continue;
         const int32_t j = j0 + jl;
-        float ev[kG];
+        float x[kG];
         unsigned strong_heads;
         const unsigned kept =
-            RowKeep<D, kG, kK>(a, blk, seq, chunk, G, j, q[b], st, ev, &strong_heads);
-        const bool strong = strong_heads != 0;
-        float mass = 0.0f;
-#pragma unroll
-        for (int h = 0; h < kG; ++h) {
-          if (kept >> h & 1u) mass += ev[h] * st.inv_d[h];
-        }
+            RowKeep<D, kG, kK>(a, blk, seq, chunk, G, j, q[b], st, own, x, &strong_heads);
         if (kept) {
           ++retained;
           if (j >= mark_from) {
-            if (hits && strong) atomicMax(hits + (j - mark_from), row.pos);
-            if (hit_mass) atomicAdd(hit_mass + (j - mark_from), mass);
+            if (hits && strong_heads) atomicMax(hits + (j - mark_from), row.pos);
+            if (hit_mass) {
+              float mass = 0.0f;
+#pragma unroll
+              for (int h = 0; h < kG; ++h) {
+                if (kept >> h & 1u) mass += expf(x[h]) * st.inv_d[h];
+              }
+              atomicAdd(hit_mass + (j - mark_from), mass);
+            }
           }
         }
       }
@@ -784,47 +815,27 @@ __device__ __forceinline__ void SplitPass2(const SplitArgs& a, int32_t split_ind
   const int32_t i0 = split * a.chunk;
   const int32_t ni = max(0, min(a.chunk, stored - i0));
 
-  // Keep test over this split's stored rows: kept rows go to a compact list (row index in
-  // the pool, e per head) in shared memory, each warp's to its own segment in row order, so
-  // every run sums the same rows in the same order (no atomic decides a place)...
+  // Keep test over this split's stored rows, a thread per row: kept rows go to a compact list
+  // in shared memory, each warp's to its own segment in row order, so every run sums the same
+  // rows in the same order (no atomic decides a place); an entry holds the row's index i among
+  // the stored rows (kStrongRow: a strong hit mark) and x = s − m per head (NaN: dropped)...
   const int warp = threadIdx.x >> 5;
   const int32_t seg = ListCapacity(a.chunk) / kWarps;        // the most rows a warp tests
   uint32_t* list_row = reinterpret_cast<uint32_t*>(smem);      // [kWarps, seg]
   float* list_e = smem + ListCapacity(a.chunk);                // [kWarps, seg, G]
+  constexpr uint32_t kStrongRow = 0x80000000u;
   int32_t listed = 0;  // this warp's rows so far (the same in every lane)
-  float dk[kG], kc[kG];
-#pragma unroll
-  for (int h = 0; h < kG; ++h) dk[h] = kc[h] = 0.0f;
-  unsigned host_kept = 0;  // this thread's listed rows from the host store
   for (int32_t base = 0; base < ni; base += step) {  // the same trips for every thread
     int32_t jb[kRowsPerBatch];
-    uint32_t pool_row[kRowsPerBatch];
     uint16_t q[kRowsPerBatch][kG];
 #pragma unroll
     for (int b = 0; b < kRowsPerBatch; ++b) {
       const int32_t il = base + b * int32_t(blockDim.x) + int32_t(threadIdx.x);
       const int32_t i = i0 + il;
-      jb[b] = -1;
-      pool_row[b] = 0;
-      if (il >= ni) continue;
-      int32_t page, slot;
-      uint32_t host_bit = 0;
-      if (i < sparse_vis) {
-        jb[b] = sparse_pos[i];
-        page = sparse_pages[bs.Div(i)];
-        slot = bs.Mod(i);
-      } else if (i < below) {
-        const int32_t h = i - sparse_vis;
-        jb[b] = host_pos[h];
-        page = host_pages[bs.Div(h)];
-        slot = bs.Mod(h);
-        host_bit = kHostRow;
-      } else {
-        jb[b] = tail + (i - below);
-        page = v_pages[bs.Div(jb[b] - v_tail_start)];
-        slot = bs.Mod(jb[b]);
-      }
-      pool_row[b] = (uint32_t(page) * uint32_t(bs.d) + uint32_t(slot)) | host_bit;
+      jb[b] = il >= ni          ? -1
+              : i < sparse_vis ? sparse_pos[i]
+              : i < below      ? host_pos[i - sparse_vis]
+                               : tail + (i - below);
     }
 #pragma unroll
     for (int b = 0; b < kRowsPerBatch; ++b) {
@@ -833,47 +844,69 @@ __device__ __forceinline__ void SplitPass2(const SplitArgs& a, int32_t split_ind
     }
 #pragma unroll
     for (int b = 0; b < kRowsPerBatch; ++b) {
-      const int32_t j = jb[b];
-      float ev[kG];  // 0 where a head drops j: no weight, no mass
-      bool any = false, strong = false;
-      if (j >= 0) {
-        unsigned strong_heads;
-        const unsigned kept =
-            RowKeep<D, kG, kK>(a, blk, seq, chunk, G, j, q[b], st, ev, &strong_heads);
-#pragma unroll
-        for (int h = 0; h < kG; ++h) {
-          if (kept >> h & 1u) {
-            dk[h] += ev[h];
-            kc[h] += 1.0f;
-          }
-        }
-        any = kept != 0;
-        strong = (kept & strong_heads) != 0;
-      } else {
-#pragma unroll
-        for (int h = 0; h < kG; ++h) ev[h] = 0.0f;
+      float x[kG];
+      unsigned kept = 0, strong_heads = 0;
+      if (jb[b] >= 0) {
+        kept = RowKeep<D, kG, kK>(a, blk, seq, chunk, G, jb[b], q[b], st, own, x, &strong_heads);
       }
-      const unsigned kept = __ballot_sync(0xffffffffu, any);
-      const int k = warp * seg + listed + __popc(kept & ((1u << lane) - 1u));
-      listed += __popc(kept);
-      if (!any) continue;
-      list_row[k] = pool_row[b];
-      host_kept += (pool_row[b] & kHostRow) != 0;
+      const unsigned voted = __ballot_sync(0xffffffffu, kept != 0);
+      const int k = warp * seg + listed + __popc(voted & ((1u << lane) - 1u));
+      listed += __popc(voted);
+      if (!kept) continue;
+      const int32_t i = i0 + base + b * int32_t(blockDim.x) + int32_t(threadIdx.x);
+      list_row[k] = uint32_t(i) | ((kept & strong_heads) ? kStrongRow : 0u);
 #pragma unroll
       for (int h = 0; h < kG; ++h) {
-        if (h < G) list_e[k * G + h] = ev[h];
-      }
-      if (tail > 0 || j < mark_from) continue;  // marks: the positions loop above, or none
-      if (hits && strong) atomicMax(hits + (j - mark_from), row.pos);
-      if (hit_mass) {
-        float mass = 0.0f;
-#pragma unroll
-        for (int h = 0; h < kG; ++h) {
-          if (h < G) mass += ev[h] * st.inv_d[h];  // ev is 0 where the head dropped j
-        }
-        atomicAdd(hit_mass + (j - mark_from), mass);
+        if (h < G) list_e[k * G + h] = x[h];
       }
     }
+  }
+  __syncwarp();
+
+  // ...then each warp turns its entries into what the gather reads, a lane per listed row
+  // (with ~20% of rows kept, a quarter of the passes a thread per row would take, each of
+  // those with most lanes idle): e = exp(x) per head, and the V row's place in the pools
+  // (kHostRow: the host store). Also the sums for D_kept and the kept count, and the hit marks.
+  float dk[kG], kc[kG];
+#pragma unroll
+  for (int h = 0; h < kG; ++h) dk[h] = kc[h] = 0.0f;
+  unsigned host_kept = 0;  // this thread's listed rows from the host store
+  for (int32_t kl = lane; kl < listed; kl += 32) {
+    const int k = warp * seg + kl;
+    const uint32_t entry = list_row[k];
+    const int32_t i = int32_t(entry & ~kStrongRow);
+    uint32_t pool_row;
+    if (i < sparse_vis) {
+      pool_row = uint32_t(sparse_pages[bs.Div(i)]) * uint32_t(bs.d) + uint32_t(bs.Mod(i));
+    } else if (i < below) {
+      const int32_t hi = i - sparse_vis;
+      pool_row = (uint32_t(host_pages[bs.Div(hi)]) * uint32_t(bs.d) + uint32_t(bs.Mod(hi))) |
+                 kHostRow;
+      ++host_kept;
+    } else {
+      const int32_t j = tail + (i - below);
+      pool_row = uint32_t(v_pages[bs.Div(j - v_tail_start)]) * uint32_t(bs.d) +
+                 uint32_t(bs.Mod(j));
+    }
+    list_row[k] = pool_row;
+    float mass = 0.0f;
+#pragma unroll
+    for (int h = 0; h < kG; ++h) {
+      if (h < G) {
+        const float xv = list_e[k * G + h];
+        const bool kept = !isnan(xv);
+        const float e = kept ? expf(xv) : 0.0f;
+        list_e[k * G + h] = e;
+        dk[h] += e;
+        kc[h] += kept ? 1.0f : 0.0f;
+        mass += e * st.inv_d[h];
+      }
+    }
+    // Marks here only without a sparse store (then stored row i is position i); with one, the
+    // positions loop above marked them.
+    if (tail > 0 || i < mark_from) continue;
+    if (hits && (entry & kStrongRow)) atomicMax(hits + (i - mark_from), row.pos);
+    if (hit_mass) atomicAdd(hit_mass + (i - mark_from), mass);
   }
 #pragma unroll
   for (int h = 0; h < kG; ++h) {
