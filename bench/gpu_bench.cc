@@ -13,7 +13,7 @@
 //       [--prefill 1024,4096,16384] [--model models/SmolLM2-135M-Instruct.Q4_1.gguf]
 //       [--e2e-batches 1,8,32,64] [--e2e-long-prompt 8000] [--e2e-long-batches 8,32]
 //       [--theta thetas.json] [--offload-contexts 8192,32768] [--offload-batches 1,8,32]
-//       [--repeats 5]
+//       [--by-kernel-context 32768] [--repeats 5]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -141,8 +141,9 @@ ts::model::ThetaTable InverseLTheta(int H) {
 }
 
 // SmolLM2's attention shape: 3 KV heads × 3 query heads, head_dim 64, 16-row pages.
-void DecodeAttention(const std::vector<int>& contexts, const std::vector<int>& batches, double copy_bw,
-                     int repeats, int sms) {
+// by_kernel_context: the context whose rows are also timed kernel by kernel.
+void DecodeAttention(const std::vector<int>& contexts, const std::vector<int>& batches,
+                     int by_kernel_context, double copy_bw, int repeats, int sms) {
   const int kvh = 3, group = 3, H = kvh * group, d = 64, bs = 16;
   int64_t max_pages = 0;
   for (int L : contexts)
@@ -162,6 +163,9 @@ void DecodeAttention(const std::vector<int>& contexts, const std::vector<int>& b
   std::printf("%-8s %-6s %-8s %-8s %-8s %-8s %-8s %-8s %-8s %-8s %-8s %-7s %-7s %-10s %-8s %-7s\n", "", "",
               "thread", "staged", "quad", "thread", "staged", "quad", "thread", "staged", "quad", "best", "", "GB/s",
               "bw", "picks");
+  // At by_kernel_context, each kernel's time, from the same alternated runs: the launches up
+  // to it (the split path cut short with set_kernel_limit) less those before it.
+  std::vector<std::string> by_kernel_rows;
   for (int L : contexts) {
     for (int B : batches) {
       const int blocks = (L + bs - 1) / bs;
@@ -211,13 +215,37 @@ void DecodeAttention(const std::vector<int>& contexts, const std::vector<int>& b
           std::exit(1);
         }
       }
-      std::vector<double> td[kWays], tt[kWays], tf[kWays];
+      // The cut-short launches: [way][part], parts: dense pass 1, Top-θ pass 1, Top-θ passes
+      // 1 and 2, the fused kernel.
+      constexpr int kParts = 4;
+      const bool by_kernel = L == by_kernel_context;
+      std::vector<std::unique_ptr<cu::CudaAttention>> cut;
+      for (int v = 0; by_kernel && v < kWays; ++v) {
+        for (int p = 0; p < kParts; ++p) {
+          auto& c = *cut.emplace_back(std::make_unique<cu::CudaAttention>(sms));
+          c.set_k_load(ways[v]);
+          c.set_theta_passes(p == 3 ? cu::ThetaPasses::kFused : cu::ThetaPasses::kSplit);
+          c.set_kernel_limit(p == 2 ? 2 : 1);
+          CHECK_OK(c.Prepare(batch, db, shape, 1, p == 0 ? dense_cfg : theta_cfg, nullptr));
+        }
+      }
+      std::vector<double> td[kWays], tt[kWays], tf[kWays], tp[kWays][kParts];
       const int iters = L * B >= (1 << 20) ? 5 : 20;
       for (int r = 0; r < repeats; ++r) {  // alternate: noise hits all alike
         for (int v = 0; v < kWays; ++v) {
           td[v].push_back(TimeMs([&] { CHECK_OK(dense[v].Run(0, db, in.q, H * d, layout, pool, nullptr, in.out, nullptr)); }, iters, 1));
           tt[v].push_back(TimeMs([&] { CHECK_OK(theta[v].Run(0, db, in.q, H * d, layout, pool, in.vsum, in.out, nullptr)); }, iters, 1));
           tf[v].push_back(TimeMs([&] { CHECK_OK(fused[v].Run(0, db, in.q, H * d, layout, pool, in.vsum, in.out, nullptr)); }, iters, 1));
+        }
+        // After every way's full runs (gpu-check's Nsight Compute offsets count those).
+        for (int v = 0; by_kernel && v < kWays; ++v) {
+          for (int p = 0; p < kParts; ++p) {
+            cu::CudaAttention& c = *cut[v * kParts + p];
+            const float* vsum = p == 0 ? nullptr : in.vsum;
+            tp[v][p].push_back(TimeMs(
+                [&] { CHECK_OK(c.Run(0, db, in.q, H * d, layout, pool, vsum, in.out, nullptr)); },
+                iters, 1));
+          }
         }
       }
       // One more Top-θ run on fresh counters for the V rows read.
@@ -257,7 +285,24 @@ void DecodeAttention(const std::vector<int>& contexts, const std::vector<int>& b
                       100 * gbs * 1e9 / copy_bw, read, picks);
         g_summary.push_back({"decode attn 32k, batch " + std::to_string(B), buf});
       }
+      for (int v = 0; by_kernel && v < kWays; ++v) {
+        double m[kParts];
+        for (int p = 0; p < kParts; ++p) m[p] = Median(tp[v][p]) * 1e3;
+        char buf[256];
+        std::snprintf(buf, sizeof buf,
+                      "%-6d %-7s %-9.1f %-8.1f %-9.1f %-8.1f %-8.1f %-8.1f %-8.1f", B,
+                      cu::KLoadName(ways[v]), m[0], md[v] * 1e3 - m[0], m[1], m[2] - m[1],
+                      mt[v] * 1e3 - m[2], m[3], mt[kWays + v] * 1e3 - m[3]);
+        by_kernel_rows.push_back(buf);
+      }
     }
+  }
+  if (!by_kernel_rows.empty()) {
+    std::printf("\n## decode attention at %d keys by kernel (µs; from the runs above: the launches "
+                "up to a kernel less those before it)\n", by_kernel_context);
+    std::printf("%-6s %-7s %-9s %-8s %-9s %-8s %-8s %-8s %-8s\n", "batch", "K load", "dense p1",
+                "combine", "top-θ p1", "pass 2", "combine", "fused", "combine");
+    for (const std::string& row : by_kernel_rows) std::printf("%s\n", row.c_str());
   }
   cudaFree(pool);
 }
@@ -556,6 +601,7 @@ int main(int argc, char** argv) {
   int long_prompt = 8000;  // SmolLM2's context is 8,192
   std::string model = "models/SmolLM2-135M-Instruct.Q4_1.gguf", theta;
   int repeats = 5;
+  int by_kernel_context = 32768;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
     if (k == "--contexts") contexts = ParseList(v);
@@ -569,6 +615,7 @@ int main(int argc, char** argv) {
     else if (k == "--model") model = v;
     else if (k == "--theta") theta = v;
     else if (k == "--repeats") repeats = std::stoi(v);
+    else if (k == "--by-kernel-context") by_kernel_context = std::stoi(v);
     else {
       std::fprintf(stderr, "unknown flag %s\n", k.c_str());
       return 2;
@@ -584,7 +631,7 @@ int main(int argc, char** argv) {
   const double bw = CopyBandwidth(repeats);
   std::printf("copy bandwidth: %.0f GB/s (device to device, read + write, median of %d)\n", bw / 1e9, repeats);
   g_summary.push_back({"copy bandwidth", std::to_string(int(bw / 1e9)) + " GB/s"});
-  DecodeAttention(contexts, batches, bw, repeats, prop.multiProcessorCount);
+  DecodeAttention(contexts, batches, by_kernel_context, bw, repeats, prop.multiProcessorCount);
   OffloadDecodeAttention(offload_contexts, offload_batches, repeats, prop.multiProcessorCount);
   PrefillAttention(prefill, repeats, prop.multiProcessorCount);
   if (!model.empty() && std::filesystem::exists(model)) {

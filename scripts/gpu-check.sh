@@ -119,7 +119,8 @@ fi
 # Nsight Compute on Top-θ's kernels at 32k × 64, K staged and per quad, two kernels and fused. The benchmark runs, per way, dense (a warm-up and 5 timed runs of pass 1 + combine: 12
 # launches), Top-θ (6 runs of pass 1, pass 2, combine: 18), then fused (6 runs of the fused
 # kernel and combine: 12): of the launches the filter matches, Top-θ's first run of way v
-# starts at 42·v + 12 and fused's at 42·v + 30.
+# starts at 42·v + 12 and fused's at 42·v + 30 (the by-kernel runs at 32k follow all three
+# ways' full runs).
 if [ "$ncu" = 1 ] && [ "$only_model" = 0 ]; then
   ncu_bin=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
   if [ -n "$ncu_bin" ]; then

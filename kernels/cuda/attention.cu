@@ -600,12 +600,13 @@ struct ScoreBands {
   float strong;  // the same for retain_factor · thr
 };
 
-// (off − log_t) · kScoreSteps, the score below which e passes the threshold. +inf (every row)
-// where log_t is −inf, also in a split whose max is −inf (−inf − −inf would be NaN); clamped
-// to kSaturated, so a saturated score (it only bounds e from above) is within the near band
-// wherever it might pass. NaN, every row decided on its exact scores, where off or log_t is NaN
-// and where the threshold is so small that an e just above it could underflow (log_t < −87,
-// where exp leaves the normal floats).
+// (off − log_t) · kScoreSteps, the score below which e passes the threshold, clamped to
+// kSaturated: a saturated score (it only bounds e from above) is then within the near band
+// wherever it might pass. Where log_t is −inf every row passes (kSaturated: all but the
+// saturated ones surely), also in a split whose max is −inf (−inf − −inf would be NaN). NaN,
+// every row decided on its exact scores, where off or log_t is NaN and where the threshold is
+// so small that an e just above it could underflow (log_t < −87, where exp leaves the normal
+// floats).
 __device__ __forceinline__ float BandOf(float off, float log_t) {
   if (isnan(off) || !(log_t == -INFINITY || log_t >= -87.0f)) return NAN;
   const float at = log_t == -INFINITY ? INFINITY : (off - log_t) * kScoreSteps;
@@ -678,7 +679,9 @@ constexpr uint32_t kHostRow = 0x80000000u;
 
 // Rows of pass 2's loops one thread holds at a time: their scores are all loaded before any
 // is tested, so a thread waits for memory once per batch, not once per row.
-constexpr int kRowsPerBatch = 4;
+// Two for groups of more than 4 heads (their scores and exps held for 4 rows spilled).
+template <int kG>
+constexpr int kRowsPerBatch = kG <= 4 ? 4 : 2;
 
 // Top-θ pass 2 over one split: positions [j0, j0 + chunk) for hit marks and the retained
 // count, and stored V rows [i0, i0 + chunk) (sparse store first, then the host store, then the
@@ -727,11 +730,22 @@ __device__ __forceinline__ void SplitPass2(const SplitArgs& a, int32_t split_ind
   const uint16_t* srow0 = a.ws.scores + (r * a.kv.shape.num_heads + first_head) * a.ws.score_stride;
   const int64_t stride = a.ws.score_stride;
   const int lane = threadIdx.x & 31;
-  const int32_t step = kRowsPerBatch * blockDim.x;
+  const int32_t step = kRowsPerBatch<kG> * blockDim.x;
   const Divisor chunk(a.chunk);
-  ScoreBands own[kG];  // in registers: RowKeep reads them for every row
+  // RowKeep reads the bands for every row: from registers for groups of up to 4, from
+  // shared memory for larger ones (8 heads' bands in registers spilled in the row loop).
+  ScoreBands own_regs[kG <= 4 ? kG : 1];
+  if constexpr (kG <= 4) {
 #pragma unroll
-  for (int h = 0; h < kG; ++h) own[h] = h < G ? s_own[h] : ScoreBands{};
+    for (int h = 0; h < kG; ++h) own_regs[h] = h < G ? s_own[h] : ScoreBands{};
+  }
+  const ScoreBands(&own)[kG] = *[&] {
+    if constexpr (kG <= 4) {
+      return &own_regs;
+    } else {
+      return &s_own;
+    }
+  }();
 
   // Positions: any head of the group keeps j -> retained, and the hit mark. Without a
   // sparse store (tail at 0) stored rows are the positions, and the gather loop below does
@@ -746,15 +760,15 @@ __device__ __forceinline__ void SplitPass2(const SplitArgs& a, int32_t split_ind
     const int32_t n = min(a.chunk, L - j0);
     unsigned long long retained = 0;
     for (int32_t base = 0; base < n; base += step) {
-      uint16_t q[kRowsPerBatch][kG];
+      uint16_t q[kRowsPerBatch<kG>][kG];
 #pragma unroll
-      for (int b = 0; b < kRowsPerBatch; ++b) {
+      for (int b = 0; b < kRowsPerBatch<kG>; ++b) {
         const int32_t jl = base + b * int32_t(blockDim.x) + int32_t(threadIdx.x);
 #pragma unroll
         for (int h = 0; h < kG; ++h) q[b][h] = h < G && jl < n ? srow0[h * stride + j0 + jl] : 0;
       }
 #pragma unroll
-      for (int b = 0; b < kRowsPerBatch; ++b) {
+      for (int b = 0; b < kRowsPerBatch<kG>; ++b) {
         const int32_t jl = base + b * int32_t(blockDim.x) + int32_t(threadIdx.x);
         if (jl >= n) continue;
         const int32_t j = j0 + jl;
@@ -823,13 +837,15 @@ __device__ __forceinline__ void SplitPass2(const SplitArgs& a, int32_t split_ind
   const int32_t seg = ListCapacity(a.chunk) / kWarps;        // the most rows a warp tests
   uint32_t* list_row = reinterpret_cast<uint32_t*>(smem);      // [kWarps, seg]
   float* list_e = smem + ListCapacity(a.chunk);                // [kWarps, seg, G]
+  // Bit 31 of an entry: a strong mark until phase B below replaces the entry with the V row's
+  // place, where the same bit is kHostRow (stored indices stay below 2^31, as pool rows do).
   constexpr uint32_t kStrongRow = 0x80000000u;
   int32_t listed = 0;  // this warp's rows so far (the same in every lane)
   for (int32_t base = 0; base < ni; base += step) {  // the same trips for every thread
-    int32_t jb[kRowsPerBatch];
-    uint16_t q[kRowsPerBatch][kG];
+    int32_t jb[kRowsPerBatch<kG>];
+    uint16_t q[kRowsPerBatch<kG>][kG];
 #pragma unroll
-    for (int b = 0; b < kRowsPerBatch; ++b) {
+    for (int b = 0; b < kRowsPerBatch<kG>; ++b) {
       const int32_t il = base + b * int32_t(blockDim.x) + int32_t(threadIdx.x);
       const int32_t i = i0 + il;
       jb[b] = il >= ni          ? -1
@@ -838,12 +854,12 @@ __device__ __forceinline__ void SplitPass2(const SplitArgs& a, int32_t split_ind
                                : tail + (i - below);
     }
 #pragma unroll
-    for (int b = 0; b < kRowsPerBatch; ++b) {
+    for (int b = 0; b < kRowsPerBatch<kG>; ++b) {
 #pragma unroll
       for (int h = 0; h < kG; ++h) q[b][h] = h < G && jb[b] >= 0 ? srow0[h * stride + jb[b]] : 0;
     }
 #pragma unroll
-    for (int b = 0; b < kRowsPerBatch; ++b) {
+    for (int b = 0; b < kRowsPerBatch<kG>; ++b) {
       float x[kG];
       unsigned kept = 0, strong_heads = 0;
       if (jb[b] >= 0) {
@@ -879,8 +895,8 @@ __device__ __forceinline__ void SplitPass2(const SplitArgs& a, int32_t split_ind
     if (i < sparse_vis) {
       pool_row = uint32_t(sparse_pages[bs.Div(i)]) * uint32_t(bs.d) + uint32_t(bs.Mod(i));
     } else if (i < below) {
-      const int32_t hi = i - sparse_vis;
-      pool_row = (uint32_t(host_pages[bs.Div(hi)]) * uint32_t(bs.d) + uint32_t(bs.Mod(hi))) |
+      const int32_t hr = i - sparse_vis;  // the host store's row
+      pool_row = (uint32_t(host_pages[bs.Div(hr)]) * uint32_t(bs.d) + uint32_t(bs.Mod(hr))) |
                  kHostRow;
       ++host_kept;
     } else {
@@ -1003,43 +1019,83 @@ __global__ void __launch_bounds__(kThreads, Pass1MinBlocks<GT, kK>()) SplitFused
   }
 }
 
-// Dense reduction over splits: one block of D threads per (row, head).
+// The reductions over splits: a block of kCombineWays · D threads per (row, query head); way w
+// (threads [w·D, (w + 1)·D), a thread per output element) takes the splits w, w + kCombineWays,
+// ..., and the ways' sums are added in way order, so every run adds in the same order. At
+// batch 1 a row has ~170 splits (the plan aims at 4 blocks per SM), and one thread per element
+// walking them all in turn was a chain of ~170 dependent adds behind their loads.
+constexpr int kCombineWays = 4;
+
 template <int D>
-__global__ void DenseCombineKernel(SplitArgs a) {
+__global__ void __launch_bounds__(kCombineWays * D) DenseCombineKernel(SplitArgs a) {
   const int64_t r = blockIdx.x;
   const int32_t head = blockIdx.y;
+  const int way = threadIdx.x / D, e = threadIdx.x % D;
   const int32_t t = a.row_ids[r];
   const int32_t L = a.kv.rows[t].pos + 1;
   const int32_t splits = (L + a.chunk - 1) / a.chunk;
+  __shared__ float s_m[kCombineWays], s_l[kCombineWays], s_o[kCombineWays][D];
   float m = -INFINITY;
-  for (int s = 0; s < splits; ++s) m = fmaxf(m, a.ws.part_m[PartIndex(a, r, head, s)]);
+  for (int s = way; s < splits; s += kCombineWays) {
+    m = fmaxf(m, a.ws.part_m[PartIndex(a, r, head, s)]);
+  }
+  if (e == 0) s_m[way] = m;
+  __syncthreads();
+#pragma unroll
+  for (int w = 0; w < kCombineWays; ++w) m = fmaxf(m, s_m[w]);
   float l = 0.0f, o = 0.0f;
-  for (int s = 0; s < splits; ++s) {
+  for (int s = way; s < splits; s += kCombineWays) {
     const int64_t p = PartIndex(a, r, head, s);
     const float w = expf(a.ws.part_m[p] - m);
     l += a.ws.part_l[p] * w;
-    o += a.ws.part_o[p * D + threadIdx.x] * w;
+    o += a.ws.part_o[p * D + e] * w;
   }
-  a.o[int64_t(t) * a.kv.shape.num_heads * D + int64_t(head) * D + threadIdx.x] = o / l;
+  s_o[way][e] = o;
+  if (e == 0) s_l[way] = l;
+  __syncthreads();
+  if (way != 0) return;
+  float sum_l = 0.0f, sum_o = 0.0f;
+#pragma unroll
+  for (int w = 0; w < kCombineWays; ++w) {
+    sum_l += s_l[w];
+    sum_o += s_o[w][e];
+  }
+  a.o[int64_t(t) * a.kv.shape.num_heads * D + int64_t(head) * D + e] = sum_o / sum_l;
 }
 
 // Top-θ reduction: Σ over splits of the gathered rows, then SDC and VMC.
 template <int D>
-__global__ void ThetaCombineKernel(SplitArgs a) {
+__global__ void __launch_bounds__(kCombineWays * D) ThetaCombineKernel(SplitArgs a) {
   const int64_t r = blockIdx.x;
   const int32_t head = blockIdx.y;
+  const int way = threadIdx.x / D, e = threadIdx.x % D;
   const int32_t t = a.row_ids[r];
   const int32_t L = a.kv.rows[t].pos + 1;
   const int32_t splits = (L + a.chunk - 1) / a.chunk;
-  const float* st = a.ws.row_stat + (r * a.kv.shape.num_heads + head) * 3;
-  const float d_full = st[1], thr = st[2];
   float o = 0.0f, d_kept = 0.0f, kept = 0.0f;
-  for (int s = 0; s < splits; ++s) {
+  for (int s = way; s < splits; s += kCombineWays) {
     const int64_t p = PartIndex(a, r, head, s);
-    o += a.ws.part_o[p * D + threadIdx.x];
+    o += a.ws.part_o[p * D + e];
     d_kept += a.ws.part_dk[p];
     kept += a.ws.part_n[p];
   }
+  __shared__ float s_dk[kCombineWays], s_n[kCombineWays], s_o[kCombineWays][D];
+  s_o[way][e] = o;
+  if (e == 0) {
+    s_dk[way] = d_kept;
+    s_n[way] = kept;
+  }
+  __syncthreads();
+  if (way != 0) return;
+  o = d_kept = kept = 0.0f;
+#pragma unroll
+  for (int w = 0; w < kCombineWays; ++w) {
+    o += s_o[w][e];
+    d_kept += s_dk[w];
+    kept += s_n[w];
+  }
+  const float* st = a.ws.row_stat + (r * a.kv.shape.num_heads + head) * 3;
+  const float d_full = st[1], thr = st[2];
   float denom = d_kept;
   switch (a.theta.sdc) {
     case SdcMode::kNone: break;
@@ -1065,13 +1121,13 @@ __global__ void ThetaCombineKernel(SplitArgs a) {
     out = o * (1.0f / denom);
     if (vsum) {
       const float missing = fmaxf(0.0f, 1.0f - d_kept / denom);
-      if (missing > 0) out = fmaf(missing * inv_L, vsum[threadIdx.x], out);
+      if (missing > 0) out = fmaf(missing * inv_L, vsum[e], out);
     }
   } else if (vsum) {
-    out = vsum[threadIdx.x] * inv_L;
+    out = vsum[e] * inv_L;
   }
-  a.o[int64_t(t) * a.kv.shape.num_heads * D + int64_t(head) * D + threadIdx.x] = out;
-  if (threadIdx.x == 0) atomicAdd(a.theta.counters + 1, (unsigned long long)(kept));
+  a.o[int64_t(t) * a.kv.shape.num_heads * D + int64_t(head) * D + e] = out;
+  if (e == 0) atomicAdd(a.theta.counters + 1, (unsigned long long)(kept));
 }
 
 // ---- Prefill ----
@@ -1197,8 +1253,9 @@ size_t SplitSmemBytes(int D, int G, int chunk, bool staged) {
   return staged ? std::max(area, size_t(StageOffsetFloats(D, G, chunk)) * sizeof(float) + StageBytes(D)) : area;
 }
 // Without the opt-in attribute a kernel's static and dynamic shared memory together stay within
-// 48 KB; the split kernels' static arrays take under 0.5 KB (pass 2's per-head and per-warp
-// sums at group 8), and the plan keeps dynamic memory 1 KB below the limit.
+// 48 KB; the split kernels' static arrays take under 0.7 KB (pass 2's per-head values, bands
+// and per-warp sums at group 8: 544 bytes, ptxas; the fused kernel's 672), and the plan keeps
+// dynamic memory 1 KB below the limit.
 constexpr size_t kMaxSmem = (48 << 10) - 1024;
 // Launches SplitFusedKernel: a cluster of up to kMaxClusterBlocks blocks per (row, KV group).
 template <int D, int GT, KLoad kK>
@@ -1227,6 +1284,7 @@ cudaError_t RunSplit(const SplitArgs& a, int32_t num_rows, const SplitPlan& plan
   const size_t pass2_smem = SplitSmemBytes(D, G, plan.chunk, false);
   const KLoad k_load = CanStage(D) ? plan.k_load : KLoad::kPerThread;
   const size_t pass1_smem = SplitSmemBytes(D, G, plan.chunk, k_load == KLoad::kStaged);
+  const int32_t limit = plan.kernel_limit > 0 ? plan.kernel_limit : 3;
   cudaError_t launched = cudaSuccess;
   auto run = [&](auto k) {
     constexpr KLoad kK = decltype(k)::value;
@@ -1235,7 +1293,9 @@ cudaError_t RunSplit(const SplitArgs& a, int32_t num_rows, const SplitPlan& plan
       return;
     }
     SplitPass1Kernel<D, GT, kK><<<grid, kThreads, pass1_smem, stream>>>(a);
-    if (a.top_theta) SplitPass2Kernel<D, GT, kK><<<grid, kThreads, pass2_smem, stream>>>(a);
+    if (a.top_theta && limit >= 2) {
+      SplitPass2Kernel<D, GT, kK><<<grid, kThreads, pass2_smem, stream>>>(a);
+    }
   };
   if constexpr (CanStage(D)) {
     if (k_load == KLoad::kStaged) run(std::integral_constant<KLoad, KLoad::kStaged>{});
@@ -1246,10 +1306,12 @@ cudaError_t RunSplit(const SplitArgs& a, int32_t num_rows, const SplitPlan& plan
     cudaGetLastError();  // returned here: not left to fail the next launch's check
     return launched;
   }
+  if (limit <= (a.top_theta && !plan.fused ? 2 : 1)) return cudaGetLastError();
+  const dim3 combine(num_rows, a.kv.shape.num_heads);
   if (a.top_theta) {
-    ThetaCombineKernel<D><<<dim3(num_rows, a.kv.shape.num_heads), D, 0, stream>>>(a);
+    ThetaCombineKernel<D><<<combine, kCombineWays * D, 0, stream>>>(a);
   } else {
-    DenseCombineKernel<D><<<dim3(num_rows, a.kv.shape.num_heads), D, 0, stream>>>(a);
+    DenseCombineKernel<D><<<combine, kCombineWays * D, 0, stream>>>(a);
   }
   return cudaGetLastError();
 }

@@ -58,6 +58,7 @@ absl::Status CudaAttention::Prepare(const ForwardBatch& batch, const DeviceBatch
   const int64_t planned_len = PlannedLength(split_max_len);
   plan_ = PlanSplits(num_split_rows_, shape, planned_len, num_sms_, k_load_,
                      config.active() ? theta_passes_ : ThetaPasses::kSplit);
+  plan_.kernel_limit = kernel_limit_;
 
   // Inputs: row ids, tiles, θ and SDC ratios, counters.
   const int64_t T = num_rows_;
@@ -180,9 +181,9 @@ absl::Status CudaAttention::Run(int32_t layer, const DeviceBatch& db, const floa
 }
 
 std::string CudaAttention::Signature() const {
-  return absl::StrFormat("%d/%d/%d/%d/%d/%d/%d/%d/%p/%p/%p/%p/%p/%p/%p/%p/%d/%p/%d/%d/%g/%d/%p", num_split_rows_,
-                         num_tiles_, row_batch_, plan_.chunk, plan_.max_splits,
-                         int(plan_.k_load), int(plan_.fused), num_layers_,
+  return absl::StrFormat("%d/%d/%d/%d/%d/%d/%d/%d/%d/%p/%p/%p/%p/%p/%p/%p/%p/%d/%p/%d/%d/%g/%d/%p",
+                         num_split_rows_, num_tiles_, row_batch_, plan_.chunk, plan_.max_splits,
+                         int(plan_.k_load), int(plan_.fused), plan_.kernel_limit, num_layers_,
                          row_ids_, tiles_, theta_, sdc_ratio_, counters_, ws_.part_o,
                          ws_.row_stat, ws_.scores, int(ws_.score_stride), config_.table,
                          int(config_.sdc), int(config_.vmc), config_.retain_factor,

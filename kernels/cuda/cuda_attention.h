@@ -52,6 +52,10 @@ class CudaAttention {
   void set_k_load(KLoad k) { k_load_ = k; }
   // How Top-θ's passes run from the next Prepare on (default: DefaultThetaPasses()).
   void set_theta_passes(ThetaPasses p) { theta_passes_ = p; }
+  // For the benchmark's time per kernel: from the next Prepare on, Run launches only the
+  // first n kernels of the split path (SplitPlan::kernel_limit; the output is then not
+  // written); 0, the default, launches them all.
+  void set_kernel_limit(int32_t n) { kernel_limit_ = n; }
   // Everything a captured launch sequence depends on (pointers and launch shapes): two steps
   // with equal signatures can replay the same CUDA graph.
   std::string Signature() const;
@@ -69,6 +73,7 @@ class CudaAttention {
   SplitPlan plan_;
   KLoad k_load_ = DefaultKLoad();
   ThetaPasses theta_passes_ = DefaultThetaPasses();
+  int32_t kernel_limit_ = 0;
   int32_t num_split_rows_ = 0;
   int32_t row_batch_ = 1;        // split rows per launch (workspace and grid bound)
   std::vector<bool> ran_;        // layers Run saw since Prepare

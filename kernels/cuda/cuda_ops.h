@@ -164,6 +164,10 @@ struct SplitPlan {
   int32_t max_splits = 1;
   KLoad k_load = KLoad::kPerThread;
   bool fused = false;
+  // For the benchmark's time per kernel: launch only the first n kernels of the split path
+  // (dense: pass 1, combine; Top-θ: pass 1, pass 2, combine; fused: the fused kernel,
+  // combine), leaving the output unwritten; 0 launches them all.
+  int32_t kernel_limit = 0;
 };
 SplitPlan PlanSplits(int64_t num_rows, const AttnShape& shape, int64_t max_len, int num_sms,
                      KLoad k_load, ThetaPasses passes = ThetaPasses::kSplit);

@@ -258,6 +258,7 @@ class AttentionCase {
     CudaAttention att(prop.multiProcessorCount);
     att.set_k_load(k_load_);
     att.set_theta_passes(passes_);
+    att.set_kernel_limit(kernel_limit_);
     // The host pool in mapped pinned memory, as the backend allocates it.
     MappedHostBuffer host_pool;
     if (!host_pool_.empty()) {
@@ -271,10 +272,14 @@ class AttentionCase {
     ASSERT_TRUE(st.ok()) << st;
 #if defined(THETASERVE_CUDA_EMU)
     const uint64_t cluster_launches = emu::ClusterLaunches();
+    const uint64_t launches = emu::KernelLaunches();
 #endif
     st = att.Run(s_.layer, db, q.get(), int64_t(s_.num_heads) * d, layout_, pool.get(),
                  with_vsum ? vsum.get() : nullptr, out.get(), nullptr);
     ASSERT_TRUE(st.ok()) << st;
+#if defined(THETASERVE_CUDA_EMU)
+    kernel_launches_ = int64_t(emu::KernelLaunches() - launches);
+#endif
     st = att.Finish(&gpu_stats_, nullptr);
     ASSERT_TRUE(st.ok()) << st;
     st = db.Download(nullptr);
@@ -484,6 +489,11 @@ class AttentionCase {
     return n;
   }
   int32_t chunk() const { return chunk_; }
+  // CudaAttention::set_kernel_limit for the next Run.
+  void set_kernel_limit(int32_t n) { kernel_limit_ = n; }
+  // Kernels the last Run launched (counted by the emulator; -1 on a GPU).
+  int64_t kernel_launches() const { return kernel_launches_; }
+  const std::vector<float>& gpu_out() const { return gpu_out_; }
   int32_t splits() const { return splits_; }
   // Σ of the CPU side's retained mass over every sequence and row.
   double total_mass() const {
@@ -514,6 +524,8 @@ class AttentionCase {
   int64_t num_pages_ = 0;
   KvPoolLayout layout_;
   std::vector<float> pool_, u_, q_, vsum_, cpu_out_, gpu_out_;
+  int32_t kernel_limit_ = 0;
+  int64_t kernel_launches_ = -1;
   std::vector<float> host_pool_;  // [num_host_pages, block_size, head_dim]
   std::vector<int32_t> tokens_;
   std::vector<Seq> seqs_;
@@ -646,6 +658,44 @@ TEST_P(GpuAttentionTest, LargestChunksForBigHeadsAndGroups) {
         EXPECT_EQ(c.chunk(), 1024);
       } else {
         EXPECT_LT(c.chunk(), 1024);
+      }
+    }
+  }
+}
+
+// The benchmark's time per kernel cuts the split path short (set_kernel_limit): the first n
+// kernels launch (dense: pass 1, combine; Top-θ: pass 1, pass 2, combine; fused: the fused
+// kernel, combine), the output stays as poisoned until the last, and the whole path still
+// matches the CPU.
+TEST_P(GpuTopThetaTest, KernelLimitLaunchesTheFirstKernelsOnly) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  const uint64_t seed = testing::TestSeed();
+  SCOPED_TRACE("THETASERVE_SEED=" + std::to_string(seed));
+  const Shape s;
+  const model::ThetaTable table = MakeTable(s, model::ThetaPlacement::kPostSoftmax, 16);
+  TopThetaConfig theta;
+  theta.table = &table;
+  for (const TopThetaConfig& cfg : {TopThetaConfig{}, theta}) {
+    const bool two_passes = cfg.active() && GetParam().passes == ThetaPasses::kSplit;
+    const int32_t kernels = two_passes ? 3 : 2;
+    for (int32_t limit = 1; limit <= kernels; ++limit) {
+      SCOPED_TRACE(::testing::Message() << (cfg.active() ? "top-θ" : "dense") << ", limit "
+                                        << limit);
+      AttentionCase c(s, {{3000, 1}, {700, 1}}, seed, GetParam());
+      c.set_kernel_limit(limit);
+      c.Run(cfg, cfg.active());
+#if defined(THETASERVE_CUDA_EMU)
+      EXPECT_EQ(c.kernel_launches(), limit);
+#endif
+      if (limit < kernels) {
+        const std::vector<float>& out = c.gpu_out();
+        EXPECT_TRUE(std::all_of(out.begin(), out.end(), [](float v) {
+          uint32_t b;
+          std::memcpy(&b, &v, 4);
+          return b == 0xFFFFFFFFu;  // GuardedArray's poison
+        }));
+      } else {
+        c.ExpectSame(cfg);
       }
     }
   }

@@ -100,6 +100,8 @@ cudaError_t SetLastError(cudaError_t e);
 // Launches made with a cluster dimension so far (tests: that a kernel ran as clusters).
 void CountClusterLaunch();
 uint64_t ClusterLaunches();
+// Kernel launches accepted so far, recorded ones included (tests: how many kernels a call ran).
+uint64_t KernelLaunches();
 
 template <typename T>
 uint64_t ToBits(T v) {

@@ -393,6 +393,7 @@ ScheduleOrder g_order = InitialOrder();
 uint64_t g_blocks_run = 0;    // under g_launch_mutex
 uint64_t g_clusters_run = 0;  // of more than one block; under g_launch_mutex
 std::atomic<uint64_t> g_cluster_launches{0};
+std::atomic<uint64_t> g_kernel_launches{0};  // every accepted launch (recorded ones included)
 
 cudaError_t Execute(dim3 grid, dim3 block, dim3 cluster, size_t smem,
                     const std::function<void()>& body) {
@@ -542,6 +543,7 @@ unsigned ClusterBlockRank() { return g_block->rank; }
 void CountClusterLaunch() { ++g_cluster_launches; }
 cudaError_t SetLastError(cudaError_t e) { return Fail(e); }
 uint64_t ClusterLaunches() { return g_cluster_launches.load(); }
+uint64_t KernelLaunches() { return g_kernel_launches.load(); }
 unsigned ClusterNumBlocks() { return g_cluster_blocks; }
 
 cudaError_t SetMaxDynamicShared(const void* kernel, int bytes) {
@@ -627,6 +629,7 @@ cudaError_t RunKernel(dim3 grid, dim3 block, size_t smem, cudaStream_t stream, c
     if (it != MaxDynamicShared().end()) limit = std::max(limit, it->second);
   }
   if (smem > limit) return Fail(cudaErrorInvalidValue);
+  ++g_kernel_launches;
   EnqueueOnStream(stream, [grid, block, cluster, smem, body = std::move(body)] {
     Execute(grid, block, cluster, smem, body);
   });
