@@ -54,7 +54,8 @@ class CudaAttention {
   void set_theta_passes(ThetaPasses p) { theta_passes_ = p; }
   // For the benchmark's time per kernel: from the next Prepare on, Run launches only the
   // first n kernels of the split path (SplitPlan::kernel_limit; the output is then not
-  // written); 0, the default, launches them all.
+  // written, and Finish's Top-θ counts lack the kernels left out); 0, the default, launches
+  // them all.
   void set_kernel_limit(int32_t n) { kernel_limit_ = n; }
   // Everything a captured launch sequence depends on (pointers and launch shapes): two steps
   // with equal signatures can replay the same CUDA graph.

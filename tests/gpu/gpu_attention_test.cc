@@ -494,6 +494,7 @@ class AttentionCase {
   // Kernels the last Run launched (counted by the emulator; -1 on a GPU).
   int64_t kernel_launches() const { return kernel_launches_; }
   const std::vector<float>& gpu_out() const { return gpu_out_; }
+  const AttentionStats& gpu_stats() const { return gpu_stats_; }
   int32_t splits() const { return splits_; }
   // Σ of the CPU side's retained mass over every sequence and row.
   double total_mass() const {
@@ -666,7 +667,7 @@ TEST_P(GpuAttentionTest, LargestChunksForBigHeadsAndGroups) {
 // The benchmark's time per kernel cuts the split path short (set_kernel_limit): the first n
 // kernels launch (dense: pass 1, combine; Top-θ: pass 1, pass 2, combine; fused: the fused
 // kernel, combine), the output stays as poisoned until the last, and the whole path still
-// matches the CPU.
+// matches the CPU. The emulator counts the launches; Top-θ's counters tell on a GPU too.
 TEST_P(GpuTopThetaTest, KernelLimitLaunchesTheFirstKernelsOnly) {
   SKIP_WITHOUT_CUDA_DEVICE();
   const uint64_t seed = testing::TestSeed();
@@ -687,6 +688,13 @@ TEST_P(GpuTopThetaTest, KernelLimitLaunchesTheFirstKernelsOnly) {
 #if defined(THETASERVE_CUDA_EMU)
       EXPECT_EQ(c.kernel_launches(), limit);
 #endif
+      // On any device, Top-θ's counters say which kernels ran: pass 2 (or the fused kernel)
+      // counts the V rows it reads, the combine the elements kept.
+      if (cfg.active()) {
+        const bool pass2_ran = !two_passes || limit >= 2;
+        EXPECT_EQ(c.gpu_stats().v_rows_read > 0, pass2_ran);
+        EXPECT_EQ(c.gpu_stats().elements_kept > 0, limit == kernels);
+      }
       if (limit < kernels) {
         const std::vector<float>& out = c.gpu_out();
         EXPECT_TRUE(std::all_of(out.begin(), out.end(), [](float v) {
