@@ -3,7 +3,8 @@
 //  2. decode attention, dense vs Top-θ, at contexts × batch sizes, each with pass 1 reading K
 //     per thread, staged through shared memory (cp.async) and per quad of threads: median times, the ratios
 //     measured in the same run, V rows read, and the bytes/s the faster dense kernel reached
-//     against the copy bandwidth;
+//     against the copy bandwidth; Top-θ post-softmax (two kernels, fused) and pre-softmax in
+//     one pass, its θ set to read as many V rows as the post-softmax one;
 //  3. Top-θ decode attention over a host store (the offload policy) against the full policy;
 //  4. dense prefill attention TFLOP/s;
 //  5. end-to-end decode tokens/s on a model through the real engine (when --model exists),
@@ -140,6 +141,21 @@ ts::model::ThetaTable InverseLTheta(int H) {
   return table;
 }
 
+// One layer of H heads, pre-softmax θ (a scaled score) the same at every length, beyond k = 16.
+ts::model::ThetaTable ConstantPreTheta(int H, float theta) {
+  ts::model::ThetaTable table(1, H, ts::model::ThetaTable::DefaultBuckets(1 << 18));
+  table.k_per_layer = {16};
+  table.placement = ts::model::ThetaPlacement::kPreSoftmax;
+  for (int h = 0; h < H; ++h)
+    for (size_t k = 0; k < table.buckets().size(); ++k) table.theta_at(0, h, k) = theta;
+  table.Finalize();
+  return table;
+}
+
+// Bisection steps for the pre-softmax θ (each a one-pass launch and its combine: 2 launches
+// before the timed runs, which gpu-check.sh's Nsight Compute offsets count).
+constexpr int kPreThetaSteps = 20;
+
 // SmolLM2's attention shape: 3 KV heads × 3 query heads, head_dim 64, 16-row pages.
 // by_kernel_context: the context whose rows are also timed kernel by kernel.
 void DecodeAttention(const std::vector<int>& contexts, const std::vector<int>& batches,
@@ -155,14 +171,16 @@ void DecodeAttention(const std::vector<int>& contexts, const std::vector<int>& b
   CHECK_CUDA(cudaMalloc(&pool, max_pages * full.PageElems() * 2));
   CHECK_CUDA(cu::LaunchFillRandomBf16(pool, max_pages * full.PageElems(), 7, 1.0f, nullptr));
   std::printf("K per thread (thread), staged through shared memory (staged) or per quad of threads "
-              "(quad); top-θ: two kernels, fused: one launch of thread block clusters; "
-              "µs; ratio: the fastest dense ÷ the fastest top-θ or fused\n");
-  std::printf("%-8s %-6s %-8s %-8s %-8s %-8s %-8s %-8s %-8s %-8s %-8s %-7s %-7s %-10s %-8s %-7s\n", "context",
-              "batch", "dense", "dense", "dense", "top-θ", "top-θ", "top-θ", "fused", "fused", "fused", "ratio",
-              "V read", "best dense", "of copy", "auto");
-  std::printf("%-8s %-6s %-8s %-8s %-8s %-8s %-8s %-8s %-8s %-8s %-8s %-7s %-7s %-10s %-8s %-7s\n", "", "",
-              "thread", "staged", "quad", "thread", "staged", "quad", "thread", "staged", "quad", "best", "", "GB/s",
-              "bw", "picks");
+              "(quad); top-θ (post-softmax θ = 1/L): two kernels, fused: one launch of thread block "
+              "clusters; one pass: pre-softmax θ, one kernel (its θ bisected to read the V rows "
+              "post-softmax reads: V read 1p); µs; ratio: the fastest dense ÷ the fastest top-θ or "
+              "fused; ratio 1p: ÷ the fastest one pass\n");
+  std::printf("%-8s %-6s %-8s %-8s %-8s %-8s %-8s %-8s %-8s %-8s %-8s %-8s %-8s %-8s %-7s %-7s %-7s %-7s %-10s %-8s %-7s\n", "context",
+              "batch", "dense", "dense", "dense", "top-θ", "top-θ", "top-θ", "fused", "fused", "fused",
+              "1 pass", "1 pass", "1 pass", "ratio", "ratio", "V read", "V read", "best dense", "of copy", "auto");
+  std::printf("%-8s %-6s %-8s %-8s %-8s %-8s %-8s %-8s %-8s %-8s %-8s %-8s %-8s %-8s %-7s %-7s %-7s %-7s %-10s %-8s %-7s\n", "", "",
+              "thread", "staged", "quad", "thread", "staged", "quad", "thread", "staged", "quad",
+              "thread", "staged", "quad", "best", "1p", "", "1p", "GB/s", "bw", "picks");
   // At by_kernel_context, each kernel's time, from the same alternated runs: the launches up
   // to it (the split path cut short with set_kernel_limit) less those before it.
   std::vector<std::string> by_kernel_rows;
@@ -194,48 +212,80 @@ void DecodeAttention(const std::vector<int>& contexts, const std::vector<int>& b
       const cu::AttnShape shape{H, kvh, d, 0.125f};
       cu::DeviceBatch db;
       CHECK_OK(db.Upload(batch, kvh, layout, nullptr));
+      // V rows read (of the dense count) by a Top-θ plan, from one run on fresh counters.
+      auto v_read = [&](cu::CudaAttention& att, const ts::kernels::TopThetaConfig& cfg) {
+        ts::kernels::AttentionStats stats;
+        stats.Reset(1);
+        CHECK_OK(att.Prepare(batch, db, shape, 1, cfg, nullptr));
+        CHECK_OK(att.Run(0, db, in.q, H * d, layout, pool, in.vsum, in.out, nullptr));
+        CHECK_OK(att.Finish(&stats, nullptr));
+        return double(stats.v_rows_read) / stats.v_rows_read_dense;
+      };
+      // The pre-softmax θ (the same for every head) at which one pass reads as many V rows as
+      // post-softmax θ = 1/L does: bisected, fewer rows as θ rises.
+      cu::CudaAttention probe(sms);
+      const double read = v_read(probe, theta_cfg);
+      float pre_lo = -16.0f, pre_hi = 16.0f;
+      for (int i = 0; i < kPreThetaSteps; ++i) {
+        const float mid = 0.5f * (pre_lo + pre_hi);
+        const ts::model::ThetaTable t = ConstantPreTheta(H, mid);
+        ts::kernels::TopThetaConfig c;
+        c.table = &t;
+        (v_read(probe, c) > read ? pre_lo : pre_hi) = mid;
+      }
+      const ts::model::ThetaTable pre_table = ConstantPreTheta(H, 0.5f * (pre_lo + pre_hi));
+      ts::kernels::TopThetaConfig pre_cfg;
+      pre_cfg.table = &pre_table;
       // Ways of reading K: [0] per thread, [1] staged, [2] per quad.
       constexpr int kWays = 3;
       const cu::KLoad ways[kWays] = {cu::KLoad::kPerThread, cu::KLoad::kStaged, cu::KLoad::kQuad};
       cu::CudaAttention dense[kWays] = {cu::CudaAttention(sms), cu::CudaAttention(sms), cu::CudaAttention(sms)};
       cu::CudaAttention theta[kWays] = {cu::CudaAttention(sms), cu::CudaAttention(sms), cu::CudaAttention(sms)};
       cu::CudaAttention fused[kWays] = {cu::CudaAttention(sms), cu::CudaAttention(sms), cu::CudaAttention(sms)};
+      cu::CudaAttention one[kWays] = {cu::CudaAttention(sms), cu::CudaAttention(sms), cu::CudaAttention(sms)};
       for (int v = 0; v < kWays; ++v) {
         const cu::KLoad k = ways[v];
         dense[v].set_k_load(k);
         theta[v].set_k_load(k);
         fused[v].set_k_load(k);
+        one[v].set_k_load(k);
         theta[v].set_theta_passes(cu::ThetaPasses::kSplit);
         fused[v].set_theta_passes(cu::ThetaPasses::kFused);
+        one[v].set_theta_passes(cu::ThetaPasses::kAuto);
         CHECK_OK(dense[v].Prepare(batch, db, shape, 1, dense_cfg, nullptr));
         CHECK_OK(theta[v].Prepare(batch, db, shape, 1, theta_cfg, nullptr));
         CHECK_OK(fused[v].Prepare(batch, db, shape, 1, theta_cfg, nullptr));
-        if (!fused[v].plan().fused) {
-          std::fprintf(stderr, "decode attention %d x %d: no fused plan\n", L, B);
+        CHECK_OK(one[v].Prepare(batch, db, shape, 1, pre_cfg, nullptr));
+        if (!fused[v].plan().fused || !one[v].plan().one_pass) {
+          std::fprintf(stderr, "decode attention %d x %d: no fused or one-pass plan\n", L, B);
           std::exit(1);
         }
       }
       // The cut-short launches: [way][part], parts: dense pass 1, Top-θ pass 1, Top-θ passes
-      // 1 and 2, the fused kernel.
-      constexpr int kParts = 4;
+      // 1 and 2, the fused kernel, the one-pass kernel.
+      constexpr int kParts = 5;
       const bool by_kernel = L == by_kernel_context;
       std::vector<std::unique_ptr<cu::CudaAttention>> cut;
       for (int v = 0; by_kernel && v < kWays; ++v) {
         for (int p = 0; p < kParts; ++p) {
           auto& c = *cut.emplace_back(std::make_unique<cu::CudaAttention>(sms));
           c.set_k_load(ways[v]);
-          c.set_theta_passes(p == 3 ? cu::ThetaPasses::kFused : cu::ThetaPasses::kSplit);
+          c.set_theta_passes(p == 3   ? cu::ThetaPasses::kFused
+                             : p == 4 ? cu::ThetaPasses::kAuto
+                                      : cu::ThetaPasses::kSplit);
           c.set_kernel_limit(p == 2 ? 2 : 1);
-          CHECK_OK(c.Prepare(batch, db, shape, 1, p == 0 ? dense_cfg : theta_cfg, nullptr));
+          CHECK_OK(c.Prepare(batch, db, shape, 1,
+                             p == 0 ? dense_cfg : p == 4 ? pre_cfg : theta_cfg, nullptr));
         }
       }
-      std::vector<double> td[kWays], tt[kWays], tf[kWays], tp[kWays][kParts];
+      std::vector<double> td[kWays], tt[kWays], tf[kWays], to[kWays], tp[kWays][kParts];
       const int iters = L * B >= (1 << 20) ? 5 : 20;
       for (int r = 0; r < repeats; ++r) {  // alternate: noise hits all alike
         for (int v = 0; v < kWays; ++v) {
           td[v].push_back(TimeMs([&] { CHECK_OK(dense[v].Run(0, db, in.q, H * d, layout, pool, nullptr, in.out, nullptr)); }, iters, 1));
           tt[v].push_back(TimeMs([&] { CHECK_OK(theta[v].Run(0, db, in.q, H * d, layout, pool, in.vsum, in.out, nullptr)); }, iters, 1));
           tf[v].push_back(TimeMs([&] { CHECK_OK(fused[v].Run(0, db, in.q, H * d, layout, pool, in.vsum, in.out, nullptr)); }, iters, 1));
+          to[v].push_back(TimeMs([&] { CHECK_OK(one[v].Run(0, db, in.q, H * d, layout, pool, in.vsum, in.out, nullptr)); }, iters, 1));
         }
         // After every way's full runs (gpu-check's Nsight Compute offsets count those).
         for (int v = 0; by_kernel && v < kWays; ++v) {
@@ -248,20 +298,18 @@ void DecodeAttention(const std::vector<int>& contexts, const std::vector<int>& b
           }
         }
       }
-      // One more Top-θ run on fresh counters for the V rows read.
-      ts::kernels::AttentionStats stats;
-      stats.Reset(1);
-      CHECK_OK(theta[0].Prepare(batch, db, shape, 1, theta_cfg, nullptr));
-      CHECK_OK(theta[0].Run(0, db, in.q, H * d, layout, pool, in.vsum, in.out, nullptr));
-      CHECK_OK(theta[0].Finish(&stats, nullptr));
-      // mt: top-θ, two kernels [0, kWays) then fused [kWays, 2·kWays).
-      double md[kWays], mt[2 * kWays];
-      int bd = 0, bt = 0;  // the fastest of each
+      // The one-pass plan's V rows read, on fresh counters.
+      const double read_one = v_read(one[0], pre_cfg);
+      // mt: top-θ, two kernels [0, kWays) then fused [kWays, 2·kWays); mo: one pass.
+      double md[kWays], mt[2 * kWays], mo[kWays];
+      int bd = 0, bt = 0, bo = 0;  // the fastest of each
       for (int v = 0; v < kWays; ++v) {
         md[v] = Median(td[v]);
         mt[v] = Median(tt[v]);
         mt[kWays + v] = Median(tf[v]);
+        mo[v] = Median(to[v]);
         if (md[v] < md[bd]) bd = v;
+        if (mo[v] < mo[bo]) bo = v;
       }
       for (int v = 0; v < 2 * kWays; ++v) {
         if (mt[v] < mt[bt]) bt = v;
@@ -270,19 +318,19 @@ void DecodeAttention(const std::vector<int>& contexts, const std::vector<int>& b
           std::string(cu::KLoadName(ways[bt % kWays])) + (bt >= kWays ? ", fused" : "");
       const double bytes = 2.0 * L * d * 2 * kvh * B;  // K and V, bf16, read once
       const double gbs = bytes / (md[bd] / 1e3) / 1e9;
-      const double read = double(stats.v_rows_read) / stats.v_rows_read_dense;
       // The way the server takes by default here (THETASERVE_ATTN_K_LOAD unset).
       const char* picks = cu::KLoadName(cu::PlanSplits(B, shape, L, sms, cu::KLoad::kAuto).k_load);
-      std::printf("%-8d %-6d %-8.1f %-8.1f %-8.1f %-8.1f %-8.1f %-8.1f %-8.1f %-8.1f %-8.1f %-7.2f %-7.3f %-10.0f %-8.2f %-7s\n",
+      std::printf("%-8d %-6d %-8.1f %-8.1f %-8.1f %-8.1f %-8.1f %-8.1f %-8.1f %-8.1f %-8.1f %-8.1f %-8.1f %-8.1f %-7.2f %-7.2f %-7.3f %-7.3f %-10.0f %-8.2f %-7s\n",
                   L, B, md[0] * 1e3, md[1] * 1e3, md[2] * 1e3, mt[0] * 1e3, mt[1] * 1e3, mt[2] * 1e3,
-                  mt[3] * 1e3, mt[4] * 1e3, mt[5] * 1e3, md[bd] / mt[bt], read, gbs, gbs * 1e9 / copy_bw,
-                  picks);
+                  mt[3] * 1e3, mt[4] * 1e3, mt[5] * 1e3, mo[0] * 1e3, mo[1] * 1e3, mo[2] * 1e3,
+                  md[bd] / mt[bt], md[bd] / mo[bo], read, read_one, gbs, gbs * 1e9 / copy_bw, picks);
       std::fflush(stdout);
       if (L == 32768) {
-        char buf[256];
-        std::snprintf(buf, sizeof buf, "dense %.1f us (%s), top-θ %.1f us (%s), ratio %.2f, dense at %.0f%% of copy bw (V read %.2f; auto: %s)",
+        char buf[384];
+        std::snprintf(buf, sizeof buf, "dense %.1f us (%s), top-θ %.1f us (%s), ratio %.2f; one pass (pre) %.1f us (%s), ratio %.2f; dense at %.0f%% of copy bw (V read %.2f, 1p %.2f; auto: %s)",
                       md[bd] * 1e3, cu::KLoadName(ways[bd]), mt[bt] * 1e3, best_theta.c_str(), md[bd] / mt[bt],
-                      100 * gbs * 1e9 / copy_bw, read, picks);
+                      mo[bo] * 1e3, cu::KLoadName(ways[bo]), md[bd] / mo[bo],
+                      100 * gbs * 1e9 / copy_bw, read, read_one, picks);
         g_summary.push_back({"decode attn 32k, batch " + std::to_string(B), buf});
       }
       for (int v = 0; by_kernel && v < kWays; ++v) {
@@ -290,9 +338,9 @@ void DecodeAttention(const std::vector<int>& contexts, const std::vector<int>& b
         for (int p = 0; p < kParts; ++p) m[p] = Median(tp[v][p]) * 1e3;
         char buf[256];
         std::snprintf(buf, sizeof buf,
-                      "%-6d %-7s %-9.1f %-8.1f %-9.1f %-8.1f %-8.1f %-8.1f %-8.1f", B,
+                      "%-6d %-7s %-9.1f %-8.1f %-9.1f %-8.1f %-8.1f %-8.1f %-8.1f %-8.1f %-8.1f", B,
                       cu::KLoadName(ways[v]), m[0], md[v] * 1e3 - m[0], m[1], m[2] - m[1],
-                      mt[v] * 1e3 - m[2], m[3], mt[kWays + v] * 1e3 - m[3]);
+                      mt[v] * 1e3 - m[2], m[3], mt[kWays + v] * 1e3 - m[3], m[4], mo[v] * 1e3 - m[4]);
         by_kernel_rows.push_back(buf);
       }
     }
@@ -300,8 +348,8 @@ void DecodeAttention(const std::vector<int>& contexts, const std::vector<int>& b
   if (!by_kernel_rows.empty()) {
     std::printf("\n## decode attention at %d keys by kernel (µs; from the runs above: the launches "
                 "up to a kernel less those before it)\n", by_kernel_context);
-    std::printf("%-6s %-7s %-9s %-8s %-9s %-8s %-8s %-8s %-8s\n", "batch", "K load", "dense p1",
-                "combine", "top-θ p1", "pass 2", "combine", "fused", "combine");
+    std::printf("%-6s %-7s %-9s %-8s %-9s %-8s %-8s %-8s %-8s %-8s %-8s\n", "batch", "K load", "dense p1",
+                "combine", "top-θ p1", "pass 2", "combine", "fused", "combine", "1 pass", "combine");
     for (const std::string& row : by_kernel_rows) std::printf("%s\n", row.c_str());
   }
   cudaFree(pool);

@@ -116,21 +116,26 @@ if [ "$only_model" = 0 ] && [ -x "$bin/thetaserve_attention_bench" ]; then
     2>&1 | tee "$out/cpu-attention.log"
 fi
 
-# Nsight Compute on Top-θ's kernels at 32k × 64, K staged and per quad, two kernels and fused. The benchmark runs, per way, dense (a warm-up and 5 timed runs of pass 1 + combine: 12
-# launches), Top-θ (6 runs of pass 1, pass 2, combine: 18), then fused (6 runs of the fused
-# kernel and combine: 12): of the launches the filter matches, Top-θ's first run of way v
-# starts at 42·v + 12 and fused's at 42·v + 30 (the by-kernel runs at 32k follow all three
-# ways' full runs).
+# Nsight Compute on Top-θ's kernels at 32k × 64, K staged and per quad, two kernels and fused,
+# and one pass (staged). Of the launches the filter matches, the benchmark first makes 43 (the
+# post-softmax V rows read: pass 1, pass 2, combine; then 20 bisection steps of the pre-softmax
+# θ, a one-pass kernel and its combine each), then runs, per way v, dense (a warm-up and 5
+# timed runs of pass 1 + combine: 12 launches), Top-θ (6 runs of pass 1, pass 2, combine: 18),
+# fused (6 runs of the fused kernel and combine: 12) and one pass (12): Top-θ's first run of
+# way v starts at 43 + 54·v + 12, fused's at 43 + 54·v + 30, one pass's at 43 + 54·v + 42 (the
+# by-kernel runs at 32k follow all three ways' full runs).
 if [ "$ncu" = 1 ] && [ "$only_model" = 0 ]; then
   ncu_bin=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
   if [ -n "$ncu_bin" ]; then
     stamp "Nsight Compute: Top-θ at 32k × 64 ($ncu_bin)"
     # Staged and quad (per thread's profile is in docs/gpu/2026-12-04-h200-ncu.txt).
-    for run in "1 12 3" "1 30 2" "2 12 3" "2 30 2"; do
+    for run in "1 12 3" "1 30 2" "2 12 3" "2 30 2" "1 42 2"; do
       read -r v first count <<<"$run"
-      echo "==== K way $v (0 per thread, 1 staged, 2 quad), $([ "$first" = 12 ] && echo two kernels || echo fused)"
-      timeout 90 "$ncu_bin" --clock-control none --kernel-name regex:'SplitPass|SplitFused|Combine' \
-        --launch-skip $((42 * v + first)) --launch-count "$count" --section SpeedOfLight \
+      case "$first" in 12) what="two kernels" ;; 30) what="fused" ;; *) what="one pass" ;; esac
+      echo "==== K way $v (0 per thread, 1 staged, 2 quad), $what"
+      timeout 90 "$ncu_bin" --clock-control none \
+        --kernel-name regex:'SplitPass|SplitFused|SplitOnePass|Combine' \
+        --launch-skip $((43 + 54 * v + first)) --launch-count "$count" --section SpeedOfLight \
         --section Occupancy --section LaunchStats --section WarpStateStats \
         --section InstructionStats --section MemoryWorkloadAnalysis --section SourceCounters \
         "$bin/thetaserve_gpu_bench" --contexts 32768 --batches 64 --repeats 1 --prefill "" \

@@ -45,6 +45,13 @@ __host__ __device__ constexpr int64_t SplitAreaFloats(int D, int G, int chunk) {
   const int64_t area = scores > list ? (scores > reduce ? scores : reduce) : (list > reduce ? list : reduce);
   return int64_t(G) * D + area;
 }
+// Shared memory of a one-pass block (SplitOnePass), in floats: the queries, e [G, chunk],
+// flags [chunk], the kept list (rows and keys), or the row-group reduction if larger.
+__host__ __device__ constexpr int64_t OnePassAreaFloats(int D, int G, int chunk) {
+  const int64_t used = int64_t(G) * D + int64_t(G) * chunk + chunk + 2 * ListCapacity(chunk);
+  const int64_t reduce = int64_t(kThreads / (D / 8)) * G * D;
+  return used > reduce ? used : reduce;
+}
 // Staged K (pass 1, KLoad::kStaged) starts after the scores, 16-byte aligned: it is dead
 // before the reduction area above, which may overlap it, is used.
 __host__ __device__ constexpr int64_t StageOffsetFloats(int D, int G, int chunk) {
@@ -354,6 +361,31 @@ __device__ __forceinline__ void AccumulateV(float (&acc)[kG][8], const float (&v
   }
 }
 
+// The split's queries (scaled) into smem [G, D] and their scores of keys [j0, j0 + n) into
+// smem + G·D, [G, chunk], read from K the way kK says (staged: through the ring after the
+// scores); ends with a barrier.
+template <int D, int GT, KLoad kK>
+__device__ __forceinline__ void ScoreSplit(const SplitArgs& a, int32_t t, int32_t first_head,
+                                           const DevSeq& seq, int64_t lh, int32_t j0, int32_t n,
+                                           int32_t G) {
+  extern __shared__ __align__(16) float smem[];
+  float* qs = smem;
+  float* sc = smem + G * D;
+  for (int i = threadIdx.x; i < G * D; i += blockDim.x) {
+    qs[i] = a.q.data[int64_t(t) * a.q.stride + int64_t(first_head) * D + i] * a.kv.shape.scale;
+  }
+  __syncthreads();
+  if constexpr (kK == KLoad::kStaged) {
+    uint4* stage = reinterpret_cast<uint4*>(smem + StageOffsetFloats(D, G, a.chunk));
+    ScoresStaged<D, GT>(a, seq, lh, j0, n, G, qs, sc, stage);
+  } else if constexpr (kK == KLoad::kQuad) {
+    ScoresQuad<D, GT>(a, seq, lh, j0, n, G, qs, sc);
+  } else {
+    ScoresPerThread<D, GT>(a, seq, lh, j0, n, G, qs, sc);
+  }
+  __syncthreads();
+}
+
 // Dense split: scores, chunk max and Σe, and Σ e·V over the chunk.
 // Top-θ pass 1: scores to the workspace (EncodeScore), chunk max and Σe; no V.
 // kK: how K is read (per thread, per quad, or staged: through shared memory, ScoresStaged,
@@ -370,24 +402,13 @@ __device__ __forceinline__ void SplitPass1(const SplitArgs& a, int32_t split_ind
   const DevSeq& seq = a.kv.seqs[row.seq];
   const int32_t n = min(a.chunk, L - j0);
 
-  float* qs = smem;             // [G, D]
   float* sc = smem + G * D;     // [G, chunk]; later the row-group reduction
-  for (int i = threadIdx.x; i < G * D; i += blockDim.x) {
-    qs[i] = a.q.data[int64_t(t) * a.q.stride + int64_t(first_head) * D + i] * a.kv.shape.scale;
-  }
-  __syncthreads();
+  ScoreSplit<D, GT, kK>(a, t, first_head, seq, lh, j0, n, G);
   if constexpr (kStaged) {
+    // Every K tile is read (ScoreSplit's last barrier): the ring takes V (dense), loading
+    // during the softmax.
     uint4* stage = reinterpret_cast<uint4*>(smem + StageOffsetFloats(D, G, a.chunk));
-    ScoresStaged<D, GT>(a, seq, lh, j0, n, G, qs, sc, stage);
-    __syncthreads();  // every K tile read: the ring takes V (dense), loading during the softmax
     if (!a.top_theta) StartRing<D, true>(a, seq, lh, j0, n, stage);
-  } else {
-    if constexpr (kK == KLoad::kQuad) {
-      ScoresQuad<D, GT>(a, seq, lh, j0, n, G, qs, sc);
-    } else {
-      ScoresPerThread<D, GT>(a, seq, lh, j0, n, G, qs, sc);
-    }
-    __syncthreads();
   }
 
   // Chunk max and Σ exp(s - m) per head; e replaces s in shared memory.
@@ -683,6 +704,71 @@ constexpr uint32_t kHostRow = 0x80000000u;
 template <int kG>
 constexpr int kRowsPerBatch = kG <= 4 ? 4 : 2;
 
+// The end of a Top-θ split (pass 2, one pass): row groups of D/8 threads gather the listed V
+// rows (list_row: pool rows, kHostRow for the host pool's; warp w's entries from w · seg on,
+// s_kept[w] of them), several loads in flight, each weighted by weight(entry, head); then the
+// split's partials (part_o; part_dk and part_n from the per-warp sums s_dk, s_kc, added in
+// warp order) and the counters: rows read, and positions retained (*retained, or the rows
+// read where null: stored rows are then the positions).
+template <int D, int GT, typename Weight>
+__device__ __forceinline__ void GatherListed(
+    const SplitArgs& a, const SplitBlock& b, int32_t G, const uint32_t* list_row, int32_t seg,
+    const int (&s_kept)[kThreads / 32], const float (&s_dk)[kThreads / 32][GT > 0 ? GT : kMaxGroup],
+    const float (&s_kc)[kThreads / 32][GT > 0 ? GT : kMaxGroup],
+    const unsigned long long* retained, Weight weight) {
+  constexpr int kG = GT > 0 ? GT : kMaxGroup;
+  constexpr int kWarps = kThreads / 32;
+  extern __shared__ __align__(16) float smem[];
+  constexpr int kRowGroups = kThreads / (D / 8);
+  const int rg = threadIdx.x / (D / 8), lane8 = threadIdx.x % (D / 8);
+  // List position k lives in warp w's segment, w = how many of p1 <= p2 <= p3 are <= k
+  // (scalars, not an array: a dynamically indexed array would sit in local memory).
+  static_assert(kWarps == 4, "the segment lookup below is written for four warps");
+  const int p1 = s_kept[0], p2 = p1 + s_kept[1], p3 = p2 + s_kept[2];
+  const int count = p3 + s_kept[3];
+  float acc[kG][8];
+#pragma unroll
+  for (int h = 0; h < kG; ++h)
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc[h][e] = 0.0f;
+#pragma unroll 8
+  for (int k = rg; k < count; k += kRowGroups) {
+    const int w = (k >= p1) + (k >= p2) + (k >= p3);
+    const int before = k >= p3 ? p3 : k >= p2 ? p2 : k >= p1 ? p1 : 0;
+    const int at = w * seg + (k - before);
+    float vf[8];
+    const uint32_t lr = list_row[at];
+    const uint16_t* src = lr & kHostRow ? a.theta.host_pool + size_t(lr & ~kHostRow) * D
+                                        : a.pool + size_t(lr) * D;
+    LoadBf16x8(src + lane8 * 8, vf);
+#pragma unroll
+    for (int h = 0; h < kG; ++h) {
+      if (h < G) {
+        const float p = weight(at, h);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[h][e] = fmaf(p, vf[e], acc[h][e]);
+      }
+    }
+  }
+  ReduceRowGroups<D, GT>(a, acc, G, smem, b.r, b.first_head, b.split);  // syncs first
+  if (threadIdx.x < G) {
+    float d = 0.0f, n = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      d += s_dk[w][threadIdx.x];
+      n += s_kc[w][threadIdx.x];
+    }
+    const int64_t p = PartIndex(a, b.r, b.first_head + threadIdx.x, b.split);
+    a.ws.part_dk[p] = d;  // not part_l: other splits still read it (pass 2)
+    a.ws.part_n[p] = n;
+  }
+  if (threadIdx.x == 0) {
+    if (count) atomicAdd(a.theta.counters + 0, (unsigned long long)count);
+    const unsigned long long kept = retained ? *retained : (unsigned long long)count;
+    if (kept) atomicAdd(a.theta.counters + 2, kept);
+  }
+}
+
 // Top-θ pass 2 over one split: positions [j0, j0 + chunk) for hit marks and the retained
 // count, and stored V rows [i0, i0 + chunk) (sparse store first, then the host store, then the
 // tail) for the gather of retained rows. kK: how pass 1 read K (ExactScore follows its order).
@@ -938,60 +1024,219 @@ __device__ __forceinline__ void SplitPass2(const SplitArgs& a, int32_t split_ind
   if (host_kept) atomicAdd(a.theta.counters + 3, (unsigned long long)host_kept);
   __syncthreads();
 
-  // ...then row groups of D/8 threads gather the listed V rows, several loads in flight.
-  constexpr int kRowGroups = kThreads / (D / 8);
-  const int rg = threadIdx.x / (D / 8), lane8 = threadIdx.x % (D / 8);
-  // List position k lives in warp w's segment, w = how many of p1 <= p2 <= p3 are <= k
-  // (scalars, not an array: a dynamically indexed array would sit in local memory).
-  static_assert(kWarps == 4, "the segment lookup below is written for four warps");
-  const int p1 = s_kept[0], p2 = p1 + s_kept[1], p3 = p2 + s_kept[2];
-  const int count = p3 + s_kept[3];
-  float acc[kG][8];
-#pragma unroll
-  for (int h = 0; h < kG; ++h)
-#pragma unroll
-    for (int e = 0; e < 8; ++e) acc[h][e] = 0.0f;
-#pragma unroll 8
-  for (int k = rg; k < count; k += kRowGroups) {
-    const int w = (k >= p1) + (k >= p2) + (k >= p3);
-    const int before = k >= p3 ? p3 : k >= p2 ? p2 : k >= p1 ? p1 : 0;
-    const int at = w * seg + (k - before);
-    float vf[8];
-    const uint32_t lr = list_row[at];
-    const uint16_t* src = lr & kHostRow ? a.theta.host_pool + size_t(lr & ~kHostRow) * D
-                                        : a.pool + size_t(lr) * D;
-    LoadBf16x8(src + lane8 * 8, vf);
-#pragma unroll
-    for (int h = 0; h < kG; ++h) {
-      if (h < G) {
-        const float p = list_e[at * G + h];
-#pragma unroll
-        for (int e = 0; e < 8; ++e) acc[h][e] = fmaf(p, vf[e], acc[h][e]);
-      }
-    }
-  }
-  ReduceRowGroups<D, GT>(a, acc, G, smem, r, first_head, split);  // syncs first
-  if (threadIdx.x < G) {
-    float d = 0.0f, n = 0.0f;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) {
-      d += s_dk[w][threadIdx.x];
-      n += s_kc[w][threadIdx.x];
-    }
-    const int64_t p = PartIndex(a, r, first_head + threadIdx.x, split);
-    a.ws.part_dk[p] = d;  // not part_l: other splits still read it
-    a.ws.part_n[p] = n;
-  }
-  if (threadIdx.x == 0) {
-    if (count) atomicAdd(a.theta.counters + 0, (unsigned long long)count);
-    const unsigned long long retained = tail > 0 ? s_retained : (unsigned long long)count;
-    if (retained) atomicAdd(a.theta.counters + 2, retained);
-  }
+  // ...then row groups of D/8 threads gather the listed V rows, and the split's partials.
+  const unsigned long long retained = tail > 0 ? s_retained : 0;
+  GatherListed<D, GT>(a, blk, G, list_row, seg, s_kept, s_dk, s_kc, tail > 0 ? &retained : nullptr,
+                      [&](int at, int h) { return list_e[at * G + h]; });
 }
 
 template <int D, int GT, KLoad kK>
 __global__ void __launch_bounds__(kThreads, (GT > 0 && GT <= 4) ? 8 : 4) SplitPass2Kernel(SplitArgs a) {
   SplitPass2<D, GT, kK>(a, blockIdx.x);
+}
+
+// First index of the sorted v[0, n) at or above x (n when none is).
+__device__ __forceinline__ int32_t LowerBound(const int32_t* v, int32_t n, int32_t x) {
+  int32_t lo = 0, hi = n;
+  while (lo < hi) {
+    const int32_t mid = (lo + hi) / 2;
+    if (v[mid] < x) lo = mid + 1; else hi = mid;
+  }
+  return lo;
+}
+
+// Top-θ in one pass, for pre-softmax thresholds (SplitPlan::one_pass): keep ⇔ s > θ, which
+// nothing else in the row decides, so a split scores its keys as pass 1 does, keeps the scores
+// in shared memory, and gathers the V rows it keeps among the stored rows whose positions lie
+// in it: K read once, V only where retained, no scores through DRAM and no second kernel.
+// The partials are relative to the split's max (part_m; part_l its share of D_full), and
+// ThetaCombineKernel<D, true> rescales them and forms D_full and the threshold for SDC. Hit
+// marks as pass 2 sets them; the retained mass (hit_mass) needs D_full, so steps that record
+// it take the two passes (CudaAttention::Prepare).
+// Shared memory (OnePassAreaFloats): the queries [G, D]; e = exp(s − m_split) [G, chunk], 0
+// where the head drops the key; flags [chunk], bit h where head h keeps the key and bit 8 + h
+// where it does by the retain factor; the kept list's rows and keys, 2 × ListCapacity(chunk).
+// Staged K's ring, after the scores, is dead before the flags are written.
+template <int D, int GT, KLoad kK>
+__device__ __forceinline__ void SplitOnePass(const SplitArgs& a, int32_t split_index) {
+  constexpr int kG = GT > 0 ? GT : kMaxGroup;  // compile-time group size when known
+  constexpr int kWarps = kThreads / 32;
+  extern __shared__ __align__(16) float smem[];
+  __shared__ float scratch[32];
+  __shared__ float s_dk[kWarps][kG], s_kc[kWarps][kG];  // per warp: summed in warp order
+  __shared__ int s_kept[kWarps];                        // rows each warp listed
+  __shared__ unsigned long long s_retained;
+  const int32_t G = GT > 0 ? GT : a.kv.shape.num_heads / a.kv.shape.num_kv_heads;
+  const SplitBlock blk = ThisSplit(a, G, split_index);
+  const auto& [r, t, row, L, split, j0, g, first_head, lh] = blk;
+  if (j0 >= L) return;
+  const DevSeq& seq = a.kv.seqs[row.seq];
+  const int32_t n = min(a.chunk, L - j0);
+  float* sc = smem + G * D;
+  uint32_t* flags = reinterpret_cast<uint32_t*>(sc + G * a.chunk);
+  if (threadIdx.x == 0) s_retained = 0;
+  ScoreSplit<D, GT, kK>(a, t, first_head, seq, lh, j0, n, G);  // ends with a barrier
+
+  // Per head: the split's max and Σe (its share of D_full), and the keep test on the f32
+  // score. θ is NaN in a dense row (L <= k, or a NaN in the table): every key is kept, as the
+  // reference's threshold of −1 on e keeps it. retain_factor >= 1 (theta_options.cc).
+  const float log_retain = logf(a.theta.retain_factor);
+  for (int h = 0; h < G; ++h) {
+    const float theta =
+        L > a.theta.k ? a.theta.theta[int64_t(t) * a.kv.shape.num_heads + first_head + h] : NAN;
+    const float keep_at = isnan(theta) ? -INFINITY : theta;
+    const float strong_at = isnan(theta) ? -INFINITY : theta + log_retain;
+    float m = -INFINITY;
+    for (int jl = threadIdx.x; jl < n; jl += blockDim.x) m = fmaxf(m, sc[h * a.chunk + jl]);
+    m = BlockMax(m, scratch);
+    float l = 0.0f;
+    for (int jl = threadIdx.x; jl < n; jl += blockDim.x) {  // the same keys per thread as below
+      const float s = sc[h * a.chunk + jl];
+      const float e = expf(s - m);
+      l += e;
+      const bool keep = s > keep_at;
+      sc[h * a.chunk + jl] = keep ? e : 0.0f;
+      const uint32_t f = uint32_t(keep) << h | uint32_t(s > strong_at) << (8 + h);
+      flags[jl] = h == 0 ? f : flags[jl] | f;
+    }
+    l = BlockSum(l, scratch);
+    if (threadIdx.x == 0) {
+      a.ws.part_m[PartIndex(a, r, first_head + h, split)] = m;
+      a.ws.part_l[PartIndex(a, r, first_head + h, split)] = l;
+    }
+  }
+
+  // Positions (each thread its own keys' flags): retained by any head of the group, and the
+  // hit mark where one keeps it by the retain factor.
+  const int32_t mark_from = seq.pages.hits_begin;
+  int32_t* hits = seq.pages.hits ? seq.pages.hits + lh * seq.pages.hits_stride : nullptr;
+  unsigned retained_here = 0;
+  for (int jl = threadIdx.x; jl < n; jl += blockDim.x) {
+    const uint32_t f = flags[jl];
+    if (!(f & 0xffu)) continue;
+    ++retained_here;
+    const int32_t j = j0 + jl;
+    if (hits && (f >> 8) && j >= mark_from) atomicMax(hits + (j - mark_from), row.pos);
+  }
+  if (retained_here) atomicAdd(&s_retained, (unsigned long long)retained_here);
+  __syncthreads();  // every key's e and flags
+
+  // The stored V rows whose positions lie in [j0, j0 + n): the sparse store's and the host
+  // store's below the tail (each a run of its sorted positions), then the tail's.
+  const int32_t tail = min(seq.pages.v_tail_start, L);
+  const int32_t below_to = min(j0 + n, tail);  // stores hold positions [j0, below_to)
+  const Divisor bs(a.kv.layout.block_size);
+  const int32_t* v_pages =
+      seq.pages.v_pages ? seq.pages.v_pages + lh * seq.pages.stride : nullptr;
+  const int32_t v_tail_start = seq.pages.v_tail_start;
+  const int32_t sparse_n = seq.pages.SparseCount(lh);
+  const int32_t* sparse_pos =
+      sparse_n ? seq.pages.v_sparse_pos + lh * seq.pages.sparse_pos_stride : nullptr;
+  const int32_t* sparse_pages =
+      sparse_n ? seq.pages.v_sparse_pages + lh * seq.pages.sparse_stride : nullptr;
+  const int32_t host_n = seq.pages.HostCount(lh);
+  const int32_t* host_pos = host_n ? seq.pages.v_host_pos + lh * seq.pages.host_pos_stride : nullptr;
+  const int32_t* host_pages =
+      host_n ? seq.pages.v_host_pages + lh * seq.pages.host_stride : nullptr;
+  int32_t sa = 0, ns = 0, ha = 0, nh = 0;
+  if (below_to > j0) {
+    if (sparse_n) {
+      sa = LowerBound(sparse_pos, sparse_n, j0);
+      ns = LowerBound(sparse_pos, sparse_n, below_to) - sa;
+    }
+    if (host_n) {
+      ha = LowerBound(host_pos, host_n, j0);
+      nh = LowerBound(host_pos, host_n, below_to) - ha;
+    }
+  }
+  const int32_t tail_from = max(j0, tail);
+  const int32_t ni = ns + nh + max(0, j0 + n - tail_from);
+
+  // Keep test over those rows, a thread per row: kept rows go to a compact list, each warp's
+  // to its own segment in row order (list_row: the row's index among them; list_j: its key),
+  // so every run sums the same rows in the same order...
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int32_t seg = ListCapacity(a.chunk) / kWarps;  // the most rows a warp tests
+  uint32_t* list_row = flags + a.chunk;                // [kWarps, seg]
+  int32_t* list_j = reinterpret_cast<int32_t*>(list_row + ListCapacity(a.chunk));
+  int32_t listed = 0;  // this warp's rows so far (the same in every lane)
+  for (int32_t base = 0; base < ni; base += blockDim.x) {  // the same trips for every thread
+    const int32_t il = base + int32_t(threadIdx.x);
+    int32_t jl = 0;
+    bool kept = false;
+    if (il < ni) {
+      const int32_t j = il < ns        ? sparse_pos[sa + il]
+                        : il < ns + nh ? host_pos[ha + (il - ns)]
+                                       : tail_from + (il - ns - nh);
+      jl = j - j0;
+      kept = (flags[jl] & 0xffu) != 0;
+    }
+    const unsigned voted = __ballot_sync(0xffffffffu, kept);
+    const int k = warp * seg + listed + __popc(voted & ((1u << lane) - 1u));
+    listed += __popc(voted);
+    if (kept) {
+      list_row[k] = uint32_t(il);
+      list_j[k] = jl;
+    }
+  }
+  __syncwarp();
+
+  // ...then each warp turns its entries into the V rows' places in the pools, a lane per
+  // listed row (kHostRow: the host store), with the sums for D_kept and the kept count.
+  float dk[kG], kc[kG];
+#pragma unroll
+  for (int h = 0; h < kG; ++h) dk[h] = kc[h] = 0.0f;
+  unsigned host_kept = 0;  // this thread's listed rows from the host store
+  for (int32_t kl = lane; kl < listed; kl += 32) {
+    const int k = warp * seg + kl;
+    const int32_t il = int32_t(list_row[k]), jl = list_j[k];
+    uint32_t pool_row;
+    if (il < ns) {
+      const int32_t i = sa + il;  // the sparse store's row
+      pool_row = uint32_t(sparse_pages[bs.Div(i)]) * uint32_t(bs.d) + uint32_t(bs.Mod(i));
+    } else if (il < ns + nh) {
+      const int32_t hr = ha + (il - ns);  // the host store's row
+      pool_row = (uint32_t(host_pages[bs.Div(hr)]) * uint32_t(bs.d) + uint32_t(bs.Mod(hr))) |
+                 kHostRow;
+      ++host_kept;
+    } else {
+      const int32_t j = j0 + jl;
+      pool_row = uint32_t(v_pages[bs.Div(j - v_tail_start)]) * uint32_t(bs.d) +
+                 uint32_t(bs.Mod(j));
+    }
+    list_row[k] = pool_row;
+    const uint32_t f = flags[jl];
+#pragma unroll
+    for (int h = 0; h < kG; ++h) {
+      if (h < G) {
+        dk[h] += sc[h * a.chunk + jl];
+        kc[h] += float(f >> h & 1u);
+      }
+    }
+  }
+#pragma unroll
+  for (int h = 0; h < kG; ++h) {
+    if (h < G) {
+      const float d = WarpSum(dk[h]), c = WarpSum(kc[h]);
+      if (lane == 0) {
+        s_dk[warp][h] = d;
+        s_kc[warp][h] = c;
+      }
+    }
+  }
+  if (lane == 0) s_kept[warp] = listed;
+  if (host_kept) atomicAdd(a.theta.counters + 3, (unsigned long long)host_kept);
+  __syncthreads();
+
+  // ...then the gather of the listed rows, weighted by e, and the split's partials.
+  const unsigned long long retained = s_retained;
+  GatherListed<D, GT>(a, blk, G, list_row, seg, s_kept, s_dk, s_kc, &retained,
+                      [&](int at, int h) { return sc[h * a.chunk + list_j[at]]; });
+}
+
+template <int D, int GT, KLoad kK>
+__global__ void __launch_bounds__(kThreads, Pass1MinBlocks<GT, kK>()) SplitOnePassKernel(SplitArgs a) {
+  SplitOnePass<D, GT, kK>(a, blockIdx.x);
 }
 
 // Top-θ's two passes in one launch (SplitPlan::fused): a (row, KV group) is one thread block
@@ -1066,7 +1311,11 @@ __global__ void __launch_bounds__(kCombineWays * D) DenseCombineKernel(SplitArgs
 }
 
 // Top-θ reduction: Σ over splits of the gathered rows, then SDC and VMC.
-template <int D>
+// kOnePass: the partials of SplitOnePass, each relative to its split's max (part_m), are
+// rescaled to the row's, which with D_full (from part_l) and the pre-softmax threshold
+// e^(θ − m) is formed here; after pass 2 they are relative to the row's max already, and
+// split 0 left m, D_full and the threshold in row_stat.
+template <int D, bool kOnePass>
 __global__ void __launch_bounds__(kCombineWays * D) ThetaCombineKernel(SplitArgs a) {
   const int64_t r = blockIdx.x;
   const int32_t head = blockIdx.y;
@@ -1074,31 +1323,60 @@ __global__ void __launch_bounds__(kCombineWays * D) ThetaCombineKernel(SplitArgs
   const int32_t t = a.row_ids[r];
   const int32_t L = a.kv.rows[t].pos + 1;
   const int32_t splits = (L + a.chunk - 1) / a.chunk;
-  float o = 0.0f, d_kept = 0.0f, kept = 0.0f;
+  __shared__ float s_m[kCombineWays], s_l[kCombineWays];
+  __shared__ float s_dk[kCombineWays], s_n[kCombineWays], s_o[kCombineWays][D];
+  float m = 0.0f;  // one pass: the row's max
+  if constexpr (kOnePass) {
+    float mw = -INFINITY;
+    for (int s = way; s < splits; s += kCombineWays) {
+      mw = fmaxf(mw, a.ws.part_m[PartIndex(a, r, head, s)]);
+    }
+    if (e == 0) s_m[way] = mw;
+    __syncthreads();
+    m = s_m[0];
+#pragma unroll
+    for (int w = 1; w < kCombineWays; ++w) m = fmaxf(m, s_m[w]);
+  }
+  float o = 0.0f, d_kept = 0.0f, kept = 0.0f, d_full = 0.0f;
 #pragma unroll 8
   for (int s = way; s < splits; s += kCombineWays) {
     const int64_t p = PartIndex(a, r, head, s);
-    o += a.ws.part_o[p * D + e];
-    d_kept += a.ws.part_dk[p];
+    if constexpr (kOnePass) {
+      const float w = expf(a.ws.part_m[p] - m);
+      o += a.ws.part_o[p * D + e] * w;
+      d_kept += a.ws.part_dk[p] * w;
+      d_full += a.ws.part_l[p] * w;
+    } else {
+      o += a.ws.part_o[p * D + e];
+      d_kept += a.ws.part_dk[p];
+    }
     kept += a.ws.part_n[p];
   }
-  __shared__ float s_dk[kCombineWays], s_n[kCombineWays], s_o[kCombineWays][D];
   s_o[way][e] = o;
   if (e == 0) {
     s_dk[way] = d_kept;
     s_n[way] = kept;
+    s_l[way] = d_full;
   }
   __syncthreads();
   if (way != 0) return;
-  o = d_kept = kept = 0.0f;
+  o = d_kept = kept = d_full = 0.0f;
 #pragma unroll
   for (int w = 0; w < kCombineWays; ++w) {
     o += s_o[w][e];
     d_kept += s_dk[w];
     kept += s_n[w];
+    d_full += s_l[w];
   }
-  const float* st = a.ws.row_stat + (r * a.kv.shape.num_heads + head) * 3;
-  const float d_full = st[1], thr = st[2];
+  float thr;
+  if constexpr (kOnePass) {
+    const float theta = L > a.theta.k ? a.theta.theta[int64_t(t) * a.kv.shape.num_heads + head] : NAN;
+    thr = isnan(theta) ? -1.0f : expf(theta - m);  // as WarpThreshold's, pre-softmax
+  } else {
+    const float* st = a.ws.row_stat + (r * a.kv.shape.num_heads + head) * 3;
+    d_full = st[1];
+    thr = st[2];
+  }
   float denom = d_kept;
   switch (a.theta.sdc) {
     case SdcMode::kNone: break;
@@ -1250,9 +1528,11 @@ void LaunchExactScoresOf(KLoad k, dim3 grid, const SplitArgs& a, int32_t max_len
   }
 }
 
-// Dynamic shared memory of pass 1 (staged or not) and pass 2.
-size_t SplitSmemBytes(int D, int G, int chunk, bool staged) {
-  const size_t area = size_t(SplitAreaFloats(D, G, chunk)) * sizeof(float);
+// Dynamic shared memory of pass 1 (staged or not) and pass 2, or of the one-pass kernel.
+size_t SplitSmemBytes(int D, int G, int chunk, bool staged, bool one_pass = false) {
+  const size_t area =
+      size_t(one_pass ? OnePassAreaFloats(D, G, chunk) : SplitAreaFloats(D, G, chunk)) *
+      sizeof(float);
   return staged ? std::max(area, size_t(StageOffsetFloats(D, G, chunk)) * sizeof(float) + StageBytes(D)) : area;
 }
 // Without the opt-in attribute a kernel's static and dynamic shared memory together stay within
@@ -1288,11 +1568,17 @@ cudaError_t RunSplit(const SplitArgs& a, int32_t num_rows, const SplitPlan& plan
   const KLoad k_load = CanStage(D) ? plan.k_load : KLoad::kPerThread;
   const size_t pass1_smem = SplitSmemBytes(D, G, plan.chunk, k_load == KLoad::kStaged);
   const int32_t limit = plan.kernel_limit > 0 ? plan.kernel_limit : 3;
+  const bool one_pass = a.top_theta && plan.one_pass;
   cudaError_t launched = cudaSuccess;
   auto run = [&](auto k) {
     constexpr KLoad kK = decltype(k)::value;
     if (a.top_theta && plan.fused) {
       launched = LaunchFused<D, GT, kK>(a, grid, std::max(pass1_smem, pass2_smem), stream);
+      return;
+    }
+    if (one_pass) {
+      const size_t smem = SplitSmemBytes(D, G, plan.chunk, kK == KLoad::kStaged, true);
+      SplitOnePassKernel<D, GT, kK><<<grid, kThreads, smem, stream>>>(a);
       return;
     }
     SplitPass1Kernel<D, GT, kK><<<grid, kThreads, pass1_smem, stream>>>(a);
@@ -1309,10 +1595,12 @@ cudaError_t RunSplit(const SplitArgs& a, int32_t num_rows, const SplitPlan& plan
     cudaGetLastError();  // returned here: not left to fail the next launch's check
     return launched;
   }
-  if (limit <= (a.top_theta && !plan.fused ? 2 : 1)) return cudaGetLastError();
+  if (limit <= (a.top_theta && !plan.fused && !one_pass ? 2 : 1)) return cudaGetLastError();
   const dim3 combine(num_rows, a.kv.shape.num_heads);
-  if (a.top_theta) {
-    ThetaCombineKernel<D><<<combine, kCombineWays * D, 0, stream>>>(a);
+  if (one_pass) {
+    ThetaCombineKernel<D, true><<<combine, kCombineWays * D, 0, stream>>>(a);
+  } else if (a.top_theta) {
+    ThetaCombineKernel<D, false><<<combine, kCombineWays * D, 0, stream>>>(a);
   } else {
     DenseCombineKernel<D><<<combine, kCombineWays * D, 0, stream>>>(a);
   }
@@ -1357,7 +1645,10 @@ const char* KLoadName(KLoad k) {
 
 ThetaPasses DefaultThetaPasses() {
   const char* v = std::getenv("THETASERVE_ATTN_THETA");
-  return v && std::string(v) == "fused" ? ThetaPasses::kFused : ThetaPasses::kSplit;
+  const std::string name = v ? v : "";
+  if (name == "fused") return ThetaPasses::kFused;
+  if (name == "split") return ThetaPasses::kSplit;
+  return ThetaPasses::kAuto;
 }
 
 SplitPlan PlanSplits(int64_t num_rows, const AttnShape& shape, int64_t max_len, int num_sms,
@@ -1372,6 +1663,7 @@ SplitPlan PlanSplits(int64_t num_rows, const AttnShape& shape, int64_t max_len, 
   }
   plan.k_load = CanStage(shape.head_dim) ? k_load : KLoad::kPerThread;
   plan.fused = passes == ThetaPasses::kFused;
+  plan.one_pass = passes == ThetaPasses::kOnePass;
   const int64_t units = std::max<int64_t>(1, num_rows * shape.num_kv_heads);
   // About four blocks per multiprocessor (THETASERVE_ATTN_BLOCKS_PER_SM changes it, for
   // measuring); chunks of 64..1024 keys.
@@ -1392,7 +1684,7 @@ SplitPlan PlanSplits(int64_t num_rows, const AttnShape& shape, int64_t max_len, 
   // only adds splits. Staged K at d 128 takes chunks of at most 896 (group 4) or 384 (8).
   const int group = shape.num_heads / shape.num_kv_heads;
   while (chunk > 64 && SplitSmemBytes(shape.head_dim, group, int(chunk),
-                                      plan.k_load == KLoad::kStaged) > kMaxSmem) {
+                                      plan.k_load == KLoad::kStaged, plan.one_pass) > kMaxSmem) {
     chunk -= 64;
   }
   plan.chunk = static_cast<int32_t>(chunk);

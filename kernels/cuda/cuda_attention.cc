@@ -56,8 +56,16 @@ absl::Status CudaAttention::Prepare(const ForwardBatch& batch, const DeviceBatch
   num_split_rows_ = static_cast<int32_t>(row_ids.size());
   num_tiles_ = static_cast<int32_t>(tiles.size());
   const int64_t planned_len = PlannedLength(split_max_len);
-  plan_ = PlanSplits(num_split_rows_, shape, planned_len, num_sms_, k_load_,
-                     config.active() ? theta_passes_ : ThetaPasses::kSplit);
+  ThetaPasses passes = config.active() ? theta_passes_ : ThetaPasses::kSplit;
+  if (passes == ThetaPasses::kAuto || passes == ThetaPasses::kOnePass) {
+    // One pass for pre-softmax thresholds, unless a sequence records the retained mass, whose
+    // probabilities need the row's D_full before a key's mass is added.
+    bool mass = false;
+    for (const SeqChunk& c : batch.seqs) mass |= c.pages.hit_mass != nullptr;
+    const bool pre = config.placement() == model::ThetaPlacement::kPreSoftmax;
+    passes = pre && !mass ? ThetaPasses::kOnePass : ThetaPasses::kSplit;
+  }
+  plan_ = PlanSplits(num_split_rows_, shape, planned_len, num_sms_, k_load_, passes);
   plan_.kernel_limit = kernel_limit_;
 
   // Inputs: row ids, tiles, θ and SDC ratios, counters.
@@ -106,9 +114,10 @@ absl::Status CudaAttention::Prepare(const ForwardBatch& batch, const DeviceBatch
   counters_ = reinterpret_cast<unsigned long long*>(dev + off);
   TS_CUDA_RETURN(cudaMemcpyAsync(dev, host, total, cudaMemcpyHostToDevice, stream));
 
-  // Workspace for the split kernels, for `row_batch_` rows at a time: Top-θ keeps every
-  // row's scores, so a long prefill chunk runs in slices of at most 256 MiB of scores.
-  const int64_t score_stride_pre = theta ? planned_len : 0;  // a multiple of 256
+  // Workspace for the split kernels, for `row_batch_` rows at a time: Top-θ's two passes keep
+  // every row's scores, so a long prefill chunk runs in slices of at most 256 MiB of scores
+  // (one pass keeps none).
+  const int64_t score_stride_pre = theta && !plan_.one_pass ? planned_len : 0;  // a multiple of 256
   int64_t row_batch = std::max<int64_t>(1, num_split_rows_);
   if (score_stride_pre > 0) {
     row_batch = std::min<int64_t>(row_batch, std::max<int64_t>(1, (int64_t(256) << 20) / (H * score_stride_pre * int64_t(sizeof(uint16_t)))));
@@ -181,9 +190,10 @@ absl::Status CudaAttention::Run(int32_t layer, const DeviceBatch& db, const floa
 }
 
 std::string CudaAttention::Signature() const {
-  return absl::StrFormat("%d/%d/%d/%d/%d/%d/%d/%d/%d/%p/%p/%p/%p/%p/%p/%p/%p/%d/%p/%d/%d/%g/%d/%p",
+  return absl::StrFormat("%d/%d/%d/%d/%d/%d/%d/%d/%d/%d/%p/%p/%p/%p/%p/%p/%p/%p/%d/%p/%d/%d/%g/%d/%p",
                          num_split_rows_, num_tiles_, row_batch_, plan_.chunk, plan_.max_splits,
-                         int(plan_.k_load), int(plan_.fused), plan_.kernel_limit, num_layers_,
+                         int(plan_.k_load), int(plan_.fused), int(plan_.one_pass),
+                         plan_.kernel_limit, num_layers_,
                          row_ids_, tiles_, theta_, sdc_ratio_, counters_, ws_.part_o,
                          ws_.row_stat, ws_.scores, int(ws_.score_stride), config_.table,
                          int(config_.sdc), int(config_.vmc), config_.retain_factor,

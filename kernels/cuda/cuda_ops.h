@@ -147,26 +147,34 @@ KLoad DefaultKLoad();
 constexpr int64_t kStagedFromKeys = 65536;
 const char* KLoadName(KLoad k);
 
-// How Top-θ's two passes run: as two kernels (pass 2 after every block of pass 1), or fused
-// into one launch of thread block clusters (sm_90), a cluster of up to kMaxClusterBlocks
-// blocks per (row, KV group), each taking several of the row's splits, that meet at a cluster
-// barrier between the passes.
-enum class ThetaPasses : int32_t { kSplit, kFused };
-// THETASERVE_ATTN_THETA=split|fused; kSplit when unset (fused is not yet measured on a GPU).
+// How Top-θ's passes run: as two kernels (pass 2 after every block of pass 1); fused into one
+// launch of thread block clusters (sm_90), a cluster of up to kMaxClusterBlocks blocks per
+// (row, KV group), each taking several of the row's splits, that meet at a cluster barrier
+// between the passes; or, for pre-softmax thresholds only, in one pass (SplitOnePass: a split
+// keeps the keys whose scores pass θ and gathers their V rows itself, since no row-wide max or
+// D_full decides a key). kAuto: one pass where the thresholds are pre-softmax and no sequence
+// of the step records the retained mass (hit_mass, which needs D_full), two kernels otherwise
+// (CudaAttention::Prepare resolves it; PlanSplits takes it as kSplit).
+enum class ThetaPasses : int32_t { kSplit, kFused, kOnePass, kAuto };
+// THETASERVE_ATTN_THETA=split|fused (two kernels, or fused, whatever the placement); kAuto when
+// unset (fused is not yet measured on a GPU).
 ThetaPasses DefaultThetaPasses();
 constexpr unsigned kMaxClusterBlocks = 8;  // the portable cluster size
 
 // How a step's attention is split: `chunk` keys per split (a multiple of 64, at most 1024, and
-// small enough that pass 1's shared memory fits in 48 KB), how pass 1 reads K (never kAuto:
-// PlanSplits resolves it), and whether Top-θ's passes run fused (where `passes` asks for it).
+// small enough that pass 1's shared memory, or the one-pass kernel's, fits in 48 KB), how pass
+// 1 reads K (never kAuto: PlanSplits resolves it), and whether Top-θ's passes run fused or in
+// one pass (where `passes` asks for it).
 struct SplitPlan {
   int32_t chunk = 1024;
   int32_t max_splits = 1;
   KLoad k_load = KLoad::kPerThread;
   bool fused = false;
+  bool one_pass = false;
   // For the benchmark's time per kernel: launch only the first n kernels of the split path
   // (dense: pass 1, combine; Top-θ: pass 1, pass 2, combine; fused: the fused kernel,
-  // combine), leaving the output unwritten; 0 launches them all.
+  // combine; one pass: the one-pass kernel, combine), leaving the output unwritten; 0
+  // launches them all.
   int32_t kernel_limit = 0;
 };
 SplitPlan PlanSplits(int64_t num_rows, const AttnShape& shape, int64_t max_len, int num_sms,

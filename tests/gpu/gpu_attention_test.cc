@@ -25,14 +25,18 @@
 
 namespace thetaserve::kernels::cuda {
 
-// How a case runs the split kernels: pass 1's way of reading K, and Top-θ's passes as two
-// kernels or fused into one cluster launch.
+// How a case runs the split kernels: pass 1's way of reading K, and Top-θ's passes as the
+// server picks them (kAuto: one pass for pre-softmax thresholds where no retained mass is
+// recorded), as two kernels, or fused into one cluster launch.
 struct AttnWay {
   KLoad k_load;
-  ThetaPasses passes = ThetaPasses::kSplit;
+  ThetaPasses passes = ThetaPasses::kAuto;
 };
 std::string WayName(const AttnWay& w) {
-  return std::string(KLoadName(w.k_load)) + (w.passes == ThetaPasses::kFused ? "_fused" : "");
+  const char* passes = w.passes == ThetaPasses::kFused   ? "_fused"
+                       : w.passes == ThetaPasses::kSplit ? "_split"
+                                                         : "";
+  return std::string(KLoadName(w.k_load)) + passes;
 }
 // For gtest's messages (found by argument-dependent lookup, so outside the unnamed namespace).
 void PrintTo(const AttnWay& w, std::ostream* os) { *os << WayName(w); }
@@ -64,7 +68,8 @@ struct Shape {
 class AttentionCase {
  public:
   AttentionCase(const Shape& s, std::vector<SeqSpec> specs, uint64_t seed, AttnWay way)
-      : s_(s), specs_(std::move(specs)), rng_(seed), k_load_(way.k_load), passes_(way.passes) {
+      : s_(s), specs_(std::move(specs)), rng_(seed), k_load_(way.k_load), passes_(way.passes),
+        record_mass_(way.passes != ThetaPasses::kAuto) {
     const int32_t d = s.head_dim, bs = s.block_size;
     tables_ = s.num_layers * s.num_kv_heads;
     int32_t max_end = 0;
@@ -224,6 +229,10 @@ class AttentionCase {
   // Runs both sides; fills outputs and stats.
   void Run(const TopThetaConfig& config, bool with_vsum) {
     const int32_t d = s_.head_dim;
+    for (size_t si = 0; si < seqs_.size(); ++si) {  // the retained mass where recorded
+      chunks_cpu_[si].pages.hit_mass = record_mass_ ? seqs_[si].mass_cpu.data() : nullptr;
+      chunks_gpu_[si].pages.hit_mass = record_mass_ ? seqs_[si].mass_gpu.data() : nullptr;
+    }
     for (Seq& q : seqs_) {  // hit marks and retained mass start unset on both sides every run
       std::fill(q.hits_cpu.begin(), q.hits_cpu.end(), -1);
       std::fill(q.hits_gpu.begin(), q.hits_gpu.end(), -1);
@@ -290,12 +299,17 @@ class AttentionCase {
     EXPECT_TRUE(pool.GuardsIntact());
     splits_ = att.plan().max_splits;
     chunk_ = att.plan().chunk;
+    one_pass_ = att.plan().one_pass;
     if (config.active()) ExpectExactScoresArePass1s(att, db, shape, q.get(), pool.get());
     // Staged or quad K where the head size allows it (64, 128), per thread otherwise.
     EXPECT_EQ(att.plan().k_load, d == 64 || d == 128 ? k_load_ : KLoad::kPerThread);
     // Fused where asked for under Top-θ; on the emulator, which counts cluster launches, the
     // fused kernel really ran (and the split kernels did not launch as clusters).
     EXPECT_EQ(att.plan().fused, config.active() && passes_ == ThetaPasses::kFused);
+    // One pass where the server would take it: pre-softmax thresholds, no retained mass.
+    const bool pre = config.placement() == model::ThetaPlacement::kPreSoftmax;
+    EXPECT_EQ(att.plan().one_pass,
+              config.active() && passes_ == ThetaPasses::kAuto && pre && !record_mass_);
 #if defined(THETASERVE_CUDA_EMU)
     EXPECT_EQ(emu::ClusterLaunches() > cluster_launches, att.plan().fused);
 #endif
@@ -305,7 +319,7 @@ class AttentionCase {
   // for bit (same products, same order: per thread, staged or per quad) for the GPU to keep
   // exactly the rows the f32 scores keep. Checked directly, for every row and head of the last
   // launch: the exact scores' max over each split is pass 1's split max, bit for bit, and
-  // encoding them below it gives pass 1's 16-bit scores.
+  // encoding them below it gives pass 1's 16-bit scores (one pass: the maxima only).
   void ExpectExactScoresArePass1s(const CudaAttention& att, const DeviceBatch& db,
                                   const AttnShape& shape, const float* q, const uint16_t* pool) {
     const AttentionWorkspace& ws = att.workspace();
@@ -325,9 +339,14 @@ class AttentionCase {
     const std::vector<float> ex = exact.Download();
     EXPECT_TRUE(exact.GuardsIntact());
     std::vector<float> part_m(size_t(n) * H * ws.max_splits);
+    // One pass keeps its scores on chip: only the split maxima to check.
+    const bool coded = !att.plan().one_pass;
+    EXPECT_EQ(ws.score_stride > 0, coded);
     std::vector<uint16_t> codes(size_t(n) * H * ws.score_stride);
     CUDA_ASSERT(cudaMemcpy(part_m.data(), ws.part_m, part_m.size() * sizeof(float), cudaMemcpyDeviceToHost));
-    CUDA_ASSERT(cudaMemcpy(codes.data(), ws.scores, codes.size() * sizeof(uint16_t), cudaMemcpyDeviceToHost));
+    if (coded) {
+      CUDA_ASSERT(cudaMemcpy(codes.data(), ws.scores, codes.size() * sizeof(uint16_t), cudaMemcpyDeviceToHost));
+    }
     auto bits = [](float v) {
       uint32_t b;
       std::memcpy(&b, &v, 4);
@@ -338,7 +357,7 @@ class AttentionCase {
       const int32_t L = db.host_rows()[ids[first + r]].pos + 1;
       for (int32_t h = 0; h < H; ++h) {
         const float* e = &ex[(size_t(r) * H + h) * max_len];
-        const uint16_t* code = &codes[(size_t(r) * H + h) * ws.score_stride];
+        const uint16_t* code = coded ? &codes[(size_t(r) * H + h) * ws.score_stride] : nullptr;
         for (int32_t j0 = 0, split = 0; j0 < L; j0 += chunk_, ++split) {
           const float m = part_m[(size_t(r) * H + h) * ws.max_splits + split];
           float mx = -INFINITY;
@@ -346,6 +365,7 @@ class AttentionCase {
             mx = std::max(mx, e[j]);
             // EncodeScore's arithmetic (attention.cu), exact on the host too.
             const auto want = uint16_t(std::fmin(65535.0f, std::fmax(0.0f, std::rint((m - e[j]) * 4096.0f))));
+            if (!coded) continue;
             if (code[j] != want && bad_code++ < 3) {
               ADD_FAILURE() << "row " << r << " head " << h << " position " << j << ": pass 1 stored "
                             << code[j] << ", the exact score " << e[j] << " encodes as " << want;
@@ -439,7 +459,8 @@ class AttentionCase {
   void ExpectSame(const TopThetaConfig& config = {}) {
     EXPECT_TRUE(testing::Close(gpu_out_, cpu_out_, 2e-4f, 2e-3f, "attention output"))
         << "(" << splits_ << " splits of " << chunk_ << ", K " << KLoadName(k_load_)
-        << (passes_ == ThetaPasses::kFused ? ", fused" : "") << ")";
+        << (passes_ == ThetaPasses::kFused ? ", fused" : "") << (one_pass_ ? ", one pass" : "")
+        << ")";
     // Decisions on keys within rounding of θ may differ, and only those (none, nearly always).
     const Ambiguous amb = FindAmbiguous(config);
     auto near = [&](int64_t got, int64_t want) { return std::llabs(got - want) <= amb.total; };
@@ -489,6 +510,12 @@ class AttentionCase {
     return n;
   }
   int32_t chunk() const { return chunk_; }
+  // Whether the sequences record the retained mass (SeqPageTables::hit_mass) from the next Run
+  // on; by default where the way names its passes (under kAuto a step that records it takes
+  // two passes, so pre-softmax thresholds would not run in one).
+  void set_record_mass(bool on) { record_mass_ = on; }
+  bool records_mass() const { return record_mass_; }
+  bool one_pass() const { return one_pass_; }
   // CudaAttention::set_kernel_limit for the next Run.
   void set_kernel_limit(int32_t n) { kernel_limit_ = n; }
   // Kernels the last Run launched (counted by the emulator; -1 on a GPU).
@@ -521,6 +548,8 @@ class AttentionCase {
   std::mt19937_64 rng_;
   KLoad k_load_;
   ThetaPasses passes_;
+  bool record_mass_;    // sequences record the retained mass (hit_mass): two passes
+  bool one_pass_ = false;  // the last Run's plan
   int32_t tables_ = 0, stride_ = 0, num_tokens_ = 0, splits_ = 0, chunk_ = 0;
   int64_t num_pages_ = 0;
   KvPoolLayout layout_;
@@ -583,7 +612,9 @@ TEST(SplitPlanTest, AutoKLoadStagesLargeLaunches) {
 }
 
 // Every case runs with pass 1 reading K per thread, staged through shared memory, and per quad;
-// the Top-θ cases (GpuTopThetaTest) each way again with the passes fused.
+// the Top-θ cases (GpuTopThetaTest) each way three times: with the passes the server picks (one
+// pass for pre-softmax thresholds; these runs do not record the retained mass, which would
+// take two), as two kernels, and fused (these two record the mass).
 class GpuAttentionTest : public ::testing::TestWithParam<AttnWay> {};
 INSTANTIATE_TEST_SUITE_P(KLoad, GpuAttentionTest,
                          ::testing::Values(AttnWay{KLoad::kPerThread}, AttnWay{KLoad::kStaged},
@@ -593,6 +624,9 @@ class GpuTopThetaTest : public GpuAttentionTest {};
 INSTANTIATE_TEST_SUITE_P(
     Way, GpuTopThetaTest,
     ::testing::Values(AttnWay{KLoad::kPerThread}, AttnWay{KLoad::kStaged}, AttnWay{KLoad::kQuad},
+                      AttnWay{KLoad::kPerThread, ThetaPasses::kSplit},
+                      AttnWay{KLoad::kStaged, ThetaPasses::kSplit},
+                      AttnWay{KLoad::kQuad, ThetaPasses::kSplit},
                       AttnWay{KLoad::kPerThread, ThetaPasses::kFused},
                       AttnWay{KLoad::kStaged, ThetaPasses::kFused},
                       AttnWay{KLoad::kQuad, ThetaPasses::kFused}),
@@ -665,31 +699,38 @@ TEST_P(GpuAttentionTest, LargestChunksForBigHeadsAndGroups) {
 }
 
 // The benchmark's time per kernel cuts the split path short (set_kernel_limit): the first n
-// kernels launch (dense: pass 1, combine; Top-θ: pass 1, pass 2, combine; fused: the fused
-// kernel, combine), the output stays as poisoned until the last, and the whole path still
+// kernels launch (dense: pass 1, combine; Top-θ: pass 1, pass 2, combine; fused or one pass:
+// that kernel, combine), the output stays as poisoned until the last, and the whole path still
 // matches the CPU. The emulator counts the launches; Top-θ's counters tell on a GPU too.
 TEST_P(GpuTopThetaTest, KernelLimitLaunchesTheFirstKernelsOnly) {
   SKIP_WITHOUT_CUDA_DEVICE();
   const uint64_t seed = testing::TestSeed();
   SCOPED_TRACE("THETASERVE_SEED=" + std::to_string(seed));
   const Shape s;
-  const model::ThetaTable table = MakeTable(s, model::ThetaPlacement::kPostSoftmax, 16);
-  TopThetaConfig theta;
-  theta.table = &table;
-  for (const TopThetaConfig& cfg : {TopThetaConfig{}, theta}) {
-    const bool two_passes = cfg.active() && GetParam().passes == ThetaPasses::kSplit;
+  const model::ThetaTable post = MakeTable(s, model::ThetaPlacement::kPostSoftmax, 16);
+  const model::ThetaTable pre = MakeTable(s, model::ThetaPlacement::kPreSoftmax, 16);
+  TopThetaConfig theta_post, theta_pre;
+  theta_post.table = &post;
+  theta_pre.table = &pre;
+  for (const TopThetaConfig& cfg : {TopThetaConfig{}, theta_post, theta_pre}) {
+    const ThetaPasses passes = GetParam().passes;
+    const bool one_launch =
+        passes == ThetaPasses::kFused ||
+        (passes == ThetaPasses::kAuto && cfg.placement() == model::ThetaPlacement::kPreSoftmax);
+    const bool two_passes = cfg.active() && !one_launch;
     const int32_t kernels = two_passes ? 3 : 2;
     for (int32_t limit = 1; limit <= kernels; ++limit) {
-      SCOPED_TRACE(::testing::Message() << (cfg.active() ? "top-θ" : "dense") << ", limit "
-                                        << limit);
+      SCOPED_TRACE(::testing::Message()
+                   << (cfg.active() ? model::PlacementName(cfg.placement()) : "dense")
+                   << ", limit " << limit);
       AttentionCase c(s, {{3000, 1}, {700, 1}}, seed, GetParam());
       c.set_kernel_limit(limit);
       c.Run(cfg, cfg.active());
 #if defined(THETASERVE_CUDA_EMU)
       EXPECT_EQ(c.kernel_launches(), limit);
 #endif
-      // On any device, Top-θ's counters say which kernels ran: pass 2 (or the fused kernel)
-      // counts the V rows it reads, the combine the elements kept.
+      // On any device, Top-θ's counters say which kernels ran: pass 2 (or the fused or one-pass
+      // kernel) counts the V rows it reads, the combine the elements kept.
       if (cfg.active()) {
         const bool pass2_ran = !two_passes || limit >= 2;
         EXPECT_EQ(c.gpu_stats().v_rows_read > 0, pass2_ran);
@@ -704,6 +745,34 @@ TEST_P(GpuTopThetaTest, KernelLimitLaunchesTheFirstKernelsOnly) {
         }));
       } else {
         c.ExpectSame(cfg);
+      }
+    }
+  }
+}
+
+// Pre-softmax thresholds run in one pass (nothing row-wide decides a key) unless a sequence
+// records the retained mass, which needs the row's D_full (the engine's mass budget,
+// --keep-fraction): then in two. Either way the GPU matches the CPU, over a sparse store and a
+// host store below the tail, for decode and prefill rows.
+TEST(GpuOnePassTest, OnePassUnlessTheRetainedMassIsRecorded) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  const uint64_t seed = testing::TestSeed();
+  SCOPED_TRACE("THETASERVE_SEED=" + std::to_string(seed));
+  const Shape s;
+  const model::ThetaTable table = MakeTable(s, model::ThetaPlacement::kPreSoftmax, 16);
+  TopThetaConfig theta;
+  theta.table = &table;
+  for (KLoad k : {KLoad::kPerThread, KLoad::kStaged, KLoad::kQuad}) {
+    for (bool mass : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << KLoadName(k) << (mass ? ", mass" : ", no mass"));
+      AttentionCase c(s, {{1500, 1, 600, true, -1, true}, {900, 2, 320}, {40, 24}}, seed,
+                      AttnWay{k});
+      c.set_record_mass(mass);
+      c.RunAndExpectSame(theta, true);
+      EXPECT_EQ(c.one_pass(), !mass);
+      EXPECT_GT(c.cpu_marks(), 0);
+      if (mass) {
+        EXPECT_GT(c.total_mass(), 0.0);
       }
     }
   }
@@ -748,7 +817,7 @@ TEST_P(GpuTopThetaTest, TopThetaOverSparseVStoreMatchesCpu) {
   AttentionCase c(s, {{300, 1, 256}, {320, 20, 256}, {1200, 1, 1024}}, seed, GetParam());
   c.RunAndExpectSame(cfg, true);
   EXPECT_GT(c.cpu_stats().retained_but_evicted, 0);
-  EXPECT_GT(c.total_mass(), 1.0) << "Top-θ recorded no retained mass";
+  EXPECT_EQ(c.total_mass() > 1.0, c.records_mass()) << "retained mass recorded, or not, as asked";
 }
 
 // Hit marks with a retain factor (--retain-factor): a row is marked where some head keeps it
@@ -827,7 +896,7 @@ TEST_P(GpuTopThetaTest, BlockSizeNotAPowerOfTwoMatchesCpu) {
     if (host) {
       EXPECT_GT(c.cpu_stats().v_rows_read_host, 0) << "no row was read from the host store";
     }
-    EXPECT_GT(c.total_mass(), 1.0) << "Top-θ recorded no retained mass";
+    EXPECT_EQ(c.total_mass() > 1.0, c.records_mass()) << "retained mass recorded, or not, as asked";
   }
 }
 
@@ -867,7 +936,7 @@ TEST_P(GpuTopThetaTest, TopThetaRowOf30kKeysMatchesCpu) {
   AttentionCase c(s, {{30000, 1}, {700, 1, 512}, {3, 1}}, seed, GetParam());
   c.RunAndExpectSame(cfg, true);
   EXPECT_GT(c.splits(), 6 * 8);
-  EXPECT_GT(c.total_mass(), 1.0) << "Top-θ recorded no retained mass";
+  EXPECT_EQ(c.total_mass() > 1.0, c.records_mass()) << "retained mass recorded, or not, as asked";
 }
 
 TEST_P(GpuTopThetaTest, TopThetaLongRowsMatchCpu) {
@@ -888,7 +957,7 @@ TEST_P(GpuTopThetaTest, TopThetaLongRowsMatchCpu) {
       AttentionCase c(s, {{12000, 1}, {10000, 1, 6000}, {9000, 1, 100}}, seed, GetParam());
       c.RunAndExpectSame(cfg, true);
       EXPECT_GT(c.cpu_stats().retained_but_evicted, 0);
-      EXPECT_GT(c.total_mass(), 1.0) << "Top-θ recorded no retained mass";
+      EXPECT_EQ(c.total_mass() > 1.0, c.records_mass()) << "retained mass recorded, or not, as asked";
     }
   }
 }
