@@ -683,11 +683,16 @@ TEST_P(GpuAttentionTest, LargestChunksForBigHeadsAndGroups) {
   for (const Shape s : {Shape{2, 1, 8, 2, 128, 16}, Shape{2, 1, 8, 1, 128, 16}, Shape{2, 1, 8, 1, 64, 16}}) {
     SCOPED_TRACE(::testing::Message() << "d " << s.head_dim << " group " << s.num_heads / s.num_kv_heads);
     const model::ThetaTable table = MakeTable(s, model::ThetaPlacement::kPostSoftmax, 16);
-    TopThetaConfig theta;
+    const model::ThetaTable pre = MakeTable(s, model::ThetaPlacement::kPreSoftmax, 16);
+    TopThetaConfig theta, theta_pre;
     theta.table = &table;
-    for (const TopThetaConfig& cfg : {TopThetaConfig{}, theta}) {
+    theta_pre.table = &pre;
+    for (const TopThetaConfig& cfg : {TopThetaConfig{}, theta, theta_pre}) {
       AttentionCase c(s, {{2500, 1}, {1100, 1}}, seed, GetParam());
       c.RunAndExpectSame(cfg, cfg.table != nullptr);
+      // One pass (pre-softmax) holds flags and a kept list beside the scores: its chunk is
+      // whatever fits (d 128, group 8: under 1024 keys), and the launch above is the check.
+      if (c.one_pass()) continue;
       // Per thread or quad every shape here fits 1024-key chunks; staged, none does.
       if (GetParam().k_load != KLoad::kStaged) {
         EXPECT_EQ(c.chunk(), 1024);
@@ -762,13 +767,27 @@ TEST(GpuOnePassTest, OnePassUnlessTheRetainedMassIsRecorded) {
   const model::ThetaTable table = MakeTable(s, model::ThetaPlacement::kPreSoftmax, 16);
   TopThetaConfig theta;
   theta.table = &table;
+  // Chunks as planned, and of 64 keys: then a split's last host row, position 383 of the split
+  // [320, 384), is one the thresholds keep (every tenth key from 3 is lifted).
+  struct ChunkEnv {
+    explicit ChunkEnv(const char* keys) {
+      if (keys) setenv("THETASERVE_ATTN_CHUNK", keys, 1);
+    }
+    ~ChunkEnv() { unsetenv("THETASERVE_ATTN_CHUNK"); }
+  };
+  for (const char* chunk : {static_cast<const char*>(nullptr), "64"})
   for (KLoad k : {KLoad::kPerThread, KLoad::kStaged, KLoad::kQuad}) {
     for (bool mass : {false, true}) {
-      SCOPED_TRACE(::testing::Message() << KLoadName(k) << (mass ? ", mass" : ", no mass"));
+      SCOPED_TRACE(::testing::Message() << KLoadName(k) << (mass ? ", mass" : ", no mass")
+                                        << ", chunk " << (chunk ? chunk : "planned"));
+      const ChunkEnv env(chunk);
       AttentionCase c(s, {{1500, 1, 600, true, -1, true}, {900, 2, 320}, {40, 24}}, seed,
                       AttnWay{k});
       c.set_record_mass(mass);
       c.RunAndExpectSame(theta, true);
+      if (chunk) {
+        EXPECT_EQ(c.chunk(), 64);
+      }
       EXPECT_EQ(c.one_pass(), !mass);
       EXPECT_GT(c.cpu_marks(), 0);
       if (mass) {
