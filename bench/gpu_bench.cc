@@ -8,12 +8,13 @@
 //  3. Top-θ decode attention over a host store (the offload policy) against the full policy;
 //  4. dense prefill attention TFLOP/s;
 //  5. end-to-end decode tokens/s on a model through the real engine (when --model exists),
-//     after 128-token prompts and after long ones.
+//     after 128-token prompts and after long ones: dense, and Top-θ with each --theta file
+//     (post-softmax tables in two passes, pre-softmax ones in one).
 //
 //   build/thetaserve_gpu_bench [--contexts 1024,4096,16384,32768,131072] [--batches 1,8,32,64]
 //       [--prefill 1024,4096,16384] [--model models/SmolLM2-135M-Instruct.Q4_1.gguf]
 //       [--e2e-batches 1,8,32,64] [--e2e-long-prompt 8000] [--e2e-long-batches 8,32]
-//       [--theta thetas.json] [--offload-contexts 8192,32768] [--offload-batches 1,8,32]
+//       [--theta thetas.json[,pre.json]] [--offload-contexts 8192,32768] [--offload-batches 1,8,32]
 //       [--by-kernel-context 32768] [--repeats 5]
 #include <cuda_runtime.h>
 
@@ -224,6 +225,7 @@ void DecodeAttention(const std::vector<int>& contexts, const std::vector<int>& b
       // The pre-softmax θ (the same for every head) at which one pass reads as many V rows as
       // post-softmax θ = 1/L does: bisected, fewer rows as θ rises.
       cu::CudaAttention probe(sms);
+      probe.set_theta_passes(cu::ThetaPasses::kAuto);  // whatever THETASERVE_ATTN_THETA says
       const double read = v_read(probe, theta_cfg);
       float pre_lo = -16.0f, pre_hi = 16.0f;
       for (int i = 0; i < kPreThetaSteps; ++i) {
@@ -526,7 +528,8 @@ void PrefillAttention(const std::vector<int>& lengths, int repeats, int sms) {
 // Decode through the engine: 128-token prompts at every batch in `batches`, then prompts of
 // `long_prompt` tokens at `long_batches` (where per-step host work that grows with the context
 // would show: page tables, hit marks).
-void EndToEnd(const std::string& path, const std::string& theta_path, const std::vector<int>& batches,
+void EndToEnd(const std::string& path, const std::vector<std::string>& theta_paths,
+              const std::vector<int>& batches,
               int long_prompt, const std::vector<int>& long_batches, double copy_bw, int repeats) {
   std::printf("\n## end-to-end decode through the engine: %s\n", path.c_str());
   auto model = ts::model::Model::Load(path);
@@ -541,11 +544,20 @@ void EndToEnd(const std::string& path, const std::string& theta_path, const std:
                         double(c.num_layers) * c.hidden_size *
                             (c.q_dim() + 2 * c.kv_dim() + c.q_dim() + 3 * c.intermediate_size);
   const double weight_bytes = 2 * params;  // bf16 on the device; the LM head reads the table
-  std::optional<ts::model::ThetaTable> table;
-  if (!theta_path.empty()) {
+  // Mode 0 is dense; mode i > 0 runs Top-θ with tables[i - 1], named by its placement.
+  std::vector<ts::model::ThetaTable> tables;
+  std::vector<std::string> names = {"dense"};
+  for (const std::string& theta_path : theta_paths) {
     auto t = ts::model::ThetaTable::Load(theta_path);
-    if (t.ok()) table = std::move(*t);
-    else std::printf("θ file %s: %s\n", theta_path.c_str(), std::string(t.status().message()).c_str());
+    if (!t.ok()) {
+      std::printf("θ file %s: %s\n", theta_path.c_str(), std::string(t.status().message()).c_str());
+      continue;
+    }
+    std::printf("θ file %s: %s-softmax, k %d (last layer)\n", theta_path.c_str(),
+                ts::model::PlacementName(t->placement),
+                t->k_per_layer.empty() ? 0 : t->k_per_layer.back());
+    names.push_back(t->placement == ts::model::ThetaPlacement::kPreSoftmax ? "θ pre" : "top-θ");
+    tables.push_back(std::move(*t));
   }
   std::printf("bf16 weights on the device: %.1f MB\n", weight_bytes / 1e6);
   // graphs: CUDA graphs the first run captured (the step median leaves the captures' steps out;
@@ -561,9 +573,9 @@ void EndToEnd(const std::string& path, const std::string& theta_path, const std:
   std::vector<Shape> shapes = {{128, 64, batches}};
   if (long_prompt > 0 && !long_batches.empty()) shapes.push_back({long_prompt, 32, long_batches});
   for (const Shape& shape : shapes) {
-    for (int mode = 0; mode < (table ? 2 : 1); ++mode) {
+    for (size_t mode = 0; mode < names.size(); ++mode) {
       ts::kernels::TopThetaConfig cfg;
-      if (mode == 1) cfg.table = &*table;
+      if (mode > 0) cfg.table = &tables[mode - 1];
       (*backend)->SetTopTheta(cfg);
       for (int B : shape.batches) {
         std::vector<double> step_ms, fwd_ms, host_ms;
@@ -596,12 +608,12 @@ void EndToEnd(const std::string& path, const std::string& theta_path, const std:
         const double ms = Median(step_ms), fwd = Median(fwd_ms), host = Median(host_ms);
         const double bw = weight_bytes / (ms / 1e3) / copy_bw;
         std::printf("%-8s %-8d %-8d %-12.3f %-9.3f %-9.3f %-12.0f %-10.3f %-8lld\n",
-                    mode ? "top-θ" : "dense", shape.prompt, B, ms, fwd, host, B / (ms / 1e3), bw,
+                    names[mode].c_str(), shape.prompt, B, ms, fwd, host, B / (ms / 1e3), bw,
                     static_cast<long long>(graphs));
         std::fflush(stdout);
         char buf[96];
         std::snprintf(buf, sizeof buf, "%.0f tok/s (%.3f ms/step, weights at %.0f%% of copy bw)", B / (ms / 1e3), ms, 100 * bw);
-        g_summary.push_back({std::string("e2e decode ") + (mode ? "top-θ" : "dense") + ", " +
+        g_summary.push_back({"e2e decode " + names[mode] + ", " +
                                  std::to_string(shape.prompt) + " × " + std::to_string(B),
                              buf});
       }
@@ -683,7 +695,13 @@ int main(int argc, char** argv) {
   OffloadDecodeAttention(offload_contexts, offload_batches, repeats, prop.multiProcessorCount);
   PrefillAttention(prefill, repeats, prop.multiProcessorCount);
   if (!model.empty() && std::filesystem::exists(model)) {
-    EndToEnd(model, theta, e2e, long_prompt, e2e_long, bw, std::max(1, repeats / 2));
+    std::vector<std::string> thetas;
+    for (size_t at = 0; !theta.empty() && at != std::string::npos;) {
+      const size_t comma = theta.find(',', at);
+      thetas.push_back(theta.substr(at, comma == std::string::npos ? comma : comma - at));
+      at = comma == std::string::npos ? comma : comma + 1;
+    }
+    EndToEnd(model, thetas, e2e, long_prompt, e2e_long, bw, std::max(1, repeats / 2));
   } else {
     std::printf("\n## end-to-end decode: model %s not found, skipped\n", model.c_str());
   }

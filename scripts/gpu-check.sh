@@ -9,7 +9,7 @@
 #
 #   scripts/gpu-check.sh                    # configure + build (needs scripts/install-deps.sh)
 #   scripts/gpu-check.sh --prebuilt DIR     # binaries from scripts/gpu-pack.sh (DIR/bin, DIR/lib)
-#   scripts/gpu-check.sh --model FILE --theta FILE   # defaults: models/SmolLM2…gguf, none
+#   scripts/gpu-check.sh --model FILE --theta FILE[,FILE]   # defaults: models/SmolLM2…gguf, none
 #   scripts/gpu-check.sh ... --ncu          # then Nsight Compute on Top-θ's kernels at 32k × 64
 # Files under $OUT (the device tool brings back 8): device.txt, tests.log (every test's output),
 # gpu-bench.log, gpu-bench-chunk512.log, cpu-attention.log, ncu.txt.

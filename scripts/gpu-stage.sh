@@ -10,7 +10,7 @@
 # on 2026-12-04: two calls). A warm machine keeps ignored paths between calls, and every call also copies its
 # parts to /tmp there, so --unpack finds the earlier ones either way.
 #
-#   scripts/gpu-stage.sh [--pack DIR] [--model FILE] [--theta FILE]   # here: writes .xfer/, prints the calls
+#   scripts/gpu-stage.sh [--pack DIR] [--model FILE] [--theta FILE[,FILE]]   # here: writes .xfer/, prints the calls
 #   scripts/gpu-stage.sh --unpack [--need BUNDLE...]                   # there, first in every call
 #
 # --need names bundles (as the printed calls do) that must be unpacked by the end of this call:
@@ -20,6 +20,8 @@
 # Without --theta the end-to-end decode rows are dense only; a θ file takes a minute here:
 #   build/thetaserve calibrate --model models/SmolLM2-135M-Instruct.Q4_1.gguf --corpus data/kjv.txt \
 #     --k 64 --placement post --context 2048 --max-tokens 8192 --out out/fidelity/theta_k64_post.json
+# and a pre-softmax one (one pass on the GPU) the same way with --k 128 --placement pre
+# (out/fidelity/theta_k128_pre.json); --theta A,B runs the rows with each.
 # --pack takes binaries already packed (e.g. in a build tree beside this checkout, which must
 # hold the same source); without it gpu-pack.sh builds here. The device tool sends the checkout
 # the session started in, so run this there.
@@ -93,7 +95,12 @@ if [ -z "$pack" ]; then
 fi
 [ -d "$pack/bin" ] || { echo "no binaries in $pack/bin (scripts/gpu-pack.sh makes them)" >&2; exit 1; }
 [ -f "$model" ] || { echo "no model at $model (scripts/fetch-model.sh)" >&2; exit 1; }
-[ -z "$theta" ] || [ -f "$theta" ] || { echo "no θ file at $theta" >&2; exit 1; }
+# --theta takes one file or several, comma-separated (e.g. a post-softmax and a pre-softmax
+# table: the end-to-end rows then run each).
+IFS=, read -r -a thetas <<<"$theta"
+for f in "${thetas[@]}"; do
+  [ -f "$f" ] || { echo "no θ file at $f" >&2; exit 1; }
+done
 
 # What every call carries anyway: tracked files and untracked ones git does not ignore.
 always=$( { git ls-files -z --cached --others --exclude-standard | xargs -0 -r stat -L -c %s 2>/dev/null || true; } |
@@ -107,7 +114,13 @@ say "the checkout travels with every call: $(mb "$always"); a call's limit $(mb 
 rm -rf .xfer
 mkdir -p .xfer/stage/.devbin .xfer/stage/models
 cp -a "$pack"/bin "$pack"/lib .xfer/stage/.devbin/
-[ -n "$theta" ] && cp "$theta" .xfer/stage/.devbin/theta.json
+staged_thetas=""
+for i in "${!thetas[@]}"; do
+  name=theta.json
+  [ "$i" -gt 0 ] && name=theta-$i.json
+  cp "${thetas[$i]}" ".xfer/stage/.devbin/$name"
+  staged_thetas="$staged_thetas${staged_thetas:+,}.devbin/$name"
+done
 ln -s "$(realpath "$model")" .xfer/stage/models/SmolLM2-135M-Instruct.Q4_1.gguf
 
 # bundle NAME PATH...: an xz tarball of PATHs (relative to the stage) cut into parts of the budget.
@@ -159,7 +172,7 @@ devbin_id=$(basename -s .sha256 .xfer/*/devbin.tar.xz.*.sha256 | head -1)
 model_id=$(basename -s .sha256 .xfer/*/model.tar.xz.*.sha256 | head -1)
 
 theta_flag=""
-[ -n "$theta" ] && theta_flag=" --theta .devbin/theta.json"
+[ -n "$staged_thetas" ] && theta_flag=" --theta $staged_thetas"
 echo
 echo "== device calls, in order and back to back (a machine idle for 30 s goes back) =="
 # The check without the model runs where the binaries are complete (the kernel tables, first);

@@ -1078,8 +1078,11 @@ __device__ __forceinline__ void SplitOnePass(const SplitArgs& a, int32_t split_i
   ScoreSplit<D, GT, kK>(a, t, first_head, seq, lh, j0, n, G);  // ends with a barrier
 
   // Per head: the split's max and Σe (its share of D_full), and the keep test on the f32
-  // score. θ is NaN in a dense row (L <= k, or a NaN in the table): every key is kept, as the
-  // reference's threshold of −1 on e keeps it. retain_factor >= 1 (theta_options.cc).
+  // score, s > θ, as DESIGN.md §4 states it (the CPU and pass 2 test e > e^(θ − m), the same
+  // but where e^(θ − m) leaves the normal floats, θ more than 87 below the row's max: there
+  // they drop keys of weight 0 that this keeps, counts and marks differ, outputs do not). θ is
+  // NaN in a dense row (L <= k, or a NaN in the table): every key is kept, as the reference's
+  // threshold of −1 on e keeps it. retain_factor >= 1 (theta_options.cc).
   const float log_retain = logf(a.theta.retain_factor);
   for (int h = 0; h < G; ++h) {
     const float theta =
@@ -1107,7 +1110,7 @@ __device__ __forceinline__ void SplitOnePass(const SplitArgs& a, int32_t split_i
   }
 
   // Positions (each thread its own keys' flags): retained by any head of the group, and the
-  // hit mark where one keeps it by the retain factor.
+  // hit mark where one keeps it by the retain factor (and keeps it).
   const int32_t mark_from = seq.pages.hits_begin;
   int32_t* hits = seq.pages.hits ? seq.pages.hits + lh * seq.pages.hits_stride : nullptr;
   unsigned retained_here = 0;
@@ -1116,7 +1119,7 @@ __device__ __forceinline__ void SplitOnePass(const SplitArgs& a, int32_t split_i
     if (!(f & 0xffu)) continue;
     ++retained_here;
     const int32_t j = j0 + jl;
-    if (hits && (f >> 8) && j >= mark_from) atomicMax(hits + (j - mark_from), row.pos);
+    if (hits && (f >> 8 & f & 0xffu) && j >= mark_from) atomicMax(hits + (j - mark_from), row.pos);
   }
   if (retained_here) atomicAdd(&s_retained, (unsigned long long)retained_here);
   __syncthreads();  // every key's e and flags
@@ -1569,6 +1572,7 @@ cudaError_t RunSplit(const SplitArgs& a, int32_t num_rows, const SplitPlan& plan
   const size_t pass1_smem = SplitSmemBytes(D, G, plan.chunk, k_load == KLoad::kStaged);
   const int32_t limit = plan.kernel_limit > 0 ? plan.kernel_limit : 3;
   const bool one_pass = a.top_theta && plan.one_pass;
+  if (one_pass && a.theta.post_softmax) return cudaErrorInvalidValue;  // a probability is no score
   cudaError_t launched = cudaSuccess;
   auto run = [&](auto k) {
     constexpr KLoad kK = decltype(k)::value;

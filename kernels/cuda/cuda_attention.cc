@@ -114,14 +114,16 @@ absl::Status CudaAttention::Prepare(const ForwardBatch& batch, const DeviceBatch
   counters_ = reinterpret_cast<unsigned long long*>(dev + off);
   TS_CUDA_RETURN(cudaMemcpyAsync(dev, host, total, cudaMemcpyHostToDevice, stream));
 
-  // Workspace for the split kernels, for `row_batch_` rows at a time: Top-θ's two passes keep
-  // every row's scores, so a long prefill chunk runs in slices of at most 256 MiB of scores
-  // (one pass keeps none).
+  // Workspace for the split kernels, for `row_batch_` rows at a time: every split's partials
+  // (o, and four floats) and, for Top-θ's two passes, every row's 16-bit scores. Top-θ sends
+  // prefill rows to the split kernels too, so a long prefill chunk runs in slices of at most
+  // 256 MiB of workspace (one pass keeps no scores: its partials alone would otherwise grow to
+  // gigabytes for 8k-token chunks at 128 heads of d 128).
   const int64_t score_stride_pre = theta && !plan_.one_pass ? planned_len : 0;  // a multiple of 256
-  int64_t row_batch = std::max<int64_t>(1, num_split_rows_);
-  if (score_stride_pre > 0) {
-    row_batch = std::min<int64_t>(row_batch, std::max<int64_t>(1, (int64_t(256) << 20) / (H * score_stride_pre * int64_t(sizeof(uint16_t)))));
-  }
+  const int64_t row_bytes = H * (score_stride_pre * int64_t(sizeof(uint16_t)) +
+                                 int64_t(plan_.max_splits) * (shape.head_dim + 4) * int64_t(sizeof(float)));
+  const int64_t row_batch = std::clamp<int64_t>((int64_t(256) << 20) / row_bytes, 1,
+                                                std::max<int64_t>(1, num_split_rows_));
   row_batch_ = static_cast<int32_t>(std::min<int64_t>(row_batch, 65535));  // grid.y limit
   const int64_t R = row_batch_;
   const int32_t d = shape.head_dim;

@@ -902,11 +902,13 @@ TEST_P(GpuTopThetaTest, BlockSizeNotAPowerOfTwoMatchesCpu) {
     AttentionCase c(s, {{37, 1}, {0, 70}, {130, 45}, {2100, 1}}, seed, GetParam());
     c.RunAndExpectSame(TopThetaConfig{}, false);
   }
-  const model::ThetaTable table = MakeTable(s, model::ThetaPlacement::kPostSoftmax, 16);
-  TopThetaConfig cfg;
-  cfg.table = &table;
+  for (auto placement : {model::ThetaPlacement::kPreSoftmax, model::ThetaPlacement::kPostSoftmax})
   for (bool host : {false, true}) {
-    SCOPED_TRACE(host ? "host store" : "sparse store");
+    SCOPED_TRACE(::testing::Message() << model::PlacementName(placement)
+                                      << (host ? ", host store" : ", sparse store"));
+    const model::ThetaTable table = MakeTable(s, placement, 16);
+    TopThetaConfig cfg;
+    cfg.table = &table;
     // V tails start at multiples of 12; the first sequence keeps all of V.
     std::vector<SeqSpec> specs = {{1500, 1}, {300, 1, 252}, {320, 20, 252}, {1200, 1, 1020}};
     for (SeqSpec& sp : specs) sp.host = host && sp.v_tail_start > 0;

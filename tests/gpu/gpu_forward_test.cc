@@ -162,6 +162,18 @@ model::ThetaTable AboveAverageTable(const model::ModelConfig& c) {
   return t;
 }
 
+// Pre-softmax θ = 0 (keep the keys a head scores above zero) in every layer: the GPU runs it in
+// one pass (no step here records the retained mass).
+model::ThetaTable PositiveScoreTable(const model::ModelConfig& c) {
+  model::ThetaTable t = AboveAverageTable(c);
+  for (int32_t l = 0; l < c.num_layers; ++l)
+    for (int32_t h = 0; h < c.num_heads; ++h)
+      for (int32_t i = 0; i < int32_t(t.buckets().size()); ++i) t.theta_at(l, h, i) = 0.0f;
+  t.placement = model::ThetaPlacement::kPreSoftmax;
+  t.Finalize();
+  return t;
+}
+
 // theta_tol < 0: no bound on the Top-θ logits difference. The tiny models' random weights give
 // nearly uniform attention, so θ = 1/L sits among the probabilities and bf16 K/V (GPU) vs f32
 // (CPU) flip keep decisions; their Top-θ kernels are checked exactly in gpu_attention_test on
@@ -177,14 +189,15 @@ void CheckModel(const std::string& path, int decode_steps, double tol, double th
     EXPECT_LE(r.worst_rel, tol);
     EXPECT_GE(r.agree, r.rows * 9 / 10);
   }
-  {
-    SCOPED_TRACE("top-theta");
-    const model::ThetaTable table = AboveAverageTable((*m)->config());
+  for (bool pre : {false, true}) {
+    SCOPED_TRACE(pre ? "top-theta pre-softmax" : "top-theta");
+    const model::ThetaTable table =
+        pre ? PositiveScoreTable((*m)->config()) : AboveAverageTable((*m)->config());
     TopThetaConfig cfg;
     cfg.table = &table;
     const Report r = Compare(**m, cfg, decode_steps);
-    std::printf("[ %s top-theta ] worst max|Δ|/max|ref| %.2e (step %d), greedy agreement %d/%d\n",
-                path.c_str(), r.worst_rel, r.worst_step, r.agree, r.rows);
+    std::printf("[ %s top-theta %s ] worst max|Δ|/max|ref| %.2e (step %d), greedy agreement %d/%d\n",
+                path.c_str(), pre ? "pre" : "post", r.worst_rel, r.worst_step, r.agree, r.rows);
     if (theta_tol >= 0) {
       EXPECT_LE(r.worst_rel, theta_tol);
     }
