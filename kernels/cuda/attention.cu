@@ -1373,7 +1373,8 @@ __global__ void __launch_bounds__(kCombineWays * D) ThetaCombineKernel(SplitArgs
   }
   float thr;
   if constexpr (kOnePass) {
-    const float theta = L > a.theta.k ? a.theta.theta[int64_t(t) * a.kv.shape.num_heads + head] : NAN;
+    const float theta =
+        L > a.theta.k ? a.theta.theta[int64_t(t) * a.kv.shape.num_heads + head] : NAN;
     thr = isnan(theta) ? -1.0f : expf(theta - m);  // as WarpThreshold's, pre-softmax
   } else {
     const float* st = a.ws.row_stat + (r * a.kv.shape.num_heads + head) * 3;

@@ -120,8 +120,9 @@ absl::Status CudaAttention::Prepare(const ForwardBatch& batch, const DeviceBatch
   // 256 MiB of workspace (one pass keeps no scores: its partials alone would otherwise grow to
   // gigabytes for 8k-token chunks at 128 heads of d 128).
   const int64_t score_stride_pre = theta && !plan_.one_pass ? planned_len : 0;  // a multiple of 256
+  const int64_t split_bytes = int64_t(shape.head_dim + 4) * int64_t(sizeof(float));
   const int64_t row_bytes = H * (score_stride_pre * int64_t(sizeof(uint16_t)) +
-                                 int64_t(plan_.max_splits) * (shape.head_dim + 4) * int64_t(sizeof(float)));
+                                 int64_t(plan_.max_splits) * split_bytes);
   const int64_t row_batch = std::clamp<int64_t>((int64_t(256) << 20) / row_bytes, 1,
                                                 std::max<int64_t>(1, num_split_rows_));
   row_batch_ = static_cast<int32_t>(std::min<int64_t>(row_batch, 65535));  // grid.y limit
