@@ -704,21 +704,81 @@ constexpr uint32_t kHostRow = 0x80000000u;
 template <int kG>
 constexpr int kRowsPerBatch = kG <= 4 ? 4 : 2;
 
-// The end of a Top-θ split (pass 2, one pass): row groups of D/8 threads gather the listed V
-// rows (list_row: pool rows, kHostRow for the host pool's; warp w's entries from w · seg on,
-// s_kept[w] of them), several loads in flight, each weighted by weight(entry, head); then the
-// split's partials (part_o; part_dk and part_n from the per-warp sums s_dk, s_kc, added in
-// warp order) and the counters: rows read, and positions retained (*retained, or the rows
+// First index of the sorted v[0, n) at or above x (n when none is).
+__device__ __forceinline__ int32_t LowerBound(const int32_t* v, int32_t n, int32_t x) {
+  int32_t lo = 0, hi = n;
+  while (lo < hi) {
+    const int32_t mid = (lo + hi) / 2;
+    if (v[mid] < x) lo = mid + 1; else hi = mid;
+  }
+  return lo;
+}
+
+// The stored V rows of one (sequence, layer, KV head), read from the sequence's tables once: the
+// sparse store's and the host store's (positions sorted), and the dense tail's; each kind's
+// row as its place in the pools (page · block_size + slot; kHostRow for the host pool's).
+struct VStores {
+  Divisor bs;
+  const int32_t* v_pages;  // the tail's pages, from position v_tail_start
+  int32_t v_tail_start;
+  int32_t sparse_n, host_n;
+  const int32_t *sparse_pos, *sparse_pages, *host_pos, *host_pages;
+
+  __device__ VStores(const SplitArgs& a, const DevSeq& seq, int64_t lh)
+      : bs(a.kv.layout.block_size),
+        v_pages(seq.pages.v_pages ? seq.pages.v_pages + lh * seq.pages.stride : nullptr),
+        v_tail_start(seq.pages.v_tail_start),
+        sparse_n(seq.pages.SparseCount(lh)),
+        host_n(seq.pages.HostCount(lh)),
+        sparse_pos(sparse_n ? seq.pages.v_sparse_pos + lh * seq.pages.sparse_pos_stride : nullptr),
+        sparse_pages(sparse_n ? seq.pages.v_sparse_pages + lh * seq.pages.sparse_stride : nullptr),
+        host_pos(host_n ? seq.pages.v_host_pos + lh * seq.pages.host_pos_stride : nullptr),
+        host_pages(host_n ? seq.pages.v_host_pages + lh * seq.pages.host_stride : nullptr) {}
+
+  __device__ __forceinline__ uint32_t SparseRow(int32_t i) const {
+    return uint32_t(sparse_pages[bs.Div(i)]) * uint32_t(bs.d) + uint32_t(bs.Mod(i));
+  }
+  __device__ __forceinline__ uint32_t HostRow(int32_t i) const {
+    return (uint32_t(host_pages[bs.Div(i)]) * uint32_t(bs.d) + uint32_t(bs.Mod(i))) | kHostRow;
+  }
+  __device__ __forceinline__ uint32_t TailRow(int32_t j) const {  // position j >= v_tail_start
+    return uint32_t(v_pages[bs.Div(j - v_tail_start)]) * uint32_t(bs.d) + uint32_t(bs.Mod(j));
+  }
+};
+
+// The end of a Top-θ split (pass 2, one pass), after each warp listed its kept rows (list_row:
+// pool rows, kHostRow for the host pool's; warp w's `listed` entries from w · seg on) and each
+// lane summed D_kept (dk) and kept counts (kc) over its share of them: the warps' sums (added
+// in warp order, every run alike) and the host rows read are published, then row groups of
+// D/8 threads gather the listed V rows, several loads in flight, each weighted by
+// weight(entry, head); then the split's partials (part_o, part_dk, part_n) and the counters:
+// rows read, and positions retained (*retained, read after the block's barrier, or the rows
 // read where null: stored rows are then the positions).
 template <int D, int GT, typename Weight>
 __device__ __forceinline__ void GatherListed(
     const SplitArgs& a, const SplitBlock& b, int32_t G, const uint32_t* list_row, int32_t seg,
-    const int (&s_kept)[kThreads / 32], const float (&s_dk)[kThreads / 32][GT > 0 ? GT : kMaxGroup],
-    const float (&s_kc)[kThreads / 32][GT > 0 ? GT : kMaxGroup],
+    int32_t listed, const float (&dk)[GT > 0 ? GT : kMaxGroup],
+    const float (&kc)[GT > 0 ? GT : kMaxGroup], unsigned host_kept,
     const unsigned long long* retained, Weight weight) {
   constexpr int kG = GT > 0 ? GT : kMaxGroup;
   constexpr int kWarps = kThreads / 32;
   extern __shared__ __align__(16) float smem[];
+  __shared__ float s_dk[kWarps][kG], s_kc[kWarps][kG];  // per warp: summed in warp order
+  __shared__ int s_kept[kWarps];                        // rows each warp listed
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+#pragma unroll
+  for (int h = 0; h < kG; ++h) {
+    if (h < G) {
+      const float d = WarpSum(dk[h]), n = WarpSum(kc[h]);
+      if (lane == 0) {
+        s_dk[warp][h] = d;
+        s_kc[warp][h] = n;
+      }
+    }
+  }
+  if (lane == 0) s_kept[warp] = listed;
+  if (host_kept) atomicAdd(a.theta.counters + 3, (unsigned long long)host_kept);
+  __syncthreads();
   constexpr int kRowGroups = kThreads / (D / 8);
   const int rg = threadIdx.x / (D / 8), lane8 = threadIdx.x % (D / 8);
   // List position k lives in warp w's segment, w = how many of p1 <= p2 <= p3 are <= k
@@ -780,8 +840,6 @@ __device__ __forceinline__ void SplitPass2(const SplitArgs& a, int32_t split_ind
   constexpr int kWarps = kThreads / 32;
   __shared__ GroupStats<kG> st;
   __shared__ ScoreBands s_own[kG];  // this split's bands (RowKeep)
-  __shared__ float s_dk[kWarps][kG], s_kc[kWarps][kG];  // per warp: summed in warp order
-  __shared__ int s_kept[kWarps];                        // rows each warp listed
   __shared__ unsigned long long s_retained;
   const int32_t G = GT > 0 ? GT : a.kv.shape.num_heads / a.kv.shape.num_kv_heads;
   const SplitBlock blk = ThisSplit(a, G, split_index);
@@ -881,35 +939,11 @@ __device__ __forceinline__ void SplitPass2(const SplitArgs& a, int32_t split_ind
     if (retained) atomicAdd(&s_retained, retained);
   }
 
-  // Stored V rows: the sparse store's rows below the tail, then the host store's, then the tail.
-  // The tables' rows of this (layer, KV head), read from the sequence once.
-  const Divisor bs(a.kv.layout.block_size);
-  const int32_t* v_pages =
-      seq.pages.v_pages ? seq.pages.v_pages + lh * seq.pages.stride : nullptr;
-  const int32_t v_tail_start = seq.pages.v_tail_start;
-  const int32_t sparse_n = seq.pages.SparseCount(lh);
-  const int32_t* sparse_pos =
-      sparse_n ? seq.pages.v_sparse_pos + lh * seq.pages.sparse_pos_stride : nullptr;
-  int32_t lo = 0, hi = sparse_n;  // sparse rows with position < tail
-  while (lo < hi) {
-    const int32_t mid = (lo + hi) / 2;
-    if (sparse_pos[mid] < tail) lo = mid + 1; else hi = mid;
-  }
-  const int32_t sparse_vis = lo;
-  const int32_t* sparse_pages =
-      sparse_n ? seq.pages.v_sparse_pages + lh * seq.pages.sparse_stride : nullptr;
-  // Then the host store's rows below the tail (the offload policy), read from host memory.
-  const int32_t host_n = seq.pages.HostCount(lh);
-  const int32_t* host_pos = host_n ? seq.pages.v_host_pos + lh * seq.pages.host_pos_stride : nullptr;
-  lo = 0;
-  hi = host_n;
-  while (lo < hi) {
-    const int32_t mid = (lo + hi) / 2;
-    if (host_pos[mid] < tail) lo = mid + 1; else hi = mid;
-  }
-  const int32_t host_vis = lo;
-  const int32_t* host_pages =
-      host_n ? seq.pages.v_host_pages + lh * seq.pages.host_stride : nullptr;
+  // Stored V rows: the sparse store's rows below the tail, then the host store's (the offload
+  // policy, read from host memory), then the tail.
+  const VStores vs(a, seq, lh);
+  const int32_t sparse_vis = LowerBound(vs.sparse_pos, vs.sparse_n, tail);
+  const int32_t host_vis = LowerBound(vs.host_pos, vs.host_n, tail);
   const int32_t below = sparse_vis + host_vis;  // stored rows before the tail's
   const int32_t stored = below + (L - tail);
   const int32_t i0 = split * a.chunk;
@@ -935,8 +969,8 @@ __device__ __forceinline__ void SplitPass2(const SplitArgs& a, int32_t split_ind
       const int32_t il = base + b * int32_t(blockDim.x) + int32_t(threadIdx.x);
       const int32_t i = i0 + il;
       jb[b] = il >= ni          ? -1
-              : i < sparse_vis ? sparse_pos[i]
-              : i < below      ? host_pos[i - sparse_vis]
+              : i < sparse_vis ? vs.sparse_pos[i]
+              : i < below      ? vs.host_pos[i - sparse_vis]
                                : tail + (i - below);
     }
 #pragma unroll
@@ -977,20 +1011,10 @@ __device__ __forceinline__ void SplitPass2(const SplitArgs& a, int32_t split_ind
     const int k = warp * seg + kl;
     const uint32_t entry = list_row[k];
     const int32_t i = int32_t(entry & ~kStrongRow);
-    uint32_t pool_row;
-    if (i < sparse_vis) {
-      pool_row = uint32_t(sparse_pages[bs.Div(i)]) * uint32_t(bs.d) + uint32_t(bs.Mod(i));
-    } else if (i < below) {
-      const int32_t hr = i - sparse_vis;  // the host store's row
-      pool_row = (uint32_t(host_pages[bs.Div(hr)]) * uint32_t(bs.d) + uint32_t(bs.Mod(hr))) |
-                 kHostRow;
-      ++host_kept;
-    } else {
-      const int32_t j = tail + (i - below);
-      pool_row = uint32_t(v_pages[bs.Div(j - v_tail_start)]) * uint32_t(bs.d) +
-                 uint32_t(bs.Mod(j));
-    }
-    list_row[k] = pool_row;
+    host_kept += i >= sparse_vis && i < below;
+    list_row[k] = i < sparse_vis ? vs.SparseRow(i)
+                  : i < below    ? vs.HostRow(i - sparse_vis)
+                                 : vs.TailRow(tail + (i - below));
     float mass = 0.0f;
 #pragma unroll
     for (int h = 0; h < kG; ++h) {
@@ -1010,39 +1034,16 @@ __device__ __forceinline__ void SplitPass2(const SplitArgs& a, int32_t split_ind
     if (hits && (entry & kStrongRow)) atomicMax(hits + (i - mark_from), row.pos);
     if (hit_mass) atomicAdd(hit_mass + (i - mark_from), mass);
   }
-#pragma unroll
-  for (int h = 0; h < kG; ++h) {
-    if (h < G) {
-      const float d = WarpSum(dk[h]), n = WarpSum(kc[h]);
-      if (lane == 0) {
-        s_dk[warp][h] = d;
-        s_kc[warp][h] = n;
-      }
-    }
-  }
-  if (lane == 0) s_kept[warp] = listed;
-  if (host_kept) atomicAdd(a.theta.counters + 3, (unsigned long long)host_kept);
-  __syncthreads();
 
-  // ...then row groups of D/8 threads gather the listed V rows, and the split's partials.
-  const unsigned long long retained = tail > 0 ? s_retained : 0;
-  GatherListed<D, GT>(a, blk, G, list_row, seg, s_kept, s_dk, s_kc, tail > 0 ? &retained : nullptr,
+  // ...then the gather of the listed rows, weighted by e, and the split's partials.
+  GatherListed<D, GT>(a, blk, G, list_row, seg, listed, dk, kc, host_kept,
+                      tail > 0 ? &s_retained : nullptr,
                       [&](int at, int h) { return list_e[at * G + h]; });
 }
 
 template <int D, int GT, KLoad kK>
 __global__ void __launch_bounds__(kThreads, (GT > 0 && GT <= 4) ? 8 : 4) SplitPass2Kernel(SplitArgs a) {
   SplitPass2<D, GT, kK>(a, blockIdx.x);
-}
-
-// First index of the sorted v[0, n) at or above x (n when none is).
-__device__ __forceinline__ int32_t LowerBound(const int32_t* v, int32_t n, int32_t x) {
-  int32_t lo = 0, hi = n;
-  while (lo < hi) {
-    const int32_t mid = (lo + hi) / 2;
-    if (v[mid] < x) lo = mid + 1; else hi = mid;
-  }
-  return lo;
 }
 
 // Top-θ in one pass, for pre-softmax thresholds (SplitPlan::one_pass): keep ⇔ s > θ, which
@@ -1063,8 +1064,6 @@ __device__ __forceinline__ void SplitOnePass(const SplitArgs& a, int32_t split_i
   constexpr int kWarps = kThreads / 32;
   extern __shared__ __align__(16) float smem[];
   __shared__ float scratch[32];
-  __shared__ float s_dk[kWarps][kG], s_kc[kWarps][kG];  // per warp: summed in warp order
-  __shared__ int s_kept[kWarps];                        // rows each warp listed
   __shared__ unsigned long long s_retained;
   const int32_t G = GT > 0 ? GT : a.kv.shape.num_heads / a.kv.shape.num_kv_heads;
   const SplitBlock blk = ThisSplit(a, G, split_index);
@@ -1128,29 +1127,13 @@ __device__ __forceinline__ void SplitOnePass(const SplitArgs& a, int32_t split_i
   // store's below the tail (each a run of its sorted positions), then the tail's.
   const int32_t tail = min(seq.pages.v_tail_start, L);
   const int32_t below_to = min(j0 + n, tail);  // stores hold positions [j0, below_to)
-  const Divisor bs(a.kv.layout.block_size);
-  const int32_t* v_pages =
-      seq.pages.v_pages ? seq.pages.v_pages + lh * seq.pages.stride : nullptr;
-  const int32_t v_tail_start = seq.pages.v_tail_start;
-  const int32_t sparse_n = seq.pages.SparseCount(lh);
-  const int32_t* sparse_pos =
-      sparse_n ? seq.pages.v_sparse_pos + lh * seq.pages.sparse_pos_stride : nullptr;
-  const int32_t* sparse_pages =
-      sparse_n ? seq.pages.v_sparse_pages + lh * seq.pages.sparse_stride : nullptr;
-  const int32_t host_n = seq.pages.HostCount(lh);
-  const int32_t* host_pos = host_n ? seq.pages.v_host_pos + lh * seq.pages.host_pos_stride : nullptr;
-  const int32_t* host_pages =
-      host_n ? seq.pages.v_host_pages + lh * seq.pages.host_stride : nullptr;
+  const VStores vs(a, seq, lh);
   int32_t sa = 0, ns = 0, ha = 0, nh = 0;
   if (below_to > j0) {
-    if (sparse_n) {
-      sa = LowerBound(sparse_pos, sparse_n, j0);
-      ns = LowerBound(sparse_pos, sparse_n, below_to) - sa;
-    }
-    if (host_n) {
-      ha = LowerBound(host_pos, host_n, j0);
-      nh = LowerBound(host_pos, host_n, below_to) - ha;
-    }
+    sa = LowerBound(vs.sparse_pos, vs.sparse_n, j0);
+    ns = LowerBound(vs.sparse_pos, vs.sparse_n, below_to) - sa;
+    ha = LowerBound(vs.host_pos, vs.host_n, j0);
+    nh = LowerBound(vs.host_pos, vs.host_n, below_to) - ha;
   }
   const int32_t tail_from = max(j0, tail);
   const int32_t ni = ns + nh + max(0, j0 + n - tail_from);
@@ -1168,8 +1151,8 @@ __device__ __forceinline__ void SplitOnePass(const SplitArgs& a, int32_t split_i
     int32_t jl = 0;
     bool kept = false;
     if (il < ni) {
-      const int32_t j = il < ns        ? sparse_pos[sa + il]
-                        : il < ns + nh ? host_pos[ha + (il - ns)]
+      const int32_t j = il < ns        ? vs.sparse_pos[sa + il]
+                        : il < ns + nh ? vs.host_pos[ha + (il - ns)]
                                        : tail_from + (il - ns - nh);
       jl = j - j0;
       kept = (flags[jl] & 0xffu) != 0;
@@ -1193,21 +1176,10 @@ __device__ __forceinline__ void SplitOnePass(const SplitArgs& a, int32_t split_i
   for (int32_t kl = lane; kl < listed; kl += 32) {
     const int k = warp * seg + kl;
     const int32_t il = int32_t(list_row[k]), jl = list_j[k];
-    uint32_t pool_row;
-    if (il < ns) {
-      const int32_t i = sa + il;  // the sparse store's row
-      pool_row = uint32_t(sparse_pages[bs.Div(i)]) * uint32_t(bs.d) + uint32_t(bs.Mod(i));
-    } else if (il < ns + nh) {
-      const int32_t hr = ha + (il - ns);  // the host store's row
-      pool_row = (uint32_t(host_pages[bs.Div(hr)]) * uint32_t(bs.d) + uint32_t(bs.Mod(hr))) |
-                 kHostRow;
-      ++host_kept;
-    } else {
-      const int32_t j = j0 + jl;
-      pool_row = uint32_t(v_pages[bs.Div(j - v_tail_start)]) * uint32_t(bs.d) +
-                 uint32_t(bs.Mod(j));
-    }
-    list_row[k] = pool_row;
+    host_kept += il >= ns && il < ns + nh;
+    list_row[k] = il < ns        ? vs.SparseRow(sa + il)
+                  : il < ns + nh ? vs.HostRow(ha + (il - ns))
+                                 : vs.TailRow(j0 + jl);
     const uint32_t f = flags[jl];
 #pragma unroll
     for (int h = 0; h < kG; ++h) {
@@ -1217,23 +1189,9 @@ __device__ __forceinline__ void SplitOnePass(const SplitArgs& a, int32_t split_i
       }
     }
   }
-#pragma unroll
-  for (int h = 0; h < kG; ++h) {
-    if (h < G) {
-      const float d = WarpSum(dk[h]), c = WarpSum(kc[h]);
-      if (lane == 0) {
-        s_dk[warp][h] = d;
-        s_kc[warp][h] = c;
-      }
-    }
-  }
-  if (lane == 0) s_kept[warp] = listed;
-  if (host_kept) atomicAdd(a.theta.counters + 3, (unsigned long long)host_kept);
-  __syncthreads();
 
   // ...then the gather of the listed rows, weighted by e, and the split's partials.
-  const unsigned long long retained = s_retained;
-  GatherListed<D, GT>(a, blk, G, list_row, seg, s_kept, s_dk, s_kc, &retained,
+  GatherListed<D, GT>(a, blk, G, list_row, seg, listed, dk, kc, host_kept, &s_retained,
                       [&](int at, int h) { return sc[h * a.chunk + list_j[at]]; });
 }
 
