@@ -611,6 +611,15 @@ TEST(SplitPlanTest, AutoKLoadStagesLargeLaunches) {
   }
 }
 
+// Asks the plan for `keys` keys per split (THETASERVE_ATTN_CHUNK) while it lives; null asks for
+// nothing.
+struct ChunkEnv {
+  explicit ChunkEnv(const char* keys) {
+    if (keys) setenv("THETASERVE_ATTN_CHUNK", keys, 1);
+  }
+  ~ChunkEnv() { unsetenv("THETASERVE_ATTN_CHUNK"); }
+};
+
 // Every case runs with pass 1 reading K per thread, staged through shared memory, and per quad;
 // the Top-θ cases (GpuTopThetaTest) each way three times: with the passes the server picks (one
 // pass for pre-softmax thresholds; these runs do not record the retained mass, which would
@@ -676,10 +685,7 @@ TEST_P(GpuAttentionTest, LargestChunksForBigHeadsAndGroups) {
   SKIP_WITHOUT_CUDA_DEVICE();
   const uint64_t seed = testing::TestSeed();
   SCOPED_TRACE("THETASERVE_SEED=" + std::to_string(seed));
-  struct ChunkEnv {  // asks for 1024-key chunks; the plan caps them
-    ChunkEnv() { setenv("THETASERVE_ATTN_CHUNK", "1024", 1); }
-    ~ChunkEnv() { unsetenv("THETASERVE_ATTN_CHUNK"); }
-  } env;
+  const ChunkEnv env("1024");  // asks for 1024-key chunks; the plan caps them
   for (const Shape s : {Shape{2, 1, 8, 2, 128, 16}, Shape{2, 1, 8, 1, 128, 16}, Shape{2, 1, 8, 1, 64, 16}}) {
     SCOPED_TRACE(::testing::Message() << "d " << s.head_dim << " group " << s.num_heads / s.num_kv_heads);
     const model::ThetaTable table = MakeTable(s, model::ThetaPlacement::kPostSoftmax, 16);
@@ -769,12 +775,6 @@ TEST(GpuOnePassTest, OnePassUnlessTheRetainedMassIsRecorded) {
   theta.table = &table;
   // Chunks as planned, and of 64 keys: then a split's last host row, position 383 of the split
   // [320, 384), is one the thresholds keep (every tenth key from 3 is lifted).
-  struct ChunkEnv {
-    explicit ChunkEnv(const char* keys) {
-      if (keys) setenv("THETASERVE_ATTN_CHUNK", keys, 1);
-    }
-    ~ChunkEnv() { unsetenv("THETASERVE_ATTN_CHUNK"); }
-  };
   for (const char* chunk : {static_cast<const char*>(nullptr), "64"})
   for (KLoad k : {KLoad::kPerThread, KLoad::kStaged, KLoad::kQuad}) {
     for (bool mass : {false, true}) {
