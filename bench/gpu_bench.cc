@@ -562,8 +562,9 @@ void EndToEnd(const std::string& path, const std::vector<std::string>& theta_pat
   std::printf("bf16 weights on the device: %.1f MB\n", weight_bytes / 1e6);
   // graphs: CUDA graphs the first run captured (the step median leaves the captures' steps out;
   // later runs replay the backend's cached graphs where their keys match).
-  // fwd ms: the step up to its logits on the host (the batch's tables, the launches, the GPU,
-  // the copy back); host ms: the rest (sampling, the engine's bookkeeping).
+  // fwd ms: the step up to its tokens' logits on the host (the batch's tables, the launches,
+  // the GPU, the copy back: greedy rows send back their picks, EngineConfig::backend_argmax);
+  // host ms: the rest (sampling, the engine's bookkeeping).
   std::printf("%-8s %-8s %-8s %-12s %-9s %-9s %-12s %-10s %-8s\n", "mode", "prompt", "batch",
               "step ms", "fwd ms", "host ms", "tokens/s", "weights bw", "graphs");
   struct Shape {
@@ -619,11 +620,44 @@ void EndToEnd(const std::string& path, const std::vector<std::string>& theta_pat
       }
     }
   }
-  // Host sampling at the largest batch (dense, 128-token prompts): temperature 0.7, top-p 0.9
-  // on the engine thread alone and on the sampling pool, against greedy above.
+  // The greedy pick at the largest batch (dense, 128-token prompts): on the device, as above,
+  // against every row's logits copied back and picked on the sampling pool.
   if (batches.empty()) return;
   (*backend)->SetTopTheta(ts::kernels::TopThetaConfig{});
   const int B = *std::max_element(batches.begin(), batches.end());
+  std::printf("greedy, dense, 128-token prompts × %d: the pick on the device or the host\n", B);
+  std::printf("%-8s %-12s %-9s %-9s %-12s\n", "pick", "step ms", "fwd ms", "host ms", "tokens/s");
+  double pick_ms[2] = {0, 0};
+  for (const bool device : {true, false}) {
+    std::vector<double> step_ms, fwd_ms, host_ms;
+    for (int rep = 0; rep < repeats; ++rep) {
+      ts::scheduler::EngineConfig config;
+      config.kv_cache_bytes = int64_t(4) << 30;
+      config.scheduler.max_num_batched_tokens = 8192;
+      config.sampling_threads = std::clamp(int(std::thread::hardware_concurrency()), 1, 16);
+      config.backend_argmax = device;
+      auto times = ts::bench::DecodeStepMedians(config, **backend, **model, B, 128,
+                                                    64 + (B * 128 + 8191) / 8192);
+      CHECK_OK(times.status());
+      step_ms.push_back(times->step_seconds * 1e3);
+      fwd_ms.push_back(times->forward_seconds * 1e3);
+      host_ms.push_back(times->host_seconds * 1e3);
+    }
+    const double ms = Median(step_ms);
+    pick_ms[device ? 0 : 1] = ms;
+    std::printf("%-8s %-12.3f %-9.3f %-9.3f %-12.0f\n", device ? "device" : "host", ms,
+                Median(fwd_ms), Median(host_ms), B / (ms / 1e3));
+    std::fflush(stdout);
+  }
+  {
+    char buf[96];
+    std::snprintf(buf, sizeof buf, "device %.3f ms/step, host %.3f (host ÷ device %.2f)",
+                  pick_ms[0], pick_ms[1], pick_ms[1] / pick_ms[0]);
+    g_summary.push_back({"e2e greedy pick, 128 × " + std::to_string(B), buf});
+  }
+
+  // Host sampling at the largest batch (dense, 128-token prompts): temperature 0.7, top-p 0.9
+  // on the engine thread alone and on the sampling pool, against greedy above.
   const ts::scheduler::SamplingParams typical = ts::bench::TypicalSampling();
   const int pool = std::clamp(int(std::thread::hardware_concurrency()), 1, 16);
   std::printf("sampled (T 0.7, top-p 0.9), dense, 128-token prompts × %d:\n", B);

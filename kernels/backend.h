@@ -36,6 +36,12 @@ struct ForwardBatch {
   std::span<const SeqChunk> seqs;
   bool all_logits = false;  // logits for every token (evaluation) instead of the last ones
   AttentionStats* stats = nullptr;  // when set, attention adds its counters here
+  // When set (only for a backend whose ReturnsArgmax()), Forward writes each logits row's
+  // greedy pick here instead of the row: NumLogitRows(batch) token ids, each the first index
+  // of the row's largest logit, never a NaN's, 0 when none is above -inf (the sampler's
+  // ArgMax), and leaves `logits` unwritten (it may be null). What a step whose rows all
+  // sample greedily needs: on a GPU the rows (SmolLM2's: 196 KB each) stay on the device.
+  int32_t* argmax = nullptr;
 };
 
 // Logit rows Forward writes for one sequence of the batch (in sequence order), and for all.
@@ -70,8 +76,13 @@ class Backend {
   virtual std::optional<int64_t> MaxPoolRows() const { return std::nullopt; }
 
   // Runs the model. `logits` receives NumLogitRows(batch) rows of vocab_size floats, in
-  // sequence order (and token order within a sequence when all_logits).
+  // sequence order (and token order within a sequence when all_logits); or, with
+  // batch.argmax, their greedy picks go there instead (InvalidArgument where the backend does
+  // not ReturnsArgmax()).
   virtual absl::Status Forward(const ForwardBatch& batch, float* logits) = 0;
+  // Whether Forward takes batch.argmax: where the logits are computed away from the host
+  // (CUDA), picking there saves their copy back; on the CPU the sampler's pick is as cheap.
+  virtual bool ReturnsArgmax() const { return false; }
   // Host memory for Forward's logits that this backend fills fastest, at least `floats` long,
   // valid (and its contents) until the next call; null where the caller's own memory is as
   // good. The CUDA backend hands out page-locked memory: the copy back is then one DMA at the

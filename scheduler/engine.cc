@@ -380,9 +380,24 @@ void Engine::RunStep(StepPlan& plan) {
   }
   attn_stats_.Reset(c.num_layers);
   kernels::ForwardBatch batch{tokens_, chunks_, false, &attn_stats_};
-  // The backend's own logits memory where it has one (page-locked on a GPU), else ours.
-  float* const step_logits =
-      backend_->LogitsMemory(kernels::NumLogitRows(batch) * c.vocab_size, &logits_);
+  // Greedy picks instead of logits where every row that samples takes its row's ArgMax and no
+  // prompt is scored (EngineConfig::backend_argmax); else the rows, in the backend's own
+  // logits memory where it has one (page-locked on a GPU), or ours.
+  bool argmax = config_.backend_argmax && backend_->ReturnsArgmax();
+  for (size_t i = 0; i < plan.chunks.size() && argmax; ++i) {
+    const ScheduledChunk& sc = plan.chunks[i];
+    argmax = !chunks_[i].all_logits &&
+             (!sc.samples || sc.seq->request().stopping.max_tokens == 0 ||
+              sc.seq->SamplesArgmax());
+  }
+  const int64_t logit_rows = kernels::NumLogitRows(batch);
+  float* step_logits = nullptr;
+  if (argmax) {
+    argmax_.resize(logit_rows);
+    batch.argmax = argmax_.data();
+  } else {
+    step_logits = backend_->LogitsMemory(logit_rows * c.vocab_size, &logits_);
+  }
   absl::Status st = backend_->Forward(batch, step_logits);
   const auto t1 = Clock::now();
   if (!st.ok()) return FailStep(plan, st);
@@ -428,6 +443,11 @@ void Engine::RunStep(StepPlan& plan) {
   auto sample = [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       auto [seq, row] = sample_rows_[i];
+      if (argmax) {
+        samples_[i] = SampleResult();
+        samples_[i].token = argmax_[row];
+        continue;
+      }
       std::span<float> logits(step_logits + row * c.vocab_size, c.vocab_size);
       samples_[i] = seq->sampler().Sample(logits, seq->request().prompt, seq->output(),
                                           seq->BannedTokens(),
@@ -437,7 +457,10 @@ void Engine::RunStep(StepPlan& plan) {
     }
   };
   const int64_t num_samples = int64_t(sample_rows_.size());
-  if (sampling_pool_ && num_samples > 1) {
+  if (argmax) {
+    step.argmax_rows = num_samples;
+    sample(0, num_samples);
+  } else if (sampling_pool_ && num_samples > 1) {
     sampling_pool_->ParallelFor(num_samples, 1, sample);
   } else {
     sample(0, num_samples);

@@ -316,4 +316,11 @@ SampleResult Sampler::Sample(std::span<float> logits, std::span<const int32_t> p
   return result;
 }
 
+bool Sampler::PicksArgmax() const {
+  const SamplingParams& p = params_;
+  return p.temperature < kGreedyTemperature && p.logprobs == 0 && p.repetition_penalty == 1.0f &&
+         p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f && p.logit_bias.empty() &&
+         !p.allowed_tokens && !p.bad_words;
+}
+
 }  // namespace thetaserve::scheduler

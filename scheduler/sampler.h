@@ -82,6 +82,10 @@ class Sampler {
                       std::span<const int32_t> only = {});
 
   const SamplingParams& params() const { return params_; }
+  // Whether Sample, given no `banned` or `only` tokens, returns nothing but the row's ArgMax
+  // as it came (greedy; no penalty, bias, allowed tokens, bad words or log-probabilities): a
+  // backend may then pick the token where the logits are (ForwardBatch::argmax).
+  bool PicksArgmax() const;
 
  private:
   SamplingParams params_;

@@ -51,6 +51,12 @@ class Sequence {
                                                         : std::span<const int32_t>();
   }
 
+  // Whether this step's token is the ArgMax of its logits row as the model left it (greedy,
+  // nothing banned, no guide, nothing else the sampler changes or reports): Sampler::PicksArgmax.
+  bool SamplesArgmax() const {
+    return !guide_ && BannedTokens().empty() && sampler_.PicksArgmax();
+  }
+
   // A guided choice's next tokens (ascending; `vocab`: the tokens by their bytes in decoded
   // text, `first_vocab` as the output's first token where that differs, else null), with the
   // end-of-sequence ids where the output is a choice another one extends; empty when

@@ -37,6 +37,7 @@ struct StepStats {
   int64_t num_tokens = 0;     // tokens in the batch
   int64_t prefill_tokens = 0;
   int64_t decode_tokens = 0;
+  int64_t argmax_rows = 0;    // rows whose token the backend picked (EngineConfig::backend_argmax)
 };
 
 struct EngineStats {

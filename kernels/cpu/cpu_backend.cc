@@ -113,6 +113,9 @@ absl::Status CpuBackend::Forward(const ForwardBatch& batch, float* logits) {
   const int64_t T = static_cast<int64_t>(batch.tokens.size());
   if (T == 0) return absl::OkStatus();
   if (kv_pool_.empty()) return absl::FailedPreconditionError("KV pool not allocated");
+  if (batch.argmax) {
+    return absl::InvalidArgumentError("the CPU backend returns logits, not their argmax");
+  }
   for (int32_t tok : batch.tokens) {
     if (tok < 0 || tok >= c.vocab_size) {
       return absl::InvalidArgumentError(

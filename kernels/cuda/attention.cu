@@ -3,7 +3,9 @@
 // retained V rows only, hit marks; SDC and VMC in the final reduction), and a tiled causal
 // prefill kernel with an online softmax. The CPU backend's attention is the reference.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <type_traits>
@@ -1588,12 +1590,28 @@ cudaError_t DispatchGroup(int group, const SplitArgs& a, int32_t num_rows, const
 
 }  // namespace
 
+namespace {
+
+// A measuring knob's value that names nothing: said once on stderr (a typo would otherwise
+// measure the default under another name).
+void WarnUnknownOnce(const char* var, const std::string& value, const char* known) {
+  static std::atomic<bool> warned[2];
+  const bool theta = std::string(var) == "THETASERVE_ATTN_THETA";
+  if (warned[theta].exchange(true)) return;
+  std::fprintf(stderr, "cuda: %s=%s is none of %s; using auto\n", var, value.c_str(), known);
+}
+
+}  // namespace
+
 KLoad DefaultKLoad() {
   const char* v = std::getenv("THETASERVE_ATTN_K_LOAD");
   const std::string name = v ? v : "";
   if (name == "staged") return KLoad::kStaged;
   if (name == "quad") return KLoad::kQuad;
   if (name == "thread") return KLoad::kPerThread;
+  if (!name.empty() && name != "auto") {
+    WarnUnknownOnce("THETASERVE_ATTN_K_LOAD", name, "thread|staged|quad|auto");
+  }
   return KLoad::kAuto;
 }
 
@@ -1611,6 +1629,9 @@ ThetaPasses DefaultThetaPasses() {
   const std::string name = v ? v : "";
   if (name == "fused") return ThetaPasses::kFused;
   if (name == "split") return ThetaPasses::kSplit;
+  if (!name.empty() && name != "auto") {
+    WarnUnknownOnce("THETASERVE_ATTN_THETA", name, "split|fused|auto");
+  }
   return ThetaPasses::kAuto;
 }
 

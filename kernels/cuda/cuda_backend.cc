@@ -161,6 +161,7 @@ class CudaBackend : public Backend {
   KvDtype kv_dtype() const override { return KvDtype::kBf16; }
   absl::Status AllocateKvPool(int64_t num_pages, int32_t block_size) override;
   absl::Status Forward(const ForwardBatch& batch, float* logits) override;
+  bool ReturnsArgmax() const override { return true; }
   absl::StatusOr<float*> LogitsBuffer(int64_t floats) override {
     if (absl::Status st = host_logits_.Reserve(size_t(floats) * sizeof(float)); !st.ok()) return st;
     return reinterpret_cast<float*>(host_logits_.data());
@@ -220,6 +221,7 @@ class CudaBackend : public Backend {
   CudaAttention attention_;
   // Activations, grown to the largest step.
   DeviceBuffer x_, hb_, qkv_, attn_, attn_bf_, gu_, act_, vsum_rows_, logits_, logit_rows_;
+  DeviceBuffer argmax_;  // [logit rows] int32: ForwardBatch::argmax's picks
   std::vector<int32_t> host_logit_rows_;
   PinnedBuffer host_logits_;  // LogitsBuffer
   DeviceBuffer copies_;
@@ -543,7 +545,15 @@ absl::Status CudaBackend::Forward(const ForwardBatch& batch, float* logits) {
       !st.ok()) {
     return st;
   }
-  if (R > 0) {
+  if (R > 0 && batch.argmax) {
+    // The greedy picks instead of the rows: R ids back, not R · vocab floats (after the step's
+    // graph, which stays the same whichever the step wants).
+    if (absl::Status st = argmax_.Reserve(R * sizeof(int32_t)); !st.ok()) return st;
+    TS_CUDA_RETURN(LaunchArgmaxRows(logits_.as<float>(), R, c.vocab_size, argmax_.as<int32_t>(),
+                                    stream_));
+    TS_CUDA_RETURN(cudaMemcpyAsync(batch.argmax, argmax_.get(), R * sizeof(int32_t),
+                                   cudaMemcpyDeviceToHost, stream_));
+  } else if (R > 0) {
     TS_CUDA_RETURN(cudaMemcpyAsync(logits, logits_.get(), R * c.vocab_size * sizeof(float),
                                    cudaMemcpyDeviceToHost, stream_));
   }

@@ -112,6 +112,11 @@ struct DevTableCopy {
 cudaError_t LaunchTableCopies(const DevTableCopy* copies, int32_t n, int64_t largest,
                               const int32_t* src, cudaStream_t stream);
 
+// out[r] = the greedy pick of logits row r ([rows, vocab] f32): the first index of the row's
+// largest value, never a NaN's, 0 when no value is above -inf (as the host sampler's ArgMax).
+cudaError_t LaunchArgmaxRows(const float* logits, int64_t rows, int64_t vocab, int32_t* out,
+                            cudaStream_t stream);
+
 // Fills n bf16 values with approximately N(0, scale²) noise from a counter-based hash of
 // (seed, index): benchmarks fill gigabytes of K/V without a host round trip.
 cudaError_t LaunchFillRandomBf16(bf16* p, int64_t n, uint64_t seed, float scale,
@@ -138,7 +143,8 @@ enum class KLoad : int32_t {
                // (staged and quad: head_dim 64 and 128; other sizes read per thread)
   kAuto,       // PlanSplits picks one of the above by the launch's size (kStagedFromKeys)
 };
-// THETASERVE_ATTN_K_LOAD=thread|staged|quad|auto; kAuto when unset.
+// THETASERVE_ATTN_K_LOAD=thread|staged|quad|auto; kAuto when unset (and, said once on stderr,
+// for a value that is none of these).
 KLoad DefaultKLoad();
 // kAuto stages K from this many keys per KV head a launch (rows × their longest length) up
 // and reads it per thread below: on the H200 (2026-12-04, docs/results.md) staged was the
@@ -156,8 +162,9 @@ const char* KLoadName(KLoad k);
 // of the step records the retained mass (hit_mass, which needs D_full), two kernels otherwise
 // (CudaAttention::Prepare resolves it; PlanSplits takes it as kSplit).
 enum class ThetaPasses : int32_t { kSplit, kFused, kOnePass, kAuto };
-// THETASERVE_ATTN_THETA=split|fused (two kernels, or fused, whatever the placement); kAuto when
-// unset (fused is not yet measured on a GPU).
+// THETASERVE_ATTN_THETA=split|fused (two kernels, or fused, whatever the placement) or auto;
+// kAuto when unset (and, said once on stderr, for another value). Fused is not yet measured on
+// a GPU.
 ThetaPasses DefaultThetaPasses();
 constexpr unsigned kMaxClusterBlocks = 8;  // the portable cluster size
 

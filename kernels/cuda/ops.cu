@@ -1,5 +1,6 @@
 // Elementwise and row kernels of the CUDA forward pass: embedding gather, RMSNorm, SwiGLU,
-// bias + RoPE + paged K/V write, VMC's running V sums, and KV row copies.
+// bias + RoPE + paged K/V write, VMC's running V sums, KV row copies, and the greedy pick of a
+// row of logits.
 #include <algorithm>
 #include <cmath>
 
@@ -191,6 +192,49 @@ __global__ void FillRandomKernel(uint16_t* p, int64_t n, uint64_t seed, float sc
   }
 }
 
+// The greedy pick of each row of logits: the first index of its largest value, NaN never, 0
+// when no value is above -inf (scheduler/sampler.cc's ArgMax). A block per row; each thread
+// walks its strided share in index order (strict >: the first of equal values stays), then the
+// (value, index) pairs meet in shuffles and shared memory, the lower index winning a tie.
+constexpr int kArgmaxThreads = 512;
+constexpr int32_t kNoIndex = 0x7fffffff;
+
+__device__ __forceinline__ void BetterOf(float& v, int32_t& i, float ov, int32_t oi) {
+  if (ov > v || (ov == v && oi < i)) {
+    v = ov;
+    i = oi;
+  }
+}
+
+__global__ void __launch_bounds__(kArgmaxThreads) ArgmaxRowsKernel(const float* logits,
+                                                                   int64_t vocab, int32_t* out) {
+  __shared__ float s_v[kArgmaxThreads / 32];
+  __shared__ int32_t s_i[kArgmaxThreads / 32];
+  const float* x = logits + int64_t(blockIdx.x) * vocab;
+  float v = -INFINITY;
+  int32_t i = kNoIndex;
+  for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) {
+    const float xj = x[j];
+    if (xj > v) {
+      v = xj;
+      i = int32_t(j);
+    }
+  }
+  for (int o = 16; o > 0; o >>= 1) {
+    BetterOf(v, i, __shfl_xor_sync(0xffffffffu, v, o), __shfl_xor_sync(0xffffffffu, i, o));
+  }
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  if (lane == 0) {
+    s_v[warp] = v;
+    s_i[warp] = i;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < int(blockDim.x >> 5); ++w) BetterOf(v, i, s_v[w], s_i[w]);
+    out[blockIdx.x] = i == kNoIndex ? 0 : i;
+  }
+}
+
 int GridFor(int64_t n, int threads) {
   const int64_t blocks = (n + threads - 1) / threads;
   return int(blocks < 65535 * 16 ? (blocks > 0 ? blocks : 1) : 65535 * 16);
@@ -247,6 +291,14 @@ cudaError_t LaunchVSum(const float* qkv, const DevKv& kv, int32_t num_seqs, floa
                        cudaStream_t stream) {
   if (num_seqs == 0) return cudaSuccess;
   VSumKernel<<<num_seqs, 256, 0, stream>>>(qkv, kv, vsum_rows);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchArgmaxRows(const float* logits, int64_t rows, int64_t vocab, int32_t* out,
+                            cudaStream_t stream) {
+  if (rows == 0) return cudaSuccess;
+  if (rows > 0x7fffffff || vocab < 1 || vocab > kNoIndex) return cudaErrorInvalidValue;
+  ArgmaxRowsKernel<<<unsigned(rows), kArgmaxThreads, 0, stream>>>(logits, vocab, out);
   return cudaGetLastError();
 }
 

@@ -611,6 +611,53 @@ TEST(SplitPlanTest, AutoKLoadStagesLargeLaunches) {
   }
 }
 
+// The measuring knobs: each name picks its way; "auto", unset or a name of nothing picks auto,
+// the last said once on stderr. (Host code: runs without a device.)
+TEST(SplitPlanTest, KnobsNameTheirWaysAndSayWhenTheyNameNothing) {
+  struct Saved {
+    const char* name;
+    std::string value;
+    bool set;
+  };
+  std::vector<Saved> saved;
+  for (const char* var : {"THETASERVE_ATTN_K_LOAD", "THETASERVE_ATTN_THETA"}) {
+    const char* v = std::getenv(var);
+    saved.push_back({var, v ? v : "", v != nullptr});
+  }
+  auto k_load = [](const char* v) {
+    setenv("THETASERVE_ATTN_K_LOAD", v, 1);
+    return DefaultKLoad();
+  };
+  auto passes = [](const char* v) {
+    setenv("THETASERVE_ATTN_THETA", v, 1);
+    return DefaultThetaPasses();
+  };
+  EXPECT_EQ(k_load("thread"), KLoad::kPerThread);
+  EXPECT_EQ(k_load("staged"), KLoad::kStaged);
+  EXPECT_EQ(k_load("quad"), KLoad::kQuad);
+  EXPECT_EQ(passes("split"), ThetaPasses::kSplit);
+  EXPECT_EQ(passes("fused"), ThetaPasses::kFused);
+  ::testing::internal::CaptureStderr();
+  EXPECT_EQ(k_load("auto"), KLoad::kAuto);
+  EXPECT_EQ(passes("auto"), ThetaPasses::kAuto);
+  EXPECT_EQ(::testing::internal::GetCapturedStderr(), "");
+  ::testing::internal::CaptureStderr();
+  EXPECT_EQ(k_load("staget"), KLoad::kAuto);
+  EXPECT_EQ(passes("fussed"), ThetaPasses::kAuto);
+  const std::string said = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(said.find("THETASERVE_ATTN_K_LOAD=staget is none of thread|staged|quad|auto"),
+            std::string::npos) << said;
+  EXPECT_NE(said.find("THETASERVE_ATTN_THETA=fussed is none of split|fused|auto"),
+            std::string::npos) << said;
+  for (const Saved& s : saved) {
+    if (s.set) {
+      setenv(s.name, s.value.c_str(), 1);
+    } else {
+      unsetenv(s.name);
+    }
+  }
+}
+
 // Asks the plan for `keys` keys per split (THETASERVE_ATTN_CHUNK) while it lives; null asks for
 // nothing.
 struct ChunkEnv {

@@ -4,6 +4,7 @@
 // device across steps, so preemption (a new table identity), finishing and cancelling are what
 // this exercises beyond the kernel and forward tests.
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -197,6 +198,72 @@ TEST_F(GpuEngineTest, PreemptionChunkedPrefillAndCancellationReturnEveryPage) {
   ASSERT_TRUE((*engine)->WaitIdle(10));
   EXPECT_EQ((*engine)->pool_for_tests().num_free(), (*engine)->pool_for_tests().num_pages()) << "pages leaked";
   EXPECT_EQ((*engine)->Stats().running, 0);
+}
+
+// A step whose rows all sample greedily takes their tokens from the device's pick (no logits
+// copied back); a step with one row that needs its logits (log-probabilities here) copies every
+// row back and samples on the host. The tokens and log-probabilities are those of the same
+// requests with every step copying its rows (backend_argmax false), bit for bit: the same
+// kernels run on the same batches, only who picks differs.
+TEST_F(GpuEngineTest, GreedyStepsTakeTheDevicesPickAndTheSameTokens) {
+  constexpr int kTokens = 14, kLogprobTokens = 5;
+  const auto prompts = Prompts();
+  struct Run {
+    std::vector<std::vector<int32_t>> tokens;
+    std::vector<std::vector<float>> logprobs;
+    int64_t argmax_rows = 0, generated = 0;
+  };
+  auto run = [&](bool backend_argmax) {
+    Run out;
+    auto backend = Backend(nullptr);
+    EXPECT_TRUE(backend.ok()) << backend.status();
+    if (!backend.ok()) return out;
+    EXPECT_TRUE((*backend)->ReturnsArgmax());
+    EngineConfig config;
+    config.kv_cache_bytes = int64_t(64) << 20;
+    config.backend_argmax = backend_argmax;
+    auto engine = Engine::Create(config, **backend);
+    EXPECT_TRUE(engine.ok()) << engine.status();
+    if (!engine.ok()) return out;
+    std::atomic<int64_t> argmax_rows{0};
+    (*engine)->SetObserver([&](const EngineStats&, const StepStats* step) {
+      if (step) argmax_rows += step->argmax_rows;
+    });
+    std::vector<Request> requests;
+    std::vector<std::shared_ptr<TokenSink>> sinks;
+    std::vector<std::shared_ptr<CollectingSink>> collecting;
+    for (size_t i = 0; i < 5; ++i) {
+      const bool logprobs = i == 2;
+      requests.push_back(MakeRequest(absl::StrCat("r", i), prompts[i],
+                                     logprobs ? kLogprobTokens : kTokens));
+      if (logprobs) requests.back().sampling.logprobs = 2;
+      collecting.push_back(std::make_shared<CollectingSink>());
+      sinks.push_back(collecting.back());
+    }
+    // All at once: every request's prompt goes in the first step, and the five decode together
+    // until the one with log-probabilities ends.
+    EXPECT_TRUE((*engine)->SubmitAll(requests, sinks).ok());
+    for (auto& s : collecting) EXPECT_TRUE(s->Wait(600));
+    EXPECT_TRUE((*engine)->WaitIdle(10));
+    for (auto& s : collecting) {
+      out.tokens.push_back(s->tokens);
+      out.logprobs.push_back(s->logprobs);
+    }
+    out.argmax_rows = argmax_rows.load();
+    out.generated = (*engine)->Stats().counters.generation_tokens;
+    return out;
+  };
+  const Run picked = run(true), copied = run(false);
+  ASSERT_EQ(picked.tokens.size(), 5u);
+  EXPECT_EQ(picked.tokens, copied.tokens);
+  EXPECT_EQ(picked.logprobs, copied.logprobs);
+  EXPECT_EQ(picked.tokens[2].size(), size_t(kLogprobTokens));
+  EXPECT_EQ(picked.logprobs[2].size(), size_t(kLogprobTokens));
+  EXPECT_EQ(picked.generated, 4 * kTokens + kLogprobTokens);
+  // The first kLogprobTokens steps sample all five rows from their logits; then four rows a
+  // step are picked on the device, kTokens − kLogprobTokens steps.
+  EXPECT_EQ(picked.argmax_rows, 4 * (kTokens - kLogprobTokens));
+  EXPECT_EQ(copied.argmax_rows, 0);
 }
 
 // Under the sparse policy rows are dropped; under the offload policy the same rows move to the

@@ -1,9 +1,10 @@
 // The GPU forward pass's row kernels against the CPU backend's: embedding gather, RMSNorm,
 // SwiGLU, bias + RoPE + paged K/V write (positions up to 1e5, pages shuffled, every other
-// page left poisoned), VMC running sums, ordered KV row copies, and V sums rebuilt from the pool
-// (prefix caching).
+// page left poisoned), VMC running sums, ordered KV row copies, V sums rebuilt from the pool
+// (prefix caching), and the greedy pick of a row of logits.
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <numeric>
 #include <random>
 #include <vector>
@@ -320,6 +321,78 @@ TEST(GpuOpsTest, SumVRowsRebuildsTheRunningSums) {
   EXPECT_TRUE(testing::Close(dsum.Download(), ref, 0.0f, 0.0f, "v_sum"));
   EXPECT_TRUE(dsum.GuardsIntact());
   EXPECT_TRUE(dpool.GuardsIntact());
+}
+
+// The greedy pick on the device (ForwardBatch::argmax) against the sampler's: rows of random
+// logits and rows made to trip it: ties (the first wins), NaNs before and at the largest value
+// (never picked), nothing above -inf or only NaN (0), +inf twice, one finite value at the very
+// end, a whole row equal. Vocabularies below one block's threads, not a multiple of them, and
+// SmolLM2's.
+TEST(GpuOpsTest, ArgmaxRowsPickAsTheSampler) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  const uint64_t seed = testing::TestSeed();
+  SCOPED_TRACE("THETASERVE_SEED=" + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  auto sampler_pick = [&](const float* x, int64_t n) {  // scheduler/sampler.cc's ArgMax
+    int32_t best = 0;
+    float m = -inf;
+    for (int64_t i = 0; i < n; ++i) {
+      if (x[i] > m) m = x[i], best = int32_t(i);
+    }
+    return best;
+  };
+  for (const int64_t vocab : {1, 7, 513, 1000, 49152}) {
+    SCOPED_TRACE("vocab " + std::to_string(vocab));
+    std::uniform_int_distribution<int64_t> at(0, vocab - 1);
+    std::vector<std::vector<float>> rows;
+    for (int k = 0; k < 4; ++k) rows.push_back(Random(vocab, rng, 3.0f));
+    {  // the largest value three times
+      std::vector<float> r = Random(vocab, rng);
+      for (int k = 0; k < 3; ++k) r[at(rng)] = 9.5f;
+      rows.push_back(r);
+    }
+    {  // NaNs everywhere a tenth, one right before the largest value, one at index 0
+      std::vector<float> r = Random(vocab, rng);
+      for (float& v : r) v = std::uniform_real_distribution<float>(0, 1)(rng) < 0.1f ? nan : v;
+      const int64_t top = at(rng);
+      r[top] = 7.0f;
+      if (top > 0) r[top - 1] = nan;
+      r[0] = nan;
+      rows.push_back(r);
+    }
+    rows.push_back(std::vector<float>(vocab, -inf));
+    rows.push_back(std::vector<float>(vocab, nan));
+    {
+      std::vector<float> r(vocab, -inf);
+      r[vocab - 1] = -1e30f;
+      rows.push_back(r);
+    }
+    {
+      std::vector<float> r = Random(vocab, rng);
+      r[at(rng)] = inf;
+      r[at(rng)] = inf;
+      rows.push_back(r);
+    }
+    rows.push_back(std::vector<float>(vocab, 0.25f));
+    std::vector<float> all;
+    std::vector<int32_t> want;
+    for (const auto& r : rows) {
+      all.insert(all.end(), r.begin(), r.end());
+      want.push_back(sampler_pick(r.data(), vocab));
+    }
+    GuardedArray<float> dlogits(all.size());
+    GuardedArray<int32_t> dout(rows.size());  // -1 until written
+    dlogits.Upload(all);
+    CUDA_ASSERT(LaunchArgmaxRows(dlogits.get(), int64_t(rows.size()), vocab, dout.get(), nullptr));
+    CUDA_ASSERT(cudaDeviceSynchronize());
+    const std::vector<int32_t> got = dout.Download();
+    for (size_t i = 0; i < rows.size(); ++i) {
+      EXPECT_EQ(got[i], want[i]) << "row " << i;
+    }
+    EXPECT_TRUE(dout.GuardsIntact());
+  }
 }
 
 }  // namespace

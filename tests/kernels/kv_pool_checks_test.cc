@@ -1,6 +1,7 @@
 // The KV pool checks every backend shares (Backend::SetKvLayout, CheckKvRowCopies), through
 // the CPU backend: bad sizes and copies outside the pool are clear errors; valid copies pass.
-// The KV element types CreateBackend refuses for a model. And the CPU backend's running V sums:
+// The KV element types CreateBackend refuses for a model. The CPU backend's refusal to pick
+// tokens for the sampler. And the CPU backend's running V sums:
 // what Forward adds up as it writes rows equals what SumVRows reads back, in every type.
 #include <cstring>
 #include <string>
@@ -34,6 +35,35 @@ TEST(KvPoolChecksTest, BadSizesAndCopiesOutsideThePoolAreErrors) {
     EXPECT_NE(std::string(st.message()).find("outside the pool"), std::string::npos) << st;
   }
   EXPECT_TRUE(b.CopyKvRows(std::vector<KvRowCopy>{{0, 3, 7, 0}, {7, 0, 7, 3}}).ok());
+}
+
+// The CPU backend hands its logits to the sampler: asked for their argmax instead (a GPU
+// backend's ForwardBatch::argmax), it says so rather than leave both unwritten.
+TEST(KvPoolChecksTest, TheCpuBackendReturnsLogitsNotTheirArgmax) {
+  auto tiny = model::Model::Load(testing::TestDataPath("tiny_llama"));
+  ASSERT_TRUE(tiny.ok()) << tiny.status();
+  auto backend = CreateBackend(**tiny, Device::kCpu, 1);
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  EXPECT_FALSE((*backend)->ReturnsArgmax());
+  ASSERT_TRUE((*backend)->AllocateKvPool(64, 16).ok());
+  const int64_t tables = int64_t((*tiny)->config().num_layers) * (*tiny)->config().num_kv_heads;
+  std::vector<int32_t> k_table(tables), v_table(tables);
+  for (int64_t i = 0; i < tables; ++i) {
+    k_table[i] = static_cast<int32_t>(2 * i);
+    v_table[i] = static_cast<int32_t>(2 * i + 1);
+  }
+  SeqChunk chunk;
+  chunk.num_tokens = 1;
+  chunk.pages = SeqPageTables{k_table.data(), v_table.data(), 1};
+  const std::vector<SeqChunk> seqs = {chunk};
+  const std::vector<int32_t> tokens = {1};
+  ForwardBatch batch{tokens, seqs};
+  int32_t pick = -1;
+  batch.argmax = &pick;
+  const absl::Status st = (*backend)->Forward(batch, nullptr);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_NE(std::string(st.message()).find("not their argmax"), std::string::npos) << st;
+  EXPECT_EQ(pick, -1);
 }
 
 // q8_0 quantizes rows in blocks of 32 elements: a model whose head_dim is not a multiple of 32
