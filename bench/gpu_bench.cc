@@ -483,7 +483,10 @@ void OffloadDecodeAttention(const std::vector<int>& contexts, const std::vector<
 void PrefillAttention(const std::vector<int>& lengths, int repeats, int sms) {
   const int kvh = 3, group = 3, H = kvh * group, d = 64, bs = 16;
   std::printf("\n## dense prefill attention, one sequence, one layer (causal)\n");
-  std::printf("%-8s %-10s %-10s\n", "tokens", "ms", "TFLOP/s");
+  std::printf("mma: warp matrix products (bf16 halves, the default); fma: f32 FMAs; "
+              "ratio: fma ÷ mma\n");
+  std::printf("%-8s %-10s %-10s %-10s %-10s %-8s\n", "tokens", "mma ms", "TFLOP/s", "fma ms",
+              "TFLOP/s", "ratio");
   for (int L : lengths) {
     const int blocks = (L + bs - 1) / bs;
     const ts::kernels::KvPoolLayout layout{bs, d, int64_t(2) * blocks * kvh};
@@ -508,15 +511,25 @@ void PrefillAttention(const std::vector<int>& lengths, int repeats, int sms) {
     CHECK_CUDA(cudaMemcpy(q, hq.data(), hq.size() * 4, cudaMemcpyHostToDevice));
     cu::DeviceBatch db;
     CHECK_OK(db.Upload(batch, kvh, layout, nullptr));
-    cu::CudaAttention att(sms);
-    CHECK_OK(att.Prepare(batch, db, cu::AttnShape{H, kvh, d, 0.125f}, 1, ts::kernels::TopThetaConfig{}, nullptr));
-    const double ms = TimeMs([&] { CHECK_OK(att.Run(0, db, q, H * d, layout, pool, nullptr, o, nullptr)); }, 3, repeats);
     const double flops = 2.0 * double(L) * (L + 1) * H * d;  // QKᵀ and PV over the causal half
-    std::printf("%-8d %-10.3f %-10.2f\n", L, ms, flops / (ms / 1e3) / 1e12);
+    double ms[2];
+    for (const cu::PrefillWay way : {cu::PrefillWay::kMma, cu::PrefillWay::kFma}) {
+      cu::CudaAttention att(sms);
+      att.set_prefill_way(way);
+      CHECK_OK(att.Prepare(batch, db, cu::AttnShape{H, kvh, d, 0.125f}, 1,
+                           ts::kernels::TopThetaConfig{}, nullptr));
+      ms[int(way)] = TimeMs([&] {
+        CHECK_OK(att.Run(0, db, q, H * d, layout, pool, nullptr, o, nullptr));
+      }, 3, repeats);
+    }
+    const double mma = ms[int(cu::PrefillWay::kMma)], fma = ms[int(cu::PrefillWay::kFma)];
+    std::printf("%-8d %-10.3f %-10.2f %-10.3f %-10.2f %-8.2f\n", L, mma,
+                flops / (mma / 1e3) / 1e12, fma, flops / (fma / 1e3) / 1e12, fma / mma);
     std::fflush(stdout);
     if (L == lengths.back()) {
-      char buf[96];
-      std::snprintf(buf, sizeof buf, "%.2f TFLOP/s (%.2f ms)", flops / (ms / 1e3) / 1e12, ms);
+      char buf[128];
+      std::snprintf(buf, sizeof buf, "mma %.2f TFLOP/s (%.2f ms), fma %.2f (%.2f ms)",
+                    flops / (mma / 1e3) / 1e12, mma, flops / (fma / 1e3) / 1e12, fma);
       g_summary.push_back({"prefill attn " + std::to_string(L) + " tokens", buf});
     }
     cudaFree(pool);

@@ -458,7 +458,7 @@ void Engine::RunStep(StepPlan& plan) {
   };
   const int64_t num_samples = int64_t(sample_rows_.size());
   if (argmax) {
-    step.argmax_rows = num_samples;
+    counters_.argmax_tokens += num_samples;
     sample(0, num_samples);
   } else if (sampling_pool_ && num_samples > 1) {
     sampling_pool_->ParallelFor(num_samples, 1, sample);

@@ -12,6 +12,7 @@ struct EngineCounters {
   int64_t preemptions = 0;
   int64_t prompt_tokens = 0;      // prompt tokens computed (recomputation included)
   int64_t generation_tokens = 0;  // tokens sampled
+  int64_t argmax_tokens = 0;  // of those, picked by the backend (EngineConfig::backend_argmax)
   int64_t requests_finished = 0;
   // Attention savings (Top-θ). Rows are counted per (layer, KV head); under dense attention
   // read == read_dense and kept == dense.
@@ -37,7 +38,6 @@ struct StepStats {
   int64_t num_tokens = 0;     // tokens in the batch
   int64_t prefill_tokens = 0;
   int64_t decode_tokens = 0;
-  int64_t argmax_rows = 0;    // rows whose token the backend picked (EngineConfig::backend_argmax)
 };
 
 struct EngineStats {

@@ -3,15 +3,17 @@
 // retained V rows only, hit marks; SDC and VMC in the final reduction), and a tiled causal
 // prefill kernel with an online softmax. The CPU backend's attention is the reference.
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <mutex>
+#include <set>
 #include <string>
 #include <type_traits>
 
 #include <cooperative_groups.h>
 #include <cuda_pipeline.h>
+#include <mma.h>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_ops.h"
@@ -1479,6 +1481,199 @@ __global__ void __launch_bounds__(128) PrefillKernel(PrefillArgs a) {
   }
 }
 
+// Dense causal prefill on the tensor cores (PrefillWay::kMma): a block holds 64 query rows
+// (token × head of one KV group; 16 per warp) and walks the sequence's keys 64 at a time. A
+// warp forms its rows' scores S = Q·Kᵀ with warp matrix products (16×16×16 bf16 → f32), keeps
+// the online softmax in f32 (a lane per half row, S through shared memory, as a fragment's
+// layout is unspecified), and adds P·V with products again, each tile's P·V through shared
+// memory into the lane's own f32 accumulators. bf16 operands keep the f32 kernel's accuracy by
+// halves: q·scale = hi + lo and p = hi + lo, each rounded to bf16 (K and V are bf16 already),
+// so a product is two: their sum is within ~2^-16 of the f32 one, where one rounded operand
+// would be ~2^-9 off. Keys past the tile's last position are read as zeros (a row that was
+// never written may hold anything, NaN included) and masked.
+namespace wmma = nvcuda::wmma;
+constexpr int kMmaRows = 64;   // query rows per block: 4 warps × 16
+constexpr int kMmaKeys = 64;   // keys per tile
+template <int D>
+constexpr int kMmaLdk = D + 8;  // K, V (and Q at the start) rows in shared memory, bf16
+constexpr int kMmaLdp = kMmaKeys + 8;  // P's rows, bf16
+template <int D>
+constexpr int kMmaLds = (D > kMmaKeys ? D : kMmaKeys) + 4;  // S's, then P·V's rows, f32
+
+template <int D>
+constexpr size_t PrefillMmaSmemBytes() {
+  return 2 * size_t(kMmaKeys) * kMmaLdk<D> * 2 +                      // K, V tiles
+         4 * (size_t(16) * kMmaLds<D> * 4 + 2 * size_t(16) * kMmaLdp * 2);  // per warp: S, P
+}
+
+template <int D>
+__global__ void __launch_bounds__(128) PrefillMmaKernel(PrefillArgs a) {
+  static_assert(D % 16 == 0 && kMmaRows == 4 * 16);
+  constexpr int kLdk = kMmaLdk<D>, kLds = kMmaLds<D>, kKSteps = D / 16, kHalf = D / 2;
+  using FragA = wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major>;
+  using FragBc = wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major>;
+  using FragBr = wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major>;
+  using FragC = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
+  // Its own name: the dynamic shared arrays of a translation unit that share a name must
+  // share an alignment, and the split kernels' `smem` asks for 16.
+  extern __shared__ __align__(128) float mma_smem[];
+  uint16_t* ks = reinterpret_cast<uint16_t*>(mma_smem);  // [kMmaKeys][kLdk]
+  uint16_t* vs = ks + kMmaKeys * kLdk;                // [kMmaKeys][kLdk]
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  float* sw = reinterpret_cast<float*>(vs + kMmaKeys * kLdk) +
+              warp * (16 * kLds + 16 * kMmaLdp);       // this warp's S, then P·V: [16][kLds]
+  uint16_t* p_hi = reinterpret_cast<uint16_t*>(sw + 16 * kLds);  // [16][kMmaLdp]
+  uint16_t* p_lo = p_hi + 16 * kMmaLdp;
+  auto bf = [](uint16_t* p) { return reinterpret_cast<__nv_bfloat16*>(p); };
+
+  const PrefillTile tile = a.tiles[blockIdx.x];
+  const DevSeq& seq = a.kv.seqs[tile.seq];
+  const int32_t G = a.kv.shape.num_heads / a.kv.shape.num_kv_heads;
+  const int32_t g = blockIdx.y;
+  const int64_t lh = int64_t(a.kv.layer) * a.kv.shape.num_kv_heads + g;
+  const int32_t rows = tile.ntok * G;
+
+  // Q·scale as bf16 halves, hi where K goes and lo where V goes, for the fragments.
+  for (int i = threadIdx.x; i < kMmaRows * D; i += blockDim.x) {
+    const int rr = i / D, c = i % D;
+    float x = 0.0f;
+    if (rr < rows) {
+      const int64_t t = seq.token_offset + tile.tok0 + rr / G;
+      x = a.q.data[t * a.q.stride + int64_t(g * G + rr % G) * D + c] * a.kv.shape.scale;
+    }
+    const uint16_t hi = F32ToBf16(x);
+    ks[rr * kLdk + c] = hi;
+    vs[rr * kLdk + c] = F32ToBf16(x - Bf16ToF32(hi));
+  }
+  __syncthreads();
+  FragA q_hi[kKSteps], q_lo[kKSteps];
+#pragma unroll
+  for (int k = 0; k < kKSteps; ++k) {
+    wmma::load_matrix_sync(q_hi[k], bf(ks + warp * 16 * kLdk + k * 16), kLdk);
+    wmma::load_matrix_sync(q_lo[k], bf(vs + warp * 16 * kLdk + k * 16), kLdk);
+  }
+
+  // The lane's half row: row r of the warp's 16, columns [half, half + 32) of S and
+  // [half_o, half_o + D/2) of the output.
+  const int r = lane >> 1;
+  const int rr = warp * 16 + r;
+  const bool live = rr < rows;
+  const int32_t first_pos = seq.start_pos + tile.tok0;
+  const int32_t last_pos = first_pos + tile.ntok - 1;
+  const int32_t pos = first_pos + rr / G;
+  const int half = (lane & 1) * (kMmaKeys / 2), half_o = (lane & 1) * kHalf;
+  float m = -INFINITY, l = 0.0f, o[kHalf];
+#pragma unroll
+  for (int e = 0; e < kHalf; ++e) o[e] = 0.0f;
+  const Divisor bs(a.kv.layout.block_size);
+
+  for (int32_t j0 = 0; j0 <= last_pos; j0 += kMmaKeys) {
+    __syncthreads();  // every warp is done with the last tile (and, first, with Q)
+    for (int i = threadIdx.x; i < kMmaKeys * (D / 8); i += blockDim.x) {
+      const int jj = i / (D / 8), c = (i % (D / 8)) * 8;
+      const int32_t j = j0 + jj;
+      uint4 kraw = make_uint4(0, 0, 0, 0), vraw = make_uint4(0, 0, 0, 0);
+      if (j <= last_pos) {
+        const int32_t slot = bs.Mod(j);
+        const int32_t* pages = seq.pages.k_pages + lh * seq.pages.stride;
+        kraw = *reinterpret_cast<const uint4*>(
+            a.pool + a.kv.layout.RowOffset(pages[bs.Div(j)], slot) + c);
+        pages = seq.pages.v_pages + lh * seq.pages.stride;
+        vraw = *reinterpret_cast<const uint4*>(
+            a.pool + a.kv.layout.RowOffset(pages[bs.Div(j - seq.pages.v_tail_start)], slot) + c);
+      }
+      *reinterpret_cast<uint4*>(ks + jj * kLdk + c) = kraw;
+      *reinterpret_cast<uint4*>(vs + jj * kLdk + c) = vraw;
+    }
+    __syncthreads();
+
+    // S = Q·Kᵀ: the key tile as Kᵀ is K's rows read column-major.
+#pragma unroll
+    for (int n = 0; n < kMmaKeys / 16; ++n) {
+      FragC acc;
+      wmma::fill_fragment(acc, 0.0f);
+#pragma unroll
+      for (int k = 0; k < kKSteps; ++k) {
+        FragBc kb;
+        wmma::load_matrix_sync(kb, bf(ks + n * 16 * kLdk + k * 16), kLdk);
+        wmma::mma_sync(acc, q_hi[k], kb, acc);
+        wmma::mma_sync(acc, q_lo[k], kb, acc);
+      }
+      wmma::store_matrix_sync(sw + n * 16, acc, kLds, wmma::mem_row_major);
+    }
+    __syncwarp();
+
+    // Online softmax over the tile, a half row per lane (the pair meet in one shuffle).
+    float tile_max = -INFINITY;
+#pragma unroll 8
+    for (int c = 0; c < kMmaKeys / 2; ++c) {
+      if (live && j0 + half + c <= pos) tile_max = fmaxf(tile_max, sw[r * kLds + half + c]);
+    }
+    tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+    const float m_new = fmaxf(m, tile_max);
+    const float alpha = m_new == -INFINITY ? 1.0f : expf(m - m_new);  // 0 on a row's first keys
+    float sum = 0.0f;
+#pragma unroll 8
+    for (int c = 0; c < kMmaKeys / 2; ++c) {
+      const bool kept = live && j0 + half + c <= pos;
+      const float p = kept ? expf(sw[r * kLds + half + c] - m_new) : 0.0f;
+      const uint16_t hi = F32ToBf16(p);
+      p_hi[r * kMmaLdp + half + c] = hi;
+      p_lo[r * kMmaLdp + half + c] = F32ToBf16(p - Bf16ToF32(hi));
+      sum += p;
+    }
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    l = l * alpha + sum;
+    m = m_new;
+#pragma unroll
+    for (int e = 0; e < kHalf; ++e) o[e] *= alpha;
+    __syncwarp();  // P written, S read: the area takes P·V next
+
+    // P·V, 16 output columns at a time, through the S area into the lanes' accumulators.
+    FragA pa_hi[kMmaKeys / 16], pa_lo[kMmaKeys / 16];
+#pragma unroll
+    for (int k = 0; k < kMmaKeys / 16; ++k) {
+      wmma::load_matrix_sync(pa_hi[k], bf(p_hi + k * 16), kMmaLdp);
+      wmma::load_matrix_sync(pa_lo[k], bf(p_lo + k * 16), kMmaLdp);
+    }
+#pragma unroll
+    for (int n = 0; n < D / 16; ++n) {
+      FragC acc;
+      wmma::fill_fragment(acc, 0.0f);
+#pragma unroll
+      for (int k = 0; k < kMmaKeys / 16; ++k) {
+        FragBr vb;
+        wmma::load_matrix_sync(vb, bf(vs + k * 16 * kLdk + n * 16), kLdk);
+        wmma::mma_sync(acc, pa_hi[k], vb, acc);
+        wmma::mma_sync(acc, pa_lo[k], vb, acc);
+      }
+      wmma::store_matrix_sync(sw + n * 16, acc, kLds, wmma::mem_row_major);
+    }
+    __syncwarp();
+#pragma unroll
+    for (int e = 0; e < kHalf; ++e) o[e] += sw[r * kLds + half_o + e];
+    __syncwarp();  // read before the next tile's S overwrites it
+  }
+  if (!live) return;
+  const int64_t t = seq.token_offset + tile.tok0 + rr / G;
+  float* out = a.o + t * int64_t(a.kv.shape.num_heads) * D + int64_t(g * G + rr % G) * D + half_o;
+  const float inv = 1.0f / l;
+#pragma unroll
+  for (int e = 0; e < kHalf; ++e) out[e] = o[e] * inv;
+}
+
+// PrefillMmaKernel takes more than 48 KB of dynamic shared memory (54 KB at d 64, 87 KB at
+// 128): the opt-in, once per head size.
+template <int D>
+cudaError_t LaunchPrefillMma(const PrefillArgs& a, dim3 grid, cudaStream_t stream) {
+  constexpr size_t kSmem = PrefillMmaSmemBytes<D>();
+  static const cudaError_t opted = cudaFuncSetAttribute(
+      PrefillMmaKernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem));
+  if (opted != cudaSuccess) return opted;
+  PrefillMmaKernel<D><<<grid, 128, kSmem, stream>>>(a);
+  return cudaGetLastError();
+}
+
 template <int D>
 void LaunchExactScoresOf(KLoad k, dim3 grid, const SplitArgs& a, int32_t max_len, float* out,
                          cudaStream_t stream) {
@@ -1592,13 +1787,15 @@ cudaError_t DispatchGroup(int group, const SplitArgs& a, int32_t num_rows, const
 
 namespace {
 
-// A measuring knob's value that names nothing: said once on stderr (a typo would otherwise
-// measure the default under another name).
-void WarnUnknownOnce(const char* var, const std::string& value, const char* known) {
-  static std::atomic<bool> warned[2];
-  const bool theta = std::string(var) == "THETASERVE_ATTN_THETA";
-  if (warned[theta].exchange(true)) return;
-  std::fprintf(stderr, "cuda: %s=%s is none of %s; using auto\n", var, value.c_str(), known);
+// A measuring knob's value that names nothing: said on stderr, once per value (a typo would
+// otherwise measure the default under another name).
+void WarnUnknown(const char* var, const std::string& value, const char* known) {
+  static std::mutex mu;
+  static std::set<std::string> said;
+  std::lock_guard<std::mutex> lock(mu);
+  if (!said.insert(std::string(var) + "=" + value).second) return;
+  std::fprintf(stderr, "cuda: %s=%s is none of %s; using the default\n", var, value.c_str(),
+               known);
 }
 
 }  // namespace
@@ -1610,7 +1807,7 @@ KLoad DefaultKLoad() {
   if (name == "quad") return KLoad::kQuad;
   if (name == "thread") return KLoad::kPerThread;
   if (!name.empty() && name != "auto") {
-    WarnUnknownOnce("THETASERVE_ATTN_K_LOAD", name, "thread|staged|quad|auto");
+    WarnUnknown("THETASERVE_ATTN_K_LOAD", name, "thread|staged|quad|auto");
   }
   return KLoad::kAuto;
 }
@@ -1630,7 +1827,7 @@ ThetaPasses DefaultThetaPasses() {
   if (name == "fused") return ThetaPasses::kFused;
   if (name == "split") return ThetaPasses::kSplit;
   if (!name.empty() && name != "auto") {
-    WarnUnknownOnce("THETASERVE_ATTN_THETA", name, "split|fused|auto");
+    WarnUnknown("THETASERVE_ATTN_THETA", name, "split|fused|auto");
   }
   return ThetaPasses::kAuto;
 }
@@ -1676,7 +1873,19 @@ SplitPlan PlanSplits(int64_t num_rows, const AttnShape& shape, int64_t max_len, 
   return plan;
 }
 
-int32_t PrefillTileTokens(int32_t group) { return std::max(1, kTileRows / group); }
+PrefillWay DefaultPrefillWay() {
+  const char* v = std::getenv("THETASERVE_ATTN_PREFILL");
+  const std::string name = v ? v : "";
+  if (name == "fma") return PrefillWay::kFma;
+  if (!name.empty() && name != "mma") {
+    WarnUnknown("THETASERVE_ATTN_PREFILL", name, "mma|fma");
+  }
+  return PrefillWay::kMma;
+}
+
+int32_t PrefillTileTokens(int32_t group, PrefillWay way) {
+  return std::max(1, (way == PrefillWay::kMma ? kMmaRows : kTileRows) / group);
+}
 
 bool PrefillSupports(int32_t head_dim) { return head_dim == 64 || head_dim == 128; }
 
@@ -1721,13 +1930,20 @@ cudaError_t LaunchExactScores(const int32_t* row_ids, int32_t num_rows, const De
 }
 
 cudaError_t LaunchPrefillAttention(const PrefillTile* tiles, int32_t num_tiles, const DevKv& kv,
-                                   const bf16* pool, const DevQueries& q, float* o,
-                                   cudaStream_t stream) {
+                                   const bf16* pool, const DevQueries& q, PrefillWay way,
+                                   float* o, cudaStream_t stream) {
   if (num_tiles == 0) return cudaSuccess;
   const AttnShape& shape = kv.shape;
   if (shape.num_heads / shape.num_kv_heads > kTileRows) return cudaErrorInvalidValue;
   PrefillArgs a{tiles, kv, pool, q, o};
   const dim3 grid(num_tiles, shape.num_kv_heads);
+  if (way == PrefillWay::kMma) {
+    switch (shape.head_dim) {
+      case 64: return LaunchPrefillMma<64>(a, grid, stream);
+      case 128: return LaunchPrefillMma<128>(a, grid, stream);
+      default: return cudaErrorInvalidValue;
+    }
+  }
   switch (shape.head_dim) {
     case 64: PrefillKernel<64><<<grid, 128, 0, stream>>>(a); break;
     case 128: PrefillKernel<128><<<grid, 128, 0, stream>>>(a); break;

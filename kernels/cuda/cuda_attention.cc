@@ -39,7 +39,8 @@ absl::Status CudaAttention::Prepare(const ForwardBatch& batch, const DeviceBatch
   int64_t split_max_len = 1;
   sum_len_ = 0;
   for (const DevRow& r : rows) sum_len_ += r.pos + 1;
-  const int32_t tile_tokens = PrefillTileTokens(group);
+  tiles_way_ = prefill_way_;
+  const int32_t tile_tokens = PrefillTileTokens(group, tiles_way_);
   for (int32_t s = 0; s < static_cast<int32_t>(batch.seqs.size()); ++s) {
     const SeqChunk& c = batch.seqs[s];
     if (config.active() || c.num_tokens == 1 || !PrefillSupports(shape.head_dim)) {
@@ -187,14 +188,16 @@ absl::Status CudaAttention::Run(int32_t layer, const DeviceBatch& db, const floa
     }
   }
   if (num_tiles_ > 0) {
-    TS_CUDA_RETURN(LaunchPrefillAttention(tiles_, num_tiles_, kv, pool, queries, o, stream));
+    TS_CUDA_RETURN(LaunchPrefillAttention(tiles_, num_tiles_, kv, pool, queries, tiles_way_, o,
+                                          stream));
   }
   return absl::OkStatus();
 }
 
 std::string CudaAttention::Signature() const {
-  return absl::StrFormat("%d/%d/%d/%d/%d/%d/%d/%d/%d/%d/%p/%p/%p/%p/%p/%p/%p/%p/%d/%p/%d/%d/%g/%d/%p",
-                         num_split_rows_, num_tiles_, row_batch_, plan_.chunk, plan_.max_splits,
+  return absl::StrFormat("%d/%d/%d/%d/%d/%d/%d/%d/%d/%d/%d/%p/%p/%p/%p/%p/%p/%p/%p/%d/%p/%d/%d/%g/%d/%p",
+                         num_split_rows_, num_tiles_, int(tiles_way_), row_batch_, plan_.chunk,
+                         plan_.max_splits,
                          int(plan_.k_load), int(plan_.fused), int(plan_.one_pass),
                          plan_.kernel_limit, num_layers_,
                          row_ids_, tiles_, theta_, sdc_ratio_, counters_, ws_.part_o,

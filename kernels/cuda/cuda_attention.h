@@ -52,6 +52,9 @@ class CudaAttention {
   void set_k_load(KLoad k) { k_load_ = k; }
   // How Top-θ's passes run from the next Prepare on (default: DefaultThetaPasses()).
   void set_theta_passes(ThetaPasses p) { theta_passes_ = p; }
+  // How dense prefill tiles are computed from the next Prepare on (default:
+  // DefaultPrefillWay()).
+  void set_prefill_way(PrefillWay w) { prefill_way_ = w; }
   // For the benchmark's time per kernel: from the next Prepare on, Run launches only the
   // first n kernels of the split path (SplitPlan::kernel_limit; the output is then not
   // written, and Finish's Top-θ counts lack the kernels left out); 0, the default, launches
@@ -74,6 +77,8 @@ class CudaAttention {
   SplitPlan plan_;
   KLoad k_load_ = DefaultKLoad();
   ThetaPasses theta_passes_ = DefaultThetaPasses();
+  PrefillWay prefill_way_ = DefaultPrefillWay();
+  PrefillWay tiles_way_ = PrefillWay::kMma;  // the way Prepare cut this step's tiles for
   int32_t kernel_limit_ = 0;
   int32_t num_split_rows_ = 0;
   int32_t row_batch_ = 1;        // split rows per launch (workspace and grid bound)

@@ -221,7 +221,8 @@ class CudaBackend : public Backend {
   CudaAttention attention_;
   // Activations, grown to the largest step.
   DeviceBuffer x_, hb_, qkv_, attn_, attn_bf_, gu_, act_, vsum_rows_, logits_, logit_rows_;
-  DeviceBuffer argmax_;  // [logit rows] int32: ForwardBatch::argmax's picks
+  DeviceBuffer argmax_;       // [logit rows] int32: ForwardBatch::argmax's picks
+  PinnedBuffer host_argmax_;  // their copy back (page-locked: the copy stays asynchronous)
   std::vector<int32_t> host_logit_rows_;
   PinnedBuffer host_logits_;  // LogitsBuffer
   DeviceBuffer copies_;
@@ -414,6 +415,8 @@ absl::Status CudaBackend::Reserve(int64_t T, int64_t logit_rows) {
   if (st.ok()) st = vsum_rows_.Reserve(T * c.kv_dim() * sizeof(float));
   if (st.ok()) st = logits_.Reserve(std::max<int64_t>(1, logit_rows) * c.vocab_size * sizeof(float));
   if (st.ok()) st = logit_rows_.Reserve(std::max<int64_t>(1, logit_rows) * sizeof(int32_t));
+  if (st.ok()) st = argmax_.Reserve(std::max<int64_t>(1, logit_rows) * sizeof(int32_t));
+  if (st.ok()) st = host_argmax_.Reserve(std::max<int64_t>(1, logit_rows) * sizeof(int32_t));
   return st;
 }
 
@@ -548,16 +551,16 @@ absl::Status CudaBackend::Forward(const ForwardBatch& batch, float* logits) {
   if (R > 0 && batch.argmax) {
     // The greedy picks instead of the rows: R ids back, not R · vocab floats (after the step's
     // graph, which stays the same whichever the step wants).
-    if (absl::Status st = argmax_.Reserve(R * sizeof(int32_t)); !st.ok()) return st;
     TS_CUDA_RETURN(LaunchArgmaxRows(logits_.as<float>(), R, c.vocab_size, argmax_.as<int32_t>(),
                                     stream_));
-    TS_CUDA_RETURN(cudaMemcpyAsync(batch.argmax, argmax_.get(), R * sizeof(int32_t),
+    TS_CUDA_RETURN(cudaMemcpyAsync(host_argmax_.data(), argmax_.get(), R * sizeof(int32_t),
                                    cudaMemcpyDeviceToHost, stream_));
   } else if (R > 0) {
     TS_CUDA_RETURN(cudaMemcpyAsync(logits, logits_.get(), R * c.vocab_size * sizeof(float),
                                    cudaMemcpyDeviceToHost, stream_));
   }
   if (absl::Status st = batch_.Download(stream_); !st.ok()) return st;  // synchronizes
+  if (R > 0 && batch.argmax) std::memcpy(batch.argmax, host_argmax_.data(), R * sizeof(int32_t));
   TS_CUDA_RETURN(cudaGetLastError());
   return attention_.Finish(batch.stats, stream_);
 }

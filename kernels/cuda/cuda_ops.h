@@ -229,17 +229,24 @@ struct PrefillTile {
   int32_t tok0 = 0;
   int32_t ntok = 0;
 };
-// Query tokens per prefill tile for a GQA group size (tiles hold 32 query rows).
-int32_t PrefillTileTokens(int32_t group);
+// How the tiled prefill kernel computes: with warp matrix products on the tensor cores (bf16
+// operands split in halves for f32 accuracy; 64 query rows a tile), or with f32 FMAs (32).
+enum class PrefillWay : int32_t { kMma, kFma };
+// THETASERVE_ATTN_PREFILL=mma|fma; kMma when unset (and, said once on stderr, for another
+// value).
+PrefillWay DefaultPrefillWay();
+// Query tokens per prefill tile for a GQA group size and way.
+int32_t PrefillTileTokens(int32_t group, PrefillWay way);
 // Whether the tiled prefill kernel supports this head_dim (64, 128); other sizes (16, 32)
 // send prefill rows to the split kernels.
 bool PrefillSupports(int32_t head_dim);
 
 // Dense causal attention for prefill chunks, tiled with an online softmax: each block holds
-// one tile's query rows of one KV head and walks that sequence's K/V pages 32 rows at a time.
-// kv.rows is not read.
+// one tile's query rows of one KV head (tiles of PrefillTileTokens(group, way) tokens) and
+// walks that sequence's K/V pages 64 rows (mma) or 32 rows (fma) at a time. kv.rows is not
+// read.
 cudaError_t LaunchPrefillAttention(const PrefillTile* tiles, int32_t num_tiles, const DevKv& kv,
-                                   const bf16* pool, const DevQueries& q, float* o,
-                                   cudaStream_t stream);
+                                   const bf16* pool, const DevQueries& q, PrefillWay way,
+                                   float* o, cudaStream_t stream);
 
 }  // namespace thetaserve::kernels::cuda

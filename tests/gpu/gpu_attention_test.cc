@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -31,12 +32,14 @@ namespace thetaserve::kernels::cuda {
 struct AttnWay {
   KLoad k_load;
   ThetaPasses passes = ThetaPasses::kAuto;
+  PrefillWay prefill = PrefillWay::kMma;
 };
 std::string WayName(const AttnWay& w) {
   const char* passes = w.passes == ThetaPasses::kFused   ? "_fused"
                        : w.passes == ThetaPasses::kSplit ? "_split"
                                                          : "";
-  return std::string(KLoadName(w.k_load)) + passes;
+  return std::string(KLoadName(w.k_load)) + passes +
+         (w.prefill == PrefillWay::kFma ? "_fma_prefill" : "");
 }
 // For gtest's messages (found by argument-dependent lookup, so outside the unnamed namespace).
 void PrintTo(const AttnWay& w, std::ostream* os) { *os << WayName(w); }
@@ -69,7 +72,7 @@ class AttentionCase {
  public:
   AttentionCase(const Shape& s, std::vector<SeqSpec> specs, uint64_t seed, AttnWay way)
       : s_(s), specs_(std::move(specs)), rng_(seed), k_load_(way.k_load), passes_(way.passes),
-        record_mass_(way.passes != ThetaPasses::kAuto) {
+        prefill_(way.prefill), record_mass_(way.passes != ThetaPasses::kAuto) {
     const int32_t d = s.head_dim, bs = s.block_size;
     tables_ = s.num_layers * s.num_kv_heads;
     int32_t max_end = 0;
@@ -267,6 +270,7 @@ class AttentionCase {
     CudaAttention att(prop.multiProcessorCount);
     att.set_k_load(k_load_);
     att.set_theta_passes(passes_);
+    att.set_prefill_way(prefill_);
     att.set_kernel_limit(kernel_limit_);
     // The host pool in mapped pinned memory, as the backend allocates it.
     MappedHostBuffer host_pool;
@@ -548,6 +552,7 @@ class AttentionCase {
   std::mt19937_64 rng_;
   KLoad k_load_;
   ThetaPasses passes_;
+  PrefillWay prefill_;
   bool record_mass_;    // sequences record the retained mass (hit_mass): two passes
   bool one_pass_ = false;  // the last Run's plan
   int32_t tables_ = 0, stride_ = 0, num_tokens_ = 0, splits_ = 0, chunk_ = 0;
@@ -611,49 +616,65 @@ TEST(SplitPlanTest, AutoKLoadStagesLargeLaunches) {
   }
 }
 
-// The measuring knobs: each name picks its way; "auto", unset or a name of nothing picks auto,
-// the last said once on stderr. (Host code: runs without a device.)
+// The measuring knobs: each name picks its way; the default's name, unset or a name of
+// nothing picks the default, the last said on stderr once per value. (Host code: runs without
+// a device.)
 TEST(SplitPlanTest, KnobsNameTheirWaysAndSayWhenTheyNameNothing) {
-  struct Saved {
-    const char* name;
-    std::string value;
-    bool set;
-  };
-  std::vector<Saved> saved;
-  for (const char* var : {"THETASERVE_ATTN_K_LOAD", "THETASERVE_ATTN_THETA"}) {
+  const char* vars[] = {"THETASERVE_ATTN_K_LOAD", "THETASERVE_ATTN_THETA",
+                        "THETASERVE_ATTN_PREFILL"};
+  std::vector<std::optional<std::string>> saved;
+  for (const char* var : vars) {
     const char* v = std::getenv(var);
-    saved.push_back({var, v ? v : "", v != nullptr});
+    saved.push_back(v ? std::optional<std::string>(v) : std::nullopt);
   }
-  auto k_load = [](const char* v) {
-    setenv("THETASERVE_ATTN_K_LOAD", v, 1);
+  auto k_load = [](const std::string& v) {
+    setenv("THETASERVE_ATTN_K_LOAD", v.c_str(), 1);
     return DefaultKLoad();
   };
-  auto passes = [](const char* v) {
-    setenv("THETASERVE_ATTN_THETA", v, 1);
+  auto passes = [](const std::string& v) {
+    setenv("THETASERVE_ATTN_THETA", v.c_str(), 1);
     return DefaultThetaPasses();
+  };
+  auto prefill = [](const std::string& v) {
+    setenv("THETASERVE_ATTN_PREFILL", v.c_str(), 1);
+    return DefaultPrefillWay();
   };
   EXPECT_EQ(k_load("thread"), KLoad::kPerThread);
   EXPECT_EQ(k_load("staged"), KLoad::kStaged);
   EXPECT_EQ(k_load("quad"), KLoad::kQuad);
   EXPECT_EQ(passes("split"), ThetaPasses::kSplit);
   EXPECT_EQ(passes("fused"), ThetaPasses::kFused);
+  EXPECT_EQ(prefill("fma"), PrefillWay::kFma);
   ::testing::internal::CaptureStderr();
   EXPECT_EQ(k_load("auto"), KLoad::kAuto);
   EXPECT_EQ(passes("auto"), ThetaPasses::kAuto);
+  EXPECT_EQ(prefill("mma"), PrefillWay::kMma);
   EXPECT_EQ(::testing::internal::GetCapturedStderr(), "");
+  // Values not met before in this process (the test may run again in it: --gtest_repeat).
+  static int run = 0;
+  const std::string typo = "staget" + std::to_string(run++);
   ::testing::internal::CaptureStderr();
-  EXPECT_EQ(k_load("staget"), KLoad::kAuto);
-  EXPECT_EQ(passes("fussed"), ThetaPasses::kAuto);
+  for (int twice = 0; twice < 2; ++twice) {
+    EXPECT_EQ(k_load(typo), KLoad::kAuto);
+    EXPECT_EQ(passes(typo), ThetaPasses::kAuto);
+    EXPECT_EQ(prefill(typo), PrefillWay::kMma);
+  }
   const std::string said = ::testing::internal::GetCapturedStderr();
-  EXPECT_NE(said.find("THETASERVE_ATTN_K_LOAD=staget is none of thread|staged|quad|auto"),
-            std::string::npos) << said;
-  EXPECT_NE(said.find("THETASERVE_ATTN_THETA=fussed is none of split|fused|auto"),
-            std::string::npos) << said;
-  for (const Saved& s : saved) {
-    if (s.set) {
-      setenv(s.name, s.value.c_str(), 1);
+  for (const std::string& line :
+       {"THETASERVE_ATTN_K_LOAD=" + typo + " is none of thread|staged|quad|auto",
+        "THETASERVE_ATTN_THETA=" + typo + " is none of split|fused|auto",
+        "THETASERVE_ATTN_PREFILL=" + typo + " is none of mma|fma"}) {
+    const size_t at = said.find(line);
+    EXPECT_NE(at, std::string::npos) << said;
+    if (at != std::string::npos) {
+      EXPECT_EQ(said.find(line, at + 1), std::string::npos) << said;
+    }
+  }
+  for (size_t i = 0; i < saved.size(); ++i) {
+    if (saved[i]) {
+      setenv(vars[i], saved[i]->c_str(), 1);
     } else {
-      unsetenv(s.name);
+      unsetenv(vars[i]);
     }
   }
 }
@@ -667,14 +688,17 @@ struct ChunkEnv {
   ~ChunkEnv() { unsetenv("THETASERVE_ATTN_CHUNK"); }
 };
 
-// Every case runs with pass 1 reading K per thread, staged through shared memory, and per quad;
+// Every case runs with pass 1 reading K per thread, staged through shared memory, and per quad
+// (dense cases also with prefill tiles on f32 FMAs, "_fma_prefill", besides the tensor cores);
 // the Top-θ cases (GpuTopThetaTest) each way three times: with the passes the server picks (one
 // pass for pre-softmax thresholds; these runs do not record the retained mass, which would
 // take two), as two kernels, and fused (these two record the mass).
 class GpuAttentionTest : public ::testing::TestWithParam<AttnWay> {};
 INSTANTIATE_TEST_SUITE_P(KLoad, GpuAttentionTest,
                          ::testing::Values(AttnWay{KLoad::kPerThread}, AttnWay{KLoad::kStaged},
-                                           AttnWay{KLoad::kQuad}),
+                                           AttnWay{KLoad::kQuad},
+                                           AttnWay{KLoad::kPerThread, ThetaPasses::kAuto,
+                                                   PrefillWay::kFma}),
                          [](const ::testing::TestParamInfo<AttnWay>& p) { return WayName(p.param); });
 class GpuTopThetaTest : public GpuAttentionTest {};
 INSTANTIATE_TEST_SUITE_P(
@@ -693,11 +717,14 @@ TEST_P(GpuAttentionTest, DenseDecodeAndPrefillMatchCpu) {
   const uint64_t seed = testing::TestSeed();
   SCOPED_TRACE("THETASERVE_SEED=" + std::to_string(seed));
   for (Shape s : {Shape{}, Shape{2, 1, 8, 2, 128, 16}, Shape{2, 0, 4, 4, 64, 32}, Shape{2, 1, 8, 1, 64, 16},
-                  Shape{2, 1, 4, 2, 16, 16}, Shape{2, 1, 4, 1, 32, 16}}) {
-    SCOPED_TRACE(::testing::Message() << "heads " << s.num_heads << "/" << s.num_kv_heads << " d " << s.head_dim);
-    // Decode rows of many lengths (one crossing several 1024-key splits), a whole prefill,
-    // a chunked prefill after cached tokens, and a first token.
-    AttentionCase c(s, {{37, 1}, {0, 70}, {130, 45}, {2100, 1}, {0, 1}, {511, 1}}, seed, GetParam());
+                  Shape{2, 1, 4, 2, 16, 16}, Shape{2, 1, 4, 1, 32, 16}, Shape{2, 1, 9, 3, 64, 12}}) {
+    SCOPED_TRACE(::testing::Message() << "heads " << s.num_heads << "/" << s.num_kv_heads << " d "
+                                      << s.head_dim << " block " << s.block_size);
+    // Decode rows of many lengths (one crossing several 1024-key splits), whole prefills (one
+    // over several of the tiled kernel's key tiles), a chunked prefill after cached tokens,
+    // and a first token; pages of 12 rows too (a block size that is not a power of two).
+    AttentionCase c(s, {{37, 1}, {0, 70}, {130, 45}, {2100, 1}, {0, 1}, {511, 1}, {0, 200}}, seed,
+                    GetParam());
     c.RunAndExpectSame(TopThetaConfig{}, false);
   }
 }

@@ -326,7 +326,7 @@ TEST(GpuOpsTest, SumVRowsRebuildsTheRunningSums) {
 // The greedy pick on the device (ForwardBatch::argmax) against the sampler's: rows of random
 // logits and rows made to trip it: ties (the first wins), NaNs before and at the largest value
 // (never picked), nothing above -inf or only NaN (0), +inf twice, one finite value at the very
-// end, a whole row equal. Vocabularies below one block's threads, not a multiple of them, and
+// end, a whole row equal, the largest value twice where the later index is met first. Vocabularies below one block's threads, not a multiple of them, and
 // SmolLM2's.
 TEST(GpuOpsTest, ArgmaxRowsPickAsTheSampler) {
   SKIP_WITHOUT_CUDA_DEVICE();
@@ -376,6 +376,11 @@ TEST(GpuOpsTest, ArgmaxRowsPickAsTheSampler) {
       rows.push_back(r);
     }
     rows.push_back(std::vector<float>(vocab, 0.25f));
+    if (vocab > 512) {  // the largest value at 512 and 511: the second thread's beats the first's
+      std::vector<float> r = Random(vocab, rng);
+      r[512] = r[511] = 11.0f;
+      rows.push_back(r);
+    }
     std::vector<float> all;
     std::vector<int32_t> want;
     for (const auto& r : rows) {

@@ -39,6 +39,52 @@ TEST(SamplerTest, ZeroTemperatureIsArgmax) {
   for (int32_t t : Draw(p, 5)) EXPECT_EQ(t, 1);
 }
 
+// PicksArgmax (a GPU backend then picks the token where the logits are): greedy with nothing
+// that changes the row or reports from it, whatever the truncation settings greedy ignores;
+// each other setting says no, and those that change the row change the pick here (token 1 is
+// the row's largest; the output so far is {1}, the prompt {1}).
+TEST(SamplerTest, PicksArgmaxOnlyWhereSampleReturnsTheRowsArgmax) {
+  SamplingParams greedy;
+  greedy.temperature = 0;
+  greedy.top_k = 2;
+  greedy.top_p = 0.5f;
+  greedy.min_p = 0.1f;
+  greedy.seed = 7;
+  for (float t : {0.0f, 1e-6f}) {
+    greedy.temperature = t;
+    Sampler s(greedy);
+    EXPECT_TRUE(s.PicksArgmax());
+    auto l = Logits();
+    EXPECT_EQ(s.Sample(l, std::vector<int32_t>{1}, std::vector<int32_t>{1}).token, 1);
+  }
+  greedy.temperature = 0;
+  struct Case {
+    const char* what;
+    void (*set)(SamplingParams&);
+    bool changes_pick;
+  };
+  const Case cases[] = {
+      {"temperature", [](SamplingParams& p) { p.temperature = 0.5f; }, false},
+      {"logprobs", [](SamplingParams& p) { p.logprobs = 1; }, false},
+      {"repetition_penalty", [](SamplingParams& p) { p.repetition_penalty = 4.0f; }, true},
+      {"presence_penalty", [](SamplingParams& p) { p.presence_penalty = 1.0f; }, true},
+      {"frequency_penalty", [](SamplingParams& p) { p.frequency_penalty = 1.0f; }, true},
+      {"logit_bias", [](SamplingParams& p) { p.logit_bias = {{0, 5.0f}}; }, true},
+      {"allowed_tokens", [](SamplingParams& p) { p.allowed_tokens = Ids({2, 4}); }, true},
+      {"bad_words", [](SamplingParams& p) { p.bad_words = Words({{1, 1}}); }, true},
+  };
+  for (const Case& c : cases) {
+    SamplingParams p = greedy;
+    c.set(p);
+    Sampler s(p);
+    EXPECT_FALSE(s.PicksArgmax()) << c.what;
+    if (c.changes_pick) {
+      auto l = Logits();
+      EXPECT_NE(s.Sample(l, std::vector<int32_t>{1}, std::vector<int32_t>{1}).token, 1) << c.what;
+    }
+  }
+}
+
 TEST(SamplerTest, SameSeedSameTokensDifferentSeedDifferentTokens) {
   SamplingParams p;
   p.temperature = 1.5f;

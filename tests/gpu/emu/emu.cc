@@ -13,6 +13,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <utility>
 #include <vector>
 
@@ -102,6 +103,22 @@ void LandCopies(Fiber& f, size_t n) {
   f.copies.erase(f.copies.begin(), f.copies.begin() + n);
 }
 
+// Dynamic shared memory starts 128-byte aligned, as the kernels' __align__(128) declarations
+// ask and as a GPU places it (warp matrix loads need 32 bytes).
+template <typename T>
+struct Aligned128 {
+  using value_type = T;
+  Aligned128() = default;
+  template <typename U>
+  Aligned128(const Aligned128<U>&) {}
+  T* allocate(size_t n) {
+    return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t(128)));
+  }
+  void deallocate(T* p, size_t) { ::operator delete(p, std::align_val_t(128)); }
+  template <typename U>
+  bool operator==(const Aligned128<U>&) const { return true; }
+};
+
 struct Block {
   std::vector<Fiber> fibers;
   void* sched_sp = nullptr;
@@ -112,7 +129,7 @@ struct Block {
   std::vector<int> warp_arrived, warp_live;
   std::vector<uint64_t> slots;  // [warps, 32] values being exchanged
   const std::function<void()>* body = nullptr;
-  std::vector<unsigned char> smem;
+  std::vector<unsigned char, Aligned128<unsigned char>> smem;
   // Clusters (cooperative_groups.h): the block's index and rank, and its threads waiting at
   // cluster.sync().
   uint3 idx{};
