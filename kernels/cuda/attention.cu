@@ -3,6 +3,7 @@
 // retained V rows only, hit marks; SDC and VMC in the final reduction), and a tiled causal
 // prefill kernel with an online softmax. The CPU backend's attention is the reference.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -1498,7 +1499,7 @@ template <int D>
 constexpr int kMmaLdk = D + 8;  // K, V (and Q at the start) rows in shared memory, bf16
 constexpr int kMmaLdp = kMmaKeys + 8;  // P's rows, bf16
 template <int D>
-constexpr int kMmaLds = (D > kMmaKeys ? D : kMmaKeys) + 4;  // S's, then P·V's rows, f32
+constexpr int kMmaLds = (D > kMmaKeys ? D : kMmaKeys) + 8;  // S's, then P·V's rows, f32
 
 template <int D>
 constexpr size_t PrefillMmaSmemBytes() {
@@ -1509,6 +1510,7 @@ constexpr size_t PrefillMmaSmemBytes() {
 template <int D>
 __global__ void __launch_bounds__(128) PrefillMmaKernel(PrefillArgs a) {
   static_assert(D % 16 == 0 && kMmaRows == 4 * 16);
+  static_assert(kMmaRows <= kMmaKeys);  // Q is staged in the K and V tiles' rows
   constexpr int kLdk = kMmaLdk<D>, kLds = kMmaLds<D>, kKSteps = D / 16, kHalf = D / 2;
   using FragA = wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major>;
   using FragBc = wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major>;
@@ -1553,15 +1555,17 @@ __global__ void __launch_bounds__(128) PrefillMmaKernel(PrefillArgs a) {
     wmma::load_matrix_sync(q_lo[k], bf(vs + warp * 16 * kLdk + k * 16), kLdk);
   }
 
-  // The lane's half row: row r of the warp's 16, columns [half, half + 32) of S and
-  // [half_o, half_o + D/2) of the output.
+  // The lane's half row: row r of the warp's 16, and of every 8 columns (of S, P, P·V and
+  // the output) the 4 from `quad` on, read and written 16 (P: 8) bytes at a time. With rows
+  // 8 mod 32 words apart in shared memory, the 8 lanes of a 16-byte access (16 of an 8-byte
+  // one) meet no bank twice.
   const int r = lane >> 1;
   const int rr = warp * 16 + r;
   const bool live = rr < rows;
   const int32_t first_pos = seq.start_pos + tile.tok0;
   const int32_t last_pos = first_pos + tile.ntok - 1;
   const int32_t pos = first_pos + rr / G;
-  const int half = (lane & 1) * (kMmaKeys / 2), half_o = (lane & 1) * kHalf;
+  const int quad = (lane & 1) * 4;
   float m = -INFINITY, l = 0.0f, o[kHalf];
 #pragma unroll
   for (int e = 0; e < kHalf; ++e) o[e] = 0.0f;
@@ -1605,22 +1609,35 @@ __global__ void __launch_bounds__(128) PrefillMmaKernel(PrefillArgs a) {
 
     // Online softmax over the tile, a half row per lane (the pair meet in one shuffle).
     float tile_max = -INFINITY;
-#pragma unroll 8
-    for (int c = 0; c < kMmaKeys / 2; ++c) {
-      if (live && j0 + half + c <= pos) tile_max = fmaxf(tile_max, sw[r * kLds + half + c]);
+#pragma unroll
+    for (int c0 = quad; c0 < kMmaKeys; c0 += 8) {
+      const float4 s4 = *reinterpret_cast<const float4*>(sw + r * kLds + c0);
+      const float sv[4] = {s4.x, s4.y, s4.z, s4.w};
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        if (live && j0 + c0 + e <= pos) tile_max = fmaxf(tile_max, sv[e]);
+      }
     }
     tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
     const float m_new = fmaxf(m, tile_max);
     const float alpha = m_new == -INFINITY ? 1.0f : expf(m - m_new);  // 0 on a row's first keys
     float sum = 0.0f;
-#pragma unroll 8
-    for (int c = 0; c < kMmaKeys / 2; ++c) {
-      const bool kept = live && j0 + half + c <= pos;
-      const float p = kept ? expf(sw[r * kLds + half + c] - m_new) : 0.0f;
-      const uint16_t hi = F32ToBf16(p);
-      p_hi[r * kMmaLdp + half + c] = hi;
-      p_lo[r * kMmaLdp + half + c] = F32ToBf16(p - Bf16ToF32(hi));
-      sum += p;
+#pragma unroll
+    for (int c0 = quad; c0 < kMmaKeys; c0 += 8) {
+      const float4 s4 = *reinterpret_cast<const float4*>(sw + r * kLds + c0);
+      const float sv[4] = {s4.x, s4.y, s4.z, s4.w};
+      uint16_t hi[4], lo[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float p = live && j0 + c0 + e <= pos ? expf(sv[e] - m_new) : 0.0f;
+        hi[e] = F32ToBf16(p);
+        lo[e] = F32ToBf16(p - Bf16ToF32(hi[e]));
+        sum += p;
+      }
+      *reinterpret_cast<uint2*>(p_hi + r * kMmaLdp + c0) =
+          make_uint2(hi[0] | uint32_t(hi[1]) << 16, hi[2] | uint32_t(hi[3]) << 16);
+      *reinterpret_cast<uint2*>(p_lo + r * kMmaLdp + c0) =
+          make_uint2(lo[0] | uint32_t(lo[1]) << 16, lo[2] | uint32_t(lo[3]) << 16);
     }
     sum += __shfl_xor_sync(0xffffffffu, sum, 1);
     l = l * alpha + sum;
@@ -1651,25 +1668,39 @@ __global__ void __launch_bounds__(128) PrefillMmaKernel(PrefillArgs a) {
     }
     __syncwarp();
 #pragma unroll
-    for (int e = 0; e < kHalf; ++e) o[e] += sw[r * kLds + half_o + e];
+    for (int i = 0; i < D / 8; ++i) {  // o[4i + e]: column 8i + quad + e
+      const float4 v4 = *reinterpret_cast<const float4*>(sw + r * kLds + 8 * i + quad);
+      o[4 * i] += v4.x;
+      o[4 * i + 1] += v4.y;
+      o[4 * i + 2] += v4.z;
+      o[4 * i + 3] += v4.w;
+    }
     __syncwarp();  // read before the next tile's S overwrites it
   }
   if (!live) return;
   const int64_t t = seq.token_offset + tile.tok0 + rr / G;
-  float* out = a.o + t * int64_t(a.kv.shape.num_heads) * D + int64_t(g * G + rr % G) * D + half_o;
+  float* out = a.o + t * int64_t(a.kv.shape.num_heads) * D + int64_t(g * G + rr % G) * D + quad;
   const float inv = 1.0f / l;
 #pragma unroll
-  for (int e = 0; e < kHalf; ++e) out[e] = o[e] * inv;
+  for (int i = 0; i < D / 8; ++i) {
+    *reinterpret_cast<float4*>(out + 8 * i) =
+        make_float4(o[4 * i] * inv, o[4 * i + 1] * inv, o[4 * i + 2] * inv, o[4 * i + 3] * inv);
+  }
 }
 
-// PrefillMmaKernel takes more than 48 KB of dynamic shared memory (54 KB at d 64, 87 KB at
-// 128): the opt-in, once per head size.
+// PrefillMmaKernel takes more than 48 KB of dynamic shared memory (54 KB at d 64, 86 KB at
+// 128): the opt-in, until it succeeds once per head size (for the current device: the backend
+// uses device 0 only).
 template <int D>
 cudaError_t LaunchPrefillMma(const PrefillArgs& a, dim3 grid, cudaStream_t stream) {
   constexpr size_t kSmem = PrefillMmaSmemBytes<D>();
-  static const cudaError_t opted = cudaFuncSetAttribute(
-      PrefillMmaKernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem));
-  if (opted != cudaSuccess) return opted;
+  static std::atomic<bool> opted{false};
+  if (!opted.load(std::memory_order_acquire)) {
+    const cudaError_t e = cudaFuncSetAttribute(
+        PrefillMmaKernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem));
+    if (e != cudaSuccess) return e;
+    opted.store(true, std::memory_order_release);
+  }
   PrefillMmaKernel<D><<<grid, 128, kSmem, stream>>>(a);
   return cudaGetLastError();
 }

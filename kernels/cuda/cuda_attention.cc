@@ -54,6 +54,9 @@ absl::Status CudaAttention::Prepare(const ForwardBatch& batch, const DeviceBatch
       }
     }
   }
+  // The last tiles of a chunk see the most keys (causal): launched first, they do not finish
+  // alone at the end.
+  std::reverse(tiles.begin(), tiles.end());
   num_split_rows_ = static_cast<int32_t>(row_ids.size());
   num_tiles_ = static_cast<int32_t>(tiles.size());
   const int64_t planned_len = PlannedLength(split_max_len);

@@ -38,9 +38,11 @@ inline uint4 make_uint4(unsigned int x, unsigned int y, unsigned int z, unsigned
 struct alignas(8) uint2 {
   unsigned int x, y;
 };
+inline uint2 make_uint2(unsigned int x, unsigned int y) { return uint2{x, y}; }
 struct alignas(16) float4 {
   float x, y, z, w;
 };
+inline float4 make_float4(float x, float y, float z, float w) { return float4{x, y, z, w}; }
 
 // The running thread's coordinates (set by the scheduler before it resumes a fiber).
 inline thread_local uint3 threadIdx;
