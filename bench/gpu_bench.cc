@@ -483,10 +483,11 @@ void OffloadDecodeAttention(const std::vector<int>& contexts, const std::vector<
 void PrefillAttention(const std::vector<int>& lengths, int repeats, int sms) {
   const int kvh = 3, group = 3, H = kvh * group, d = 64, bs = 16;
   std::printf("\n## dense prefill attention, one sequence, one layer (causal)\n");
-  std::printf("mma: warp matrix products (bf16 halves, the default); fma: f32 FMAs; "
-              "ratio: fma ÷ mma\n");
-  std::printf("%-8s %-10s %-10s %-10s %-10s %-8s\n", "tokens", "mma ms", "TFLOP/s", "fma ms",
-              "TFLOP/s", "ratio");
+  std::printf("mma: PTX mma.sync, fragments in registers (the default); wmma: warp matrix\n"
+              "functions, S and P·V through shared memory (both bf16 halves); fma: f32 FMAs;\n"
+              "ratios: wmma ÷ mma, fma ÷ mma (time)\n");
+  std::printf("%-8s %-9s %-8s %-9s %-8s %-9s %-8s %-7s %-7s\n", "tokens", "mma ms", "TFLOP/s",
+              "wmma ms", "TFLOP/s", "fma ms", "TFLOP/s", "w÷m", "f÷m");
   for (int L : lengths) {
     const int blocks = (L + bs - 1) / bs;
     const ts::kernels::KvPoolLayout layout{bs, d, int64_t(2) * blocks * kvh};
@@ -512,8 +513,9 @@ void PrefillAttention(const std::vector<int>& lengths, int repeats, int sms) {
     cu::DeviceBatch db;
     CHECK_OK(db.Upload(batch, kvh, layout, nullptr));
     const double flops = 2.0 * double(L) * (L + 1) * H * d;  // QKᵀ and PV over the causal half
-    double ms[2];
-    for (const cu::PrefillWay way : {cu::PrefillWay::kMma, cu::PrefillWay::kFma}) {
+    double ms[cu::kPrefillWays];
+    for (const cu::PrefillWay way :
+         {cu::PrefillWay::kMma, cu::PrefillWay::kWmma, cu::PrefillWay::kFma}) {
       cu::CudaAttention att(sms);
       att.set_prefill_way(way);
       CHECK_OK(att.Prepare(batch, db, cu::AttnShape{H, kvh, d, 0.125f}, 1,
@@ -522,14 +524,17 @@ void PrefillAttention(const std::vector<int>& lengths, int repeats, int sms) {
         CHECK_OK(att.Run(0, db, q, H * d, layout, pool, nullptr, o, nullptr));
       }, 3, repeats);
     }
-    const double mma = ms[int(cu::PrefillWay::kMma)], fma = ms[int(cu::PrefillWay::kFma)];
-    std::printf("%-8d %-10.3f %-10.2f %-10.3f %-10.2f %-8.2f\n", L, mma,
-                flops / (mma / 1e3) / 1e12, fma, flops / (fma / 1e3) / 1e12, fma / mma);
+    const double mma = ms[int(cu::PrefillWay::kMma)], wmma = ms[int(cu::PrefillWay::kWmma)],
+                 fma = ms[int(cu::PrefillWay::kFma)];
+    auto tflops = [&](double t) { return flops / (t / 1e3) / 1e12; };
+    std::printf("%-8d %-9.3f %-8.2f %-9.3f %-8.2f %-9.3f %-8.2f %-7.2f %-7.2f\n", L, mma,
+                tflops(mma), wmma, tflops(wmma), fma, tflops(fma), wmma / mma, fma / mma);
     std::fflush(stdout);
     if (L == lengths.back()) {
-      char buf[128];
-      std::snprintf(buf, sizeof buf, "mma %.2f TFLOP/s (%.2f ms), fma %.2f (%.2f ms)",
-                    flops / (mma / 1e3) / 1e12, mma, flops / (fma / 1e3) / 1e12, fma);
+      char buf[160];
+      std::snprintf(buf, sizeof buf,
+                    "mma %.2f TFLOP/s (%.2f ms), wmma %.2f (%.2f ms), fma %.2f (%.2f ms)",
+                    tflops(mma), mma, tflops(wmma), wmma, tflops(fma), fma);
       g_summary.push_back({"prefill attn " + std::to_string(L) + " tokens", buf});
     }
     cudaFree(pool);

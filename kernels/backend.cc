@@ -66,6 +66,20 @@ absl::Status Backend::CheckKvRowCopies(std::span<const KvRowCopy> copies, bool t
   return absl::OkStatus();
 }
 
+absl::Status Backend::CheckDenseV(const ForwardBatch& batch) const {
+  if (top_theta_.active()) return absl::OkStatus();
+  for (size_t s = 0; s < batch.seqs.size(); ++s) {
+    const SeqPageTables& pages = batch.seqs[s].pages;
+    if (pages.v_tail_start != 0) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "sequence %d of the batch keeps V rows only from position %d on (a sparse V store): "
+          "attention without Top-θ needs every row",
+          s, pages.v_tail_start));
+    }
+  }
+  return absl::OkStatus();
+}
+
 bool CudaAvailable() {
 #if THETASERVE_HAVE_CUDA
   return cuda::DeviceCount() > 0;

@@ -125,6 +125,10 @@ class Backend {
   absl::Status CheckKvRowCopies(std::span<const KvRowCopy> copies, bool to_host = false) const;
   // What every AllocateHostPool starts with: a KV pool exists, num_pages >= 0; sets the layout.
   absl::Status SetHostLayout(int64_t num_pages);
+  // What every Forward checks: attention without Top-θ reads every V row of a sequence, so
+  // none may keep V only from a later position (a sparse V store, whose dropped rows exist
+  // nowhere). FailedPrecondition names the sequence.
+  absl::Status CheckDenseV(const ForwardBatch& batch) const;
   const model::Model* model_;
   KvPoolLayout kv_layout_;
   TopThetaConfig top_theta_;

@@ -116,6 +116,7 @@ absl::Status CpuBackend::Forward(const ForwardBatch& batch, float* logits) {
   if (batch.argmax) {
     return absl::InvalidArgumentError("the CPU backend returns logits, not their argmax");
   }
+  if (absl::Status st = CheckDenseV(batch); !st.ok()) return st;
   for (int32_t tok : batch.tokens) {
     if (tok < 0 || tok >= c.vocab_size) {
       return absl::InvalidArgumentError(

@@ -1,9 +1,8 @@
 // Paged attention on the GPU (DESIGN.md §5): flash-decoding split kernels, dense and Top-θ
 // (pass 1: scores, row max and D_full over every K row; pass 2: keep test, gather of the
-// retained V rows only, hit marks; SDC and VMC in the final reduction), and a tiled causal
-// prefill kernel with an online softmax. The CPU backend's attention is the reference.
+// retained V rows only, hit marks; SDC and VMC in the final reduction). Dense prefill tiles
+// are prefill.cu's. The CPU backend's attention is the reference.
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -14,7 +13,6 @@
 
 #include <cooperative_groups.h>
 #include <cuda_pipeline.h>
-#include <mma.h>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_ops.h"
@@ -47,7 +45,8 @@ __host__ __device__ constexpr int32_t ListCapacity(int32_t chunk) {
 __host__ __device__ constexpr int64_t SplitAreaFloats(int D, int G, int chunk) {
   const int64_t scores = int64_t(G) * chunk, list = int64_t(G + 1) * ListCapacity(chunk);
   const int64_t reduce = int64_t(kThreads / (D / 8)) * G * D;
-  const int64_t area = scores > list ? (scores > reduce ? scores : reduce) : (list > reduce ? list : reduce);
+  const int64_t area =
+      scores > list ? (scores > reduce ? scores : reduce) : (list > reduce ? list : reduce);
   return int64_t(G) * D + area;
 }
 // Shared memory of a one-pass block (SplitOnePass), in floats: the queries, e [G, chunk],
@@ -223,10 +222,10 @@ __device__ void ScoresQuad(const SplitArgs& a, const DevSeq& seq, int64_t lh, in
 // shared memory in tiles of kStageKeys rows, copied with cp.async: 16 bytes a copy,
 // consecutive threads on consecutive bytes of a page (coalesced), no registers held while the
 // copies are in flight, through a ring of StageCount tiles (the others load while one is
-// read); the first V tiles load while the block forms the softmax. Two threads score a key, each over half the row, and
-// add their halves with one shuffle per head. A row's 16-byte pieces are stored at
-// piece ^ (row & 7), so the eight threads of a quarter-warp write and read eight different
-// bank groups.
+// read); the first V tiles load while the block forms the softmax. Two threads score a key,
+// each over half the row, and add their halves with one shuffle per head. A row's 16-byte
+// pieces are stored at piece ^ (row & 7), so the eight threads of a quarter-warp write and
+// read eight different bank groups.
 constexpr int kStageKeys = kThreads / 2;
 __host__ __device__ constexpr bool CanStage(int d) { return d == 64 || d == 128; }
 __host__ __device__ constexpr int StageCount(int d) {
@@ -329,8 +328,9 @@ __device__ void ScoresStaged(const SplitArgs& a, const DevSeq& seq, int64_t lh, 
 
 // Sums acc[h][0..8) of every row group into red and writes the group's partial outputs.
 template <int D, int GT>
-__device__ void ReduceRowGroups(const SplitArgs& a, float (&acc)[GT > 0 ? GT : kMaxGroup][8], int32_t G,
-                                float* red, int64_t r, int32_t first_head, int32_t split) {
+__device__ void ReduceRowGroups(const SplitArgs& a, float (&acc)[GT > 0 ? GT : kMaxGroup][8],
+                                int32_t G, float* red, int64_t r, int32_t first_head,
+                                int32_t split) {
   constexpr int kG = GT > 0 ? GT : kMaxGroup;  // compile-time group size when known
   constexpr int kRowGroups = kThreads / (D / 8);
   const int rg = threadIdx.x / (D / 8), lane8 = threadIdx.x % (D / 8);
@@ -486,7 +486,8 @@ constexpr int Pass1MinBlocks() {
 }
 
 template <int D, int GT, KLoad kK>
-__global__ void __launch_bounds__(kThreads, Pass1MinBlocks<GT, kK>()) SplitPass1Kernel(SplitArgs a) {
+__global__ void __launch_bounds__(kThreads, Pass1MinBlocks<GT, kK>())
+    SplitPass1Kernel(SplitArgs a) {
   SplitPass1<D, GT, kK>(a, blockIdx.x);
 }
 
@@ -587,7 +588,8 @@ __device__ __forceinline__ float ExactScoreAt(const SplitArgs& a, const DevSeq& 
 // Tests (LaunchExactScores): ExactScore of every position j < L of row r for every query head,
 // at out[(r · heads + head) · max_len + j]; NaN from L to max_len. Grid (rows, heads).
 template <int D, KLoad kK>
-__global__ void __launch_bounds__(kThreads) ExactScoresKernel(SplitArgs a, int32_t max_len, float* out) {
+__global__ void __launch_bounds__(kThreads)
+    ExactScoresKernel(SplitArgs a, int32_t max_len, float* out) {
   const int64_t r = blockIdx.x;
   const int32_t head = blockIdx.y;
   const int32_t t = a.row_ids[r];
@@ -1047,7 +1049,8 @@ __device__ __forceinline__ void SplitPass2(const SplitArgs& a, int32_t split_ind
 }
 
 template <int D, int GT, KLoad kK>
-__global__ void __launch_bounds__(kThreads, (GT > 0 && GT <= 4) ? 8 : 4) SplitPass2Kernel(SplitArgs a) {
+__global__ void __launch_bounds__(kThreads, (GT > 0 && GT <= 4) ? 8 : 4)
+    SplitPass2Kernel(SplitArgs a) {
   SplitPass2<D, GT, kK>(a, blockIdx.x);
 }
 
@@ -1201,7 +1204,8 @@ __device__ __forceinline__ void SplitOnePass(const SplitArgs& a, int32_t split_i
 }
 
 template <int D, int GT, KLoad kK>
-__global__ void __launch_bounds__(kThreads, Pass1MinBlocks<GT, kK>()) SplitOnePassKernel(SplitArgs a) {
+__global__ void __launch_bounds__(kThreads, Pass1MinBlocks<GT, kK>())
+    SplitOnePassKernel(SplitArgs a) {
   SplitOnePass<D, GT, kK>(a, blockIdx.x);
 }
 
@@ -1215,7 +1219,8 @@ __global__ void __launch_bounds__(kThreads, Pass1MinBlocks<GT, kK>()) SplitOnePa
 // stream K, with no drain of the GPU between the passes. Every block reaches the barrier, also
 // one whose splits lie past its row's end.
 template <int D, int GT, KLoad kK>
-__global__ void __launch_bounds__(kThreads, Pass1MinBlocks<GT, kK>()) SplitFusedKernel(SplitArgs a) {
+__global__ void __launch_bounds__(kThreads, Pass1MinBlocks<GT, kK>())
+    SplitFusedKernel(SplitArgs a) {
   // (The barriers between one split and the next are not needed by the passes as they are —
   // each first writes shared memory after a barrier that follows its last reads of it, and
   // the emulated tests pass without them — and keep a change to either end from racing.)
@@ -1378,333 +1383,6 @@ __global__ void __launch_bounds__(kCombineWays * D) ThetaCombineKernel(SplitArgs
   if (e == 0) atomicAdd(a.theta.counters + 1, (unsigned long long)(kept));
 }
 
-// ---- Prefill ----
-
-constexpr int kTileRows = 32;  // query rows (token × head) per block
-constexpr int kKeyTile = 32;   // keys per step
-constexpr int kRowsPerWarp = kTileRows / 4;
-
-struct PrefillArgs {
-  const PrefillTile* tiles;
-  DevKv kv;
-  const uint16_t* pool;
-  DevQueries q;
-  float* o;
-};
-
-template <int D>
-__global__ void __launch_bounds__(128) PrefillKernel(PrefillArgs a) {
-  constexpr int kPerLane = D / 32;
-  __shared__ float qs[kTileRows][D];
-  __shared__ float ks[kKeyTile][D + 1];
-  __shared__ __align__(16) uint16_t vs[kKeyTile][D];  // bf16: keeps D = 128 under 48 KB
-  const PrefillTile tile = a.tiles[blockIdx.x];
-  const DevSeq& seq = a.kv.seqs[tile.seq];
-  const int32_t G = a.kv.shape.num_heads / a.kv.shape.num_kv_heads;
-  const int32_t g = blockIdx.y;
-  const int64_t lh = int64_t(a.kv.layer) * a.kv.shape.num_kv_heads + g;
-  const int32_t rows = tile.ntok * G;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-
-  for (int i = threadIdx.x; i < kTileRows * D; i += blockDim.x) {
-    const int rr = i / D, c = i % D;
-    float v = 0.0f;
-    if (rr < rows) {
-      const int64_t t = seq.token_offset + tile.tok0 + rr / G;
-      v = a.q.data[t * a.q.stride + int64_t(g * G + rr % G) * D + c] * a.kv.shape.scale;
-    }
-    qs[rr][c] = v;
-  }
-  float m[kRowsPerWarp], l[kRowsPerWarp], acc[kRowsPerWarp][kPerLane];
-#pragma unroll
-  for (int k = 0; k < kRowsPerWarp; ++k) {
-    m[k] = -INFINITY;
-    l[k] = 0.0f;
-#pragma unroll
-    for (int e = 0; e < kPerLane; ++e) acc[k][e] = 0.0f;
-  }
-  const int32_t first_pos = seq.start_pos + tile.tok0;
-  const int32_t last_pos = first_pos + tile.ntok - 1;
-  const int32_t bs = a.kv.layout.block_size;
-  for (int32_t j0 = 0; j0 <= last_pos; j0 += kKeyTile) {
-    __syncthreads();
-    for (int i = threadIdx.x; i < kKeyTile * (D / 8); i += blockDim.x) {
-      const int jj = i / (D / 8), c = (i % (D / 8)) * 8;
-      const int32_t j = j0 + jj;
-      float kf[8] = {};
-      uint4 vraw = make_uint4(0, 0, 0, 0);
-      if (j <= last_pos) {
-        LoadBf16x8(a.pool + a.kv.layout.RowOffset(seq.pages.KPage(lh, j, bs), j % bs) + c, kf);
-        vraw = *reinterpret_cast<const uint4*>(
-            a.pool + a.kv.layout.RowOffset(seq.pages.VPage(lh, j, bs), j % bs) + c);
-      }
-#pragma unroll
-      for (int e = 0; e < 8; ++e) ks[jj][c + e] = kf[e];
-      *reinterpret_cast<uint4*>(&vs[jj][c]) = vraw;
-    }
-    __syncthreads();
-#pragma unroll
-    for (int k = 0; k < kRowsPerWarp; ++k) {
-      const int rr = warp + 4 * k;
-      if (rr >= rows) continue;  // uniform across the warp
-      const int32_t pos = first_pos + rr / G;
-      if (j0 > pos) continue;
-      const int32_t j = j0 + lane;
-      float s = -INFINITY;
-      if (j <= pos) {
-        s = 0.0f;
-#pragma unroll 16
-        for (int c = 0; c < D; ++c) s = fmaf(qs[rr][c], ks[lane][c], s);
-      }
-      const float m_new = fmaxf(m[k], WarpMax(s));
-      const float p = j <= pos ? expf(s - m_new) : 0.0f;
-      const float corr = expf(m[k] - m_new);  // 0 on the first tile (m = -inf)
-      l[k] = l[k] * corr + WarpSum(p);
-#pragma unroll
-      for (int e = 0; e < kPerLane; ++e) acc[k][e] *= corr;
-#pragma unroll 8
-      for (int jj = 0; jj < kKeyTile; ++jj) {
-        const float pj = __shfl_sync(0xffffffffu, p, jj);
-#pragma unroll
-        for (int e = 0; e < kPerLane; ++e) acc[k][e] = fmaf(pj, Bf16ToF32(vs[jj][lane + 32 * e]), acc[k][e]);
-      }
-      m[k] = m_new;
-    }
-  }
-#pragma unroll
-  for (int k = 0; k < kRowsPerWarp; ++k) {
-    const int rr = warp + 4 * k;
-    if (rr >= rows) continue;
-    const int64_t t = seq.token_offset + tile.tok0 + rr / G;
-    float* out = a.o + t * int64_t(a.kv.shape.num_heads) * D + int64_t(g * G + rr % G) * D;
-#pragma unroll
-    for (int e = 0; e < kPerLane; ++e) out[lane + 32 * e] = acc[k][e] / l[k];
-  }
-}
-
-// Dense causal prefill on the tensor cores (PrefillWay::kMma): a block holds 64 query rows
-// (token × head of one KV group; 16 per warp) and walks the sequence's keys 64 at a time. A
-// warp forms its rows' scores S = Q·Kᵀ with warp matrix products (16×16×16 bf16 → f32), keeps
-// the online softmax in f32 (a lane per half row, S through shared memory, as a fragment's
-// layout is unspecified), and adds P·V with products again, each tile's P·V through shared
-// memory into the lane's own f32 accumulators. bf16 operands keep the f32 kernel's accuracy by
-// halves: q·scale = hi + lo and p = hi + lo, each rounded to bf16 (K and V are bf16 already),
-// so a product is two: their sum is within ~2^-16 of the f32 one, where one rounded operand
-// would be ~2^-9 off. Keys past the tile's last position are read as zeros (a row that was
-// never written may hold anything, NaN included) and masked.
-namespace wmma = nvcuda::wmma;
-constexpr int kMmaRows = 64;   // query rows per block: 4 warps × 16
-constexpr int kMmaKeys = 64;   // keys per tile
-template <int D>
-constexpr int kMmaLdk = D + 8;  // K, V (and Q at the start) rows in shared memory, bf16
-constexpr int kMmaLdp = kMmaKeys + 8;  // P's rows, bf16
-template <int D>
-constexpr int kMmaLds = (D > kMmaKeys ? D : kMmaKeys) + 8;  // S's, then P·V's rows, f32
-
-template <int D>
-constexpr size_t PrefillMmaSmemBytes() {
-  return 2 * size_t(kMmaKeys) * kMmaLdk<D> * 2 +                      // K, V tiles
-         4 * (size_t(16) * kMmaLds<D> * 4 + 2 * size_t(16) * kMmaLdp * 2);  // per warp: S, P
-}
-
-template <int D>
-__global__ void __launch_bounds__(128) PrefillMmaKernel(PrefillArgs a) {
-  static_assert(D % 16 == 0 && kMmaRows == 4 * 16);
-  static_assert(kMmaRows <= kMmaKeys);  // Q is staged in the K and V tiles' rows
-  constexpr int kLdk = kMmaLdk<D>, kLds = kMmaLds<D>, kKSteps = D / 16, kHalf = D / 2;
-  using FragA = wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major>;
-  using FragBc = wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major>;
-  using FragBr = wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major>;
-  using FragC = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
-  // Its own name: the dynamic shared arrays of a translation unit that share a name must
-  // share an alignment, and the split kernels' `smem` asks for 16.
-  extern __shared__ __align__(128) float mma_smem[];
-  uint16_t* ks = reinterpret_cast<uint16_t*>(mma_smem);  // [kMmaKeys][kLdk]
-  uint16_t* vs = ks + kMmaKeys * kLdk;                // [kMmaKeys][kLdk]
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  float* sw = reinterpret_cast<float*>(vs + kMmaKeys * kLdk) +
-              warp * (16 * kLds + 16 * kMmaLdp);       // this warp's S, then P·V: [16][kLds]
-  uint16_t* p_hi = reinterpret_cast<uint16_t*>(sw + 16 * kLds);  // [16][kMmaLdp]
-  uint16_t* p_lo = p_hi + 16 * kMmaLdp;
-  auto bf = [](uint16_t* p) { return reinterpret_cast<__nv_bfloat16*>(p); };
-
-  const PrefillTile tile = a.tiles[blockIdx.x];
-  const DevSeq& seq = a.kv.seqs[tile.seq];
-  const int32_t G = a.kv.shape.num_heads / a.kv.shape.num_kv_heads;
-  const int32_t g = blockIdx.y;
-  const int64_t lh = int64_t(a.kv.layer) * a.kv.shape.num_kv_heads + g;
-  const int32_t rows = tile.ntok * G;
-
-  // Q·scale as bf16 halves, hi where K goes and lo where V goes, for the fragments.
-  for (int i = threadIdx.x; i < kMmaRows * D; i += blockDim.x) {
-    const int rr = i / D, c = i % D;
-    float x = 0.0f;
-    if (rr < rows) {
-      const int64_t t = seq.token_offset + tile.tok0 + rr / G;
-      x = a.q.data[t * a.q.stride + int64_t(g * G + rr % G) * D + c] * a.kv.shape.scale;
-    }
-    const uint16_t hi = F32ToBf16(x);
-    ks[rr * kLdk + c] = hi;
-    vs[rr * kLdk + c] = F32ToBf16(x - Bf16ToF32(hi));
-  }
-  __syncthreads();
-  FragA q_hi[kKSteps], q_lo[kKSteps];
-#pragma unroll
-  for (int k = 0; k < kKSteps; ++k) {
-    wmma::load_matrix_sync(q_hi[k], bf(ks + warp * 16 * kLdk + k * 16), kLdk);
-    wmma::load_matrix_sync(q_lo[k], bf(vs + warp * 16 * kLdk + k * 16), kLdk);
-  }
-
-  // The lane's half row: row r of the warp's 16, and of every 8 columns (of S, P, P·V and
-  // the output) the 4 from `quad` on, read and written 16 (P: 8) bytes at a time. With rows
-  // 8 mod 32 words apart in shared memory, the 8 lanes of a 16-byte access (16 of an 8-byte
-  // one) meet no bank twice.
-  const int r = lane >> 1;
-  const int rr = warp * 16 + r;
-  const bool live = rr < rows;
-  const int32_t first_pos = seq.start_pos + tile.tok0;
-  const int32_t last_pos = first_pos + tile.ntok - 1;
-  const int32_t pos = first_pos + rr / G;
-  const int quad = (lane & 1) * 4;
-  float m = -INFINITY, l = 0.0f, o[kHalf];
-#pragma unroll
-  for (int e = 0; e < kHalf; ++e) o[e] = 0.0f;
-  const Divisor bs(a.kv.layout.block_size);
-
-  for (int32_t j0 = 0; j0 <= last_pos; j0 += kMmaKeys) {
-    __syncthreads();  // every warp is done with the last tile (and, first, with Q)
-    for (int i = threadIdx.x; i < kMmaKeys * (D / 8); i += blockDim.x) {
-      const int jj = i / (D / 8), c = (i % (D / 8)) * 8;
-      const int32_t j = j0 + jj;
-      uint4 kraw = make_uint4(0, 0, 0, 0), vraw = make_uint4(0, 0, 0, 0);
-      if (j <= last_pos) {
-        const int32_t slot = bs.Mod(j);
-        const int32_t* pages = seq.pages.k_pages + lh * seq.pages.stride;
-        kraw = *reinterpret_cast<const uint4*>(
-            a.pool + a.kv.layout.RowOffset(pages[bs.Div(j)], slot) + c);
-        pages = seq.pages.v_pages + lh * seq.pages.stride;
-        vraw = *reinterpret_cast<const uint4*>(
-            a.pool + a.kv.layout.RowOffset(pages[bs.Div(j - seq.pages.v_tail_start)], slot) + c);
-      }
-      *reinterpret_cast<uint4*>(ks + jj * kLdk + c) = kraw;
-      *reinterpret_cast<uint4*>(vs + jj * kLdk + c) = vraw;
-    }
-    __syncthreads();
-
-    // S = Q·Kᵀ: the key tile as Kᵀ is K's rows read column-major.
-#pragma unroll
-    for (int n = 0; n < kMmaKeys / 16; ++n) {
-      FragC acc;
-      wmma::fill_fragment(acc, 0.0f);
-#pragma unroll
-      for (int k = 0; k < kKSteps; ++k) {
-        FragBc kb;
-        wmma::load_matrix_sync(kb, bf(ks + n * 16 * kLdk + k * 16), kLdk);
-        wmma::mma_sync(acc, q_hi[k], kb, acc);
-        wmma::mma_sync(acc, q_lo[k], kb, acc);
-      }
-      wmma::store_matrix_sync(sw + n * 16, acc, kLds, wmma::mem_row_major);
-    }
-    __syncwarp();
-
-    // Online softmax over the tile, a half row per lane (the pair meet in one shuffle).
-    float tile_max = -INFINITY;
-#pragma unroll
-    for (int c0 = quad; c0 < kMmaKeys; c0 += 8) {
-      const float4 s4 = *reinterpret_cast<const float4*>(sw + r * kLds + c0);
-      const float sv[4] = {s4.x, s4.y, s4.z, s4.w};
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        if (live && j0 + c0 + e <= pos) tile_max = fmaxf(tile_max, sv[e]);
-      }
-    }
-    tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
-    const float m_new = fmaxf(m, tile_max);
-    const float alpha = m_new == -INFINITY ? 1.0f : expf(m - m_new);  // 0 on a row's first keys
-    float sum = 0.0f;
-#pragma unroll
-    for (int c0 = quad; c0 < kMmaKeys; c0 += 8) {
-      const float4 s4 = *reinterpret_cast<const float4*>(sw + r * kLds + c0);
-      const float sv[4] = {s4.x, s4.y, s4.z, s4.w};
-      uint16_t hi[4], lo[4];
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float p = live && j0 + c0 + e <= pos ? expf(sv[e] - m_new) : 0.0f;
-        hi[e] = F32ToBf16(p);
-        lo[e] = F32ToBf16(p - Bf16ToF32(hi[e]));
-        sum += p;
-      }
-      *reinterpret_cast<uint2*>(p_hi + r * kMmaLdp + c0) =
-          make_uint2(hi[0] | uint32_t(hi[1]) << 16, hi[2] | uint32_t(hi[3]) << 16);
-      *reinterpret_cast<uint2*>(p_lo + r * kMmaLdp + c0) =
-          make_uint2(lo[0] | uint32_t(lo[1]) << 16, lo[2] | uint32_t(lo[3]) << 16);
-    }
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    l = l * alpha + sum;
-    m = m_new;
-#pragma unroll
-    for (int e = 0; e < kHalf; ++e) o[e] *= alpha;
-    __syncwarp();  // P written, S read: the area takes P·V next
-
-    // P·V, 16 output columns at a time, through the S area into the lanes' accumulators.
-    FragA pa_hi[kMmaKeys / 16], pa_lo[kMmaKeys / 16];
-#pragma unroll
-    for (int k = 0; k < kMmaKeys / 16; ++k) {
-      wmma::load_matrix_sync(pa_hi[k], bf(p_hi + k * 16), kMmaLdp);
-      wmma::load_matrix_sync(pa_lo[k], bf(p_lo + k * 16), kMmaLdp);
-    }
-#pragma unroll
-    for (int n = 0; n < D / 16; ++n) {
-      FragC acc;
-      wmma::fill_fragment(acc, 0.0f);
-#pragma unroll
-      for (int k = 0; k < kMmaKeys / 16; ++k) {
-        FragBr vb;
-        wmma::load_matrix_sync(vb, bf(vs + k * 16 * kLdk + n * 16), kLdk);
-        wmma::mma_sync(acc, pa_hi[k], vb, acc);
-        wmma::mma_sync(acc, pa_lo[k], vb, acc);
-      }
-      wmma::store_matrix_sync(sw + n * 16, acc, kLds, wmma::mem_row_major);
-    }
-    __syncwarp();
-#pragma unroll
-    for (int i = 0; i < D / 8; ++i) {  // o[4i + e]: column 8i + quad + e
-      const float4 v4 = *reinterpret_cast<const float4*>(sw + r * kLds + 8 * i + quad);
-      o[4 * i] += v4.x;
-      o[4 * i + 1] += v4.y;
-      o[4 * i + 2] += v4.z;
-      o[4 * i + 3] += v4.w;
-    }
-    __syncwarp();  // read before the next tile's S overwrites it
-  }
-  if (!live) return;
-  const int64_t t = seq.token_offset + tile.tok0 + rr / G;
-  float* out = a.o + t * int64_t(a.kv.shape.num_heads) * D + int64_t(g * G + rr % G) * D + quad;
-  const float inv = 1.0f / l;
-#pragma unroll
-  for (int i = 0; i < D / 8; ++i) {
-    *reinterpret_cast<float4*>(out + 8 * i) =
-        make_float4(o[4 * i] * inv, o[4 * i + 1] * inv, o[4 * i + 2] * inv, o[4 * i + 3] * inv);
-  }
-}
-
-// PrefillMmaKernel takes more than 48 KB of dynamic shared memory (54 KB at d 64, 86 KB at
-// 128): the opt-in, until it succeeds once per head size (for the current device: the backend
-// uses device 0 only).
-template <int D>
-cudaError_t LaunchPrefillMma(const PrefillArgs& a, dim3 grid, cudaStream_t stream) {
-  constexpr size_t kSmem = PrefillMmaSmemBytes<D>();
-  static std::atomic<bool> opted{false};
-  if (!opted.load(std::memory_order_acquire)) {
-    const cudaError_t e = cudaFuncSetAttribute(
-        PrefillMmaKernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem));
-    if (e != cudaSuccess) return e;
-    opted.store(true, std::memory_order_release);
-  }
-  PrefillMmaKernel<D><<<grid, 128, kSmem, stream>>>(a);
-  return cudaGetLastError();
-}
-
 template <int D>
 void LaunchExactScoresOf(KLoad k, dim3 grid, const SplitArgs& a, int32_t max_len, float* out,
                          cudaStream_t stream) {
@@ -1723,7 +1401,8 @@ size_t SplitSmemBytes(int D, int G, int chunk, bool staged, bool one_pass = fals
   const size_t area =
       size_t(one_pass ? OnePassAreaFloats(D, G, chunk) : SplitAreaFloats(D, G, chunk)) *
       sizeof(float);
-  return staged ? std::max(area, size_t(StageOffsetFloats(D, G, chunk)) * sizeof(float) + StageBytes(D)) : area;
+  if (!staged) return area;
+  return std::max(area, size_t(StageOffsetFloats(D, G, chunk)) * sizeof(float) + StageBytes(D));
 }
 // Without the opt-in attribute a kernel's static and dynamic shared memory together stay within
 // 48 KB; the split kernels' static arrays take under 0.7 KB (pass 2's per-head values, bands
@@ -1816,20 +1495,13 @@ cudaError_t DispatchGroup(int group, const SplitArgs& a, int32_t num_rows, const
 
 }  // namespace
 
-namespace {
-
-// A measuring knob's value that names nothing: said on stderr, once per value (a typo would
-// otherwise measure the default under another name).
-void WarnUnknown(const char* var, const std::string& value, const char* known) {
+void WarnUnknownKnob(const char* var, const char* value, const char* known) {
   static std::mutex mu;
   static std::set<std::string> said;
   std::lock_guard<std::mutex> lock(mu);
   if (!said.insert(std::string(var) + "=" + value).second) return;
-  std::fprintf(stderr, "cuda: %s=%s is none of %s; using the default\n", var, value.c_str(),
-               known);
+  std::fprintf(stderr, "cuda: %s=%s is none of %s; using the default\n", var, value, known);
 }
-
-}  // namespace
 
 KLoad DefaultKLoad() {
   const char* v = std::getenv("THETASERVE_ATTN_K_LOAD");
@@ -1838,7 +1510,7 @@ KLoad DefaultKLoad() {
   if (name == "quad") return KLoad::kQuad;
   if (name == "thread") return KLoad::kPerThread;
   if (!name.empty() && name != "auto") {
-    WarnUnknown("THETASERVE_ATTN_K_LOAD", name, "thread|staged|quad|auto");
+    WarnUnknownKnob("THETASERVE_ATTN_K_LOAD", name.c_str(), "thread|staged|quad|auto");
   }
   return KLoad::kAuto;
 }
@@ -1858,7 +1530,7 @@ ThetaPasses DefaultThetaPasses() {
   if (name == "fused") return ThetaPasses::kFused;
   if (name == "split") return ThetaPasses::kSplit;
   if (!name.empty() && name != "auto") {
-    WarnUnknown("THETASERVE_ATTN_THETA", name, "split|fused|auto");
+    WarnUnknownKnob("THETASERVE_ATTN_THETA", name.c_str(), "split|fused|auto");
   }
   return ThetaPasses::kAuto;
 }
@@ -1904,22 +1576,6 @@ SplitPlan PlanSplits(int64_t num_rows, const AttnShape& shape, int64_t max_len, 
   return plan;
 }
 
-PrefillWay DefaultPrefillWay() {
-  const char* v = std::getenv("THETASERVE_ATTN_PREFILL");
-  const std::string name = v ? v : "";
-  if (name == "fma") return PrefillWay::kFma;
-  if (!name.empty() && name != "mma") {
-    WarnUnknown("THETASERVE_ATTN_PREFILL", name, "mma|fma");
-  }
-  return PrefillWay::kMma;
-}
-
-int32_t PrefillTileTokens(int32_t group, PrefillWay way) {
-  return std::max(1, (way == PrefillWay::kMma ? kMmaRows : kTileRows) / group);
-}
-
-bool PrefillSupports(int32_t head_dim) { return head_dim == 64 || head_dim == 128; }
-
 cudaError_t LaunchSplitAttention(const int32_t* row_ids, int32_t num_rows, const DevKv& kv,
                                  const bf16* pool, const DevQueries& q, const SplitPlan& plan,
                                  const AttentionWorkspace& ws, const ThetaArgs* theta, float* o,
@@ -1955,29 +1611,6 @@ cudaError_t LaunchExactScores(const int32_t* row_ids, int32_t num_rows, const De
     case 32: LaunchExactScoresOf<32>(KLoad::kPerThread, grid, a, max_len, out, stream); break;
     case 64: LaunchExactScoresOf<64>(k_load, grid, a, max_len, out, stream); break;
     case 128: LaunchExactScoresOf<128>(k_load, grid, a, max_len, out, stream); break;
-    default: return cudaErrorInvalidValue;
-  }
-  return cudaGetLastError();
-}
-
-cudaError_t LaunchPrefillAttention(const PrefillTile* tiles, int32_t num_tiles, const DevKv& kv,
-                                   const bf16* pool, const DevQueries& q, PrefillWay way,
-                                   float* o, cudaStream_t stream) {
-  if (num_tiles == 0) return cudaSuccess;
-  const AttnShape& shape = kv.shape;
-  if (shape.num_heads / shape.num_kv_heads > kTileRows) return cudaErrorInvalidValue;
-  PrefillArgs a{tiles, kv, pool, q, o};
-  const dim3 grid(num_tiles, shape.num_kv_heads);
-  if (way == PrefillWay::kMma) {
-    switch (shape.head_dim) {
-      case 64: return LaunchPrefillMma<64>(a, grid, stream);
-      case 128: return LaunchPrefillMma<128>(a, grid, stream);
-      default: return cudaErrorInvalidValue;
-    }
-  }
-  switch (shape.head_dim) {
-    case 64: PrefillKernel<64><<<grid, 128, 0, stream>>>(a); break;
-    case 128: PrefillKernel<128><<<grid, 128, 0, stream>>>(a); break;
     default: return cudaErrorInvalidValue;
   }
   return cudaGetLastError();

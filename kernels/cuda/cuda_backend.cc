@@ -510,6 +510,7 @@ absl::Status CudaBackend::Forward(const ForwardBatch& batch, float* logits) {
   const int64_t T = static_cast<int64_t>(batch.tokens.size());
   if (T == 0) return absl::OkStatus();
   if (pool_.get() == nullptr) return absl::FailedPreconditionError("KV pool not allocated");
+  if (absl::Status st = CheckDenseV(batch); !st.ok()) return st;
   for (int32_t tok : batch.tokens) {
     if (tok < 0 || tok >= c.vocab_size) {
       return absl::InvalidArgumentError(

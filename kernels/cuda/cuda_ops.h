@@ -15,6 +15,10 @@ namespace thetaserve::kernels::cuda {
 
 using bf16 = uint16_t;
 
+// A measuring knob (THETASERVE_ATTN_*) set to `value`, which names none of `known`: said on
+// stderr, once per knob and value (a typo would otherwise measure the default unnoticed).
+void WarnUnknownKnob(const char* var, const char* value, const char* known);
+
 // One sequence of a step, as the kernels see it: the SeqChunk fields with device page tables.
 struct DevSeq {
   int32_t token_offset = 0;
@@ -229,10 +233,14 @@ struct PrefillTile {
   int32_t tok0 = 0;
   int32_t ntok = 0;
 };
-// How the tiled prefill kernel computes: with warp matrix products on the tensor cores (bf16
-// operands split in halves for f32 accuracy; 64 query rows a tile), or with f32 FMAs (32).
-enum class PrefillWay : int32_t { kMma, kFma };
-// THETASERVE_ATTN_PREFILL=mma|fma; kMma when unset (and, said once on stderr, for another
+// How the tiled prefill kernel computes: on the tensor cores with its fragments in registers
+// (kMma: PTX mma.sync and ldmatrix), or through CUDA's warp matrix functions with S and P·V
+// passing through shared memory (kWmma), both with bf16 operands split in halves for f32
+// accuracy and 64 query rows a tile; or with f32 FMAs (kFma; 32 rows).
+enum class PrefillWay : int32_t { kMma, kWmma, kFma };
+constexpr int kPrefillWays = 3;
+const char* PrefillWayName(PrefillWay way);
+// THETASERVE_ATTN_PREFILL=mma|wmma|fma; kMma when unset (and, said once on stderr, for another
 // value).
 PrefillWay DefaultPrefillWay();
 // Query tokens per prefill tile for a GQA group size and way.
@@ -243,10 +251,18 @@ bool PrefillSupports(int32_t head_dim);
 
 // Dense causal attention for prefill chunks, tiled with an online softmax: each block holds
 // one tile's query rows of one KV head (tiles of PrefillTileTokens(group, way) tokens) and
-// walks that sequence's K/V pages 64 rows (mma) or 32 rows (fma) at a time. kv.rows is not
-// read.
+// walks that sequence's K/V pages 64 rows (mma, wmma) or 32 rows (fma) at a time. kv.rows is
+// not read.
 cudaError_t LaunchPrefillAttention(const PrefillTile* tiles, int32_t num_tiles, const DevKv& kv,
                                    const bf16* pool, const DevQueries& q, PrefillWay way,
                                    float* o, cudaStream_t stream);
+
+// Tests: the warp-wide instructions the mma prefill kernel is built on (warp_mma.cuh), alone,
+// with the layouts that header writes down, in one warp: A (16×16) times B (16×16, two tiles
+// of 8 columns) plus C, with A's fragments and B's read by ldmatrix as the kernel reads Q and
+// K (B given as its transpose's rows, bt) and as it reads V (B's own rows, b, through .trans).
+// Row-major 16×16 throughout; d: [2][16×16], the product from bt, then from b.
+cudaError_t LaunchWarpMmaProbe(const bf16* a, const bf16* bt, const bf16* b, const float* c,
+                               float* d, cudaStream_t stream);
 
 }  // namespace thetaserve::kernels::cuda

@@ -39,7 +39,8 @@ std::string WayName(const AttnWay& w) {
                        : w.passes == ThetaPasses::kSplit ? "_split"
                                                          : "";
   return std::string(KLoadName(w.k_load)) + passes +
-         (w.prefill == PrefillWay::kFma ? "_fma_prefill" : "");
+         (w.prefill == PrefillWay::kMma ? "" : std::string("_") + PrefillWayName(w.prefill) +
+                                                   "_prefill");
 }
 // For gtest's messages (found by argument-dependent lookup, so outside the unnamed namespace).
 void PrintTo(const AttnWay& w, std::ostream* os) { *os << WayName(w); }
@@ -645,6 +646,7 @@ TEST(SplitPlanTest, KnobsNameTheirWaysAndSayWhenTheyNameNothing) {
   EXPECT_EQ(passes("split"), ThetaPasses::kSplit);
   EXPECT_EQ(passes("fused"), ThetaPasses::kFused);
   EXPECT_EQ(prefill("fma"), PrefillWay::kFma);
+  EXPECT_EQ(prefill("wmma"), PrefillWay::kWmma);
   ::testing::internal::CaptureStderr();
   EXPECT_EQ(k_load("auto"), KLoad::kAuto);
   EXPECT_EQ(passes("auto"), ThetaPasses::kAuto);
@@ -663,7 +665,7 @@ TEST(SplitPlanTest, KnobsNameTheirWaysAndSayWhenTheyNameNothing) {
   for (const std::string& line :
        {"THETASERVE_ATTN_K_LOAD=" + typo + " is none of thread|staged|quad|auto",
         "THETASERVE_ATTN_THETA=" + typo + " is none of split|fused|auto",
-        "THETASERVE_ATTN_PREFILL=" + typo + " is none of mma|fma"}) {
+        "THETASERVE_ATTN_PREFILL=" + typo + " is none of mma|wmma|fma"}) {
     const size_t at = said.find(line);
     EXPECT_NE(at, std::string::npos) << said;
     if (at != std::string::npos) {
@@ -689,7 +691,8 @@ struct ChunkEnv {
 };
 
 // Every case runs with pass 1 reading K per thread, staged through shared memory, and per quad
-// (dense cases also with prefill tiles on f32 FMAs, "_fma_prefill", besides the tensor cores);
+// (dense cases also with prefill tiles through warp matrix functions, "_wmma_prefill", and on
+// f32 FMAs, "_fma_prefill", besides the register-resident tensor-core kernel);
 // the Top-θ cases (GpuTopThetaTest) each way three times: with the passes the server picks (one
 // pass for pre-softmax thresholds; these runs do not record the retained mass, which would
 // take two), as two kernels, and fused (these two record the mass).
@@ -698,8 +701,12 @@ INSTANTIATE_TEST_SUITE_P(KLoad, GpuAttentionTest,
                          ::testing::Values(AttnWay{KLoad::kPerThread}, AttnWay{KLoad::kStaged},
                                            AttnWay{KLoad::kQuad},
                                            AttnWay{KLoad::kPerThread, ThetaPasses::kAuto,
+                                                   PrefillWay::kWmma},
+                                           AttnWay{KLoad::kPerThread, ThetaPasses::kAuto,
                                                    PrefillWay::kFma}),
-                         [](const ::testing::TestParamInfo<AttnWay>& p) { return WayName(p.param); });
+                         [](const ::testing::TestParamInfo<AttnWay>& p) {
+                           return WayName(p.param);
+                         });
 class GpuTopThetaTest : public GpuAttentionTest {};
 INSTANTIATE_TEST_SUITE_P(
     Way, GpuTopThetaTest,
@@ -716,15 +723,18 @@ TEST_P(GpuAttentionTest, DenseDecodeAndPrefillMatchCpu) {
   SKIP_WITHOUT_CUDA_DEVICE();
   const uint64_t seed = testing::TestSeed();
   SCOPED_TRACE("THETASERVE_SEED=" + std::to_string(seed));
-  for (Shape s : {Shape{}, Shape{2, 1, 8, 2, 128, 16}, Shape{2, 0, 4, 4, 64, 32}, Shape{2, 1, 8, 1, 64, 16},
-                  Shape{2, 1, 4, 2, 16, 16}, Shape{2, 1, 4, 1, 32, 16}, Shape{2, 1, 9, 3, 64, 12}}) {
+  for (Shape s : {Shape{}, Shape{2, 1, 8, 2, 128, 16}, Shape{2, 0, 4, 4, 64, 32},
+                  Shape{2, 1, 8, 1, 64, 16}, Shape{2, 1, 4, 2, 16, 16}, Shape{2, 1, 4, 1, 32, 16},
+                  Shape{2, 1, 9, 3, 64, 12}}) {
     SCOPED_TRACE(::testing::Message() << "heads " << s.num_heads << "/" << s.num_kv_heads << " d "
                                       << s.head_dim << " block " << s.block_size);
     // Decode rows of many lengths (one crossing several 1024-key splits), whole prefills (one
-    // over several of the tiled kernel's key tiles), a chunked prefill after cached tokens,
+    // over several of the tiled kernel's key tiles), chunked prefills after cached tokens (one
+    // whose warps of 16 query rows, at group 1, end at position 64: the first key of a tile),
     // and a first token; pages of 12 rows too (a block size that is not a power of two).
-    AttentionCase c(s, {{37, 1}, {0, 70}, {130, 45}, {2100, 1}, {0, 1}, {511, 1}, {0, 200}}, seed,
-                    GetParam());
+    AttentionCase c(s,
+                    {{37, 1}, {0, 70}, {130, 45}, {2100, 1}, {0, 1}, {511, 1}, {0, 200}, {1, 64}},
+                    seed, GetParam());
     c.RunAndExpectSame(TopThetaConfig{}, false);
   }
 }

@@ -2,7 +2,8 @@
 // models (f32 safetensors, bf16 sharded Qwen2 with QKV bias, mixed-quant GGUF) and on
 // SmolLM2 when models/ has it: mixed prefill/decode batches over shared paged pools, dense
 // and Top-θ. Both sides are fed the same (CPU-greedy) tokens so every step is compared. The
-// GPU keeps the page tables between steps (SeqChunk::tables), as under the engine.
+// GPU keeps the page tables between steps (SeqChunk::tables), as under the engine. And the
+// refusal of attention without Top-θ over a sparse V store.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -21,6 +22,7 @@
 #include "model/theta_table.h"
 #include "scheduler/sequence.h"
 #include "tests/gpu/gpu_test_util.h"
+#include "tests/kernels/dense_v_check.h"
 #include "tests/test_util.h"
 
 namespace thetaserve::kernels {
@@ -370,6 +372,11 @@ bool CheckSparseVThroughCompaction(const std::string& path, double theta_tol, bo
   EXPECT_GE(agree, rows * 8 / 10);
   kv.ReleaseAll(pool);
   return true;
+}
+
+TEST(GpuForwardTest, DenseAttentionRefusesASparseVStore) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  ExpectDenseAttentionRefusesASparseVStore(Device::kCuda);
 }
 
 TEST(GpuForwardTest, SparseVThroughCompactionTinyLlama) {

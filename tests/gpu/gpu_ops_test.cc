@@ -1,8 +1,10 @@
 // The GPU forward pass's row kernels against the CPU backend's: embedding gather, RMSNorm,
 // SwiGLU, bias + RoPE + paged K/V write (positions up to 1e5, pages shuffled, every other
 // page left poisoned), VMC running sums, ordered KV row copies, V sums rebuilt from the pool
-// (prefix caching), and the greedy pick of a row of logits.
+// (prefix caching), the greedy pick of a row of logits, and the warp-wide matrix instructions
+// of the prefill kernel.
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <limits>
 #include <numeric>
@@ -13,6 +15,7 @@
 #include "kernels/cpu/ops.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "model/config.h"
+#include "model/quant.h"
 #include "tests/gpu/gpu_test_util.h"
 
 namespace thetaserve::kernels::cuda {
@@ -398,6 +401,50 @@ TEST(GpuOpsTest, ArgmaxRowsPickAsTheSampler) {
     }
     EXPECT_TRUE(dout.GuardsIntact());
   }
+}
+
+// The warp-wide instructions of the mma prefill kernel alone (kernels/cuda/warp_mma.cuh): an
+// element read from the wrong lane or register half of A, B or C (on a GPU: a layout written
+// down wrong) shows as a wrong product. A and B are bf16 with products exact in f32; every C
+// element differs, so C's layout shows too.
+TEST(GpuOpsTest, WarpMmaAndLdmatrixFollowTheirLayouts) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  const uint64_t seed = testing::TestSeed();
+  SCOPED_TRACE("THETASERVE_SEED=" + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  std::vector<float> a = Random(16 * 16, rng), b = Random(16 * 16, rng), c = Random(16 * 16, rng);
+  std::vector<uint16_t> a16(a.size()), b16(b.size()), bt16(b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    a16[i] = model::FloatToBF16(a[i]);
+    a[i] = model::BF16ToFloat(a16[i]);
+  }
+  for (int k = 0; k < 16; ++k) {
+    for (int n = 0; n < 16; ++n) {
+      b16[k * 16 + n] = bt16[n * 16 + k] = model::FloatToBF16(b[k * 16 + n]);
+      b[k * 16 + n] = model::BF16ToFloat(b16[k * 16 + n]);
+    }
+  }
+  GuardedArray<uint16_t> da(a16.size()), dbt(bt16.size()), db(b16.size());
+  GuardedArray<float> dc(c.size()), dd(2 * c.size());
+  da.Upload(a16);
+  dbt.Upload(bt16);
+  db.Upload(b16);
+  dc.Upload(c);
+  CUDA_ASSERT(LaunchWarpMmaProbe(da.get(), dbt.get(), db.get(), dc.get(), dd.get(), nullptr));
+  CUDA_ASSERT(cudaDeviceSynchronize());
+  const std::vector<float> got = dd.Download();
+  for (int way = 0; way < 2; ++way) {
+    for (int m = 0; m < 16; ++m) {
+      for (int n = 0; n < 16; ++n) {
+        double want = c[m * 16 + n];
+        for (int k = 0; k < 16; ++k) want += double(a[m * 16 + k]) * b[k * 16 + n];
+        EXPECT_NEAR(got[way * 256 + m * 16 + n], want, 1e-5 * (1 + std::abs(want)))
+            << (way ? "B through ldmatrix .trans" : "B from its transpose's rows") << ", row "
+            << m << ", column " << n;
+      }
+    }
+  }
+  EXPECT_TRUE(dd.GuardsIntact());
 }
 
 }  // namespace

@@ -1,8 +1,9 @@
 // The KV pool checks every backend shares (Backend::SetKvLayout, CheckKvRowCopies), through
 // the CPU backend: bad sizes and copies outside the pool are clear errors; valid copies pass.
 // The KV element types CreateBackend refuses for a model. The CPU backend's refusal to pick
-// tokens for the sampler. And the CPU backend's running V sums:
-// what Forward adds up as it writes rows equals what SumVRows reads back, in every type.
+// tokens for the sampler, and to attend densely over a sparse V store. And the CPU backend's
+// running V sums: what Forward adds up as it writes rows equals what SumVRows reads back, in
+// every type.
 #include <cstring>
 #include <string>
 #include <vector>
@@ -10,6 +11,7 @@
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
 #include "model/model.h"
+#include "tests/kernels/dense_v_check.h"
 #include "tests/test_util.h"
 
 namespace thetaserve::kernels {
@@ -64,6 +66,10 @@ TEST(KvPoolChecksTest, TheCpuBackendReturnsLogitsNotTheirArgmax) {
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
   EXPECT_NE(std::string(st.message()).find("not their argmax"), std::string::npos) << st;
   EXPECT_EQ(pick, -1);
+}
+
+TEST(KvPoolChecksTest, DenseAttentionRefusesASparseVStore) {
+  ExpectDenseAttentionRefusesASparseVStore(Device::kCpu);
 }
 
 // q8_0 quantizes rows in blocks of 32 elements: a model whose head_dim is not a multiple of 32

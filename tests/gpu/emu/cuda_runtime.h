@@ -39,6 +39,10 @@ struct alignas(8) uint2 {
   unsigned int x, y;
 };
 inline uint2 make_uint2(unsigned int x, unsigned int y) { return uint2{x, y}; }
+struct alignas(8) float2 {
+  float x, y;
+};
+inline float2 make_float2(float x, float y) { return float2{x, y}; }
 struct alignas(16) float4 {
   float x, y, z, w;
 };
@@ -57,6 +61,15 @@ namespace emu {
 void SyncThreads();
 void SyncWarp();
 uint64_t ExchangeInWarp(uint64_t bits, int src_lane);  // every lane of the warp must call it
+// Every lane of the warp gives `bytes` (at most kGatherBytes) at `mine`, and receives all 32
+// lanes' at `all`, lane by lane (warp_mma.h's instructions); a lane missing, exited, or at
+// another warp exchange or barrier when the others gather stops the test.
+// `then` runs in each lane before any lane goes on, so what it reads of memory no lane has
+// written since the warp met (an instruction's reads happen at once for the warp).
+constexpr size_t kGatherBytes = 64;
+constexpr size_t kGatherSlot = 8 + kGatherBytes;  // a lane's count of gathers, then its bytes
+void GatherInWarp(const void* mine, size_t bytes, void* all,
+                  const std::function<void()>& then = nullptr);
 void* DynamicShared();
 int LaneId();
 
@@ -217,3 +230,5 @@ T atomicExch(T* p, T v) {
   *p = v;
   return old;
 }
+
+#include "warp_mma.h"  // kernels/cuda/warp_mma.cuh's PTX, in host C++

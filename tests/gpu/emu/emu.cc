@@ -96,6 +96,7 @@ struct Fiber {
   int warp = 0;
   std::vector<AsyncCopy> copies;   // issued, not landed, oldest first
   std::vector<size_t> group_ends;  // committed groups: copies[0, group_ends[i])
+  uint64_t gathers = 0;            // GatherInWarp calls so far
 };
 
 void LandCopies(Fiber& f, size_t n) {
@@ -128,6 +129,7 @@ struct Block {
   int block_arrived = 0;
   std::vector<int> warp_arrived, warp_live;
   std::vector<uint64_t> slots;  // [warps, 32] values being exchanged
+  std::vector<unsigned char> gathered;  // [warps, 32, kGatherSlot] (GatherInWarp)
   const std::function<void()>* body = nullptr;
   std::vector<unsigned char, Aligned128<unsigned char>> smem;
   // Clusters (cooperative_groups.h): the block's index and rank, and its threads waiting at
@@ -315,6 +317,7 @@ void StartBlock(Block& b, dim3 block, bool reverse, size_t first_stack) {
   b.warp_arrived.assign(warps, 0);
   b.warp_live.assign(warps, 0);
   b.slots.assign(size_t(warps) * 32, 0);
+  b.gathered.assign(size_t(warps) * 32 * kGatherSlot, 0);
   std::fill(b.smem.begin(), b.smem.end(), 0xFF);  // NaN bytes: unwritten shared memory shows
   for (int i = 0; i < n; ++i) {
     Fiber& f = b.fibers[i];
@@ -545,6 +548,41 @@ uint64_t ExchangeInWarp(uint64_t bits, int src_lane) {
   }
   WarpBarrier();  // nobody overwrites a slot before every lane has read
   return v;
+}
+
+void GatherInWarp(const void* mine, size_t bytes, void* all, const std::function<void()>& then) {
+  Block& b = *g_block;
+  Fiber& f = Current();
+  const int w = f.warp;
+  if (bytes > kGatherBytes) {
+    std::fprintf(stderr, "emu: a warp gather of %zu bytes a lane (at most %zu)\n", bytes, kGatherBytes);
+    std::abort();
+  }
+  // A slot: the lane's count of gathers so far, then its bytes. Lanes that meet at the warp
+  // barrier from different places (one at a gather, another at __syncwarp or a shuffle) leave
+  // different counts.
+  unsigned char* slots = b.gathered.data() + size_t(w) * 32 * kGatherSlot;
+  const uint64_t count = ++f.gathers;
+  std::memcpy(slots + size_t(LaneId()) * kGatherSlot, &count, sizeof count);
+  std::memcpy(slots + size_t(LaneId()) * kGatherSlot + sizeof count, mine, bytes);
+  WarpBarrier();
+  for (int l = 0; l < 32; ++l) {
+    const int i = w * 32 + l;
+    uint64_t theirs = 0;
+    if (i < int(b.fibers.size())) std::memcpy(&theirs, slots + size_t(l) * kGatherSlot, sizeof theirs);
+    if (i >= int(b.fibers.size()) || b.fibers[i].state == FiberState::kDone || theirs != count) {
+      std::fprintf(stderr, "emu: a warp-wide matrix instruction in block (%u, %u, %u), warp %d, finds lane %d %s; every lane must execute it, together\n",
+                   blockIdx.x, blockIdx.y, blockIdx.z, w, l,
+                   i >= int(b.fibers.size()) ? "missing"
+                   : b.fibers[i].state == FiberState::kDone ? "exited"
+                                                           : "elsewhere (at another warp exchange or barrier)");
+      std::abort();
+    }
+    std::memcpy(static_cast<unsigned char*>(all) + size_t(l) * bytes,
+                slots + size_t(l) * kGatherSlot + sizeof count, bytes);
+  }
+  if (then) then();
+  WarpBarrier();  // nobody overwrites a slot (or memory `then` reads) before every lane has read
 }
 
 void* DynamicShared() { return g_block->smem.data(); }

@@ -1,8 +1,8 @@
 // The CUDA emulator's own behaviour: barriers order shared memory, a missing barrier shows
 // (whichever of its two threads would run first: blocks alternate between orders), warp
 // exchanges, fresh NaN shared memory per block, launch-configuration errors, graph capture,
-// cp.async copies that land only at their wait, a deadlock is reported rather than hung on, and
-// thread block clusters: what a block writes before cluster.sync() is there for the others
+// cp.async copies that land only at their wait, a deadlock is reported rather than hung on,
+// warp-wide matrix instructions that need every lane at once, and thread block clusters: what a block writes before cluster.sync() is there for the others
 // after it, and not before.
 #include <cmath>
 #include <utility>
@@ -243,6 +243,43 @@ TEST(CudaEmulatorDeathTest, ExchangingWithAnExitedLaneIsReported) {
 TEST(CudaEmulatorDeathTest, DeadlockIsReported) {
   std::vector<float> out(64);
   EXPECT_DEATH(emu::Launch(1, 64)(DivergentKernel, out.data()), "emu: deadlock in block");
+}
+
+// A warp-wide matrix instruction (warp_mma.h) where lane 5 is at __syncwarp instead, or has
+// exited: the warp barrier would pair them, and the emulator stops instead of reading a stale
+// operand.
+void SplitMmaKernel(float* out, bool exit_instead) {
+  float d[4] = {};
+  const uint32_t a[4] = {0x3f803f80u, 0, 0, 0};  // bf16 1.0 pairs
+  if (threadIdx.x == 5) {
+    if (exit_instead) return;
+    __syncwarp();
+  } else {
+    MmaBf16M16N8K16(d, a, 0x3f803f80u, 0);
+  }
+  out[threadIdx.x] = d[0];
+}
+
+TEST(CudaEmulatorDeathTest, AWarpWideMatrixInstructionNeedsEveryLaneTogether) {
+  std::vector<float> out(32);
+  EXPECT_DEATH(emu::Launch(1, 32)(SplitMmaKernel, out.data(), false),
+               "finds lane 5 elsewhere");
+  EXPECT_DEATH(emu::Launch(1, 32)(SplitMmaKernel, out.data(), true), "finds lane 5 exited");
+}
+
+// All-ones A and B: each D element sums 16 products, gathered from 8 lanes' fragments, plus C.
+void OnesMmaKernel(float* out) {
+  const uint32_t ones = 0x3f803f80u;  // two bf16 1.0
+  float d[4] = {1.0f, 1.0f, 1.0f, 1.0f};
+  const uint32_t a[4] = {ones, ones, ones, ones};
+  MmaBf16M16N8K16(d, a, ones, ones);
+  for (int i = 0; i < 4; ++i) out[threadIdx.x * 4 + i] = d[i];
+}
+
+TEST(CudaEmulatorTest, WarpMmaSumsOverTheWholeWarp) {
+  std::vector<float> out(128);
+  emu::Launch(1, 32)(OnesMmaKernel, out.data());
+  for (float x : out) EXPECT_EQ(x, 17.0f);  // 16 products of 1 · 1, plus C
 }
 
 // Each block of a cluster writes its slot of `out` (global memory), then reads the next
