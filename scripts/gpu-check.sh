@@ -82,7 +82,7 @@ for t in "${tests[@]}"; do
     esac
   fi
   # (gpu_attention_test took 116 s on the H200 host on 2026-12-04 with 27 cases, most of it the
-  # CPU reference; it has ~95 now — every Top-θ case as the server picks the passes, split and
+  # CPU reference; it has 104 now — every Top-θ case as the server picks the passes, split and
   # fused — so it runs as GPU_CHECK_SHARDS gtest shards at once, 4 by default, each under the
   # limit.) The console shows failures and totals (the log has every line); awk, not head, so
   # the pipe stays open to the end.
@@ -108,13 +108,20 @@ for t in "${tests[@]}"; do
   [ "$rc" -ne 0 ] && failed=1
   { echo "==== $t (rc $rc)"; cat "$log"; } >>"$out/tests.log"
   # The default prefill kernel rests on the fragment layouts kernels/cuda/warp_mma.cuh writes
-  # down. If the probe of its instructions fails, the rest of the run (forward and engine
-  # tests, benchmarks) takes the wmma kernel, said here and in the summary, so the decode
-  # figures still come back; the failure stays one.
-  if [ "$name" = gpu_ops_test ] &&
-     grep -q '^\[  FAILED  \] GpuOpsTest.WarpMmaAndLdmatrixFollowTheirLayouts' "$log"; then
-    export THETASERVE_ATTN_PREFILL=wmma
-    prefill_fallback="the warp_mma probe failed: THETASERVE_ATTN_PREFILL=wmma from then on"
+  # down. If the probe of its instructions does not pass (failed, or the binary died first),
+  # what runs the default way from then on (the forward and engine tests, the end-to-end
+  # benchmark; the attention tests and the prefill table name their kernels) takes the wmma
+  # kernel, said here and in the summary, so the decode figures still come back; the failure
+  # stays one.
+  probe=GpuOpsTest.WarpMmaAndLdmatrixFollowTheirLayouts
+  if [ "$name" = gpu_ops_test ] && ! grep -qE "^\[ +(OK|SKIPPED) +\] $probe " "$log"; then
+    if [ "${THETASERVE_ATTN_PREFILL:-mma}" = mma ]; then
+      prefill_fallback="the warp_mma probe did not pass: THETASERVE_ATTN_PREFILL=wmma from then on"
+      export THETASERVE_ATTN_PREFILL=wmma
+    else
+      prefill_fallback="the warp_mma probe did not pass"
+      prefill_fallback+=" (THETASERVE_ATTN_PREFILL=$THETASERVE_ATTN_PREFILL kept)"
+    fi
     stamp "$prefill_fallback"
   fi
 done

@@ -125,9 +125,9 @@ __global__ void __launch_bounds__(128) PrefillKernel(PrefillArgs a) {
 }
 
 // Dense causal prefill on the tensor cores through CUDA's warp matrix functions
-// (PrefillWay::kWmma; PrefillMmaKernel below keeps its fragments in registers instead): a block
-// holds 64 query rows
-// (token × head of one KV group; 16 per warp) and walks the sequence's keys 64 at a time. A
+// (PrefillWay::kWmma; PrefillMmaKernel below keeps its fragments in registers instead): a
+// block holds 64 query rows (token × head of one KV group; 16 per warp) and walks the
+// sequence's keys 64 at a time. A
 // warp forms its rows' scores S = Q·Kᵀ with warp matrix products (16×16×16 bf16 → f32), keeps
 // the online softmax in f32 (a lane per half row, S through shared memory, as a fragment's
 // layout is unspecified), and adds P·V with products again, each tile's P·V through shared
@@ -141,14 +141,14 @@ constexpr int kMmaRows = 64;   // query rows per block: 4 warps × 16
 constexpr int kMmaKeys = 64;   // keys per tile
 template <int D>
 constexpr int kMmaLdk = D + 8;  // K, V (and Q at the start) rows in shared memory, bf16
-constexpr int kMmaLdp = kMmaKeys + 8;  // P's rows, bf16
+constexpr int kWmmaLdp = kMmaKeys + 8;  // P's rows, bf16
 template <int D>
-constexpr int kMmaLds = (D > kMmaKeys ? D : kMmaKeys) + 8;  // S's, then P·V's rows, f32
+constexpr int kWmmaLds = (D > kMmaKeys ? D : kMmaKeys) + 8;  // S's, then P·V's rows, f32
 
 template <int D>
 constexpr size_t PrefillWmmaSmemBytes() {
   return 2 * size_t(kMmaKeys) * kMmaLdk<D> * 2 +                      // K, V tiles
-         4 * (size_t(16) * kMmaLds<D> * 4 + 2 * size_t(16) * kMmaLdp * 2);  // per warp: S, P
+         4 * (size_t(16) * kWmmaLds<D> * 4 + 2 * size_t(16) * kWmmaLdp * 2);  // per warp: S, P
 }
 
 using FragA = wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major>;
@@ -182,16 +182,16 @@ template <int D>
 __global__ void __launch_bounds__(128) PrefillWmmaKernel(PrefillArgs a) {
   static_assert(D % 16 == 0 && kMmaRows == 4 * 16);
   static_assert(kMmaRows <= kMmaKeys);  // Q is staged in the K and V tiles' rows
-  constexpr int kLdk = kMmaLdk<D>, kLds = kMmaLds<D>, kKSteps = D / 16, kHalf = D / 2;
+  constexpr int kLdk = kMmaLdk<D>, kLds = kWmmaLds<D>, kKSteps = D / 16, kHalf = D / 2;
   // 128-byte aligned: a matrix load or store needs 32 bytes, and the areas below keep it.
-  extern __shared__ __align__(128) float mma_smem[];
-  uint16_t* ks = reinterpret_cast<uint16_t*>(mma_smem);  // [kMmaKeys][kLdk]
+  extern __shared__ __align__(128) float wmma_smem[];
+  uint16_t* ks = reinterpret_cast<uint16_t*>(wmma_smem);  // [kMmaKeys][kLdk]
   uint16_t* vs = ks + kMmaKeys * kLdk;                // [kMmaKeys][kLdk]
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   float* sw = reinterpret_cast<float*>(vs + kMmaKeys * kLdk) +
-              warp * (16 * kLds + 16 * kMmaLdp);       // this warp's S, then P·V: [16][kLds]
-  uint16_t* p_hi = reinterpret_cast<uint16_t*>(sw + 16 * kLds);  // [16][kMmaLdp]
-  uint16_t* p_lo = p_hi + 16 * kMmaLdp;
+              warp * (16 * kLds + 16 * kWmmaLdp);       // this warp's S, then P·V: [16][kLds]
+  uint16_t* p_hi = reinterpret_cast<uint16_t*>(sw + 16 * kLds);  // [16][kWmmaLdp]
+  uint16_t* p_lo = p_hi + 16 * kWmmaLdp;
   auto bf = [](uint16_t* p) { return reinterpret_cast<__nv_bfloat16*>(p); };
 
   const PrefillTile tile = a.tiles[blockIdx.x];
@@ -289,9 +289,9 @@ __global__ void __launch_bounds__(128) PrefillWmmaKernel(PrefillArgs a) {
         lo[e] = F32ToBf16(p - Bf16ToF32(hi[e]));
         sum += p;
       }
-      *reinterpret_cast<uint2*>(p_hi + r * kMmaLdp + c0) =
+      *reinterpret_cast<uint2*>(p_hi + r * kWmmaLdp + c0) =
           make_uint2(hi[0] | uint32_t(hi[1]) << 16, hi[2] | uint32_t(hi[3]) << 16);
-      *reinterpret_cast<uint2*>(p_lo + r * kMmaLdp + c0) =
+      *reinterpret_cast<uint2*>(p_lo + r * kWmmaLdp + c0) =
           make_uint2(lo[0] | uint32_t(lo[1]) << 16, lo[2] | uint32_t(lo[3]) << 16);
     }
     sum += __shfl_xor_sync(0xffffffffu, sum, 1);
@@ -305,8 +305,8 @@ __global__ void __launch_bounds__(128) PrefillWmmaKernel(PrefillArgs a) {
     FragA pa_hi[kMmaKeys / 16], pa_lo[kMmaKeys / 16];
 #pragma unroll
     for (int k = 0; k < kMmaKeys / 16; ++k) {
-      wmma::load_matrix_sync(pa_hi[k], bf(p_hi + k * 16), kMmaLdp);
-      wmma::load_matrix_sync(pa_lo[k], bf(p_lo + k * 16), kMmaLdp);
+      wmma::load_matrix_sync(pa_hi[k], bf(p_hi + k * 16), kWmmaLdp);
+      wmma::load_matrix_sync(pa_lo[k], bf(p_lo + k * 16), kWmmaLdp);
     }
     SplitProduct<FragBr, D / 16, kMmaKeys / 16>(
         pa_hi, pa_lo, [&](int n, int k) { return bf(vs + k * 16 * kLdk + n * 16); }, kLdk, sw,
@@ -362,16 +362,16 @@ __device__ __forceinline__ void SplitBf16Pair(float x0, float x1, uint32_t& hi, 
 // PTX mma.sync m16n8k16 (warp_mma.cuh). A block holds 64 query rows (token × head of one KV
 // group; 16 per warp) and walks the sequence's keys 64 at a time, each tile of K and V copied
 // into shared memory with cp.async (V's copies land while the warps form S and its softmax,
-// the next tile's K while they add P·V).
-// The score accumulators of S = Q·Kᵀ (8 keys × 16 rows a fragment) are, element for element,
-// where P's A fragments for P·V need them, so S, P and the output O never leave registers;
-// ldmatrix reads K (and V, transposed) as B fragments. A lane holds rows g and g + 8 of its
-// warp's 16 (lane = 4g + t) and columns 2t, 2t + 1 of every 8; a row's max and sum meet
-// across its 4 lanes in shuffles (the sum once, at the end: each lane's part is rescaled alike).
-// Q·scale and P are split in bf16 halves (hi + lo, two products each) for f32 accuracy, as in
-// PrefillWmmaKernel; log2(e) rides in Q's scale, so the softmax takes exp2f (one ex2 where
-// expf adds a range reduction: on paper the exponentials take about as long as the products at
-// d 64). Keys past the tile's last position are not read from the pool (a row never written
+// the next tile's K while they add P·V). The score accumulators of S = Q·Kᵀ (8 keys × 16 rows
+// a fragment) are, element for element, where P's A fragments for P·V need them, so S, P and
+// the output O never leave registers; ldmatrix reads K (and V, transposed) as B fragments. A
+// lane holds rows g and g + 8 of its warp's 16 (lane = 4g + t) and columns 2t, 2t + 1 of every
+// 8; a row's max and sum meet across its 4 lanes in shuffles (the sum once, at the end: each
+// lane's part is rescaled alike). Q·scale and P are split in bf16 halves (hi + lo, two
+// products each) for f32 accuracy, as in PrefillWmmaKernel; log2(e) rides in Q's scale, so
+// the softmax takes exp2f: one ex2, where expf adds a range reduction (on paper, at d 64,
+// expf's exponentials take about as long as the four products per score, ex2 alone about
+// half). Keys past the tile's last position are not read from the pool (a row never written
 // may hold NaN): zeros in shared memory, and masked; a warp skips the tiles that lie wholly
 // after its rows' positions.
 template <int D>
@@ -614,10 +614,11 @@ __global__ void __launch_bounds__(32) WarpMmaProbeKernel(const uint16_t* a, cons
 
 const char* PrefillWayName(PrefillWay way) {
   switch (way) {
+    case PrefillWay::kMma: return "mma";
     case PrefillWay::kWmma: return "wmma";
     case PrefillWay::kFma: return "fma";
-    default: return "mma";
   }
+  return "?";
 }
 
 PrefillWay DefaultPrefillWay() {
@@ -668,7 +669,7 @@ cudaError_t LaunchPrefillAttention(const PrefillTile* tiles, int32_t num_tiles, 
 }
 
 cudaError_t LaunchWarpMmaProbe(const bf16* a, const bf16* bt, const bf16* b, const float* c,
-                              float* d, cudaStream_t stream) {
+                               float* d, cudaStream_t stream) {
   WarpMmaProbeKernel<<<1, 32, 0, stream>>>(a, bt, b, c, d);
   return cudaGetLastError();
 }

@@ -36,7 +36,8 @@ run() {  # run FILE ORDER -> "attn=...,ops=..."
   echo "attn=$a,ops=$o"
 }
 
-files=(kernels/cuda/attention.cu kernels/cuda/prefill.cu kernels/cuda/ops.cu kernels/cuda/common.cuh)
+files=(kernels/cuda/attention.cu kernels/cuda/prefill.cu kernels/cuda/ops.cu
+       kernels/cuda/common.cuh)
 for f in "${files[@]}"; do
   n=$(grep -c "__syncthreads()" "$f")
   for i in $(seq 1 "$n"); do

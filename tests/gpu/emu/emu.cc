@@ -555,7 +555,8 @@ void GatherInWarp(const void* mine, size_t bytes, void* all, const std::function
   Fiber& f = Current();
   const int w = f.warp;
   if (bytes > kGatherBytes) {
-    std::fprintf(stderr, "emu: a warp gather of %zu bytes a lane (at most %zu)\n", bytes, kGatherBytes);
+    std::fprintf(stderr, "emu: a warp gather of %zu bytes a lane (at most %zu)\n", bytes,
+                 kGatherBytes);
     std::abort();
   }
   // A slot: the lane's count of gathers so far, then its bytes. Lanes that meet at the warp
@@ -569,13 +570,17 @@ void GatherInWarp(const void* mine, size_t bytes, void* all, const std::function
   for (int l = 0; l < 32; ++l) {
     const int i = w * 32 + l;
     uint64_t theirs = 0;
-    if (i < int(b.fibers.size())) std::memcpy(&theirs, slots + size_t(l) * kGatherSlot, sizeof theirs);
-    if (i >= int(b.fibers.size()) || b.fibers[i].state == FiberState::kDone || theirs != count) {
-      std::fprintf(stderr, "emu: a warp-wide matrix instruction in block (%u, %u, %u), warp %d, finds lane %d %s; every lane must execute it, together\n",
+    const bool exists = i < int(b.fibers.size());
+    if (exists) std::memcpy(&theirs, slots + size_t(l) * kGatherSlot, sizeof theirs);
+    const bool exited = exists && b.fibers[i].state == FiberState::kDone;
+    if (!exists || exited || theirs != count) {
+      std::fprintf(stderr,
+                   "emu: a warp-wide matrix instruction in block (%u, %u, %u), warp %d, finds "
+                   "lane %d %s; every lane must execute it, together\n",
                    blockIdx.x, blockIdx.y, blockIdx.z, w, l,
-                   i >= int(b.fibers.size()) ? "missing"
-                   : b.fibers[i].state == FiberState::kDone ? "exited"
-                                                           : "elsewhere (at another warp exchange or barrier)");
+                   !exists  ? "missing"
+                   : exited ? "exited"
+                            : "elsewhere (at another warp exchange or barrier)");
       std::abort();
     }
     std::memcpy(static_cast<unsigned char*>(all) + size_t(l) * bytes,

@@ -2,7 +2,8 @@
 // (whichever of its two threads would run first: blocks alternate between orders), warp
 // exchanges, fresh NaN shared memory per block, launch-configuration errors, graph capture,
 // cp.async copies that land only at their wait, a deadlock is reported rather than hung on,
-// warp-wide matrix instructions that need every lane at once, and thread block clusters: what a block writes before cluster.sync() is there for the others
+// warp-wide matrix instructions that need every lane at once and aligned ldmatrix rows, and
+// thread block clusters: what a block writes before cluster.sync() is there for the others
 // after it, and not before.
 #include <cmath>
 #include <utility>
@@ -267,6 +268,30 @@ TEST(CudaEmulatorDeathTest, AWarpWideMatrixInstructionNeedsEveryLaneTogether) {
   EXPECT_DEATH(emu::Launch(1, 32)(SplitMmaKernel, out.data(), true), "finds lane 5 exited");
 }
 
+// ldmatrix with every row address 16-byte aligned, or (misaligned) lane 3's off by 8 bytes.
+void LdMatrixKernel(uint32_t* out, bool misaligned) {
+  __shared__ __align__(16) uint16_t rows[32 * 16];
+  for (int i = 0; i < 16; ++i) rows[threadIdx.x * 16 + i] = uint16_t(threadIdx.x * 16 + i);
+  __syncwarp();
+  uint32_t r[4];
+  const int offset = misaligned && threadIdx.x == 3 ? 4 : 0;
+  LdMatrixX4(r, rows + threadIdx.x * 16 + offset);
+  for (int i = 0; i < 4; ++i) out[threadIdx.x * 4 + i] = r[i];
+}
+
+TEST(CudaEmulatorDeathTest, AnLdmatrixRowMustBe16ByteAligned) {
+  std::vector<uint32_t> out(128);
+  emu::Launch(1, 32)(LdMatrixKernel, out.data(), false);
+  // Lane 4g + t: matrix i's row g, elements 2t and 2t + 1 (row r of matrix i is lane 8i + r's).
+  for (int lane = 0; lane < 32; ++lane) {
+    for (int i = 0; i < 4; ++i) {
+      const uint32_t first = uint32_t((8 * i + lane / 4) * 16 + 2 * (lane % 4));
+      EXPECT_EQ(out[lane * 4 + i], first | (first + 1) << 16) << "lane " << lane << ", " << i;
+    }
+  }
+  EXPECT_DEATH(emu::Launch(1, 32)(LdMatrixKernel, out.data(), true), "not 16-byte aligned");
+}
+
 // All-ones A and B: each D element sums 16 products, gathered from 8 lanes' fragments, plus C.
 void OnesMmaKernel(float* out) {
   const uint32_t ones = 0x3f803f80u;  // two bf16 1.0
@@ -280,6 +305,12 @@ TEST(CudaEmulatorTest, WarpMmaSumsOverTheWholeWarp) {
   std::vector<float> out(128);
   emu::Launch(1, 32)(OnesMmaKernel, out.data());
   for (float x : out) EXPECT_EQ(x, 17.0f);  // 16 products of 1 · 1, plus C
+}
+
+TEST(CudaEmulatorDeathTest, AWarpWideMatrixInstructionInAPartialWarpIsReported) {
+  std::vector<float> out(128);
+  // A block of 20 threads: lanes 20-31 of its warp do not exist.
+  EXPECT_DEATH(emu::Launch(1, 20)(OnesMmaKernel, out.data()), "finds lane 20 missing");
 }
 
 // Each block of a cluster writes its slot of `out` (global memory), then reads the next
