@@ -23,6 +23,9 @@ namespace {
 constexpr int kTileRows = 32;  // query rows (token × head) per block
 constexpr int kKeyTile = 32;   // keys per step
 constexpr int kRowsPerWarp = kTileRows / 4;
+// The tensor-core kernels (wmma and mma): query rows per block (4 warps × 16), keys per tile.
+constexpr int kMmaRows = 64;
+constexpr int kMmaKeys = 64;
 
 struct PrefillArgs {
   const PrefillTile* tiles;
@@ -32,28 +35,75 @@ struct PrefillArgs {
   float* o;
 };
 
+// What a prefill block works on: its tile of query rows, rr = token × G + head within the
+// tile (token tok0 + rr / G of the sequence, query head kv_head · G + rr % G), and the keys of
+// their KV head.
+struct PrefillBlock {
+  const PrefillTile tile;
+  const DevSeq& seq;
+  const int32_t G, kv_head, rows;
+  const int64_t lh;                  // the (layer, KV head) page tables' row
+  const int32_t first_pos, last_pos;  // positions of the tile's first and last tokens
+  __device__ explicit PrefillBlock(const PrefillArgs& a)
+      : tile(a.tiles[blockIdx.x]),
+        seq(a.kv.seqs[tile.seq]),
+        G(a.kv.shape.num_heads / a.kv.shape.num_kv_heads),
+        kv_head(int32_t(blockIdx.y)),
+        rows(tile.ntok * G),
+        lh(int64_t(a.kv.layer) * a.kv.shape.num_kv_heads + kv_head),
+        first_pos(seq.start_pos + tile.tok0),
+        last_pos(first_pos + tile.ntok - 1) {}
+  __device__ __forceinline__ int64_t Token(int rr) const {
+    return seq.token_offset + tile.tok0 + rr / G;
+  }
+  __device__ __forceinline__ int32_t Pos(int rr) const { return first_pos + rr / G; }
+  __device__ __forceinline__ int64_t Head(int rr) const { return int64_t(kv_head * G + rr % G); }
+  // Element c of row rr's query times `scale`; 0 past the tile's rows.
+  __device__ __forceinline__ float Query(const PrefillArgs& a, int rr, int c, int d,
+                                         float scale) const {
+    return rr < rows ? a.q.data[Token(rr) * a.q.stride + Head(rr) * d + c] * scale : 0.0f;
+  }
+  // The page tables of the block's KV head: K's, and V's tail (from seq.pages.v_tail_start).
+  __device__ __forceinline__ const int32_t* KPages() const {
+    return seq.pages.k_pages + lh * seq.pages.stride;
+  }
+  __device__ __forceinline__ const int32_t* VPages() const {
+    return seq.pages.v_pages + lh * seq.pages.stride;
+  }
+  // Row rr's output (d floats).
+  __device__ __forceinline__ float* Out(const PrefillArgs& a, int rr, int d) const {
+    return a.o + Token(rr) * int64_t(a.kv.shape.num_heads) * d + Head(rr) * d;
+  }
+};
+
+// x as bf16 halves: hi = bf16(x), lo = bf16(x − hi); hi + lo is within ~2^-16 of x.
+__device__ __forceinline__ void SplitBf16(float x, uint16_t& hi, uint16_t& lo) {
+  hi = F32ToBf16(x);
+  lo = F32ToBf16(x - Bf16ToF32(hi));
+}
+
+// The block's kMmaRows query rows times `scale` as bf16 halves (SplitBf16), hi in `hi` and
+// lo in `lo` (rows ld elements apart), where the tensor-core kernels load their A fragments.
+template <int D>
+__device__ void StageQueryHalves(const PrefillArgs& a, const PrefillBlock& blk, float scale,
+                                 uint16_t* hi, uint16_t* lo, int ld) {
+  for (int i = threadIdx.x; i < kMmaRows * D; i += blockDim.x) {
+    const int rr = i / D, c = i % D;
+    SplitBf16(blk.Query(a, rr, c, D, scale), hi[rr * ld + c], lo[rr * ld + c]);
+  }
+}
+
 template <int D>
 __global__ void __launch_bounds__(128) PrefillKernel(PrefillArgs a) {
   constexpr int kPerLane = D / 32;
   __shared__ float qs[kTileRows][D];
   __shared__ float ks[kKeyTile][D + 1];
   __shared__ __align__(16) uint16_t vs[kKeyTile][D];  // bf16: keeps D = 128 under 48 KB
-  const PrefillTile tile = a.tiles[blockIdx.x];
-  const DevSeq& seq = a.kv.seqs[tile.seq];
-  const int32_t G = a.kv.shape.num_heads / a.kv.shape.num_kv_heads;
-  const int32_t g = blockIdx.y;
-  const int64_t lh = int64_t(a.kv.layer) * a.kv.shape.num_kv_heads + g;
-  const int32_t rows = tile.ntok * G;
+  const PrefillBlock blk(a);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 
   for (int i = threadIdx.x; i < kTileRows * D; i += blockDim.x) {
-    const int rr = i / D, c = i % D;
-    float v = 0.0f;
-    if (rr < rows) {
-      const int64_t t = seq.token_offset + tile.tok0 + rr / G;
-      v = a.q.data[t * a.q.stride + int64_t(g * G + rr % G) * D + c] * a.kv.shape.scale;
-    }
-    qs[rr][c] = v;
+    qs[i / D][i % D] = blk.Query(a, i / D, i % D, D, a.kv.shape.scale);
   }
   float m[kRowsPerWarp], l[kRowsPerWarp], acc[kRowsPerWarp][kPerLane];
 #pragma unroll
@@ -63,20 +113,19 @@ __global__ void __launch_bounds__(128) PrefillKernel(PrefillArgs a) {
 #pragma unroll
     for (int e = 0; e < kPerLane; ++e) acc[k][e] = 0.0f;
   }
-  const int32_t first_pos = seq.start_pos + tile.tok0;
-  const int32_t last_pos = first_pos + tile.ntok - 1;
   const int32_t bs = a.kv.layout.block_size;
-  for (int32_t j0 = 0; j0 <= last_pos; j0 += kKeyTile) {
+  for (int32_t j0 = 0; j0 <= blk.last_pos; j0 += kKeyTile) {
     __syncthreads();
     for (int i = threadIdx.x; i < kKeyTile * (D / 8); i += blockDim.x) {
       const int jj = i / (D / 8), c = (i % (D / 8)) * 8;
       const int32_t j = j0 + jj;
       float kf[8] = {};
       uint4 vraw = make_uint4(0, 0, 0, 0);
-      if (j <= last_pos) {
-        LoadBf16x8(a.pool + a.kv.layout.RowOffset(seq.pages.KPage(lh, j, bs), j % bs) + c, kf);
+      if (j <= blk.last_pos) {
+        const int32_t k_page = blk.seq.pages.KPage(blk.lh, j, bs);
+        LoadBf16x8(a.pool + a.kv.layout.RowOffset(k_page, j % bs) + c, kf);
         vraw = *reinterpret_cast<const uint4*>(
-            a.pool + a.kv.layout.RowOffset(seq.pages.VPage(lh, j, bs), j % bs) + c);
+            a.pool + a.kv.layout.RowOffset(blk.seq.pages.VPage(blk.lh, j, bs), j % bs) + c);
       }
 #pragma unroll
       for (int e = 0; e < 8; ++e) ks[jj][c + e] = kf[e];
@@ -86,8 +135,8 @@ __global__ void __launch_bounds__(128) PrefillKernel(PrefillArgs a) {
 #pragma unroll
     for (int k = 0; k < kRowsPerWarp; ++k) {
       const int rr = warp + 4 * k;
-      if (rr >= rows) continue;  // uniform across the warp
-      const int32_t pos = first_pos + rr / G;
+      if (rr >= blk.rows) continue;  // uniform across the warp
+      const int32_t pos = blk.Pos(rr);
       if (j0 > pos) continue;
       const int32_t j = j0 + lane;
       float s = -INFINITY;
@@ -116,9 +165,8 @@ __global__ void __launch_bounds__(128) PrefillKernel(PrefillArgs a) {
 #pragma unroll
   for (int k = 0; k < kRowsPerWarp; ++k) {
     const int rr = warp + 4 * k;
-    if (rr >= rows) continue;
-    const int64_t t = seq.token_offset + tile.tok0 + rr / G;
-    float* out = a.o + t * int64_t(a.kv.shape.num_heads) * D + int64_t(g * G + rr % G) * D;
+    if (rr >= blk.rows) continue;
+    float* out = blk.Out(a, rr, D);
 #pragma unroll
     for (int e = 0; e < kPerLane; ++e) out[lane + 32 * e] = acc[k][e] / l[k];
   }
@@ -137,8 +185,6 @@ __global__ void __launch_bounds__(128) PrefillKernel(PrefillArgs a) {
 // would be ~2^-9 off. Keys past the tile's last position are read as zeros (a row that was
 // never written may hold anything, NaN included) and masked.
 namespace wmma = nvcuda::wmma;
-constexpr int kMmaRows = 64;   // query rows per block: 4 warps × 16
-constexpr int kMmaKeys = 64;   // keys per tile
 template <int D>
 constexpr int kMmaLdk = D + 8;  // K, V (and Q at the start) rows in shared memory, bf16
 constexpr int kWmmaLdp = kMmaKeys + 8;  // P's rows, bf16
@@ -194,25 +240,10 @@ __global__ void __launch_bounds__(128) PrefillWmmaKernel(PrefillArgs a) {
   uint16_t* p_lo = p_hi + 16 * kWmmaLdp;
   auto bf = [](uint16_t* p) { return reinterpret_cast<__nv_bfloat16*>(p); };
 
-  const PrefillTile tile = a.tiles[blockIdx.x];
-  const DevSeq& seq = a.kv.seqs[tile.seq];
-  const int32_t G = a.kv.shape.num_heads / a.kv.shape.num_kv_heads;
-  const int32_t g = blockIdx.y;
-  const int64_t lh = int64_t(a.kv.layer) * a.kv.shape.num_kv_heads + g;
-  const int32_t rows = tile.ntok * G;
+  const PrefillBlock blk(a);
 
   // Q·scale as bf16 halves, hi where K goes and lo where V goes, for the fragments.
-  for (int i = threadIdx.x; i < kMmaRows * D; i += blockDim.x) {
-    const int rr = i / D, c = i % D;
-    float x = 0.0f;
-    if (rr < rows) {
-      const int64_t t = seq.token_offset + tile.tok0 + rr / G;
-      x = a.q.data[t * a.q.stride + int64_t(g * G + rr % G) * D + c] * a.kv.shape.scale;
-    }
-    const uint16_t hi = F32ToBf16(x);
-    ks[rr * kLdk + c] = hi;
-    vs[rr * kLdk + c] = F32ToBf16(x - Bf16ToF32(hi));
-  }
+  StageQueryHalves<D>(a, blk, a.kv.shape.scale, ks, vs, kLdk);
   __syncthreads();
   FragA q_hi[kKSteps], q_lo[kKSteps];
 #pragma unroll
@@ -227,30 +258,26 @@ __global__ void __launch_bounds__(128) PrefillWmmaKernel(PrefillArgs a) {
   // one) meet no bank twice.
   const int r = lane >> 1;
   const int rr = warp * 16 + r;
-  const bool live = rr < rows;
-  const int32_t first_pos = seq.start_pos + tile.tok0;
-  const int32_t last_pos = first_pos + tile.ntok - 1;
-  const int32_t pos = first_pos + rr / G;
+  const bool live = rr < blk.rows;
+  const int32_t pos = blk.Pos(rr);
   const int quad = (lane & 1) * 4;
   float m = -INFINITY, l = 0.0f, o[kHalf];
 #pragma unroll
   for (int e = 0; e < kHalf; ++e) o[e] = 0.0f;
   const Divisor bs(a.kv.layout.block_size);
 
-  for (int32_t j0 = 0; j0 <= last_pos; j0 += kMmaKeys) {
+  for (int32_t j0 = 0; j0 <= blk.last_pos; j0 += kMmaKeys) {
     __syncthreads();  // every warp is done with the last tile (and, first, with Q)
     for (int i = threadIdx.x; i < kMmaKeys * (D / 8); i += blockDim.x) {
       const int jj = i / (D / 8), c = (i % (D / 8)) * 8;
       const int32_t j = j0 + jj;
       uint4 kraw = make_uint4(0, 0, 0, 0), vraw = make_uint4(0, 0, 0, 0);
-      if (j <= last_pos) {
+      if (j <= blk.last_pos) {
         const int32_t slot = bs.Mod(j);
-        const int32_t* pages = seq.pages.k_pages + lh * seq.pages.stride;
         kraw = *reinterpret_cast<const uint4*>(
-            a.pool + a.kv.layout.RowOffset(pages[bs.Div(j)], slot) + c);
-        pages = seq.pages.v_pages + lh * seq.pages.stride;
-        vraw = *reinterpret_cast<const uint4*>(
-            a.pool + a.kv.layout.RowOffset(pages[bs.Div(j - seq.pages.v_tail_start)], slot) + c);
+            a.pool + a.kv.layout.RowOffset(blk.KPages()[bs.Div(j)], slot) + c);
+        const int32_t v_page = blk.VPages()[bs.Div(j - blk.seq.pages.v_tail_start)];
+        vraw = *reinterpret_cast<const uint4*>(a.pool + a.kv.layout.RowOffset(v_page, slot) + c);
       }
       *reinterpret_cast<uint4*>(ks + jj * kLdk + c) = kraw;
       *reinterpret_cast<uint4*>(vs + jj * kLdk + c) = vraw;
@@ -285,8 +312,7 @@ __global__ void __launch_bounds__(128) PrefillWmmaKernel(PrefillArgs a) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const float p = live && j0 + c0 + e <= pos ? expf(sv[e] - m_new) : 0.0f;
-        hi[e] = F32ToBf16(p);
-        lo[e] = F32ToBf16(p - Bf16ToF32(hi[e]));
+        SplitBf16(p, hi[e], lo[e]);
         sum += p;
       }
       *reinterpret_cast<uint2*>(p_hi + r * kWmmaLdp + c0) =
@@ -323,8 +349,7 @@ __global__ void __launch_bounds__(128) PrefillWmmaKernel(PrefillArgs a) {
     __syncwarp();  // read before the next tile's S overwrites it
   }
   if (!live) return;
-  const int64_t t = seq.token_offset + tile.tok0 + rr / G;
-  float* out = a.o + t * int64_t(a.kv.shape.num_heads) * D + int64_t(g * G + rr % G) * D + quad;
+  float* out = blk.Out(a, rr, D) + quad;
   const float inv = 1.0f / l;
 #pragma unroll
   for (int i = 0; i < D / 8; ++i) {
@@ -353,9 +378,11 @@ cudaError_t LaunchPrefillWmma(const PrefillArgs& a, dim3 grid, cudaStream_t stre
 // Two values as bf16 halves, packed as a fragment register holds them (x0 in the low bits):
 // hi = bf16(x), lo = bf16(x − hi).
 __device__ __forceinline__ void SplitBf16Pair(float x0, float x1, uint32_t& hi, uint32_t& lo) {
-  const uint16_t h0 = F32ToBf16(x0), h1 = F32ToBf16(x1);
+  uint16_t h0, h1, l0, l1;
+  SplitBf16(x0, h0, l0);
+  SplitBf16(x1, h1, l1);
   hi = h0 | uint32_t(h1) << 16;
-  lo = F32ToBf16(x0 - Bf16ToF32(h0)) | uint32_t(F32ToBf16(x1 - Bf16ToF32(h1))) << 16;
+  lo = l0 | uint32_t(l1) << 16;
 }
 
 // Dense causal prefill with its matrix fragments in registers (PrefillWay::kMma, the default):
@@ -387,27 +414,11 @@ __global__ void __launch_bounds__(128) PrefillMmaKernel(PrefillArgs a) {
   // ldmatrix .x4: this lane gives row (lane & 7) of matrix (lane >> 3).
   const int mat = lane >> 3, mat_row = lane & 7;
 
-  const PrefillTile tile = a.tiles[blockIdx.x];
-  const DevSeq& seq = a.kv.seqs[tile.seq];
-  const int32_t G = a.kv.shape.num_heads / a.kv.shape.num_kv_heads;
-  const int32_t kvh = blockIdx.y;
-  const int64_t lh = int64_t(a.kv.layer) * a.kv.shape.num_kv_heads + kvh;
-  const int32_t rows = tile.ntok * G;
+  const PrefillBlock blk(a);
 
   // Q·scale·log2(e) as bf16 halves, hi where K goes and lo where V goes; then A fragments.
   // Scores are then in base 2 (s·log2 e), and exp2f of their differences is the softmax's e.
-  const float q_scale = a.kv.shape.scale * 1.4426950408889634f;
-  for (int i = threadIdx.x; i < kMmaRows * D; i += blockDim.x) {
-    const int rr = i / D, c = i % D;
-    float x = 0.0f;
-    if (rr < rows) {
-      const int64_t tok = seq.token_offset + tile.tok0 + rr / G;
-      x = a.q.data[tok * a.q.stride + int64_t(kvh * G + rr % G) * D + c] * q_scale;
-    }
-    const uint16_t hi = F32ToBf16(x);
-    ks[rr * kLdk + c] = hi;
-    vs[rr * kLdk + c] = F32ToBf16(x - Bf16ToF32(hi));
-  }
+  StageQueryHalves<D>(a, blk, a.kv.shape.scale * 1.4426950408889634f, ks, vs, kLdk);
   __syncthreads();
   uint32_t q_hi[kKSteps][4], q_lo[kKSteps][4];
   {
@@ -421,22 +432,20 @@ __global__ void __launch_bounds__(128) PrefillMmaKernel(PrefillArgs a) {
   }
   __syncthreads();  // Q's halves are read: their rows take K and V
 
-  const int32_t first_pos = seq.start_pos + tile.tok0;
-  const int32_t last_pos = first_pos + tile.ntok - 1;
   const int r0 = warp * 16 + g, r1 = r0 + 8;  // the lane's rows in the block
-  const bool live0 = r0 < rows, live1 = r1 < rows;
-  const int32_t pos0 = first_pos + r0 / G, pos1 = first_pos + r1 / G;
+  const bool live0 = r0 < blk.rows, live1 = r1 < blk.rows;
+  const int32_t pos0 = blk.Pos(r0), pos1 = blk.Pos(r1);
   // The warp's last row's position: tiles past it hold no key its rows see.
-  const int warp_last_row = min(warp * 16 + 15, rows - 1);
-  const int32_t warp_last_pos = warp * 16 < rows ? first_pos + warp_last_row / G : -1;
+  const int warp_last_row = min(warp * 16 + 15, blk.rows - 1);
+  const int32_t warp_last_pos = warp * 16 < blk.rows ? blk.Pos(warp_last_row) : -1;
   float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
   float o[kOutTiles][4];
 #pragma unroll
   for (int n = 0; n < kOutTiles; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
   const Divisor bs(a.kv.layout.block_size);
-  const int32_t* k_pages = seq.pages.k_pages + lh * seq.pages.stride;
-  const int32_t* v_pages = seq.pages.v_pages + lh * seq.pages.stride;
-  const int32_t v_first = seq.pages.v_tail_start;  // V: the position of the tail's first page
+  const int32_t* k_pages = blk.KPages();
+  const int32_t* v_pages = blk.VPages();
+  const int32_t v_first = blk.seq.pages.v_tail_start;  // V: the position of the tail's first page
   // Starts the copies of K's or V's rows [j0, j0 + 64) into `dst` (zeros past last_pos) as
   // one group: a thread takes one 16-byte piece of a row in every pass of 128 / (D / 8) rows.
   auto issue = [&](uint16_t* dst, const int32_t* pages, int32_t first, int32_t j0) {
@@ -446,7 +455,7 @@ __global__ void __launch_bounds__(128) PrefillMmaKernel(PrefillArgs a) {
     for (int pass = 0; pass < kMmaKeys / kRowsPerPass; ++pass) {
       const int jj = int(threadIdx.x) / kPieces + pass * kRowsPerPass;
       const int32_t j = j0 + jj;
-      if (j <= last_pos) {
+      if (j <= blk.last_pos) {
         const uint16_t* src =
             a.pool + a.kv.layout.RowOffset(pages[bs.Div(j - first)], bs.Mod(j)) + c;
         __pipeline_memcpy_async(dst + jj * kLdk + c, src, 16);
@@ -460,7 +469,7 @@ __global__ void __launch_bounds__(128) PrefillMmaKernel(PrefillArgs a) {
   // Copy groups: K of the first tile here; then per tile V, and (once every warp has read
   // this tile's K) the next tile's K, which lands while P·V runs.
   issue(ks, k_pages, 0, 0);
-  for (int32_t j0 = 0; j0 <= last_pos; j0 += kMmaKeys) {
+  for (int32_t j0 = 0; j0 <= blk.last_pos; j0 += kMmaKeys) {
     __syncthreads();  // every warp is done with the last tile's V
     issue(vs, v_pages, v_first, j0);
     __pipeline_wait_prior(1);  // this thread's copies of this tile's K
@@ -532,7 +541,7 @@ __global__ void __launch_bounds__(128) PrefillMmaKernel(PrefillArgs a) {
 
     __pipeline_wait_prior(0);  // this thread's V copies
     __syncthreads();           // everyone's; and every warp is done with K
-    if (j0 + kMmaKeys <= last_pos) issue(ks, k_pages, 0, j0 + kMmaKeys);
+    if (j0 + kMmaKeys <= blk.last_pos) issue(ks, k_pages, 0, j0 + kMmaKeys);
     if (!active) continue;
     // O += P·V, 16 keys a step: key tiles 2kk and 2kk + 1 of P are the A fragment; V's rows
     // read transposed are B, one .x4 giving both key halves (mat & 1) of two output tiles
@@ -564,10 +573,9 @@ __global__ void __launch_bounds__(128) PrefillMmaKernel(PrefillArgs a) {
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int rr = half ? r1 : r0;
-    if (rr >= rows) continue;
+    if (rr >= blk.rows) continue;
     const float inv = 1.0f / (half ? l1 : l0);
-    const int64_t tok = seq.token_offset + tile.tok0 + rr / G;
-    float* out = a.o + tok * int64_t(a.kv.shape.num_heads) * D + int64_t(kvh * G + rr % G) * D;
+    float* out = blk.Out(a, rr, D);
 #pragma unroll
     for (int n = 0; n < kOutTiles; ++n) {
       *reinterpret_cast<float2*>(out + 8 * n + 2 * t) =
