@@ -482,12 +482,15 @@ void OffloadDecodeAttention(const std::vector<int>& contexts, const std::vector<
 
 void PrefillAttention(const std::vector<int>& lengths, int repeats, int sms) {
   const int kvh = 3, group = 3, H = kvh * group, d = 64, bs = 16;
-  std::printf("\n## dense prefill attention, one sequence, one layer (causal)\n");
-  std::printf("mma: PTX mma.sync, fragments in registers (the default); wmma: warp matrix\n"
+  std::printf("\n## prefill attention, one sequence, one layer (causal)\n");
+  std::printf("dense: mma: PTX mma.sync, fragments in registers (the default); wmma: warp matrix\n"
               "functions, S and P·V through shared memory (both bf16 halves); fma: f32 FMAs;\n"
-              "ratios: wmma ÷ mma, fma ÷ mma (time)\n");
-  std::printf("%-8s %-9s %-8s %-9s %-8s %-9s %-8s %-7s %-7s\n", "tokens", "mma ms", "TFLOP/s",
-              "wmma ms", "TFLOP/s", "fma ms", "TFLOP/s", "w÷m", "f÷m");
+              "ratios: wmma ÷ mma, fma ÷ mma (time). Top-θ (post-softmax θ = 1/L): θ tiled, the\n"
+              "tiled kernel (two walks over the keys on the tensor cores; the default); θ split,\n"
+              "the split kernels a row at a time; s÷t: split ÷ tiled (time)\n");
+  std::printf("%-8s %-9s %-8s %-9s %-8s %-9s %-8s %-7s %-7s %-10s %-10s %-7s\n", "tokens",
+              "mma ms", "TFLOP/s", "wmma ms", "TFLOP/s", "fma ms", "TFLOP/s", "w÷m", "f÷m",
+              "θ tiled ms", "θ split ms", "s÷t");
   for (int L : lengths) {
     const int blocks = (L + bs - 1) / bs;
     const ts::kernels::KvPoolLayout layout{bs, d, int64_t(2) * blocks * kvh};
@@ -524,11 +527,27 @@ void PrefillAttention(const std::vector<int>& lengths, int repeats, int sms) {
         CHECK_OK(att.Run(0, db, q, H * d, layout, pool, nullptr, o, nullptr));
       }, 3, repeats);
     }
+    const ts::model::ThetaTable table = InverseLTheta(H);
+    ts::kernels::TopThetaConfig theta;
+    theta.table = &table;
+    double theta_ms[2];
+    for (const cu::ThetaPrefill way : {cu::ThetaPrefill::kTiled, cu::ThetaPrefill::kSplit}) {
+      cu::CudaAttention att(sms);
+      att.set_theta_prefill(way);
+      CHECK_OK(att.Prepare(batch, db, cu::AttnShape{H, kvh, d, 0.125f}, 1, theta, nullptr));
+      theta_ms[int(way)] = TimeMs([&] {
+        CHECK_OK(att.Run(0, db, q, H * d, layout, pool, nullptr, o, nullptr));
+      }, 3, repeats);
+    }
     const double mma = ms[int(cu::PrefillWay::kMma)], wmma = ms[int(cu::PrefillWay::kWmma)],
                  fma = ms[int(cu::PrefillWay::kFma)];
+    const double tiled = theta_ms[int(cu::ThetaPrefill::kTiled)],
+                 split = theta_ms[int(cu::ThetaPrefill::kSplit)];
     auto tflops = [&](double t) { return flops / (t / 1e3) / 1e12; };
-    std::printf("%-8d %-9.3f %-8.2f %-9.3f %-8.2f %-9.3f %-8.2f %-7.2f %-7.2f\n", L, mma,
-                tflops(mma), wmma, tflops(wmma), fma, tflops(fma), wmma / mma, fma / mma);
+    std::printf("%-8d %-9.3f %-8.2f %-9.3f %-8.2f %-9.3f %-8.2f %-7.2f %-7.2f %-10.3f %-10.3f "
+                "%-7.2f\n",
+                L, mma, tflops(mma), wmma, tflops(wmma), fma, tflops(fma), wmma / mma,
+                fma / mma, tiled, split, split / tiled);
     std::fflush(stdout);
     if (L == lengths.back()) {
       char buf[160];
@@ -536,6 +555,9 @@ void PrefillAttention(const std::vector<int>& lengths, int repeats, int sms) {
                     "mma %.2f TFLOP/s (%.2f ms), wmma %.2f (%.2f ms), fma %.2f (%.2f ms)",
                     tflops(mma), mma, tflops(wmma), wmma, tflops(fma), fma);
       g_summary.push_back({"prefill attn " + std::to_string(L) + " tokens", buf});
+      std::snprintf(buf, sizeof buf, "tiled %.2f ms, split %.2f ms (%.2fx)", tiled, split,
+                    split / tiled);
+      g_summary.push_back({"top-θ prefill " + std::to_string(L) + " tokens", buf});
     }
     cudaFree(pool);
     cudaFree(q);

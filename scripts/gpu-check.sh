@@ -107,20 +107,27 @@ for t in "${tests[@]}"; do
   result[$t]="rc $rc: $passed passed, $fails failed, $skipped skipped"
   [ "$rc" -ne 0 ] && failed=1
   { echo "==== $t (rc $rc)"; cat "$log"; } >>"$out/tests.log"
-  # The default prefill kernel rests on the fragment layouts kernels/cuda/warp_mma.cuh writes
-  # down. If the probe of its instructions does not pass (failed, or the binary died first),
-  # what runs the default way from then on (the forward and engine tests, the end-to-end
-  # benchmark; the attention tests and the prefill table name their kernels) takes the wmma
-  # kernel, said here and in the summary, so the decode figures still come back; the failure
-  # stays one.
+  # The default prefill kernels (dense and Top-θ) rest on the fragment layouts
+  # kernels/cuda/warp_mma.cuh writes down. If the probe of its instructions does not pass
+  # (failed, or the binary died first), what runs the default ways from then on (the forward
+  # and engine tests, the end-to-end benchmark; the attention tests and the prefill table name
+  # their kernels) takes the wmma kernel for dense prefill and the split kernels for Top-θ's,
+  # said here and in the summary, so the decode figures still come back; the failure stays
+  # one. A way the caller set is kept.
   probe=GpuOpsTest.WarpMmaAndLdmatrixFollowTheirLayouts
   if [ "$name" = gpu_ops_test ] && ! grep -qE "^\[ +(OK|SKIPPED) +\] $probe " "$log"; then
+    prefill_fallback="the warp_mma probe did not pass:"
     if [ "${THETASERVE_ATTN_PREFILL:-mma}" = mma ]; then
-      prefill_fallback="the warp_mma probe did not pass: THETASERVE_ATTN_PREFILL=wmma from then on"
+      prefill_fallback+=" THETASERVE_ATTN_PREFILL=wmma"
       export THETASERVE_ATTN_PREFILL=wmma
     else
-      prefill_fallback="the warp_mma probe did not pass"
-      prefill_fallback+=" (THETASERVE_ATTN_PREFILL=$THETASERVE_ATTN_PREFILL kept)"
+      prefill_fallback+=" THETASERVE_ATTN_PREFILL=$THETASERVE_ATTN_PREFILL kept"
+    fi
+    if [ "${THETASERVE_ATTN_THETA_PREFILL:-tiled}" = tiled ]; then
+      prefill_fallback+=", THETASERVE_ATTN_THETA_PREFILL=split from then on"
+      export THETASERVE_ATTN_THETA_PREFILL=split
+    else
+      prefill_fallback+=", THETASERVE_ATTN_THETA_PREFILL=$THETASERVE_ATTN_THETA_PREFILL kept"
     fi
     stamp "$prefill_fallback"
   fi

@@ -39,11 +39,14 @@ absl::Status CudaAttention::Prepare(const ForwardBatch& batch, const DeviceBatch
   int64_t split_max_len = 1;
   sum_len_ = 0;
   for (const DevRow& r : rows) sum_len_ += r.pos + 1;
-  tiles_way_ = prefill_way_;
+  // Top-θ's tiles are cut as the mma kernel's (64 query rows).
+  theta_tiles_ = config.active() && theta_prefill_ == ThetaPrefill::kTiled;
+  tiles_way_ = theta_tiles_ ? PrefillWay::kMma : prefill_way_;
+  const bool tiled = !config.active() || theta_tiles_;
   const int32_t tile_tokens = PrefillTileTokens(group, tiles_way_);
   for (int32_t s = 0; s < static_cast<int32_t>(batch.seqs.size()); ++s) {
     const SeqChunk& c = batch.seqs[s];
-    if (config.active() || c.num_tokens == 1 || !PrefillSupports(shape.head_dim)) {
+    if (!tiled || c.num_tokens == 1 || !PrefillSupports(shape.head_dim)) {
       for (int32_t i = 0; i < c.num_tokens; ++i) {
         row_ids.push_back(c.token_offset + i);
         split_max_len = std::max<int64_t>(split_max_len, c.start_pos + i + 1);
@@ -164,33 +167,32 @@ absl::Status CudaAttention::Run(int32_t layer, const DeviceBatch& db, const floa
   ran_[layer] = true;
   const DevKv kv{db.rows(), db.seqs(), shape_, layer, layout};
   const DevQueries queries{q, q_stride};
-  if (num_split_rows_ > 0) {
-    ThetaArgs args;
-    ThetaArgs* theta = nullptr;
-    if (config_.active()) {
-      const int64_t layer_off = int64_t(layer) * num_rows_ * shape_.num_heads;
-      args.theta = theta_ + layer_off;
-      args.sdc_ratio = sdc_ratio_ ? sdc_ratio_ + layer_off : nullptr;
-      // The kernel's own dense-row test (L <= k); rows the host found dense by KAt(layer, L)
-      // were uploaded with θ = NaN, which keeps everything, and ValidateKSchedule makes the
-      // two tests agree.
-      args.k = config_.table->k_per_layer[layer];
-      args.post_softmax = config_.placement() == model::ThetaPlacement::kPostSoftmax;
-      args.sdc = config_.sdc;
-      args.vmc = config_.vmc;
-      args.retain_factor = config_.retain_factor;
-      args.vsum_rows = vsum_rows;
-      args.host_pool = host_pool_;
-      args.counters = counters_ + kThetaCounters * layer;
-      theta = &args;
-    }
-    for (int32_t first = 0; first < num_split_rows_; first += row_batch_) {
-      const int32_t n = std::min(row_batch_, num_split_rows_ - first);
-      TS_CUDA_RETURN(LaunchSplitAttention(row_ids_ + first, n, kv, pool, queries, plan_, ws_,
-                                          theta, o, stream));
-    }
+  ThetaArgs args;  // Top-θ's, for the split kernels and the Top-θ prefill tiles
+  if (config_.active()) {
+    const int64_t layer_off = int64_t(layer) * num_rows_ * shape_.num_heads;
+    args.theta = theta_ + layer_off;
+    args.sdc_ratio = sdc_ratio_ ? sdc_ratio_ + layer_off : nullptr;
+    // The kernels' own dense-row test (L <= k); rows the host found dense by KAt(layer, L)
+    // were uploaded with θ = NaN, which keeps everything, and ValidateKSchedule makes the
+    // two tests agree.
+    args.k = config_.table->k_per_layer[layer];
+    args.post_softmax = config_.placement() == model::ThetaPlacement::kPostSoftmax;
+    args.sdc = config_.sdc;
+    args.vmc = config_.vmc;
+    args.retain_factor = config_.retain_factor;
+    args.vsum_rows = vsum_rows;
+    args.host_pool = host_pool_;
+    args.counters = counters_ + kThetaCounters * layer;
   }
-  if (num_tiles_ > 0) {
+  for (int32_t first = 0; first < num_split_rows_; first += row_batch_) {
+    const int32_t n = std::min(row_batch_, num_split_rows_ - first);
+    TS_CUDA_RETURN(LaunchSplitAttention(row_ids_ + first, n, kv, pool, queries, plan_, ws_,
+                                        config_.active() ? &args : nullptr, o, stream));
+  }
+  if (num_tiles_ > 0 && theta_tiles_) {
+    TS_CUDA_RETURN(
+        LaunchPrefillThetaAttention(tiles_, num_tiles_, kv, pool, queries, args, o, stream));
+  } else if (num_tiles_ > 0) {
     TS_CUDA_RETURN(LaunchPrefillAttention(tiles_, num_tiles_, kv, pool, queries, tiles_way_, o,
                                           stream));
   }
@@ -198,15 +200,13 @@ absl::Status CudaAttention::Run(int32_t layer, const DeviceBatch& db, const floa
 }
 
 std::string CudaAttention::Signature() const {
-  return absl::StrFormat("%d/%d/%d/%d/%d/%d/%d/%d/%d/%d/%d/%p/%p/%p/%p/%p/%p/%p/%p/%d/%p/%d/%d/%g/%d/%p",
-                         num_split_rows_, num_tiles_, int(tiles_way_), row_batch_, plan_.chunk,
-                         plan_.max_splits,
-                         int(plan_.k_load), int(plan_.fused), int(plan_.one_pass),
-                         plan_.kernel_limit, num_layers_,
-                         row_ids_, tiles_, theta_, sdc_ratio_, counters_, ws_.part_o,
-                         ws_.row_stat, ws_.scores, int(ws_.score_stride), config_.table,
-                         int(config_.sdc), int(config_.vmc), config_.retain_factor,
-                         int(num_rows_), host_pool_);
+  return absl::StrFormat(
+      "%d/%d/%d/%d/%d/%d/%d/%d/%d/%d/%d/%d/%p/%p/%p/%p/%p/%p/%p/%p/%d/%p/%d/%d/%g/%d/%p",
+      num_split_rows_, num_tiles_, int(tiles_way_), int(theta_tiles_), row_batch_, plan_.chunk,
+      plan_.max_splits, int(plan_.k_load), int(plan_.fused), int(plan_.one_pass),
+      plan_.kernel_limit, num_layers_, row_ids_, tiles_, theta_, sdc_ratio_, counters_,
+      ws_.part_o, ws_.row_stat, ws_.scores, int(ws_.score_stride), config_.table,
+      int(config_.sdc), int(config_.vmc), config_.retain_factor, int(num_rows_), host_pool_);
 }
 
 absl::Status CudaAttention::Finish(AttentionStats* stats, cudaStream_t stream) {

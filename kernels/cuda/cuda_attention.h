@@ -27,9 +27,10 @@ class CudaAttention {
  public:
   explicit CudaAttention(int num_sms) : num_sms_(num_sms) {}
 
-  // Plans the step: dense attention sends single-token (decode) rows to the split kernels
-  // and prefill chunks to the tiled kernel; Top-θ sends every row to the split kernels, with
-  // θ (and the offline SDC ratio) of every layer, row and head computed here from the table.
+  // Plans the step: single-token (decode) rows go to the split kernels and prefill chunks to
+  // the tiled kernels (dense, or Top-θ's unless set_theta_prefill says split: then Top-θ's
+  // chunks go to the split kernels a row at a time), with θ (and the offline SDC ratio) of
+  // every layer, row and head computed here from the table.
   absl::Status Prepare(const ForwardBatch& batch, const DeviceBatch& db, const AttnShape& shape,
                        int32_t num_layers, const TopThetaConfig& config, cudaStream_t stream);
 
@@ -55,6 +56,8 @@ class CudaAttention {
   // How dense prefill tiles are computed from the next Prepare on (default:
   // DefaultPrefillWay()).
   void set_prefill_way(PrefillWay w) { prefill_way_ = w; }
+  // Where Top-θ's prefill rows go from the next Prepare on (default: DefaultThetaPrefill()).
+  void set_theta_prefill(ThetaPrefill w) { theta_prefill_ = w; }
   // For the benchmark's time per kernel: from the next Prepare on, Run launches only the
   // first n kernels of the split path (SplitPlan::kernel_limit; the output is then not
   // written, and Finish's Top-θ counts lack the kernels left out); 0, the default, launches
@@ -79,6 +82,8 @@ class CudaAttention {
   ThetaPasses theta_passes_ = DefaultThetaPasses();
   PrefillWay prefill_way_ = DefaultPrefillWay();
   PrefillWay tiles_way_ = PrefillWay::kMma;  // the way Prepare cut this step's tiles for
+  ThetaPrefill theta_prefill_ = DefaultThetaPrefill();
+  bool theta_tiles_ = false;  // this step's tiles are Top-θ's (LaunchPrefillThetaAttention)
   int32_t kernel_limit_ = 0;
   int32_t num_split_rows_ = 0;
   int32_t row_batch_ = 1;        // split rows per launch (workspace and grid bound)

@@ -257,6 +257,25 @@ cudaError_t LaunchPrefillAttention(const PrefillTile* tiles, int32_t num_tiles, 
                                    const bf16* pool, const DevQueries& q, PrefillWay way,
                                    float* o, cudaStream_t stream);
 
+// How Top-θ attends for a prompt chunk's rows: in tiles on the tensor cores (kTiled,
+// LaunchPrefillThetaAttention), or a row at a time through the split kernels, as decode rows
+// are (kSplit).
+enum class ThetaPrefill : int32_t { kTiled, kSplit };
+const char* ThetaPrefillName(ThetaPrefill way);
+// THETASERVE_ATTN_THETA_PREFILL=tiled|split; kTiled when unset (and, said once on stderr, for
+// another value).
+ThetaPrefill DefaultThetaPrefill();
+
+// Top-θ causal attention for prefill chunks (head_dim 64 or 128; group ≤ 8), tiled as the mma
+// prefill kernel is (tiles of PrefillTileTokens(group, kMma) tokens): two walks over a tile's
+// keys, the first for each row's max and D_full, the second for the keep test against the
+// row's threshold, Σ e·V over the kept keys whose V rows are stored (tail, sparse or host
+// store), hit marks, retained mass and the counters, as the split kernels set them; SDC and
+// VMC at the end. kv.rows is not read.
+cudaError_t LaunchPrefillThetaAttention(const PrefillTile* tiles, int32_t num_tiles,
+                                        const DevKv& kv, const bf16* pool, const DevQueries& q,
+                                        const ThetaArgs& theta, float* o, cudaStream_t stream);
+
 // Tests: the warp-wide instructions the mma prefill kernel is built on (warp_mma.cuh), alone,
 // with the layouts that header writes down, in one warp: A (16×16) times B (16×16, two tiles
 // of 8 columns) plus C, with A's fragments and B's read by ldmatrix as the kernel reads Q and

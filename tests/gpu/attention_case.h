@@ -35,6 +35,7 @@ struct AttnWay {
   KLoad k_load;
   ThetaPasses passes = ThetaPasses::kAuto;
   PrefillWay prefill = PrefillWay::kMma;
+  ThetaPrefill theta_prefill = ThetaPrefill::kTiled;  // where Top-θ's prefill rows go
 };
 inline std::string WayName(const AttnWay& w) {
   const char* passes = w.passes == ThetaPasses::kFused   ? "_fused"
@@ -42,7 +43,10 @@ inline std::string WayName(const AttnWay& w) {
                                                          : "";
   return std::string(KLoadName(w.k_load)) + passes +
          (w.prefill == PrefillWay::kMma ? "" : std::string("_") + PrefillWayName(w.prefill) +
-                                                   "_prefill");
+                                                   "_prefill") +
+         (w.theta_prefill == ThetaPrefill::kTiled
+              ? ""
+              : std::string("_") + ThetaPrefillName(w.theta_prefill) + "_theta_prefill");
 }
 // For gtest's messages (found by argument-dependent lookup).
 inline void PrintTo(const AttnWay& w, std::ostream* os) { *os << WayName(w); }
@@ -73,7 +77,7 @@ class AttentionCase {
  public:
   AttentionCase(const Shape& s, std::vector<SeqSpec> specs, uint64_t seed, AttnWay way)
       : s_(s), specs_(std::move(specs)), rng_(seed), k_load_(way.k_load), passes_(way.passes),
-        prefill_(way.prefill), record_mass_(way.passes != ThetaPasses::kAuto) {
+        prefill_(way.prefill), theta_prefill_(way.theta_prefill), record_mass_(way.passes != ThetaPasses::kAuto) {
     const int32_t d = s.head_dim, bs = s.block_size;
     tables_ = s.num_layers * s.num_kv_heads;
     int32_t max_end = 0;
@@ -272,6 +276,7 @@ class AttentionCase {
     att.set_k_load(k_load_);
     att.set_theta_passes(passes_);
     att.set_prefill_way(prefill_);
+    att.set_theta_prefill(theta_prefill_);
     att.set_kernel_limit(kernel_limit_);
     // The host pool in mapped pinned memory, as the backend allocates it.
     MappedHostBuffer host_pool;
@@ -305,7 +310,9 @@ class AttentionCase {
     splits_ = att.plan().max_splits;
     chunk_ = att.plan().chunk;
     one_pass_ = att.plan().one_pass;
-    if (config.active()) ExpectExactScoresArePass1s(att, db, shape, q.get(), pool.get());
+    if (config.active() && att.num_split_rows() > 0) {  // (Top-θ prefill tiles keep no scores)
+      ExpectExactScoresArePass1s(att, db, shape, q.get(), pool.get());
+    }
     // Staged or quad K where the head size allows it (64, 128), per thread otherwise.
     EXPECT_EQ(att.plan().k_load, d == 64 || d == 128 ? k_load_ : KLoad::kPerThread);
     // Fused where asked for under Top-θ; on the emulator, which counts cluster launches, the
@@ -554,6 +561,7 @@ class AttentionCase {
   KLoad k_load_;
   ThetaPasses passes_;
   PrefillWay prefill_;
+  ThetaPrefill theta_prefill_;
   bool record_mass_;    // sequences record the retained mass (hit_mass): two passes
   bool one_pass_ = false;  // the last Run's plan
   int32_t tables_ = 0, stride_ = 0, num_tokens_ = 0, splits_ = 0, chunk_ = 0;

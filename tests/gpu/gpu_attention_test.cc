@@ -45,7 +45,7 @@ TEST(SplitPlanTest, AutoKLoadStagesLargeLaunches) {
 // a device.)
 TEST(SplitPlanTest, KnobsNameTheirWaysAndSayWhenTheyNameNothing) {
   const char* vars[] = {"THETASERVE_ATTN_K_LOAD", "THETASERVE_ATTN_THETA",
-                        "THETASERVE_ATTN_PREFILL"};
+                        "THETASERVE_ATTN_PREFILL", "THETASERVE_ATTN_THETA_PREFILL"};
   std::vector<std::optional<std::string>> saved;
   for (const char* var : vars) {
     const char* v = std::getenv(var);
@@ -63,6 +63,10 @@ TEST(SplitPlanTest, KnobsNameTheirWaysAndSayWhenTheyNameNothing) {
     setenv("THETASERVE_ATTN_PREFILL", v.c_str(), 1);
     return DefaultPrefillWay();
   };
+  auto theta_prefill = [](const std::string& v) {
+    setenv("THETASERVE_ATTN_THETA_PREFILL", v.c_str(), 1);
+    return DefaultThetaPrefill();
+  };
   EXPECT_EQ(k_load("thread"), KLoad::kPerThread);
   EXPECT_EQ(k_load("staged"), KLoad::kStaged);
   EXPECT_EQ(k_load("quad"), KLoad::kQuad);
@@ -70,10 +74,12 @@ TEST(SplitPlanTest, KnobsNameTheirWaysAndSayWhenTheyNameNothing) {
   EXPECT_EQ(passes("fused"), ThetaPasses::kFused);
   EXPECT_EQ(prefill("fma"), PrefillWay::kFma);
   EXPECT_EQ(prefill("wmma"), PrefillWay::kWmma);
+  EXPECT_EQ(theta_prefill("split"), ThetaPrefill::kSplit);
   ::testing::internal::CaptureStderr();
   EXPECT_EQ(k_load("auto"), KLoad::kAuto);
   EXPECT_EQ(passes("auto"), ThetaPasses::kAuto);
   EXPECT_EQ(prefill("mma"), PrefillWay::kMma);
+  EXPECT_EQ(theta_prefill("tiled"), ThetaPrefill::kTiled);
   EXPECT_EQ(::testing::internal::GetCapturedStderr(), "");
   // Values not met before in this process (the test may run again in it: --gtest_repeat).
   static int run = 0;
@@ -83,12 +89,14 @@ TEST(SplitPlanTest, KnobsNameTheirWaysAndSayWhenTheyNameNothing) {
     EXPECT_EQ(k_load(typo), KLoad::kAuto);
     EXPECT_EQ(passes(typo), ThetaPasses::kAuto);
     EXPECT_EQ(prefill(typo), PrefillWay::kMma);
+    EXPECT_EQ(theta_prefill(typo), ThetaPrefill::kTiled);
   }
   const std::string said = ::testing::internal::GetCapturedStderr();
   for (const std::string& line :
        {"THETASERVE_ATTN_K_LOAD=" + typo + " is none of thread|staged|quad|auto",
         "THETASERVE_ATTN_THETA=" + typo + " is none of split|fused|auto",
-        "THETASERVE_ATTN_PREFILL=" + typo + " is none of mma|wmma|fma"}) {
+        "THETASERVE_ATTN_PREFILL=" + typo + " is none of mma|wmma|fma",
+        "THETASERVE_ATTN_THETA_PREFILL=" + typo + " is none of tiled|split"}) {
     const size_t at = said.find(line);
     EXPECT_NE(at, std::string::npos) << said;
     if (at != std::string::npos) {
@@ -110,7 +118,9 @@ TEST(SplitPlanTest, KnobsNameTheirWaysAndSayWhenTheyNameNothing) {
 // f32 FMAs, "_fma_prefill", besides the register-resident tensor-core kernel);
 // the Top-θ cases (GpuTopThetaTest) each way three times: with the passes the server picks (one
 // pass for pre-softmax thresholds; these runs do not record the retained mass, which would
-// take two), as two kernels, and fused (these two record the mass).
+// take two), as two kernels, and fused (these two record the mass); their prefill chunks go to
+// the tiled Top-θ kernel, and in two more ways ("_split_theta_prefill") to the split kernels
+// a row at a time.
 class GpuAttentionTest : public ::testing::TestWithParam<AttnWay> {};
 INSTANTIATE_TEST_SUITE_P(KLoad, GpuAttentionTest,
                          ::testing::Values(AttnWay{KLoad::kPerThread}, AttnWay{KLoad::kStaged},
@@ -131,7 +141,11 @@ INSTANTIATE_TEST_SUITE_P(
                       AttnWay{KLoad::kQuad, ThetaPasses::kSplit},
                       AttnWay{KLoad::kPerThread, ThetaPasses::kFused},
                       AttnWay{KLoad::kStaged, ThetaPasses::kFused},
-                      AttnWay{KLoad::kQuad, ThetaPasses::kFused}),
+                      AttnWay{KLoad::kQuad, ThetaPasses::kFused},
+                      AttnWay{KLoad::kPerThread, ThetaPasses::kAuto, PrefillWay::kMma,
+                              ThetaPrefill::kSplit},
+                      AttnWay{KLoad::kStaged, ThetaPasses::kSplit, PrefillWay::kMma,
+                              ThetaPrefill::kSplit}),
     [](const ::testing::TestParamInfo<AttnWay>& p) { return WayName(p.param); });
 
 TEST_P(GpuAttentionTest, DenseDecodeAndPrefillMatchCpu) {
@@ -292,6 +306,48 @@ TEST(GpuOnePassTest, OnePassUnlessTheRetainedMassIsRecorded) {
       if (mass) {
         EXPECT_GT(c.total_mass(), 0.0);
       }
+    }
+  }
+}
+
+// Top-θ prefill tiles (PrefillThetaKernel, the default for prompt chunks under Top-θ) against
+// the CPU: both placements, the retain factor (marks only where e > 8·thr: 8 splits the kept
+// mode, MakeTable) or none, over the dense tail, a sparse store and a host store below it; d 64
+// with a group of 3 (a token's heads in different warps) and d 128 with 8; chunks that start
+// inside a key tile and span several row tiles, one whose store ends inside a tile, and an
+// attention sink among a store's positions; the retained mass recorded. The split kernels'
+// way of taking prefill rows is every GpuTopThetaTest's "_split_theta_prefill" runs.
+TEST(GpuThetaPrefillTest, TiledTopThetaPrefillMatchesCpu) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  const uint64_t seed = testing::TestSeed();
+  SCOPED_TRACE("THETASERVE_SEED=" + std::to_string(seed));
+  for (const Shape s : {Shape{}, Shape{2, 1, 8, 1, 128, 16}})
+  for (auto placement : {model::ThetaPlacement::kPreSoftmax, model::ThetaPlacement::kPostSoftmax})
+  for (bool host : {false, true}) {
+    const float retain = host ? 8.0f : 1.0f;
+    SCOPED_TRACE(::testing::Message()
+                 << "d " << s.head_dim << " " << model::PlacementName(placement)
+                 << (host ? ", host store, retain 8" : ", sparse store"));
+    const model::ThetaTable table = MakeTable(s, placement, 16);
+    TopThetaConfig cfg;
+    cfg.table = &table;
+    cfg.retain_factor = retain;
+    SeqSpec stored{300, 70, 240};  // the store ends inside the key tile [192, 256)
+    SeqSpec sink{70, 3, 64};
+    sink.sink = 6;
+    stored.host = sink.host = host;
+    AttentionCase c(s, {{100, 130}, stored, sink, {0, 9}}, seed,
+                    AttnWay{KLoad::kPerThread, ThetaPasses::kSplit});
+    c.RunAndExpectSame(cfg, true);
+    EXPECT_GT(c.cpu_stats().elements_kept, 0);
+    EXPECT_LT(c.cpu_stats().elements_kept, c.cpu_stats().elements_dense / 4);
+    EXPECT_GT(c.cpu_marks(), 0);
+    EXPECT_GT(c.total_mass(), 1.0);
+    if (host) {
+      EXPECT_GT(c.cpu_stats().v_rows_read_host, 0) << "no row was read from the host store";
+      EXPECT_EQ(c.cpu_stats().retained_but_evicted, 0) << "a host row was missed";
+    } else {
+      EXPECT_GT(c.cpu_stats().retained_but_evicted, 0);
     }
   }
 }

@@ -180,6 +180,7 @@ inline unsigned __ballot_sync(unsigned, int pred) {
 inline int __popc(unsigned v) { return __builtin_popcount(v); }
 inline int __popcll(unsigned long long v) { return __builtin_popcountll(v); }
 inline int __ffs(int v) { return __builtin_ffs(v); }
+inline int __ffsll(long long v) { return __builtin_ffsll(v); }
 inline int __clz(int v) { return v == 0 ? 32 : __builtin_clz(unsigned(v)); }
 
 inline float __uint_as_float(unsigned v) { return emu::FromBits<float>(v); }
@@ -216,6 +217,12 @@ template <typename T>
 T atomicMin(T* p, T v) {
   const T old = *p;
   if (v < old) *p = v;
+  return old;
+}
+template <typename T>
+T atomicOr(T* p, T v) {
+  const T old = *p;
+  *p = old | v;
   return old;
 }
 template <typename T>
