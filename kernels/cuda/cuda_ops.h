@@ -266,7 +266,7 @@ const char* ThetaPrefillName(ThetaPrefill way);
 // another value).
 ThetaPrefill DefaultThetaPrefill();
 
-// Top-θ causal attention for prefill chunks (head_dim 64 or 128; group ≤ 8), tiled as the mma
+// Top-θ causal attention for prefill chunks (head_dim 64 or 128; group ≤ 64), tiled as the mma
 // prefill kernel is (tiles of PrefillTileTokens(group, kMma) tokens): two walks over a tile's
 // keys, the first for each row's max and D_full, the second for the keep test against the
 // row's threshold, Σ e·V over the kept keys whose V rows are stored (tail, sparse or host

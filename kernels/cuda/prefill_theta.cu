@@ -68,9 +68,11 @@ __device__ __forceinline__ unsigned long long QuadOr(unsigned long long x) {
 //   most k keys or a head without θ.
 //   Walk 2: the same scores again (the same instructions on the same data: the same bits, so
 //   e ≤ 1 with the max at 1), e > threshold keeps a key; a kept key adds its e to the hit mass
-//   (e / D_full) and, where its V row is stored, to D_kept and (as P) to Σ e·V. A tile's V
+//   (e / D_full, summed per key over the block's rows in shared memory, then one atomic per
+//   key and tile) and, where its V row is stored, to D_kept and (as P) to Σ e·V. A tile's V
 //   rows come from the tail's pages or, below v_tail_start, from the store entries that lie in
-//   the tile (found from running indices into each store's sorted positions: no search).
+//   the tile (found from running indices into each store's sorted positions: no search); the
+//   host pool's only where some row of the block keeps them, after the keep test.
 //   The heads of a token that keep a key meet in per-token key masks in shared memory (a
 //   token's G rows may lie in different warps), which count rows read, positions retained and
 //   host rows once per (token, key), as the CPU does, and set hit marks (latest position).
@@ -88,7 +90,9 @@ __global__ void __launch_bounds__(128) PrefillThetaKernel(PrefillArgs a) {
   __shared__ uint32_t s_vrow[2][kMmaKeys];  // the tile's V rows (double-buffered by tile)
   // Per token of the tile: the keys some head keeps, and keeps by the retain factor.
   __shared__ unsigned long long s_any[kMmaRows], s_strong[kMmaRows];
-  __shared__ unsigned s_found[4];  // store entries each warp found in the tile
+  __shared__ unsigned long long s_kept;  // the tile's keys any row of the block keeps
+  __shared__ float s_mass[kMmaKeys];     // the tile's retained mass per key (hit_mass)
+  __shared__ unsigned s_found[4];        // store entries each warp found in the tile
   __shared__ unsigned long long s_count[kThetaCounters];
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -104,6 +108,7 @@ __global__ void __launch_bounds__(128) PrefillThetaKernel(PrefillArgs a) {
                    q3[kTileElems + at], q3[2 * kTileElems + at]);
   }
   if (threadIdx.x < kMmaRows) s_any[threadIdx.x] = s_strong[threadIdx.x] = 0;
+  if (threadIdx.x < kMmaKeys) s_mass[threadIdx.x] = 0.0f;
   if (threadIdx.x < kThetaCounters) s_count[threadIdx.x] = 0;
 
   // S = Q·Kᵀ over the K tile `kt`, as PrefillMmaKernel forms it (Q's parts hi, mid, lo).
@@ -253,8 +258,10 @@ __global__ void __launch_bounds__(128) PrefillThetaKernel(PrefillArgs a) {
     const int32_t idx = (host ? host_base : sparse_base) + int32_t(threadIdx.x & 63);
     bool found = false;
     if (idx < (host ? host_n : sparse_n)) {
-      const int32_t p = (host ? host_pos : sparse_pos)[idx];  // >= j0: the base counts those below
-      if (p < j0 + kMmaKeys && p <= blk.last_pos) {
+      // >= j0 (the base counts those below) and below the tail, as the store keeps them; tested
+      // all the same, as a broken table must not write outside vrow.
+      const int32_t p = (host ? host_pos : sparse_pos)[idx];
+      if (p >= j0 && p < j0 + kMmaKeys && p <= blk.last_pos && p < tail_start) {
         found = true;
         const int32_t* store_pages = host ? host_pages : sparse_pages;
         vrow[p - j0] = (uint32_t(store_pages[bs.Div(idx)]) * uint32_t(bs.d) +
@@ -264,24 +271,33 @@ __global__ void __launch_bounds__(128) PrefillThetaKernel(PrefillArgs a) {
     const unsigned found_lanes = __ballot_sync(0xffffffffu, found);
     if (lane == 0) s_found[warp] = __popc(found_lanes);
   };
-  // Starts V's rows of the tile into vs as a group (host rows by plain loads: the pinned host
-  // pool is read over the bus, rarely; none as zeros).
+  // Starts V's rows of the tile into vs as a group; zeros for none, and for now for the host
+  // pool's (read over the bus: only those some row keeps are loaded, by load_host_rows).
   auto issue_v = [&](const uint32_t* vrow) {
 #pragma unroll
     for (int pass = 0; pass < kMmaKeys / kRowsPerPass; ++pass) {
       const int jj = int(threadIdx.x) / kPieces + pass * kRowsPerPass;
       const uint32_t row = vrow[jj];
       uint16_t* dst = vs + jj * kLdk + c8;
-      if (row == kNoRow) {
+      if (row == kNoRow || (row & kHostRow)) {
         *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
-      } else if (row & kHostRow) {
-        *reinterpret_cast<uint4*>(dst) =
-            *reinterpret_cast<const uint4*>(host_pool + size_t(row & ~kHostRow) * D + c8);
       } else {
         __pipeline_memcpy_async(dst, a.pool + size_t(row) * D + c8, 16);
       }
     }
     __pipeline_commit();
+  };
+  // The host pool's rows of the tile that some row keeps (kept: s_kept), by plain loads.
+  auto load_host_rows = [&](const uint32_t* vrow, unsigned long long kept) {
+#pragma unroll
+    for (int pass = 0; pass < kMmaKeys / kRowsPerPass; ++pass) {
+      const int jj = int(threadIdx.x) / kPieces + pass * kRowsPerPass;
+      const uint32_t row = vrow[jj];
+      if (row != kNoRow && (row & kHostRow) && (kept >> jj & 1)) {
+        *reinterpret_cast<uint4*>(vs + jj * kLdk + c8) =
+            *reinterpret_cast<const uint4*>(host_pool + size_t(row & ~kHostRow) * D + c8);
+      }
+    }
   };
 
   float o[kOutTiles][4];
@@ -295,11 +311,14 @@ __global__ void __launch_bounds__(128) PrefillThetaKernel(PrefillArgs a) {
   for (int32_t j0 = 0, buf = 0; j0 <= blk.last_pos; j0 += kMmaKeys, buf ^= 1) {
     uint32_t* vrow = s_vrow[buf];
     __syncthreads();  // the tile's tail rows are listed; the last tile's V and masks are read
+    if (threadIdx.x == 0) s_kept = 0;  // set again after the barrier below K's copies
+    bool host_rows = false;  // the tile has host pool rows (the same for every thread)
     if (j0 < tail_start) {  // the same for every thread
       store_rows(vrow, j0);
       __syncthreads();
       sparse_base += int32_t(s_found[0] + s_found[1]);
       host_base += int32_t(s_found[2] + s_found[3]);
+      host_rows = s_found[2] + s_found[3] > 0;
     }
     issue_v(vrow);
     __pipeline_wait_prior(1);  // this thread's copies of this tile's K
@@ -317,15 +336,15 @@ __global__ void __launch_bounds__(128) PrefillThetaKernel(PrefillArgs a) {
           const int jj = 8 * n + 2 * t + e;
           const int32_t j = j0 + jj;
           const bool stored = vrow[jj] != kNoRow;
-          const bool mark = j >= mark_from && hit_mass != nullptr;
           const unsigned long long bit = 1ull << jj;
           float p0 = 0.0f, p1 = 0.0f;
+          float mass = 0.0f;  // the two rows' retained mass at this key
           if (live0 && j <= pos0) {
             const float x = exp2f(s[n][e] - m0);
             if (x > thr0) {
               any0 |= bit;
               if (x > strong0) str0 |= bit;
-              if (mark) atomicAdd(hit_mass + (j - mark_from), x / d_full0);
+              mass += x / d_full0;
               if (stored) {
                 p0 = x;
                 dk0 += x;
@@ -338,7 +357,7 @@ __global__ void __launch_bounds__(128) PrefillThetaKernel(PrefillArgs a) {
             if (x > thr1) {
               any1 |= bit;
               if (x > strong1) str1 |= bit;
-              if (mark) atomicAdd(hit_mass + (j - mark_from), x / d_full1);
+              mass += x / d_full1;
               if (stored) {
                 p1 = x;
                 dk1 += x;
@@ -349,6 +368,11 @@ __global__ void __launch_bounds__(128) PrefillThetaKernel(PrefillArgs a) {
           s[n][e] = p0;
           s[n][2 + e] = p1;
           any_p |= p0 != 0.0f || p1 != 0.0f;
+          if (hit_mass) {  // the warp's 16 rows' mass at this key, to one shared sum per key
+#pragma unroll
+            for (int x = 4; x <= 16; x <<= 1) mass += __shfl_xor_sync(0xffffffffu, mass, x);
+            if (g == 0 && mass != 0.0f) atomicAdd(&s_mass[jj], mass);
+          }
         }
       }
       any0 = QuadOr(any0);
@@ -356,6 +380,7 @@ __global__ void __launch_bounds__(128) PrefillThetaKernel(PrefillArgs a) {
       str0 = QuadOr(str0);
       str1 = QuadOr(str1);
       if (t == 0) {
+        if (any0 | any1) atomicOr(&s_kept, any0 | any1);
         if (any0) atomicOr(&s_any[r0 / blk.G], any0);
         if (any1) atomicOr(&s_any[r1 / blk.G], any1);
         if (str0) atomicOr(&s_strong[r0 / blk.G], str0);
@@ -367,6 +392,17 @@ __global__ void __launch_bounds__(128) PrefillThetaKernel(PrefillArgs a) {
     if (j0 + kMmaKeys <= blk.last_pos) {
       issue_k(ks, j0 + kMmaKeys);
       tail_rows(s_vrow[buf ^ 1], j0 + kMmaKeys);
+    }
+    if (host_rows) {
+      load_host_rows(vrow, s_kept);
+      __syncthreads();  // before P·V reads them
+    }
+    // A thread per key adds the tile's retained mass (KeepPass adds a token's at a time).
+    if (hit_mass && threadIdx.x < kMmaKeys) {
+      const float mass = s_mass[threadIdx.x];
+      s_mass[threadIdx.x] = 0.0f;
+      const int32_t j = j0 + int32_t(threadIdx.x);
+      if (mass != 0.0f && j >= mark_from) atomicAdd(hit_mass + (j - mark_from), mass);
     }
     // A thread per token counts the tile's kept keys once and marks them (KeepPass's visit).
     if (int(threadIdx.x) < blk.tile.ntok) {
