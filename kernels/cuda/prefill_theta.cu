@@ -28,11 +28,12 @@ constexpr float kLog2E = 1.4426950408889634f;
 constexpr uint32_t kHostRow = 0x80000000u;
 constexpr uint32_t kNoRow = 0xffffffffu;
 
-// Dynamic shared memory: Q·scale·log2(e) in three bf16 parts, then the K and V tiles (the
-// first walk, which reads no V, takes both for K in turn).
+// Dynamic shared memory: Q·scale·log2(e) in three bf16 parts, then a K tile, a V tile and a
+// second K tile (the first walk, which reads no V, takes the first two for K in turn; the
+// second alternates the K tiles).
 template <int D>
 constexpr size_t PrefillThetaSmemBytes() {
-  return 5 * size_t(kMmaRows) * kMmaLdk<D> * sizeof(uint16_t);
+  return 6 * size_t(kMmaRows) * kMmaLdk<D> * sizeof(uint16_t);
 }
 
 // x in three bf16 parts, hi + mid + lo within ~2^-26 of x: a score's three products with a bf16
@@ -66,8 +67,9 @@ __device__ __forceinline__ unsigned long long QuadOr(unsigned long long x) {
 //   latter summed online as the dense kernel sums l; then each row's keep threshold on e =
 //   exp(s − m): θ·D_full post-softmax, exp(θ − m) pre-softmax, −1 (keep all) for a row of at
 //   most k keys or a head without θ.
-//   Walk 2: the same scores again (the same instructions on the same data: the same bits, so
-//   e ≤ 1 with the max at 1), e > threshold keeps a key; a kept key adds its e to the hit mass
+//   Walk 2 (K double-buffered too: the next tile's K lands during this tile's keep test and
+//   P·V, which sparse tiles mostly skip): the same scores again (the same instructions on the
+//   same data: the same bits, so e ≤ 1 with the max at 1), e > threshold keeps a key; a kept key adds its e to the hit mass
 //   (e / D_full, summed per key over the block's rows in shared memory, then one atomic per
 //   key and tile) and, where its V row is stored, to D_kept and (as P) to Σ e·V. A tile's V
 //   rows come from the tail's pages or, below v_tail_start, from the store entries that lie in
@@ -87,6 +89,7 @@ __global__ void __launch_bounds__(128) PrefillThetaKernel(PrefillArgs a) {
   uint16_t* const q3 = theta_smem;  // Q's parts: hi, mid, lo, kTileElems apart
   uint16_t* const ks = theta_smem + 3 * kTileElems;
   uint16_t* const vs = ks + kTileElems;
+  uint16_t* const ks2 = vs + kTileElems;
   __shared__ uint32_t s_vrow[2][kMmaKeys];  // the tile's V rows (double-buffered by tile)
   // Per token of the tile: the keys some head keeps, and keeps by the retain factor.
   __shared__ unsigned long long s_any[kMmaRows], s_strong[kMmaRows];
@@ -310,7 +313,8 @@ __global__ void __launch_bounds__(128) PrefillThetaKernel(PrefillArgs a) {
   issue_k(ks, 0);
   for (int32_t j0 = 0, buf = 0; j0 <= blk.last_pos; j0 += kMmaKeys, buf ^= 1) {
     uint32_t* vrow = s_vrow[buf];
-    __syncthreads();  // the tile's tail rows are listed; the last tile's V and masks are read
+    uint16_t* const k_tile = buf ? ks2 : ks;
+    __syncthreads();  // the tile's tail rows are listed; the last tile's K, V and masks are read
     if (threadIdx.x == 0) s_kept = 0;  // set again after the barrier below K's copies
     bool host_rows = false;  // the tile has host pool rows (the same for every thread)
     if (j0 < tail_start) {  // the same for every thread
@@ -321,13 +325,19 @@ __global__ void __launch_bounds__(128) PrefillThetaKernel(PrefillArgs a) {
       host_rows = s_found[2] + s_found[3] > 0;
     }
     issue_v(vrow);
-    __pipeline_wait_prior(1);  // this thread's copies of this tile's K
+    // The next tile's K into the other K tile (the last tile's), landing during this one.
+    if (j0 + kMmaKeys <= blk.last_pos) {
+      issue_k(buf ? ks : ks2, j0 + kMmaKeys);
+    } else {
+      __pipeline_commit();  // an empty group: the counts waited on below stay the same
+    }
+    __pipeline_wait_prior(2);  // this thread's copies of this tile's K (V's, the next K's pend)
     __syncthreads();           // everyone's
     const bool active = j0 <= warp_last_pos;  // uniform across the warp
     float s[kKeyTiles][4];
     bool any_p = false;  // this lane has a kept stored key in the tile
     if (active) {
-      scores(ks, s);
+      scores(k_tile, s);
       unsigned long long any0 = 0, any1 = 0, str0 = 0, str1 = 0;
 #pragma unroll
       for (int n = 0; n < kKeyTiles; ++n) {
@@ -387,12 +397,9 @@ __global__ void __launch_bounds__(128) PrefillThetaKernel(PrefillArgs a) {
         if (str1) atomicOr(&s_strong[r1 / blk.G], str1);
       }
     }
-    __pipeline_wait_prior(0);  // this thread's V copies
-    __syncthreads();           // everyone's; every warp is done with K and has set its masks
-    if (j0 + kMmaKeys <= blk.last_pos) {
-      issue_k(ks, j0 + kMmaKeys);
-      tail_rows(s_vrow[buf ^ 1], j0 + kMmaKeys);
-    }
+    __pipeline_wait_prior(1);  // this thread's V copies (the next K's may pend)
+    __syncthreads();           // everyone's; every warp has set its masks
+    if (j0 + kMmaKeys <= blk.last_pos) tail_rows(s_vrow[buf ^ 1], j0 + kMmaKeys);
     if (host_rows) {
       load_host_rows(vrow, s_kept);
       __syncthreads();  // before P·V reads them
@@ -520,7 +527,8 @@ __global__ void __launch_bounds__(128) PrefillThetaKernel(PrefillArgs a) {
 template <int D>
 cudaError_t LaunchPrefillTheta(const PrefillArgs& a, dim3 grid, cudaStream_t stream) {
   constexpr size_t kSmem = PrefillThetaSmemBytes<D>();
-  // Past 48 KB (d 128: 87 KB) the kernel needs the opt-in, once per head size (device 0).
+  // Past 48 KB (d 128: 102 KB, d 64: 54 KB) the kernel needs the opt-in, once per head size
+  // (device 0).
   static std::atomic<bool> opted{false};
   if (!opted.load(std::memory_order_acquire)) {
     const cudaError_t e = cudaFuncSetAttribute(
