@@ -63,18 +63,19 @@ __device__ __forceinline__ unsigned long long QuadOr(unsigned long long x) {
 // PrefillMmaKernel (prefill.cu): a lane holds rows g and g + 8 of its warp's 16 (lane = 4g + t)
 // and keys 8n + 2t, 8n + 2t + 1 of every tile; Q's three parts are read from shared memory as
 // A fragments at each k step (in registers they would take 96 at d 128).
-//   Walk 1 (K only, tiles double-buffered): each row's max m and D_full = Σ exp(s − m), the
+//   Walk 1 (K only, double-buffered): each row's max m and D_full = Σ exp(s − m), the
 //   latter summed online as the dense kernel sums l; then each row's keep threshold on e =
 //   exp(s − m): θ·D_full post-softmax, exp(θ − m) pre-softmax, −1 (keep all) for a row of at
 //   most k keys or a head without θ.
 //   Walk 2 (K double-buffered too: the next tile's K lands during this tile's keep test and
 //   P·V, which sparse tiles mostly skip): the same scores again (the same instructions on the
-//   same data: the same bits, so e ≤ 1 with the max at 1), e > threshold keeps a key; a kept key adds its e to the hit mass
-//   (e / D_full, summed per key over the block's rows in shared memory, then one atomic per
-//   key and tile) and, where its V row is stored, to D_kept and (as P) to Σ e·V. A tile's V
-//   rows come from the tail's pages or, below v_tail_start, from the store entries that lie in
-//   the tile (found from running indices into each store's sorted positions: no search); the
-//   host pool's only where some row of the block keeps them, after the keep test.
+//   same data: the same bits, so e ≤ 1 with the max at 1), e > threshold keeps a key; a kept
+//   key adds its e to the hit mass (e / D_full, summed per key over the block's rows in shared
+//   memory, then one atomic per key and tile) and, where its V row is stored, to D_kept and
+//   (as P) to Σ e·V. A tile's V rows come from the tail's pages or, below v_tail_start, from
+//   the store entries that lie in the tile (found from running indices into each store's
+//   sorted positions: no search); the host pool's only where some row of the block keeps
+//   them, after the keep test.
 //   The heads of a token that keep a key meet in per-token key masks in shared memory (a
 //   token's G rows may lie in different warps), which count rows read, positions retained and
 //   host rows once per (token, key), as the CPU does, and set hit marks (latest position).
