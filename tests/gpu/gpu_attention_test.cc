@@ -313,20 +313,22 @@ TEST(GpuOnePassTest, OnePassUnlessTheRetainedMassIsRecorded) {
 // Top-θ prefill tiles (PrefillThetaKernel, the default for prompt chunks under Top-θ) against
 // the CPU: both placements, the retain factor (marks only where e > 8·thr: 8 splits the kept
 // mode, MakeTable) or none, over the dense tail, a sparse store and a host store below it; d 64
-// with a group of 3 (a token's heads in different warps) and d 128 with 8; chunks that start
-// inside a key tile and span several row tiles, one whose store ends inside a tile, and an
-// attention sink among a store's positions; the retained mass recorded. The split kernels'
+// with a group of 3 (a token's heads in different warps) and of 1 (64 tokens a tile, one row
+// each), d 128 with 8; chunks that start inside a key tile and span several row tiles, one
+// whose store ends inside a tile, and an attention sink among a store's positions; the
+// retained mass recorded. The split kernels'
 // way of taking prefill rows is every GpuTopThetaTest's "_split_theta_prefill" runs.
 TEST(GpuThetaPrefillTest, TiledTopThetaPrefillMatchesCpu) {
   SKIP_WITHOUT_CUDA_DEVICE();
   const uint64_t seed = testing::TestSeed();
   SCOPED_TRACE("THETASERVE_SEED=" + std::to_string(seed));
-  for (const Shape s : {Shape{}, Shape{2, 1, 8, 1, 128, 16}})
+  for (const Shape s : {Shape{}, Shape{2, 1, 4, 4, 64, 16}, Shape{2, 1, 8, 1, 128, 16}})
   for (auto placement : {model::ThetaPlacement::kPreSoftmax, model::ThetaPlacement::kPostSoftmax})
   for (bool host : {false, true}) {
     const float retain = host ? 8.0f : 1.0f;
     SCOPED_TRACE(::testing::Message()
-                 << "d " << s.head_dim << " " << model::PlacementName(placement)
+                 << "d " << s.head_dim << " group " << s.num_heads / s.num_kv_heads << " "
+                 << model::PlacementName(placement)
                  << (host ? ", host store, retain 8" : ", sparse store"));
     const model::ThetaTable table = MakeTable(s, placement, 16);
     TopThetaConfig cfg;
