@@ -122,8 +122,9 @@ absl::Status CudaAttention::Prepare(const ForwardBatch& batch, const DeviceBatch
   TS_CUDA_RETURN(cudaMemcpyAsync(dev, host, total, cudaMemcpyHostToDevice, stream));
 
   // Workspace for the split kernels, for `row_batch_` rows at a time: every split's partials
-  // (o, and four floats) and, for Top-θ's two passes, every row's 16-bit scores. Top-θ sends
-  // prefill rows to the split kernels too, so a long prefill chunk runs in slices of at most
+  // (o, and four floats) and, for Top-θ's two passes, every row's 16-bit scores. Top-θ may
+  // send prefill rows to the split kernels too (ThetaPrefill::kSplit, or a head size the
+  // tiles do not take), so a long prefill chunk runs in slices of at most
   // 256 MiB of workspace (one pass keeps no scores: its partials alone would otherwise grow to
   // gigabytes for 8k-token chunks at 128 heads of d 128).
   const int64_t score_stride_pre = theta && !plan_.one_pass ? planned_len : 0;  // a multiple of 256
