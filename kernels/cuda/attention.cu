@@ -1349,19 +1349,9 @@ __global__ void __launch_bounds__(kCombineWays * D) ThetaCombineKernel(SplitArgs
     d_full = st[1];
     thr = st[2];
   }
-  float denom = d_kept;
-  switch (a.theta.sdc) {
-    case SdcMode::kNone: break;
-    case SdcMode::kExact: denom = d_full; break;
-    case SdcMode::kExpThreshold:
-      if (thr > 0) denom = d_kept + (float(L) - kept) * thr;
-      break;
-    case SdcMode::kOffline:
-      if (thr > 0) {
-        denom = d_kept * (1.0f + a.theta.sdc_ratio[int64_t(t) * a.kv.shape.num_heads + head]);
-      }
-      break;
-  }
+  const float denom =
+      SdcDenominator(a.theta.sdc, d_kept, d_full, kept, L, thr,
+                     a.theta.sdc_ratio, int64_t(t) * a.kv.shape.num_heads + head);
   const int32_t G = a.kv.shape.num_heads / a.kv.shape.num_kv_heads;
   const bool has_sum = a.kv.seqs[a.kv.rows[t].seq].pages.v_sum != nullptr;
   const float* vsum = a.theta.vsum_rows && a.theta.vmc && has_sum

@@ -6,6 +6,8 @@
 
 #include <cstdint>
 
+#include "kernels/top_theta.h"
+
 // A device function kept out of line (the emulator compiles kernels as host C++).
 #if defined(__CUDACC__)
 #define TS_NOINLINE __noinline__
@@ -90,6 +92,25 @@ __device__ __forceinline__ float BlockMax(float v, float* scratch) {
   const int nw = blockDim.x >> 5;
   v = lane < nw ? scratch[lane] : -INFINITY;
   return WarpMax(v);
+}
+
+// Top-θ's softmax denominator for a row after its keep test (the CPU's Compensate): D_kept
+// over the kept rows, `kept` of the row's L; thr its keep threshold on e (<= 0: keeps all);
+// sdc_ratio[at] (the offline ratio of its row and head) is read for SdcMode::kOffline only.
+__device__ __forceinline__ float SdcDenominator(SdcMode sdc, float d_kept, float d_full,
+                                                float kept, int32_t L, float thr,
+                                                const float* sdc_ratio, int64_t at) {
+  switch (sdc) {
+    case SdcMode::kNone: break;
+    case SdcMode::kExact: return d_full;
+    case SdcMode::kExpThreshold:
+      if (thr > 0) return d_kept + (float(L) - kept) * thr;
+      break;
+    case SdcMode::kOffline:
+      if (thr > 0) return d_kept * (1.0f + sdc_ratio[at]);
+      break;
+  }
+  return d_kept;
 }
 
 }  // namespace thetaserve::kernels::cuda

@@ -463,27 +463,9 @@ __global__ void __launch_bounds__(128) PrefillMmaKernel(PrefillArgs a) {
     __syncthreads();           // everyone's; and every warp is done with K
     if (j0 + kMmaKeys <= blk.last_pos) issue(ks, k_pages, 0, j0 + kMmaKeys);
     if (!active) continue;
-    // O += P·V, 16 keys a step: key tiles 2kk and 2kk + 1 of P are the A fragment; V's rows
-    // read transposed are B, one .x4 giving both key halves (mat & 1) of two output tiles
-    // (mat >> 1).
+    // O += P·V, 16 keys a step.
 #pragma unroll
-    for (int kk = 0; kk < kKeyTiles / 2; ++kk) {
-      uint32_t p_hi[4], p_lo[4];
-      SplitBf16Pair(s[2 * kk][0], s[2 * kk][1], p_hi[0], p_lo[0]);
-      SplitBf16Pair(s[2 * kk][2], s[2 * kk][3], p_hi[1], p_lo[1]);
-      SplitBf16Pair(s[2 * kk + 1][0], s[2 * kk + 1][1], p_hi[2], p_lo[2]);
-      SplitBf16Pair(s[2 * kk + 1][2], s[2 * kk + 1][3], p_hi[3], p_lo[3]);
-      const uint16_t* v_rows = vs + (kk * 16 + (mat & 1) * 8 + mat_row) * kLdk + (mat >> 1) * 8;
-#pragma unroll
-      for (int n = 0; n < kOutTiles; n += 2) {
-        uint32_t vb[4];
-        LdMatrixX4Trans(vb, v_rows + n * 8);
-        MmaBf16M16N8K16(o[n], p_hi, vb[0], vb[1]);
-        MmaBf16M16N8K16(o[n], p_lo, vb[0], vb[1]);
-        MmaBf16M16N8K16(o[n + 1], p_hi, vb[2], vb[3]);
-        MmaBf16M16N8K16(o[n + 1], p_lo, vb[2], vb[3]);
-      }
-    }
+    for (int kk = 0; kk < kKeyTiles / 2; ++kk) AddPVStep<D>(o, s, kk, vs, kLdk, lane);
   }
 #pragma unroll
   for (int x = 1; x <= 2; x <<= 1) {

@@ -7,6 +7,7 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/warp_mma.cuh"
 
 namespace thetaserve::kernels::cuda {
 
@@ -90,6 +91,32 @@ __device__ void StageQueryHalves(const PrefillArgs& a, const PrefillBlock& blk, 
   for (int i = threadIdx.x; i < kMmaRows * D; i += blockDim.x) {
     const int rr = i / D, c = i % D;
     SplitBf16(blk.Query(a, rr, c, D, scale), hi[rr * ld + c], lo[rr * ld + c]);
+  }
+}
+
+// O += P·V over keys [16kk, 16kk + 16) of a kMmaKeys-key tile (the mma kernels' step): key
+// tiles 2kk and 2kk + 1 of P (the lane's S accumulators, s[n][e] row g's key 8n + 2t + e,
+// s[n][2 + e] row g + 8's) are the A fragment, in bf16 halves; V's rows (shared memory, ldk
+// elements apart) read transposed are B, one ldmatrix .x4 giving both key halves (matrix & 1)
+// of two output tiles (matrix >> 1).
+template <int D>
+__device__ __forceinline__ void AddPVStep(float (&o)[D / 8][4], const float (&s)[kMmaKeys / 8][4],
+                                          int kk, const uint16_t* vs, int ldk, int lane) {
+  const int mat = lane >> 3, mat_row = lane & 7;
+  uint32_t p_hi[4], p_lo[4];
+  SplitBf16Pair(s[2 * kk][0], s[2 * kk][1], p_hi[0], p_lo[0]);
+  SplitBf16Pair(s[2 * kk][2], s[2 * kk][3], p_hi[1], p_lo[1]);
+  SplitBf16Pair(s[2 * kk + 1][0], s[2 * kk + 1][1], p_hi[2], p_lo[2]);
+  SplitBf16Pair(s[2 * kk + 1][2], s[2 * kk + 1][3], p_hi[3], p_lo[3]);
+  const uint16_t* v_rows = vs + (kk * 16 + (mat & 1) * 8 + mat_row) * ldk + (mat >> 1) * 8;
+#pragma unroll
+  for (int n = 0; n < D / 8; n += 2) {
+    uint32_t vb[4];
+    LdMatrixX4Trans(vb, v_rows + n * 8);
+    MmaBf16M16N8K16(o[n], p_hi, vb[0], vb[1]);
+    MmaBf16M16N8K16(o[n], p_lo, vb[0], vb[1]);
+    MmaBf16M16N8K16(o[n + 1], p_hi, vb[2], vb[3]);
+    MmaBf16M16N8K16(o[n + 1], p_lo, vb[2], vb[3]);
   }
 }
 

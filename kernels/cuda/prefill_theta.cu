@@ -432,29 +432,13 @@ __global__ void __launch_bounds__(128) PrefillThetaKernel(PrefillArgs a) {
       }
     }
     if (!active || !__ballot_sync(0xffffffffu, any_p)) continue;  // uniform across the warp
-    // O += P·V over the kept stored keys, as PrefillMmaKernel adds it; a 16-key step that no
-    // row of the warp keeps is skipped.
+    // O += P·V over the kept stored keys (AddPVStep), skipping a 16-key step no row keeps.
 #pragma unroll
     for (int kk = 0; kk < kKeyTiles / 2; ++kk) {
       bool any_step = false;
 #pragma unroll
       for (int e = 0; e < 4; ++e) any_step |= s[2 * kk][e] != 0.0f || s[2 * kk + 1][e] != 0.0f;
-      if (!__ballot_sync(0xffffffffu, any_step)) continue;
-      uint32_t p_hi[4], p_lo[4];
-      SplitBf16Pair(s[2 * kk][0], s[2 * kk][1], p_hi[0], p_lo[0]);
-      SplitBf16Pair(s[2 * kk][2], s[2 * kk][3], p_hi[1], p_lo[1]);
-      SplitBf16Pair(s[2 * kk + 1][0], s[2 * kk + 1][1], p_hi[2], p_lo[2]);
-      SplitBf16Pair(s[2 * kk + 1][2], s[2 * kk + 1][3], p_hi[3], p_lo[3]);
-      const uint16_t* v_rows = vs + (kk * 16 + (mat & 1) * 8 + mat_row) * kLdk + (mat >> 1) * 8;
-#pragma unroll
-      for (int n = 0; n < kOutTiles; n += 2) {
-        uint32_t vb[4];
-        LdMatrixX4Trans(vb, v_rows + n * 8);
-        MmaBf16M16N8K16(o[n], p_hi, vb[0], vb[1]);
-        MmaBf16M16N8K16(o[n], p_lo, vb[0], vb[1]);
-        MmaBf16M16N8K16(o[n + 1], p_hi, vb[2], vb[3]);
-        MmaBf16M16N8K16(o[n + 1], p_lo, vb[2], vb[3]);
-      }
+      if (__ballot_sync(0xffffffffu, any_step)) AddPVStep<D>(o, s, kk, vs, kLdk, lane);
     }
   }
 
@@ -475,17 +459,8 @@ __global__ void __launch_bounds__(128) PrefillThetaKernel(PrefillArgs a) {
     const float thr = half ? thr1 : thr0, d_full = half ? d_full1 : d_full0;
     const int32_t L = blk.Pos(rr) + 1;
     const int64_t token = blk.Token(rr), head = blk.Head(rr);
-    float denom = d_kept;
-    switch (th.sdc) {
-      case SdcMode::kNone: break;
-      case SdcMode::kExact: denom = d_full; break;
-      case SdcMode::kExpThreshold:
-        if (thr > 0) denom = d_kept + (float(L) - kept) * thr;
-        break;
-      case SdcMode::kOffline:
-        if (thr > 0) denom = d_kept * (1.0f + th.sdc_ratio[token * H + head]);
-        break;
-    }
+    const float denom =
+        SdcDenominator(th.sdc, d_kept, d_full, kept, L, thr, th.sdc_ratio, token * H + head);
     const float* vsum = th.vsum_rows && th.vmc && pages.v_sum
                             ? th.vsum_rows + token * a.kv.shape.num_kv_heads * D +
                                   int64_t(blk.kv_head) * D
