@@ -11,12 +11,19 @@
 #   scripts/gpu-check.sh --prebuilt DIR     # binaries from scripts/gpu-pack.sh (DIR/bin, DIR/lib)
 #   scripts/gpu-check.sh --model FILE --theta FILE[,FILE]   # defaults: models/SmolLM2…gguf, none
 #   scripts/gpu-check.sh ... --ncu          # then Nsight Compute on Top-θ's kernels at 32k × 64
+#   scripts/gpu-check.sh ... --deadline S   # finish within S seconds of its start (see below)
+# With --deadline (a device call's limit less a margin: the call is killed at its limit, and the
+# summary, printed last, would be lost with it), each step's timeout is cut to what is left and a
+# step that would start with too little left is skipped, said in the log and the summary: the
+# tests first keep 150 s for the benchmark, the optional steps after it (512-key chunks, the
+# CPU attention, each Nsight Compute read, most telling first) run only if their own limit fits.
 # Files under $OUT (the device tool brings back 8): device.txt, tests.log (every test's output),
 # gpu-bench.log, gpu-bench-chunk512.log, cpu-attention.log, ncu.txt.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
 prebuilt="" model="models/SmolLM2-135M-Instruct.Q4_1.gguf" theta="" quick=0 only_model=0 ncu=0
+deadline=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --prebuilt) prebuilt=$2; shift 2 ;;
@@ -25,6 +32,7 @@ while [ $# -gt 0 ]; do
     --quick) quick=1; shift ;;
     --only-model) only_model=1; shift ;;  # just the model's forward test and decode benchmark
     --ncu) ncu=1; shift ;;
+    --deadline) deadline=$2; shift 2 ;;
     *) echo "unknown flag $1" >&2; exit 2 ;;
   esac
 done
@@ -35,6 +43,23 @@ trap 'rm -rf "$logs"' EXIT
 : >"$out/tests.log"
 start=$(date +%s)
 stamp() { echo "[gpu-check +$(( $(date +%s) - start ))s] $*"; }
+# limit WANT [KEEP]: WANT seconds, or what the deadline leaves after KEEP more (at least 1).
+limit() {
+  local want=$1 keep=${2:-0} left
+  [ "$deadline" -gt 0 ] || { echo "$want"; return; }
+  left=$((deadline - ($(date +%s) - start) - keep))
+  [ "$left" -lt "$want" ] && want=$left
+  [ "$want" -lt 1 ] && want=1  # (timeout 0 would mean none)
+  echo "$want"
+}
+left_out=()
+# fits NAME NEED: whether a step that needs NEED seconds still fits; if not, says it is skipped.
+fits() {
+  [ "$(limit "$2")" -ge "$2" ] && return 0
+  stamp "skipped $1: $(limit 100000) s left of the deadline, it needs $2"
+  left_out+=("$1")
+  return 1
+}
 
 stamp "device"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem --format=csv 2>&1 | tee "$out/device.txt"
@@ -90,7 +115,7 @@ for t in "${tests[@]}"; do
   [ "$name" = gpu_attention_test ] && shards=${GPU_CHECK_SHARDS:-4}
   pids=()
   for ((s = 0; s < shards; ++s)); do
-    GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$s timeout "${GPU_CHECK_TEST_TIMEOUT:-360}" \
+    GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$s timeout "$(limit "${GPU_CHECK_TEST_TIMEOUT:-360}" 150)" \
       env "${env[@]}" stdbuf -oL -eL "$bin/$name" --gtest_color=no --gtest_filter="$f" \
       >"$log.$s" 2>&1 &
     pids+=($!)
@@ -138,20 +163,20 @@ args=(--model "$model")
 [ -n "$theta" ] && args+=(--theta "$theta")
 [ "$only_model" = 1 ] && args+=(--contexts "" --prefill "" --offload-contexts "")
 [ "$quick" = 1 ] && args+=(--contexts 1024,32768 --batches 1,32 --prefill 4096 --offload-contexts 32768 --offload-batches 8 --e2e-batches 1,32 --e2e-long-batches 8 --repeats 3)
-timeout 300 "$bin/thetaserve_gpu_bench" "${args[@]}" 2>&1 | tee "$out/gpu-bench.log"
+timeout "$(limit 300 5)" "$bin/thetaserve_gpu_bench" "${args[@]}" 2>&1 | tee "$out/gpu-bench.log"
 bench_rc=${PIPESTATUS[0]}
-if [ "$only_model" = 0 ] && [ "$bench_rc" = 0 ]; then
+if [ "$only_model" = 0 ] && [ "$bench_rc" = 0 ] && fits "512-key chunks" 60; then
   # The planned chunk at 32k is 1024 keys from batch 8 on; staged K then fits 5 blocks per SM
   # (37.6 KB of shared memory each at SmolLM2's shape), at 512-key chunks 6 (its registers):
   # measure both.
   stamp "decode attention at 512-key chunks"
-  THETASERVE_ATTN_CHUNK=512 timeout 120 "$bin/thetaserve_gpu_bench" --contexts 32768 --batches 8,64 \
+  THETASERVE_ATTN_CHUNK=512 timeout "$(limit 120)" "$bin/thetaserve_gpu_bench" --contexts 32768 --batches 8,64 \
     --prefill "" --offload-contexts "" --model "" --repeats 5 2>&1 | tee "$out/gpu-bench-chunk512.log" | sed -n '/^## decode/,/^$/p'
 fi
 
-if [ "$only_model" = 0 ] && [ -x "$bin/thetaserve_attention_bench" ]; then
+if [ "$only_model" = 0 ] && [ -x "$bin/thetaserve_attention_bench" ] && fits "CPU attention" 40; then
   stamp "CPU decode attention, all cores (split÷: whole rows' time over split rows')"
-  timeout 60 "$bin/thetaserve_attention_bench" --kv-dtype f16 --contexts 4096,32768 --repeats 9 \
+  timeout "$(limit 60)" "$bin/thetaserve_attention_bench" --kv-dtype f16 --contexts 4096,32768 --repeats 9 \
     2>&1 | tee "$out/cpu-attention.log"
 fi
 
@@ -167,12 +192,14 @@ if [ "$ncu" = 1 ] && [ "$only_model" = 0 ]; then
   ncu_bin=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
   if [ -n "$ncu_bin" ]; then
     stamp "Nsight Compute: Top-θ at 32k × 64 ($ncu_bin)"
-    # Staged and quad (per thread's profile is in docs/gpu/2026-12-04-h200-ncu.txt).
-    for run in "1 12 3" "1 30 2" "2 12 3" "2 30 2" "1 42 2"; do
+    # Staged and quad (per thread's profile is in docs/gpu/2026-12-04-h200-ncu.txt), the
+    # server's way at 32k × 64 (staged: auto's pick there) first: two kernels, one pass, fused.
+    for run in "1 12 3" "1 42 2" "1 30 2" "2 12 3" "2 30 2"; do
       read -r v first count <<<"$run"
       case "$first" in 12) what="two kernels" ;; 30) what="fused" ;; *) what="one pass" ;; esac
+      fits "Nsight Compute K way $v, $what" 60 >&2 || continue
       echo "==== K way $v (0 per thread, 1 staged, 2 quad), $what"
-      timeout 90 "$ncu_bin" --clock-control none \
+      timeout "$(limit 90)" "$ncu_bin" --clock-control none \
         --kernel-name regex:'SplitPass|SplitFused|SplitOnePass|Combine' \
         --launch-skip $((43 + 54 * v + first)) --launch-count "$count" --section SpeedOfLight \
         --section Occupancy --section LaunchStats --section WarpStateStats \
@@ -198,5 +225,6 @@ for t in "${tests[@]}"; do printf '%-24s %s\n' "$t" "${result[$t]}"; done
 printf '%-24s rc %s\n' "thetaserve_gpu_bench" "$bench_rc"
 [ -n "$graph_failures" ] && printf '%-24s %s\n' "CUDA graph capture" "FAILED in $graph_failures"
 [ -n "$prefill_fallback" ] && printf '%-24s %s\n' "mma prefill" "$prefill_fallback"
+[ "${#left_out[@]}" -gt 0 ] && printf '%-24s %s\n' "skipped (deadline ${deadline} s)" "$(IFS=';'; echo "${left_out[*]}")"
 sed -n '/^## summary/,$p' "$out/gpu-bench.log" | tail -n +2
 [ "$failed" = 0 ] && [ "$bench_rc" = 0 ]

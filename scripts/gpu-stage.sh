@@ -174,18 +174,20 @@ model_id=$(basename -s .sha256 .xfer/*/model.tar.xz.*.sha256 | head -1)
 theta_flag=""
 [ -n "$staged_thetas" ] && theta_flag=" --theta $staged_thetas"
 echo
-echo "== device calls, in order and back to back (a machine idle for 30 s goes back) =="
+echo "== device calls, in order and back to back (a machine idle for 30 s goes back), each with"
+echo "   timeout_s 600: the check keeps to --deadline 540 (unpacking and the copy back take the rest)"
+echo "   and prints its summary last =="
 # The check without the model runs where the binaries are complete (the kernel tables, first);
 # the model's tests where the model is, or the whole check at once if both arrive together.
 for i in $(seq 1 "$call"); do
   size=$(du -cb ".xfer/$i" | tail -1 | cut -f1)
   cmd="bash scripts/gpu-stage.sh --unpack"
   if [ "$i" = "${done_at[$devbin_id]}" ] && [ "$i" = "${done_at[$model_id]}" ]; then
-    cmd="$cmd --need $devbin_id $model_id && bash scripts/gpu-check.sh --prebuilt .devbin --ncu$theta_flag"
+    cmd="$cmd --need $devbin_id $model_id && bash scripts/gpu-check.sh --prebuilt .devbin --deadline 540 --ncu$theta_flag"
   elif [ "$i" = "${done_at[$devbin_id]}" ]; then
-    cmd="$cmd --need $devbin_id && bash scripts/gpu-check.sh --prebuilt .devbin --ncu$theta_flag"
+    cmd="$cmd --need $devbin_id && bash scripts/gpu-check.sh --prebuilt .devbin --deadline 540 --ncu$theta_flag"
   elif [ "$i" = "${done_at[$model_id]}" ]; then
-    cmd="$cmd --need $devbin_id $model_id && bash scripts/gpu-check.sh --prebuilt .devbin --only-model$theta_flag"
+    cmd="$cmd --need $devbin_id $model_id && bash scripts/gpu-check.sh --prebuilt .devbin --deadline 540 --only-model$theta_flag"
   fi
   echo "call $i: carry [\".xfer/$i\"] ($(mb $((size + always))) in all)"
   echo "  $cmd"
