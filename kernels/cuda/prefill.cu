@@ -366,24 +366,8 @@ __global__ void __launch_bounds__(128) PrefillMmaKernel(PrefillArgs a) {
   const int32_t* k_pages = blk.KPages();
   const int32_t* v_pages = blk.VPages();
   const int32_t v_first = blk.seq.pages.v_tail_start;  // V: the position of the tail's first page
-  // Starts the copies of K's or V's rows [j0, j0 + 64) into `dst` (zeros past last_pos) as
-  // one group: a thread takes one 16-byte piece of a row in every pass of 128 / (D / 8) rows.
   auto issue = [&](uint16_t* dst, const int32_t* pages, int32_t first, int32_t j0) {
-    constexpr int kPieces = D / 8, kRowsPerPass = 128 / kPieces;
-    const int c = int(threadIdx.x) % kPieces * 8;
-#pragma unroll
-    for (int pass = 0; pass < kMmaKeys / kRowsPerPass; ++pass) {
-      const int jj = int(threadIdx.x) / kPieces + pass * kRowsPerPass;
-      const int32_t j = j0 + jj;
-      if (j <= blk.last_pos) {
-        const uint16_t* src =
-            a.pool + a.kv.layout.RowOffset(pages[bs.Div(j - first)], bs.Mod(j)) + c;
-        __pipeline_memcpy_async(dst + jj * kLdk + c, src, 16);
-      } else {  // zeros, not what the tile held (Q's halves first): 0 · NaN is no zero
-        *reinterpret_cast<uint4*>(dst + jj * kLdk + c) = make_uint4(0, 0, 0, 0);
-      }
-    }
-    __pipeline_commit();
+    CopyKeyRows<D>(a, blk, bs, dst, kLdk, pages, first, j0);
   };
 
   // Copy groups: K of the first tile here; then per tile V, and (once every warp has read
@@ -415,47 +399,15 @@ __global__ void __launch_bounds__(128) PrefillMmaKernel(PrefillArgs a) {
         }
       }
 
-      // Online softmax: s[n][e] is row r0's key j0 + 8n + 2t + e, s[n][2 + e] row r1's.
-      float mx0 = -INFINITY, mx1 = -INFINITY;
-#pragma unroll
-      for (int n = 0; n < kKeyTiles; ++n) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int32_t j = j0 + 8 * n + 2 * t + e;
-          if (live0 && j <= pos0) mx0 = fmaxf(mx0, s[n][e]);
-          if (live1 && j <= pos1) mx1 = fmaxf(mx1, s[n][2 + e]);
-        }
-      }
-#pragma unroll
-      for (int x = 1; x <= 2; x <<= 1) {
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, x));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, x));
-      }
-      const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
-      const float alpha0 = mn0 == -INFINITY ? 1.0f : exp2f(m0 - mn0);  // 0 on a row's first keys
-      const float alpha1 = mn1 == -INFINITY ? 1.0f : exp2f(m1 - mn1);
-      float sum0 = 0.0f, sum1 = 0.0f;
-#pragma unroll
-      for (int n = 0; n < kKeyTiles; ++n) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int32_t j = j0 + 8 * n + 2 * t + e;
-          s[n][e] = live0 && j <= pos0 ? exp2f(s[n][e] - mn0) : 0.0f;
-          s[n][2 + e] = live1 && j <= pos1 ? exp2f(s[n][2 + e] - mn1) : 0.0f;
-          sum0 += s[n][e];
-          sum1 += s[n][2 + e];
-        }
-      }
-      l0 = l0 * alpha0 + sum0;  // this lane's part of the row's sum
-      l1 = l1 * alpha1 + sum1;
-      m0 = mn0;
-      m1 = mn1;
+      // Online softmax: s becomes P.
+      const float2 alpha = OnlineSoftmaxStep<true>(s, j0, t, live0, pos0, live1, pos1, m0, m1,
+                                                    l0, l1);
 #pragma unroll
       for (int n = 0; n < kOutTiles; ++n) {
-        o[n][0] *= alpha0;
-        o[n][1] *= alpha0;
-        o[n][2] *= alpha1;
-        o[n][3] *= alpha1;
+        o[n][0] *= alpha.x;
+        o[n][1] *= alpha.x;
+        o[n][2] *= alpha.y;
+        o[n][3] *= alpha.y;
       }
     }
 

@@ -1,6 +1,7 @@
 // What the tiled prefill kernels share (prefill.cu's dense kernels, prefill_theta.cu's Top-θ
-// kernel): their arguments, the block's tile of query rows, and the bf16 splits that keep
-// tensor-core products at f32 accuracy.
+// kernel): their arguments, the block's tile of query rows, the copies of key rows into shared
+// memory, the online softmax's step, and the bf16 splits that keep tensor-core products at f32
+// accuracy.
 #pragma once
 
 #include <cstdint>
@@ -66,6 +67,83 @@ struct PrefillBlock {
     return a.o + Token(rr) * int64_t(a.kv.shape.num_heads) * d + Head(rr) * d;
   }
 };
+
+// Starts the copies of the block's key rows [j0, j0 + kMmaKeys) into dst (rows ldk elements
+// apart; zeros past last_pos) as one cp.async group: row j from page pages[(j − first) / bs]
+// (K's table from 0, V's tail from its first position). A thread takes one 16-byte piece of a
+// row in each pass of 128 / (D / 8) rows.
+template <int D>
+__device__ __forceinline__ void CopyKeyRows(const PrefillArgs& a, const PrefillBlock& blk,
+                                            const Divisor& bs, uint16_t* dst, int ldk,
+                                            const int32_t* pages, int32_t first, int32_t j0) {
+  constexpr int kPieces = D / 8, kRowsPerPass = 128 / kPieces;
+  const int c = int(threadIdx.x) % kPieces * 8;
+#pragma unroll
+  for (int pass = 0; pass < kMmaKeys / kRowsPerPass; ++pass) {
+    const int jj = int(threadIdx.x) / kPieces + pass * kRowsPerPass;
+    const int32_t j = j0 + jj;
+    if (j <= blk.last_pos) {
+      const uint16_t* src =
+          a.pool + a.kv.layout.RowOffset(pages[bs.Div(j - first)], bs.Mod(j)) + c;
+      __pipeline_memcpy_async(dst + jj * ldk + c, src, 16);
+    } else {  // zeros, not what the tile held (Q's parts first): 0 · NaN is no zero
+      *reinterpret_cast<uint4*>(dst + jj * ldk + c) = make_uint4(0, 0, 0, 0);
+    }
+  }
+  __pipeline_commit();
+}
+
+// One key tile's step of the online softmax, in base 2, for the two rows an mma lane holds
+// (s[n][e]: row r0's key j0 + 8n + 2t + e; s[n][2 + e]: row r1's; a row sees keys up to its
+// position pos, none if not live): the rows' maxima m over the keys seen (the quad agreeing),
+// this lane's part l of their sums rescaled and added to. With kWriteP, s becomes the e of
+// each key (0 where the row does not see it), P for P·V. Returns the rescale factors of r0
+// and r1 (1 while a row has seen no key).
+template <bool kWriteP>
+__device__ __forceinline__ float2 OnlineSoftmaxStep(float (&s)[kMmaKeys / 8][4], int32_t j0,
+                                                    int t, bool live0, int32_t pos0, bool live1,
+                                                    int32_t pos1, float& m0, float& m1,
+                                                    float& l0, float& l1) {
+  float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+  for (int n = 0; n < kMmaKeys / 8; ++n) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int32_t j = j0 + 8 * n + 2 * t + e;
+      if (live0 && j <= pos0) mx0 = fmaxf(mx0, s[n][e]);
+      if (live1 && j <= pos1) mx1 = fmaxf(mx1, s[n][2 + e]);
+    }
+  }
+#pragma unroll
+  for (int x = 1; x <= 2; x <<= 1) {
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, x));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, x));
+  }
+  const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+  const float alpha0 = mn0 == -INFINITY ? 1.0f : exp2f(m0 - mn0);  // 0 on a row's first keys
+  const float alpha1 = mn1 == -INFINITY ? 1.0f : exp2f(m1 - mn1);
+  float sum0 = 0.0f, sum1 = 0.0f;
+#pragma unroll
+  for (int n = 0; n < kMmaKeys / 8; ++n) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int32_t j = j0 + 8 * n + 2 * t + e;
+      const float e0 = live0 && j <= pos0 ? exp2f(s[n][e] - mn0) : 0.0f;
+      const float e1 = live1 && j <= pos1 ? exp2f(s[n][2 + e] - mn1) : 0.0f;
+      if constexpr (kWriteP) {
+        s[n][e] = e0;
+        s[n][2 + e] = e1;
+      }
+      sum0 += e0;
+      sum1 += e1;
+    }
+  }
+  l0 = l0 * alpha0 + sum0;
+  l1 = l1 * alpha1 + sum1;
+  m0 = mn0;
+  m1 = mn1;
+  return make_float2(alpha0, alpha1);
+}
 
 // x as bf16 halves: hi = bf16(x), lo = bf16(x − hi); hi + lo is within ~2^-16 of x.
 __device__ __forceinline__ void SplitBf16(float x, uint16_t& hi, uint16_t& lo) {

@@ -146,21 +146,10 @@ __global__ void __launch_bounds__(128) PrefillThetaKernel(PrefillArgs a) {
   const Divisor bs(a.kv.layout.block_size);
   const int32_t* k_pages = blk.KPages();
   constexpr int kPieces = D / 8, kRowsPerPass = 128 / kPieces;
-  const int c8 = int(threadIdx.x) % kPieces * 8;  // the thread's piece of each row it copies
+  const int c8 = int(threadIdx.x) % kPieces * 8;  // the thread's piece of each V row it copies
   // Starts the copies of K's rows [j0, j0 + 64) into `dst` (zeros past last_pos) as a group.
   auto issue_k = [&](uint16_t* dst, int32_t j0) {
-#pragma unroll
-    for (int pass = 0; pass < kMmaKeys / kRowsPerPass; ++pass) {
-      const int jj = int(threadIdx.x) / kPieces + pass * kRowsPerPass;
-      const int32_t j = j0 + jj;
-      if (j <= blk.last_pos) {
-        const uint16_t* src = a.pool + a.kv.layout.RowOffset(k_pages[bs.Div(j)], bs.Mod(j)) + c8;
-        __pipeline_memcpy_async(dst + jj * kLdk + c8, src, 16);
-      } else {
-        *reinterpret_cast<uint4*>(dst + jj * kLdk + c8) = make_uint4(0, 0, 0, 0);
-      }
-    }
-    __pipeline_commit();
+    CopyKeyRows<D>(a, blk, bs, dst, kLdk, k_pages, 0, j0);
   };
 
   // Walk 1: each row's max and D_full (this lane's part of it, summed across the quad after).
@@ -177,38 +166,7 @@ __global__ void __launch_bounds__(128) PrefillThetaKernel(PrefillArgs a) {
     if (j0 <= warp_last_pos) {
       float s[kKeyTiles][4];
       scores(buf ? vs : ks, s);
-      float mx0 = -INFINITY, mx1 = -INFINITY;
-#pragma unroll
-      for (int n = 0; n < kKeyTiles; ++n) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int32_t j = j0 + 8 * n + 2 * t + e;
-          if (live0 && j <= pos0) mx0 = fmaxf(mx0, s[n][e]);
-          if (live1 && j <= pos1) mx1 = fmaxf(mx1, s[n][2 + e]);
-        }
-      }
-#pragma unroll
-      for (int x = 1; x <= 2; x <<= 1) {
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, x));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, x));
-      }
-      const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
-      const float alpha0 = mn0 == -INFINITY ? 1.0f : exp2f(m0 - mn0);
-      const float alpha1 = mn1 == -INFINITY ? 1.0f : exp2f(m1 - mn1);
-      float sum0 = 0.0f, sum1 = 0.0f;
-#pragma unroll
-      for (int n = 0; n < kKeyTiles; ++n) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int32_t j = j0 + 8 * n + 2 * t + e;
-          if (live0 && j <= pos0) sum0 += exp2f(s[n][e] - mn0);
-          if (live1 && j <= pos1) sum1 += exp2f(s[n][2 + e] - mn1);
-        }
-      }
-      l0 = l0 * alpha0 + sum0;
-      l1 = l1 * alpha1 + sum1;
-      m0 = mn0;
-      m1 = mn1;
+      OnlineSoftmaxStep<false>(s, j0, t, live0, pos0, live1, pos1, m0, m1, l0, l1);
     }
     __syncthreads();  // every warp is done with this tile's buffer before it takes tile + 2
   }
