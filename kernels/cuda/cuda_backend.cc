@@ -144,7 +144,7 @@ absl::Status UploadF32(const model::TensorView& t, DeviceBuffer& dst) {
   return Upload(t.data, size_t(t.numel()) * sizeof(float), dst);
 }
 
-// Top-θ's pass 2 names a pool row by a 31-bit index (kernels/cuda/attention.cu, kHostRow).
+// Top-θ's pass 2 names a pool row by a 31-bit index (kernels/cuda/split_keep.cuh, kHostRow).
 constexpr int64_t kMaxPoolRows = int64_t(1) << 31;
 
 class CudaBackend : public Backend {

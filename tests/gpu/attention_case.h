@@ -375,7 +375,7 @@ class AttentionCase {
           float mx = -INFINITY;
           for (int32_t j = j0; j < std::min(L, j0 + chunk_); ++j) {
             mx = std::max(mx, e[j]);
-            // EncodeScore's arithmetic (attention.cu), exact on the host too.
+            // EncodeScore's arithmetic (split_block.cuh), exact on the host too.
             const auto want = uint16_t(std::fmin(65535.0f, std::fmax(0.0f, std::rint((m - e[j]) * 4096.0f))));
             if (!coded) continue;
             if (code[j] != want && bad_code++ < 3) {

@@ -522,7 +522,7 @@ TEST_P(GpuTopThetaTest, TopThetaLongRowsMatchCpu) {
   const Shape s;
   // A fresh seed, and one whose post-softmax case puts rows within 1e-4 of a threshold: the
   // 16-bit scores between the passes would flip their decisions, the exact-score fallback
-  // (attention.cu, NearThreshold) must not.
+  // (split_keep.cuh, RowKeep near a band) must not.
   for (uint64_t seed : {testing::TestSeed(), uint64_t{2740948863}}) {
     SCOPED_TRACE("THETASERVE_SEED=" + std::to_string(seed));
     // Long decode rows over many splits, with and without a sparse store (whose stored rows

@@ -28,8 +28,7 @@ run() {  # run FILE ORDER -> "attn=...,ops=..."
     THETASERVE_EMU_ORDER="$order" timeout 900 build/tests/gpu/emu/gpu_attention_test_emu \
       >"$work/run.log" 2>&1 || a=FAIL
   fi
-  if [ "$f" != kernels/cuda/attention.cu ] && [ "$f" != kernels/cuda/prefill.cu ] &&
-     [ "$f" != kernels/cuda/prefill_theta.cu ]; then
+  if [ "$f" = kernels/cuda/ops.cu ] || [ "$f" = kernels/cuda/common.cuh ]; then  # the others: attention only
     o=pass
     THETASERVE_EMU_ORDER="$order" timeout 900 build/tests/gpu/emu/gpu_ops_test_emu \
       >"$work/run.log" 2>&1 || o=FAIL
@@ -37,8 +36,10 @@ run() {  # run FILE ORDER -> "attn=...,ops=..."
   echo "attn=$a,ops=$o"
 }
 
-files=(kernels/cuda/attention.cu kernels/cuda/prefill.cu kernels/cuda/prefill_theta.cu
-       kernels/cuda/ops.cu kernels/cuda/common.cuh)
+files=(kernels/cuda/attention.cu kernels/cuda/split_block.cuh kernels/cuda/split_scores.cuh
+       kernels/cuda/split_keep.cuh kernels/cuda/split_theta.cuh kernels/cuda/prefill.cu
+       kernels/cuda/prefill_block.cuh kernels/cuda/prefill_theta.cu kernels/cuda/ops.cu
+       kernels/cuda/common.cuh)
 for f in "${files[@]}"; do
   n=$(grep -c "__syncthreads()" "$f")
   for i in $(seq 1 "$n"); do
