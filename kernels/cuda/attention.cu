@@ -440,36 +440,20 @@ void WarnUnknownKnob(const char* var, const char* value, const char* known) {
   std::fprintf(stderr, "cuda: %s=%s is none of %s; using the default\n", var, value, known);
 }
 
-KLoad DefaultKLoad() {
-  const char* v = std::getenv("THETASERVE_ATTN_K_LOAD");
-  const std::string name = v ? v : "";
-  if (name == "staged") return KLoad::kStaged;
-  if (name == "quad") return KLoad::kQuad;
-  if (name == "thread") return KLoad::kPerThread;
-  if (!name.empty() && name != "auto") {
-    WarnUnknownKnob("THETASERVE_ATTN_K_LOAD", name.c_str(), "thread|staged|quad|auto");
-  }
-  return KLoad::kAuto;
-}
+// THETASERVE_ATTN_K_LOAD's values, the default first.
+constexpr KnobValue<KLoad> kKLoads[] = {{"auto", KLoad::kAuto},
+                                        {"thread", KLoad::kPerThread},
+                                        {"staged", KLoad::kStaged},
+                                        {"quad", KLoad::kQuad}};
 
-const char* KLoadName(KLoad k) {
-  switch (k) {
-    case KLoad::kStaged: return "staged";
-    case KLoad::kQuad: return "quad";
-    case KLoad::kAuto: return "auto";
-    default: return "thread";
-  }
-}
+KLoad DefaultKLoad() { return KnobFromEnv("THETASERVE_ATTN_K_LOAD", kKLoads); }
+
+const char* KLoadName(KLoad k) { return KnobName(k, kKLoads); }
 
 ThetaPasses DefaultThetaPasses() {
-  const char* v = std::getenv("THETASERVE_ATTN_THETA");
-  const std::string name = v ? v : "";
-  if (name == "fused") return ThetaPasses::kFused;
-  if (name == "split") return ThetaPasses::kSplit;
-  if (!name.empty() && name != "auto") {
-    WarnUnknownKnob("THETASERVE_ATTN_THETA", name.c_str(), "split|fused|auto");
-  }
-  return ThetaPasses::kAuto;
+  static constexpr KnobValue<ThetaPasses> kPasses[] = {
+      {"auto", ThetaPasses::kAuto}, {"split", ThetaPasses::kSplit}, {"fused", ThetaPasses::kFused}};
+  return KnobFromEnv("THETASERVE_ATTN_THETA", kPasses);
 }
 
 SplitPlan PlanSplits(int64_t num_rows, const AttnShape& shape, int64_t max_len, int num_sms,

@@ -4,7 +4,11 @@
 // KV pages and GEMM operands are bf16, stored here as uint16_t bit patterns.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <string>
 
 #include <cuda_runtime_api.h>
 
@@ -18,6 +22,38 @@ using bf16 = uint16_t;
 // A measuring knob (THETASERVE_ATTN_*) set to `value`, which names none of `known`: said on
 // stderr, once per knob and value (a typo would otherwise measure the default unnoticed).
 void WarnUnknownKnob(const char* var, const char* value, const char* known);
+
+// A knob's values: each name and what it selects, the default first.
+template <typename E>
+struct KnobValue {
+  const char* name;
+  E value;
+};
+
+// The value environment variable `var` names among `values`; values[0] where it is unset or
+// empty, and (WarnUnknownKnob) where it names none of them.
+template <typename E, size_t N>
+E KnobFromEnv(const char* var, const KnobValue<E> (&values)[N]) {
+  const char* v = std::getenv(var);
+  if (!v || !*v) return values[0].value;
+  std::string known;
+  for (const KnobValue<E>& k : values) {
+    if (std::strcmp(v, k.name) == 0) return k.value;
+    if (!known.empty()) known += '|';
+    known += k.name;
+  }
+  WarnUnknownKnob(var, v, known.c_str());
+  return values[0].value;
+}
+
+// The name of `value` among `values` ("?" for one not listed).
+template <typename E, size_t N>
+const char* KnobName(E value, const KnobValue<E> (&values)[N]) {
+  for (const KnobValue<E>& k : values) {
+    if (k.value == value) return k.name;
+  }
+  return "?";
+}
 
 // One sequence of a step, as the kernels see it: the SeqChunk fields with device page tables.
 struct DevSeq {

@@ -474,25 +474,13 @@ __global__ void __launch_bounds__(32) WarpMmaProbeKernel(const uint16_t* a, cons
 
 }  // namespace
 
-const char* PrefillWayName(PrefillWay way) {
-  switch (way) {
-    case PrefillWay::kMma: return "mma";
-    case PrefillWay::kWmma: return "wmma";
-    case PrefillWay::kFma: return "fma";
-  }
-  return "?";
-}
+// THETASERVE_ATTN_PREFILL's values, the default first.
+constexpr KnobValue<PrefillWay> kPrefillWayNames[] = {
+    {"mma", PrefillWay::kMma}, {"wmma", PrefillWay::kWmma}, {"fma", PrefillWay::kFma}};
 
-PrefillWay DefaultPrefillWay() {
-  const char* v = std::getenv("THETASERVE_ATTN_PREFILL");
-  const std::string name = v ? v : "";
-  if (name == "wmma") return PrefillWay::kWmma;
-  if (name == "fma") return PrefillWay::kFma;
-  if (!name.empty() && name != "mma") {
-    WarnUnknownKnob("THETASERVE_ATTN_PREFILL", name.c_str(), "mma|wmma|fma");
-  }
-  return PrefillWay::kMma;
-}
+const char* PrefillWayName(PrefillWay way) { return KnobName(way, kPrefillWayNames); }
+
+PrefillWay DefaultPrefillWay() { return KnobFromEnv("THETASERVE_ATTN_PREFILL", kPrefillWayNames); }
 
 int32_t PrefillTileTokens(int32_t group, PrefillWay way) {
   return std::max(1, (way == PrefillWay::kFma ? kTileRows : kMmaRows) / group);

@@ -476,22 +476,14 @@ cudaError_t LaunchPrefillTheta(const PrefillArgs& a, dim3 grid, cudaStream_t str
 
 }  // namespace
 
-const char* ThetaPrefillName(ThetaPrefill way) {
-  switch (way) {
-    case ThetaPrefill::kTiled: return "tiled";
-    case ThetaPrefill::kSplit: return "split";
-  }
-  return "?";
-}
+// THETASERVE_ATTN_THETA_PREFILL's values, the default first.
+constexpr KnobValue<ThetaPrefill> kThetaPrefills[] = {{"tiled", ThetaPrefill::kTiled},
+                                                      {"split", ThetaPrefill::kSplit}};
+
+const char* ThetaPrefillName(ThetaPrefill way) { return KnobName(way, kThetaPrefills); }
 
 ThetaPrefill DefaultThetaPrefill() {
-  const char* v = std::getenv("THETASERVE_ATTN_THETA_PREFILL");
-  const std::string name = v ? v : "";
-  if (name == "split") return ThetaPrefill::kSplit;
-  if (!name.empty() && name != "tiled") {
-    WarnUnknownKnob("THETASERVE_ATTN_THETA_PREFILL", name.c_str(), "tiled|split");
-  }
-  return ThetaPrefill::kTiled;
+  return KnobFromEnv("THETASERVE_ATTN_THETA_PREFILL", kThetaPrefills);
 }
 
 cudaError_t LaunchPrefillThetaAttention(const PrefillTile* tiles, int32_t num_tiles,

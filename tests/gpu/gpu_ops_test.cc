@@ -2,13 +2,16 @@
 // SwiGLU, bias + RoPE + paged K/V write (positions up to 1e5, pages shuffled, every other
 // page left poisoned), VMC running sums, ordered KV row copies, V sums rebuilt from the pool
 // (prefix caching), the greedy pick of a row of logits, and the warp-wide matrix instructions
-// of the prefill kernel.
+// of the prefill kernel; and the measuring knobs' parsing.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <numeric>
 #include <random>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -445,6 +448,49 @@ TEST(GpuOpsTest, WarpMmaAndLdmatrixFollowTheirLayouts) {
     }
   }
   EXPECT_TRUE(dd.GuardsIntact());
+}
+
+// The measuring knobs (THETASERVE_ATTN_*): each name picks its way and names it back; unset,
+// empty, or a name of none of the knob's ways (a typo, said on stderr) gives the default.
+TEST(KnobTest, EachNamePicksItsWayAndAnythingElseTheDefault) {
+  auto check = [](const char* var, auto read, auto name, auto fallback, auto ways) {
+    SCOPED_TRACE(var);
+    const char* before = std::getenv(var);
+    const std::string saved = before ? before : "";
+    unsetenv(var);
+    EXPECT_EQ(read(), fallback);
+    setenv(var, "", 1);
+    EXPECT_EQ(read(), fallback);
+    for (const auto& [text, way] : ways) {
+      setenv(var, text, 1);
+      EXPECT_EQ(read(), way) << text;
+      EXPECT_STREQ(name(way), text);
+    }
+    setenv(var, "Staged", 1);  // names are exact
+    EXPECT_EQ(read(), fallback);
+    if (before) setenv(var, saved.c_str(), 1); else unsetenv(var);
+  };
+  using KL = std::pair<const char*, KLoad>;
+  check("THETASERVE_ATTN_K_LOAD", DefaultKLoad, KLoadName, KLoad::kAuto,
+        std::vector<KL>{{"thread", KLoad::kPerThread}, {"staged", KLoad::kStaged},
+                        {"quad", KLoad::kQuad}, {"auto", KLoad::kAuto}});
+  using PW = std::pair<const char*, PrefillWay>;
+  check("THETASERVE_ATTN_PREFILL", DefaultPrefillWay, PrefillWayName, PrefillWay::kMma,
+        std::vector<PW>{{"mma", PrefillWay::kMma}, {"wmma", PrefillWay::kWmma},
+                        {"fma", PrefillWay::kFma}});
+  using TP = std::pair<const char*, ThetaPrefill>;
+  check("THETASERVE_ATTN_THETA_PREFILL", DefaultThetaPrefill, ThetaPrefillName,
+        ThetaPrefill::kTiled,
+        std::vector<TP>{{"tiled", ThetaPrefill::kTiled}, {"split", ThetaPrefill::kSplit}});
+  // Top-θ's passes have no name function: "one pass" is auto's pick, not a knob's value.
+  using TH = std::pair<const char*, ThetaPasses>;
+  check("THETASERVE_ATTN_THETA", DefaultThetaPasses,
+        [](ThetaPasses p) {
+          return p == ThetaPasses::kSplit ? "split" : p == ThetaPasses::kFused ? "fused" : "auto";
+        },
+        ThetaPasses::kAuto,
+        std::vector<TH>{{"split", ThetaPasses::kSplit}, {"fused", ThetaPasses::kFused},
+                        {"auto", ThetaPasses::kAuto}});
 }
 
 }  // namespace
