@@ -13,10 +13,12 @@
 #   scripts/gpu-check.sh ... --ncu          # then Nsight Compute on Top-θ's kernels at 32k × 64
 #   scripts/gpu-check.sh ... --deadline S   # finish within S seconds of its start (see below)
 # With --deadline (a device call's limit less a margin: the call is killed at its limit, and the
-# summary, printed last, would be lost with it), each step's timeout is cut to what is left and a
-# step that would start with too little left is skipped, said in the log and the summary: the
-# tests first keep 150 s for the benchmark, the optional steps after it (512-key chunks, the
-# CPU attention, each Nsight Compute read, most telling first) run only if their own limit fits.
+# summary, printed last, would be lost with it), each step's timeout is cut to what is left
+# (less 10 s for a killed step to go: timeout -k 10), and a step that would start with less
+# than its minimum left is skipped; both said in the log and the summary ("skipped", "cut
+# short"). A test binary needs 30 s and leaves 150 s for the benchmark; the optional steps
+# after it (512-key chunks, the CPU attention, each Nsight Compute read, most telling first)
+# need 60, 40 and 60 s and may run up to 120, 60 and 90.
 # Files under $OUT (the device tool brings back 8): device.txt, tests.log (every test's output),
 # gpu-bench.log, gpu-bench-chunk512.log, cpu-attention.log, ncu.txt.
 set -uo pipefail
@@ -36,6 +38,7 @@ while [ $# -gt 0 ]; do
     *) echo "unknown flag $1" >&2; exit 2 ;;
   esac
 done
+[[ "$deadline" =~ ^[0-9]+$ ]] || { echo "--deadline takes whole seconds, not '$deadline'" >&2; exit 2; }
 out=${OUT:-$root/out/gpu-check}
 mkdir -p "$out"
 logs=$(mktemp -d)  # each test's log, joined into $out/tests.log
@@ -43,22 +46,37 @@ trap 'rm -rf "$logs"' EXIT
 : >"$out/tests.log"
 start=$(date +%s)
 stamp() { echo "[gpu-check +$(( $(date +%s) - start ))s] $*"; }
-# limit WANT [KEEP]: WANT seconds, or what the deadline leaves after KEEP more (at least 1).
+# left [KEEP]: seconds of the deadline left after KEEP more and a killed step's 10 s of grace.
+left() { echo $((deadline - ($(date +%s) - start) - ${1:-0} - 10)); }
+# limit WANT [KEEP]: WANT seconds, or what the deadline leaves after KEEP (at least 1: timeout 0
+# would mean none).
 limit() {
-  local want=$1 keep=${2:-0} left
+  local want=$1 l
   [ "$deadline" -gt 0 ] || { echo "$want"; return; }
-  left=$((deadline - ($(date +%s) - start) - keep))
-  [ "$left" -lt "$want" ] && want=$left
-  [ "$want" -lt 1 ] && want=1  # (timeout 0 would mean none)
+  l=$(left "${2:-0}")
+  [ "$l" -lt "$want" ] && want=$l
+  [ "$want" -lt 1 ] && want=1
   echo "$want"
 }
-left_out=()
-# fits NAME NEED: whether a step that needs NEED seconds still fits; if not, says it is skipped.
+left_out=() cut_short=()
+# fits NAME NEED [KEEP]: whether a step that needs NEED seconds (and leaves KEEP) still starts;
+# if not, says it is skipped.
 fits() {
-  [ "$(limit "$2")" -ge "$2" ] && return 0
-  stamp "skipped $1: $(limit 100000) s left of the deadline, it needs $2"
+  [ "$deadline" -gt 0 ] || return 0
+  local l
+  l=$(left "${3:-0}")
+  [ "$l" -ge "$2" ] && return 0
+  [ "$l" -lt 0 ] && l=0
+  stamp "skipped $1: $l s left of the deadline, it needs $2"
   left_out+=("$1")
   return 1
+}
+# ended NAME RC: notes a step its timeout stopped (rc 124, or 137 after the grace).
+ended() {
+  if [ "$2" = 124 ] || [ "$2" = 137 ]; then
+    stamp "$1: stopped by its time limit (rc $2)"
+    cut_short+=("$1")
+  fi
 }
 
 stamp "device"
@@ -96,6 +114,10 @@ if [ "$only_model" = 1 ]; then tests=(gpu_forward_test); filter='*SmolLM2*'; fi
 # per thread either way) and once with the passes fused (THETASERVE_ATTN_THETA=fused).
 [ -f "$model" ] && tests+=(gpu_forward_test:staged gpu_forward_test:quad gpu_forward_test:fused)
 for t in "${tests[@]}"; do
+  if ! fits "test $t" 30 150; then
+    result[$t]="skipped: the deadline"
+    continue
+  fi
   stamp "test $t"
   name=${t%%:*} log="$logs/${t/:/-}.log" env=()
   f=$filter
@@ -115,7 +137,7 @@ for t in "${tests[@]}"; do
   [ "$name" = gpu_attention_test ] && shards=${GPU_CHECK_SHARDS:-4}
   pids=()
   for ((s = 0; s < shards; ++s)); do
-    GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$s timeout "$(limit "${GPU_CHECK_TEST_TIMEOUT:-360}" 150)" \
+    GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$s timeout -k 10 "$(limit "${GPU_CHECK_TEST_TIMEOUT:-360}" 150)" \
       env "${env[@]}" stdbuf -oL -eL "$bin/$name" --gtest_color=no --gtest_filter="$f" \
       >"$log.$s" 2>&1 &
     pids+=($!)
@@ -124,6 +146,7 @@ for t in "${tests[@]}"; do
   for pid in "${pids[@]}"; do
     wait "$pid" || rc=$?
   done
+  ended "test $t" "$rc"
   for ((s = 0; s < shards; ++s)); do cat "$log.$s"; done >"$log"
   grep -E '^\[ +(FAILED|SKIPPED|PASSED) +\]|^\[==========\]|Failure|error|THETASERVE_SEED' "$log" | awk 'NR <= 60'
   passed=$(grep -c '^\[       OK \]' "$log")
@@ -163,21 +186,24 @@ args=(--model "$model")
 [ -n "$theta" ] && args+=(--theta "$theta")
 [ "$only_model" = 1 ] && args+=(--contexts "" --prefill "" --offload-contexts "")
 [ "$quick" = 1 ] && args+=(--contexts 1024,32768 --batches 1,32 --prefill 4096 --offload-contexts 32768 --offload-batches 8 --e2e-batches 1,32 --e2e-long-batches 8 --repeats 3)
-timeout "$(limit 300 5)" "$bin/thetaserve_gpu_bench" "${args[@]}" 2>&1 | tee "$out/gpu-bench.log"
+timeout -k 10 "$(limit 300 5)" "$bin/thetaserve_gpu_bench" "${args[@]}" 2>&1 | tee "$out/gpu-bench.log"
 bench_rc=${PIPESTATUS[0]}
+ended "benchmark" "$bench_rc"
 if [ "$only_model" = 0 ] && [ "$bench_rc" = 0 ] && fits "512-key chunks" 60; then
   # The planned chunk at 32k is 1024 keys from batch 8 on; staged K then fits 5 blocks per SM
   # (37.6 KB of shared memory each at SmolLM2's shape), at 512-key chunks 6 (its registers):
   # measure both.
   stamp "decode attention at 512-key chunks"
-  THETASERVE_ATTN_CHUNK=512 timeout "$(limit 120)" "$bin/thetaserve_gpu_bench" --contexts 32768 --batches 8,64 \
-    --prefill "" --offload-contexts "" --model "" --repeats 5 2>&1 | tee "$out/gpu-bench-chunk512.log" | sed -n '/^## decode/,/^$/p'
+  THETASERVE_ATTN_CHUNK=512 timeout -k 10 "$(limit 120)" "$bin/thetaserve_gpu_bench" --contexts 32768 --batches 8,64 \
+    --prefill "" --offload-contexts "" --model "" --v-target 0 --repeats 5 2>&1 | tee "$out/gpu-bench-chunk512.log" | sed -n '/^## decode/,/^$/p'
+  ended "512-key chunks" "${PIPESTATUS[0]}"
 fi
 
 if [ "$only_model" = 0 ] && [ -x "$bin/thetaserve_attention_bench" ] && fits "CPU attention" 40; then
   stamp "CPU decode attention, all cores (split÷: whole rows' time over split rows')"
-  timeout "$(limit 60)" "$bin/thetaserve_attention_bench" --kv-dtype f16 --contexts 4096,32768 --repeats 9 \
+  timeout -k 10 "$(limit 60)" "$bin/thetaserve_attention_bench" --kv-dtype f16 --contexts 4096,32768 --repeats 9 \
     2>&1 | tee "$out/cpu-attention.log"
+  ended "CPU attention" "${PIPESTATUS[0]}"
 fi
 
 # Nsight Compute on Top-θ's kernels at 32k × 64, K staged and per quad, two kernels and fused,
@@ -199,15 +225,16 @@ if [ "$ncu" = 1 ] && [ "$only_model" = 0 ]; then
       case "$first" in 12) what="two kernels" ;; 30) what="fused" ;; *) what="one pass" ;; esac
       fits "Nsight Compute K way $v, $what" 60 >&2 || continue
       echo "==== K way $v (0 per thread, 1 staged, 2 quad), $what"
-      timeout "$(limit 90)" "$ncu_bin" --clock-control none \
+      timeout -k 10 "$(limit 90)" "$ncu_bin" --clock-control none \
         --kernel-name regex:'SplitPass|SplitFused|SplitOnePass|Combine' \
         --launch-skip $((43 + 54 * v + first)) --launch-count "$count" --section SpeedOfLight \
         --section Occupancy --section LaunchStats --section WarpStateStats \
         --section InstructionStats --section MemoryWorkloadAnalysis --section SourceCounters \
         "$bin/thetaserve_gpu_bench" --contexts 32768 --batches 64 --repeats 1 --prefill "" \
-        --offload-contexts "" --model "" 2>&1
+        --offload-contexts "" --model "" --v-target 0 2>&1
+      ended "Nsight Compute K way $v, $what" "$?" >&2
     done >"$out/ncu.txt"
-    grep -E '^  void|Duration|DRAM Throughput|Compute \(SM\)' "$out/ncu.txt" | sed -E 's/\(unnamed>::SplitArgs\).*//'
+    grep -E '^  void|Duration|DRAM Throughput|Compute \(SM\)' "$out/ncu.txt" | sed -E 's/\([^()]*SplitArgs\).*//'
   else
     stamp "Nsight Compute: ncu not found"
   fi
@@ -226,5 +253,6 @@ printf '%-24s rc %s\n' "thetaserve_gpu_bench" "$bench_rc"
 [ -n "$graph_failures" ] && printf '%-24s %s\n' "CUDA graph capture" "FAILED in $graph_failures"
 [ -n "$prefill_fallback" ] && printf '%-24s %s\n' "mma prefill" "$prefill_fallback"
 [ "${#left_out[@]}" -gt 0 ] && printf '%-24s %s\n' "skipped (deadline ${deadline} s)" "$(IFS=';'; echo "${left_out[*]}")"
+[ "${#cut_short[@]}" -gt 0 ] && printf '%-24s %s\n' "cut short (time limit)" "$(IFS=';'; echo "${cut_short[*]}")"
 sed -n '/^## summary/,$p' "$out/gpu-bench.log" | tail -n +2
 [ "$failed" = 0 ] && [ "$bench_rc" = 0 ]

@@ -10,9 +10,12 @@
 # on 2026-12-04: two calls). A warm machine keeps ignored paths between calls, and every call also copies its
 # parts to /tmp there, so --unpack finds the earlier ones either way.
 #
-#   scripts/gpu-stage.sh [--pack DIR] [--model FILE] [--theta FILE[,FILE]]   # here: writes .xfer/, prints the calls
+#   scripts/gpu-stage.sh [--pack DIR] [--model FILE] [--theta FILE[,FILE]] [--deadline S]
+#                                                        # here: writes .xfer/, prints the calls
 #   scripts/gpu-stage.sh --unpack [--need BUNDLE...]                   # there, first in every call
 #
+# --deadline (default 540, for 600 s calls): the checks' --deadline in the printed calls; where
+# the device has less time left than a full call, the call's limit less 60 s.
 # --need names bundles (as the printed calls do) that must be unpacked by the end of this call:
 # if one is not (a part missing, the machine gone cold between calls), it fails, so the check
 # after it does not run without its files.
@@ -80,12 +83,13 @@ if [ "${1:-}" = "--unpack" ]; then
   exit 0
 fi
 
-pack="" model="models/SmolLM2-135M-Instruct.Q4_1.gguf" theta=""
+pack="" model="models/SmolLM2-135M-Instruct.Q4_1.gguf" theta="" deadline=540
 while [ $# -gt 0 ]; do
   case "$1" in
     --pack) pack=$2; shift 2 ;;
     --model) model=$2; shift 2 ;;
     --theta) theta=$2; shift 2 ;;
+    --deadline) deadline=$2; shift 2 ;;
     *) echo "unknown flag $1" >&2; exit 2 ;;
   esac
 done
@@ -175,7 +179,7 @@ theta_flag=""
 [ -n "$staged_thetas" ] && theta_flag=" --theta $staged_thetas"
 echo
 echo "== device calls, in order and back to back (a machine idle for 30 s goes back), each with"
-echo "   timeout_s 600: the check keeps to --deadline 540 (unpacking and the copy back take the rest)"
+echo "   timeout_s 600: the check keeps to --deadline $deadline (unpacking and the copy back take the rest)"
 echo "   and prints its summary last =="
 # The check without the model runs where the binaries are complete (the kernel tables, first);
 # the model's tests where the model is, or the whole check at once if both arrive together.
@@ -183,11 +187,11 @@ for i in $(seq 1 "$call"); do
   size=$(du -cb ".xfer/$i" | tail -1 | cut -f1)
   cmd="bash scripts/gpu-stage.sh --unpack"
   if [ "$i" = "${done_at[$devbin_id]}" ] && [ "$i" = "${done_at[$model_id]}" ]; then
-    cmd="$cmd --need $devbin_id $model_id && bash scripts/gpu-check.sh --prebuilt .devbin --deadline 540 --ncu$theta_flag"
+    cmd="$cmd --need $devbin_id $model_id && bash scripts/gpu-check.sh --prebuilt .devbin --deadline $deadline --ncu$theta_flag"
   elif [ "$i" = "${done_at[$devbin_id]}" ]; then
-    cmd="$cmd --need $devbin_id && bash scripts/gpu-check.sh --prebuilt .devbin --deadline 540 --ncu$theta_flag"
+    cmd="$cmd --need $devbin_id && bash scripts/gpu-check.sh --prebuilt .devbin --deadline $deadline --ncu$theta_flag"
   elif [ "$i" = "${done_at[$model_id]}" ]; then
-    cmd="$cmd --need $devbin_id $model_id && bash scripts/gpu-check.sh --prebuilt .devbin --deadline 540 --only-model$theta_flag"
+    cmd="$cmd --need $devbin_id $model_id && bash scripts/gpu-check.sh --prebuilt .devbin --deadline $deadline --only-model$theta_flag"
   fi
   echo "call $i: carry [\".xfer/$i\"] ($(mb $((size + always))) in all)"
   echo "  $cmd"
