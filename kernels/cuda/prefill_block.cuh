@@ -4,7 +4,10 @@
 // accuracy.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
+
+#include <cuda_pipeline.h>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_ops.h"

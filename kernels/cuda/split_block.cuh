@@ -3,6 +3,7 @@
 // reduction of the row groups' V sums into the split's partial outputs.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 
 #include "kernels/cuda/common.cuh"
