@@ -138,6 +138,14 @@ absl::Status CudaAttention::Prepare(const ForwardBatch& batch, const DeviceBatch
   const int32_t d = shape.head_dim;
   const int64_t parts = R * H * plan_.max_splits;
   const int64_t score_stride = score_stride_pre;
+  // Pass 2 indexes a launch's 16-bit scores in 32 bits (SplitPass2): reached only by a single
+  // row of some 2^31 / heads keys (16M at 128 heads), far past any model's context.
+  if (R * H * score_stride >= (int64_t(1) << 31)) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "Top-θ attention: %d heads × %d keys of 16-bit scores exceed the GPU kernels' 2^31 "
+        "index; shorten the context or use dense attention",
+        H, score_stride));
+  }
   const size_t o_bytes = Align(parts * d * sizeof(float));
   const size_t p_bytes = Align(parts * sizeof(float));
   const size_t stat_bytes = Align(R * H * 3 * sizeof(float));

@@ -50,8 +50,12 @@ __device__ __forceinline__ void SplitPass2(const SplitArgs& a, int32_t split_ind
     s_retained = 0;
   }
   __syncthreads();
-  const uint16_t* srow0 = a.ws.scores + (r * a.kv.shape.num_heads + first_head) * a.ws.score_stride;
-  const int64_t stride = a.ws.score_stride;
+  // Head h's score of key j at a.ws.scores[srow + h · stride + j], in 32 bits
+  // (CudaAttention::Prepare keeps a launch's scores under 2^31): with 64-bit offsets the
+  // compiler, short of registers, rebuilt each load's address from the kernel's arguments
+  // (~14 instructions a load, 12 loads per thread per batch of rows).
+  const int32_t stride = int32_t(a.ws.score_stride);
+  const int32_t srow = int32_t(r * a.kv.shape.num_heads + first_head) * stride;
   const int lane = threadIdx.x & 31;
   const int32_t step = kRowsPerBatch<kG> * blockDim.x;
   const Divisor chunk(a.chunk);
@@ -88,7 +92,7 @@ __device__ __forceinline__ void SplitPass2(const SplitArgs& a, int32_t split_ind
       for (int b = 0; b < kRowsPerBatch<kG>; ++b) {
         const int32_t jl = base + b * int32_t(blockDim.x) + int32_t(threadIdx.x);
 #pragma unroll
-        for (int h = 0; h < kG; ++h) q[b][h] = h < G && jl < n ? srow0[h * stride + j0 + jl] : 0;
+        for (int h = 0; h < kG; ++h) q[b][h] = h < G && jl < n ? a.ws.scores[srow + h * stride + (j0 + jl)] : 0;
       }
 #pragma unroll
       for (int b = 0; b < kRowsPerBatch<kG>; ++b) {
@@ -155,7 +159,7 @@ __device__ __forceinline__ void SplitPass2(const SplitArgs& a, int32_t split_ind
 #pragma unroll
     for (int b = 0; b < kRowsPerBatch<kG>; ++b) {
 #pragma unroll
-      for (int h = 0; h < kG; ++h) q[b][h] = h < G && jb[b] >= 0 ? srow0[h * stride + jb[b]] : 0;
+      for (int h = 0; h < kG; ++h) q[b][h] = h < G && jb[b] >= 0 ? a.ws.scores[srow + h * stride + jb[b]] : 0;
     }
 #pragma unroll
     for (int b = 0; b < kRowsPerBatch<kG>; ++b) {
