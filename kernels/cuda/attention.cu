@@ -440,20 +440,20 @@ void WarnUnknownKnob(const char* var, const char* value, const char* known) {
   std::fprintf(stderr, "cuda: %s=%s is none of %s; using the default\n", var, value, known);
 }
 
-// THETASERVE_ATTN_K_LOAD's values, the default first.
-constexpr KnobValue<KLoad> kKLoads[] = {{"auto", KLoad::kAuto},
-                                        {"thread", KLoad::kPerThread},
+// THETASERVE_ATTN_K_LOAD's values.
+constexpr KnobValue<KLoad> kKLoads[] = {{"thread", KLoad::kPerThread},
                                         {"staged", KLoad::kStaged},
-                                        {"quad", KLoad::kQuad}};
+                                        {"quad", KLoad::kQuad},
+                                        {"auto", KLoad::kAuto}};
 
-KLoad DefaultKLoad() { return KnobFromEnv("THETASERVE_ATTN_K_LOAD", kKLoads); }
+KLoad DefaultKLoad() { return KnobFromEnv("THETASERVE_ATTN_K_LOAD", kKLoads, KLoad::kAuto); }
 
 const char* KLoadName(KLoad k) { return KnobName(k, kKLoads); }
 
 ThetaPasses DefaultThetaPasses() {
   static constexpr KnobValue<ThetaPasses> kPasses[] = {
-      {"auto", ThetaPasses::kAuto}, {"split", ThetaPasses::kSplit}, {"fused", ThetaPasses::kFused}};
-  return KnobFromEnv("THETASERVE_ATTN_THETA", kPasses);
+      {"split", ThetaPasses::kSplit}, {"fused", ThetaPasses::kFused}, {"auto", ThetaPasses::kAuto}};
+  return KnobFromEnv("THETASERVE_ATTN_THETA", kPasses, ThetaPasses::kAuto);
 }
 
 SplitPlan PlanSplits(int64_t num_rows, const AttnShape& shape, int64_t max_len, int num_sms,

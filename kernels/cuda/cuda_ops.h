@@ -23,19 +23,19 @@ using bf16 = uint16_t;
 // stderr, once per knob and value (a typo would otherwise measure the default unnoticed).
 void WarnUnknownKnob(const char* var, const char* value, const char* known);
 
-// A knob's values: each name and what it selects, the default first.
+// A knob's values: each name and what it selects.
 template <typename E>
 struct KnobValue {
   const char* name;
   E value;
 };
 
-// The value environment variable `var` names among `values`; values[0] where it is unset or
-// empty, and (WarnUnknownKnob) where it names none of them.
+// The value environment variable `var` names among `values`; `fallback` where it is unset or
+// empty, and (WarnUnknownKnob, listing the names in order) where it names none of them.
 template <typename E, size_t N>
-E KnobFromEnv(const char* var, const KnobValue<E> (&values)[N]) {
+E KnobFromEnv(const char* var, const KnobValue<E> (&values)[N], E fallback) {
   const char* v = std::getenv(var);
-  if (!v || !*v) return values[0].value;
+  if (!v || !*v) return fallback;
   std::string known;
   for (const KnobValue<E>& k : values) {
     if (std::strcmp(v, k.name) == 0) return k.value;
@@ -43,7 +43,7 @@ E KnobFromEnv(const char* var, const KnobValue<E> (&values)[N]) {
     known += k.name;
   }
   WarnUnknownKnob(var, v, known.c_str());
-  return values[0].value;
+  return fallback;
 }
 
 // The name of `value` among `values` ("?" for one not listed).

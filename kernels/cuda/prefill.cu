@@ -474,13 +474,15 @@ __global__ void __launch_bounds__(32) WarpMmaProbeKernel(const uint16_t* a, cons
 
 }  // namespace
 
-// THETASERVE_ATTN_PREFILL's values, the default first.
+// THETASERVE_ATTN_PREFILL's values.
 constexpr KnobValue<PrefillWay> kPrefillWayNames[] = {
     {"mma", PrefillWay::kMma}, {"wmma", PrefillWay::kWmma}, {"fma", PrefillWay::kFma}};
 
 const char* PrefillWayName(PrefillWay way) { return KnobName(way, kPrefillWayNames); }
 
-PrefillWay DefaultPrefillWay() { return KnobFromEnv("THETASERVE_ATTN_PREFILL", kPrefillWayNames); }
+PrefillWay DefaultPrefillWay() {
+  return KnobFromEnv("THETASERVE_ATTN_PREFILL", kPrefillWayNames, PrefillWay::kMma);
+}
 
 int32_t PrefillTileTokens(int32_t group, PrefillWay way) {
   return std::max(1, (way == PrefillWay::kFma ? kTileRows : kMmaRows) / group);

@@ -476,14 +476,14 @@ cudaError_t LaunchPrefillTheta(const PrefillArgs& a, dim3 grid, cudaStream_t str
 
 }  // namespace
 
-// THETASERVE_ATTN_THETA_PREFILL's values, the default first.
+// THETASERVE_ATTN_THETA_PREFILL's values.
 constexpr KnobValue<ThetaPrefill> kThetaPrefills[] = {{"tiled", ThetaPrefill::kTiled},
                                                       {"split", ThetaPrefill::kSplit}};
 
 const char* ThetaPrefillName(ThetaPrefill way) { return KnobName(way, kThetaPrefills); }
 
 ThetaPrefill DefaultThetaPrefill() {
-  return KnobFromEnv("THETASERVE_ATTN_THETA_PREFILL", kThetaPrefills);
+  return KnobFromEnv("THETASERVE_ATTN_THETA_PREFILL", kThetaPrefills, ThetaPrefill::kTiled);
 }
 
 cudaError_t LaunchPrefillThetaAttention(const PrefillTile* tiles, int32_t num_tiles,

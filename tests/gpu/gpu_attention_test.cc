@@ -40,9 +40,10 @@ TEST(SplitPlanTest, AutoKLoadStagesLargeLaunches) {
   }
 }
 
-// The measuring knobs: each name picks its way; the default's name, unset or a name of
-// nothing picks the default, the last said on stderr once per value. (Host code: runs without
-// a device.)
+// The measuring knobs: each name picks its way and (where a name function exists) is its
+// way's name; the default's name, unset, empty, or anything not exactly a name (case, a
+// prefix, a trailing space, a typo) picks the default, a typo said on stderr once per value.
+// (Host code: runs without a device.)
 TEST(SplitPlanTest, KnobsNameTheirWaysAndSayWhenTheyNameNothing) {
   const char* vars[] = {"THETASERVE_ATTN_K_LOAD", "THETASERVE_ATTN_THETA",
                         "THETASERVE_ATTN_PREFILL", "THETASERVE_ATTN_THETA_PREFILL"};
@@ -75,7 +76,25 @@ TEST(SplitPlanTest, KnobsNameTheirWaysAndSayWhenTheyNameNothing) {
   EXPECT_EQ(prefill("fma"), PrefillWay::kFma);
   EXPECT_EQ(prefill("wmma"), PrefillWay::kWmma);
   EXPECT_EQ(theta_prefill("split"), ThetaPrefill::kSplit);
+  for (KLoad k : {KLoad::kPerThread, KLoad::kStaged, KLoad::kQuad, KLoad::kAuto}) {
+    EXPECT_EQ(k_load(KLoadName(k)), k) << KLoadName(k);
+  }
+  for (PrefillWay w : {PrefillWay::kMma, PrefillWay::kWmma, PrefillWay::kFma}) {
+    EXPECT_EQ(prefill(PrefillWayName(w)), w) << PrefillWayName(w);
+  }
+  for (ThetaPrefill w : {ThetaPrefill::kTiled, ThetaPrefill::kSplit}) {
+    EXPECT_EQ(theta_prefill(ThetaPrefillName(w)), w) << ThetaPrefillName(w);
+  }
   ::testing::internal::CaptureStderr();
+  for (const char* var : vars) unsetenv(var);
+  EXPECT_EQ(DefaultKLoad(), KLoad::kAuto);
+  EXPECT_EQ(DefaultThetaPasses(), ThetaPasses::kAuto);
+  EXPECT_EQ(DefaultPrefillWay(), PrefillWay::kMma);
+  EXPECT_EQ(DefaultThetaPrefill(), ThetaPrefill::kTiled);
+  EXPECT_EQ(k_load(""), KLoad::kAuto);
+  EXPECT_EQ(passes(""), ThetaPasses::kAuto);
+  EXPECT_EQ(prefill(""), PrefillWay::kMma);
+  EXPECT_EQ(theta_prefill(""), ThetaPrefill::kTiled);
   EXPECT_EQ(k_load("auto"), KLoad::kAuto);
   EXPECT_EQ(passes("auto"), ThetaPasses::kAuto);
   EXPECT_EQ(prefill("mma"), PrefillWay::kMma);
@@ -90,6 +109,13 @@ TEST(SplitPlanTest, KnobsNameTheirWaysAndSayWhenTheyNameNothing) {
     EXPECT_EQ(passes(typo), ThetaPasses::kAuto);
     EXPECT_EQ(prefill(typo), PrefillWay::kMma);
     EXPECT_EQ(theta_prefill(typo), ThetaPrefill::kTiled);
+  }
+  for (const char* near : {"Staged", "stage", "staged ", "Fused", "fuse", "fused ", "Wmma", "wmm",
+                           "wmma ", "Split", "spli", "split "}) {
+    EXPECT_EQ(k_load(near), KLoad::kAuto) << "'" << near << "'";
+    EXPECT_EQ(passes(near), ThetaPasses::kAuto) << "'" << near << "'";
+    EXPECT_EQ(prefill(near), PrefillWay::kMma) << "'" << near << "'";
+    EXPECT_EQ(theta_prefill(near), ThetaPrefill::kTiled) << "'" << near << "'";
   }
   const std::string said = ::testing::internal::GetCapturedStderr();
   for (const std::string& line :

@@ -2,19 +2,13 @@
 // SwiGLU, bias + RoPE + paged K/V write (positions up to 1e5, pages shuffled, every other
 // page left poisoned), VMC running sums, ordered KV row copies, V sums rebuilt from the pool
 // (prefix caching), the greedy pick of a row of logits, and the warp-wide matrix instructions
-// of the prefill kernel; and the measuring knobs' parsing.
+// of the prefill kernel.
 #include <algorithm>
-#include <cctype>
 #include <cmath>
-#include <cstddef>
-#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <numeric>
 #include <random>
-#include <string>
-#include <type_traits>
-#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -451,62 +445,6 @@ TEST(GpuOpsTest, WarpMmaAndLdmatrixFollowTheirLayouts) {
     }
   }
   EXPECT_TRUE(dd.GuardsIntact());
-}
-
-// The measuring knobs (THETASERVE_ATTN_*): each name picks its way (and names it back); unset,
-// empty, or anything that is not exactly one of the names gives the default, a misspelt value
-// said on stderr.
-template <typename E, typename Read, typename Name>
-void CheckKnob(const char* var, Read read, Name name, E fallback,
-               const std::vector<std::pair<std::string, E>>& ways) {
-  SCOPED_TRACE(var);
-  const char* before = std::getenv(var);
-  const std::string saved = before ? before : "";
-  unsetenv(var);
-  EXPECT_EQ(read(), fallback);
-  setenv(var, "", 1);
-  ::testing::internal::CaptureStderr();
-  EXPECT_EQ(read(), fallback);
-  for (const auto& [text, way] : ways) {
-    setenv(var, text.c_str(), 1);
-    EXPECT_EQ(read(), way) << text;
-    if constexpr (!std::is_same_v<Name, std::nullptr_t>) {
-      EXPECT_EQ(name(way), text);
-    }
-  }
-  EXPECT_EQ(::testing::internal::GetCapturedStderr(), "") << "no warning for an empty or known value";
-  // Said once per value, so a fresh one each run (the test may repeat in one process).
-  static int runs = 0;
-  const std::string typo = ways[0].first + "-typo" + std::to_string(runs++);
-  setenv(var, typo.c_str(), 1);
-  ::testing::internal::CaptureStderr();
-  EXPECT_EQ(read(), fallback);
-  EXPECT_NE(::testing::internal::GetCapturedStderr().find(std::string(var) + "=" + typo),
-            std::string::npos);
-  for (const auto& [text, way] : ways) {  // case, a prefix, a trailing space
-    std::string upper = text;
-    upper[0] = char(std::toupper(upper[0]));
-    for (const std::string& bad : {upper, text.substr(0, text.size() - 1), text + " "}) {
-      setenv(var, bad.c_str(), 1);
-      EXPECT_EQ(read(), fallback) << "'" << bad << "'";
-    }
-  }
-  if (before) setenv(var, saved.c_str(), 1); else unsetenv(var);
-}
-
-TEST(KnobTest, EachNamePicksItsWayAndAnythingElseTheDefault) {
-  CheckKnob("THETASERVE_ATTN_K_LOAD", DefaultKLoad, KLoadName, KLoad::kAuto,
-            {{"thread", KLoad::kPerThread}, {"staged", KLoad::kStaged}, {"quad", KLoad::kQuad},
-             {"auto", KLoad::kAuto}});
-  CheckKnob("THETASERVE_ATTN_PREFILL", DefaultPrefillWay, PrefillWayName, PrefillWay::kMma,
-            {{"wmma", PrefillWay::kWmma}, {"fma", PrefillWay::kFma}, {"mma", PrefillWay::kMma}});
-  CheckKnob("THETASERVE_ATTN_THETA_PREFILL", DefaultThetaPrefill, ThetaPrefillName,
-            ThetaPrefill::kTiled,
-            {{"split", ThetaPrefill::kSplit}, {"tiled", ThetaPrefill::kTiled}});
-  // Top-θ's passes have no name function ("one pass" is auto's pick, not a knob's value).
-  CheckKnob("THETASERVE_ATTN_THETA", DefaultThetaPasses, nullptr, ThetaPasses::kAuto,
-            {{"split", ThetaPasses::kSplit}, {"fused", ThetaPasses::kFused},
-             {"auto", ThetaPasses::kAuto}});
 }
 
 }  // namespace
