@@ -84,9 +84,10 @@ ts::model::ThetaTable InverseLTheta(int H, float c = 1.0f);
 // One layer of H heads, pre-softmax θ (a scaled score) the same at every length, beyond k = 16.
 ts::model::ThetaTable ConstantPreTheta(int H, float theta);
 
-// Bisection steps for the pre-softmax θ (each a one-pass launch and its combine: 2 launches
-// before the timed runs, which gpu-check.sh's Nsight Compute offsets count).
-constexpr int kPreThetaSteps = 20;
+// Bisection steps for a θ that reads a given fraction of V rows (BisectTheta in
+// gpu_bench_decode.cc; at the pre-softmax placement each step is a one-pass launch and its
+// combine: 2 launches before the timed runs, which gpu-check.sh's Nsight Compute offsets count).
+constexpr int kThetaBisectSteps = 20;
 
 // The sections (gpu_bench_decode.cc): decode attention dense vs Top-θ at contexts × batches
 // (by_kernel_context: also kernel by kernel; v_target: a second table at that fraction of V

@@ -20,6 +20,22 @@ namespace cu = thetaserve::kernels::cuda;
 
 namespace {
 
+// The θ table at which a run on `probe` reads `target` of the V rows: make(x) builds the table
+// for a parameter x in [lo, hi], fewer rows read as x rises; kThetaBisectSteps bisection steps, one
+// run each (the same launches, in the same order, wherever it is called).
+template <typename MakeTable, typename VRead>
+ts::model::ThetaTable BisectTheta(const MakeTable& make, float lo, float hi, double target,
+                                  VRead& v_read, cu::CudaAttention& probe) {
+  for (int i = 0; i < kThetaBisectSteps; ++i) {
+    const float mid = 0.5f * (lo + hi);
+    const ts::model::ThetaTable t = make(mid);
+    ts::kernels::TopThetaConfig c;
+    c.table = &t;
+    (v_read(probe, c) > target ? lo : hi) = mid;
+  }
+  return make(0.5f * (lo + hi));
+}
+
 // One row of the table at a V-read target: the post-softmax scale c (θ = c/L, two kernels)
 // and the pre-softmax θ (one pass) bisected so that each reads v_target of the V rows, then
 // dense, Top-θ and one pass timed alternately every way of reading K. Returns the row; at 32k
@@ -30,24 +46,13 @@ std::string AtVTarget(double v_target, int L, int B, VRead& v_read, cu::CudaAtte
                       const cu::AttnShape& shape, const ts::kernels::KvPoolLayout& layout,
                       const uint16_t* pool, const StepInputs& in, int repeats, int iters, int sms) {
   const int H = shape.num_heads, d = shape.head_dim;
-  float lo = -8.0f, hi = 16.0f;  // log2 c; fewer rows as c rises
-  for (int i = 0; i < kPreThetaSteps; ++i) {
-    const float mid = 0.5f * (lo + hi);
-    const ts::model::ThetaTable t = InverseLTheta(H, std::exp2(mid));
-    ts::kernels::TopThetaConfig c;
-    c.table = &t;
-    (v_read(probe, c) > v_target ? lo : hi) = mid;
-  }
-  const ts::model::ThetaTable post = InverseLTheta(H, std::exp2(0.5f * (lo + hi)));
-  lo = -16.0f, hi = 16.0f;
-  for (int i = 0; i < kPreThetaSteps; ++i) {
-    const float mid = 0.5f * (lo + hi);
-    const ts::model::ThetaTable t = ConstantPreTheta(H, mid);
-    ts::kernels::TopThetaConfig c;
-    c.table = &t;
-    (v_read(probe, c) > v_target ? lo : hi) = mid;
-  }
-  const ts::model::ThetaTable pre = ConstantPreTheta(H, 0.5f * (lo + hi));
+  // Post-softmax: log2 c in [-8, 16]; pre-softmax: θ in [-16, 16].
+  const ts::model::ThetaTable post = BisectTheta(
+      [H](float log2_c) { return InverseLTheta(H, std::exp2(log2_c)); }, -8.0f, 16.0f, v_target,
+      v_read, probe);
+  const ts::model::ThetaTable pre = BisectTheta(
+      [H](float theta) { return ConstantPreTheta(H, theta); }, -16.0f, 16.0f, v_target, v_read,
+      probe);
   ts::kernels::TopThetaConfig dense_cfg, post_cfg, pre_cfg;
   post_cfg.table = &post;
   pre_cfg.table = &pre;
@@ -184,15 +189,9 @@ void DecodeAttention(const std::vector<int>& contexts, const std::vector<int>& b
       cu::CudaAttention probe(sms);
       probe.set_theta_passes(cu::ThetaPasses::kAuto);  // whatever THETASERVE_ATTN_THETA says
       const double read = v_read(probe, theta_cfg);
-      float pre_lo = -16.0f, pre_hi = 16.0f;
-      for (int i = 0; i < kPreThetaSteps; ++i) {
-        const float mid = 0.5f * (pre_lo + pre_hi);
-        const ts::model::ThetaTable t = ConstantPreTheta(H, mid);
-        ts::kernels::TopThetaConfig c;
-        c.table = &t;
-        (v_read(probe, c) > read ? pre_lo : pre_hi) = mid;
-      }
-      const ts::model::ThetaTable pre_table = ConstantPreTheta(H, 0.5f * (pre_lo + pre_hi));
+      const ts::model::ThetaTable pre_table = BisectTheta(
+          [H](float theta) { return ConstantPreTheta(H, theta); }, -16.0f, 16.0f, read, v_read,
+          probe);
       ts::kernels::TopThetaConfig pre_cfg;
       pre_cfg.table = &pre_table;
       // Ways of reading K: [0] per thread, [1] staged, [2] per quad.

@@ -7,6 +7,23 @@
 
 namespace thetaserve::kernels::cuda {
 
+// A warp's walk over its kept list (entries warp * seg + kl, kl < listed), a lane per listed
+// row: each(k, dk, kc) rewrites entry k into its V row's place in the pools (kHostRow: the host
+// store), adds the row's weight per head to dk[h] (for D_kept) and its kept heads to kc[h], says
+// whether the row comes from the host store. dk and kc (kG each) start at zero here; returns
+// this thread's count of host-store rows. GatherListed takes all three.
+template <int kG, typename Each>
+__device__ __forceinline__ unsigned WalkKeptList(int warp, int lane, int seg, int32_t listed,
+                                                 float* dk, float* kc, Each&& each) {
+#pragma unroll
+  for (int h = 0; h < kG; ++h) dk[h] = kc[h] = 0.0f;
+  unsigned host_kept = 0;
+  for (int32_t kl = lane; kl < listed; kl += 32) {
+    host_kept += each(warp * seg + kl, dk, kc);
+  }
+  return host_kept;
+}
+
 // Top-θ pass 2 over one split: positions [j0, j0 + chunk) for hit marks and the retained
 // count, and stored V rows [i0, i0 + chunk) (sparse store first, then the host store, then the
 // tail) for the gather of retained rows. kK: how pass 1 read K (ExactScore follows its order).
@@ -92,7 +109,9 @@ __device__ __forceinline__ void SplitPass2(const SplitArgs& a, int32_t split_ind
       for (int b = 0; b < kRowsPerBatch<kG>; ++b) {
         const int32_t jl = base + b * int32_t(blockDim.x) + int32_t(threadIdx.x);
 #pragma unroll
-        for (int h = 0; h < kG; ++h) q[b][h] = h < G && jl < n ? a.ws.scores[srow + h * stride + (j0 + jl)] : 0;
+        for (int h = 0; h < kG; ++h) {
+          q[b][h] = h < G && jl < n ? a.ws.scores[srow + h * stride + (j0 + jl)] : 0;
+        }
       }
 #pragma unroll
       for (int b = 0; b < kRowsPerBatch<kG>; ++b) {
@@ -159,7 +178,9 @@ __device__ __forceinline__ void SplitPass2(const SplitArgs& a, int32_t split_ind
 #pragma unroll
     for (int b = 0; b < kRowsPerBatch<kG>; ++b) {
 #pragma unroll
-      for (int h = 0; h < kG; ++h) q[b][h] = h < G && jb[b] >= 0 ? a.ws.scores[srow + h * stride + jb[b]] : 0;
+      for (int h = 0; h < kG; ++h) {
+        q[b][h] = h < G && jb[b] >= 0 ? a.ws.scores[srow + h * stride + jb[b]] : 0;
+      }
     }
 #pragma unroll
     for (int b = 0; b < kRowsPerBatch<kG>; ++b) {
@@ -187,14 +208,11 @@ __device__ __forceinline__ void SplitPass2(const SplitArgs& a, int32_t split_ind
   // those with most lanes idle): e = exp(x) per head, and the V row's place in the pools
   // (kHostRow: the host store). Also the sums for D_kept and the kept count, and the hit marks.
   float dk[kG], kc[kG];
-#pragma unroll
-  for (int h = 0; h < kG; ++h) dk[h] = kc[h] = 0.0f;
-  unsigned host_kept = 0;  // this thread's listed rows from the host store
-  for (int32_t kl = lane; kl < listed; kl += 32) {
-    const int k = warp * seg + kl;
+  const unsigned host_kept =
+      WalkKeptList<kG>(warp, lane, seg, listed, dk, kc, [&](int k, float* d_kept, float* n_kept) {
     const uint32_t entry = list_row[k];
     const int32_t i = int32_t(entry & ~kStrongRow);
-    host_kept += i >= sparse_vis && i < below;
+    const bool host = i >= sparse_vis && i < below;
     list_row[k] = i < sparse_vis ? vs.SparseRow(i)
                   : i < below    ? vs.HostRow(i - sparse_vis)
                                  : vs.TailRow(tail + (i - below));
@@ -206,17 +224,19 @@ __device__ __forceinline__ void SplitPass2(const SplitArgs& a, int32_t split_ind
         const bool kept = !isnan(xv);
         const float e = kept ? expf(xv) : 0.0f;
         list_e[k * G + h] = e;
-        dk[h] += e;
-        kc[h] += kept ? 1.0f : 0.0f;
+        d_kept[h] += e;
+        n_kept[h] += kept ? 1.0f : 0.0f;
         mass += e * st.inv_d[h];
       }
     }
     // Marks here only without a sparse store (then stored row i is position i); with one, the
     // positions loop above marked them.
-    if (tail > 0 || i < mark_from) continue;
-    if (hits && (entry & kStrongRow)) atomicMax(hits + (i - mark_from), row.pos);
-    if (hit_mass) atomicAdd(hit_mass + (i - mark_from), mass);
-  }
+    if (tail == 0 && i >= mark_from) {
+      if (hits && (entry & kStrongRow)) atomicMax(hits + (i - mark_from), row.pos);
+      if (hit_mass) atomicAdd(hit_mass + (i - mark_from), mass);
+    }
+    return host;
+  });
 
   // ...then the gather of the listed rows, weighted by e, and the split's partials.
   GatherListed<D, GT>(a, blk, G, list_row, seg, listed, dk, kc, host_kept,
@@ -349,13 +369,10 @@ __device__ __forceinline__ void SplitOnePass(const SplitArgs& a, int32_t split_i
   // ...then each warp turns its entries into the V rows' places in the pools, a lane per
   // listed row (kHostRow: the host store), with the sums for D_kept and the kept count.
   float dk[kG], kc[kG];
-#pragma unroll
-  for (int h = 0; h < kG; ++h) dk[h] = kc[h] = 0.0f;
-  unsigned host_kept = 0;  // this thread's listed rows from the host store
-  for (int32_t kl = lane; kl < listed; kl += 32) {
-    const int k = warp * seg + kl;
+  const unsigned host_kept =
+      WalkKeptList<kG>(warp, lane, seg, listed, dk, kc, [&](int k, float* d_kept, float* n_kept) {
     const int32_t il = int32_t(list_row[k]), jl = list_j[k];
-    host_kept += il >= ns && il < ns + nh;
+    const bool host = il >= ns && il < ns + nh;
     list_row[k] = il < ns        ? vs.SparseRow(sa + il)
                   : il < ns + nh ? vs.HostRow(ha + (il - ns))
                                  : vs.TailRow(j0 + jl);
@@ -363,11 +380,12 @@ __device__ __forceinline__ void SplitOnePass(const SplitArgs& a, int32_t split_i
 #pragma unroll
     for (int h = 0; h < kG; ++h) {
       if (h < G) {
-        dk[h] += sc[h * a.chunk + jl];
-        kc[h] += float(f >> h & 1u);
+        d_kept[h] += sc[h * a.chunk + jl];
+        n_kept[h] += float(f >> h & 1u);
       }
     }
-  }
+    return host;
+  });
 
   // ...then the gather of the listed rows, weighted by e, and the split's partials.
   GatherListed<D, GT>(a, blk, G, list_row, seg, listed, dk, kc, host_kept, &s_retained,
