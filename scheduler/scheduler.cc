@@ -46,8 +46,13 @@ StepPlan Scheduler::Schedule() {
 
   // Tokens this step may still score (each needs a logits row: kMaxScoredTokensPerStep).
   int64_t score_budget = kMaxScoredTokensPerStep;
+  // Chunks are held to long_prefill_tokens while a sequence waits and a slot is free for it
+  // (the pool may still turn it away: then the held chunks take the budget back below).
+  const bool held = config_.long_prefill_tokens > 0 && !waiting_.empty() &&
+                    int64_t(running_.size()) < config_.max_num_seqs;
   auto tokens_for = [&](const Sequence& s) {
     int64_t n = std::min(s.num_uncomputed(), budget);
+    if (held) n = std::min(n, config_.long_prefill_tokens);
     if (s.NeedsPromptScores()) n = std::min(n, score_budget);
     return n;
   };
@@ -151,6 +156,21 @@ StepPlan Scheduler::Schedule() {
     std::erase_if(plan.chunks, [&](const ScheduledChunk& c) {
       return c.seq->state != SequenceState::kRunning;
     });
+  }
+  // The budget the admissions left goes back to the held chunks, oldest first, as far as the
+  // pool allows without preempting (their prompts' pages are reserved already).
+  for (size_t c = 0; held && budget > 0 && c < plan.chunks.size(); ++c) {
+    ScheduledChunk& chunk = plan.chunks[c];
+    Sequence& s = *chunk.seq;
+    int64_t more = std::min(s.num_uncomputed() - chunk.num_tokens, budget);
+    if (s.NeedsPromptScores()) more = std::min(more, score_budget);
+    const int64_t to = s.num_computed + chunk.num_tokens + more;
+    if (more <= 0 || !Room(s.kv().PagesNeeded(to))) continue;
+    s.kv().Grow(*pool_, to);
+    chunk.num_tokens += more;
+    chunk.samples = to == int64_t(s.tokens().size());
+    budget -= more;
+    if (s.NeedsPromptScores()) score_budget -= more;
   }
   for (const auto& c : plan.chunks) plan.num_tokens += c.num_tokens;
   return plan;

@@ -50,6 +50,12 @@ constexpr char kUsage[] =
     "                               such as https://app.example.com\n"
     "  --max-num-seqs N             running sequences at once (default 64)\n"
     "  --max-num-batched-tokens N   token budget per engine step (default 512)\n"
+    "  --long-prefill-tokens N      while a request waits to start, a prompt computes at\n"
+    "                               most N tokens of a step until the waiting ones have\n"
+    "                               theirs, so a long prompt does not hold every later\n"
+    "                               request's first token behind its whole prefill (the\n"
+    "                               budget they leave goes back to it); 0: no limit\n"
+    "                               (default: a quarter of --max-num-batched-tokens)\n"
     "  --kv-cache-memory SIZE|PCT%  KV page pool size, e.g. 512M, or a share of the memory\n"
     "                               free once the model is loaded, less 1 GiB for per-step\n"
     "                               buffers, e.g. 90% (default 90% on a GPU; on the CPU\n"
@@ -105,7 +111,8 @@ int RunServe(const std::vector<std::string>& argv) {
   std::map<std::string, bool> known = {
       {"model", true}, {"host", true}, {"port", true}, {"metrics-port", true},
       {"http-port", true}, {"served-model-name", true}, {"allowed-origins", true},
-      {"max-num-seqs", true}, {"max-num-batched-tokens", true}, {"kv-cache-memory", true},
+      {"max-num-seqs", true}, {"max-num-batched-tokens", true}, {"long-prefill-tokens", true},
+      {"kv-cache-memory", true},
       {"block-size", true}, {"max-queue", true}, {"threads", true}, {"device", true},
       {"drain-timeout", true}, {"tls-cert", true}, {"tls-key", true}, {"api-key", true},
       {"prefix-caching", true}, {"offload-memory", true}, {"kv-cache-dtype", true}};
@@ -122,6 +129,9 @@ int RunServe(const std::vector<std::string>& argv) {
   auto http_port = args.GetInt("http-port", 0, 0, 65535);            // 0 = off
   auto max_seqs = args.GetInt("max-num-seqs", 64, 1, kMaxCountFlag);
   auto max_tokens = args.GetInt("max-num-batched-tokens", 512, 1, kMaxCountFlag);
+  auto long_prefill = args.GetInt(
+      "long-prefill-tokens", max_tokens.ok() ? std::max<int64_t>(1, *max_tokens / 4) : 0, 0,
+      kMaxCountFlag);
   // Checked now; a share is resolved once the model is on its device.
   auto kv_spec = args.Has("kv-cache-memory")
                      ? ParseKvCacheSpec(args.GetString("kv-cache-memory"))
@@ -135,8 +145,9 @@ int RunServe(const std::vector<std::string>& argv) {
   auto kv_dtype = ParseKvDtypeFlag(args.GetString("kv-cache-dtype", "auto"));
   for (const absl::Status& st :
        {port.status(), metrics_port.status(), http_port.status(), max_seqs.status(),
-        max_tokens.status(), kv_spec.status(), block_size.status(), max_queue.status(),
-        threads.status(), drain.status(), device.status(), kv_dtype.status()}) {
+        max_tokens.status(), long_prefill.status(), kv_spec.status(), block_size.status(),
+        max_queue.status(), threads.status(), drain.status(), device.status(),
+        kv_dtype.status()}) {
     if (!st.ok()) return usage(st);
   }
   if (args.Has("served-model-name") && *http_port == 0) {
@@ -222,6 +233,7 @@ int RunServe(const std::vector<std::string>& argv) {
   ec.sparse = theta->sparse;
   ec.scheduler.max_num_seqs = *max_seqs;
   ec.scheduler.max_num_batched_tokens = *max_tokens;
+  ec.scheduler.long_prefill_tokens = *long_prefill;
   // Defaults: 90% of a GPU's free memory; on the CPU, enough for one full-context sequence.
   const std::optional<int64_t> free_bytes = loaded->backend->FreeMemoryBytes();
   std::optional<int64_t> max_bytes;  // whole pages of at most MaxPoolRows rows

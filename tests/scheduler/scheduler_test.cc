@@ -101,5 +101,115 @@ TEST_F(SchedulerTest, AGroupWhosePromptWasEvictedComputesItOnceMoreNotPerMember)
   EXPECT_EQ(members_[2]->cached_blocks, 2);
 }
 
+// Chunks while a sequence waits (SchedulerConfig::long_prefill_tokens): a budget of 64 tokens a
+// step, chunks held to 16 while a sequence waits, no prefix cache.
+class LongPrefillTest : public SchedulerTest {
+ protected:
+  // A request of `tokens` prompt tokens, none shared with another's.
+  Sequence* Add(const std::string& id, int64_t tokens) {
+    Request r;
+    r.id = id;
+    for (int64_t i = 0; i < tokens; ++i) r.prompt.push_back(int32_t(100 * (next_ + 1) + i));
+    ++next_;
+    r.stopping.max_tokens = 4;
+    auto seq = std::make_unique<Sequence>(r, std::make_shared<CollectingSink>(),
+                                          model_->tokenizer(), kShape);
+    Sequence* out = seq.get();
+    held_.AddWaiting(std::move(seq));
+    return out;
+  }
+  static std::vector<std::string> ById(const StepPlan& plan) {
+    std::vector<std::string> out;
+    for (const ScheduledChunk& c : plan.chunks) {
+      out.push_back(absl::StrCat(c.seq->request().id, ":", c.num_tokens, c.samples ? "+" : ""));
+    }
+    return out;
+  }
+  // Plans a step and commits it.
+  std::vector<std::string> Step(Scheduler& s) {
+    StepPlan plan = s.Schedule();
+    s.Commit(plan);
+    return ById(plan);
+  }
+
+  static SchedulerConfig Config(int64_t limit) {
+    SchedulerConfig c;
+    c.max_num_batched_tokens = 64;
+    c.long_prefill_tokens = limit;
+    return c;
+  }
+  int next_ = 0;
+  cache::PagePool held_pool_{512, kShape.block_size};
+  Scheduler held_{Config(16), held_pool_};
+};
+
+TEST_F(LongPrefillTest, APromptAloneTakesTheWholeBudget) {
+  Add("long", 200);
+  EXPECT_EQ(Step(held_), std::vector<std::string>{"long:64"});
+  EXPECT_EQ(Step(held_), std::vector<std::string>{"long:64"});
+}
+
+// A short request arriving while a long prompt computes starts in the next step (its first
+// token sampled there) instead of after the whole prefill; the long prompt gives up only the
+// short one's tokens.
+TEST_F(LongPrefillTest, AShortRequestStartsBesideALongPrefill) {
+  Sequence* long_seq = Add("long", 200);
+  ASSERT_EQ(Step(held_), std::vector<std::string>{"long:64"});
+  Add("short", 10);
+  EXPECT_EQ(Step(held_), (std::vector<std::string>{"long:54", "short:10+"}));
+  EXPECT_EQ(long_seq->num_computed, 118);
+  EXPECT_EQ(long_seq->kv().capacity_tokens(), 128) << "pages for the tokens computed";
+  EXPECT_EQ(Step(held_), std::vector<std::string>{"long:64"}) << "nobody waits";
+  EXPECT_EQ(Step(held_), std::vector<std::string>{"long:18+"});
+}
+
+// Two long prompts at once: the first no longer takes the whole step while the second waits,
+// but keeps what the second's held chunk leaves.
+TEST_F(LongPrefillTest, TwoLongPromptsShareTheFirstStep) {
+  Add("a", 200);
+  Add("b", 200);
+  EXPECT_EQ(Step(held_), (std::vector<std::string>{"a:48", "b:16"}));
+  EXPECT_EQ(Step(held_), std::vector<std::string>{"a:64"});
+}
+
+// A waiting sequence the pool turns away holds nothing back: the held chunk takes the budget.
+TEST_F(LongPrefillTest, ASequenceThePoolTurnsAwayHoldsNothingBack) {
+  // 16 blocks (4 pages each: K and V of 2 layers): one 200-token prompt's 13, not two.
+  cache::PagePool small{64, kShape.block_size};
+  Scheduler s{Config(16), small};
+  std::vector<Sequence*> seqs;
+  for (const char* id : {"long", "big"}) {
+    Request r;
+    r.id = id;
+    for (int64_t i = 0; i < 200; ++i) r.prompt.push_back(int32_t(1000 + i));
+    r.stopping.max_tokens = 4;
+    auto seq = std::make_unique<Sequence>(r, std::make_shared<CollectingSink>(),
+                                          model_->tokenizer(), kShape);
+    s.AddWaiting(std::move(seq));
+  }
+  EXPECT_EQ(Step(s), std::vector<std::string>{"long:64"}) << "big does not fit beside long";
+  EXPECT_EQ(s.waiting().size(), 1u);
+  EXPECT_EQ(Step(s), std::vector<std::string>{"long:64"});
+}
+
+TEST_F(LongPrefillTest, WithoutALimitAShortRequestWaitsForThePrefill) {
+  cache::PagePool pool{512, kShape.block_size};
+  Scheduler unheld{Config(0), pool};
+  auto add = [&](const std::string& id, int64_t tokens) {
+    Request q;
+    q.id = id;
+    for (int64_t i = 0; i < tokens; ++i) q.prompt.push_back(int32_t(5000 + 10 * tokens + i));
+    q.stopping.max_tokens = 4;
+    unheld.AddWaiting(std::make_unique<Sequence>(q, std::make_shared<CollectingSink>(),
+                                                 model_->tokenizer(), kShape));
+  };
+  add("long", 200);
+  ASSERT_EQ(Step(unheld), std::vector<std::string>{"long:64"});
+  add("short", 10);
+  EXPECT_EQ(Step(unheld), std::vector<std::string>{"long:64"});
+  EXPECT_EQ(Step(unheld), std::vector<std::string>{"long:64"});
+  EXPECT_EQ(Step(unheld), (std::vector<std::string>{"long:8+", "short:10+"}));
+}
+
 }  // namespace
 }  // namespace thetaserve::scheduler

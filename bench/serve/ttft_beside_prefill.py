@@ -1,0 +1,52 @@
+#!/usr/bin/env python3
+"""A short request's time to first token while a long prompt prefills, on a running server's
+OpenAI HTTP API: the long prompt (WORDS repetitions of "river ", one output token) is sent,
+then after DELAY seconds a short streaming request (4 output tokens); prints one JSON line
+with both requests' times. scripts/ttft-beside-prefill.sh runs it against two servers
+(--long-prefill-tokens at its default and 0) and prints the medians."""
+import argparse
+import json
+import threading
+import time
+import urllib.request
+
+
+def post(port, body):
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions",
+                                 data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    return urllib.request.urlopen(req, timeout=900)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--words", type=int, default=5000)
+    ap.add_argument("--delay", type=float, default=1.0)
+    args = ap.parse_args()
+    out = {}
+
+    def long_request():
+        t = time.time()
+        body = json.load(post(args.port, {"prompt": "river " * args.words, "max_tokens": 1}))
+        out["long_s"] = time.time() - t
+        out["long_prompt_tokens"] = body["usage"]["prompt_tokens"]
+
+    th = threading.Thread(target=long_request)
+    th.start()
+    time.sleep(args.delay)
+    t = time.time()
+    first = None
+    for line in post(args.port, {"prompt": "Short one", "max_tokens": 4, "stream": True}):
+        line = line.decode().strip()
+        if first is None and line.startswith("data: {"):
+            if json.loads(line[6:])["choices"][0]["text"]:
+                first = time.time() - t
+    out["short_ttft_s"] = first
+    out["short_total_s"] = time.time() - t
+    th.join()
+    print(json.dumps(out), flush=True)
+
+
+if __name__ == "__main__":
+    main()
