@@ -46,8 +46,7 @@ grpc::Status GenerationService::CheckAuth(grpc::CallbackServerContext* ctx) cons
     return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
                         "missing 'authorization: Bearer <api key>' metadata");
   }
-  const std::string value(it->second.data(), it->second.size());
-  if (value != "Bearer " + options_.api_key) {
+  if (!BearerMatches(std::string_view(it->second.data(), it->second.size()), options_.api_key)) {
     return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "invalid API key");
   }
   return grpc::Status::OK;

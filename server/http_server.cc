@@ -23,6 +23,7 @@ namespace thetaserve::server {
 namespace {
 
 constexpr int kPollSliceMs = 200;  // how often a waiting connection looks at stopping_
+constexpr const char* kBareLineEnd = "a bare CR or LF in the request head; lines end with CRLF";
 
 // (Debian's Abseil has its own string_view, so these take std::string_view by hand.)
 std::string Lower(std::string_view s) {
@@ -510,7 +511,17 @@ void HttpServer::Serve(int fd) {
     }
     const auto deadline = Clock::now() + std::chrono::milliseconds(options_.io_timeout_ms);
     size_t head_end;
+    size_t checked = 0;  // bytes of the head so far seen free of a bare CR or LF
     while ((head_end = in.find("\r\n\r\n")) == std::string::npos) {
+      // A head whose lines end with bare LFs never shows CRLF CRLF: refused as soon as one
+      // arrives, not after io_timeout_ms of waiting (a CR last in the buffer waits for its LF).
+      for (; checked < in.size() && !(in[checked] == '\r' && checked + 1 == in.size());
+           ++checked) {
+        if ((in[checked] == '\n' && (checked == 0 || in[checked - 1] != '\r')) ||
+            (in[checked] == '\r' && in[checked + 1] != '\n')) {
+          return reject(400, kBareLineEnd);
+        }
+      }
       if (in.size() > options_.max_head_bytes) {
         return reject(431, "the request line and headers exceed 64 KiB");
       }
@@ -533,7 +544,7 @@ void HttpServer::Serve(int fd) {
     for (size_t i = 0; i < head.size(); ++i) {
       if ((head[i] == '\r') != (i + 1 < head.size() && head[i + 1] == '\n') ||
           (head[i] == '\n' && (i == 0 || head[i - 1] != '\r'))) {
-        return reject(400, "a bare CR or LF in the request head; lines end with CRLF");
+        return reject(400, kBareLineEnd);
       }
     }
     const std::vector<std::string_view> lines = Split(head, "\r\n");

@@ -215,7 +215,7 @@ bool OpenAiHttpServer::Authorized(const HttpRequest& req, HttpResponder& out) {
               {{"WWW-Authenticate", "Bearer"}});
     return false;
   }
-  if (auth != "Bearer " + options_.api_key) {
+  if (!BearerMatches(auth, options_.api_key)) {
     SendError(out, 401, "invalid API key", {{"WWW-Authenticate", "Bearer"}});
     return false;
   }

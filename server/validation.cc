@@ -14,6 +14,9 @@ namespace thetaserve::server {
 
 absl::StatusOr<v1::TokenizeResponse> TokenizeInput(const v1::TokenizeRequest& request,
                                                    const model::Model& model) {
+  if (request.input_case() == v1::TokenizeRequest::INPUT_NOT_SET) {
+    return absl::InvalidArgumentError("one of text or chat is required");
+  }
   const bool add_special = !request.has_add_special_tokens() || request.add_special_tokens();
   v1::TokenizeResponse response;
   std::string text;
@@ -30,6 +33,21 @@ absl::StatusOr<v1::TokenizeResponse> TokenizeInput(const v1::TokenizeRequest& re
     response.add_ids(static_cast<uint32_t>(id));
   }
   return response;
+}
+
+bool BearerMatches(std::string_view authorization, std::string_view api_key) {
+  constexpr std::string_view kScheme = "bearer";
+  if (authorization.size() <= kScheme.size() || authorization[kScheme.size()] != ' ') return false;
+  for (size_t i = 0; i < kScheme.size(); ++i) {
+    const char c = authorization[i];
+    if ((c >= 'A' && c <= 'Z' ? char(c - 'A' + 'a') : c) != kScheme[i]) return false;
+  }
+  std::string_view token = authorization.substr(kScheme.size());
+  while (!token.empty() && token.front() == ' ') token.remove_prefix(1);
+  if (token.size() != api_key.size()) return false;
+  unsigned char differ = 0;
+  for (size_t i = 0; i < token.size(); ++i) differ |= (unsigned char)(token[i] ^ api_key[i]);
+  return differ == 0;
 }
 
 bool IsValidUtf8(std::string_view s) {
@@ -397,7 +415,8 @@ absl::StatusOr<scheduler::Request> BuildRequest(const v1::GenerateRequest& req,
   out.stopping.min_tokens = static_cast<int32_t>(st.min_tokens());
   if (st.stop_size() > kMaxStopStrings) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "%d stop strings given; at most %d are allowed", st.stop_size(), kMaxStopStrings));
+        "stopping.stop has %d strings; at most %d stop strings are allowed", st.stop_size(),
+        kMaxStopStrings));
   }
   for (int i = 0; i < st.stop_size(); ++i) {
     const std::string& s = st.stop(i);

@@ -1,6 +1,9 @@
 // Turns an API GenerateRequest into an engine Request, or says precisely what is wrong with
-// it (INVALID_ARGUMENT with a message that names the field and the allowed range).
+// it (INVALID_ARGUMENT with a message that names the field and the allowed range); and the
+// API key check both APIs share.
 #pragma once
+
+#include <string_view>
 
 #include "absl/status/statusor.h"
 #include "model/model.h"
@@ -8,6 +11,11 @@
 #include "thetaserve/v1/generation.pb.h"
 
 namespace thetaserve::server {
+
+// Whether an Authorization value (HTTP header or gRPC metadata) carries `api_key` as a bearer
+// token: the scheme's name in any case (RFC 7235: "Bearer", "bearer"), one or more spaces, then
+// the key exactly, compared in time that does not depend on where it differs.
+bool BearerMatches(std::string_view authorization, std::string_view api_key);
 
 constexpr int kMaxStopStrings = 16;
 constexpr int kMaxStopStringBytes = 256;

@@ -166,6 +166,31 @@ TEST(HttpServerTest, AmbiguousFramingIsRefused) {
   EXPECT_EQ(status_of(std::string("GET / HTTP/1.1\r\nX-A: a\0b\r\n\r\n", 28)), 400);
 }
 
+// A head whose lines all end with bare LFs (hand-written clients, some scripts) never shows
+// CRLF CRLF: it was left waiting for the I/O timeout (30 s) and then closed without an answer.
+// Now it is a 400 at once; a CRLF split across two reads is still a line end.
+TEST(HttpServerTest, AHeadOfBareLineFeedsIsRefusedAtOnce) {
+  auto server = StartOrDie(Echo);
+  ASSERT_NE(server, nullptr);
+  for (const std::string& head :
+       {std::string("GET /health HTTP/1.1\nHost: x\nConnection: close\n\n"),
+        std::string("GET /a HTTP/1.1\r\nHost: x\n"), std::string("GET /a HTTP/1.1\rHost: x")}) {
+    HttpConnection c(server->port());
+    ASSERT_TRUE(c.SendRaw(head));
+    const auto start = std::chrono::steady_clock::now();
+    HttpResult r = c.Read(5);
+    EXPECT_EQ(r.status, 400) << head;
+    EXPECT_NE(r.body.find("a bare CR or LF in the request head"), std::string::npos) << r.body;
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+  }
+  HttpConnection c(server->port());
+  for (const char* piece : {"GET /split HTTP/1.1\r", "\nHost: x\r", "\n\r", "\n"}) {
+    ASSERT_TRUE(c.SendRaw(piece));
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_EQ(c.Read(10).body, "GET /split?||");
+}
+
 // Clients that do not know a body's length up front (a generator, a stream, a proxy that does not
 // buffer) send it chunked: it was refused with 411.
 TEST(HttpServerTest, ChunkedRequestBodiesAreDecoded) {

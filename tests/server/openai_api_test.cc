@@ -1358,5 +1358,17 @@ TEST_F(OpenAiResponseTest, InvalidUtf8InATokenBecomesAReplacementCharacter) {
   EXPECT_NO_THROW(Json::parse(dumped));
 }
 
+// The API key check (both APIs): the scheme in any case, then the key exactly.
+TEST(ApiKeyTest, BearerSchemeInAnyCaseThenTheKeyExactly) {
+  for (const char* ok : {"Bearer sesame", "bearer sesame", "BEARER sesame", "Bearer   sesame"}) {
+    EXPECT_TRUE(BearerMatches(ok, "sesame")) << ok;
+  }
+  for (const char* no : {"", "Bearer", "Bearer ", "Bearersesame", "Basic sesame", "Bearer sesam",
+                         "Bearer sesamE", "Bearer sesame ", "Bearer sesame2", " Bearer sesame",
+                         "Bear sesame", "Bearer\tsesame"}) {
+    EXPECT_FALSE(BearerMatches(no, "sesame")) << "'" << no << "'";
+  }
+}
+
 }  // namespace
 }  // namespace thetaserve::server

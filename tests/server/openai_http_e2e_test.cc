@@ -970,6 +970,9 @@ TEST_F(OpenAiHttpTest, BadInputGetsItsStatusAndTheServerKeepsServing) {
   EXPECT_EQ(param_of(R"({"prompt": "x", "temperature": "hot"})"), "temperature");
   EXPECT_EQ(param_of(R"({"prompt": "x", "top_p": 1.5})"), "top_p");
   EXPECT_EQ(param_of(R"({"prompt": ["a", [1, 2, 4000000]]})"), "prompt[1][2]");
+  EXPECT_EQ(param_of(R"({"prompt": "x", "stop": ["a","b","c","d","e","f","g","h","i","j","k","l",)"
+                     R"("m","n","o","p","q"]})"),
+            "stop") << "17 stop strings";
   // A field checked by the shared validation is named as the client spelled it.
   EXPECT_EQ(param_of(R"({"prompt": "x", "guided_choice": ["a", ""]})"), "guided_choice[1]");
   HttpResult structured =
@@ -1535,6 +1538,9 @@ TEST(OpenAiHttpLifecycleTest, ApiKeyGuardsTheApiButNotHealth) {
   EXPECT_EQ(HttpCall(http_port, "POST", "/tokenize", R"({"prompt": "Hello"})").status, 401);
   EXPECT_EQ(HttpCall(http_port, "POST", "/detokenize", R"({"tokens": [1]})",
                      {{"Authorization", "Bearer sesame"}}).status, 200);
+  // The scheme's name in any case (RFC 7235), as some clients and proxies send it.
+  EXPECT_EQ(HttpCall(http_port, "POST", "/detokenize", R"({"tokens": [1]})",
+                     {{"Authorization", "bearer sesame"}}).status, 200);
   // Health and metrics need no key (probes and scrapers have none).
   EXPECT_EQ(HttpCall(http_port, "GET", "/health").status, 200);
   EXPECT_EQ(HttpCall(http_port, "GET", "/metrics").status, 200);

@@ -215,6 +215,25 @@ TEST_F(ServerE2ETest, BadInputGetsItsCodeAndTheServerKeepsServing) {
   }
 }
 
+// Tokenize as Generate: no input is an error (the HTTP route's '{}' is a 400 too), while an
+// input that is empty text is a tokenization like any other.
+TEST_F(ServerE2ETest, TokenizeWithoutInputIsInvalidArgument) {
+  auto stub = server_->stub();
+  grpc::ClientContext ctx;
+  v1::TokenizeResponse resp;
+  const grpc::Status st = stub->Tokenize(&ctx, v1::TokenizeRequest(), &resp);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << st.error_message();
+  EXPECT_EQ(st.error_message(), "one of text or chat is required");
+  v1::TokenizeRequest empty;
+  empty.set_text("");
+  empty.set_add_special_tokens(false);
+  grpc::ClientContext ctx2;
+  const grpc::Status ok = stub->Tokenize(&ctx2, empty, &resp);
+  EXPECT_TRUE(ok.ok()) << ok.error_message();
+  EXPECT_EQ(resp.ids_size(), 0);
+  EXPECT_FALSE(TokenIds(*stub, "Hello", false).empty()) << "and the server keeps serving";
+}
+
 TEST_F(ServerE2ETest, InvalidUtf8PromptIsRejected) {
   // Bytes on the wire that are not UTF-8: sent as a raw message so the client library does
   // not refuse to serialize them. GenerateRequest{prompt (field 2) = "\xff\xfe"}.
