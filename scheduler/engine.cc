@@ -142,9 +142,12 @@ absl::StatusOr<std::unique_ptr<Sequence>> Engine::Prepare(Request request,
         request.prompt.size(), request.stopping.max_tokens, total, c.max_context));
   }
   cache::SequenceKv probe(kv_shape_);
-  // A request for no tokens (prompt scores only) still reserves room for one, as admission does.
+  // A request for no tokens (prompt scores only) still reserves room for one, as admission does;
+  // under a mass budget, dense K and the budget's bound on V (what admission reserves: a
+  // prompt whose dense K and V outgrow the whole pool can still run).
   const int64_t pages =
-      probe.PagesNeeded(std::max<int64_t>(total, int64_t(request.prompt.size()) + 1));
+      probe.PagesToReach(std::max<int64_t>(total, int64_t(request.prompt.size()) + 1),
+                         config_.sparse, config_.scheduler.max_num_batched_tokens);
   if (pages > pool_.num_pages()) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "prompt + max_tokens = %d tokens needs %d KV pages but the whole cache has %d; "

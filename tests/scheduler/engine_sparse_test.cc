@@ -300,5 +300,48 @@ TEST_F(EngineTest, MassBudgetAdmitsLongPromptsThatDenseMustRunOneAtATime) {
   EXPECT_EQ(sparse_preempt, 0) << "the reservation must cover what the prompts grow to";
 }
 
+// A prompt whose dense K and V outgrow the whole pool: refused up front without a mass budget;
+// with one it runs (dense K and the budget's bound on V, what admission reserves), where the
+// check on arrival used to count dense V and refuse it too.
+TEST_F(EngineTest, MassBudgetRunsAPromptWhoseDenseKvOutgrowsThePool) {
+  const auto& c = model_->config();
+  const model::ThetaTable table = ConstantPostTheta(0.02f);
+  std::string text;
+  for (const auto& p : Prompts()) text += p + " ";
+  text = text + text + text + text + text + text;  // ~600 tokens
+  for (bool sparse : {false, true}) {
+    SCOPED_TRACE(sparse ? "mass budget" : "dense V");
+    auto backend = TopThetaBackend(table);
+    ASSERT_TRUE(backend.ok());
+    EngineConfig config;
+    config.scheduler.max_num_batched_tokens = 64;
+    const int64_t page_bytes = int64_t(config.block_size) * (*backend)->kv_row_bytes();
+    const int64_t tokens = int64_t(model_->tokenizer().Encode(text).size()) + 8;
+    const int64_t dense_pages = 2 * ((tokens + 15) / 16) * c.num_layers * c.num_kv_heads;
+    // K alone is half of that; the budget bounds V (window 32 + a 64-token chunk, 5% kept)
+    // near a sixth of it.
+    config.kv_cache_bytes = dense_pages * 4 / 5 * page_bytes;
+    if (sparse) config.sparse = MassBudgetPolicy();
+    auto engine = Engine::Create(config, **backend);
+    ASSERT_TRUE(engine.ok());
+    Request r = MakeRequest("big", text, 8);
+    r.stopping.ignore_eos = true;
+    auto sink = std::make_shared<CollectingSink>();
+    const absl::Status st = (*engine)->Submit(r, sink);
+    if (!sparse) {
+      EXPECT_TRUE(absl::IsInvalidArgument(st)) << st;
+      EXPECT_NE(st.message().find("the whole cache has"), std::string::npos) << st;
+      continue;
+    }
+    ASSERT_TRUE(st.ok()) << st;
+    ASSERT_TRUE(sink->Wait(300));
+    EXPECT_EQ(sink->info.reason, FinishReason::kLength);
+    EXPECT_EQ(sink->info.completion_tokens, 8);
+    ASSERT_TRUE((*engine)->WaitIdle(10));
+    EXPECT_EQ((*engine)->Stats().counters.preemptions, 0);
+    EXPECT_EQ((*engine)->pool_for_tests().num_free(), (*engine)->pool_for_tests().num_pages());
+  }
+}
+
 }  // namespace
 }  // namespace thetaserve::scheduler
