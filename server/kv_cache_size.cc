@@ -43,13 +43,18 @@ absl::StatusOr<KvCacheSpec> ParseKvCacheSpec(const std::string& value) {
   return spec;
 }
 
+std::string BytesText(int64_t bytes) {
+  if (double(bytes) < 0.1 * kGiB) return absl::StrFormat("%.1f MiB", double(bytes) / (1 << 20));
+  return absl::StrFormat("%.2f GiB", double(bytes) / kGiB);
+}
+
 absl::StatusOr<KvCacheSize> ResolveKvCacheSize(const KvCacheSpec& spec,
                                                std::optional<int64_t> free_bytes,
                                                std::optional<int64_t> max_bytes) {
   KvCacheSize out;
   if (spec.percent <= 0.0) {
     out.bytes = spec.bytes;
-    out.description = absl::StrFormat("%.2f GiB", double(spec.bytes) / kGiB);
+    out.description = BytesText(spec.bytes);
     return out;
   }
   if (!free_bytes) {
@@ -87,7 +92,7 @@ KvCacheSize DefaultCpuKvCacheSize(int64_t full_context_bytes, std::optional<int6
   if (capped) full = *free_bytes / 4;
   out.bytes = std::max(kCpuKvFloorBytes, full);
   if (out.bytes == kCpuKvFloorBytes) {
-    out.description = absl::StrFormat("%.2f GiB", double(out.bytes) / kGiB);
+    out.description = BytesText(out.bytes);
   } else if (!capped) {
     out.description = absl::StrFormat("%.2f GiB (one sequence of the model's full context)",
                                       double(out.bytes) / kGiB);

@@ -14,6 +14,10 @@ namespace thetaserve::server {
 // workspaces, cuBLAS's workspace).
 constexpr int64_t kKvReserveBytes = int64_t(1) << 30;
 
+// A size for the startup log: "0.25 GiB", "113.40 GiB"; under 0.1 GiB in MiB ("64.0 MiB"),
+// where two decimals of GiB said 0.00 GiB for a megabyte.
+std::string BytesText(int64_t bytes);
+
 struct KvCacheSpec {
   int64_t bytes = 0;     // a size, or
   double percent = 0.0;  // a share in (0, 100] of free memory less kKvReserveBytes

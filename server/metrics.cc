@@ -189,6 +189,17 @@ void Metrics::OnFinish(const scheduler::FinishInfo& info) {
 
 void Metrics::OnInterTokenLatency(double seconds) { itl_.Observe(seconds); }
 
+void Metrics::HoldCounts() {
+  std::lock_guard<std::mutex> lock(count_mu_);
+  counting_ = false;
+}
+
+void Metrics::ResumeCounts(const scheduler::EngineCounters& so_far) {
+  std::lock_guard<std::mutex> lock(count_mu_);
+  baseline_ = so_far;
+  counting_ = true;
+}
+
 void Metrics::OnEngineStats(const scheduler::EngineStats& s, const scheduler::StepStats* step) {
   running_.Set(double(s.running));
   waiting_.Set(double(s.waiting));
@@ -206,30 +217,34 @@ void Metrics::OnEngineStats(const scheduler::EngineStats& s, const scheduler::St
   host_pages_total_.Set(double(s.host_pages_total));
   host_pages_used_.Set(double(s.host_pages_used));
 
-  // Counters follow the engine's totals (called on the engine thread only).
-  auto advance = [](prometheus::Counter& c, int64_t total) {
-    const double delta = double(total) - c.Value();
-    if (delta > 0) c.Increment(delta);
-  };
-  const auto& k = s.counters;
-  advance(prompt_tokens_, k.prompt_tokens);
-  advance(generation_tokens_, k.generation_tokens);
-  advance(preemptions_, k.preemptions);
-  advance(v_rows_read_, k.v_rows_read);
-  advance(v_rows_read_dense_, k.v_rows_read_dense);
-  advance(attn_elements_kept_, k.attn_elements_kept);
-  advance(attn_elements_dense_, k.attn_elements_dense);
-  advance(v_rows_evicted_, k.v_rows_evicted);
-  advance(v_rows_retained_but_evicted_, k.v_rows_retained_but_evicted);
-  advance(v_rows_offloaded_, k.v_rows_offloaded);
-  advance(v_rows_read_host_, k.v_rows_read_host);
-  advance(prefix_query_tokens_, k.prefix_query_tokens);
-  advance(prefix_hit_tokens_, k.prefix_hit_tokens);
-  advance(prefix_evicted_blocks_, k.prefix_evicted_blocks);
-
   for (size_t l = 0; l < layer_kept_ratio_.size() && l < s.layer_kept_ratio.size(); ++l) {
     layer_kept_ratio_[l]->Set(s.layer_kept_ratio[l]);
   }
+  std::lock_guard<std::mutex> lock(count_mu_);
+  if (!counting_) return;
+  // Counters follow the engine's totals since ResumeCounts (called on the engine thread only).
+  auto advance = [](prometheus::Counter& c, int64_t total, int64_t base) {
+    const double delta = double(total - base) - c.Value();
+    if (delta > 0) c.Increment(delta);
+  };
+  const auto& k = s.counters;
+  const auto& b = baseline_;
+  advance(prompt_tokens_, k.prompt_tokens, b.prompt_tokens);
+  advance(generation_tokens_, k.generation_tokens, b.generation_tokens);
+  advance(preemptions_, k.preemptions, b.preemptions);
+  advance(v_rows_read_, k.v_rows_read, b.v_rows_read);
+  advance(v_rows_read_dense_, k.v_rows_read_dense, b.v_rows_read_dense);
+  advance(attn_elements_kept_, k.attn_elements_kept, b.attn_elements_kept);
+  advance(attn_elements_dense_, k.attn_elements_dense, b.attn_elements_dense);
+  advance(v_rows_evicted_, k.v_rows_evicted, b.v_rows_evicted);
+  advance(v_rows_retained_but_evicted_, k.v_rows_retained_but_evicted,
+          b.v_rows_retained_but_evicted);
+  advance(v_rows_offloaded_, k.v_rows_offloaded, b.v_rows_offloaded);
+  advance(v_rows_read_host_, k.v_rows_read_host, b.v_rows_read_host);
+  advance(prefix_query_tokens_, k.prefix_query_tokens, b.prefix_query_tokens);
+  advance(prefix_hit_tokens_, k.prefix_hit_tokens, b.prefix_hit_tokens);
+  advance(prefix_evicted_blocks_, k.prefix_evicted_blocks, b.prefix_evicted_blocks);
+
   if (step) {
     const int phase = step->decode_tokens == 0 ? 0 : (step->prefill_tokens == 0 ? 1 : 2);
     step_duration_[phase]->Observe(step->seconds);

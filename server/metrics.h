@@ -4,6 +4,7 @@
 #pragma once
 
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -38,6 +39,12 @@ class Metrics {
   void OnFinish(const scheduler::FinishInfo& info);
   void OnInterTokenLatency(double seconds);
   void OnEngineStats(const scheduler::EngineStats& stats, const scheduler::StepStats* step);
+  // Around the server's warm-up generation: while held, engine reports set the gauges only (no
+  // counter moves, no step in the histograms); once resumed, the counters follow the engine's
+  // totals less `so_far` (its totals when the warm-up ended), so a fresh server reports no
+  // tokens, steps or attention reads that no client asked for.
+  void HoldCounts();
+  void ResumeCounts(const scheduler::EngineCounters& so_far);
 
   std::shared_ptr<prometheus::Registry> registry() const { return registry_; }
   // The text exposition (what /metrics serves), for tests and tools.
@@ -46,6 +53,10 @@ class Metrics {
  private:
   std::shared_ptr<prometheus::Registry> registry_;
   std::unique_ptr<prometheus::Exposer> exposer_;
+  // HoldCounts/ResumeCounts (the main thread) against OnEngineStats (the engine's).
+  std::mutex count_mu_;
+  bool counting_ = true;
+  scheduler::EngineCounters baseline_;
 
   prometheus::Family<prometheus::Counter>& requests_;
   prometheus::Counter& rejected_;

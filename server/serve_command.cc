@@ -274,8 +274,8 @@ int RunServe(const std::vector<std::string>& argv) {
   }
   if (ec.sparse.offload) {
     ec.offload_bytes = offload_bytes;
-    std::fprintf(stderr, "offload: %.2f GiB of host memory for V rows%s%s\n",
-                 double(offload_bytes) / double(int64_t(1) << 30),
+    std::fprintf(stderr, "offload: %s of host memory for V rows%s%s\n",
+                 BytesText(offload_bytes).c_str(),
                  loaded->backend->name() == "cuda" ? ", pinned now" : "",
                  args.Has("offload-memory") ? "" : ", the default (--offload-memory sets it)");
   }
@@ -287,6 +287,7 @@ int RunServe(const std::vector<std::string>& argv) {
                  static_cast<int>(loaded->model->config().num_layers),
                  std::string(kernels::KvDtypeName(loaded->backend->kv_dtype()))};
   Metrics metrics(mi);
+  metrics.HoldCounts();  // until the warm-up below has run
   (*engine)->SetObserver([&metrics](const scheduler::EngineStats& s,
                                     const scheduler::StepStats* step) {
     metrics.OnEngineStats(s, step);
@@ -372,6 +373,8 @@ int RunServe(const std::vector<std::string>& argv) {
     if (!st.ok()) return fail(st);
     scheduler::FinishInfo info = done.get();
     if (!info.status.ok()) return fail(info.status);
+    (*engine)->WaitIdle(10);
+    metrics.ResumeCounts((*engine)->Stats().counters);
   }
   service.SetReady(true);
   health->SetServingStatus("", true);

@@ -22,6 +22,14 @@ TEST(KvCacheSizeTest, SizesAreBytes) {
   }
 }
 
+// Small sizes in MiB: --offload-memory 1M was logged as "0.00 GiB of host memory".
+TEST(KvCacheSizeTest, BytesTextSaysSmallSizesInMiB) {
+  EXPECT_EQ(BytesText(1 << 20), "1.0 MiB");
+  EXPECT_EQ(BytesText(64 << 20), "64.0 MiB");
+  EXPECT_EQ(BytesText(kGiB / 4), "0.25 GiB");
+  EXPECT_EQ(BytesText(113 * kGiB + kGiB * 2 / 5), "113.40 GiB");
+}
+
 TEST(KvCacheSizeTest, ASharePartsTheFreeMemoryLessTheReserve) {
   auto spec = ParseKvCacheSpec("90%");
   ASSERT_TRUE(spec.ok());

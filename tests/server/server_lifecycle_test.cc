@@ -118,7 +118,7 @@ TEST(ServerLifecycleTest, KvCacheDtypeIsUsedAndReported) {
       EXPECT_EQ(st.pages().page_bytes(), 16u * k.row_bytes);  // 16 rows
     }
     const std::string log = ReadFileOrDie(server.log_path());
-    EXPECT_NE(log.find(absl::StrCat("KV cache: 0.06 GiB; ", k.name, ", ~", k.tokens, " tokens of K and V")),
+    EXPECT_NE(log.find(absl::StrCat("KV cache: 64.0 MiB; ", k.name, ", ~", k.tokens, " tokens of K and V")),
               std::string::npos) << log;
     EXPECT_NE(log.find(absl::StrCat("backend cpu (KV cache in ", k.name, ")")), std::string::npos) << log;
     const std::string metrics = server.ScrapeMetrics();
@@ -145,6 +145,31 @@ TEST(ServerLifecycleTest, PrefixCachingFlagTakesOnOrOff) {
                                      " --prefix-caching maybe 2>&1", &rc);
   EXPECT_NE(rc, 0);
   EXPECT_NE(out.find("--prefix-caching is 'maybe'; it must be on or off"), std::string::npos) << out;
+}
+
+// The warm-up generation before SERVING is no client's: a fresh server reported a prompt token,
+// two generated tokens, V reads and two steps with every requests_total at 0. Now its counters
+// and step histograms start at the warm-up's end.
+TEST(ServerLifecycleTest, AFreshServerCountsNothingOfItsWarmUp) {
+  ServerProcess server;
+  ASSERT_TRUE(server.started());
+  const std::string fresh = server.ScrapeMetrics();
+  for (const char* series :
+       {"thetaserve_prompt_tokens_total", "thetaserve_generation_tokens_total",
+        "thetaserve_v_rows_read_total", "thetaserve_batch_size_count",
+        "thetaserve_step_duration_seconds_count{phase=\"prefill\"}",
+        "thetaserve_step_duration_seconds_count{phase=\"decode\"}"}) {
+    EXPECT_EQ(MetricValue(fresh, series), 0) << series;
+  }
+  EXPECT_GT(MetricValue(fresh, "thetaserve_kv_pages_capacity"), 0) << "gauges are set";
+  auto stub = server.stub();
+  auto req = Prompt("Hello", 4);
+  req.mutable_stopping()->set_ignore_eos(true);
+  ASSERT_TRUE(Generate(*stub, req).status.ok());
+  const std::string after = server.ScrapeMetrics();
+  EXPECT_EQ(MetricValue(after, "thetaserve_generation_tokens_total"), 4);
+  EXPECT_EQ(MetricValue(after, "thetaserve_step_duration_seconds_count{phase=\"decode\"}"), 3);
+  EXPECT_GT(MetricValue(after, "thetaserve_v_rows_read_total"), 0);
 }
 
 TEST(ServerLifecycleTest, ApiKeyIsRequiredWhenSet) {
