@@ -229,6 +229,17 @@ absl::StatusOr<ThetaTable> ThetaTable::Load(const std::string& path) {
       }
     }
     if (buckets.empty()) return bad("no buckets");
+    // The arrays' lengths against the shape before anything is sized by it (a shape of 10^5
+    // layers and heads threw bad_alloc).
+    // (In double: 2^31 layers and heads overflow 64 bits; a product past 2^53 matches nothing.)
+    const double entries = double(layers) * double(heads) * double(buckets.size());
+    for (const char* key : {"theta", "sdc_offline", "counts"}) {
+      if (double(j.at(key).size()) != entries) {
+        return bad(key, " has ", j.at(key).size(), " entries; num_layers × num_heads × buckets = ",
+                   layers, " × ", heads, " × ", buckets.size(), " = ",
+                   absl::StrFormat("%.0f", entries));
+      }
+    }
     ThetaTable t(layers, heads, buckets);
     t.model_name = j.value("model_name", "");
     t.model_fingerprint = j.at("model_fingerprint").get<std::string>();
@@ -259,10 +270,31 @@ absl::StatusOr<ThetaTable> ThetaTable::Load(const std::string& path) {
         return bad("k_per_layer[", l, "] = ", t.k_per_layer[l], "; k must be >= 1");
       }
     }
+    // null: a bucket without calibration rows. A post-softmax θ is a probability, a
+    // pre-softmax one a scaled score; the offline SDC a ratio of denominators, D_miss / D_kept.
+    // A value outside those (a hand edit, a corrupt file) was used as it stood: post θ = 5
+    // kept nothing.
+    const bool post = t.placement == ThetaPlacement::kPostSoftmax;
+    const int64_t per_layer = int64_t(heads) * int64_t(buckets.size());
+    auto where = [&](size_t i) {
+      return absl::StrCat("[", i, "] (layer ", int64_t(i) / per_layer, ", head ",
+                          int64_t(i) % per_layer / int64_t(buckets.size()), ", bucket ",
+                          int64_t(i) % int64_t(buckets.size()), ")");
+    };
     for (size_t i = 0; i < n; ++i) {
       t.theta_[i] = theta[i].is_null() ? kNaN : theta[i].get<float>();
       t.sdc_[i] = sdc[i].is_null() ? kNaN : sdc[i].get<float>();
       t.counts_[i] = counts[i];
+      const float th = t.theta_[i], sd = t.sdc_[i];
+      if (!theta[i].is_null() && (!std::isfinite(th) || (post && (th < 0.0f || th > 1.0f)))) {
+        return bad("theta", where(i), " = ", th, "; a ",
+                   post ? "post-softmax θ is a probability in [0, 1]"
+                        : "pre-softmax θ must be finite");
+      }
+      if (!sdc[i].is_null() && (!std::isfinite(sd) || sd < 0.0f)) {
+        return bad("sdc_offline", where(i), " = ", sd, "; it must be finite and >= 0");
+      }
+      if (counts[i] < 0) return bad("counts", where(i), " = ", counts[i], "; it must be >= 0");
     }
     t.Finalize();
     return t;

@@ -105,6 +105,10 @@ int RunCalibrate(const std::vector<std::string>& argv) {
   if (*k < 1 || *context <= *k) {
     return usage(absl::InvalidArgumentError("need 1 <= --k < --context"));
   }
+  if (*max_tokens < *context) {  // as eval: said before the model loads, not after
+    return usage(absl::InvalidArgumentError(absl::StrCat(
+        "--max-tokens ", *max_tokens, " is less than one --context window of ", *context)));
+  }
   if (absl::Status st = CheckModelFlag(args.GetString("model")); !st.ok()) return usage(st);
   // The file is written at the end: a path that cannot be written fails now, not after the run.
   if (absl::Status st = CheckWritable("out", args.GetString("out")); !st.ok()) return fail(st);

@@ -81,6 +81,18 @@ absl::StatusOr<ThetaOptions> ParseThetaOptions(const CliArgs& args) {
                                                    args.GetString("keep-fraction")));
   }
   out.sparse.keep_fraction = *keep;
+  // The V store's flags under --policy full did nothing, silently (and eval's report named a
+  // keep_fraction it had not used): most likely the policy was forgotten.
+  if (!out.sparse.enabled) {
+    for (const char* flag :
+         {"local-window", "sink-tokens", "obs-window", "retain-factor", "keep-fraction"}) {
+      if (args.Has(flag)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--", flag, " applies to --policy sparse or offload (the V store); the policy is ",
+            out.policy));
+      }
+    }
+  }
 
   out.theta_path = args.GetString("theta");
   if (args.Has("theta") && out.theta_path.empty()) {

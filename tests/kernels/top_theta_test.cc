@@ -483,6 +483,23 @@ TEST(ThetaTableTest, LoadRefusesAFileWithValuesNoCalibrationWrites) {
       {"buckets must be lengths >= 1 in increasing order",
        [](auto& x) { x["buckets"] = {16, 64, 32}; }},
       {"num_layers and num_heads must be >= 1", [](auto& x) { x["num_heads"] = 0; }},
+      // Values no calibration writes: they were used as they stood (post θ = 5 kept nothing).
+      {"theta[3] (layer 1, head 0, bucket 0) = 5; a post-softmax θ is a probability in [0, 1]",
+       [](auto& x) { x["theta"][3] = 5.0; }},
+      {"theta[5] (layer 1, head 0, bucket 2) = -0.5; a post-softmax θ is a probability in "
+       "[0, 1]",
+       [](auto& x) { x["theta"][5] = -0.5; }},
+      {"theta[4] (layer 1, head 0, bucket 1) = inf; a post-softmax θ is a probability in [0, 1]",
+       [](auto& x) { x["theta"][4] = 1e300; }},
+      {"sdc_offline[3] (layer 1, head 0, bucket 0) = -1; it must be finite and >= 0",
+       [](auto& x) { x["sdc_offline"][3] = -1.0; }},
+      {"counts[0] (layer 0, head 0, bucket 0) = -1; it must be >= 0",
+       [](auto& x) { x["counts"][0] = -1; }},
+      // A shape the arrays do not have is said before anything is sized by it (it threw
+      // bad_alloc).
+      {"theta has 6 entries; num_layers × num_heads × buckets = 100000 × 100000 × 3 = "
+       "30000000000",
+       [](auto& x) { x["num_layers"] = 100000; x["num_heads"] = 100000; }},
   };
   for (const auto& [message, edit] : edits) {
     nlohmann::json bad = j;
@@ -493,6 +510,16 @@ TEST(ThetaTableTest, LoadRefusesAFileWithValuesNoCalibrationWrites) {
     ASSERT_FALSE(loaded.ok()) << message;
     EXPECT_EQ(loaded.status().message(), path + ": " + message);
   }
+  // A pre-softmax θ is a scaled score: any finite value.
+  nlohmann::json pre = j;
+  pre["placement"] = "pre";
+  pre["theta"][3] = 5.0;
+  pre["theta"][4] = -3.0;
+  const std::string path = tmp.File("pre_theta.json");
+  std::ofstream(path) << pre.dump();
+  auto loaded = model::ThetaTable::Load(path);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->theta_at(1, 0, 0), 5.0f);
 }
 
 }  // namespace

@@ -58,6 +58,8 @@ TEST(CliCommandTest, EveryCommandTellsABadCommandLineFromAFailedRun) {
        "thetaserve eval: --max-tokens 10 is less than one --context window of 64"},
       {"calibrate --model m.gguf --corpus c.txt",
        "thetaserve calibrate: --corpus and --out are required"},
+      {"calibrate --model m.gguf --corpus c.txt --out t.json --context 512 --max-tokens 100",
+       "thetaserve calibrate: --max-tokens 100 is less than one --context window of 512"},
       {"serve --model m.gguf --theta=", "thetaserve serve: --theta needs a file"},
       {"serve --model m.gguf --tls-cert c.pem",
        "thetaserve serve: --tls-cert and --tls-key go together"},
@@ -108,6 +110,12 @@ TEST(CliCommandTest, OutOfRangeFlagsAreRefusedByName) {
       {"--policy bogus", "--policy must be full, sparse or offload, got 'bogus'"},
       {"--policy sparse", "--policy sparse needs --theta"},
       {"--sdc maybe", "--sdc must be exact, exp-threshold, offline or none, got 'maybe'"},
+      // The V store's flags without a policy that has one did nothing, silently.
+      {"--keep-fraction 0.5",
+       "--keep-fraction applies to --policy sparse or offload (the V store); the policy is "
+       "full"},
+      {"--policy full --obs-window 8", "--obs-window applies to --policy sparse or offload"},
+      {"--retain-factor 2", "--retain-factor applies to --policy sparse or offload"},
   };
   for (const auto& [flags, message] : cases) {
     int rc = 0;
