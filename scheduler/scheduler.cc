@@ -46,10 +46,15 @@ StepPlan Scheduler::Schedule() {
 
   // Tokens this step may still score (each needs a logits row: kMaxScoredTokensPerStep).
   int64_t score_budget = kMaxScoredTokensPerStep;
-  // Chunks are held to long_prefill_tokens while a sequence waits and a slot is free for it
-  // (the pool may still turn it away: then the held chunks take the budget back below).
-  const bool held = config_.long_prefill_tokens > 0 && !waiting_.empty() &&
-                    int64_t(running_.size()) < config_.max_num_seqs;
+  // Chunks are held to long_prefill_tokens whenever the step may be shared: another sequence
+  // runs (its decode token, or its own prompt, would otherwise wait behind an older prompt's
+  // whole prefill: running sequences are served oldest first), or one waits and a slot is free
+  // for it. The held chunks take back below what the others leave (all of it when the pool
+  // turns a newcomer away).
+  const bool held =
+      config_.long_prefill_tokens > 0 &&
+      (running_.size() > 1 ||
+       (!waiting_.empty() && int64_t(running_.size()) < config_.max_num_seqs));
   auto tokens_for = [&](const Sequence& s) {
     int64_t n = std::min(s.num_uncomputed(), budget);
     if (held) n = std::min(n, config_.long_prefill_tokens);

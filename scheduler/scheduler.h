@@ -21,10 +21,11 @@ namespace thetaserve::scheduler {
 struct SchedulerConfig {
   int64_t max_num_batched_tokens = 512;  // token budget per step
   int64_t max_num_seqs = 64;             // running sequences at once
-  // While a sequence waits that could start this step, a chunk computes at most this many
-  // tokens in the first pass over the budget, so that a long prompt does not hold every later
-  // request's first token behind its whole prefill; what the admissions leave of the budget
-  // then goes back to the chunks so held, oldest first. 0: no limit.
+  // While the step is shared (another sequence runs, or one waits that could start), a chunk
+  // computes at most this many tokens in the first pass over the budget, so that a long
+  // prompt holds neither later requests' first tokens nor their later ones (nor a later
+  // prompt's chunks) behind its whole prefill; what the others leave of the budget then goes
+  // back to the chunks so held, oldest first. 0: no limit (nor one at or above the budget).
   int64_t long_prefill_tokens = 0;
   // The engine compacts V after every step under this policy; with a mass budget admission
   // reserves the bounded V store instead of a dense one (SequenceKv::PagesToReach).

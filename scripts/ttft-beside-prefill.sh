@@ -6,13 +6,14 @@
 #
 #   scripts/ttft-beside-prefill.sh             # 3 rounds, a 5,000-token prompt (~4 min on 2 cores)
 #
-# Env: REPEATS (3), WORDS (5000: the long prompt, ~1 token each), PORT (8201), THETASERVE_BIN
-# (build/thetaserve).
+# Env: REPEATS (3), WORDS (5000: the long prompt, ~1 token each), SHORT_WORDS (0: the later
+# request's prompt is "Short one"; N: N words), PORT (8201), THETASERVE_BIN (build/thetaserve).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
 REPEATS=${REPEATS:-3}
 WORDS=${WORDS:-5000}
+SHORT_WORDS=${SHORT_WORDS:-0}
 PORT=${PORT:-8201}
 bin="${THETASERVE_BIN:-$root/build/thetaserve}"
 model="$root/models/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -32,7 +33,8 @@ for rep in $(seq "$REPEATS"); do
       curl -sf "localhost:$PORT/health" > /dev/null && break
       sleep 0.5
     done
-    line=$(python3 bench/serve/ttft_beside_prefill.py --port "$PORT" --words "$WORDS")
+    line=$(python3 bench/serve/ttft_beside_prefill.py --port "$PORT" --words "$WORDS" \
+    --short-words "$SHORT_WORDS")
     echo "round $rep/$REPEATS, --long-prefill-tokens $limit: $line"
     echo "$limit $line" >> "$log/results"
     kill "$pid"

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """A short request's time to first token while a long prompt prefills, on a running server's
 OpenAI HTTP API: the long prompt (WORDS repetitions of "river ", one output token) is sent,
-then after DELAY seconds a short streaming request (4 output tokens); prints one JSON line
+then after DELAY seconds a short streaming request (4 output tokens; its prompt "Short one",
+or SHORT_WORDS words); prints one JSON line
 with both requests' times. scripts/ttft-beside-prefill.sh runs it against two servers
 (--long-prefill-tokens at its default and 0) and prints the medians."""
 import argparse
@@ -23,6 +24,8 @@ def main():
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--words", type=int, default=5000)
     ap.add_argument("--delay", type=float, default=1.0)
+    ap.add_argument("--short-words", type=int, default=0,
+                    help="the later request's prompt: this many words (0: 'Short one')")
     args = ap.parse_args()
     out = {}
 
@@ -37,7 +40,8 @@ def main():
     time.sleep(args.delay)
     t = time.time()
     first = None
-    for line in post(args.port, {"prompt": "Short one", "max_tokens": 4, "stream": True}):
+    short = "lake " * args.short_words if args.short_words else "Short one"
+    for line in post(args.port, {"prompt": short, "max_tokens": 4, "stream": True}):
         line = line.decode().strip()
         if first is None and line.startswith("data: {"):
             if json.loads(line[6:])["choices"][0]["text"]:

@@ -101,8 +101,8 @@ TEST_F(SchedulerTest, AGroupWhosePromptWasEvictedComputesItOnceMoreNotPerMember)
   EXPECT_EQ(members_[2]->cached_blocks, 2);
 }
 
-// Chunks while a sequence waits (SchedulerConfig::long_prefill_tokens): a budget of 64 tokens a
-// step, chunks held to 16 while a sequence waits, no prefix cache.
+// Chunks while the step is shared (SchedulerConfig::long_prefill_tokens): a budget of 64 tokens
+// a step, chunks held to 16 while another sequence runs or one waits, no prefix cache.
 class LongPrefillTest : public SchedulerTest {
  protected:
   // A request of `tokens` prompt tokens, none shared with another's.
@@ -124,6 +124,12 @@ class LongPrefillTest : public SchedulerTest {
       out.push_back(absl::StrCat(c.seq->request().id, ":", c.num_tokens, c.samples ? "+" : ""));
     }
     return out;
+  }
+  // What the engine does after a step whose chunk samples: a token (not EOS) joins the output.
+  void Sample(Sequence* seq) {
+    SampleResult r;
+    r.token = 1000;
+    ASSERT_FALSE(seq->AppendToken(r, model_->tokenizer()));
   }
   // Plans a step and commits it.
   std::vector<std::string> Step(Scheduler& s) {
@@ -150,26 +156,40 @@ TEST_F(LongPrefillTest, APromptAloneTakesTheWholeBudget) {
 }
 
 // A short request arriving while a long prompt computes starts in the next step (its first
-// token sampled there) instead of after the whole prefill; the long prompt gives up only the
-// short one's tokens.
-TEST_F(LongPrefillTest, AShortRequestStartsBesideALongPrefill) {
+// token sampled there) instead of after the whole prefill, and then decodes a token every step
+// beside the prompt's chunks (running sequences are served oldest first: without the hold its
+// decode token waited for the rest of the prefill); the long prompt gives up only the short
+// one's tokens.
+TEST_F(LongPrefillTest, AShortRequestStartsAndDecodesBesideALongPrefill) {
   Sequence* long_seq = Add("long", 200);
   ASSERT_EQ(Step(held_), std::vector<std::string>{"long:64"});
-  Add("short", 10);
+  Sequence* short_seq = Add("short", 10);
   EXPECT_EQ(Step(held_), (std::vector<std::string>{"long:54", "short:10+"}));
   EXPECT_EQ(long_seq->num_computed, 118);
   EXPECT_EQ(long_seq->kv().capacity_tokens(), 128) << "pages for the tokens computed";
-  EXPECT_EQ(Step(held_), std::vector<std::string>{"long:64"}) << "nobody waits";
-  EXPECT_EQ(Step(held_), std::vector<std::string>{"long:18+"});
+  Sample(short_seq);
+  EXPECT_EQ(Step(held_), (std::vector<std::string>{"long:63", "short:1+"}));
+  Sample(short_seq);
+  EXPECT_EQ(Step(held_), (std::vector<std::string>{"long:19+", "short:1+"}));
 }
 
-// Two long prompts at once: the first no longer takes the whole step while the second waits,
-// but keeps what the second's held chunk leaves.
-TEST_F(LongPrefillTest, TwoLongPromptsShareTheFirstStep) {
+// A newcomer whose prompt is longer than the limit gets the limit every step until its prompt
+// is done (it got one chunk, then waited for the older prompt's whole prefill).
+TEST_F(LongPrefillTest, ALongerNewcomerGetsItsShareEveryStep) {
+  Add("long", 200);
+  ASSERT_EQ(Step(held_), std::vector<std::string>{"long:64"});
+  Add("mid", 40);
+  EXPECT_EQ(Step(held_), (std::vector<std::string>{"long:48", "mid:16"}));
+  EXPECT_EQ(Step(held_), (std::vector<std::string>{"long:48", "mid:16"}));
+  EXPECT_EQ(Step(held_), (std::vector<std::string>{"long:40+", "mid:8+"}));
+}
+
+// Two long prompts at once share every step: the second gets the limit, the first the rest.
+TEST_F(LongPrefillTest, TwoLongPromptsShareEveryStep) {
   Add("a", 200);
   Add("b", 200);
   EXPECT_EQ(Step(held_), (std::vector<std::string>{"a:48", "b:16"}));
-  EXPECT_EQ(Step(held_), std::vector<std::string>{"a:64"});
+  EXPECT_EQ(Step(held_), (std::vector<std::string>{"a:48", "b:16"}));
 }
 
 // A waiting sequence the pool turns away holds nothing back: the held chunk takes the budget.
