@@ -162,8 +162,8 @@ StepPlan Scheduler::Schedule() {
       return c.seq->state != SequenceState::kRunning;
     });
   }
-  // The budget the admissions left goes back to the held chunks, oldest first, as far as the
-  // pool allows without preempting (their prompts' pages are reserved already).
+  // The budget the others left goes back to the held chunks, oldest first, as far as the pool
+  // allows without preempting (their prompts' pages are reserved already).
   for (size_t c = 0; held && budget > 0 && c < plan.chunks.size(); ++c) {
     ScheduledChunk& chunk = plan.chunks[c];
     Sequence& s = *chunk.seq;
