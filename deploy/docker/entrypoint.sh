@@ -18,8 +18,9 @@
 #                           and _ turned into -: THETASERVE_FLAG_KV_CACHE_MEMORY=2G gives
 #                           --kv-cache-memory 2G; an empty value is left out. The switches
 #                           (flags that take no value, such as --no-vmc) take true (the bare
-#                           flag) or false (left out). Unknown flags make the server refuse to
-#                           start (it names the flag).
+#                           flag) or false (left out); --prefix-caching takes on|off, and true
+#                           or false (YAML's reading of an unquoted on or off) as those. Unknown
+#                           flags make the server refuse to start (it names the flag).
 #   THETASERVE_API_KEY      read by the server itself (--api-key)
 #   THETASERVE_HOME         install root (default: the folder above this script's bin/)
 #   THETASERVE_PYTHON       python with the grpc module, for `health` (default python3)
@@ -49,9 +50,14 @@ serve_args() {  # fills the array `args` with the serve command line
     name="${var#THETASERVE_FLAG_}"
     name="${name,,}"
     name="${name//_/-}"
-    case "$value" in
-      true) args+=("--$name") ;;  # a switch: no serve flag takes true or false as its value
-      false) ;;
+    case "$name:$value" in
+      # --prefix-caching takes on|off, which YAML (Helm values, compose) reads as booleans: an
+      # unquoted off reached here as false and was dropped (caching stayed on), on as a bare
+      # --prefix-caching, which the server refuses.
+      prefix-caching:true) args+=("--$name" on) ;;
+      prefix-caching:false) args+=("--$name" off) ;;
+      *:true) args+=("--$name") ;;  # a switch (--no-vmc, --exact-top-k)
+      *:false) ;;
       *) args+=("--$name" "$value") ;;
     esac
   done < <(compgen -e | LC_ALL=C sort)

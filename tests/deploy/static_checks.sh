@@ -100,6 +100,18 @@ if [ "$got" != "$want" ]; then
   exit 1
 fi
 echo "entrypoint: ok"
+# --prefix-caching on|off: YAML reads an unquoted on/off as a boolean (Helm renders it "true" /
+# "false"); both reach serve as on/off, never as a bare flag or nothing.
+for pair in false:off true:on off:off on:on; do
+  given="${pair%%:*}" wanted="${pair##*:}"
+  got="$(env -i PATH="$PATH" THETASERVE_HOME=/opt/thetaserve THETASERVE_FLAG_PREFIX_CACHING="$given" \
+    bash deploy/docker/entrypoint.sh print-args | tr '\n' ' ')"
+  case "$got" in
+    *" --prefix-caching $wanted ") ;;
+    *) echo "entrypoint: THETASERVE_FLAG_PREFIX_CACHING=$given gave '$got'" >&2; exit 1 ;;
+  esac
+done
+echo "entrypoint: --prefix-caching on/off, quoted or read as booleans: ok"
 if env -i PATH="$PATH" THETASERVE_HOME="$tmp" THETASERVE_MODEL="$tmp/none.gguf" \
     bash deploy/docker/entrypoint.sh serve 2>"$tmp/err"; then
   echo "entrypoint serve with a missing non-default model should fail" >&2
