@@ -1,6 +1,7 @@
 #include "server/theta_options.h"
 
 #include <cmath>
+#include <cstdio>
 
 #include "absl/strings/str_cat.h"
 
@@ -115,6 +116,21 @@ absl::Status LoadThetaFile(ThetaOptions& options) {
   if (options.theta_path.empty()) return absl::OkStatus();
   auto table = model::ThetaTable::Load(options.theta_path);
   if (!table.ok()) return table.status();
+  // A table without one calibrated bucket (every layer's k at or past the calibration's
+  // context) is legal and runs attention dense: said, since it is rarely what was meant.
+  bool calibrated = false;
+  for (int32_t l = 0; l < table->num_layers() && !calibrated; ++l) {
+    for (int32_t h = 0; h < table->num_heads() && !calibrated; ++h) {
+      for (int32_t b = 0; b < int32_t(table->buckets().size()) && !calibrated; ++b) {
+        calibrated = !std::isnan(table->theta_at(l, h, b));
+      }
+    }
+  }
+  if (!calibrated) {
+    std::fprintf(stderr,
+                 "warning: %s has no calibrated θ (every bucket is null): attention runs dense\n",
+                 options.theta_path.c_str());
+  }
   options.table = std::make_unique<model::ThetaTable>(std::move(*table));
   options.config.table = options.table.get();
   return absl::OkStatus();

@@ -207,6 +207,26 @@ TEST(CliCommandTest, EvalAndCalibrateRefuseUselessRunsUpFront) {
       << "a calibration that failed left a file behind";
 }
 
+// A θ file in which no bucket was calibrated loads (a legal table) and runs attention dense:
+// that is said, since it was silent. (This one is also the wrong shape, refused after.)
+TEST(CliCommandTest, AThetaFileWithNothingCalibratedIsSaidToRunDense) {
+  const ScopedTempDir tmp("cli_commands_test");
+  model::ThetaTable t(2, 1, {16, 32});
+  t.k_per_layer = {8, 8};
+  t.Finalize();
+  const std::string path = tmp.File("null_theta.json");
+  ASSERT_TRUE(t.Save(path).ok());
+  int rc = 0;
+  const std::string out =
+      RunCommand(BinaryPath() + " eval --model " + DefaultModelPath() + " --text " + SourceDir() +
+                     "/data/kjv.txt --context 64 --max-tokens 64 --theta " + path + " 2>&1",
+                 &rc);
+  EXPECT_NE(out.find("warning: " + path +
+                     " has no calibrated θ (every bucket is null): attention runs dense"),
+            std::string::npos)
+      << out;
+}
+
 // `thetaserve calibrate` on the real model and the KJV corpus with `args`: its stdout and stderr.
 std::string RunCalibrate(const std::string& args, int* rc) {
   return RunCommand(BinaryPath() + " calibrate --model " + DefaultModelPath() + " --corpus " +
