@@ -258,24 +258,32 @@ TEST_F(EngineTest, OffloadPolicyInTheEngineMatchesFullPolicyRunsAndReturnsHostPa
   }
 }
 
+// The test prompts six times over (~600 tokens): prefills of many 64-token chunks.
+std::string SixTimes(const std::vector<std::string>& prompts) {
+  std::string text;
+  for (const auto& p : prompts) text += p + " ";
+  return text + text + text + text + text + text;
+}
+
+// The K and V pages, in bytes, of one dense sequence of `text` and 8 generated tokens.
+int64_t DenseKvBytes(const kernels::Backend& backend, const EngineConfig& config,
+                     const std::string& text) {
+  const int64_t tokens = int64_t(backend.model().tokenizer().Encode(text).size()) + 8;
+  return Engine::KvBytesForSequence(backend, config.block_size, tokens);
+}
+
 // With a mass budget the engine compacts between prefill chunks and admission reserves the
 // bounded V store: two long prompts that the pool cannot hold together dense run together.
 TEST_F(EngineTest, MassBudgetAdmitsLongPromptsThatDenseMustRunOneAtATime) {
-  const auto& c = model_->config();
   const model::ThetaTable table = ConstantPostTheta(0.02f);
-  std::string text;
-  for (const auto& p : Prompts()) text += p + " ";
-  text = text + text + text + text + text + text;  // ~600 tokens
+  const std::string text = SixTimes(Prompts());
 
   auto run = [&](bool sparse, int* max_running, int64_t* preemptions) {
     auto backend = TopThetaBackend(table);
     ASSERT_TRUE(backend.ok());
     EngineConfig config;
     config.scheduler.max_num_batched_tokens = 64;  // many prefill chunks
-    const int64_t page_bytes = int64_t(config.block_size) * (*backend)->kv_row_bytes();
-    const int64_t tokens = int64_t(model_->tokenizer().Encode(text).size()) + 8;
-    const int64_t dense_pages = 2 * ((tokens + 15) / 16) * c.num_layers * c.num_kv_heads;
-    config.kv_cache_bytes = dense_pages * 7 / 5 * page_bytes;  // 1.4 dense prompts
+    config.kv_cache_bytes = DenseKvBytes(**backend, config, text) * 7 / 5;  // 1.4 dense prompts
     if (sparse) config.sparse = MassBudgetPolicy();
     auto engine = Engine::Create(config, **backend);
     ASSERT_TRUE(engine.ok());
@@ -304,23 +312,17 @@ TEST_F(EngineTest, MassBudgetAdmitsLongPromptsThatDenseMustRunOneAtATime) {
 // with one it runs (dense K and the budget's bound on V, what admission reserves), where the
 // check on arrival used to count dense V and refuse it too.
 TEST_F(EngineTest, MassBudgetRunsAPromptWhoseDenseKvOutgrowsThePool) {
-  const auto& c = model_->config();
   const model::ThetaTable table = ConstantPostTheta(0.02f);
-  std::string text;
-  for (const auto& p : Prompts()) text += p + " ";
-  text = text + text + text + text + text + text;  // ~600 tokens
+  const std::string text = SixTimes(Prompts());
   for (bool sparse : {false, true}) {
     SCOPED_TRACE(sparse ? "mass budget" : "dense V");
     auto backend = TopThetaBackend(table);
     ASSERT_TRUE(backend.ok());
     EngineConfig config;
     config.scheduler.max_num_batched_tokens = 64;
-    const int64_t page_bytes = int64_t(config.block_size) * (*backend)->kv_row_bytes();
-    const int64_t tokens = int64_t(model_->tokenizer().Encode(text).size()) + 8;
-    const int64_t dense_pages = 2 * ((tokens + 15) / 16) * c.num_layers * c.num_kv_heads;
     // K alone is half of that; the budget bounds V (window 32 + a 64-token chunk, 5% kept)
     // near a sixth of it.
-    config.kv_cache_bytes = dense_pages * 4 / 5 * page_bytes;
+    config.kv_cache_bytes = DenseKvBytes(**backend, config, text) * 4 / 5;
     if (sparse) config.sparse = MassBudgetPolicy();
     auto engine = Engine::Create(config, **backend);
     ASSERT_TRUE(engine.ok());
