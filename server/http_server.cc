@@ -25,6 +25,13 @@ namespace {
 constexpr int kPollSliceMs = 200;  // how often a waiting connection looks at stopping_
 constexpr const char* kBareLineEnd = "a bare CR or LF in the request head; lines end with CRLF";
 
+// Whether s[i] ends a line other than by CRLF: an LF after no CR, or a CR before no LF (the
+// caller keeps i short of a CR that is last in s, whose LF may be still to come).
+bool BareLineEndAt(const std::string& s, size_t i) {
+  return (s[i] == '\n' && (i == 0 || s[i - 1] != '\r')) ||
+         (s[i] == '\r' && (i + 1 == s.size() || s[i + 1] != '\n'));
+}
+
 // (Debian's Abseil has its own string_view, so these take std::string_view by hand.)
 std::string Lower(std::string_view s) {
   std::string out(s);
@@ -511,16 +518,20 @@ void HttpServer::Serve(int fd) {
     }
     const auto deadline = Clock::now() + std::chrono::milliseconds(options_.io_timeout_ms);
     size_t head_end;
-    size_t checked = 0;  // bytes of the head so far seen free of a bare CR or LF
+    // A bare CR or LF inside a line is a line end to some proxies and not to us (request
+    // smuggling). The head is scanned for one as it arrives — a head whose lines end with bare
+    // LFs never shows CRLF CRLF, and was left to io_timeout_ms — and the rest of it once whole
+    // (after the control characters, below).
+    size_t checked = 0;  // bytes of the head seen free of a bare CR or LF
+    auto bare_before = [&](size_t end) {
+      for (; checked < end; ++checked) {
+        if (BareLineEndAt(in, checked)) return true;
+      }
+      return false;
+    };
     while ((head_end = in.find("\r\n\r\n")) == std::string::npos) {
-      // A head whose lines end with bare LFs never shows CRLF CRLF: refused as soon as one
-      // arrives, not after io_timeout_ms of waiting (a CR last in the buffer waits for its LF).
-      for (; checked < in.size() && !(in[checked] == '\r' && checked + 1 == in.size());
-           ++checked) {
-        if ((in[checked] == '\n' && (checked == 0 || in[checked - 1] != '\r')) ||
-            (in[checked] == '\r' && in[checked + 1] != '\n')) {
-          return reject(400, kBareLineEnd);
-        }
+      if (bare_before(!in.empty() && in.back() == '\r' ? in.size() - 1 : in.size())) {
+        return reject(400, kBareLineEnd);
       }
       if (in.size() > options_.max_head_bytes) {
         return reject(431, "the request line and headers exceed 64 KiB");
@@ -531,22 +542,16 @@ void HttpServer::Serve(int fd) {
       return reject(431, "the request line and headers exceed 64 KiB");
     }
     const std::string head = in.substr(0, head_end);
-    in.erase(0, head_end + 4);
 
     HttpRequest req;
-    // No control characters but tab anywhere in the head: a bare CR or LF inside a line is a
-    // line end to some proxies and not to us (request smuggling).
+    // No control characters but tab anywhere in the head, and no bare CR or LF.
     for (unsigned char ch : head) {
       if ((ch < 0x20 && ch != '\t' && ch != '\r' && ch != '\n') || ch == 0x7f) {
         return reject(400, "control character in the request head");
       }
     }
-    for (size_t i = 0; i < head.size(); ++i) {
-      if ((head[i] == '\r') != (i + 1 < head.size() && head[i + 1] == '\n') ||
-          (head[i] == '\n' && (i == 0 || head[i - 1] != '\r'))) {
-        return reject(400, kBareLineEnd);
-      }
-    }
+    if (bare_before(head_end)) return reject(400, kBareLineEnd);
+    in.erase(0, head_end + 4);
     const std::vector<std::string_view> lines = Split(head, "\r\n");
     const std::vector<std::string_view> parts = Split(lines[0], " ");
     if (parts.size() != 3 || parts[0].empty() || parts[1].empty() || parts[1][0] != '/' ||
