@@ -68,6 +68,10 @@ int32_t ThetaTable::BucketOf(int64_t L) const {
   return static_cast<int32_t>(dl <= dh ? lo : hi);
 }
 
+bool ThetaTable::AnyCalibrated() const {
+  return std::any_of(first_.begin(), first_.end(), [](int32_t b) { return b >= 0; });
+}
+
 void ThetaTable::Finalize() {
   const size_t curves = size_t(num_layers_) * num_heads_;
   const int32_t nb = static_cast<int32_t>(buckets_.size());

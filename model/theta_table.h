@@ -49,6 +49,9 @@ class ThetaTable {
   // Fills every (layer, head) curve's slope and edges from its calibrated buckets; call once
   // after the raw values are set.
   void Finalize();
+  // Whether some curve has a calibrated bucket (after Finalize); a table without one leaves
+  // attention dense.
+  bool AnyCalibrated() const;
 
   // Survivors per row at calibration (and in exact top-k mode) for `layer` at row length L:
   // k_per_layer[layer], raised by the k schedule when there is one. Rows with L <= KAt are

@@ -61,6 +61,10 @@ StepPlan Scheduler::Schedule() {
     if (s.NeedsPromptScores()) n = std::min(n, score_budget);
     return n;
   };
+  auto spend = [&](const Sequence& s, int64_t n) {  // n tokens of s planned
+    budget -= n;
+    if (s.NeedsPromptScores()) score_budget -= n;
+  };
   // Running sequences first, oldest first; preempt the newest when pages run out.
   for (size_t i = 0; i < running_.size() && budget > 0;) {
     Sequence* seq = running_[i].get();
@@ -80,8 +84,7 @@ StepPlan Scheduler::Schedule() {
     }
     seq->kv().Grow(*pool_, seq->num_computed + n);
     plan.chunks.push_back({seq, n, seq->num_computed + n == int64_t(seq->tokens().size())});
-    budget -= n;
-    if (seq->NeedsPromptScores()) score_budget -= n;
+    spend(*seq, n);
     ++i;
   }
 
@@ -153,8 +156,7 @@ StepPlan Scheduler::Schedule() {
     running_.push_back(std::move(waiting_[w]));
     waiting_.erase(waiting_.begin() + w);
     plan.chunks.push_back({seq, n, seq->num_computed + n == int64_t(seq->tokens().size())});
-    budget -= n;
-    if (seq->NeedsPromptScores()) score_budget -= n;
+    spend(*seq, n);
   }
   // Preempted sequences that were already planned must not run.
   if (!plan.preempted.empty()) {
@@ -174,8 +176,7 @@ StepPlan Scheduler::Schedule() {
     s.kv().Grow(*pool_, to);
     chunk.num_tokens += more;
     chunk.samples = to == int64_t(s.tokens().size());
-    budget -= more;
-    if (s.NeedsPromptScores()) score_budget -= more;
+    spend(s, more);
   }
   for (const auto& c : plan.chunks) plan.num_tokens += c.num_tokens;
   return plan;

@@ -118,15 +118,7 @@ absl::Status LoadThetaFile(ThetaOptions& options) {
   if (!table.ok()) return table.status();
   // A table without one calibrated bucket (every layer's k at or past the calibration's
   // context) is legal and runs attention dense: said, since it is rarely what was meant.
-  bool calibrated = false;
-  for (int32_t l = 0; l < table->num_layers() && !calibrated; ++l) {
-    for (int32_t h = 0; h < table->num_heads() && !calibrated; ++h) {
-      for (int32_t b = 0; b < int32_t(table->buckets().size()) && !calibrated; ++b) {
-        calibrated = !std::isnan(table->theta_at(l, h, b));
-      }
-    }
-  }
-  if (!calibrated) {
+  if (!table->AnyCalibrated()) {
     std::fprintf(stderr,
                  "warning: %s has no calibrated θ (every bucket is null): attention runs dense\n",
                  options.theta_path.c_str());
