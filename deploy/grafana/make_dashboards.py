@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""Writes the thetaserve Grafana dashboards (deploy/grafana/dashboards/*.json).
+"""Writes the thetaserve Grafana dashboards (deploy/k8s/thetaserve/dashboards/*.json).
 
-The JSON files are committed (Grafana provisions them as they are); this script is their
+The JSON files are committed (Grafana provisions them as they are: compose mounts the folder,
+the Helm chart ships it as a ConfigMap for Grafana's dashboard sidecar); this script is their
 source, so panels stay uniform. After editing it, run
 
     python3 deploy/grafana/make_dashboards.py          # rewrite the JSON files
@@ -9,7 +10,7 @@ source, so panels stay uniform. After editing it, run
 
 Every query filters on the dashboard variables $job and $instance (taken from
 thetaserve_build_info) and uses $__rate_interval for rates. Ratios come from the recording rules
-in deploy/prometheus/rules/thetaserve-recording.yml. The integration test
+in deploy/k8s/thetaserve/rules/thetaserve-recording.yml. The integration test
 tests/deploy/promql_integration.sh evaluates every expression written here against a real
 server scraped by a real Prometheus. Panel titles and descriptions are what docs/deploy.md
 explains; a check there asserts every title is documented.
@@ -19,7 +20,7 @@ import os
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-OUT = os.path.join(HERE, "dashboards")
+OUT = os.path.normpath(os.path.join(HERE, "..", "k8s", "thetaserve", "dashboards"))
 DS = {"type": "prometheus", "uid": "${datasource}"}
 SEL = 'job=~"$job", instance=~"$instance"'
 RI = "$__rate_interval"

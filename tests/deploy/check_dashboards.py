@@ -54,7 +54,7 @@ for name, kind in documented.items():
         known.update({name + "_bucket", name + "_sum", name + "_count"})
 
 # Recording rules.
-rule_files = sorted(glob.glob(os.path.join(root, "deploy/prometheus/rules/*.yml")))
+rule_files = sorted(glob.glob(os.path.join(root, "deploy/k8s/thetaserve/rules/*.yml")))
 records = set()
 rule_exprs = []
 for path in rule_files:
@@ -76,7 +76,7 @@ def check_names(where, expr):
     for name in NAME.findall(expr):
         if ":" in name:
             if yaml is not None and name not in records:
-                err("%s: %s is not a recording rule of deploy/prometheus/rules" % (where, name))
+                err("%s: %s is not a recording rule of deploy/k8s/thetaserve/rules" % (where, name))
         elif name not in known:
             err("%s: %s is not a metric of docs/metrics.md" % (where, name))
 
@@ -94,9 +94,9 @@ def walk(panels):
 
 
 uids = set()
-dash_files = sorted(glob.glob(os.path.join(root, "deploy/grafana/dashboards/*.json")))
+dash_files = sorted(glob.glob(os.path.join(root, "deploy/k8s/thetaserve/dashboards/*.json")))
 if len(dash_files) < 2:
-    err("expected the Serving and KV cache dashboards in deploy/grafana/dashboards")
+    err("expected the Serving and KV cache dashboards in deploy/k8s/thetaserve/dashboards")
 n_panels = n_targets = 0
 for path in dash_files:
     rel = os.path.relpath(path, root)
@@ -179,8 +179,10 @@ if yaml is not None:
     path = prov["providers"][0]["options"]["path"]
     compose = yaml.safe_load(read("deploy/docker/compose.yaml"))
     mounts = compose["services"]["grafana"]["volumes"]
-    if not any(m.split(":")[0] == "../grafana/dashboards" and m.split(":")[1] == path for m in mounts):
-        err("compose.yaml does not mount ../grafana/dashboards at %s (the provisioning path)" % path)
+    if not any(m.split(":")[0] == "../k8s/thetaserve/dashboards" and m.split(":")[1] == path
+               for m in mounts):
+        err("compose.yaml does not mount ../k8s/thetaserve/dashboards at %s (the provisioning path)"
+            % path)
 
 for e in errors:
     print("check_dashboards: " + e)

@@ -6,17 +6,22 @@
 2. values.schema.json refuses bad values (a flag the chart owns, a GPU count of 0, a typo);
 3. every rendered object validates against the Kubernetes OpenAPI schemas of 1.27 (the chart's
    kubeVersion floor), 1.30 and the newest kubernetes-validate ships, strictly (unknown fields
-   fail); the ServiceMonitor, a custom resource those schemas lack, against
-   tests/deploy/servicemonitor.schema.json;
+   fail); the ServiceMonitor and the PrometheusRule, custom resources those schemas lack,
+   against tests/deploy/servicemonitor.schema.json and prometheusrule.schema.json;
 4. the objects fit together: Service target ports and probe ports exist on the container, the
-   ServiceMonitor selects the Service and scrapes its metrics port, the HPA targets the
+   ServiceMonitor selects the Service and scrapes its metrics port, the PrometheusRule holds
+   exactly the groups of the chart's rules/*.yml (the files compose's Prometheus loads and
+   promtool checks and tests), the dashboards ConfigMap holds exactly the chart's
+   dashboards/*.json (the files compose's Grafana provisions), the HPA targets the
    Deployment with a metric prometheus-adapter-values.yaml serves, the PDB selects the pods,
    terminationGracePeriodSeconds covers preStop + drain, the probes are native gRPC probes on
    the health service, the GPU request and node selector follow gpu.enabled;
 5. every serve flag the chart's ConfigMap, extraArgs and deploy/docker/compose*.yaml set is a
    flag of `thetaserve serve --help`.
 
-The rendered manifests are written to OUT_DIR/<values set>.yaml for yamllint and for people.
+The rendered manifests are written to OUT_DIR/<values set>.yaml for yamllint and for people; the
+two objects that carry the chart's files (the PrometheusRule, whose folded expressions Helm's
+toYaml writes on one line, and the dashboards ConfigMap's JSON), to OUT_DIR/<values set>-files.yaml.
 Usage: k8s_validate.py REPO_ROOT THETASERVE_BINARY OUT_DIR
 """
 import json
@@ -61,14 +66,31 @@ def check_flag(where, flag):
 
 
 sm_schema = load_yaml(os.path.join(root, "tests/deploy/servicemonitor.schema.json"))
+rule_schema = load_yaml(os.path.join(root, "tests/deploy/prometheusrule.schema.json"))
+CR_SCHEMAS = {"ServiceMonitor": sm_schema, "PrometheusRule": rule_schema}
+rule_groups = []
+for rule_file in sorted(os.listdir(os.path.join(chart_dir, "rules"))):
+    if rule_file.endswith(".yml"):
+        rule_groups.extend(load_yaml(os.path.join(chart_dir, "rules", rule_file))["groups"])
+if not rule_groups:
+    err("no rule groups in %s/rules/*.yml" % chart_dir)
+dashboards = {}
+for dash_file in sorted(os.listdir(os.path.join(chart_dir, "dashboards"))):
+    if dash_file.endswith(".json"):
+        with open(os.path.join(chart_dir, "dashboards", dash_file), encoding="utf-8") as f:
+            dashboards[dash_file] = json.load(f)
+if len(dashboards) != 2:
+    err("expected the two dashboards in %s/dashboards, found %s" % (chart_dir, sorted(dashboards)))
 adapter = load_yaml(os.path.join(root, "deploy/k8s/prometheus-adapter-values.yaml"))
 adapter_metrics = {r["name"]["as"] for r in adapter["rules"]["custom"]}
 cpu_values = load_yaml(os.path.join(chart_dir, "values-cpu.yaml"))
 
 SCENARIOS = {
     # name: (values, what to expect)
-    "default": ({}, {"gpu": True, "hpa": True, "sm": True, "pdb": True, "fetch": True}),
-    "cpu": (cpu_values, {"gpu": False, "hpa": True, "sm": True, "pdb": True, "fetch": True}),
+    "default": ({}, {"gpu": True, "hpa": True, "sm": True, "rules": True, "dash": True, "pdb": True,
+                     "fetch": True}),
+    "cpu": (cpu_values, {"gpu": False, "hpa": True, "sm": True, "rules": True, "dash": True,
+                         "pdb": True, "fetch": True}),
     "pvc-theta-apikey": ({
         "model": {"fetch": False, "existingClaim": "thetaserve-models",
                   "file": "Llama-3.1-8B-Instruct.Q4_K_M.gguf"},
@@ -77,16 +99,22 @@ SCENARIOS = {
         "autoscaling": {"enabled": False},
         "replicaCount": 2,
         "serviceMonitor": {"labels": {"release": "kube-prometheus-stack"}},
+        "prometheusRule": {"labels": {"release": "kube-prometheus-stack"}},
+        "grafanaDashboards": {"labels": {"dashboards": "thetaserve"}, "annotations": {}},
         "config": {"max-num-seqs": "128", "threads": "8", "no-vmc": True},
         "extraEnv": [{"name": "OMP_NUM_THREADS", "value": "8"}],
         "gpu": {"count": 2},
         "drain": {"timeoutSeconds": 120, "preStopSleepSeconds": 10},
-    }, {"gpu": True, "hpa": False, "sm": True, "pdb": True, "fetch": False}),
+    }, {"gpu": True, "hpa": False, "sm": True, "rules": True, "dash": True, "pdb": True,
+        "fetch": False}),
     "minimal": ({
-        "serviceMonitor": {"enabled": False}, "autoscaling": {"enabled": False},
+        "serviceMonitor": {"enabled": False}, "prometheusRule": {"enabled": False},
+        "grafanaDashboards": {"enabled": False},
+        "autoscaling": {"enabled": False},
         "podDisruptionBudget": {"enabled": False}, "gpu": {"enabled": False},
         "image": {"tag": "0.1.0-cpu"},
-    }, {"gpu": False, "hpa": False, "sm": False, "pdb": False, "fetch": True}),
+    }, {"gpu": False, "hpa": False, "sm": False, "rules": False, "dash": False, "pdb": False,
+        "fetch": True}),
 }
 
 BAD_VALUES = {
@@ -136,14 +164,17 @@ with helm.Chart.load(chart_dir) as chart:
             print("  ok   helm lint --strict")
         rendered = chart.render(values, name="thetaserve", namespace="llm")
         docs = []
-        parts = []
+        parts = {"": [], "-files": []}
         for path in sorted(rendered):
             if not path.endswith((".yaml", ".yml")) or not rendered[path].strip():
                 continue
-            parts.append("# Source: %s\n%s" % (path, rendered[path].strip() + "\n"))
+            part = "-files" if path.endswith(("/grafana-dashboards.yaml", "/prometheusrule.yaml")) else ""
+            parts[part].append("# Source: %s\n%s" % (path, rendered[path].strip() + "\n"))
             docs.extend(d for d in yaml.safe_load_all(rendered[path]) if d)
-        with open(os.path.join(out_dir, name + ".yaml"), "w", encoding="utf-8") as f:
-            f.write("---\n".join(parts))
+        for part, texts in parts.items():
+            if texts:
+                with open(os.path.join(out_dir, name + part + ".yaml"), "w", encoding="utf-8") as f:
+                    f.write("---\n".join(texts))
         by_kind = {}
         for d in docs:
             by_kind.setdefault(d["kind"], []).append(d)
@@ -153,9 +184,9 @@ with helm.Chart.load(chart_dir) as chart:
         for d in docs:
             n_objects += 1
             label = "%s %s/%s" % (name, d["kind"], d["metadata"]["name"])
-            if d["kind"] == "ServiceMonitor":
+            if d["kind"] in CR_SCHEMAS:
                 try:
-                    jsonschema.validate(d, sm_schema)
+                    jsonschema.validate(d, CR_SCHEMAS[d["kind"]])
                 except jsonschema.ValidationError as e:
                     err("%s: %s at %s" % (label, e.message, "/".join(map(str, e.path))))
                 continue
@@ -166,7 +197,8 @@ with helm.Chart.load(chart_dir) as chart:
                     err("%s: Kubernetes %s: %s at %s" % (label, v, e.message, "/".join(map(str, e.path))))
                 except kubernetes_validate.utils.SchemaNotFoundError as e:
                     err("%s: no schema in Kubernetes %s: %s" % (label, v, e))
-        print("  ok   schemas (Kubernetes %s; ServiceMonitor subset schema)" % ", ".join(KUBE_VERSIONS)
+        print("  ok   schemas (Kubernetes %s; ServiceMonitor, PrometheusRule subset schemas)"
+              % ", ".join(KUBE_VERSIONS)
               if not any(e.startswith(name + " ") for e in errors) else "  (schema failures above)")
 
         # 4. how the objects fit together
@@ -177,9 +209,25 @@ with helm.Chart.load(chart_dir) as chart:
                 return None
             return objs[0]
 
+        # The server's flags, and (grafanaDashboards.enabled) the dashboards.
+        dash_cms = [c for c in by_kind.get("ConfigMap", []) if c["metadata"]["name"].endswith("-dashboards")]
+        by_kind["ConfigMap"] = [c for c in by_kind.get("ConfigMap", []) if c not in dash_cms]
         dep, svc, cm = one("Deployment"), one("Service"), one("ConfigMap")
         if not (dep and svc and cm):
             continue
+        if expect["dash"] != bool(dash_cms) or len(dash_cms) > 1:
+            err("%s: %d dashboards ConfigMaps, expected %d" % (name, len(dash_cms), expect["dash"]))
+        for d in dash_cms:
+            data = {k: json.loads(v) for k, v in d.get("data", {}).items()}
+            if data != dashboards:
+                err("%s: the dashboards ConfigMap holds %s, not the chart's dashboards/*.json"
+                    % (name, sorted(data)))
+            want = values.get("grafanaDashboards", {}).get("labels", {"grafana_dashboard": "1"})
+            if set(want.items()) - set(d["metadata"]["labels"].items()):
+                err("%s: the dashboards ConfigMap lacks the labels %s" % (name, want))
+            size = sum(len(v) for v in d["data"].values())
+            if size > 900 * 1024:
+                err("%s: the dashboards ConfigMap holds %d bytes (the API's limit is 1 MiB)" % (name, size))
         pod = dep["spec"]["template"]
         spec = pod["spec"]
         main = [c for c in spec["containers"] if c["name"] == "thetaserve"][0]
@@ -248,6 +296,15 @@ with helm.Chart.load(chart_dir) as chart:
                 err("%s: the ServiceMonitor scrapes a port the Service lacks" % name)
             if s["spec"]["endpoints"][0].get("path") != "/metrics":
                 err("%s: the ServiceMonitor does not scrape /metrics" % name)
+        rules = by_kind.get("PrometheusRule", [])
+        if expect["rules"] != bool(rules):
+            err("%s: PrometheusRule present=%s, expected %s" % (name, bool(rules), expect["rules"]))
+        for r in rules:
+            if r["spec"]["groups"] != rule_groups:
+                err("%s: the PrometheusRule's groups are not those of rules/*.yml" % name)
+            want = values.get("prometheusRule", {}).get("labels", {})
+            if set(want.items()) - set(r["metadata"]["labels"].items()):
+                err("%s: the PrometheusRule lacks the labels %s" % (name, want))
         hpa = by_kind.get("HorizontalPodAutoscaler", [])
         if expect["hpa"] != bool(hpa):
             err("%s: HPA present=%s, expected %s" % (name, bool(hpa), expect["hpa"]))

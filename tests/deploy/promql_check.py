@@ -11,11 +11,11 @@
 
   promql_check.py check REPO_ROOT PROMETHEUS_URL [--wait SECONDS] [--savings]
       Evaluates through Prometheus' HTTP API (/api/v1/query) every PromQL expression of
-        - every target of every panel of deploy/grafana/dashboards/*.json, with the dashboard
+        - every target of every panel of deploy/k8s/thetaserve/dashboards/*.json, with the dashboard
           variables set as Grafana would ($job and $instance to the scraped target's values,
           $__rate_interval to 1m) and every variable query (label_values(...));
         - every recording rule (its expression, and the series it records) and every alert rule
-          of deploy/prometheus/rules/*.yml. An alert expression is a condition (`x > 0.9`,
+          of deploy/k8s/thetaserve/rules/*.yml. An alert expression is a condition (`x > 0.9`,
           `a > 0 and b == 0`) that is legitimately empty while the alert is not firing, so it is
           split at its top-level comparison and set operators and each non-literal operand is
           evaluated instead; `absent(x)` is empty while the target is scraped, so its argument
@@ -51,7 +51,8 @@ def cmd_config(root, metrics_addr, prom_addr, out):
     cfg["global"]["scrape_interval"] = "1s"
     cfg["global"]["scrape_timeout"] = "1s"
     cfg["global"]["evaluation_interval"] = "1s"
-    base = os.path.join(root, "deploy/prometheus")
+    # As compose mounts them: the chart's rules/ at rules/ beside prometheus.yml.
+    base = os.path.join(root, "deploy/k8s/thetaserve")
     cfg["rule_files"] = [os.path.join(base, r) for r in cfg.get("rule_files", [])]
     jobs = []
     for job in cfg["scrape_configs"]:
@@ -185,7 +186,7 @@ def cmd_check(root, url, wait):
     values = {k: re.escape(v).replace("\\", "\\\\") for k, v in (("job", job), ("instance", instance))}
     print("promql_check: target job=%s instance=%s is up" % (job, instance))
 
-    for path in sorted(glob.glob(os.path.join(root, "deploy/grafana/dashboards/*.json"))):
+    for path in sorted(glob.glob(os.path.join(root, "deploy/k8s/thetaserve/dashboards/*.json"))):
         name = os.path.basename(path)
         with open(path, encoding="utf-8") as f:
             dash = json.load(f)
@@ -206,7 +207,7 @@ def cmd_check(root, url, wait):
                     checks.append(("%s panel %r %s" % (name, p["title"], t["refId"]),
                                    grafana_interpolate(t["expr"], values), None))
 
-    for path in sorted(glob.glob(os.path.join(root, "deploy/prometheus/rules/*.yml"))):
+    for path in sorted(glob.glob(os.path.join(root, "deploy/k8s/thetaserve/rules/*.yml"))):
         name = os.path.basename(path)
         with open(path, encoding="utf-8") as f:
             doc = yaml.safe_load(f)

@@ -7,7 +7,7 @@
 #     (`entrypoint.sh health`, the gRPC health service) to say SERVING;
 #  2. starts Debian's prometheus with a temporary storage folder and a config derived from
 #     deploy/prometheus/prometheus.yml (target rewritten to the server, 1 s intervals, the
-#     rules of deploy/prometheus/rules loaded);
+#     rules of deploy/k8s/thetaserve/rules loaded);
 #  3. sends requests with `thetaserve client` (sequential and concurrent);
 #  4. evaluates every PromQL expression of every dashboard panel and variable, every recording
 #     and alert rule, and the prometheus-adapter queries through Prometheus' HTTP API and

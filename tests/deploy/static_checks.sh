@@ -28,11 +28,20 @@ need docker-compose docker-compose
 need shellcheck shellcheck
 step() { echo; echo "== $*"; }
 
-step "promtool check config deploy/prometheus/prometheus.yml"
-promtool check config deploy/prometheus/prometheus.yml
+# prometheus.yml as compose mounts it: at /etc/prometheus, with the chart's rules/ beside it.
+step "promtool check config deploy/prometheus/prometheus.yml (with deploy/k8s/thetaserve/rules as rules/)"
+tmp="$(mktemp -d)"
+trap 'rm -rf "$tmp"' EXIT
+promdir="$tmp/prometheus"
+mkdir "$promdir"
+cp deploy/prometheus/prometheus.yml "$promdir/"
+cp -r deploy/k8s/thetaserve/rules "$promdir/rules"
+promtool check config "$promdir/prometheus.yml" | tee "$promdir/check.log"
+grep -q "SUCCESS: 2 rule files found" "$promdir/check.log" \
+  || { echo "prometheus.yml does not load the chart's two rule files"; exit 1; }
 
-step "promtool check rules deploy/prometheus/rules/*.yml"
-promtool check rules deploy/prometheus/rules/*.yml
+step "promtool check rules deploy/k8s/thetaserve/rules/*.yml"
+promtool check rules deploy/k8s/thetaserve/rules/*.yml
 
 step "promtool test rules tests/deploy/prometheus-rules.test.yml"
 promtool test rules tests/deploy/prometheus-rules.test.yml
@@ -54,8 +63,6 @@ python3 deploy/grafana/make_dashboards.py --check
 python3 tests/deploy/check_dashboards.py "$root"
 
 step "docker-compose config (compose.yaml, and with compose.gpu.yaml)"
-tmp="$(mktemp -d)"
-trap 'rm -rf "$tmp"' EXIT
 docker-compose -f deploy/docker/compose.yaml config >"$tmp/cpu.yaml"
 docker-compose -f deploy/docker/compose.yaml -f deploy/docker/compose.gpu.yaml config >"$tmp/gpu.yaml"
 python3 - "$tmp/cpu.yaml" "$tmp/gpu.yaml" <<'PY'
