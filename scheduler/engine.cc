@@ -329,9 +329,10 @@ void Engine::Finish(Sequence* seq, FinishReason reason, absl::Status status) {
   finished_.emplace_back(std::move(owned), std::move(info));
 }
 
-void Engine::DeliverFinished() {
+void Engine::DeliverFinished(const StepStats* step) {
+  if (finished_.empty() && !step) return;
+  PublishStats(step, static_cast<int64_t>(finished_.size()));
   if (finished_.empty()) return;
-  PublishStats(nullptr, static_cast<int64_t>(finished_.size()));
   for (auto& [seq, info] : finished_) seq->sink().OnFinish(info);
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -479,21 +480,21 @@ void Engine::RunStep(StepPlan& plan) {
     ++counters_.generation_tokens;
     if (seq->AppendToken(samples_[i], *tokenizer_)) done.emplace_back(seq, seq->finish_reason());
   }
-  // The observer (metrics) and the status snapshot see this step's counters and the freed
-  // pages before any client hears that its request finished: a client that scrapes or asks
-  // for the status after its stream ends finds its tokens counted (and this step among the
-  // steps) and its pages free.
+  // The observer (metrics) and the status snapshot see this step — its counters, its timings
+  // and the freed pages — before any client hears that its request finished: a client that
+  // scrapes or asks for the status after its stream ends finds its tokens counted, this step
+  // in the step histograms and its pages free. So the sparse V store is compacted (the
+  // running sequences only; the finished ones' pages are already back) before the sinks are told.
   ++counters_.steps;
   counters_.preemptions = scheduler_.num_preemptions();
   for (auto& [seq, reason] : done) Finish(seq, reason, absl::OkStatus());
-  DeliverFinished();
   CompactSparseV(plan);
 
   step.seconds = SecondsBetween(t0, Clock::now());
   step.forward_seconds = SecondsBetween(t0, t1);
   step.num_seqs = static_cast<int64_t>(plan.chunks.size());
   step.num_tokens = plan.num_tokens;
-  PublishStats(&step);
+  DeliverFinished(&step);
 }
 
 void Engine::FailStep(const StepPlan& plan, const absl::Status& st) {

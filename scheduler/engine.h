@@ -114,11 +114,11 @@ class Engine {
   // Finishes every sequence of the step with an error (the forward pass failed).
   void FailStep(const StepPlan& plan, const absl::Status& st);
   // Finish removes a sequence (its pages go back to the pool at once) and queues what its
-  // sink will hear; DeliverFinished publishes the stats, then tells the sinks. So a client
-  // that has heard its request finish finds its pages free and its tokens counted (status,
-  // metrics).
+  // sink will hear; DeliverFinished publishes the stats (with `step`, the step just run, if
+  // any), then tells the sinks. So a client that has heard its request finish finds its pages
+  // free and its tokens and steps counted (status, metrics).
   void Finish(Sequence* seq, FinishReason reason, absl::Status status);
-  void DeliverFinished();
+  void DeliverFinished(const StepStats* step = nullptr);
   void CheckDeadlines();
   // `finishing`: sequences removed but whose sinks are not yet told (still in pending_).
   void PublishStats(const StepStats* step, int64_t finishing = 0);

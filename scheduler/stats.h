@@ -32,7 +32,7 @@ struct EngineCounters {
 
 // One step, reported to the step observer.
 struct StepStats {
-  double seconds = 0;         // forward + sampling
+  double seconds = 0;         // forward, sampling, the sparse V store's compaction
   double forward_seconds = 0;
   int64_t num_seqs = 0;       // sequences in the batch
   int64_t num_tokens = 0;     // tokens in the batch

@@ -335,35 +335,44 @@ TEST_F(EngineTest, RejectsARequestThatCanNeverFitThePool) {
   EXPECT_NE(std::string(st.message()).find("--kv-cache-memory"), std::string::npos) << st;
 }
 
-// What metrics report must already count a request's tokens when its client hears it finished
-// (a client that scrapes /metrics after its stream ends must see them).
-TEST_F(EngineTest, ObserverHasCountedEveryTokenBeforeTheRequestFinishes) {
+// What metrics report must already count a request's tokens, and every step it took (the step
+// histograms), when its client hears it finished: a client that scrapes /metrics after its
+// stream ends must see them. The last step's timings once reached the observer only after the
+// sink was told, and a server test that scraped right after the stream saw one decode step short.
+TEST_F(EngineTest, ObserverHasCountedEveryTokenAndStepBeforeTheRequestFinishes) {
   auto engine = CpuEngine(EngineConfig{});
   ASSERT_NE(engine, nullptr);
   std::atomic<int64_t> observed{0};  // generation tokens the observer has seen
-  engine->SetObserver([&](const EngineStats& s, const StepStats*) {
+  std::atomic<int64_t> steps{0};     // steps whose timings it has seen
+  engine->SetObserver([&](const EngineStats& s, const StepStats* step) {
     observed.store(s.counters.generation_tokens);
+    if (step) steps.fetch_add(1);
   });
-  // Reads the observer's count at the moment the engine finishes the request.
+  // Reads the observer's counts at the moment the engine finishes the request.
   class CheckingSink : public CollectingSink {
    public:
-    explicit CheckingSink(const std::atomic<int64_t>& observed) : observed_(observed) {}
+    CheckingSink(const std::atomic<int64_t>& observed, const std::atomic<int64_t>& steps)
+        : observed_(observed), steps_(steps) {}
     void OnFinish(const FinishInfo& i) override {
       observed_at_finish = observed_.load();
+      steps_at_finish = steps_.load();
       CollectingSink::OnFinish(i);
     }
     int64_t observed_at_finish = -1;
+    int64_t steps_at_finish = -1;
 
    private:
     const std::atomic<int64_t>& observed_;
+    const std::atomic<int64_t>& steps_;
   };
-  auto sink = std::make_shared<CheckingSink>(observed);
+  auto sink = std::make_shared<CheckingSink>(observed, steps);
   Request r = MakeRequest("counted", "The capital of France is", 6);
   r.stopping.ignore_eos = true;
   ASSERT_TRUE(engine->Submit(r, sink).ok());
   ASSERT_TRUE(sink->Wait(120));
   EXPECT_EQ(sink->info.completion_tokens, 6);
   EXPECT_EQ(sink->observed_at_finish, 6);
+  EXPECT_EQ(sink->steps_at_finish, 6) << "one prefill step and five decode steps";
 }
 
 // A group goes into the queue whole or not at all.
