@@ -70,6 +70,7 @@ class ChoiceSink : public ServiceSink {
       : ServiceSink(service, std::move(request_id)), stream_(std::move(stream)), index_(index) {}
 
  private:
+  const char* api() const override { return "grpc"; }
   void Deliver(const scheduler::TokenDelta& delta) override { stream_->Deliver(index_, delta); }
   void Finish(const scheduler::FinishInfo& info) override { stream_->Finish(index_, info); }
 

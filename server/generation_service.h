@@ -25,6 +25,7 @@ struct ServiceOptions {
   std::string kv_policy = "full";
   std::string kv_cache_dtype = "f32";
   std::string calibration_fingerprint;
+  bool log_requests = false;  // a line per finished request on stderr (RequestLogLine)
 };
 
 // Generate is registered raw (ByteBuffer in and out) so that a request protobuf cannot parse —
@@ -76,6 +77,7 @@ class GenerationService final : public GenerationBase {
 
   scheduler::Engine& engine() { return *engine_; }
   Metrics* metrics() { return metrics_; }
+  const ServiceOptions& options() const { return options_; }
 
  private:
   grpc::Status CheckAuth(grpc::CallbackServerContext* ctx) const;

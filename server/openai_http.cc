@@ -156,6 +156,7 @@ class HttpChoiceSink : public ServiceSink {
       : ServiceSink(service, std::move(request_id)), output_(std::move(output)), index_(index) {}
 
  private:
+  const char* api() const override { return "http"; }
   void Deliver(const scheduler::TokenDelta& d) override { output_->Deliver(index_, d); }
   void Finish(const scheduler::FinishInfo& info) override { output_->Finish(index_, info); }
 

@@ -29,6 +29,7 @@
 #include "server/metrics.h"
 #include "server/model_loading.h"
 #include "server/openai_http.h"
+#include "server/request_log.h"
 #include "server/theta_options.h"
 
 namespace thetaserve::server {
@@ -78,6 +79,11 @@ constexpr char kUsage[] =
     "                               the KV cache, e.g. 8G (default 4G; when it is full, rows\n"
     "                               are dropped as under --policy sparse)\n"
     "  --drain-timeout SECONDS      grace period for in-flight requests on SIGTERM (default 30)\n"
+    "  --log-requests               log a line per finished request: id, API, outcome, token\n"
+    "                               counts, queue time, time to first token, total time (no\n"
+    "                               text)\n"
+    "  --log-stats-interval SECONDS log throughput, running and waiting requests and KV cache\n"
+    "                               use every SECONDS that saw work (default 10; 0 = off)\n"
     "  --tls-cert FILE --tls-key FILE   serve TLS\n"
     "  --api-key KEY                require 'authorization: Bearer KEY' (or THETASERVE_API_KEY)\n";
 
@@ -116,7 +122,8 @@ int RunServe(const std::vector<std::string>& argv) {
       {"kv-cache-memory", true},
       {"block-size", true}, {"max-queue", true}, {"threads", true}, {"device", true},
       {"drain-timeout", true}, {"tls-cert", true}, {"tls-key", true}, {"api-key", true},
-      {"prefix-caching", true}, {"offload-memory", true}, {"kv-cache-dtype", true}};
+      {"prefix-caching", true}, {"offload-memory", true}, {"kv-cache-dtype", true},
+      {"log-requests", false}, {"log-stats-interval", true}};
   for (const auto& [name, v] : ThetaFlags()) known[name] = v;
   CliArgs args;
   if (auto exit = ParseCommandLine("serve", argv, known, std::string(kUsage) + kThetaUsage,
@@ -142,13 +149,14 @@ int RunServe(const std::vector<std::string>& argv) {
   auto max_queue = args.GetInt("max-queue", 1024, 1, kMaxCountFlag);
   auto threads = args.GetInt("threads", 0, 0, kMaxThreadsFlag);
   auto drain = args.GetDouble("drain-timeout", 30, 0, 86400);
+  auto stats_interval = args.GetDouble("log-stats-interval", 10, 0, 86400);  // 0 = off
   auto device = ParseDevice(args.GetString("device", "auto"));
   auto kv_dtype = ParseKvDtypeFlag(args.GetString("kv-cache-dtype", "auto"));
   for (const absl::Status& st :
        {port.status(), metrics_port.status(), http_port.status(), max_seqs.status(),
         max_tokens.status(), long_prefill.status(), kv_spec.status(), block_size.status(),
-        max_queue.status(), threads.status(), drain.status(), device.status(),
-        kv_dtype.status()}) {
+        max_queue.status(), threads.status(), drain.status(), stats_interval.status(),
+        device.status(), kv_dtype.status()}) {
     if (!st.ok()) return usage(st);
   }
   if (args.Has("served-model-name") && *http_port == 0) {
@@ -313,6 +321,7 @@ int RunServe(const std::vector<std::string>& argv) {
   options.kv_policy = theta->policy;
   options.kv_cache_dtype = kernels::KvDtypeName(loaded->backend->kv_dtype());
   options.calibration_fingerprint = theta->table ? theta->table->fingerprint : "";
+  options.log_requests = args.Has("log-requests");
   GenerationService service(**engine, *loaded->model, loaded->backend->name(), &metrics, options);
 
   grpc::EnableDefaultHealthCheckService(true);
@@ -383,6 +392,13 @@ int RunServe(const std::vector<std::string>& argv) {
   std::fprintf(stderr, "serving thetaserve.v1.Generation on %s:%d (%s)\n",
                args.GetString("host", "0.0.0.0").c_str(), bound_port,
                tls ? "TLS" : "plaintext");
+  std::unique_ptr<StatsLogger> stats_log;
+  if (*stats_interval > 0) {
+    stats_log = std::make_unique<StatsLogger>(
+        [&engine] { return (*engine)->Stats(); },
+        [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); },
+        *stats_interval);
+  }
 
   int sig = 0;
   sigwait(&signals, &sig);
@@ -394,6 +410,7 @@ int RunServe(const std::vector<std::string>& argv) {
   const bool idle = (*engine)->WaitIdle(*drain);
   if (!idle) std::fprintf(stderr, "drain timeout: cancelling the remaining requests\n");
   (*engine)->Stop();  // cancels whatever is left; their streams finish with UNAVAILABLE
+  stats_log.reset();
   if (http) http->Stop();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
   std::fprintf(stderr, "stopped\n");

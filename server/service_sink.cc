@@ -1,6 +1,9 @@
 #include "server/service_sink.h"
 
+#include <cstdio>
+
 #include "server/generation_service.h"
+#include "server/request_log.h"
 
 namespace thetaserve::server {
 
@@ -16,6 +19,9 @@ void ServiceSink::OnTokens(const scheduler::TokenDelta& delta) {
 
 void ServiceSink::OnFinish(const scheduler::FinishInfo& info) {
   if (service_->metrics()) service_->metrics()->OnFinish(info);
+  if (service_->options().log_requests) {
+    std::fprintf(stderr, "%s\n", RequestLogLine(api(), request_id_, info).c_str());
+  }
   service_->Untrack(request_id_);
   for (const auto& group : groups_) {
     const int others_left = group->left.fetch_sub(1) - 1;

@@ -46,6 +46,8 @@ class ServiceSink : public scheduler::TokenSink {
   void OnFinish(const scheduler::FinishInfo& info) final;
 
  protected:
+  // Which front end: "grpc" or "http" (the request log's api=).
+  virtual const char* api() const = 0;
   // Engine thread; must not block, as TokenSink's callbacks.
   virtual void Deliver(const scheduler::TokenDelta& delta) = 0;
   virtual void Finish(const scheduler::FinishInfo& info) = 0;

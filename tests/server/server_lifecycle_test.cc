@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "tests/server/e2e_util.h"
+#include "tests/server/http_client.h"
 #include "tests/server/server_process.h"
 #include "tests/test_util.h"
 
@@ -170,6 +171,47 @@ TEST(ServerLifecycleTest, AFreshServerCountsNothingOfItsWarmUp) {
   EXPECT_EQ(MetricValue(after, "thetaserve_generation_tokens_total"), 4);
   EXPECT_EQ(MetricValue(after, "thetaserve_step_duration_seconds_count{phase=\"decode\"}"), 3);
   EXPECT_GT(MetricValue(after, "thetaserve_v_rows_read_total"), 0);
+}
+
+// --log-requests: a line per finished request from either API (a client's id quoted, no text);
+// --log-stats-interval: a stats line for each interval that saw work, none while idle. A
+// server without the flag logs no request lines.
+TEST(ServerLifecycleTest, LogsRequestsAndStatsWhenAsked) {
+  const int http_port = FreePort();
+  ServerProcess server({"--http-port", std::to_string(http_port), "--log-requests",
+                        "--log-stats-interval", "0.2"});
+  ASSERT_TRUE(server.started());
+  auto stub = server.stub();
+  auto req = Prompt("The capital of France is", 4);
+  req.set_request_id("logged id");
+  req.mutable_stopping()->set_ignore_eos(true);
+  ASSERT_TRUE(Generate(*stub, req).status.ok());
+  const HttpResult http = HttpCall(http_port, "POST", "/v1/completions",
+                                   R"({"prompt": "Hello", "max_tokens": 3, "n": 2, "ignore_eos": true})");
+  ASSERT_EQ(http.status, 200) << http.body;
+  ASSERT_TRUE(WaitForRunning(*stub, 0));
+  std::this_thread::sleep_for(std::chrono::milliseconds(1000));  // the last busy interval ends
+  auto count = [](const std::string& log, const std::string& what) {
+    int n = 0;
+    for (size_t at = log.find(what); at != std::string::npos; at = log.find(what, at + 1)) ++n;
+    return n;
+  };
+  const std::string log = ReadFileOrDie(server.log_path());
+  EXPECT_EQ(count(log, "\nrequest id=\"logged id\" api=grpc outcome=length prompt_tokens=5 "
+                       "completion_tokens=4 queue_s="), 1) << log;
+  EXPECT_EQ(count(log, " api=http outcome=length prompt_tokens=1 completion_tokens=3 "), 2) << log;
+  EXPECT_EQ(count(log, "\nrequest "), 3) << "the warm-up is no client's request\n" << log;
+  EXPECT_GE(count(log, "\nstats prompt_tokens_per_s="), 1) << log;
+  EXPECT_EQ(log.find("Paris"), std::string::npos) << "no text in the log\n" << log;
+  // Idle: nothing more.
+  const int stats_lines = count(log, "\nstats ");
+  std::this_thread::sleep_for(std::chrono::milliseconds(800));
+  EXPECT_EQ(count(ReadFileOrDie(server.log_path()), "\nstats "), stats_lines);
+
+  ServerProcess quiet;
+  ASSERT_TRUE(quiet.started());
+  ASSERT_TRUE(Generate(*quiet.stub(), Prompt("Hello", 2)).status.ok());
+  EXPECT_EQ(ReadFileOrDie(quiet.log_path()).find("request id="), std::string::npos);
 }
 
 TEST(ServerLifecycleTest, ApiKeyIsRequiredWhenSet) {
