@@ -631,6 +631,14 @@ void HttpServer::Serve(int fd) {
       req.body = in.substr(0, length);
       in.erase(0, length);
     }
+    // A compressed body is not decoded: said so (RFC 9110 15.5.16), rather than parsed as JSON
+    // and refused for its first byte.
+    const std::string content_coding =
+        Lower(std::string(absl::StripAsciiWhitespace(req.Header("content-encoding"))));
+    if (!content_coding.empty() && content_coding != "identity") {
+      return reject(415, absl::StrCat("Content-Encoding ", content_coding,
+                                      " is not supported; send the body uncompressed"));
+    }
 
     HttpResponder responder(fd, http11, keep_alive && !stopping_.load(), &stopping_);
     if (req.method == "HEAD") responder.HeadOnly();

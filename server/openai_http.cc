@@ -403,6 +403,13 @@ void OpenAiHttpServer::Generate(const HttpRequest& http, HttpResponder& out, boo
     }
     return reject(absl::Status(constraints.status().code(), message));
   }
+  // The chat API's default is "until the model stops" (set below, once the prompt's length is
+  // known): the checks see the least it may be, not the gRPC API's 16, which refused a prompt
+  // with fewer than 16 tokens of context left, and a min_tokens over 16.
+  if (chat && !call->max_tokens_given) {
+    call->request.mutable_stopping()->set_max_tokens(
+        std::max<uint32_t>(1, call->request.stopping().min_tokens()));
+  }
   for (size_t p = 0; p < prompt_count; ++p) {
     auto built = BuildRequest(call->RequestFor(p), *model_, &*constraints);
     if (!built.ok()) return refuse_prompt(built.status(), p);

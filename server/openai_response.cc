@@ -141,11 +141,6 @@ Json OpenAiResponseBuilder::VllmPromptLogprobs(const scheduler::PromptScores& d)
   return out;
 }
 
-void OpenAiResponseBuilder::Choice::Append(const std::string& more) {
-  text += more;
-  chars += Utf8Chars(more);
-}
-
 Json OpenAiResponseBuilder::Envelope(const char* object) const {
   return {{"id", id_}, {"object", object}, {"created", created_}, {"model", model_}};
 }
@@ -161,7 +156,7 @@ Json OpenAiResponseBuilder::Usage(const std::vector<scheduler::FinishInfo>& info
           {"total_tokens", prompt + completion}};
 }
 
-Json OpenAiResponseBuilder::Logprobs(const scheduler::TokenDelta& d, size_t offset) const {
+Json OpenAiResponseBuilder::Logprobs(const scheduler::TokenDelta& d, size_t* offset) const {
   const bool chat = call_.endpoint == OpenAiEndpoint::kChatCompletions;
   if (!call_.logprobs || d.logprobs.empty()) return nullptr;
   if (chat) {
@@ -186,8 +181,8 @@ Json OpenAiResponseBuilder::Logprobs(const scheduler::TokenDelta& d, size_t offs
     Json alternatives = TopList(d.top[i], call_.top_logprobs, *tokenizer_, false);
     if (!alternatives.contains(bytes)) alternatives[bytes] = std::max(d.logprobs[i], kMinLogprob);
     top.push_back(alternatives);
-    offsets.push_back(offset);
-    offset += Utf8Chars(bytes);
+    offsets.push_back(*offset);
+    *offset += Utf8Chars(bytes);
   }
   return {{"tokens", tokens}, {"token_logprobs", token_logprobs}, {"top_logprobs", top},
           {"text_offset", offsets}};
@@ -206,10 +201,10 @@ Json OpenAiResponseBuilder::DeltaChunk(int index, const scheduler::TokenDelta& d
   Choice& c = choices_.at(index);
   const std::string echo = EchoText(c, delta);
   Json logprobs = PromptLogprobs(delta);
-  c.Append(echo);
-  const size_t offset = c.chars;
-  c.Append(delta.text);
-  AppendLogprobs(logprobs, Logprobs(delta, offset));
+  c.text += echo;
+  c.token_chars += Utf8Chars(echo);
+  c.text += delta.text;
+  AppendLogprobs(logprobs, Logprobs(delta, &c.token_chars));
   const bool chat = call_.endpoint == OpenAiEndpoint::kChatCompletions;
   Json choice = chat ? Json{{"index", index}, {"delta", {{"content", delta.text}}}}
                      : Json{{"text", echo + delta.text}, {"index", index}};
@@ -268,10 +263,12 @@ void OpenAiResponseBuilder::Add(int index, const scheduler::TokenDelta& delta) {
   if (call_.prompt_logprobs >= 0 && delta.prompt && (!chat || index == 0)) {
     c.prompt_logprobs = VllmPromptLogprobs(*delta.prompt);
   }
-  c.Append(EchoText(c, delta));
+  const std::string echo = EchoText(c, delta);
+  c.text += echo;
+  c.token_chars += Utf8Chars(echo);
   AppendLogprobs(c.logprobs, PromptLogprobs(delta));
-  AppendLogprobs(c.logprobs, Logprobs(delta, c.chars));
-  c.Append(delta.text);
+  AppendLogprobs(c.logprobs, Logprobs(delta, &c.token_chars));
+  c.text += delta.text;
 }
 
 bool OpenAiResponseBuilder::Carries(const Json& chunk) {

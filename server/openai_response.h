@@ -47,8 +47,10 @@ class OpenAiResponseBuilder {
  private:
   struct Choice {
     std::string text;                  // the completion so far (after the echoed prompt)
-    size_t chars = 0;                  // its length in characters (code points), as text_offset
-    void Append(const std::string& more);
+    // The characters (code points) of the echoed prompt and of the tokens given out so far:
+    // the next token's text_offset. Counted from the tokens, not from `text`, which lags them
+    // while a possible start of a stop string is held back.
+    size_t token_chars = 0;
     nlohmann::ordered_json logprobs;   // accumulated (not streaming)
     std::string echo;                  // with echo: its prompt's text
     bool echoed = false;               // the prompt's text (and scores) went out
@@ -69,7 +71,7 @@ class OpenAiResponseBuilder {
   // Log-probabilities of a delta's tokens in the endpoint's format; `offset` is the completion
   // text's length in characters before them (the completions format's text_offset, which
   // OpenAI and vLLM count in characters, as Python slices a str).
-  nlohmann::ordered_json Logprobs(const scheduler::TokenDelta& delta, size_t offset) const;
+  nlohmann::ordered_json Logprobs(const scheduler::TokenDelta& delta, size_t* offset) const;
   static void AppendLogprobs(nlohmann::ordered_json& into, const nlohmann::ordered_json& more);
 
   OpenAiCall call_;

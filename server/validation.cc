@@ -190,10 +190,12 @@ absl::StatusOr<scheduler::SamplingParams> BuildSampling(const v1::SamplingParams
     return absl::InvalidArgumentError(absl::StrFormat(
         "sampling.repetition_penalty = %g; it must be > 0 (1 = off)", sp.repetition_penalty()));
   }
-  if (!std::isfinite(sp.presence_penalty()) || std::fabs(sp.presence_penalty()) > 2.0f ||
-      !std::isfinite(sp.frequency_penalty()) || std::fabs(sp.frequency_penalty()) > 2.0f) {
-    return absl::InvalidArgumentError(
-        "sampling.presence_penalty and frequency_penalty must be in [-2, 2]");
+  for (const auto& [name, value] : {std::pair{"presence_penalty", sp.presence_penalty()},
+                                     std::pair{"frequency_penalty", sp.frequency_penalty()}}) {
+    if (!std::isfinite(value) || std::fabs(value) > 2.0f) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("sampling.%s = %g; it must be in [-2, 2]", name, value));
+    }
   }
   o.presence_penalty = sp.presence_penalty();
   o.frequency_penalty = sp.frequency_penalty();

@@ -818,6 +818,28 @@ TEST_F(OpenAiResponseTest, TextOffsetsCountCharactersNotBytes) {
             chars.size()) << "the last token ends at the text's length in characters";
 }
 
+// With a stop string the engine holds back text that could begin it: a token arrives with no
+// text, and its text comes with a later token's. text_offset counted the text given out, so
+// every token after a held one took the held one's offset ([0, 5, 6, 6, 6, 6, 6, 26, ...] for
+// " Alex, and I'm a ..."); it counts the tokens themselves, whole or streamed.
+TEST_F(OpenAiResponseTest, TextOffsetsFollowTheTokensWhenTheirTextIsHeldBack) {
+  auto deltas = Deltas();
+  deltas[1].text = deltas[0].text + deltas[1].text;  // " Paris." with the second token
+  deltas[0].text.clear();                            // " Paris" held back
+  auto call = Completion(R"({"prompt": "x", "logprobs": 0, "stop": " Paris!"})");
+  ASSERT_TRUE(call.ok());
+  OpenAiResponseBuilder whole(*call, "cmpl-8", 1, kServed, model_->tokenizer());
+  for (const auto& d : deltas) whole.Add(0, d);
+  const Json c = whole.Complete({Finished(scheduler::FinishReason::kLength)})["choices"][0];
+  EXPECT_EQ(c["text"], " Paris.");
+  EXPECT_EQ(c["logprobs"]["text_offset"], Json({0, 6}));
+  OpenAiResponseBuilder streamed(*call, "cmpl-9", 1, kServed, model_->tokenizer());
+  EXPECT_EQ(streamed.DeltaChunk(0, deltas[0])["choices"][0]["logprobs"]["text_offset"], Json({0}));
+  const Json second = streamed.DeltaChunk(0, deltas[1])["choices"][0];
+  EXPECT_EQ(second["text"], " Paris.");
+  EXPECT_EQ(second["logprobs"]["text_offset"], Json({6}));
+}
+
 TEST_F(OpenAiResponseTest, TheSampledTokenJoinsTheAlternativesWhenOutsideTheTopN) {
   auto call = Completion(R"({"prompt": "x", "logprobs": 1})");
   ASSERT_TRUE(call.ok());

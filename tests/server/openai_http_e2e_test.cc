@@ -969,6 +969,10 @@ TEST_F(OpenAiHttpTest, BadInputGetsItsStatusAndTheServerKeepsServing) {
   };
   EXPECT_EQ(param_of(R"({"prompt": "x", "temperature": "hot"})"), "temperature");
   EXPECT_EQ(param_of(R"({"prompt": "x", "top_p": 1.5})"), "top_p");
+  // The two penalties share a range, and were refused as one ("presence_penalty" for either).
+  EXPECT_EQ(param_of(R"({"prompt": "x", "presence_penalty": 0.5, "frequency_penalty": 5})"),
+            "frequency_penalty");
+  EXPECT_EQ(param_of(R"({"prompt": "x", "presence_penalty": -3})"), "presence_penalty");
   EXPECT_EQ(param_of(R"({"prompt": ["a", [1, 2, 4000000]]})"), "prompt[1][2]");
   EXPECT_EQ(param_of(R"({"prompt": "x", "stop": ["a","b","c","d","e","f","g","h","i","j","k","l",)"
                      R"("m","n","o","p","q"]})"),
@@ -1576,6 +1580,44 @@ TEST(OpenAiHttpLifecycleTest, FlagErrorsAreRefusedBeforeTheModelLoads) {
     ServerProcess server(flags, /*timeout_s=*/0);
     EXPECT_EQ(server.Wait(30), 2) << flags[0] << ": a bad command line";
   }
+}
+
+// The chat default (no max_tokens) is the rest of the context, however little: the request was
+// checked with the gRPC API's default of 16 first, so a prompt with fewer than 16 tokens of
+// context left was refused ("max_tokens = 16 with a 8181-token prompt exceeds ...") though
+// the client sent no max_tokens. The CPU's default KV cache holds a whole context.
+TEST(OpenAiHttpLifecycleTest, ChatWithoutMaxTokensTakesWhatIsLeftOfTheContext) {
+  const int http_port = FreePort();
+  ServerProcess server({"--http-port", std::to_string(http_port)});
+  ASSERT_TRUE(server.started());
+  auto chat_of = [](int words) {
+    std::string text;
+    for (int i = 0; i < words; ++i) text += "hello ";
+    return Json{{"messages", {{{"role", "user"}, {"content", text}}}}};
+  };
+  auto tokens = [&](int words) {
+    const HttpResult r = HttpCall(http_port, "POST", "/tokenize", chat_of(words).dump());
+    EXPECT_EQ(r.status, 200) << r.body;
+    return r.status == 200 ? Json::parse(r.body)["count"].get<int>() : -1;
+  };
+  const int base = tokens(8100);
+  ASSERT_GT(base, 8100);
+  const int words = 8100 + (8192 - 5 - base);  // a word a token: 5 tokens of context left
+  ASSERT_EQ(tokens(words), 8192 - 5);
+  Json body = chat_of(words);
+  body["ignore_eos"] = true;
+  body["temperature"] = 0;
+  const HttpResult r = HttpCall(http_port, "POST", "/v1/chat/completions", body.dump());
+  ASSERT_EQ(r.status, 200) << r.body.substr(0, 400);
+  const Json j = Json::parse(r.body);
+  EXPECT_EQ(j["usage"]["prompt_tokens"], 8192 - 5);
+  EXPECT_EQ(j["usage"]["completion_tokens"], 5);
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
+  // No room left at all: refused, naming the prompt, not a max_tokens the client never sent.
+  const HttpResult full = HttpCall(http_port, "POST", "/v1/chat/completions",
+                                   chat_of(words + 5).dump());
+  EXPECT_EQ(full.status, 400) << full.body;
+  EXPECT_EQ(full.body.find("max_tokens = 16"), std::string::npos) << full.body;
 }
 
 TEST(OpenAiHttpLifecycleTest, AStreamCutOffByShutdownEndsWithAnErrorEvent) {
