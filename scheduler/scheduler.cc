@@ -55,12 +55,15 @@ StepPlan Scheduler::Schedule() {
       config_.long_prefill_tokens > 0 &&
       (running_.size() > 1 ||
        (!waiting_.empty() && int64_t(running_.size()) < config_.max_num_seqs));
-  auto tokens_for = [&](const Sequence& s) {
-    int64_t n = std::min(s.num_uncomputed(), budget);
-    if (held) n = std::min(n, config_.long_prefill_tokens);
+  // Tokens of `s` this step may take beyond the `planned` ones: at most `cap`, within the
+  // budget, and the score budget for a prompt that is scored.
+  auto take = [&](const Sequence& s, int64_t planned, int64_t cap) {
+    int64_t n = std::min({s.num_uncomputed() - planned, budget, cap});
     if (s.NeedsPromptScores()) n = std::min(n, score_budget);
     return n;
   };
+  const int64_t first_cap = held ? config_.long_prefill_tokens : budget;
+  auto tokens_for = [&](const Sequence& s) { return take(s, 0, first_cap); };
   auto spend = [&](const Sequence& s, int64_t n) {  // n tokens of s planned
     budget -= n;
     if (s.NeedsPromptScores()) score_budget -= n;
@@ -169,8 +172,7 @@ StepPlan Scheduler::Schedule() {
   for (size_t c = 0; held && budget > 0 && c < plan.chunks.size(); ++c) {
     ScheduledChunk& chunk = plan.chunks[c];
     Sequence& s = *chunk.seq;
-    int64_t more = std::min(s.num_uncomputed() - chunk.num_tokens, budget);
-    if (s.NeedsPromptScores()) more = std::min(more, score_budget);
+    const int64_t more = take(s, chunk.num_tokens, budget);
     const int64_t to = s.num_computed + chunk.num_tokens + more;
     if (more <= 0 || !Room(s.kv().PagesNeeded(to))) continue;
     s.kv().Grow(*pool_, to);
