@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdio>
+#include <string_view>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -151,6 +152,17 @@ absl::StatusOr<double> CliArgs::GetDouble(const std::string& name, double fallba
                                                    Has(name) ? GetString(name) : absl::StrCat(*v)));
   }
   return v;
+}
+
+absl::Status SamplingErrorAsFlag(const absl::Status& st) {
+  std::string message(st.message());
+  constexpr std::string_view kPrefix = "sampling.";
+  if (message.rfind(kPrefix, 0) != 0) return st;
+  const size_t end = message.find_first_of(" .[", kPrefix.size());
+  std::string field = message.substr(kPrefix.size(), end - kPrefix.size());
+  std::replace(field.begin(), field.end(), '_', '-');
+  return absl::InvalidArgumentError(
+      absl::StrCat("--", field, end == std::string::npos ? "" : message.substr(end)));
 }
 
 }  // namespace thetaserve::server

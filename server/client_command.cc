@@ -1,5 +1,6 @@
 // `thetaserve client`: streams one completion from a running server to stdout.
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <limits>
 #include <map>
@@ -21,7 +22,8 @@ namespace thetaserve::server {
 namespace {
 
 constexpr char kUsage[] =
-    "usage: thetaserve client --addr HOST:PORT --prompt TEXT [flags]\n"
+    "usage: thetaserve client --prompt TEXT [flags]\n"
+    "  --addr HOST:PORT       the server (default localhost:50051)\n"
     "  --chat                 send the prompt as a user chat message\n"
     "  --max-tokens N         (default 64)\n"
     "  --temperature T        (default 0 = greedy)  --top-p P --top-k K --seed S\n"
@@ -29,7 +31,7 @@ constexpr char kUsage[] =
     "  --min-tokens N         no EOS or stop before N tokens  --ignore-eos\n"
     "  --logit-bias ID:B,...  add B (in [-100, 100]) to token ID's logit\n"
     "  --n N                  N completions of the prompt (printed one after another)\n"
-    "  --api-key KEY          sent as 'authorization: Bearer KEY'\n"
+    "  --api-key KEY          sent as 'authorization: Bearer KEY' (or THETASERVE_API_KEY)\n"
     "  --tls-ca FILE          connect with TLS, trusting this CA\n"
     "  --timeout SECONDS      deadline for the call\n";
 
@@ -44,7 +46,7 @@ const char* ReasonName(v1::FinishReason r) {
   }
 }
 
-// "ID:BIAS,ID:BIAS" (empty: none). The server checks the ids and the range.
+// "ID:BIAS,ID:BIAS" (empty: none). The server checks the ids; the range is checked as it does.
 absl::StatusOr<std::vector<std::pair<uint32_t, float>>> ParseLogitBias(const std::string& text) {
   std::vector<std::pair<uint32_t, float>> out;
   if (text.empty()) return out;
@@ -90,6 +92,28 @@ int RunClient(const std::vector<std::string>& argv) {
                                  min_tokens.status(), n.status(), bias.status()}) {
     if (!st.ok()) return usage(st);
   }
+  v1::GenerateRequest req;
+  if (args.Has("chat")) {
+    auto* m = req.mutable_chat()->add_messages();
+    m->set_role("user");
+    m->set_content(args.GetString("prompt"));
+  } else {
+    req.set_prompt(args.GetString("prompt"));
+  }
+  req.mutable_sampling()->set_temperature(static_cast<float>(*temperature));
+  req.mutable_sampling()->set_top_p(static_cast<float>(*top_p));
+  req.mutable_sampling()->set_top_k(static_cast<int32_t>(*top_k));
+  if (*seed >= 0) req.mutable_sampling()->set_seed(static_cast<uint64_t>(*seed));
+  req.mutable_stopping()->set_max_tokens(static_cast<uint32_t>(*max_tokens));
+  if (args.Has("stop")) req.mutable_stopping()->add_stop(args.GetString("stop"));
+  req.mutable_stopping()->set_min_tokens(static_cast<uint32_t>(*min_tokens));
+  req.mutable_stopping()->set_ignore_eos(args.Has("ignore-eos"));
+  for (const auto& [token, b] : *bias) (*req.mutable_sampling()->mutable_logit_bias())[token] = b;
+  req.set_n(static_cast<uint32_t>(*n));
+  // The server's checks of the sampling fields, so a value it would refuse is a bad command
+  // line here (the token ids are the server's to check: it knows the vocabulary).
+  auto sampling = BuildSampling(req.sampling(), std::numeric_limits<uint32_t>::max());
+  if (!sampling.ok()) return usage(SamplingErrorAsFlag(sampling.status()));
   const std::string addr = args.GetString("addr", "localhost:50051");
   if (absl::Status st = CheckAddressFlag(addr); !st.ok()) return usage(st);
   std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
@@ -110,27 +134,12 @@ int RunClient(const std::vector<std::string>& argv) {
   auto channel = grpc::CreateChannel(addr, creds);
   auto stub = v1::Generation::NewStub(channel);
 
-  v1::GenerateRequest req;
-  if (args.Has("chat")) {
-    auto* m = req.mutable_chat()->add_messages();
-    m->set_role("user");
-    m->set_content(args.GetString("prompt"));
-  } else {
-    req.set_prompt(args.GetString("prompt"));
-  }
-  req.mutable_sampling()->set_temperature(static_cast<float>(*temperature));
-  req.mutable_sampling()->set_top_p(static_cast<float>(*top_p));
-  req.mutable_sampling()->set_top_k(static_cast<int32_t>(*top_k));
-  if (*seed >= 0) req.mutable_sampling()->set_seed(static_cast<uint64_t>(*seed));
-  req.mutable_stopping()->set_max_tokens(static_cast<uint32_t>(*max_tokens));
-  if (args.Has("stop")) req.mutable_stopping()->add_stop(args.GetString("stop"));
-  req.mutable_stopping()->set_min_tokens(static_cast<uint32_t>(*min_tokens));
-  req.mutable_stopping()->set_ignore_eos(args.Has("ignore-eos"));
-  for (const auto& [token, b] : *bias) (*req.mutable_sampling()->mutable_logit_bias())[token] = b;
-  req.set_n(static_cast<uint32_t>(*n));
 
   grpc::ClientContext ctx;
-  if (args.Has("api-key")) ctx.AddMetadata("authorization", "Bearer " + args.GetString("api-key"));
+  const char* env_key = std::getenv("THETASERVE_API_KEY");
+  const std::string api_key =
+      args.Has("api-key") ? args.GetString("api-key") : (env_key ? env_key : "");
+  if (!api_key.empty()) ctx.AddMetadata("authorization", "Bearer " + api_key);
   if (*timeout > 0) {
     ctx.set_deadline(std::chrono::system_clock::now() +
                      std::chrono::milliseconds(static_cast<int64_t>(*timeout * 1000)));

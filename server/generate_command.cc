@@ -39,18 +39,6 @@ double Seconds(std::chrono::steady_clock::time_point a, std::chrono::steady_cloc
   return std::chrono::duration<double>(b - a).count();
 }
 
-// The API's messages name its fields ("sampling.top_p = 7; ..."); here they came from flags.
-absl::Status SamplingErrorAsFlag(const absl::Status& st) {
-  std::string message(st.message());
-  constexpr std::string_view kPrefix = "sampling.";
-  if (message.rfind(kPrefix, 0) != 0) return st;
-  const size_t end = message.find_first_of(" .[", kPrefix.size());
-  std::string field = message.substr(kPrefix.size(), end - kPrefix.size());
-  std::replace(field.begin(), field.end(), '_', '-');
-  return absl::InvalidArgumentError(
-      absl::StrCat("--", field, end == std::string::npos ? "" : message.substr(end)));
-}
-
 }  // namespace
 
 int RunGenerate(const std::vector<std::string>& argv) {

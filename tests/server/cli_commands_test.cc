@@ -48,6 +48,14 @@ TEST(CliCommandTest, EveryCommandTellsABadCommandLineFromAFailedRun) {
       {"client --prompt hi --max-tokens 0",
        "thetaserve client: --max-tokens must be in [1, 4294967295], got 0"},
       {"client --prompt hi --n 0", "thetaserve client: --n must be in [1, 128], got 0"},
+      // The server's sampling checks (they reached the server, for exit 1 and UNAVAILABLE
+      // when none listened).
+      {"client --prompt hi --addr localhost:1 --logit-bias 5:200",
+       "thetaserve client: --logit-bias[5] = 200; it must be in [-100, 100]"},
+      {"client --prompt hi --addr localhost:1 --temperature -1",
+       "thetaserve client: --temperature = -1; it must be >= 0 (0 = greedy)"},
+      {"client --prompt hi --addr localhost:1 --top-p 7",
+       "thetaserve client: --top-p = 7; it must be in (0, 1]"},
       {"health --timeout 0", "thetaserve health: --timeout must be in [0.01, 3600], got 0"},
       {"generate --prompt hi --ignore-eos=maybe",
        "thetaserve generate: flag --ignore-eos is a switch: --ignore-eos or "

@@ -264,6 +264,11 @@ TEST_F(ServerE2ETest, InvalidUtf8PromptIsRejected) {
   }
   auto s = server_->stub();
   EXPECT_TRUE(Generate(*s, Prompt("Hello", 2)).status.ok());
+  // Answered, and not written to the log: protobuf logged a line per such request
+  // ("[libprotobuf ERROR ...] String field ... contains invalid UTF-8 data"), which let any
+  // client write the server's log.
+  const std::string log = ReadFileOrDie(server_->log_path());
+  EXPECT_EQ(log.find("invalid UTF-8"), std::string::npos) << log;
 }
 
 TEST_F(ServerE2ETest, DeadlineExceededEndsTheStreamAndFreesPages) {

@@ -1,6 +1,8 @@
 // End to end over loopback TCP with the real model: what a request can ask for beyond text —
 // /metrics (checked by promtool), the prefix cache, n completions, prompt logprobs — and the
 // `thetaserve client` command that sends them.
+#include <sys/wait.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -363,9 +365,17 @@ TEST_F(ServerE2ETest, ClientCommandSendsNLogitBiasAndMinTokens) {
   const std::string bad = RunCommand(base + " --prompt x --logit-bias 13 2>&1", &rc);
   EXPECT_NE(rc, 0);
   EXPECT_NE(bad.find("--logit-bias takes TOKEN_ID:BIAS pairs"), std::string::npos) << bad;
-  const std::string refused = RunCommand(base + " --prompt x --logit-bias 13:500 2>&1", &rc);
-  EXPECT_NE(rc, 0);
-  EXPECT_NE(refused.find("logit_bias[13] = 500"), std::string::npos) << refused;
+  // The range is the client's to check (a bad command line, exit 2: it reached the server and
+  // exited 1); the ids are the server's, which knows the vocabulary.
+  const std::string out_of_range = RunCommand(base + " --prompt x --logit-bias 13:500 2>&1", &rc);
+  EXPECT_EQ(WEXITSTATUS(rc), 2) << out_of_range;
+  EXPECT_NE(out_of_range.find("thetaserve client: --logit-bias[13] = 500; it must be in [-100, 100]"),
+            std::string::npos) << out_of_range;
+  const std::string refused = RunCommand(base + " --prompt x --logit-bias 4000000:5 2>&1", &rc);
+  EXPECT_EQ(WEXITSTATUS(rc), 1) << refused;
+  EXPECT_NE(refused.find("INVALID_ARGUMENT: sampling.logit_bias has token id 4000000, outside the "
+                         "vocabulary"),
+            std::string::npos) << refused;
 }
 
 }  // namespace

@@ -225,6 +225,15 @@ TEST(ServerLifecycleTest, ApiKeyIsRequiredWhenSet) {
   StreamResult right = Generate(*stub, Prompt("Hello", 2), 60, "sesame");
   EXPECT_TRUE(right.status.ok()) << right.status.error_message();
   EXPECT_EQ(server.HealthStatus(), "SERVING") << "health stays open for probes";
+  // `client` takes the key from THETASERVE_API_KEY too, as `serve` does; --api-key wins.
+  const std::string client = BinaryPath() + " client --addr " + server.address() +
+                             " --prompt Hello --max-tokens 2";
+  int rc = 0;
+  std::string out = RunCommand("THETASERVE_API_KEY=sesame " + client + " 2>&1", &rc);
+  EXPECT_EQ(rc, 0) << out;
+  out = RunCommand("THETASERVE_API_KEY=sesame " + client + " --api-key wrong 2>&1", &rc);
+  EXPECT_NE(rc, 0) << out;
+  EXPECT_NE(out.find("UNAUTHENTICATED"), std::string::npos) << out;
 }
 
 // Failures to listen exit 1 with a message. Both TLS failures crashed (an abort on a corrupted
