@@ -23,6 +23,31 @@ namespace thetaserve::server {
 namespace {
 
 constexpr int kPollSliceMs = 200;  // how often a waiting connection looks at stopping_
+// While more than half the connections are open, a connection that has waited this long for a
+// request, or for the rest of one, makes room (closes).
+constexpr auto kPressureAfter = std::chrono::seconds(5);
+// A refused connection (over the limit) has the 503 sent, then what the client sends is read
+// and dropped for up to this long before it closes: closed with the request unread, the socket
+// sent a reset that could reach the client before it read the 503 (a client that writes its
+// head and body apart got a broken pipe instead). At most kMaxDraining at once.
+constexpr auto kDrainRefused = std::chrono::seconds(1);
+constexpr int kMaxDraining = 64;
+
+// Reads and drops what the peer sends until it closes, or for `limit`; then closes `fd`.
+void DrainAndClose(int fd, std::chrono::steady_clock::duration limit) {
+  const auto until = std::chrono::steady_clock::now() + limit;
+  char buf[4096];
+  while (true) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                          until - std::chrono::steady_clock::now()).count();
+    if (left <= 0) break;
+    pollfd p{fd, POLLIN, 0};
+    const int r = ::poll(&p, 1, static_cast<int>(left));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0 || ::recv(fd, buf, sizeof(buf), 0) <= 0) break;
+  }
+  ::close(fd);
+}
 constexpr const char* kBareLineEnd = "a bare CR or LF in the request head; lines end with CRLF";
 
 // Whether s[i] ends a line other than by CRLF: an LF after no CR, or a CR before no LF (the
@@ -424,6 +449,18 @@ void HttpServer::AcceptLoop() {
       r.Send(503, "application/json",
              ErrorBody(503, "too many open connections; retry later"),
              {{"Retry-After", "1"}});
+      ::shutdown(fd, SHUT_WR);  // the 503, then FIN
+      if (draining_->fetch_add(1) < kMaxDraining) {
+        try {
+          std::thread([fd, draining = draining_] {
+            DrainAndClose(fd, kDrainRefused);
+            draining->fetch_sub(1);
+          }).detach();
+          return;
+        } catch (const std::exception&) {
+        }
+      }
+      draining_->fetch_sub(1);
       ::close(fd);
     };
     if (!admitted) {
@@ -465,12 +502,32 @@ void HttpServer::Serve(int fd) {
   using Clock = std::chrono::steady_clock;
   std::string in;  // bytes read and not yet consumed (may hold a pipelined request)
   char buf[16 << 10];
+  // Closes the connection to make room when more than half the connections are open: leaves
+  // the set at once, under the lock, so that connections deciding together close only until
+  // half are left, not all of them.
+  auto make_room = [&] {
+    std::lock_guard<std::mutex> lock(conns_->mu);
+    if (2 * static_cast<int>(conns_->fds.size()) <= options_.max_connections) return false;
+    conns_->fds.erase(fd);
+    conns_->idle.notify_all();
+    return true;
+  };
+  Clock::time_point request_since;  // when the request being read began to arrive
   // Reads more into `in` by `deadline`; false when the client is gone, too slow, or the server
-  // stops.
+  // stops, or when the request has been arriving for kPressureAfter and make_room closes it:
+  // a client that sends part of a request and stalls held its thread for io_timeout_ms, and
+  // 512 of them shut the API out while idle connections made room.
   auto read_more = [&](Clock::time_point deadline) {
-    const auto left =
-        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
-    if (left <= 0 || !WaitReadable(fd, static_cast<int>(left))) return false;
+    while (true) {
+      if (Clock::now() - request_since >= kPressureAfter && make_room()) return false;
+      const auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+      if (left <= 0 || stopping_.load()) return false;
+      pollfd p{fd, POLLIN, 0};
+      const int r = ::poll(&p, 1, static_cast<int>(std::min<int64_t>(left, kPollSliceMs)));
+      if (r < 0 && errno != EINTR) return false;
+      if (r > 0) break;
+    }
     const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
     if (n <= 0) return false;
     in.append(buf, static_cast<size_t>(n));
@@ -498,16 +555,7 @@ void HttpServer::Serve(int fd) {
       if (!in.empty() && in != "\r") break;
       const auto idle = Clock::now() - idle_since;
       if (idle >= std::chrono::milliseconds(options_.idle_timeout_ms)) return;
-      if (idle >= std::chrono::seconds(5)) {
-        // Leave the set at once, under the lock, so that idle connections deciding together
-        // close only until half are left, not all of them.
-        std::lock_guard<std::mutex> lock(conns_->mu);
-        if (2 * static_cast<int>(conns_->fds.size()) > options_.max_connections) {
-          conns_->fds.erase(fd);
-          conns_->idle.notify_all();
-          return;
-        }
-      }
+      if (idle >= kPressureAfter && make_room()) return;
       if (WaitReadable(fd, kPollSliceMs)) {
         const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
         if (n <= 0) return;
@@ -516,7 +564,8 @@ void HttpServer::Serve(int fd) {
         return;
       }
     }
-    const auto deadline = Clock::now() + std::chrono::milliseconds(options_.io_timeout_ms);
+    request_since = Clock::now();
+    const auto deadline = request_since + std::chrono::milliseconds(options_.io_timeout_ms);
     size_t head_end;
     // A bare CR or LF inside a line is a line end to some proxies and not to us (request
     // smuggling). The head is scanned for one as it arrives — a head whose lines end with bare

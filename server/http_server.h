@@ -100,7 +100,8 @@ struct HttpServerOptions {
   int max_connections = 256;
   int idle_timeout_ms = 60'000;      // keep-alive connection with no request (5 s once more
                                      // than half the connections are open)
-  int io_timeout_ms = 30'000;        // a whole request, head and body (a write: 30 s)
+  int io_timeout_ms = 30'000;        // a whole request, head and body (a write: 30 s; 5 s
+                                     // once more than half the connections are open)
   size_t max_head_bytes = 64 << 10;  // request line + headers
   size_t max_body_bytes = 8 << 20;  // a 128k-token prompt as text is about 0.5 MB
 };
@@ -144,6 +145,8 @@ class HttpServer {
     bool stopped = false;  // guarded by mu
   };
   std::shared_ptr<Connections> conns_ = std::make_shared<Connections>();
+  // Refused connections still being drained (their threads may outlive the server).
+  std::shared_ptr<std::atomic<int>> draining_ = std::make_shared<std::atomic<int>>(0);
 };
 
 // "OK", "Not Found", ... for a status code.

@@ -409,6 +409,55 @@ TEST(HttpServerTest, ConnectionsBeyondTheLimitGet503) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   EXPECT_EQ(HttpCall(server->port(), "GET", "/d").status, 200);
+  // A client that writes its head, then its body (Python's http.client does): the 503 went
+  // out and the socket closed with the head unread, so the body's write met a reset and the
+  // client a broken pipe, or a reset before it read the 503. The refused request is read and
+  // dropped now while the 503 waits to be read.
+  HttpConnection filler(server->port());  // full again: b and this one
+  ASSERT_TRUE(filler.SendRaw("GET /f HTTP/1.1\r\n\r\n"));
+  ASSERT_EQ(filler.Read(10).status, 200);
+  for (int i = 0; i < 5; ++i) {
+    HttpConnection late(server->port());
+    ASSERT_TRUE(late.SendRaw("POST /e HTTP/1.1\r\nContent-Length: 5\r\n\r\n"));
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    EXPECT_TRUE(late.SendRaw("hello")) << "try " << i << ": reset (closed with the head unread)";
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    const HttpResult r = late.Read(5);
+    EXPECT_EQ(r.status, 503) << "try " << i;
+  }
+}
+
+// A connection that has sent part of a request and stalls makes room as an idle one does,
+// once it has waited 5 s with more than half the connections open: a client that sent one
+// header line and stopped held its thread for the whole 30 s, and 512 of them locked the API.
+// Below half, it keeps its 30 s.
+TEST(HttpServerTest, AStalledRequestMakesRoomWhenTheServerFills) {
+  HttpServerOptions o;
+  o.max_connections = 4;
+  auto server = StartOrDie(Echo, o);
+  ASSERT_NE(server, nullptr);
+  std::vector<std::unique_ptr<HttpConnection>> stalled;
+  for (int i = 0; i < 3; ++i) {  // a head, or a body, begun and never finished
+    stalled.push_back(std::make_unique<HttpConnection>(server->port()));
+    ASSERT_TRUE(stalled.back()->SendRaw(i == 2 ? "POST /p HTTP/1.1\r\nContent-Length: 9\r\n\r\nabc"
+                                               : "POST /p HTTP/1.1\r\nHost: x\r\n"));
+  }
+  for (int i = 0; i < 250 && server->connections() < 3; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_EQ(server->connections(), 3);
+  const auto t0 = std::chrono::steady_clock::now();
+  while (server->connections() > 2 &&
+         std::chrono::steady_clock::now() - t0 < std::chrono::seconds(15)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_EQ(server->connections(), 2);
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, std::chrono::seconds(4));
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(10)) << "not io_timeout_ms";
+  // At half, the two left keep waiting.
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  EXPECT_EQ(server->connections(), 2);
+  EXPECT_EQ(HttpCall(server->port(), "GET", "/b").status, 200);
 }
 
 TEST(HttpServerTest, StopEndsIdleConnectionsPromptly) {
