@@ -48,6 +48,7 @@ void DrainAndClose(int fd, std::chrono::steady_clock::duration limit) {
   }
   ::close(fd);
 }
+
 constexpr const char* kBareLineEnd = "a bare CR or LF in the request head; lines end with CRLF";
 
 // Whether s[i] ends a line other than by CRLF: an LF after no CR, or a CR before no LF (the
