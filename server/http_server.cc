@@ -24,7 +24,7 @@ namespace {
 
 constexpr int kPollSliceMs = 200;  // how often a waiting connection looks at stopping_
 // While more than half the connections are open, a connection that has waited this long for a
-// request, or for the rest of one, makes room (closes).
+// request, or for more bytes of one, makes room (closes).
 constexpr auto kPressureAfter = std::chrono::seconds(5);
 // A refused connection (over the limit) has the 503 sent, then what the client sends is read
 // and dropped for up to this long before it closes: closed with the request unread, the socket
@@ -513,14 +513,15 @@ void HttpServer::Serve(int fd) {
     conns_->idle.notify_all();
     return true;
   };
-  Clock::time_point request_since;  // when the request being read began to arrive
+  Clock::time_point last_bytes;  // when the request being read last brought bytes
   // Reads more into `in` by `deadline`; false when the client is gone, too slow, or the server
-  // stops, or when the request has been arriving for kPressureAfter and make_room closes it:
-  // a client that sends part of a request and stalls held its thread for io_timeout_ms, and
-  // 512 of them shut the API out while idle connections made room.
+  // stops, or when the request has stalled (no bytes) for kPressureAfter and make_room closes
+  // it: a client that sends part of a request and stops held its thread for io_timeout_ms, and
+  // 512 of them shut the API out while idle connections made room. A request still arriving
+  // (a large body on a slow link) is not cut.
   auto read_more = [&](Clock::time_point deadline) {
     while (true) {
-      if (Clock::now() - request_since >= kPressureAfter && make_room()) return false;
+      if (Clock::now() - last_bytes >= kPressureAfter && make_room()) return false;
       const auto left =
           std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
       if (left <= 0 || stopping_.load()) return false;
@@ -532,6 +533,7 @@ void HttpServer::Serve(int fd) {
     const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
     if (n <= 0) return false;
     in.append(buf, static_cast<size_t>(n));
+    last_bytes = Clock::now();
     return true;
   };
   auto reject = [&](int status, const std::string& message) {
@@ -565,8 +567,8 @@ void HttpServer::Serve(int fd) {
         return;
       }
     }
-    request_since = Clock::now();
-    const auto deadline = request_since + std::chrono::milliseconds(options_.io_timeout_ms);
+    last_bytes = Clock::now();
+    const auto deadline = last_bytes + std::chrono::milliseconds(options_.io_timeout_ms);
     size_t head_end;
     // A bare CR or LF inside a line is a line end to some proxies and not to us (request
     // smuggling). The head is scanned for one as it arrives — a head whose lines end with bare
@@ -636,6 +638,17 @@ void HttpServer::Serve(int fd) {
     // whose length they do not know up front (a stream, a generator, a proxy that does not
     // buffer). Both at once, or another coding, is refused: framing a proxy might read
     // differently is request smuggling.
+    // A compressed body is not decoded: said so (RFC 9110 15.5.16), rather than parsed as JSON
+    // and refused for its first byte. Before the body when the client waits for 100 Continue
+    // (it sends none); else after it, so the answer is read, not lost to a reset.
+    const std::string content_coding =
+        Lower(std::string(absl::StripAsciiWhitespace(req.Header("content-encoding"))));
+    const bool unsupported_coding = !content_coding.empty() && content_coding != "identity";
+    const std::string coding_refusal = absl::StrCat(
+        "Content-Encoding ", content_coding, " is not supported; send the body uncompressed");
+    if (unsupported_coding && ContainsToken(req.Header("expect"), "100-continue")) {
+      return reject(415, coding_refusal);
+    }
     const bool chunked = req.headers.count("transfer-encoding") > 0;
     if (chunked) {
       if (!http11) return reject(400, "Transfer-Encoding needs HTTP/1.1");
@@ -681,14 +694,7 @@ void HttpServer::Serve(int fd) {
       req.body = in.substr(0, length);
       in.erase(0, length);
     }
-    // A compressed body is not decoded: said so (RFC 9110 15.5.16), rather than parsed as JSON
-    // and refused for its first byte.
-    const std::string content_coding =
-        Lower(std::string(absl::StripAsciiWhitespace(req.Header("content-encoding"))));
-    if (!content_coding.empty() && content_coding != "identity") {
-      return reject(415, absl::StrCat("Content-Encoding ", content_coding,
-                                      " is not supported; send the body uncompressed"));
-    }
+    if (unsupported_coding) return reject(415, coding_refusal);
 
     HttpResponder responder(fd, http11, keep_alive && !stopping_.load(), &stopping_);
     if (req.method == "HEAD") responder.HeadOnly();

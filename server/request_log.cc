@@ -1,5 +1,6 @@
 #include "server/request_log.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
@@ -8,16 +9,19 @@
 namespace thetaserve::server {
 namespace {
 
-// A logfmt value in double quotes: backslashes and quotes escaped, line breaks as spaces, so
-// one request stays one line whatever its error says.
+bool IsControl(char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7f; }
+
+// A logfmt value in double quotes: backslashes and quotes escaped, control characters (line
+// breaks, ESC, NUL, ...) as \xNN, so one request stays one line, and a terminal shows what the
+// client sent rather than obeying it, whatever an id or an error holds.
 std::string Quoted(std::string_view text) {
   std::string out = "\"";
   for (char c : text) {
     if (c == '"' || c == '\\') {
       out += '\\';
       out += c;
-    } else if (c == '\n' || c == '\r') {
-      out += ' ';
+    } else if (IsControl(c)) {
+      absl::StrAppendFormat(&out, "\\x%02x", static_cast<unsigned char>(c));
     } else {
       out += c;
     }
@@ -27,7 +31,8 @@ std::string Quoted(std::string_view text) {
 
 // Ids come from clients (gRPC's request_id): quoted unless plainly safe.
 std::string Value(std::string_view text) {
-  const bool plain = !text.empty() && text.find_first_of(" \"=\\\n\r\t") == std::string_view::npos;
+  const bool plain = !text.empty() && text.find_first_of(" \"=\\") == std::string_view::npos &&
+                     std::none_of(text.begin(), text.end(), IsControl);
   return plain ? std::string(text) : Quoted(text);
 }
 

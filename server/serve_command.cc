@@ -111,7 +111,7 @@ std::string ReadFile(const std::string& path, bool* ok) {
 // in its own format.
 void ProtobufLog(google::protobuf::LogLevel level, const char* file, int line,
                  const std::string& message) {
-  if (absl::StrContains(message, "contains invalid UTF-8 data")) return;
+  if (absl::StrContains(message, "contains invalid UTF-8 data when parsing")) return;
   static constexpr const char* kLevels[] = {"INFO", "WARNING", "ERROR", "FATAL"};
   const int l = std::clamp(static_cast<int>(level), 0, 3);
   std::fprintf(stderr, "[libprotobuf %s %s:%d] %s\n", kLevels[l], file, line, message.c_str());
@@ -164,6 +164,10 @@ int RunServe(const std::vector<std::string>& argv) {
   auto threads = args.GetInt("threads", 0, 0, kMaxThreadsFlag);
   auto drain = args.GetDouble("drain-timeout", 30, 0, 86400);
   auto stats_interval = args.GetDouble("log-stats-interval", 10, 0, 86400);  // 0 = off
+  if (stats_interval.ok() && *stats_interval > 0 && *stats_interval < 0.1) {
+    stats_interval = absl::InvalidArgumentError(absl::StrCat(
+        "--log-stats-interval is ", *stats_interval, "; it must be 0 (off) or at least 0.1"));
+  }
   auto device = ParseDevice(args.GetString("device", "auto"));
   auto kv_dtype = ParseKvDtypeFlag(args.GetString("kv-cache-dtype", "auto"));
   for (const absl::Status& st :

@@ -20,7 +20,8 @@ void ServiceSink::OnTokens(const scheduler::TokenDelta& delta) {
 void ServiceSink::OnFinish(const scheduler::FinishInfo& info) {
   if (service_->metrics()) service_->metrics()->OnFinish(info);
   if (service_->options().log_requests) {
-    std::fprintf(stderr, "%s\n", RequestLogLine(api(), request_id_, info).c_str());
+    const std::string line = RequestLogLine(api(), request_id_, info) + "\n";
+    std::fwrite(line.data(), 1, line.size(), stderr);
   }
   service_->Untrack(request_id_);
   for (const auto& group : groups_) {

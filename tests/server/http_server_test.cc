@@ -268,6 +268,11 @@ TEST(HttpServerTest, ACompressedBodyIsUnsupportedMediaType) {
   EXPECT_NE(r.body.find("Content-Encoding gzip is not supported; send the body uncompressed"),
             std::string::npos) << r.body;
   EXPECT_TRUE(c.ClosedByServer());
+  // A client waiting for 100 Continue is answered before it sends the body.
+  HttpConnection waiting(server->port());
+  ASSERT_TRUE(waiting.SendRaw("POST /z HTTP/1.1\r\nContent-Encoding: br\r\nContent-Length: 3\r\n"
+                              "Expect: 100-continue\r\n\r\n"));
+  EXPECT_EQ(waiting.Read(10).status, 415);
   const HttpResult plain = HttpCall(server->port(), "POST", "/z", "{}",
                                     {{"Content-Encoding", "Identity"}});
   EXPECT_EQ(plain.status, 200);
@@ -413,6 +418,9 @@ TEST(HttpServerTest, ConnectionsBeyondTheLimitGet503) {
   // out and the socket closed with the head unread, so the body's write met a reset and the
   // client a broken pipe, or a reset before it read the 503. The refused request is read and
   // dropped now while the 503 waits to be read.
+  for (int i = 0; i < 100 && server->connections() > 1; ++i) {  // /d's thread has left
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
   HttpConnection filler(server->port());  // full again: b and this one
   ASSERT_TRUE(filler.SendRaw("GET /f HTTP/1.1\r\n\r\n"));
   ASSERT_EQ(filler.Read(10).status, 200);
@@ -428,20 +436,29 @@ TEST(HttpServerTest, ConnectionsBeyondTheLimitGet503) {
 }
 
 // A connection that has sent part of a request and stalls makes room as an idle one does,
-// once it has waited 5 s with more than half the connections open: a client that sent one
-// header line and stopped held its thread for the whole 30 s, and 512 of them locked the API.
-// Below half, it keeps its 30 s.
+// once it has waited 5 s for more bytes with more than half the connections open: a client
+// that sent one header line and stopped held its thread for the whole 30 s, and 512 of them
+// locked the API. Below half, it keeps its 30 s; a request still arriving is not cut.
 TEST(HttpServerTest, AStalledRequestMakesRoomWhenTheServerFills) {
   HttpServerOptions o;
   o.max_connections = 4;
   auto server = StartOrDie(Echo, o);
   ASSERT_NE(server, nullptr);
   std::vector<std::unique_ptr<HttpConnection>> stalled;
-  for (int i = 0; i < 3; ++i) {  // a head, or a body, begun and never finished
+  for (int i = 0; i < 2; ++i) {  // a head, or a body, begun and never finished
     stalled.push_back(std::make_unique<HttpConnection>(server->port()));
-    ASSERT_TRUE(stalled.back()->SendRaw(i == 2 ? "POST /p HTTP/1.1\r\nContent-Length: 9\r\n\r\nabc"
+    ASSERT_TRUE(stalled.back()->SendRaw(i == 1 ? "POST /p HTTP/1.1\r\nContent-Length: 9\r\n\r\nabc"
                                                : "POST /p HTTP/1.1\r\nHost: x\r\n"));
   }
+  // And a body still arriving, a byte every 0.5 s for 9 s: slow, not stalled.
+  HttpConnection slow(server->port());
+  ASSERT_TRUE(slow.SendRaw("POST /slow HTTP/1.1\r\nContent-Length: 18\r\n\r\n"));
+  std::thread trickle([&] {
+    for (int i = 0; i < 18; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));
+      if (!slow.SendRaw(std::string(1, char('a' + i)))) return;
+    }
+  });
   for (int i = 0; i < 250 && server->connections() < 3; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
@@ -454,9 +471,13 @@ TEST(HttpServerTest, AStalledRequestMakesRoomWhenTheServerFills) {
   EXPECT_EQ(server->connections(), 2);
   EXPECT_GE(std::chrono::steady_clock::now() - t0, std::chrono::seconds(4));
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(10)) << "not io_timeout_ms";
-  // At half, the two left keep waiting.
+  // At half, the two left keep waiting; the slow one was not the one cut.
   std::this_thread::sleep_for(std::chrono::milliseconds(1500));
   EXPECT_EQ(server->connections(), 2);
+  trickle.join();
+  const HttpResult r = slow.Read(10);
+  EXPECT_EQ(r.status, 200);
+  EXPECT_EQ(r.body, "POST /slow?||abcdefghijklmnopqr");
   EXPECT_EQ(HttpCall(server->port(), "GET", "/b").status, 200);
 }
 

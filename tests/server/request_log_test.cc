@@ -41,8 +41,11 @@ TEST(RequestLogLineTest, QuotesIdsAndErrorsThatWouldBreakTheLine) {
   EXPECT_EQ(line.find('\n'), std::string::npos) << line;
   EXPECT_EQ(line.rfind("request id=\"a b\\\" outcome=stop\" api=http outcome=cancelled ", 0), 0u)
       << line;
-  EXPECT_NE(line.find(" error=\"CANCELLED: client \\\"gone\\\" mid-stream\""), std::string::npos)
+  EXPECT_NE(line.find(" error=\"CANCELLED: client \\\"gone\\\"\\x0amid-stream\""), std::string::npos)
       << line;
+  // Control characters (ESC, NUL, a tab) as \xNN: a terminal shows them, a NUL cuts nothing.
+  const std::string escaped = RequestLogLine("grpc", std::string("a\x1b[2Jb\0c\td", 10), Finished());
+  EXPECT_EQ(escaped.rfind("request id=\"a\\x1b[2Jb\\x00c\\x09d\" api=grpc ", 0), 0u) << escaped;
   EXPECT_EQ(RequestLogLine("grpc", "", Finished()).rfind("request id=\"\" api=grpc", 0), 0u);
 }
 
