@@ -90,6 +90,8 @@ std::string OpenAiResponseBuilder::EchoText(Choice& c, const scheduler::TokenDel
   if (!call_.echo || c.echoed) return "";
   if (delta.token_ids.empty() && !delta.prompt) return "";
   c.echoed = true;
+  c.text += c.echo;
+  c.token_chars += Utf8Chars(c.echo);
   return c.echo;
 }
 
@@ -201,8 +203,6 @@ Json OpenAiResponseBuilder::DeltaChunk(int index, const scheduler::TokenDelta& d
   Choice& c = choices_.at(index);
   const std::string echo = EchoText(c, delta);
   Json logprobs = PromptLogprobs(delta);
-  c.text += echo;
-  c.token_chars += Utf8Chars(echo);
   c.text += delta.text;
   AppendLogprobs(logprobs, Logprobs(delta, &c.token_chars));
   const bool chat = call_.endpoint == OpenAiEndpoint::kChatCompletions;
@@ -263,9 +263,7 @@ void OpenAiResponseBuilder::Add(int index, const scheduler::TokenDelta& delta) {
   if (call_.prompt_logprobs >= 0 && delta.prompt && (!chat || index == 0)) {
     c.prompt_logprobs = VllmPromptLogprobs(*delta.prompt);
   }
-  const std::string echo = EchoText(c, delta);
-  c.text += echo;
-  c.token_chars += Utf8Chars(echo);
+  EchoText(c, delta);
   AppendLogprobs(c.logprobs, PromptLogprobs(delta));
   AppendLogprobs(c.logprobs, Logprobs(delta, &c.token_chars));
   c.text += delta.text;

@@ -60,6 +60,7 @@ class OpenAiResponseBuilder {
   };
   // With echo: the prompt's text the first time a delta brings tokens or the prompt's scores,
   // and the scores' log-probabilities (the first token's null) when asked; else "" and null.
+  // The text returned is added to c's text and counted in its token_chars.
   std::string EchoText(Choice& c, const scheduler::TokenDelta& delta);
   nlohmann::ordered_json PromptLogprobs(const scheduler::TokenDelta& delta) const;
   // vLLM's prompt_logprobs: per prompt token (the first null) {"<id>": {logprob, rank,
