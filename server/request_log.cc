@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -78,6 +79,11 @@ std::optional<std::string> StatsLogLine(const scheduler::EngineStats& before,
                     Percent(double(n.prefix_hit_tokens - b.prefix_hit_tokens), double(looked_up)));
   }
   return line;
+}
+
+void WriteLogLine(const std::string& line) {
+  const std::string whole = line + "\n";
+  std::fwrite(whole.data(), 1, whole.size(), stderr);
 }
 
 StatsLogger::StatsLogger(std::function<scheduler::EngineStats()> read,

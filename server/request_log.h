@@ -31,6 +31,9 @@ std::string RequestLogLine(std::string_view api, std::string_view request_id,
 std::optional<std::string> StatsLogLine(const scheduler::EngineStats& before,
                                         const scheduler::EngineStats& now, double seconds);
 
+// Writes one line (and its newline) to stderr whole: fwrite, so a NUL in it cuts nothing.
+void WriteLogLine(const std::string& line);
+
 // Writes StatsLogLine every `interval_seconds` from its own thread until destroyed. `read`
 // (the engine's Stats(), which is thread-safe) and `write` are called on that thread only.
 class StatsLogger {

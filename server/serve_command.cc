@@ -412,10 +412,8 @@ int RunServe(const std::vector<std::string>& argv) {
                tls ? "TLS" : "plaintext");
   std::unique_ptr<StatsLogger> stats_log;
   if (*stats_interval > 0) {
-    stats_log = std::make_unique<StatsLogger>(
-        [&engine] { return (*engine)->Stats(); },
-        [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); },
-        *stats_interval);
+    stats_log = std::make_unique<StatsLogger>([&engine] { return (*engine)->Stats(); },
+                                              WriteLogLine, *stats_interval);
   }
 
   int sig = 0;

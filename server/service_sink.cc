@@ -1,7 +1,5 @@
 #include "server/service_sink.h"
 
-#include <cstdio>
-
 #include "server/generation_service.h"
 #include "server/request_log.h"
 
@@ -20,8 +18,7 @@ void ServiceSink::OnTokens(const scheduler::TokenDelta& delta) {
 void ServiceSink::OnFinish(const scheduler::FinishInfo& info) {
   if (service_->metrics()) service_->metrics()->OnFinish(info);
   if (service_->options().log_requests) {
-    const std::string line = RequestLogLine(api(), request_id_, info) + "\n";
-    std::fwrite(line.data(), 1, line.size(), stderr);
+    WriteLogLine(RequestLogLine(api(), request_id_, info));
   }
   service_->Untrack(request_id_);
   for (const auto& group : groups_) {
