@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdio>
+#include <cstdlib>
 #include <string_view>
 
 #include "absl/strings/numbers.h"
@@ -152,6 +153,14 @@ absl::StatusOr<double> CliArgs::GetDouble(const std::string& name, double fallba
                                                    Has(name) ? GetString(name) : absl::StrCat(*v)));
   }
   return v;
+}
+
+std::string ApiKeyFlag(const CliArgs& args) {
+  std::string key = args.GetString("api-key");
+  if (key.empty()) {
+    if (const char* env = std::getenv("THETASERVE_API_KEY")) key = env;
+  }
+  return key;
 }
 
 absl::Status SamplingErrorAsFlag(const absl::Status& st) {

@@ -32,11 +32,15 @@ int ReportFailure(const char* command, const absl::Status& status, int exit_code
 // as 34463, and a bare host as port 443). Targets with a scheme (dns:///…, unix:…) are gRPC's.
 absl::Status CheckAddressFlag(const std::string& addr);
 
+class CliArgs;
+// --api-key, or THETASERVE_API_KEY when the flag is unset or empty ("": none); serve's key to
+// require and client's to send.
+std::string ApiKeyFlag(const CliArgs& args);
+
 // The API's checks of sampling fields, as the flags that set them: "sampling.top_p = 7; ..."
 // becomes "--top-p = 7; ..." (generate and client check their flags with the server's rules).
 absl::Status SamplingErrorAsFlag(const absl::Status& st);
 
-class CliArgs;
 // The start of every subcommand: parses `argv` against `known` into *args. Returns the exit
 // status when the command is to stop there: 0 after --help (`usage` on stdout), kExitUsage after a
 // parse error (its message and a pointer to --help on stderr); nullopt to go on.

@@ -1,6 +1,5 @@
 // `thetaserve client`: streams one completion from a running server to stdout.
 #include <cstdio>
-#include <cstdlib>
 #include <fstream>
 #include <limits>
 #include <map>
@@ -136,9 +135,7 @@ int RunClient(const std::vector<std::string>& argv) {
 
 
   grpc::ClientContext ctx;
-  const char* env_key = std::getenv("THETASERVE_API_KEY");
-  const std::string api_key =
-      args.Has("api-key") ? args.GetString("api-key") : (env_key ? env_key : "");
+  const std::string api_key = ApiKeyFlag(args);
   if (!api_key.empty()) ctx.AddMetadata("authorization", "Bearer " + api_key);
   if (*timeout > 0) {
     ctx.set_deadline(std::chrono::system_clock::now() +

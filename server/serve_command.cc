@@ -237,10 +237,7 @@ int RunServe(const std::vector<std::string>& argv) {
           "--tls-cert and --tls-key must both name readable PEM files"));
     }
   }
-  std::string api_key = args.GetString("api-key");
-  if (api_key.empty()) {
-    if (const char* env = std::getenv("THETASERVE_API_KEY")) api_key = env;
-  }
+  const std::string api_key = ApiKeyFlag(args);
 
   // Signals go to the main thread's sigwait only: block them before any thread starts.
   sigset_t signals;
