@@ -131,7 +131,7 @@ void GenerationService::Untrack(const std::string& id) {
 grpc::ServerWriteReactor<grpc::ByteBuffer>* GenerationService::Generate(
     grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* raw) {
   auto reject = [&](const grpc::Status& s) {
-    if (metrics_) metrics_->OnRejected();
+    if (metrics_) metrics_->OnRejected(static_cast<absl::StatusCode>(s.error_code()));
     return new RejectedStream(s);
   };
   v1::GenerateRequest parsed;

@@ -31,6 +31,11 @@ Metrics::Metrics(const MetricsInfo& info)
                     .Help("Requests by outcome: the finish reason, or rejected at submission")
                     .Register(*registry_)),
       rejected_(requests_.Add({{"outcome", "rejected"}})),
+      rejected_by_code_(BuildCounter()
+                            .Name("thetaserve_requests_rejected_total")
+                            .Help("Requests refused at submission, by the gRPC status code "
+                                  "they were answered with")
+                            .Register(*registry_)),
       running_(BuildGauge().Name("thetaserve_requests_running")
                    .Help("Requests in the running batch").Register(*registry_).Add({})),
       waiting_(BuildGauge().Name("thetaserve_requests_waiting")
@@ -137,6 +142,14 @@ Metrics::Metrics(const MetricsInfo& info)
   pages_used_v_ = &used.Add({{"kind", "v"}});
   const char* reasons[5] = {"stop", "length", "eos", "cancelled", "error"};
   for (int i = 0; i < 5; ++i) finished_[i] = &requests_.Add({{"outcome", reasons[i]}});
+  // The codes a submission is refused with, there from the start so that rate() over one sees
+  // its first refusal (another code gets its series when first used).
+  for (absl::StatusCode code :
+       {absl::StatusCode::kInvalidArgument, absl::StatusCode::kUnauthenticated,
+        absl::StatusCode::kResourceExhausted, absl::StatusCode::kUnavailable,
+        absl::StatusCode::kAlreadyExists}) {
+    rejected_by_code_.Add({{"code", absl::StatusCodeToString(code)}});
+  }
   auto& step_family = BuildHistogram()
                           .Name("thetaserve_step_duration_seconds")
                           .Help("Engine step time (forward + sampling), by phase of the batch")
@@ -178,7 +191,10 @@ std::string Metrics::Serialize() const {
   return serializer.Serialize(registry_->Collect());
 }
 
-void Metrics::OnRejected() { rejected_.Increment(); }
+void Metrics::OnRejected(absl::StatusCode code) {
+  rejected_.Increment();
+  rejected_by_code_.Add({{"code", absl::StatusCodeToString(code)}}).Increment();
+}
 
 void Metrics::OnFinish(const scheduler::FinishInfo& info) {
   finished_[static_cast<int>(info.reason)]->Increment();

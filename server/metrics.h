@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "prometheus/counter.h"
 #include "prometheus/exposer.h"
 #include "prometheus/gauge.h"
@@ -35,7 +36,9 @@ class Metrics {
   // Serves /metrics on `address` ("0.0.0.0:9090"); throws nothing, returns false on failure.
   bool StartExposer(const std::string& address, std::string* error);
 
-  void OnRejected();  // refused at submission (bad input, queue full, draining)
+  // Refused at submission (bad input, a wrong API key, a full queue, draining), by the gRPC
+  // code it was answered with (the HTTP API's errors map onto the same codes).
+  void OnRejected(absl::StatusCode code);
   void OnFinish(const scheduler::FinishInfo& info);
   void OnInterTokenLatency(double seconds);
   void OnEngineStats(const scheduler::EngineStats& stats, const scheduler::StepStats* step);
@@ -60,6 +63,7 @@ class Metrics {
 
   prometheus::Family<prometheus::Counter>& requests_;
   prometheus::Counter& rejected_;
+  prometheus::Family<prometheus::Counter>& rejected_by_code_;
   prometheus::Counter* finished_[5];  // by scheduler::FinishReason
   prometheus::Gauge& running_;
   prometheus::Gauge& waiting_;

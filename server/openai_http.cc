@@ -269,7 +269,11 @@ void OpenAiHttpServer::Handle(const HttpRequest& req, HttpResponder& out) {
   }
   if (req.path == "/v1/completions" || req.path == "/v1/chat/completions") {
     if (req.method != "POST") return SendError(out, 405, "use POST", {{"Allow", "POST"}});
-    if (!Authorized(req, out)) return;
+    if (!Authorized(req, out)) {
+      // Counted as the gRPC API counts a Generate call with a wrong key.
+      if (service_->metrics()) service_->metrics()->OnRejected(absl::StatusCode::kUnauthenticated);
+      return;
+    }
     return Generate(req, out, req.path == "/v1/chat/completions");
   }
   if (req.path == "/tokenize" || req.path == "/detokenize") {
@@ -337,7 +341,7 @@ void OpenAiHttpServer::Detokenize(const HttpRequest& req, HttpResponder& out) {
 void OpenAiHttpServer::Generate(const HttpRequest& http, HttpResponder& out, bool chat) {
   Metrics* metrics = service_->metrics();
   auto reject = [&](const absl::Status& st) {
-    if (metrics) metrics->OnRejected();
+    if (metrics) metrics->OnRejected(st.code());
     HttpHeaders extra;
     if (absl::IsUnavailable(st)) {
       // Loading or draining: this connection should go elsewhere (a pooled connection to a

@@ -244,10 +244,13 @@ def serving():
     p.append(L.row("Requests"))
     p.append(L.place(timeseries("Request rate by outcome", "Requests per second by how they ended: stop (stop string or token), length (max_tokens), eos, cancelled (client gone, deadline, Abort, drain), error, rejected (refused at submission: queue full, draining, bad input).",
                                 targets(("sum by (outcome) (%s)" % rate("thetaserve_requests_total"), "{{outcome}}")),
-                                unit="reqps", stack=True), 12, 8))
+                                unit="reqps", stack=True), 8, 8))
+    p.append(L.place(timeseries("Refusals by code", "Requests refused at submission per second, by the gRPC status code they were answered with (the HTTP API's are counted by the same codes): RESOURCE_EXHAUSTED = the waiting queue at --max-queue (the ThetaserveQueueFull alert), UNAVAILABLE = loading or draining, INVALID_ARGUMENT = bad input, UNAUTHENTICATED = a missing or wrong API key, ALREADY_EXISTS = a request_id already in flight.",
+                                targets(("sum by (code) (%s)" % rate("thetaserve_requests_rejected_total"), "{{code}}")),
+                                unit="reqps", stack=True), 8, 8))
     p.append(L.place(timeseries("Running and waiting requests", "Sequences in the running batch and sequences waiting (queued, or preempted for recompute), summed over the selected instances.",
                                 targets(("sum(%s)" % sel("thetaserve_requests_running"), "running"),
-                                        ("sum(%s)" % sel("thetaserve_requests_waiting"), "waiting"))), 12, 8))
+                                        ("sum(%s)" % sel("thetaserve_requests_waiting"), "waiting"))), 8, 8))
 
     p.append(L.row("Latency"))
     for title, hist, desc in [

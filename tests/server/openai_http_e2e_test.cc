@@ -992,7 +992,10 @@ TEST_F(OpenAiHttpTest, BadInputGetsItsStatusAndTheServerKeepsServing) {
     c.SendRaw("\x16\x03\x01 not http at all\r\n\r\n");
     EXPECT_EQ(c.Read(10).status, 400);
   }
-  EXPECT_GE(MetricValue(server_->ScrapeMetrics(), "thetaserve_requests_total{outcome=\"rejected\"}"),
+  const std::string metrics = server_->ScrapeMetrics();
+  EXPECT_GE(MetricValue(metrics, "thetaserve_requests_total{outcome=\"rejected\"}"), 8);
+  // Bad input, by the code the gRPC API answers it with.
+  EXPECT_GE(MetricValue(metrics, "thetaserve_requests_rejected_total{code=\"INVALID_ARGUMENT\"}"),
             8);
   HttpResult ok = Post("/v1/completions", {{"prompt", "Hello"}, {"max_tokens", 2}});
   EXPECT_EQ(ok.status, 200) << ok.body;
@@ -1547,7 +1550,13 @@ TEST(OpenAiHttpLifecycleTest, ApiKeyGuardsTheApiButNotHealth) {
                      {{"Authorization", "bearer sesame"}}).status, 200);
   // Health and metrics need no key (probes and scrapers have none).
   EXPECT_EQ(HttpCall(http_port, "GET", "/health").status, 200);
-  EXPECT_EQ(HttpCall(http_port, "GET", "/metrics").status, 200);
+  HttpResult metrics = HttpCall(http_port, "GET", "/metrics");
+  EXPECT_EQ(metrics.status, 200);
+  // The two completions refused are counted (as a gRPC call with a wrong key is); the other
+  // routes generate nothing and are not.
+  EXPECT_EQ(MetricValue(metrics.body, "thetaserve_requests_rejected_total{code=\"UNAUTHENTICATED\"}"),
+            2);
+  EXPECT_EQ(MetricValue(metrics.body, "thetaserve_requests_total{outcome=\"rejected\"}"), 2);
 }
 
 // --allowed-origins: a listed origin is echoed (with Vary: Origin); another gets no CORS header

@@ -234,6 +234,11 @@ TEST(ServerLifecycleTest, ApiKeyIsRequiredWhenSet) {
   out = RunCommand("THETASERVE_API_KEY=sesame " + client + " --api-key wrong 2>&1", &rc);
   EXPECT_NE(rc, 0) << out;
   EXPECT_NE(out.find("UNAUTHENTICATED"), std::string::npos) << out;
+  const std::string metrics = server.ScrapeMetrics();
+  EXPECT_EQ(MetricValue(metrics, "thetaserve_requests_rejected_total{code=\"UNAUTHENTICATED\"}"),
+            3);
+  EXPECT_EQ(MetricValue(metrics, "thetaserve_requests_rejected_total{code=\"INVALID_ARGUMENT\"}"),
+            0);
 }
 
 // Failures to listen exit 1 with a message. Both TLS failures crashed (an abort on a corrupted
@@ -315,6 +320,11 @@ TEST(ServerLifecycleTest, FullQueueIsResourceExhausted) {
   threads[2].join();
   EXPECT_EQ(results[2].status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
       << results[2].status.error_message();
+  // The refusal is told apart from bad input, so an alert can watch for a full queue.
+  const std::string metrics = server.ScrapeMetrics();
+  EXPECT_EQ(MetricValue(metrics, "thetaserve_requests_rejected_total{code=\"RESOURCE_EXHAUSTED\"}"),
+            1);
+  EXPECT_EQ(MetricValue(metrics, "thetaserve_requests_total{outcome=\"rejected\"}"), 1);
   server.Signal(SIGKILL);
   threads[0].join();
   threads[1].join();
