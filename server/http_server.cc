@@ -4,6 +4,7 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sys/epoll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -22,80 +23,23 @@
 namespace thetaserve::server {
 namespace {
 
-constexpr int kPollSliceMs = 200;  // how often a waiting connection looks at stopping_
+using Clock = std::chrono::steady_clock;
+
+constexpr int kPollSliceMs = 200;  // how often a waiting writer looks at stopping_
+// The loop looks at its connections' clocks this often (and wakes for it when nothing happens).
+constexpr int kSweepMs = 100;
 // While more than half the connections are open, a connection that has waited this long for a
 // request, or for more bytes of one, makes room (closes).
 constexpr auto kPressureAfter = std::chrono::seconds(5);
-// A refused connection (over the limit) has the 503 sent, then what the client sends is read
-// and dropped for up to this long before it closes: closed with the request unread, the socket
-// sent a reset that could reach the client before it read the 503 (a client that writes its
-// head and body apart got a broken pipe instead). At most kMaxDraining at once.
-constexpr auto kDrainRefused = std::chrono::seconds(1);
-constexpr int kMaxDraining = 64;
-
-// Reads and drops what the peer sends until it closes, or for `limit`; then closes `fd`.
-void DrainAndClose(int fd, std::chrono::steady_clock::duration limit) {
-  const auto until = std::chrono::steady_clock::now() + limit;
-  char buf[4096];
-  while (true) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-                          until - std::chrono::steady_clock::now()).count();
-    if (left <= 0) break;
-    pollfd p{fd, POLLIN, 0};
-    const int r = ::poll(&p, 1, static_cast<int>(left));
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0 || ::recv(fd, buf, sizeof(buf), 0) <= 0) break;
-  }
-  ::close(fd);
-}
-
-constexpr const char* kBareLineEnd = "a bare CR or LF in the request head; lines end with CRLF";
-
-// Whether s[i] ends a line other than by CRLF: an LF after no CR, or a CR before no LF (the
-// caller keeps i short of a CR that is last in s, whose LF may be still to come).
-bool BareLineEndAt(const std::string& s, size_t i) {
-  return (s[i] == '\n' && (i == 0 || s[i - 1] != '\r')) ||
-         (s[i] == '\r' && (i + 1 == s.size() || s[i + 1] != '\n'));
-}
-
-// (Debian's Abseil has its own string_view, so these take std::string_view by hand.)
-std::string Lower(std::string_view s) {
-  std::string out(s);
-  for (char& c : out) c = absl::ascii_tolower(static_cast<unsigned char>(c));
-  return out;
-}
-
-std::string_view Trim(std::string_view s) {
-  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
-  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
-  return s;
-}
-
-std::vector<std::string_view> Split(std::string_view s, std::string_view sep) {
-  std::vector<std::string_view> out;
-  for (size_t pos; (pos = s.find(sep)) != std::string_view::npos; s.remove_prefix(pos + sep.size())) {
-    out.push_back(s.substr(0, pos));
-  }
-  out.push_back(s);
-  return out;
-}
-
-// RFC 9110 token characters (header names).
-bool IsToken(std::string_view s) {
-  if (s.empty()) return false;
-  for (unsigned char c : s) {
-    const bool symbol = std::string_view("!#$%&'*+-.^_`|~").find(c) != std::string_view::npos;
-    if (!absl::ascii_isalnum(c) && !symbol) return false;
-  }
-  return true;
-}
-
-bool ContainsToken(std::string_view header_value, std::string_view token) {
-  for (std::string_view part : Split(header_value, ",")) {
-    if (Lower(Trim(part)) == Lower(token)) return true;
-  }
-  return false;
-}
+// A refused connection (a bad request, or over the limit) has its answer sent and is shut for
+// writing, then what the client sends is read and dropped for up to this long before it closes:
+// closed with the request unread, the socket sent a reset that could reach the client before it
+// read the answer (a client that writes its head and body apart got a broken pipe instead). At
+// most kMaxRefusedOpen at once; beyond, they close at once.
+constexpr auto kDropRefused = std::chrono::seconds(1);
+constexpr int kMaxRefusedOpen = 256;
+// Stop waits this long for the handlers to finish before it shuts their sockets down.
+constexpr auto kStopGrace = std::chrono::seconds(5);
 
 // The error bodies the transport itself sends, in the OpenAI shape the API's handlers use
 // (messages are the server's own, with nothing to escape).
@@ -105,98 +49,12 @@ std::string ErrorBody(int status, std::string_view message,
                       std::string(type), R"(","param":null,"code":)", status, "}}");
 }
 
-// A chunk's size line (hex digits and any extensions) or one trailer line.
-constexpr size_t kMaxChunkLineBytes = 4096;
-
-// The interim answer to Expect: 100-continue, before the client sends the body. False if the
-// client is gone.
-bool SendContinue(int fd) {
-  const std::string_view cont = "HTTP/1.1 100 Continue\r\n\r\n";
-  return ::send(fd, cont.data(), cont.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(cont.size());
-}
-
-// 0-15 for a hex digit, else -1.
-int HexDigit(char ch) {
-  if (ch >= '0' && ch <= '9') return ch - '0';
-  if (ch >= 'a' && ch <= 'f') return ch - 'a' + 10;
-  if (ch >= 'A' && ch <= 'F') return ch - 'A' + 10;
-  return -1;
-}
-
-// Decodes a chunked request body (RFC 9112 7.1) from the front of `in`, calling `read_more` to
-// append what the client sends next (false: it went, or was too slow). Returns 0 with the body in
-// *body and the chunks and trailers consumed from `in`; -1 when the client went; else the HTTP
-// status to refuse it with and *why. The size lines and trailers are held to the head's rules
-// (no control character, no bare CR or LF) so that a proxy in front cannot frame the body
-// differently (request smuggling). Parsed from an offset, `in` shifted once per read: a body of
-// one-byte chunks costs linear time.
-int DecodeChunkedBody(std::string& in, const std::function<bool()>& read_more,
-                      size_t max_body_bytes, size_t max_trailer_bytes, std::string* body,
-                      std::string* why) {
-  size_t pos = 0;
-  auto more = [&] {
-    in.erase(0, pos);
-    pos = 0;
-    return read_more();
-  };
-  auto refuse = [&](int status, std::string message) {
-    *why = std::move(message);
-    return status;
-  };
-  // The next line, without its CRLF, into *line (a view of `in`, good until the next read).
-  // 0, -1, or a status as the function returns.
-  auto next_line = [&](std::string_view* line) {
-    size_t eol;
-    while ((eol = in.find("\r\n", pos)) == std::string::npos) {
-      if (in.size() - pos > kMaxChunkLineBytes) return refuse(400, "a chunk line is too long");
-      if (!more()) return -1;
-    }
-    if (eol - pos > kMaxChunkLineBytes) return refuse(400, "a chunk line is too long");
-    *line = std::string_view(in).substr(pos, eol - pos);
-    for (unsigned char ch : *line) {
-      if ((ch < 0x20 && ch != '\t') || ch == 0x7f) {
-        return refuse(400, "a control character, or a bare CR or LF, in a chunk line");
-      }
-    }
-    pos = eol + 2;
-    return 0;
-  };
-  std::string_view line;
-  while (true) {
-    if (int status = next_line(&line); status != 0) return status;
-    // chunk-size = 1*HEXDIG, then optional whitespace and ";extensions" (ignored).
-    uint64_t size = 0;
-    size_t i = 0;
-    for (; i < line.size() && HexDigit(line[i]) >= 0; ++i) {
-      if (size >> 56) return refuse(400, "a chunk size past 64 bits");
-      size = size * 16 + static_cast<uint64_t>(HexDigit(line[i]));
-    }
-    if (i == 0) return refuse(400, "a chunk size must begin with hexadecimal digits");
-    while (i < line.size() && (line[i] == ' ' || line[i] == '\t')) ++i;
-    if (i < line.size() && line[i] != ';') {
-      return refuse(400, "a chunk size must be hexadecimal digits");
-    }
-    if (size == 0) break;
-    if (body->size() + size > max_body_bytes) {
-      return refuse(413, absl::StrCat("the request body is over ", max_body_bytes,
-                                      " bytes; at most that many are accepted"));
-    }
-    while (in.size() - pos < size + 2) {
-      if (!more()) return -1;
-    }
-    if (in.compare(pos + size, 2, "\r\n") != 0) return refuse(400, "a chunk must end with CRLF");
-    body->append(in, pos, size);
-    pos += size + 2;
-  }
-  size_t trailer_bytes = 0;
-  while (true) {  // trailers, ignored, up to the empty line
-    if (int status = next_line(&line); status != 0) return status;
-    if (line.empty()) break;
-    trailer_bytes += line.size();
-    if (trailer_bytes > max_trailer_bytes) return refuse(431, "the trailers are too long");
-  }
-  in.erase(0, pos);
-  return 0;
+// Writes what the socket takes now (the loop never waits on a client). The loop's writes are a
+// 100 Continue or a short error on a connection with nothing else in flight: the socket's
+// buffer takes them whole unless the client has stopped reading, and then it is closed anyway.
+bool SendNow(int fd, std::string_view data) {
+  return ::send(fd, data.data(), data.size(), MSG_NOSIGNAL | MSG_DONTWAIT) ==
+         static_cast<ssize_t>(data.size());
 }
 
 }  // namespace
@@ -223,11 +81,6 @@ const char* HttpReason(int status) {
     case 505: return "HTTP Version Not Supported";
   }
   return "Unknown";
-}
-
-std::string HttpRequest::Header(const std::string& name) const {
-  auto it = headers.find(name);
-  return it == headers.end() ? std::string() : it->second;
 }
 
 // ---- HttpResponder -------------------------------------------------------------------------
@@ -348,7 +201,7 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const std::string&
   int fd = -1;
   std::string error;
   for (addrinfo* a = found; a != nullptr && fd < 0; a = a->ai_next) {
-    fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+    fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a->ai_protocol);
     if (fd < 0) continue;
     int one = 1;
     ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
@@ -369,24 +222,35 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const std::string&
   if (addr.ss_family == AF_INET) bound = ntohs(reinterpret_cast<sockaddr_in*>(&addr)->sin_port);
   if (addr.ss_family == AF_INET6) bound = ntohs(reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port);
   int pipe_fds[2];
-  if (::pipe2(pipe_fds, O_CLOEXEC) != 0) {
+  const int epoll_fd = ::epoll_create1(EPOLL_CLOEXEC);
+  if (epoll_fd < 0 || ::pipe2(pipe_fds, O_CLOEXEC | O_NONBLOCK) != 0) {
+    const std::string why = std::strerror(errno);
     ::close(fd);
-    return absl::InternalError(absl::StrCat("pipe: ", std::strerror(errno)));
+    if (epoll_fd >= 0) ::close(epoll_fd);
+    return absl::InternalError(absl::StrCat("cannot start the HTTP event loop: ", why));
   }
-  std::unique_ptr<HttpServer> server(
-      new HttpServer(fd, pipe_fds[0], pipe_fds[1], bound, std::move(handler), options));
-  server->accept_thread_ = std::thread([s = server.get()] { s->AcceptLoop(); });
+  for (int watched : {fd, pipe_fds[0]}) {
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.fd = watched;
+    ::epoll_ctl(epoll_fd, EPOLL_CTL_ADD, watched, &ev);
+  }
+  std::unique_ptr<HttpServer> server(new HttpServer(fd, epoll_fd, pipe_fds[0], pipe_fds[1], bound,
+                                                    std::move(handler), options));
+  server->loop_thread_ = std::thread([s = server.get()] { s->Loop(); });
   return server;
 }
 
-HttpServer::HttpServer(int listen_fd, int wake_read, int wake_write, int port, HttpHandler handler,
-                       HttpServerOptions options)
+HttpServer::HttpServer(int listen_fd, int epoll_fd, int wake_read, int wake_write, int port,
+                       HttpHandler handler, HttpServerOptions options)
     : listen_fd_(listen_fd),
+      epoll_fd_(epoll_fd),
       wake_read_(wake_read),
       wake_write_(wake_write),
       port_(port),
       handler_(std::move(handler)),
-      options_(options) {}
+      options_(options),
+      limits_{options.max_head_bytes, options.max_body_bytes} {}
 
 HttpServer::~HttpServer() { Stop(); }
 
@@ -399,18 +263,19 @@ void HttpServer::Stop() {
   {
     std::lock_guard<std::mutex> lock(conns_->mu);
     if (conns_->stopped) return;
-    conns_->stopped = true;
+    conns_->stopped = true;  // from here on no handler hands its connection back
   }
   stopping_.store(true);
   const char byte = 0;
   [[maybe_unused]] ssize_t w = ::write(wake_write_, &byte, 1);
-  if (accept_thread_.joinable()) accept_thread_.join();
+  if (loop_thread_.joinable()) loop_thread_.join();  // it closes every connection it holds
   ::close(listen_fd_);
+  ::close(epoll_fd_);
   std::unique_lock<std::mutex> lock(conns_->mu);
-  // Connections notice stopping_ within a poll slice; a handler still waiting on the engine
-  // after a few seconds has its socket shut down, so its writes fail and it returns.
+  // Handlers see stopping() at once; one still waiting on the engine after a few seconds has
+  // its socket shut down, so its writes fail and it returns.
   auto none = [&] { return conns_->fds.empty(); };
-  if (!conns_->idle.wait_for(lock, std::chrono::seconds(5), none)) {
+  if (!conns_->idle.wait_for(lock, kStopGrace, none)) {
     for (int fd : conns_->fds) ::shutdown(fd, SHUT_RDWR);
     conns_->idle.wait(lock, none);
   }
@@ -419,22 +284,52 @@ void HttpServer::Stop() {
   ::close(wake_write_);
 }
 
-void HttpServer::AcceptLoop() {
+void HttpServer::Loop() {
+  epoll_event events[64];
+  last_sweep_ = Clock::now();
   while (!stopping_.load()) {
-    pollfd fds[2] = {{listen_fd_, POLLIN, 0}, {wake_read_, POLLIN, 0}};
-    if (::poll(fds, 2, -1) < 0) {
-      if (errno == EINTR) continue;
-      break;
-    }
-    if (fds[1].revents != 0 || stopping_.load()) break;
-    if (!(fds[0].revents & POLLIN)) continue;
-    const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-    if (fd < 0) {
-      // Out of descriptors or memory: the pending connection stays, so wait instead of spinning.
-      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    const int n = ::epoll_wait(epoll_fd_, events, 64, kSweepMs);
+    if (n < 0 && errno != EINTR) break;
+    const Clock::time_point now = Clock::now();
+    for (int i = 0; i < n; ++i) {
+      const int fd = events[i].data.fd;
+      if (fd == wake_read_) {
+        char buf[64];
+        while (::read(wake_read_, buf, sizeof(buf)) > 0) {
+        }
+      } else if (fd == listen_fd_) {
+        Accept(now);
+      } else if (auto it = loop_conns_.find(fd); it != loop_conns_.end()) {
+        Read(*it->second, now);  // may close or hand it off: `it` is not used after
       }
-      continue;
+    }
+    if (stopping_.load()) break;
+    TakeBack(now);
+    if (now - last_sweep_ >= std::chrono::milliseconds(kSweepMs)) Sweep(now);
+  }
+  // Stopping: every connection the loop holds closes, and those handed back before the stop.
+  while (!loop_conns_.empty()) Close(loop_conns_.begin()->first);
+  std::lock_guard<std::mutex> lock(conns_->mu);
+  for (const std::unique_ptr<Conn>& c : conns_->returned) {
+    conns_->fds.erase(c->fd);
+    ::close(c->fd);
+  }
+  conns_->returned.clear();
+  conns_->idle.notify_all();
+}
+
+void HttpServer::Accept(Clock::time_point now) {
+  for (int i = 0; i < 64; ++i) {  // a burst at a time, then the others' turn
+    const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd < 0) {
+      // Out of descriptors or memory: the pending connection stays, and the listening socket
+      // stays readable, so it is left out of the wait for a while instead of spinning on it.
+      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+        ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, listen_fd_, nullptr);
+        accept_paused_ = true;
+        accept_again_ = now + std::chrono::milliseconds(kSweepMs);
+      }
+      return;
     }
     bool admitted = false;
     {
@@ -444,275 +339,201 @@ void HttpServer::AcceptLoop() {
         admitted = true;
       }
     }
-    auto refuse = [&] {
-      std::atomic<bool> no{false};
-      HttpResponder r(fd, /*http11=*/true, /*keep_alive=*/false, &no);
-      r.Send(503, "application/json",
-             ErrorBody(503, "too many open connections; retry later"),
-             {{"Retry-After", "1"}});
-      ::shutdown(fd, SHUT_WR);  // the 503, then FIN
-      if (draining_->fetch_add(1) < kMaxDraining) {
-        try {
-          std::thread([fd, draining = draining_] {
-            DrainAndClose(fd, kDrainRefused);
-            draining->fetch_sub(1);
-          }).detach();
-          return;
-        } catch (const std::exception&) {
-        }
-      }
-      draining_->fetch_sub(1);
-      ::close(fd);
-    };
-    if (!admitted) {
-      refuse();
-      continue;
-    }
-    try {
-      std::thread([this, fd, conns = conns_] {
-        Serve(fd);  // the last use of `this`
-        {
-          // Out of the set before it closes, so Stop never shuts down a reused descriptor.
-          std::lock_guard<std::mutex> lock(conns->mu);
-          conns->fds.erase(fd);
-          conns->idle.notify_all();
-        }
-        ::close(fd);
-      }).detach();
-    } catch (const std::exception&) {  // no thread to be had (a pids limit, memory)
-      {
-        std::lock_guard<std::mutex> lock(conns_->mu);
-        conns_->fds.erase(fd);
-      }
-      refuse();
+    auto conn = std::make_unique<Conn>();
+    conn->fd = fd;
+    conn->reader = HttpRequestReader(limits_);
+    conn->idle_since = now;
+    Conn& c = *conn;
+    loop_conns_[fd] = std::move(conn);
+    Watch(c);
+    if (!admitted && loop_conns_.count(fd)) {
+      Refuse(c, 503, ErrorBody(503, "too many open connections; retry later"), true, now);
     }
   }
 }
 
-bool HttpServer::WaitReadable(int fd, int timeout_ms) const {
-  for (int waited = 0; waited < timeout_ms && !stopping_.load(); waited += kPollSliceMs) {
-    pollfd p{fd, POLLIN, 0};
-    const int r = ::poll(&p, 1, std::min(kPollSliceMs, timeout_ms - waited));
-    if (r > 0) return true;
-    if (r < 0 && errno != EINTR) return false;
-  }
-  return false;
+void HttpServer::Watch(Conn& c) {
+  epoll_event ev{};
+  ev.events = EPOLLIN | EPOLLRDHUP;
+  ev.data.fd = c.fd;
+  if (::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, c.fd, &ev) != 0) Close(c.fd);
 }
 
-void HttpServer::Serve(int fd) {
-  using Clock = std::chrono::steady_clock;
-  std::string in;  // bytes read and not yet consumed (may hold a pipelined request)
+void HttpServer::Read(Conn& c, Clock::time_point now) {
   char buf[16 << 10];
-  // Closes the connection to make room when more than half the connections are open: leaves
-  // the set at once, under the lock, so that connections deciding together close only until
-  // half are left, not all of them.
-  auto make_room = [&] {
+  const ssize_t n = ::recv(c.fd, buf, sizeof(buf), 0);
+  if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
+  if (n <= 0) return Close(c.fd);  // the client closed, or reset
+  if (c.refused) return;           // dropped
+  c.in.append(buf, static_cast<size_t>(n));
+  c.last_bytes = now;
+  Advance(c, now);
+}
+
+void HttpServer::Advance(Conn& c, Clock::time_point now) {
+  while (true) {
+    const bool was_started = c.reader.started();
+    const HttpRequestReader::Next next = c.reader.Advance(c.in);
+    if (!was_started && c.reader.started()) c.began = c.last_bytes = now;
+    switch (next) {
+      case HttpRequestReader::Next::kMore:
+        return;
+      case HttpRequestReader::Next::kContinue:
+        if (!SendNow(c.fd, "HTTP/1.1 100 Continue\r\n\r\n")) return Close(c.fd);
+        continue;
+      case HttpRequestReader::Next::kRefuse:
+        return Refuse(c, c.reader.refusal_status(),
+                      ErrorBody(c.reader.refusal_status(), c.reader.refusal(),
+                                "invalid_request_error"),
+                      false, now);
+      case HttpRequestReader::Next::kReady:
+        return Dispatch(c);
+    }
+  }
+}
+
+void HttpServer::Dispatch(Conn& c) {
+  const int fd = c.fd;
+  ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd, nullptr);  // the handler's until it hands it back
+  std::unique_ptr<Conn> owned = std::move(loop_conns_.extract(fd).mapped());
+  Conn* conn = owned.get();
+  try {
+    std::thread([this, conn, conns = conns_] { Answer(std::unique_ptr<Conn>(conn), conns); })
+        .detach();
+    owned.release();  // the thread's now (it may have run already: only the pointer is dropped)
+  } catch (const std::exception&) {  // no thread to be had (a pids limit, memory)
+    loop_conns_[fd] = std::move(owned);
+    Watch(*conn);
+    if (loop_conns_.count(fd)) {
+      Refuse(*conn, 503, ErrorBody(503, "the server cannot take another request now; retry later"),
+             true, Clock::now());
+    }
+  }
+}
+
+void HttpServer::Answer(std::unique_ptr<Conn> c, std::shared_ptr<Connections> conns) {
+  HttpRequest req = std::move(c->reader.request());
+  HttpResponder responder(c->fd, c->reader.http11(),
+                          c->reader.keep_alive() && !stopping_.load(), &stopping_);
+  c->reader.Reset();
+  if (req.method == "HEAD") responder.HeadOnly();
+  bool reuse = false;
+  try {
+    handler_(req, responder);
+    if (!responder.responded()) {
+      responder.Send(500, "application/json", ErrorBody(500, "the handler sent no response"));
+    }
+    reuse = responder.reusable();
+  } catch (const std::exception& e) {  // a bug in a handler fails its request, not the server
+    if (!responder.responded()) {
+      responder.CloseAfter();
+      responder.Send(500, "application/json", ErrorBody(500, "internal error"));
+    }
+  }
+  const int fd = c->fd;
+  {
+    std::lock_guard<std::mutex> lock(conns->mu);
+    if (reuse && !conns->stopped) {  // Stop has not begun: the loop and the pipe are there
+      conns->returned.push_back(std::move(c));
+      const char byte = 1;
+      [[maybe_unused]] ssize_t w = ::write(wake_write_, &byte, 1);
+      return;  // the last use of `this`, under the lock Stop takes first
+    }
+    // Out of the set before it closes, so Stop never shuts down a reused descriptor.
+    conns->fds.erase(fd);
+    conns->idle.notify_all();
+  }
+  ::close(fd);
+}
+
+void HttpServer::TakeBack(Clock::time_point now) {
+  std::vector<std::unique_ptr<Conn>> back;
+  {
     std::lock_guard<std::mutex> lock(conns_->mu);
-    if (2 * static_cast<int>(conns_->fds.size()) <= options_.max_connections) return false;
+    back.swap(conns_->returned);
+  }
+  for (std::unique_ptr<Conn>& conn : back) {
+    conn->idle_since = now;
+    Conn& c = *conn;
+    const int fd = c.fd;
+    loop_conns_[fd] = std::move(conn);
+    Watch(c);
+    if (loop_conns_.count(fd)) Advance(c, now);  // a pipelined request may be there already
+  }
+}
+
+void HttpServer::Refuse(Conn& c, int status, const std::string& body, bool retry_after,
+                        Clock::time_point now) {
+  SendNow(c.fd, absl::StrCat("HTTP/1.1 ", status, " ", HttpReason(status),
+                             "\r\nContent-Type: application/json\r\nConnection: close\r\n",
+                             retry_after ? "Retry-After: 1\r\n" : "",
+                             "Content-Length: ", body.size(), "\r\n\r\n", body));
+  ::shutdown(c.fd, SHUT_WR);  // the answer, then FIN
+  {
+    std::lock_guard<std::mutex> lock(conns_->mu);
+    conns_->fds.erase(c.fd);  // no longer one of the open connections
+    conns_->idle.notify_all();
+  }
+  c.refused = true;
+  c.in.clear();
+  c.drop_until = now + kDropRefused;
+  if (++refused_open_ > kMaxRefusedOpen) Close(c.fd);
+}
+
+void HttpServer::Close(int fd) {
+  auto it = loop_conns_.find(fd);
+  if (it == loop_conns_.end()) return;
+  if (it->second->refused) {
+    --refused_open_;
+  } else {
+    std::lock_guard<std::mutex> lock(conns_->mu);
     conns_->fds.erase(fd);
     conns_->idle.notify_all();
-    return true;
-  };
-  Clock::time_point last_bytes;  // when the request being read last brought bytes
-  // Reads more into `in` by `deadline`; false when the client is gone, too slow, or the server
-  // stops, or when the request has stalled (no bytes) for kPressureAfter and make_room closes
-  // it: a client that sends part of a request and stops held its thread for io_timeout_ms, and
-  // 512 of them shut the API out while idle connections made room. A request still arriving
-  // (a large body on a slow link) is not cut.
-  auto read_more = [&](Clock::time_point deadline) {
-    while (true) {
-      if (Clock::now() - last_bytes >= kPressureAfter && make_room()) return false;
-      const auto left =
-          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
-      if (left <= 0 || stopping_.load()) return false;
-      pollfd p{fd, POLLIN, 0};
-      const int r = ::poll(&p, 1, static_cast<int>(std::min<int64_t>(left, kPollSliceMs)));
-      if (r < 0 && errno != EINTR) return false;
-      if (r > 0) break;
-    }
-    const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
-    if (n <= 0) return false;
-    in.append(buf, static_cast<size_t>(n));
-    last_bytes = Clock::now();
-    return true;
-  };
-  auto reject = [&](int status, const std::string& message) {
-    HttpResponder r(fd, /*http11=*/true, /*keep_alive=*/false, &stopping_);
-    r.Send(status, "application/json", ErrorBody(status, message, "invalid_request_error"));
-  };
-
-  while (!stopping_.load()) {
-    // The head: request line and headers. An idle connection waits up to idle_timeout_ms for
-    // a request; the request, once begun, must arrive whole within io_timeout_ms.
-    // Waiting for a request: up to idle_timeout_ms, or 5 s while over half the connections
-    // are open (checked as it waits, so idle connections make room when the server fills).
-    const auto idle_since = Clock::now();
-    int empty_lines = 0;
-    while (true) {
-      // Empty lines before a request line are ignored (RFC 9112 2.2), a few of them.
-      size_t skip = 0;
-      while (in.compare(skip, 2, "\r\n") == 0) skip += 2;
-      empty_lines += static_cast<int>(skip / 2);
-      in.erase(0, skip);
-      if (empty_lines > 8) return reject(400, "empty lines instead of a request");
-      if (!in.empty() && in != "\r") break;
-      const auto idle = Clock::now() - idle_since;
-      if (idle >= std::chrono::milliseconds(options_.idle_timeout_ms)) return;
-      if (idle >= kPressureAfter && make_room()) return;
-      if (WaitReadable(fd, kPollSliceMs)) {
-        const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
-        if (n <= 0) return;
-        in.append(buf, static_cast<size_t>(n));
-      } else if (stopping_.load()) {
-        return;
-      }
-    }
-    last_bytes = Clock::now();
-    const auto deadline = last_bytes + std::chrono::milliseconds(options_.io_timeout_ms);
-    size_t head_end;
-    // A bare CR or LF inside a line is a line end to some proxies and not to us (request
-    // smuggling). The head is scanned for one as it arrives — a head whose lines end with bare
-    // LFs never shows CRLF CRLF, and was left to io_timeout_ms — and the rest of it once whole
-    // (after the control characters, below).
-    size_t checked = 0;  // bytes of the head seen free of a bare CR or LF
-    auto bare_before = [&](size_t end) {
-      for (; checked < end; ++checked) {
-        if (BareLineEndAt(in, checked)) return true;
-      }
-      return false;
-    };
-    while ((head_end = in.find("\r\n\r\n")) == std::string::npos) {
-      if (bare_before(!in.empty() && in.back() == '\r' ? in.size() - 1 : in.size())) {
-        return reject(400, kBareLineEnd);
-      }
-      if (in.size() > options_.max_head_bytes) {
-        return reject(431, "the request line and headers exceed 64 KiB");
-      }
-      if (!read_more(deadline)) return;
-    }
-    if (head_end > options_.max_head_bytes) {
-      return reject(431, "the request line and headers exceed 64 KiB");
-    }
-    const std::string head = in.substr(0, head_end);
-
-    HttpRequest req;
-    // No control characters but tab anywhere in the head, and no bare CR or LF.
-    for (unsigned char ch : head) {
-      if ((ch < 0x20 && ch != '\t' && ch != '\r' && ch != '\n') || ch == 0x7f) {
-        return reject(400, "control character in the request head");
-      }
-    }
-    if (bare_before(head_end)) return reject(400, kBareLineEnd);
-    in.erase(0, head_end + 4);
-    const std::vector<std::string_view> lines = Split(head, "\r\n");
-    const std::vector<std::string_view> parts = Split(lines[0], " ");
-    if (parts.size() != 3 || parts[0].empty() || parts[1].empty() || parts[1][0] != '/' ||
-        !parts[2].starts_with("HTTP/1.")) {
-      if (parts.size() == 3 && parts[2].starts_with("HTTP/") && !parts[2].starts_with("HTTP/1.")) {
-        return reject(505, "only HTTP/1.0 and HTTP/1.1 are served");
-      }
-      return reject(400, "malformed request line");
-    }
-    req.method = std::string(parts[0]);
-    const std::string_view target = parts[1];
-    const size_t q = target.find('?');
-    req.path = std::string(target.substr(0, q));
-    if (q != std::string_view::npos) req.query = std::string(target.substr(q + 1));
-    const bool http11 = parts[2] == "HTTP/1.1";
-    for (size_t i = 1; i < lines.size(); ++i) {
-      const size_t colon = lines[i].find(':');
-      if (colon == std::string_view::npos || colon == 0) return reject(400, "malformed header line");
-      // A name is a token: "Content-Length : 5" is refused, not read as another header (a proxy
-      // in front might frame the body by it: request smuggling).
-      if (!IsToken(lines[i].substr(0, colon))) return reject(400, "malformed header name");
-      std::string name = Lower(lines[i].substr(0, colon));
-      std::string value(Trim(lines[i].substr(colon + 1)));
-      auto [it, inserted] = req.headers.emplace(name, value);
-      if (!inserted) it->second += ", " + value;
-    }
-    const std::string connection = req.Header("connection");
-    const bool keep_alive = http11 ? !ContainsToken(connection, "close")
-                                   : ContainsToken(connection, "keep-alive");
-
-    // The body: Content-Length bytes, or chunked (RFC 9112 7.1), which clients send for a body
-    // whose length they do not know up front (a stream, a generator, a proxy that does not
-    // buffer). Both at once, or another coding, is refused: framing a proxy might read
-    // differently is request smuggling.
-    // A compressed body is not decoded: said so (RFC 9110 15.5.16), rather than parsed as JSON
-    // and refused for its first byte. Before the body when the client waits for 100 Continue
-    // (it sends none); else after it, so the answer is read, not lost to a reset.
-    const std::string content_coding =
-        Lower(std::string(absl::StripAsciiWhitespace(req.Header("content-encoding"))));
-    const bool unsupported_coding = !content_coding.empty() && content_coding != "identity";
-    const std::string coding_refusal = absl::StrCat(
-        "Content-Encoding ", content_coding, " is not supported; send the body uncompressed");
-    if (unsupported_coding && ContainsToken(req.Header("expect"), "100-continue")) {
-      return reject(415, coding_refusal);
-    }
-    const bool chunked = req.headers.count("transfer-encoding") > 0;
-    if (chunked) {
-      if (!http11) return reject(400, "Transfer-Encoding needs HTTP/1.1");
-      if (req.headers.count("content-length")) {
-        return reject(400, "a request with both Content-Length and Transfer-Encoding");
-      }
-      const std::string coding = Lower(req.Header("transfer-encoding"));
-      if (coding.empty()) return reject(400, "an empty Transfer-Encoding");
-      if (coding != "chunked") return reject(501, "the only transfer coding accepted is chunked");
-      if (in.empty() && ContainsToken(req.Header("expect"), "100-continue") && !SendContinue(fd)) {
-        return;
-      }
-      std::string why;
-      const int status = DecodeChunkedBody(
-          in, [&] { return read_more(deadline); }, options_.max_body_bytes,
-          options_.max_head_bytes, &req.body, &why);
-      if (status < 0) return;  // the client went, or was too slow
-      if (status > 0) return reject(status, why);
-    }
-    size_t length = 0;
-    if (req.headers.count("content-length")) {
-      const std::string cl = req.Header("content-length");
-      uint64_t v;
-      if (cl.empty() || cl.size() > 18 ||
-          !std::all_of(cl.begin(), cl.end(), [](char ch) { return ch >= '0' && ch <= '9'; }) ||
-          !absl::SimpleAtoi(cl, &v)) {
-        return reject(400, "Content-Length must be one decimal number");
-      }
-      if (v > options_.max_body_bytes) {
-        return reject(413, absl::StrCat("the request body is ", v, " bytes; at most ",
-                                        options_.max_body_bytes, " are accepted"));
-      }
-      length = static_cast<size_t>(v);
-    }
-    if (length > in.size() && ContainsToken(req.Header("expect"), "100-continue") &&
-        !SendContinue(fd)) {
-      return;
-    }
-    while (in.size() < length) {
-      if (!read_more(deadline)) return;
-    }
-    if (!chunked) {
-      req.body = in.substr(0, length);
-      in.erase(0, length);
-    }
-    if (unsupported_coding) return reject(415, coding_refusal);
-
-    HttpResponder responder(fd, http11, keep_alive && !stopping_.load(), &stopping_);
-    if (req.method == "HEAD") responder.HeadOnly();
-    try {
-      handler_(req, responder);
-    } catch (const std::exception& e) {  // a bug in a handler fails its request, not the server
-      if (responder.responded()) return;
-      responder.CloseAfter();
-      responder.Send(500, "application/json",
-                     ErrorBody(500, "internal error"));
-      return;
-    }
-    if (!responder.responded()) {
-      responder.Send(500, "application/json",
-                     ErrorBody(500, "the handler sent no response"));
-    }
-    if (!responder.reusable()) return;
   }
+  loop_conns_.erase(it);
+  ::close(fd);  // and out of the epoll set with it
+}
+
+// The clocks: a connection idle past idle_timeout_ms, or whose request has not arrived whole
+// within io_timeout_ms, closes; while more than half the connections are open, so does one that
+// has waited kPressureAfter for a request or for more bytes of one (a request still arriving is
+// not cut), until half are left. Refused connections close after kDropRefused.
+void HttpServer::Sweep(Clock::time_point now) {
+  last_sweep_ = now;
+  if (accept_paused_ && now >= accept_again_) {
+    accept_paused_ = false;
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.fd = listen_fd_;
+    ::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, listen_fd_, &ev);
+  }
+  int open;
+  {
+    std::lock_guard<std::mutex> lock(conns_->mu);
+    open = static_cast<int>(conns_->fds.size());
+  }
+  std::vector<int> to_close;
+  for (const auto& [fd, c] : loop_conns_) {
+    if (c->refused) {
+      if (now >= c->drop_until) to_close.push_back(fd);
+      continue;
+    }
+    const bool pressure = 2 * open > options_.max_connections;
+    bool close;
+    if (!c->reader.started()) {
+      const auto idle = now - c->idle_since;
+      close = idle >= std::chrono::milliseconds(options_.idle_timeout_ms) ||
+              (pressure && idle >= kPressureAfter);
+    } else {
+      close = now - c->began >= std::chrono::milliseconds(options_.io_timeout_ms) ||
+              (pressure && now - c->last_bytes >= kPressureAfter);
+    }
+    if (close) {
+      to_close.push_back(fd);
+      --open;
+    }
+  }
+  for (int fd : to_close) Close(fd);
 }
 
 }  // namespace thetaserve::server

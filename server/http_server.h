@@ -1,16 +1,21 @@
 // A small HTTP/1.1 server for the OpenAI-compatible API (server/openai_http.h).
 //
-// One thread per connection: a handler may block while the engine works, and it can ask whether
-// its client is still there (ClientGone), which is how a vanished client cancels its request
-// even when nothing is being written (a non-streamed completion, a long prefill). Keep-alive,
-// request bodies with Content-Length (and Expect: 100-continue), responses with a length or
-// chunked (server-sent events). Connections beyond the limit get 503 at once.
+// One event-loop thread accepts connections and reads requests from all of them (epoll); a
+// request, once whole, runs its handler on a thread of its own, which may block while the
+// engine works and can ask whether its client is still there (ClientGone): that is how a
+// vanished client cancels its request even when nothing is being written (a non-streamed
+// completion, a long prefill). So threads go to requests being answered, not to connections:
+// an idle keep-alive connection, or one whose request is still arriving however slowly, costs a
+// descriptor and its buffer. Keep-alive and pipelining, request bodies with Content-Length or
+// chunked (and Expect: 100-continue), responses with a length or chunked (server-sent events).
 //
-// Threads: Start spawns the accept thread; each accepted connection runs on its own detached
-// thread; Stop (or the destructor) ends them all before it returns.
+// Threads: Start spawns the loop; each request runs on its own detached thread, which hands a
+// keep-alive connection back to the loop when it is done; Stop (or the destructor) ends them all
+// before it returns.
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -25,19 +30,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "server/http_request_reader.h"
 
 namespace thetaserve::server {
-
-struct HttpRequest {
-  std::string method;                          // "GET", "POST", ...
-  std::string path;                            // without the query string
-  std::string query;
-  std::map<std::string, std::string> headers;  // names lower-cased
-  std::string body;
-
-  // The header's value, or "" (name lower-cased).
-  std::string Header(const std::string& name) const;
-};
 
 using HttpHeaders = std::vector<std::pair<std::string, std::string>>;
 
@@ -97,13 +92,13 @@ class HttpResponder {
 using HttpHandler = std::function<void(const HttpRequest&, HttpResponder&)>;
 
 struct HttpServerOptions {
-  int max_connections = 256;
+  int max_connections = 256;         // open at once (being read or answered); more get 503
   int idle_timeout_ms = 60'000;      // keep-alive connection with no request (5 s once more
                                      // than half the connections are open)
-  int io_timeout_ms = 30'000;        // a whole request, head and body (a write: 30 s; 5 s
-                                     // once more than half the connections are open)
+  int io_timeout_ms = 30'000;        // a whole request, head and body (5 s without bytes once
+                                     // more than half are open); a write waits 30 s at most
   size_t max_head_bytes = 64 << 10;  // request line + headers
-  size_t max_body_bytes = 8 << 20;  // a 128k-token prompt as text is about 0.5 MB
+  size_t max_body_bytes = 8 << 20;   // a 128k-token prompt as text is about 0.5 MB
 };
 
 class HttpServer {
@@ -122,31 +117,62 @@ class HttpServer {
   int connections() const;
 
  private:
-  HttpServer(int listen_fd, int wake_read, int wake_write, int port, HttpHandler handler,
-             HttpServerOptions options);
-  void AcceptLoop();
-  void Serve(int fd);
-  // Waits until fd is readable; false on timeout, error or stop.
-  bool WaitReadable(int fd, int timeout_ms) const;
-
-  int listen_fd_;
-  int wake_read_, wake_write_;  // a pipe that wakes the accept thread
-  int port_;
-  HttpHandler handler_;
-  HttpServerOptions options_;
-  std::atomic<bool> stopping_{false};
-  std::thread accept_thread_;
-  // The open connections. Shared with the connection threads, which touch it last, so that
-  // Stop may return (and the server be destroyed) while a thread is still leaving its lock.
+  using Clock = std::chrono::steady_clock;
+  // A connection: the loop's while it reads a request, then a handler thread's while the
+  // request is answered, then the loop's again if it is kept alive.
+  struct Conn {
+    int fd;
+    std::string in;  // bytes read and not yet consumed (may hold a pipelined request)
+    HttpRequestReader reader;
+    Clock::time_point idle_since;  // waiting for a request since
+    Clock::time_point began;       // the request's first byte (io_timeout_ms runs from here)
+    Clock::time_point last_bytes;  // the request's last read
+    bool refused = false;          // answered and shut for writing; what comes is dropped
+    Clock::time_point drop_until;  // refused: closed then, if the client has not closed first
+  };
+  // Shared with the handler threads, which touch it last, so that Stop may return (and the
+  // server be destroyed) while a thread is still leaving its lock.
   struct Connections {
     std::mutex mu;
     std::condition_variable idle;
-    std::set<int> fds;     // guarded by mu
-    bool stopped = false;  // guarded by mu
+    std::set<int> fds;  // the open connections, the loop's and the handlers' (not the refused)
+    std::vector<std::unique_ptr<Conn>> returned;  // kept alive, for the loop to take back
+    bool stopped = false;
   };
+
+  HttpServer(int listen_fd, int epoll_fd, int wake_read, int wake_write, int port,
+             HttpHandler handler, HttpServerOptions options);
+  // The event loop and its steps (loop thread only).
+  void Loop();
+  void Accept(Clock::time_point now);
+  void Read(Conn& c, Clock::time_point now);
+  void Advance(Conn& c, Clock::time_point now);
+  void Dispatch(Conn& c);
+  void Refuse(Conn& c, int status, const std::string& body, bool retry_after,
+              Clock::time_point now);
+  void Watch(Conn& c);
+  void Close(int fd);
+  void TakeBack(Clock::time_point now);
+  void Sweep(Clock::time_point now);
+  // A handler thread: answers c's request, then hands c back or closes it.
+  void Answer(std::unique_ptr<Conn> c, std::shared_ptr<Connections> conns);
+
+  int listen_fd_;
+  int epoll_fd_;
+  int wake_read_, wake_write_;  // a pipe that wakes the loop (a stop, a connection handed back)
+  int port_;
+  HttpHandler handler_;
+  HttpServerOptions options_;
+  HttpRequestLimits limits_;
+  std::atomic<bool> stopping_{false};
+  std::thread loop_thread_;
   std::shared_ptr<Connections> conns_ = std::make_shared<Connections>();
-  // Refused connections still being drained (their threads may outlive the server).
-  std::shared_ptr<std::atomic<int>> draining_ = std::make_shared<std::atomic<int>>(0);
+  // Loop thread only.
+  std::map<int, std::unique_ptr<Conn>> loop_conns_;  // the connections the loop reads from
+  int refused_open_ = 0;                             // of them, refused ones being drained
+  bool accept_paused_ = false;                       // out of descriptors: accept again at
+  Clock::time_point accept_again_;
+  Clock::time_point last_sweep_;
 };
 
 // "OK", "Not Found", ... for a status code.

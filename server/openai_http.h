@@ -26,7 +26,7 @@ struct OpenAiHttpOptions {
   int port = 0;                   // 0: any free port (tests)
   std::string served_model_name;  // the `model` clients send and /v1/models lists
   std::string api_key;            // empty: no authentication
-  int max_connections = 512;
+  int max_connections = 4096;     // open at once (--max-http-connections); more get 503
   // Origins a browser page may call from (CORS): "*" for any, as vLLM's default; empty: none.
   std::vector<std::string> allowed_origins = {"*"};
 };

@@ -1,6 +1,7 @@
 // `thetaserve serve`: the gRPC server. Loads the model, warms up, serves Generate with health,
 // reflection and /metrics, and drains on SIGTERM/SIGINT.
 #include <signal.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <chrono>
@@ -50,6 +51,9 @@ constexpr char kUsage[] =
     "  --allowed-origins LIST       origins whose browser pages may call the HTTP API (CORS):\n"
     "                               * (default, as vLLM), none, or a comma-separated list\n"
     "                               such as https://app.example.com\n"
+    "  --max-http-connections N     HTTP API connections open at once; more get 503 (default\n"
+    "                               4096; an idle or arriving one holds no thread, but a\n"
+    "                               descriptor: the process's limit is raised to allow them)\n"
     "  --max-num-seqs N             running sequences at once (default 64)\n"
     "  --max-num-batched-tokens N   token budget per engine step (default 512)\n"
     "  --long-prefill-tokens N      while a step is shared (another request runs or waits\n"
@@ -125,6 +129,31 @@ class WarmupSink : public scheduler::TokenSink {
   std::promise<scheduler::FinishInfo> done;
 };
 
+// Raises the process's descriptor limit (RLIMIT_NOFILE) to its hard limit, as Go's runtime
+// does: the soft limit is often 1024, which `want` HTTP connections would exceed. Returns how
+// many connections the limit allows, keeping 256 descriptors for the rest (gRPC, the model's
+// file, logs), and says so when that is fewer than `want`.
+int HttpConnectionsAllowed(int want) {
+  constexpr rlim_t kReserve = 256;
+  rlimit lim{};
+  if (::getrlimit(RLIMIT_NOFILE, &lim) != 0) return want;
+  if (lim.rlim_cur < lim.rlim_max) {
+    rlimit raised = lim;
+    raised.rlim_cur = lim.rlim_max;
+    if (::setrlimit(RLIMIT_NOFILE, &raised) == 0) lim = raised;
+  }
+  if (lim.rlim_cur == RLIM_INFINITY || lim.rlim_cur >= static_cast<rlim_t>(want) + kReserve) {
+    return want;
+  }
+  const int allowed =
+      static_cast<int>(std::max<rlim_t>(16, lim.rlim_cur > kReserve ? lim.rlim_cur - kReserve : 0));
+  std::fprintf(stderr,
+               "serve: --max-http-connections %d lowered to %d: the process may open %llu "
+               "descriptors (ulimit -n), 256 of them kept for the rest\n",
+               want, allowed, static_cast<unsigned long long>(lim.rlim_cur));
+  return allowed;
+}
+
 }  // namespace
 
 int RunServe(const std::vector<std::string>& argv) {
@@ -132,6 +161,7 @@ int RunServe(const std::vector<std::string>& argv) {
   std::map<std::string, bool> known = {
       {"model", true}, {"host", true}, {"port", true}, {"metrics-port", true},
       {"http-port", true}, {"served-model-name", true}, {"allowed-origins", true},
+      {"max-http-connections", true},
       {"max-num-seqs", true}, {"max-num-batched-tokens", true}, {"long-prefill-tokens", true},
       {"kv-cache-memory", true},
       {"block-size", true}, {"max-queue", true}, {"threads", true}, {"device", true},
@@ -149,6 +179,7 @@ int RunServe(const std::vector<std::string>& argv) {
   auto port = args.GetInt("port", 50051, 0, 65535);                  // 0 = any free port
   auto metrics_port = args.GetInt("metrics-port", 9090, 0, 65535);  // 0 = off
   auto http_port = args.GetInt("http-port", 0, 0, 65535);            // 0 = off
+  auto max_http = args.GetInt("max-http-connections", 4096, 1, 1'000'000);
   auto max_seqs = args.GetInt("max-num-seqs", 64, 1, kMaxCountFlag);
   auto max_tokens = args.GetInt("max-num-batched-tokens", 512, 1, kMaxCountFlag);
   auto long_prefill = args.GetInt(
@@ -171,14 +202,17 @@ int RunServe(const std::vector<std::string>& argv) {
   auto device = ParseDevice(args.GetString("device", "auto"));
   auto kv_dtype = ParseKvDtypeFlag(args.GetString("kv-cache-dtype", "auto"));
   for (const absl::Status& st :
-       {port.status(), metrics_port.status(), http_port.status(), max_seqs.status(),
+       {port.status(), metrics_port.status(), http_port.status(), max_http.status(),
+        max_seqs.status(),
         max_tokens.status(), long_prefill.status(), kv_spec.status(), block_size.status(),
         max_queue.status(), threads.status(), drain.status(), stats_interval.status(),
         device.status(), kv_dtype.status()}) {
     if (!st.ok()) return usage(st);
   }
-  if (args.Has("served-model-name") && *http_port == 0) {
-    return usage(absl::InvalidArgumentError("--served-model-name needs --http-port"));
+  for (const char* flag : {"served-model-name", "max-http-connections"}) {
+    if (args.Has(flag) && *http_port == 0) {
+      return usage(absl::InvalidArgumentError(absl::StrCat("--", flag, " needs --http-port")));
+    }
   }
   std::vector<std::string> origins = {"*"};
   if (args.Has("allowed-origins")) {
@@ -367,6 +401,7 @@ int RunServe(const std::vector<std::string>& argv) {
     ho.port = static_cast<int>(*http_port);
     ho.api_key = api_key;
     ho.allowed_origins = origins;
+    ho.max_connections = HttpConnectionsAllowed(static_cast<int>(*max_http));
     ho.served_model_name = args.GetString("served-model-name",
                                           DefaultServedModelName(args.GetString("model")));
     auto started = OpenAiHttpServer::Start(service, *loaded->model, ho);

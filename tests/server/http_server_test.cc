@@ -8,7 +8,11 @@
 
 #include <atomic>
 #include <chrono>
+#include <filesystem>
+#include <memory>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "gtest/gtest.h"
 #include "tests/server/http_client.h"
@@ -479,6 +483,53 @@ TEST(HttpServerTest, AStalledRequestMakesRoomWhenTheServerFills) {
   EXPECT_EQ(r.status, 200);
   EXPECT_EQ(r.body, "POST /slow?||abcdefghijklmnopqr");
   EXPECT_EQ(HttpCall(server->port(), "GET", "/b").status, 200);
+}
+
+// Threads of this process now.
+int ThreadCount() {
+  int n = 0;
+  for ([[maybe_unused]] const auto& entry : std::filesystem::directory_iterator("/proc/self/task")) ++n;
+  return n;
+}
+
+// Threads go to requests being answered, not to connections: idle keep-alive connections and
+// requests still arriving hold none (each held one, so a few hundred slow clients meant as many
+// threads, and the connection cap was a thread cap). All of them are served when they go on.
+TEST(HttpServerTest, IdleAndArrivingConnectionsHoldNoThread) {
+  HttpServerOptions o;
+  o.max_connections = 1000;
+  auto server = StartOrDie(Echo, o);
+  ASSERT_NE(server, nullptr);
+  const int threads_before = ThreadCount();
+  constexpr int kEach = 150;
+  std::vector<std::unique_ptr<HttpConnection>> idle, arriving;
+  for (int i = 0; i < kEach; ++i) {
+    idle.push_back(std::make_unique<HttpConnection>(server->port()));
+    ASSERT_TRUE(idle.back()->SendRaw("GET /first HTTP/1.1\r\n\r\n"));
+    ASSERT_EQ(idle.back()->Read(10).status, 200);
+    arriving.push_back(std::make_unique<HttpConnection>(server->port()));
+    ASSERT_TRUE(arriving.back()->SendRaw(i % 2 ? "POST /part HTTP/1.1\r\nX-Test: " + std::to_string(i)
+                                               : "POST /part HTTP/1.1\r\nContent-Length: 4\r\n\r\nab"));
+  }
+  for (int i = 0; i < 250 && server->connections() < 2 * kEach; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_EQ(server->connections(), 2 * kEach);
+  // The requests answered so far have let their threads go (detached: give them a moment).
+  int threads = ThreadCount();
+  for (int i = 0; i < 100 && threads > threads_before; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    threads = ThreadCount();
+  }
+  EXPECT_LE(threads, threads_before) << 2 * kEach << " connections open";
+  for (int i = 0; i < kEach; ++i) {
+    ASSERT_TRUE(arriving[i]->SendRaw(i % 2 ? "\r\nContent-Length: 2\r\n\r\nok" : "cd"));
+    HttpResult r = arriving[i]->Read(10);
+    EXPECT_EQ(r.status, 200);
+    EXPECT_EQ(r.body, i % 2 ? "POST /part?|" + std::to_string(i) + "|ok" : "POST /part?||abcd");
+    ASSERT_TRUE(idle[i]->SendRaw("GET /again HTTP/1.1\r\n\r\n"));
+    EXPECT_EQ(idle[i]->Read(10).body, "GET /again?||");
+  }
 }
 
 TEST(HttpServerTest, StopEndsIdleConnectionsPromptly) {

@@ -1,12 +1,14 @@
 // The OpenAI-compatible HTTP API end to end: the real `thetaserve serve --http-port` binary with
 // SmolLM2, raw HTTP over loopback, and the gRPC API beside it on the same engine.
 #include <signal.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
 #include <fstream>
+#include <memory>
 #include <regex>
 #include <set>
 #include <thread>
@@ -1585,10 +1587,37 @@ TEST(OpenAiHttpLifecycleTest, FlagErrorsAreRefusedBeforeTheModelLoads) {
        {std::vector<std::string>{"--http-port", "70000"},
         std::vector<std::string>{"--served-model-name", "x"},
         std::vector<std::string>{"--allowed-origins", "*"},
+        std::vector<std::string>{"--max-http-connections", "10"},
+        std::vector<std::string>{"--http-port", "8001", "--max-http-connections", "0"},
         std::vector<std::string>{"--http-port", "8001", "--allowed-origins", "app.example.com"}}) {
     ServerProcess server(flags, /*timeout_s=*/0);
     EXPECT_EQ(server.Wait(30), 2) << flags[0] << ": a bad command line";
   }
+}
+
+// --max-http-connections caps the HTTP API's open connections, and the process's descriptor
+// limit does not get in its way: serve raises its soft limit (here started at 200, below the
+// 300 asked for) to the hard one. Idle connections hold no thread, so 300 cost descriptors.
+TEST(OpenAiHttpLifecycleTest, HttpConnectionsAreCappedByTheFlagNotTheDescriptorLimit) {
+  const int http_port = FreePort();
+  rlimit saved{};
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &saved), 0);
+  ASSERT_GE(saved.rlim_max, 1024u) << "the hard limit leaves no room to test";
+  rlimit low = saved;
+  low.rlim_cur = 200;
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &low), 0);
+  ServerProcess server({"--http-port", std::to_string(http_port), "--max-http-connections", "300"});
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &saved), 0);
+  ASSERT_TRUE(server.started());
+  std::vector<std::unique_ptr<HttpConnection>> open;
+  for (int i = 0; i < 300; ++i) {
+    open.push_back(std::make_unique<HttpConnection>(http_port));
+    ASSERT_TRUE(open.back()->SendRaw("GET /health HTTP/1.1\r\n\r\n")) << i;
+    ASSERT_EQ(open.back()->Read(10).status, 200) << "connection " << i;
+  }
+  HttpResult over = HttpCall(http_port, "GET", "/health");
+  EXPECT_EQ(over.status, 503) << over.body;
+  EXPECT_EQ(ReadFileOrDie(server.log_path()).find("lowered"), std::string::npos);
 }
 
 // The chat default (no max_tokens) is the rest of the context, however little: the request was

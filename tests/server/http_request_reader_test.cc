@@ -1,0 +1,162 @@
+// The incremental HTTP request reader on its own: the same requests fed whole, a byte at a
+// time and in odd pieces give the same result; pipelined requests stay for the next; 100
+// Continue is asked for once, when the body has not come; refusals say their status.
+#include "server/http_request_reader.h"
+
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace thetaserve::server {
+namespace {
+
+using Next = HttpRequestReader::Next;
+
+struct Fed {
+  Next last = Next::kMore;
+  int continues = 0;
+  std::string left;  // bytes not consumed
+};
+
+// Feeds `bytes` in pieces of `piece` bytes (0: whole) until the reader is ready or refuses.
+Fed Feed(HttpRequestReader& r, const std::string& bytes, size_t piece) {
+  Fed out;
+  std::string in;
+  size_t pos = 0;
+  while (true) {
+    const size_t take = piece == 0 ? bytes.size() - pos : std::min(piece, bytes.size() - pos);
+    in.append(bytes, pos, take);
+    pos += take;
+    Next next;
+    while ((next = r.Advance(in)) == Next::kContinue) ++out.continues;
+    out.last = next;
+    if (next != Next::kMore || pos == bytes.size()) break;
+  }
+  out.left = in + bytes.substr(pos);
+  return out;
+}
+
+TEST(HttpRequestReaderTest, ARequestReadsTheSameHoweverItArrives) {
+  const std::string chunked =
+      "POST /v1/completions?x=1 HTTP/1.1\r\nHost: a\r\nX-Test: one\r\nX-Test: two\r\n"
+      "Transfer-Encoding: chunked\r\n\r\n"
+      "5;ext=1\r\nhello\r\n1\r\n \r\nA\r\n0123456789\r\n0\r\nTrailer: t\r\n\r\n";
+  const std::string sized = "POST /p HTTP/1.0\r\nConnection: keep-alive\r\nContent-Length: 3\r\n\r\nabc";
+  for (size_t piece : {size_t{0}, size_t{1}, size_t{2}, size_t{3}, size_t{7}, size_t{64}}) {
+    SCOPED_TRACE(piece);
+    HttpRequestReader r;
+    Fed f = Feed(r, chunked, piece);
+    ASSERT_EQ(f.last, Next::kReady) << r.refusal();
+    EXPECT_EQ(f.left, "");
+    EXPECT_EQ(r.request().method, "POST");
+    EXPECT_EQ(r.request().path, "/v1/completions");
+    EXPECT_EQ(r.request().query, "x=1");
+    EXPECT_EQ(r.request().Header("x-test"), "one, two");
+    EXPECT_EQ(r.request().body, "hello 0123456789");
+    EXPECT_TRUE(r.http11());
+    EXPECT_TRUE(r.keep_alive());
+    r.Reset();
+    f = Feed(r, sized, piece);
+    ASSERT_EQ(f.last, Next::kReady) << r.refusal();
+    EXPECT_EQ(r.request().body, "abc");
+    EXPECT_FALSE(r.http11());
+    EXPECT_TRUE(r.keep_alive());
+  }
+}
+
+TEST(HttpRequestReaderTest, APipelinedRequestIsLeftForTheNext) {
+  HttpRequestReader r;
+  std::string in = "\r\nGET /a HTTP/1.1\r\n\r\nGET /b HTTP/1.1\r\nConnection: close\r\n\r\nGE";
+  ASSERT_EQ(r.Advance(in), Next::kReady);
+  EXPECT_EQ(r.request().path, "/a");
+  r.Reset();
+  EXPECT_FALSE(r.started());
+  ASSERT_EQ(r.Advance(in), Next::kReady);
+  EXPECT_EQ(r.request().path, "/b");
+  EXPECT_FALSE(r.keep_alive());
+  r.Reset();
+  EXPECT_EQ(r.Advance(in), Next::kMore);
+  EXPECT_TRUE(r.started());
+  EXPECT_EQ(in, "GE");
+}
+
+TEST(HttpRequestReaderTest, ContinueIsAskedOnceAndOnlyWhenTheBodyHasNotCome) {
+  const std::string head = "POST /p HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 2\r\n\r\n";
+  HttpRequestReader r;
+  std::string in = head;
+  EXPECT_EQ(r.Advance(in), Next::kContinue);
+  EXPECT_EQ(r.Advance(in), Next::kMore);
+  in += "ok";
+  EXPECT_EQ(r.Advance(in), Next::kReady);
+  EXPECT_EQ(r.request().body, "ok");
+  r.Reset();
+  in = head + "ok";  // the body came with the head: no interim answer
+  EXPECT_EQ(r.Advance(in), Next::kReady);
+  // A compressed body the client would send after 100 Continue is refused before it.
+  r.Reset();
+  in = "POST /p HTTP/1.1\r\nExpect: 100-continue\r\nContent-Encoding: gzip\r\n"
+       "Content-Length: 2\r\n\r\n";
+  EXPECT_EQ(r.Advance(in), Next::kRefuse);
+  EXPECT_EQ(r.refusal_status(), 415);
+  // Without Expect, after the body (so the client reads the answer, not a reset).
+  r.Reset();
+  in = "POST /p HTTP/1.1\r\nContent-Encoding: gzip\r\nContent-Length: 2\r\n\r\n";
+  EXPECT_EQ(r.Advance(in), Next::kMore);
+  in += "xx";
+  EXPECT_EQ(r.Advance(in), Next::kRefuse);
+  EXPECT_EQ(r.refusal_status(), 415);
+}
+
+TEST(HttpRequestReaderTest, BadRequestsAreRefusedWithTheirStatus) {
+  struct Case {
+    std::string bytes;
+    int status;
+  };
+  const std::vector<Case> cases = {
+      {"GET / HTTP/1.1\nHost: a\n\n", 400},               // bare LFs: refused as they arrive
+      {"GET / HTTP/1.1\r\nHost: a\rb\r\n\r\n", 400},      // a bare CR inside a line
+      {"GET / HTTP/1.1\r\nHost : a\r\n\r\n", 400},        // a name is a token
+      {"GET / HTTP/2.0\r\n\r\n", 505},
+      {"GET / HTTP/1.1\r\nX: " + std::string(70 << 10, 'a'), 431},
+      {"POST / HTTP/1.1\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n", 400},
+      {"POST / HTTP/1.1\r\nTransfer-Encoding: gzip\r\n\r\n", 501},
+      {"POST / HTTP/1.1\r\nContent-Length: 99999999999\r\n\r\n", 413},
+      {"POST / HTTP/1.1\r\nContent-Length: -1\r\n\r\n", 400},
+      {"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", 400},
+      {"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nabc\r\n", 400},  // no CRLF
+      {"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n" + std::string(5000, '1'), 400},
+      {"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nffffffff\r\n", 413},
+      {std::string(20, '\r') + std::string(20, '\n'), 400},  // not empty lines either
+      {"\r\n\r\n\r\n\r\n\r\n\r\n\r\n\r\n\r\nGET / HTTP/1.1\r\n\r\n", 400},  // nine empty lines
+  };
+  for (size_t piece : {size_t{0}, size_t{1}}) {
+    for (const Case& c : cases) {
+      SCOPED_TRACE(c.bytes.substr(0, 60) + " piece " + std::to_string(piece));
+      HttpRequestReader r;
+      const Fed f = Feed(r, c.bytes, piece);
+      ASSERT_EQ(f.last, Next::kRefuse);
+      EXPECT_EQ(r.refusal_status(), c.status) << r.refusal();
+      EXPECT_FALSE(r.refusal().empty());
+    }
+  }
+}
+
+// Fed a byte at a time, a large chunked body costs time linear in its size (each byte is
+// looked at a bounded number of times), not quadratic.
+TEST(HttpRequestReaderTest, AChunkedBodyInOneBytePiecesIsRead) {
+  std::string bytes = "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n";
+  std::string want;
+  for (int i = 0; i < 20000; ++i) {
+    bytes += "1\r\n" + std::string(1, char('a' + i % 26)) + "\r\n";
+    want += char('a' + i % 26);
+  }
+  bytes += "0\r\n\r\n";
+  HttpRequestReader r;
+  const Fed f = Feed(r, bytes, 1);
+  ASSERT_EQ(f.last, Next::kReady) << r.refusal();
+  EXPECT_EQ(r.request().body, want);
+}
+
+}  // namespace
+}  // namespace thetaserve::server
