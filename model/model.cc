@@ -119,6 +119,16 @@ std::string Fingerprint(const ModelConfig& c, const std::vector<TensorView*>& te
 
 Model::~Model() = default;
 
+absl::Status Model::LimitContext(int64_t tokens) {
+  if (tokens < 1 || tokens > config_.max_context) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a context of ", tokens, " tokens; this model's is ", config_.max_context,
+        ", so it must be 1 to ", config_.max_context));
+  }
+  config_.max_context = tokens;
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& path) {
   auto model = std::unique_ptr<Model>(new Model());
   model->path_ = path;

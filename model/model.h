@@ -24,6 +24,10 @@ class Model {
   ~Model();
 
   const ModelConfig& config() const { return config_; }
+  // Serves at most `tokens` of context, prompt and output together (config().max_context), to
+  // bound requests and the memory one sequence may take. Only shortens: a longer context than
+  // the model was trained for is refused.
+  absl::Status LimitContext(int64_t tokens);
   const ModelWeights& weights() const { return weights_; }
   const Tokenizer& tokenizer() const { return *tokenizer_; }
   const std::string& path() const { return path_; }

@@ -54,6 +54,9 @@ constexpr char kUsage[] =
     "  --max-http-connections N     HTTP API connections open at once; more get 503 (default\n"
     "                               4096; an idle or arriving one holds no thread, but a\n"
     "                               descriptor: the process's limit is raised to allow them)\n"
+    "  --max-model-len N            context served, prompt and output together, at most the\n"
+    "                               model's (default: the model's); shortens the longest\n"
+    "                               request and the CPU's default KV cache with it\n"
     "  --max-num-seqs N             running sequences at once (default 64)\n"
     "  --max-num-batched-tokens N   token budget per engine step (default 512)\n"
     "  --long-prefill-tokens N      while a step is shared (another request runs or waits\n"
@@ -161,7 +164,7 @@ int RunServe(const std::vector<std::string>& argv) {
   std::map<std::string, bool> known = {
       {"model", true}, {"host", true}, {"port", true}, {"metrics-port", true},
       {"http-port", true}, {"served-model-name", true}, {"allowed-origins", true},
-      {"max-http-connections", true},
+      {"max-http-connections", true}, {"max-model-len", true},
       {"max-num-seqs", true}, {"max-num-batched-tokens", true}, {"long-prefill-tokens", true},
       {"kv-cache-memory", true},
       {"block-size", true}, {"max-queue", true}, {"threads", true}, {"device", true},
@@ -180,6 +183,7 @@ int RunServe(const std::vector<std::string>& argv) {
   auto metrics_port = args.GetInt("metrics-port", 9090, 0, 65535);  // 0 = off
   auto http_port = args.GetInt("http-port", 0, 0, 65535);            // 0 = off
   auto max_http = args.GetInt("max-http-connections", 4096, 1, 1'000'000);
+  auto max_model_len = args.GetInt("max-model-len", 1, 1, kMaxCountFlag);  // used when given
   auto max_seqs = args.GetInt("max-num-seqs", 64, 1, kMaxCountFlag);
   auto max_tokens = args.GetInt("max-num-batched-tokens", 512, 1, kMaxCountFlag);
   auto long_prefill = args.GetInt(
@@ -203,6 +207,7 @@ int RunServe(const std::vector<std::string>& argv) {
   auto kv_dtype = ParseKvDtypeFlag(args.GetString("kv-cache-dtype", "auto"));
   for (const absl::Status& st :
        {port.status(), metrics_port.status(), http_port.status(), max_http.status(),
+        max_model_len.status(),
         max_seqs.status(),
         max_tokens.status(), long_prefill.status(), kv_spec.status(), block_size.status(),
         max_queue.status(), threads.status(), drain.status(), stats_interval.status(),
@@ -284,6 +289,14 @@ int RunServe(const std::vector<std::string>& argv) {
                                 kernels::MatMulMode::kQuantized, *kv_dtype);
   if (!loaded.ok()) return fail(loaded.status());
 
+  if (args.Has("max-model-len")) {
+    const int64_t model_len = loaded->model->config().max_context;
+    if (!loaded->model->LimitContext(*max_model_len).ok()) {
+      return usage(absl::InvalidArgumentError(
+          absl::StrCat("--max-model-len ", *max_model_len, " is longer than the model's context of ",
+                       model_len, " tokens; give at most ", model_len)));
+    }
+  }
   if (absl::Status st = CheckThetaForModel(*theta, *loaded->model); !st.ok()) return fail(st);
   loaded->backend->SetTopTheta(theta->config);
 

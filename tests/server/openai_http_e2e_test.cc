@@ -1588,6 +1588,7 @@ TEST(OpenAiHttpLifecycleTest, FlagErrorsAreRefusedBeforeTheModelLoads) {
         std::vector<std::string>{"--served-model-name", "x"},
         std::vector<std::string>{"--allowed-origins", "*"},
         std::vector<std::string>{"--max-http-connections", "10"},
+        std::vector<std::string>{"--max-model-len", "0"},
         std::vector<std::string>{"--http-port", "8001", "--max-http-connections", "0"},
         std::vector<std::string>{"--http-port", "8001", "--allowed-origins", "app.example.com"}}) {
     ServerProcess server(flags, /*timeout_s=*/0);
@@ -1618,6 +1619,44 @@ TEST(OpenAiHttpLifecycleTest, HttpConnectionsAreCappedByTheFlagNotTheDescriptorL
   HttpResult over = HttpCall(http_port, "GET", "/health");
   EXPECT_EQ(over.status, 503) << over.body;
   EXPECT_EQ(ReadFileOrDie(server.log_path()).find("lowered"), std::string::npos);
+}
+
+// --max-model-len serves a shorter context than the model's: both APIs report it, requests are
+// held to it (a chat without max_tokens gets what is left of it), and a longer one than the
+// model's is a bad command line.
+TEST(OpenAiHttpLifecycleTest, MaxModelLenBoundsEveryRequest) {
+  const int http_port = FreePort();
+  ServerProcess server({"--http-port", std::to_string(http_port), "--max-model-len", "48"});
+  ASSERT_TRUE(server.started());
+  const HttpResult models = HttpCall(http_port, "GET", "/v1/models");
+  ASSERT_EQ(models.status, 200);
+  EXPECT_EQ(Json::parse(models.body)["data"][0]["max_model_len"], 48);
+  {
+    grpc::ClientContext c;
+    v1::ModelInfo info;
+    ASSERT_TRUE(server.stub()->GetModelInfo(&c, {}, &info).ok());
+    EXPECT_EQ(info.context_length(), 48u);
+  }
+  const HttpResult too_long = HttpCall(
+      http_port, "POST", "/v1/completions",
+      Json{{"prompt", "one two three four five six seven eight nine ten"}, {"max_tokens", 40}}.dump());
+  EXPECT_EQ(too_long.status, 400) << too_long.body;
+  EXPECT_NE(too_long.body.find("48"), std::string::npos) << too_long.body;
+  const HttpResult chat = HttpCall(
+      http_port, "POST", "/v1/chat/completions",
+      Json{{"messages", {{{"role", "user"}, {"content", "Tell me a long story."}}}},
+           {"temperature", 0}}.dump());
+  ASSERT_EQ(chat.status, 200) << chat.body;
+  const Json usage = Json::parse(chat.body)["usage"];
+  EXPECT_LE(usage["prompt_tokens"].get<int>() + usage["completion_tokens"].get<int>(), 48) << usage;
+  EXPECT_GT(usage["completion_tokens"].get<int>(), 0) << usage;
+
+  ServerProcess longer({"--max-model-len", "100000"}, /*timeout_s=*/0);
+  EXPECT_EQ(longer.Wait(60), 2);
+  EXPECT_NE(ReadFileOrDie(longer.log_path())
+                .find("--max-model-len 100000 is longer than the model's context of 8192 tokens"),
+            std::string::npos)
+      << ReadFileOrDie(longer.log_path());
 }
 
 // The chat default (no max_tokens) is the rest of the context, however little: the request was
