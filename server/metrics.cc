@@ -1,6 +1,7 @@
 #include "server/metrics.h"
 
 #include <exception>
+#include <iterator>
 
 #include "prometheus/text_serializer.h"
 
@@ -148,7 +149,8 @@ Metrics::Metrics(const MetricsInfo& info)
        {absl::StatusCode::kInvalidArgument, absl::StatusCode::kUnauthenticated,
         absl::StatusCode::kResourceExhausted, absl::StatusCode::kUnavailable,
         absl::StatusCode::kAlreadyExists}) {
-    rejected_by_code_.Add({{"code", absl::StatusCodeToString(code)}});
+    rejected_by_code_cache_[static_cast<size_t>(code)] =
+        &rejected_by_code_.Add({{"code", absl::StatusCodeToString(code)}});
   }
   auto& step_family = BuildHistogram()
                           .Name("thetaserve_step_duration_seconds")
@@ -193,7 +195,17 @@ std::string Metrics::Serialize() const {
 
 void Metrics::OnRejected(absl::StatusCode code) {
   rejected_.Increment();
-  rejected_by_code_.Add({{"code", absl::StatusCodeToString(code)}}).Increment();
+  const auto i = static_cast<size_t>(code);
+  if (i >= std::size(rejected_by_code_cache_)) {
+    rejected_by_code_.Add({{"code", absl::StatusCodeToString(code)}}).Increment();
+    return;
+  }
+  prometheus::Counter* counter = rejected_by_code_cache_[i].load(std::memory_order_acquire);
+  if (counter == nullptr) {  // two threads may both Add: it returns the same counter
+    counter = &rejected_by_code_.Add({{"code", absl::StatusCodeToString(code)}});
+    rejected_by_code_cache_[i].store(counter, std::memory_order_release);
+  }
+  counter->Increment();
 }
 
 void Metrics::OnFinish(const scheduler::FinishInfo& info) {

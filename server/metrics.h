@@ -3,6 +3,7 @@
 // are atomic; the Counter/Gauge/Histogram references are resolved once at construction).
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -64,6 +65,9 @@ class Metrics {
   prometheus::Family<prometheus::Counter>& requests_;
   prometheus::Counter& rejected_;
   prometheus::Family<prometheus::Counter>& rejected_by_code_;
+  // Its counters by absl::StatusCode, each added on first use (Family::Add is slow, and a
+  // rejection storm is when this runs most).
+  std::atomic<prometheus::Counter*> rejected_by_code_cache_[17] = {};
   prometheus::Counter* finished_[5];  // by scheduler::FinishReason
   prometheus::Gauge& running_;
   prometheus::Gauge& waiting_;
