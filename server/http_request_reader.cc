@@ -127,8 +127,13 @@ HttpRequestReader::Next HttpRequestReader::Advance(std::string& in) {
   }
   if (phase_ == Phase::kBody) {
     if (in.size() < length_) return Next::kMore;
-    req_.body = in.substr(0, length_);
-    in.erase(0, length_);
+    if (in.size() == length_) {  // the usual case, nothing pipelined: the bytes move, no copy
+      req_.body = std::move(in);
+      in = std::string();
+    } else {
+      req_.body = in.substr(0, length_);
+      in.erase(0, length_);
+    }
     return Finish();
   }
   if (phase_ >= Phase::kChunkLine && phase_ <= Phase::kTrailer) return AdvanceChunked(in);

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <exception>
 #include <functional>
@@ -35,9 +36,10 @@ constexpr auto kPressureAfter = std::chrono::seconds(5);
 // writing, then what the client sends is read and dropped for up to this long before it closes:
 // closed with the request unread, the socket sent a reset that could reach the client before it
 // read the answer (a client that writes its head and body apart got a broken pipe instead). At
-// most kMaxRefusedOpen at once; beyond, they close at once.
+// most HttpServer::kMaxRefusedOpen at once; beyond, they close at once.
 constexpr auto kDropRefused = std::chrono::seconds(1);
-constexpr int kMaxRefusedOpen = 256;
+// A connection handed back keeps a read buffer this large at most (a large body grew it).
+constexpr size_t kKeepBufferBytes = 64 << 10;
 // Stop waits this long for the handlers to finish before it shuts their sockets down.
 constexpr auto kStopGrace = std::chrono::seconds(5);
 
@@ -47,14 +49,6 @@ std::string ErrorBody(int status, std::string_view message,
                       std::string_view type = "server_error") {
   return absl::StrCat(R"({"error":{"message":")", std::string(message), R"(","type":")",
                       std::string(type), R"(","param":null,"code":)", status, "}}");
-}
-
-// Writes what the socket takes now (the loop never waits on a client). The loop's writes are a
-// 100 Continue or a short error on a connection with nothing else in flight: the socket's
-// buffer takes them whole unless the client has stopped reading, and then it is closed anyway.
-bool SendNow(int fd, std::string_view data) {
-  return ::send(fd, data.data(), data.size(), MSG_NOSIGNAL | MSG_DONTWAIT) ==
-         static_cast<ssize_t>(data.size());
 }
 
 }  // namespace
@@ -205,7 +199,7 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const std::string&
     if (fd < 0) continue;
     int one = 1;
     ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    if (::bind(fd, a->ai_addr, a->ai_addrlen) != 0 || ::listen(fd, 128) != 0) {
+    if (::bind(fd, a->ai_addr, a->ai_addrlen) != 0 || ::listen(fd, SOMAXCONN) != 0) {
       error = std::strerror(errno);
       ::close(fd);
       fd = -1;
@@ -233,11 +227,20 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const std::string&
     epoll_event ev{};
     ev.events = EPOLLIN;
     ev.data.fd = watched;
-    ::epoll_ctl(epoll_fd, EPOLL_CTL_ADD, watched, &ev);
+    if (::epoll_ctl(epoll_fd, EPOLL_CTL_ADD, watched, &ev) != 0) {
+      const std::string why = std::strerror(errno);
+      for (int open_fd : {fd, epoll_fd, pipe_fds[0], pipe_fds[1]}) ::close(open_fd);
+      return absl::InternalError(absl::StrCat("cannot start the HTTP event loop: ", why));
+    }
   }
   std::unique_ptr<HttpServer> server(new HttpServer(fd, epoll_fd, pipe_fds[0], pipe_fds[1], bound,
                                                     std::move(handler), options));
-  server->loop_thread_ = std::thread([s = server.get()] { s->Loop(); });
+  try {
+    server->loop_thread_ = std::thread([s = server.get()] { s->Loop(); });
+  } catch (const std::exception& e) {  // the destructor's Stop closes the descriptors
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cannot start the HTTP event loop's thread: ", e.what()));
+  }
   return server;
 }
 
@@ -289,7 +292,11 @@ void HttpServer::Loop() {
   last_sweep_ = Clock::now();
   while (!stopping_.load()) {
     const int n = ::epoll_wait(epoll_fd_, events, 64, kSweepMs);
-    if (n < 0 && errno != EINTR) break;
+    if (n < 0 && errno != EINTR) {  // not expected (a bad descriptor): say so, and stop serving
+      std::fprintf(stderr, "http: the event loop failed (%s); the HTTP API stops\n",
+                   std::strerror(errno));
+      break;
+    }
     const Clock::time_point now = Clock::now();
     for (int i = 0; i < n; ++i) {
       const int fd = events[i].data.fd;
@@ -299,8 +306,15 @@ void HttpServer::Loop() {
         }
       } else if (fd == listen_fd_) {
         Accept(now);
-      } else if (auto it = loop_conns_.find(fd); it != loop_conns_.end()) {
-        Read(*it->second, now);  // may close or hand it off: `it` is not used after
+      } else {
+        // Each may close the connection or hand it off: looked up again after the first.
+        if (auto it = loop_conns_.find(fd); it != loop_conns_.end() && (events[i].events & EPOLLOUT)) {
+          Flush(*it->second);
+        }
+        if (auto it = loop_conns_.find(fd); it != loop_conns_.end() &&
+                                            (events[i].events & ~EPOLLOUT) != 0) {
+          Read(*it->second, now);
+        }
       }
     }
     if (stopping_.load()) break;
@@ -310,6 +324,7 @@ void HttpServer::Loop() {
   // Stopping: every connection the loop holds closes, and those handed back before the stop.
   while (!loop_conns_.empty()) Close(loop_conns_.begin()->first);
   std::lock_guard<std::mutex> lock(conns_->mu);
+  conns_->stopped = true;  // when the loop failed on its own: no handler hands one back now
   for (const std::unique_ptr<Conn>& c : conns_->returned) {
     conns_->fds.erase(c->fd);
     ::close(c->fd);
@@ -367,7 +382,49 @@ void HttpServer::Read(Conn& c, Clock::time_point now) {
   if (c.refused) return;           // dropped
   c.in.append(buf, static_cast<size_t>(n));
   c.last_bytes = now;
-  Advance(c, now);
+  if (!c.ready) Advance(c, now);   // (a ready request's pipelined successor waits its turn)
+}
+
+void HttpServer::Send(Conn& c, std::string_view data) {
+  c.out.append(data);
+  Flush(c);
+}
+
+// Writes what the socket takes of `out` now (the loop never waits on a client); the rest when
+// it has room (EPOLLOUT). Once all is written: a refused connection is shut for writing, a
+// ready request goes to its handler.
+void HttpServer::Flush(Conn& c) {
+  while (!c.out.empty()) {
+    const ssize_t n = ::send(c.fd, c.out.data(), c.out.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n > 0) {
+      c.out.erase(0, static_cast<size_t>(n));
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      if (!c.writing) {
+        epoll_event ev{};
+        ev.events = EPOLLIN | EPOLLOUT | EPOLLRDHUP;
+        ev.data.fd = c.fd;
+        if (::epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, c.fd, &ev) != 0) return Close(c.fd);
+        c.writing = true;
+      }
+      return;
+    }
+    return Close(c.fd);  // the client is gone
+  }
+  if (c.writing) {
+    epoll_event ev{};
+    ev.events = EPOLLIN | EPOLLRDHUP;
+    ev.data.fd = c.fd;
+    if (::epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, c.fd, &ev) != 0) return Close(c.fd);
+    c.writing = false;
+  }
+  if (c.refused) {
+    ::shutdown(c.fd, SHUT_WR);  // the answer, then FIN
+  } else if (c.ready) {
+    Dispatch(c);
+  }
 }
 
 void HttpServer::Advance(Conn& c, Clock::time_point now) {
@@ -378,15 +435,24 @@ void HttpServer::Advance(Conn& c, Clock::time_point now) {
     switch (next) {
       case HttpRequestReader::Next::kMore:
         return;
-      case HttpRequestReader::Next::kContinue:
-        if (!SendNow(c.fd, "HTTP/1.1 100 Continue\r\n\r\n")) return Close(c.fd);
+      case HttpRequestReader::Next::kContinue: {
+        const int fd = c.fd;
+        Send(c, "HTTP/1.1 100 Continue\r\n\r\n");
+        if (!loop_conns_.count(fd)) return;  // the client is gone
         continue;
+      }
       case HttpRequestReader::Next::kRefuse:
         return Refuse(c, c.reader.refusal_status(),
                       ErrorBody(c.reader.refusal_status(), c.reader.refusal(),
                                 "invalid_request_error"),
                       false, now);
       case HttpRequestReader::Next::kReady:
+        // The handler writes to the socket itself: what the loop still has to write goes
+        // first.
+        if (!c.out.empty()) {
+          c.ready = true;
+          return;
+        }
         return Dispatch(c);
     }
   }
@@ -394,6 +460,7 @@ void HttpServer::Advance(Conn& c, Clock::time_point now) {
 
 void HttpServer::Dispatch(Conn& c) {
   const int fd = c.fd;
+  c.ready = false;
   ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd, nullptr);  // the handler's until it hands it back
   std::unique_ptr<Conn> owned = std::move(loop_conns_.extract(fd).mapped());
   Conn* conn = owned.get();
@@ -454,6 +521,8 @@ void HttpServer::TakeBack(Clock::time_point now) {
   }
   for (std::unique_ptr<Conn>& conn : back) {
     conn->idle_since = now;
+    // A large body grew the read buffer; an idle connection keeps a small one.
+    if (conn->in.capacity() > kKeepBufferBytes) std::string(conn->in).swap(conn->in);
     Conn& c = *conn;
     const int fd = c.fd;
     loop_conns_[fd] = std::move(conn);
@@ -464,20 +533,21 @@ void HttpServer::TakeBack(Clock::time_point now) {
 
 void HttpServer::Refuse(Conn& c, int status, const std::string& body, bool retry_after,
                         Clock::time_point now) {
-  SendNow(c.fd, absl::StrCat("HTTP/1.1 ", status, " ", HttpReason(status),
-                             "\r\nContent-Type: application/json\r\nConnection: close\r\n",
-                             retry_after ? "Retry-After: 1\r\n" : "",
-                             "Content-Length: ", body.size(), "\r\n\r\n", body));
-  ::shutdown(c.fd, SHUT_WR);  // the answer, then FIN
   {
     std::lock_guard<std::mutex> lock(conns_->mu);
     conns_->fds.erase(c.fd);  // no longer one of the open connections
     conns_->idle.notify_all();
   }
   c.refused = true;
+  c.ready = false;
   c.in.clear();
   c.drop_until = now + kDropRefused;
-  if (++refused_open_ > kMaxRefusedOpen) Close(c.fd);
+  if (++refused_open_ > kMaxRefusedOpen) return Close(c.fd);
+  // After what the loop still had to write (a 100 Continue), then FIN.
+  Send(c, absl::StrCat("HTTP/1.1 ", status, " ", HttpReason(status),
+                       "\r\nContent-Type: application/json\r\nConnection: close\r\n",
+                       retry_after ? "Retry-After: 1\r\n" : "",
+                       "Content-Length: ", body.size(), "\r\n\r\n", body));
 }
 
 void HttpServer::Close(int fd) {

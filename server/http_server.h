@@ -103,6 +103,10 @@ struct HttpServerOptions {
 
 class HttpServer {
  public:
+  // Refused connections being drained at once, at most (beyond, they close at once): with
+  // max_connections and 4 of its own, the descriptors the server may hold.
+  static constexpr int kMaxRefusedOpen = 256;
+
   // Binds host:port (port 0: any free port, see port()) and starts accepting.
   static absl::StatusOr<std::unique_ptr<HttpServer>> Start(const std::string& host, int port,
                                                            HttpHandler handler,
@@ -127,7 +131,13 @@ class HttpServer {
     Clock::time_point idle_since;  // waiting for a request since
     Clock::time_point began;       // the request's first byte (io_timeout_ms runs from here)
     Clock::time_point last_bytes;  // the request's last read
-    bool refused = false;          // answered and shut for writing; what comes is dropped
+    // What the loop writes (a 100 Continue, a refusal) and the socket has not taken yet: a
+    // pipelining client may not have read the last response. Written as the socket drains.
+    std::string out;
+    bool writing = false;          // EPOLLOUT armed for `out`
+    bool ready = false;            // a whole request waits for `out` to go before its handler
+    bool refused = false;          // answered (shut for writing once `out` is sent); what comes
+                                   // is dropped
     Clock::time_point drop_until;  // refused: closed then, if the client has not closed first
   };
   // Shared with the handler threads, which touch it last, so that Stop may return (and the
@@ -146,6 +156,8 @@ class HttpServer {
   void Loop();
   void Accept(Clock::time_point now);
   void Read(Conn& c, Clock::time_point now);
+  void Send(Conn& c, std::string_view data);
+  void Flush(Conn& c);
   void Advance(Conn& c, Clock::time_point now);
   void Dispatch(Conn& c);
   void Refuse(Conn& c, int status, const std::string& body, bool retry_after,

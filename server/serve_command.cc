@@ -27,6 +27,7 @@
 #include "server/cli_args.h"
 #include "server/commands.h"
 #include "server/generation_service.h"
+#include "server/http_server.h"
 #include "server/kv_cache_size.h"
 #include "server/metrics.h"
 #include "server/model_loading.h"
@@ -135,9 +136,10 @@ class WarmupSink : public scheduler::TokenSink {
 // Raises the process's descriptor limit (RLIMIT_NOFILE) to its hard limit, as Go's runtime
 // does: the soft limit is often 1024, which `want` HTTP connections would exceed. Returns how
 // many connections the limit allows, keeping 256 descriptors for the rest (gRPC, the model's
-// file, logs), and says so when that is fewer than `want`.
+// file, logs) and what the HTTP server holds beside its connections (refused ones being
+// drained, its own), and says so when that is fewer than `want`.
 int HttpConnectionsAllowed(int want) {
-  constexpr rlim_t kReserve = 256;
+  constexpr rlim_t kReserve = 256 + HttpServer::kMaxRefusedOpen + 4;
   rlimit lim{};
   if (::getrlimit(RLIMIT_NOFILE, &lim) != 0) return want;
   if (lim.rlim_cur < lim.rlim_max) {
@@ -152,8 +154,9 @@ int HttpConnectionsAllowed(int want) {
       static_cast<int>(std::max<rlim_t>(16, lim.rlim_cur > kReserve ? lim.rlim_cur - kReserve : 0));
   std::fprintf(stderr,
                "serve: --max-http-connections %d lowered to %d: the process may open %llu "
-               "descriptors (ulimit -n), 256 of them kept for the rest\n",
-               want, allowed, static_cast<unsigned long long>(lim.rlim_cur));
+               "descriptors (ulimit -n), %llu of them kept for the rest\n",
+               want, allowed, static_cast<unsigned long long>(lim.rlim_cur),
+               static_cast<unsigned long long>(kReserve));
   return allowed;
 }
 

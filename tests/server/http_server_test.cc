@@ -532,6 +532,27 @@ TEST(HttpServerTest, IdleAndArrivingConnectionsHoldNoThread) {
   }
 }
 
+// The loop never waits on a client, so what it writes (a refusal, a 100 Continue) waits in the
+// connection when the socket is full: behind a large response a pipelining client has not
+// read yet, the 400 for its next request still arrives whole, after it (it was dropped).
+TEST(HttpServerTest, ARefusalBehindAnUnreadResponseArrivesWhole) {
+  const std::string big(4 << 20, 'x');
+  auto server = StartOrDie([&](const HttpRequest&, HttpResponder& out) {
+    out.Send(200, "text/plain", big);
+  });
+  ASSERT_NE(server, nullptr);
+  HttpConnection c(server->port());
+  ASSERT_TRUE(c.SendRaw("GET /big HTTP/1.1\r\n\r\nGET /bad HTTP/1.1\nX: y\n\n"));
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // nothing read yet
+  const HttpResult first = c.Read(10);
+  EXPECT_EQ(first.status, 200);
+  EXPECT_EQ(first.body.size(), big.size());
+  const HttpResult second = c.Read(10);
+  EXPECT_EQ(second.status, 400);
+  EXPECT_NE(second.body.find("bare CR or LF"), std::string::npos) << second.body;
+  EXPECT_TRUE(c.ClosedByServer());
+}
+
 TEST(HttpServerTest, StopEndsIdleConnectionsPromptly) {
   auto server = StartOrDie(Echo);
   ASSERT_NE(server, nullptr);
