@@ -109,15 +109,20 @@ HttpRequestReader::Next HttpRequestReader::Advance(std::string& in) {
     phase_ = Phase::kHead;
   }
   if (phase_ == Phase::kHead) {
-    // A bare CR or LF inside a line is a line end to some proxies and not to us. The head is
-    // scanned for one as it arrives (a head whose lines end with bare LFs never shows CRLF
-    // CRLF), and the rest of it once whole.
+    // A bare CR or LF inside a line is a line end to some proxies and not to us; no control
+    // character but tab belongs in a head at all. The head is scanned as it arrives, so a head
+    // whose lines end with bare LFs (it never shows CRLF CRLF), or bytes that are not HTTP (a
+    // TLS hello), are refused at once rather than at the request's deadline.
     const size_t head_end = in.find("\r\n\r\n", checked_ >= 3 ? checked_ - 3 : 0);
     const size_t scan_to = head_end != std::string::npos ? head_end
                            : !in.empty() && in.back() == '\r' ? in.size() - 1
                                                               : in.size();
     for (; checked_ < scan_to; ++checked_) {
       if (BareLineEndAt(in, checked_)) return Refuse(400, kBareLineEnd);
+      const unsigned char ch = static_cast<unsigned char>(in[checked_]);
+      if ((ch < 0x20 && ch != '\t' && ch != '\r' && ch != '\n') || ch == 0x7f) {
+        return Refuse(400, "control character in the request head");
+      }
     }
     if ((head_end == std::string::npos ? in.size() : head_end) > limits_.max_head_bytes) {
       return Refuse(431, "the request line and headers exceed 64 KiB");
@@ -143,29 +148,36 @@ HttpRequestReader::Next HttpRequestReader::Advance(std::string& in) {
 // The head is whole at in[0, head_end): the request line and headers, then how the body is
 // framed. Leaves the phase at the body (kMore: go on) unless it refuses or asks for 100 Continue.
 HttpRequestReader::Next HttpRequestReader::ParseHead(std::string& in, size_t head_end) {
-  const std::string head = in.substr(0, head_end);
+  const std::string head = in.substr(0, head_end);  // scanned: no control character
   in.erase(0, head_end + 4);
-  // No control characters but tab anywhere in the head (the bare CR and LF were checked).
-  for (unsigned char ch : head) {
-    if ((ch < 0x20 && ch != '\t' && ch != '\r' && ch != '\n') || ch == 0x7f) {
-      return Refuse(400, "control character in the request head");
-    }
-  }
   const std::vector<std::string_view> lines = Split(head, "\r\n");
   const std::vector<std::string_view> parts = Split(lines[0], " ");
-  if (parts.size() != 3 || parts[0].empty() || parts[1].empty() || parts[1][0] != '/' ||
-      !parts[2].starts_with("HTTP/1.")) {
-    if (parts.size() == 3 && parts[2].starts_with("HTTP/") && !parts[2].starts_with("HTTP/1.")) {
-      return Refuse(505, "only HTTP/1.0 and HTTP/1.1 are served");
-    }
+  // HTTP-version = "HTTP/" DIGIT "." DIGIT (RFC 9112 2.3): 1.0, or 1.1 (a later 1.x is answered
+  // as 1.1); another major version is 505.
+  auto digit = [](char ch) { return ch >= '0' && ch <= '9'; };
+  if (parts.size() != 3 || parts[0].empty() || parts[1].empty() || parts[2].size() != 8 ||
+      !parts[2].starts_with("HTTP/") || !digit(parts[2][5]) || parts[2][6] != '.' ||
+      !digit(parts[2][7])) {
     return Refuse(400, "malformed request line");
   }
+  if (parts[2][5] != '1') return Refuse(505, "only HTTP/1.0 and HTTP/1.1 are served");
+  http11_ = parts[2][7] != '0';
   req_.method = std::string(parts[0]);
-  const std::string_view target = parts[1];
+  // The target: origin-form (/path?query), or absolute-form (http://host/path?query), which a
+  // server must accept too (RFC 9112 3.2.2); the host part is not checked.
+  std::string_view target = parts[1];
+  const std::string scheme = Lower(target.substr(0, std::min<size_t>(target.size(), 8)));
+  if (scheme.starts_with("http://") || scheme.starts_with("https://")) {
+    const size_t authority = target.find("//") + 2;
+    const size_t slash = target.find_first_of("/?", authority);
+    target = slash == std::string_view::npos ? std::string_view() : target.substr(slash);
+  } else if (target[0] != '/') {
+    return Refuse(400, "malformed request line");
+  }
   const size_t q = target.find('?');
-  req_.path = std::string(target.substr(0, q));
+  const std::string_view path = target.substr(0, q);
+  req_.path = path.empty() ? std::string(1, '/') : std::string(path);  // "http://host" is "/"
   if (q != std::string_view::npos) req_.query = std::string(target.substr(q + 1));
-  http11_ = parts[2] == "HTTP/1.1";
   for (size_t i = 1; i < lines.size(); ++i) {
     const size_t colon = lines[i].find(':');
     if (colon == std::string_view::npos || colon == 0) return Refuse(400, "malformed header line");
@@ -186,7 +198,9 @@ HttpRequestReader::Next HttpRequestReader::ParseHead(std::string& in, size_t hea
   // A compressed body is not decoded: said so (RFC 9110 15.5.16), rather than parsed as JSON
   // and refused for its first byte. Before the body when the client waits for 100 Continue
   // (it sends none); else after it, so the answer is read, not lost to a reset.
-  const bool expects_continue = ContainsToken(req_.Header("expect"), "100-continue");
+  // (An HTTP/1.0 client's expectation is ignored: it cannot know 100 Continue, RFC 9110 10.1.1.)
+  const bool expects_continue =
+      http11_ && ContainsToken(req_.Header("expect"), "100-continue");
   const std::string content_coding =
       Lower(std::string(absl::StripAsciiWhitespace(req_.Header("content-encoding"))));
   if (!content_coding.empty() && content_coding != "identity") {

@@ -32,11 +32,12 @@ constexpr int kSweepMs = 100;
 // While more than half the connections are open, a connection that has waited this long for a
 // request, or for more bytes of one, makes room (closes).
 constexpr auto kPressureAfter = std::chrono::seconds(5);
-// A refused connection (a bad request, or over the limit) has its answer sent and is shut for
-// writing, then what the client sends is read and dropped for up to this long before it closes:
-// closed with the request unread, the socket sent a reset that could reach the client before it
-// read the answer (a client that writes its head and body apart got a broken pipe instead). At
-// most HttpServer::kMaxRefusedOpen at once; beyond, they close at once.
+// A connection that closes (refused: a bad request, over the limit; or its handler is done with
+// it) has its answer sent and is shut for writing, then what the client sends is read and
+// dropped for up to this long before it closes: closed with bytes unread, the socket sent a
+// reset that could reach the client before it read the answer (a client that writes its head
+// and body apart got a broken pipe instead; a pipelining one lost responses already written).
+// At most HttpServer::kMaxLingering at once; beyond, they close at once.
 constexpr auto kDropRefused = std::chrono::seconds(1);
 // A connection handed back keeps a read buffer this large at most (a large body grew it).
 constexpr size_t kKeepBufferBytes = 64 << 10;
@@ -379,10 +380,24 @@ void HttpServer::Read(Conn& c, Clock::time_point now) {
   const ssize_t n = ::recv(c.fd, buf, sizeof(buf), 0);
   if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
   if (n <= 0) return Close(c.fd);  // the client closed, or reset
-  if (c.refused) return;           // dropped
+  if (c.lingering) return;           // dropped
   c.in.append(buf, static_cast<size_t>(n));
   c.last_bytes = now;
+  const int fd = c.fd;
   if (!c.ready) Advance(c, now);   // (a ready request's pipelined successor waits its turn)
+  if (!loop_conns_.count(fd)) return;  // handed to its handler, or closed
+  Recount(c);
+  if (buffered_ > options_.max_buffered_bytes && !c.lingering) {
+    Refuse(c, 503,
+           ErrorBody(503, "the server holds too many request bytes from its clients now; "
+                          "retry later"),
+           true, now);
+  }
+}
+
+void HttpServer::Recount(Conn& c) {
+  buffered_ = buffered_ - c.counted + c.in.size();
+  c.counted = c.in.size();
 }
 
 void HttpServer::Send(Conn& c, std::string_view data) {
@@ -420,7 +435,7 @@ void HttpServer::Flush(Conn& c) {
     if (::epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, c.fd, &ev) != 0) return Close(c.fd);
     c.writing = false;
   }
-  if (c.refused) {
+  if (c.lingering) {
     ::shutdown(c.fd, SHUT_WR);  // the answer, then FIN
   } else if (c.ready) {
     Dispatch(c);
@@ -461,6 +476,8 @@ void HttpServer::Advance(Conn& c, Clock::time_point now) {
 void HttpServer::Dispatch(Conn& c) {
   const int fd = c.fd;
   c.ready = false;
+  buffered_ -= c.counted;  // what is left of `in` (a pipelined request) goes with it
+  c.counted = 0;
   ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd, nullptr);  // the handler's until it hands it back
   std::unique_ptr<Conn> owned = std::move(loop_conns_.extract(fd).mapped());
   Conn* conn = owned.get();
@@ -500,7 +517,8 @@ void HttpServer::Answer(std::unique_ptr<Conn> c, std::shared_ptr<Connections> co
   const int fd = c->fd;
   {
     std::lock_guard<std::mutex> lock(conns->mu);
-    if (reuse && !conns->stopped) {  // Stop has not begun: the loop and the pipe are there
+    if (!conns->stopped) {  // Stop has not begun: the loop and the pipe are there
+      c->close_after = !reuse;  // then the loop lingers on it before it closes
       conns->returned.push_back(std::move(c));
       const char byte = 1;
       [[maybe_unused]] ssize_t w = ::write(wake_write_, &byte, 1);
@@ -527,22 +545,23 @@ void HttpServer::TakeBack(Clock::time_point now) {
     const int fd = c.fd;
     loop_conns_[fd] = std::move(conn);
     Watch(c);
-    if (loop_conns_.count(fd)) Advance(c, now);  // a pipelined request may be there already
+    if (!loop_conns_.count(fd)) continue;
+    if (c.close_after) {
+      Linger(c, now);
+      if (loop_conns_.count(fd)) Flush(c);  // nothing to write: shuts it for writing
+      continue;
+    }
+    Recount(c);
+    Advance(c, now);  // a pipelined request may be there already
+    if (loop_conns_.count(fd)) Recount(c);
   }
 }
 
 void HttpServer::Refuse(Conn& c, int status, const std::string& body, bool retry_after,
                         Clock::time_point now) {
-  {
-    std::lock_guard<std::mutex> lock(conns_->mu);
-    conns_->fds.erase(c.fd);  // no longer one of the open connections
-    conns_->idle.notify_all();
-  }
-  c.refused = true;
-  c.ready = false;
-  c.in.clear();
-  c.drop_until = now + kDropRefused;
-  if (++refused_open_ > kMaxRefusedOpen) return Close(c.fd);
+  const int fd = c.fd;
+  Linger(c, now);
+  if (!loop_conns_.count(fd)) return;
   // After what the loop still had to write (a 100 Continue), then FIN.
   Send(c, absl::StrCat("HTTP/1.1 ", status, " ", HttpReason(status),
                        "\r\nContent-Type: application/json\r\nConnection: close\r\n",
@@ -550,11 +569,29 @@ void HttpServer::Refuse(Conn& c, int status, const std::string& body, bool retry
                        "Content-Length: ", body.size(), "\r\n\r\n", body));
 }
 
+// From now on the connection closes: it leaves the open ones (the connection limit), what it
+// sends is dropped, and it closes once the client has closed, or after kDropRefused.
+void HttpServer::Linger(Conn& c, Clock::time_point now) {
+  {
+    std::lock_guard<std::mutex> lock(conns_->mu);
+    conns_->fds.erase(c.fd);
+    conns_->idle.notify_all();
+  }
+  c.lingering = true;
+  c.ready = false;
+  c.in.clear();
+  c.in.shrink_to_fit();
+  Recount(c);
+  c.drop_until = now + kDropRefused;
+  if (++lingering_open_ > kMaxLingering) Close(c.fd);
+}
+
 void HttpServer::Close(int fd) {
   auto it = loop_conns_.find(fd);
   if (it == loop_conns_.end()) return;
-  if (it->second->refused) {
-    --refused_open_;
+  buffered_ -= it->second->counted;
+  if (it->second->lingering) {
+    --lingering_open_;
   } else {
     std::lock_guard<std::mutex> lock(conns_->mu);
     conns_->fds.erase(fd);
@@ -584,7 +621,7 @@ void HttpServer::Sweep(Clock::time_point now) {
   }
   std::vector<int> to_close;
   for (const auto& [fd, c] : loop_conns_) {
-    if (c->refused) {
+    if (c->lingering) {
       if (now >= c->drop_until) to_close.push_back(fd);
       continue;
     }

@@ -99,13 +99,17 @@ struct HttpServerOptions {
                                      // more than half are open); a write waits 30 s at most
   size_t max_head_bytes = 64 << 10;  // request line + headers
   size_t max_body_bytes = 8 << 20;   // a 128k-token prompt as text is about 0.5 MB
+  // Request bytes the loop holds across all connections (requests still arriving); the one
+  // whose read passes it gets 503. Bounds what many large uploads at once can take.
+  size_t max_buffered_bytes = 256 << 20;
 };
 
 class HttpServer {
  public:
-  // Refused connections being drained at once, at most (beyond, they close at once): with
-  // max_connections and 4 of its own, the descriptors the server may hold.
-  static constexpr int kMaxRefusedOpen = 256;
+  // Connections closing (refused, or their handler is done with them) that are drained at
+  // once, at most (beyond, they close at once): with max_connections and 4 of its own, the
+  // descriptors the server may hold.
+  static constexpr int kMaxLingering = 256;
 
   // Binds host:port (port 0: any free port, see port()) and starts accepting.
   static absl::StatusOr<std::unique_ptr<HttpServer>> Start(const std::string& host, int port,
@@ -136,17 +140,21 @@ class HttpServer {
     std::string out;
     bool writing = false;          // EPOLLOUT armed for `out`
     bool ready = false;            // a whole request waits for `out` to go before its handler
-    bool refused = false;          // answered (shut for writing once `out` is sent); what comes
-                                   // is dropped
-    Clock::time_point drop_until;  // refused: closed then, if the client has not closed first
+    size_t counted = 0;            // of `in`, the bytes in the server's buffered_ total
+    // Closing: refused, or its handler closed it. Shut for writing once `out` is sent, and
+    // what comes is read and dropped (closed with bytes unread, the socket would send a reset
+    // that can destroy the answer before the client reads it).
+    bool lingering = false;
+    bool close_after = false;      // handed back by a handler that is done with it
+    Clock::time_point drop_until;  // lingering: closed then, if the client has not closed first
   };
   // Shared with the handler threads, which touch it last, so that Stop may return (and the
   // server be destroyed) while a thread is still leaving its lock.
   struct Connections {
     std::mutex mu;
     std::condition_variable idle;
-    std::set<int> fds;  // the open connections, the loop's and the handlers' (not the refused)
-    std::vector<std::unique_ptr<Conn>> returned;  // kept alive, for the loop to take back
+    std::set<int> fds;  // the open connections, the loop's and the handlers' (not lingering)
+    std::vector<std::unique_ptr<Conn>> returned;  // handed back by handlers, for the loop
     bool stopped = false;
   };
 
@@ -162,11 +170,13 @@ class HttpServer {
   void Dispatch(Conn& c);
   void Refuse(Conn& c, int status, const std::string& body, bool retry_after,
               Clock::time_point now);
+  void Linger(Conn& c, Clock::time_point now);
+  void Recount(Conn& c);
   void Watch(Conn& c);
   void Close(int fd);
   void TakeBack(Clock::time_point now);
   void Sweep(Clock::time_point now);
-  // A handler thread: answers c's request, then hands c back or closes it.
+  // A handler thread: answers c's request, then hands c back (kept alive, or to close).
   void Answer(std::unique_ptr<Conn> c, std::shared_ptr<Connections> conns);
 
   int listen_fd_;
@@ -181,7 +191,8 @@ class HttpServer {
   std::shared_ptr<Connections> conns_ = std::make_shared<Connections>();
   // Loop thread only.
   std::map<int, std::unique_ptr<Conn>> loop_conns_;  // the connections the loop reads from
-  int refused_open_ = 0;                             // of them, refused ones being drained
+  int lingering_open_ = 0;                           // of them, lingering ones
+  size_t buffered_ = 0;                              // bytes of their `in` (Conn::counted)
   bool accept_paused_ = false;                       // out of descriptors: accept again at
   Clock::time_point accept_again_;
   Clock::time_point last_sweep_;

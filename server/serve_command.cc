@@ -139,7 +139,7 @@ class WarmupSink : public scheduler::TokenSink {
 // file, logs) and what the HTTP server holds beside its connections (refused ones being
 // drained, its own), and says so when that is fewer than `want`.
 int HttpConnectionsAllowed(int want) {
-  constexpr rlim_t kReserve = 256 + HttpServer::kMaxRefusedOpen + 4;
+  constexpr rlim_t kReserve = 256 + HttpServer::kMaxLingering + 4;
   rlimit lim{};
   if (::getrlimit(RLIMIT_NOFILE, &lim) != 0) return want;
   if (lim.rlim_cur < lim.rlim_max) {

@@ -142,6 +142,49 @@ TEST(HttpRequestReaderTest, BadRequestsAreRefusedWithTheirStatus) {
   }
 }
 
+TEST(HttpRequestReaderTest, TheVersionAndTheTargetAreReadStrictly) {
+  auto read = [](const std::string& bytes, HttpRequestReader& r) {
+    std::string in = bytes;
+    return r.Advance(in);
+  };
+  HttpRequestReader r;
+  for (const char* bad : {"GET / HTTP/1.x\r\n\r\n", "GET / HTTP/1.\r\n\r\n",
+                          "GET / HTTP/1.1x\r\n\r\n", "GET * HTTP/1.1\r\n\r\n",
+                          "GET ftp://a/b HTTP/1.1\r\n\r\n"}) {
+    r.Reset();
+    EXPECT_EQ(read(bad, r), Next::kRefuse) << bad;
+    EXPECT_EQ(r.refusal_status(), 400) << bad;
+  }
+  r.Reset();
+  EXPECT_EQ(read("GET / HTTP/3.0\r\n\r\n", r), Next::kRefuse);
+  EXPECT_EQ(r.refusal_status(), 505);
+  r.Reset();  // a later 1.x is answered as 1.1
+  ASSERT_EQ(read("GET / HTTP/1.2\r\n\r\n", r), Next::kReady);
+  EXPECT_TRUE(r.http11());
+  // The absolute form, which a proxy may send.
+  r.Reset();
+  ASSERT_EQ(read("GET http://example.com:8000/v1/models?x=1 HTTP/1.1\r\n\r\n", r), Next::kReady);
+  EXPECT_EQ(r.request().path, "/v1/models");
+  EXPECT_EQ(r.request().query, "x=1");
+  r.Reset();
+  ASSERT_EQ(read("GET HTTPS://example.com HTTP/1.1\r\n\r\n", r), Next::kReady);
+  EXPECT_EQ(r.request().path, "/");
+  // An HTTP/1.0 client cannot know 100 Continue: its expectation is ignored.
+  r.Reset();
+  std::string in = "POST / HTTP/1.0\r\nExpect: 100-continue\r\nContent-Length: 2\r\n\r\n";
+  EXPECT_EQ(r.Advance(in), Next::kMore);
+}
+
+// Bytes that are not HTTP (here the start of a TLS hello, no line end in sight) are refused as
+// they arrive, not held until the request's deadline.
+TEST(HttpRequestReaderTest, BytesThatAreNotHttpAreRefusedAtOnce) {
+  HttpRequestReader r;
+  std::string in("\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03", 11);
+  EXPECT_EQ(r.Advance(in), Next::kRefuse);
+  EXPECT_EQ(r.refusal_status(), 400);
+  EXPECT_EQ(r.refusal(), "control character in the request head");
+}
+
 // Fed a byte at a time, a large chunked body costs time linear in its size (each byte is
 // looked at a bounded number of times), not quadratic.
 TEST(HttpRequestReaderTest, AChunkedBodyInOneBytePiecesIsRead) {
