@@ -187,7 +187,14 @@ HttpRequestReader::Next HttpRequestReader::ParseHead(std::string& in, size_t hea
     std::string name = Lower(lines[i].substr(0, colon));
     std::string value(Trim(lines[i].substr(colon + 1)));
     auto [it, inserted] = req_.headers.emplace(name, value);
-    if (!inserted) it->second += ", " + value;
+    if (inserted) continue;
+    // Two Hosts: a proxy in front and this server could each take another one.
+    if (name == "host") return Refuse(400, "more than one Host header");
+    it->second += ", " + value;
+  }
+  // RFC 9112 3.2: a server must refuse an HTTP/1.1 request without Host.
+  if (http11_ && !req_.headers.count("host")) {
+    return Refuse(400, "an HTTP/1.1 request needs a Host header");
   }
   const std::string connection = req_.Header("connection");
   keep_alive_ = http11_ ? !ContainsToken(connection, "close")

@@ -6,7 +6,8 @@
 // The rules are strict where a proxy in front could read the framing differently (request
 // smuggling): no bare CR or LF, no control character in the head or a chunk line, a header name
 // is a token, Content-Length and Transfer-Encoding never together, chunked the only transfer
-// coding. Linear in the bytes received, however they are split.
+// coding, one Host (and an HTTP/1.1 request must have it). Linear in the bytes received, however
+// they are split.
 #pragma once
 
 #include <cstddef>

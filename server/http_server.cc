@@ -52,6 +52,25 @@ std::string ErrorBody(int status, std::string_view message,
                       std::string(type), R"(","param":null,"code":)", status, "}}");
 }
 
+// A response's head up to its framing (Content-Length or Transfer-Encoding, then the blank
+// line): the status line, Content-Type, the Connection header the client needs, then `headers`
+// and `extra`.
+std::string ResponseHead(int status, std::string_view content_type, bool keep_alive, bool http11,
+                         const HttpHeaders& headers, const HttpHeaders& extra = {}) {
+  std::string head = absl::StrCat("HTTP/1.1 ", status, " ", HttpReason(status), "\r\n");
+  if (!content_type.empty()) {
+    absl::StrAppend(&head, "Content-Type: ", std::string(content_type), "\r\n");
+  }
+  if (!keep_alive) {
+    absl::StrAppend(&head, "Connection: close\r\n");
+  } else if (!http11) {
+    absl::StrAppend(&head, "Connection: keep-alive\r\n");  // 1.0 closes unless told
+  }
+  for (const auto& [name, value] : headers) absl::StrAppend(&head, name, ": ", value, "\r\n");
+  for (const auto& [name, value] : extra) absl::StrAppend(&head, name, ": ", value, "\r\n");
+  return head;
+}
+
 }  // namespace
 
 const char* HttpReason(int status) {
@@ -76,6 +95,15 @@ const char* HttpReason(int status) {
     case 505: return "HTTP Version Not Supported";
   }
   return "Unknown";
+}
+
+const char* HttpTransportRefusalName(HttpTransportRefusal why) {
+  switch (why) {
+    case HttpTransportRefusal::kConnections: return "connections";
+    case HttpTransportRefusal::kRequestBytes: return "request_bytes";
+    case HttpTransportRefusal::kThreads: return "threads";
+  }
+  return "unknown";
 }
 
 // ---- HttpResponder -------------------------------------------------------------------------
@@ -107,26 +135,12 @@ bool HttpResponder::WriteAll(std::string_view data) {
   return true;
 }
 
-std::string HttpResponder::Head(int status, std::string_view content_type,
-                                const HttpHeaders& extra) const {
-  std::string head = absl::StrCat("HTTP/1.1 ", status, " ", HttpReason(status), "\r\n");
-  if (!content_type.empty()) head += "Content-Type: " + std::string(content_type) + "\r\n";
-  if (!keep_alive_) {
-    absl::StrAppend(&head, "Connection: close\r\n");
-  } else if (!http11_) {
-    absl::StrAppend(&head, "Connection: keep-alive\r\n");  // 1.0 closes unless told
-  }
-  for (const auto& [name, value] : headers_) absl::StrAppend(&head, name, ": ", value, "\r\n");
-  for (const auto& [name, value] : extra) absl::StrAppend(&head, name, ": ", value, "\r\n");
-  return head;
-}
-
 bool HttpResponder::Send(int status, std::string_view content_type, std::string_view body,
                          const HttpHeaders& extra) {
   if (state_ != State::kNone) return false;
   state_ = State::kDone;
   if (stopping_->load()) keep_alive_ = false;
-  std::string out = Head(status, content_type, extra);
+  std::string out = ResponseHead(status, content_type, keep_alive_, http11_, headers_, extra);
   absl::StrAppend(&out, "Content-Length: ", body.size(), "\r\n\r\n");
   if (!head_only_) out.append(body);  // a HEAD's answer says the length and sends no body
   return WriteAll(out);
@@ -138,7 +152,7 @@ bool HttpResponder::StartChunked(int status, std::string_view content_type,
   state_ = State::kChunked;
   // 1.0: the body ends with the connection; HEAD: the head does.
   if (!http11_ || stopping_->load() || head_only_) keep_alive_ = false;
-  std::string out = Head(status, content_type, extra);
+  std::string out = ResponseHead(status, content_type, keep_alive_, http11_, headers_, extra);
   const bool chunked = http11_ && !head_only_;
   absl::StrAppend(&out, chunked ? "Transfer-Encoding: chunked\r\n\r\n" : "\r\n");
   return WriteAll(out);
@@ -254,7 +268,9 @@ HttpServer::HttpServer(int listen_fd, int epoll_fd, int wake_read, int wake_writ
       port_(port),
       handler_(std::move(handler)),
       options_(options),
-      limits_{options.max_head_bytes, options.max_body_bytes} {}
+      limits_{options.max_head_bytes, options.max_body_bytes} {
+  conns_->on_open = options_.on_connections;
+}
 
 HttpServer::~HttpServer() { Stop(); }
 
@@ -327,11 +343,10 @@ void HttpServer::Loop() {
   std::lock_guard<std::mutex> lock(conns_->mu);
   conns_->stopped = true;  // when the loop failed on its own: no handler hands one back now
   for (const std::unique_ptr<Conn>& c : conns_->returned) {
-    conns_->fds.erase(c->fd);
+    conns_->Forget(c->fd);
     ::close(c->fd);
   }
   conns_->returned.clear();
-  conns_->idle.notify_all();
 }
 
 void HttpServer::Accept(Clock::time_point now) {
@@ -351,19 +366,16 @@ void HttpServer::Accept(Clock::time_point now) {
     {
       std::lock_guard<std::mutex> lock(conns_->mu);
       if (static_cast<int>(conns_->fds.size()) < options_.max_connections) {
-        conns_->fds.insert(fd);
+        conns_->Admit(fd);
         admitted = true;
       }
     }
-    auto conn = std::make_unique<Conn>();
-    conn->fd = fd;
-    conn->reader = HttpRequestReader(limits_);
-    conn->idle_since = now;
+    auto conn = std::make_unique<Conn>(fd, limits_, now);
     Conn& c = *conn;
     loop_conns_[fd] = std::move(conn);
     Watch(c);
     if (!admitted && loop_conns_.count(fd)) {
-      Refuse(c, 503, ErrorBody(503, "too many open connections; retry later"), true, now);
+      RefuseForNow(c, HttpTransportRefusal::kConnections, "too many open connections", now);
     }
   }
 }
@@ -388,10 +400,8 @@ void HttpServer::Read(Conn& c, Clock::time_point now) {
   if (!loop_conns_.count(fd)) return;  // handed to its handler, or closed
   Recount(c);
   if (buffered_ > options_.max_buffered_bytes && !c.lingering) {
-    Refuse(c, 503,
-           ErrorBody(503, "the server holds too many request bytes from its clients now; "
-                          "retry later"),
-           true, now);
+    RefuseForNow(c, HttpTransportRefusal::kRequestBytes,
+                 "the server holds too many request bytes from its clients now", now);
   }
 }
 
@@ -489,8 +499,8 @@ void HttpServer::Dispatch(Conn& c) {
     loop_conns_[fd] = std::move(owned);
     Watch(*conn);
     if (loop_conns_.count(fd)) {
-      Refuse(*conn, 503, ErrorBody(503, "the server cannot take another request now; retry later"),
-             true, Clock::now());
+      RefuseForNow(*conn, HttpTransportRefusal::kThreads,
+                   "the server cannot take another request now", Clock::now());
     }
   }
 }
@@ -525,8 +535,7 @@ void HttpServer::Answer(std::unique_ptr<Conn> c, std::shared_ptr<Connections> co
       return;  // the last use of `this`, under the lock Stop takes first
     }
     // Out of the set before it closes, so Stop never shuts down a reused descriptor.
-    conns->fds.erase(fd);
-    conns->idle.notify_all();
+    conns->Forget(fd);
   }
   ::close(fd);
 }
@@ -563,10 +572,18 @@ void HttpServer::Refuse(Conn& c, int status, const std::string& body, bool retry
   Linger(c, now);
   if (!loop_conns_.count(fd)) return;
   // After what the loop still had to write (a 100 Continue), then FIN.
-  Send(c, absl::StrCat("HTTP/1.1 ", status, " ", HttpReason(status),
-                       "\r\nContent-Type: application/json\r\nConnection: close\r\n",
-                       retry_after ? "Retry-After: 1\r\n" : "",
-                       "Content-Length: ", body.size(), "\r\n\r\n", body));
+  HttpHeaders headers;
+  if (retry_after) headers.emplace_back("Retry-After", "1");
+  headers.emplace_back("Content-Length", std::to_string(body.size()));
+  Send(c, absl::StrCat(ResponseHead(status, "application/json", /*keep_alive=*/false,
+                                    /*http11=*/true, headers),
+                       "\r\n", body));
+}
+
+void HttpServer::RefuseForNow(Conn& c, HttpTransportRefusal why, std::string_view message,
+                              Clock::time_point now) {
+  if (options_.on_refused) options_.on_refused(why);
+  Refuse(c, 503, ErrorBody(503, absl::StrCat(std::string(message), "; retry later")), true, now);
 }
 
 // From now on the connection closes: it leaves the open ones (the connection limit), what it
@@ -574,8 +591,7 @@ void HttpServer::Refuse(Conn& c, int status, const std::string& body, bool retry
 void HttpServer::Linger(Conn& c, Clock::time_point now) {
   {
     std::lock_guard<std::mutex> lock(conns_->mu);
-    conns_->fds.erase(c.fd);
-    conns_->idle.notify_all();
+    conns_->Forget(c.fd);
   }
   c.lingering = true;
   c.ready = false;
@@ -594,8 +610,7 @@ void HttpServer::Close(int fd) {
     --lingering_open_;
   } else {
     std::lock_guard<std::mutex> lock(conns_->mu);
-    conns_->fds.erase(fd);
-    conns_->idle.notify_all();
+    conns_->Forget(fd);
   }
   loop_conns_.erase(it);
   ::close(fd);  // and out of the epoll set with it

@@ -76,7 +76,6 @@ class HttpResponder {
 
  private:
   bool WriteAll(std::string_view data);
-  std::string Head(int status, std::string_view content_type, const HttpHeaders& extra) const;
 
   enum class State { kNone, kChunked, kDone };
   int fd_;
@@ -91,6 +90,15 @@ class HttpResponder {
 
 using HttpHandler = std::function<void(const HttpRequest&, HttpResponder&)>;
 
+// Why the transport itself answered 503, before any handler saw a request.
+enum class HttpTransportRefusal {
+  kConnections,   // a connection over max_connections
+  kRequestBytes,  // the read that took the request bytes held past max_buffered_bytes
+  kThreads,       // no thread to be had for a whole request
+};
+// "connections", "request_bytes", "threads" (the metric's label).
+const char* HttpTransportRefusalName(HttpTransportRefusal why);
+
 struct HttpServerOptions {
   int max_connections = 256;         // open at once (being read or answered); more get 503
   int idle_timeout_ms = 60'000;      // keep-alive connection with no request (5 s once more
@@ -102,6 +110,11 @@ struct HttpServerOptions {
   // Request bytes the loop holds across all connections (requests still arriving); the one
   // whose read passes it gets 503. Bounds what many large uploads at once can take.
   size_t max_buffered_bytes = 256 << 20;
+  // Told the connections open (counted against max_connections) each time the number changes,
+  // in order (the server's lock is held: keep it quick, and do not call the server), and each
+  // 503 of the transport's own (the loop's thread). Neither is called once Stop has returned.
+  std::function<void(int open)> on_connections;
+  std::function<void(HttpTransportRefusal why)> on_refused;
 };
 
 class HttpServer {
@@ -129,6 +142,8 @@ class HttpServer {
   // A connection: the loop's while it reads a request, then a handler thread's while the
   // request is answered, then the loop's again if it is kept alive.
   struct Conn {
+    Conn(int fd, HttpRequestLimits limits, Clock::time_point now)
+        : fd(fd), reader(limits), idle_since(now) {}
     int fd;
     std::string in;  // bytes read and not yet consumed (may hold a pipelined request)
     HttpRequestReader reader;
@@ -156,6 +171,16 @@ class HttpServer {
     std::set<int> fds;  // the open connections, the loop's and the handlers' (not lingering)
     std::vector<std::unique_ptr<Conn>> returned;  // handed back by handlers, for the loop
     bool stopped = false;
+    std::function<void(int open)> on_open;  // HttpServerOptions::on_connections
+    // fd joins, or leaves, the open connections (mu held).
+    void Admit(int fd) {
+      fds.insert(fd);
+      if (on_open) on_open(static_cast<int>(fds.size()));
+    }
+    void Forget(int fd) {
+      if (fds.erase(fd) != 0 && on_open) on_open(static_cast<int>(fds.size()));
+      idle.notify_all();
+    }
   };
 
   HttpServer(int listen_fd, int epoll_fd, int wake_read, int wake_write, int port,
@@ -170,6 +195,9 @@ class HttpServer {
   void Dispatch(Conn& c);
   void Refuse(Conn& c, int status, const std::string& body, bool retry_after,
               Clock::time_point now);
+  // Refuse with the transport's own 503 (told to on_refused).
+  void RefuseForNow(Conn& c, HttpTransportRefusal why, std::string_view message,
+                    Clock::time_point now);
   void Linger(Conn& c, Clock::time_point now);
   void Recount(Conn& c);
   void Watch(Conn& c);

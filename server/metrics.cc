@@ -37,6 +37,13 @@ Metrics::Metrics(const MetricsInfo& info)
                             .Help("Requests refused at submission, by the gRPC status code "
                                   "they were answered with")
                             .Register(*registry_)),
+      http_open_(BuildGauge().Name("thetaserve_http_connections_open")
+                     .Help("Connections open on the HTTP API, counted against its limit")
+                     .Register(*registry_).Add({})),
+      http_limit_(BuildGauge().Name("thetaserve_http_connections_limit")
+                      .Help("Connections the HTTP API holds open at most "
+                            "(--max-http-connections; 0 without the HTTP API)")
+                      .Register(*registry_).Add({})),
       running_(BuildGauge().Name("thetaserve_requests_running")
                    .Help("Requests in the running batch").Register(*registry_).Add({})),
       waiting_(BuildGauge().Name("thetaserve_requests_waiting")
@@ -152,6 +159,19 @@ Metrics::Metrics(const MetricsInfo& info)
     rejected_by_code_cache_[static_cast<size_t>(code)] =
         &rejected_by_code_.Add({{"code", absl::StatusCodeToString(code)}});
   }
+  auto& http_refused = BuildCounter()
+                           .Name("thetaserve_http_refused_total")
+                           .Help("503s the HTTP API's transport answered before any handler saw "
+                                 "a request, by reason: connections (over the limit), "
+                                 "request_bytes (over the bound on request bytes held), threads "
+                                 "(none to be had)")
+                           .Register(*registry_);
+  for (HttpTransportRefusal why :
+       {HttpTransportRefusal::kConnections, HttpTransportRefusal::kRequestBytes,
+        HttpTransportRefusal::kThreads}) {
+    http_refused_[static_cast<int>(why)] =
+        &http_refused.Add({{"reason", HttpTransportRefusalName(why)}});
+  }
   auto& step_family = BuildHistogram()
                           .Name("thetaserve_step_duration_seconds")
                           .Help("Engine step time (forward + sampling), by phase of the batch")
@@ -206,6 +226,14 @@ void Metrics::OnRejected(absl::StatusCode code) {
     rejected_by_code_cache_[i].store(counter, std::memory_order_release);
   }
   counter->Increment();
+}
+
+void Metrics::OnHttpConnections(int open) { http_open_.Set(open); }
+
+void Metrics::SetHttpConnectionLimit(int limit) { http_limit_.Set(limit); }
+
+void Metrics::OnHttpRefused(HttpTransportRefusal why) {
+  http_refused_[static_cast<int>(why)]->Increment();
 }
 
 void Metrics::OnFinish(const scheduler::FinishInfo& info) {

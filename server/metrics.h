@@ -16,6 +16,7 @@
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
 #include "scheduler/request.h"
+#include "server/http_server.h"
 #include "scheduler/stats.h"
 
 namespace thetaserve::server {
@@ -40,6 +41,11 @@ class Metrics {
   // Refused at submission (bad input, a wrong API key, a full queue, draining), by the gRPC
   // code it was answered with (the HTTP API's errors map onto the same codes).
   void OnRejected(absl::StatusCode code);
+  // The HTTP API's transport: the connections open, the limit on them (--max-http-connections
+  // as the descriptor limit left it; 0 without the HTTP API), and its own 503s, by why.
+  void OnHttpConnections(int open);
+  void SetHttpConnectionLimit(int limit);
+  void OnHttpRefused(HttpTransportRefusal why);
   void OnFinish(const scheduler::FinishInfo& info);
   void OnInterTokenLatency(double seconds);
   void OnEngineStats(const scheduler::EngineStats& stats, const scheduler::StepStats* step);
@@ -69,6 +75,9 @@ class Metrics {
   // rejection storm is when this runs most).
   std::atomic<prometheus::Counter*> rejected_by_code_cache_[17] = {};
   prometheus::Counter* finished_[5];  // by scheduler::FinishReason
+  prometheus::Gauge& http_open_;
+  prometheus::Gauge& http_limit_;
+  prometheus::Counter* http_refused_[3];  // by HttpTransportRefusal
   prometheus::Gauge& running_;
   prometheus::Gauge& waiting_;
   prometheus::Histogram& ttft_;

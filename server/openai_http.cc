@@ -196,6 +196,11 @@ absl::StatusOr<std::unique_ptr<OpenAiHttpServer>> OpenAiHttpServer::Start(
   std::unique_ptr<OpenAiHttpServer> s(new OpenAiHttpServer(service, model, options));
   HttpServerOptions http;
   http.max_connections = options.max_connections;
+  if (Metrics* metrics = service.metrics()) {
+    metrics->SetHttpConnectionLimit(options.max_connections);
+    http.on_connections = [metrics](int open) { metrics->OnHttpConnections(open); };
+    http.on_refused = [metrics](HttpTransportRefusal why) { metrics->OnHttpRefused(why); };
+  }
   auto server = HttpServer::Start(
       options.host, options.port,
       [p = s.get()](const HttpRequest& req, HttpResponder& out) { p->Handle(req, out); }, http);

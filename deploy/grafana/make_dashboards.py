@@ -252,6 +252,13 @@ def serving():
                                 targets(("sum(%s)" % sel("thetaserve_requests_running"), "running"),
                                         ("sum(%s)" % sel("thetaserve_requests_waiting"), "waiting"))), 8, 8))
 
+    p.append(L.place(timeseries("HTTP API connections", "Connections open on the OpenAI-compatible HTTP API against their limit (--max-http-connections, as the descriptor limit left it), summed over the selected instances. Past half the limit, idle and stalled connections are closed after 5 s; at it, new ones get 503. The ThetaserveHttpConnectionsNearLimit alert fires above 90% for 10 minutes.",
+                                targets(("sum(%s)" % sel("thetaserve_http_connections_open"), "open"),
+                                        ("sum(%s)" % sel("thetaserve_http_connections_limit"), "limit"))), 12, 8))
+    p.append(L.place(timeseries("HTTP transport 503s by reason", "503s the HTTP API's transport answered per second before any request reached the API (not counted among the refusals by code): connections = over --max-http-connections, request_bytes = over the bound on request bytes held across connections (256 MiB), threads = no thread to be had for a request.",
+                                targets(("sum by (reason) (%s)" % rate("thetaserve_http_refused_total"), "{{reason}}")),
+                                unit="reqps", stack=True), 12, 8))
+
     p.append(L.row("Latency"))
     for title, hist, desc in [
         ("Time to first token", "thetaserve_time_to_first_token_seconds",

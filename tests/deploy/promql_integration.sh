@@ -74,11 +74,16 @@ free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",
 port=$(free_port); mport=$(free_port); pport=$(free_port)
 while [ "$mport" = "$port" ]; do mport=$(free_port); done
 while [ "$pport" = "$port" ] || [ "$pport" = "$mport" ]; do pport=$(free_port); done
+hport=$(free_port)  # the HTTP API, on as the chart runs it (its connection series are real)
+while [ "$hport" = "$port" ] || [ "$hport" = "$mport" ] || [ "$hport" = "$pport" ]; do
+  hport=$(free_port)
+done
 
 server_env=(
   THETASERVE_HOME="$root" THETASERVE_BIN="$bin" THETASERVE_MODEL="$model"
   THETASERVE_FETCH_MODEL=always THETASERVE_PYTHON="$health_py"
   THETASERVE_FLAG_HOST=127.0.0.1 THETASERVE_FLAG_PORT="$port" THETASERVE_FLAG_METRICS_PORT="$mport"
+  THETASERVE_FLAG_HTTP_PORT="$hport"
   THETASERVE_FLAG_THREADS=1 THETASERVE_FLAG_KV_CACHE_MEMORY=64M THETASERVE_FLAG_MAX_NUM_SEQS=4
   THETASERVE_FLAG_DRAIN_TIMEOUT=20
 )

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <filesystem>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -41,6 +42,35 @@ int StatusOfRaw(int port, const std::string& bytes) {
   return r.status;
 }
 
+// What a server tells its options' on_connections and on_refused (must outlive the server).
+class Told {
+ public:
+  void Into(HttpServerOptions& o) {
+    o.on_connections = [this](int n) {
+      std::lock_guard<std::mutex> lock(mu_);
+      open_.push_back(n);
+    };
+    o.on_refused = [this](HttpTransportRefusal why) {
+      std::lock_guard<std::mutex> lock(mu_);
+      ++refused_[static_cast<int>(why)];
+    };
+  }
+  int refused(HttpTransportRefusal why) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return refused_[static_cast<int>(why)];
+  }
+  // The counts told, in order.
+  std::vector<int> open() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return open_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<int> open_;
+  int refused_[3] = {};
+};
+
 std::unique_ptr<HttpServer> StartOrDie(HttpHandler h, HttpServerOptions o = {}) {
   auto s = HttpServer::Start("127.0.0.1", 0, std::move(h), o);
   EXPECT_TRUE(s.ok()) << s.status();
@@ -59,14 +89,14 @@ TEST(HttpServerTest, KeepAliveAndPipelinedRequestsShareOneConnection) {
   EXPECT_EQ(r1.headers["x-echo"], "1");
   EXPECT_EQ(r1.headers.count("connection"), 0u);  // kept open
   // Two requests in one write; header names in any case.
-  ASSERT_TRUE(c.SendRaw("GET /b HTTP/1.1\r\nx-TEST: two\r\n\r\n"
-                        "POST /c HTTP/1.1\r\ncontent-length: 3\r\n\r\nxyz"));
+  ASSERT_TRUE(c.SendRaw("GET /b HTTP/1.1\r\nHost: t\r\nx-TEST: two\r\n\r\n"
+                        "POST /c HTTP/1.1\r\nHost: t\r\ncontent-length: 3\r\n\r\nxyz"));
   HttpResult r2 = c.Read(10);
   HttpResult r3 = c.Read(10);
   EXPECT_EQ(r2.body, "GET /b?|two|");
   EXPECT_EQ(r3.body, "POST /c?||xyz");
   // Connection: close is honoured.
-  ASSERT_TRUE(c.SendRaw("GET /d HTTP/1.1\r\nConnection: close\r\n\r\n"));
+  ASSERT_TRUE(c.SendRaw("GET /d HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"));
   HttpResult r4 = c.Read(10);
   EXPECT_EQ(r4.status, 200);
   EXPECT_EQ(r4.headers["connection"], "close");
@@ -101,7 +131,7 @@ TEST(HttpServerTest, ChunkedResponsesArriveChunkByChunk) {
   ASSERT_NE(server, nullptr);
   HttpConnection c(server->port());
   for (int round = 0; round < 2; ++round) {  // and the connection stays usable
-    ASSERT_TRUE(c.SendRaw("GET /s HTTP/1.1\r\n\r\n"));
+    ASSERT_TRUE(c.SendRaw("GET /s HTTP/1.1\r\nHost: t\r\n\r\n"));
     HttpResult r = c.Read(10);
     EXPECT_EQ(r.status, 200);
     EXPECT_EQ(r.headers["content-type"], "text/event-stream");
@@ -134,9 +164,9 @@ TEST(HttpServerTest, EmptyLinesBeforeARequestAreIgnored) {
   auto server = StartOrDie(Echo);
   ASSERT_NE(server, nullptr);
   HttpConnection c(server->port());
-  ASSERT_TRUE(c.SendRaw("\r\n\r\nGET /a HTTP/1.1\r\n\r\n"));
+  ASSERT_TRUE(c.SendRaw("\r\n\r\nGET /a HTTP/1.1\r\nHost: t\r\n\r\n"));
   EXPECT_EQ(c.Read(10).body, "GET /a?||");
-  ASSERT_TRUE(c.SendRaw("\r\nGET /b HTTP/1.1\r\n\r\n"));
+  ASSERT_TRUE(c.SendRaw("\r\nGET /b HTTP/1.1\r\nHost: t\r\n\r\n"));
   EXPECT_EQ(c.Read(10).body, "GET /b?||");
   // A few, not a stream of them.
   HttpConnection flood(server->port());
@@ -152,22 +182,22 @@ TEST(HttpServerTest, AmbiguousFramingIsRefused) {
   auto server = StartOrDie(Echo);
   ASSERT_NE(server, nullptr);
   auto status_of = [&](const std::string& bytes) { return StatusOfRaw(server->port(), bytes); };
-  const std::string smuggled = "GET /smuggled HTTP/1.1\r\n\r\n";
-  EXPECT_EQ(status_of("POST / HTTP/1.1\r\nContent-Length : " + std::to_string(smuggled.size()) +
+  const std::string smuggled = "GET /smuggled HTTP/1.1\r\nHost: t\r\n\r\n";
+  EXPECT_EQ(status_of("POST / HTTP/1.1\r\nHost: t\r\nContent-Length : " + std::to_string(smuggled.size()) +
                       "\r\n\r\n" + smuggled), 400);
-  EXPECT_EQ(status_of("POST / HTTP/1.1\r\nContent-Length: +5\r\n\r\nhello"), 400);
-  EXPECT_EQ(status_of("POST / HTTP/1.1\r\nContent-Length: \r\n\r\n"), 400);
-  EXPECT_EQ(status_of("POST / HTTP/1.1\r\nContent-Length: 5\r\nContent-Length: 5\r\n\r\nhello"), 400);
-  EXPECT_EQ(status_of("POST / HTTP/1.1\r\nContent-Length: 0x5\r\n\r\nhello"), 400);
-  EXPECT_EQ(status_of("POST / HTTP/1.1\r\nTransfer-Encoding : chunked\r\n\r\n0\r\n\r\n"), 400);
-  EXPECT_EQ(status_of("POST / HTTP/1.1\r\nTransfer-Encoding:\r\n\r\n"), 400);
-  EXPECT_EQ(status_of("POST / HTTP/1.1\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n"
+  EXPECT_EQ(status_of("POST / HTTP/1.1\r\nHost: t\r\nContent-Length: +5\r\n\r\nhello"), 400);
+  EXPECT_EQ(status_of("POST / HTTP/1.1\r\nHost: t\r\nContent-Length: \r\n\r\n"), 400);
+  EXPECT_EQ(status_of("POST / HTTP/1.1\r\nHost: t\r\nContent-Length: 5\r\nContent-Length: 5\r\n\r\nhello"), 400);
+  EXPECT_EQ(status_of("POST / HTTP/1.1\r\nHost: t\r\nContent-Length: 0x5\r\n\r\nhello"), 400);
+  EXPECT_EQ(status_of("POST / HTTP/1.1\r\nHost: t\r\nTransfer-Encoding : chunked\r\n\r\n0\r\n\r\n"), 400);
+  EXPECT_EQ(status_of("POST / HTTP/1.1\r\nHost: t\r\nTransfer-Encoding:\r\n\r\n"), 400);
+  EXPECT_EQ(status_of("POST / HTTP/1.1\r\nHost: t\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n"
                       "0\r\n\r\n"), 400);
   EXPECT_EQ(status_of("POST / HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"), 400);
   // A bare LF or CR inside the head ends a line for some proxies and not for us.
-  EXPECT_EQ(status_of("POST / HTTP/1.1\r\nX-A: a\nContent-Length: 5\r\n\r\nhello"), 400);
-  EXPECT_EQ(status_of("POST / HTTP/1.1\r\nX-A: a\rContent-Length: 5\r\n\r\nhello"), 400);
-  EXPECT_EQ(status_of(std::string("GET / HTTP/1.1\r\nX-A: a\0b\r\n\r\n", 28)), 400);
+  EXPECT_EQ(status_of("POST / HTTP/1.1\r\nHost: t\r\nX-A: a\nContent-Length: 5\r\n\r\nhello"), 400);
+  EXPECT_EQ(status_of("POST / HTTP/1.1\r\nHost: t\r\nX-A: a\rContent-Length: 5\r\n\r\nhello"), 400);
+  EXPECT_EQ(status_of(std::string("GET / HTTP/1.1\r\nHost: t\r\nX-A: a\0b\r\n\r\n", 37)), 400);
 }
 
 // A head whose lines all end with bare LFs (hand-written clients, some scripts) never shows
@@ -205,15 +235,15 @@ TEST(HttpServerTest, ChunkedRequestBodiesAreDecoded) {
   HttpConnection c(server->port());
   ASSERT_TRUE(c.connected());
   // Extensions and trailers are ignored; hex in either case; the connection stays usable.
-  ASSERT_TRUE(c.SendRaw("POST /c HTTP/1.1\r\nTransfer-Encoding: Chunked\r\n\r\n"
+  ASSERT_TRUE(c.SendRaw("POST /c HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: Chunked\r\n\r\n"
                         "5 ;name=value\r\nhello\r\nA\r\n, chunked!\r\n0\r\nX-Trailer: t\r\n\r\n"
-                        "GET /next HTTP/1.1\r\n\r\n"));
+                        "GET /next HTTP/1.1\r\nHost: t\r\n\r\n"));
   HttpResult r = c.Read(10);
   EXPECT_EQ(r.status, 200);
   EXPECT_EQ(r.body, "POST /c?||hello, chunked!");
   EXPECT_EQ(c.Read(10).body, "GET /next?||");
   // A chunk that arrives in pieces, after Expect: 100-continue.
-  ASSERT_TRUE(c.SendRaw("POST /p HTTP/1.1\r\nTransfer-Encoding: chunked\r\n"
+  ASSERT_TRUE(c.SendRaw("POST /p HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n"
                         "Expect: 100-continue\r\n\r\n"));
   bool ok = false;
   EXPECT_EQ(c.ReadLine(10, &ok), "HTTP/1.1 100 Continue");
@@ -227,7 +257,7 @@ TEST(HttpServerTest, ChunkedRequestBodiesAreDecoded) {
   // A body of one-byte chunks (each shifted the whole buffer once: quadratic).
   std::string ones;
   for (int i = 0; i < 1000; ++i) ones += "1\r\n" + std::string(1, char('a' + i % 26)) + "\r\n";
-  ASSERT_TRUE(c.SendRaw("POST /o HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n" + ones +
+  ASSERT_TRUE(c.SendRaw("POST /o HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n" + ones +
                         "0\r\n\r\n"));
   HttpResult one_byte = c.Read(10);
   EXPECT_EQ(one_byte.status, 200);
@@ -236,7 +266,7 @@ TEST(HttpServerTest, ChunkedRequestBodiesAreDecoded) {
 
   auto raw = [&](const std::string& chunks) {
     return StatusOfRaw(server->port(),
-                       "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n" + chunks);
+                       "POST / HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n" + chunks);
   };
   EXPECT_EQ(raw("zz\r\nhello\r\n0\r\n\r\n"), 400) << "not hex";
   EXPECT_EQ(raw("\r\n"), 400) << "no size";
@@ -253,7 +283,7 @@ TEST(HttpServerTest, ChunkedRequestBodiesAreDecoded) {
   EXPECT_EQ(raw("0\r\nX-T: a\nb\r\n\r\n"), 400) << "a bare LF in a trailer";
   EXPECT_EQ(raw("200\r\n" + std::string(512, 'a') + "\r\n200\r\n"), 413) << "over 1000 bytes";
   EXPECT_EQ(StatusOfRaw(server->port(),
-                        "POST / HTTP/1.1\r\nTransfer-Encoding: gzip, chunked\r\n\r\n"),
+                        "POST / HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: gzip, chunked\r\n\r\n"),
             501);
   EXPECT_EQ(HttpCall(server->port(), "GET", "/ok").body, "GET /ok?||");
 }
@@ -266,7 +296,7 @@ TEST(HttpServerTest, ACompressedBodyIsUnsupportedMediaType) {
   auto server = StartOrDie(Echo);
   ASSERT_NE(server, nullptr);
   HttpConnection c(server->port());
-  ASSERT_TRUE(c.SendRaw("POST /z HTTP/1.1\r\nContent-Encoding: gzip\r\nContent-Length: 3\r\n\r\n\x1f\x8b\x08"));
+  ASSERT_TRUE(c.SendRaw("POST /z HTTP/1.1\r\nHost: t\r\nContent-Encoding: gzip\r\nContent-Length: 3\r\n\r\n\x1f\x8b\x08"));
   const HttpResult r = c.Read(10);
   EXPECT_EQ(r.status, 415);
   EXPECT_NE(r.body.find("Content-Encoding gzip is not supported; send the body uncompressed"),
@@ -274,7 +304,7 @@ TEST(HttpServerTest, ACompressedBodyIsUnsupportedMediaType) {
   EXPECT_TRUE(c.ClosedByServer());
   // A client waiting for 100 Continue is answered before it sends the body.
   HttpConnection waiting(server->port());
-  ASSERT_TRUE(waiting.SendRaw("POST /z HTTP/1.1\r\nContent-Encoding: br\r\nContent-Length: 3\r\n"
+  ASSERT_TRUE(waiting.SendRaw("POST /z HTTP/1.1\r\nHost: t\r\nContent-Encoding: br\r\nContent-Length: 3\r\n"
                               "Expect: 100-continue\r\n\r\n"));
   EXPECT_EQ(waiting.Read(10).status, 415);
   const HttpResult plain = HttpCall(server->port(), "POST", "/z", "{}",
@@ -287,7 +317,7 @@ TEST(HttpServerTest, HeadGetsTheHeadWithoutTheBody) {
   auto server = StartOrDie(Echo);
   ASSERT_NE(server, nullptr);
   HttpConnection c(server->port());
-  ASSERT_TRUE(c.SendRaw("HEAD /h HTTP/1.1\r\n\r\n"));
+  ASSERT_TRUE(c.SendRaw("HEAD /h HTTP/1.1\r\nHost: t\r\n\r\n"));
   bool ok = false;
   EXPECT_EQ(c.ReadLine(10, &ok), "HTTP/1.1 200 OK");
   std::string length;
@@ -295,7 +325,7 @@ TEST(HttpServerTest, HeadGetsTheHeadWithoutTheBody) {
     if (line.rfind("Content-Length: ", 0) == 0) length = line.substr(16);
   }
   EXPECT_EQ(length, "10") << "the length of \"HEAD /h?||\"";
-  ASSERT_TRUE(c.SendRaw("GET /after HTTP/1.1\r\n\r\n"));
+  ASSERT_TRUE(c.SendRaw("GET /after HTTP/1.1\r\nHost: t\r\n\r\n"));
   HttpResult next = c.Read(10);
   EXPECT_EQ(next.status, 200);
   EXPECT_EQ(next.body, "GET /after?||");
@@ -308,7 +338,7 @@ TEST(HttpServerTest, AThrowingHandlerFailsItsRequestNotTheServer) {
   });
   ASSERT_NE(server, nullptr);
   HttpConnection c(server->port());
-  ASSERT_TRUE(c.SendRaw("GET /throw HTTP/1.1\r\n\r\n"));
+  ASSERT_TRUE(c.SendRaw("GET /throw HTTP/1.1\r\nHost: t\r\n\r\n"));
   HttpResult r = c.Read(10);
   EXPECT_EQ(r.status, 500);
   EXPECT_EQ(r.headers["connection"], "close");
@@ -320,7 +350,7 @@ TEST(HttpServerTest, ExpectContinueGetsAnInterimResponseBeforeTheBody) {
   auto server = StartOrDie(Echo);
   ASSERT_NE(server, nullptr);
   HttpConnection c(server->port());
-  ASSERT_TRUE(c.SendRaw("POST /e HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 4\r\n\r\n"));
+  ASSERT_TRUE(c.SendRaw("POST /e HTTP/1.1\r\nHost: t\r\nExpect: 100-continue\r\nContent-Length: 4\r\n\r\n"));
   // The interim response comes before any of the body is sent.
   bool ok = false;
   EXPECT_EQ(c.ReadLine(10, &ok), "HTTP/1.1 100 Continue");
@@ -340,12 +370,15 @@ TEST(HttpServerTest, MalformedAndOversizedRequestsGetTheirStatusAndTheServerGoes
   const int port = server->port();
   auto raw = [&](const std::string& bytes) { return StatusOfRaw(port, bytes); };
   EXPECT_EQ(raw("GARBAGE\r\n\r\n"), 400);
-  EXPECT_EQ(raw("GET nopath HTTP/1.1\r\n\r\n"), 400);
+  EXPECT_EQ(raw("GET nopath HTTP/1.1\r\nHost: t\r\n\r\n"), 400);
   EXPECT_EQ(raw("GET / HTTP/2.0\r\n\r\n"), 505);
-  EXPECT_EQ(raw("GET / HTTP/1.1\r\nno colon here\r\n\r\n"), 400);
-  EXPECT_EQ(raw("POST / HTTP/1.1\r\nContent-Length: 1001\r\n\r\n"), 413);
-  EXPECT_EQ(raw("POST / HTTP/1.1\r\nContent-Length: many\r\n\r\n"), 400);
-  EXPECT_EQ(raw("GET / HTTP/1.1\r\nX-Big: " + std::string(70 << 10, 'a') + "\r\n\r\n"), 431);
+  EXPECT_EQ(raw("GET / HTTP/1.1\r\nHost: t\r\nno colon here\r\n\r\n"), 400);
+  EXPECT_EQ(raw("POST / HTTP/1.1\r\nHost: t\r\nContent-Length: 1001\r\n\r\n"), 413);
+  EXPECT_EQ(raw("POST / HTTP/1.1\r\nHost: t\r\nContent-Length: many\r\n\r\n"), 400);
+  EXPECT_EQ(raw("GET / HTTP/1.1\r\nHost: t\r\nX-Big: " + std::string(70 << 10, 'a') + "\r\n\r\n"),
+            431);
+  EXPECT_EQ(raw("GET / HTTP/1.1\r\n\r\n"), 400);  // HTTP/1.1 without Host
+  EXPECT_EQ(raw("GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n"), 400);
   // Still serving.
   EXPECT_EQ(HttpCall(port, "GET", "/ok").body, "GET /ok?||");
 }
@@ -367,7 +400,7 @@ TEST(HttpServerTest, AWaitingHandlerSeesItsClientVanish) {
   ASSERT_NE(server, nullptr);
   {
     HttpConnection c(server->port());
-    ASSERT_TRUE(c.SendRaw("GET /wait HTTP/1.1\r\n\r\n"));
+    ASSERT_TRUE(c.SendRaw("GET /wait HTTP/1.1\r\nHost: t\r\n\r\n"));
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
     EXPECT_EQ(gone.load(), -1);  // a client that is there is not gone
   }  // closes
@@ -392,7 +425,7 @@ TEST(HttpServerTest, AClientWithItsNextRequestQueuedIsNotGone) {
   });
   ASSERT_NE(server, nullptr);
   HttpConnection c(server->port());
-  ASSERT_TRUE(c.SendRaw("GET /first HTTP/1.1\r\n\r\nGET /second HTTP/1.1\r\n\r\n"));
+  ASSERT_TRUE(c.SendRaw("GET /first HTTP/1.1\r\nHost: t\r\n\r\nGET /second HTTP/1.1\r\nHost: t\r\n\r\n"));
   EXPECT_EQ(c.Read(10).body, "/first");
   EXPECT_EQ(c.Read(10).body, "/second");
   EXPECT_EQ(seen.load(), 0);
@@ -401,22 +434,28 @@ TEST(HttpServerTest, AClientWithItsNextRequestQueuedIsNotGone) {
 TEST(HttpServerTest, ConnectionsBeyondTheLimitGet503) {
   HttpServerOptions o;
   o.max_connections = 2;
+  Told told;
+  told.Into(o);
   auto server = StartOrDie(Echo, o);
   ASSERT_NE(server, nullptr);
   HttpConnection a(server->port()), b(server->port());
-  ASSERT_TRUE(a.SendRaw("GET /a HTTP/1.1\r\n\r\n"));
-  ASSERT_TRUE(b.SendRaw("GET /b HTTP/1.1\r\n\r\n"));
+  ASSERT_TRUE(a.SendRaw("GET /a HTTP/1.1\r\nHost: t\r\n\r\n"));
+  ASSERT_TRUE(b.SendRaw("GET /b HTTP/1.1\r\nHost: t\r\n\r\n"));
   EXPECT_EQ(a.Read(10).status, 200);
   EXPECT_EQ(b.Read(10).status, 200);
   HttpConnection c(server->port());
-  ASSERT_TRUE(c.SendRaw("GET /c HTTP/1.1\r\n\r\n"));
+  ASSERT_TRUE(c.SendRaw("GET /c HTTP/1.1\r\nHost: t\r\n\r\n"));
   HttpResult refused = c.Read(10);
   EXPECT_EQ(refused.status, 503);
   EXPECT_EQ(refused.headers["retry-after"], "1");
+  // Told: two open (the refused one was never counted), one refusal for connections.
+  EXPECT_EQ(told.open(), (std::vector<int>{1, 2}));
+  EXPECT_EQ(told.refused(HttpTransportRefusal::kConnections), 1);
   a.Close();
   for (int i = 0; i < 100 && server->connections() > 1; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
+  EXPECT_EQ(told.open().back(), 1);
   EXPECT_EQ(HttpCall(server->port(), "GET", "/d").status, 200);
   // A client that writes its head, then its body (Python's http.client does): the 503 went
   // out and the socket closed with the head unread, so the body's write met a reset and the
@@ -426,17 +465,21 @@ TEST(HttpServerTest, ConnectionsBeyondTheLimitGet503) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   HttpConnection filler(server->port());  // full again: b and this one
-  ASSERT_TRUE(filler.SendRaw("GET /f HTTP/1.1\r\n\r\n"));
+  ASSERT_TRUE(filler.SendRaw("GET /f HTTP/1.1\r\nHost: t\r\n\r\n"));
   ASSERT_EQ(filler.Read(10).status, 200);
   for (int i = 0; i < 5; ++i) {
     HttpConnection late(server->port());
-    ASSERT_TRUE(late.SendRaw("POST /e HTTP/1.1\r\nContent-Length: 5\r\n\r\n"));
+    ASSERT_TRUE(late.SendRaw("POST /e HTTP/1.1\r\nHost: t\r\nContent-Length: 5\r\n\r\n"));
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
     EXPECT_TRUE(late.SendRaw("hello")) << "try " << i << ": reset (closed with the head unread)";
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
     const HttpResult r = late.Read(5);
     EXPECT_EQ(r.status, 503) << "try " << i;
   }
+  EXPECT_EQ(told.refused(HttpTransportRefusal::kConnections), 6);
+  EXPECT_EQ(told.refused(HttpTransportRefusal::kRequestBytes), 0);
+  server.reset();  // every connection closes: the last count told is 0
+  EXPECT_EQ(told.open().back(), 0);
 }
 
 // A connection that has sent part of a request and stalls makes room as an idle one does,
@@ -451,12 +494,12 @@ TEST(HttpServerTest, AStalledRequestMakesRoomWhenTheServerFills) {
   std::vector<std::unique_ptr<HttpConnection>> stalled;
   for (int i = 0; i < 2; ++i) {  // a head, or a body, begun and never finished
     stalled.push_back(std::make_unique<HttpConnection>(server->port()));
-    ASSERT_TRUE(stalled.back()->SendRaw(i == 1 ? "POST /p HTTP/1.1\r\nContent-Length: 9\r\n\r\nabc"
+    ASSERT_TRUE(stalled.back()->SendRaw(i == 1 ? "POST /p HTTP/1.1\r\nHost: t\r\nContent-Length: 9\r\n\r\nabc"
                                                : "POST /p HTTP/1.1\r\nHost: x\r\n"));
   }
   // And a body still arriving, a byte every 0.5 s for 9 s: slow, not stalled.
   HttpConnection slow(server->port());
-  ASSERT_TRUE(slow.SendRaw("POST /slow HTTP/1.1\r\nContent-Length: 18\r\n\r\n"));
+  ASSERT_TRUE(slow.SendRaw("POST /slow HTTP/1.1\r\nHost: t\r\nContent-Length: 18\r\n\r\n"));
   std::thread trickle([&] {
     for (int i = 0; i < 18; ++i) {
       std::this_thread::sleep_for(std::chrono::milliseconds(500));
@@ -505,11 +548,11 @@ TEST(HttpServerTest, IdleAndArrivingConnectionsHoldNoThread) {
   std::vector<std::unique_ptr<HttpConnection>> idle, arriving;
   for (int i = 0; i < kEach; ++i) {
     idle.push_back(std::make_unique<HttpConnection>(server->port()));
-    ASSERT_TRUE(idle.back()->SendRaw("GET /first HTTP/1.1\r\n\r\n"));
+    ASSERT_TRUE(idle.back()->SendRaw("GET /first HTTP/1.1\r\nHost: t\r\n\r\n"));
     ASSERT_EQ(idle.back()->Read(10).status, 200);
     arriving.push_back(std::make_unique<HttpConnection>(server->port()));
-    ASSERT_TRUE(arriving.back()->SendRaw(i % 2 ? "POST /part HTTP/1.1\r\nX-Test: " + std::to_string(i)
-                                               : "POST /part HTTP/1.1\r\nContent-Length: 4\r\n\r\nab"));
+    ASSERT_TRUE(arriving.back()->SendRaw(i % 2 ? "POST /part HTTP/1.1\r\nHost: t\r\nX-Test: " + std::to_string(i)
+                                               : "POST /part HTTP/1.1\r\nHost: t\r\nContent-Length: 4\r\n\r\nab"));
   }
   for (int i = 0; i < 250 && server->connections() < 2 * kEach; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -527,7 +570,7 @@ TEST(HttpServerTest, IdleAndArrivingConnectionsHoldNoThread) {
     HttpResult r = arriving[i]->Read(10);
     EXPECT_EQ(r.status, 200);
     EXPECT_EQ(r.body, i % 2 ? "POST /part?|" + std::to_string(i) + "|ok" : "POST /part?||abcd");
-    ASSERT_TRUE(idle[i]->SendRaw("GET /again HTTP/1.1\r\n\r\n"));
+    ASSERT_TRUE(idle[i]->SendRaw("GET /again HTTP/1.1\r\nHost: t\r\n\r\n"));
     EXPECT_EQ(idle[i]->Read(10).body, "GET /again?||");
   }
 }
@@ -543,9 +586,9 @@ TEST(HttpServerTest, AClosingConnectionWithUnreadBytesDeliversItsResponseWhole) 
   });
   ASSERT_NE(server, nullptr);
   std::string more;
-  while (more.size() < (256 << 10)) more += "GET /never HTTP/1.1\r\n\r\n";
+  while (more.size() < (256 << 10)) more += "GET /never HTTP/1.1\r\nHost: t\r\n\r\n";
   HttpConnection c(server->port());
-  ASSERT_TRUE(c.SendRaw("GET /big HTTP/1.1\r\nConnection: close\r\n\r\n" + more));
+  ASSERT_TRUE(c.SendRaw("GET /big HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n" + more));
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   const HttpResult r = c.Read(10);
   EXPECT_EQ(r.status, 200);
@@ -560,11 +603,13 @@ TEST(HttpServerTest, RequestBytesHeldAtOnceAreBounded) {
   HttpServerOptions o;
   o.max_body_bytes = 1 << 20;
   o.max_buffered_bytes = 3 << 19;  // 1.5 MiB
+  Told told;
+  told.Into(o);
   auto server = StartOrDie([](const HttpRequest& req, HttpResponder& out) {
     out.Send(200, "text/plain", std::to_string(req.body.size()));
   }, o);
   ASSERT_NE(server, nullptr);
-  const std::string head = "POST /p HTTP/1.1\r\nContent-Length: 1048576\r\n\r\n";
+  const std::string head = "POST /p HTTP/1.1\r\nHost: t\r\nContent-Length: 1048576\r\n\r\n";
   const std::string part(800 << 10, 'a');
   HttpConnection a(server->port()), b(server->port());
   ASSERT_TRUE(a.SendRaw(head + part));
@@ -573,6 +618,8 @@ TEST(HttpServerTest, RequestBytesHeldAtOnceAreBounded) {
   HttpResult refused = b.Read(10);
   EXPECT_EQ(refused.status, 503);
   EXPECT_EQ(refused.headers["retry-after"], "1");
+  EXPECT_EQ(told.refused(HttpTransportRefusal::kRequestBytes), 1);
+  EXPECT_EQ(told.refused(HttpTransportRefusal::kConnections), 0);
   ASSERT_TRUE(a.SendRaw(std::string((1 << 20) - part.size(), 'a')));
   const HttpResult whole = a.Read(10);
   EXPECT_EQ(whole.status, 200);
@@ -583,7 +630,7 @@ TEST(HttpServerTest, StopEndsIdleConnectionsPromptly) {
   auto server = StartOrDie(Echo);
   ASSERT_NE(server, nullptr);
   HttpConnection idle(server->port());
-  ASSERT_TRUE(idle.SendRaw("GET /a HTTP/1.1\r\n\r\n"));
+  ASSERT_TRUE(idle.SendRaw("GET /a HTTP/1.1\r\nHost: t\r\n\r\n"));
   EXPECT_EQ(idle.Read(10).status, 200);
   ASSERT_EQ(server->connections(), 1);
   const auto t0 = std::chrono::steady_clock::now();
@@ -602,7 +649,7 @@ TEST(HttpServerTest, SlowAndIdleClientsAreClosedOnTime) {
   ASSERT_NE(server, nullptr);
   // A request trickling in a byte at a time is cut off at the request deadline, not per read.
   HttpConnection slow(server->port());
-  const std::string head = "GET /slow HTTP/1.1\r\nX-Test: 1\r\n\r\n";
+  const std::string head = "GET /slow HTTP/1.1\r\nHost: t\r\nX-Test: 1\r\n\r\n";
   const auto t0 = std::chrono::steady_clock::now();
   bool cut = false;
   for (char ch : head) {
@@ -620,7 +667,7 @@ TEST(HttpServerTest, SlowAndIdleClientsAreClosedOnTime) {
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(1500));
   // A keep-alive connection with nothing to say is closed after the idle timeout.
   HttpConnection idle(server->port());
-  ASSERT_TRUE(idle.SendRaw("GET /a HTTP/1.1\r\n\r\n"));
+  ASSERT_TRUE(idle.SendRaw("GET /a HTTP/1.1\r\nHost: t\r\n\r\n"));
   EXPECT_EQ(idle.Read(5).status, 200);
   EXPECT_TRUE(idle.ClosedByServer(3));
 }
@@ -639,8 +686,8 @@ TEST(HttpServerTest, StopWaitsForRunningHandlersAndCutsOffStuckOnes) {
   });
   ASSERT_NE(server, nullptr);
   HttpConnection a(server->port()), b(server->port());
-  ASSERT_TRUE(a.SendRaw("GET /polite HTTP/1.1\r\n\r\n"));
-  ASSERT_TRUE(b.SendRaw("GET /stuck HTTP/1.1\r\n\r\n"));
+  ASSERT_TRUE(a.SendRaw("GET /polite HTTP/1.1\r\nHost: t\r\n\r\n"));
+  ASSERT_TRUE(b.SendRaw("GET /stuck HTTP/1.1\r\nHost: t\r\n\r\n"));
   for (int i = 0; i < 100 && (polite.load() == 0 || stuck.load() == 0); ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
@@ -668,7 +715,7 @@ TEST(HttpServerTest, IdleConnectionsMakeRoomWhenTheServerFills) {
   std::vector<std::unique_ptr<HttpConnection>> idle;
   for (int i = 0; i < 4; ++i) {  // the server is full of idle keep-alive connections
     idle.push_back(std::make_unique<HttpConnection>(server->port()));
-    ASSERT_TRUE(idle.back()->SendRaw("GET /a HTTP/1.1\r\n\r\n"));
+    ASSERT_TRUE(idle.back()->SendRaw("GET /a HTTP/1.1\r\nHost: t\r\n\r\n"));
     EXPECT_EQ(idle.back()->Read(5).status, 200);
   }
   EXPECT_EQ(HttpCall(server->port(), "GET", "/full").status, 503);
@@ -704,7 +751,7 @@ TEST(HttpServerTest, OutOfDescriptorsTheAcceptLoopWaitsInsteadOfSpinning) {
   tight.rlim_cur = static_cast<rlim_t>(probe + 1);
   ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &tight), 0);
   HttpConnection c(server->port());
-  const bool connected = c.connected() && c.SendRaw("GET /late HTTP/1.1\r\n\r\n");
+  const bool connected = c.connected() && c.SendRaw("GET /late HTTP/1.1\r\nHost: t\r\n\r\n");
   const double cpu0 = CpuSeconds();
   std::this_thread::sleep_for(std::chrono::seconds(1));
   const double cpu = CpuSeconds() - cpu0;

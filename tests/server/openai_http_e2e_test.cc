@@ -270,7 +270,7 @@ TEST_F(OpenAiHttpTest, ChunkedBodiesHeadAndRandomIds) {
   }
   EXPECT_NE(a["id"], b["id"]);
 
-  ASSERT_TRUE(c.SendRaw("HEAD /health HTTP/1.1\r\n\r\nGET /health HTTP/1.1\r\n\r\n"));
+  ASSERT_TRUE(c.SendRaw("HEAD /health HTTP/1.1\r\nHost: t\r\n\r\nGET /health HTTP/1.1\r\nHost: t\r\n\r\n"));
   HttpResult head = c.ReadHead(10);
   EXPECT_EQ(head.status, 200);
   HttpResult get = c.Read(10);  // the next response, not a HEAD body read as one
@@ -1613,12 +1613,25 @@ TEST(OpenAiHttpLifecycleTest, HttpConnectionsAreCappedByTheFlagNotTheDescriptorL
   std::vector<std::unique_ptr<HttpConnection>> open;
   for (int i = 0; i < 300; ++i) {
     open.push_back(std::make_unique<HttpConnection>(http_port));
-    ASSERT_TRUE(open.back()->SendRaw("GET /health HTTP/1.1\r\n\r\n")) << i;
+    ASSERT_TRUE(open.back()->SendRaw("GET /health HTTP/1.1\r\nHost: t\r\n\r\n")) << i;
     ASSERT_EQ(open.back()->Read(10).status, 200) << "connection " << i;
   }
   HttpResult over = HttpCall(http_port, "GET", "/health");
   EXPECT_EQ(over.status, 503) << over.body;
   EXPECT_EQ(ReadFileOrDie(server.log_path()).find("lowered"), std::string::npos);
+  // The metrics say so (scraped on the metrics port, which the cap does not touch).
+  std::string metrics = server.ScrapeMetrics();
+  EXPECT_EQ(MetricValue(metrics, "thetaserve_http_connections_open"), 300);
+  EXPECT_EQ(MetricValue(metrics, "thetaserve_http_connections_limit"), 300);
+  EXPECT_EQ(MetricValue(metrics, "thetaserve_http_refused_total{reason=\"connections\"}"), 1);
+  EXPECT_EQ(MetricValue(metrics, "thetaserve_http_refused_total{reason=\"request_bytes\"}"), 0);
+  open.resize(100);
+  for (int i = 0; i < 100; ++i) {
+    metrics = server.ScrapeMetrics();
+    if (MetricValue(metrics, "thetaserve_http_connections_open") == 100) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_EQ(MetricValue(metrics, "thetaserve_http_connections_open"), 100);
 }
 
 // --max-model-len serves a shorter context than the model's: both APIs report it, requests are
