@@ -53,8 +53,8 @@ std::string ErrorBody(int status, std::string_view message,
 }
 
 // A response's head up to its framing (Content-Length or Transfer-Encoding, then the blank
-// line): the status line, Content-Type, the Connection header the client needs, then `headers`
-// and `extra`.
+// line, are the caller's to append): the status line, Content-Type, the Connection header the
+// client needs, then `headers` and `extra`.
 std::string ResponseHead(int status, std::string_view content_type, bool keep_alive, bool http11,
                          const HttpHeaders& headers, const HttpHeaders& extra = {}) {
   std::string head = absl::StrCat("HTTP/1.1 ", status, " ", HttpReason(status), "\r\n");
@@ -102,6 +102,7 @@ const char* HttpTransportRefusalName(HttpTransportRefusal why) {
     case HttpTransportRefusal::kConnections: return "connections";
     case HttpTransportRefusal::kRequestBytes: return "request_bytes";
     case HttpTransportRefusal::kThreads: return "threads";
+    case HttpTransportRefusal::kBadRequest: return "bad_request";
   }
   return "unknown";
 }
@@ -139,6 +140,7 @@ bool HttpResponder::Send(int status, std::string_view content_type, std::string_
                          const HttpHeaders& extra) {
   if (state_ != State::kNone) return false;
   state_ = State::kDone;
+  status_ = status;
   if (stopping_->load()) keep_alive_ = false;
   std::string out = ResponseHead(status, content_type, keep_alive_, http11_, headers_, extra);
   absl::StrAppend(&out, "Content-Length: ", body.size(), "\r\n\r\n");
@@ -150,6 +152,7 @@ bool HttpResponder::StartChunked(int status, std::string_view content_type,
                                  const HttpHeaders& extra) {
   if (state_ != State::kNone) return false;
   state_ = State::kChunked;
+  status_ = status;
   // 1.0: the body ends with the connection; HEAD: the head does.
   if (!http11_ || stopping_->load() || head_only_) keep_alive_ = false;
   std::string out = ResponseHead(status, content_type, keep_alive_, http11_, headers_, extra);
@@ -280,9 +283,14 @@ int HttpServer::connections() const {
 }
 
 void HttpServer::Stop() {
+  // Once, and whole, even after the loop failed on its own and marked the connections stopped
+  // (its thread is still to be joined, the handlers still to be waited for).
+  std::call_once(stop_once_, [this] { StopOnce(); });
+}
+
+void HttpServer::StopOnce() {
   {
     std::lock_guard<std::mutex> lock(conns_->mu);
-    if (conns_->stopped) return;
     conns_->stopped = true;  // from here on no handler hands its connection back
   }
   stopping_.store(true);
@@ -375,7 +383,8 @@ void HttpServer::Accept(Clock::time_point now) {
     loop_conns_[fd] = std::move(conn);
     Watch(c);
     if (!admitted && loop_conns_.count(fd)) {
-      RefuseForNow(c, HttpTransportRefusal::kConnections, "too many open connections", now);
+      Refuse(c, HttpTransportRefusal::kConnections, 503, "too many open connections; retry later",
+             now);
     }
   }
 }
@@ -400,8 +409,8 @@ void HttpServer::Read(Conn& c, Clock::time_point now) {
   if (!loop_conns_.count(fd)) return;  // handed to its handler, or closed
   Recount(c);
   if (buffered_ > options_.max_buffered_bytes && !c.lingering) {
-    RefuseForNow(c, HttpTransportRefusal::kRequestBytes,
-                 "the server holds too many request bytes from its clients now", now);
+    Refuse(c, HttpTransportRefusal::kRequestBytes, 503,
+           "the server holds too many request bytes from its clients now; retry later", now);
   }
 }
 
@@ -467,10 +476,8 @@ void HttpServer::Advance(Conn& c, Clock::time_point now) {
         continue;
       }
       case HttpRequestReader::Next::kRefuse:
-        return Refuse(c, c.reader.refusal_status(),
-                      ErrorBody(c.reader.refusal_status(), c.reader.refusal(),
-                                "invalid_request_error"),
-                      false, now);
+        return Refuse(c, HttpTransportRefusal::kBadRequest, c.reader.refusal_status(),
+                      c.reader.refusal(), now);
       case HttpRequestReader::Next::kReady:
         // The handler writes to the socket itself: what the loop still has to write goes
         // first.
@@ -499,8 +506,8 @@ void HttpServer::Dispatch(Conn& c) {
     loop_conns_[fd] = std::move(owned);
     Watch(*conn);
     if (loop_conns_.count(fd)) {
-      RefuseForNow(*conn, HttpTransportRefusal::kThreads,
-                   "the server cannot take another request now", Clock::now());
+      Refuse(*conn, HttpTransportRefusal::kThreads, 503,
+             "the server cannot take another request now; retry later", Clock::now());
     }
   }
 }
@@ -566,24 +573,21 @@ void HttpServer::TakeBack(Clock::time_point now) {
   }
 }
 
-void HttpServer::Refuse(Conn& c, int status, const std::string& body, bool retry_after,
+void HttpServer::Refuse(Conn& c, HttpTransportRefusal why, int status, std::string_view message,
                         Clock::time_point now) {
+  if (options_.on_refused) options_.on_refused(why);
   const int fd = c.fd;
   Linger(c, now);
   if (!loop_conns_.count(fd)) return;
-  // After what the loop still had to write (a 100 Continue), then FIN.
+  // After what the loop still had to write (a 100 Continue), then FIN. A 503 is for now: the
+  // client may retry at once.
+  const std::string body =
+      ErrorBody(status, message, status == 503 ? "server_error" : "invalid_request_error");
   HttpHeaders headers;
-  if (retry_after) headers.emplace_back("Retry-After", "1");
-  headers.emplace_back("Content-Length", std::to_string(body.size()));
+  if (status == 503) headers.emplace_back("Retry-After", "1");
   Send(c, absl::StrCat(ResponseHead(status, "application/json", /*keep_alive=*/false,
                                     /*http11=*/true, headers),
-                       "\r\n", body));
-}
-
-void HttpServer::RefuseForNow(Conn& c, HttpTransportRefusal why, std::string_view message,
-                              Clock::time_point now) {
-  if (options_.on_refused) options_.on_refused(why);
-  Refuse(c, 503, ErrorBody(503, absl::StrCat(std::string(message), "; retry later")), true, now);
+                       "Content-Length: ", body.size(), "\r\n\r\n", body));
 }
 
 // From now on the connection closes: it leaves the open ones (the connection limit), what it

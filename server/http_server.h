@@ -71,6 +71,8 @@ class HttpResponder {
   bool stopping() const { return stopping_->load(); }
 
   bool responded() const { return state_ != State::kNone || failed_; }
+  // The status sent (Send or StartChunked), or 0.
+  int status() const { return status_; }
   // The connection may carry another request.
   bool reusable() const { return keep_alive_ && !failed_ && state_ == State::kDone; }
 
@@ -83,6 +85,7 @@ class HttpResponder {
   bool keep_alive_;
   const std::atomic<bool>* stopping_;
   State state_ = State::kNone;
+  int status_ = 0;
   bool failed_ = false;
   bool head_only_ = false;
   HttpHeaders headers_;  // AddHeader's
@@ -90,13 +93,15 @@ class HttpResponder {
 
 using HttpHandler = std::function<void(const HttpRequest&, HttpResponder&)>;
 
-// Why the transport itself answered 503, before any handler saw a request.
+// Why the transport answered a connection itself, before any handler saw a request.
 enum class HttpTransportRefusal {
-  kConnections,   // a connection over max_connections
-  kRequestBytes,  // the read that took the request bytes held past max_buffered_bytes
-  kThreads,       // no thread to be had for a whole request
+  kConnections,   // 503: a connection over max_connections
+  kRequestBytes,  // 503: the read that took the request bytes held past max_buffered_bytes
+  kThreads,       // 503: no thread to be had for a whole request
+  kBadRequest,    // 4xx or 5xx: a request the reader refuses (HttpRequestReader::refusal_status)
 };
-// "connections", "request_bytes", "threads" (the metric's label).
+inline constexpr int kHttpTransportRefusals = 4;  // how many reasons
+// "connections", "request_bytes", "threads", "bad_request" (the metric's label).
 const char* HttpTransportRefusalName(HttpTransportRefusal why);
 
 struct HttpServerOptions {
@@ -111,8 +116,10 @@ struct HttpServerOptions {
   // whose read passes it gets 503. Bounds what many large uploads at once can take.
   size_t max_buffered_bytes = 256 << 20;
   // Told the connections open (counted against max_connections) each time the number changes,
-  // in order (the server's lock is held: keep it quick, and do not call the server), and each
-  // 503 of the transport's own (the loop's thread). Neither is called once Stop has returned.
+  // in order (on the loop's thread or a handler's, with the server's lock held: keep it quick,
+  // and do not call the server), and each connection the transport refuses itself (the loop's
+  // thread; answered, or closed at once while kMaxLingering others are closing). Neither is
+  // called once Stop has returned.
   std::function<void(int open)> on_connections;
   std::function<void(HttpTransportRefusal why)> on_refused;
 };
@@ -185,6 +192,7 @@ class HttpServer {
 
   HttpServer(int listen_fd, int epoll_fd, int wake_read, int wake_write, int port,
              HttpHandler handler, HttpServerOptions options);
+  void StopOnce();
   // The event loop and its steps (loop thread only).
   void Loop();
   void Accept(Clock::time_point now);
@@ -193,11 +201,9 @@ class HttpServer {
   void Flush(Conn& c);
   void Advance(Conn& c, Clock::time_point now);
   void Dispatch(Conn& c);
-  void Refuse(Conn& c, int status, const std::string& body, bool retry_after,
+  // Answers status with message (told to on_refused) and closes.
+  void Refuse(Conn& c, HttpTransportRefusal why, int status, std::string_view message,
               Clock::time_point now);
-  // Refuse with the transport's own 503 (told to on_refused).
-  void RefuseForNow(Conn& c, HttpTransportRefusal why, std::string_view message,
-                    Clock::time_point now);
   void Linger(Conn& c, Clock::time_point now);
   void Recount(Conn& c);
   void Watch(Conn& c);
@@ -215,6 +221,7 @@ class HttpServer {
   HttpServerOptions options_;
   HttpRequestLimits limits_;
   std::atomic<bool> stopping_{false};
+  std::once_flag stop_once_;
   std::thread loop_thread_;
   std::shared_ptr<Connections> conns_ = std::make_shared<Connections>();
   // Loop thread only.

@@ -161,16 +161,26 @@ Metrics::Metrics(const MetricsInfo& info)
   }
   auto& http_refused = BuildCounter()
                            .Name("thetaserve_http_refused_total")
-                           .Help("503s the HTTP API's transport answered before any handler saw "
-                                 "a request, by reason: connections (over the limit), "
-                                 "request_bytes (over the bound on request bytes held), threads "
-                                 "(none to be had)")
+                           .Help("Connections the HTTP API's transport refused itself, before "
+                                 "any request reached the API, by reason: with 503 for "
+                                 "connections (over the limit), request_bytes (over the bound on "
+                                 "request bytes held), threads (none to be had); bad_request "
+                                 "(malformed, too large: 4xx, or 501/505)")
                            .Register(*registry_);
-  for (HttpTransportRefusal why :
-       {HttpTransportRefusal::kConnections, HttpTransportRefusal::kRequestBytes,
-        HttpTransportRefusal::kThreads}) {
-    http_refused_[static_cast<int>(why)] =
-        &http_refused.Add({{"reason", HttpTransportRefusalName(why)}});
+  for (int why = 0; why < kHttpTransportRefusals; ++why) {
+    http_refused_[why] = &http_refused.Add(
+        {{"reason", HttpTransportRefusalName(static_cast<HttpTransportRefusal>(why))}});
+  }
+  auto& http_requests = BuildCounter()
+                            .Name("thetaserve_http_requests_total")
+                            .Help("Requests the HTTP API answered, by route and status class "
+                                  "(2xx, 4xx, 5xx)")
+                            .Register(*registry_);
+  for (size_t r = 0; r < std::size(kHttpRoutes); ++r) {
+    const char* classes[3] = {"2xx", "4xx", "5xx"};
+    for (int k = 0; k < 3; ++k) {
+      http_requests_[r][k] = &http_requests.Add({{"route", kHttpRoutes[r]}, {"status", classes[k]}});
+    }
   }
   auto& step_family = BuildHistogram()
                           .Name("thetaserve_step_duration_seconds")
@@ -234,6 +244,14 @@ void Metrics::SetHttpConnectionLimit(int limit) { http_limit_.Set(limit); }
 
 void Metrics::OnHttpRefused(HttpTransportRefusal why) {
   http_refused_[static_cast<int>(why)]->Increment();
+}
+
+void Metrics::OnHttpRequest(std::string_view route, int status) {
+  const int k = status / 100 == 2 ? 0 : status / 100 == 4 ? 1 : status / 100 == 5 ? 2 : -1;
+  if (k < 0) return;
+  size_t r = 0;
+  while (r + 1 < std::size(kHttpRoutes) && route != kHttpRoutes[r]) ++r;  // the last: "other"
+  http_requests_[r][k]->Increment();
 }
 
 void Metrics::OnFinish(const scheduler::FinishInfo& info) {

@@ -6,7 +6,9 @@
 #include <atomic>
 #include <memory>
 #include <mutex>
+#include <iterator>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -16,8 +18,8 @@
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
 #include "scheduler/request.h"
-#include "server/http_server.h"
 #include "scheduler/stats.h"
+#include "server/http_server.h"
 
 namespace thetaserve::server {
 
@@ -42,10 +44,16 @@ class Metrics {
   // code it was answered with (the HTTP API's errors map onto the same codes).
   void OnRejected(absl::StatusCode code);
   // The HTTP API's transport: the connections open, the limit on them (--max-http-connections
-  // as the descriptor limit left it; 0 without the HTTP API), and its own 503s, by why.
+  // as the descriptor limit left it; 0 without the HTTP API), and its own refusals, by why.
   void OnHttpConnections(int open);
   void SetHttpConnectionLimit(int limit);
   void OnHttpRefused(HttpTransportRefusal why);
+  // A request the HTTP API's handlers answered: its route (one of kHttpRoutes; another counts
+  // as "other") and the status sent (2xx, 4xx, 5xx; none other is sent).
+  void OnHttpRequest(std::string_view route, int status);
+  static constexpr const char* kHttpRoutes[] = {
+      "/v1/completions", "/v1/chat/completions", "/v1/models", "/v1/models/{id}", "/tokenize",
+      "/detokenize",     "/health",              "/metrics",   "other"};
   void OnFinish(const scheduler::FinishInfo& info);
   void OnInterTokenLatency(double seconds);
   void OnEngineStats(const scheduler::EngineStats& stats, const scheduler::StepStats* step);
@@ -77,7 +85,8 @@ class Metrics {
   prometheus::Counter* finished_[5];  // by scheduler::FinishReason
   prometheus::Gauge& http_open_;
   prometheus::Gauge& http_limit_;
-  prometheus::Counter* http_refused_[3];  // by HttpTransportRefusal
+  prometheus::Counter* http_refused_[kHttpTransportRefusals];  // by HttpTransportRefusal
+  prometheus::Counter* http_requests_[std::size(kHttpRoutes)][3];  // [route][2xx, 4xx, 5xx]
   prometheus::Gauge& running_;
   prometheus::Gauge& waiting_;
   prometheus::Histogram& ttft_;

@@ -183,6 +183,15 @@ bool SendEvent(HttpResponder& out, const Json& j) {
   return out.WriteChunk(absl::StrCat("data: ", DumpJson(j), "\n\n"));
 }
 
+// The route label of the HTTP request metrics (Metrics::kHttpRoutes).
+std::string_view RouteOf(const std::string& path) {
+  if (path.starts_with("/v1/models/")) return "/v1/models/{id}";
+  for (const char* route : Metrics::kHttpRoutes) {
+    if (path == route) return route;
+  }
+  return "other";
+}
+
 int64_t UnixNow() {
   return std::chrono::duration_cast<std::chrono::seconds>(
              std::chrono::system_clock::now().time_since_epoch())
@@ -196,15 +205,16 @@ absl::StatusOr<std::unique_ptr<OpenAiHttpServer>> OpenAiHttpServer::Start(
   std::unique_ptr<OpenAiHttpServer> s(new OpenAiHttpServer(service, model, options));
   HttpServerOptions http;
   http.max_connections = options.max_connections;
-  if (Metrics* metrics = service.metrics()) {
-    metrics->SetHttpConnectionLimit(options.max_connections);
+  Metrics* metrics = service.metrics();
+  if (metrics) {
     http.on_connections = [metrics](int open) { metrics->OnHttpConnections(open); };
     http.on_refused = [metrics](HttpTransportRefusal why) { metrics->OnHttpRefused(why); };
   }
   auto server = HttpServer::Start(
       options.host, options.port,
-      [p = s.get()](const HttpRequest& req, HttpResponder& out) { p->Handle(req, out); }, http);
+      [p = s.get()](const HttpRequest& req, HttpResponder& out) { p->Serve(req, out); }, http);
   if (!server.ok()) return server.status();
+  if (metrics) metrics->SetHttpConnectionLimit(options.max_connections);
   s->http_ = std::move(*server);
   return s;
 }
@@ -226,6 +236,18 @@ bool OpenAiHttpServer::Authorized(const HttpRequest& req, HttpResponder& out) {
     return false;
   }
   return true;
+}
+
+void OpenAiHttpServer::Serve(const HttpRequest& req, HttpResponder& out) {
+  Metrics* metrics = service_->metrics();
+  if (metrics == nullptr) return Handle(req, out);
+  // Counted by the status sent; a handler that sent none (it threw) gets the transport's 500; a
+  // request whose client left before any answer is not counted (requests_total has it).
+  absl::Cleanup counted = [&] {
+    const int status = out.status() != 0 ? out.status() : out.responded() ? 0 : 500;
+    if (status != 0) metrics->OnHttpRequest(RouteOf(req.path), status);
+  };
+  Handle(req, out);
 }
 
 void OpenAiHttpServer::Handle(const HttpRequest& req, HttpResponder& out) {

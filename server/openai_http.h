@@ -44,6 +44,8 @@ class OpenAiHttpServer {
  private:
   OpenAiHttpServer(GenerationService& service, const model::Model& model,
                    OpenAiHttpOptions options);
+  // Handle, counted in the metrics by route and status.
+  void Serve(const HttpRequest& req, HttpResponder& out);
   void Handle(const HttpRequest& req, HttpResponder& out);
   void Generate(const HttpRequest& req, HttpResponder& out, bool chat);
   void Models(const HttpRequest& req, HttpResponder& out);

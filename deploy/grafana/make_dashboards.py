@@ -254,10 +254,13 @@ def serving():
 
     p.append(L.place(timeseries("HTTP API connections", "Connections open on the OpenAI-compatible HTTP API against their limit (--max-http-connections, as the descriptor limit left it), summed over the selected instances. Past half the limit, idle and stalled connections are closed after 5 s; at it, new ones get 503. The ThetaserveHttpConnectionsNearLimit alert fires above 90% for 10 minutes.",
                                 targets(("sum(%s)" % sel("thetaserve_http_connections_open"), "open"),
-                                        ("sum(%s)" % sel("thetaserve_http_connections_limit"), "limit"))), 12, 8))
-    p.append(L.place(timeseries("HTTP transport 503s by reason", "503s the HTTP API's transport answered per second before any request reached the API (not counted among the refusals by code): connections = over --max-http-connections, request_bytes = over the bound on request bytes held across connections (256 MiB), threads = no thread to be had for a request.",
+                                        ("sum(%s)" % sel("thetaserve_http_connections_limit"), "limit"))), 8, 8))
+    p.append(L.place(timeseries("HTTP API responses by route", "Requests the HTTP API's routes answered per second, by route and status class (2xx, 4xx, 5xx; a stream counts by its 200).",
+                                targets(("sum by (route, status) (%s)" % rate("thetaserve_http_requests_total"), "{{route}} {{status}}")),
+                                unit="reqps", stack=True), 8, 8))
+    p.append(L.place(timeseries("HTTP transport refusals by reason", "Connections the HTTP API's transport refused itself per second, before any route saw a request: connections = over --max-http-connections (503), request_bytes = over the bound on request bytes held across connections (503), threads = no thread to be had (503), bad_request = a request it could not read (malformed, no Host, too large: 4xx). Not among the refusals by code.",
                                 targets(("sum by (reason) (%s)" % rate("thetaserve_http_refused_total"), "{{reason}}")),
-                                unit="reqps", stack=True), 12, 8))
+                                unit="reqps", stack=True), 8, 8))
 
     p.append(L.row("Latency"))
     for title, hist, desc in [

@@ -68,7 +68,7 @@ class Told {
  private:
   std::mutex mu_;
   std::vector<int> open_;
-  int refused_[3] = {};
+  int refused_[kHttpTransportRefusals] = {};
 };
 
 std::unique_ptr<HttpServer> StartOrDie(HttpHandler h, HttpServerOptions o = {}) {
@@ -365,6 +365,8 @@ TEST(HttpServerTest, ExpectContinueGetsAnInterimResponseBeforeTheBody) {
 TEST(HttpServerTest, MalformedAndOversizedRequestsGetTheirStatusAndTheServerGoesOn) {
   HttpServerOptions o;
   o.max_body_bytes = 1000;
+  Told told;
+  told.Into(o);
   auto server = StartOrDie(Echo, o);
   ASSERT_NE(server, nullptr);
   const int port = server->port();
@@ -379,6 +381,7 @@ TEST(HttpServerTest, MalformedAndOversizedRequestsGetTheirStatusAndTheServerGoes
             431);
   EXPECT_EQ(raw("GET / HTTP/1.1\r\n\r\n"), 400);  // HTTP/1.1 without Host
   EXPECT_EQ(raw("GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n"), 400);
+  EXPECT_EQ(told.refused(HttpTransportRefusal::kBadRequest), 9);  // each told
   // Still serving.
   EXPECT_EQ(HttpCall(port, "GET", "/ok").body, "GET /ok?||");
 }

@@ -1003,6 +1003,45 @@ TEST_F(OpenAiHttpTest, BadInputGetsItsStatusAndTheServerKeepsServing) {
   EXPECT_EQ(ok.status, 200) << ok.body;
 }
 
+// Each answer of the HTTP API is counted by route and status class; a request the transport
+// refuses before any route sees it, by its reason.
+TEST_F(OpenAiHttpTest, HttpRequestsAreCountedByRouteAndStatus) {
+  ASSERT_TRUE(server_->started());
+  auto count = [](const std::string& metrics, const std::string& route, const std::string& cls) {
+    return MetricValue(metrics, "thetaserve_http_requests_total{route=\"" + route +
+                                    "\",status=\"" + cls + "\"}");
+  };
+  const std::string bad_request = "thetaserve_http_refused_total{reason=\"bad_request\"}";
+  const std::string before = server_->ScrapeMetrics();  // (the metrics port: not counted)
+  ASSERT_GE(count(before, "/v1/completions", "5xx"), 0) << "every series exported from 0";
+  ASSERT_GE(MetricValue(before, bad_request), 0);
+  EXPECT_EQ(HttpCall(http_port_, "GET", "/v1/models").status, 200);
+  EXPECT_EQ(HttpCall(http_port_, "GET", "/health").status, 200);
+  EXPECT_EQ(HttpCall(http_port_, "GET", "/v1/models/nope").status, 404);
+  EXPECT_EQ(HttpCall(http_port_, "GET", "/v1/completions").status, 405);
+  EXPECT_EQ(Post("/v1/completions", {{"prompt", "x"}, {"temperature", "hot"}}).status, 400);
+  EXPECT_EQ(Post("/v1/completions", {{"prompt", "Hello"}, {"max_tokens", 1}}).status, 200);
+  EXPECT_EQ(Post("/v1/embeddings", {{"input", "x"}}).status, 404);
+  {
+    HttpConnection c(http_port_);
+    c.SendRaw("GET /v1/models HTTP/1.1\r\n\r\n");  // no Host: the transport's 400
+    EXPECT_EQ(c.Read(10).status, 400);
+  }
+  const std::string after = server_->ScrapeMetrics();
+  auto delta = [&](const std::string& route, const std::string& cls) {
+    return count(after, route, cls) - count(before, route, cls);
+  };
+  EXPECT_EQ(delta("/v1/models", "2xx"), 1);
+  EXPECT_EQ(delta("/health", "2xx"), 1);
+  EXPECT_EQ(delta("/v1/models/{id}", "4xx"), 1);
+  EXPECT_EQ(delta("/v1/completions", "4xx"), 2);
+  EXPECT_EQ(delta("/v1/completions", "2xx"), 1);
+  EXPECT_EQ(delta("other", "4xx"), 1);
+  EXPECT_EQ(delta("/v1/completions", "5xx"), 0);
+  EXPECT_EQ(delta("/v1/chat/completions", "2xx"), 0);
+  EXPECT_EQ(MetricValue(after, bad_request) - MetricValue(before, bad_request), 1);
+}
+
 TEST_F(OpenAiHttpTest, AVanishedClientFreesItsPagesStreamingOrNot) {
   ASSERT_TRUE(server_->started());
   auto stub = server_->stub();
@@ -1625,7 +1664,8 @@ TEST(OpenAiHttpLifecycleTest, HttpConnectionsAreCappedByTheFlagNotTheDescriptorL
   EXPECT_EQ(MetricValue(metrics, "thetaserve_http_connections_limit"), 300);
   EXPECT_EQ(MetricValue(metrics, "thetaserve_http_refused_total{reason=\"connections\"}"), 1);
   EXPECT_EQ(MetricValue(metrics, "thetaserve_http_refused_total{reason=\"request_bytes\"}"), 0);
-  open.resize(100);
+  open.erase(open.begin(), open.begin() + 200);  // the newest 100 stay (the sweep takes the
+                                                 // oldest idle ones first)
   for (int i = 0; i < 100; ++i) {
     metrics = server.ScrapeMetrics();
     if (MetricValue(metrics, "thetaserve_http_connections_open") == 100) break;
