@@ -64,6 +64,17 @@ bool ContainsToken(std::string_view header_value, std::string_view token) {
   return false;
 }
 
+// A Host value (RFC 9110 7.2: uri-host [":" port]) has only the characters of a registered
+// name, an IP literal in brackets, and a port; may be empty. (Not parsed further: no
+// whitespace, userinfo, path or query gets through.)
+bool ValidHost(std::string_view host) {
+  for (unsigned char c : host) {
+    const bool other = std::string_view("-._~%!$&'()*+,;=:[]").find(c) != std::string_view::npos;
+    if (!absl::ascii_isalnum(c) && !other) return false;
+  }
+  return true;
+}
+
 // 0-15 for a hex digit, else -1.
 int HexDigit(char ch) {
   if (ch >= '0' && ch <= '9') return ch - '0';
@@ -171,7 +182,9 @@ HttpRequestReader::Next HttpRequestReader::ParseHead(std::string& in, size_t hea
     const size_t authority = target.find("//") + 2;
     const size_t slash = target.find_first_of("/?", authority);
     target = slash == std::string_view::npos ? std::string_view() : target.substr(slash);
-  } else if (target[0] != '/') {
+  } else if (target[0] != '/' && !(target == "*" && req_.method == "OPTIONS")) {
+    // Else the origin-form, or the asterisk-form of an OPTIONS about the server as a whole
+    // (RFC 9112 3.2.4): its path is "*".
     return Refuse(400, "malformed request line");
   }
   const size_t q = target.find('?');
@@ -192,9 +205,12 @@ HttpRequestReader::Next HttpRequestReader::ParseHead(std::string& in, size_t hea
     if (name == "host") return Refuse(400, "more than one Host header");
     it->second += ", " + value;
   }
-  // RFC 9112 3.2: a server must refuse an HTTP/1.1 request without Host.
-  if (http11_ && !req_.headers.count("host")) {
-    return Refuse(400, "an HTTP/1.1 request needs a Host header");
+  // RFC 9112 3.2: a server must refuse an HTTP/1.1 request without Host, and one whose Host is
+  // not a host.
+  if (auto host = req_.headers.find("host"); host == req_.headers.end()) {
+    if (http11_) return Refuse(400, "an HTTP/1.1 request needs a Host header");
+  } else if (!ValidHost(host->second)) {
+    return Refuse(400, "the Host header is not a host[:port]");
   }
   const std::string connection = req_.Header("connection");
   keep_alive_ = http11_ ? !ContainsToken(connection, "close")

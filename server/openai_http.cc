@@ -251,6 +251,10 @@ void OpenAiHttpServer::Serve(const HttpRequest& req, HttpResponder& out) {
 }
 
 void OpenAiHttpServer::Handle(const HttpRequest& req, HttpResponder& out) {
+  if (req.path == "*") {  // OPTIONS * (the reader lets no other method have it): the server's
+    out.Send(200, "text/plain", "", {{"Allow", "GET, HEAD, POST, OPTIONS"}});
+    return;
+  }
   // CORS, for pages in a browser: an allowed Origin gets Access-Control-Allow-Origin on every
   // answer, and a preflight (OPTIONS with Access-Control-Request-Method; it carries no API key)
   // the methods and headers it may use. Another origin gets neither, and the browser refuses.

@@ -141,6 +141,9 @@ TEST(HttpRequestReaderTest, BadRequestsAreRefusedWithTheirStatus) {
       {"GET / HTTP/1.1\r\nX-A: a\r\n\r\n", 400, "needs a Host"},
       {"GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n", 400, "more than one Host"},
       {"GET / HTTP/1.0\r\nHost: a\r\nhost: a\r\n\r\n", 400, "more than one Host"},
+      {"GET / HTTP/1.1\r\nHost: a b\r\n\r\n", 400, "not a host"},
+      {"GET / HTTP/1.1\r\nHost: user@example.com\r\n\r\n", 400, "not a host"},
+      {"GET / HTTP/1.0\r\nHost: example.com/path\r\n\r\n", 400, "not a host"},
   };
   for (size_t piece : {size_t{0}, size_t{1}}) {
     for (const Case& c : cases) {
@@ -176,6 +179,15 @@ TEST(HttpRequestReaderTest, TheVersionAndTheTargetAreReadStrictly) {
   r.Reset();  // Host is HTTP/1.1's: a 1.0 request may leave it out
   ASSERT_EQ(read("GET / HTTP/1.0\r\n\r\n", r), Next::kReady);
   EXPECT_FALSE(r.http11());
+  for (const char* host : {"", "[::1]:8000", "10.0.0.1:80", "api.example.com", "xn--bcher-kva.de"}) {
+    r.Reset();
+    EXPECT_EQ(read(std::string("GET / HTTP/1.1\r\nHost: ") + host + "\r\n\r\n", r), Next::kReady)
+        << host << ": " << r.refusal();
+  }
+  // The asterisk form, for an OPTIONS about the server as a whole (RFC 9112 3.2.4) only.
+  r.Reset();
+  ASSERT_EQ(read("OPTIONS * HTTP/1.1\r\nHost: t\r\n\r\n", r), Next::kReady);
+  EXPECT_EQ(r.request().path, "*");
   // The absolute form, which a proxy may send.
   r.Reset();
   ASSERT_EQ(read("GET http://example.com:8000/v1/models?x=1 HTTP/1.1\r\nHost: t\r\n\r\n", r),

@@ -1022,6 +1022,9 @@ TEST_F(OpenAiHttpTest, HttpRequestsAreCountedByRouteAndStatus) {
   EXPECT_EQ(Post("/v1/completions", {{"prompt", "x"}, {"temperature", "hot"}}).status, 400);
   EXPECT_EQ(Post("/v1/completions", {{"prompt", "Hello"}, {"max_tokens", 1}}).status, 200);
   EXPECT_EQ(Post("/v1/embeddings", {{"input", "x"}}).status, 404);
+  const HttpResult server_wide = HttpCall(http_port_, "OPTIONS", "*");  // RFC 9112 3.2.4
+  EXPECT_EQ(server_wide.status, 200);
+  EXPECT_EQ(server_wide.headers.at("allow"), "GET, HEAD, POST, OPTIONS");
   {
     HttpConnection c(http_port_);
     c.SendRaw("GET /v1/models HTTP/1.1\r\n\r\n");  // no Host: the transport's 400
@@ -1037,6 +1040,7 @@ TEST_F(OpenAiHttpTest, HttpRequestsAreCountedByRouteAndStatus) {
   EXPECT_EQ(delta("/v1/completions", "4xx"), 2);
   EXPECT_EQ(delta("/v1/completions", "2xx"), 1);
   EXPECT_EQ(delta("other", "4xx"), 1);
+  EXPECT_EQ(delta("other", "2xx"), 1);
   EXPECT_EQ(delta("/v1/completions", "5xx"), 0);
   EXPECT_EQ(delta("/v1/chat/completions", "2xx"), 0);
   EXPECT_EQ(MetricValue(after, bad_request) - MetricValue(before, bad_request), 1);
