@@ -246,9 +246,10 @@ void Metrics::OnHttpRefused(HttpTransportRefusal why) {
   http_refused_[static_cast<int>(why)]->Increment();
 }
 
-void Metrics::OnHttpRequest(std::string_view route, int status) {
+void Metrics::OnHttpRequest(std::string_view path, int status) {
   const int k = status / 100 == 2 ? 0 : status / 100 == 4 ? 1 : status / 100 == 5 ? 2 : -1;
   if (k < 0) return;
+  const std::string_view route = path.starts_with("/v1/models/") ? "/v1/models/{id}" : path;
   size_t r = 0;
   while (r + 1 < std::size(kHttpRoutes) && route != kHttpRoutes[r]) ++r;  // the last: "other"
   http_requests_[r][k]->Increment();

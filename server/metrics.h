@@ -48,9 +48,10 @@ class Metrics {
   void OnHttpConnections(int open);
   void SetHttpConnectionLimit(int limit);
   void OnHttpRefused(HttpTransportRefusal why);
-  // A request the HTTP API's handlers answered: its route (one of kHttpRoutes; another counts
-  // as "other") and the status sent (2xx, 4xx, 5xx; none other is sent).
-  void OnHttpRequest(std::string_view route, int status);
+  // A request the HTTP API's handlers answered: its path, counted under its route (one of
+  // kHttpRoutes: /v1/models/<id> under "/v1/models/{id}", a path no route serves under "other"),
+  // and the status sent (2xx, 4xx, 5xx; none other is sent).
+  void OnHttpRequest(std::string_view path, int status);
   static constexpr const char* kHttpRoutes[] = {
       "/v1/completions", "/v1/chat/completions", "/v1/models", "/v1/models/{id}", "/tokenize",
       "/detokenize",     "/health",              "/metrics",   "other"};

@@ -183,15 +183,6 @@ bool SendEvent(HttpResponder& out, const Json& j) {
   return out.WriteChunk(absl::StrCat("data: ", DumpJson(j), "\n\n"));
 }
 
-// The route label of the HTTP request metrics (Metrics::kHttpRoutes).
-std::string_view RouteOf(const std::string& path) {
-  if (path.starts_with("/v1/models/")) return "/v1/models/{id}";
-  for (const char* route : Metrics::kHttpRoutes) {
-    if (path == route) return route;
-  }
-  return "other";
-}
-
 int64_t UnixNow() {
   return std::chrono::duration_cast<std::chrono::seconds>(
              std::chrono::system_clock::now().time_since_epoch())
@@ -245,7 +236,7 @@ void OpenAiHttpServer::Serve(const HttpRequest& req, HttpResponder& out) {
   // request whose client left before any answer is not counted (requests_total has it).
   absl::Cleanup counted = [&] {
     const int status = out.status() != 0 ? out.status() : out.responded() ? 0 : 500;
-    if (status != 0) metrics->OnHttpRequest(RouteOf(req.path), status);
+    if (status != 0) metrics->OnHttpRequest(req.path, status);
   };
   Handle(req, out);
 }
