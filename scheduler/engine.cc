@@ -129,6 +129,12 @@ absl::StatusOr<std::unique_ptr<Sequence>> Engine::Prepare(Request request,
                                                           std::shared_ptr<TokenSink> sink) const {
   const auto& c = backend_->model().config();
   if (request.prompt.empty()) return absl::InvalidArgumentError("the prompt is empty");
+  if (request.priority != 0 && config_.scheduler.policy != SchedulingPolicy::kPriority) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "priority is %d but this server serves first come, first served; priorities need "
+        "serve --scheduling-policy priority",
+        request.priority));
+  }
   for (int32_t t : request.prompt) {
     if (t < 0 || t >= c.vocab_size) {
       return absl::InvalidArgumentError(absl::StrFormat(

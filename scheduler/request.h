@@ -52,6 +52,9 @@ struct Request {
   // vLLM's structured outputs (guided_choice, guided_regex, json_object): what the whole
   // output must be; null: unguided. Shared by a call's prompts and completions.
   std::shared_ptr<const Guide> guide;
+  // Under the priority scheduling policy (SchedulingPolicy::kPriority), lower goes first (vLLM's
+  // priority); the first-come policy takes only 0 (Engine::Submit refuses another).
+  int64_t priority = 0;
   Clock::time_point arrival = Clock::now();
   std::optional<Clock::time_point> deadline;
 };

@@ -1,6 +1,7 @@
 #include "scheduler/scheduler.h"
 
 #include <algorithm>
+#include <limits>
 
 #include "base/check.h"
 
@@ -25,24 +26,39 @@ void Scheduler::ReleasePages(Sequence& seq) {
   seq.restore_v_sum = false;
 }
 
-void Scheduler::AddWaiting(std::unique_ptr<Sequence> seq) {
-  seq->state = SequenceState::kWaiting;
-  waiting_.push_back(std::move(seq));
+bool Scheduler::Before(const Sequence& a, const Sequence& b) {
+  const int64_t pa = a.request().priority, pb = b.request().priority;
+  return pa != pb ? pa < pb : a.serial < b.serial;
 }
+
+void Scheduler::Enqueue(std::unique_ptr<Sequence> seq, bool preempted) {
+  seq->state = SequenceState::kWaiting;
+  if (config_.policy == SchedulingPolicy::kPriority) {
+    auto at = std::upper_bound(waiting_.begin(), waiting_.end(), seq,
+                               [](const auto& a, const auto& b) { return Before(*a, *b); });
+    waiting_.insert(at, std::move(seq));
+  } else if (preempted) {
+    waiting_.push_front(std::move(seq));
+  } else {
+    waiting_.push_back(std::move(seq));
+  }
+}
+
+void Scheduler::AddWaiting(std::unique_ptr<Sequence> seq) { Enqueue(std::move(seq), false); }
 
 void Scheduler::Preempt(size_t running_index) {
   std::unique_ptr<Sequence> seq = std::move(running_[running_index]);
   running_.erase(running_.begin() + running_index);
   ReleasePages(*seq);  // recompute prompt + output so far (its blocks may still be cached)
-  seq->state = SequenceState::kWaiting;
   ++seq->preemptions;
   ++preemptions_;
-  waiting_.push_front(std::move(seq));
+  Enqueue(std::move(seq), true);
 }
 
 StepPlan Scheduler::Schedule() {
   StepPlan plan;
   int64_t budget = config_.max_num_batched_tokens;
+  const bool by_priority = config_.policy == SchedulingPolicy::kPriority;
 
   // Tokens this step may still score (each needs a logits row: kMaxScoredTokensPerStep).
   int64_t score_budget = kMaxScoredTokensPerStep;
@@ -68,27 +84,39 @@ StepPlan Scheduler::Schedule() {
     budget -= n;
     if (s.NeedsPromptScores()) score_budget -= n;
   };
-  // Running sequences first, oldest first; preempt the newest when pages run out.
-  for (size_t i = 0; i < running_.size() && budget > 0;) {
-    Sequence* seq = running_[i].get();
+  auto planned = [&](const Sequence* s) {
+    return std::any_of(plan.chunks.begin(), plan.chunks.end(),
+                       [&](const ScheduledChunk& c) { return c.seq == s; });
+  };
+  // Plans running sequence `seq`'s next tokens. When pages run out, the last running sequence
+  // (the newest; by priority, the last in priority order: running_ is kept in that order) is
+  // preempted, possibly `seq` itself, until they fit.
+  auto plan_running = [&](Sequence* seq) {
     const int64_t n = tokens_for(*seq);
-    if (n <= 0) {
-      ++i;
-      continue;
-    }
-    const int64_t need = seq->kv().PagesNeeded(seq->num_computed + n);
-    if (!Room(need)) {
-      // Free the newest running sequence (possibly this one) and retry.
-      const size_t victim = running_.size() - 1;
-      plan.preempted.push_back(running_[victim].get());
-      Preempt(victim);
-      if (victim == i) break;
-      continue;
+    if (n <= 0) return;
+    while (!Room(seq->kv().PagesNeeded(seq->num_computed + n))) {
+      Sequence* victim = running_.back().get();
+      plan.preempted.push_back(victim);
+      Preempt(running_.size() - 1);
+      if (victim == seq) return;
     }
     seq->kv().Grow(*pool_, seq->num_computed + n);
     plan.chunks.push_back({seq, n, seq->num_computed + n == int64_t(seq->tokens().size())});
     spend(*seq, n);
-    ++i;
+  };
+  // Running sequences first, in order, each with a decode token or a chunk of its prompt. By
+  // priority, those of a later priority than the first waiting sequence are planned after
+  // admission (`deferred`): the budget, a slot and the pool go to it first, and admission may
+  // preempt them.
+  const int64_t first_waiting = waiting_.empty() ? std::numeric_limits<int64_t>::max()
+                                                 : waiting_.front()->request().priority;
+  std::vector<Sequence*> deferred;
+  for (size_t i = 0; i < running_.size() && budget > 0; ++i) {
+    if (by_priority && running_[i]->request().priority > first_waiting) {
+      for (size_t j = i; j < running_.size(); ++j) deferred.push_back(running_[j].get());
+      break;
+    }
+    plan_running(running_[i].get());
   }
 
   // Then admit waiting sequences while the budget, the sequence limit and the pool allow.
@@ -105,13 +133,41 @@ StepPlan Scheduler::Schedule() {
   };
   int64_t reserved = 0;
   for (const auto& r : running_) reserved += to_finish_prompt(*r);
+  // By priority, a waiting sequence without a slot, or short of `pages` pages above what is
+  // reserved, preempts the last running sequence if that one's priority is later than its own
+  // (deferred: it has no chunk yet), and tries again; only when preempting every running
+  // sequence of a later priority would give it the slot and the pages (counting all their
+  // pages, shared ones too: a bound), so that no work is thrown away for nothing. Sequences of
+  // its own priority are never preempted for it.
+  auto make_way_for = [&](const Sequence& seq, int64_t pages) {
+    if (!by_priority) return false;
+    int64_t later = 0, room = Available() - reserved;
+    for (const auto& r : running_) {
+      if (r->request().priority <= seq.request().priority) continue;
+      ++later;
+      room += r->kv().num_pages() + to_finish_prompt(*r);
+    }
+    if (later == 0 || room < pages ||
+        int64_t(running_.size()) - later >= config_.max_num_seqs) {
+      return false;
+    }
+    reserved -= to_finish_prompt(*running_.back());
+    plan.preempted.push_back(running_.back().get());
+    Preempt(running_.size() - 1);
+    return true;
+  };
+  const bool pool_short = !plan.preempted.empty();
   FindGroupLeaders();
-  for (size_t w = 0; plan.preempted.empty() && budget > 0 && w < waiting_.size() &&
-                     int64_t(running_.size()) < config_.max_num_seqs;) {
+  for (size_t w = 0; !pool_short && budget > 0 && w < waiting_.size();) {
     Sequence* seq = waiting_[w].get();
     if (WaitsForGroupPrompt(*seq)) {
       ++w;  // others behind it may go first
       continue;
+    }
+    if (seq->NeedsPromptScores() && score_budget <= 0) break;  // this step scores no more
+    if (int64_t(running_.size()) >= config_.max_num_seqs) {
+      if (make_way_for(*seq, to_finish_prompt(*seq))) continue;
+      break;
     }
     // Cached blocks first: all of the tokens but the last (whose logits are needed) can come
     // from the prefix cache. Adopting pins them, so it happens only when the rest fits too.
@@ -128,7 +184,10 @@ StepPlan Scheduler::Schedule() {
               : prefix_->Find(tokens, (int64_t(tokens.size()) - 1) / bs, *pool_, salt);
       if (match.blocks() > 0) {
         const int64_t rest = to_finish_prompt(*seq) - 2 * match.blocks() * seq->kv().shape().tables();
-        if (Available() - match.pinned_pages < reserved + rest) break;
+        if (Available() - match.pinned_pages < reserved + rest) {
+          if (make_way_for(*seq, rest + match.pinned_pages)) continue;
+          break;
+        }
         prefix_->Adopt(match, seq->kv(), *pool_, &seq->cache_cursor);
         seq->num_computed = match.blocks() * bs;
         seq->cached_blocks = match.blocks();
@@ -139,12 +198,12 @@ StepPlan Scheduler::Schedule() {
       }
     }
     const int64_t n = tokens_for(*seq);
-    if (n <= 0) break;  // a prompt to score, and this step scores no more
     const int64_t whole = to_finish_prompt(*seq);
     // Cached pages count as room for what is reserved, but are evicted only for what this
     // step allocates (the rest stays findable until it is needed).
     if (Available() < reserved + whole || !Room(seq->kv().PagesNeeded(seq->num_computed + n))) {
       ReleasePages(*seq);  // it waits without pages; the blocks stay cached
+      if (make_way_for(*seq, whole)) continue;
       break;
     }
     if (prefix_) {
@@ -156,10 +215,22 @@ StepPlan Scheduler::Schedule() {
     seq->kv().Grow(*pool_, seq->num_computed + n);
     seq->state = SequenceState::kRunning;
     if (!seq->first_scheduled) seq->first_scheduled = Clock::now();
-    running_.push_back(std::move(waiting_[w]));
+    std::unique_ptr<Sequence> admitted = std::move(waiting_[w]);
     waiting_.erase(waiting_.begin() + w);
+    auto at = by_priority ? std::upper_bound(running_.begin(), running_.end(), admitted,
+                                             [](const auto& a, const auto& b) {
+                                               return Before(*a, *b);
+                                             })
+                          : running_.end();
+    running_.insert(at, std::move(admitted));
     plan.chunks.push_back({seq, n, seq->num_computed + n == int64_t(seq->tokens().size())});
     spend(*seq, n);
+  }
+  // By priority, the deferred sequences admission left running, with what is left of the
+  // budget (one preempted and admitted again in this step has its chunk already).
+  for (Sequence* seq : deferred) {
+    if (budget <= 0) break;
+    if (seq->state == SequenceState::kRunning && !planned(seq)) plan_running(seq);
   }
   // Preempted sequences that were already planned must not run.
   if (!plan.preempted.empty()) {
@@ -167,8 +238,15 @@ StepPlan Scheduler::Schedule() {
       return c.seq->state != SequenceState::kRunning;
     });
   }
-  // The budget the others left goes back to the held chunks, oldest first, as far as the pool
-  // allows without preempting (their prompts' pages are reserved already).
+  // The budget the others left goes back to the held chunks, oldest first (by priority, in
+  // priority order), as far as the pool allows without preempting (their prompts' pages are
+  // reserved already).
+  if (by_priority) {
+    std::stable_sort(plan.chunks.begin(), plan.chunks.end(),
+                     [](const ScheduledChunk& a, const ScheduledChunk& b) {
+                       return Before(*a.seq, *b.seq);
+                     });
+  }
   for (size_t c = 0; held && budget > 0 && c < plan.chunks.size(); ++c) {
     ScheduledChunk& chunk = plan.chunks[c];
     Sequence& s = *chunk.seq;

@@ -1,7 +1,8 @@
 // Iteration-level (continuous) batching: each step mixes the decode tokens of running
 // sequences and prefill chunks of new ones under one token budget. Admission is check-then-
-// commit against the page pool; when pages run out the newest running sequence is preempted
-// (its pages freed, requeued for recompute). Engine-thread only.
+// commit against the page pool; when pages run out the newest running sequence (or, by
+// priority, the last in priority order) is preempted (its pages freed, requeued for
+// recompute). Engine-thread only.
 #pragma once
 
 #include <cstdint>
@@ -18,6 +19,20 @@
 
 namespace thetaserve::scheduler {
 
+// The order in which waiting sequences start and running ones are preempted.
+enum class SchedulingPolicy {
+  // First come, first served: waiting sequences start in submission order (a preempted one
+  // first, as it came earlier); pages short preempt the newest running sequence.
+  kFcfs,
+  // vLLM's --scheduling-policy priority: sequences go in order of Request::priority (lower
+  // first), then of submission. Waiting ones start in that order, running ones take the
+  // step's budget in that order (those of a later priority than the first waiting one after
+  // admission), pages short preempt the running sequence that comes last, and a waiting
+  // sequence with no slot (max_num_seqs) or no room in the pool preempts running ones of a
+  // strictly later priority, last first, when preempting them all would let it start.
+  kPriority,
+};
+
 struct SchedulerConfig {
   int64_t max_num_batched_tokens = 512;  // token budget per step
   int64_t max_num_seqs = 64;             // running sequences at once
@@ -30,6 +45,7 @@ struct SchedulerConfig {
   // The engine compacts V after every step under this policy; with a mass budget admission
   // reserves the bounded V store instead of a dense one (SequenceKv::PagesToReach).
   cache::SparsePolicy sparse;
+  SchedulingPolicy policy = SchedulingPolicy::kFcfs;
 };
 
 // Prompt tokens scored per step at most (Request::prompt_logprobs): each takes a row of logits
@@ -77,6 +93,11 @@ class Scheduler {
   std::vector<Sequence*> FindAll(const std::string& id);
 
  private:
+  // Whether `a` goes before `b` under the priority policy: lower priority, then submitted first.
+  static bool Before(const Sequence& a, const Sequence& b);
+  // Into the waiting queue: by priority order under kPriority, else at the back, or at the
+  // front for a preempted sequence (it came before every waiting one).
+  void Enqueue(std::unique_ptr<Sequence> seq, bool preempted);
   void Preempt(size_t running_index);
   // A group's later completions wait (with a prefix cache) until the first has computed the
   // prompt, so that they adopt its blocks instead of computing the prompt again; once one
@@ -101,8 +122,10 @@ class Scheduler {
   SchedulerConfig config_;
   cache::PagePool* pool_;
   cache::PrefixCache* prefix_;  // null: no prefix caching
-  std::deque<std::unique_ptr<Sequence>> waiting_;    // FIFO; preempted go to the front
-  std::vector<std::unique_ptr<Sequence>> running_;   // in admission order
+  std::deque<std::unique_ptr<Sequence>> waiting_;    // in the order they are to start (Enqueue)
+  // In admission order; by priority, in priority order (Before): either way the last is the
+  // first to be preempted.
+  std::vector<std::unique_ptr<Sequence>> running_;
   int64_t preemptions_ = 0;
   int64_t prefix_query_tokens_ = 0;
   int64_t prefix_hit_tokens_ = 0;

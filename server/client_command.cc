@@ -30,6 +30,8 @@ constexpr char kUsage[] =
     "  --min-tokens N         no EOS or stop before N tokens  --ignore-eos\n"
     "  --logit-bias ID:B,...  add B (in [-100, 100]) to token ID's logit\n"
     "  --n N                  N completions of the prompt (printed one after another)\n"
+    "  --priority N           lower goes first (a server run with --scheduling-policy\n"
+    "                         priority; another refuses any but 0)\n"
     "  --api-key KEY          sent as 'authorization: Bearer KEY' (or THETASERVE_API_KEY)\n"
     "  --tls-ca FILE          connect with TLS, trusting this CA\n"
     "  --timeout SECONDS      deadline for the call\n";
@@ -70,7 +72,8 @@ int RunClient(const std::vector<std::string>& argv) {
       {"addr", true},        {"prompt", true},     {"chat", false},       {"max-tokens", true},
       {"temperature", true}, {"top-p", true},      {"top-k", true},       {"seed", true},
       {"stop", true},        {"api-key", true},    {"tls-ca", true},      {"timeout", true},
-      {"min-tokens", true},  {"ignore-eos", false}, {"logit-bias", true}, {"n", true}};
+      {"min-tokens", true},  {"ignore-eos", false}, {"logit-bias", true}, {"n", true},
+      {"priority", true}};
   CliArgs args;
   if (auto exit = ParseCommandLine("client", argv, known, kUsage, &args)) return *exit;
   auto usage = [](const absl::Status& st) { return ReportFailure("client", st, kExitUsage); };
@@ -85,10 +88,12 @@ int RunClient(const std::vector<std::string>& argv) {
   auto timeout = args.GetDouble("timeout", 0, 0, 86400);  // 0 = no deadline
   auto min_tokens = args.GetInt("min-tokens", 0, 0, kU32);
   auto n = args.GetInt("n", 1, 1, kMaxChoices);  // the server's limit, before any output
+  auto priority = args.GetInt("priority", 0);
   auto bias = ParseLogitBias(args.GetString("logit-bias"));
   for (const absl::Status& st : {max_tokens.status(), temperature.status(), top_p.status(),
                                  top_k.status(), seed.status(), timeout.status(),
-                                 min_tokens.status(), n.status(), bias.status()}) {
+                                 min_tokens.status(), n.status(), priority.status(),
+                                 bias.status()}) {
     if (!st.ok()) return usage(st);
   }
   v1::GenerateRequest req;
@@ -109,6 +114,7 @@ int RunClient(const std::vector<std::string>& argv) {
   req.mutable_stopping()->set_ignore_eos(args.Has("ignore-eos"));
   for (const auto& [token, b] : *bias) (*req.mutable_sampling()->mutable_logit_bias())[token] = b;
   req.set_n(static_cast<uint32_t>(*n));
+  req.set_priority(*priority);
   // The server's checks of the sampling fields, so a value it would refuse is a bad command
   // line here (the token ids are the server's to check: it knows the vocabulary).
   auto sampling = BuildSampling(req.sampling(), std::numeric_limits<uint32_t>::max());

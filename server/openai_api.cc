@@ -332,7 +332,7 @@ std::string ErrorParam(std::string_view message) {
       "guided_whitespace_pattern", "ignore_eos",
       "include_stop_str_in_output", "logit_bias", "logprobs", "max_completion_tokens",
       "max_tokens", "messages", "min_p", "min_tokens", "model", "n", "presence_penalty",
-      "parallel_tool_calls", "prompt", "prompt_logprobs", "repetition_penalty",
+      "parallel_tool_calls", "priority", "prompt", "prompt_logprobs", "repetition_penalty",
       "response_format", "seed", "stop",
       "stop_token_ids", "stream", "stream_options", "structured_outputs", "suffix",
       "temperature", "tokens", "tool_choice", "tools", "top_k", "top_logprobs", "top_p",

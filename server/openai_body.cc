@@ -1,6 +1,7 @@
 #include "server/openai_body.h"
 
 #include <cmath>
+#include <cstdint>
 #include <limits>
 
 #include "absl/strings/str_cat.h"
@@ -56,6 +57,10 @@ absl::StatusOr<double> Number(const In& body, const char* key) {
 
 absl::StatusOr<int64_t> Integer(const In& body, const char* key) {
   const In& v = body.at(key);
+  // 2^63 and above would wrap to a negative number.
+  if (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(INT64_MAX)) {
+    return Invalid(key, "must be an integer below 2^63");
+  }
   if (v.is_number_integer()) return v.get<int64_t>();
   if (v.is_number_float() && std::floor(v.get<double>()) == v.get<double>() &&
       std::fabs(v.get<double>()) < 9e15) {

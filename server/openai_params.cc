@@ -464,6 +464,11 @@ absl::Status ParseSampling(const In& body, std::string_view body_text, OpenAiCal
     if (!v.ok()) return v.status();
     call->request.set_cache_salt(*v);
   }
+  if (Given(body, "priority")) {  // vLLM's: lower first, under --scheduling-policy priority
+    auto v = Integer(body, "priority");
+    if (!v.ok()) return v.status();
+    call->request.set_priority(*v);
+  }
   return absl::OkStatus();
 }
 

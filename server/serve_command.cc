@@ -67,6 +67,10 @@ constexpr char kUsage[] =
     "                               whole prefill (the budget they leave goes back to it);\n"
     "                               0 (or N >= the budget): no limit (default: a quarter of\n"
     "                               --max-num-batched-tokens)\n"
+    "  --scheduling-policy P        fcfs (default): requests start in arrival order; or\n"
+    "                               priority (vLLM's): by each request's priority, lower\n"
+    "                               first, and a waiting request with no slot or no KV room\n"
+    "                               preempts running ones of a strictly later priority\n"
     "  --kv-cache-memory SIZE|PCT%  KV page pool size, e.g. 512M, or a share of the memory\n"
     "                               free once the model is loaded, less 1 GiB for per-step\n"
     "                               buffers, e.g. 90% (default 90% on a GPU; on the CPU\n"
@@ -169,6 +173,7 @@ int RunServe(const std::vector<std::string>& argv) {
       {"http-port", true}, {"served-model-name", true}, {"allowed-origins", true},
       {"max-http-connections", true}, {"max-model-len", true},
       {"max-num-seqs", true}, {"max-num-batched-tokens", true}, {"long-prefill-tokens", true},
+      {"scheduling-policy", true},
       {"kv-cache-memory", true},
       {"block-size", true}, {"max-queue", true}, {"threads", true}, {"device", true},
       {"drain-timeout", true}, {"tls-cert", true}, {"tls-key", true}, {"api-key", true},
@@ -241,6 +246,11 @@ int RunServe(const std::vector<std::string>& argv) {
       }
     }
   }
+  const std::string policy = args.GetString("scheduling-policy", "fcfs");
+  if (policy != "fcfs" && policy != "priority") {
+    return usage(absl::InvalidArgumentError(absl::StrCat(
+        "--scheduling-policy is '", policy, "'; it must be fcfs or priority")));
+  }
   const std::string prefix_caching = args.GetString("prefix-caching", "on");
   if (prefix_caching != "on" && prefix_caching != "off") {
     return usage(absl::InvalidArgumentError(absl::StrCat(
@@ -308,6 +318,8 @@ int RunServe(const std::vector<std::string>& argv) {
   ec.scheduler.max_num_seqs = *max_seqs;
   ec.scheduler.max_num_batched_tokens = *max_tokens;
   ec.scheduler.long_prefill_tokens = *long_prefill;
+  ec.scheduler.policy = policy == "priority" ? scheduler::SchedulingPolicy::kPriority
+                                             : scheduler::SchedulingPolicy::kFcfs;
   // Defaults: 90% of a GPU's free memory; on the CPU, enough for one full-context sequence.
   const std::optional<int64_t> free_bytes = loaded->backend->FreeMemoryBytes();
   std::optional<int64_t> max_bytes;  // whole pages of at most MaxPoolRows rows

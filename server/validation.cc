@@ -319,6 +319,7 @@ absl::StatusOr<scheduler::Request> BuildRequest(const v1::GenerateRequest& req,
         "cache_salt has %d bytes; at most 256", req.cache_salt().size()));
   }
   out.cache_salt = req.cache_salt();
+  out.priority = req.priority();
   if (req.n() > uint32_t(kMaxChoices)) {
     return absl::InvalidArgumentError(
         absl::StrFormat("n = %d; it must be in [1, %d] (0 means 1)", req.n(), kMaxChoices));

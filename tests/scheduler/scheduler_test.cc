@@ -4,6 +4,7 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -229,6 +230,193 @@ TEST_F(LongPrefillTest, WithoutALimitAShortRequestWaitsForThePrefill) {
   EXPECT_EQ(Step(unheld), std::vector<std::string>{"long:64"});
   EXPECT_EQ(Step(unheld), std::vector<std::string>{"long:64"});
   EXPECT_EQ(Step(unheld), (std::vector<std::string>{"long:8+", "short:10+"}));
+}
+
+// SchedulerConfig::policy: a budget of 64 tokens a step, no hold on chunks, no prefix cache;
+// blocks of 16 rows, 4 pages each (K and V of 2 layers).
+class PriorityTest : public LongPrefillTest {
+ protected:
+  static SchedulerConfig Config(SchedulingPolicy policy, int64_t max_num_seqs = 64) {
+    SchedulerConfig c = LongPrefillTest::Config(0);
+    c.policy = policy;
+    c.max_num_seqs = max_num_seqs;
+    return c;
+  }
+  // A request of `tokens` prompt tokens at `priority`, submitted now (serials as the engine's).
+  Sequence* Submit(Scheduler& s, const std::string& id, int64_t tokens, int64_t priority) {
+    Request r;
+    r.id = id;
+    r.priority = priority;
+    for (int64_t i = 0; i < tokens; ++i) r.prompt.push_back(int32_t(100 * (next_ + 1) + i));
+    ++next_;
+    r.stopping.max_tokens = 64;
+    auto seq = std::make_unique<Sequence>(r, std::make_shared<CollectingSink>(),
+                                          model_->tokenizer(), kShape);
+    seq->serial = ++serial_;
+    Sequence* out = seq.get();
+    s.AddWaiting(std::move(seq));
+    return out;
+  }
+  static std::vector<std::string> Ids(const std::vector<Sequence*>& seqs) {
+    std::vector<std::string> out;
+    for (const Sequence* s : seqs) out.push_back(s->request().id);
+    return out;
+  }
+  static std::vector<std::string> Waiting(const Scheduler& s) {
+    std::vector<std::string> out;
+    for (const auto& w : s.waiting()) out.push_back(w->request().id);
+    return out;
+  }
+  uint64_t serial_ = 0;
+};
+
+TEST_F(PriorityTest, WaitingSequencesStartByPriorityThenArrival) {
+  cache::PagePool pool{512, kShape.block_size};
+  Scheduler by_priority{Config(SchedulingPolicy::kPriority), pool};
+  const std::vector<std::pair<std::string, int64_t>> requests = {
+      {"a", 5}, {"b", 0}, {"c", 5}, {"d", -1}};
+  for (const auto& [id, priority] : requests) Submit(by_priority, id, 10, priority);
+  EXPECT_EQ(Waiting(by_priority), (std::vector<std::string>{"d", "b", "a", "c"}));
+  EXPECT_EQ(Step(by_priority), (std::vector<std::string>{"d:10+", "b:10+", "a:10+", "c:10+"}));
+
+  cache::PagePool fcfs_pool{512, kShape.block_size};
+  Scheduler fcfs{Config(SchedulingPolicy::kFcfs), fcfs_pool};
+  for (const char* id : {"a", "b", "c", "d"}) Submit(fcfs, id, 10, 0);
+  EXPECT_EQ(Step(fcfs), (std::vector<std::string>{"a:10+", "b:10+", "c:10+", "d:10+"}));
+}
+
+// Two slots, held by "chat" (priority 1) and "batch" (priority 5, submitted first). A request
+// of batch's priority waits its turn; an urgent one (priority 0) takes the slot of the running
+// sequence of the latest priority (batch, though chat is newer), which goes back to the queue
+// before the waiting one of its priority (it was submitted first).
+TEST_F(PriorityTest, AWaitingSequenceWithoutASlotPreemptsOneOfALaterPriority) {
+  cache::PagePool pool{512, kShape.block_size};
+  Scheduler s{Config(SchedulingPolicy::kPriority, /*max_num_seqs=*/2), pool};
+  Sequence* batch = Submit(s, "batch", 10, 5);
+  Sequence* chat = Submit(s, "chat", 10, 1);
+  ASSERT_EQ(Step(s), (std::vector<std::string>{"chat:10+", "batch:10+"}));
+  Sample(batch);
+  Sample(chat);
+  Submit(s, "peer", 10, 5);
+  StepPlan plan = s.Schedule();
+  EXPECT_EQ(ById(plan), (std::vector<std::string>{"chat:1+", "batch:1+"})) << "peer waits";
+  EXPECT_TRUE(plan.preempted.empty());
+  s.Commit(plan);
+  Sample(batch);
+  Sample(chat);
+
+  Submit(s, "urgent", 10, 0);
+  plan = s.Schedule();
+  EXPECT_EQ(ById(plan), (std::vector<std::string>{"urgent:10+", "chat:1+"}));
+  EXPECT_EQ(Ids(plan.preempted), std::vector<std::string>{"batch"});
+  EXPECT_EQ(batch->num_computed, 0);
+  EXPECT_EQ(batch->preemptions, 1);
+  EXPECT_EQ(batch->kv().blocks(), 0) << "its pages went back to the pool";
+  EXPECT_EQ(Waiting(s), (std::vector<std::string>{"batch", "peer"}));
+  s.Commit(plan);
+}
+
+// The pool is short: a 20-token prompt of priority 9 runs (8 pages: two blocks), then a 15-token
+// one of priority 0 takes the last 4. When the second needs its next block, first come, first
+// served preempts it (the newest); by priority the first goes, though it is older.
+TEST_F(PriorityTest, PagesShortPreemptTheLastByPriorityNotTheNewest) {
+  for (SchedulingPolicy policy : {SchedulingPolicy::kFcfs, SchedulingPolicy::kPriority}) {
+    const bool by_priority = policy == SchedulingPolicy::kPriority;
+    SCOPED_TRACE(by_priority ? "priority" : "fcfs");
+    cache::PagePool pool{12, kShape.block_size};
+    Scheduler s{Config(policy), pool};
+    Sequence* batch = Submit(s, "batch", 20, by_priority ? 9 : 0);
+    ASSERT_EQ(Step(s), std::vector<std::string>{"batch:20+"});
+    Sample(batch);
+    Sequence* urgent = Submit(s, "urgent", 15, 0);
+    const std::vector<std::string> both =
+        by_priority ? std::vector<std::string>{"urgent:15+", "batch:1+"}
+                    : std::vector<std::string>{"batch:1+", "urgent:15+"};
+    ASSERT_EQ(Step(s), both);
+    EXPECT_EQ(pool.num_free(), 0);
+    Sample(batch);
+    Sample(urgent);
+    ASSERT_EQ(Step(s).size(), 2u);
+    Sample(batch);
+    Sample(urgent);
+    StepPlan plan = s.Schedule();  // urgent reaches its second block
+    if (by_priority) {
+      EXPECT_EQ(ById(plan), std::vector<std::string>{"urgent:1+"});
+      EXPECT_EQ(Ids(plan.preempted), std::vector<std::string>{"batch"});
+      EXPECT_EQ(urgent->kv().blocks(), 2);
+    } else {
+      EXPECT_EQ(ById(plan), std::vector<std::string>{"batch:1+"});
+      EXPECT_EQ(Ids(plan.preempted), std::vector<std::string>{"urgent"});
+      EXPECT_EQ(batch->kv().blocks(), 2);
+    }
+    s.Commit(plan);
+  }
+}
+
+// A waiting sequence the pool has no room for preempts a running one of a later priority and
+// starts in the same step; one of the same priority does not.
+TEST_F(PriorityTest, AWaitingSequenceWithoutRoomPreemptsOneOfALaterPriority) {
+  cache::PagePool pool{12, kShape.block_size};
+  Scheduler s{Config(SchedulingPolicy::kPriority), pool};
+  Sequence* batch = Submit(s, "batch", 20, 9);
+  ASSERT_EQ(Step(s), std::vector<std::string>{"batch:20+"});
+  Sample(batch);
+  Submit(s, "peer", 16, 9);  // needs two blocks (its prompt and first token): 4 pages are left
+  ASSERT_EQ(Step(s), std::vector<std::string>{"batch:1+"});
+  Sample(batch);
+  Sequence* urgent = Submit(s, "urgent", 16, 0);
+  StepPlan plan = s.Schedule();
+  EXPECT_EQ(ById(plan), std::vector<std::string>{"urgent:16+"});
+  EXPECT_EQ(Ids(plan.preempted), std::vector<std::string>{"batch"});
+  EXPECT_EQ(Waiting(s), (std::vector<std::string>{"batch", "peer"}));
+  EXPECT_EQ(urgent->kv().blocks(), 1);
+  s.Commit(plan);
+}
+
+// Preempting is all or nothing: "mid" (priority 1) needs 8 pages; "low" (priority 5), the only
+// running sequence of a later priority, would free 4, and "high" (priority 0) is not its to
+// take. So low keeps running instead of losing its work for nothing, and mid waits.
+TEST_F(PriorityTest, NoPreemptionThatWouldNotLetTheWaitingSequenceStart) {
+  cache::PagePool pool{12, kShape.block_size};
+  Scheduler s{Config(SchedulingPolicy::kPriority), pool};
+  Sequence* high = Submit(s, "high", 20, 0);  // 8 pages
+  Sequence* low = Submit(s, "low", 15, 5);    // 4 pages
+  ASSERT_EQ(Step(s), (std::vector<std::string>{"high:20+", "low:15+"}));
+  ASSERT_EQ(pool.num_free(), 0);
+  Sample(high);
+  Sample(low);
+  Submit(s, "mid", 16, 1);
+  StepPlan plan = s.Schedule();
+  EXPECT_EQ(ById(plan), (std::vector<std::string>{"high:1+", "low:1+"}));
+  EXPECT_TRUE(plan.preempted.empty());
+  EXPECT_EQ(Waiting(s), std::vector<std::string>{"mid"});
+  s.Commit(plan);
+}
+
+// The step's budget (64 tokens) goes by priority: a 40-token urgent prompt arriving while a
+// 200-token batch prompt computes gets its chunk first and the give-back first (chunks held to
+// 16), or its whole prompt before the batch prompt (no hold); first come, first served gives
+// the older prompt the budget first.
+TEST_F(PriorityTest, TheBudgetGoesToAnEarlierPriorityFirst) {
+  for (int64_t limit : {16, 0}) {
+    for (SchedulingPolicy policy : {SchedulingPolicy::kFcfs, SchedulingPolicy::kPriority}) {
+      const bool by_priority = policy == SchedulingPolicy::kPriority;
+      SCOPED_TRACE(absl::StrCat(by_priority ? "priority" : "fcfs", ", limit ", limit));
+      cache::PagePool pool{512, kShape.block_size};
+      SchedulerConfig config = Config(policy);
+      config.long_prefill_tokens = limit;
+      Scheduler s{config, pool};
+      Submit(s, "batch", 200, by_priority ? 9 : 0);
+      ASSERT_EQ(Step(s), std::vector<std::string>{"batch:64"});
+      Submit(s, "urgent", 40, 0);
+      std::vector<std::string> expected = {"urgent:40+", "batch:24"};
+      if (!by_priority) {
+        expected = limit > 0 ? std::vector<std::string>{"batch:48", "urgent:16"}
+                             : std::vector<std::string>{"batch:64"};
+      }
+      EXPECT_EQ(Step(s), expected);
+    }
+  }
 }
 
 }  // namespace

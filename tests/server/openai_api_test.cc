@@ -49,7 +49,7 @@ TEST(OpenAiApiTest, CompletionFieldsMapOntoTheGenerateRequest) {
       "seed": 42, "stop": ["\n", "END"], "stop_token_ids": [2], "ignore_eos": true,
       "include_stop_str_in_output": true,
       "logprobs": 3, "stream": true, "stream_options": {"include_usage": true},
-      "cache_salt": "tenant-a", "user": "ignored", "n": 1, "echo": false})");
+      "cache_salt": "tenant-a", "user": "ignored", "n": 1, "echo": false, "priority": -3})");
   ASSERT_TRUE(call.ok()) << call.status();
   const v1::GenerateRequest& r = call->request;
   EXPECT_EQ(r.prompt(), "Hello");
@@ -70,6 +70,7 @@ TEST(OpenAiApiTest, CompletionFieldsMapOntoTheGenerateRequest) {
   EXPECT_TRUE(r.stopping().ignore_eos());
   EXPECT_EQ(r.sampling().logprobs(), 3);
   EXPECT_EQ(r.cache_salt(), "tenant-a");
+  EXPECT_EQ(r.priority(), -3);
   EXPECT_TRUE(call->stream);
   EXPECT_TRUE(call->include_usage);
   EXPECT_TRUE(call->logprobs);
@@ -1103,6 +1104,22 @@ TEST(OpenAiApiTest, NCompletionsAreParsedAndBounded) {
   EXPECT_TRUE(RefusedWith(Chat(R"({"messages": [{"role": "user", "content": "x"}], "n": 129})"),
                           "n = 129; it must be in [1, 128]"));
   EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": "x", "n": 2.5})"), "n must be an integer"));
+  // 2^64 - 1 read as an int64 would be -1.
+  EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": "x", "n": 18446744073709551615})"),
+                          "n must be an integer below 2^63"));
+}
+
+TEST(OpenAiApiTest, PriorityIsAnInteger) {
+  auto chat = Chat(R"({"messages": [{"role": "user", "content": "x"}], "priority": 2})");
+  ASSERT_TRUE(chat.ok()) << chat.status();
+  EXPECT_EQ(chat->request.priority(), 2);
+  auto unset = Completion(R"({"prompt": "x"})");
+  ASSERT_TRUE(unset.ok());
+  EXPECT_EQ(unset->request.priority(), 0);
+  EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": "x", "priority": "high"})"),
+                          "priority must be an integer"));
+  EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": "x", "priority": 9223372036854775808})"),
+                          "priority must be an integer below 2^63"));
 }
 
 TEST_F(OpenAiResponseTest, SplitChoicesMakesAGroupWithItsOwnSeeds) {

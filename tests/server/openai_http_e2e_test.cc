@@ -989,6 +989,10 @@ TEST_F(OpenAiHttpTest, BadInputGetsItsStatusAndTheServerKeepsServing) {
             "structured_outputs.choice[1] has 0 bytes; it must have 1 to 1024");
   EXPECT_EQ(Json::parse(structured.body)["error"]["param"], "structured_outputs.choice[1]");
   EXPECT_TRUE(param_of("{not json").is_null());
+  // This server serves first come, first served (the default --scheduling-policy).
+  HttpResult priority = Post("/v1/completions", {{"prompt", "x"}, {"priority", 1}});
+  EXPECT_EQ(priority.status, 400) << priority.body;
+  EXPECT_EQ(Json::parse(priority.body)["error"]["param"], "priority") << priority.body;
   {
     HttpConnection c(http_port_);
     c.SendRaw("\x16\x03\x01 not http at all\r\n\r\n");

@@ -53,6 +53,24 @@ TEST_F(ServerE2ETest, MetricsPassPromtoolAndMoveWithRequests) {
   EXPECT_GT(MetricValue(after, "thetaserve_v_rows_read_total"), 0);
 }
 
+// The default scheduling policy is first come, first served: it says so, takes priority 0 (as
+// unset) and refuses another, naming the flag that would allow it.
+TEST_F(ServerE2ETest, FirstComeFirstServedRefusesAPriority) {
+  auto stub = server_->stub();
+  grpc::ClientContext ctx;
+  v1::ModelInfo info;
+  ASSERT_TRUE(stub->GetModelInfo(&ctx, {}, &info).ok());
+  EXPECT_EQ(info.scheduling_policy(), "fcfs");
+  auto req = Prompt("Hello", 2);
+  req.set_priority(0);
+  EXPECT_TRUE(Generate(*stub, req).status.ok());
+  req.set_priority(-1);
+  StreamResult refused = Generate(*stub, req);
+  EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(refused.status.error_message().find("--scheduling-policy priority"), std::string::npos)
+      << refused.status.error_message();
+}
+
 // Prefix caching (on by default): a second request that begins with the same preamble finds
 // its blocks cached, gets the text `generate` (no cache) gets, and the status RPC and the
 // metrics say so; cached pages count as free once nothing runs.

@@ -3,6 +3,7 @@
 #include <signal.h>
 #include <sys/wait.h>
 
+#include <atomic>
 #include <cstdio>
 #include <fstream>
 #include <thread>
@@ -328,6 +329,48 @@ TEST(ServerLifecycleTest, FullQueueIsResourceExhausted) {
   server.Signal(SIGKILL);
   threads[0].join();
   threads[1].join();
+}
+
+// --scheduling-policy priority with one slot: an urgent request (priority 0) arriving while a
+// long batch request (priority 5) runs preempts it, finishes first, and the batch request then
+// recomputes what it had and ends with the text it gets alone (greedy, CPU: the same bits).
+TEST(ServerLifecycleTest, PriorityPolicyLetsAnUrgentRequestPreemptABatchOne) {
+  ServerProcess server({"--max-num-seqs", "1", "--scheduling-policy", "priority"});
+  ASSERT_TRUE(server.started());
+  auto stub = server.stub();
+  {
+    grpc::ClientContext ctx;
+    v1::ModelInfo info;
+    ASSERT_TRUE(stub->GetModelInfo(&ctx, {}, &info).ok());
+    EXPECT_EQ(info.scheduling_policy(), "priority");
+  }
+  auto batch_req = Prompt("Once upon a time", 160);
+  batch_req.mutable_stopping()->set_ignore_eos(true);
+  batch_req.set_priority(5);
+  StreamResult batch;
+  std::atomic<bool> batch_done{false};
+  std::thread batch_thread([&] {
+    auto s = server.stub();
+    batch = Generate(*s, batch_req, 300);
+    batch_done = true;
+  });
+  ASSERT_TRUE(WaitForRunning(*stub, 1));
+  auto urgent_req = Prompt("The capital of France is", 4);
+  urgent_req.set_priority(0);
+  StreamResult urgent = Generate(*stub, urgent_req, 300);
+  const bool batch_done_before_urgent = batch_done;
+  batch_thread.join();
+  ASSERT_TRUE(urgent.status.ok()) << urgent.status.error_message();
+  ASSERT_TRUE(batch.status.ok()) << batch.status.error_message();
+  EXPECT_FALSE(batch_done_before_urgent) << "the urgent request waited for the batch one";
+  EXPECT_EQ(urgent.complete.preemptions(), 0u);
+  EXPECT_EQ(batch.complete.preemptions(), 1u);
+  EXPECT_EQ(batch.complete.usage().completion_tokens(), 160u);
+  EXPECT_EQ(Status(*stub).preemptions(), 1u);
+  StreamResult alone = Generate(*stub, batch_req, 300);
+  ASSERT_TRUE(alone.status.ok()) << alone.status.error_message();
+  EXPECT_EQ(batch.ids, alone.ids) << "the preempted request recomputed its tokens as they were";
+  EXPECT_EQ(alone.complete.preemptions(), 0u);
 }
 
 }  // namespace

@@ -1,0 +1,83 @@
+#!/usr/bin/env python3
+"""Urgent requests among batch ones, on a running server's OpenAI HTTP API: BATCH requests
+(OUTPUT tokens each, EOS ignored) are sent at once, then after DELAY seconds URGENT short
+streaming requests (4 output tokens), one after another. With --priorities the batch requests
+carry priority 10 and the urgent ones 0 (a server run with --scheduling-policy priority);
+without, neither sends one (first come, first served). Prints one JSON line: the urgent
+requests' median time to first token and to their end, the batch requests' median and last
+end, and the server's preemptions. scripts/priority-ttft.sh runs it against both policies."""
+import argparse
+import json
+import re
+import statistics
+import threading
+import time
+import urllib.request
+
+
+def post(port, body):
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions",
+                                 data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    return urllib.request.urlopen(req, timeout=900)
+
+
+def preemptions(port):
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30).read().decode()
+    m = re.search(r"^thetaserve_preemptions_total (\S+)$", text, re.M)
+    return float(m.group(1)) if m else float("nan")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--output", type=int, default=128)
+    ap.add_argument("--urgent", type=int, default=4)
+    ap.add_argument("--delay", type=float, default=1.0)
+    ap.add_argument("--priorities", action="store_true")
+    args = ap.parse_args()
+    before = preemptions(args.port)
+    batch_ends = []
+    t0 = time.time()
+
+    def batch_request(i):
+        body = {"prompt": f"Chapter {i}. It was a long summer, and", "max_tokens": args.output,
+                "ignore_eos": True, "temperature": 0}
+        if args.priorities:
+            body["priority"] = 10
+        json.load(post(args.port, body))
+        batch_ends.append(time.time() - t0)
+
+    threads = [threading.Thread(target=batch_request, args=(i,)) for i in range(args.batch)]
+    for th in threads:
+        th.start()
+    time.sleep(args.delay)
+    ttft, total = [], []
+    for i in range(args.urgent):
+        body = {"prompt": f"Question {i}: what is the capital of France?", "max_tokens": 4,
+                "stream": True, "ignore_eos": True}
+        if args.priorities:
+            body["priority"] = 0
+        t = time.time()
+        first = None
+        for line in post(args.port, body):
+            line = line.decode().strip()
+            if first is None and line.startswith("data: {"):
+                if json.loads(line[6:])["choices"][0]["text"]:
+                    first = time.time() - t
+        ttft.append(first)
+        total.append(time.time() - t)
+    for th in threads:
+        th.join()
+    print(json.dumps({
+        "urgent_ttft_s": statistics.median(ttft),
+        "urgent_total_s": statistics.median(total),
+        "batch_median_end_s": statistics.median(batch_ends),
+        "batch_last_end_s": max(batch_ends),
+        "preemptions": preemptions(args.port) - before,
+    }), flush=True)
+
+
+if __name__ == "__main__":
+    main()
