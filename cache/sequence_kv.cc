@@ -244,6 +244,20 @@ int64_t SequenceKv::num_pages() const {
   return n;
 }
 
+int64_t SequenceKv::PagesHeldAlone(const PagePool& pool) const {
+  int64_t n = 0;
+  auto count = [&](int32_t page) { n += pool.refcount(page) == 1; };
+  const int64_t tail_blocks = blocks_ - v_tail_start_ / shape_.block_size;
+  for (int64_t t = 0; t < shape_.tables(); ++t) {
+    for (int64_t b = 0; b < blocks_; ++b) count(k_table_[t * stride_ + b]);
+    for (int64_t b = 0; b < tail_blocks; ++b) count(v_table_[t * stride_ + b]);
+    if (sparse_.count.empty()) continue;
+    const int64_t sparse = sparse_.Pages(t, shape_.block_size);
+    for (int64_t b = 0; b < sparse; ++b) count(sparse_.pages[t * sparse_.page_stride + b]);
+  }
+  return n;
+}
+
 int64_t SequenceKv::num_host_pages() const {
   int64_t n = 0;
   for (int32_t c : host_.count) n += (c + shape_.block_size - 1) / shape_.block_size;

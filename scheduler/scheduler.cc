@@ -91,6 +91,7 @@ StepPlan Scheduler::Schedule() {
   // Plans running sequence `seq`'s next tokens. When pages run out, the last running sequence
   // (the newest; by priority, the last in priority order: running_ is kept in that order) is
   // preempted, possibly `seq` itself, until they fit.
+  bool pool_short = false;  // a running sequence was preempted for pages: admit nothing
   auto plan_running = [&](Sequence* seq) {
     const int64_t n = tokens_for(*seq);
     if (n <= 0) return;
@@ -98,6 +99,7 @@ StepPlan Scheduler::Schedule() {
       Sequence* victim = running_.back().get();
       plan.preempted.push_back(victim);
       Preempt(running_.size() - 1);
+      pool_short = true;
       if (victim == seq) return;
     }
     seq->kv().Grow(*pool_, seq->num_computed + n);
@@ -105,9 +107,10 @@ StepPlan Scheduler::Schedule() {
     spend(*seq, n);
   };
   // Running sequences first, in order, each with a decode token or a chunk of its prompt. By
-  // priority, those of a later priority than the first waiting sequence are planned after
-  // admission (`deferred`): the budget, a slot and the pool go to it first, and admission may
-  // preempt them.
+  // priority, those of a later priority than the first waiting sequence are deferred: each is
+  // planned during admission just before the first waiting sequence that comes after it (or
+  // after admission), so the budget goes in priority order, and the waiting sequences before
+  // it may take its slot or pages (make_way_for).
   const int64_t first_waiting = waiting_.empty() ? std::numeric_limits<int64_t>::max()
                                                  : waiting_.front()->request().priority;
   std::vector<Sequence*> deferred;
@@ -135,17 +138,19 @@ StepPlan Scheduler::Schedule() {
   for (const auto& r : running_) reserved += to_finish_prompt(*r);
   // By priority, a waiting sequence without a slot, or short of `pages` pages above what is
   // reserved, preempts the last running sequence if that one's priority is later than its own
-  // (deferred: it has no chunk yet), and tries again; only when preempting every running
-  // sequence of a later priority would give it the slot and the pages (counting all their
-  // pages, shared ones too: a bound), so that no work is thrown away for nothing. Sequences of
-  // its own priority are never preempted for it.
+  // (deferred and not planned yet: it comes after the waiting one), and tries again; only when
+  // preempting every running sequence of a later priority would surely give it the slot and
+  // the pages, so that no work is thrown away for nothing. Surely: only pages a sequence
+  // holds alone count (one it shares with another sequence or the prefix cache, such as a
+  // cached prompt block the waiting sequence would adopt, may stay held). Sequences of its
+  // own priority are never preempted for it.
   auto make_way_for = [&](const Sequence& seq, int64_t pages) {
     if (!by_priority) return false;
     int64_t later = 0, room = Available() - reserved;
     for (const auto& r : running_) {
       if (r->request().priority <= seq.request().priority) continue;
       ++later;
-      room += r->kv().num_pages() + to_finish_prompt(*r);
+      room += r->kv().PagesHeldAlone(*pool_) + to_finish_prompt(*r);
     }
     if (later == 0 || room < pages ||
         int64_t(running_.size()) - later >= config_.max_num_seqs) {
@@ -156,7 +161,19 @@ StepPlan Scheduler::Schedule() {
     Preempt(running_.size() - 1);
     return true;
   };
-  const bool pool_short = !plan.preempted.empty();
+  // Plans the deferred sequences that come before `until` (all when null). Their pages were
+  // reserved; what they take now is no longer.
+  size_t next_deferred = 0;
+  auto plan_deferred = [&](const Sequence* until) {
+    for (; next_deferred < deferred.size() && budget > 0; ++next_deferred) {
+      Sequence* d = deferred[next_deferred];
+      if (until && Before(*until, *d)) return;
+      if (d->state != SequenceState::kRunning || planned(d)) continue;  // preempted
+      const int64_t before = to_finish_prompt(*d);
+      plan_running(d);
+      if (d->state == SequenceState::kRunning) reserved += to_finish_prompt(*d) - before;
+    }
+  };
   FindGroupLeaders();
   for (size_t w = 0; !pool_short && budget > 0 && w < waiting_.size();) {
     Sequence* seq = waiting_[w].get();
@@ -164,6 +181,8 @@ StepPlan Scheduler::Schedule() {
       ++w;  // others behind it may go first
       continue;
     }
+    plan_deferred(seq);
+    if (pool_short || budget <= 0) break;
     if (seq->NeedsPromptScores() && score_budget <= 0) break;  // this step scores no more
     if (int64_t(running_.size()) >= config_.max_num_seqs) {
       if (make_way_for(*seq, to_finish_prompt(*seq))) continue;
@@ -226,12 +245,7 @@ StepPlan Scheduler::Schedule() {
     plan.chunks.push_back({seq, n, seq->num_computed + n == int64_t(seq->tokens().size())});
     spend(*seq, n);
   }
-  // By priority, the deferred sequences admission left running, with what is left of the
-  // budget (one preempted and admitted again in this step has its chunk already).
-  for (Sequence* seq : deferred) {
-    if (budget <= 0) break;
-    if (seq->state == SequenceState::kRunning && !planned(seq)) plan_running(seq);
-  }
+  plan_deferred(nullptr);
   // Preempted sequences that were already planned must not run.
   if (!plan.preempted.empty()) {
     std::erase_if(plan.chunks, [&](const ScheduledChunk& c) {

@@ -25,11 +25,11 @@ enum class SchedulingPolicy {
   // first, as it came earlier); pages short preempt the newest running sequence.
   kFcfs,
   // vLLM's --scheduling-policy priority: sequences go in order of Request::priority (lower
-  // first), then of submission. Waiting ones start in that order, running ones take the
-  // step's budget in that order (those of a later priority than the first waiting one after
-  // admission), pages short preempt the running sequence that comes last, and a waiting
-  // sequence with no slot (max_num_seqs) or no room in the pool preempts running ones of a
-  // strictly later priority, last first, when preempting them all would let it start.
+  // first), then of submission. Waiting ones start in that order, the step's budget goes in
+  // that order across running and waiting ones, pages short preempt the running sequence
+  // that comes last, and a waiting sequence with no slot (max_num_seqs) or no room in the pool
+  // preempts running ones of a strictly later priority, last first, when preempting them all
+  // would surely let it start.
   kPriority,
 };
 

@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """Urgent requests among batch ones, on a running server's OpenAI HTTP API: BATCH requests
 (OUTPUT tokens each, EOS ignored) are sent at once, then after DELAY seconds URGENT short
-streaming requests (4 output tokens), one after another. With --priorities the batch requests
+streaming requests (4 output tokens), all at once. With --priorities the batch requests
 carry priority 10 and the urgent ones 0 (a server run with --scheduling-policy priority);
 without, neither sends one (first come, first served). Prints one JSON line: the urgent
-requests' median time to first token and to their end, the batch requests' median and last
+requests' median and longest time to first token, their median time to their end, the batch requests' median and last
 end, and the server's preemptions. scripts/priority-ttft.sh runs it against both policies."""
 import argparse
 import json
@@ -54,7 +54,8 @@ def main():
         th.start()
     time.sleep(args.delay)
     ttft, total = [], []
-    for i in range(args.urgent):
+
+    def urgent_request(i):
         body = {"prompt": f"Question {i}: what is the capital of France?", "max_tokens": 4,
                 "stream": True, "ignore_eos": True}
         if args.priorities:
@@ -68,10 +69,15 @@ def main():
                     first = time.time() - t
         ttft.append(first)
         total.append(time.time() - t)
-    for th in threads:
+
+    urgent = [threading.Thread(target=urgent_request, args=(i,)) for i in range(args.urgent)]
+    for th in urgent:
+        th.start()
+    for th in urgent + threads:
         th.join()
     print(json.dumps({
         "urgent_ttft_s": statistics.median(ttft),
+        "urgent_last_ttft_s": max(ttft),
         "urgent_total_s": statistics.median(total),
         "batch_median_end_s": statistics.median(batch_ends),
         "batch_last_end_s": max(batch_ends),

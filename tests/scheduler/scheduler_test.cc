@@ -244,11 +244,17 @@ class PriorityTest : public LongPrefillTest {
   }
   // A request of `tokens` prompt tokens at `priority`, submitted now (serials as the engine's).
   Sequence* Submit(Scheduler& s, const std::string& id, int64_t tokens, int64_t priority) {
+    std::vector<int32_t> prompt;
+    for (int64_t i = 0; i < tokens; ++i) prompt.push_back(int32_t(100 * (next_ + 1) + i));
+    ++next_;
+    return Submit(s, id, std::move(prompt), priority);
+  }
+  Sequence* Submit(Scheduler& s, const std::string& id, std::vector<int32_t> prompt,
+                   int64_t priority) {
     Request r;
     r.id = id;
     r.priority = priority;
-    for (int64_t i = 0; i < tokens; ++i) r.prompt.push_back(int32_t(100 * (next_ + 1) + i));
-    ++next_;
+    r.prompt = std::move(prompt);
     r.stopping.max_tokens = 64;
     auto seq = std::make_unique<Sequence>(r, std::make_shared<CollectingSink>(),
                                           model_->tokenizer(), kShape);
@@ -390,6 +396,52 @@ TEST_F(PriorityTest, NoPreemptionThatWouldNotLetTheWaitingSequenceStart) {
   EXPECT_EQ(ById(plan), (std::vector<std::string>{"high:1+", "low:1+"}));
   EXPECT_TRUE(plan.preempted.empty());
   EXPECT_EQ(Waiting(s), std::vector<std::string>{"mid"});
+  s.Commit(plan);
+}
+
+// "mid" (priority 5) decodes; "urgent" (priority 0) and "bulk" (priority 9) arrive. The budget
+// goes in priority order across running and waiting sequences: urgent's prompt, mid's token,
+// then what is left to bulk's prompt (mid got nothing while admissions took the budget first).
+TEST_F(PriorityTest, ARunningSequenceTakesTheBudgetBeforeANewcomerOfALaterPriority) {
+  cache::PagePool pool{512, kShape.block_size};
+  Scheduler s{Config(SchedulingPolicy::kPriority), pool};
+  Sequence* mid = Submit(s, "mid", 10, 5);
+  ASSERT_EQ(Step(s), std::vector<std::string>{"mid:10+"});
+  Sample(mid);
+  Submit(s, "urgent", 40, 0);
+  Submit(s, "bulk", 100, 9);
+  EXPECT_EQ(Step(s), (std::vector<std::string>{"urgent:40+", "mid:1+", "bulk:23"}));
+}
+
+// Only pages a running sequence holds alone count as room it would give: "victim" (priority
+// 5) holds 16 pages, 12 of them its prompt's three blocks, which the prefix cache holds too;
+// "early" (priority 0) holds the other 12 of the 28. "urgent" (priority 0) begins with
+// victim's prompt: adopting those blocks, it needs 12 pages more. Preempting victim would
+// leave its blocks cached, pinned by urgent's adoption, and free 4 pages: not enough, so
+// victim keeps running (counting its 16 pages, it was preempted and urgent did not start).
+TEST_F(PriorityTest, PagesSharedWithThePrefixCacheAreNotRoomToPreemptFor) {
+  cache::PagePool pool{28, kShape.block_size};
+  cache::PrefixCache prefix{kShape};
+  Scheduler s{Config(SchedulingPolicy::kPriority), pool, &prefix};
+  std::vector<int32_t> shared;
+  for (int32_t i = 0; i < 48; ++i) shared.push_back(3000 + i);
+  Sequence* victim = Submit(s, "victim", shared, 5);
+  ASSERT_EQ(Step(s), std::vector<std::string>{"victim:48+"});
+  prefix.Insert(victim->tokens(), 0, 3, victim->kv(), pool, &victim->cache_cursor);
+  victim->cached_blocks = 3;
+  Sample(victim);
+  Sequence* early = Submit(s, "early", 40, 0);
+  ASSERT_EQ(Step(s), (std::vector<std::string>{"early:40+", "victim:1+"}));
+  ASSERT_EQ(pool.num_free(), 0);
+  Sample(victim);
+  Sample(early);
+  std::vector<int32_t> longer = shared;
+  for (int32_t i = 0; i < 32; ++i) longer.push_back(4000 + i);
+  Submit(s, "urgent", longer, 0);
+  StepPlan plan = s.Schedule();
+  EXPECT_EQ(ById(plan), (std::vector<std::string>{"early:1+", "victim:1+"}));
+  EXPECT_TRUE(plan.preempted.empty());
+  EXPECT_EQ(Waiting(s), std::vector<std::string>{"urgent"});
   s.Commit(plan);
 }
 
