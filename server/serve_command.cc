@@ -338,14 +338,15 @@ int RunServe(const std::vector<std::string>& argv) {
         free_bytes);
   }
   if (!kv.ok()) return fail(kv.status());
-  // One page of K and one of V per (layer, KV head) hold block_size tokens.
-  const int64_t token_bytes =
+  // One page of K and one of V per (layer, KV head) hold block_size tokens: the tokens are
+  // those of whole blocks, what one request can reach (a partial block holds none).
+  const int64_t block_bytes =
       scheduler::Engine::KvBytesForSequence(*loaded->backend, static_cast<int32_t>(*block_size),
-                                            static_cast<int32_t>(*block_size)) / *block_size;
-  std::fprintf(stderr, "KV cache: %s%s; %s, ~%lld tokens of K and V\n", kv->description.c_str(),
+                                            static_cast<int32_t>(*block_size));
+  std::fprintf(stderr, "KV cache: %s%s; %s, %lld tokens of K and V\n", kv->description.c_str(),
                args.Has("kv-cache-memory") ? "" : ", the default (--kv-cache-memory sets it)",
                std::string(kernels::KvDtypeName(loaded->backend->kv_dtype())).c_str(),
-               static_cast<long long>(kv->bytes / token_bytes));
+               static_cast<long long>(kv->bytes / block_bytes * *block_size));
   ec.kv_cache_bytes = kv->bytes;
   ec.block_size = static_cast<int32_t>(*block_size);
   ec.max_queue = *max_queue;
