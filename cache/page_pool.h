@@ -38,6 +38,7 @@ class PagePool {
   void RefCached(int32_t page);
   void ReleaseCached(int32_t page);
   PageKind kind(int32_t page) const { return kinds_[page]; }
+  bool cached(int32_t page) const { return cached_[page] != 0; }
 
  private:
   int32_t block_size_;

@@ -244,9 +244,9 @@ int64_t SequenceKv::num_pages() const {
   return n;
 }
 
-int64_t SequenceKv::PagesHeldAlone(const PagePool& pool) const {
+int64_t SequenceKv::PagesFreedOnRelease(const PagePool& pool) const {
   int64_t n = 0;
-  auto count = [&](int32_t page) { n += pool.refcount(page) == 1; };
+  auto count = [&](int32_t page) { n += pool.refcount(page) == 1 + int(pool.cached(page)); };
   const int64_t tail_blocks = blocks_ - v_tail_start_ / shape_.block_size;
   for (int64_t t = 0; t < shape_.tables(); ++t) {
     for (int64_t b = 0; b < blocks_; ++b) count(k_table_[t * stride_ + b]);

@@ -85,9 +85,9 @@ class SequenceKv {
   void ReleaseAll(PagePool& pool);
   // Pages held in the KV pool (K and V), and in the host pool.
   int64_t num_pages() const;
-  // Of those, the pages no other sequence nor the prefix cache holds: what releasing this
-  // sequence surely frees.
-  int64_t PagesHeldAlone(const PagePool& pool) const;
+  // Of those, the pages no other sequence holds: what releasing this sequence surely makes
+  // available (free, or held only by the prefix cache, which frees them on demand).
+  int64_t PagesFreedOnRelease(const PagePool& pool) const;
   int64_t num_host_pages() const;
 
   // Moves V rows of whole tail blocks that ended more than `local_window` rows before

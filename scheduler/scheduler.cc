@@ -1,7 +1,6 @@
 #include "scheduler/scheduler.h"
 
 #include <algorithm>
-#include <limits>
 
 #include "base/check.h"
 
@@ -24,6 +23,16 @@ void Scheduler::ReleasePages(Sequence& seq) {
   seq.num_computed = 0;
   seq.cached_blocks = 0;
   seq.restore_v_sum = false;
+}
+
+const char* SchedulingPolicyName(SchedulingPolicy policy) {
+  return policy == SchedulingPolicy::kPriority ? "priority" : "fcfs";
+}
+
+std::optional<SchedulingPolicy> ParseSchedulingPolicy(std::string_view name) {
+  if (name == "fcfs") return SchedulingPolicy::kFcfs;
+  if (name == "priority") return SchedulingPolicy::kPriority;
+  return std::nullopt;
 }
 
 bool Scheduler::Before(const Sequence& a, const Sequence& b) {
@@ -64,7 +73,8 @@ StepPlan Scheduler::Schedule() {
   int64_t score_budget = kMaxScoredTokensPerStep;
   // Chunks are held to long_prefill_tokens whenever the step may be shared: another sequence
   // runs (its decode token, or its own prompt, would otherwise wait behind an older prompt's
-  // whole prefill: running sequences are served oldest first), or one waits and a slot is free
+  // whole prefill: running sequences are served oldest first, or by priority in priority
+  // order), or one waits and a slot is free
   // for it. The held chunks take back below what the others leave (all of it when the pool
   // turns a newcomer away).
   const bool held =
@@ -111,11 +121,10 @@ StepPlan Scheduler::Schedule() {
   // planned during admission just before the first waiting sequence that comes after it (or
   // after admission), so the budget goes in priority order, and the waiting sequences before
   // it may take its slot or pages (make_way_for).
-  const int64_t first_waiting = waiting_.empty() ? std::numeric_limits<int64_t>::max()
-                                                 : waiting_.front()->request().priority;
+  const Sequence* first_waiting = waiting_.empty() ? nullptr : waiting_.front().get();
   std::vector<Sequence*> deferred;
   for (size_t i = 0; i < running_.size() && budget > 0; ++i) {
-    if (by_priority && running_[i]->request().priority > first_waiting) {
+    if (by_priority && first_waiting && Before(*first_waiting, *running_[i])) {
       for (size_t j = i; j < running_.size(); ++j) deferred.push_back(running_[j].get());
       break;
     }
@@ -123,7 +132,8 @@ StepPlan Scheduler::Schedule() {
   }
 
   // Then admit waiting sequences while the budget, the sequence limit and the pool allow.
-  // Nothing is admitted in a step that had to preempt: the pool is already short. A sequence
+  // Nothing is admitted in a step that had to preempt for a running sequence's pages
+  // (pool_short): the pool is already short. A sequence
   // is admitted only when the pool can also hold the rest of its prompt (and its first output
   // token) on top of what running prefills still need: admitting on the next chunk alone lets
   // long prompts push each other out before they finish (preemption thrash).
@@ -140,17 +150,16 @@ StepPlan Scheduler::Schedule() {
   // reserved, preempts the last running sequence if that one's priority is later than its own
   // (deferred and not planned yet: it comes after the waiting one), and tries again; only when
   // preempting every running sequence of a later priority would surely give it the slot and
-  // the pages, so that no work is thrown away for nothing. Surely: only pages a sequence
-  // holds alone count (one it shares with another sequence or the prefix cache, such as a
-  // cached prompt block the waiting sequence would adopt, may stay held). Sequences of its
-  // own priority are never preempted for it.
+  // the pages, so that no work is thrown away for nothing. Surely: a page another sequence
+  // shares stays held (SequenceKv::PagesFreedOnRelease). Sequences of its own priority are
+  // never preempted for it.
   auto make_way_for = [&](const Sequence& seq, int64_t pages) {
     if (!by_priority) return false;
     int64_t later = 0, room = Available() - reserved;
     for (const auto& r : running_) {
       if (r->request().priority <= seq.request().priority) continue;
       ++later;
-      room += r->kv().PagesHeldAlone(*pool_) + to_finish_prompt(*r);
+      room += r->kv().PagesFreedOnRelease(*pool_) + to_finish_prompt(*r);
     }
     if (later == 0 || room < pages ||
         int64_t(running_.size()) - later >= config_.max_num_seqs) {
@@ -168,7 +177,8 @@ StepPlan Scheduler::Schedule() {
     for (; next_deferred < deferred.size() && budget > 0; ++next_deferred) {
       Sequence* d = deferred[next_deferred];
       if (until && Before(*until, *d)) return;
-      if (d->state != SequenceState::kRunning || planned(d)) continue;  // preempted
+      // Preempted by make_way_for (and, were there room for it, admitted again with a chunk).
+      if (d->state != SequenceState::kRunning || planned(d)) continue;
       const int64_t before = to_finish_prompt(*d);
       plan_running(d);
       if (d->state == SequenceState::kRunning) reserved += to_finish_prompt(*d) - before;
@@ -201,17 +211,22 @@ StepPlan Scheduler::Schedule() {
           seq->NeedsPromptScores()
               ? cache::PrefixCache::Match{}
               : prefix_->Find(tokens, (int64_t(tokens.size()) - 1) / bs, *pool_, salt);
+      bool adopted = false;
       if (match.blocks() > 0) {
         const int64_t rest = to_finish_prompt(*seq) - 2 * match.blocks() * seq->kv().shape().tables();
-        if (Available() - match.pinned_pages < reserved + rest) {
-          if (make_way_for(*seq, rest + match.pinned_pages)) continue;
+        if (Available() - match.pinned_pages >= reserved + rest) {
+          prefix_->Adopt(match, seq->kv(), *pool_, &seq->cache_cursor);
+          seq->num_computed = match.blocks() * bs;
+          seq->cached_blocks = match.blocks();
+          adopted = true;
+        } else if (!by_priority) {
           break;
         }
-        prefix_->Adopt(match, seq->kv(), *pool_, &seq->cache_cursor);
-        seq->num_computed = match.blocks() * bs;
-        seq->cached_blocks = match.blocks();
+        // By priority, the whole prompt's check below fails too (adopting needs less), and may
+        // make way for it: what preempting frees counts cached blocks, which adopting would pin.
       }
-      if (seq->group_prompt_computed && !seq->NeedsPromptScores() &&
+      if ((adopted || match.blocks() == 0) && seq->group_prompt_computed &&
+          !seq->NeedsPromptScores() &&
           match.blocks() < (int64_t(seq->request().prompt.size()) - 1) / bs) {
         RegroupBehind(*seq);
       }

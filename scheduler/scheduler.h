@@ -8,7 +8,9 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -25,13 +27,17 @@ enum class SchedulingPolicy {
   // first, as it came earlier); pages short preempt the newest running sequence.
   kFcfs,
   // vLLM's --scheduling-policy priority: sequences go in order of Request::priority (lower
-  // first), then of submission. Waiting ones start in that order, the step's budget goes in
-  // that order across running and waiting ones, pages short preempt the running sequence
-  // that comes last, and a waiting sequence with no slot (max_num_seqs) or no room in the pool
-  // preempts running ones of a strictly later priority, last first, when preempting them all
-  // would surely let it start.
+  // first), then of submission. Waiting ones start in that order; each sequence's first
+  // chunk of the step's budget goes in that order across running and waiting ones, and what
+  // is left back to the held chunks in that order too; pages short preempt the running
+  // sequence that comes last; and a waiting sequence with no slot (max_num_seqs) or no room
+  // in the pool preempts running ones of a strictly later priority, last first, when
+  // preempting them all would surely let it start.
   kPriority,
 };
+// "fcfs" or "priority" (serve --scheduling-policy, ModelInfo.scheduling_policy).
+const char* SchedulingPolicyName(SchedulingPolicy policy);
+std::optional<SchedulingPolicy> ParseSchedulingPolicy(std::string_view name);
 
 struct SchedulerConfig {
   int64_t max_num_batched_tokens = 512;  // token budget per step
@@ -40,7 +46,8 @@ struct SchedulerConfig {
   // computes at most this many tokens in the first pass over the budget, so that a long
   // prompt holds neither later requests' first tokens nor their later ones (nor a later
   // prompt's chunks) behind its whole prefill; what the others leave of the budget then goes
-  // back to the chunks so held, oldest first. 0: no limit (nor one at or above the budget).
+  // back to the chunks so held, oldest first (by priority, in priority order). 0: no limit
+  // (nor one at or above the budget).
   int64_t long_prefill_tokens = 0;
   // The engine compacts V after every step under this policy; with a mass budget admission
   // reserves the bounded V store instead of a dense one (SequenceKv::PagesToReach).

@@ -33,8 +33,14 @@ for rep in $(seq "$REPEATS"); do
     pid=$!
     for _ in $(seq 120); do
       curl -sf "localhost:$PORT/health" > /dev/null && break
+      kill -0 "$pid" 2>/dev/null || break  # it exited
       sleep 0.5
     done
+    if ! curl -sf "localhost:$PORT/health" > /dev/null; then
+      echo "priority-ttft: the server did not come up (--scheduling-policy $policy):" >&2
+      tail -20 "$log/server.log" >&2
+      exit 1
+    fi
     line=$(python3 bench/serve/priority_ttft.py --port "$PORT" --batch "$BATCH" \
       --output "$OUTPUT" --urgent "$URGENT" "${flags[@]}")
     echo "round $rep/$REPEATS, --scheduling-policy $policy: $line"

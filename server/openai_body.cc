@@ -58,7 +58,8 @@ absl::StatusOr<double> Number(const In& body, const char* key) {
 absl::StatusOr<int64_t> Integer(const In& body, const char* key) {
   const In& v = body.at(key);
   // 2^63 and above would wrap to a negative number.
-  if (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(INT64_MAX)) {
+  constexpr uint64_t kMax = std::numeric_limits<int64_t>::max();
+  if (v.is_number_unsigned() && v.get<uint64_t>() > kMax) {
     return Invalid(key, "must be an integer below 2^63");
   }
   if (v.is_number_integer()) return v.get<int64_t>();

@@ -70,7 +70,8 @@ constexpr char kUsage[] =
     "  --scheduling-policy P        fcfs (default): requests start in arrival order; or\n"
     "                               priority (vLLM's): by each request's priority, lower\n"
     "                               first, and a waiting request with no slot or no KV room\n"
-    "                               preempts running ones of a strictly later priority\n"
+    "                               preempts running ones of a strictly later priority when\n"
+    "                               that lets it start\n"
     "  --kv-cache-memory SIZE|PCT%  KV page pool size, e.g. 512M, or a share of the memory\n"
     "                               free once the model is loaded, less 1 GiB for per-step\n"
     "                               buffers, e.g. 90% (default 90% on a GPU; on the CPU\n"
@@ -246,10 +247,12 @@ int RunServe(const std::vector<std::string>& argv) {
       }
     }
   }
-  const std::string policy = args.GetString("scheduling-policy", "fcfs");
-  if (policy != "fcfs" && policy != "priority") {
+  const std::optional<scheduler::SchedulingPolicy> policy =
+      scheduler::ParseSchedulingPolicy(args.GetString("scheduling-policy", "fcfs"));
+  if (!policy) {
     return usage(absl::InvalidArgumentError(absl::StrCat(
-        "--scheduling-policy is '", policy, "'; it must be fcfs or priority")));
+        "--scheduling-policy is '", args.GetString("scheduling-policy"),
+        "'; it must be fcfs or priority")));
   }
   const std::string prefix_caching = args.GetString("prefix-caching", "on");
   if (prefix_caching != "on" && prefix_caching != "off") {
@@ -318,8 +321,7 @@ int RunServe(const std::vector<std::string>& argv) {
   ec.scheduler.max_num_seqs = *max_seqs;
   ec.scheduler.max_num_batched_tokens = *max_tokens;
   ec.scheduler.long_prefill_tokens = *long_prefill;
-  ec.scheduler.policy = policy == "priority" ? scheduler::SchedulingPolicy::kPriority
-                                             : scheduler::SchedulingPolicy::kFcfs;
+  ec.scheduler.policy = *policy;
   // Defaults: 90% of a GPU's free memory; on the CPU, enough for one full-context sequence.
   const std::optional<int64_t> free_bytes = loaded->backend->FreeMemoryBytes();
   std::optional<int64_t> max_bytes;  // whole pages of at most MaxPoolRows rows
@@ -339,7 +341,7 @@ int RunServe(const std::vector<std::string>& argv) {
   }
   if (!kv.ok()) return fail(kv.status());
   // One page of K and one of V per (layer, KV head) hold block_size tokens: the tokens are
-  // those of whole blocks, what one request can reach (a partial block holds none).
+  // those of whole blocks (bytes short of a block hold no token of any request).
   const int64_t block_bytes =
       scheduler::Engine::KvBytesForSequence(*loaded->backend, static_cast<int32_t>(*block_size),
                                             static_cast<int32_t>(*block_size));

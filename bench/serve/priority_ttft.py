@@ -4,12 +4,14 @@
 streaming requests (4 output tokens), all at once. With --priorities the batch requests
 carry priority 10 and the urgent ones 0 (a server run with --scheduling-policy priority);
 without, neither sends one (first come, first served). Prints one JSON line: the urgent
-requests' median and longest time to first token, their median time to their end, the batch requests' median and last
-end, and the server's preemptions. scripts/priority-ttft.sh runs it against both policies."""
+requests' median and longest time to first token and median time to their end, the batch
+requests' median and last end, and the server's preemptions; exits 1 if a request failed.
+scripts/priority-ttft.sh runs it against both policies."""
 import argparse
 import json
 import re
 import statistics
+import sys
 import threading
 import time
 import urllib.request
@@ -39,7 +41,16 @@ def main():
     args = ap.parse_args()
     before = preemptions(args.port)
     batch_ends = []
+    failures = []
     t0 = time.time()
+
+    def guarded(fn):  # a failed request is reported, not a thread's lost traceback
+        def run(*a):
+            try:
+                fn(*a)
+            except Exception as e:  # noqa: BLE001
+                failures.append(repr(e))
+        return run
 
     def batch_request(i):
         body = {"prompt": f"Chapter {i}. It was a long summer, and", "max_tokens": args.output,
@@ -49,7 +60,8 @@ def main():
         json.load(post(args.port, body))
         batch_ends.append(time.time() - t0)
 
-    threads = [threading.Thread(target=batch_request, args=(i,)) for i in range(args.batch)]
+    threads = [threading.Thread(target=guarded(batch_request), args=(i,))
+               for i in range(args.batch)]
     for th in threads:
         th.start()
     time.sleep(args.delay)
@@ -67,14 +79,19 @@ def main():
             if first is None and line.startswith("data: {"):
                 if json.loads(line[6:])["choices"][0]["text"]:
                     first = time.time() - t
+        if first is None:
+            raise RuntimeError(f"urgent request {i} streamed no text")
         ttft.append(first)
         total.append(time.time() - t)
 
-    urgent = [threading.Thread(target=urgent_request, args=(i,)) for i in range(args.urgent)]
+    urgent = [threading.Thread(target=guarded(urgent_request), args=(i,))
+              for i in range(args.urgent)]
     for th in urgent:
         th.start()
     for th in urgent + threads:
         th.join()
+    if failures:
+        sys.exit("priority_ttft: " + "; ".join(failures))
     print(json.dumps({
         "urgent_ttft_s": statistics.median(ttft),
         "urgent_last_ttft_s": max(ttft),

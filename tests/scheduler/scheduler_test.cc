@@ -413,28 +413,49 @@ TEST_F(PriorityTest, ARunningSequenceTakesTheBudgetBeforeANewcomerOfALaterPriori
   EXPECT_EQ(Step(s), (std::vector<std::string>{"urgent:40+", "mid:1+", "bulk:23"}));
 }
 
-// Only pages a running sequence holds alone count as room it would give: "victim" (priority
-// 5) holds 16 pages, 12 of them its prompt's three blocks, which the prefix cache holds too;
-// "early" (priority 0) holds the other 12 of the 28. "urgent" (priority 0) begins with
-// victim's prompt: adopting those blocks, it needs 12 pages more. Preempting victim would
-// leave its blocks cached, pinned by urgent's adoption, and free 4 pages: not enough, so
-// victim keeps running (counting its 16 pages, it was preempted and urgent did not start).
-TEST_F(PriorityTest, PagesSharedWithThePrefixCacheAreNotRoomToPreemptFor) {
+// The prefix cache and room: "victim" (priority 5) holds 16 pages, 12 of them its prompt's
+// three blocks, which the prefix cache holds too; "early" (priority 0) holds the other 12 of
+// the 28. Preempting victim makes its 16 pages available (4 freed, 12 left to the cache).
+class PriorityCacheTest : public PriorityTest {
+ protected:
+  // victim and early running, the pool full; victim's prompt is `shared`.
+  void SetUp() override {
+    for (int32_t i = 0; i < 48; ++i) shared.push_back(3000 + i);
+    victim = Submit(s, "victim", shared, 5);
+    ASSERT_EQ(Step(s), std::vector<std::string>{"victim:48+"});
+    prefix.Insert(victim->tokens(), 0, 3, victim->kv(), pool, &victim->cache_cursor);
+    victim->cached_blocks = 3;
+    Sample(victim);
+    early = Submit(s, "early", 40, 0);
+    ASSERT_EQ(Step(s), (std::vector<std::string>{"early:40+", "victim:1+"}));
+    ASSERT_EQ(pool.num_free(), 0);
+    Sample(victim);
+    Sample(early);
+  }
   cache::PagePool pool{28, kShape.block_size};
   cache::PrefixCache prefix{kShape};
   Scheduler s{Config(SchedulingPolicy::kPriority), pool, &prefix};
   std::vector<int32_t> shared;
-  for (int32_t i = 0; i < 48; ++i) shared.push_back(3000 + i);
-  Sequence* victim = Submit(s, "victim", shared, 5);
-  ASSERT_EQ(Step(s), std::vector<std::string>{"victim:48+"});
-  prefix.Insert(victim->tokens(), 0, 3, victim->kv(), pool, &victim->cache_cursor);
-  victim->cached_blocks = 3;
-  Sample(victim);
-  Sequence* early = Submit(s, "early", 40, 0);
-  ASSERT_EQ(Step(s), (std::vector<std::string>{"early:40+", "victim:1+"}));
-  ASSERT_EQ(pool.num_free(), 0);
-  Sample(victim);
-  Sample(early);
+  Sequence* victim = nullptr;
+  Sequence* early = nullptr;
+};
+
+// "urgent" (priority 0, 32 tokens, nothing in common with victim) needs 12 pages: victim's 16
+// are room enough, its cached blocks included (counting only the 4 pages no one else holds,
+// urgent waited for victim to finish).
+TEST_F(PriorityCacheTest, PagesLeftToThePrefixCacheAreRoomToPreemptFor) {
+  Submit(s, "urgent", 32, 0);
+  StepPlan plan = s.Schedule();
+  EXPECT_EQ(ById(plan), (std::vector<std::string>{"early:1+", "urgent:32+"}));
+  EXPECT_EQ(Ids(plan.preempted), std::vector<std::string>{"victim"});
+  s.Commit(plan);
+}
+
+// "urgent" (priority 0) begins with victim's prompt: it needs 24 pages computing the whole
+// prompt, or 12 adopting victim's three cached blocks (which adopting pins). Preempting victim
+// gives 16 pages, enough for neither, so victim keeps running (counting the blocks both as
+// room and as adoptable, it was preempted and urgent did not start).
+TEST_F(PriorityCacheTest, PagesAWaitingSequenceWouldAdoptAreNotRoomToPreemptFor) {
   std::vector<int32_t> longer = shared;
   for (int32_t i = 0; i < 32; ++i) longer.push_back(4000 + i);
   Submit(s, "urgent", longer, 0);
