@@ -248,15 +248,8 @@ class AttentionCase {
       std::fill(q.mass_gpu.begin(), q.mass_gpu.end(), 0.0f);
     }
     const float scale = 1.0f / std::sqrt(float(d));
-    // CPU.
-    cpu::ThreadPool threads(2);
-    cpu_stats_.Reset(s_.num_layers);
-    ForwardBatch cpu_batch{tokens_, chunks_cpu_, false, &cpu_stats_};
-    cpu::AttentionShape cs{s_.num_layers, s_.num_heads, s_.num_kv_heads, d, scale};
-    cpu_out_.assign(size_t(num_tokens_) * s_.num_heads * d, 0.0f);
-    cpu::PagedAttention(threads, cpu_batch, cs, s_.layer, q_.data(), layout_, pool_.data(),
-                        host_pool_.empty() ? nullptr : host_pool_.data(),
-                        with_vsum ? vsum_.data() : nullptr, config, cpu_out_.data());
+    with_vsum_ = with_vsum;
+    RunCpu(config, chunks_cpu_, &cpu_stats_, &cpu_out_);
     // GPU.
     gpu_stats_.Reset(s_.num_layers);
     ForwardBatch gpu_batch{tokens_, chunks_gpu_, false, &gpu_stats_};
@@ -397,6 +390,55 @@ class AttentionCase {
     EXPECT_GT(maxima, 0);
   }
 
+  // The CPU reference over `chunks` (whose hit marks and retained mass it sets) into `out`.
+  void RunCpu(const TopThetaConfig& config, const std::vector<SeqChunk>& chunks,
+              AttentionStats* stats, std::vector<float>* out) const {
+    const int32_t d = s_.head_dim;
+    cpu::ThreadPool threads(2);
+    stats->Reset(s_.num_layers);
+    ForwardBatch batch{tokens_, chunks, false, stats};
+    cpu::AttentionShape cs{s_.num_layers, s_.num_heads, s_.num_kv_heads, d, 1.0f / std::sqrt(float(d))};
+    out->assign(size_t(num_tokens_) * s_.num_heads * d, 0.0f);
+    cpu::PagedAttention(threads, batch, cs, s_.layer, q_.data(), layout_, pool_.data(),
+                        host_pool_.empty() ? nullptr : host_pool_.data(),
+                        with_vsum_ ? vsum_.data() : nullptr, config, out->data());
+  }
+
+  // The CPU reference's output with every θ of the table moved by `sign` · kNudge (relative,
+  // and at least kNudge absolute pre-softmax): past the window FindAmbiguous calls rounding,
+  // so each key within it falls on one side. Marks, mass and stats go to scratch.
+  static constexpr double kNudge = 1.5e-5;
+  std::vector<float> CpuOutputNudged(const TopThetaConfig& config, int sign) const {
+    model::ThetaTable table = *config.table;
+    const bool post = table.placement == model::ThetaPlacement::kPostSoftmax;
+    for (int32_t l = 0; l < table.num_layers(); ++l) {
+      for (int32_t h = 0; h < table.num_heads(); ++h) {
+        for (int32_t b = 0; b < int32_t(table.buckets().size()); ++b) {
+          float& th = table.theta_at(l, h, b);
+          if (std::isnan(th)) continue;
+          const double step = kNudge * std::max(post ? 0.0 : 1.0, std::fabs(double(th)));
+          th = float(th + sign * step);
+        }
+      }
+    }
+    table.Finalize();
+    TopThetaConfig nudged = config;
+    nudged.table = &table;
+    std::vector<SeqChunk> chunks = chunks_cpu_;
+    std::vector<std::vector<int32_t>> hits(seqs_.size());
+    std::vector<std::vector<float>> mass(seqs_.size());
+    for (size_t si = 0; si < seqs_.size(); ++si) {
+      hits[si].assign(seqs_[si].hits_cpu.size(), -1);
+      mass[si].assign(seqs_[si].mass_cpu.size(), 0.0f);
+      chunks[si].pages.hits = hits[si].data();
+      if (chunks[si].pages.hit_mass) chunks[si].pages.hit_mass = mass[si].data();
+    }
+    AttentionStats stats;
+    std::vector<float> out;
+    RunCpu(nudged, chunks, &stats, &out);
+    return out;
+  }
+
   void RunAndExpectSame(const TopThetaConfig& config, bool with_vsum) {
     Run(config, with_vsum);
     ExpectSame(config);
@@ -412,6 +454,9 @@ class AttentionCase {
     // [seq][table * end + j - hits_begin]: those keys' probabilities, as marks are indexed
     std::vector<std::vector<float>> mass;
     std::vector<std::vector<int32_t>> count;  // same shape: how many
+    // [token * num_heads + head]: the query row has a key within rounding of its keep
+    // threshold (its output may follow either decision)
+    std::vector<char> rows;
   };
   Ambiguous FindAmbiguous(const TopThetaConfig& config) const {
     Ambiguous a;
@@ -419,6 +464,7 @@ class AttentionCase {
       a.mass.emplace_back(q.mass_cpu.size(), 0.0f);
       a.count.emplace_back(q.mass_cpu.size(), 0);
     }
+    a.rows.assign(size_t(num_tokens_) * s_.num_heads, 0);
     if (!config.table || config.top_k || config.recorder) return a;
     const model::ThetaTable& table = *config.table;
     const bool post = table.placement == model::ThetaPlacement::kPostSoftmax;
@@ -454,8 +500,10 @@ class AttentionCase {
           for (int32_t j = 0; j < L; ++j) {
             const double p = std::exp(x[j] - m) / den;
             const double v = post ? p : x[j];
-            if (!near(v, thetas[0]) && !(r != 1.0 && near(v, thetas[1]))) continue;
+            const bool keep_near = near(v, thetas[0]);
+            if (!keep_near && !(r != 1.0 && near(v, thetas[1]))) continue;
             ++a.total;
+            if (keep_near) a.rows[(size_t(c.token_offset) + i) * s_.num_heads + h] = 1;
             // Marks and mass are kept from hits_begin on: entry j - hits_begin of the table.
             if (j < c.pages.hits_begin) continue;
             const size_t entry = size_t(t) * end + (j - c.pages.hits_begin);
@@ -469,12 +517,40 @@ class AttentionCase {
   }
 
   void ExpectSame(const TopThetaConfig& config = {}) {
-    EXPECT_TRUE(testing::Close(gpu_out_, cpu_out_, 2e-4f, 2e-3f, "attention output"))
+    constexpr float kAtol = 2e-4f, kRtol = 2e-3f;
+    // Decisions on keys within rounding of θ may differ, and only those (none, nearly always).
+    const Ambiguous amb = FindAmbiguous(config);
+    // A query row with such a key may follow either decision: its output is checked against the
+    // CPU's with every such key dropped, or kept, where it does not match the CPU's own. (A row
+    // with two such keys decided differently matches none: rare enough to leave failing.) Every
+    // other row is held to the CPU's output.
+    std::vector<float> want = cpu_out_;
+    int32_t rows_either = 0;
+    if (std::count(amb.rows.begin(), amb.rows.end(), 1) > 0) {
+      const std::vector<float> alt[2] = {CpuOutputNudged(config, -1), CpuOutputNudged(config, +1)};
+      const size_t d = size_t(s_.head_dim);
+      for (size_t row = 0; row < amb.rows.size(); ++row) {
+        if (!amb.rows[row]) continue;
+        auto slice = [&](const std::vector<float>& v) {
+          return std::vector<float>(v.begin() + row * d, v.begin() + (row + 1) * d);
+        };
+        const std::vector<float> got = slice(gpu_out_);
+        if (testing::Close(got, slice(cpu_out_), kAtol, kRtol)) continue;
+        for (const std::vector<float>& a : alt) {
+          if (!testing::Close(got, slice(a), kAtol, kRtol)) continue;
+          std::copy(a.begin() + row * d, a.begin() + (row + 1) * d, want.begin() + row * d);
+          ++rows_either;
+          break;
+        }
+      }
+    }
+    EXPECT_TRUE(testing::Close(gpu_out_, want, kAtol, kRtol, "attention output"))
         << "(" << splits_ << " splits of " << chunk_ << ", K " << KLoadName(k_load_)
         << (passes_ == ThetaPasses::kFused ? ", fused" : "") << (one_pass_ ? ", one pass" : "")
         << ")";
-    // Decisions on keys within rounding of θ may differ, and only those (none, nearly always).
-    const Ambiguous amb = FindAmbiguous(config);
+    if (rows_either > 0) {
+      std::printf("(%d query rows follow the other decision on a key within rounding of θ)\n", rows_either);
+    }
     auto near = [&](int64_t got, int64_t want) { return std::llabs(got - want) <= amb.total; };
     EXPECT_PRED2(near, gpu_stats_.v_rows_read, cpu_stats_.v_rows_read);
     EXPECT_PRED2(near, gpu_stats_.v_rows_read_host, cpu_stats_.v_rows_read_host);
@@ -563,6 +639,7 @@ class AttentionCase {
   PrefillWay prefill_;
   ThetaPrefill theta_prefill_;
   bool record_mass_;    // sequences record the retained mass (hit_mass): two passes
+  bool with_vsum_ = false;  // the last Run's: VMC reads the V sums
   bool one_pass_ = false;  // the last Run's plan
   int32_t tables_ = 0, stride_ = 0, num_tokens_ = 0, splits_ = 0, chunk_ = 0;
   int64_t num_pages_ = 0;
