@@ -93,11 +93,7 @@ void SequenceKv::RowStore::Ensure(int64_t rows, int64_t tables, int32_t block_si
 }
 
 void SequenceKv::RowStore::Release(PagePool& pool, int64_t tables, int32_t block_size) const {
-  if (count.empty()) return;
-  for (int64_t t = 0; t < tables; ++t) {
-    const int64_t n = Pages(t, block_size);
-    for (int64_t b = 0; b < n; ++b) pool.Release(pages[t * page_stride + b]);
-  }
+  ForEachPage(tables, block_size, [&](int32_t page) { pool.Release(page); });
 }
 
 void SequenceKv::Grow(PagePool& pool, int64_t new_length) {
@@ -228,12 +224,7 @@ bool SequenceKv::OffloadRow(PagePool& host, int64_t t, int64_t p, int32_t src_pa
 }
 
 void SequenceKv::ReleaseAll(PagePool& pool) {
-  const int64_t tail_blocks = blocks_ - v_tail_start_ / shape_.block_size;
-  for (int64_t t = 0; t < shape_.tables(); ++t) {
-    for (int64_t b = 0; b < blocks_; ++b) pool.Release(k_table_[t * stride_ + b]);
-    for (int64_t b = 0; b < tail_blocks; ++b) pool.Release(v_table_[t * stride_ + b]);
-  }
-  sparse_.Release(pool, shape_.tables(), shape_.block_size);
+  ForEachPoolPage([&](int32_t page) { pool.Release(page); });
   if (host_pool_) host_.Release(*host_pool_, shape_.tables(), shape_.block_size);
   *this = SequenceKv(shape_);
 }
@@ -246,15 +237,7 @@ int64_t SequenceKv::num_pages() const {
 
 int64_t SequenceKv::PagesFreedOnRelease(const PagePool& pool) const {
   int64_t n = 0;
-  auto count = [&](int32_t page) { n += pool.refcount(page) == 1 + int(pool.cached(page)); };
-  const int64_t tail_blocks = blocks_ - v_tail_start_ / shape_.block_size;
-  for (int64_t t = 0; t < shape_.tables(); ++t) {
-    for (int64_t b = 0; b < blocks_; ++b) count(k_table_[t * stride_ + b]);
-    for (int64_t b = 0; b < tail_blocks; ++b) count(v_table_[t * stride_ + b]);
-    if (sparse_.count.empty()) continue;
-    const int64_t sparse = sparse_.Pages(t, shape_.block_size);
-    for (int64_t b = 0; b < sparse; ++b) count(sparse_.pages[t * sparse_.page_stride + b]);
-  }
+  ForEachPoolPage([&](int32_t page) { n += pool.refcount(page) == 1 + int(pool.cached(page)); });
   return n;
 }
 

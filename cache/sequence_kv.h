@@ -165,8 +165,28 @@ class SequenceKv {
     int64_t Pages(int64_t t, int32_t block_size) const {
       return (count[t] + block_size - 1) / block_size;
     }
+    // fn(page) for every page the store holds, table by table.
+    template <typename Fn>
+    void ForEachPage(int64_t tables, int32_t block_size, Fn fn) const {
+      if (count.empty()) return;
+      for (int64_t t = 0; t < tables; ++t) {
+        const int64_t n = Pages(t, block_size);
+        for (int64_t b = 0; b < n; ++b) fn(pages[t * page_stride + b]);
+      }
+    }
     void Release(PagePool& pool, int64_t tables, int32_t block_size) const;
   };
+  // fn(page) for every KV-pool page the sequence holds: each table's K blocks and V tail
+  // blocks, then the sparse store's (ReleaseAll's order, which the pool's free list keeps).
+  template <typename Fn>
+  void ForEachPoolPage(Fn fn) const {
+    const int64_t tail_blocks = blocks_ - v_tail_start_ / shape_.block_size;
+    for (int64_t t = 0; t < shape_.tables(); ++t) {
+      for (int64_t b = 0; b < blocks_; ++b) fn(k_table_[t * stride_ + b]);
+      for (int64_t b = 0; b < tail_blocks; ++b) fn(v_table_[t * stride_ + b]);
+    }
+    sparse_.ForEachPage(shape_.tables(), shape_.block_size, fn);
+  }
 
   static uint64_t NextId();
 

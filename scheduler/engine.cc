@@ -493,6 +493,7 @@ void Engine::RunStep(StepPlan& plan) {
   // running sequences only; the finished ones' pages are already back) before the sinks are told.
   ++counters_.steps;
   counters_.preemptions = scheduler_.num_preemptions();
+  counters_.priority_preemptions = scheduler_.num_priority_preemptions();
   for (auto& [seq, reason] : done) Finish(seq, reason, absl::OkStatus());
   CompactSparseV(plan);
 

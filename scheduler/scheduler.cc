@@ -43,8 +43,7 @@ bool Scheduler::Before(const Sequence& a, const Sequence& b) {
 void Scheduler::Enqueue(std::unique_ptr<Sequence> seq, bool preempted) {
   seq->state = SequenceState::kWaiting;
   if (config_.policy == SchedulingPolicy::kPriority) {
-    auto at = std::upper_bound(waiting_.begin(), waiting_.end(), seq,
-                               [](const auto& a, const auto& b) { return Before(*a, *b); });
+    auto at = std::upper_bound(waiting_.begin(), waiting_.end(), seq, InOrder{});
     waiting_.insert(at, std::move(seq));
   } else if (preempted) {
     waiting_.push_front(std::move(seq));
@@ -64,88 +63,36 @@ void Scheduler::Preempt(size_t running_index) {
   Enqueue(std::move(seq), true);
 }
 
-StepPlan Scheduler::Schedule() {
-  StepPlan plan;
-  int64_t budget = config_.max_num_batched_tokens;
-  const bool by_priority = config_.policy == SchedulingPolicy::kPriority;
-
-  // Tokens this step may still score (each needs a logits row: kMaxScoredTokensPerStep).
-  int64_t score_budget = kMaxScoredTokensPerStep;
-  // Chunks are held to long_prefill_tokens whenever the step may be shared: another sequence
-  // runs (its decode token, or its own prompt, would otherwise wait behind an older prompt's
-  // whole prefill: running sequences are served oldest first, or by priority in priority
-  // order), or one waits and a slot is free
-  // for it. The held chunks take back below what the others leave (all of it when the pool
-  // turns a newcomer away).
-  const bool held =
-      config_.long_prefill_tokens > 0 &&
-      (running_.size() > 1 ||
-       (!waiting_.empty() && int64_t(running_.size()) < config_.max_num_seqs));
-  // Tokens of `s` this step may take beyond the `planned` ones: at most `cap`, within the
-  // budget, and the score budget for a prompt that is scored.
-  auto take = [&](const Sequence& s, int64_t planned, int64_t cap) {
-    int64_t n = std::min({s.num_uncomputed() - planned, budget, cap});
-    if (s.NeedsPromptScores()) n = std::min(n, score_budget);
-    return n;
-  };
-  const int64_t first_cap = held ? config_.long_prefill_tokens : budget;
-  auto tokens_for = [&](const Sequence& s) { return take(s, 0, first_cap); };
-  auto spend = [&](const Sequence& s, int64_t n) {  // n tokens of s planned
-    budget -= n;
-    if (s.NeedsPromptScores()) score_budget -= n;
-  };
-  auto planned = [&](const Sequence* s) {
-    return std::any_of(plan.chunks.begin(), plan.chunks.end(),
-                       [&](const ScheduledChunk& c) { return c.seq == s; });
-  };
-  // Plans running sequence `seq`'s next tokens. When pages run out, the last running sequence
-  // (the newest; by priority, the last in priority order: running_ is kept in that order) is
-  // preempted, possibly `seq` itself, until they fit.
-  bool pool_short = false;  // a running sequence was preempted for pages: admit nothing
-  auto plan_running = [&](Sequence* seq) {
-    const int64_t n = tokens_for(*seq);
-    if (n <= 0) return;
-    while (!Room(seq->kv().PagesNeeded(seq->num_computed + n))) {
-      Sequence* victim = running_.back().get();
-      plan.preempted.push_back(victim);
-      Preempt(running_.size() - 1);
-      pool_short = true;
-      if (victim == seq) return;
-    }
-    seq->kv().Grow(*pool_, seq->num_computed + n);
-    plan.chunks.push_back({seq, n, seq->num_computed + n == int64_t(seq->tokens().size())});
-    spend(*seq, n);
-  };
+// One Schedule() call: the step's token budgets, the pages reserved for what running prompts
+// still need, the running sequences deferred behind waiting ones (by priority), and the plan.
+class Scheduler::Step {
+ public:
+  explicit Step(Scheduler& s);
   // Running sequences first, in order, each with a decode token or a chunk of its prompt. By
   // priority, those of a later priority than the first waiting sequence are deferred: each is
   // planned during admission just before the first waiting sequence that comes after it (or
   // after admission), so the budget goes in priority order, and the waiting sequences before
-  // it may take its slot or pages (make_way_for).
-  const Sequence* first_waiting = waiting_.empty() ? nullptr : waiting_.front().get();
-  std::vector<Sequence*> deferred;
-  for (size_t i = 0; i < running_.size() && budget > 0; ++i) {
-    if (by_priority && first_waiting && Before(*first_waiting, *running_[i])) {
-      for (size_t j = i; j < running_.size(); ++j) deferred.push_back(running_[j].get());
-      break;
-    }
-    plan_running(running_[i].get());
-  }
+  // it may take its slot or pages (MakeWayFor).
+  void PlanRunning();
+  // Then waiting sequences, while the budget, the sequence limit and the pool allow.
+  void Admit();
+  // Drops chunks of sequences preempted after they were planned, gives what is left of the
+  // budget back to the held chunks, and returns the plan.
+  StepPlan Finish();
 
-  // Then admit waiting sequences while the budget, the sequence limit and the pool allow.
-  // Nothing is admitted in a step that had to preempt for a running sequence's pages
-  // (pool_short): the pool is already short. A sequence
-  // is admitted only when the pool can also hold the rest of its prompt (and its first output
-  // token) on top of what running prefills still need: admitting on the next chunk alone lets
-  // long prompts push each other out before they finish (preemption thrash).
-  const int64_t chunk = config_.max_num_batched_tokens;
-  auto to_finish_prompt = [&](const Sequence& s) {
-    const int64_t next = int64_t(s.tokens().size()) + 1;
-    // Past its prompt a sequence only needs its next block (a bound would over-reserve).
-    if (s.num_computed >= int64_t(s.request().prompt.size())) return s.kv().PagesNeeded(next);
-    return s.kv().PagesToReach(next, config_.sparse, chunk);
-  };
-  int64_t reserved = 0;
-  for (const auto& r : running_) reserved += to_finish_prompt(*r);
+ private:
+  // Tokens of `s` this step may take beyond the `planned` ones: at most `cap`, within the
+  // budget, and the score budget for a prompt that is scored.
+  int64_t Take(const Sequence& s, int64_t planned, int64_t cap) const;
+  int64_t TokensFor(const Sequence& s) const { return Take(s, 0, first_cap_); }
+  void Spend(const Sequence& s, int64_t n);  // n tokens of s planned
+  bool Planned(const Sequence* s) const;
+  // Plans running sequence `seq`'s next tokens. When pages run out, the last running sequence
+  // (the newest; by priority, the last in priority order: running_ is kept in that order) is
+  // preempted, possibly `seq` itself, until they fit.
+  void PlanRunningSequence(Sequence* seq);
+  // Pages `s` needs to finish its prompt and take its first output token.
+  int64_t ToFinishPrompt(const Sequence& s) const;
   // By priority, a waiting sequence without a slot, or short of `pages` pages above what is
   // reserved, preempts the last running sequence if that one's priority is later than its own
   // (deferred and not planned yet: it comes after the waiting one), and tries again; only when
@@ -153,142 +100,254 @@ StepPlan Scheduler::Schedule() {
   // the pages, so that no work is thrown away for nothing. Surely: a page another sequence
   // shares stays held (SequenceKv::PagesFreedOnRelease). Sequences of its own priority are
   // never preempted for it.
-  auto make_way_for = [&](const Sequence& seq, int64_t pages) {
-    if (!by_priority) return false;
-    int64_t later = 0, room = Available() - reserved;
-    for (const auto& r : running_) {
-      if (r->request().priority <= seq.request().priority) continue;
-      ++later;
-      room += r->kv().PagesFreedOnRelease(*pool_) + to_finish_prompt(*r);
-    }
-    if (later == 0 || room < pages ||
-        int64_t(running_.size()) - later >= config_.max_num_seqs) {
-      return false;
-    }
-    reserved -= to_finish_prompt(*running_.back());
-    plan.preempted.push_back(running_.back().get());
-    Preempt(running_.size() - 1);
-    return true;
-  };
+  bool MakeWayFor(const Sequence& seq, int64_t pages);
   // Plans the deferred sequences that come before `until` (all when null). Their pages were
   // reserved; what they take now is no longer.
-  size_t next_deferred = 0;
-  auto plan_deferred = [&](const Sequence* until) {
-    for (; next_deferred < deferred.size() && budget > 0; ++next_deferred) {
-      Sequence* d = deferred[next_deferred];
-      if (until && Before(*until, *d)) return;
-      // Preempted by make_way_for (and, were there room for it, admitted again with a chunk).
-      if (d->state != SequenceState::kRunning || planned(d)) continue;
-      const int64_t before = to_finish_prompt(*d);
-      plan_running(d);
-      if (d->state == SequenceState::kRunning) reserved += to_finish_prompt(*d) - before;
+  void PlanDeferred(const Sequence* until);
+  // Adopts the cached blocks `seq`'s tokens begin with, when the rest fits too; false: the
+  // admission stops here (first come, first served: it must not be passed).
+  bool AdoptCachedPrefix(Sequence& seq);
+  // Admits waiting sequence w with its first chunk when the pool holds the rest of its
+  // prompt, `whole` pages, on top of what is reserved; else releases its pages and says no.
+  bool Start(size_t w, int64_t whole);
+
+  Scheduler& s_;
+  StepPlan plan_;
+  const bool by_priority_;
+  int64_t budget_;
+  // Tokens this step may still score (each needs a logits row: kMaxScoredTokensPerStep).
+  int64_t score_budget_ = kMaxScoredTokensPerStep;
+  // Whether chunks are held to long_prefill_tokens (the step may be shared), and so the cap
+  // on a sequence's first chunk.
+  const bool held_;
+  const int64_t first_cap_;
+  int64_t reserved_ = 0;     // pages running prompts still need (Admit)
+  bool pool_short_ = false;  // a running sequence was preempted for pages: admit nothing
+  std::vector<Sequence*> deferred_;
+  size_t next_deferred_ = 0;
+};
+
+// Chunks are held to long_prefill_tokens whenever the step may be shared: another sequence
+// runs (its decode token, or its own prompt, would otherwise wait behind an older prompt's
+// whole prefill: running sequences are served oldest first, or by priority in priority
+// order), or one waits and a slot is free for it. The held chunks take back below what the
+// others leave (all of it when the pool turns a newcomer away).
+Scheduler::Step::Step(Scheduler& s)
+    : s_(s), by_priority_(s.config_.policy == SchedulingPolicy::kPriority),
+      budget_(s.config_.max_num_batched_tokens),
+      held_(s.config_.long_prefill_tokens > 0 &&
+            (s.running_.size() > 1 ||
+             (!s.waiting_.empty() && int64_t(s.running_.size()) < s.config_.max_num_seqs))),
+      first_cap_(held_ ? s.config_.long_prefill_tokens : budget_) {}
+
+int64_t Scheduler::Step::Take(const Sequence& s, int64_t planned, int64_t cap) const {
+  int64_t n = std::min({s.num_uncomputed() - planned, budget_, cap});
+  if (s.NeedsPromptScores()) n = std::min(n, score_budget_);
+  return n;
+}
+
+void Scheduler::Step::Spend(const Sequence& s, int64_t n) {
+  budget_ -= n;
+  if (s.NeedsPromptScores()) score_budget_ -= n;
+}
+
+bool Scheduler::Step::Planned(const Sequence* s) const {
+  return std::any_of(plan_.chunks.begin(), plan_.chunks.end(),
+                     [&](const ScheduledChunk& c) { return c.seq == s; });
+}
+
+void Scheduler::Step::PlanRunningSequence(Sequence* seq) {
+  const int64_t n = TokensFor(*seq);
+  if (n <= 0) return;
+  while (!s_.Room(seq->kv().PagesNeeded(seq->num_computed + n))) {
+    Sequence* victim = s_.running_.back().get();
+    plan_.preempted.push_back(victim);
+    s_.Preempt(s_.running_.size() - 1);
+    pool_short_ = true;
+    if (victim == seq) return;
+  }
+  seq->kv().Grow(*s_.pool_, seq->num_computed + n);
+  plan_.chunks.push_back({seq, n, seq->num_computed + n == int64_t(seq->tokens().size())});
+  Spend(*seq, n);
+}
+
+void Scheduler::Step::PlanRunning() {
+  const Sequence* first_waiting = s_.waiting_.empty() ? nullptr : s_.waiting_.front().get();
+  for (size_t i = 0; i < s_.running_.size() && budget_ > 0; ++i) {
+    if (by_priority_ && first_waiting && Before(*first_waiting, *s_.running_[i])) {
+      for (size_t j = i; j < s_.running_.size(); ++j) deferred_.push_back(s_.running_[j].get());
+      break;
     }
-  };
-  FindGroupLeaders();
-  for (size_t w = 0; !pool_short && budget > 0 && w < waiting_.size();) {
-    Sequence* seq = waiting_[w].get();
-    if (WaitsForGroupPrompt(*seq)) {
+    PlanRunningSequence(s_.running_[i].get());
+  }
+}
+
+// A sequence is admitted only when the pool can also hold the rest of its prompt (and its
+// first output token) on top of what running prefills still need: admitting on the next chunk
+// alone lets long prompts push each other out before they finish (preemption thrash).
+int64_t Scheduler::Step::ToFinishPrompt(const Sequence& s) const {
+  const int64_t next = int64_t(s.tokens().size()) + 1;
+  // Past its prompt a sequence only needs its next block (a bound would over-reserve).
+  if (s.num_computed >= int64_t(s.request().prompt.size())) return s.kv().PagesNeeded(next);
+  return s.kv().PagesToReach(next, s_.config_.sparse, s_.config_.max_num_batched_tokens);
+}
+
+bool Scheduler::Step::MakeWayFor(const Sequence& seq, int64_t pages) {
+  if (!by_priority_) return false;
+  int64_t later = 0, room = s_.Available() - reserved_;
+  for (const auto& r : s_.running_) {
+    if (r->request().priority <= seq.request().priority) continue;
+    ++later;
+    room += r->kv().PagesFreedOnRelease(*s_.pool_) + ToFinishPrompt(*r);
+  }
+  if (later == 0 || room < pages ||
+      int64_t(s_.running_.size()) - later >= s_.config_.max_num_seqs) {
+    return false;
+  }
+  reserved_ -= ToFinishPrompt(*s_.running_.back());
+  plan_.preempted.push_back(s_.running_.back().get());
+  s_.Preempt(s_.running_.size() - 1);
+  ++s_.priority_preemptions_;
+  return true;
+}
+
+void Scheduler::Step::PlanDeferred(const Sequence* until) {
+  for (; next_deferred_ < deferred_.size() && budget_ > 0; ++next_deferred_) {
+    Sequence* d = deferred_[next_deferred_];
+    if (until && Before(*until, *d)) return;
+    // Preempted by MakeWayFor (and, were there room for it, admitted again with a chunk).
+    if (d->state != SequenceState::kRunning || Planned(d)) continue;
+    const int64_t before = ToFinishPrompt(*d);
+    PlanRunningSequence(d);
+    if (d->state == SequenceState::kRunning) reserved_ += ToFinishPrompt(*d) - before;
+  }
+}
+
+// Cached blocks first: all of the tokens but the last (whose logits are needed) can come from
+// the prefix cache. Adopting pins them, so it happens only when the rest fits too. A sequence
+// whose prompt is still to be scored adopts nothing (it needs every row's logits) but offers
+// its blocks as any other.
+bool Scheduler::Step::AdoptCachedPrefix(Sequence& seq) {
+  cache::PrefixCache& prefix = *s_.prefix_;
+  cache::PagePool& pool = *s_.pool_;
+  const auto& tokens = seq.tokens();
+  const int64_t bs = pool.block_size();
+  const std::string& salt = seq.request().cache_salt;
+  seq.cache_cursor = prefix.Start(salt);
+  const cache::PrefixCache::Match match =
+      seq.NeedsPromptScores()
+          ? cache::PrefixCache::Match{}
+          : prefix.Find(tokens, (int64_t(tokens.size()) - 1) / bs, pool, salt);
+  bool adopted = false;
+  if (match.blocks() > 0) {
+    const int64_t rest = ToFinishPrompt(seq) - 2 * match.blocks() * seq.kv().shape().tables();
+    if (s_.Available() - match.pinned_pages >= reserved_ + rest) {
+      prefix.Adopt(match, seq.kv(), pool, &seq.cache_cursor);
+      seq.num_computed = match.blocks() * bs;
+      seq.cached_blocks = match.blocks();
+      adopted = true;
+    } else if (!by_priority_) {
+      return false;
+    }
+    // By priority, the whole prompt's check (Start) fails too (adopting needs less), and may
+    // make way for it: what preempting frees counts cached blocks, which adopting would pin.
+  }
+  if ((adopted || match.blocks() == 0) && seq.group_prompt_computed &&
+      !seq.NeedsPromptScores() &&
+      match.blocks() < (int64_t(seq.request().prompt.size()) - 1) / bs) {
+    s_.RegroupBehind(seq);
+  }
+  return true;
+}
+
+bool Scheduler::Step::Start(size_t w, int64_t whole) {
+  Sequence* seq = s_.waiting_[w].get();
+  const int64_t n = TokensFor(*seq);
+  // Cached pages count as room for what is reserved, but are evicted only for what this
+  // step allocates (the rest stays findable until it is needed).
+  if (s_.Available() < reserved_ + whole ||
+      !s_.Room(seq->kv().PagesNeeded(seq->num_computed + n))) {
+    s_.ReleasePages(*seq);  // it waits without pages; the blocks stay cached
+    return false;
+  }
+  if (s_.prefix_) {
+    s_.prefix_query_tokens_ += int64_t(seq->tokens().size());
+    s_.prefix_hit_tokens_ += seq->num_computed;
+    seq->restore_v_sum = seq->num_computed > 0;
+  }
+  reserved_ += std::max<int64_t>(0, whole - seq->kv().PagesNeeded(seq->num_computed + n));
+  seq->kv().Grow(*s_.pool_, seq->num_computed + n);
+  seq->state = SequenceState::kRunning;
+  if (!seq->first_scheduled) seq->first_scheduled = Clock::now();
+  std::unique_ptr<Sequence> admitted = std::move(s_.waiting_[w]);
+  s_.waiting_.erase(s_.waiting_.begin() + w);
+  auto& running = s_.running_;
+  auto at = by_priority_ ? std::upper_bound(running.begin(), running.end(), admitted, InOrder{})
+                         : running.end();
+  running.insert(at, std::move(admitted));
+  plan_.chunks.push_back({seq, n, seq->num_computed + n == int64_t(seq->tokens().size())});
+  Spend(*seq, n);
+  return true;
+}
+
+// Nothing is admitted in a step that had to preempt for a running sequence's pages
+// (pool_short_): the pool is already short.
+void Scheduler::Step::Admit() {
+  for (const auto& r : s_.running_) reserved_ += ToFinishPrompt(*r);
+  s_.FindGroupLeaders();
+  for (size_t w = 0; !pool_short_ && budget_ > 0 && w < s_.waiting_.size();) {
+    Sequence* seq = s_.waiting_[w].get();
+    if (s_.WaitsForGroupPrompt(*seq)) {
       ++w;  // others behind it may go first
       continue;
     }
-    plan_deferred(seq);
-    if (pool_short || budget <= 0) break;
-    if (seq->NeedsPromptScores() && score_budget <= 0) break;  // this step scores no more
-    if (int64_t(running_.size()) >= config_.max_num_seqs) {
-      if (make_way_for(*seq, to_finish_prompt(*seq))) continue;
+    PlanDeferred(seq);
+    if (pool_short_ || budget_ <= 0) break;
+    if (seq->NeedsPromptScores() && score_budget_ <= 0) break;  // this step scores no more
+    if (int64_t(s_.running_.size()) >= s_.config_.max_num_seqs) {
+      if (MakeWayFor(*seq, ToFinishPrompt(*seq))) continue;
       break;
     }
-    // Cached blocks first: all of the tokens but the last (whose logits are needed) can come
-    // from the prefix cache. Adopting pins them, so it happens only when the rest fits too.
-    // A sequence whose prompt is still to be scored adopts nothing (it needs every row's
-    // logits) but offers its blocks as any other.
-    if (prefix_ && seq->kv().blocks() == 0) {
-      const auto& tokens = seq->tokens();
-      const int64_t bs = pool_->block_size();
-      const std::string& salt = seq->request().cache_salt;
-      seq->cache_cursor = prefix_->Start(salt);
-      const cache::PrefixCache::Match match =
-          seq->NeedsPromptScores()
-              ? cache::PrefixCache::Match{}
-              : prefix_->Find(tokens, (int64_t(tokens.size()) - 1) / bs, *pool_, salt);
-      bool adopted = false;
-      if (match.blocks() > 0) {
-        const int64_t rest = to_finish_prompt(*seq) - 2 * match.blocks() * seq->kv().shape().tables();
-        if (Available() - match.pinned_pages >= reserved + rest) {
-          prefix_->Adopt(match, seq->kv(), *pool_, &seq->cache_cursor);
-          seq->num_computed = match.blocks() * bs;
-          seq->cached_blocks = match.blocks();
-          adopted = true;
-        } else if (!by_priority) {
-          break;
-        }
-        // By priority, the whole prompt's check below fails too (adopting needs less), and may
-        // make way for it: what preempting frees counts cached blocks, which adopting would pin.
-      }
-      if ((adopted || match.blocks() == 0) && seq->group_prompt_computed &&
-          !seq->NeedsPromptScores() &&
-          match.blocks() < (int64_t(seq->request().prompt.size()) - 1) / bs) {
-        RegroupBehind(*seq);
-      }
-    }
-    const int64_t n = tokens_for(*seq);
-    const int64_t whole = to_finish_prompt(*seq);
-    // Cached pages count as room for what is reserved, but are evicted only for what this
-    // step allocates (the rest stays findable until it is needed).
-    if (Available() < reserved + whole || !Room(seq->kv().PagesNeeded(seq->num_computed + n))) {
-      ReleasePages(*seq);  // it waits without pages; the blocks stay cached
-      if (make_way_for(*seq, whole)) continue;
-      break;
-    }
-    if (prefix_) {
-      prefix_query_tokens_ += int64_t(seq->tokens().size());
-      prefix_hit_tokens_ += seq->num_computed;
-      seq->restore_v_sum = seq->num_computed > 0;
-    }
-    reserved += std::max<int64_t>(0, whole - seq->kv().PagesNeeded(seq->num_computed + n));
-    seq->kv().Grow(*pool_, seq->num_computed + n);
-    seq->state = SequenceState::kRunning;
-    if (!seq->first_scheduled) seq->first_scheduled = Clock::now();
-    std::unique_ptr<Sequence> admitted = std::move(waiting_[w]);
-    waiting_.erase(waiting_.begin() + w);
-    auto at = by_priority ? std::upper_bound(running_.begin(), running_.end(), admitted,
-                                             [](const auto& a, const auto& b) {
-                                               return Before(*a, *b);
-                                             })
-                          : running_.end();
-    running_.insert(at, std::move(admitted));
-    plan.chunks.push_back({seq, n, seq->num_computed + n == int64_t(seq->tokens().size())});
-    spend(*seq, n);
+    if (s_.prefix_ && seq->kv().blocks() == 0 && !AdoptCachedPrefix(*seq)) break;
+    const int64_t whole = ToFinishPrompt(*seq);
+    if (Start(w, whole)) continue;  // (waiting sequence w is the next one now)
+    if (MakeWayFor(*seq, whole)) continue;
+    break;
   }
-  plan_deferred(nullptr);
+  PlanDeferred(nullptr);
+}
+
+StepPlan Scheduler::Step::Finish() {
   // Preempted sequences that were already planned must not run.
-  if (!plan.preempted.empty()) {
-    std::erase_if(plan.chunks, [&](const ScheduledChunk& c) {
+  if (!plan_.preempted.empty()) {
+    std::erase_if(plan_.chunks, [&](const ScheduledChunk& c) {
       return c.seq->state != SequenceState::kRunning;
     });
   }
   // The budget the others left goes back to the held chunks, oldest first (by priority, in
   // priority order), as far as the pool allows without preempting (their prompts' pages are
   // reserved already).
-  if (by_priority) {
-    std::stable_sort(plan.chunks.begin(), plan.chunks.end(),
-                     [](const ScheduledChunk& a, const ScheduledChunk& b) {
-                       return Before(*a.seq, *b.seq);
-                     });
-  }
-  for (size_t c = 0; held && budget > 0 && c < plan.chunks.size(); ++c) {
-    ScheduledChunk& chunk = plan.chunks[c];
+  if (by_priority_) std::stable_sort(plan_.chunks.begin(), plan_.chunks.end(), InOrder{});
+  for (size_t c = 0; held_ && budget_ > 0 && c < plan_.chunks.size(); ++c) {
+    ScheduledChunk& chunk = plan_.chunks[c];
     Sequence& s = *chunk.seq;
-    const int64_t more = take(s, chunk.num_tokens, budget);
+    const int64_t more = Take(s, chunk.num_tokens, budget_);
     const int64_t to = s.num_computed + chunk.num_tokens + more;
-    if (more <= 0 || !Room(s.kv().PagesNeeded(to))) continue;
-    s.kv().Grow(*pool_, to);
+    if (more <= 0 || !s_.Room(s.kv().PagesNeeded(to))) continue;
+    s.kv().Grow(*s_.pool_, to);
     chunk.num_tokens += more;
     chunk.samples = to == int64_t(s.tokens().size());
-    spend(s, more);
+    Spend(s, more);
   }
-  for (const auto& c : plan.chunks) plan.num_tokens += c.num_tokens;
-  return plan;
+  for (const auto& c : plan_.chunks) plan_.num_tokens += c.num_tokens;
+  return std::move(plan_);
+}
+
+StepPlan Scheduler::Schedule() {
+  Step step(*this);
+  step.PlanRunning();
+  step.Admit();
+  return step.Finish();
 }
 
 void Scheduler::Commit(const StepPlan& plan) {

@@ -93,6 +93,9 @@ class Scheduler {
   const std::deque<std::unique_ptr<Sequence>>& waiting() const { return waiting_; }
   const std::vector<std::unique_ptr<Sequence>>& running() const { return running_; }
   int64_t num_preemptions() const { return preemptions_; }
+  // Of those, the preemptions that let a waiting sequence of an earlier priority start (the
+  // rest were for a running sequence's pages).
+  int64_t num_priority_preemptions() const { return priority_preemptions_; }
   // Tokens of admitted sequences looked up in the prefix cache, and those found there.
   int64_t prefix_query_tokens() const { return prefix_query_tokens_; }
   int64_t prefix_hit_tokens() const { return prefix_hit_tokens_; }
@@ -102,6 +105,16 @@ class Scheduler {
  private:
   // Whether `a` goes before `b` under the priority policy: lower priority, then submitted first.
   static bool Before(const Sequence& a, const Sequence& b);
+  // Before, over what holds sequences (the waiting and running lists, the plan's chunks).
+  struct InOrder {
+    bool operator()(const std::unique_ptr<Sequence>& a, const std::unique_ptr<Sequence>& b) const {
+      return Before(*a, *b);
+    }
+    bool operator()(const ScheduledChunk& a, const ScheduledChunk& b) const {
+      return Before(*a.seq, *b.seq);
+    }
+  };
+  class Step;  // one Schedule() call's planning (scheduler.cc)
   // Into the waiting queue: by priority order under kPriority, else at the back, or at the
   // front for a preempted sequence (it came before every waiting one).
   void Enqueue(std::unique_ptr<Sequence> seq, bool preempted);
@@ -134,6 +147,7 @@ class Scheduler {
   // first to be preempted.
   std::vector<std::unique_ptr<Sequence>> running_;
   int64_t preemptions_ = 0;
+  int64_t priority_preemptions_ = 0;
   int64_t prefix_query_tokens_ = 0;
   int64_t prefix_hit_tokens_ = 0;
   std::unordered_map<std::string, const Sequence*> group_leaders_;  // FindGroupLeaders'

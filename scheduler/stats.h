@@ -10,6 +10,7 @@ namespace thetaserve::scheduler {
 struct EngineCounters {
   int64_t steps = 0;
   int64_t preemptions = 0;
+  int64_t priority_preemptions = 0;  // of those: for a waiting request of an earlier priority
   int64_t prompt_tokens = 0;      // prompt tokens computed (recomputation included)
   int64_t generation_tokens = 0;  // tokens sampled
   int64_t argmax_tokens = 0;  // of those, picked by the backend (EngineConfig::backend_argmax)

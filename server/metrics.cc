@@ -67,6 +67,11 @@ Metrics::Metrics(const MetricsInfo& info)
       preemptions_(BuildCounter().Name("thetaserve_preemptions_total")
                        .Help("Sequences preempted (pages freed, recomputed later)")
                        .Register(*registry_).Add({})),
+      priority_preemptions_(BuildCounter().Name("thetaserve_priority_preemptions_total")
+                                .Help("Of the preemptions, those that let a waiting request "
+                                      "of an earlier priority start (--scheduling-policy "
+                                      "priority)")
+                                .Register(*registry_).Add({})),
       pages_total_(BuildGauge().Name("thetaserve_kv_pages_capacity")
                        .Help("Pages in the KV page pool").Register(*registry_).Add({})),
       page_bytes_(BuildGauge().Name("thetaserve_kv_page_size_bytes")
@@ -307,6 +312,7 @@ void Metrics::OnEngineStats(const scheduler::EngineStats& s, const scheduler::St
   advance(prompt_tokens_, k.prompt_tokens, b.prompt_tokens);
   advance(generation_tokens_, k.generation_tokens, b.generation_tokens);
   advance(preemptions_, k.preemptions, b.preemptions);
+  advance(priority_preemptions_, k.priority_preemptions, b.priority_preemptions);
   advance(v_rows_read_, k.v_rows_read, b.v_rows_read);
   advance(v_rows_read_dense_, k.v_rows_read_dense, b.v_rows_read_dense);
   advance(attn_elements_kept_, k.attn_elements_kept, b.attn_elements_kept);

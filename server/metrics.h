@@ -97,6 +97,7 @@ class Metrics {
   prometheus::Counter& prompt_tokens_;
   prometheus::Counter& generation_tokens_;
   prometheus::Counter& preemptions_;
+  prometheus::Counter& priority_preemptions_;
   prometheus::Gauge& pages_total_;
   prometheus::Gauge& page_bytes_;
   prometheus::Gauge* pages_used_k_;

@@ -106,19 +106,30 @@ TEST_F(SchedulerTest, AGroupWhosePromptWasEvictedComputesItOnceMoreNotPerMember)
 // a step, chunks held to 16 while another sequence runs or one waits, no prefix cache.
 class LongPrefillTest : public SchedulerTest {
  protected:
-  // A request of `tokens` prompt tokens, none shared with another's.
-  Sequence* Add(const std::string& id, int64_t tokens) {
+  // A request of `tokens` prompt tokens, none shared with another's, at `priority`, submitted
+  // to `s` now (serials as the engine's).
+  Sequence* Submit(Scheduler& s, const std::string& id, int64_t tokens, int64_t priority = 0) {
+    std::vector<int32_t> prompt;
+    for (int64_t i = 0; i < tokens; ++i) prompt.push_back(int32_t(100 * (next_ + 1) + i));
+    ++next_;
+    return Submit(s, id, std::move(prompt), priority);
+  }
+  Sequence* Submit(Scheduler& s, const std::string& id, std::vector<int32_t> prompt,
+                   int64_t priority) {
     Request r;
     r.id = id;
-    for (int64_t i = 0; i < tokens; ++i) r.prompt.push_back(int32_t(100 * (next_ + 1) + i));
-    ++next_;
-    r.stopping.max_tokens = 4;
+    r.priority = priority;
+    r.prompt = std::move(prompt);
+    r.stopping.max_tokens = 64;
     auto seq = std::make_unique<Sequence>(r, std::make_shared<CollectingSink>(),
                                           model_->tokenizer(), kShape);
+    seq->serial = ++serial_;
     Sequence* out = seq.get();
-    held_.AddWaiting(std::move(seq));
+    s.AddWaiting(std::move(seq));
     return out;
   }
+  // Into the scheduler whose chunks are held to 16.
+  Sequence* Add(const std::string& id, int64_t tokens) { return Submit(held_, id, tokens); }
   static std::vector<std::string> ById(const StepPlan& plan) {
     std::vector<std::string> out;
     for (const ScheduledChunk& c : plan.chunks) {
@@ -146,6 +157,7 @@ class LongPrefillTest : public SchedulerTest {
     return c;
   }
   int next_ = 0;
+  uint64_t serial_ = 0;
   cache::PagePool held_pool_{512, kShape.block_size};
   Scheduler held_{Config(16), held_pool_};
 };
@@ -198,16 +210,7 @@ TEST_F(LongPrefillTest, ASequenceThePoolTurnsAwayHoldsNothingBack) {
   // 16 blocks (4 pages each: K and V of 2 layers): one 200-token prompt's 13, not two.
   cache::PagePool small{64, kShape.block_size};
   Scheduler s{Config(16), small};
-  std::vector<Sequence*> seqs;
-  for (const char* id : {"long", "big"}) {
-    Request r;
-    r.id = id;
-    for (int64_t i = 0; i < 200; ++i) r.prompt.push_back(int32_t(1000 + i));
-    r.stopping.max_tokens = 4;
-    auto seq = std::make_unique<Sequence>(r, std::make_shared<CollectingSink>(),
-                                          model_->tokenizer(), kShape);
-    s.AddWaiting(std::move(seq));
-  }
+  for (const char* id : {"long", "big"}) Submit(s, id, 200);
   EXPECT_EQ(Step(s), std::vector<std::string>{"long:64"}) << "big does not fit beside long";
   EXPECT_EQ(s.waiting().size(), 1u);
   EXPECT_EQ(Step(s), std::vector<std::string>{"long:64"});
@@ -216,17 +219,9 @@ TEST_F(LongPrefillTest, ASequenceThePoolTurnsAwayHoldsNothingBack) {
 TEST_F(LongPrefillTest, WithoutALimitAShortRequestWaitsForThePrefill) {
   cache::PagePool pool{512, kShape.block_size};
   Scheduler unheld{Config(0), pool};
-  auto add = [&](const std::string& id, int64_t tokens) {
-    Request q;
-    q.id = id;
-    for (int64_t i = 0; i < tokens; ++i) q.prompt.push_back(int32_t(5000 + 10 * tokens + i));
-    q.stopping.max_tokens = 4;
-    unheld.AddWaiting(std::make_unique<Sequence>(q, std::make_shared<CollectingSink>(),
-                                                 model_->tokenizer(), kShape));
-  };
-  add("long", 200);
+  Submit(unheld, "long", 200);
   ASSERT_EQ(Step(unheld), std::vector<std::string>{"long:64"});
-  add("short", 10);
+  Submit(unheld, "short", 10);
   EXPECT_EQ(Step(unheld), std::vector<std::string>{"long:64"});
   EXPECT_EQ(Step(unheld), std::vector<std::string>{"long:64"});
   EXPECT_EQ(Step(unheld), (std::vector<std::string>{"long:8+", "short:10+"}));
@@ -242,27 +237,6 @@ class PriorityTest : public LongPrefillTest {
     c.max_num_seqs = max_num_seqs;
     return c;
   }
-  // A request of `tokens` prompt tokens at `priority`, submitted now (serials as the engine's).
-  Sequence* Submit(Scheduler& s, const std::string& id, int64_t tokens, int64_t priority) {
-    std::vector<int32_t> prompt;
-    for (int64_t i = 0; i < tokens; ++i) prompt.push_back(int32_t(100 * (next_ + 1) + i));
-    ++next_;
-    return Submit(s, id, std::move(prompt), priority);
-  }
-  Sequence* Submit(Scheduler& s, const std::string& id, std::vector<int32_t> prompt,
-                   int64_t priority) {
-    Request r;
-    r.id = id;
-    r.priority = priority;
-    r.prompt = std::move(prompt);
-    r.stopping.max_tokens = 64;
-    auto seq = std::make_unique<Sequence>(r, std::make_shared<CollectingSink>(),
-                                          model_->tokenizer(), kShape);
-    seq->serial = ++serial_;
-    Sequence* out = seq.get();
-    s.AddWaiting(std::move(seq));
-    return out;
-  }
   static std::vector<std::string> Ids(const std::vector<Sequence*>& seqs) {
     std::vector<std::string> out;
     for (const Sequence* s : seqs) out.push_back(s->request().id);
@@ -273,7 +247,6 @@ class PriorityTest : public LongPrefillTest {
     for (const auto& w : s.waiting()) out.push_back(w->request().id);
     return out;
   }
-  uint64_t serial_ = 0;
 };
 
 TEST_F(PriorityTest, WaitingSequencesStartByPriorityThenArrival) {
@@ -319,6 +292,8 @@ TEST_F(PriorityTest, AWaitingSequenceWithoutASlotPreemptsOneOfALaterPriority) {
   EXPECT_EQ(batch->preemptions, 1);
   EXPECT_EQ(batch->kv().blocks(), 0) << "its pages went back to the pool";
   EXPECT_EQ(Waiting(s), (std::vector<std::string>{"batch", "peer"}));
+  EXPECT_EQ(s.num_preemptions(), 1);
+  EXPECT_EQ(s.num_priority_preemptions(), 1) << "a preemption for priority, counted as one";
   s.Commit(plan);
 }
 
@@ -355,6 +330,8 @@ TEST_F(PriorityTest, PagesShortPreemptTheLastByPriorityNotTheNewest) {
       EXPECT_EQ(Ids(plan.preempted), std::vector<std::string>{"urgent"});
       EXPECT_EQ(batch->kv().blocks(), 2);
     }
+    EXPECT_EQ(s.num_preemptions(), 1);
+    EXPECT_EQ(s.num_priority_preemptions(), 0) << "a preemption for pages, by either policy";
     s.Commit(plan);
   }
 }
@@ -376,6 +353,7 @@ TEST_F(PriorityTest, AWaitingSequenceWithoutRoomPreemptsOneOfALaterPriority) {
   EXPECT_EQ(Ids(plan.preempted), std::vector<std::string>{"batch"});
   EXPECT_EQ(Waiting(s), (std::vector<std::string>{"batch", "peer"}));
   EXPECT_EQ(urgent->kv().blocks(), 1);
+  EXPECT_EQ(s.num_priority_preemptions(), 1);
   s.Commit(plan);
 }
 

@@ -369,6 +369,9 @@ TEST(ServerLifecycleTest, PriorityPolicyLetsAnUrgentRequestPreemptABatchOne) {
   EXPECT_EQ(batch.complete.preemptions(), 1u);
   EXPECT_EQ(batch.complete.usage().completion_tokens(), 160u);
   EXPECT_EQ(Status(*stub).preemptions(), 1u);
+  const std::string metrics = server.ScrapeMetrics();
+  EXPECT_EQ(MetricValue(metrics, "thetaserve_preemptions_total"), 1);
+  EXPECT_EQ(MetricValue(metrics, "thetaserve_priority_preemptions_total"), 1);
   StreamResult alone = Generate(*stub, batch_req, 300);
   ASSERT_TRUE(alone.status.ok()) << alone.status.error_message();
   EXPECT_EQ(batch.ids, alone.ids) << "the preempted request recomputed its tokens as they were";
