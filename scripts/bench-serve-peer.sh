@@ -126,7 +126,7 @@ case "$peer" in
       python3 -m venv "$pvenv"
       CMAKE_ARGS="-DGGML_NATIVE=ON -DGGML_BLAS=OFF -DLLAMA_CURL=OFF" \
         CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" \
-        "$pvenv/bin/python" -m pip install -q "$src[server]"
+        "$pvenv/bin/python" -m pip install -q "${src}[server]"
     fi
     version="llama-cpp-python $LLAMA_CPP_PYTHON_VERSION (vendored llama.cpp $llama_commit), llama_cpp.server"
     # One Llama context: n_ctx must hold the longest request; requests run one at a time.

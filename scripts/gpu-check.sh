@@ -22,7 +22,7 @@
 # Files under $OUT (the device tool brings back 8): device.txt, tests.log (every test's output),
 # gpu-bench.log, gpu-bench-chunk512.log, cpu-attention.log, ncu.txt.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 root=$(pwd)
 prebuilt="" model="models/SmolLM2-135M-Instruct.Q4_1.gguf" theta="" quick=0 only_model=0 ncu=0
 deadline=0
@@ -95,6 +95,7 @@ if [ -n "$prebuilt" ]; then
 else
   stamp "configure + build (CUDA, sm_90)"
   if ! command -v nvcc >/dev/null 2>&1 && [ -x /usr/local/cuda/bin/nvcc ]; then export PATH="/usr/local/cuda/bin:$PATH"; fi
+  # shellcheck disable=SC2015  # either step failing shows the log and stops
   cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DTHETASERVE_CUDA=ON >"$out/build.log" 2>&1 &&
     cmake --build build-gpu -j"$(nproc)" --target gpu_ops_test gpu_attention_test gpu_forward_test \
       device_batch_test gpu_engine_test thetaserve_gpu_bench thetaserve_attention_bench >>"$out/build.log" 2>&1 || { tail -30 "$out/build.log"; exit 1; }
@@ -125,7 +126,7 @@ for t in "${tests[@]}"; do
     f='*SmolLM2*'
     case "${t#*:}" in
       fused) env=(THETASERVE_ATTN_THETA=fused) ;;
-      *) env=(THETASERVE_ATTN_K_LOAD=${t#*:}) ;;
+      *) env=("THETASERVE_ATTN_K_LOAD=${t#*:}") ;;
     esac
   fi
   # (gpu_attention_test took 116 s on the H200 host on 2026-12-04 with 27 cases, most of it the
@@ -185,6 +186,7 @@ stamp "benchmarks"
 args=(--model "$model")
 [ -n "$theta" ] && args+=(--theta "$theta")
 [ "$only_model" = 1 ] && args+=(--contexts "" --prefill "" --offload-contexts "")
+# shellcheck disable=SC2054  # the lists are the flags' comma-separated values
 [ "$quick" = 1 ] && args+=(--contexts 1024,32768 --batches 1,32 --prefill 4096 --offload-contexts 32768 --offload-batches 8 --e2e-batches 1,32 --e2e-long-batches 8 --repeats 3)
 timeout -k 10 "$(limit 300 5)" "$bin/thetaserve_gpu_bench" "${args[@]}" 2>&1 | tee "$out/gpu-bench.log"
 bench_rc=${PIPESTATUS[0]}
@@ -215,6 +217,7 @@ fi
 # way v starts at 43 + 54·v + 12, fused's at 43 + 54·v + 30, one pass's at 43 + 54·v + 42 (the
 # by-kernel runs at 32k follow all three ways' full runs).
 if [ "$ncu" = 1 ] && [ "$only_model" = 0 ]; then
+  # shellcheck disable=SC2012  # the first of a glob that may match nothing
   ncu_bin=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
   if [ -n "$ncu_bin" ]; then
     stamp "Nsight Compute: Top-θ at 32k × 64 ($ncu_bin)"

@@ -168,12 +168,12 @@ for p in "${parts[@]}"; do
   for i in $(seq 1 "$call"); do
     if [ $((used[i] + size)) -le "$budget" ]; then at=$i; break; fi
   done
-  if [ "$at" = 0 ]; then call=$((call + 1)) at=$call used[$call]=0; mkdir -p ".xfer/$call"; fi
+  if [ "$at" = 0 ]; then call=$((call + 1)) at=$call used[call]=0; mkdir -p ".xfer/$call"; fi
   mv ".xfer/$p" ".xfer/$at/"
   cp ".xfer/${p%%.part-*}.sha256" ".xfer/$at/"
   b=${p%%.part-*}
   [ "${done_at[$b]:-0}" -lt "$at" ] && done_at[$b]=$at
-  used[$at]=$((used[at] + size))
+  used[at]=$((used[at] + size))
 done
 rm -f .xfer/*.sha256
 devbin_id=$(basename -s .sha256 .xfer/*/devbin.tar.xz.*.sha256 | head -1)

@@ -20,6 +20,8 @@ REPEATS=${REPEATS:-3}
 KV=${KV:-256M}
 PORT=${PORT:-52051}
 MPORT=${MPORT:-52090}
+source scripts/lib/serve.sh
+SERVE_PROBE=("$BIN" health --addr "127.0.0.1:$PORT")
 
 prompt=$(python3 - "$PROMPT_WORDS" <<'PY'
 import sys
@@ -37,12 +39,12 @@ PY
 }
 
 run_once() {  # config (n | separate | n-nocache) -> "prompt_tokens peak_pages seconds"
+  trap serve_stop EXIT  # (run in $(...), a subshell: the server goes down with it)
   local caching=on
   [ "$1" != n-nocache ] || caching=off
-  "$BIN" serve --model "$MODEL" --host 127.0.0.1 --port "$PORT" --metrics-port "$MPORT" \
-    --kv-cache-memory "$KV" --prefix-caching "$caching" >"/tmp/n-sharing-$1.log" 2>&1 &
-  local pid=$!
-  for _ in $(seq 1 100); do "$BIN" health --addr "127.0.0.1:$PORT" >/dev/null 2>&1 && break; sleep 0.3; done
+  serve_start "/tmp/n-sharing-$1.log" "$BIN" serve --model "$MODEL" --host 127.0.0.1 \
+    --port "$PORT" --metrics-port "$MPORT" --kv-cache-memory "$KV" --prefix-caching "$caching" ||
+    exit 1
   local samples=/tmp/n-sharing-$1.samples
   : >"$samples"
   local t0 t1 clients=()
@@ -62,7 +64,7 @@ run_once() {  # config (n | separate | n-nocache) -> "prompt_tokens peak_pages s
   t1=$(date +%s.%N)
   local computed
   computed=$(metric thetaserve_prompt_tokens_total)
-  kill -TERM "$pid"; wait "$pid" 2>/dev/null || true
+  serve_stop
   local peak
   peak=$(awk '{u = $8 + $10; if (u > m) m = u} END {print m + 0}' "$samples")
   echo "$computed $peak $(awk -v a="$t0" -v b="$t1" 'BEGIN {printf "%.2f", b - a}')"

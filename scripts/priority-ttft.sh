@@ -21,33 +21,21 @@ bin="${THETASERVE_BIN:-$root/build/thetaserve}"
 model="$root/models/SmolLM2-135M-Instruct.Q4_1.gguf"
 [ -f "$model" ] || bash scripts/fetch-model.sh
 [ -x "$bin" ] || bash scripts/build.sh
+source scripts/lib/serve.sh
 log=$(mktemp -d)
-trap 'kill $pid 2>/dev/null || true; rm -rf "$log"' EXIT
-pid=
+trap 'serve_stop; rm -rf "$log"' EXIT
+SERVE_PROBE=(curl -sf "localhost:$PORT/health")
 for rep in $(seq "$REPEATS"); do
   for policy in fcfs priority; do
     flags=()
     [ "$policy" = priority ] && flags=(--priorities)
-    "$bin" serve --model "$model" --port 0 --metrics-port 0 --http-port "$PORT" \
-      --max-num-seqs "$MAX_SEQS" --scheduling-policy "$policy" > "$log/server.log" 2>&1 &
-    pid=$!
-    for _ in $(seq 120); do
-      curl -sf "localhost:$PORT/health" > /dev/null && break
-      kill -0 "$pid" 2>/dev/null || break  # it exited
-      sleep 0.5
-    done
-    if ! curl -sf "localhost:$PORT/health" > /dev/null; then
-      echo "priority-ttft: the server did not come up (--scheduling-policy $policy):" >&2
-      tail -20 "$log/server.log" >&2
-      exit 1
-    fi
+    serve_start "$log/server.log" "$bin" serve --model "$model" --port 0 --metrics-port 0 \
+      --http-port "$PORT" --max-num-seqs "$MAX_SEQS" --scheduling-policy "$policy"
     line=$(python3 bench/serve/priority_ttft.py --port "$PORT" --batch "$BATCH" \
       --output "$OUTPUT" --urgent "$URGENT" "${flags[@]}")
     echo "round $rep/$REPEATS, --scheduling-policy $policy: $line"
     echo "$policy $line" >> "$log/results"
-    kill "$pid"
-    wait "$pid" || true
-    pid=
+    serve_stop
   done
 done
 python3 - "$log/results" <<'PY'

@@ -15,8 +15,10 @@ TEXT=${TEXT:-data/austen.txt}
 CHARS=${CHARS:-5000}
 PORT=${PORT:-53051}
 HPORT=${HPORT:-53080}
+source scripts/lib/serve.sh
 work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+trap 'serve_stop; rm -rf "$work"' EXIT
+SERVE_PROBE=("$BIN" health --addr "127.0.0.1:$PORT")
 
 # The first CHARS characters of the text, cut at a space.
 python3 - "$TEXT" "$CHARS" "$work/text.txt" <<'PY'
@@ -26,10 +28,8 @@ open(sys.argv[3], "w", encoding="utf-8").write(text[: text.rfind(" ")])
 PY
 
 echo "== serve $* (HTTP on $HPORT)"
-"$BIN" serve --model "$MODEL" --host 127.0.0.1 --port "$PORT" --metrics-port 0 \
-  --http-port "$HPORT" "$@" >"$work/serve.log" 2>&1 &
-pid=$!
-for _ in $(seq 1 100); do "$BIN" health --addr "127.0.0.1:$PORT" >/dev/null 2>&1 && break; sleep 0.3; done
+serve_start "$work/serve.log" "$BIN" serve --model "$MODEL" --host 127.0.0.1 --port "$PORT" \
+  --metrics-port 0 --http-port "$HPORT" "$@"
 read -r tokens api_ppl < <(python3 - "$HPORT" "$work/text.txt" <<'PY'
 import json, math, sys, urllib.request
 text = open(sys.argv[2], encoding="utf-8").read()
@@ -42,7 +42,7 @@ assert lp[0] is None and all(x is not None for x in lp[1:])
 print(len(lp), math.exp(-sum(lp[1:]) / (len(lp) - 1)))
 PY
 )
-kill -TERM "$pid"; wait "$pid" 2>/dev/null || true
+serve_stop
 
 echo "== eval $* (one window of $tokens tokens)"
 eval_ppl=$("$BIN" eval --model "$MODEL" --text "$work/text.txt" --context "$tokens" \

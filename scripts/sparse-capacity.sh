@@ -22,6 +22,8 @@ PROMPT_WORDS=${PROMPT_WORDS:-1000}
 PORT=${PORT:-51051}
 LW=${LW:-128}
 OBS=${OBS:-32}
+source scripts/lib/serve.sh
+trap serve_stop EXIT
 KEEP=${KEEP:-}
 CONFIGS=${CONFIGS:-dense sparse}
 KV_DTYPE=${KV_DTYPE:-}
@@ -39,10 +41,10 @@ PY
 
 measure() {  # name, then server flags
   local name=$1; shift
-  "$BIN" serve --model "$MODEL" --host 127.0.0.1 --port "$PORT" --metrics-port 0 \
-    --kv-cache-memory "$KV" --max-num-seqs 64 "${dtype[@]}" "$@" >"/tmp/capacity-$name.log" 2>&1 &
-  local pid=$!
-  for _ in $(seq 1 100); do "$BIN" health --addr "127.0.0.1:$PORT" >/dev/null 2>&1 && break; sleep 0.3; done
+  SERVE_PROBE=("$BIN" health --addr "127.0.0.1:$PORT")
+  serve_start "/tmp/capacity-$name.log" "$BIN" serve --model "$MODEL" --host 127.0.0.1 \
+    --port "$PORT" --metrics-port 0 --kv-cache-memory "$KV" --max-num-seqs 64 "${dtype[@]}" "$@" ||
+    exit 1
   local clients=()
   for i in $(seq 0 $((N - 1))); do
     "$BIN" client --addr "127.0.0.1:$PORT" --prompt "$(prompt_for "$i")" --max-tokens "$OUT" \
@@ -56,7 +58,7 @@ measure() {  # name, then server flags
     sleep 0.5
   done
   wait "${clients[@]}" 2>/dev/null || true
-  kill -TERM "$pid"; wait "$pid" 2>/dev/null || true
+  serve_stop
   # Capacity = sequences running while others wait for pages (the pool is the limit).
   awk -v name="$name" '$4 > 0 {r=$2; s+=r; n++; if (r>m) m=r} {if ($14>p) p=$14} {if ($26>h) h=$26}
     END {printf "%-8s samples with requests waiting %d  running mean %.2f  max %d  preemptions %d  host pages max %d\n", name, n, s/n, m, p, h}' "$samples"

@@ -19,27 +19,21 @@ bin="${THETASERVE_BIN:-$root/build/thetaserve}"
 model="$root/models/SmolLM2-135M-Instruct.Q4_1.gguf"
 [ -f "$model" ] || bash scripts/fetch-model.sh
 [ -x "$bin" ] || bash scripts/build.sh
+source scripts/lib/serve.sh
 log=$(mktemp -d)
-trap 'kill $pid 2>/dev/null || true; rm -rf "$log"' EXIT
-pid=
+trap 'serve_stop; rm -rf "$log"' EXIT
+SERVE_PROBE=(curl -sf "localhost:$PORT/health")
 for rep in $(seq "$REPEATS"); do
   for limit in default 0; do
     flags=()
     [ "$limit" = 0 ] && flags=(--long-prefill-tokens 0)
-    "$bin" serve --model "$model" --port 0 --metrics-port 0 --http-port "$PORT" "${flags[@]}" \
-      > "$log/server.log" 2>&1 &
-    pid=$!
-    for _ in $(seq 120); do
-      curl -sf "localhost:$PORT/health" > /dev/null && break
-      sleep 0.5
-    done
+    serve_start "$log/server.log" "$bin" serve --model "$model" --port 0 --metrics-port 0 \
+      --http-port "$PORT" "${flags[@]}"
     line=$(python3 bench/serve/ttft_beside_prefill.py --port "$PORT" --words "$WORDS" \
     --short-words "$SHORT_WORDS")
     echo "round $rep/$REPEATS, --long-prefill-tokens $limit: $line"
     echo "$limit $line" >> "$log/results"
-    kill "$pid"
-    wait "$pid" || true
-    pid=
+    serve_stop
   done
 done
 python3 - "$log/results" <<'PY'

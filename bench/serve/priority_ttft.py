@@ -16,12 +16,7 @@ import threading
 import time
 import urllib.request
 
-
-def post(port, body):
-    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions",
-                                 data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
-    return urllib.request.urlopen(req, timeout=900)
+from completions import post, stream_times
 
 
 def preemptions(port):
@@ -69,20 +64,14 @@ def main():
 
     def urgent_request(i):
         body = {"prompt": f"Question {i}: what is the capital of France?", "max_tokens": 4,
-                "stream": True, "ignore_eos": True}
+                "ignore_eos": True}
         if args.priorities:
             body["priority"] = 0
-        t = time.time()
-        first = None
-        for line in post(args.port, body):
-            line = line.decode().strip()
-            if first is None and line.startswith("data: {"):
-                if json.loads(line[6:])["choices"][0]["text"]:
-                    first = time.time() - t
+        first, end = stream_times(args.port, body)
         if first is None:
             raise RuntimeError(f"urgent request {i} streamed no text")
         ttft.append(first)
-        total.append(time.time() - t)
+        total.append(end)
 
     urgent = [threading.Thread(target=guarded(urgent_request), args=(i,))
               for i in range(args.urgent)]

@@ -9,14 +9,8 @@ import argparse
 import json
 import threading
 import time
-import urllib.request
 
-
-def post(port, body):
-    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions",
-                                 data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
-    return urllib.request.urlopen(req, timeout=900)
+from completions import post, stream_times
 
 
 def main():
@@ -38,16 +32,9 @@ def main():
     th = threading.Thread(target=long_request)
     th.start()
     time.sleep(args.delay)
-    t = time.time()
-    first = None
     short = "lake " * args.short_words if args.short_words else "Short one"
-    for line in post(args.port, {"prompt": short, "max_tokens": 4, "stream": True}):
-        line = line.decode().strip()
-        if first is None and line.startswith("data: {"):
-            if json.loads(line[6:])["choices"][0]["text"]:
-                first = time.time() - t
-    out["short_ttft_s"] = first
-    out["short_total_s"] = time.time() - t
+    out["short_ttft_s"], out["short_total_s"] = stream_times(args.port, {"prompt": short,
+                                                                         "max_tokens": 4})
     th.join()
     print(json.dumps(out), flush=True)
 

@@ -92,7 +92,7 @@ step "Dockerfiles"
 python3 tests/deploy/check_dockerfiles.py "$root"
 
 step "shellcheck"
-shellcheck deploy/docker/*.sh tests/deploy/*.sh
+shellcheck -x deploy/docker/*.sh tests/deploy/*.sh scripts/*.sh scripts/lib/*.sh
 echo "shellcheck: clean"
 
 step "entrypoint.sh: THETASERVE_FLAG_* -> serve flags"
