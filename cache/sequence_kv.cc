@@ -6,6 +6,7 @@
 #include <functional>
 #include <utility>
 
+#include "absl/container/flat_hash_map.h"
 #include "base/check.h"
 
 namespace thetaserve::cache {
@@ -235,9 +236,14 @@ int64_t SequenceKv::num_pages() const {
   return n;
 }
 
-int64_t SequenceKv::PagesFreedOnRelease(const PagePool& pool) const {
+int64_t SequenceKv::PagesFreedOnRelease(const std::vector<const SequenceKv*>& seqs,
+                                        const PagePool& pool) {
+  absl::flat_hash_map<int32_t, int32_t> holders;  // page -> how many of seqs hold it
+  for (const SequenceKv* kv : seqs) kv->ForEachPoolPage([&](int32_t page) { ++holders[page]; });
   int64_t n = 0;
-  ForEachPoolPage([&](int32_t page) { n += pool.refcount(page) == 1 + int(pool.cached(page)); });
+  for (const auto& [page, count] : holders) {
+    n += pool.refcount(page) == count + int(pool.cached(page));
+  }
   return n;
 }
 

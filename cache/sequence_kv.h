@@ -85,9 +85,11 @@ class SequenceKv {
   void ReleaseAll(PagePool& pool);
   // Pages held in the KV pool (K and V), and in the host pool.
   int64_t num_pages() const;
-  // Of those, the pages no other sequence holds: what releasing this sequence surely makes
-  // available (free, or held only by the prefix cache, which frees them on demand).
-  int64_t PagesFreedOnRelease(const PagePool& pool) const;
+  // The pages releasing all of `seqs` surely makes available (free, or held only by the
+  // prefix cache, which frees them on demand): those no other sequence holds. A page they
+  // share among themselves (a group's prompt blocks) counts once.
+  static int64_t PagesFreedOnRelease(const std::vector<const SequenceKv*>& seqs,
+                                     const PagePool& pool);
   int64_t num_host_pages() const;
 
   // Moves V rows of whole tail blocks that ended more than `local_window` rows before

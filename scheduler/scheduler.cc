@@ -97,9 +97,10 @@ class Scheduler::Step {
   // reserved, preempts the last running sequence if that one's priority is later than its own
   // (deferred and not planned yet: it comes after the waiting one), and tries again; only when
   // preempting every running sequence of a later priority would surely give it the slot and
-  // the pages, so that no work is thrown away for nothing. Surely: a page another sequence
-  // shares stays held (SequenceKv::PagesFreedOnRelease). Sequences of its own priority are
-  // never preempted for it.
+  // the pages, so that no work is thrown away for nothing. Surely: a page a sequence of its
+  // own or an earlier priority shares stays held (SequenceKv::PagesFreedOnRelease; pages the
+  // later ones share among themselves, a group's prompt blocks, count). Sequences of its own
+  // priority are never preempted for it.
   bool MakeWayFor(const Sequence& seq, int64_t pages);
   // Plans the deferred sequences that come before `until` (all when null). Their pages were
   // reserved; what they take now is no longer.
@@ -194,14 +195,16 @@ int64_t Scheduler::Step::ToFinishPrompt(const Sequence& s) const {
 
 bool Scheduler::Step::MakeWayFor(const Sequence& seq, int64_t pages) {
   if (!by_priority_) return false;
-  int64_t later = 0, room = s_.Available() - reserved_;
+  std::vector<const cache::SequenceKv*> later;
+  int64_t room = s_.Available() - reserved_;
   for (const auto& r : s_.running_) {
     if (r->request().priority <= seq.request().priority) continue;
-    ++later;
-    room += r->kv().PagesFreedOnRelease(*s_.pool_) + ToFinishPrompt(*r);
+    later.push_back(&r->kv());
+    room += ToFinishPrompt(*r);
   }
-  if (later == 0 || room < pages ||
-      int64_t(s_.running_.size()) - later >= s_.config_.max_num_seqs) {
+  room += cache::SequenceKv::PagesFreedOnRelease(later, *s_.pool_);
+  if (later.empty() || room < pages ||
+      int64_t(s_.running_.size() - later.size()) >= s_.config_.max_num_seqs) {
     return false;
   }
   reserved_ -= ToFinishPrompt(*s_.running_.back());

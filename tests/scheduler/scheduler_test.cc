@@ -444,6 +444,79 @@ TEST_F(PriorityCacheTest, PagesAWaitingSequenceWouldAdoptAreNotRoomToPreemptFor)
   s.Commit(plan);
 }
 
+// A group of two completions (priority 5) of a 48-token prompt: the second adopted the
+// first's first two blocks from the prefix cache, so both hold those 8 pages (and the cache
+// does), each 4 more of its own, the first also its fourth block: 20 pages of the 24, and the
+// second needs 4 more for its next token. "urgent" (priority 0, 64 tokens) needs 20. Preempting
+// both members gives 24 (preempting one frees too little: the shared pages stay held by the
+// other): both go and urgent starts. (Counting each member's unshared pages only, 12, gave 16:
+// urgent waited for the group to finish.)
+TEST_F(PriorityTest, PagesAGroupSharesAreRoomWhenTheWholeGroupIsPreempted) {
+  cache::PagePool pool{24, kShape.block_size};
+  cache::PrefixCache prefix{kShape};
+  Scheduler s{Config(SchedulingPolicy::kPriority), pool, &prefix};
+  std::vector<Sequence*> members;
+  for (int32_t i = 0; i < 2; ++i) {
+    Request r;
+    r.id = absl::StrCat(kGroup, "/", i);
+    r.group_id = kGroup;
+    r.group_index = i;
+    r.priority = 5;
+    for (int32_t t = 0; t < 48; ++t) r.prompt.push_back(3000 + t);
+    r.stopping.max_tokens = 64;
+    auto seq = std::make_unique<Sequence>(r, std::make_shared<CollectingSink>(),
+                                          model_->tokenizer(), kShape);
+    seq->serial = ++serial_;
+    members.push_back(seq.get());
+    s.AddWaiting(std::move(seq));
+  }
+  ASSERT_EQ(Step(s), std::vector<std::string>{"g/0:48+"}) << "g/1 waits for g/0's prompt";
+  prefix.Insert(members[0]->tokens(), 0, 3, members[0]->kv(), pool, &members[0]->cache_cursor);
+  members[0]->cached_blocks = 3;
+  Sample(members[0]);
+  ASSERT_EQ(Step(s), (std::vector<std::string>{"g/0:1+", "g/1:16+"}));
+  ASSERT_EQ(members[1]->cached_blocks, 2);
+  ASSERT_EQ(pool.num_free(), 4);
+  Sample(members[0]);
+  Sample(members[1]);
+  Submit(s, "urgent", 64, 0);
+  StepPlan plan = s.Schedule();
+  EXPECT_EQ(ById(plan), std::vector<std::string>{"urgent:64+"});
+  EXPECT_EQ(Ids(plan.preempted), (std::vector<std::string>{"g/1", "g/0"}));
+  EXPECT_EQ(s.num_priority_preemptions(), 2);
+  s.Commit(plan);
+}
+
+// The other side: "victim" (priority 5) adopted the first two blocks of "early"'s prompt
+// (priority 0), so those 8 pages stay held by early when victim goes: preempting it gives 8
+// pages (its own block, the one it would take next, the 4 free less what it reserved), short
+// of the 12 "mid" (priority 1, 40 tokens) needs. Victim keeps running; mid waits. (Counting
+// the pages victim shares with early, preempting it would have seemed to give 16.)
+TEST_F(PriorityTest, PagesSharedWithAnEarlierPriorityAreNoRoom) {
+  cache::PagePool pool{24, kShape.block_size};
+  cache::PrefixCache prefix{kShape};
+  Scheduler s{Config(SchedulingPolicy::kPriority), pool, &prefix};
+  std::vector<int32_t> prompt;
+  for (int32_t t = 0; t < 48; ++t) prompt.push_back(3000 + t);
+  Sequence* early = Submit(s, "early", prompt, 0);
+  ASSERT_EQ(Step(s), std::vector<std::string>{"early:48+"});
+  prefix.Insert(early->tokens(), 0, 3, early->kv(), pool, &early->cache_cursor);
+  early->cached_blocks = 3;
+  Sample(early);
+  Sequence* victim = Submit(s, "victim", prompt, 5);
+  ASSERT_EQ(Step(s), (std::vector<std::string>{"early:1+", "victim:16+"}));
+  ASSERT_EQ(victim->cached_blocks, 2);
+  ASSERT_EQ(pool.num_free(), 4);
+  Sample(early);
+  Sample(victim);
+  Submit(s, "mid", 40, 1);
+  StepPlan plan = s.Schedule();
+  EXPECT_EQ(ById(plan), (std::vector<std::string>{"early:1+", "victim:1+"}));
+  EXPECT_TRUE(plan.preempted.empty());
+  EXPECT_EQ(Waiting(s), std::vector<std::string>{"mid"});
+  s.Commit(plan);
+}
+
 // The step's budget (64 tokens) goes by priority: a 40-token urgent prompt arriving while a
 // 200-token batch prompt computes gets its chunk first and the give-back first (chunks held to
 // 16), or its whole prompt before the batch prompt (no hold); first come, first served gives
