@@ -112,7 +112,7 @@ class Scheduler::Step {
   // prompt, `whole` pages, on top of what is reserved; else releases its pages and says no.
   bool Start(size_t w, int64_t whole);
 
-  Scheduler& s_;
+  Scheduler& sched_;
   StepPlan plan_;
   const bool by_priority_;
   int64_t budget_;
@@ -134,7 +134,7 @@ class Scheduler::Step {
 // order), or one waits and a slot is free for it. The held chunks take back below what the
 // others leave (all of it when the pool turns a newcomer away).
 Scheduler::Step::Step(Scheduler& s)
-    : s_(s), by_priority_(s.config_.policy == SchedulingPolicy::kPriority),
+    : sched_(s), by_priority_(s.config_.policy == SchedulingPolicy::kPriority),
       budget_(s.config_.max_num_batched_tokens),
       held_(s.config_.long_prefill_tokens > 0 &&
             (s.running_.size() > 1 ||
@@ -160,26 +160,28 @@ bool Scheduler::Step::Planned(const Sequence* s) const {
 void Scheduler::Step::PlanRunningSequence(Sequence* seq) {
   const int64_t n = TokensFor(*seq);
   if (n <= 0) return;
-  while (!s_.Room(seq->kv().PagesNeeded(seq->num_computed + n))) {
-    Sequence* victim = s_.running_.back().get();
+  while (!sched_.Room(seq->kv().PagesNeeded(seq->num_computed + n))) {
+    Sequence* victim = sched_.running_.back().get();
     plan_.preempted.push_back(victim);
-    s_.Preempt(s_.running_.size() - 1);
+    sched_.Preempt(sched_.running_.size() - 1);
     pool_short_ = true;
     if (victim == seq) return;
   }
-  seq->kv().Grow(*s_.pool_, seq->num_computed + n);
+  seq->kv().Grow(*sched_.pool_, seq->num_computed + n);
   plan_.chunks.push_back({seq, n, seq->num_computed + n == int64_t(seq->tokens().size())});
   Spend(*seq, n);
 }
 
 void Scheduler::Step::PlanRunning() {
-  const Sequence* first_waiting = s_.waiting_.empty() ? nullptr : s_.waiting_.front().get();
-  for (size_t i = 0; i < s_.running_.size() && budget_ > 0; ++i) {
-    if (by_priority_ && first_waiting && Before(*first_waiting, *s_.running_[i])) {
-      for (size_t j = i; j < s_.running_.size(); ++j) deferred_.push_back(s_.running_[j].get());
+  const Sequence* first_waiting = sched_.waiting_.empty() ? nullptr : sched_.waiting_.front().get();
+  for (size_t i = 0; i < sched_.running_.size() && budget_ > 0; ++i) {
+    if (by_priority_ && first_waiting && Before(*first_waiting, *sched_.running_[i])) {
+      for (size_t j = i; j < sched_.running_.size(); ++j) {
+        deferred_.push_back(sched_.running_[j].get());
+      }
       break;
     }
-    PlanRunningSequence(s_.running_[i].get());
+    PlanRunningSequence(sched_.running_[i].get());
   }
 }
 
@@ -190,27 +192,27 @@ int64_t Scheduler::Step::ToFinishPrompt(const Sequence& s) const {
   const int64_t next = int64_t(s.tokens().size()) + 1;
   // Past its prompt a sequence only needs its next block (a bound would over-reserve).
   if (s.num_computed >= int64_t(s.request().prompt.size())) return s.kv().PagesNeeded(next);
-  return s.kv().PagesToReach(next, s_.config_.sparse, s_.config_.max_num_batched_tokens);
+  return s.kv().PagesToReach(next, sched_.config_.sparse, sched_.config_.max_num_batched_tokens);
 }
 
 bool Scheduler::Step::MakeWayFor(const Sequence& seq, int64_t pages) {
   if (!by_priority_) return false;
   std::vector<const cache::SequenceKv*> later;
-  int64_t room = s_.Available() - reserved_;
-  for (const auto& r : s_.running_) {
+  int64_t room = sched_.Available() - reserved_;
+  for (const auto& r : sched_.running_) {
     if (r->request().priority <= seq.request().priority) continue;
     later.push_back(&r->kv());
     room += ToFinishPrompt(*r);
   }
-  room += cache::SequenceKv::PagesFreedOnRelease(later, *s_.pool_);
+  room += cache::SequenceKv::PagesFreedOnRelease(later, *sched_.pool_);
   if (later.empty() || room < pages ||
-      int64_t(s_.running_.size() - later.size()) >= s_.config_.max_num_seqs) {
+      int64_t(sched_.running_.size() - later.size()) >= sched_.config_.max_num_seqs) {
     return false;
   }
-  reserved_ -= ToFinishPrompt(*s_.running_.back());
-  plan_.preempted.push_back(s_.running_.back().get());
-  s_.Preempt(s_.running_.size() - 1);
-  ++s_.priority_preemptions_;
+  reserved_ -= ToFinishPrompt(*sched_.running_.back());
+  plan_.preempted.push_back(sched_.running_.back().get());
+  sched_.Preempt(sched_.running_.size() - 1);
+  ++sched_.priority_preemptions_;
   return true;
 }
 
@@ -231,8 +233,8 @@ void Scheduler::Step::PlanDeferred(const Sequence* until) {
 // whose prompt is still to be scored adopts nothing (it needs every row's logits) but offers
 // its blocks as any other.
 bool Scheduler::Step::AdoptCachedPrefix(Sequence& seq) {
-  cache::PrefixCache& prefix = *s_.prefix_;
-  cache::PagePool& pool = *s_.pool_;
+  cache::PrefixCache& prefix = *sched_.prefix_;
+  cache::PagePool& pool = *sched_.pool_;
   const auto& tokens = seq.tokens();
   const int64_t bs = pool.block_size();
   const std::string& salt = seq.request().cache_salt;
@@ -244,7 +246,7 @@ bool Scheduler::Step::AdoptCachedPrefix(Sequence& seq) {
   bool adopted = false;
   if (match.blocks() > 0) {
     const int64_t rest = ToFinishPrompt(seq) - 2 * match.blocks() * seq.kv().shape().tables();
-    if (s_.Available() - match.pinned_pages >= reserved_ + rest) {
+    if (sched_.Available() - match.pinned_pages >= reserved_ + rest) {
       prefix.Adopt(match, seq.kv(), pool, &seq.cache_cursor);
       seq.num_computed = match.blocks() * bs;
       seq.cached_blocks = match.blocks();
@@ -258,33 +260,33 @@ bool Scheduler::Step::AdoptCachedPrefix(Sequence& seq) {
   if ((adopted || match.blocks() == 0) && seq.group_prompt_computed &&
       !seq.NeedsPromptScores() &&
       match.blocks() < (int64_t(seq.request().prompt.size()) - 1) / bs) {
-    s_.RegroupBehind(seq);
+    sched_.RegroupBehind(seq);
   }
   return true;
 }
 
 bool Scheduler::Step::Start(size_t w, int64_t whole) {
-  Sequence* seq = s_.waiting_[w].get();
+  Sequence* seq = sched_.waiting_[w].get();
   const int64_t n = TokensFor(*seq);
   // Cached pages count as room for what is reserved, but are evicted only for what this
   // step allocates (the rest stays findable until it is needed).
-  if (s_.Available() < reserved_ + whole ||
-      !s_.Room(seq->kv().PagesNeeded(seq->num_computed + n))) {
-    s_.ReleasePages(*seq);  // it waits without pages; the blocks stay cached
+  if (sched_.Available() < reserved_ + whole ||
+      !sched_.Room(seq->kv().PagesNeeded(seq->num_computed + n))) {
+    sched_.ReleasePages(*seq);  // it waits without pages; the blocks stay cached
     return false;
   }
-  if (s_.prefix_) {
-    s_.prefix_query_tokens_ += int64_t(seq->tokens().size());
-    s_.prefix_hit_tokens_ += seq->num_computed;
+  if (sched_.prefix_) {
+    sched_.prefix_query_tokens_ += int64_t(seq->tokens().size());
+    sched_.prefix_hit_tokens_ += seq->num_computed;
     seq->restore_v_sum = seq->num_computed > 0;
   }
   reserved_ += std::max<int64_t>(0, whole - seq->kv().PagesNeeded(seq->num_computed + n));
-  seq->kv().Grow(*s_.pool_, seq->num_computed + n);
+  seq->kv().Grow(*sched_.pool_, seq->num_computed + n);
   seq->state = SequenceState::kRunning;
   if (!seq->first_scheduled) seq->first_scheduled = Clock::now();
-  std::unique_ptr<Sequence> admitted = std::move(s_.waiting_[w]);
-  s_.waiting_.erase(s_.waiting_.begin() + w);
-  auto& running = s_.running_;
+  std::unique_ptr<Sequence> admitted = std::move(sched_.waiting_[w]);
+  sched_.waiting_.erase(sched_.waiting_.begin() + w);
+  auto& running = sched_.running_;
   auto at = by_priority_ ? std::upper_bound(running.begin(), running.end(), admitted, InOrder{})
                          : running.end();
   running.insert(at, std::move(admitted));
@@ -296,22 +298,22 @@ bool Scheduler::Step::Start(size_t w, int64_t whole) {
 // Nothing is admitted in a step that had to preempt for a running sequence's pages
 // (pool_short_): the pool is already short.
 void Scheduler::Step::Admit() {
-  for (const auto& r : s_.running_) reserved_ += ToFinishPrompt(*r);
-  s_.FindGroupLeaders();
-  for (size_t w = 0; !pool_short_ && budget_ > 0 && w < s_.waiting_.size();) {
-    Sequence* seq = s_.waiting_[w].get();
-    if (s_.WaitsForGroupPrompt(*seq)) {
+  for (const auto& r : sched_.running_) reserved_ += ToFinishPrompt(*r);
+  sched_.FindGroupLeaders();
+  for (size_t w = 0; !pool_short_ && budget_ > 0 && w < sched_.waiting_.size();) {
+    Sequence* seq = sched_.waiting_[w].get();
+    if (sched_.WaitsForGroupPrompt(*seq)) {
       ++w;  // others behind it may go first
       continue;
     }
     PlanDeferred(seq);
     if (pool_short_ || budget_ <= 0) break;
     if (seq->NeedsPromptScores() && score_budget_ <= 0) break;  // this step scores no more
-    if (int64_t(s_.running_.size()) >= s_.config_.max_num_seqs) {
+    if (int64_t(sched_.running_.size()) >= sched_.config_.max_num_seqs) {
       if (MakeWayFor(*seq, ToFinishPrompt(*seq))) continue;
       break;
     }
-    if (s_.prefix_ && seq->kv().blocks() == 0 && !AdoptCachedPrefix(*seq)) break;
+    if (sched_.prefix_ && seq->kv().blocks() == 0 && !AdoptCachedPrefix(*seq)) break;
     const int64_t whole = ToFinishPrompt(*seq);
     if (Start(w, whole)) continue;  // (waiting sequence w is the next one now)
     if (MakeWayFor(*seq, whole)) continue;
@@ -336,8 +338,8 @@ StepPlan Scheduler::Step::Finish() {
     Sequence& s = *chunk.seq;
     const int64_t more = Take(s, chunk.num_tokens, budget_);
     const int64_t to = s.num_computed + chunk.num_tokens + more;
-    if (more <= 0 || !s_.Room(s.kv().PagesNeeded(to))) continue;
-    s.kv().Grow(*s_.pool_, to);
+    if (more <= 0 || !sched_.Room(s.kv().PagesNeeded(to))) continue;
+    s.kv().Grow(*sched_.pool_, to);
     chunk.num_tokens += more;
     chunk.samples = to == int64_t(s.tokens().size());
     Spend(s, more);

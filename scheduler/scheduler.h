@@ -93,8 +93,8 @@ class Scheduler {
   const std::deque<std::unique_ptr<Sequence>>& waiting() const { return waiting_; }
   const std::vector<std::unique_ptr<Sequence>>& running() const { return running_; }
   int64_t num_preemptions() const { return preemptions_; }
-  // Of those, the preemptions that let a waiting sequence of an earlier priority start (the
-  // rest were for a running sequence's pages).
+  // Of those, the preemptions made to let a waiting sequence of an earlier priority start
+  // (the rest were for a running sequence's pages).
   int64_t num_priority_preemptions() const { return priority_preemptions_; }
   // Tokens of admitted sequences looked up in the prefix cache, and those found there.
   int64_t prefix_query_tokens() const { return prefix_query_tokens_; }

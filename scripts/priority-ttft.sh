@@ -45,11 +45,12 @@ for line in open(sys.argv[1]):
     policy, js = line.split(" ", 1)
     rows.setdefault(policy, []).append(json.loads(js))
 print("\npolicy    rounds  urgent TTFT s  urgent last TTFT s  urgent total s  batch median end s"
-      "  batch last end s  preemptions  (medians)")
+      "  batch last end s  preemptions  for priority  (medians)")
 for policy in ("fcfs", "priority"):
     r = rows[policy]
     med = lambda k: statistics.median(x[k] for x in r)
     print(f"{policy:<9} {len(r):<7} {med('urgent_ttft_s'):<14.2f} {med('urgent_last_ttft_s'):<19.2f} "
           f"{med('urgent_total_s'):<15.2f} {med('batch_median_end_s'):<19.2f} "
-          f"{med('batch_last_end_s'):<17.2f} {med('preemptions'):.0f}")
+          f"{med('batch_last_end_s'):<17.2f} {med('preemptions'):<12.0f} "
+          f"{med('priority_preemptions'):.0f}")
 PY

@@ -68,8 +68,8 @@ Metrics::Metrics(const MetricsInfo& info)
                        .Help("Sequences preempted (pages freed, recomputed later)")
                        .Register(*registry_).Add({})),
       priority_preemptions_(BuildCounter().Name("thetaserve_priority_preemptions_total")
-                                .Help("Of the preemptions, those that let a waiting request "
-                                      "of an earlier priority start (--scheduling-policy "
+                                .Help("Of the preemptions, those made to let a waiting "
+                                      "request of an earlier priority start (--scheduling-policy "
                                       "priority)")
                                 .Register(*registry_).Add({})),
       pages_total_(BuildGauge().Name("thetaserve_kv_pages_capacity")

@@ -5,7 +5,8 @@ streaming requests (4 output tokens), all at once. With --priorities the batch r
 carry priority 10 and the urgent ones 0 (a server run with --scheduling-policy priority);
 without, neither sends one (first come, first served). Prints one JSON line: the urgent
 requests' median and longest time to first token and median time to their end, the batch
-requests' median and last end, and the server's preemptions; exits 1 if a request failed.
+requests' median and last end, and the server's preemptions (all, and those made for an
+earlier priority); exits 1 if a request failed.
 scripts/priority-ttft.sh runs it against both policies."""
 import argparse
 import json
@@ -20,9 +21,14 @@ from completions import post, stream_times
 
 
 def preemptions(port):
+    """The server's (preemptions, of which for an earlier priority) so far."""
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30).read().decode()
-    m = re.search(r"^thetaserve_preemptions_total (\S+)$", text, re.M)
-    return float(m.group(1)) if m else float("nan")
+
+    def counter(name):
+        m = re.search(rf"^{name} (\S+)$", text, re.M)
+        return float(m.group(1)) if m else float("nan")
+    return (counter("thetaserve_preemptions_total"),
+            counter("thetaserve_priority_preemptions_total"))
 
 
 def main():
@@ -81,13 +87,15 @@ def main():
         th.join()
     if failures:
         sys.exit("priority_ttft: " + "; ".join(failures))
+    after = preemptions(args.port)
     print(json.dumps({
         "urgent_ttft_s": statistics.median(ttft),
         "urgent_last_ttft_s": max(ttft),
         "urgent_total_s": statistics.median(total),
         "batch_median_end_s": statistics.median(batch_ends),
         "batch_last_end_s": max(batch_ends),
-        "preemptions": preemptions(args.port) - before,
+        "preemptions": after[0] - before[0],
+        "priority_preemptions": after[1] - before[1],
     }), flush=True)
 
 

@@ -281,7 +281,7 @@ def serving():
     p.append(L.place(timeseries("Tokens per second", "Generated tokens and prompt tokens computed per second (prompt tokens include the recomputation of preempted sequences).",
                                 targets(("sum(%s)" % rate("thetaserve_generation_tokens_total"), "generated"),
                                         ("sum(%s)" % rate("thetaserve_prompt_tokens_total"), "prompt"))), 12, 8))
-    p.append(L.place(timeseries("Preemptions", "Sequences preempted per second (their pages freed and the sequence requeued for recompute when the KV page pool runs out, or, under --scheduling-policy priority, to let a waiting request of an earlier priority start: 'for priority'), and preemptions per finished request per instance (recording rule thetaserve:preemptions_per_request:ratio_rate5m; the alert fires above 0.1 for 10 minutes).",
+    p.append(L.place(timeseries("Preemptions", "Sequences preempted per second (their pages freed and the sequence requeued for recompute when the KV page pool runs out, or, under --scheduling-policy priority, to let a waiting request of an earlier priority start: 'for priority'), and preemptions for KV pages per finished request per instance (recording rule thetaserve:preemptions_per_request:ratio_rate5m; the alert fires above 0.1 for 10 minutes).",
                                 targets(("sum(%s)" % rate("thetaserve_preemptions_total"), "preemptions/s"),
                                         ("sum(%s)" % rate("thetaserve_priority_preemptions_total"), "for priority/s"),
                                         (sel("thetaserve:preemptions_per_request:ratio_rate5m"), "per request {{instance}}")),

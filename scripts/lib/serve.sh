@@ -7,7 +7,8 @@
 #
 # serve_start runs the command in the background with its output in LOG (SERVE_PID) and waits
 # up to SERVE_WAIT seconds (60) until "${SERVE_PROBE[@]}" succeeds; if the server exits first
-# or never answers, it prints the log's tail and returns 1 (the scripts run with set -e).
+# or never answers, it prints the log's tail and returns 1 (set -e stops the script; inside
+# $(...), where bash turns -e off, follow it with || exit 1).
 # serve_stop sends SIGTERM and waits; it does nothing when no server is up, so it can sit in an
 # EXIT trap.
 # shellcheck shell=bash
@@ -18,6 +19,10 @@ SERVE_PROBE=()
 serve_start() {
   local log=$1
   shift
+  if [ "${#SERVE_PROBE[@]}" -eq 0 ]; then
+    echo "serve_start: set SERVE_PROBE to a command that succeeds once the server answers" >&2
+    return 1
+  fi
   "$@" >"$log" 2>&1 &
   SERVE_PID=$!
   local deadline=$((SECONDS + ${SERVE_WAIT:-60}))

@@ -6,6 +6,7 @@
 #include <random>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "gtest/gtest.h"
 
@@ -60,6 +61,33 @@ TEST(SequenceKvTest, ReleaseAllReturnsEveryPage) {
   b.ReleaseAll(pool);
   EXPECT_EQ(pool.num_free(), 100);
   EXPECT_EQ(pool.num_used(PageKind::kK) + pool.num_used(PageKind::kV), 0);
+}
+
+// What preempting sequences frees (the scheduler's room for a request of an earlier priority):
+// a page counts when the given sequences are all its holders besides the prefix cache.
+TEST(SequenceKvTest, PagesFreedOnReleaseCountsPagesOnlyTheGivenSequencesHold) {
+  KvShape shape{1, 1, 4};  // one table: a block is a K page and a V page
+  PagePool pool(64, 4);
+  SequenceKv a(shape), b(shape), c(shape);
+  a.Grow(pool, 8);
+  const int32_t k0 = a.k_page(0, 0), v0 = a.v_page(0, 0), k1 = a.k_page(0, 1), v1 = a.v_page(0, 1);
+  // b and c adopt a's first block (a prompt's shared blocks), c its second too, which the
+  // prefix cache also holds; b computes a second block of its own.
+  b.AppendSharedBlock(pool, &k0, &v0);
+  c.AppendSharedBlock(pool, &k0, &v0);
+  c.AppendSharedBlock(pool, &k1, &v1);
+  b.Grow(pool, 8);
+  pool.RefCached(k1);
+  pool.RefCached(v1);
+  using Seqs = std::vector<const SequenceKv*>;
+  EXPECT_EQ(SequenceKv::PagesFreedOnRelease(Seqs{&b}, pool), 2) << "its own block";
+  EXPECT_EQ(SequenceKv::PagesFreedOnRelease(Seqs{&a}, pool), 0) << "every page shared";
+  EXPECT_EQ(SequenceKv::PagesFreedOnRelease(Seqs{&a, &c}, pool), 2) << "the cached block";
+  EXPECT_EQ(SequenceKv::PagesFreedOnRelease(Seqs{&a, &b, &c}, pool), 6);
+  const int64_t available = pool.num_free() + pool.num_cached_only();
+  for (SequenceKv* kv : {&a, &b, &c}) kv->ReleaseAll(pool);
+  EXPECT_EQ(pool.num_free() + pool.num_cached_only(), available + 6);
+  EXPECT_EQ(pool.num_cached_only(), 2);
 }
 
 // Table 0: positions 5, 6, 9 retained by recent queries (>= 20 - 4), position 7 only by an

@@ -404,10 +404,17 @@ class AttentionCase {
                         with_vsum_ ? vsum_.data() : nullptr, config, out->data());
   }
 
+  // How near θ (relative; pre-softmax at least absolute) a key's score or probability may be
+  // decided either way by rounding (FindAmbiguous), and how far CpuOutputNudged moves θ: past
+  // that window, so each key within it falls on one side (and keys up to half a window beyond
+  // it flip too: a row with a key there as well as one within matches neither alternative).
+  static constexpr double kWindow = 1e-5;
+  static constexpr double kNudge = 1.5 * kWindow;
+
   // The CPU reference's output with every θ of the table moved by `sign` · kNudge (relative,
-  // and at least kNudge absolute pre-softmax): past the window FindAmbiguous calls rounding,
-  // so each key within it falls on one side. Marks, mass and stats go to scratch.
-  static constexpr double kNudge = 1.5e-5;
+  // and at least kNudge absolute pre-softmax); exactly so where θ is a bucket's value or between
+  // two (as in MakeTable's tables), less surely past the last bucket, where Finalize refits the
+  // slope. Marks, mass and stats go to scratch.
   std::vector<float> CpuOutputNudged(const TopThetaConfig& config, int sign) const {
     model::ThetaTable table = *config.table;
     const bool post = table.placement == model::ThetaPlacement::kPostSoftmax;
@@ -445,7 +452,7 @@ class AttentionCase {
   }
 
   // The (head, key) decisions that rounding may flip: with a θ table, keys whose score
-  // (pre-softmax) or probability (post-softmax), in float64, lies within 1e-5 of θ (relative).
+  // (pre-softmax) or probability (post-softmax), in float64, lies within kWindow of θ (relative).
   // The two sides sum D_full and round exp differently (the CPU by 512-key chunks, the GPU by
   // splits), so such a key can be kept on one side only. Counted per sequence and position
   // (summed over the group's heads, with their probabilities), and in all.
@@ -495,7 +502,7 @@ class AttentionCase {
           const double r = config.retain_factor;
           const double thetas[2] = {theta, post ? r * theta : theta + std::log(r)};
           auto near = [&](double v, double th) {
-            return std::fabs(v - th) <= 1e-5 * std::max(post ? 0.0 : 1.0, std::fabs(th));
+            return std::fabs(v - th) <= kWindow * std::max(post ? 0.0 : 1.0, std::fabs(th));
           };
           for (int32_t j = 0; j < L; ++j) {
             const double p = std::exp(x[j] - m) / den;
@@ -516,35 +523,43 @@ class AttentionCase {
     return a;
   }
 
-  void ExpectSame(const TopThetaConfig& config = {}) {
-    constexpr float kAtol = 2e-4f, kRtol = 2e-3f;
-    // Decisions on keys within rounding of θ may differ, and only those (none, nearly always).
-    const Ambiguous amb = FindAmbiguous(config);
-    // A query row with such a key may follow either decision: its output is checked against the
-    // CPU's with every such key dropped, or kept, where it does not match the CPU's own. (A row
-    // with two such keys decided differently matches none: rare enough to leave failing.) Every
-    // other row is held to the CPU's output.
+  static constexpr float kAtol = 2e-4f, kRtol = 2e-3f;  // the attention output's tolerance
+
+  // The output the GPU's must match: the CPU's, but for a query row with a key within rounding
+  // of its keep threshold, which may follow either decision: there the CPU's with every such
+  // key dropped, or kept, where the GPU's matches that and not the CPU's own (counted in
+  // `rows_either`). (A row with two such keys decided differently matches none: rare enough to
+  // leave failing.) Every other row is held to the CPU's output.
+  std::vector<float> ExpectedOutput(const TopThetaConfig& config, const Ambiguous& amb,
+                                    int32_t* rows_either) const {
     std::vector<float> want = cpu_out_;
-    int32_t rows_either = 0;
-    if (std::count(amb.rows.begin(), amb.rows.end(), 1) > 0) {
-      const std::vector<float> alt[2] = {CpuOutputNudged(config, -1), CpuOutputNudged(config, +1)};
-      const size_t d = size_t(s_.head_dim);
-      for (size_t row = 0; row < amb.rows.size(); ++row) {
-        if (!amb.rows[row]) continue;
-        auto slice = [&](const std::vector<float>& v) {
-          return std::vector<float>(v.begin() + row * d, v.begin() + (row + 1) * d);
-        };
-        const std::vector<float> got = slice(gpu_out_);
-        if (testing::Close(got, slice(cpu_out_), kAtol, kRtol)) continue;
-        for (const std::vector<float>& a : alt) {
-          if (!testing::Close(got, slice(a), kAtol, kRtol)) continue;
-          std::copy(a.begin() + row * d, a.begin() + (row + 1) * d, want.begin() + row * d);
-          ++rows_either;
-          break;
-        }
+    *rows_either = 0;
+    if (std::count(amb.rows.begin(), amb.rows.end(), 1) == 0) return want;
+    const std::vector<float> alt[2] = {CpuOutputNudged(config, -1), CpuOutputNudged(config, +1)};
+    const size_t d = size_t(s_.head_dim);
+    auto slice = [&](const std::vector<float>& v, size_t row) {
+      return std::vector<float>(v.begin() + row * d, v.begin() + (row + 1) * d);
+    };
+    for (size_t row = 0; row < amb.rows.size(); ++row) {
+      if (!amb.rows[row]) continue;
+      const std::vector<float> got = slice(gpu_out_, row);
+      if (testing::Close(got, slice(cpu_out_, row), kAtol, kRtol)) continue;
+      for (const std::vector<float>& a : alt) {
+        if (!testing::Close(got, slice(a, row), kAtol, kRtol)) continue;
+        std::copy(a.begin() + row * d, a.begin() + (row + 1) * d, want.begin() + row * d);
+        ++*rows_either;
+        break;
       }
     }
-    EXPECT_TRUE(testing::Close(gpu_out_, want, kAtol, kRtol, "attention output"))
+    return want;
+  }
+
+  void ExpectSame(const TopThetaConfig& config = {}) {
+    // Decisions on keys within rounding of θ may differ, and only those (none, nearly always).
+    const Ambiguous amb = FindAmbiguous(config);
+    int32_t rows_either = 0;
+    const std::vector<float> expected = ExpectedOutput(config, amb, &rows_either);
+    EXPECT_TRUE(testing::Close(gpu_out_, expected, kAtol, kRtol, "attention output"))
         << "(" << splits_ << " splits of " << chunk_ << ", K " << KLoadName(k_load_)
         << (passes_ == ThetaPasses::kFused ? ", fused" : "") << (one_pass_ ? ", one pass" : "")
         << ")";
