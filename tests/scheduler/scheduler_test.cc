@@ -46,11 +46,12 @@ class SchedulerTest : public ::testing::Test {
   }
 
   // What the engine does after a step: computed blocks go to the prefix cache.
-  void CacheBlocks(Sequence& seq) {
+  static void CacheBlocks(cache::PrefixCache& prefix, cache::PagePool& pool, Sequence& seq) {
     const int64_t full = seq.num_computed / kShape.block_size;
-    prefix_.Insert(seq.tokens(), seq.cached_blocks, full, seq.kv(), pool_, &seq.cache_cursor);
+    prefix.Insert(seq.tokens(), seq.cached_blocks, full, seq.kv(), pool, &seq.cache_cursor);
     seq.cached_blocks = full;
   }
+  void CacheBlocks(Sequence& seq) { CacheBlocks(prefix_, pool_, seq); }
 
   // The planned chunks as "index:tokens" (member index, tokens computed this step).
   static std::vector<std::string> Chunks(const StepPlan& plan) {
@@ -401,8 +402,8 @@ class PriorityCacheTest : public PriorityTest {
     for (int32_t i = 0; i < 48; ++i) shared.push_back(3000 + i);
     victim = Submit(s, "victim", shared, 5);
     ASSERT_EQ(Step(s), std::vector<std::string>{"victim:48+"});
-    prefix.Insert(victim->tokens(), 0, 3, victim->kv(), pool, &victim->cache_cursor);
-    victim->cached_blocks = 3;
+    CacheBlocks(prefix, pool, *victim);
+    ASSERT_EQ(victim->cached_blocks, 3);
     Sample(victim);
     early = Submit(s, "early", 40, 0);
     ASSERT_EQ(Step(s), (std::vector<std::string>{"early:40+", "victim:1+"}));
@@ -471,8 +472,8 @@ TEST_F(PriorityTest, PagesAGroupSharesAreRoomWhenTheWholeGroupIsPreempted) {
     s.AddWaiting(std::move(seq));
   }
   ASSERT_EQ(Step(s), std::vector<std::string>{"g/0:48+"}) << "g/1 waits for g/0's prompt";
-  prefix.Insert(members[0]->tokens(), 0, 3, members[0]->kv(), pool, &members[0]->cache_cursor);
-  members[0]->cached_blocks = 3;
+  CacheBlocks(prefix, pool, *members[0]);
+  ASSERT_EQ(members[0]->cached_blocks, 3);
   Sample(members[0]);
   ASSERT_EQ(Step(s), (std::vector<std::string>{"g/0:1+", "g/1:16+"}));
   ASSERT_EQ(members[1]->cached_blocks, 2);
@@ -500,8 +501,8 @@ TEST_F(PriorityTest, PagesSharedWithAnEarlierPriorityAreNoRoom) {
   for (int32_t t = 0; t < 48; ++t) prompt.push_back(3000 + t);
   Sequence* early = Submit(s, "early", prompt, 0);
   ASSERT_EQ(Step(s), std::vector<std::string>{"early:48+"});
-  prefix.Insert(early->tokens(), 0, 3, early->kv(), pool, &early->cache_cursor);
-  early->cached_blocks = 3;
+  CacheBlocks(prefix, pool, *early);
+  ASSERT_EQ(early->cached_blocks, 3);
   Sample(early);
   Sequence* victim = Submit(s, "victim", prompt, 5);
   ASSERT_EQ(Step(s), (std::vector<std::string>{"early:1+", "victim:16+"}));
