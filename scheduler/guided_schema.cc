@@ -25,7 +25,6 @@ namespace {
 // Ordered: properties are written in the schema's order.
 using Json = nlohmann::ordered_json;
 
-
 // Keywords that only annotate: read past.
 const std::set<std::string, std::less<>>& Annotations() {
   static const auto* keys = new std::set<std::string, std::less<>>{
@@ -45,16 +44,10 @@ const std::set<std::string, std::less<>>& Constraints() {
   return *keys;
 }
 
-
-
 // A JSON pointer's token for `key`.
 std::string PointerToken(const std::string& key) {
   return absl::StrReplaceAll(key, {{"~", "~0"}, {"/", "~1"}});
 }
-
-
-
-
 
 class SchemaRegex {
  public:

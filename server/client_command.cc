@@ -139,7 +139,6 @@ int RunClient(const std::vector<std::string>& argv) {
   auto channel = grpc::CreateChannel(addr, creds);
   auto stub = v1::Generation::NewStub(channel);
 
-
   grpc::ClientContext ctx;
   const std::string api_key = ApiKeyFlag(args);
   if (!api_key.empty()) ctx.AddMetadata("authorization", "Bearer " + api_key);

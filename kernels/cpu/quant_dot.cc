@@ -19,7 +19,6 @@ namespace {
 
 using model::DType;
 
-
 // Two builds of the kernels: AVX2 (maddubs + madd) and AVX-VNNI (vpdpbusd, one instruction
 // for the same exact int32 sums, so both give bit-identical results). The build targets
 // x86-64-v3; the VNNI one is compiled for that extension alone and chosen at run time.

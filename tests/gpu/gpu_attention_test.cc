@@ -138,7 +138,6 @@ TEST(SplitPlanTest, KnobsNameTheirWaysAndSayWhenTheyNameNothing) {
   }
 }
 
-
 // Every case runs with pass 1 reading K per thread, staged through shared memory, and per quad
 // (dense cases also with prefill tiles through warp matrix functions, "_wmma_prefill", and on
 // f32 FMAs, "_fma_prefill", besides the register-resident tensor-core kernel);

@@ -2,7 +2,6 @@
 // runs to compare against, request and group builders, Top-θ backends and a sparse policy.
 #pragma once
 
-
 #include <algorithm>
 #include <atomic>
 #include <chrono>
