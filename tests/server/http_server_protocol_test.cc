@@ -245,8 +245,6 @@ TEST(HttpServerTest, ChunkedRequestBodiesAreDecoded) {
   EXPECT_EQ(HttpCall(server->port(), "GET", "/ok").body, "GET /ok?||");
 }
 
-// A HEAD's answer is the head alone, with the length the body would have had: a body after it
-// was read by a keep-alive client as the start of its next response.
 // A gzip body reached the handler as it came, and the API refused it as "not valid JSON ...
 // last read: '<U+001F>'" (gzip's first byte): now 415, naming the coding. identity is no coding.
 TEST(HttpServerTest, ACompressedBodyIsUnsupportedMediaType) {
@@ -270,6 +268,8 @@ TEST(HttpServerTest, ACompressedBodyIsUnsupportedMediaType) {
   EXPECT_EQ(plain.body, "POST /z?||{}");
 }
 
+// A HEAD's answer is the head alone, with the length the body would have had: a body after it
+// was read by a keep-alive client as the start of its next response.
 TEST(HttpServerTest, HeadGetsTheHeadWithoutTheBody) {
   auto server = StartOrDie(Echo);
   ASSERT_NE(server, nullptr);
