@@ -22,7 +22,7 @@ model="$root/models/SmolLM2-135M-Instruct.Q4_1.gguf"
 source scripts/lib/serve.sh
 log=$(mktemp -d)
 trap 'serve_stop; rm -rf "$log"' EXIT
-SERVE_PROBE=(curl -sf "localhost:$PORT/health")
+SERVE_PROBE=(curl -sf --max-time 5 "localhost:$PORT/health")
 for rep in $(seq "$REPEATS"); do
   for limit in default 0; do
     flags=()

@@ -1,6 +1,6 @@
 # Starting and stopping a server for the measurement scripts (sourced; bash).
 #
-#   SERVE_PROBE=(curl -sf "localhost:$PORT/health")    # or: ("$BIN" health --addr ...)
+#   SERVE_PROBE=(curl -sf --max-time 5 "localhost:$PORT/health")    # or: ("$BIN" health --addr ...)
 #   serve_start "$log/server.log" "$BIN" serve --model "$MODEL" ...
 #   ...
 #   serve_stop
