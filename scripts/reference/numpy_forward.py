@@ -46,7 +46,7 @@ def rope(x, pos, theta, interleaved):
 
 
 def forward(W, cfg, ids, interleaved):
-    H, nq, nkv, hd = cfg["hidden"], cfg["nq"], cfg["nkv"], cfg["hd"]
+    nq, nkv, hd = cfg["nq"], cfg["nkv"], cfg["hd"]
     T = len(ids)
     x = W["embed"][np.asarray(ids)]
     pos = np.arange(T)
@@ -74,8 +74,7 @@ def forward(W, cfg, ids, interleaved):
 
 
 def load_safetensors(d):
-    import torch  # only to widen bf16, which numpy lacks
-    from safetensors.torch import load_file as tload
+    from safetensors.torch import load_file as tload  # torch tensors: numpy lacks bf16
     cfg = json.loads((d / "config.json").read_text())
     files = sorted(d.glob("*.safetensors"))
     sd = {}
