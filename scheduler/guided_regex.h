@@ -14,13 +14,13 @@
 #include "absl/status/statusor.h"
 #include "scheduler/guide_cache.h"
 #include "scheduler/guided_choice.h"
-#include "scheduler/regex_syntax.h"
 
 namespace thetaserve::scheduler {
 
-// Bounds on what one pattern may cost (checked as it is compiled; and regex_syntax.h's
-// kMaxRegexRepeat, kMaxRegexNesting as it is parsed).
+// Bounds on what one pattern may cost (checked as it is compiled).
 constexpr int kMaxRegexBytes = 4096;
+constexpr int kMaxRegexRepeat = 1000;      // m and n of {m,n}
+constexpr int kMaxRegexNesting = 64;       // groups inside groups (parsed recursively)
 constexpr int kMaxRegexNfaSize = 100000;   // the pattern's automaton's states and empty
                                            // moves, repeats expanded
 constexpr int kMaxRegexDfaStates = 20000;  // the deterministic automaton's states

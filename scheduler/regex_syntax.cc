@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "model/tokenizer_utf8.h"
+#include "scheduler/guided_regex.h"
 
 namespace thetaserve::scheduler {
 namespace {

@@ -13,9 +13,6 @@
 
 namespace thetaserve::scheduler {
 
-constexpr int kMaxRegexRepeat = 1000;  // m and n of {m,n}
-constexpr int kMaxRegexNesting = 64;   // groups inside groups (parsed recursively)
-
 constexpr uint32_t kMaxCodePoint = 0x10FFFF;
 using CodePointRanges = std::vector<std::pair<uint32_t, uint32_t>>;  // inclusive
 
@@ -28,7 +25,8 @@ struct RegexNode {
 };
 
 // Parses `pattern` (valid UTF-8) into `nodes`: the root's index, or InvalidArgument naming
-// what is wrong and where (RegexRefused's message).
+// what is wrong and where (RegexRefused's message). Holds it to guided_regex.h's
+// kMaxRegexRepeat and kMaxRegexNesting.
 absl::StatusOr<int> ParseRegex(std::string_view pattern, std::vector<RegexNode>* nodes);
 
 // InvalidArgument("guided_regex: <what>"): how the pattern's refusals read.

@@ -382,7 +382,7 @@ AttentionCase::Ambiguous AttentionCase::FindAmbiguous(const TopThetaConfig& conf
   const model::ThetaTable& table = *config.table;
   const bool post = table.placement == model::ThetaPlacement::kPostSoftmax;
   const int32_t d = s_.head_dim, bs = s_.block_size, group = s_.num_heads / s_.num_kv_heads;
-  const double scale = 1.0 / std::sqrt(double(d));
+  const double scale64 = 1.0 / std::sqrt(double(d));  // scale(), in float64
   for (size_t si = 0; si < seqs_.size(); ++si) {
     const SeqChunk& c = chunks_cpu_[si];
     const int32_t end = c.start_pos + c.num_tokens;
@@ -400,7 +400,7 @@ AttentionCase::Ambiguous AttentionCase::FindAmbiguous(const TopThetaConfig& conf
           const float* kr = &pool_[layout_.RowOffset(c.pages.KPage(t, j, bs), j % bs)];
           double dot = 0;
           for (int32_t e = 0; e < d; ++e) dot += double(qr[e]) * kr[e];
-          x[j] = dot * scale;
+          x[j] = dot * scale64;
           m = std::max(m, x[j]);
         }
         for (int32_t j = 0; j < L; ++j) den += std::exp(x[j] - m);

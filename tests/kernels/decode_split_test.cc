@@ -286,5 +286,7 @@ TEST(SplitsDecodeRowsTest, OnlyLongDecodeRowsAndOnlyWhereWholeUnitsLeaveThreadsI
   EXPECT_TRUE(splits({{(1 << 19) - 1, 1}}, 2));
 }
 
+INSTANTIATE_TEST_SUITE_P(Shapes, DenseAttentionTest, DenseAttentionShapes());
+
 }  // namespace
 }  // namespace thetaserve::kernels

@@ -1,8 +1,8 @@
 // The fixture that dense_attention_test.cc and decode_split_test.cc share: CPU attention over
 // paged K/V for a batch of sequences in a shared pool with shuffled page ids, run whole or a
 // token at a time, over f32 pages or pages of another element type, with Top-θ's records and
-// V stores; and float64 references for dense attention and for Top-θ over the stores. Each
-// test executable that includes it runs its DenseAttentionTest tests over the shapes below.
+// V stores; and float64 references for dense attention and for Top-θ over the stores; the
+// head shapes each test file runs its DenseAttentionTest tests over.
 #pragma once
 
 #include <algorithm>
@@ -433,9 +433,11 @@ class DenseAttentionTest : public ::testing::TestWithParam<std::pair<int, int>> 
 
 // SmolLM2's shape; a head size with a 16-column and no 64-column part; one with a scalar
 // tail (100 = 64 + 2·16 + 4) and the largest group a CUDA kernel takes; the CPU's largest
-// group (16 tokens × 64 heads = the 1,024-row limit of a tile); Llama's head size.
-INSTANTIATE_TEST_SUITE_P(Shapes, DenseAttentionTest,
-                         ::testing::Values(std::pair{64, 3}, std::pair{80, 1}, std::pair{100, 8},
-                                           std::pair{16, 64}, std::pair{128, 4}));
+// group (16 tokens × 64 heads = the 1,024-row limit of a tile); Llama's head size. Each test
+// file instantiates DenseAttentionTest over them (INSTANTIATE_TEST_SUITE_P(Shapes, ...)).
+inline auto DenseAttentionShapes() {
+  return ::testing::Values(std::pair{64, 3}, std::pair{80, 1}, std::pair{100, 8},
+                           std::pair{16, 64}, std::pair{128, 4});
+}
 
 }  // namespace thetaserve::kernels

@@ -224,5 +224,7 @@ TEST(ExpShiftSumTest, MinusInfinityGivesZeroAndNaNStaysNaN) {
   }
 }
 
+INSTANTIATE_TEST_SUITE_P(Shapes, DenseAttentionTest, DenseAttentionShapes());
+
 }  // namespace
 }  // namespace thetaserve::kernels

@@ -26,7 +26,7 @@ namespace thetaserve::server {
 namespace {
 
 using testing::Completion;
-using testing::Json;
+using Json = testing::OrderedJson;
 using testing::OpenAiResponseTest;
 using testing::RefusedWith;
 

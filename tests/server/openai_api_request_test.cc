@@ -21,7 +21,7 @@ namespace {
 
 using testing::Chat;
 using testing::Completion;
-using testing::Json;
+using Json = testing::OrderedJson;
 using testing::RefusedWith;
 using testing::kServed;
 

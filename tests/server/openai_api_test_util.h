@@ -20,7 +20,7 @@
 
 namespace thetaserve::testing {
 
-using Json = nlohmann::ordered_json;
+using OrderedJson = nlohmann::ordered_json;  // the API's bodies keep their order
 inline constexpr char kServed[] = "SmolLM2-135M-Instruct.Q4_1";
 
 inline absl::StatusOr<server::OpenAiCall> Completion(const std::string& body) {

@@ -19,7 +19,7 @@ namespace {
 
 using testing::Chat;
 using testing::Completion;
-using testing::Json;
+using Json = testing::OrderedJson;
 using testing::OpenAiResponseTest;
 using testing::RefusedWith;
 using testing::kServed;
