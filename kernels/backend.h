@@ -48,6 +48,9 @@ struct ForwardBatch {
 int64_t LogitRows(const ForwardBatch& batch, const SeqChunk& seq);
 int64_t NumLogitRows(const ForwardBatch& batch);
 
+// Runs the model on one device. Set up on the thread that creates it (weights, pools,
+// SetTopTheta), then driven by one thread at a time (the engine's): not reentrant (the CPU
+// backend's thread pool takes one caller).
 class Backend {
  public:
   virtual ~Backend() = default;

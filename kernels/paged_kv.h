@@ -13,8 +13,10 @@
 
 namespace thetaserve::kernels {
 
-// Storage of the page pool: page p holds `block_size` rows of `head_dim` floats, for one
-// (layer, KV head) of one sequence. K and V pages come from the same pool. The host pool
+// Storage of the page pool: page p holds `block_size` rows of `head_dim` elements of the KV
+// dtype (bf16 on the GPU; f32, f16, fp8 or q8_0 blocks on the CPU, whose StoredLayout widens
+// head_dim to a row's bytes), for one (layer, KV head) of one sequence: a pool is
+// [num_pages, block_size, head_dim], row r of page p at RowOffset(p, r). K and V pages come from the same pool. The host pool
 // (the offload policy's V rows, in host memory) has pages of the same shape, ids of its own.
 struct KvPoolLayout {
   int32_t block_size = 16;
@@ -71,6 +73,8 @@ struct SeqPageTables {
   // Retained mass: per row, the summed probability (over queries and the group's heads) with
   // which attention retained it; the sparse policy's mass budget ranks rows by it. Same
   // layout as `hits` (stride and window); null: not recorded.
+  // Both are written by many threads of one attention call at once (the CPU's workers, a
+  // kernel's blocks): every write is an atomic max (hits) or add (hit_mass).
   float* hit_mass = nullptr;
 
   TS_HOST_DEVICE int32_t KPage(int64_t lh, int64_t pos, int32_t block_size) const {

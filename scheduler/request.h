@@ -66,10 +66,10 @@ const char* FinishReasonName(FinishReason r);
 // nothing before it), each one's log-probability, the top n, and its rank (1 + how many
 // tokens the model found likelier).
 struct PromptScores {
-  std::vector<int32_t> token_ids;
-  std::vector<float> logprobs;
-  std::vector<std::vector<std::pair<int32_t, float>>> top;
-  std::vector<int32_t> ranks;
+  std::vector<int32_t> token_ids;                            // [P]
+  std::vector<float> logprobs;                               // [P − 1]: entry i is token i + 1's
+  std::vector<std::vector<std::pair<int32_t, float>>> top;   // [P − 1], as logprobs
+  std::vector<int32_t> ranks;                                // [P − 1], as logprobs
 };
 
 struct TokenDelta {

@@ -1,5 +1,7 @@
 // Engine-owned, mutable state of one request: its tokens, how many have K/V in the cache, its
-// pages, sampler and text decoder. Engine-thread only.
+// pages, sampler and text decoder. Engine-thread only, but for sampling: the engine hands each
+// sequence's sampler(), BannedTokens() and GuidedTokens() to one worker of its sampling pool
+// while it waits for them all (Engine::Step), so no sequence is touched by two threads at once.
 #pragma once
 
 #include <cstdint>

@@ -30,10 +30,10 @@ class CpuBackend : public Backend {
   absl::Status SumVRows(const SeqPageTables& pages, int64_t length) override;
   std::optional<int64_t> FreeMemoryBytes() const override;
 
-  ThreadPool& pool() { return pool_; }
-
  private:
-  // Per-step activations, grown to the largest batch seen.
+  // Per-step activations of the step's T tokens, grown to the largest batch seen: x, h
+  // [T, hidden]; q, attn [T, q_dim]; k, v, vsum [T, kv_dim]; gate, up, act [T, intermediate];
+  // last [logit rows, hidden] (the rows of x whose logits are wanted, gathered).
   struct Scratch {
     std::vector<float> x, h, q, k, v, attn, gate, up, act, last, vsum;
     void Resize(int64_t T, const model::ModelConfig& c);

@@ -78,10 +78,12 @@ struct AttnShape {
 
 // Where one layer's K/V rows of a step are: the step's token rows and sequences (device
 // copies: DeviceBatch), the attention shape, the layer and the pool's layout. The pool goes
-// beside it: bf16* to the launcher that writes K and V, const bf16* to those that read them.
+// beside it: bf16* to the launcher that writes K and V, const bf16* to those that read them;
+// every `pool` and `host_pool` argument below is [num_pages, block_size, head_dim] bf16,
+// addressed by layout.RowOffset.
 struct DevKv {
-  const DevRow* rows = nullptr;
-  const DevSeq* seqs = nullptr;
+  const DevRow* rows = nullptr;  // [T]: the step's token rows
+  const DevSeq* seqs = nullptr;  // [num_seqs]
   AttnShape shape;
   int32_t layer = 0;
   KvPoolLayout layout;
@@ -93,7 +95,7 @@ struct DevQueries {
   int64_t stride = 0;
 };
 
-// out[t] = table[tokens[t]] (bf16 -> f32).
+// out[t] = table[tokens[t]] (bf16 -> f32); table [vocab, hidden], out [T, hidden].
 cudaError_t LaunchEmbed(const bf16* table, const int32_t* tokens, int64_t T, int64_t hidden,
                         float* out, cudaStream_t stream);
 
@@ -110,7 +112,7 @@ cudaError_t LaunchSiluMul(const float* gu, int64_t T, int64_t inter, bf16* out,
 cudaError_t LaunchF32ToBf16(const float* x, int64_t n, bf16* y, cudaStream_t stream);
 
 // qkv rows hold [q (num_heads·d) | k (num_kv_heads·d) | v (num_kv_heads·d)] in f32. Adds the
-// bias (optional), rotates q and k at each row's position (inv_freq: [d/2]; pairs (2i, 2i+1)
+// bias (optional: one such row), rotates q and k at each row's position (inv_freq: [d/2]; pairs (2i, 2i+1)
 // when interleaved, else (i, i + d/2)), writes K and V of kv.layer into their pages as bf16.
 // q and k are rotated in place; v stays as computed.
 cudaError_t LaunchRopeWriteKv(float* qkv, const float* bias, int64_t T, const DevKv& kv,
@@ -288,7 +290,7 @@ bool PrefillSupports(int32_t head_dim);
 // Dense causal attention for prefill chunks, tiled with an online softmax: each block holds
 // one tile's query rows of one KV head (tiles of PrefillTileTokens(group, way) tokens) and
 // walks that sequence's K/V pages 64 rows (mma, wmma) or 32 rows (fma) at a time. kv.rows is
-// not read.
+// not read. tiles [num_tiles]; o [T, num_heads·head_dim], by token.
 cudaError_t LaunchPrefillAttention(const PrefillTile* tiles, int32_t num_tiles, const DevKv& kv,
                                    const bf16* pool, const DevQueries& q, PrefillWay way,
                                    float* o, cudaStream_t stream);
@@ -307,7 +309,7 @@ ThetaPrefill DefaultThetaPrefill();
 // keys, the first for each row's max and D_full, the second for the keep test against the
 // row's threshold, Σ e·V over the kept keys whose V rows are stored (tail, sparse or host
 // store), hit marks, retained mass and the counters, as the split kernels set them; SDC and
-// VMC at the end. kv.rows is not read.
+// VMC at the end. kv.rows is not read. tiles and o as LaunchPrefillAttention's.
 cudaError_t LaunchPrefillThetaAttention(const PrefillTile* tiles, int32_t num_tiles,
                                         const DevKv& kv, const bf16* pool, const DevQueries& q,
                                         const ThetaArgs& theta, float* o, cudaStream_t stream);

@@ -58,6 +58,8 @@ __global__ void F32ToBf16Kernel(const float* x, int64_t n, uint16_t* y) {
 }
 
 // One thread per (row, head slot, rotation pair). Head slots: q heads, then k, then v.
+// qkv [T, (num_heads + 2·num_kv_heads)·d] f32, q | k | v; bias as one such row, or null;
+// inv_freq [d/2] (LaunchRopeWriteKv).
 __global__ void RopeWriteKvKernel(float* qkv, const float* bias, int64_t T, DevKv kv,
                                   const float* inv_freq, bool interleaved, uint16_t* pool) {
   const AttnShape& shape = kv.shape;
@@ -104,6 +106,7 @@ __global__ void RopeWriteKvKernel(float* qkv, const float* bias, int64_t T, DevK
 }
 
 // One thread per (sequence, kv head, element): a running sum down the sequence's new rows.
+// qkv as RopeWriteKvKernel's; vsum_rows [T, num_kv_heads·d].
 __global__ void VSumKernel(const float* qkv, DevKv kv, float* vsum_rows) {
   const DevSeq& seq = kv.seqs[blockIdx.x];
   const AttnShape& shape = kv.shape;

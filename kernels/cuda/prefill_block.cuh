@@ -22,11 +22,11 @@ template <int D>
 constexpr int kMmaLdk = D + 8;  // K, V (and Q) rows in shared memory, bf16
 
 struct PrefillArgs {
-  const PrefillTile* tiles;
+  const PrefillTile* tiles;  // [num_tiles]: a block's tile is tiles[blockIdx.x]
   DevKv kv;
-  const uint16_t* pool;
+  const uint16_t* pool;      // [num_pages, block_size, head_dim] bf16 (kv.layout)
   DevQueries q;
-  float* o;
+  float* o;                  // [T, num_heads·head_dim], by token
   ThetaArgs theta;  // Top-θ's (prefill_theta.cu); the dense kernels do not read it
 };
 

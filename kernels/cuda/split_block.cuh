@@ -14,16 +14,18 @@ namespace thetaserve::kernels::cuda {
 constexpr int kMaxGroup = 8;    // query heads per KV head the kernels support
 constexpr int kThreads = 128;   // split kernels
 
+// The split kernels' one argument (attention.cu): split row r of this launch is token
+// row_ids[r] of the step; a block takes one (row, KV head, split of `chunk` keys).
 struct SplitArgs {
-  const int32_t* row_ids;
+  const int32_t* row_ids;  // [num_rows]: indices into kv.rows (the step's tokens)
   DevKv kv;
-  const uint16_t* pool;
+  const uint16_t* pool;    // [num_pages, block_size, head_dim] bf16 (kv.layout)
   DevQueries q;
-  int32_t chunk;
+  int32_t chunk;           // keys per split
   AttentionWorkspace ws;
   ThetaArgs theta;
   bool top_theta;
-  float* o;
+  float* o;                // [T, num_heads * head_dim], indexed by the token row_ids[r], not r
 };
 
 // Pass 2's kept list holds a segment per warp, each as long as the rows that warp tests.
