@@ -1,0 +1,146 @@
+// The OpenAI-compatible HTTP API serving under way, end to end (the real binary with SmolLM2):
+// each answer counted by route and status, a client that vanishes freeing its pages, Abort over
+// gRPC ending an HTTP stream, and sixteen concurrent streams that all complete.
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "tests/server/openai_http_e2e.h"
+
+namespace thetaserve::testing {
+namespace {
+
+// Each answer of the HTTP API is counted by route and status class; a request the transport
+// refuses before any route sees it, by its reason.
+TEST_F(OpenAiHttpTest, HttpRequestsAreCountedByRouteAndStatus) {
+  ASSERT_TRUE(server_->started());
+  auto count = [](const std::string& metrics, const std::string& route, const std::string& cls) {
+    return MetricValue(metrics, "thetaserve_http_requests_total{route=\"" + route +
+                                    "\",status=\"" + cls + "\"}");
+  };
+  const std::string bad_request = "thetaserve_http_refused_total{reason=\"bad_request\"}";
+  const std::string before = server_->ScrapeMetrics();  // (the metrics port: not counted)
+  ASSERT_GE(count(before, "/v1/completions", "5xx"), 0) << "every series exported from 0";
+  ASSERT_GE(MetricValue(before, bad_request), 0);
+  EXPECT_EQ(HttpCall(http_port_, "GET", "/v1/models").status, 200);
+  EXPECT_EQ(HttpCall(http_port_, "GET", "/health").status, 200);
+  EXPECT_EQ(HttpCall(http_port_, "GET", "/v1/models/nope").status, 404);
+  EXPECT_EQ(HttpCall(http_port_, "GET", "/v1/completions").status, 405);
+  EXPECT_EQ(Post("/v1/completions", {{"prompt", "x"}, {"temperature", "hot"}}).status, 400);
+  EXPECT_EQ(Post("/v1/completions", {{"prompt", "Hello"}, {"max_tokens", 1}}).status, 200);
+  EXPECT_EQ(Post("/v1/embeddings", {{"input", "x"}}).status, 404);
+  const HttpResult server_wide = HttpCall(http_port_, "OPTIONS", "*");  // RFC 9112 3.2.4
+  EXPECT_EQ(server_wide.status, 200);
+  EXPECT_EQ(server_wide.headers.at("allow"), "GET, HEAD, POST, OPTIONS");
+  {
+    HttpConnection c(http_port_);
+    c.SendRaw("GET /v1/models HTTP/1.1\r\n\r\n");  // no Host: the transport's 400
+    EXPECT_EQ(c.Read(10).status, 400);
+  }
+  const std::string after = server_->ScrapeMetrics();
+  auto delta = [&](const std::string& route, const std::string& cls) {
+    return count(after, route, cls) - count(before, route, cls);
+  };
+  EXPECT_EQ(delta("/v1/models", "2xx"), 1);
+  EXPECT_EQ(delta("/health", "2xx"), 1);
+  EXPECT_EQ(delta("/v1/models/{id}", "4xx"), 1);
+  EXPECT_EQ(delta("/v1/completions", "4xx"), 2);
+  EXPECT_EQ(delta("/v1/completions", "2xx"), 1);
+  EXPECT_EQ(delta("other", "4xx"), 1);
+  EXPECT_EQ(delta("other", "2xx"), 1);
+  EXPECT_EQ(delta("/v1/completions", "5xx"), 0);
+  EXPECT_EQ(delta("/v1/chat/completions", "2xx"), 0);
+  EXPECT_EQ(MetricValue(after, bad_request) - MetricValue(before, bad_request), 1);
+}
+
+TEST_F(OpenAiHttpTest, AVanishedClientFreesItsPagesStreamingOrNot) {
+  ASSERT_TRUE(server_->started());
+  auto stub = server_->stub();
+  ASSERT_TRUE(WaitForRunning(*stub, 0));
+  const std::string kCancelled = "thetaserve_requests_total{outcome=\"cancelled\"}";
+  const double cancelled_before = MetricValue(server_->ScrapeMetrics(), kCancelled);
+  for (bool stream : {false, true}) {
+    SCOPED_TRACE(stream ? "streaming" : "whole completion");
+    const Json body = {{"prompt", "Tell me a very long story about a dragon"},
+                       {"max_tokens", 4000}, {"ignore_eos", true}, {"stream", stream}};
+    {
+      HttpConnection c(http_port_);
+      ASSERT_TRUE(c.SendRaw(RequestHead("/v1/completions", body.dump())));
+      ASSERT_TRUE(WaitForRunning(*stub, 1));
+      if (stream) {
+        HttpResult head = c.ReadHead(30);
+        EXPECT_EQ(head.status, 200);
+      }
+      EXPECT_GT(Status(*stub).pages().used_k(), 0u);
+    }  // the client goes away mid-generation
+    EXPECT_TRUE(WaitForRunning(*stub, 0)) << "the request kept running or kept its pages";
+  }
+  EXPECT_EQ(MetricValue(server_->ScrapeMetrics(), kCancelled), cancelled_before + 2);
+}
+
+TEST_F(OpenAiHttpTest, AbortOverGrpcEndsAnHttpStreamWithAbort) {
+  ASSERT_TRUE(server_->started());
+  HttpConnection c(http_port_);
+  const Json body = {{"prompt", "Once upon a time"}, {"max_tokens", 4000}, {"ignore_eos", true},
+                     {"stream", true}};
+  HttpResult r = OpenStream(c, body);
+  ASSERT_EQ(r.status, 200);
+  const std::string id = r.headers["x-request-id"];
+  ASSERT_FALSE(id.empty());
+  auto stub = server_->stub();
+  ASSERT_TRUE(WaitForRunning(*stub, 1));
+  grpc::ClientContext ctx;
+  v1::AbortRequest abort;
+  abort.set_request_id(id);
+  v1::AbortResponse found;
+  ASSERT_TRUE(stub->Abort(&ctx, abort, &found).ok());
+  EXPECT_TRUE(found.found());
+  c.ReadBody(&r, 30);
+  ASSERT_EQ(r.status, 200);
+  const auto events = SseData(r.body);
+  ASSERT_GE(events.size(), 2u);
+  EXPECT_EQ(events.back(), "[DONE]");
+  EXPECT_EQ(Json::parse(events[events.size() - 2])["choices"][0]["finish_reason"], "abort");
+  EXPECT_TRUE(WaitForRunning(*stub, 0));
+}
+
+TEST_F(OpenAiHttpTest, SixteenConcurrentStreamsAllComplete) {
+  ASSERT_TRUE(server_->started());
+  using Clock = std::chrono::steady_clock;
+  std::atomic<int> done{0};
+  std::vector<Clock::time_point> started(16), ended(16);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 16; ++i) {
+    threads.emplace_back([&, i] {
+      const Json body = {{"prompt", "Story number " + std::to_string(i) + ":"},
+                         {"max_tokens", 12}, {"ignore_eos", true}, {"stream", true},
+                         {"stream_options", {{"include_usage", true}}}};
+      HttpConnection c(http_port_);
+      c.SendRaw(RequestHead("/v1/completions", body.dump()));
+      HttpResult r = c.ReadHead(120);
+      std::string first;
+      if (!c.ReadChunk(&first, 120)) return;  // the first token's event
+      started[i] = Clock::now();
+      c.ReadBody(&r, 120);
+      r.body = first + r.body;
+      ended[i] = Clock::now();
+      const auto events = SseData(r.body);
+      if (r.status == 200 && events.size() >= 3 && events.back() == "[DONE]" &&
+          Json::parse(events[events.size() - 2])["usage"]["completion_tokens"] == 12) {
+        ++done;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(done.load(), 16);
+  // All sixteen were decoding together: none ended before the last one had its first token.
+  EXPECT_LT(*std::max_element(started.begin(), started.end()),
+            *std::min_element(ended.begin(), ended.end()));
+}
+
+}  // namespace
+}  // namespace thetaserve::testing
