@@ -56,6 +56,14 @@ Times Run(ts::kernels::cpu::ThreadPool& pool, const AttentionShape& shape,
     ts::kernels::cpu::StoreRow(kv.data() + r * d, d, pages.data() + r * units);
   }
   std::vector<float> o(q.size());
+  using ts::kernels::cpu::LayerAttention;
+  using ts::kernels::cpu::PagedAttention;
+  const LayerAttention<T> dense_io{.q = q.data(), .layout = stored, .kv_pool = pages.data(),
+                                   .o = o.data()};
+  LayerAttention<T> theta_io = dense_io;
+  theta_io.vsum_rows = vsum_rows.data();
+  const LayerAttention<float> f32_io{.q = q.data(), .layout = layout, .kv_pool = kv.data(),
+                                     .o = o.data()};
   ts::kernels::TopThetaConfig dense_cfg;
   ts::kernels::AttentionStats stats;
   Times t;
@@ -65,29 +73,24 @@ Times Run(ts::kernels::cpu::ThreadPool& pool, const AttentionShape& shape,
     if (ts::kernels::cpu::SplitsDecodeRows(bd, shape, pool.num_threads())) {
       ts::kernels::ForwardBatch bw{tokens, seqs, false, nullptr};
       double t0 = Now();
-      ts::kernels::cpu::PagedAttention(pool, bw, shape, 0, q.data(), stored, pages.data(), nullptr,
-                                       nullptr, dense_cfg, o.data(), DecodeSplit::kNever);
+      PagedAttention(pool, bw, shape, dense_cfg, dense_io, DecodeSplit::kNever);
       t.dense_whole.push_back(Now() - t0);
       t0 = Now();
-      ts::kernels::cpu::PagedAttention(pool, bw, shape, 0, q.data(), stored, pages.data(), nullptr,
-                                       vsum_rows.data(), theta_cfg, o.data(), DecodeSplit::kNever);
+      PagedAttention(pool, bw, shape, theta_cfg, theta_io, DecodeSplit::kNever);
       t.theta_whole.push_back(Now() - t0);
     }
     if (f32_baseline) {
       double t0 = Now();
-      ts::kernels::cpu::PagedAttention(pool, bd, shape, 0, q.data(), layout, kv.data(), nullptr,
-                                       nullptr, dense_cfg, o.data());
+      PagedAttention(pool, bd, shape, dense_cfg, f32_io);
       t.dense_f32.push_back(Now() - t0);
     }
     double t0 = Now();
-    ts::kernels::cpu::PagedAttention(pool, bd, shape, 0, q.data(), stored, pages.data(), nullptr,
-                                     nullptr, dense_cfg, o.data());
+    PagedAttention(pool, bd, shape, dense_cfg, dense_io);
     t.dense.push_back(Now() - t0);
     stats.Reset(1);
     ts::kernels::ForwardBatch bt{tokens, seqs, false, &stats};
     t0 = Now();
-    ts::kernels::cpu::PagedAttention(pool, bt, shape, 0, q.data(), stored, pages.data(), nullptr,
-                                     vsum_rows.data(), theta_cfg, o.data());
+    PagedAttention(pool, bt, shape, theta_cfg, theta_io);
     t.theta.push_back(Now() - t0);
   }
   t.v_rows_read = double(stats.v_rows_read) / stats.v_rows_read_dense;

@@ -169,20 +169,18 @@ template <typename T>
 class AttentionCall {
  public:
   AttentionCall(ThreadPool& pool, const ForwardBatch& batch, const AttentionShape& shape,
-                int64_t layer, const float* q, const KvPoolLayout& layout, const T* kv_pool,
-                const T* host_pool, const float* vsum_rows, const TopThetaConfig& config,
-                float* o)
+                const TopThetaConfig& config, const LayerAttention<T>& io)
       : pool_(pool),
         batch_(batch),
         shape_(shape),
-        layer_(layer),
-        q_(q),
-        layout_(layout),
-        kv_pool_(kv_pool),
-        host_pool_(host_pool),
-        vsum_rows_(vsum_rows),
+        layer_(io.layer),
+        q_(io.q),
+        layout_(io.layout),
+        kv_pool_(io.kv_pool),
+        host_pool_(io.host_pool),
+        vsum_rows_(io.vsum_rows),
         config_(config),
-        o_(o),
+        o_(io.o),
         d_(shape.head_dim),
         group_(shape.num_heads / shape.num_kv_heads),
         q_dim_(shape.num_heads * d_),
@@ -535,12 +533,9 @@ bool SplitsDecodeRows(const ForwardBatch& batch, const AttentionShape& shape, in
 
 template <typename T>
 bool PagedAttention(ThreadPool& pool, const ForwardBatch& batch, const AttentionShape& shape,
-                    int64_t layer, const float* q, const KvPoolLayout& layout,
-                    const T* kv_pool, const std::type_identity_t<T>* host_pool,
-                    const float* vsum_rows,
-                    const TopThetaConfig& config, float* o, DecodeSplit split) {
-  AttentionCall<T> call(pool, batch, shape, layer, q, layout, kv_pool, host_pool, vsum_rows,
-                        config, o);
+                    const TopThetaConfig& config, const LayerAttention<T>& io,
+                    DecodeSplit split) {
+  AttentionCall<T> call(pool, batch, shape, config, io);
   const std::vector<Unit> units = MakeUnits(batch, call.group(), shape.num_kv_heads);
   if (!ChooseSplit(batch, units, call.group(), shape.head_dim, pool.num_threads(), split)) {
     call.RunWhole(units);
@@ -554,8 +549,7 @@ bool PagedAttention(ThreadPool& pool, const ForwardBatch& batch, const Attention
   template void WriteKv<T>(const ForwardBatch&, const AttentionShape&, int64_t, const float*, \
                            const float*, const KvPoolLayout&, T*, float*);                  \
   template bool PagedAttention<T>(ThreadPool&, const ForwardBatch&, const AttentionShape&,   \
-                                  int64_t, const float*, const KvPoolLayout&, const T*,      \
-                                  const T*, const float*, const TopThetaConfig&, float*,  \
+                                  const TopThetaConfig&, const LayerAttention<T>&,           \
                                   DecodeSplit);
 THETASERVE_KV_ELEMENT(float)
 THETASERVE_KV_ELEMENT(F16)

@@ -3,7 +3,6 @@
 #pragma once
 
 #include <cstdint>
-#include <type_traits>
 
 #include "base/check.h"
 #include "kernels/backend.h"
@@ -47,10 +46,24 @@ void WriteKv(const ForwardBatch& batch, const AttentionShape& shape, int64_t lay
              T* pool,             // [num_pages, block_size, RowUnits<T>(head_dim)]
              float* vsum_rows);   // [num_tokens, num_kv_heads * head_dim] or nullptr
 
+// One layer's tensors for PagedAttention: the queries, the pool they attend over (in
+// elements of T), and where the output goes.
+template <typename T>
+struct LayerAttention {
+  int64_t layer = 0;
+  const float* q = nullptr;          // [num_tokens, num_heads * head_dim]
+  KvPoolLayout layout;               // StoredLayout<T> of the backend's
+  const T* kv_pool = nullptr;        // [num_pages, block_size, row units]
+  const T* host_pool = nullptr;      // [num_host_pages, block_size, row units] or null
+  const float* vsum_rows = nullptr;  // [num_tokens, num_kv_heads * head_dim] (WriteKv's) or null
+  float* o = nullptr;                // [num_tokens, num_heads * head_dim]
+};
+
 // o = attention(q, K, V) for every new token of every sequence in `batch`; token t of a
 // sequence at position p attends to positions [0, p]. With an active Top-θ config, rows longer
-// than the layer's k keep only x_j > θ and are compensated; counters go to batch.stats. Rows
-// of a sequence's host store (the offload policy) are read from `host_pool`.
+// than the layer's k keep only x_j > θ and are compensated (VMC reads `vsum_rows`); counters
+// go to batch.stats. Rows of a sequence's host store (the offload policy) are read from
+// `host_pool`.
 //
 // Long decode rows may be split across threads by key chunks (SplitsDecodeRows, below); the
 // results are the same bits either way, and the return value says whether they were. kNever
@@ -59,15 +72,7 @@ void WriteKv(const ForwardBatch& batch, const AttentionShape& shape, int64_t lay
 enum class DecodeSplit { kAuto, kNever, kAlways };
 template <typename T>
 bool PagedAttention(ThreadPool& pool, const ForwardBatch& batch, const AttentionShape& shape,
-                    int64_t layer,
-                    const float* q,          // [num_tokens, num_heads * head_dim]
-                    const KvPoolLayout& layout,
-                    const T* kv_pool,        // [num_pages, block_size, row units]
-                    const std::type_identity_t<T>* host_pool,  // [num_host_pages, block_size,
-                                                               //  row units] or null
-                    const float* vsum_rows,  // [num_tokens, num_kv_heads * head_dim] or null
-                    const TopThetaConfig& config,
-                    float* o,                // [num_tokens, num_heads * head_dim]
+                    const TopThetaConfig& config, const LayerAttention<T>& io,
                     DecodeSplit split = DecodeSplit::kAuto);
 
 // Whether PagedAttention, with `threads` threads, works this batch's long decode rows (one

@@ -156,8 +156,9 @@ absl::Status CpuBackend::Forward(const ForwardBatch& batch, float* logits) {
     WithKvElement(kv_dtype_, [&]<typename T>(T) {
       const KvPoolLayout stored = StoredLayout<T>(kv_layout_);
       WriteKv(batch, shape, l, k, v, stored, Pool<T>(), vsum);
-      PagedAttention(pool_, batch, shape, l, q, stored, Pool<T>(), HostPool<T>(), vsum,
-                     top_theta_, attn);
+      PagedAttention(pool_, batch, shape, top_theta_,
+                     LayerAttention<T>{.layer = l, .q = q, .layout = stored, .kv_pool = Pool<T>(),
+                                       .host_pool = HostPool<T>(), .vsum_rows = vsum, .o = attn});
     });
     MatMul(pool_, attn, T, lw.wo, nullptr, x, /*accumulate=*/true, matmul_);
 

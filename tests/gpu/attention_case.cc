@@ -335,9 +335,13 @@ void AttentionCase::RunCpu(const TopThetaConfig& config, const std::vector<SeqCh
   ForwardBatch batch{tokens_, chunks, false, stats};
   cpu::AttentionShape cs{s_.num_layers, s_.num_heads, s_.num_kv_heads, d, scale()};
   out->assign(size_t(num_tokens_) * s_.num_heads * d, 0.0f);
-  cpu::PagedAttention(threads, batch, cs, s_.layer, q_.data(), layout_, pool_.data(),
-                      host_pool_.empty() ? nullptr : host_pool_.data(),
-                      with_vsum_ ? vsum_.data() : nullptr, config, out->data());
+  cpu::PagedAttention(
+      threads, batch, cs, config,
+      cpu::LayerAttention<float>{.layer = s_.layer, .q = q_.data(), .layout = layout_,
+                                 .kv_pool = pool_.data(),
+                                 .host_pool = host_pool_.empty() ? nullptr : host_pool_.data(),
+                                 .vsum_rows = with_vsum_ ? vsum_.data() : nullptr,
+                                 .o = out->data()});
 }
 
 std::vector<float> AttentionCase::CpuOutputNudged(const TopThetaConfig& config, int sign) const {

@@ -192,10 +192,13 @@ class DenseAttentionTest : public ::testing::TestWithParam<std::pair<int, int>> 
     } else {
       kv = host = pages->data();
     }
-    rows_split_ = cpu::PagedAttention(pool, batch, shape, 0, q_.data(),
-                                      cpu::StoredLayout<T>(layout_), kv, host,
-                                      cfg.active() ? vsum_rows_.data() : nullptr, cfg, out.data(),
-                                      decode_split);
+    rows_split_ = cpu::PagedAttention(
+        pool, batch, shape, cfg,
+        cpu::LayerAttention<T>{.q = q_.data(), .layout = cpu::StoredLayout<T>(layout_),
+                               .kv_pool = kv, .host_pool = host,
+                               .vsum_rows = cfg.active() ? vsum_rows_.data() : nullptr,
+                               .o = out.data()},
+        decode_split);
     // The rule the benchmark and callers can ask about is the one the kernel followed.
     EXPECT_EQ(cpu::SplitsDecodeRows(batch, shape, threads, decode_split), rows_split_);
     return out;

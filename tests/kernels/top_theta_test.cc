@@ -129,7 +129,10 @@ class HandBuiltTest : public ::testing::Test {
     cpu::AttentionShape shape{1, kGroup, 1, kD, 0.5f};
     cpu::ThreadPool pool(1);
     std::vector<float> out(kGroup * kD, -7.0f);
-    cpu::PagedAttention(pool, batch, shape, 0, q_.data(), layout_, pool_.data(), nullptr, vsum_, cfg, out.data());
+    cpu::PagedAttention(pool, batch, shape, cfg,
+                        cpu::LayerAttention<float>{.q = q_.data(), .layout = layout_,
+                                                   .kv_pool = pool_.data(), .vsum_rows = vsum_,
+                                                   .o = out.data()});
     return out;
   }
 
