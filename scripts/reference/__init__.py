@@ -1,9 +1,12 @@
 """Reference tooling for thetaserve's tests (tests/data/).
 
-The gen_* modules are the parts of scripts/make_reference.py, which imports them (as
-reference.gen_*: running the script puts scripts/ on sys.path); gen_common goes first, since it
-sets the environment the libraries read and torch's threads and determinism:
+The gen_* modules are the parts of scripts/make_reference.py, which imports gen_all once it
+has parsed its arguments (as reference.gen_all: running the script puts scripts/ on sys.path);
+gen_all imports the rest, gen_common first, since it sets the environment the libraries read
+and torch's threads and determinism:
 
+  gen_all           the driver: everything, in order (tiny models, GGUF, tokenization
+                    references, SmolLM2, README)
   gen_common        paths, library imports and settings, log/die/rel/versions, write_json,
                     the corpora (data/*.txt)
   gen_chat          the Llama-2 and ChatML chat templates and render_chat
