@@ -88,6 +88,12 @@ class RequestOutput:
     preemptions: Optional[int] = None
 
 
+def _failed(out: RequestOutput, e: Exception):
+    """Records an exception no backend expected as the request's failure."""
+    out.success = False
+    out.error = f"{type(e).__name__}: {e}"
+
+
 class ThetaserveBackend:
     name = "thetaserve"
 
@@ -162,8 +168,7 @@ class ThetaserveBackend:
             out.success = False
             out.error = f"{e.code().name}: {e.details()}"
         except Exception as e:  # noqa: BLE001
-            out.success = False
-            out.error = f"{type(e).__name__}: {e}"
+            _failed(out, e)
         return out
 
     async def close(self):
@@ -288,8 +293,7 @@ class OpenAICompletionsBackend:
             if not out.success and not out.error:
                 out.error = "no tokens streamed"
         except Exception as e:  # noqa: BLE001
-            out.success = False
-            out.error = f"{type(e).__name__}: {e}"
+            _failed(out, e)
         return out
 
     async def close(self):

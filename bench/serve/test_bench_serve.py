@@ -5,6 +5,7 @@ loopback (aiohttp). Run: build/bench-serve-venv/bin/python bench/serve/test_benc
 """
 import argparse
 import asyncio
+import importlib.util
 import json
 import pathlib
 import random
@@ -262,9 +263,7 @@ class FakeOpenAIServer:
 
 class OpenAIBackendTest(unittest.TestCase):
     def test_closed_loop_against_fake_server(self):
-        try:
-            import aiohttp  # noqa: F401
-        except ImportError:
+        if importlib.util.find_spec("aiohttp") is None:
             self.skipTest("aiohttp not installed")
         with FakeOpenAIServer() as srv:
             p = argparse.ArgumentParser()
