@@ -22,35 +22,22 @@ model="$root/models/SmolLM2-135M-Instruct.Q4_1.gguf"
 [ -f "$model" ] || bash scripts/fetch-model.sh
 [ -x "$bin" ] || bash scripts/build.sh
 source scripts/lib/serve.sh
+source scripts/lib/rounds.sh
 log=$(mktemp -d)
 trap 'serve_stop; rm -rf "$log"' EXIT
 SERVE_PROBE=(curl -sf --max-time 5 "localhost:$PORT/health")
-for rep in $(seq "$REPEATS"); do
-  for policy in fcfs priority; do
-    flags=()
-    [ "$policy" = priority ] && flags=(--priorities)
-    serve_start "$log/server.log" "$bin" serve --model "$model" --port 0 --metrics-port 0 \
-      --http-port "$PORT" --max-num-seqs "$MAX_SEQS" --scheduling-policy "$policy"
-    line=$(python3 bench/serve/priority_ttft.py --port "$PORT" --batch "$BATCH" \
-      --output "$OUTPUT" --urgent "$URGENT" "${flags[@]}")
-    echo "round $rep/$REPEATS, --scheduling-policy $policy: $line"
-    echo "$policy $line" >> "$log/results"
-    serve_stop
-  done
-done
-python3 - "$log/results" <<'PY'
-import json, statistics, sys
-rows = {}
-for line in open(sys.argv[1]):
-    policy, js = line.split(" ", 1)
-    rows.setdefault(policy, []).append(json.loads(js))
-print("\npolicy    rounds  urgent TTFT s  urgent last TTFT s  urgent total s  batch median end s"
-      "  batch last end s  preemptions  for priority  (medians)")
-for policy in ("fcfs", "priority"):
-    r = rows[policy]
-    med = lambda k: statistics.median(x[k] for x in r)
-    print(f"{policy:<9} {len(r):<7} {med('urgent_ttft_s'):<14.2f} {med('urgent_last_ttft_s'):<19.2f} "
-          f"{med('urgent_total_s'):<15.2f} {med('batch_median_end_s'):<19.2f} "
-          f"{med('batch_last_end_s'):<17.2f} {med('preemptions'):<12.0f} "
-          f"{med('priority_preemptions'):.0f}")
-PY
+round_serve() {
+  serve_start "$log/server.log" "$bin" serve --model "$model" --port 0 --metrics-port 0 \
+    --http-port "$PORT" --max-num-seqs "$MAX_SEQS" --scheduling-policy "$1"
+}
+round_client() {
+  local flags=()
+  [ "$1" = priority ] && flags=(--priorities)
+  python3 bench/serve/priority_ttft.py --port "$PORT" --batch "$BATCH" \
+    --output "$OUTPUT" --urgent "$URGENT" "${flags[@]}"
+}
+rounds "$log/results" --scheduling-policy fcfs priority
+rounds_medians "$log/results" policy "urgent_ttft_s:urgent TTFT s:.2f" \
+  "urgent_last_ttft_s:urgent last TTFT s:.2f" "urgent_total_s:urgent total s:.2f" \
+  "batch_median_end_s:batch median end s:.2f" "batch_last_end_s:batch last end s:.2f" \
+  "preemptions:preemptions:.0f" "priority_preemptions:for priority:.0f"

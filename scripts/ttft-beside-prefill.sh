@@ -20,32 +20,20 @@ model="$root/models/SmolLM2-135M-Instruct.Q4_1.gguf"
 [ -f "$model" ] || bash scripts/fetch-model.sh
 [ -x "$bin" ] || bash scripts/build.sh
 source scripts/lib/serve.sh
+source scripts/lib/rounds.sh
 log=$(mktemp -d)
 trap 'serve_stop; rm -rf "$log"' EXIT
 SERVE_PROBE=(curl -sf --max-time 5 "localhost:$PORT/health")
-for rep in $(seq "$REPEATS"); do
-  for limit in default 0; do
-    flags=()
-    [ "$limit" = 0 ] && flags=(--long-prefill-tokens 0)
-    serve_start "$log/server.log" "$bin" serve --model "$model" --port 0 --metrics-port 0 \
-      --http-port "$PORT" "${flags[@]}"
-    line=$(python3 bench/serve/ttft_beside_prefill.py --port "$PORT" --words "$WORDS" \
-    --short-words "$SHORT_WORDS")
-    echo "round $rep/$REPEATS, --long-prefill-tokens $limit: $line"
-    echo "$limit $line" >> "$log/results"
-    serve_stop
-  done
-done
-python3 - "$log/results" <<'PY'
-import json, statistics, sys
-rows = {}
-for line in open(sys.argv[1]):
-    limit, js = line.split(" ", 1)
-    rows.setdefault(limit, []).append(json.loads(js))
-print("\n--long-prefill-tokens  rounds  short TTFT s  short total s  long prompt s  (medians)")
-for limit in ("default", "0"):
-    r = rows[limit]
-    med = lambda k: statistics.median(x[k] for x in r)
-    print(f"{limit:<22} {len(r):<7} {med('short_ttft_s'):<13.2f} {med('short_total_s'):<14.2f} "
-          f"{med('long_s'):.2f}")
-PY
+round_serve() {
+  local flags=()
+  [ "$1" = 0 ] && flags=(--long-prefill-tokens 0)
+  serve_start "$log/server.log" "$bin" serve --model "$model" --port 0 --metrics-port 0 \
+    --http-port "$PORT" "${flags[@]}"
+}
+round_client() {
+  python3 bench/serve/ttft_beside_prefill.py --port "$PORT" --words "$WORDS" \
+    --short-words "$SHORT_WORDS"
+}
+rounds "$log/results" --long-prefill-tokens default 0
+rounds_medians "$log/results" --long-prefill-tokens "short_ttft_s:short TTFT s:.2f" \
+  "short_total_s:short total s:.2f" "long_s:long prompt s:.2f"
