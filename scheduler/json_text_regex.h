@@ -1,6 +1,6 @@
 // Regular expressions (Python's re syntax, as guided_regex takes) for pieces of JSON text: a
 // string's characters, numbers, RFC 3339 dates and times, literals, integer ranges. The
-// building blocks guided_schema.cc puts together.
+// building blocks guided_schema.cc and schema_scalars.cc put together.
 #pragma once
 
 #include <cstdint>

@@ -3,7 +3,7 @@
 
 For each --config NAME=FLAGS it starts the server on loopback with FLAGS added to its command
 line, waits until it answers, runs every load point (closed-loop --concurrency list and/or
-open-loop --request-rate list) with bench_serve.py's generator, writes
+open-loop --request-rate list) with bench_serve's generator (bench_load.py), writes
 RESULTS/<tag>-<NAME>.json (all points, plus machine and server metadata) and stops the server.
 The prompts are built once (thetaserve's Tokenize RPC) and saved as RESULTS/dataset.json, or
 replayed from --dataset, so that every configuration and every peer gets the same prompts.
