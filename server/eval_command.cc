@@ -106,8 +106,7 @@ int RunEval(const std::vector<std::string>& argv) {
   auto text = ReadCorpus("text", text_path);
   if (!text.ok()) return fail(text.status());
 
-  const kernels::MatMulMode matmul = args.Has("exact-matmul") ? kernels::MatMulMode::kExact
-                                                                : kernels::MatMulMode::kQuantized;
+  const kernels::MatMulMode matmul = MatMulFlag(args);
   auto loaded = LoadModelForCli(args.GetString("model"), *device, static_cast<int>(*threads),
                                 matmul, *kv_dtype);
   if (!loaded.ok()) return fail(loaded.status());

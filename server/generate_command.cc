@@ -33,7 +33,8 @@ constexpr char kUsage[] =
     "  --threads N         CPU threads (default: all cores)\n"
     "  --device cpu|cuda|auto (default auto)\n"
     "  --kv-cache-dtype auto|f32|f16|bf16|fp8|fp8_e4m3|fp8_e5m2|q8_0   the KV pages' element\n"
-    "                    type (default auto)\n";
+    "                    type (default auto)\n"
+    "  --exact-matmul      CPU: f32 activations for quantized weights (default: int8, faster)\n";
 
 double Seconds(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
@@ -47,6 +48,7 @@ int RunGenerate(const std::vector<std::string>& argv) {
       {"max-tokens", true}, {"temperature", true}, {"top-p", true}, {"top-k", true},
       {"min-p", true}, {"seed", true}, {"repetition-penalty", true},
       {"ignore-eos", false}, {"threads", true}, {"device", true}, {"kv-cache-dtype", true},
+      {"exact-matmul", false},
   };
   for (const auto& [name, v] : ThetaFlags()) known[name] = v;
   CliArgs args;
@@ -90,7 +92,7 @@ int RunGenerate(const std::vector<std::string>& argv) {
   if (absl::Status st = LoadThetaFile(*theta); !st.ok()) return fail(st);
 
   auto loaded = LoadModelForCli(args.GetString("model"), *device, static_cast<int>(*threads),
-                                kernels::MatMulMode::kQuantized, *kv_dtype);
+                                MatMulFlag(args), *kv_dtype);
   if (!loaded.ok()) return fail(loaded.status());
   const model::Tokenizer& tok = loaded->model->tokenizer();
   if (absl::Status st = CheckThetaForModel(*theta, *loaded->model); !st.ok()) return fail(st);
@@ -145,6 +147,7 @@ int RunGenerate(const std::vector<std::string>& argv) {
   std::string rest = decoder.Flush();
   std::fwrite(rest.data(), 1, rest.size(), stdout);
   std::fputc('\n', stdout);
+  std::fflush(stdout);  // the text before the figures on stderr, when both go to one pipe
   auto t2 = std::chrono::steady_clock::now();
   const double prefill = Seconds(t0, t1);
   const double decode = Seconds(t1, t2);

@@ -82,6 +82,10 @@ absl::Status CheckModelFlag(const std::string& path) {
       "scripts/fetch-model.sh downloads it)");
 }
 
+kernels::MatMulMode MatMulFlag(const CliArgs& args) {
+  return args.Has("exact-matmul") ? kernels::MatMulMode::kExact : kernels::MatMulMode::kQuantized;
+}
+
 absl::StatusOr<LoadedModel> LoadModelForCli(const std::string& path, kernels::Device device,
                                             int threads, kernels::MatMulMode matmul,
                                             kernels::KvDtype kv_dtype) {
@@ -100,12 +104,17 @@ absl::StatusOr<LoadedModel> LoadModelForCli(const std::string& path, kernels::De
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::fprintf(stderr,
                "loaded %s: %s, %lld layers, hidden %lld, %lld/%lld heads, vocab %lld, "
-               "%.1f MB of weights, backend %s (KV cache in %s), in %.2f s\n",
+               "%.1f MB of weights, backend %s (KV cache in %s%s), in %.2f s\n",
                c.name.c_str(), c.architecture.c_str(), (long long)c.num_layers,
                (long long)c.hidden_size, (long long)c.num_heads, (long long)c.num_kv_heads,
                (long long)c.vocab_size, out.model->weight_bytes() / 1e6,
                out.backend->name().c_str(),
-               std::string(kernels::KvDtypeName(out.backend->kv_dtype())).c_str(), secs);
+               std::string(kernels::KvDtypeName(out.backend->kv_dtype())).c_str(),
+               // The CPU backend's f32 path (the default, int8 activations, goes unsaid).
+               matmul == kernels::MatMulMode::kExact && out.backend->name() == "cpu"
+                   ? "; f32 activations"
+                   : "",
+               secs);
   return out;
 }
 

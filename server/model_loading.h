@@ -7,6 +7,7 @@
 #include "absl/status/statusor.h"
 #include "kernels/backend.h"
 #include "model/model.h"
+#include "server/cli_args.h"
 
 namespace thetaserve::server {
 
@@ -24,6 +25,9 @@ absl::StatusOr<std::string> ReadCorpus(const std::string& flag, const std::strin
 // ~8 bytes a token rather than the whole file).
 std::vector<int32_t> TokenizePrefix(const model::Tokenizer& tokenizer, const std::string& text,
                                     int64_t max_tokens);
+
+// --exact-matmul given: MatMulMode::kExact (f32 activations on the CPU), else kQuantized.
+kernels::MatMulMode MatMulFlag(const CliArgs& args);
 
 // "auto", "f32", "f16" or "bf16" for --kv-cache-dtype.
 absl::StatusOr<kernels::KvDtype> ParseKvDtypeFlag(const std::string& name);

@@ -82,6 +82,10 @@ constexpr char kUsage[] =
     "                               (int8 codes, an f16 scale per 32) 3.76 times, at some cost\n"
     "                               in accuracy (docs/results.md) (default auto: f16 on the\n"
     "                               CPU, bf16 on a GPU, which stores only bf16)\n"
+    "  --exact-matmul               CPU: multiply the quantized weights with f32 activations\n"
+    "                               (the reference tests' path: closer logits, a slower\n"
+    "                               decode) instead of int8 ones (docs/results.md); the\n"
+    "                               CUDA backend multiplies in bf16 either way\n"
     "  --block-size N               rows per KV page (default 16)\n"
     "  --max-queue N                waiting requests before RESOURCE_EXHAUSTED (default 1024)\n"
     "  --threads N                  CPU threads: the CPU backend's, and up to 16 that sample a\n"
@@ -179,7 +183,7 @@ int RunServe(const std::vector<std::string>& argv) {
       {"block-size", true}, {"max-queue", true}, {"threads", true}, {"device", true},
       {"drain-timeout", true}, {"tls-cert", true}, {"tls-key", true}, {"api-key", true},
       {"prefix-caching", true}, {"offload-memory", true}, {"kv-cache-dtype", true},
-      {"log-requests", false}, {"log-stats-interval", true}};
+      {"log-requests", false}, {"log-stats-interval", true}, {"exact-matmul", false}};
   for (const auto& [name, v] : ThetaFlags()) known[name] = v;
   CliArgs args;
   if (auto exit = ParseCommandLine("serve", argv, known, std::string(kUsage) + kThetaUsage,
@@ -302,7 +306,7 @@ int RunServe(const std::vector<std::string>& argv) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   auto loaded = LoadModelForCli(args.GetString("model"), *device, static_cast<int>(*threads),
-                                kernels::MatMulMode::kQuantized, *kv_dtype);
+                                MatMulFlag(args), *kv_dtype);
   if (!loaded.ok()) return fail(loaded.status());
 
   if (args.Has("max-model-len")) {

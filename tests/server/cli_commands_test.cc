@@ -137,6 +137,23 @@ TEST(CliCommandTest, OutOfRangeFlagsAreRefusedByName) {
   }
 }
 
+// generate --exact-matmul takes the CPU backend's f32 path (the log's model line says so;
+// without the flag it says nothing of activations) and answers this near-tie as that path does
+// (OpenAiHttpLifecycleTest.ExactMatmulServesTheF32Path; docs/results.md).
+TEST(CliCommandTest, GenerateExactMatmulTakesTheF32Path) {
+  int rc = 0;
+  const std::string generate = BinaryPath() + " generate --model " + DefaultModelPath() +
+                               " --device cpu --chat --prompt 'What is the capital of France?'"
+                               " --max-tokens 16 --temperature 0";
+  std::string out = RunCommand(generate + " --exact-matmul 2>&1", &rc);
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("backend cpu (KV cache in f16; f32 activations)"), std::string::npos) << out;
+  EXPECT_NE(out.find("\nThe capital of France is Paris.\n"), std::string::npos) << out;
+  out = RunCommand(generate + " --max-tokens 1 2>&1", &rc);
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("backend cpu (KV cache in f16)"), std::string::npos) << out;
+}
+
 TEST(CliCommandTest, GenerateTakesSamplingTopKAndTheApisChecks) {
   // --top-k is the sampling flag (the attention baseline is --exact-top-k): it was refused as
   // "unexpected argument '40'" while the usage offered it.

@@ -11,6 +11,7 @@
 
 #include "gtest/gtest.h"
 #include "tests/server/openai_http_e2e.h"
+#include "tests/test_util.h"
 
 namespace thetaserve::testing {
 namespace {
@@ -46,6 +47,24 @@ TEST(OpenAiHttpLifecycleTest, ApiKeyGuardsTheApiButNotHealth) {
   EXPECT_EQ(MetricValue(metrics.body, "thetaserve_requests_rejected_total{code=\"UNAUTHENTICATED\"}"),
             2);
   EXPECT_EQ(MetricValue(metrics.body, "thetaserve_requests_total{outcome=\"rejected\"}"), 2);
+}
+
+// --exact-matmul: the CPU backend multiplies with f32 activations, the path the reference tests
+// hold to transformers' logits, and says so in its log. This chat question's first token is a
+// near-tie ("The" −1.881, "L" −1.965 on that path) that the default int8 activations tip the
+// other way ("L'Étoile, …"; docs/results.md): the answer shows which path served it.
+TEST(OpenAiHttpLifecycleTest, ExactMatmulServesTheF32Path) {
+  const int http_port = FreePort();
+  ServerProcess server({"--http-port", std::to_string(http_port), "--exact-matmul"});
+  ASSERT_TRUE(server.started());
+  const std::string log = ReadFileOrDie(server.log_path());
+  EXPECT_NE(log.find("backend cpu (KV cache in f16; f32 activations)"), std::string::npos) << log;
+  HttpResult r = HttpCall(http_port, "POST", "/v1/chat/completions",
+                          R"({"messages": [{"role": "user", "content": "What is the capital of France?"}],
+                              "max_tokens": 16, "temperature": 0})");
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(Json::parse(r.body)["choices"][0]["message"]["content"],
+            "The capital of France is Paris.") << r.body;
 }
 
 // --allowed-origins: a listed origin is echoed (with Vary: Origin); another gets no CORS header
