@@ -96,6 +96,7 @@ bool HttpResponder::Send(int status, std::string_view content_type, std::string_
   std::string out = HttpResponseHead(status, content_type, keep_alive_, http11_, headers_, extra);
   absl::StrAppend(&out, "Content-Length: ", body.size(), "\r\n\r\n");
   if (!head_only_) out.append(body);  // a HEAD's answer says the length and sends no body
+  if (on_status_) on_status_(status);
   return WriteAll(out);
 }
 
@@ -109,6 +110,7 @@ bool HttpResponder::StartChunked(int status, std::string_view content_type,
   std::string out = HttpResponseHead(status, content_type, keep_alive_, http11_, headers_, extra);
   const bool chunked = http11_ && !head_only_;
   absl::StrAppend(&out, chunked ? "Transfer-Encoding: chunked\r\n\r\n" : "\r\n");
+  if (on_status_) on_status_(status);
   return WriteAll(out);
 }
 

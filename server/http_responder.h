@@ -4,6 +4,7 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -41,6 +42,9 @@ class HttpResponder {
   void AddHeader(std::string name, std::string value) {
     headers_.emplace_back(std::move(name), std::move(value));
   }
+  // Called with the status as Send or StartChunked is about to write it: what it does (a
+  // count) is done before the client can have read the response.
+  void OnStatus(std::function<void(int status)> on_status) { on_status_ = std::move(on_status); }
   // Give up on the response (the client is gone): nothing more is written, the connection
   // closes.
   void Abandon() { failed_ = true; }
@@ -66,6 +70,7 @@ class HttpResponder {
   bool failed_ = false;
   bool head_only_ = false;
   HttpHeaders headers_;  // AddHeader's
+  std::function<void(int)> on_status_;
 };
 
 // "OK", "Not Found", ... for a status code.

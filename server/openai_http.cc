@@ -232,11 +232,13 @@ bool OpenAiHttpServer::Authorized(const HttpRequest& req, HttpResponder& out) {
 void OpenAiHttpServer::Serve(const HttpRequest& req, HttpResponder& out) {
   Metrics* metrics = service_->metrics();
   if (metrics == nullptr) return Handle(req, out);
-  // Counted by the status sent; a handler that sent none (it threw) gets the transport's 500; a
-  // request whose client left before any answer is not counted (requests_total has it).
+  // Counted by the status sent, before the client can have read it (a scrape that follows a
+  // response finds it counted: counting after Handle returned raced the client's next
+  // request); a handler that sent none (it threw) gets the transport's 500; a request whose
+  // client left before any answer is not counted (requests_total has it).
+  out.OnStatus([&](int status) { metrics->OnHttpRequest(req.path, status); });
   absl::Cleanup counted = [&] {
-    const int status = out.status() != 0 ? out.status() : out.responded() ? 0 : 500;
-    if (status != 0) metrics->OnHttpRequest(req.path, status);
+    if (!out.responded()) metrics->OnHttpRequest(req.path, 500);
   };
   Handle(req, out);
 }
