@@ -58,12 +58,12 @@ Times Run(ts::kernels::cpu::ThreadPool& pool, const AttentionShape& shape,
   std::vector<float> o(q.size());
   using ts::kernels::cpu::LayerAttention;
   using ts::kernels::cpu::PagedAttention;
-  const LayerAttention<T> dense_io{.q = q.data(), .layout = stored, .kv_pool = pages.data(),
-                                   .o = o.data()};
+  const LayerAttention<T> dense_io{.layer = 0, .q = q.data(), .layout = stored,
+                                   .kv_pool = pages.data(), .o = o.data()};
   LayerAttention<T> theta_io = dense_io;
   theta_io.vsum_rows = vsum_rows.data();
-  const LayerAttention<float> f32_io{.q = q.data(), .layout = layout, .kv_pool = kv.data(),
-                                     .o = o.data()};
+  const LayerAttention<float> f32_io{.layer = 0, .q = q.data(), .layout = layout,
+                                     .kv_pool = kv.data(), .o = o.data()};
   ts::kernels::TopThetaConfig dense_cfg;
   ts::kernels::AttentionStats stats;
   Times t;

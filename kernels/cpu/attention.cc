@@ -535,6 +535,7 @@ template <typename T>
 bool PagedAttention(ThreadPool& pool, const ForwardBatch& batch, const AttentionShape& shape,
                     const TopThetaConfig& config, const LayerAttention<T>& io,
                     DecodeSplit split) {
+  CHECK(io.layer >= 0 && io.layer < shape.num_layers) << "layer " << io.layer;
   AttentionCall<T> call(pool, batch, shape, config, io);
   const std::vector<Unit> units = MakeUnits(batch, call.group(), shape.num_kv_heads);
   if (!ChooseSplit(batch, units, call.group(), shape.head_dim, pool.num_threads(), split)) {

@@ -50,7 +50,7 @@ void WriteKv(const ForwardBatch& batch, const AttentionShape& shape, int64_t lay
 // elements of T), and where the output goes.
 template <typename T>
 struct LayerAttention {
-  int64_t layer = 0;
+  int64_t layer = -1;                // required: θ, k and the counters are the layer's
   const float* q = nullptr;          // [num_tokens, num_heads * head_dim]
   KvPoolLayout layout;               // StoredLayout<T> of the backend's
   const T* kv_pool = nullptr;        // [num_pages, block_size, row units]

@@ -194,7 +194,7 @@ class DenseAttentionTest : public ::testing::TestWithParam<std::pair<int, int>> 
     }
     rows_split_ = cpu::PagedAttention(
         pool, batch, shape, cfg,
-        cpu::LayerAttention<T>{.q = q_.data(), .layout = cpu::StoredLayout<T>(layout_),
+        cpu::LayerAttention<T>{.layer = 0, .q = q_.data(), .layout = cpu::StoredLayout<T>(layout_),
                                .kv_pool = kv, .host_pool = host,
                                .vsum_rows = cfg.active() ? vsum_rows_.data() : nullptr,
                                .o = out.data()},

@@ -130,7 +130,7 @@ class HandBuiltTest : public ::testing::Test {
     cpu::ThreadPool pool(1);
     std::vector<float> out(kGroup * kD, -7.0f);
     cpu::PagedAttention(pool, batch, shape, cfg,
-                        cpu::LayerAttention<float>{.q = q_.data(), .layout = layout_,
+                        cpu::LayerAttention<float>{.layer = 0, .q = q_.data(), .layout = layout_,
                                                    .kv_pool = pool_.data(), .vsum_rows = vsum_,
                                                    .o = out.data()});
     return out;
