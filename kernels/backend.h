@@ -68,6 +68,10 @@ class Backend {
   // The pool's element type (f32, f16, bf16, fp8 or q8_0 on the CPU; bf16 on the GPU), never
   // kAuto.
   virtual KvDtype kv_dtype() const = 0;
+  // What the weight matmuls multiply: "int8" (the CPU's MatMulMode::kQuantized: Q8_0, Q4_0
+  // and Q4_1 weights take int8 activations, other weights f32 ones), "f32" (the CPU's kExact)
+  // or "bf16" (the GPU's). For logs, ModelInfo and build_info.
+  virtual std::string matmul_activations() const = 0;
   // Bytes of one stored K or V row (head_dim elements, and q8_0's scales): a page is
   // block_size of them, and the engine sizes the pool from --kv-cache-memory with it.
   int64_t kv_row_bytes() const;

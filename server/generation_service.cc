@@ -211,6 +211,7 @@ grpc::ServerUnaryReactor* GenerationService::GetModelInfo(grpc::CallbackServerCo
   info->set_bos_token_id(static_cast<uint32_t>(std::max(0, model_->tokenizer().bos_id())));
   info->set_prefix_caching(engine_->prefix_caching());
   info->set_kv_cache_dtype(options_.kv_cache_dtype);
+  info->set_matmul_activations(options_.matmul_activations);
   info->set_scheduling_policy(scheduler::SchedulingPolicyName(engine_->config().scheduler.policy));
   return FinishUnary(ctx, grpc::Status::OK);
 }

@@ -24,6 +24,7 @@ struct ServiceOptions {
   std::string theta_mode = "dense";
   std::string kv_policy = "full";
   std::string kv_cache_dtype = "f32";
+  std::string matmul_activations = "int8";  // Backend::matmul_activations
   std::string calibration_fingerprint;
   bool log_requests = false;  // a line per finished request on stderr (RequestLogLine)
 };

@@ -208,7 +208,8 @@ Metrics::Metrics(const MetricsInfo& info)
       .Register(*registry_)
       .Add({{"version", info.version}, {"backend", info.backend}, {"model", info.model},
             {"theta_mode", info.theta_mode}, {"kv_policy", info.kv_policy},
-            {"kv_cache_dtype", info.kv_cache_dtype}})
+            {"kv_cache_dtype", info.kv_cache_dtype},
+            {"matmul_activations", info.matmul_activations}})
       .Set(1);
 }
 

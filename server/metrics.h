@@ -31,6 +31,7 @@ struct MetricsInfo {
   std::string kv_policy;   // "full" / "sparse" / "offload"
   int num_layers = 0;      // for the per-layer kept-ratio gauges
   std::string kv_cache_dtype = "f32";
+  std::string matmul_activations = "int8";  // Backend::matmul_activations
 };
 
 class Metrics {

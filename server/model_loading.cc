@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "absl/strings/str_cat.h"
+#include "server/cli_args.h"
 
 namespace thetaserve::server {
 
@@ -111,10 +112,12 @@ absl::StatusOr<LoadedModel> LoadModelForCli(const std::string& path, kernels::De
                out.backend->name().c_str(),
                std::string(kernels::KvDtypeName(out.backend->kv_dtype())).c_str(),
                // The CPU backend's f32 path (the default, int8 activations, goes unsaid).
-               matmul == kernels::MatMulMode::kExact && out.backend->name() == "cpu"
-                   ? "; f32 activations"
-                   : "",
-               secs);
+               out.backend->matmul_activations() == "f32" ? "; f32 activations" : "", secs);
+  if (matmul == kernels::MatMulMode::kExact && out.backend->matmul_activations() == "bf16") {
+    std::fprintf(stderr, "--exact-matmul: no effect on the %s backend, which multiplies in bf16 "
+                         "(--device cpu for f32 activations)\n",
+                 out.backend->name().c_str());
+  }
   return out;
 }
 

@@ -7,9 +7,10 @@
 #include "absl/status/statusor.h"
 #include "kernels/backend.h"
 #include "model/model.h"
-#include "server/cli_args.h"
 
 namespace thetaserve::server {
+
+class CliArgs;
 
 struct LoadedModel {
   std::unique_ptr<model::Model> model;

@@ -378,7 +378,8 @@ int RunServe(const std::vector<std::string>& argv) {
   MetricsInfo mi{THETASERVE_VERSION, loaded->backend->name(), loaded->model->config().name,
                  theta->mode(), theta->policy,
                  static_cast<int>(loaded->model->config().num_layers),
-                 std::string(kernels::KvDtypeName(loaded->backend->kv_dtype()))};
+                 std::string(kernels::KvDtypeName(loaded->backend->kv_dtype())),
+                 loaded->backend->matmul_activations()};
   Metrics metrics(mi);
   metrics.HoldCounts();  // until the warm-up below has run
   (*engine)->SetObserver([&metrics](const scheduler::EngineStats& s,
@@ -404,6 +405,7 @@ int RunServe(const std::vector<std::string>& argv) {
   options.theta_mode = theta->mode();
   options.kv_policy = theta->policy;
   options.kv_cache_dtype = kernels::KvDtypeName(loaded->backend->kv_dtype());
+  options.matmul_activations = loaded->backend->matmul_activations();
   options.calibration_fingerprint = theta->table ? theta->table->fingerprint : "";
   options.log_requests = args.Has("log-requests");
   GenerationService service(**engine, *loaded->model, loaded->backend->name(), &metrics, options);

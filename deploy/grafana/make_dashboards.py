@@ -211,9 +211,10 @@ def dashboard(uid, title, description, panels):
     }
 
 
-BUILD_INFO = ('count by (version, backend, kv_cache_dtype, theta_mode, kv_policy) (%s)'
-              % sel("thetaserve_build_info"))
-BUILD_LEGEND = "{{backend}} · KV {{kv_cache_dtype}} · θ {{theta_mode}} · V {{kv_policy}} · v{{version}}"
+BUILD_INFO = ('count by (version, backend, matmul_activations, kv_cache_dtype, theta_mode, '
+              'kv_policy) (%s)' % sel("thetaserve_build_info"))
+BUILD_LEGEND = ("{{backend}} ({{matmul_activations}}) · KV {{kv_cache_dtype}} · θ {{theta_mode}} · "
+                "V {{kv_policy}} · v{{version}}")
 PCT_STEPS = [{"color": "green", "value": None}, {"color": "orange", "value": 0.75},
              {"color": "red", "value": 0.9}]
 
@@ -237,7 +238,7 @@ def serving():
     p.append(L.place(stat("KV cache used", "Highest KV page pool use among the selected instances: (K + V pages used) / pages in the pool (recording rule thetaserve:kv_pages_used:ratio). The alert fires above 90% for 5 minutes.",
                           targets(("max(%s)" % sel("thetaserve:kv_pages_used:ratio"), "used")),
                           unit="percentunit", decimals=1, thresholds=PCT_STEPS), 4, 4))
-    p.append(L.place(stat("Build", "Version, backend, KV cache element type, θ mode and V-cache policy of the selected instances (thetaserve_build_info), with how many instances run each.",
+    p.append(L.place(stat("Build", "Version, backend (with what its weight matmuls multiply: int8, f32 or bf16 activations), KV cache element type, θ mode and V-cache policy of the selected instances (thetaserve_build_info), with how many instances run each.",
                           [target(BUILD_INFO, BUILD_LEGEND, "A", instant=True)],
                           text_mode="value_and_name", color_mode="none"), 4, 4))
 
@@ -311,7 +312,7 @@ def kv_cache():
     p.append(L.place(stat("V memory saved", "Bytes of V cache not stored compared with a dense cache: (dense equivalent − resident) × bytes per row, summed over the selected instances.",
                           targets(("sum(%s)" % sel("thetaserve_v_bytes_saved"), "saved")),
                           unit="bytes", decimals=1), 5, 5))
-    p.append(L.place(stat("Attention mode", "θ mode (dense or top-theta), V-cache policy, backend and KV cache element type of the selected instances (thetaserve_build_info).",
+    p.append(L.place(stat("Attention mode", "θ mode (dense or top-theta), V-cache policy, backend (with its matmuls' activations) and KV cache element type of the selected instances (thetaserve_build_info).",
                           [target(BUILD_INFO, BUILD_LEGEND, "A", instant=True)],
                           text_mode="value_and_name", color_mode="none"), 4, 5))
 

@@ -22,6 +22,9 @@ class CpuBackend : public Backend {
   std::string name() const override { return "cpu"; }
   MatMulMode matmul_mode() const { return matmul_; }
   KvDtype kv_dtype() const override { return kv_dtype_; }
+  std::string matmul_activations() const override {
+    return matmul_ == MatMulMode::kExact ? "f32" : "int8";
+  }
   absl::Status AllocateKvPool(int64_t num_pages, int32_t block_size) override;
   absl::Status Forward(const ForwardBatch& batch, float* logits) override;
   absl::Status AllocateHostPool(int64_t num_pages) override;

@@ -159,6 +159,7 @@ class CudaBackend : public Backend {
   absl::Status Init();
   std::string name() const override { return "cuda"; }
   KvDtype kv_dtype() const override { return KvDtype::kBf16; }
+  std::string matmul_activations() const override { return "bf16"; }
   absl::Status AllocateKvPool(int64_t num_pages, int32_t block_size) override;
   absl::Status Forward(const ForwardBatch& batch, float* logits) override;
   bool ReturnsArgmax() const override { return true; }

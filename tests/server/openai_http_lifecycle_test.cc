@@ -50,8 +50,9 @@ TEST(OpenAiHttpLifecycleTest, ApiKeyGuardsTheApiButNotHealth) {
 }
 
 // --exact-matmul: the CPU backend multiplies with f32 activations, the path the reference tests
-// hold to transformers' logits, and says so in its log. This chat question's first token is a
-// near-tie ("The" −1.881, "L" −1.965 on that path) that the default int8 activations tip the
+// hold to transformers' logits, and says so in its log, ModelInfo and build_info. This chat
+// question's first token is a near-tie ("The" −1.881, "L" −1.965 on that path; 0.082 apart in
+// tests/data/reference/smollm2.json's "chat" case) that the default int8 activations tip the
 // other way ("L'Étoile, …"; docs/results.md): the answer shows which path served it.
 TEST(OpenAiHttpLifecycleTest, ExactMatmulServesTheF32Path) {
   const int http_port = FreePort();
@@ -59,6 +60,18 @@ TEST(OpenAiHttpLifecycleTest, ExactMatmulServesTheF32Path) {
   ASSERT_TRUE(server.started());
   const std::string log = ReadFileOrDie(server.log_path());
   EXPECT_NE(log.find("backend cpu (KV cache in f16; f32 activations)"), std::string::npos) << log;
+  {
+    grpc::ClientContext c;
+    v1::ModelInfo info;
+    ASSERT_TRUE(server.stub()->GetModelInfo(&c, {}, &info).ok());
+    EXPECT_EQ(info.matmul_activations(), "f32");
+  }
+  const std::string metrics = server.ScrapeMetrics();
+  const size_t info = metrics.find("\nthetaserve_build_info{");
+  ASSERT_NE(info, std::string::npos) << metrics;
+  EXPECT_NE(metrics.substr(info, metrics.find('\n', info + 1) - info)
+                .find("matmul_activations=\"f32\""),
+            std::string::npos) << metrics;
   HttpResult r = HttpCall(http_port, "POST", "/v1/chat/completions",
                           R"({"messages": [{"role": "user", "content": "What is the capital of France?"}],
                               "max_tokens": 16, "temperature": 0})");

@@ -114,6 +114,7 @@ TEST(ServerLifecycleTest, KvCacheDtypeIsUsedAndReported) {
       v1::ModelInfo info;
       ASSERT_TRUE(stub->GetModelInfo(&c, {}, &info).ok());
       EXPECT_EQ(info.kv_cache_dtype(), k.name);
+      EXPECT_EQ(info.matmul_activations(), "int8") << "the CPU's default";
     }
     {
       grpc::ClientContext c;
@@ -128,9 +129,10 @@ TEST(ServerLifecycleTest, KvCacheDtypeIsUsedAndReported) {
     const std::string metrics = server.ScrapeMetrics();
     const size_t info = metrics.find("\nthetaserve_build_info{");
     ASSERT_NE(info, std::string::npos) << metrics;
-    EXPECT_NE(metrics.substr(info, metrics.find('\n', info + 1) - info)
-                  .find(absl::StrCat("kv_cache_dtype=\"", k.name, "\"")),
-              std::string::npos) << metrics;
+    const std::string build_info = metrics.substr(info, metrics.find('\n', info + 1) - info);
+    EXPECT_NE(build_info.find(absl::StrCat("kv_cache_dtype=\"", k.name, "\"")), std::string::npos)
+        << metrics;
+    EXPECT_NE(build_info.find("matmul_activations=\"int8\""), std::string::npos) << metrics;
     EXPECT_EQ(MetricValue(metrics, "thetaserve_kv_page_size_bytes"), 16.0 * k.row_bytes) << metrics;
 
     auto req = Prompt("Once upon a time", 20);
