@@ -234,12 +234,13 @@ void OpenAiHttpServer::Serve(const HttpRequest& req, HttpResponder& out) {
   if (metrics == nullptr) return Handle(req, out);
   // Counted by the status sent, before the client can have read it (a scrape that follows a
   // response finds it counted: counting after Handle returned raced the client's next
-  // request); a handler that sent none (it threw) gets the transport's 500; a request whose
+  // request). A handler that sent none (it threw) gets the transport's 500, which the hook
+  // counts too: the transport sends it after this returns, so the hook holds nothing of this
+  // frame (the request is the transport's, alive until the answer is sent). A request whose
   // client left before any answer is not counted (requests_total has it).
-  out.OnStatus([&](int status) { metrics->OnHttpRequest(req.path, status); });
-  absl::Cleanup counted = [&] {
-    if (!out.responded()) metrics->OnHttpRequest(req.path, 500);
-  };
+  out.OnStatus([metrics, request = &req](int status) {
+    metrics->OnHttpRequest(request->path, status);
+  });
   Handle(req, out);
 }
 
