@@ -91,7 +91,6 @@ bool HttpResponder::Send(int status, std::string_view content_type, std::string_
                          const HttpHeaders& extra) {
   if (state_ != State::kNone) return false;
   state_ = State::kDone;
-  status_ = status;
   if (stopping_->load()) keep_alive_ = false;
   std::string out = HttpResponseHead(status, content_type, keep_alive_, http11_, headers_, extra);
   absl::StrAppend(&out, "Content-Length: ", body.size(), "\r\n\r\n");
@@ -104,7 +103,6 @@ bool HttpResponder::StartChunked(int status, std::string_view content_type,
                                  const HttpHeaders& extra) {
   if (state_ != State::kNone) return false;
   state_ = State::kChunked;
-  status_ = status;
   // 1.0: the body ends with the connection; HEAD: the head does.
   if (!http11_ || stopping_->load() || head_only_) keep_alive_ = false;
   std::string out = HttpResponseHead(status, content_type, keep_alive_, http11_, headers_, extra);

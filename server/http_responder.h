@@ -52,8 +52,6 @@ class HttpResponder {
   bool stopping() const { return stopping_->load(); }
 
   bool responded() const { return state_ != State::kNone || failed_; }
-  // The status sent (Send or StartChunked), or 0.
-  int status() const { return status_; }
   // The connection may carry another request.
   bool reusable() const { return keep_alive_ && !failed_ && state_ == State::kDone; }
 
@@ -66,7 +64,6 @@ class HttpResponder {
   bool keep_alive_;
   const std::atomic<bool>* stopping_;
   State state_ = State::kNone;
-  int status_ = 0;
   bool failed_ = false;
   bool head_only_ = false;
   HttpHeaders headers_;  // AddHeader's
