@@ -32,7 +32,9 @@ constexpr char kUsage[] =
     "  --threads N --device cpu|cuda|auto (default cpu: exact top-k runs on the CPU)\n"
     "  --kv-cache-dtype auto|f32|f16|bf16|fp8|fp8_e4m3|fp8_e5m2|q8_0   the KV pages' element\n"
     "                        type the scores are computed over: the one the server will use\n"
-    "                        (default auto: f16 on the CPU)\n";
+    "                        (default auto: f16 on the CPU)\n"
+    "  --exact-matmul        CPU: f32 activations for quantized weights, as `serve\n"
+    "                        --exact-matmul` runs them (default: int8, faster)\n";
 
 // "2048:64,8192:128" -> {(2048, 64), (8192, 128)}, validated.
 absl::StatusOr<model::ThetaTable::KSchedule> ParseKSchedule(const std::string& text) {
@@ -59,7 +61,7 @@ int RunCalibrate(const std::vector<std::string>& argv) {
       {"model", true},      {"corpus", true},  {"out", true},          {"k", true},
       {"k-schedule", true}, {"dense-layers", true}, {"dense-k", true}, {"placement", true},
       {"context", true},    {"max-tokens", true}, {"std-factor", true}, {"threads", true},
-      {"device", true},     {"kv-cache-dtype", true}};
+      {"device", true},     {"kv-cache-dtype", true}, {"exact-matmul", false}};
   CliArgs args;
   if (auto exit = ParseCommandLine("calibrate", argv, known, kUsage, &args)) return *exit;
   auto usage = [](const absl::Status& st) { return ReportFailure("calibrate", st, kExitUsage); };
@@ -116,7 +118,7 @@ int RunCalibrate(const std::vector<std::string>& argv) {
   if (!text.ok()) return fail(text.status());
 
   auto loaded = LoadModelForCli(args.GetString("model"), *device, static_cast<int>(*threads),
-                                kernels::MatMulMode::kQuantized, *kv_dtype);
+                                MatMulFlag(args), *kv_dtype);
   if (!loaded.ok()) return fail(loaded.status());
   const auto& c = loaded->model->config();
   if (*dense_layers >= c.num_layers) {
