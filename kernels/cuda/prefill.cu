@@ -353,12 +353,10 @@ __global__ void __launch_bounds__(128) PrefillMmaKernel(PrefillArgs a) {
   __syncthreads();  // Q's halves are read: their rows take K and V
 
   const int r0 = warp * 16 + g, r1 = r0 + 8;  // the lane's rows in the block
-  const bool live0 = r0 < blk.rows, live1 = r1 < blk.rows;
-  const int32_t pos0 = blk.Pos(r0), pos1 = blk.Pos(r1);
+  LaneRows rows{r0 < blk.rows, r1 < blk.rows, blk.Pos(r0), blk.Pos(r1)};
   // The warp's last row's position: tiles past it hold no key its rows see.
   const int warp_last_row = min(warp * 16 + 15, blk.rows - 1);
   const int32_t warp_last_pos = warp * 16 < blk.rows ? blk.Pos(warp_last_row) : -1;
-  float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
   float o[kOutTiles][4];
 #pragma unroll
   for (int n = 0; n < kOutTiles; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
@@ -400,8 +398,7 @@ __global__ void __launch_bounds__(128) PrefillMmaKernel(PrefillArgs a) {
       }
 
       // Online softmax: s becomes P.
-      const float2 alpha = OnlineSoftmaxStep<true>(s, j0, t, live0, pos0, live1, pos1, m0, m1,
-                                                    l0, l1);
+      const float2 alpha = OnlineSoftmaxStep<true>(s, j0, t, rows);
 #pragma unroll
       for (int n = 0; n < kOutTiles; ++n) {
         o[n][0] *= alpha.x;
@@ -421,14 +418,14 @@ __global__ void __launch_bounds__(128) PrefillMmaKernel(PrefillArgs a) {
   }
 #pragma unroll
   for (int x = 1; x <= 2; x <<= 1) {
-    l0 += __shfl_xor_sync(0xffffffffu, l0, x);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, x);
+    rows.l0 += __shfl_xor_sync(0xffffffffu, rows.l0, x);
+    rows.l1 += __shfl_xor_sync(0xffffffffu, rows.l1, x);
   }
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int rr = half ? r1 : r0;
     if (rr >= blk.rows) continue;
-    const float inv = 1.0f / (half ? l1 : l0);
+    const float inv = 1.0f / (half ? rows.l1 : rows.l0);
     float* out = blk.Out(a, rr, D);
 #pragma unroll
     for (int n = 0; n < kOutTiles; ++n) {

@@ -96,17 +96,26 @@ __device__ __forceinline__ void CopyKeyRows(const PrefillArgs& a, const PrefillB
   __pipeline_commit();
 }
 
-// One key tile's step of the online softmax, in base 2, for the two rows an mma lane holds
-// (s[n][e]: row r0's key j0 + 8n + 2t + e; s[n][2 + e]: row r1's; a row sees keys up to its
-// position pos, none if not live): the rows' maxima m over the keys seen (the quad agreeing),
-// this lane's part l of their sums rescaled and added to. With kWriteP, s becomes the e of
-// each key (0 where the row does not see it), P for P·V. Returns the rescale factors of r0
-// and r1 (1 while a row has seen no key).
+// An mma lane's two query rows (r0 = warp · 16 + g and r1 = r0 + 8; a row sees keys up to its
+// position pos, none if not live) and its online softmax's state for each: the max m over the
+// keys seen (base 2) and this lane's part l of the sum of e.
+struct LaneRows {
+  bool live0, live1;
+  int32_t pos0, pos1;
+  float m0 = -INFINITY, m1 = -INFINITY;
+  float l0 = 0.0f, l1 = 0.0f;
+};
+
+// One key tile's step of the online softmax, in base 2, for a lane's two rows (s[n][e]: row
+// r0's key j0 + 8n + 2t + e; s[n][2 + e]: row r1's): the rows' maxima over the keys seen (the
+// quad agreeing), this lane's part of their sums rescaled and added to. With kWriteP, s becomes
+// the e of each key (0 where the row does not see it), P for P·V. Returns the rescale factors
+// of r0 and r1 (1 while a row has seen no key).
 template <bool kWriteP>
 __device__ __forceinline__ float2 OnlineSoftmaxStep(float (&s)[kMmaKeys / 8][4], int32_t j0,
-                                                    int t, bool live0, int32_t pos0, bool live1,
-                                                    int32_t pos1, float& m0, float& m1,
-                                                    float& l0, float& l1) {
+                                                    int t, LaneRows& rows) {
+  const bool live0 = rows.live0, live1 = rows.live1;
+  const int32_t pos0 = rows.pos0, pos1 = rows.pos1;
   float mx0 = -INFINITY, mx1 = -INFINITY;
 #pragma unroll
   for (int n = 0; n < kMmaKeys / 8; ++n) {
@@ -122,9 +131,9 @@ __device__ __forceinline__ float2 OnlineSoftmaxStep(float (&s)[kMmaKeys / 8][4],
     mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, x));
     mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, x));
   }
-  const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
-  const float alpha0 = mn0 == -INFINITY ? 1.0f : exp2f(m0 - mn0);  // 0 on a row's first keys
-  const float alpha1 = mn1 == -INFINITY ? 1.0f : exp2f(m1 - mn1);
+  const float mn0 = fmaxf(rows.m0, mx0), mn1 = fmaxf(rows.m1, mx1);
+  const float alpha0 = mn0 == -INFINITY ? 1.0f : exp2f(rows.m0 - mn0);  // 0 on a row's first keys
+  const float alpha1 = mn1 == -INFINITY ? 1.0f : exp2f(rows.m1 - mn1);
   float sum0 = 0.0f, sum1 = 0.0f;
 #pragma unroll
   for (int n = 0; n < kMmaKeys / 8; ++n) {
@@ -141,10 +150,10 @@ __device__ __forceinline__ float2 OnlineSoftmaxStep(float (&s)[kMmaKeys / 8][4],
       sum1 += e1;
     }
   }
-  l0 = l0 * alpha0 + sum0;
-  l1 = l1 * alpha1 + sum1;
-  m0 = mn0;
-  m1 = mn1;
+  rows.l0 = rows.l0 * alpha0 + sum0;
+  rows.l1 = rows.l1 * alpha1 + sum1;
+  rows.m0 = mn0;
+  rows.m1 = mn1;
   return make_float2(alpha0, alpha1);
 }
 

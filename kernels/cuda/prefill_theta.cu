@@ -153,7 +153,7 @@ __global__ void __launch_bounds__(128) PrefillThetaKernel(PrefillArgs a) {
   };
 
   // Walk 1: each row's max and D_full (this lane's part of it, summed across the quad after).
-  float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
+  LaneRows rows{live0, live1, pos0, pos1};
   issue_k(ks, 0);
   for (int32_t j0 = 0, buf = 0; j0 <= blk.last_pos; j0 += kMmaKeys, buf ^= 1) {
     if (j0 + kMmaKeys <= blk.last_pos) {
@@ -166,16 +166,16 @@ __global__ void __launch_bounds__(128) PrefillThetaKernel(PrefillArgs a) {
     if (j0 <= warp_last_pos) {
       float s[kKeyTiles][4];
       scores(buf ? vs : ks, s);
-      OnlineSoftmaxStep<false>(s, j0, t, live0, pos0, live1, pos1, m0, m1, l0, l1);
+      OnlineSoftmaxStep<false>(s, j0, t, rows);
     }
     __syncthreads();  // every warp is done with this tile's buffer before it takes tile + 2
   }
 #pragma unroll
   for (int x = 1; x <= 2; x <<= 1) {
-    l0 += __shfl_xor_sync(0xffffffffu, l0, x);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, x);
+    rows.l0 += __shfl_xor_sync(0xffffffffu, rows.l0, x);
+    rows.l1 += __shfl_xor_sync(0xffffffffu, rows.l1, x);
   }
-  const float d_full0 = l0, d_full1 = l1;
+  const float m0 = rows.m0, m1 = rows.m1, d_full0 = rows.l0, d_full1 = rows.l1;
   // Keep thresholds on e (KeepThresholds): −1 keeps every key the row sees.
   auto threshold = [&](int rr, bool live, float m, float d_full) {
     if (!live || blk.Pos(rr) + 1 <= th.k) return -1.0f;
