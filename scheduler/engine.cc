@@ -194,8 +194,13 @@ absl::Status Engine::SubmitAll(std::vector<Request> requests,
       return absl::UnavailableError("the server is shutting down; retry on another replica");
     }
     // Finished sequences still in pending_ until their sinks have heard (DeliverFinished)
-    // are neither running nor queued.
-    const int64_t queued = pending_ - finishing_ - stats_.running;
+    // are neither running nor queued; nor are arrivals the next step starts in free slots
+    // while none waits ahead of them (a burst that fits the slots was refused until a step
+    // had run). Room in the pool is not foreseen: those it cannot start wait, and count then.
+    int64_t queued = pending_ - finishing_ - stats_.running;
+    if (scheduler_waiting_ == 0) {
+      queued -= std::min<int64_t>(queued, config_.scheduler.max_num_seqs - stats_.running);
+    }
     if (queued + int64_t(seqs.size()) > config_.max_queue) {
       if (seqs.size() > 1) {
         return absl::ResourceExhaustedError(absl::StrFormat(
@@ -276,6 +281,7 @@ void Engine::PublishStats(const StepStats* step, int64_t finishing) {
   s.v_row_bytes = backend_->kv_row_bytes();
   {
     std::lock_guard<std::mutex> lock(mu_);
+    scheduler_waiting_ = s.waiting;
     s.waiting += static_cast<int64_t>(inbox_.size());
     s.last_step = step ? *step : stats_.last_step;
     stats_ = s;

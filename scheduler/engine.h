@@ -156,6 +156,7 @@ class Engine {
   uint64_t submitted_ = 0;  // serial of the last submitted sequence
   int64_t pending_ = 0;  // inbox + waiting + running, for the queue limit and WaitIdle
   int64_t finishing_ = 0;  // of pending_: finished, sinks not yet told (DeliverFinished)
+  int64_t scheduler_waiting_ = 0;  // the scheduler's waiting sequences at the last step
   bool stop_ = false;
   std::condition_variable idle_cv_;
   EngineStats stats_;  // snapshot, guarded by mu_

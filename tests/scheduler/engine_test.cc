@@ -430,6 +430,34 @@ TEST_F(EngineTest, SubmitAllQueuesAllOrNone) {
   for (auto& sk : sinks) ASSERT_TRUE(static_cast<CollectingSink&>(*sk).Wait(300));
 }
 
+// A burst that the free slots take is not refused as a full queue before a step has started
+// it (it was: arrivals counted as waiting until the next step ran, so with --max-queue 1 the
+// second of three requests to an idle server with three slots got RESOURCE_EXHAUSTED). Past
+// the slots the queue's bound holds, whether or not a step has run meanwhile.
+TEST_F(EngineTest, ABurstThatFitsTheFreeSlotsIsNotQueued) {
+  EngineConfig config;
+  config.kv_cache_bytes = int64_t(64) << 20;
+  config.max_queue = 1;
+  config.scheduler.max_num_seqs = 3;
+  auto engine = CpuEngine(config);
+  ASSERT_NE(engine, nullptr);
+  std::vector<std::shared_ptr<CollectingSink>> sinks;
+  auto submit = [&](int i) {
+    Request r = MakeRequest(absl::StrCat("burst/", i), "Hello", 200);
+    r.stopping.ignore_eos = true;
+    sinks.push_back(std::make_shared<CollectingSink>());
+    return engine->Submit(r, sinks.back());
+  };
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(submit(i).ok()) << "request " << i;  // 3 run, 1 waits
+  const absl::Status st = submit(4);
+  EXPECT_EQ(st.code(), absl::StatusCode::kResourceExhausted) << st;
+  EXPECT_NE(std::string(st.message()).find("the request queue is full (1 waiting)"),
+            std::string::npos) << st;
+  for (int i = 0; i < 4; ++i) engine->Cancel(absl::StrCat("burst/", i));
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(sinks[i]->Wait(300));
+  ASSERT_TRUE(engine->WaitIdle(10));
+}
+
 // Cancel(call_id) reaches every request of a call with several prompts, running or waiting
 // (each prompt's n completions being a group of their own), and nothing else.
 TEST_F(EngineTest, ACallsIdCancelsEachOfItsPrompts) {
