@@ -45,12 +45,16 @@ std::string Percent(double part, double whole) {
 
 std::string RequestLogLine(std::string_view api, std::string_view request_id,
                            const scheduler::FinishInfo& info) {
+  // No first token (cancelled or failed before one, or prompt logprobs alone): no ttft_s, as
+  // the TTFT histogram observes none; 0.000 read as an instant one.
+  const std::string ttft = info.completion_tokens > 0
+                               ? absl::StrFormat(" ttft_s=%.3f", info.ttft_seconds)
+                               : std::string();
   std::string line = absl::StrFormat(
-      "request id=%s api=%s outcome=%s prompt_tokens=%d completion_tokens=%d queue_s=%.3f "
-      "ttft_s=%.3f total_s=%.3f preemptions=%d",
+      "request id=%s api=%s outcome=%s prompt_tokens=%d completion_tokens=%d queue_s=%.3f%s "
+      "total_s=%.3f preemptions=%d",
       Value(request_id), api, scheduler::FinishReasonName(info.reason), info.prompt_tokens,
-      info.completion_tokens, info.queue_seconds, info.ttft_seconds, info.total_seconds,
-      info.preemptions);
+      info.completion_tokens, info.queue_seconds, ttft, info.total_seconds, info.preemptions);
   if (!info.status.ok()) absl::StrAppend(&line, " error=", Quoted(info.status.ToString()));
   return line;
 }

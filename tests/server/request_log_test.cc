@@ -31,6 +31,18 @@ TEST(RequestLogLineTest, OneLogfmtLineWithTheRequestsNumbers) {
             "queue_s=0.001 ttft_s=0.050 total_s=0.412 preemptions=1");
 }
 
+// A request that ended before its first token (cancelled while it waited) has no time to it:
+// the field is left out, as the TTFT histogram observes nothing (it said ttft_s=0.000).
+TEST(RequestLogLineTest, NoFirstTokenNoTtft) {
+  scheduler::FinishInfo info = Finished();
+  info.reason = scheduler::FinishReason::kCancelled;
+  info.completion_tokens = 0;
+  info.ttft_seconds = 0.0;
+  EXPECT_EQ(RequestLogLine("http", "req-8", info),
+            "request id=req-8 api=http outcome=cancelled prompt_tokens=5 completion_tokens=0 "
+            "queue_s=0.001 total_s=0.412 preemptions=1");
+}
+
 // Ids come from clients: one with a space, a quote or a line break must not split the line
 // or forge a field.
 TEST(RequestLogLineTest, QuotesIdsAndErrorsThatWouldBreakTheLine) {
