@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -166,7 +167,13 @@ absl::StatusOr<scheduler::SamplingParams> BuildSampling(const v1::SamplingParams
                                                         int64_t vocab_size) {
   scheduler::SamplingParams o;
   o.temperature = sp.has_temperature() ? sp.temperature() : 1.0f;
-  if (!(o.temperature >= 0.0f) || !std::isfinite(o.temperature)) {
+  if (std::isinf(o.temperature)) {
+    // As a float: JSON's 1e300 arrives as inf (it said "= inf; it must be >= 0").
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "sampling.temperature = %g; it must be finite (at most %g)", sp.temperature(),
+        std::numeric_limits<float>::max()));
+  }
+  if (!(o.temperature >= 0.0f)) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "sampling.temperature = %g; it must be >= 0 (0 = greedy)", sp.temperature()));
   }

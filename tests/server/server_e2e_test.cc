@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <limits>
 #include <thread>
 
 #include "grpcpp/generic/generic_stub.h"
@@ -161,6 +162,13 @@ TEST_F(ServerE2ETest, BadInputGetsItsCodeAndTheServerKeepsServing) {
     auto r = base();
     r.mutable_sampling()->set_temperature(-1);
     cases.push_back({"negative temperature", r, grpc::StatusCode::INVALID_ARGUMENT, "temperature"});
+  }
+  {
+    // What JSON's 1e300 becomes as a float: it said "= inf; it must be >= 0".
+    auto r = base();
+    r.mutable_sampling()->set_temperature(std::numeric_limits<float>::infinity());
+    cases.push_back({"infinite temperature", r, grpc::StatusCode::INVALID_ARGUMENT,
+                     "sampling.temperature = inf; it must be finite (at most 3.40282e+38)"});
   }
   {
     auto r = base();
