@@ -34,6 +34,27 @@ std::string RandomHex128() {
   return absl::StrFormat("%016x%016x", hi, lo);
 }
 
+// A path segment as the client percent-encoded it (RFC 3986: a model named "org/name" comes as
+// org%2Fname): %XX decoded; a '%' not followed by two hex digits is kept as it is.
+std::string PercentDecoded(std::string_view s) {
+  auto hex = [](char c) {
+    return c >= '0' && c <= '9' ? c - '0'
+           : c >= 'a' && c <= 'f' ? c - 'a' + 10
+           : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                  : -1;
+  };
+  std::string out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '%' && i + 2 < s.size() && hex(s[i + 1]) >= 0 && hex(s[i + 2]) >= 0) {
+      out.push_back(static_cast<char>(hex(s[i + 1]) * 16 + hex(s[i + 2])));
+      i += 2;
+    } else {
+      out.push_back(s[i]);
+    }
+  }
+  return out;
+}
+
 using Json = nlohmann::ordered_json;
 using std::chrono::milliseconds;
 
@@ -330,7 +351,8 @@ void OpenAiHttpServer::Models(const HttpRequest& req, HttpResponder& out) {
              DumpJson({{"object", "list"}, {"data", Json::array({model})}}));
     return;
   }
-  const std::string id = req.path.substr(std::string("/v1/models/").size());
+  const std::string id =
+      PercentDecoded(std::string_view(req.path).substr(std::string_view("/v1/models/").size()));
   if (id != options_.served_model_name) {
     return SendError(out, 404, absl::StrCat("the model '", id, "' does not exist; this server "
                                             "serves '", options_.served_model_name, "'"));

@@ -31,6 +31,13 @@ TEST_F(OpenAiHttpTest, HealthAndModelsDescribeTheServer) {
   EXPECT_EQ(m["data"][0]["max_model_len"], 8192);
   EXPECT_EQ(HttpCall(http_port_, "GET", std::string("/v1/models/") + kModelName).status, 200);
   EXPECT_EQ(HttpCall(http_port_, "GET", "/v1/models/gpt-4o").status, 404);
+  // The id percent-decoded, as a client that encodes the path segment sends it (it was 404).
+  EXPECT_EQ(HttpCall(http_port_, "GET", "/v1/models/SmolLM2-135M-Instruct%2EQ4_1").status, 200);
+  EXPECT_EQ(HttpCall(http_port_, "GET", "/v1/models/SmolLM2-135M-Instruct%2eQ4%5F1").status, 200);
+  const HttpResult bad = HttpCall(http_port_, "GET", "/v1/models/SmolLM2%2-135M");
+  EXPECT_EQ(bad.status, 404);
+  EXPECT_NE(bad.body.find("the model 'SmolLM2%2-135M' does not exist"), std::string::npos)
+      << bad.body;
 
   // /metrics on the API port too, as vLLM serves it: the same families as --metrics-port's,
   // valid for promtool.
