@@ -167,7 +167,7 @@ absl::StatusOr<scheduler::SamplingParams> BuildSampling(const v1::SamplingParams
                                                         int64_t vocab_size) {
   scheduler::SamplingParams o;
   o.temperature = sp.has_temperature() ? sp.temperature() : 1.0f;
-  if (std::isinf(o.temperature)) {
+  if (o.temperature == std::numeric_limits<float>::infinity()) {
     // As a float: JSON's 1e300 arrives as inf (it said "= inf; it must be >= 0").
     return absl::InvalidArgumentError(absl::StrFormat(
         "sampling.temperature = %g; it must be finite (at most %g)", sp.temperature(),
