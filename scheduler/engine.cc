@@ -194,9 +194,11 @@ absl::Status Engine::SubmitAll(std::vector<Request> requests,
       return absl::UnavailableError("the server is shutting down; retry on another replica");
     }
     // Finished sequences still in pending_ until their sinks have heard (DeliverFinished)
-    // are neither running nor queued; nor are arrivals the next step starts in free slots
-    // while none waits ahead of them (a burst that fits the slots was refused until a step
-    // had run). Room in the pool is not foreseen: those it cannot start wait, and count then.
+    // are neither running nor queued; nor are earlier arrivals that the free slots take while
+    // none waited after the last step (a burst that fit the slots was refused until a step
+    // had run). The token budget, KV room or a group's shared prompt may hold some of them
+    // back: they count once a step has left them waiting (so a burst can pass the bound by
+    // at most the free slots). This call's own requests count in full.
     int64_t queued = pending_ - finishing_ - stats_.running;
     if (scheduler_waiting_ == 0) {
       queued -= std::min<int64_t>(queued, config_.scheduler.max_num_seqs - stats_.running);
@@ -250,7 +252,7 @@ EngineStats Engine::Stats() const {
   return stats_;
 }
 
-void Engine::PublishStats(const StepStats* step, int64_t finishing) {
+void Engine::PublishStats(const StepStats* step, int64_t finishing, bool scheduled) {
   EngineStats s;
   s.running = static_cast<int64_t>(scheduler_.running().size());
   s.waiting = static_cast<int64_t>(scheduler_.waiting().size());
@@ -281,7 +283,7 @@ void Engine::PublishStats(const StepStats* step, int64_t finishing) {
   s.v_row_bytes = backend_->kv_row_bytes();
   {
     std::lock_guard<std::mutex> lock(mu_);
-    scheduler_waiting_ = s.waiting;
+    if (scheduled) scheduler_waiting_ = s.waiting;
     s.waiting += static_cast<int64_t>(inbox_.size());
     s.last_step = step ? *step : stats_.last_step;
     stats_ = s;
@@ -341,9 +343,9 @@ void Engine::Finish(Sequence* seq, FinishReason reason, absl::Status status) {
   finished_.emplace_back(std::move(owned), std::move(info));
 }
 
-void Engine::DeliverFinished(const StepStats* step) {
+void Engine::DeliverFinished(const StepStats* step, bool scheduled) {
   if (finished_.empty() && !step) return;
-  PublishStats(step, static_cast<int64_t>(finished_.size()));
+  PublishStats(step, static_cast<int64_t>(finished_.size()), scheduled);
   if (finished_.empty()) return;
   for (auto& [seq, info] : finished_) seq->sink().OnFinish(info);
   {
@@ -557,7 +559,7 @@ void Engine::Loop() {
     }
     DrainInbox();
     CheckDeadlines();
-    DeliverFinished();  // cancellations and deadlines
+    DeliverFinished(nullptr, /*scheduled=*/false);  // cancellations and deadlines
     StepPlan plan = scheduler_.Schedule();
     if (plan.empty()) {
       // Submit checked that every request fits the pool alone, so an empty plan with work

@@ -118,10 +118,14 @@ class Engine {
   // any), then tells the sinks. So a client that has heard its request finish finds its pages
   // free and its tokens and steps counted (status, metrics).
   void Finish(Sequence* seq, FinishReason reason, absl::Status status);
-  void DeliverFinished(const StepStats* step = nullptr);
+  // `scheduled`: no arrivals were drained since the last Schedule (see PublishStats).
+  void DeliverFinished(const StepStats* step = nullptr, bool scheduled = true);
   void CheckDeadlines();
   // `finishing`: sequences removed but whose sinks are not yet told (still in pending_).
-  void PublishStats(const StepStats* step, int64_t finishing = 0);
+  // `scheduled` false: between DrainInbox and Schedule, when the scheduler's waiting
+  // sequences include arrivals the step is about to start (scheduler_waiting_ keeps the last
+  // step's count).
+  void PublishStats(const StepStats* step, int64_t finishing = 0, bool scheduled = true);
   // Applies the sparse V policy to sequences past their prompt; copies rows in the backend.
   void CompactSparseV(const StepPlan& plan);
   // Registers the blocks this step completed in the prefix cache.
@@ -156,7 +160,7 @@ class Engine {
   uint64_t submitted_ = 0;  // serial of the last submitted sequence
   int64_t pending_ = 0;  // inbox + waiting + running, for the queue limit and WaitIdle
   int64_t finishing_ = 0;  // of pending_: finished, sinks not yet told (DeliverFinished)
-  int64_t scheduler_waiting_ = 0;  // the scheduler's waiting sequences at the last step
+  int64_t scheduler_waiting_ = 0;  // the scheduler's waiting sequences after the last Schedule
   bool stop_ = false;
   std::condition_variable idle_cv_;
   EngineStats stats_;  // snapshot, guarded by mu_
