@@ -99,6 +99,21 @@ std::string HttpRequest::Header(const std::string& name) const {
   return it == headers.end() ? std::string() : it->second;
 }
 
+std::string PercentDecoded(std::string_view segment) {
+  std::string out;
+  for (size_t i = 0; i < segment.size(); ++i) {
+    const bool escape = segment[i] == '%' && i + 2 < segment.size() &&
+                        HexDigit(segment[i + 1]) >= 0 && HexDigit(segment[i + 2]) >= 0;
+    if (escape) {
+      out.push_back(static_cast<char>(HexDigit(segment[i + 1]) * 16 + HexDigit(segment[i + 2])));
+      i += 2;
+    } else {
+      out.push_back(segment[i]);
+    }
+  }
+  return out;
+}
+
 void HttpRequestReader::Reset() { *this = HttpRequestReader(limits_); }
 
 HttpRequestReader::Next HttpRequestReader::Refuse(int status, std::string why) {

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <string_view>
 
 namespace thetaserve::server {
 
@@ -27,6 +28,10 @@ struct HttpRequest {
   // The header's value, or "" (name lower-cased).
   std::string Header(const std::string& name) const;
 };
+
+// A path segment as the client percent-encoded it (RFC 3986: a model named "org/name" comes as
+// org%2Fname): each %XX decoded; a '%' not followed by two hex digits is kept as it is.
+std::string PercentDecoded(std::string_view segment);
 
 struct HttpRequestLimits {
   size_t max_head_bytes = 64 << 10;  // request line + headers (and the trailers of a chunked body)

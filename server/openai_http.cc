@@ -15,6 +15,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/strip.h"
+#include "server/http_request_reader.h"
 #include "server/openai_api.h"
 #include "server/openai_response.h"
 #include "server/service_sink.h"
@@ -32,27 +33,6 @@ std::string RandomHex128() {
   uint64_t hi = (uint64_t(device()) << 32) | device();
   uint64_t lo = (uint64_t(device()) << 32) | device();
   return absl::StrFormat("%016x%016x", hi, lo);
-}
-
-// A path segment as the client percent-encoded it (RFC 3986: a model named "org/name" comes as
-// org%2Fname): %XX decoded; a '%' not followed by two hex digits is kept as it is.
-std::string PercentDecoded(std::string_view s) {
-  auto hex = [](char c) {
-    return c >= '0' && c <= '9' ? c - '0'
-           : c >= 'a' && c <= 'f' ? c - 'a' + 10
-           : c >= 'A' && c <= 'F' ? c - 'A' + 10
-                                  : -1;
-  };
-  std::string out;
-  for (size_t i = 0; i < s.size(); ++i) {
-    if (s[i] == '%' && i + 2 < s.size() && hex(s[i + 1]) >= 0 && hex(s[i + 2]) >= 0) {
-      out.push_back(static_cast<char>(hex(s[i + 1]) * 16 + hex(s[i + 2])));
-      i += 2;
-    } else {
-      out.push_back(s[i]);
-    }
-  }
-  return out;
 }
 
 using Json = nlohmann::ordered_json;

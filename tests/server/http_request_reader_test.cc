@@ -229,5 +229,17 @@ TEST(HttpRequestReaderTest, AChunkedBodyInOneBytePiecesIsRead) {
   EXPECT_EQ(r.request().body, want);
 }
 
+// Path segments percent-decoded (GET /v1/models/{id}); what is not an escape stays.
+TEST(PercentDecodedTest, DecodesEscapesAndKeepsTheRest) {
+  EXPECT_EQ(PercentDecoded("org%2Fname%2eQ4_1"), "org/name.Q4_1");
+  EXPECT_EQ(PercentDecoded("plain-name"), "plain-name");
+  EXPECT_EQ(PercentDecoded("100%25"), "100%");
+  EXPECT_EQ(PercentDecoded("a%2"), "a%2");    // cut short at the end
+  EXPECT_EQ(PercentDecoded("a%"), "a%");
+  EXPECT_EQ(PercentDecoded("a%g1b"), "a%g1b");  // not hex
+  EXPECT_EQ(PercentDecoded("%41%42"), "AB");
+  EXPECT_EQ(PercentDecoded("x%00y"), std::string("x\0y", 3));
+}
+
 }  // namespace
 }  // namespace thetaserve::server
