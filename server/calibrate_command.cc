@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdio>
 #include <map>
+#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -40,10 +41,11 @@ constexpr char kUsage[] =
 absl::StatusOr<model::ThetaTable::KSchedule> ParseKSchedule(const std::string& text) {
   model::ThetaTable::KSchedule schedule;
   for (absl::string_view part : absl::StrSplit(text, ',')) {
-    std::pair<absl::string_view, absl::string_view> lk = absl::StrSplit(part, ':');
+    // A vector, not a pair: a pair drops a third field ("64:8:9" read as 64:8).
+    const std::vector<absl::string_view> lk = absl::StrSplit(part, ':');
     int64_t L = 0;
     int32_t k = 0;
-    if (!absl::SimpleAtoi(lk.first, &L) || !absl::SimpleAtoi(lk.second, &k)) {
+    if (lk.size() != 2 || !absl::SimpleAtoi(lk[0], &L) || !absl::SimpleAtoi(lk[1], &k)) {
       return absl::InvalidArgumentError(
           absl::StrCat("--k-schedule: '", part, "' is not LENGTH:K (e.g. 2048:64,8192:128)"));
     }

@@ -23,6 +23,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "kernels/backend.h"
+#include "nlohmann/json.hpp"
 #include "scheduler/sequence_runner.h"
 #include "server/cli_args.h"
 #include "server/commands.h"
@@ -217,13 +218,18 @@ int RunEval(const std::vector<std::string>& argv) {
   std::fprintf(stderr, "\n");
   const double ppl = std::exp(rows.nll / rows.n);
   auto ratio = [](int64_t a, int64_t b) { return b ? double(a) / b : 1.0; };
+  // Names and paths as JSON strings (a path may hold a quote or a backslash; bytes that are
+  // not UTF-8 become U+FFFD).
+  auto quoted = [](const std::string& s) {
+    return nlohmann::json(s).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  };
   std::string json = absl::StrFormat(
-      "{\"model\":\"%s\",\"text\":\"%s\",\"context\":%d,\"tokens\":%d,\"mode\":\"%s\","
-      "\"policy\":\"%s\",\"sdc\":\"%s\",\"vmc\":%s,\"theta_file\":\"%s\",\"perplexity\":%.5f,"
+      "{\"model\":%s,\"text\":%s,\"context\":%d,\"tokens\":%d,\"mode\":\"%s\","
+      "\"policy\":\"%s\",\"sdc\":\"%s\",\"vmc\":%s,\"theta_file\":%s,\"perplexity\":%.5f,"
       "\"matmul\":\"%s\",\"kv_cache_dtype\":\"%s\"",
-      loaded->model->config().name, text_path, *context, rows.n, theta->mode(), theta->policy,
-      kernels::SdcModeName(theta->config.sdc), theta->config.vmc ? "true" : "false",
-      args.GetString("theta"), ppl, matmul == kernels::MatMulMode::kExact ? "f32" : "int8",
+      quoted(loaded->model->config().name), quoted(text_path), *context, rows.n, theta->mode(),
+      theta->policy, kernels::SdcModeName(theta->config.sdc), theta->config.vmc ? "true" : "false",
+      quoted(args.GetString("theta")), ppl, matmul == kernels::MatMulMode::kExact ? "f32" : "int8",
       kernels::KvDtypeName(loaded->backend->kv_dtype()));
   if (compare) {
     const double ref_ppl = std::exp(rows.nll_ref / rows.n);

@@ -62,6 +62,10 @@ std::vector<int32_t> TokenizePrefix(const model::Tokenizer& tokenizer, const std
 
 absl::Status CheckWritable(const std::string& flag, const std::string& path) {
   namespace fs = std::filesystem;
+  // "" would pass as the working directory's file and fail only when written.
+  if (path.empty()) {
+    return absl::PermissionDeniedError(absl::StrCat("cannot write --", flag, ": the path is empty"));
+  }
   std::error_code ec;
   const fs::path p(path);
   const bool exists = fs::exists(p, ec);

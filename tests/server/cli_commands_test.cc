@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 #include "model/theta_table.h"
 #include "tests/server/e2e_util.h"
 #include "tests/server/server_process.h"
@@ -68,6 +69,9 @@ TEST(CliCommandTest, EveryCommandTellsABadCommandLineFromAFailedRun) {
        "thetaserve calibrate: --corpus and --out are required"},
       {"calibrate --model m.gguf --corpus c.txt --out t.json --context 512 --max-tokens 100",
        "thetaserve calibrate: --max-tokens 100 is less than one --context window of 512"},
+      // A third field was dropped: 64:8:9 ran as 64:8.
+      {"calibrate --model m.gguf --corpus c.txt --out t.json --k-schedule 64:8:9",
+       "thetaserve calibrate: --k-schedule: '64:8:9' is not LENGTH:K (e.g. 2048:64,8192:128)"},
       {"serve --model m.gguf --theta=", "thetaserve serve: --theta needs a file"},
       {"serve --model m.gguf --tls-cert c.pem",
        "thetaserve serve: --tls-cert and --tls-key go together"},
@@ -204,6 +208,9 @@ TEST(CliCommandTest, EvalAndCalibrateRefuseUselessRunsUpFront) {
        "thetaserve eval: cannot write --out /nonexistent/dir/x.jsonl", false},
       {calibrate + " --corpus" + kjv + " --out /nonexistent/dir/t.json",
        "thetaserve calibrate: cannot write --out /nonexistent/dir/t.json", false},
+      // An empty path passed as the working directory's, and failed after the whole run.
+      {calibrate + " --corpus" + kjv + " --out ''",
+       "thetaserve calibrate: cannot write --out: the path is empty", false},
       {eval + " --text " + SourceDir() + "/data",
        absl::StrCat("thetaserve eval: --text '", SourceDir(),
                     "/data' is not a file (a directory?)"),
@@ -252,6 +259,33 @@ TEST(CliCommandTest, AThetaFileWithNothingCalibratedIsSaidToRunDense) {
                      " has no calibrated θ (every bucket is null): attention runs dense"),
             std::string::npos)
       << out;
+}
+
+// eval's result line is JSON whatever the paths hold: a text file named with a quote and a
+// backslash came out as "text":"q"x\y.txt", which no reader could parse.
+TEST(CliCommandTest, EvalResultIsJsonWhateverThePathsHold) {
+  const ScopedTempDir tmp("cli_commands_test");
+  const std::string text = tmp.File("q\"x\\y.txt");
+  {
+    std::ifstream in(SourceDir() + "/data/kjv.txt");
+    std::string head(3000, '\0');
+    in.read(head.data(), head.size());
+    std::ofstream(text) << head;
+  }
+  const std::string out_path = tmp.File("eval.jsonl");
+  int rc = 0;
+  const std::string out = RunCommand(BinaryPath() + " eval --model " + DefaultModelPath() +
+                                         " --text '" + text + "' --context 64 --max-tokens 128"
+                                         " --out " + out_path + " 2>&1",
+                                     &rc);
+  ASSERT_EQ(rc, 0) << out;
+  std::ifstream in(out_path);
+  std::string line;
+  ASSERT_TRUE(std::getline(in, line));
+  const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+  ASSERT_FALSE(j.is_discarded()) << line;
+  EXPECT_EQ(j["text"], text);
+  EXPECT_GT(j["perplexity"].get<double>(), 1.0);
 }
 
 // `thetaserve calibrate` on the real model and the KJV corpus with `args`: its stdout and stderr.
