@@ -1,6 +1,5 @@
 // `thetaserve serve`: the gRPC server. Loads the model, warms up, serves Generate with health,
 // reflection and /metrics, and drains on SIGTERM/SIGINT.
-#include <signal.h>
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -33,6 +32,7 @@
 #include "server/model_loading.h"
 #include "server/openai_http.h"
 #include "server/request_log.h"
+#include "server/shutdown_signals.h"
 #include "server/theta_options.h"
 
 namespace thetaserve::server {
@@ -298,12 +298,8 @@ int RunServe(const std::vector<std::string>& argv) {
   }
   const std::string api_key = ApiKeyFlag(args);
 
-  // Signals go to the main thread's sigwait only: block them before any thread starts.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  // Before any thread starts (they inherit the blocked signals).
+  ShutdownSignals& signals = ShutdownSignals::Install();
 
   auto loaded = LoadModelForCli(args.GetString("model"), *device, static_cast<int>(*threads),
                                 MatMulFlag(args), *kv_dtype);
@@ -485,10 +481,10 @@ int RunServe(const std::vector<std::string>& argv) {
                                               WriteLogLine, *stats_interval);
   }
 
-  int sig = 0;
-  sigwait(&signals, &sig);
-  std::fprintf(stderr, "received %s: draining (up to %.0f s)\n", sig == SIGTERM ? "SIGTERM" : "SIGINT",
-               *drain);
+  signals.Serving();
+  const int sig = signals.WaitForFirst();
+  std::fprintf(stderr, "received %s: draining (up to %.0f s; again to exit now)\n",
+               ShutdownSignalName(sig), *drain);
   health->SetServingStatus("", false);
   health->SetServingStatus(kService, false);
   (*engine)->StartDrain();

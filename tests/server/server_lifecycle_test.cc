@@ -50,6 +50,41 @@ TEST(ServerLifecycleTest, DrainsOnSigtermWithHealthNotServing) {
   EXPECT_EQ(server.Wait(60), 0);
 }
 
+// A second signal during the drain ends the process at once (it waited out --drain-timeout,
+// or needed SIGKILL), with 128 + the signal; the in-flight stream is cut.
+TEST(ServerLifecycleTest, ASecondSignalEndsTheDrain) {
+  ServerProcess server({"--drain-timeout", "120"});
+  ASSERT_TRUE(server.started());
+  StreamResult r;
+  std::thread t([&] {
+    auto s = server.stub();
+    auto req = Prompt("A long time ago", 4000);
+    req.mutable_stopping()->set_ignore_eos(true);
+    r = Generate(*s, req);
+  });
+  auto stub = server.stub();
+  for (int i = 0; i < 500; ++i) {
+    grpc::ClientContext c;
+    v1::ServerStatus st;
+    if (stub->GetServerStatus(&c, {}, &st).ok() && st.running() > 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  server.Signal(SIGINT);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_EQ(server.HealthStatus(), "NOT_SERVING");  // draining, the stream still running
+  const auto start = std::chrono::steady_clock::now();
+  server.Signal(SIGINT);
+  EXPECT_EQ(server.Wait(20), 128 + SIGINT);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20));
+  t.join();
+  EXPECT_FALSE(r.status.ok()) << "the stream was cut, not finished";
+  const std::string log = ReadFileOrDie(server.log_path());
+  EXPECT_NE(log.find("received SIGINT: draining (up to 120 s; again to exit now)"),
+            std::string::npos) << log;
+  EXPECT_NE(log.find("received SIGINT again: exiting without waiting for the drain"),
+            std::string::npos) << log;
+}
+
 TEST(ServerLifecycleTest, TheCpuDefaultKvCacheHoldsTheWholeContext) {
   ServerProcess server({"--device", "cpu"});
   ASSERT_TRUE(server.started());
