@@ -75,6 +75,9 @@ int RunGenerate(const std::vector<std::string>& argv) {
     if (!st.ok()) return usage(st);
   }
   if (!args.Has("prompt")) return usage(absl::InvalidArgumentError("--prompt is required"));
+  if (args.Has("system") && !args.Has("chat")) {  // it was dropped without a word
+    return usage(absl::InvalidArgumentError("--system goes with --chat (a chat's system message)"));
+  }
   if (absl::Status st = CheckModelFlag(args.GetString("model")); !st.ok()) return usage(st);
   // The API's checks, so a value the server refuses is refused here too.
   v1::SamplingParams api;

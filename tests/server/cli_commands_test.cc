@@ -62,6 +62,8 @@ TEST(CliCommandTest, EveryCommandTellsABadCommandLineFromAFailedRun) {
        "thetaserve generate: flag --ignore-eos is a switch: --ignore-eos or "
        "--ignore-eos=true|false, not 'maybe'"},
       {"generate --prompt hi", "thetaserve generate: --model is required"},
+      {"generate --model m.gguf --prompt hi --system terse",
+       "thetaserve generate: --system goes with --chat (a chat's system message)"},
       {"eval --model m.gguf", "thetaserve eval: --text is required"},
       {"eval --model m.gguf --text t.txt --context 64 --max-tokens 10",
        "thetaserve eval: --max-tokens 10 is less than one --context window of 64"},
