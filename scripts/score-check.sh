@@ -45,8 +45,15 @@ PY
 serve_stop
 
 echo "== eval $* (one window of $tokens tokens)"
-eval_ppl=$("$BIN" eval --model "$MODEL" --text "$work/text.txt" --context "$tokens" \
-  --max-tokens "$tokens" "$@" 2>/dev/null | python3 -c '
+# eval's progress goes to a file, shown when it fails (a flag serve takes and eval does not
+# ended the script with no word).
+if ! eval_out=$("$BIN" eval --model "$MODEL" --text "$work/text.txt" --context "$tokens" \
+    --max-tokens "$tokens" "$@" 2>"$work/eval.log"); then
+  echo "score-check: eval failed:" >&2
+  tr '\r' '\n' < "$work/eval.log" | tail -5 >&2
+  exit 1
+fi
+eval_ppl=$(printf '%s\n' "$eval_out" | python3 -c '
 import json, sys
 for line in sys.stdin:
     if line.startswith("{"): print(json.loads(line)["perplexity"])')
