@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <random>
 #include <string>
 #include <vector>
@@ -28,6 +29,8 @@
 namespace ts = thetaserve;
 using ts::bench::Median;
 using ts::bench::Now;
+using ts::bench::IntFlag;
+using ts::bench::ParseFlags;
 using ts::bench::ParseList;
 using ts::kernels::cpu::AttentionShape;
 
@@ -97,30 +100,36 @@ Times Run(ts::kernels::cpu::ThreadPool& pool, const AttentionShape& shape,
   return t;
 }
 
+constexpr char kUsage[] =
+    "usage: thetaserve_attention_bench [--contexts 1024,2048,4096,8192,16384,32768] [--batch 1]\n"
+    "    [--repeats 15] [--threads N] [--kv-dtype f32|f16|bf16|fp8_e4m3|fp8_e5m2|q8_0]\n";
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::vector<int> contexts = {1024, 2048, 4096, 8192, 16384, 32768};
   int batch = 1, repeats = 15, threads = 0;
   ts::kernels::KvDtype dtype = ts::kernels::KvDtype::kF32;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    std::string k = argv[i], v = argv[i + 1];
+  ParseFlags(argc, argv, kUsage, [&](const std::string& k, const std::string& v) {
     if (k == "--contexts") {
       contexts = ParseList(v);
     } else if (k == "--batch") {
-      batch = std::stoi(v);
+      batch = IntFlag(k, v);
     } else if (k == "--repeats") {
-      repeats = std::stoi(v);
+      repeats = IntFlag(k, v);
     } else if (k == "--threads") {
-      threads = std::stoi(v);
+      threads = IntFlag(k, v);
     } else if (k == "--kv-dtype") {
       if (!ts::kernels::ParseKvDtype(v, &dtype)) {
         std::fprintf(stderr, "--kv-dtype must be f32, f16, bf16, fp8_e4m3, fp8_e5m2 or q8_0\n");
-        return 2;
+        std::exit(2);
       }
       if (dtype == ts::kernels::KvDtype::kAuto) dtype = ts::kernels::KvDtype::kF32;
+    } else {
+      return false;  // was ignored
     }
-  }
+    return true;
+  });
   const bool narrow = dtype != ts::kernels::KvDtype::kF32;
   const std::string name(ts::kernels::KvDtypeName(dtype));
   const int kv_heads = 3, group = 3, d = 64, bs = 16;

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <memory>
 
 #include "absl/strings/numbers.h"
@@ -12,6 +14,43 @@ namespace thetaserve::bench {
 
 double Now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+void ParseFlags(int argc, char** argv, const char* usage,
+                const std::function<bool(const std::string& flag, const std::string& value)>& take) {
+  for (int i = 1; i < argc; i += 2) {
+    const std::string flag = argv[i];
+    if (flag == "--help" || flag == "-h") {
+      std::fputs(usage, stdout);
+      std::exit(0);
+    }
+    if (i + 1 >= argc) {
+      std::fprintf(stderr, "%s needs a value\n%s", flag.c_str(), usage);
+      std::exit(2);
+    }
+    if (!take(flag, argv[i + 1])) {
+      std::fprintf(stderr, "unknown flag %s\n%s", flag.c_str(), usage);
+      std::exit(2);
+    }
+  }
+}
+
+int IntFlag(const std::string& flag, const std::string& value) {
+  int v = 0;
+  if (!absl::SimpleAtoi(value, &v)) {
+    std::fprintf(stderr, "%s wants an integer, got '%s'\n", flag.c_str(), value.c_str());
+    std::exit(2);
+  }
+  return v;
+}
+
+double DoubleFlag(const std::string& flag, const std::string& value) {
+  double v = 0;
+  if (!absl::SimpleAtod(value, &v)) {
+    std::fprintf(stderr, "%s wants a number, got '%s'\n", flag.c_str(), value.c_str());
+    std::exit(2);
+  }
+  return v;
 }
 
 double Median(std::vector<double> v) {

@@ -4,6 +4,7 @@
 
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -23,6 +24,16 @@ double Median(std::vector<double> v);
 
 // "1,8,32" -> {1, 8, 32}; parts that are not integers are skipped.
 std::vector<int> ParseList(const std::string& s);
+
+// A benchmark's command line of `--flag value` pairs, each given to take(flag, value), which
+// returns false for a flag it does not know. --help (or -h) prints `usage` and exits 0 (it
+// started a whole run); an unknown flag or one without its value exits 2, naming it.
+void ParseFlags(int argc, char** argv, const char* usage,
+                const std::function<bool(const std::string& flag, const std::string& value)>& take);
+// A flag's value as a number, or exit 2 naming the flag (std::stoi's exception ended the
+// process with "terminate called ... stoi").
+int IntFlag(const std::string& flag, const std::string& value);
+double DoubleFlag(const std::string& flag, const std::string& value);
 
 // Counts finished requests and their tokens; thread-safe (the engine thread finishes them,
 // the benchmark waits).

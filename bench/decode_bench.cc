@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -26,6 +27,8 @@
 namespace ts = thetaserve;
 using ts::bench::Median;
 using ts::bench::Now;
+using ts::bench::IntFlag;
+using ts::bench::ParseFlags;
 using ts::bench::ParseList;
 
 namespace {
@@ -51,6 +54,12 @@ double CopyBandwidth(int threads) {
   return Median(runs);
 }
 
+constexpr char kUsage[] =
+    "usage: thetaserve_bench [--model models/SmolLM2-135M-Instruct.Q4_1.gguf] [--batches 1,16]\n"
+    "    [--concurrency 1,8,32,64] [--repeats 5] [--threads N] [--prompt-tokens 32]\n"
+    "    [--decode-tokens 32] [--shared-prefix TOKENS [--shared-requests 16]]\n"
+    "    [--kv-dtype auto|f32|f16|bf16|fp8_e4m3|fp8_e5m2|q8_0]\n";
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -59,28 +68,27 @@ int main(int argc, char** argv) {
   int repeats = 5, threads = 0, prompt_tokens = 32, decode_tokens = 32;
   int shared_prefix = 0, shared_requests = 16;
   ts::kernels::KvDtype kv_dtype = ts::kernels::KvDtype::kAuto;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    std::string k = argv[i], v = argv[i + 1];
+  ParseFlags(argc, argv, kUsage, [&](const std::string& k, const std::string& v) {
     if (k == "--model") model_path = v;
     else if (k == "--batches") batches = v;
     else if (k == "--concurrency") concurrency = v;
-    else if (k == "--repeats") repeats = std::stoi(v);
-    else if (k == "--threads") threads = std::stoi(v);
-    else if (k == "--prompt-tokens") prompt_tokens = std::stoi(v);
-    else if (k == "--decode-tokens") decode_tokens = std::stoi(v);
-    else if (k == "--shared-prefix") shared_prefix = std::stoi(v);
-    else if (k == "--shared-requests") shared_requests = std::stoi(v);
+    else if (k == "--repeats") repeats = IntFlag(k, v);
+    else if (k == "--threads") threads = IntFlag(k, v);
+    else if (k == "--prompt-tokens") prompt_tokens = IntFlag(k, v);
+    else if (k == "--decode-tokens") decode_tokens = IntFlag(k, v);
+    else if (k == "--shared-prefix") shared_prefix = IntFlag(k, v);
+    else if (k == "--shared-requests") shared_requests = IntFlag(k, v);
     else if (k == "--kv-dtype") {
       if (!ts::kernels::ParseKvDtype(v, &kv_dtype)) {
         std::fprintf(stderr, "--kv-dtype must be auto, f32, f16, bf16, fp8_e4m3, fp8_e5m2 or q8_0, got '%s'\n",
                      v.c_str());
-        return 2;
+        std::exit(2);
       }
     } else {
-      std::fprintf(stderr, "unknown flag %s\n", k.c_str());
-      return 2;
+      return false;
     }
-  }
+    return true;
+  });
   std::fprintf(stderr, "loading %s ...\n", model_path.c_str());
   auto model = ts::model::Model::Load(model_path);
   if (!model.ok()) {

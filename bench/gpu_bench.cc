@@ -45,6 +45,9 @@ namespace ts = thetaserve;
 namespace cu = thetaserve::kernels::cuda;
 using namespace thetaserve::bench::gpu;  // the sections' shared pieces (gpu_bench_common.h)
 using ts::bench::Median;
+using ts::bench::DoubleFlag;
+using ts::bench::IntFlag;
+using ts::bench::ParseFlags;
 using ts::bench::ParseList;
 
 namespace {
@@ -292,6 +295,13 @@ void EndToEnd(const std::string& path, const std::vector<std::string>& theta_pat
   }
 }
 
+constexpr char kUsage[] =
+    "usage: thetaserve_gpu_bench [--contexts 1024,4096,16384,32768,131072] [--batches 1,8,32,64]\n"
+    "    [--prefill 1024,4096,16384] [--model models/SmolLM2-135M-Instruct.Q4_1.gguf]\n"
+    "    [--e2e-batches 1,8,32,64] [--e2e-long-prompt 8000] [--e2e-long-batches 8,32]\n"
+    "    [--theta thetas.json[,pre.json]] [--offload-contexts 8192,32768]\n"
+    "    [--offload-batches 1,8,32] [--by-kernel-context 32768] [--v-target 0.05] [--repeats 5]\n";
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -308,8 +318,7 @@ int main(int argc, char** argv) {
   // SmolLM2 with a k = 128 post-softmax table calibrated at 8,192 tokens read 4.7% of the V
   // rows at that context (docs/results.md, the fidelity section); 5% is the second point.
   double v_target = 0.05;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string k = argv[i], v = argv[i + 1];
+  ParseFlags(argc, argv, kUsage, [&](const std::string& k, const std::string& v) {
     if (k == "--contexts") contexts = ParseList(v);
     else if (k == "--batches") batches = ParseList(v);
     else if (k == "--prefill") prefill = ParseList(v);
@@ -317,17 +326,15 @@ int main(int argc, char** argv) {
     else if (k == "--offload-batches") offload_batches = ParseList(v);
     else if (k == "--e2e-batches") e2e = ParseList(v);
     else if (k == "--e2e-long-batches") e2e_long = ParseList(v);
-    else if (k == "--e2e-long-prompt") long_prompt = std::stoi(v);
+    else if (k == "--e2e-long-prompt") long_prompt = IntFlag(k, v);
     else if (k == "--model") model = v;
     else if (k == "--theta") theta = v;
-    else if (k == "--repeats") repeats = std::stoi(v);
-    else if (k == "--by-kernel-context") by_kernel_context = std::stoi(v);
-    else if (k == "--v-target") v_target = std::stod(v);
-    else {
-      std::fprintf(stderr, "unknown flag %s\n", k.c_str());
-      return 2;
-    }
-  }
+    else if (k == "--repeats") repeats = IntFlag(k, v);
+    else if (k == "--by-kernel-context") by_kernel_context = IntFlag(k, v);
+    else if (k == "--v-target") v_target = DoubleFlag(k, v);
+    else return false;
+    return true;
+  });
   if (cu::DeviceCount() == 0) {
     std::fprintf(stderr, "no CUDA device is visible\n");
     return 1;

@@ -35,6 +35,8 @@
 #include "scheduler/sampler.h"
 
 namespace ts = thetaserve;
+using ts::bench::IntFlag;
+using ts::bench::ParseFlags;
 using ts::scheduler::SamplingParams;
 
 namespace {
@@ -81,21 +83,21 @@ std::vector<Case> Cases() {
   return cs;
 }
 
+constexpr char kUsage[] =
+    "usage: thetaserve_sampler_bench [--vocab 49152] [--batch 64] [--threads N] [--repeats 15]\n";
+
 }  // namespace
 
 int main(int argc, char** argv) {
   int vocab = 49152, batch = 64, threads = 0, repeats = 15;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string k = argv[i], v = argv[i + 1];
-    if (k == "--vocab") vocab = std::stoi(v);
-    else if (k == "--batch") batch = std::stoi(v);
-    else if (k == "--threads") threads = std::stoi(v);
-    else if (k == "--repeats") repeats = std::stoi(v);
-    else {
-      std::fprintf(stderr, "unknown flag %s\n", k.c_str());
-      return 2;
-    }
-  }
+  ParseFlags(argc, argv, kUsage, [&](const std::string& k, const std::string& v) {
+    if (k == "--vocab") vocab = IntFlag(k, v);
+    else if (k == "--batch") batch = IntFlag(k, v);
+    else if (k == "--threads") threads = IntFlag(k, v);
+    else if (k == "--repeats") repeats = IntFlag(k, v);
+    else return false;
+    return true;
+  });
   if (threads <= 0) threads = int(std::thread::hardware_concurrency());
   std::printf("# sampling on the host: vocabulary %d, medians of %d runs, %u hardware threads\n", vocab,
               repeats, std::thread::hardware_concurrency());

@@ -290,6 +290,30 @@ TEST(CliCommandTest, EvalResultIsJsonWhateverThePathsHold) {
   EXPECT_GT(j["perplexity"].get<double>(), 1.0);
 }
 
+// The benchmarks' command lines: --help prints the usage (it started a whole run: 1 GiB copy
+// buffers on every core), a number that does not parse exits 2 naming the flag (std::stoi's
+// exception aborted), and an unknown flag is refused (the attention benchmark ignored it).
+TEST(CliCommandTest, BenchmarksTakeHelpAndRefuseBadFlags) {
+  const std::string dir = BinaryPath().substr(0, BinaryPath().rfind('/'));
+  const std::string bench = dir + "/thetaserve_bench", attention = dir + "/thetaserve_attention_bench";
+  if (!std::ifstream(bench).good() || !std::ifstream(attention).good()) {
+    GTEST_SKIP() << "the benchmarks are not built beside " << BinaryPath();
+  }
+  int rc = 0;
+  std::string out = RunCommand(bench + " --help 2>&1", &rc);
+  EXPECT_EQ(ExitStatus(rc), 0) << out;
+  EXPECT_EQ(out.rfind("usage: thetaserve_bench ", 0), 0u) << out;
+  out = RunCommand(bench + " --repeats abc 2>&1", &rc);
+  EXPECT_EQ(ExitStatus(rc), 2) << out;
+  EXPECT_NE(out.find("--repeats wants an integer, got 'abc'"), std::string::npos) << out;
+  out = RunCommand(attention + " --contexts 64 --bogus 1 2>&1", &rc);
+  EXPECT_EQ(ExitStatus(rc), 2) << out;
+  EXPECT_NE(out.find("unknown flag --bogus"), std::string::npos) << out;
+  out = RunCommand(attention + " --repeats 2>&1", &rc);
+  EXPECT_EQ(ExitStatus(rc), 2) << out;
+  EXPECT_NE(out.find("--repeats needs a value"), std::string::npos) << out;
+}
+
 // `thetaserve calibrate` on the real model and the KJV corpus with `args`: its stdout and stderr.
 std::string RunCalibrate(const std::string& args, int* rc) {
   return RunCommand(BinaryPath() + " calibrate --model " + DefaultModelPath() + " --corpus " +
