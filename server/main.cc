@@ -1,4 +1,5 @@
 // thetaserve: an LLM serving server with a paged sparse KV cache (Top-θ attention).
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -23,6 +24,30 @@ void PrintUsage(std::FILE* to) {
                "'thetaserve --version' for the version and the backends built in\n");
 }
 
+// What a command that succeeded returns once its output is flushed: 1 when standard output
+// could not be written (a full disk under `> file`; it exited 0 with the output cut short).
+int Finished(const std::string& command, int rc) {
+  const bool flushed = std::fflush(stdout) == 0;
+  const int error = errno;
+  if (rc != 0 || (flushed && !std::ferror(stdout))) return rc;
+  std::fprintf(stderr, "thetaserve %s: cannot write standard output%s%s\n", command.c_str(),
+               flushed ? "" : ": ", flushed ? "" : std::strerror(error));
+  return 1;
+}
+
+int Run(const std::string& command, const std::vector<std::string>& args) {
+  if (command == "generate") return thetaserve::server::RunGenerate(args);
+  if (command == "serve") return thetaserve::server::RunServe(args);
+  if (command == "client") return thetaserve::server::RunClient(args);
+  if (command == "status") return thetaserve::server::RunStatus(args);
+  if (command == "health") return thetaserve::server::RunHealth(args);
+  if (command == "calibrate") return thetaserve::server::RunCalibrate(args);
+  if (command == "eval") return thetaserve::server::RunEval(args);
+  std::fprintf(stderr, "thetaserve: unknown command '%s'\n", command.c_str());
+  PrintUsage(stderr);
+  return 2;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -39,16 +64,6 @@ int main(int argc, char** argv) {
                 THETASERVE_HAVE_CUDA ? ", cuda (" THETASERVE_CUDA_BUILD ")" : "");
     return 0;
   }
-  std::string command = argv[1];
-  std::vector<std::string> args(argv + 2, argv + argc);
-  if (command == "generate") return thetaserve::server::RunGenerate(args);
-  if (command == "serve") return thetaserve::server::RunServe(args);
-  if (command == "client") return thetaserve::server::RunClient(args);
-  if (command == "status") return thetaserve::server::RunStatus(args);
-  if (command == "health") return thetaserve::server::RunHealth(args);
-  if (command == "calibrate") return thetaserve::server::RunCalibrate(args);
-  if (command == "eval") return thetaserve::server::RunEval(args);
-  std::fprintf(stderr, "thetaserve: unknown command '%s'\n", command.c_str());
-  PrintUsage(stderr);
-  return 2;
+  const std::string command = argv[1];
+  return Finished(command, Run(command, std::vector<std::string>(argv + 2, argv + argc)));
 }

@@ -290,6 +290,20 @@ TEST(CliCommandTest, EvalResultIsJsonWhateverThePathsHold) {
   EXPECT_GT(j["perplexity"].get<double>(), 1.0);
 }
 
+// A command whose standard output could not be written fails (generate, eval and calibrate
+// exited 0 with their output lost, as under `> file` on a full disk).
+TEST(CliCommandTest, OutputThatCannotBeWrittenFailsTheCommand) {
+  if (!std::ifstream("/dev/full").good()) GTEST_SKIP() << "no /dev/full here";
+  int rc = 0;
+  const std::string out = RunCommand(BinaryPath() + " generate --model " + DefaultModelPath() +
+                                         " --prompt 'Once upon a time' --max-tokens 2"
+                                         " 2>&1 >/dev/full",
+                                     &rc);
+  EXPECT_EQ(ExitStatus(rc), 1) << out;
+  EXPECT_NE(out.find("thetaserve generate: cannot write standard output"), std::string::npos)
+      << out;
+}
+
 // The benchmarks' command lines: --help prints the usage (it started a whole run: 1 GiB copy
 // buffers on every core), a number that does not parse exits 2 naming the flag (std::stoi's
 // exception aborted), and an unknown flag is refused (the attention benchmark ignored it).
