@@ -93,6 +93,10 @@ std::optional<int> ParseCommandLine(const char* command, const std::vector<std::
                                     std::map<std::string, bool> known, const std::string& usage,
                                     CliArgs* args) {
   known.emplace("help", false);
+  if (argv.size() == 1 && argv[0] == "-h") {  // as `thetaserve -h` (it was an unexpected argument)
+    std::fputs(usage.c_str(), stdout);
+    return 0;
+  }
   absl::StatusOr<CliArgs> parsed = CliArgs::Parse(argv, known);
   if (!parsed.ok()) {
     std::fprintf(stderr, "thetaserve %s: %s\nrun 'thetaserve %s --help' for its flags\n", command,

@@ -95,21 +95,28 @@ ensure_model() {
   esac
 }
 
+# shown: the words given with an API key's value as *** (for the log and print-args, which
+# printed it in clear).
+masked() {
+  shown=("$@")
+  for i in "${!shown[@]}"; do
+    if [ "${shown[$i]}" = "--api-key" ] && [ $((i + 1)) -lt ${#shown[@]} ]; then shown[i + 1]="***"; fi
+  done
+}
+
 cmd="${1:-serve}"
 [ $# -gt 0 ] && shift
 case "$cmd" in
   serve)
     ensure_model
     serve_args
-    shown=("${args[@]}" "$@")
-    for i in "${!shown[@]}"; do  # keep an API key out of the log
-      if [ "${shown[$i]}" = "--api-key" ] && [ $((i + 1)) -lt ${#shown[@]} ]; then shown[i + 1]="***"; fi
-    done
+    masked "${args[@]}" "$@"
     log "exec ${shown[*]}"
     exec "${args[@]}" "$@" ;;
   print-args)
     serve_args
-    printf '%s\n' "${args[@]}" "$@" ;;
+    masked "${args[@]}" "$@"
+    printf '%s\n' "${shown[@]}" ;;
   fetch-model)
     fetch_model ;;
   health)

@@ -119,6 +119,14 @@ for pair in false:off true:on off:off on:on; do
   esac
 done
 echo "entrypoint: --prefix-caching on/off, quoted or read as booleans: ok"
+# print-args shows an API key as the serve log does: *** (it printed it in clear).
+got="$(env -i PATH="$PATH" THETASERVE_HOME=/opt/thetaserve THETASERVE_FLAG_API_KEY=s3cret \
+  bash deploy/docker/entrypoint.sh print-args | tr '\n' ' ')"
+case "$got" in
+  *s3cret*) echo "entrypoint print-args showed the API key: '$got'" >&2; exit 1 ;;
+  *"--api-key ***"*) echo "entrypoint: print-args masks the API key: ok" ;;
+  *) echo "entrypoint print-args lost --api-key: '$got'" >&2; exit 1 ;;
+esac
 if env -i PATH="$PATH" THETASERVE_HOME="$tmp" THETASERVE_MODEL="$tmp/none.gguf" \
     bash deploy/docker/entrypoint.sh serve 2>"$tmp/err"; then
   echo "entrypoint serve with a missing non-default model should fail" >&2

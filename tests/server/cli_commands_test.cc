@@ -34,9 +34,11 @@ TEST(CliCommandTest, EveryCommandTellsABadCommandLineFromAFailedRun) {
     EXPECT_EQ(ExitStatus(rc), 2) << command << "\n" << out;
     EXPECT_EQ(out, "thetaserve " + command + ": unknown flag --bogus\nrun 'thetaserve " +
                        command + " --help' for its flags\n");
-    out = RunCommand(bin + " " + command + " --help 2>/dev/null", &rc);
-    EXPECT_EQ(ExitStatus(rc), 0) << command;
-    EXPECT_EQ(out.rfind("usage: thetaserve " + command, 0), 0u) << command << "\n" << out;
+    for (const char* help : {" --help", " -h"}) {  // -h alone was an unexpected argument
+      out = RunCommand(bin + " " + command + help + " 2>/dev/null", &rc);
+      EXPECT_EQ(ExitStatus(rc), 0) << command << help;
+      EXPECT_EQ(out.rfind("usage: thetaserve " + command, 0), 0u) << command << "\n" << out;
+    }
   }
   // Values out of range or of the wrong kind, before anything starts.
   const std::pair<std::string, std::string> usage_errors[] = {
