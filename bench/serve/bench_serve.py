@@ -55,7 +55,7 @@ import metrics as metrics_mod  # noqa: E402
 from bench_clients import GrpcTokenCounter  # noqa: E402
 from bench_dataset import (BenchRequest, build_dataset, load_dataset,  # noqa: E402
                            make_prompt, parse_length_spec, save_dataset, word_token_counter)
-from bench_load import run_benchmark  # noqa: E402
+from bench_load import parse_goodput, run_benchmark  # noqa: E402
 
 __all__ = ["ROOT", "BenchRequest", "add_args", "build_dataset", "finalize_cfg", "format_summary",
            "get_dataset", "load_dataset", "main", "make_prompt", "parse_length_spec",
@@ -187,11 +187,47 @@ def finalize_cfg(cfg):
     return cfg
 
 
+def check_cfg(p: argparse.ArgumentParser, cfg):
+    """Refuses, as argparse does (usage, exit 2), what would end in a traceback or a silent
+    surprise later: a rate or concurrency below 1 request, bad lengths or SLOs, a corpus that
+    is not there, a result file that could not be written after the whole run."""
+    if cfg.request_rate <= 0:
+        p.error(f"--request-rate must be > 0 (inf: all at once), got {cfg.request_rate}")
+    for flag, v in (("--concurrency", cfg.concurrency), ("--max-concurrency", cfg.max_concurrency),
+                    ("--num-prompts", cfg.num_prompts)):
+        if v is not None and v < 1:
+            p.error(f"{flag} must be >= 1, got {v}")
+    for flag, spec in (("--input-len", cfg.input_len), ("--output-len", cfg.output_len)):
+        try:
+            parse_length_spec(spec)
+        except ValueError as e:
+            p.error(f"{flag}: {e} (N or A:B)")
+    try:
+        parse_goodput(cfg.goodput)
+    except ValueError as e:
+        p.error(f"--goodput: {e} (NAME:MS, e.g. ttft:1000)")
+    for path in cfg.corpus or []:
+        if not os.path.isfile(path):
+            p.error(f"--corpus {path}: no such file")
+    if cfg.result_file:  # opened now, as it will be (access() says yes to root everywhere)
+        path = pathlib.Path(cfg.result_file)
+        existed = path.exists()
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with open(path, "a"):
+                pass
+        except OSError as e:
+            p.error(f"--result-file {cfg.result_file} cannot be written: {e.strerror}")
+        if not existed:
+            path.unlink()
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_args(p)
     cfg = finalize_cfg(p.parse_args(argv))
+    check_cfg(p, cfg)
     reqs = get_dataset(cfg)
     result = run_benchmark(cfg, reqs)
     print(format_summary(result))

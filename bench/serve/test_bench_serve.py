@@ -142,6 +142,31 @@ def free_port():
     return p
 
 
+class CommandLineTest(unittest.TestCase):
+    """Bad flags end as argparse's errors (exit 2, the flag named) before anything runs: they
+    were tracebacks, a silent 'unlimited' for --concurrency 0, or a result file found
+    unwritable after the whole run."""
+
+    def test_bad_flags_are_refused_up_front(self):
+        import contextlib
+        import io
+        cases = [(["--request-rate", "-1"], "--request-rate must be > 0"),
+                 (["--concurrency", "0"], "--concurrency must be >= 1"),
+                 (["--input-len", "0"], "--input-len: length '0': need >= 1"),
+                 (["--output-len", "5:2"], "--output-len: length range '5:2'"),
+                 (["--goodput", "ttft"], "--goodput:"),
+                 (["--goodput", "latency:5"], "--goodput: goodput SLO 'latency'"),
+                 (["--corpus", "/nonexistent/c.txt"], "--corpus /nonexistent/c.txt: no such file"),
+                 (["--result-file", tempfile.gettempdir()], "cannot be written")]
+        for argv, message in cases:
+            err = io.StringIO()
+            with self.subTest(argv=argv), contextlib.redirect_stderr(err):
+                with self.assertRaises(SystemExit) as e:
+                    bench_serve.main(argv)
+                self.assertEqual(e.exception.code, 2)
+                self.assertIn(message, err.getvalue())
+
+
 class SustainableRateTest(unittest.TestCase):
     @staticmethod
     def point(rate, completed_rate, p99_s, failed=0, requests=None):
