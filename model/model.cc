@@ -134,9 +134,12 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& path) {
   model->path_ = path;
   const bool is_dir = StatIs(path, S_IFDIR);
   if (!is_dir && !StatIs(path, S_IFREG)) {
+    struct stat st;
+    const bool exists = ::stat(path.c_str(), &st) == 0;  // a FIFO or a device was "not there"
     return absl::NotFoundError(absl::StrCat(
-        "model path ", path, " does not exist (expected a .gguf file or a directory with "
-        "config.json, *.safetensors and tokenizer.json)"));
+        "model path ", path, exists ? " is not a regular file or a directory" : " does not exist",
+        " (expected a .gguf file or a directory with config.json, *.safetensors and "
+        "tokenizer.json)"));
   }
   if (!is_dir) {
     auto gguf = GgufFile::Open(path);

@@ -77,6 +77,10 @@ absl::Status CheckAddressFlag(const std::string& addr) {
     if (colon != std::string::npos && addr.find(':', colon + 1) != std::string::npos) {
       return absl::OkStatus();
     }
+    if (colon == 0) {  // ":50051": gRPC tried to resolve the empty host (a DNS error, exit 1)
+      return absl::InvalidArgumentError(
+          absl::StrCat("--addr '", addr, "' is not HOST:PORT: the host is missing (localhost?)"));
+    }
     if (colon != std::string::npos) port = addr.substr(colon + 1);
   }
   int64_t value = 0;

@@ -1,4 +1,5 @@
 // `thetaserve client`: streams one completion from a running server to stdout.
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <limits>
@@ -150,12 +151,14 @@ int RunClient(const std::vector<std::string>& argv) {
   v1::GenerateResponse resp;
   // One completion streams as it comes; several are printed whole, one after another.
   std::vector<std::string> texts(*n);
+  bool wrote = false;  // n == 1: text went to stdout
   std::vector<v1::Complete> completes(*n);
   while (reader->Read(&resp)) {
     if (resp.has_chunk() && resp.chunk().index() < texts.size()) {
       if (*n == 1) {
         std::fwrite(resp.chunk().text().data(), 1, resp.chunk().text().size(), stdout);
         std::fflush(stdout);
+        wrote |= !resp.chunk().text().empty();
       } else {
         texts[resp.chunk().index()] += resp.chunk().text();
       }
@@ -164,8 +167,12 @@ int RunClient(const std::vector<std::string>& argv) {
     }
   }
   grpc::Status status = reader->Finish();
-  if (*n == 1) std::fputc('\n', stdout);
-  for (int64_t i = 0; *n > 1 && i < *n; ++i) {
+  // Nothing on stdout for a call that failed before any text (it printed an empty line, or
+  // empty completions).
+  const bool any_text = wrote || std::any_of(texts.begin(), texts.end(),
+                                             [](const std::string& t) { return !t.empty(); });
+  if (*n == 1 && wrote) std::fputc('\n', stdout);
+  for (int64_t i = 0; *n > 1 && (status.ok() || any_text) && i < *n; ++i) {
     std::printf("--- completion %lld ---\n%s\n", static_cast<long long>(i), texts[i].c_str());
   }
   if (!status.ok()) {

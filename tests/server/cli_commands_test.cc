@@ -46,6 +46,8 @@ TEST(CliCommandTest, EveryCommandTellsABadCommandLineFromAFailedRun) {
        "thetaserve client: --addr 'localhost:99999' is not HOST:PORT with a port in [1, 65535]"},
       {"health --addr localhost:0", "thetaserve health: --addr 'localhost:0' is not HOST:PORT"},
       {"status --addr :x", "thetaserve status: --addr ':x' is not HOST:PORT"},
+      {"status --addr :50051",
+       "thetaserve status: --addr ':50051' is not HOST:PORT: the host is missing (localhost?)"},
       {"client --addr localhost:1", "thetaserve client: --prompt is required"},
       {"client --prompt hi --addr localhost", "thetaserve client: --addr 'localhost' is not"},
       {"client --prompt hi --max-tokens 0",
@@ -101,6 +103,11 @@ TEST(CliCommandTest, EveryCommandTellsABadCommandLineFromAFailedRun) {
     EXPECT_EQ(ExitStatus(rc), 1) << args << "\n" << out;
     EXPECT_NE(out.find(message), std::string::npos) << args << "\n" << out;
   }
+  // A client that reached no server prints nothing on stdout (it printed an empty line).
+  EXPECT_EQ(RunCommand(bin + " client --prompt hi --timeout 5 --addr " + nobody + " 2>/dev/null",
+                       &rc),
+            "");
+  EXPECT_EQ(ExitStatus(rc), 1);
   std::string out = RunCommand(bin + " 2>&1", &rc);
   EXPECT_EQ(ExitStatus(rc), 2);
   EXPECT_EQ(out.rfind("usage: thetaserve <command>", 0), 0u) << out;
