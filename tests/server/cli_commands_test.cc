@@ -344,6 +344,24 @@ std::string RunCalibrate(const std::string& args, int* rc) {
                     rc);
 }
 
+// Two θ files of the same model side by side at L = 480, over the calibrated layers (2 on:
+// layers 0-1 are dense, k = 512) and every head: both positive and within a factor
+// e^max_log_ratio of each other. Counts the heads whose θ differ, and all heads.
+void CompareThetaAt480(const model::ThetaTable& a, const model::ThetaTable& b,
+                       float max_log_ratio, int* differ, int* heads) {
+  for (int32_t l = 2; l < a.num_layers(); ++l) {
+    for (int32_t h = 0; h < a.num_heads(); ++h) {
+      const float x = a.Theta(l, h, 480), y = b.Theta(l, h, 480);
+      ASSERT_GT(x, 0.0f);
+      ASSERT_GT(y, 0.0f);
+      EXPECT_LT(std::fabs(std::log(y / x)), max_log_ratio)
+          << "layer " << l << " head " << h << ": " << x << " vs " << y;
+      *differ += x != y;
+      ++*heads;
+    }
+  }
+}
+
 // `calibrate --k-schedule` on the real model: the file records the schedule, θ is unchanged
 // where k is (rows up to the first point see the same k, and attention is causal) and lower
 // past it (post-softmax, the (k+1)-th largest probability falls as k grows); a schedule that
@@ -412,17 +430,7 @@ TEST(CalibrateCommandTest, ScoresAreComputedOverTheGivenKvCacheDtype) {
   auto b = model::ThetaTable::Load(fp8);
   ASSERT_TRUE(a.ok() && b.ok());
   int differ = 0, heads = 0;
-  for (int32_t l = 2; l < a->num_layers(); ++l) {
-    for (int32_t h = 0; h < a->num_heads(); ++h) {
-      const float x = a->Theta(l, h, 480), y = b->Theta(l, h, 480);
-      ASSERT_GT(x, 0.0f);
-      ASSERT_GT(y, 0.0f);
-      EXPECT_LT(std::fabs(std::log(y / x)), 0.5f)
-          << "layer " << l << " head " << h << ": " << x << " vs " << y;
-      differ += x != y;
-      ++heads;
-    }
-  }
+  ASSERT_NO_FATAL_FAILURE(CompareThetaAt480(*a, *b, 0.5f, &differ, &heads));
   EXPECT_GT(differ, heads / 2) << "fp8 pages gave f32's thresholds: were they used?";
 }
 
@@ -449,17 +457,7 @@ TEST(CalibrateCommandTest, ExactMatmulCalibratesOnF32Activations) {
   auto b = model::ThetaTable::Load(f32);
   ASSERT_TRUE(a.ok() && b.ok());
   int differ = 0, heads = 0;
-  for (int32_t l = 2; l < a->num_layers(); ++l) {
-    for (int32_t h = 0; h < a->num_heads(); ++h) {
-      const float x = a->Theta(l, h, 480), y = b->Theta(l, h, 480);
-      ASSERT_GT(x, 0.0f);
-      ASSERT_GT(y, 0.0f);
-      EXPECT_LT(std::fabs(std::log(y / x)), 0.25f)
-          << "layer " << l << " head " << h << ": " << x << " vs " << y;
-      differ += x != y;
-      ++heads;
-    }
-  }
+  ASSERT_NO_FATAL_FAILURE(CompareThetaAt480(*a, *b, 0.25f, &differ, &heads));
   EXPECT_GT(differ, heads / 2) << "--exact-matmul gave int8's thresholds: was it used?";
 }
 

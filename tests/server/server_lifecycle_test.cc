@@ -18,6 +18,16 @@
 namespace thetaserve::testing {
 namespace {
 
+// Polls GetServerStatus until a request runs (up to ~5 s).
+void WaitForARunningRequest(v1::Generation::Stub& stub) {
+  for (int i = 0; i < 500; ++i) {
+    grpc::ClientContext c;
+    v1::ServerStatus st;
+    if (stub.GetServerStatus(&c, {}, &st).ok() && st.running() > 0) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
 TEST(ServerLifecycleTest, DrainsOnSigtermWithHealthNotServing) {
   ServerProcess server({"--drain-timeout", "60"});
   ASSERT_TRUE(server.started());
@@ -33,12 +43,7 @@ TEST(ServerLifecycleTest, DrainsOnSigtermWithHealthNotServing) {
   });
   // Wait until the request runs, then signal.
   auto stub = server.stub();
-  for (int i = 0; i < 500; ++i) {
-    grpc::ClientContext c;
-    v1::ServerStatus st;
-    if (stub->GetServerStatus(&c, {}, &st).ok() && st.running() > 0) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
+  WaitForARunningRequest(*stub);
   server.Signal(SIGTERM);
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
   EXPECT_EQ(server.HealthStatus(), "NOT_SERVING");
@@ -63,12 +68,7 @@ TEST(ServerLifecycleTest, ASecondSignalEndsTheDrain) {
     r = Generate(*s, req);
   });
   auto stub = server.stub();
-  for (int i = 0; i < 500; ++i) {
-    grpc::ClientContext c;
-    v1::ServerStatus st;
-    if (stub->GetServerStatus(&c, {}, &st).ok() && st.running() > 0) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
+  WaitForARunningRequest(*stub);
   server.Signal(SIGINT);
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   EXPECT_EQ(server.HealthStatus(), "NOT_SERVING");  // draining, the stream still running
