@@ -88,9 +88,13 @@ struct FinishInfo {
   int64_t prompt_tokens = 0;
   int64_t completion_tokens = 0;
   double queue_seconds = 0;     // arrival to first scheduled
-  double ttft_seconds = 0;      // arrival to first token
+  double ttft_seconds = 0;      // arrival to first token; meaningful only with has_ttft()
   double total_seconds = 0;     // arrival to finish
   int64_t preemptions = 0;
+
+  // Whether a first token came (a request cancelled while queued, or refused, has none: its
+  // ttft_seconds is not a time to first token).
+  bool has_ttft() const { return completion_tokens > 0; }
 };
 
 // Receives a request's output. Called on the engine thread only: implementations must not

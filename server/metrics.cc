@@ -265,7 +265,7 @@ void Metrics::OnFinish(const scheduler::FinishInfo& info) {
   finished_[static_cast<int>(info.reason)]->Increment();
   e2e_.Observe(info.total_seconds);
   queue_.Observe(info.queue_seconds);
-  if (info.completion_tokens > 0) ttft_.Observe(info.ttft_seconds);
+  if (info.has_ttft()) ttft_.Observe(info.ttft_seconds);
 }
 
 void Metrics::OnInterTokenLatency(double seconds) { itl_.Observe(seconds); }

@@ -47,7 +47,7 @@ std::string RequestLogLine(std::string_view api, std::string_view request_id,
                            const scheduler::FinishInfo& info) {
   // No first token (cancelled or failed before one, or prompt logprobs alone): no ttft_s, as
   // the TTFT histogram observes none; 0.000 read as an instant one.
-  const std::string ttft = info.completion_tokens > 0
+  const std::string ttft = info.has_ttft()
                                ? absl::StrFormat(" ttft_s=%.3f", info.ttft_seconds)
                                : std::string();
   std::string line = absl::StrFormat(

@@ -108,6 +108,17 @@ absl::StatusOr<ThetaOptions> ParseThetaOptions(const CliArgs& args) {
       return absl::InvalidArgumentError(absl::StrCat(
           "--policy ", out.policy, " needs --theta (dense attention retains every row)"));
     }
+    // Compensation applies to rows Top-θ drops, so without a θ file these do nothing. Said
+    // rather than refused: a deployment that sets them once and turns Top-θ on and off by the
+    // θ file alone (as the chart's config allows) keeps starting.
+    for (const char* flag : {"sdc", "no-vmc"}) {
+      if (args.Has(flag)) {
+        std::fprintf(stderr,
+                     "warning: --%s applies to Top-θ (--theta); without a θ file attention is "
+                     "dense and it does nothing\n",
+                     flag);
+      }
+    }
   }
   return out;
 }

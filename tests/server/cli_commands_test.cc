@@ -272,6 +272,37 @@ TEST(CliCommandTest, AThetaFileWithNothingCalibratedIsSaidToRunDense) {
       << out;
 }
 
+// --sdc and --no-vmc compensate for rows Top-θ drops: without --theta they do nothing, which
+// is said (they were taken silently). Not refused: a deployment may set them once and turn
+// Top-θ on and off by the θ file alone. Given with a θ file, nothing is said.
+TEST(CliCommandTest, CompensationFlagsWithoutAThetaFileAreSaidToDoNothing) {
+  const std::string generate =
+      BinaryPath() + " generate --model " + DefaultModelPath() + " --prompt 'Once' --max-tokens 1";
+  int rc = 0;
+  std::string out = RunCommand(generate + " --sdc none --no-vmc 2>&1", &rc);
+  EXPECT_EQ(ExitStatus(rc), 0) << out;
+  for (const char* flag : {"--sdc", "--no-vmc"}) {
+    EXPECT_NE(out.find(absl::StrCat("warning: ", flag,
+                                    " applies to Top-θ (--theta); without a θ file attention is "
+                                    "dense and it does nothing")),
+              std::string::npos)
+        << out;
+  }
+  out = RunCommand(generate + " 2>&1", &rc);
+  EXPECT_EQ(ExitStatus(rc), 0) << out;
+  EXPECT_EQ(out.find("warning:"), std::string::npos) << out;
+
+  const ScopedTempDir tmp("cli_commands_test");
+  model::ThetaTable t(2, 1, {16, 32});  // refused later for its shape: the flags come first
+  t.k_per_layer = {8, 8};
+  t.Finalize();
+  const std::string path = tmp.File("theta.json");
+  ASSERT_TRUE(t.Save(path).ok());
+  out = RunCommand(generate + " --theta " + path + " --sdc none --no-vmc 2>&1", &rc);
+  EXPECT_NE(out.find("2 layers × 1 heads"), std::string::npos) << out;
+  EXPECT_EQ(out.find("applies to Top-θ"), std::string::npos) << out;
+}
+
 // eval's result line is JSON whatever the paths hold: a text file named with a quote and a
 // backslash came out as "text":"q"x\y.txt", which no reader could parse.
 TEST(CliCommandTest, EvalResultIsJsonWhateverThePathsHold) {
