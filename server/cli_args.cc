@@ -141,6 +141,18 @@ absl::StatusOr<int64_t> CliArgs::GetInt(const std::string& name, int64_t fallbac
   return v;
 }
 
+absl::StatusOr<std::optional<uint64_t>> CliArgs::GetUint64(const std::string& name) const {
+  auto it = values_.find(name);
+  if (it == values_.end()) return std::nullopt;
+  uint64_t v;
+  if (it->second.find('-') != std::string::npos || !absl::SimpleAtoi(it->second, &v)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", name, " must be an integer in [0, ",
+                     std::numeric_limits<uint64_t>::max(), "], got '", it->second, "'"));
+  }
+  return v;
+}
+
 absl::StatusOr<double> CliArgs::GetDouble(const std::string& name, double fallback) const {
   auto it = values_.find(name);
   if (it == values_.end()) return fallback;

@@ -61,6 +61,9 @@ class CliArgs {
   // An integer flag that must lie in [lo, hi]; outside it, an error that names the range.
   absl::StatusOr<int64_t> GetInt(const std::string& name, int64_t fallback, int64_t lo,
                                  int64_t hi) const;
+  // An optional unsigned 64-bit flag (a seed: the API's field is uint64): nullopt when unset; a
+  // negative value is an error (it read as no seed).
+  absl::StatusOr<std::optional<uint64_t>> GetUint64(const std::string& name) const;
   absl::StatusOr<double> GetDouble(const std::string& name, double fallback) const;
   // A number flag that must lie in [lo, hi] (NaN never does).
   absl::StatusOr<double> GetDouble(const std::string& name, double fallback, double lo,

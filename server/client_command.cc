@@ -85,7 +85,7 @@ int RunClient(const std::vector<std::string>& argv) {
   auto temperature = args.GetDouble("temperature", 0);
   auto top_p = args.GetDouble("top-p", 1);
   auto top_k = args.GetInt("top-k", 0, -kMaxCountFlag - 1, kMaxCountFlag);
-  auto seed = args.GetInt("seed", -1);
+  auto seed = args.GetUint64("seed");
   auto timeout = args.GetDouble("timeout", 0, 0, 86400);  // 0 = no deadline
   auto min_tokens = args.GetInt("min-tokens", 0, 0, kU32);
   auto n = args.GetInt("n", 1, 1, kMaxChoices);  // the server's limit, before any output
@@ -108,7 +108,7 @@ int RunClient(const std::vector<std::string>& argv) {
   req.mutable_sampling()->set_temperature(static_cast<float>(*temperature));
   req.mutable_sampling()->set_top_p(static_cast<float>(*top_p));
   req.mutable_sampling()->set_top_k(static_cast<int32_t>(*top_k));
-  if (*seed >= 0) req.mutable_sampling()->set_seed(static_cast<uint64_t>(*seed));
+  if (*seed) req.mutable_sampling()->set_seed(**seed);
   req.mutable_stopping()->set_max_tokens(static_cast<uint32_t>(*max_tokens));
   if (args.Has("stop")) req.mutable_stopping()->add_stop(args.GetString("stop"));
   req.mutable_stopping()->set_min_tokens(static_cast<uint32_t>(*min_tokens));

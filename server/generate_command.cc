@@ -65,7 +65,7 @@ int RunGenerate(const std::vector<std::string>& argv) {
   auto top_k = args.GetInt("top-k", 0, 0, kMaxCountFlag);
   auto min_p = args.GetDouble("min-p", 0.0);
   auto rep = args.GetDouble("repetition-penalty", 1.0);
-  auto seed = args.GetInt("seed", -1);
+  auto seed = args.GetUint64("seed");
   auto device = ParseDevice(args.GetString("device", "auto"));
   auto kv_dtype = ParseKvDtypeFlag(args.GetString("kv-cache-dtype", "auto"));
   for (const absl::Status& st :
@@ -86,7 +86,7 @@ int RunGenerate(const std::vector<std::string>& argv) {
   api.set_top_k(static_cast<int32_t>(*top_k));
   api.set_min_p(static_cast<float>(*min_p));
   api.set_repetition_penalty(static_cast<float>(*rep));
-  if (*seed >= 0) api.set_seed(static_cast<uint64_t>(*seed));
+  if (*seed) api.set_seed(**seed);
   // No logit bias here, so no vocabulary to check one against: checked before the model loads.
   auto sampling = BuildSampling(api, /*vocab_size=*/0);
   if (!sampling.ok()) return usage(SamplingErrorAsFlag(sampling.status()));

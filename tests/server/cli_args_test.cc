@@ -60,6 +60,21 @@ TEST(CliArgsTest, RangedIntegersNameTheirRange) {
   EXPECT_EQ(text.status().message(), "--n wants an integer, got 'ten'");
 }
 
+// A seed is the API's uint64: all of it is taken (values past 2^63 − 1 were refused), and a
+// negative one is refused (--seed -5 read as no seed, silently).
+TEST(CliArgsTest, Uint64FlagsTakeTheWholeRangeAndRefuseNegatives) {
+  EXPECT_EQ(*ParseOrDie({}).GetUint64("n"), std::nullopt);
+  EXPECT_EQ(*ParseOrDie({"--n", "0"}).GetUint64("n"), 0u);
+  EXPECT_EQ(*ParseOrDie({"--n", "18446744073709551615"}).GetUint64("n"),
+            std::numeric_limits<uint64_t>::max());
+  for (const char* bad : {"-5", "-0", "18446744073709551616", "seven", ""}) {
+    auto out = ParseOrDie({"--n", bad}).GetUint64("n");
+    ASSERT_FALSE(out.ok()) << bad;
+    EXPECT_EQ(out.status().message(),
+              absl::StrCat("--n must be an integer in [0, 18446744073709551615], got '", bad, "'"));
+  }
+}
+
 TEST(CliArgsTest, RangedNumbersRefuseNaNAndNameTheValueAsGiven) {
   CliArgs a = ParseOrDie({"--rate", "nan"});
   auto nan = a.GetDouble("rate", 1, 0, 60);

@@ -179,6 +179,11 @@ TEST(CliCommandTest, GenerateTakesSamplingTopKAndTheApisChecks) {
                                &rc);
   EXPECT_EQ(rc, 0) << out;
   EXPECT_NE(out.find("generated 4 tokens"), std::string::npos) << out;
+  // A seed takes the API's whole uint64 (past 2^63 − 1 was refused).
+  out = RunCommand(generate + " --prompt 'Once upon a time' --max-tokens 2 --ignore-eos"
+                              " --temperature 0.8 --seed 18446744073709551615 2>&1",
+                   &rc);
+  EXPECT_EQ(rc, 0) << out;
   // The same sampling checks as the API, before the model loads, naming the flag (the API's
   // messages name its fields: sampling.top_p).
   const std::pair<std::string, std::string> cases[] = {
@@ -188,6 +193,8 @@ TEST(CliCommandTest, GenerateTakesSamplingTopKAndTheApisChecks) {
       {"--min-p 2", "--min-p = 2; it must be in [0, 1]"},
       {"--repetition-penalty 0", "--repetition-penalty = 0; it must be > 0 (1 = off)"},
       {"--max-tokens 0", "--max-tokens must be in [1, 2147483647], got 0"},
+      // It read as no seed.
+      {"--seed -5", "--seed must be an integer in [0, 18446744073709551615], got '-5'"},
   };
   for (const auto& [flags, message] : cases) {
     out = RunCommand(generate + " --prompt hi " + flags + " 2>&1", &rc);
