@@ -55,6 +55,9 @@ struct Request {
   // Under the priority scheduling policy (SchedulingPolicy::kPriority), lower goes first (vLLM's
   // priority); the first-come policy takes only 0 (Engine::Submit refuses another).
   int64_t priority = 0;
+  // The output text leaves special tokens out (vLLM's skip_special_tokens); token ids carry
+  // them either way.
+  bool skip_special_tokens = true;
   Clock::time_point arrival = Clock::now();
   std::optional<Clock::time_point> deadline;
 };

@@ -77,7 +77,7 @@ Sequence::Sequence(Request request, std::shared_ptr<TokenSink> sink,
       tokens_(request_.prompt),
       kv_(kv_shape),
       sampler_(request_.sampling),
-      decoder_(tokenizer) {
+      decoder_(tokenizer, request_.skip_special_tokens) {
   guide_ = request_.guide.get();
   for (const std::string& s : request_.stopping.stop) max_stop_len_ = std::max(max_stop_len_, s.size());
   if (request_.stopping.min_tokens > 0) {

@@ -204,6 +204,19 @@ absl::StatusOr<OpenAiCall> ParseOpenAiRequest(std::string_view body_text, OpenAi
   if (call.echo && (call.logprobs || nothing_to_generate)) {
     call.request.mutable_sampling()->set_prompt_logprobs(uint32_t(call.top_logprobs));
   }
+  // vLLM's tokenization switches: BOS before the prompt (default true; on chat false, as its
+  // template writes the special tokens), and special tokens left out of the text (default
+  // true).
+  if (Given(body, "add_special_tokens")) {
+    auto v = Bool(body, "add_special_tokens");
+    if (!v.ok()) return v.status();
+    call.request.set_add_special_tokens(*v);
+  }
+  if (Given(body, "skip_special_tokens")) {
+    auto v = Bool(body, "skip_special_tokens");
+    if (!v.ok()) return v.status();
+    call.request.set_skip_special_tokens(*v);
+  }
   if (Given(body, "stream")) {
     auto v = Bool(body, "stream");
     if (!v.ok()) return v.status();
@@ -333,7 +346,7 @@ std::string ErrorParam(std::string_view message) {
       "include_stop_str_in_output", "logit_bias", "logprobs", "max_completion_tokens",
       "max_tokens", "messages", "min_p", "min_tokens", "model", "n", "presence_penalty",
       "parallel_tool_calls", "priority", "prompt", "prompt_logprobs", "repetition_penalty",
-      "response_format", "seed", "stop",
+      "response_format", "seed", "skip_special_tokens", "stop",
       "stop_token_ids", "stream", "stream_options", "structured_outputs", "suffix",
       "temperature", "tokens", "tool_choice", "tools", "top_k", "top_logprobs", "top_p",
       "truncate_prompt_tokens", "use_beam_search"};

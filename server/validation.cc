@@ -12,13 +12,24 @@
 #include "scheduler/guided_schema.h"
 
 namespace thetaserve::server {
+namespace {
+
+// add_special_tokens: unset, true for a text prompt and false for a chat, whose template writes
+// the special tokens it wants (HF encodes rendered chats with add_special_tokens=False, as vLLM
+// does unless asked).
+template <typename Req>
+bool AddsSpecialTokens(const Req& req, bool chat) {
+  return req.has_add_special_tokens() ? req.add_special_tokens() : !chat;
+}
+
+}  // namespace
 
 absl::StatusOr<v1::TokenizeResponse> TokenizeInput(const v1::TokenizeRequest& request,
                                                    const model::Model& model) {
   if (request.input_case() == v1::TokenizeRequest::INPUT_NOT_SET) {
     return absl::InvalidArgumentError("one of text or chat is required");
   }
-  const bool add_special = !request.has_add_special_tokens() || request.add_special_tokens();
+  const bool add_special = AddsSpecialTokens(request, request.has_chat());
   v1::TokenizeResponse response;
   std::string text;
   if (request.has_chat()) {
@@ -327,11 +338,12 @@ absl::StatusOr<scheduler::Request> BuildRequest(const v1::GenerateRequest& req,
   }
   out.cache_salt = req.cache_salt();
   out.priority = req.priority();
+  out.skip_special_tokens = !req.has_skip_special_tokens() || req.skip_special_tokens();
   if (req.n() > uint32_t(kMaxChoices)) {
     return absl::InvalidArgumentError(
         absl::StrFormat("n = %d; it must be in [1, %d] (0 means 1)", req.n(), kMaxChoices));
   }
-  const bool add_special = !req.has_add_special_tokens() || req.add_special_tokens();
+  const bool add_special = AddsSpecialTokens(req, req.input_case() == v1::GenerateRequest::kChat);
 
   switch (req.input_case()) {
     case v1::GenerateRequest::kPrompt:
@@ -357,9 +369,7 @@ absl::StatusOr<scheduler::Request> BuildRequest(const v1::GenerateRequest& req,
     case v1::GenerateRequest::kChat: {
       auto text = RenderChat(req.chat(), model);
       if (!text.ok()) return text.status();
-      // The chat template writes BOS itself where the model wants one (HF encodes rendered
-      // chats with add_special_tokens=False).
-      out.prompt = tok.Encode(*text, /*add_bos=*/false, /*parse_special=*/true);
+      out.prompt = tok.Encode(*text, add_special, /*parse_special=*/true);
       break;
     }
     default:
@@ -375,10 +385,10 @@ absl::StatusOr<scheduler::Request> BuildRequest(const v1::GenerateRequest& req,
           "or -1 (the model's context)", k));
     }
     const size_t keep = k == -1 ? size_t(config.max_context) : size_t(k);
-    // A text prompt keeps the BOS the tokenizer put in front, and the last k - 1 after it, as
+    // A prompt keeps the BOS the tokenizer put in front, and the last k - 1 after it, as
     // vLLM's (HF's left truncation adds the special tokens after cutting).
-    const bool bos_added = req.input_case() == v1::GenerateRequest::kPrompt && add_special &&
-                           tok.add_bos() && out.prompt.front() == tok.bos_id();
+    const bool bos_added = req.input_case() != v1::GenerateRequest::kPromptTokenIds &&
+                           add_special && tok.add_bos() && out.prompt.front() == tok.bos_id();
     const size_t head = bos_added ? 1 : 0;  // k = 1: BOS alone, as HF's left truncation
     if (out.prompt.size() > keep) {
       out.prompt.erase(out.prompt.begin() + head, out.prompt.end() - (keep - head));

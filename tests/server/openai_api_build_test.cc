@@ -248,6 +248,47 @@ TEST_F(OpenAiResponseTest, VllmsSamplingExtensionsReachTheEngineRequest) {
   EXPECT_EQ(sliced->prompt, std::vector<int32_t>(with_bos.end() - 3, with_bos.end()));
 }
 
+// add_special_tokens on a chat: unset, the template's tokens alone (it writes what it wants);
+// true, BOS in front as well, as vLLM (it was ignored on a chat). The Tokenize RPC takes the
+// same default (it put BOS before a chat that Generate did not), so its ids are Generate's.
+// skip_special_tokens reaches the engine's request, true unless set false.
+TEST(BuildRequestTest, AddSpecialTokensOnAChatAndSkipSpecialTokens) {
+  auto tiny = model::Model::Load(testing::TestDataPath("tiny_llama"));
+  ASSERT_TRUE(tiny.ok()) << tiny.status();
+  const model::Tokenizer& llama = (*tiny)->tokenizer();
+  ASSERT_TRUE(llama.add_bos());
+  v1::GenerateRequest chat;
+  auto* m = chat.mutable_chat()->add_messages();
+  m->set_role("user");
+  m->set_content("Hello there");
+  auto rendered = RenderChat(chat.chat(), **tiny);
+  ASSERT_TRUE(rendered.ok()) << rendered.status();
+  const std::vector<int32_t> bare = llama.Encode(*rendered, /*add_bos=*/false);
+  const std::vector<int32_t> with_bos = llama.Encode(*rendered, /*add_bos=*/true);
+  ASSERT_NE(bare, with_bos);
+
+  auto unset = BuildRequest(chat, **tiny);
+  ASSERT_TRUE(unset.ok()) << unset.status();
+  EXPECT_EQ(unset->prompt, bare);
+  EXPECT_TRUE(unset->skip_special_tokens);
+  chat.set_add_special_tokens(true);
+  chat.set_skip_special_tokens(false);
+  auto asked = BuildRequest(chat, **tiny);
+  ASSERT_TRUE(asked.ok()) << asked.status();
+  EXPECT_EQ(asked->prompt, with_bos);
+  EXPECT_FALSE(asked->skip_special_tokens);
+
+  v1::TokenizeRequest tokenize;
+  *tokenize.mutable_chat() = chat.chat();
+  auto ids = TokenizeInput(tokenize, **tiny);
+  ASSERT_TRUE(ids.ok()) << ids.status();
+  EXPECT_EQ(std::vector<int32_t>(ids->ids().begin(), ids->ids().end()), bare);
+  tokenize.set_add_special_tokens(true);
+  ids = TokenizeInput(tokenize, **tiny);
+  ASSERT_TRUE(ids.ok()) << ids.status();
+  EXPECT_EQ(std::vector<int32_t>(ids->ids().begin(), ids->ids().end()), with_bos);
+}
+
 // The range and the vocabulary are checked where gRPC's are (BuildRequest), with the HTTP name.
 TEST_F(OpenAiResponseTest, LogitBiasOutsideItsRangeOrTheVocabularyIsRefused) {
   auto build = [&](const std::string& body) {

@@ -454,6 +454,33 @@ TEST(OpenAiApiTest, PriorityIsAnInteger) {
                           "priority must be an integer below 2^63"));
 }
 
+// vLLM's tokenization switches, on both routes: add_special_tokens (BOS before the prompt) and
+// skip_special_tokens (special tokens left out of the text). They were ignored, so
+// skip_special_tokens false changed nothing. Unset, the request leaves them unset: the
+// server's defaults (true; add_special_tokens false on a chat) apply.
+TEST(OpenAiApiTest, SpecialTokenSwitchesMapOntoTheRequest) {
+  auto unset = Completion(R"({"prompt": "x"})");
+  ASSERT_TRUE(unset.ok());
+  EXPECT_FALSE(unset->request.has_add_special_tokens());
+  EXPECT_FALSE(unset->request.has_skip_special_tokens());
+  auto completion = Completion(
+      R"({"prompt": "x", "add_special_tokens": false, "skip_special_tokens": false})");
+  ASSERT_TRUE(completion.ok()) << completion.status();
+  EXPECT_TRUE(completion->request.has_add_special_tokens());
+  EXPECT_FALSE(completion->request.add_special_tokens());
+  EXPECT_TRUE(completion->request.has_skip_special_tokens());
+  EXPECT_FALSE(completion->request.skip_special_tokens());
+  auto chat = Chat(R"({"messages": [{"role": "user", "content": "x"}],
+                       "add_special_tokens": true, "skip_special_tokens": true})");
+  ASSERT_TRUE(chat.ok()) << chat.status();
+  EXPECT_TRUE(chat->request.add_special_tokens());
+  EXPECT_TRUE(chat->request.skip_special_tokens());
+  EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": "x", "skip_special_tokens": "no"})"),
+                          "skip_special_tokens must be true or false"));
+  EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": "x", "add_special_tokens": 0})"),
+                          "add_special_tokens must be true or false"));
+}
+
 // The API key check (both APIs): the scheme in any case, then the key exactly.
 TEST(ApiKeyTest, BearerSchemeInAnyCaseThenTheKeyExactly) {
   for (const char* ok : {"Bearer sesame", "bearer sesame", "BEARER sesame", "Bearer   sesame"}) {

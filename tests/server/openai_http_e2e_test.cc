@@ -104,6 +104,37 @@ TEST_F(OpenAiHttpTest, TokenizeAndDetokenizeAsVllm) {
   EXPECT_EQ(HttpCall(http_port_, "GET", "/tokenize").status, 405);
 }
 
+// vLLM's skip_special_tokens over HTTP, whole and streamed: false writes the special tokens
+// generated (here <|im_end|>, forced by logit_bias) into the text; the default leaves them out.
+TEST_F(OpenAiHttpTest, SkipSpecialTokensFalseWritesThemIntoTheText) {
+  ASSERT_TRUE(server_->started());
+  HttpResult ids = Post("/tokenize", {{"prompt", "<|im_end|>"}, {"add_special_tokens", false}});
+  ASSERT_EQ(ids.status, 200) << ids.body;
+  const Json im_end = Json::parse(ids.body)["tokens"];
+  ASSERT_EQ(im_end.size(), 1u);
+  Json body = {{"prompt", "Hello"},
+               {"max_tokens", 3},
+               {"ignore_eos", true},
+               {"logit_bias", {{std::to_string(im_end[0].get<int>()), 100}}}};
+  HttpResult r = Post("/v1/completions", body);
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(Json::parse(r.body)["choices"][0]["text"], "");
+  body["skip_special_tokens"] = false;
+  r = Post("/v1/completions", body);
+  ASSERT_EQ(r.status, 200) << r.body;
+  const Json whole = Json::parse(r.body);
+  EXPECT_EQ(whole["choices"][0]["text"], "<|im_end|><|im_end|><|im_end|>");
+  StreamedAlike(body, whole);
+  Json chat = {{"messages", {{{"role", "user"}, {"content", "Hi"}}}},
+               {"max_tokens", 2},
+               {"ignore_eos", true},
+               {"skip_special_tokens", false},
+               {"logit_bias", {{std::to_string(im_end[0].get<int>()), 100}}}};
+  r = Post("/v1/chat/completions", chat);
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(Json::parse(r.body)["choices"][0]["message"]["content"], "<|im_end|><|im_end|>");
+}
+
 TEST_F(OpenAiHttpTest, CompletionEqualsTheGrpcStreamOfTheSameRequest) {
   ASSERT_TRUE(server_->started());
   HttpResult r = Post("/v1/completions", {{"model", kModelName},

@@ -459,6 +459,39 @@ TEST_F(ServerE2ETest, MinTokensHoldsOffEosAndStopStrings) {
             std::string::npos) << refused.status.error_message();
 }
 
+// skip_special_tokens (vLLM's): special tokens are left out of the text by default and written
+// where they were generated when it is false (it had no field: a client could not see them);
+// their ids come either way. EOS that ends the output is written only with
+// include_stop_str_in_output as well, as vLLM does.
+TEST_F(ServerE2ETest, SkipSpecialTokensFalseWritesThemIntoTheText) {
+  auto stub = server_->stub();
+  const std::vector<uint32_t> im_end = TokenIds(*stub, "<|im_end|>", false);
+  ASSERT_EQ(im_end.size(), 1u);
+  auto forced = Prompt("Hello", 3);
+  forced.mutable_stopping()->set_ignore_eos(true);
+  (*forced.mutable_sampling()->mutable_logit_bias())[im_end[0]] = 100.0f;
+  StreamResult skipped = Generate(*stub, forced);
+  ASSERT_TRUE(skipped.status.ok()) << skipped.status.error_message();
+  EXPECT_EQ(skipped.ids, std::vector<uint32_t>(3, im_end[0]));
+  EXPECT_EQ(skipped.text, "");
+  forced.set_skip_special_tokens(false);
+  StreamResult written = Generate(*stub, forced);
+  ASSERT_TRUE(written.status.ok()) << written.status.error_message();
+  EXPECT_EQ(written.ids, skipped.ids);
+  EXPECT_EQ(written.text, "<|im_end|><|im_end|><|im_end|>");
+
+  auto eos = forced;  // <|im_end|> is SmolLM2-Instruct's EOS
+  eos.mutable_stopping()->set_ignore_eos(false);
+  StreamResult ended = Generate(*stub, eos);
+  ASSERT_TRUE(ended.status.ok()) << ended.status.error_message();
+  ASSERT_EQ(ended.complete.finish_reason(), v1::FINISH_REASON_EOS);
+  EXPECT_EQ(ended.text, "");
+  eos.mutable_stopping()->set_include_stop_str_in_output(true);
+  ended = Generate(*stub, eos);
+  ASSERT_TRUE(ended.status.ok()) << ended.status.error_message();
+  EXPECT_EQ(ended.text, "<|im_end|>");
+}
+
 TEST_F(ServerE2ETest, ModelInfoDescribesTheModel) {
   auto stub = server_->stub();
   grpc::ClientContext c;
