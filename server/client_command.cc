@@ -29,6 +29,8 @@ constexpr char kUsage[] =
     "  --temperature T        (default 0 = greedy)  --top-p P --top-k K --seed S\n"
     "  --stop TEXT            a stop string\n"
     "  --min-tokens N         no EOS or stop before N tokens  --ignore-eos\n"
+    "  --special-tokens       write special tokens (<|im_end|>, ...) into the text\n"
+    "                         (skip_special_tokens false)\n"
     "  --logit-bias ID:B,...  add B (in [-100, 100]) to token ID's logit\n"
     "  --n N                  N completions of the prompt (printed one after another)\n"
     "  --priority N           lower goes first (a server run with --scheduling-policy\n"
@@ -74,7 +76,7 @@ int RunClient(const std::vector<std::string>& argv) {
       {"temperature", true}, {"top-p", true},      {"top-k", true},       {"seed", true},
       {"stop", true},        {"api-key", true},    {"tls-ca", true},      {"timeout", true},
       {"min-tokens", true},  {"ignore-eos", false}, {"logit-bias", true}, {"n", true},
-      {"priority", true}};
+      {"priority", true},    {"special-tokens", false}};
   CliArgs args;
   if (auto exit = ParseCommandLine("client", argv, known, kUsage, &args)) return *exit;
   auto usage = [](const absl::Status& st) { return ReportFailure("client", st, kExitUsage); };
@@ -113,6 +115,7 @@ int RunClient(const std::vector<std::string>& argv) {
   if (args.Has("stop")) req.mutable_stopping()->add_stop(args.GetString("stop"));
   req.mutable_stopping()->set_min_tokens(static_cast<uint32_t>(*min_tokens));
   req.mutable_stopping()->set_ignore_eos(args.Has("ignore-eos"));
+  if (args.Has("special-tokens")) req.set_skip_special_tokens(false);
   for (const auto& [token, b] : *bias) (*req.mutable_sampling()->mutable_logit_bias())[token] = b;
   req.set_n(static_cast<uint32_t>(*n));
   req.set_priority(*priority);

@@ -30,6 +30,7 @@ constexpr char kUsage[] =
     "  --temperature T     0 = greedy (default 0)\n"
     "  --top-p P --top-k K --min-p P --seed S --repetition-penalty R\n"
     "  --ignore-eos        keep going past end-of-sequence tokens\n"
+    "  --special-tokens    write special tokens (<|im_end|>, ...) into the text\n"
     "  --threads N         CPU threads (default: all cores)\n"
     "  --device cpu|cuda|auto (default auto)\n"
     "  --kv-cache-dtype auto|f32|f16|bf16|fp8|fp8_e4m3|fp8_e5m2|q8_0   the KV pages' element\n"
@@ -47,7 +48,7 @@ int RunGenerate(const std::vector<std::string>& argv) {
       {"model", true}, {"prompt", true}, {"chat", false}, {"system", true},
       {"max-tokens", true}, {"temperature", true}, {"top-p", true}, {"top-k", true},
       {"min-p", true}, {"seed", true}, {"repetition-penalty", true},
-      {"ignore-eos", false}, {"threads", true}, {"device", true}, {"kv-cache-dtype", true},
+      {"ignore-eos", false}, {"special-tokens", false}, {"threads", true}, {"device", true}, {"kv-cache-dtype", true},
       {"exact-matmul", false},
   };
   for (const auto& [name, v] : ThetaFlags()) known[name] = v;
@@ -121,7 +122,7 @@ int RunGenerate(const std::vector<std::string>& argv) {
   if (!runner.ok()) return fail(runner.status());
 
   scheduler::Sampler sampler(*sampling);
-  model::StreamDecoder decoder(tok);
+  model::StreamDecoder decoder(tok, /*skip_special=*/!args.Has("special-tokens"));
   const bool ignore_eos = args.Has("ignore-eos");
   const auto& stops = tok.stop_ids();
 

@@ -205,6 +205,21 @@ TEST(CliCommandTest, GenerateTakesSamplingTopKAndTheApisChecks) {
   }
 }
 
+// generate --special-tokens writes the special tokens it generates (a chat reply's <|im_end|>,
+// gone past with --ignore-eos) into the text; without it they are left out, as the server does.
+TEST(CliCommandTest, GenerateSpecialTokensWritesThemOut) {
+  const std::string generate = BinaryPath() + " generate --model " + DefaultModelPath() +
+                               " --chat --prompt 'Say hi.' --max-tokens 80 --ignore-eos";
+  int rc = 0;
+  const std::string written = RunCommand(generate + " --special-tokens 2>/dev/null", &rc);
+  EXPECT_EQ(rc, 0) << written;
+  EXPECT_NE(written.find("<|im_end|>"), std::string::npos) << written;
+  const std::string skipped = RunCommand(generate + " 2>/dev/null", &rc);
+  EXPECT_EQ(rc, 0) << skipped;
+  EXPECT_EQ(skipped.find("<|im_"), std::string::npos) << skipped;
+  EXPECT_LT(skipped.size(), written.size());
+}
+
 // eval and calibrate refuse work whose result could not be kept or used: an --out that cannot
 // be written (eval wrote nothing and exited 0; calibrate found out after the whole run), or a θ
 // file that is not there, before the model loads; after it, --dense-layers covering every layer

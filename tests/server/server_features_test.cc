@@ -379,6 +379,14 @@ TEST_F(ServerE2ETest, ClientCommandSendsNLogitBiasAndMinTokens) {
                    " 2>/dev/null"), &rc);
   EXPECT_EQ(rc, 0);
   EXPECT_EQ(held, longer.text + "\n");
+  // --special-tokens: skip_special_tokens false (<|im_end|>, forced by its bias, written out).
+  const std::vector<uint32_t> im_end = TokenIds(*stub, "<|im_end|>", false);
+  ASSERT_EQ(im_end.size(), 1u);
+  const std::string forced = absl::StrCat(base, " --prompt Hello --max-tokens 2 --ignore-eos"
+                                                " --logit-bias ", im_end[0], ":100");
+  EXPECT_EQ(RunCommand(forced + " --special-tokens 2>/dev/null", &rc), "<|im_end|><|im_end|>\n");
+  EXPECT_EQ(rc, 0);
+  EXPECT_EQ(RunCommand(forced + " 2>/dev/null", &rc), "");  // nothing on stdout: no text came
   // Bad flags: the client's own message, or the server's.
   const std::string bad = RunCommand(base + " --prompt x --logit-bias 13 2>&1", &rc);
   EXPECT_NE(rc, 0);
