@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <mutex>
 #include <optional>
 #include <random>
@@ -17,6 +16,7 @@
 #include "absl/strings/strip.h"
 #include "server/http_request_reader.h"
 #include "server/openai_api.h"
+#include "server/openai_http_output.h"
 #include "server/openai_response.h"
 #include "server/service_sink.h"
 #include "server/validation.h"
@@ -40,140 +40,6 @@ using std::chrono::milliseconds;
 
 constexpr milliseconds kPollInterval{100};     // how often a waiting handler checks its client
 constexpr milliseconds kKeepAliveInterval{15'000};  // SSE comment during a long silence
-
-// Appends a later delta of the same completion to `into`; the prompt's scores come once.
-void AppendDelta(scheduler::TokenDelta& into, const scheduler::TokenDelta& d) {
-  into.token_ids.insert(into.token_ids.end(), d.token_ids.begin(), d.token_ids.end());
-  into.text += d.text;
-  into.logprobs.insert(into.logprobs.end(), d.logprobs.begin(), d.logprobs.end());
-  into.top.insert(into.top.end(), d.top.begin(), d.top.end());
-  if (d.prompt) into.prompt = d.prompt;
-}
-
-// One call's output, for its n completions: pushed by the engine thread (through each
-// completion's ChoiceSink), taken by the handler thread.
-class HttpOutput {
- public:
-  explicit HttpOutput(int n) : choices_(n) {}
-
-  struct Taken {
-    scheduler::TokenDelta delta;
-    // Set once the completion has finished and its last tokens were taken (then or before).
-    std::optional<scheduler::FinishInfo> finish;
-    bool finished_now = false;  // finish was set by this Take
-  };
-
-  // Waits up to `timeout` for output of any completion; moves what came into (*taken)[i].
-  void Take(milliseconds timeout, std::vector<Taken>* taken) {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait_for(lock, timeout, [&] { return news_; });
-    news_ = false;
-    taken->resize(choices_.size());
-    for (size_t i = 0; i < choices_.size(); ++i) {
-      Choice& c = choices_[i];
-      Taken& t = (*taken)[i];
-      t.delta = std::move(c.pending);
-      c.pending = {};
-      t.finished_now = c.finish.has_value() && !t.finish.has_value();
-      t.finish = c.finish;
-    }
-  }
-
-  void Deliver(int index, const scheduler::TokenDelta& d) {
-    std::lock_guard<std::mutex> lock(mu_);
-    AppendDelta(choices_[index].pending, d);
-    news_ = true;
-    cv_.notify_one();
-  }
-
-  void Finish(int index, const scheduler::FinishInfo& info) {
-    std::lock_guard<std::mutex> lock(mu_);
-    choices_[index].finish = info;
-    news_ = true;
-    cv_.notify_one();
-  }
-
- private:
-  struct Choice {
-    scheduler::TokenDelta pending;
-    std::optional<scheduler::FinishInfo> finish;
-  };
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::vector<Choice> choices_;  // guarded by mu_
-  bool news_ = false;            // guarded by mu_
-};
-
-// The prompt's scores (echo, prompt_logprobs) with n > 1: only the first completion of each
-// prompt scores it (SplitChoices), but every choice carries them, as vLLM's do. Each other
-// choice's output, and its end, are held until the first's scores have come, then go on with
-// a copy of them; only if the first completion ends without scores (cancelled before its
-// first delta), or the choice itself fails, does it go on without. Completions only (a chat
-// response carries the scores once, from choice 0). Handler thread only.
-class SharedPromptScores {
- public:
-  SharedPromptScores(int choices, int per_prompt)
-      : per_prompt_(per_prompt), scores_(choices / per_prompt), held_(choices),
-        given_(choices, false) {}
-
-  void Share(std::vector<HttpOutput::Taken>& taken) {
-    for (size_t i = 0; i < taken.size(); i += per_prompt_) {
-      if (taken[i].delta.prompt) scores_[i / per_prompt_] = taken[i].delta.prompt;
-    }
-    for (size_t i = 0; i < taken.size(); ++i) {
-      if (i % per_prompt_ == 0 || given_[i]) continue;
-      HttpOutput::Taken& t = taken[i];
-      AppendDelta(held_[i], t.delta);
-      const size_t first = i - i % per_prompt_;
-      const std::shared_ptr<const scheduler::PromptScores>& scores = scores_[i / per_prompt_];
-      // A failure is never held: it ends the call (ServiceSink cancels the others) at once.
-      const bool failed = t.finish && Failed(*t.finish);
-      if (!scores && !taken[first].finish && !failed) {
-        // Hidden until released: HttpOutput::Take reports the end again (finished_now) while
-        // `finish` is unset here.
-        t.delta = {};
-        t.finish.reset();
-        t.finished_now = false;
-        continue;
-      }
-      t.delta = std::move(held_[i]);
-      held_[i] = {};
-      t.delta.prompt = scores;
-      given_[i] = true;
-    }
-  }
-
- private:
-  size_t per_prompt_;
-  std::vector<std::shared_ptr<const scheduler::PromptScores>> scores_;  // [prompt]
-  std::vector<scheduler::TokenDelta> held_;                   // [choice]
-  std::vector<bool> given_;                                   // [choice]: scores passed on
-};
-
-class HttpChoiceSink : public ServiceSink {
- public:
-  HttpChoiceSink(GenerationService* service, std::string request_id,
-                 std::shared_ptr<HttpOutput> output, int index)
-      : ServiceSink(service, std::move(request_id)), output_(std::move(output)), index_(index) {}
-
- private:
-  const char* api() const override { return "http"; }
-  void Deliver(const scheduler::TokenDelta& d) override { output_->Deliver(index_, d); }
-  void Finish(const scheduler::FinishInfo& info) override { output_->Finish(index_, info); }
-
-  std::shared_ptr<HttpOutput> output_;
-  const int index_;
-};
-
-// The first completion that failed (not finished, not cancelled), or null.
-const scheduler::FinishInfo* FirstFailure(const std::vector<HttpOutput::Taken>& taken) {
-  for (const auto& t : taken) {
-    if (t.finish && Failed(*t.finish)) {
-      return &*t.finish;
-    }
-  }
-  return nullptr;
-}
 
 void SendError(HttpResponder& out, int status, std::string_view message,
                const HttpHeaders& extra = {}) {
@@ -283,6 +149,13 @@ void OpenAiHttpServer::Handle(const HttpRequest& req, HttpResponder& out) {
     out.Send(503, "application/json", R"({"status":"not serving"})", {{"Retry-After", "1"}});
     return;
   }
+  if (req.path == "/version") {  // vLLM's: what a client or probe can check it talks to
+    if (req.method != "GET" && req.method != "HEAD") {
+      return SendError(out, 405, "use GET", {{"Allow", "GET, HEAD"}});
+    }
+    out.Send(200, "application/json", DumpJson(Json{{"version", THETASERVE_VERSION}}));
+    return;
+  }
   if (req.path == "/metrics") {
     // The Prometheus exposition here too, as vLLM serves it on its API port (scrape configs
     // written for vLLM find it); no API key, as the --metrics-port endpoint.
@@ -317,7 +190,7 @@ void OpenAiHttpServer::Handle(const HttpRequest& req, HttpResponder& out) {
   SendError(out, 404,
             absl::StrCat("no route ", req.path, "; the API is POST /v1/completions, POST "
                          "/v1/chat/completions, GET /v1/models, POST /tokenize, POST "
-                         "/detokenize, GET /health and GET /metrics"));
+                         "/detokenize, GET /health, GET /metrics and GET /version"));
 }
 
 void OpenAiHttpServer::Models(const HttpRequest& req, HttpResponder& out) {

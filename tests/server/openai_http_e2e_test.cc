@@ -22,6 +22,14 @@ TEST_F(OpenAiHttpTest, HealthAndModelsDescribeTheServer) {
   ASSERT_TRUE(server_->started());
   HttpResult health = HttpCall(http_port_, "GET", "/health");
   EXPECT_EQ(health.status, 200);
+  // vLLM's /version: the binary's own (as --version prints it).
+  HttpResult version = HttpCall(http_port_, "GET", "/version");
+  ASSERT_EQ(version.status, 200) << version.body;
+  const std::string printed = RunCommand(BinaryPath() + " --version");
+  EXPECT_EQ(printed.rfind(absl::StrCat("thetaserve ", Json::parse(version.body)["version"]
+                                                          .get<std::string>(), "\n"), 0),
+            0u)
+      << version.body << " vs " << printed;
   HttpResult models = HttpCall(http_port_, "GET", "/v1/models");
   ASSERT_EQ(models.status, 200) << models.body;
   const Json m = Json::parse(models.body);

@@ -28,6 +28,8 @@ TEST_F(OpenAiHttpTest, HttpRequestsAreCountedByRouteAndStatus) {
   ASSERT_GE(MetricValue(before, bad_request), 0);
   EXPECT_EQ(HttpCall(http_port_, "GET", "/v1/models").status, 200);
   EXPECT_EQ(HttpCall(http_port_, "GET", "/health").status, 200);
+  EXPECT_EQ(HttpCall(http_port_, "GET", "/version").status, 200);
+  EXPECT_EQ(HttpCall(http_port_, "POST", "/version", "{}").status, 405);
   EXPECT_EQ(HttpCall(http_port_, "GET", "/v1/models/nope").status, 404);
   EXPECT_EQ(HttpCall(http_port_, "GET", "/v1/completions").status, 405);
   EXPECT_EQ(Post("/v1/completions", {{"prompt", "x"}, {"temperature", "hot"}}).status, 400);
@@ -47,6 +49,8 @@ TEST_F(OpenAiHttpTest, HttpRequestsAreCountedByRouteAndStatus) {
   };
   EXPECT_EQ(delta("/v1/models", "2xx"), 1);
   EXPECT_EQ(delta("/health", "2xx"), 1);
+  EXPECT_EQ(delta("/version", "2xx"), 1);
+  EXPECT_EQ(delta("/version", "4xx"), 1);
   EXPECT_EQ(delta("/v1/models/{id}", "4xx"), 1);
   EXPECT_EQ(delta("/v1/completions", "4xx"), 2);
   EXPECT_EQ(delta("/v1/completions", "2xx"), 1);
