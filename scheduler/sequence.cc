@@ -176,9 +176,10 @@ bool Sequence::AppendToken(const SampleResult& sample, const model::Tokenizer& t
     finish_reason_ = FinishReason::kStop;
     done = true;
   }
-  if (done && request_.stopping.include_stop_str && !(guide_ && guided_stuck_)) {
-    // The stopping token's text too, as vLLM's include_stop_str_in_output (a special token,
-    // such as EOS, has none).
+  if (done && request_.stopping.include_stop_str && !guide_) {
+    // The stopping token's text too, as vLLM's include_stop_str_in_output (a special token's,
+    // EOS's say, only with skip_special_tokens false). Not for a guided output, which is
+    // then exactly the choice, or the regex's or the schema's match.
     held_text_ += decoder_.Push(sample.token);
   } else if (!done) {
     held_text_ += decoder_.Push(sample.token);

@@ -11,6 +11,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "grpcpp/grpcpp.h"
 #include "server/cli_args.h"
@@ -187,12 +188,15 @@ int RunClient(const std::vector<std::string>& argv) {
   }
   for (int64_t i = 0; i < *n; ++i) {
     const v1::Complete& complete = completes[i];
+    const v1::Timings& t = complete.timings();
+    const std::string ttft = t.has_time_to_first_token_seconds()
+                                 ? absl::StrFormat("%.3f s", t.time_to_first_token_seconds())
+                                 : std::string("-");
     std::fprintf(stderr,
-                 "%sfinish: %s, prompt %u tokens, completion %u tokens, ttft %.3f s, total %.3f s\n",
+                 "%sfinish: %s, prompt %u tokens, completion %u tokens, ttft %s, total %.3f s\n",
                  *n > 1 ? absl::StrCat("completion ", i, ": ").c_str() : "",
                  ReasonName(complete.finish_reason()), complete.usage().prompt_tokens(),
-                 complete.usage().completion_tokens(),
-                 complete.timings().time_to_first_token_seconds(), complete.timings().total_seconds());
+                 complete.usage().completion_tokens(), ttft.c_str(), t.total_seconds());
   }
   return 0;
 }

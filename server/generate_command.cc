@@ -48,7 +48,8 @@ int RunGenerate(const std::vector<std::string>& argv) {
       {"model", true}, {"prompt", true}, {"chat", false}, {"system", true},
       {"max-tokens", true}, {"temperature", true}, {"top-p", true}, {"top-k", true},
       {"min-p", true}, {"seed", true}, {"repetition-penalty", true},
-      {"ignore-eos", false}, {"special-tokens", false}, {"threads", true}, {"device", true}, {"kv-cache-dtype", true},
+      {"ignore-eos", false}, {"special-tokens", false}, {"threads", true}, {"device", true},
+      {"kv-cache-dtype", true},
       {"exact-matmul", false},
   };
   for (const auto& [name, v] : ThetaFlags()) known[name] = v;

@@ -96,7 +96,7 @@ void StreamSink::Finish(int index, const scheduler::FinishInfo& info) {
       c->mutable_usage()->set_prompt_tokens(static_cast<uint32_t>(info.prompt_tokens));
       c->mutable_usage()->set_completion_tokens(static_cast<uint32_t>(info.completion_tokens));
       c->mutable_timings()->set_queue_seconds(info.queue_seconds);
-      c->mutable_timings()->set_time_to_first_token_seconds(info.ttft_seconds);
+      if (info.has_ttft()) c->mutable_timings()->set_time_to_first_token_seconds(info.ttft_seconds);
       c->mutable_timings()->set_total_seconds(info.total_seconds);
       c->set_request_id(request_id_);
       c->set_preemptions(static_cast<uint32_t>(info.preemptions));

@@ -217,6 +217,12 @@ absl::StatusOr<OpenAiCall> ParseOpenAiRequest(std::string_view body_text, OpenAi
     if (!v.ok()) return v.status();
     call.request.set_skip_special_tokens(*v);
   }
+  if (Given(body, "request_id")) {
+    auto v = String(body["request_id"], "request_id");
+    if (!v.ok()) return v.status();
+    if (absl::Status s = CheckClientRequestId(*v, "request_id"); !s.ok()) return s;
+    call.request_id = *v;
+  }
   if (Given(body, "stream")) {
     auto v = Bool(body, "stream");
     if (!v.ok()) return v.status();
@@ -260,6 +266,16 @@ absl::StatusOr<OpenAiCall> ParseOpenAiRequest(std::string_view body_text, OpenAi
   return call;
 }
 
+absl::Status CheckClientRequestId(std::string_view id, std::string_view what) {
+  const bool visible = std::all_of(id.begin(), id.end(), [](char c) { return c > ' ' && c < 127; });
+  if (id.empty() || id.size() > kMaxClientRequestIdBytes || !visible) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        std::string(what), " must be 1 to ", kMaxClientRequestIdBytes,
+        " visible ASCII characters (no spaces), got ", id.size(), " bytes"));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<v1::TokenizeRequest> ParseTokenizeRequest(std::string_view body_text,
                                                          const std::string& served_model) {
   auto parsed = ParseBody(body_text, served_model);
@@ -277,15 +293,12 @@ absl::StatusOr<v1::TokenizeRequest> ParseTokenizeRequest(std::string_view body_t
     if (!text.ok()) return text.status();
     request.set_text(*text);
   }
-  // vLLM's defaults: special tokens (BOS) for a prompt, none for a chat (its template writes
-  // them).
-  bool add_special = !chat;
+  // Unset, the Tokenize RPC's defaults (vLLM's): BOS before a prompt, none before a chat.
   if (Given(body, "add_special_tokens")) {
     auto v = Bool(body, "add_special_tokens");
     if (!v.ok()) return v.status();
-    add_special = *v;
+    request.set_add_special_tokens(*v);
   }
-  request.set_add_special_tokens(add_special);
   return request;
 }
 
@@ -346,7 +359,7 @@ std::string ErrorParam(std::string_view message) {
       "include_stop_str_in_output", "logit_bias", "logprobs", "max_completion_tokens",
       "max_tokens", "messages", "min_p", "min_tokens", "model", "n", "presence_penalty",
       "parallel_tool_calls", "priority", "prompt", "prompt_logprobs", "repetition_penalty",
-      "response_format", "seed", "skip_special_tokens", "stop",
+      "request_id", "response_format", "seed", "skip_special_tokens", "stop",
       "stop_token_ids", "stream", "stream_options", "structured_outputs", "suffix",
       "temperature", "tokens", "tool_choice", "tools", "top_k", "top_logprobs", "top_p",
       "truncate_prompt_tokens", "use_beam_search"};

@@ -63,7 +63,16 @@ struct OpenAiCall {
   enum class ToolCalls { kNone, kNamed, kRequired };
   ToolCalls tool_calls = ToolCalls::kNone;
   std::string tool_name;  // kNamed: the function
+  // vLLM's request_id field: the call's id is the endpoint's prefix and this (cmpl-<it>); an
+  // X-Request-Id header takes precedence. Empty: random.
+  std::string request_id;
 };
+
+// The longest client-chosen request id (request_id, X-Request-Id) taken; they are visible
+// ASCII.
+inline constexpr size_t kMaxClientRequestIdBytes = 256;
+// A client-chosen request id's check: `what` names where it came from.
+absl::Status CheckClientRequestId(std::string_view id, std::string_view what);
 
 // Parses a request body. INVALID_ARGUMENT names the field and what is allowed; NOT_FOUND when
 // `model` is given and is not `served_model`. Parameters the server cannot honour (best_of

@@ -261,6 +261,15 @@ void OpenAiHttpServer::Generate(const HttpRequest& http, HttpResponder& out, boo
       chat ? OpenAiEndpoint::kChatCompletions : OpenAiEndpoint::kCompletions;
   auto call = ParseOpenAiRequest(http.body, endpoint, options_.served_model_name);
   if (!call.ok()) return reject(call.status());
+  // The client's id, as vLLM takes it: the X-Request-Id header (a proxy's trace id, say), else
+  // the body's request_id; the call's id is then cmpl-<it>, in the log line and for Abort.
+  const std::string client_id = http.Header("x-request-id");
+  if (!client_id.empty()) {
+    if (absl::Status s = CheckClientRequestId(client_id, "the X-Request-Id header"); !s.ok()) {
+      return reject(s);
+    }
+    call->request_id = client_id;
+  }
   const size_t prompt_count = call->prompt_count();
   const int n_per_prompt = std::max<int>(1, int(call->request.n()));
   const int n = n_per_prompt * int(prompt_count);  // choices in all
@@ -353,7 +362,10 @@ void OpenAiHttpServer::Generate(const HttpRequest& http, HttpResponder& out, boo
     }
     req.stopping.max_tokens = static_cast<int32_t>(room);
   }
-  const std::string id = absl::StrCat(chat ? "chatcmpl-" : "cmpl-", RandomHex128());
+  const std::string id = absl::StrCat(chat ? "chatcmpl-" : "cmpl-",
+                                      call->request_id.empty() ? RandomHex128() : call->request_id);
+  // X-Request-Id answers with the client's own value when it sent one (what a proxy matches).
+  const std::string id_header = client_id.empty() ? id : client_id;
   auto output = std::make_shared<HttpOutput>(n);
   int refused = -1;
   absl::Status submitted = service_->SubmitPrompts(
@@ -363,8 +375,9 @@ void OpenAiHttpServer::Generate(const HttpRequest& http, HttpResponder& out, boo
       },
       &refused);
   if (!submitted.ok()) {
-    if (absl::IsAlreadyExists(submitted)) {
-      return reject(absl::AlreadyExistsError("request id collision"));
+    if (absl::IsAlreadyExists(submitted)) {  // a client-chosen id (random ones do not meet)
+      return reject(absl::AlreadyExistsError(absl::StrCat(
+          submitted.message(), " (its X-Request-Id or request_id is in use: send another)")));
     }
     if (refused >= 0) return refuse_prompt(submitted, size_t(refused));
     return reject(submitted);
@@ -411,12 +424,13 @@ void OpenAiHttpServer::Generate(const HttpRequest& http, HttpResponder& out, boo
     if (const scheduler::FinishInfo* failed = FirstFailure(taken)) {
       return SendError(out, HttpStatusFor(failed->status), std::string(failed->status.message()));
     }
-    out.Send(200, "application/json", DumpJson(builder.Complete(infos())), {{"X-Request-Id", id}});
+    out.Send(200, "application/json", DumpJson(builder.Complete(infos())),
+             {{"X-Request-Id", id_header}});
     return;
   }
 
   bool ok = out.StartChunked(200, "text/event-stream",
-                             {{"Cache-Control", "no-cache"}, {"X-Request-Id", id}});
+                             {{"Cache-Control", "no-cache"}, {"X-Request-Id", id_header}});
   for (int i = 0; ok && chat && i < n; ++i) ok = SendEvent(out, builder.RoleChunk(i));
   auto last_write = std::chrono::steady_clock::now();
   const scheduler::FinishInfo* failed = nullptr;

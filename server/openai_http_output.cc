@@ -1,7 +1,9 @@
 #include "server/openai_http_output.h"
 
 namespace thetaserve::server {
+namespace {
 
+// Appends a later delta of the same completion to `into`; the prompt's scores come once.
 void AppendDelta(scheduler::TokenDelta& into, const scheduler::TokenDelta& d) {
   into.token_ids.insert(into.token_ids.end(), d.token_ids.begin(), d.token_ids.end());
   into.text += d.text;
@@ -9,6 +11,8 @@ void AppendDelta(scheduler::TokenDelta& into, const scheduler::TokenDelta& d) {
   into.top.insert(into.top.end(), d.top.begin(), d.top.end());
   if (d.prompt) into.prompt = d.prompt;
 }
+
+}  // namespace
 
 void HttpOutput::Take(std::chrono::milliseconds timeout, std::vector<Taken>* taken) {
   std::unique_lock<std::mutex> lock(mu_);

@@ -17,9 +17,6 @@
 
 namespace thetaserve::server {
 
-// Appends a later delta of the same completion to `into`; the prompt's scores come once.
-void AppendDelta(scheduler::TokenDelta& into, const scheduler::TokenDelta& d);
-
 // One call's output, for its n completions. Thread-safe: Deliver and Finish on the engine
 // thread, Take on the handler thread.
 class HttpOutput {

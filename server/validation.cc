@@ -24,6 +24,15 @@ bool AddsSpecialTokens(const Req& req, bool chat) {
 
 }  // namespace
 
+std::vector<int32_t> EncodeRenderedChat(const model::Tokenizer& tok, const std::string& text,
+                                        bool add_special) {
+  std::vector<int32_t> ids = tok.Encode(text, /*add_bos=*/false, /*parse_special=*/true);
+  if (add_special && tok.add_bos() && (ids.empty() || ids.front() != tok.bos_id())) {
+    ids.insert(ids.begin(), tok.bos_id());
+  }
+  return ids;
+}
+
 absl::StatusOr<v1::TokenizeResponse> TokenizeInput(const v1::TokenizeRequest& request,
                                                    const model::Model& model) {
   if (request.input_case() == v1::TokenizeRequest::INPUT_NOT_SET) {
@@ -41,7 +50,10 @@ absl::StatusOr<v1::TokenizeResponse> TokenizeInput(const v1::TokenizeRequest& re
     if (!IsValidUtf8(request.text())) return absl::InvalidArgumentError("text is not valid UTF-8");
     text = request.text();
   }
-  for (int32_t id : model.tokenizer().Encode(text, add_special, /*parse_special=*/true)) {
+  const std::vector<int32_t> ids =
+      request.has_chat() ? EncodeRenderedChat(model.tokenizer(), text, add_special)
+                         : model.tokenizer().Encode(text, add_special, /*parse_special=*/true);
+  for (int32_t id : ids) {
     response.add_ids(static_cast<uint32_t>(id));
   }
   return response;
@@ -369,7 +381,7 @@ absl::StatusOr<scheduler::Request> BuildRequest(const v1::GenerateRequest& req,
     case v1::GenerateRequest::kChat: {
       auto text = RenderChat(req.chat(), model);
       if (!text.ok()) return text.status();
-      out.prompt = tok.Encode(*text, add_special, /*parse_special=*/true);
+      out.prompt = EncodeRenderedChat(tok, *text, add_special);
       break;
     }
     default:

@@ -59,13 +59,20 @@ absl::StatusOr<scheduler::Request> BuildRequest(const v1::GenerateRequest& req,
 // with a seed, completion i samples with seed + i (so the n differ but repeat).
 std::vector<scheduler::Request> SplitChoices(scheduler::Request req, int n);
 
+// A rendered chat's ids: BOS goes in front with add_special only when the model asks for one
+// and the template did not write it (vLLM would put a second one there, which no model was
+// trained on).
+std::vector<int32_t> EncodeRenderedChat(const model::Tokenizer& tok, const std::string& text,
+                                        bool add_special);
+
 // Renders chat messages with the model's template (validating roles and UTF-8).
 absl::StatusOr<std::string> RenderChat(const v1::ChatMessages& chat, const model::Model& model);
 
 bool IsValidUtf8(std::string_view s);
 
 // The Tokenize RPC's answer (and the HTTP API's /tokenize): the ids of the text, or of the
-// rendered chat (then `rendered` too). add_special_tokens unset = true.
+// rendered chat (then `rendered` too). add_special_tokens unset: true for text, false for a
+// chat, as Generate takes it.
 absl::StatusOr<v1::TokenizeResponse> TokenizeInput(const v1::TokenizeRequest& request,
                                                    const model::Model& model);
 

@@ -154,7 +154,8 @@ class ThetaserveBackend:
                     c = resp.complete
                     out.finish_reason = pb.FinishReason.Name(c.finish_reason)
                     out.server_prompt_tokens = c.usage.prompt_tokens
-                    out.server_ttft = c.timings.time_to_first_token_seconds
+                    if c.timings.HasField("time_to_first_token_seconds"):
+                        out.server_ttft = c.timings.time_to_first_token_seconds
                     out.server_queue = c.timings.queue_seconds
                     out.preemptions = c.preemptions
                     if c.usage.completion_tokens != out.output_len:

@@ -66,7 +66,9 @@ def main():
         return 1
     print(f"finish: {pb.FinishReason.Name(complete.finish_reason)}, "
           f"{complete.usage.completion_tokens} tokens, "
-          f"ttft {complete.timings.time_to_first_token_seconds:.3f} s", file=sys.stderr)
+          "ttft " + (f"{complete.timings.time_to_first_token_seconds:.3f} s"
+                     if complete.timings.HasField("time_to_first_token_seconds") else "-"),
+          file=sys.stderr)
     return 0
 
 

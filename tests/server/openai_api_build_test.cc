@@ -249,14 +249,20 @@ TEST_F(OpenAiResponseTest, VllmsSamplingExtensionsReachTheEngineRequest) {
 }
 
 // add_special_tokens on a chat: unset, the template's tokens alone (it writes what it wants);
-// true, BOS in front as well, as vLLM (it was ignored on a chat). The Tokenize RPC takes the
-// same default (it put BOS before a chat that Generate did not), so its ids are Generate's.
-// skip_special_tokens reaches the engine's request, true unless set false.
+// true, BOS in front as well where the model asks for one, as vLLM, but never a second: this
+// template (Llama 2's) writes BOS itself, where vLLM would put BOS BOS. It was ignored on a
+// chat. The Tokenize RPC takes the same default (it put BOS before a chat that Generate did
+// not), so its ids are Generate's. skip_special_tokens reaches the engine, true unless false.
 TEST(BuildRequestTest, AddSpecialTokensOnAChatAndSkipSpecialTokens) {
   auto tiny = model::Model::Load(testing::TestDataPath("tiny_llama"));
   ASSERT_TRUE(tiny.ok()) << tiny.status();
   const model::Tokenizer& llama = (*tiny)->tokenizer();
   ASSERT_TRUE(llama.add_bos());
+  // Where the text has no BOS, add_special puts one in front.
+  EXPECT_EQ(EncodeRenderedChat(llama, "Hello there", true), llama.Encode("Hello there", true));
+  EXPECT_EQ(EncodeRenderedChat(llama, "Hello there", false), llama.Encode("Hello there", false));
+  ASSERT_NE(llama.Encode("Hello there", true), llama.Encode("Hello there", false));
+
   v1::GenerateRequest chat;
   auto* m = chat.mutable_chat()->add_messages();
   m->set_role("user");
@@ -264,8 +270,7 @@ TEST(BuildRequestTest, AddSpecialTokensOnAChatAndSkipSpecialTokens) {
   auto rendered = RenderChat(chat.chat(), **tiny);
   ASSERT_TRUE(rendered.ok()) << rendered.status();
   const std::vector<int32_t> bare = llama.Encode(*rendered, /*add_bos=*/false);
-  const std::vector<int32_t> with_bos = llama.Encode(*rendered, /*add_bos=*/true);
-  ASSERT_NE(bare, with_bos);
+  ASSERT_EQ(bare.front(), llama.bos_id()) << "the template writes BOS";
 
   auto unset = BuildRequest(chat, **tiny);
   ASSERT_TRUE(unset.ok()) << unset.status();
@@ -275,7 +280,7 @@ TEST(BuildRequestTest, AddSpecialTokensOnAChatAndSkipSpecialTokens) {
   chat.set_skip_special_tokens(false);
   auto asked = BuildRequest(chat, **tiny);
   ASSERT_TRUE(asked.ok()) << asked.status();
-  EXPECT_EQ(asked->prompt, with_bos);
+  EXPECT_EQ(asked->prompt, bare) << "one BOS, the template's";
   EXPECT_FALSE(asked->skip_special_tokens);
 
   v1::TokenizeRequest tokenize;
@@ -286,7 +291,14 @@ TEST(BuildRequestTest, AddSpecialTokensOnAChatAndSkipSpecialTokens) {
   tokenize.set_add_special_tokens(true);
   ids = TokenizeInput(tokenize, **tiny);
   ASSERT_TRUE(ids.ok()) << ids.status();
-  EXPECT_EQ(std::vector<int32_t>(ids->ids().begin(), ids->ids().end()), with_bos);
+  EXPECT_EQ(std::vector<int32_t>(ids->ids().begin(), ids->ids().end()), bare);
+  // Text is encoded as it always was: BOS in front unless asked not to.
+  v1::TokenizeRequest text;
+  text.set_text("Hello there");
+  ids = TokenizeInput(text, **tiny);
+  ASSERT_TRUE(ids.ok()) << ids.status();
+  EXPECT_EQ(std::vector<int32_t>(ids->ids().begin(), ids->ids().end()),
+            llama.Encode("Hello there", true));
 }
 
 // The range and the vocabulary are checked where gRPC's are (BuildRequest), with the HTTP name.

@@ -286,15 +286,19 @@ TEST(OpenAiApiTest, TokenizeAndDetokenizeBodies) {
   auto text = ParseTokenizeRequest(R"({"prompt": "Hello"})", kServed);
   ASSERT_TRUE(text.ok()) << text.status();
   EXPECT_EQ(text->text(), "Hello");
-  EXPECT_TRUE(text->add_special_tokens()) << "a prompt gets BOS by default, as in vLLM";
+  // Unset: the Tokenize RPC's defaults, vLLM's (BOS for a prompt, none for a chat: the
+  // defaults themselves are BuildRequestTest.AddSpecialTokensOnAChatAndSkipSpecialTokens's).
+  EXPECT_FALSE(text->has_add_special_tokens());
   auto chat = ParseTokenizeRequest(R"({"messages": [{"role": "user", "content": "x"}],
       "add_generation_prompt": false, "model": "SmolLM2-135M-Instruct.Q4_1"})", kServed);
   ASSERT_TRUE(chat.ok()) << chat.status();
   ASSERT_EQ(chat->chat().messages_size(), 1);
   EXPECT_FALSE(chat->chat().add_generation_prompt());
-  EXPECT_FALSE(chat->add_special_tokens()) << "the template writes a chat's special tokens";
-  EXPECT_FALSE(ParseTokenizeRequest(R"({"prompt": "x", "add_special_tokens": false})", kServed)
-                   ->add_special_tokens());
+  EXPECT_FALSE(chat->has_add_special_tokens());
+  auto off = ParseTokenizeRequest(R"({"prompt": "x", "add_special_tokens": false})", kServed);
+  ASSERT_TRUE(off.ok());
+  EXPECT_TRUE(off->has_add_special_tokens());
+  EXPECT_FALSE(off->add_special_tokens());
   for (const char* bad : {R"({})", R"({"prompt": "x", "messages": []})", R"({"prompt": [1]})",
                           R"({"prompt": "x", "add_special_tokens": 1})"}) {
     EXPECT_EQ(ParseTokenizeRequest(bad, kServed).status().code(),

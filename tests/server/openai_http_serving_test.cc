@@ -25,6 +25,14 @@ TEST_F(OpenAiHttpTest, HttpRequestsAreCountedByRouteAndStatus) {
   const std::string bad_request = "thetaserve_http_refused_total{reason=\"bad_request\"}";
   const std::string before = server_->ScrapeMetrics();  // (the metrics port: not counted)
   ASSERT_GE(count(before, "/v1/completions", "5xx"), 0) << "every series exported from 0";
+  // All of them (docs/metrics.md: 10 routes × 3 classes).
+  size_t series = 0;
+  for (size_t at = 0; (at = before.find("\nthetaserve_http_requests_total{", at)) !=
+                      std::string::npos;
+       ++at) {
+    ++series;
+  }
+  EXPECT_EQ(series, 30u);
   ASSERT_GE(MetricValue(before, bad_request), 0);
   EXPECT_EQ(HttpCall(http_port_, "GET", "/v1/models").status, 200);
   EXPECT_EQ(HttpCall(http_port_, "GET", "/health").status, 200);
@@ -59,6 +67,60 @@ TEST_F(OpenAiHttpTest, HttpRequestsAreCountedByRouteAndStatus) {
   EXPECT_EQ(delta("/v1/completions", "5xx"), 0);
   EXPECT_EQ(delta("/v1/chat/completions", "2xx"), 0);
   EXPECT_EQ(MetricValue(after, bad_request) - MetricValue(before, bad_request), 1);
+}
+
+// The client's request id, as vLLM takes it: the X-Request-Id header (a proxy's trace id), or
+// the body's request_id, names the call (cmpl-<it>: the log line, Abort), and X-Request-Id
+// answers with the header's own value. Both were ignored: a random id came back, which nothing
+// upstream could match. An id in flight is 409, naming it; a malformed one 400.
+TEST_F(OpenAiHttpTest, TheClientsRequestIdNamesTheCall) {
+  ASSERT_TRUE(server_->started());
+  const Json body = {{"prompt", "Hello"}, {"max_tokens", 2}};
+  HttpResult r = HttpCall(http_port_, "POST", "/v1/completions", body.dump(),
+                          {{"X-Request-Id", "trace-42"}});
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(Json::parse(r.body)["id"], "cmpl-trace-42");
+  EXPECT_EQ(r.headers["x-request-id"], "trace-42");
+  r = Post("/v1/chat/completions", {{"messages", {{{"role", "user"}, {"content", "Hi"}}}},
+                                    {"max_tokens", 2}, {"request_id", "abc-1"}});
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(Json::parse(r.body)["id"], "chatcmpl-abc-1");
+  EXPECT_EQ(r.headers["x-request-id"], "chatcmpl-abc-1");
+  // The header wins over the body's field, streamed as whole.
+  Json streamed = body;
+  streamed["stream"] = true;
+  streamed["request_id"] = "from-body";
+  r = HttpCall(http_port_, "POST", "/v1/completions", streamed.dump(),
+               {{"X-Request-Id", "from-header"}});
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.headers["x-request-id"], "from-header");
+  EXPECT_NE(r.body.find(R"("id":"cmpl-from-header")"), std::string::npos) << r.body;
+
+  r = HttpCall(http_port_, "POST", "/v1/completions", body.dump(), {{"X-Request-Id", "a b"}});
+  EXPECT_EQ(r.status, 400);
+  EXPECT_NE(r.body.find("the X-Request-Id header must be 1 to 256 visible ASCII characters"),
+            std::string::npos) << r.body;
+  Json long_id = body;
+  long_id["request_id"] = std::string(257, 'x');
+  r = Post("/v1/completions", long_id);
+  EXPECT_EQ(r.status, 400);
+  EXPECT_NE(r.body.find("request_id must be 1 to 256"), std::string::npos) << r.body;
+  EXPECT_NE(r.body.find(R"("param":"request_id")"), std::string::npos) << r.body;
+
+  // In flight already: 409 naming it, and the first goes on.
+  auto stub = server_->stub();
+  ASSERT_TRUE(WaitForRunning(*stub, 0));
+  HttpConnection c(http_port_);
+  const std::string long_body = Json{{"prompt", "Tell me a long story"}, {"max_tokens", 4000},
+                                     {"ignore_eos", true}, {"stream", true},
+                                     {"request_id", "busy-1"}}.dump();
+  ASSERT_TRUE(c.SendRaw(RequestHead("/v1/completions", long_body)));
+  ASSERT_EQ(c.ReadHead(60).status, 200);
+  ASSERT_TRUE(WaitForRunning(*stub, 1));
+  r = HttpCall(http_port_, "POST", "/v1/completions", body.dump(), {{"X-Request-Id", "busy-1"}});
+  EXPECT_EQ(r.status, 409);
+  EXPECT_NE(r.body.find("request_id 'cmpl-busy-1' is already in flight"), std::string::npos)
+      << r.body;
 }
 
 TEST_F(OpenAiHttpTest, AVanishedClientFreesItsPagesStreamingOrNot) {

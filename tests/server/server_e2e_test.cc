@@ -490,6 +490,28 @@ TEST_F(ServerE2ETest, SkipSpecialTokensFalseWritesThemIntoTheText) {
   ended = Generate(*stub, eos);
   ASSERT_TRUE(ended.status.ok()) << ended.status.error_message();
   EXPECT_EQ(ended.text, "<|im_end|>");
+
+  // A stop string finds a special token's text once it is written.
+  auto stopped = forced;  // skip_special_tokens false, ignore_eos
+  stopped.mutable_stopping()->add_stop("<|im_end|>");
+  StreamResult cut = Generate(*stub, stopped);
+  ASSERT_TRUE(cut.status.ok()) << cut.status.error_message();
+  EXPECT_EQ(cut.complete.finish_reason(), v1::FINISH_REASON_STOP);
+  EXPECT_EQ(cut.ids.size(), 1u);
+  EXPECT_EQ(cut.text, "");
+
+  // A guided output is exactly one of its choices: the EOS that ends it ("yes", where "yes sir"
+  // could go on) is not written, include_stop_str_in_output or not (it came out "yes<|im_end|>").
+  auto guided = Prompt("Answer:", 8);
+  guided.mutable_sampling()->add_guided_choice("yes");
+  guided.mutable_sampling()->add_guided_choice("yes sir");
+  (*guided.mutable_sampling()->mutable_logit_bias())[im_end[0]] = 100.0f;
+  guided.set_skip_special_tokens(false);
+  guided.mutable_stopping()->set_include_stop_str_in_output(true);
+  StreamResult chose = Generate(*stub, guided);
+  ASSERT_TRUE(chose.status.ok()) << chose.status.error_message();
+  EXPECT_EQ(chose.complete.finish_reason(), v1::FINISH_REASON_EOS);
+  EXPECT_EQ(chose.text, "yes");
 }
 
 TEST_F(ServerE2ETest, ModelInfoDescribesTheModel) {

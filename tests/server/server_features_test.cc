@@ -310,6 +310,14 @@ TEST_F(ServerE2ETest, PromptLogprobsScoreThePromptAsGenerationScoredItsTokens) {
   EXPECT_TRUE(none.ids.empty());
   EXPECT_EQ(none.complete.finish_reason(), v1::FINISH_REASON_LENGTH);
   EXPECT_EQ(none.complete.usage().completion_tokens(), 0u);
+  // No token, so no time to first token (it was 0, read as an instant one); a request that
+  // generated has one.
+  EXPECT_FALSE(none.complete.timings().has_time_to_first_token_seconds());
+  StreamResult answered = Generate(*stub, Prompt("Hello", 2));
+  ASSERT_TRUE(answered.status.ok()) << answered.status.error_message();
+  EXPECT_TRUE(answered.complete.timings().has_time_to_first_token_seconds());
+  EXPECT_GT(answered.complete.timings().time_to_first_token_seconds(), 0);
+  EXPECT_GT(none.complete.timings().total_seconds(), 0);
   ASSERT_EQ(scored.logprobs_size(), P + 6 - 1);
   for (int i = 0; i < P - 1; ++i) {
     EXPECT_NEAR(scored.logprobs(i).logprob(), prompt.logprobs(i).logprob(), 1e-3) << i;
