@@ -242,6 +242,12 @@ absl::StatusOr<OpenAiCall> ParseOpenAiRequest(std::string_view body_text, OpenAi
       }
       call.include_usage = so["include_usage"].get<bool>();
     }
+    if (Given(so, "continuous_usage_stats")) {
+      if (!so["continuous_usage_stats"].is_boolean()) {
+        return Invalid("stream_options.continuous_usage_stats", "must be true or false");
+      }
+      call.continuous_usage = call.include_usage && so["continuous_usage_stats"].get<bool>();
+    }
   }
   // vLLM's prompt_logprobs (not streamed, as vLLM's; 0 with stream is taken and returns
   // nothing there too).

@@ -42,6 +42,9 @@ struct OpenAiCall {
   size_t prompt_count() const { return std::max<size_t>(1, prompts.size()); }
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage: a last chunk with usage
+  // vLLM's stream_options.continuous_usage_stats (with include_usage): every chunk also
+  // carries its choice's usage so far.
+  bool continuous_usage = false;
   bool logprobs = false;       // return the sampled tokens' log-probabilities
   int top_logprobs = 0;        // and this many alternatives per token
   bool max_tokens_given = false;

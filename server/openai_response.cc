@@ -190,12 +190,23 @@ Json OpenAiResponseBuilder::Logprobs(const scheduler::TokenDelta& d, size_t* off
           {"text_offset", offsets}};
 }
 
+void OpenAiResponseBuilder::AddChoiceUsage(int index, Json& chunk) const {
+  if (!call_.continuous_usage) return;
+  const size_t p = size_t(index / per_prompt_);
+  const int64_t prompt = p < prompt_tokens_.size() ? prompt_tokens_[p] : 0;
+  const int64_t completion = choices_.at(index).tokens;
+  chunk["usage"] = {{"prompt_tokens", prompt},
+                    {"completion_tokens", completion},
+                    {"total_tokens", prompt + completion}};
+}
+
 Json OpenAiResponseBuilder::RoleChunk(int index) const {
   Json j = Envelope("chat.completion.chunk");
   j["choices"] = Json::array({{{"index", index},
                                {"delta", {{"role", "assistant"}, {"content", ""}}},
                                {"logprobs", nullptr},
                                {"finish_reason", nullptr}}});
+  AddChoiceUsage(index, j);
   return j;
 }
 
@@ -204,6 +215,7 @@ Json OpenAiResponseBuilder::DeltaChunk(int index, const scheduler::TokenDelta& d
   const std::string echo = EchoText(c, delta);
   Json logprobs = PromptLogprobs(delta);
   c.text += delta.text;
+  c.tokens += int64_t(delta.token_ids.size());
   AppendLogprobs(logprobs, Logprobs(delta, &c.token_chars));
   const bool chat = call_.endpoint == OpenAiEndpoint::kChatCompletions;
   Json choice = chat ? Json{{"index", index}, {"delta", {{"content", delta.text}}}}
@@ -223,6 +235,7 @@ Json OpenAiResponseBuilder::DeltaChunk(int index, const scheduler::TokenDelta& d
   choice["finish_reason"] = nullptr;
   Json j = Envelope(chat ? "chat.completion.chunk" : "text_completion");
   j["choices"] = Json::array({choice});
+  AddChoiceUsage(index, j);
   return j;
 }
 
@@ -234,6 +247,7 @@ Json OpenAiResponseBuilder::FinishChunk(int index, const scheduler::FinishInfo& 
   choice["finish_reason"] = OpenAiFinishReason(info.reason);
   Json j = Envelope(chat ? "chat.completion.chunk" : "text_completion");
   j["choices"] = Json::array({choice});
+  AddChoiceUsage(index, j);
   return j;
 }
 

@@ -43,6 +43,8 @@ class OpenAiResponseBuilder {
   nlohmann::ordered_json Complete(const std::vector<scheduler::FinishInfo>& infos) const;
 
   const std::string& id() const { return id_; }
+  // Each prompt's tokens, [prompts]: the usage that chunks carry with continuous usage.
+  void SetPromptTokens(std::vector<int64_t> tokens) { prompt_tokens_ = std::move(tokens); }
 
  private:
   struct Choice {
@@ -57,7 +59,10 @@ class OpenAiResponseBuilder {
     nlohmann::ordered_json prompt_logprobs;  // vLLM's prompt_logprobs, when asked
     std::string tool_id;               // a named tool call's id
     bool tool_started = false;         // streaming it: its id and name went out
+    int64_t tokens = 0;                // generated tokens streamed so far
   };
+  // With call.continuous_usage, `chunk` gets choice `index`'s usage so far.
+  void AddChoiceUsage(int index, nlohmann::ordered_json& chunk) const;
   // With echo: the prompt's text the first time a delta brings tokens or the prompt's scores,
   // and the scores' log-probabilities (the first token's null) when asked; else "" and null.
   // The text returned is added to c's text and counted in its token_chars.
@@ -82,6 +87,7 @@ class OpenAiResponseBuilder {
   const model::Tokenizer* tokenizer_;
   std::vector<Choice> choices_;
   int per_prompt_ = 1;  // n: choices of each prompt
+  std::vector<int64_t> prompt_tokens_;  // [prompts]
 };
 
 // Serializes for the wire: invalid UTF-8 (a token's raw bytes) becomes U+FFFD.

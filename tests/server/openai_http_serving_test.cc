@@ -123,6 +123,59 @@ TEST_F(OpenAiHttpTest, TheClientsRequestIdNamesTheCall) {
       << r.body;
 }
 
+// vLLM's stream_options.continuous_usage_stats: with include_usage, every chunk carries its
+// choice's usage so far (it was ignored: only the last chunk had usage). Two prompts, two
+// choices each: each choice's counts rise to its own completion tokens, over its own prompt.
+TEST_F(OpenAiHttpTest, ContinuousUsageStatsPutUsageInEveryChunk) {
+  ASSERT_TRUE(server_->started());
+  const Json body = {{"prompt", {"Hello", "Once upon a time there was"}}, {"n", 2},
+                     {"max_tokens", 5}, {"ignore_eos", true}, {"temperature", 0},
+                     {"stream", true},
+                     {"stream_options", {{"include_usage", true},
+                                         {"continuous_usage_stats", true}}}};
+  const HttpResult r = Post("/v1/completions", body);
+  ASSERT_EQ(r.status, 200) << r.body;
+  std::vector<int64_t> prompt(4, -1), last(4, 0);
+  int chunks = 0;
+  Json usage;
+  for (const std::string& e : SseData(r.body)) {
+    if (e == "[DONE]") break;
+    const Json j = Json::parse(e);
+    ASSERT_TRUE(j.contains("usage")) << e;
+    if (j["choices"].empty()) {  // the last chunk: the whole call's
+      usage = j["usage"];
+      continue;
+    }
+    ++chunks;
+    const int i = j["choices"][0]["index"];
+    const Json& u = j["usage"];
+    if (prompt[i] < 0) prompt[i] = u["prompt_tokens"];
+    EXPECT_EQ(u["prompt_tokens"], prompt[i]) << e;
+    EXPECT_GE(u["completion_tokens"].get<int64_t>(), last[i]) << e;
+    last[i] = u["completion_tokens"];
+    EXPECT_EQ(u["total_tokens"], prompt[i] + last[i]) << e;
+  }
+  EXPECT_GE(chunks, 8);
+  EXPECT_EQ(last, std::vector<int64_t>(4, 5));
+  EXPECT_EQ(prompt[0], prompt[1]);
+  EXPECT_EQ(prompt[2], prompt[3]);
+  EXPECT_LT(prompt[0], prompt[2]);
+  ASSERT_FALSE(usage.is_null());
+  EXPECT_EQ(usage["prompt_tokens"], prompt[0] + prompt[2]);
+  EXPECT_EQ(usage["completion_tokens"], 20);
+  // Without include_usage it asks for nothing, as vLLM's; and it must be a boolean.
+  Json alone = body;
+  alone["stream_options"] = {{"continuous_usage_stats", true}};
+  const HttpResult plain = Post("/v1/completions", alone);
+  ASSERT_EQ(plain.status, 200) << plain.body;
+  EXPECT_EQ(plain.body.find("\"usage\""), std::string::npos) << plain.body;
+  alone["stream_options"] = {{"include_usage", true}, {"continuous_usage_stats", "yes"}};
+  const HttpResult bad = Post("/v1/completions", alone);
+  EXPECT_EQ(bad.status, 400);
+  EXPECT_NE(bad.body.find("stream_options.continuous_usage_stats must be true or false"),
+            std::string::npos) << bad.body;
+}
+
 TEST_F(OpenAiHttpTest, AVanishedClientFreesItsPagesStreamingOrNot) {
   ASSERT_TRUE(server_->started());
   auto stub = server_->stub();
