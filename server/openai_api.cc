@@ -217,6 +217,11 @@ absl::StatusOr<OpenAiCall> ParseOpenAiRequest(std::string_view body_text, OpenAi
     if (!v.ok()) return v.status();
     call.request.set_skip_special_tokens(*v);
   }
+  if (Given(body, "return_token_ids")) {
+    auto v = Bool(body, "return_token_ids");
+    if (!v.ok()) return v.status();
+    call.return_token_ids = *v;
+  }
   if (Given(body, "request_id")) {
     auto v = String(body["request_id"], "request_id");
     if (!v.ok()) return v.status();
@@ -365,7 +370,7 @@ std::string ErrorParam(std::string_view message) {
       "include_stop_str_in_output", "logit_bias", "logprobs", "max_completion_tokens",
       "max_tokens", "messages", "min_p", "min_tokens", "model", "n", "presence_penalty",
       "parallel_tool_calls", "priority", "prompt", "prompt_logprobs", "repetition_penalty",
-      "request_id", "response_format", "seed", "skip_special_tokens", "stop",
+      "request_id", "response_format", "return_token_ids", "seed", "skip_special_tokens", "stop",
       "stop_token_ids", "stream", "stream_options", "structured_outputs", "suffix",
       "temperature", "tokens", "tool_choice", "tools", "top_k", "top_logprobs", "top_p",
       "truncate_prompt_tokens", "use_beam_search"};

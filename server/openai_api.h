@@ -45,6 +45,9 @@ struct OpenAiCall {
   // vLLM's stream_options.continuous_usage_stats (with include_usage): every chunk also
   // carries its choice's usage so far.
   bool continuous_usage = false;
+  // vLLM's return_token_ids: the response carries the prompt's token ids and each choice's
+  // (streamed: the prompt's with a choice's first chunk, each chunk its own).
+  bool return_token_ids = false;
   bool logprobs = false;       // return the sampled tokens' log-probabilities
   int top_logprobs = 0;        // and this many alternatives per token
   bool max_tokens_given = false;

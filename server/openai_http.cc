@@ -287,7 +287,7 @@ void OpenAiHttpServer::Generate(const HttpRequest& http, HttpResponder& out, boo
   };
   std::vector<scheduler::Request> prompts;
   std::vector<std::string> echo_texts;  // [prompt]
-  std::vector<int64_t> prompt_sizes;    // [prompt]: tokens
+  std::vector<std::vector<int32_t>> prompt_ids;  // [prompt]
   int64_t prompt_tokens = 0;
   // Completions' choices each carry the prompt's scores; a chat response carries them once.
   const int64_t scored_copies =
@@ -348,7 +348,7 @@ void OpenAiHttpServer::Generate(const HttpRequest& http, HttpResponder& out, boo
           " tokens (", prompt_tokens, " prompt tokens so far, n = ", scored_copies,
           " choices each); ask for fewer choices or send fewer prompts")));
     }
-    prompt_sizes.push_back(int64_t(built->prompt.size()));
+    prompt_ids.push_back(built->prompt);
     prompts.push_back(std::move(*built));
   }
   // The chat API's default is "until the model stops": the rest of the context, or of what
@@ -407,7 +407,7 @@ void OpenAiHttpServer::Generate(const HttpRequest& http, HttpResponder& out, boo
 
   OpenAiResponseBuilder builder(*call, id, UnixNow(), options_.served_model_name,
                                 model_->tokenizer(), n, std::move(echo_texts));
-  builder.SetPromptTokens(std::move(prompt_sizes));
+  builder.SetPromptTokens(std::move(prompt_ids));
   std::optional<SharedPromptScores> shared;
   if (!chat && n_per_prompt > 1 && call->request.sampling().has_prompt_logprobs()) {
     shared.emplace(n, n_per_prompt);

@@ -190,10 +190,15 @@ Json OpenAiResponseBuilder::Logprobs(const scheduler::TokenDelta& d, size_t* off
           {"text_offset", offsets}};
 }
 
+const std::vector<int32_t>& OpenAiResponseBuilder::PromptIds(int index) const {
+  static const std::vector<int32_t> kNone;
+  const size_t p = size_t(index / per_prompt_);
+  return p < prompt_ids_.size() ? prompt_ids_[p] : kNone;
+}
+
 void OpenAiResponseBuilder::AddChoiceUsage(int index, Json& chunk) const {
   if (!call_.continuous_usage) return;
-  const size_t p = size_t(index / per_prompt_);
-  const int64_t prompt = p < prompt_tokens_.size() ? prompt_tokens_[p] : 0;
+  const int64_t prompt = int64_t(PromptIds(index).size());
   const int64_t completion = choices_.at(index).tokens;
   chunk["usage"] = {{"prompt_tokens", prompt},
                     {"completion_tokens", completion},
@@ -206,6 +211,7 @@ Json OpenAiResponseBuilder::RoleChunk(int index) const {
                                {"delta", {{"role", "assistant"}, {"content", ""}}},
                                {"logprobs", nullptr},
                                {"finish_reason", nullptr}}});
+  if (call_.return_token_ids) j["prompt_token_ids"] = PromptIds(index);  // as vLLM's, first
   AddChoiceUsage(index, j);
   return j;
 }
@@ -233,6 +239,12 @@ Json OpenAiResponseBuilder::DeltaChunk(int index, const scheduler::TokenDelta& d
   }
   choice["logprobs"] = logprobs;
   choice["finish_reason"] = nullptr;
+  if (call_.return_token_ids) {
+    // Completions give the prompt's ids with a choice's first chunk (chat: its role chunk).
+    if (!chat && !c.prompt_ids_sent) choice["prompt_token_ids"] = PromptIds(index);
+    c.prompt_ids_sent = true;
+    choice["token_ids"] = delta.token_ids;
+  }
   Json j = Envelope(chat ? "chat.completion.chunk" : "text_completion");
   j["choices"] = Json::array({choice});
   AddChoiceUsage(index, j);
@@ -281,12 +293,18 @@ void OpenAiResponseBuilder::Add(int index, const scheduler::TokenDelta& delta) {
   AppendLogprobs(c.logprobs, PromptLogprobs(delta));
   AppendLogprobs(c.logprobs, Logprobs(delta, &c.token_chars));
   c.text += delta.text;
+  if (call_.return_token_ids) {
+    c.token_ids.insert(c.token_ids.end(), delta.token_ids.begin(), delta.token_ids.end());
+  }
 }
 
 bool OpenAiResponseBuilder::Carries(const Json& chunk) {
   if (chunk["choices"].empty()) return false;
   const Json& c = chunk["choices"][0];
   if (!c["logprobs"].is_null()) return true;
+  // Token ids asked for (return_token_ids) go out even before their text is whole.
+  if (c.contains("token_ids") && !c["token_ids"].empty()) return true;
+  if (c.contains("prompt_token_ids")) return true;
   if (c.contains("delta") && c["delta"].contains("tool_calls")) {
     const Json& call = c["delta"]["tool_calls"][0];
     return call.contains("id") || !call["function"]["arguments"].get<std::string>().empty();
@@ -337,12 +355,17 @@ Json OpenAiResponseBuilder::Complete(const std::vector<scheduler::FinishInfo>& i
     choice["logprobs"] = logprobs;
     choice["finish_reason"] = finish;
     if (!chat && call_.prompt_logprobs >= 0) choice["prompt_logprobs"] = c.prompt_logprobs;
+    if (call_.return_token_ids) {
+      if (!chat) choice["prompt_token_ids"] = PromptIds(index);
+      choice["token_ids"] = c.token_ids;
+    }
     choices.push_back(std::move(choice));
   }
   Json j = Envelope(chat ? "chat.completion" : "text_completion");
   j["choices"] = std::move(choices);
   // vLLM gives a chat's prompt_logprobs once, beside the choices.
   if (chat && call_.prompt_logprobs >= 0) j["prompt_logprobs"] = choices_[0].prompt_logprobs;
+  if (chat && call_.return_token_ids) j["prompt_token_ids"] = PromptIds(0);
   j["usage"] = Usage(infos);
   return j;
 }

@@ -43,8 +43,9 @@ class OpenAiResponseBuilder {
   nlohmann::ordered_json Complete(const std::vector<scheduler::FinishInfo>& infos) const;
 
   const std::string& id() const { return id_; }
-  // Each prompt's tokens, [prompts]: the usage that chunks carry with continuous usage.
-  void SetPromptTokens(std::vector<int64_t> tokens) { prompt_tokens_ = std::move(tokens); }
+  // Each prompt's token ids, [prompts]: the usage that chunks carry with continuous usage, and
+  // the ids return_token_ids returns.
+  void SetPromptTokens(std::vector<std::vector<int32_t>> ids) { prompt_ids_ = std::move(ids); }
 
  private:
   struct Choice {
@@ -60,7 +61,10 @@ class OpenAiResponseBuilder {
     std::string tool_id;               // a named tool call's id
     bool tool_started = false;         // streaming it: its id and name went out
     int64_t tokens = 0;                // generated tokens streamed so far
+    std::vector<int32_t> token_ids;    // return_token_ids, not streaming: all of them
+    bool prompt_ids_sent = false;      // return_token_ids, streaming: the prompt's went out
   };
+  const std::vector<int32_t>& PromptIds(int index) const;
   // With call.continuous_usage, `chunk` gets choice `index`'s usage so far.
   void AddChoiceUsage(int index, nlohmann::ordered_json& chunk) const;
   // With echo: the prompt's text the first time a delta brings tokens or the prompt's scores,
@@ -87,7 +91,7 @@ class OpenAiResponseBuilder {
   const model::Tokenizer* tokenizer_;
   std::vector<Choice> choices_;
   int per_prompt_ = 1;  // n: choices of each prompt
-  std::vector<int64_t> prompt_tokens_;  // [prompts]
+  std::vector<std::vector<int32_t>> prompt_ids_;  // [prompts]
 };
 
 // Serializes for the wire: invalid UTF-8 (a token's raw bytes) becomes U+FFFD.

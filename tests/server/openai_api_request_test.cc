@@ -481,6 +481,11 @@ TEST(OpenAiApiTest, SpecialTokenSwitchesMapOntoTheRequest) {
   EXPECT_TRUE(chat->request.skip_special_tokens());
   EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": "x", "skip_special_tokens": "no"})"),
                           "skip_special_tokens must be true or false"));
+  // return_token_ids (vLLM's) is a switch too.
+  EXPECT_FALSE(unset->return_token_ids);
+  EXPECT_TRUE(Completion(R"({"prompt": "x", "return_token_ids": true})")->return_token_ids);
+  EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": "x", "return_token_ids": 1})"),
+                          "return_token_ids must be true or false"));
   EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": "x", "add_special_tokens": 0})"),
                           "add_special_tokens must be true or false"));
 }

@@ -143,6 +143,61 @@ TEST_F(OpenAiHttpTest, SkipSpecialTokensFalseWritesThemIntoTheText) {
   EXPECT_EQ(Json::parse(r.body)["choices"][0]["message"]["content"], "<|im_end|><|im_end|>");
 }
 
+// vLLM's return_token_ids: the prompt's ids (/tokenize's) and each choice's generated ids
+// (the gRPC stream's), whole and streamed alike; on chat the prompt's beside the choices. It
+// was ignored.
+TEST_F(OpenAiHttpTest, ReturnTokenIdsGivesThePromptsAndTheChoicesIds) {
+  ASSERT_TRUE(server_->started());
+  auto stub = server_->stub();
+  const std::vector<std::string> texts = {"The capital of France is", "Once upon a time"};
+  Json body = {{"prompt", texts}, {"max_tokens", 6}, {"temperature", 0},
+               {"return_token_ids", true}};
+  HttpResult r = Post("/v1/completions", body);
+  ASSERT_EQ(r.status, 200) << r.body;
+  const Json whole = Json::parse(r.body);
+  ASSERT_EQ(whole["choices"].size(), 2u);
+  for (int p = 0; p < 2; ++p) {
+    const Json& c = whole["choices"][p];
+    EXPECT_EQ(c["prompt_token_ids"], Json(TokenIds(*stub, texts[p]))) << p;
+    StreamResult grpc = Generate(*stub, Prompt(texts[p], 6));
+    ASSERT_TRUE(grpc.status.ok());
+    EXPECT_EQ(c["token_ids"], Json(grpc.ids)) << p;
+  }
+  body["stream"] = true;
+  r = Post("/v1/completions", body);
+  ASSERT_EQ(r.status, 200) << r.body;
+  std::vector<Json> ids(2, Json::array());
+  std::vector<int> prompts_seen(2, 0);
+  for (const std::string& e : SseData(r.body)) {
+    if (e == "[DONE]") break;
+    const Json c = Json::parse(e)["choices"][0];
+    const int i = c["index"];
+    if (c.contains("prompt_token_ids")) {
+      ++prompts_seen[i];
+      EXPECT_EQ(c["prompt_token_ids"], whole["choices"][i]["prompt_token_ids"]);
+    }
+    if (c.contains("token_ids")) {
+      for (const Json& id : c["token_ids"]) ids[i].push_back(id);
+    }
+  }
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(prompts_seen[i], 1) << "once, with the choice's first chunk";
+    EXPECT_EQ(ids[i], whole["choices"][i]["token_ids"]) << i;
+  }
+  const Json messages = {{{"role", "user"}, {"content", "Hi"}}};
+  r = Post("/v1/chat/completions", {{"messages", messages}, {"max_tokens", 4},
+                                    {"temperature", 0}, {"return_token_ids", true}});
+  ASSERT_EQ(r.status, 200) << r.body;
+  const Json chat = Json::parse(r.body);
+  const HttpResult tokenized = Post("/tokenize", {{"messages", messages}});
+  ASSERT_EQ(tokenized.status, 200);
+  EXPECT_EQ(chat["prompt_token_ids"], Json::parse(tokenized.body)["tokens"]);
+  EXPECT_EQ(chat["choices"][0]["token_ids"].size(),
+            chat["usage"]["completion_tokens"].get<size_t>());
+  EXPECT_FALSE(Json::parse(Post("/v1/completions", {{"prompt", "x"}, {"max_tokens", 1}}).body)
+                   ["choices"][0].contains("token_ids")) << "only when asked";
+}
+
 TEST_F(OpenAiHttpTest, CompletionEqualsTheGrpcStreamOfTheSameRequest) {
   ASSERT_TRUE(server_->started());
   HttpResult r = Post("/v1/completions", {{"model", kModelName},
