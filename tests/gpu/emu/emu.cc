@@ -68,26 +68,14 @@ constexpr unsigned kMaxClusterBlocks = 8;  // the portable cluster size
 
 enum class FiberState { kReady, kAtBlockBarrier, kAtWarpBarrier, kAtClusterBarrier, kDone };
 
-// A cp.async copy in flight: the bytes it will write at its wait.
-struct AsyncCopy {
-  unsigned char* dst;
-  std::vector<unsigned char> bytes;
-};
-
 struct Fiber {
   void* sp = nullptr;
   FiberState state = FiberState::kReady;
   uint3 tid{};
   int warp = 0;
-  std::vector<AsyncCopy> copies;   // issued, not landed, oldest first
-  std::vector<size_t> group_ends;  // committed groups: copies[0, group_ends[i])
+  PipelineState pipeline;          // its cp.async copies (emu_pipeline.cc)
   uint64_t gathers = 0;            // GatherInWarp calls so far
 };
-
-void LandCopies(Fiber& f, size_t n) {
-  for (size_t i = 0; i < n; ++i) std::memcpy(f.copies[i].dst, f.copies[i].bytes.data(), f.copies[i].bytes.size());
-  f.copies.erase(f.copies.begin(), f.copies.begin() + n);
-}
 
 // Dynamic shared memory starts 128-byte aligned, as the kernels' __align__(128) declarations
 // ask and as a GPU places it (warp matrix loads need 32 bytes).
@@ -240,9 +228,9 @@ void FiberEntry() {
   Block& b = *g_block;
   (*b.body)();
   Fiber& f = Current();
-  if (!f.copies.empty()) {  // on a GPU they may land after the block's memory is reused
+  if (!f.pipeline.copies.empty()) {  // on a GPU they may land after the block's memory is reused
     std::fprintf(stderr, "emu: thread (%u, %u, %u) of block (%u, %u, %u) exits with %zu cp.async copies never waited for\n",
-                 threadIdx.x, threadIdx.y, threadIdx.z, blockIdx.x, blockIdx.y, blockIdx.z, f.copies.size());
+                 threadIdx.x, threadIdx.y, threadIdx.z, blockIdx.x, blockIdx.y, blockIdx.z, f.pipeline.copies.size());
     std::abort();
   }
   f.state = FiberState::kDone;
@@ -544,6 +532,8 @@ uint64_t ClusterLaunches() { return g_cluster_launches.load(); }
 uint64_t KernelLaunches() { return g_kernel_launches.load(); }
 unsigned ClusterNumBlocks() { return g_cluster_blocks; }
 
+PipelineState& CurrentPipeline() { return Current().pipeline; }
+
 cudaError_t SetMaxDynamicShared(const void* kernel, int bytes) {
   if (bytes < 0 || size_t(bytes) > kMaxDynamicSharedOptIn) return Fail(cudaErrorInvalidValue);
   std::lock_guard<std::mutex> lock(g_attr_mutex);
@@ -553,50 +543,7 @@ cudaError_t SetMaxDynamicShared(const void* kernel, int bytes) {
 
 }  // namespace emu
 
-void __pipeline_memcpy_async(void* dst_shared, const void* src_global, size_t size_and_align,
-                             size_t zfill) {
-  const size_t n = size_and_align;
-  if ((n != 4 && n != 8 && n != 16) || zfill > n ||
-      reinterpret_cast<uintptr_t>(dst_shared) % n != 0 ||
-      reinterpret_cast<uintptr_t>(src_global) % n != 0) {
-    std::fprintf(stderr, "emu: __pipeline_memcpy_async of %zu bytes (zfill %zu) from %p to %p: the size must be 4, 8 or 16 and both addresses aligned to it\n",
-                 n, zfill, src_global, dst_shared);
-    std::abort();
-  }
-  emu::AsyncCopy c{static_cast<unsigned char*>(dst_shared), std::vector<unsigned char>(n, 0)};
-  std::memcpy(c.bytes.data(), src_global, n - zfill);
-  std::memset(dst_shared, 0xFF, n);  // until the wait
-  emu::Current().copies.push_back(std::move(c));
-}
-
-void __pipeline_commit() {
-  emu::Fiber& f = emu::Current();
-  f.group_ends.push_back(f.copies.size());
-}
-
-void __pipeline_wait_prior(size_t prior) {
-  emu::Fiber& f = emu::Current();
-  if (f.group_ends.size() <= prior) return;
-  const size_t done = f.group_ends.size() - prior;  // groups to land
-  const size_t n = f.group_ends[done - 1];
-  emu::LandCopies(f, n);
-  f.group_ends.erase(f.group_ends.begin(), f.group_ends.begin() + done);
-  for (size_t& e : f.group_ends) e -= n;
-}
-
 namespace emu {
-
-thread_local cudaError_t g_last_error = cudaSuccess;
-
-cudaError_t Fail(cudaError_t e) {
-  g_last_error = e;
-  return e;
-}
-
-CUstream_st& StreamOf(cudaStream_t s) {
-  static CUstream_st legacy;
-  return s ? *s : legacy;
-}
 
 void SetScheduleOrder(ScheduleOrder order) {
   std::lock_guard<std::mutex> lock(g_launch_mutex);
@@ -608,15 +555,6 @@ void SetScheduleOrder(ScheduleOrder order) {
 ScheduleOrder GetScheduleOrder() {
   std::lock_guard<std::mutex> lock(g_launch_mutex);
   return g_order;
-}
-
-void EnqueueOnStream(cudaStream_t stream, std::function<void()> op) {
-  CUstream_st& s = StreamOf(stream);
-  if (s.capturing) {
-    s.captured.push_back(std::move(op));
-  } else {
-    op();
-  }
 }
 
 cudaError_t RunKernel(dim3 grid, dim3 block, size_t smem, cudaStream_t stream, const void* kernel,

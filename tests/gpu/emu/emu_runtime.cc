@@ -19,6 +19,28 @@
 #include "emu_internal.h"
 
 namespace emu {
+
+thread_local cudaError_t g_last_error = cudaSuccess;
+
+cudaError_t Fail(cudaError_t e) {
+  g_last_error = e;
+  return e;
+}
+
+CUstream_st& StreamOf(cudaStream_t s) {
+  static CUstream_st legacy;
+  return s ? *s : legacy;
+}
+
+void EnqueueOnStream(cudaStream_t stream, std::function<void()> op) {
+  CUstream_st& s = StreamOf(stream);
+  if (s.capturing) {
+    s.captured.push_back(std::move(op));
+  } else {
+    op();
+  }
+}
+
 namespace {
 
 std::mutex g_alloc_mutex;
