@@ -364,22 +364,34 @@ void OpenAiHttpServer::Generate(const HttpRequest& http, HttpResponder& out, boo
     }
     req.stopping.max_tokens = static_cast<int32_t>(room);
   }
-  const std::string id = absl::StrCat(chat ? "chatcmpl-" : "cmpl-",
-                                      call->request_id.empty() ? RandomHex128() : call->request_id);
+  std::string id = absl::StrCat(chat ? "chatcmpl-" : "cmpl-",
+                                call->request_id.empty() ? RandomHex128() : call->request_id);
   // X-Request-Id answers with the client's own value when it sent one (what a proxy matches).
   const std::string id_header = client_id.empty() ? id : client_id;
   auto output = std::make_shared<HttpOutput>(n);
   int refused = -1;
-  absl::Status submitted = service_->SubmitPrompts(
-      id, std::move(prompts), n_per_prompt,
-      [&](int index, const std::string& choice_id) {
-        return std::make_shared<HttpChoiceSink>(service_, choice_id, output, index);
-      },
-      &refused);
+  auto submit = [&](std::vector<scheduler::Request> requests) {
+    return service_->SubmitPrompts(
+        id, std::move(requests), n_per_prompt,
+        [&](int index, const std::string& choice_id) {
+          return std::make_shared<HttpChoiceSink>(service_, choice_id, output, index);
+        },
+        &refused);
+  };
+  // A proxy retries with the request's own X-Request-Id, possibly while its first try is still
+  // being cancelled here: that one goes on under the id and a random suffix. A request_id in
+  // the body is the client's own choice, refused when in flight (as gRPC's).
+  std::vector<scheduler::Request> retry;
+  if (!client_id.empty()) retry = prompts;
+  absl::Status submitted = submit(std::move(prompts));
+  if (absl::IsAlreadyExists(submitted) && !client_id.empty()) {
+    id = absl::StrCat(id, "-", RandomHex128().substr(0, 8));
+    submitted = submit(std::move(retry));
+  }
   if (!submitted.ok()) {
     if (absl::IsAlreadyExists(submitted)) {  // a client-chosen id (random ones do not meet)
-      return reject(absl::AlreadyExistsError(absl::StrCat(
-          submitted.message(), " (its X-Request-Id or request_id is in use: send another)")));
+      return reject(absl::AlreadyExistsError(
+          absl::StrCat(submitted.message(), " (its request_id is in use: send another)")));
     }
     if (refused >= 0) return refuse_prompt(submitted, size_t(refused));
     return reject(submitted);

@@ -107,7 +107,8 @@ TEST_F(OpenAiHttpTest, TheClientsRequestIdNamesTheCall) {
   EXPECT_NE(r.body.find("request_id must be 1 to 256"), std::string::npos) << r.body;
   EXPECT_NE(r.body.find(R"("param":"request_id")"), std::string::npos) << r.body;
 
-  // In flight already: 409 naming it, and the first goes on.
+  // In flight already: a request_id is 409, naming it, and the first goes on; an X-Request-Id
+  // (a proxy's retry while its first try is being cancelled) goes on under a suffix.
   auto stub = server_->stub();
   ASSERT_TRUE(WaitForRunning(*stub, 0));
   HttpConnection c(http_port_);
@@ -117,10 +118,19 @@ TEST_F(OpenAiHttpTest, TheClientsRequestIdNamesTheCall) {
   ASSERT_TRUE(c.SendRaw(RequestHead("/v1/completions", long_body)));
   ASSERT_EQ(c.ReadHead(60).status, 200);
   ASSERT_TRUE(WaitForRunning(*stub, 1));
-  r = HttpCall(http_port_, "POST", "/v1/completions", body.dump(), {{"X-Request-Id", "busy-1"}});
+  Json clash = body;
+  clash["request_id"] = "busy-1";
+  r = Post("/v1/completions", clash);
   EXPECT_EQ(r.status, 409);
   EXPECT_NE(r.body.find("request_id 'cmpl-busy-1' is already in flight"), std::string::npos)
       << r.body;
+  EXPECT_NE(r.body.find(R"("param":"request_id")"), std::string::npos) << r.body;
+  r = HttpCall(http_port_, "POST", "/v1/completions", body.dump(), {{"X-Request-Id", "busy-1"}});
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.headers["x-request-id"], "busy-1");
+  const std::string suffixed = Json::parse(r.body)["id"];
+  EXPECT_EQ(suffixed.rfind("cmpl-busy-1-", 0), 0u) << suffixed;
+  EXPECT_EQ(suffixed.size(), std::string("cmpl-busy-1-").size() + 8) << suffixed;
 }
 
 // vLLM's stream_options.continuous_usage_stats: with include_usage, every chunk carries its
