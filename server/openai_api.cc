@@ -177,7 +177,7 @@ v1::GenerateRequest OpenAiCall::RequestFor(size_t p) const {
 }
 
 absl::StatusOr<OpenAiCall> ParseOpenAiRequest(std::string_view body_text, OpenAiEndpoint endpoint,
-                                              const std::string& served_model) {
+                                              const ServedModel& served_model) {
   auto parsed = ParseBody(body_text, served_model);
   if (!parsed.ok()) return parsed.status();
   const In& body = *parsed;
@@ -288,7 +288,7 @@ absl::Status CheckClientRequestId(std::string_view id, std::string_view what) {
 }
 
 absl::StatusOr<v1::TokenizeRequest> ParseTokenizeRequest(std::string_view body_text,
-                                                         const std::string& served_model) {
+                                                         const ServedModel& served_model) {
   auto parsed = ParseBody(body_text, served_model);
   if (!parsed.ok()) return parsed.status();
   const In& body = *parsed;
@@ -314,7 +314,7 @@ absl::StatusOr<v1::TokenizeRequest> ParseTokenizeRequest(std::string_view body_t
 }
 
 absl::StatusOr<std::vector<int32_t>> ParseDetokenizeRequest(std::string_view body_text,
-                                                            const std::string& served_model,
+                                                            const ServedModel& served_model,
                                                             int64_t vocab_size) {
   auto parsed = ParseBody(body_text, served_model);
   if (!parsed.ok()) return parsed.status();

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "server/openai_body.h"
 #include "thetaserve/v1/generation.pb.h"
 
 namespace thetaserve::server {
@@ -81,20 +82,20 @@ inline constexpr size_t kMaxClientRequestIdBytes = 256;
 absl::Status CheckClientRequestId(std::string_view id, std::string_view what);
 
 // Parses a request body. INVALID_ARGUMENT names the field and what is allowed; NOT_FOUND when
-// `model` is given and is not `served_model`. Parameters the server cannot honour (best_of
+// `model` is given and is not one `served_model` serves. Parameters the server cannot honour (best_of
 // other than n, echo on chat, suffix, tools, ...) are refused rather than silently ignored;
 // unknown fields are ignored, as vLLM does.
 absl::StatusOr<OpenAiCall> ParseOpenAiRequest(std::string_view body, OpenAiEndpoint endpoint,
-                                              const std::string& served_model);
+                                              const ServedModel& served_model);
 
 // vLLM's POST /tokenize: {"prompt": text} or {"messages": [...]} (with add_generation_prompt
 // and continue_final_message as on chat), add_special_tokens (default true for a prompt, false
 // for messages, as vLLM's), model. INVALID_ARGUMENT / NOT_FOUND as ParseOpenAiRequest.
 absl::StatusOr<v1::TokenizeRequest> ParseTokenizeRequest(std::string_view body,
-                                                         const std::string& served_model);
+                                                         const ServedModel& served_model);
 // vLLM's POST /detokenize: {"tokens": [ids]}, each in [0, vocab_size).
 absl::StatusOr<std::vector<int32_t>> ParseDetokenizeRequest(std::string_view body,
-                                                            const std::string& served_model,
+                                                            const ServedModel& served_model,
                                                             int64_t vocab_size);
 
 // Error messages from BuildRequest name the gRPC fields ("stopping.max_tokens"); the HTTP API's

@@ -1,10 +1,28 @@
 #include "server/openai_body.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+
+namespace thetaserve::server {
+
+bool ServedModel::Serves(std::string_view model) const {
+  return std::find(names.begin(), names.end(), model) != names.end();
+}
+
+std::string ServedModel::Described() const {
+  std::string out = absl::StrCat("'", names.front(), "'");
+  for (size_t i = 1; i < names.size(); ++i) {
+    absl::StrAppend(&out, i == 1 ? " (also '" : ", '", names[i], "'");
+  }
+  if (names.size() > 1) out += ")";
+  return out;
+}
+
+}  // namespace thetaserve::server
 
 namespace thetaserve::server::openai_body {
 namespace {
@@ -196,7 +214,7 @@ std::string_view RawValue(std::string_view body_text,
   return v;
 }
 
-absl::StatusOr<In> ParseBody(std::string_view body_text, const std::string& served_model) {
+absl::StatusOr<In> ParseBody(std::string_view body_text, const ServedModel& served_model) {
   In body = In::parse(body_text, nullptr, /*allow_exceptions=*/false);
   if (body.is_discarded()) {
     return absl::InvalidArgumentError(
@@ -208,9 +226,9 @@ absl::StatusOr<In> ParseBody(std::string_view body_text, const std::string& serv
   if (Given(body, "model")) {
     auto model = String(body["model"], "model");
     if (!model.ok()) return model.status();
-    if (*model != served_model) {
+    if (!served_model.Serves(*model)) {
       return absl::NotFoundError(absl::StrCat("the model '", *model, "' does not exist; this "
-                                              "server serves '", served_model, "'"));
+                                              "server serves ", served_model.Described()));
     }
   }
   return body;

@@ -12,6 +12,23 @@
 #include "absl/status/statusor.h"
 #include "nlohmann/json.hpp"
 
+namespace thetaserve::server {
+
+// The model names the HTTP API answers to (--served-model-name NAME[,ALIAS...], as vLLM's several
+// names): names[0] is the one responses carry and /v1/models lists first. One name converts.
+struct ServedModel {
+  ServedModel(std::string name) : names{std::move(name)} {}  // NOLINT: one name is a model
+  ServedModel(const char* name) : names{name} {}             // NOLINT
+  explicit ServedModel(std::vector<std::string> all) : names(std::move(all)) {}
+  const std::string& name() const { return names.front(); }
+  bool Serves(std::string_view model) const;
+  // "'a'", or "'a' (also 'b', 'c')": for messages.
+  std::string Described() const;
+  std::vector<std::string> names;  // not empty
+};
+
+}  // namespace thetaserve::server
+
 namespace thetaserve::server::openai_body {
 
 // Requests parse into nlohmann::json (a sorted map: ordered_json inserts a key by scanning the
@@ -38,8 +55,8 @@ absl::StatusOr<std::vector<uint32_t>> TokenIdArray(const In& v, const std::strin
 // In, sorted, does not keep.
 std::string_view RawValue(std::string_view body_text,
                           std::initializer_list<std::string_view> path);
-// A request body: a JSON object whose `model`, when given, is `served_model` (else NOT_FOUND);
-// invalid JSON is INVALID_ARGUMENT saying what the parser found wrong.
-absl::StatusOr<In> ParseBody(std::string_view body_text, const std::string& served_model);
+// A request body: a JSON object whose `model`, when given, is one `served_model` serves (else
+// NOT_FOUND); invalid JSON is INVALID_ARGUMENT saying what the parser found wrong.
+absl::StatusOr<In> ParseBody(std::string_view body_text, const ServedModel& served_model);
 
 }  // namespace thetaserve::server::openai_body

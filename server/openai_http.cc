@@ -79,7 +79,10 @@ absl::StatusOr<std::unique_ptr<OpenAiHttpServer>> OpenAiHttpServer::Start(
 
 OpenAiHttpServer::OpenAiHttpServer(GenerationService& service, const model::Model& model,
                                    OpenAiHttpOptions options)
-    : service_(&service), model_(&model), options_(std::move(options)), created_(UnixNow()) {}
+    : service_(&service), model_(&model), options_(std::move(options)),
+      served_(options_.served_model_name), created_(UnixNow()) {
+  for (const std::string& alias : options_.served_model_aliases) served_.names.push_back(alias);
+}
 
 bool OpenAiHttpServer::Authorized(const HttpRequest& req, HttpResponder& out) {
   if (options_.api_key.empty()) return true;
@@ -194,27 +197,32 @@ void OpenAiHttpServer::Handle(const HttpRequest& req, HttpResponder& out) {
 }
 
 void OpenAiHttpServer::Models(const HttpRequest& req, HttpResponder& out) {
-  const Json model = {{"id", options_.served_model_name},
-                      {"object", "model"},
-                      {"created", created_},
-                      {"owned_by", "thetaserve"},
-                      {"max_model_len", model_->config().max_context}};
+  // One card per name, as vLLM lists its several served names (an alias's root is the name).
+  auto card = [&](const std::string& name) {
+    return Json{{"id", name},
+                {"object", "model"},
+                {"created", created_},
+                {"owned_by", "thetaserve"},
+                {"root", served_.name()},
+                {"max_model_len", model_->config().max_context}};
+  };
   if (req.path == "/v1/models") {
-    out.Send(200, "application/json",
-             DumpJson({{"object", "list"}, {"data", Json::array({model})}}));
+    Json data = Json::array();
+    for (const std::string& name : served_.names) data.push_back(card(name));
+    out.Send(200, "application/json", DumpJson({{"object", "list"}, {"data", data}}));
     return;
   }
   const std::string id =
       PercentDecoded(std::string_view(req.path).substr(std::string_view("/v1/models/").size()));
-  if (id != options_.served_model_name) {
+  if (!served_.Serves(id)) {
     return SendError(out, 404, absl::StrCat("the model '", id, "' does not exist; this server "
-                                            "serves '", options_.served_model_name, "'"));
+                                            "serves ", served_.Described()));
   }
-  out.Send(200, "application/json", DumpJson(model));
+  out.Send(200, "application/json", DumpJson(card(id)));
 }
 
 void OpenAiHttpServer::Tokenize(const HttpRequest& req, HttpResponder& out) {
-  auto request = ParseTokenizeRequest(req.body, options_.served_model_name);
+  auto request = ParseTokenizeRequest(req.body, served_);
   absl::StatusOr<v1::TokenizeResponse> tokens =
       request.ok() ? TokenizeInput(*request, *model_) : request.status();
   if (!tokens.ok()) {
@@ -230,7 +238,7 @@ void OpenAiHttpServer::Tokenize(const HttpRequest& req, HttpResponder& out) {
 }
 
 void OpenAiHttpServer::Detokenize(const HttpRequest& req, HttpResponder& out) {
-  auto tokens = ParseDetokenizeRequest(req.body, options_.served_model_name,
+  auto tokens = ParseDetokenizeRequest(req.body, served_,
                                        model_->config().vocab_size);
   if (!tokens.ok()) {
     return SendError(out, HttpStatusFor(tokens.status()), std::string(tokens.status().message()));
@@ -259,7 +267,7 @@ void OpenAiHttpServer::Generate(const HttpRequest& http, HttpResponder& out, boo
   }
   const OpenAiEndpoint endpoint =
       chat ? OpenAiEndpoint::kChatCompletions : OpenAiEndpoint::kCompletions;
-  auto call = ParseOpenAiRequest(http.body, endpoint, options_.served_model_name);
+  auto call = ParseOpenAiRequest(http.body, endpoint, served_);
   if (!call.ok()) return reject(call.status());
   // The client's id, as vLLM takes it: the X-Request-Id header (a proxy's trace id, say), else
   // the body's request_id; the call's id is then cmpl-<it>, in the log line and for Abort.

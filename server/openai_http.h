@@ -17,6 +17,7 @@
 #include "absl/status/statusor.h"
 #include "model/model.h"
 #include "server/generation_service.h"
+#include "server/openai_body.h"
 #include "server/http_server.h"
 
 namespace thetaserve::server {
@@ -24,7 +25,8 @@ namespace thetaserve::server {
 struct OpenAiHttpOptions {
   std::string host = "0.0.0.0";
   int port = 0;                   // 0: any free port (tests)
-  std::string served_model_name;  // the `model` clients send and /v1/models lists
+  std::string served_model_name;  // the `model` clients send, responses carry, /v1/models lists
+  std::vector<std::string> served_model_aliases;  // other names clients may send (listed too)
   std::string api_key;            // empty: no authentication
   int max_connections = 4096;     // open at once (--max-http-connections); more get 503
   // Origins a browser page may call from (CORS): "*" for any, as vLLM's default; empty: none.
@@ -57,6 +59,7 @@ class OpenAiHttpServer {
   GenerationService* service_;
   const model::Model* model_;
   OpenAiHttpOptions options_;
+  ServedModel served_;  // options_'s name and aliases
   int64_t created_;  // unix seconds at start, for /v1/models
   std::unique_ptr<HttpServer> http_;
 };

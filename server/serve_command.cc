@@ -47,8 +47,10 @@ constexpr char kUsage[] =
     "  --http-port N                OpenAI-compatible HTTP API (/v1/completions,\n"
     "                               /v1/chat/completions, /v1/models) on this port\n"
     "                               (default 0 = off; vLLM's is 8000)\n"
-    "  --served-model-name NAME     the model name the HTTP API answers to (default: the\n"
-    "                               --model file's name without .gguf)\n"
+    "  --served-model-name NAME[,ALIAS...]\n"
+    "                               the model name the HTTP API answers to (default: the\n"
+    "                               --model file's name without .gguf); aliases are taken\n"
+    "                               too and listed by /v1/models (vLLM's several names)\n"
     "  --allowed-origins LIST       origins whose browser pages may call the HTTP API (CORS):\n"
     "                               * (default, as vLLM), none, or a comma-separated list\n"
     "                               such as https://app.example.com\n"
@@ -251,6 +253,18 @@ int RunServe(const std::vector<std::string>& argv) {
       }
     }
   }
+  std::vector<std::string> served_names;
+  if (args.Has("served-model-name")) {
+    for (absl::string_view name : absl::StrSplit(args.GetString("served-model-name"), ',')) {
+      if (name.empty() || std::find(served_names.begin(), served_names.end(), name) !=
+                              served_names.end()) {
+        return usage(absl::InvalidArgumentError(absl::StrCat(
+            "--served-model-name takes names separated by commas, each once and none empty; "
+            "got '", args.GetString("served-model-name"), "'")));
+      }
+      served_names.emplace_back(name);
+    }
+  }
   const std::optional<scheduler::SchedulingPolicy> policy =
       scheduler::ParseSchedulingPolicy(args.GetString("scheduling-policy", "fcfs"));
   if (!policy) {
@@ -435,8 +449,12 @@ int RunServe(const std::vector<std::string>& argv) {
     ho.api_key = api_key;
     ho.allowed_origins = origins;
     ho.max_connections = HttpConnectionsAllowed(static_cast<int>(*max_http));
-    ho.served_model_name = args.GetString("served-model-name",
-                                          DefaultServedModelName(args.GetString("model")));
+    ho.served_model_name = served_names.empty()
+                               ? DefaultServedModelName(args.GetString("model"))
+                               : served_names.front();
+    if (served_names.size() > 1) {
+      ho.served_model_aliases.assign(served_names.begin() + 1, served_names.end());
+    }
     auto started = OpenAiHttpServer::Start(service, *loaded->model, ho);
     if (!started.ok()) {
       server->Shutdown();
@@ -444,8 +462,12 @@ int RunServe(const std::vector<std::string>& argv) {
       return fail(started.status());
     }
     http = std::move(*started);
-    std::fprintf(stderr, "OpenAI-compatible HTTP API on http://%s:%d/v1 (model '%s')\n",
-                 ho.host.c_str(), http->port(), ho.served_model_name.c_str());
+    std::fprintf(stderr, "OpenAI-compatible HTTP API on http://%s:%d/v1 (model %s)\n",
+                 ho.host.c_str(), http->port(),
+                 ServedModel(served_names.empty() ? std::vector<std::string>{ho.served_model_name}
+                                                  : served_names)
+                     .Described()
+                     .c_str());
   }
   auto* health = server->GetHealthCheckService();
   const std::string kService = "thetaserve.v1.Generation";

@@ -396,6 +396,27 @@ TEST(OpenAiApiTest, AnotherModelNameIsNotFound) {
   EXPECT_EQ(HttpStatusFor(call.status()), 404);
 }
 
+// --served-model-name NAME,ALIAS...: a request may name any of them; an unknown name's error
+// lists them all.
+TEST(OpenAiApiTest, AliasesOfTheServedModelAreTaken) {
+  const ServedModel served(std::vector<std::string>{"smol", "gpt-3.5-turbo"});
+  EXPECT_EQ(served.name(), "smol");
+  for (const char* model : {"smol", "gpt-3.5-turbo"}) {
+    auto call = ParseOpenAiRequest(absl::StrCat(R"({"prompt": "x", "model": ")", model, R"("})"),
+                                   OpenAiEndpoint::kCompletions, served);
+    EXPECT_TRUE(call.ok()) << model << ": " << call.status();
+  }
+  auto other = ParseOpenAiRequest(R"({"prompt": "x", "model": "gpt-4o"})",
+                                  OpenAiEndpoint::kCompletions, served);
+  ASSERT_FALSE(other.ok());
+  EXPECT_EQ(other.status().message(),
+            "the model 'gpt-4o' does not exist; this server serves 'smol' (also "
+            "'gpt-3.5-turbo')");
+  EXPECT_EQ(ServedModel("one").Described(), "'one'");
+  EXPECT_EQ(ServedModel(std::vector<std::string>{"a", "b", "c"}).Described(),
+            "'a' (also 'b', 'c')");
+}
+
 TEST(OpenAiApiTest, ValidationMessagesUseTheHttpFieldNames) {
   EXPECT_EQ(ToOpenAiFieldNames("stopping.max_tokens = 5 with ..."), "max_tokens = 5 with ...");
   EXPECT_EQ(ToOpenAiFieldNames("sampling.top_p = 2; it must be in (0, 1]"),

@@ -101,6 +101,40 @@ TEST(OpenAiHttpLifecycleTest, AllowedOriginsNameWhichPagesMayCall) {
             405);
 }
 
+// --served-model-name with aliases (vLLM takes several names): a request may name any, the
+// response carries the first, /v1/models lists each. An empty or repeated name is refused.
+TEST(OpenAiHttpLifecycleTest, ServedModelNameTakesAliases) {
+  const int http_port = FreePort();
+  ServerProcess server({"--http-port", std::to_string(http_port), "--served-model-name",
+                        "smol,gpt-3.5-turbo"});
+  ASSERT_TRUE(server.started());
+  for (const char* model : {"smol", "gpt-3.5-turbo"}) {
+    const HttpResult r = HttpCall(http_port, "POST", "/v1/completions",
+                                  Json{{"model", model}, {"prompt", "Hello"}, {"max_tokens", 1}}
+                                      .dump());
+    ASSERT_EQ(r.status, 200) << model << ": " << r.body;
+    EXPECT_EQ(Json::parse(r.body)["model"], "smol");
+  }
+  const HttpResult unknown = HttpCall(http_port, "POST", "/v1/completions",
+                                      R"({"model": "gpt-4o", "prompt": "Hello"})");
+  EXPECT_EQ(unknown.status, 404);
+  EXPECT_NE(unknown.body.find("serves 'smol' (also 'gpt-3.5-turbo')"), std::string::npos)
+      << unknown.body;
+  const HttpResult models = HttpCall(http_port, "GET", "/v1/models");
+  ASSERT_EQ(models.status, 200);
+  const Json data = Json::parse(models.body)["data"];
+  ASSERT_EQ(data.size(), 2u);
+  EXPECT_EQ(data[0]["id"], "smol");
+  EXPECT_EQ(data[1]["id"], "gpt-3.5-turbo");
+  EXPECT_EQ(data[1]["root"], "smol");
+  EXPECT_EQ(HttpCall(http_port, "GET", "/v1/models/gpt-3.5-turbo").status, 200);
+  for (const char* bad : {"smol,,x", "smol,smol", ","}) {
+    ServerProcess refused({"--http-port", std::to_string(FreePort()), "--served-model-name", bad},
+                          /*timeout_s=*/0);
+    EXPECT_EQ(refused.Wait(30), 2) << bad;
+  }
+}
+
 TEST(OpenAiHttpLifecycleTest, FlagErrorsAreRefusedBeforeTheModelLoads) {
   for (const std::vector<std::string>& flags :
        {std::vector<std::string>{"--http-port", "70000"},
