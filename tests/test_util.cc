@@ -13,6 +13,8 @@
 #include <sstream>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+
 namespace thetaserve::testing {
 
 // THETASERVE_SOURCE_DIR in the environment wins: test binaries carried to another machine
@@ -30,9 +32,23 @@ std::string DefaultModelPath() {
   std::string path = SourceDir() + "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
   struct stat st;
   if (stat(path.c_str(), &st) != 0) {
-    ADD_FAILURE() << "missing " << path << ": run scripts/fetch-model.sh first";
+    if (::testing::UnitTest::GetInstance()->current_test_info() != nullptr) {
+      ADD_FAILURE() << "missing " << path << ": run scripts/fetch-model.sh first";
+    } else {
+      std::fprintf(stderr, "missing %s: run scripts/fetch-model.sh first\n", path.c_str());
+    }
   }
   return path;
+}
+
+model::Model* LoadSuiteModel(std::string* error) {
+  auto m = model::Model::Load(DefaultModelPath());
+  if (!m.ok()) {
+    *error = absl::StrCat("the suite's model did not load: ", m.status().ToString(),
+                          " (run scripts/fetch-model.sh first)");
+    return nullptr;
+  }
+  return std::move(*m).release();
 }
 
 std::string ReadFileOrDie(const std::string& path) {

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "model/model.h"
 
 namespace thetaserve::testing {
 
@@ -14,8 +15,14 @@ std::string SourceDir();
 // tests/data/<relative>
 std::string TestDataPath(const std::string& relative);
 // models/SmolLM2-135M-Instruct.Q4_1.gguf; the test fails (does not skip) when it is missing,
-// with a message to run scripts/fetch-model.sh.
+// with a message to run scripts/fetch-model.sh. Outside a test (a suite's SetUpTestSuite) the
+// message goes to stderr only: see LoadSuiteModel.
 std::string DefaultModelPath();
+// The default model for a suite's SetUpTestSuite, where nothing may fail: gtest skips every test
+// of a suite whose SetUpTestSuite failed, and ctest counts those skips as passes (a missing
+// model made ~110 tests pass). Null when it cannot be loaded, with the reason in *error, for
+// each test's SetUp to fail on: ASSERT_NE(model, nullptr) << error.
+model::Model* LoadSuiteModel(std::string* error);
 std::string ReadFileOrDie(const std::string& path);
 
 // A fresh directory <gtest's TempDir>/<prefix>.XXXXXX, removed with all it holds when the object

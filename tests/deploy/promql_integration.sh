@@ -92,9 +92,13 @@ check_flags=()
 if [ "$top_theta" = 1 ]; then
   echo "== 0. θ file: thetaserve calibrate on the repository's docs"
   cat "$root"/docs/*.md "$root/README.md" >"$work/corpus.txt"
-  "$bin" calibrate --model "$model" --corpus "$work/corpus.txt" --k 8 --dense-layers 1 \
-    --context 256 --max-tokens 1024 --out "$work/theta.json" 2>&1 |
-    tr '\r' '\n' | grep -v '^calibrating' || true
+  # (grep -v exits 1 when it prints nothing: calibrate's own status is what counts.)
+  if ! "$bin" calibrate --model "$model" --corpus "$work/corpus.txt" --k 8 --dense-layers 1 \
+      --context 256 --max-tokens 1024 --out "$work/theta.json" 2>&1 |
+      tr '\r' '\n' | { grep -v '^calibrating' || true; }; then
+    echo "calibrate failed"
+    exit 1
+  fi
   [ -s "$work/theta.json" ] || { echo "calibration wrote no θ file"; exit 1; }
   server_env+=(THETASERVE_FLAG_THETA="$work/theta.json" THETASERVE_FLAG_POLICY=sparse
                THETASERVE_FLAG_LOCAL_WINDOW=16 THETASERVE_FLAG_OBS_WINDOW=4)

@@ -44,7 +44,7 @@ RowDiff CompareRow(const float* want, const float* got, int64_t n) {
   RowDiff d;
   double max_ref = 0, max_diff = 0;
   for (int64_t v = 0; v < n; ++v) {
-    d.nan |= std::isnan(got[v]);
+    d.nan |= std::isnan(got[v]) || std::isnan(want[v]);  // (max would drop a NaN difference)
     max_ref = std::max(max_ref, double(std::abs(want[v])));
     max_diff = std::max(max_diff, double(std::abs(want[v] - got[v])));
   }

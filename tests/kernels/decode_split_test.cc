@@ -180,9 +180,16 @@ TEST_P(DenseAttentionTest, TopThetaSplitRowsReadTheSparseAndHostStoresAsWholeRow
     StoresReference ref = TopThetaStoresReference(0.0005f);
     const AttentionStats& want = ref.stats;
     const int64_t ambiguous = ref.ambiguous;
+    // Outputs of rows with an ambiguous key are NaN in the reference, and not compared: a
+    // few rows, not most of them (else this compared nothing).
+    size_t masked = 0;
     for (size_t i = 0; i < ref.out.size(); ++i) {
-      if (std::isnan(ref.out[i])) ref.out[i] = split[i];
+      if (std::isnan(ref.out[i])) {
+        ref.out[i] = split[i];
+        ++masked;
+      }
     }
+    EXPECT_LT(masked, ref.out.size() / 4) << masked << " of " << ref.out.size() << " masked";
     EXPECT_TRUE(testing::AllClose(split, ref.out, 2e-6f, 2e-5f));
     for (size_t si = 0; si < seqs_.size(); ++si) {
       // Marks and mass where no key is within rounding of θ (a flipped key moves its

@@ -458,12 +458,16 @@ TEST(ThetaTableTest, ThetaIsLinearInLnLAcrossEmptyBucketsHeldBelowAndExtrapolate
 TEST(ThetaTableTest, KScheduleValidation) {
   using S = model::ThetaTable::KSchedule;
   EXPECT_TRUE(model::ThetaTable::ValidateKSchedule(S{{2048, 64}, {8192, 128}}).ok());
-  EXPECT_FALSE(model::ThetaTable::ValidateKSchedule(S{{2048, 128}, {8192, 64}}).ok())
-      << "k must not shrink";
-  EXPECT_FALSE(model::ThetaTable::ValidateKSchedule(S{{8192, 64}, {2048, 128}}).ok())
-      << "lengths must increase";
-  EXPECT_FALSE(model::ThetaTable::ValidateKSchedule(S{{64, 64}}).ok()) << "k < L";
-  EXPECT_FALSE(model::ThetaTable::ValidateKSchedule(S{{64, 0}}).ok());
+  // Each refused for its reason (any error passed before).
+  auto refusal = [](const S& schedule) {
+    const absl::Status st = model::ThetaTable::ValidateKSchedule(schedule);
+    return st.ok() ? std::string("accepted") : std::string(st.message());
+  };
+  const std::string order = "k schedule: lengths must increase and k must not decrease";
+  EXPECT_EQ(refusal(S{{2048, 128}, {8192, 64}}), order) << "k must not shrink";
+  EXPECT_EQ(refusal(S{{8192, 64}, {2048, 128}}), order) << "lengths must increase";
+  EXPECT_EQ(refusal(S{{64, 64}}), "k schedule point 64:64: need 1 <= k < L");
+  EXPECT_EQ(refusal(S{{64, 0}}), "k schedule point 64:0: need 1 <= k < L");
 }
 
 // A θ file edited by hand (or cut short) is refused by name: an unknown placement was read as

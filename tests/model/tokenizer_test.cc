@@ -242,13 +242,23 @@ TEST(TokenizerTest, SpmPrefixesEveryTextPieceBetweenSpecialTokens) {
   EXPECT_EQ(Pieces(*tok, tok->Encode(" a", false)), (Strings{m, m + "a"}));
 }
 
+// Each refused for its reason (any error passed before): an id past the last piece, one at
+// it, and a spec with no pieces at all.
 TEST(TokenizerTest, RejectsIdsOutsideTheVocabulary) {
   TokenizerSpec spec = ByteLevelSpec({}, {}, {});
+  const std::string n = std::to_string(spec.pieces.size());
+  auto refusal = [&] {
+    auto tok = BuildTokenizer(spec);
+    return tok.ok() ? std::string("accepted") : std::string(tok.status().message());
+  };
   spec.eos_id = 100000;
-  EXPECT_FALSE(BuildTokenizer(spec).ok());
+  EXPECT_EQ(refusal(), "tokenizer EOS id 100000 is outside the vocabulary of " + n);
   spec.eos_id = -1;
+  spec.bos_id = static_cast<int32_t>(spec.pieces.size());
+  EXPECT_EQ(refusal(), "tokenizer BOS id " + n + " is outside the vocabulary of " + n);
+  spec.bos_id = -1;
   spec.pieces.clear();
-  EXPECT_FALSE(BuildTokenizer(spec).ok());
+  EXPECT_EQ(refusal(), "tokenizer vocabulary is empty");
 }
 
 TEST(TokenizerTest, StopIdsIncludeTheTemplatesEndOfTurnToken) {

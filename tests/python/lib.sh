@@ -21,7 +21,8 @@ free_port() {
 }
 
 # start_server BIN FLAG...: `BIN serve` on the default model, on 127.0.0.1 with the given flags;
-# sets server_pid and returns once it serves (exits 1, with its log, if it dies first).
+# sets server_pid and returns once it serves (exits 1, with its log, if it dies first or does
+# not serve within 60 s).
 start_server() {
   local bin="$1"
   shift
@@ -35,6 +36,9 @@ start_server() {
     kill -0 "$server_pid" 2>/dev/null || { cat "$server_log"; echo "server died"; exit 1; }
     sleep 0.2
   done
+  cat "$server_log"
+  echo "the server did not serve within 60 s"
+  exit 1
 }
 
 # stop_server: SIGTERM, and the server must exit 0 (set -e).

@@ -30,14 +30,18 @@ namespace thetaserve::scheduler {
 
 class EngineTest : public ::testing::Test {
  protected:
+  // Nothing fails here (testing::LoadSuiteModel says why): each test's SetUp does.
   static void SetUpTestSuite() {
-    auto m = model::Model::Load(testing::DefaultModelPath());
-    ASSERT_TRUE(m.ok()) << m.status();
-    model_ = std::move(*m).release();
+    model_ = testing::LoadSuiteModel(&load_error_);
+    if (!model_) return;
     auto b = kernels::CreateBackend(*model_, kernels::Device::kCpu, 0);
-    ASSERT_TRUE(b.ok());
+    if (!b.ok()) {
+      load_error_ = b.status().ToString();
+      return;
+    }
     solo_backend_ = std::move(*b).release();
   }
+  void SetUp() override { ASSERT_NE(solo_backend_, nullptr) << load_error_; }
   static void TearDownTestSuite() {
     delete solo_backend_;
     delete model_;
@@ -204,9 +208,13 @@ class EngineTest : public ::testing::Test {
   // V rows in the KV pool, on one backend whose KV pages are `kv_dtype` (the host pool's rows
   // are copies of them).
   static void ExpectOffloadGivesTheFullPolicysLogits(kernels::KvDtype kv_dtype);
+  // Under the sparse `policy`, greedy outputs of prompts of four lengths alone, all at once
+  // and staggered in the engine equal the sequence runner's (engine_sparse_test.cc).
+  static void ExpectSparseOutputsIndependentOfTheLoad(const cache::SparsePolicy& policy);
 
   inline static model::Model* model_ = nullptr;
   inline static kernels::Backend* solo_backend_ = nullptr;
+  inline static std::string load_error_;
   std::vector<std::unique_ptr<kernels::Backend>> backends_;  // CpuEngine's, outliving its engines
 };
 

@@ -24,11 +24,9 @@ const std::string kGroup = "g";
 
 class SchedulerTest : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() {
-    auto m = model::Model::Load(testing::DefaultModelPath());
-    ASSERT_TRUE(m.ok()) << m.status();
-    model_ = std::move(*m).release();
-  }
+  // Nothing fails here (testing::LoadSuiteModel says why): each test's SetUp does.
+  static void SetUpTestSuite() { model_ = testing::LoadSuiteModel(&load_error_); }
+  void SetUp() override { ASSERT_NE(model_, nullptr) << load_error_; }
   static void TearDownTestSuite() { delete model_; }
 
   // Completion `index` of group "g": the same 40-token prompt for each.
@@ -63,6 +61,7 @@ class SchedulerTest : public ::testing::Test {
   }
 
   inline static model::Model* model_ = nullptr;
+  inline static std::string load_error_;
   cache::PagePool pool_{256, kShape.block_size};
   cache::PrefixCache prefix_{kShape};
   Scheduler scheduler_{SchedulerConfig{}, pool_, &prefix_};
@@ -399,6 +398,7 @@ class PriorityCacheTest : public PriorityTest {
  protected:
   // victim and early running, the pool full; victim's prompt is `shared`.
   void SetUp() override {
+    ASSERT_NO_FATAL_FAILURE(PriorityTest::SetUp());
     for (int32_t i = 0; i < 48; ++i) shared.push_back(3000 + i);
     victim = Submit(s, "victim", shared, 5);
     ASSERT_EQ(Step(s), std::vector<std::string>{"victim:48+"});

@@ -452,6 +452,7 @@ TEST(CalibrateCommandTest, KScheduleRaisesKWithTheRowLength) {
       ++heads;
     }
   }
+  ASSERT_GT(heads, 0);
   EXPECT_EQ(lower, heads)
       << "k = 60 at L = 480 must give a lower probability threshold than k = 16";
 }

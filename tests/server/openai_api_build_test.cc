@@ -349,7 +349,9 @@ TEST_F(OpenAiResponseTest, SplitChoicesMakesAGroupWithItsOwnSeeds) {
   EXPECT_TRUE(alone[0].group_id.empty());
   EXPECT_EQ(*alone[0].sampling.seed, 7u);
   built->sampling.seed.reset();
-  for (const auto& r : SplitChoices(*built, 2)) EXPECT_FALSE(r.sampling.seed.has_value());
+  const auto unseeded = SplitChoices(*built, 2);
+  ASSERT_EQ(unseeded.size(), 2u);
+  for (const auto& r : unseeded) EXPECT_FALSE(r.sampling.seed.has_value());
   // Over gRPC, n past the bound is refused where the other fields are.
   v1::GenerateRequest many;
   many.set_prompt("x");

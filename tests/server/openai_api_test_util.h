@@ -46,11 +46,9 @@ inline ::testing::AssertionResult RefusedWith(const absl::StatusOr<server::OpenA
 
 class OpenAiResponseTest : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() {
-    auto m = model::Model::Load(DefaultModelPath());
-    ASSERT_TRUE(m.ok()) << m.status();
-    model_ = std::move(*m).release();
-  }
+  // Nothing fails here (LoadSuiteModel says why): each test's SetUp does.
+  static void SetUpTestSuite() { model_ = LoadSuiteModel(&load_error_); }
+  void SetUp() override { ASSERT_NE(model_, nullptr) << load_error_; }
   static void TearDownTestSuite() {
     delete model_;
     model_ = nullptr;
@@ -79,6 +77,7 @@ class OpenAiResponseTest : public ::testing::Test {
     return f;
   }
   inline static model::Model* model_ = nullptr;
+  inline static std::string load_error_;
 };
 
 }  // namespace thetaserve::testing

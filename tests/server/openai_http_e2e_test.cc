@@ -460,12 +460,16 @@ TEST_F(OpenAiHttpTest, LogitBiasForcesATokenAndBadBiasesAre400) {
   ASSERT_TRUE(server_->started());
   HttpResult r = Post("/v1/completions", {{"prompt", "One, two, three,"}, {"max_tokens", 3},
                                           {"temperature", 0.8}, {"seed", 3}, {"logprobs", 1},
-                                          {"logit_bias", {{"1000", 100}}}});
+                                          {"logit_bias", {{"1000", 100}}},
+                                          {"return_token_ids", true}});
   ASSERT_EQ(r.status, 200) << r.body;
   const Json tokens = Json::parse(r.body)["choices"][0]["logprobs"]["tokens"];
   ASSERT_EQ(tokens.size(), 3u) << r.body;
   EXPECT_EQ(tokens[0], tokens[1]);
   EXPECT_EQ(tokens[1], tokens[2]);
+  // The token the bias named, not another one repeated.
+  EXPECT_EQ(Json::parse(r.body)["choices"][0]["token_ids"], Json::array({1000, 1000, 1000}))
+      << r.body;
   HttpResult bad = Post("/v1/completions", {{"prompt", "x"}, {"logit_bias", {{"7", 500}}}});
   EXPECT_EQ(bad.status, 400) << bad.body;
   EXPECT_NE(bad.body.find("logit_bias[7] = 500; it must be in [-100, 100]"), std::string::npos)

@@ -146,6 +146,11 @@ TEST(OpenAiHttpLifecycleTest, FlagErrorsAreRefusedBeforeTheModelLoads) {
         std::vector<std::string>{"--http-port", "8001", "--allowed-origins", "app.example.com"}}) {
     ServerProcess server(flags, /*timeout_s=*/0);
     EXPECT_EQ(server.Wait(30), 2) << flags[0] << ": a bad command line";
+    // Named (the last flag given is the one at fault), and before anything loaded.
+    const std::string named = flags[flags.size() - 2];
+    const std::string log = ReadFileOrDie(server.log_path());
+    EXPECT_NE(log.find("thetaserve serve: " + named), std::string::npos) << named << "\n" << log;
+    EXPECT_EQ(log.find("loading"), std::string::npos) << named << ": refused after loading\n" << log;
   }
 }
 

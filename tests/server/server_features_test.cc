@@ -23,20 +23,27 @@ TEST_F(ServerE2ETest, MetricsPassPromtoolAndMoveWithRequests) {
   ASSERT_FALSE(before.empty());
   const double gen_before = MetricValue(before, "thetaserve_generation_tokens_total");
   const double done_before = MetricValue(before, "thetaserve_requests_total{outcome=\"length\"}");
-  // Scrape while requests run.
+  // Scrape while requests run (seen running: an empty scrape passes promtool too).
+  constexpr int kTokens = 64;
   std::vector<std::thread> load;
+  std::vector<grpc::Status> statuses(4);
   for (int i = 0; i < 4; ++i) {
-    load.emplace_back([&] {
+    load.emplace_back([&, i] {
       auto s = server_->stub();
-      auto req = Prompt("The weather today", 24);
+      auto req = Prompt("The weather today", kTokens);
       req.mutable_stopping()->set_ignore_eos(true);
-      Generate(*s, req);
+      statuses[i] = Generate(*s, req).status;
     });
   }
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  auto stub = server_->stub();
+  const bool running = WaitForRunning(*stub, 4, 60);
   std::string during = server_->ScrapeMetrics();
   for (auto& t : load) t.join();
   std::string after = server_->ScrapeMetrics();
+  ASSERT_TRUE(running) << "the four requests were never running together";
+  for (const grpc::Status& st : statuses) EXPECT_TRUE(st.ok()) << st.error_message();
+  ASSERT_FALSE(during.empty()) << "no scrape while the requests ran";
+  EXPECT_GT(MetricValue(during, "thetaserve_requests_running"), 0) << during;
 
   const ScopedTempDir tmp("server_e2e_test");
   for (const std::string* text : {&during, &after}) {
@@ -46,7 +53,7 @@ TEST_F(ServerE2ETest, MetricsPassPromtoolAndMoveWithRequests) {
     const std::string out = RunCommand("promtool check metrics < " + path + " 2>&1", &rc);
     EXPECT_EQ(rc, 0) << "promtool check metrics failed:\n" << out;
   }
-  EXPECT_GE(MetricValue(after, "thetaserve_generation_tokens_total"), gen_before + 4 * 24);
+  EXPECT_GE(MetricValue(after, "thetaserve_generation_tokens_total"), gen_before + 4 * kTokens);
   EXPECT_GE(MetricValue(after, "thetaserve_requests_total{outcome=\"length\"}"), done_before + 4);
   EXPECT_GT(MetricValue(after, "thetaserve_time_to_first_token_seconds_count"), 0);
   EXPECT_GT(MetricValue(after, "thetaserve_kv_pages_capacity"), 0);

@@ -1,7 +1,11 @@
 // The server under Top-θ with a θ file for the real model: the sparse and offload V policies
 // report themselves, serve the full policy's text, and account for the rows they move.
+#include <sys/wait.h>
+
 #include <cstdio>
 #include <fstream>
+#include <string>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
@@ -65,8 +69,9 @@ TEST(ServerTopThetaTest, SparsePolicyReportsItselfAndItsSavingsMove) {
   EXPECT_GT(read, 0);
   EXPECT_LT(read, 0.8 * dense) << "Top-θ should read well under the dense rows";
   EXPECT_GT(MetricValue(m, "thetaserve_v_rows_evicted_total"), 0) << "the sparse policy dropped nothing";
-  EXPECT_LT(MetricValue(m, "thetaserve_attention_elements_kept_total"),
-            MetricValue(m, "thetaserve_attention_elements_dense_total"));
+  const double kept = MetricValue(m, "thetaserve_attention_elements_kept_total");
+  EXPECT_GT(kept, 0);  // (MetricValue is -1 for a missing series)
+  EXPECT_LT(kept, MetricValue(m, "thetaserve_attention_elements_dense_total"));
   EXPECT_NE(m.find("theta_mode=\"top-theta-post\""), std::string::npos);
   // Every page comes back after the request.
   grpc::ClientContext ctx;
@@ -151,16 +156,23 @@ TEST(ServerTopThetaTest, OffloadPolicyServesTheFullPolicysTextAndReportsHostMemo
   EXPECT_EQ(MetricValue(m, "thetaserve_host_pages_used"), 0);
   EXPECT_NE(m.find("kv_policy=\"offload\""), std::string::npos);
 
-  for (const std::string& bad : {std::string("--offload-memory 1G"),
-                                 "--theta " + path + " --policy offload --offload-memory 10%",
-                                 "--theta " + path + " --policy offload --offload-memory 1K"}) {
+  // Each with its exit status (2: the command line; 1: what only the loaded model can check)
+  // and its message: a server that wrongly started would be killed by `timeout` (124).
+  const std::tuple<std::string, int, std::string> cases[] = {
+      {"--offload-memory 1G", 2, "thetaserve serve: --offload-memory needs --policy offload"},
+      {"--theta " + path + " --policy offload --offload-memory 10%", 2,
+       "thetaserve serve: --offload-memory must be a size such as 512M or 8G, got '10%'"},
+      {"--theta " + path + " --policy offload --offload-memory 1K", 1, "--offload-memory"},
+  };
+  for (const auto& [bad, status, message] : cases) {
     int rc = 0;
     const std::string out = RunCommand("timeout 120 " + BinaryPath() + " serve --model " +
                                            DefaultModelPath() + " --port 0 --metrics-port 0 " +
                                            bad + " 2>&1",
                                        &rc);
-    EXPECT_NE(rc, 0) << bad;
-    EXPECT_NE(out.find("--offload-memory"), std::string::npos) << out;
+    EXPECT_TRUE(WIFEXITED(rc)) << bad;
+    EXPECT_EQ(WEXITSTATUS(rc), status) << bad << "\n" << out;
+    EXPECT_NE(out.find(message), std::string::npos) << out;
   }
 }
 
