@@ -66,7 +66,8 @@ class SequenceKv {
   // Pages (K and V together) needed so that positions [0, new_length) have rows.
   int64_t PagesNeeded(int64_t new_length) const;
   // An upper bound on the further pages this sequence needs to reach `length` when it is
-  // compacted after every step of at most `chunk` tokens under `policy`: with a mass budget
+  // compacted under `policy` at least once every `chunk` tokens (the engine: at every multiple
+  // of its step's budget, and after every decode step): with a mass budget
   // (keep_fraction > 0) the V store is bounded — tail ≤ local_window + chunk + a block, sparse
   // rows ≤ sinks + keep_fraction·L + one rounding row per compacted block — so admission can
   // reserve less than the dense V; otherwise it is PagesNeeded(length).

@@ -535,9 +535,14 @@ void Engine::CacheCompletedBlocks(const StepPlan& plan) {
 void Engine::CompactSparseV(const StepPlan& plan) {
   if (!config_.sparse.enabled) return;
   std::vector<cache::RowMove> moves;
-  for (const auto& seq : scheduler_.running()) {
-    // Also between prefill chunks: a long prompt never holds more than its window of dense V
-    // rows (the chunk's last queries are the observation window so far).
+  const int64_t stride = config_.scheduler.max_num_batched_tokens;
+  for (const ScheduledChunk& chunk : plan.chunks) {
+    Sequence* seq = chunk.seq;
+    if (seq->state != SequenceState::kRunning) continue;  // finished: its pages are back
+    // Also between prefill chunks, at the prompt's compaction points (SparseChunkEnd): a long
+    // prompt never holds more than a stride and its window of dense V rows (the last queries
+    // before the point are the observation window so far).
+    if (!chunk.samples && seq->num_computed % stride != 0) continue;
     cache::SequenceKv::CompactResult r;
     seq->kv().CompactV(pool_, seq->num_computed, config_.sparse, &moves, &r, host_pool_.get());
     counters_.v_rows_evicted += r.rows_dropped;

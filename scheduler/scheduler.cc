@@ -144,6 +144,11 @@ Scheduler::Step::Step(Scheduler& s)
 int64_t Scheduler::Step::Take(const Sequence& s, int64_t planned, int64_t cap) const {
   int64_t n = std::min({s.num_uncomputed() - planned, budget_, cap});
   if (s.NeedsPromptScores()) n = std::min(n, score_budget_);
+  if (sched_.config_.sparse.enabled) {
+    // The chunk (from num_computed) ends at the next compaction point at the latest.
+    const int64_t end = SparseChunkEnd(s.num_computed, sched_.config_.max_num_batched_tokens);
+    n = std::min(n, end - s.num_computed - planned);
+  }
   return n;
 }
 

@@ -1,7 +1,9 @@
 // The engine and the sequence runner under Top-θ's V policies on the real model: sparse stores
-// fewer V rows, offload gives the full policy's logits with the sparse policy's rows in the pool,
-// and a mass budget admits long prompts that dense must run one at a time.
+// fewer V rows and its greedy outputs do not depend on the load, offload gives the full policy's
+// logits with the sparse policy's rows in the pool, and a mass budget admits long prompts that
+// dense must run one at a time.
 #include <algorithm>
+#include <chrono>
 #include <memory>
 #include <string>
 #include <thread>
@@ -12,6 +14,15 @@
 #include "tests/scheduler/engine_fixture.h"
 
 namespace thetaserve::scheduler {
+
+namespace {
+// The test prompts six times over (~600 tokens): prefills of many 64-token chunks.
+std::string SixTimes(const std::vector<std::string>& prompts) {
+  std::string text;
+  for (const auto& p : prompts) text += p + " ";
+  return text + text + text + text + text + text;
+}
+}  // namespace
 
 void EngineTest::ExpectOffloadGivesTheFullPolicysLogits(kernels::KvDtype kv_dtype) {
   const model::ThetaTable table = ConstantPostTheta(0.02f);
@@ -88,7 +99,113 @@ void EngineTest::ExpectOffloadGivesTheFullPolicysLogits(kernels::KvDtype kv_dtyp
   EXPECT_EQ(off.stats.v_rows_read, full.stats.v_rows_read);
 }
 
+// Under the sparse policy what the V store keeps, and so a greedy output, does not depend on
+// the load: a prompt is compacted at fixed positions (SparseChunkEnd: multiples of the step's
+// budget, and its end), whatever chunks the budget and long_prefill_tokens cut while steps are
+// shared. Prompts of four lengths generate the same all at once, and with one arriving while
+// another's prompt runs, as each alone in the engine, and as the sequence runner does (the
+// budget's chunks, then a token at a time: what eval measures). The engine compacted at
+// every chunk's end, and outputs changed with the load (7 of 17 in a test run on 2026-12-06).
+void EngineTest::ExpectSparseOutputsIndependentOfTheLoad(const cache::SparsePolicy& policy) {
+  const model::ThetaTable table = ConstantPostTheta(0.02f);
+  auto backend = TopThetaBackend(table);
+  ASSERT_TRUE(backend.ok());
+  constexpr int kStride = 64, kTokens = 24;
+  const std::vector<std::string> p = Prompts();
+  const std::string six = SixTimes(p);
+  const std::string mixed = p[2] + " " + p[1] + " " + p[4] + " " + p[0] + " ";
+  const std::string other = p[1] + " " + p[6] + " " + p[3] + " " + p[2] + " " + p[5] + " ";
+  const std::vector<std::string> texts = {six, mixed + mixed + mixed + p[7],
+                                          six.substr(0, six.size() / 2),
+                                          other + other + p[0]};
+  std::vector<Request> requests;
+  for (size_t i = 0; i < texts.size(); ++i) {
+    requests.push_back(MakeRequest(absl::StrCat("r", i), texts[i], kTokens));
+    requests.back().stopping.ignore_eos = true;
+    SCOPED_TRACE(absl::StrCat("prompt ", i, ": ", requests.back().prompt.size(), " tokens"));
+    ASSERT_GT(requests.back().prompt.size(), size_t(kStride));  // several compaction points
+    ASSERT_NE(requests.back().prompt.size() % kStride, 0u);    // and an end between two
+  }
+
+  // The sequence runner, alone: the prompt in chunks of the stride, then a token at a time.
+  auto runner_greedy = [&](const std::vector<int32_t>& prompt, const cache::SparsePolicy& pol) {
+    auto runner = SequenceRunner::Create(**backend, prompt.size() + kTokens, 16, pol);
+    EXPECT_TRUE(runner.ok());
+    auto logits = runner->Append(prompt, false, kStride);
+    std::vector<int32_t> out;
+    for (int k = 0; k < kTokens && logits.ok(); ++k) {
+      out.push_back(int32_t(std::max_element(logits->begin(), logits->end()) - logits->begin()));
+      logits = runner->Append(std::span<const int32_t>(&out.back(), 1), false, kStride);
+    }
+    EXPECT_TRUE(logits.ok()) << logits.status();
+    return out;
+  };
+  std::vector<std::vector<int32_t>> runner_out;
+  int differ_from_full = 0;
+  for (const Request& r : requests) {
+    runner_out.push_back(runner_greedy(r.prompt, policy));
+    differ_from_full += runner_out.back() != runner_greedy(r.prompt, cache::SparsePolicy{});
+  }
+  // Else the dropped rows never mattered, and this could not fail.
+  EXPECT_GT(differ_from_full, 0) << "the sparse policy changed no output";
+
+  EngineConfig config;
+  config.kv_cache_bytes = int64_t(256) << 20;
+  config.scheduler.max_num_batched_tokens = kStride;
+  config.scheduler.long_prefill_tokens = 24;  // shared steps cut chunks that cross the stride
+  config.sparse = policy;
+  auto engine = Engine::Create(config, **backend);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  auto submit = [&](const Request& r) {
+    auto sink = std::make_shared<CollectingSink>();
+    EXPECT_TRUE((*engine)->Submit(r, sink).ok());
+    return sink;
+  };
+  auto expect_runner_output = [&](size_t i, CollectingSink& sink, const char* how) {
+    ASSERT_TRUE(sink.Wait(300)) << how;
+    EXPECT_EQ(sink.tokens, runner_out[i]) << how << ": prompt " << i << " ("
+                                          << requests[i].prompt.size() << " tokens)";
+  };
+  for (size_t i = 0; i < requests.size(); ++i) {
+    auto sink = submit(requests[i]);
+    expect_runner_output(i, *sink, "alone");
+  }
+  std::vector<std::shared_ptr<CollectingSink>> sinks;
+  for (const Request& r : requests) sinks.push_back(submit(r));
+  for (size_t i = 0; i < requests.size(); ++i) expect_runner_output(i, *sinks[i], "all at once");
+  // One arriving while another's prompt is part-way: the first's chunks are cut where the
+  // second takes the budget.
+  sinks.clear();
+  sinks.push_back(submit(requests[0]));
+  std::this_thread::sleep_for(std::chrono::milliseconds(150));
+  for (size_t i = 1; i < requests.size(); ++i) sinks.push_back(submit(requests[i]));
+  for (size_t i = 0; i < requests.size(); ++i) expect_runner_output(i, *sinks[i], "staggered");
+  ASSERT_TRUE((*engine)->WaitIdle(10));
+  EXPECT_GT((*engine)->Stats().counters.v_rows_evicted, 0);
+  EXPECT_EQ((*engine)->pool_for_tests().num_free(), (*engine)->pool_for_tests().num_pages());
+}
+
 namespace {
+
+TEST_F(EngineTest, SparsePolicyOutputDoesNotDependOnTheLoad) {
+  cache::SparsePolicy policy;  // the recency rule: rows the last 16 queries retained
+  policy.enabled = true;
+  policy.local_window = 32;
+  policy.sink_tokens = 4;
+  policy.obs_window = 16;
+  ExpectSparseOutputsIndependentOfTheLoad(policy);
+}
+
+// The same with a mass budget (10% of the rows leaving the tail together, by mean retained
+// probability): the rows ranked together are those between two compaction points.
+TEST_F(EngineTest, MassBudgetOutputDoesNotDependOnTheLoad) {
+  cache::SparsePolicy policy;
+  policy.enabled = true;
+  policy.local_window = 32;
+  policy.sink_tokens = 4;
+  policy.keep_fraction = 0.1;
+  ExpectSparseOutputsIndependentOfTheLoad(policy);
+}
 
 TEST_F(EngineTest, SparsePolicyStoresFewerVRowsAndReturnsEveryPage) {
   const model::ThetaTable table = ConstantPostTheta(0.02f);
@@ -246,7 +363,11 @@ TEST_F(EngineTest, OffloadPolicyInTheEngineMatchesFullPolicyRunsAndReturnsHostPa
         << "pages leaked under the offload policy";
     const int64_t tables = model_->config().num_layers * model_->config().num_kv_heads;
     const int64_t blocks = (int64_t(prompt.size()) + kTokens + config.block_size - 1) / config.block_size;
-    if (host_bytes / page_bytes >= 3 * (blocks + 1) * tables) {
+    const bool fits = host_bytes / page_bytes >= 3 * (blocks + 1) * tables;
+    // The large pool is meant to hold every row, the small one not (else a branch below,
+    // and what it checks, would silently go untested).
+    ASSERT_EQ(fits, host_bytes == int64_t(64) << 20) << page_bytes << " bytes per page";
+    if (fits) {
       // Room for every row: nothing dropped, and every request is its full-policy self.
       EXPECT_EQ(s.counters.v_rows_evicted, 0);
       EXPECT_EQ(s.counters.v_rows_retained_but_evicted, 0);
@@ -256,13 +377,6 @@ TEST_F(EngineTest, OffloadPolicyInTheEngineMatchesFullPolicyRunsAndReturnsHostPa
       EXPECT_GT(s.counters.v_rows_evicted, 0) << "what did not fit was dropped";
     }
   }
-}
-
-// The test prompts six times over (~600 tokens): prefills of many 64-token chunks.
-std::string SixTimes(const std::vector<std::string>& prompts) {
-  std::string text;
-  for (const auto& p : prompts) text += p + " ";
-  return text + text + text + text + text + text;
 }
 
 // The K and V pages, in bytes, of one dense sequence of `text` and 8 generated tokens.

@@ -186,6 +186,31 @@ TEST_F(LongPrefillTest, AShortRequestStartsAndDecodesBesideALongPrefill) {
   EXPECT_EQ(Step(held_), (std::vector<std::string>{"long:19+", "short:1+"}));
 }
 
+// Under a sparse policy the engine compacts a prompt only at multiples of the budget and at
+// its end (SparseChunkEnd), so a chunk ends at the next multiple at the latest: in the first
+// pass, and when a held chunk takes back what the others left (which once ran past one: the
+// engine then computed queries a compaction should have come before).
+TEST_F(LongPrefillTest, UnderASparsePolicyChunksNeverCrossACompactionPoint) {
+  cache::PagePool pool{512, kShape.block_size};
+  SchedulerConfig config = Config(16);
+  config.sparse.enabled = true;
+  Scheduler s{config, pool};
+  Sequence* long_seq = Submit(s, "long", 200);
+  ASSERT_EQ(Step(s), std::vector<std::string>{"long:64"});
+  Sequence* short_seq = Submit(s, "short", 10);
+  EXPECT_EQ(Step(s), (std::vector<std::string>{"long:54", "short:10+"}));
+  Sample(short_seq);
+  // Without the policy, long:63 (118 to 181, past 128).
+  EXPECT_EQ(Step(s), (std::vector<std::string>{"long:10", "short:1+"}));
+  EXPECT_EQ(long_seq->num_computed, 128);
+  Sample(short_seq);
+  EXPECT_EQ(Step(s), (std::vector<std::string>{"long:63", "short:1+"}));
+  Sample(short_seq);
+  EXPECT_EQ(Step(s), (std::vector<std::string>{"long:1", "short:1+"}));  // to 192
+  Sample(short_seq);
+  EXPECT_EQ(Step(s), (std::vector<std::string>{"long:8+", "short:1+"}));
+}
+
 // A newcomer whose prompt is longer than the limit gets the limit every step until its prompt
 // is done (it got one chunk, then waited for the older prompt's whole prefill).
 TEST_F(LongPrefillTest, ALongerNewcomerGetsItsShareEveryStep) {
