@@ -63,27 +63,56 @@ std::optional<std::string> GenerationService::Track(const std::vector<std::strin
 
 absl::Status GenerationService::SubmitChoices(scheduler::Request req, int n,
                                               const SinkFactory& make_sink) {
-  const std::string id = req.id;
+  std::string id = req.id;
   std::vector<scheduler::Request> prompts;
   prompts.push_back(std::move(req));
-  return SubmitPrompts(id, std::move(prompts), n, make_sink);
+  return SubmitPrompts(&id, std::move(prompts), n, make_sink);
 }
 
-absl::Status GenerationService::SubmitPrompts(const std::string& id,
+absl::Status GenerationService::TrackCall(const std::string& id, size_t prompts, int n) {
+  const bool several = prompts > 1;
+  std::vector<std::string> ids;  // the call's, each group's, each completion's
+  if (several) ids.push_back(id);
+  for (size_t p = 0; p < prompts; ++p) {
+    const std::string prompt_id = several ? absl::StrCat(id, "-", p) : id;
+    ids.push_back(prompt_id);  // its group's (n > 1) or its one completion's
+    for (int i = 0; n > 1 && i < n; ++i) ids.push_back(absl::StrCat(prompt_id, "/", i));
+  }
+  const std::optional<std::string> taken = Track(ids);
+  if (!taken) return absl::OkStatus();
+  if (*taken == id) {
+    return absl::AlreadyExistsError(absl::StrCat("request_id '", id, "' is already in flight"));
+  }
+  const std::string names = several ? absl::StrCat("names its prompts '", id, "-<p>'")
+                                    : absl::StrCat("with n = ", n, " names its completions '",
+                                                   id, "/<i>'");
+  return absl::AlreadyExistsError(
+      absl::StrCat("request_id '", id, "' ", names, ", and '", *taken, "' is already in flight"));
+}
+
+absl::Status GenerationService::SubmitPrompts(std::string* id,
                                               std::vector<scheduler::Request> prompts, int n,
-                                              const SinkFactory& make_sink,
+                                              const SinkFactory& make_sink, TakenId taken,
                                               int* refused_prompt) {
   CHECK(!prompts.empty());
   const bool several = prompts.size() > 1;
-  std::vector<std::string> ids;  // the call's, each group's, each completion's
-  if (several) ids.push_back(id);
+  // The ids are tracked before the requests are made, so that a call whose id is taken can go
+  // on under another with the same requests.
+  absl::Status tracked = TrackCall(*id, prompts.size(), n);
+  if (absl::IsAlreadyExists(tracked) && taken == TakenId::kSuffix) {
+    *id = absl::StrCat(*id, "-", RandomHex128().substr(0, 8));
+    tracked = TrackCall(*id, prompts.size(), n);
+  }
+  if (!tracked.ok()) return tracked;
+  std::vector<std::string> ids;  // tracked: the call's, each group's, each completion's
+  if (several) ids.push_back(*id);
   std::vector<scheduler::Request> requests;
   std::vector<std::shared_ptr<ChoiceGroup>> groups;  // [request]: its prompt's group, or null
   std::vector<int> prompt_of;                         // [request]: p
   for (size_t p = 0; p < prompts.size(); ++p) {
     scheduler::Request& prompt = prompts[p];
-    prompt.id = several ? absl::StrCat(id, "-", p) : id;
-    if (several) prompt.call_id = id;
+    prompt.id = several ? absl::StrCat(*id, "-", p) : *id;
+    if (several) prompt.call_id = *id;
     const std::string prompt_id = prompt.id;
     std::vector<scheduler::Request> choices = SplitChoices(std::move(prompt), n);
     auto group = choices.size() > 1 ? std::make_shared<ChoiceGroup>(prompt_id, int(choices.size()))
@@ -96,17 +125,7 @@ absl::Status GenerationService::SubmitPrompts(const std::string& id,
       prompt_of.push_back(int(p));
     }
   }
-  if (const std::optional<std::string> taken = Track(ids)) {
-    if (*taken == id) {
-      return absl::AlreadyExistsError(absl::StrCat("request_id '", id, "' is already in flight"));
-    }
-    const std::string names = several ? absl::StrCat("names its prompts '", id, "-<p>'")
-                                      : absl::StrCat("with n = ", n, " names its completions '",
-                                                     id, "/<i>'");
-    return absl::AlreadyExistsError(
-        absl::StrCat("request_id '", id, "' ", names, ", and '", *taken, "' is already in flight"));
-  }
-  auto call = several ? std::make_shared<ChoiceGroup>(id, int(requests.size())) : nullptr;
+  auto call = several ? std::make_shared<ChoiceGroup>(*id, int(requests.size())) : nullptr;
   std::vector<std::shared_ptr<scheduler::TokenSink>> sinks;
   for (size_t i = 0; i < requests.size(); ++i) {
     std::shared_ptr<ServiceSink> sink = make_sink(int(i), requests[i].id);
@@ -117,7 +136,7 @@ absl::Status GenerationService::SubmitPrompts(const std::string& id,
   int refused = -1;
   absl::Status st = engine_->SubmitAll(std::move(requests), std::move(sinks), &refused);
   if (!st.ok()) {
-    for (const std::string& tracked : ids) Untrack(tracked);
+    for (const std::string& t : ids) Untrack(t);
     if (refused >= 0 && refused_prompt) *refused_prompt = prompt_of[refused];
   }
   return st;

@@ -65,14 +65,21 @@ class GenerationService final : public GenerationBase {
   using SinkFactory =
       std::function<std::shared_ptr<ServiceSink>(int index, const std::string& request_id)>;
   absl::Status SubmitChoices(scheduler::Request req, int n, const SinkFactory& make_sink);
+  // What SubmitPrompts does when the call's id, or one it makes of it, is in flight.
+  enum class TakenId {
+    kRefuse,  // ALREADY_EXISTS
+    kSuffix,  // the call goes on as `<id>-<8 random hex digits>`
+  };
   // The same for a call of several prompts (checked requests; their ids are set here): prompt
-  // p is request `id`-p (its completions `id`-p/<i>), completion i of prompt p reports to
-  // make_sink(p * n + i, …), and all are queued or none. `id` names the call, for Abort and
-  // Engine::Cancel, until the last completion finishes; a completion that fails cancels the
-  // call. One prompt is SubmitChoices (its request takes `id`). When the engine refuses one
-  // prompt for itself (Engine::SubmitAll's `refused`), `refused_prompt` (if given) is set to p.
-  absl::Status SubmitPrompts(const std::string& id, std::vector<scheduler::Request> prompts,
-                             int n, const SinkFactory& make_sink, int* refused_prompt = nullptr);
+  // p is request `*id`-p (its completions `*id`-p/<i>), completion i of prompt p reports to
+  // make_sink(p * n + i, …), and all are queued or none. `*id` names the call, for Abort and
+  // Engine::Cancel, until the last completion finishes (with TakenId::kSuffix it is set to the
+  // name taken); a completion that fails cancels the call. One prompt is SubmitChoices (its
+  // request takes the id). When the engine refuses one prompt for itself (Engine::SubmitAll's
+  // `refused`), `refused_prompt` (if given) is set to p.
+  absl::Status SubmitPrompts(std::string* id, std::vector<scheduler::Request> prompts, int n,
+                             const SinkFactory& make_sink, TakenId taken = TakenId::kRefuse,
+                             int* refused_prompt = nullptr);
   // Request ids in flight (Abort's "found", duplicate detection). Thread-safe.
   void Untrack(const std::string& id);
 
@@ -85,6 +92,9 @@ class GenerationService final : public GenerationBase {
   // Adds all of `ids` to the ids in flight, or none when one of them already is: then returns
   // that one.
   std::optional<std::string> Track(const std::vector<std::string>& ids);
+  // Tracks the ids a call named `id` takes (SubmitPrompts'), or returns the error for the one
+  // in flight.
+  absl::Status TrackCall(const std::string& id, size_t prompts, int n);
 
   scheduler::Engine* engine_;
   const model::Model* model_;

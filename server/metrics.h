@@ -55,7 +55,8 @@ class Metrics {
   void OnHttpRequest(std::string_view path, int status);
   static constexpr const char* kHttpRoutes[] = {
       "/v1/completions", "/v1/chat/completions", "/v1/models", "/v1/models/{id}", "/tokenize",
-      "/detokenize",     "/health",              "/metrics",   "/version", "other"};
+      "/detokenize",     "/health",              "/ping",      "/metrics",   "/version",
+      "other"};
   void OnFinish(const scheduler::FinishInfo& info);
   void OnInterTokenLatency(double seconds);
   void OnEngineStats(const scheduler::EngineStats& stats, const scheduler::StepStats* step);

@@ -3,14 +3,11 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <mutex>
 #include <optional>
-#include <random>
 #include <string>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/strip.h"
@@ -23,17 +20,6 @@
 
 namespace thetaserve::server {
 namespace {
-
-// 128 random bits in hex, as vLLM's ids: ids made of the start second and a counter were the
-// same on two replicas started in the same second, and easy to guess for an Abort.
-std::string RandomHex128() {
-  static std::mutex mu;
-  static std::random_device device;
-  std::lock_guard<std::mutex> lock(mu);
-  uint64_t hi = (uint64_t(device()) << 32) | device();
-  uint64_t lo = (uint64_t(device()) << 32) | device();
-  return absl::StrFormat("%016x%016x", hi, lo);
-}
 
 using Json = nlohmann::ordered_json;
 using std::chrono::milliseconds;
@@ -140,9 +126,12 @@ void OpenAiHttpServer::Handle(const HttpRequest& req, HttpResponder& out) {
       return;
     }
   }
-  if (req.path == "/health") {
-    if (req.method != "GET" && req.method != "HEAD") {
-      return SendError(out, 405, "use GET", {{"Allow", "GET, HEAD"}});
+  // /ping is vLLM's (Amazon SageMaker's health check, which may POST it): /health's answer.
+  if (req.path == "/health" || req.path == "/ping") {
+    const bool ping = req.path == "/ping";
+    if (req.method != "GET" && req.method != "HEAD" && !(ping && req.method == "POST")) {
+      return SendError(out, 405, ping ? "use GET or POST" : "use GET",
+                       {{"Allow", ping ? "GET, HEAD, POST" : "GET, HEAD"}});
     }
     if (service_->ready() && !service_->engine().draining()) {
       out.Send(200, "application/json", R"({"status":"serving"})");
@@ -193,7 +182,7 @@ void OpenAiHttpServer::Handle(const HttpRequest& req, HttpResponder& out) {
   SendError(out, 404,
             absl::StrCat("no route ", req.path, "; the API is POST /v1/completions, POST "
                          "/v1/chat/completions, GET /v1/models, POST /tokenize, POST "
-                         "/detokenize, GET /health, GET /metrics and GET /version"));
+                         "/detokenize, GET /health (or /ping), GET /metrics and GET /version"));
 }
 
 void OpenAiHttpServer::Models(const HttpRequest& req, HttpResponder& out) {
@@ -295,7 +284,8 @@ void OpenAiHttpServer::Generate(const HttpRequest& http, HttpResponder& out, boo
   };
   std::vector<scheduler::Request> prompts;
   std::vector<std::string> echo_texts;  // [prompt]
-  std::vector<std::vector<int32_t>> prompt_ids;  // [prompt]
+  std::vector<std::vector<int32_t>> prompt_ids;  // [prompt], with return_token_ids
+  std::vector<int64_t> prompt_lengths;           // [prompt]
   int64_t prompt_tokens = 0;
   // Completions' choices each carry the prompt's scores; a chat response carries them once.
   const int64_t scored_copies =
@@ -356,7 +346,8 @@ void OpenAiHttpServer::Generate(const HttpRequest& http, HttpResponder& out, boo
           " tokens (", prompt_tokens, " prompt tokens so far, n = ", scored_copies,
           " choices each); ask for fewer choices or send fewer prompts")));
     }
-    prompt_ids.push_back(built->prompt);
+    prompt_lengths.push_back(int64_t(built->prompt.size()));
+    if (call->return_token_ids) prompt_ids.push_back(built->prompt);
     prompts.push_back(std::move(*built));
   }
   // The chat API's default is "until the model stops": the rest of the context, or of what
@@ -378,24 +369,17 @@ void OpenAiHttpServer::Generate(const HttpRequest& http, HttpResponder& out, boo
   const std::string id_header = client_id.empty() ? id : client_id;
   auto output = std::make_shared<HttpOutput>(n);
   int refused = -1;
-  auto submit = [&](std::vector<scheduler::Request> requests) {
-    return service_->SubmitPrompts(
-        id, std::move(requests), n_per_prompt,
-        [&](int index, const std::string& choice_id) {
-          return std::make_shared<HttpChoiceSink>(service_, choice_id, output, index);
-        },
-        &refused);
-  };
   // A proxy retries with the request's own X-Request-Id, possibly while its first try is still
   // being cancelled here: that one goes on under the id and a random suffix. A request_id in
   // the body is the client's own choice, refused when in flight (as gRPC's).
-  std::vector<scheduler::Request> retry;
-  if (!client_id.empty()) retry = prompts;
-  absl::Status submitted = submit(std::move(prompts));
-  if (absl::IsAlreadyExists(submitted) && !client_id.empty()) {
-    id = absl::StrCat(id, "-", RandomHex128().substr(0, 8));
-    submitted = submit(std::move(retry));
-  }
+  const absl::Status submitted = service_->SubmitPrompts(
+      &id, std::move(prompts), n_per_prompt,
+      [&](int index, const std::string& choice_id) {
+        return std::make_shared<HttpChoiceSink>(service_, choice_id, output, index);
+      },
+      client_id.empty() ? GenerationService::TakenId::kRefuse
+                        : GenerationService::TakenId::kSuffix,
+      &refused);
   if (!submitted.ok()) {
     if (absl::IsAlreadyExists(submitted)) {  // a client-chosen id (random ones do not meet)
       return reject(absl::AlreadyExistsError(
@@ -427,6 +411,7 @@ void OpenAiHttpServer::Generate(const HttpRequest& http, HttpResponder& out, boo
 
   OpenAiResponseBuilder builder(*call, id, UnixNow(), options_.served_model_name,
                                 model_->tokenizer(), n, std::move(echo_texts));
+  builder.SetPromptLengths(std::move(prompt_lengths));
   builder.SetPromptTokens(std::move(prompt_ids));
   std::optional<SharedPromptScores> shared;
   if (!chat && n_per_prompt > 1 && call->request.sampling().has_prompt_logprobs()) {

@@ -198,7 +198,8 @@ const std::vector<int32_t>& OpenAiResponseBuilder::PromptIds(int index) const {
 
 void OpenAiResponseBuilder::AddChoiceUsage(int index, Json& chunk) const {
   if (!call_.continuous_usage) return;
-  const int64_t prompt = int64_t(PromptIds(index).size());
+  const size_t p = size_t(index / per_prompt_);
+  const int64_t prompt = p < prompt_lengths_.size() ? prompt_lengths_[p] : 0;
   const int64_t completion = choices_.at(index).tokens;
   chunk["usage"] = {{"prompt_tokens", prompt},
                     {"completion_tokens", completion},

@@ -43,8 +43,10 @@ class OpenAiResponseBuilder {
   nlohmann::ordered_json Complete(const std::vector<scheduler::FinishInfo>& infos) const;
 
   const std::string& id() const { return id_; }
-  // Each prompt's token ids, [prompts]: the usage that chunks carry with continuous usage, and
-  // the ids return_token_ids returns.
+  // Each prompt's length in tokens, [prompts]: the usage that chunks carry with continuous
+  // usage.
+  void SetPromptLengths(std::vector<int64_t> lengths) { prompt_lengths_ = std::move(lengths); }
+  // Each prompt's token ids, [prompts]: the ids return_token_ids returns (only it needs them).
   void SetPromptTokens(std::vector<std::vector<int32_t>> ids) { prompt_ids_ = std::move(ids); }
 
  private:
@@ -92,6 +94,7 @@ class OpenAiResponseBuilder {
   std::vector<Choice> choices_;
   int per_prompt_ = 1;  // n: choices of each prompt
   std::vector<std::vector<int32_t>> prompt_ids_;  // [prompts]
+  std::vector<int64_t> prompt_lengths_;           // [prompts]
 };
 
 // Serializes for the wire: invalid UTF-8 (a token's raw bytes) becomes U+FFFD.

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <mutex>
+#include <random>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -507,6 +509,15 @@ std::vector<scheduler::Request> SplitChoices(scheduler::Request req, int n) {
     out.push_back(std::move(r));
   }
   return out;
+}
+
+std::string RandomHex128() {
+  static std::mutex mu;
+  static std::random_device device;
+  std::lock_guard<std::mutex> lock(mu);
+  uint64_t hi = (uint64_t(device()) << 32) | device();
+  uint64_t lo = (uint64_t(device()) << 32) | device();
+  return absl::StrFormat("%016x%016x", hi, lo);
 }
 
 }  // namespace thetaserve::server

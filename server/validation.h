@@ -59,6 +59,11 @@ absl::StatusOr<scheduler::Request> BuildRequest(const v1::GenerateRequest& req,
 // with a seed, completion i samples with seed + i (so the n differ but repeat).
 std::vector<scheduler::Request> SplitChoices(scheduler::Request req, int n);
 
+// 128 random bits in hex, as vLLM's request ids: ids made of the start second and a counter
+// were the same on two replicas started in the same second, and easy to guess for an Abort.
+// Thread-safe.
+std::string RandomHex128();
+
 // A rendered chat's ids: BOS goes in front with add_special only when the model asks for one
 // and the template did not write it (vLLM would put a second one there, which no model was
 // trained on).

@@ -25,19 +25,27 @@ TEST_F(OpenAiHttpTest, HttpRequestsAreCountedByRouteAndStatus) {
   const std::string bad_request = "thetaserve_http_refused_total{reason=\"bad_request\"}";
   const std::string before = server_->ScrapeMetrics();  // (the metrics port: not counted)
   ASSERT_GE(count(before, "/v1/completions", "5xx"), 0) << "every series exported from 0";
-  // All of them (docs/metrics.md: 10 routes × 3 classes).
+  // All of them (docs/metrics.md: 11 routes × 3 classes).
   size_t series = 0;
   for (size_t at = 0; (at = before.find("\nthetaserve_http_requests_total{", at)) !=
                       std::string::npos;
        ++at) {
     ++series;
   }
-  EXPECT_EQ(series, 30u);
+  EXPECT_EQ(series, 33u);
   ASSERT_GE(MetricValue(before, bad_request), 0);
   EXPECT_EQ(HttpCall(http_port_, "GET", "/v1/models").status, 200);
   EXPECT_EQ(HttpCall(http_port_, "GET", "/health").status, 200);
   EXPECT_EQ(HttpCall(http_port_, "GET", "/version").status, 200);
   EXPECT_EQ(HttpCall(http_port_, "POST", "/version", "{}").status, 405);
+  // vLLM's /ping (SageMaker's health check): /health's answer, to GET and POST.
+  const HttpResult ping = HttpCall(http_port_, "GET", "/ping");
+  EXPECT_EQ(ping.status, 200);
+  EXPECT_EQ(ping.body, R"({"status":"serving"})");
+  EXPECT_EQ(HttpCall(http_port_, "POST", "/ping", "").status, 200);
+  const HttpResult put = HttpCall(http_port_, "PUT", "/ping", "");
+  EXPECT_EQ(put.status, 405);
+  EXPECT_EQ(put.headers.at("allow"), "GET, HEAD, POST");
   EXPECT_EQ(HttpCall(http_port_, "GET", "/v1/models/nope").status, 404);
   EXPECT_EQ(HttpCall(http_port_, "GET", "/v1/completions").status, 405);
   EXPECT_EQ(Post("/v1/completions", {{"prompt", "x"}, {"temperature", "hot"}}).status, 400);
@@ -59,6 +67,8 @@ TEST_F(OpenAiHttpTest, HttpRequestsAreCountedByRouteAndStatus) {
   EXPECT_EQ(delta("/health", "2xx"), 1);
   EXPECT_EQ(delta("/version", "2xx"), 1);
   EXPECT_EQ(delta("/version", "4xx"), 1);
+  EXPECT_EQ(delta("/ping", "2xx"), 2);
+  EXPECT_EQ(delta("/ping", "4xx"), 1);
   EXPECT_EQ(delta("/v1/models/{id}", "4xx"), 1);
   EXPECT_EQ(delta("/v1/completions", "4xx"), 2);
   EXPECT_EQ(delta("/v1/completions", "2xx"), 1);
@@ -131,6 +141,18 @@ TEST_F(OpenAiHttpTest, TheClientsRequestIdNamesTheCall) {
   const std::string suffixed = Json::parse(r.body)["id"];
   EXPECT_EQ(suffixed.rfind("cmpl-busy-1-", 0), 0u) << suffixed;
   EXPECT_EQ(suffixed.size(), std::string("cmpl-busy-1-").size() + 8) << suffixed;
+  // Two prompts under it (the call takes cmpl-busy-1 and its prompts cmpl-busy-1-<p>): the
+  // whole call moves to the suffix, its prompts under it.
+  Json two = body;
+  two["prompt"] = {"Hello", "Goodbye"};
+  r = HttpCall(http_port_, "POST", "/v1/completions", two.dump(), {{"X-Request-Id", "busy-1"}});
+  ASSERT_EQ(r.status, 200) << r.body;
+  const Json both = Json::parse(r.body);
+  EXPECT_EQ(both["choices"].size(), 2u) << r.body;
+  EXPECT_EQ(both["id"].get<std::string>().rfind("cmpl-busy-1-", 0), 0u) << r.body;
+  EXPECT_NE(both["id"], suffixed) << r.body;
+  // The first is still generating, under its own id.
+  EXPECT_TRUE(WaitForRunning(*stub, 1));
 }
 
 // vLLM's stream_options.continuous_usage_stats: with include_usage, every chunk carries its
