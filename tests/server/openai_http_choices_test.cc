@@ -363,7 +363,9 @@ TEST_F(OpenAiHttpTest, AListOfPromptsGetsOneChoicePerPromptInOrder) {
   EXPECT_EQ(per_prompt.usage["completion_tokens"], 15);
   EXPECT_EQ(per_prompt.usage["prompt_tokens"], prompt_tokens);
 
-  // A prompt that cannot fit is named, and nothing of the call runs.
+  // A prompt that cannot fit is named, and nothing of the call runs (no prompt token of the
+  // good one is computed, no request finishes).
+  const std::string metrics_before = server_->ScrapeMetrics();
   const std::string too_long(200'000, 'a');
   HttpResult bad = Post("/v1/completions", {{"prompt", {"fine", too_long}}});
   EXPECT_EQ(bad.status, 400) << bad.body;
@@ -372,6 +374,12 @@ TEST_F(OpenAiHttpTest, AListOfPromptsGetsOneChoicePerPromptInOrder) {
   HttpResult big = Post("/v1/completions", {{"prompt", {"fine", "fine"}}, {"max_tokens", 7000}});
   EXPECT_EQ(big.status, 400) << big.body;
   EXPECT_NE(big.body.find("prompt[0]: prompt + max_tokens = "), std::string::npos) << big.body;
+  const std::string metrics_after = server_->ScrapeMetrics();
+  for (const char* counter : {"thetaserve_prompt_tokens_total",
+                              "thetaserve_requests_total{outcome=\"length\"}"}) {
+    EXPECT_GE(MetricValue(metrics_before, counter), 0) << counter;
+    EXPECT_EQ(MetricValue(metrics_after, counter), MetricValue(metrics_before, counter)) << counter;
+  }
   // A parameter they share is not blamed on a prompt.
   HttpResult shared = Post("/v1/completions", {{"prompt", {"a", "b"}},
                                                {"stop_token_ids", {999999}}});

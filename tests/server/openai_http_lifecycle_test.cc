@@ -296,9 +296,9 @@ TEST(OpenAiHttpLifecycleTest, AStreamCutOffByShutdownEndsWithAnErrorEvent) {
 }
 
 // Without prefix caching a group's other completions do not wait for the first to compute
-// the prompt: they finish a scoring-only request long before the first has scored a long
-// prompt (128 tokens a step). Every choice still echoes the prompt with its scores, whole or
-// streamed, with max_tokens 0 or 1.
+// the prompt (there are no blocks to adopt), and do not score it either (128 tokens a step,
+// once): every choice still echoes the prompt with the first's scores, whole or streamed, with
+// max_tokens 0 or 1.
 TEST(OpenAiHttpLifecycleTest, WithoutPrefixCachingEveryChoiceStillGetsThePromptsScores) {
   const int http_port = FreePort();
   ServerProcess server({"--http-port", std::to_string(http_port), "--prefix-caching", "off"});
