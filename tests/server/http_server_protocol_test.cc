@@ -211,7 +211,7 @@ TEST(HttpServerTest, ChunkedRequestBodiesAreDecoded) {
   }
   EXPECT_EQ(c.Read(10).body, "POST /p?||abc");
 
-  // A body of one-byte chunks (each shifted the whole buffer once: quadratic).
+  // A body of one-byte chunks, read whole (each once shifted the whole buffer: quadratic).
   std::string ones;
   for (int i = 0; i < 1000; ++i) ones += "1\r\n" + std::string(1, char('a' + i % 26)) + "\r\n";
   ASSERT_TRUE(c.SendRaw("POST /o HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n" + ones +
