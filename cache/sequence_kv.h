@@ -40,6 +40,10 @@ struct SparsePolicy {
   // host pool instead of being dropped (dropped only when the host pool is full). Device
   // memory as under the sparse policy; every row stays readable by attention, as under full.
   bool offload = false;
+  // serve --fixed-compaction: the engine compacts a prompt only at multiples of the step's
+  // token budget and at its end, and cuts its chunks there (scheduler::SparseChunkEnd), so
+  // what is kept does not depend on the load; otherwise after every chunk.
+  bool fixed_compaction = false;
 };
 
 // A V row to copy from a tail page into the sparse store, or into the host store when
@@ -66,8 +70,9 @@ class SequenceKv {
   // Pages (K and V together) needed so that positions [0, new_length) have rows.
   int64_t PagesNeeded(int64_t new_length) const;
   // An upper bound on the further pages this sequence needs to reach `length` when it is
-  // compacted under `policy` at least once every `chunk` tokens (the engine: at every multiple
-  // of its step's budget, and after every decode step): with a mass budget
+  // compacted under `policy` at least once every `chunk` tokens (the engine: after every chunk,
+  // at most its step's budget, or with fixed_compaction at the budget's multiples and after
+  // every decode step): with a mass budget
   // (keep_fraction > 0) the V store is bounded — tail ≤ local_window + chunk + a block, sparse
   // rows ≤ sinks + keep_fraction·L + one rounding row per compacted block — so admission can
   // reserve less than the dense V; otherwise it is PagesNeeded(length).

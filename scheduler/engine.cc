@@ -539,10 +539,12 @@ void Engine::CompactSparseV(const StepPlan& plan) {
   for (const ScheduledChunk& chunk : plan.chunks) {
     Sequence* seq = chunk.seq;
     if (seq->state != SequenceState::kRunning) continue;  // finished: its pages are back
-    // Also between prefill chunks, at the prompt's compaction points (SparseChunkEnd): a long
-    // prompt never holds more than a stride and its window of dense V rows (the last queries
-    // before the point are the observation window so far).
-    if (!chunk.samples && seq->num_computed % stride != 0) continue;
+    // Also between prefill chunks (the chunk's last queries are the observation window so
+    // far), so a long prompt never holds more than a chunk (a stride) and its window of dense
+    // V rows; with fixed_compaction only at the prompt's compaction points (SparseChunkEnd).
+    if (config_.sparse.fixed_compaction && !chunk.samples && seq->num_computed % stride != 0) {
+      continue;
+    }
     cache::SequenceKv::CompactResult r;
     seq->kv().CompactV(pool_, seq->num_computed, config_.sparse, &moves, &r, host_pool_.get());
     counters_.v_rows_evicted += r.rows_dropped;

@@ -144,7 +144,7 @@ Scheduler::Step::Step(Scheduler& s)
 int64_t Scheduler::Step::Take(const Sequence& s, int64_t planned, int64_t cap) const {
   int64_t n = std::min({s.num_uncomputed() - planned, budget_, cap});
   if (s.NeedsPromptScores()) n = std::min(n, score_budget_);
-  if (sched_.config_.sparse.enabled) {
+  if (sched_.config_.sparse.enabled && sched_.config_.sparse.fixed_compaction) {
     // The chunk (from num_computed) ends at the next compaction point at the latest.
     const int64_t end = SparseChunkEnd(s.num_computed, sched_.config_.max_num_batched_tokens);
     n = std::min(n, end - s.num_computed - planned);

@@ -49,19 +49,22 @@ struct SchedulerConfig {
   // back to the chunks so held, oldest first (by priority, in priority order). 0: no limit
   // (nor one at or above the budget).
   int64_t long_prefill_tokens = 0;
-  // The engine compacts V under this policy after every decode step and at a prompt's
-  // compaction points (SparseChunkEnd); with a mass budget admission reserves the bounded V
-  // store instead of a dense one (SequenceKv::PagesToReach).
+  // The engine compacts V under this policy after every step (with fixed_compaction: every
+  // decode step, and a prompt only at its compaction points, SparseChunkEnd); with a mass
+  // budget admission reserves the bounded V store instead of a dense one
+  // (SequenceKv::PagesToReach).
   cache::SparsePolicy sparse;
   SchedulingPolicy policy = SchedulingPolicy::kFcfs;
 };
 
-// Under an enabled sparse policy a prompt (or a preempted sequence's recompute) is compacted
-// only at multiples of `stride` (the step's token budget: the chunks it is computed in alone)
-// and at its end, and its chunks never cross one: a chunk that starts at `at` ends here at
-// the latest. Compacting at each chunk's end instead made what the V
+// Under a sparse policy with fixed_compaction a prompt (or a preempted sequence's recompute)
+// is compacted only at multiples of `stride` (the step's token budget: the chunks it is
+// computed in alone) and at its end, and its chunks never cross one: a chunk that starts at
+// `at` ends here at the latest. Compacting at each chunk's end (the default) makes what the V
 // store keeps, and so a greedy output, depend on the chunks the load cut (the budget others
-// took, long_prefill_tokens while a step is shared).
+// took, long_prefill_tokens while a step is shared). The price: beside d decoding requests a
+// prompt gets budget - d tokens a step, so it reaches each point in two steps, the second of
+// d tokens (up to twice the steps to its first token).
 inline int64_t SparseChunkEnd(int64_t at, int64_t stride) { return (at / stride + 1) * stride; }
 
 // Prompt tokens scored per step at most (Request::prompt_logprobs): each takes a row of logits

@@ -28,7 +28,8 @@ class SequenceRunner {
   // last one, or of every one when `all_logits` ([n, vocab] row-major). Under an enabled
   // sparse policy the cache is compacted after every chunk: appending a prompt in chunks of
   // the server's --max-num-batched-tokens and then one token at a time compacts where the
-  // engine does (SparseChunkEnd), and so reproduces what the server stores.
+  // engine does for the prompt alone (and under any load with --fixed-compaction:
+  // SparseChunkEnd), and so reproduces what the server stores.
   absl::StatusOr<std::vector<float>> Append(std::span<const int32_t> tokens,
                                             bool all_logits = false, int64_t chunk = 512,
                                             kernels::AttentionStats* stats = nullptr);

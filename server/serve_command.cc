@@ -98,6 +98,12 @@ constexpr char kUsage[] =
     "  --offload-memory SIZE        --policy offload: host memory for the V rows moved out of\n"
     "                               the KV cache, e.g. 8G (default 4G; when it is full, rows\n"
     "                               are dropped as under --policy sparse)\n"
+    "  --fixed-compaction           --policy sparse|offload: compact a prompt's V rows only at\n"
+    "                               multiples of --max-num-batched-tokens and at its end, so\n"
+    "                               a greedy request's output does not depend on the load\n"
+    "                               (beside decoding requests a long prompt then takes up to\n"
+    "                               twice the steps to its first token; default: after every\n"
+    "                               chunk)\n"
     "  --drain-timeout SECONDS      grace period for in-flight requests on SIGTERM (default 30)\n"
     "  --log-requests               log a line per finished request: id, API, outcome, token\n"
     "                               counts, queue time, time to first token, total time (no\n"
@@ -185,7 +191,8 @@ int RunServe(const std::vector<std::string>& argv) {
       {"block-size", true}, {"max-queue", true}, {"threads", true}, {"device", true},
       {"drain-timeout", true}, {"tls-cert", true}, {"tls-key", true}, {"api-key", true},
       {"prefix-caching", true}, {"offload-memory", true}, {"kv-cache-dtype", true},
-      {"log-requests", false}, {"log-stats-interval", true}, {"exact-matmul", false}};
+      {"log-requests", false}, {"log-stats-interval", true}, {"exact-matmul", false},
+      {"fixed-compaction", false}};
   for (const auto& [name, v] : ThetaFlags()) known[name] = v;
   CliArgs args;
   if (auto exit = ParseCommandLine("serve", argv, known, std::string(kUsage) + kThetaUsage,
@@ -293,6 +300,12 @@ int RunServe(const std::vector<std::string>& argv) {
   if (absl::Status st = CheckModelFlag(args.GetString("model")); !st.ok()) return usage(st);
   auto theta = ParseThetaOptions(args);
   if (!theta.ok()) return usage(theta.status());
+  theta->sparse.fixed_compaction = args.Has("fixed-compaction");
+  if (theta->sparse.fixed_compaction && !theta->sparse.enabled) {
+    return usage(absl::InvalidArgumentError(absl::StrCat(
+        "--fixed-compaction applies to --policy sparse or offload (the V store); the policy is ",
+        theta->policy)));
+  }
   if (absl::Status st = LoadThetaFile(*theta); !st.ok()) return fail(st);
 
   // TLS files are read now: a typo fails in a moment, not after the model loads.
@@ -374,6 +387,11 @@ int RunServe(const std::vector<std::string>& argv) {
   if (ec.prefix_caching && ec.sparse.enabled) {
     std::fprintf(stderr, "prefix caching: off (--policy %s rewrites V pages in place)\n",
                  theta->policy.c_str());
+  }
+  if (ec.sparse.fixed_compaction) {
+    std::fprintf(stderr, "V store: compacted at every %lld prompt tokens and after decode steps "
+                 "(--fixed-compaction: outputs do not depend on the load)\n",
+                 static_cast<long long>(*max_tokens));
   }
   if (ec.sparse.offload) {
     ec.offload_bytes = offload_bytes;

@@ -208,9 +208,10 @@ class EngineTest : public ::testing::Test {
   // V rows in the KV pool, on one backend whose KV pages are `kv_dtype` (the host pool's rows
   // are copies of them).
   static void ExpectOffloadGivesTheFullPolicysLogits(kernels::KvDtype kv_dtype);
-  // Under the sparse `policy`, greedy outputs of prompts of four lengths alone, all at once
-  // and staggered in the engine equal the sequence runner's (engine_sparse_test.cc).
-  static void ExpectSparseOutputsIndependentOfTheLoad(const cache::SparsePolicy& policy);
+  // Under the sparse `policy` with fixed compaction, greedy outputs of prompts of four lengths
+  // alone, all at once and staggered in the engine equal the sequence runner's
+  // (engine_sparse_test.cc).
+  static void ExpectSparseOutputsIndependentOfTheLoad(cache::SparsePolicy policy);
 
   inline static model::Model* model_ = nullptr;
   inline static kernels::Backend* solo_backend_ = nullptr;

@@ -186,14 +186,16 @@ TEST_F(LongPrefillTest, AShortRequestStartsAndDecodesBesideALongPrefill) {
   EXPECT_EQ(Step(held_), (std::vector<std::string>{"long:19+", "short:1+"}));
 }
 
-// Under a sparse policy the engine compacts a prompt only at multiples of the budget and at
-// its end (SparseChunkEnd), so a chunk ends at the next multiple at the latest: in the first
-// pass, and when a held chunk takes back what the others left (which once ran past one: the
-// engine then computed queries a compaction should have come before).
-TEST_F(LongPrefillTest, UnderASparsePolicyChunksNeverCrossACompactionPoint) {
+// Under a sparse policy with fixed compaction the engine compacts a prompt only at multiples
+// of the budget and at its end (SparseChunkEnd), so a chunk ends at the next multiple at the
+// latest: in the first pass, and when a held chunk takes back what the others left (which
+// once ran past one: the engine then computed queries a compaction should have come before).
+// Without it (the default) the chunks are AShortRequestStartsAndDecodesBesideALongPrefill's.
+TEST_F(LongPrefillTest, UnderFixedCompactionChunksNeverCrossACompactionPoint) {
   cache::PagePool pool{512, kShape.block_size};
   SchedulerConfig config = Config(16);
   config.sparse.enabled = true;
+  config.sparse.fixed_compaction = true;
   Scheduler s{config, pool};
   Sequence* long_seq = Submit(s, "long", 200);
   ASSERT_EQ(Step(s), std::vector<std::string>{"long:64"});
@@ -209,6 +211,17 @@ TEST_F(LongPrefillTest, UnderASparsePolicyChunksNeverCrossACompactionPoint) {
   EXPECT_EQ(Step(s), (std::vector<std::string>{"long:1", "short:1+"}));  // to 192
   Sample(short_seq);
   EXPECT_EQ(Step(s), (std::vector<std::string>{"long:8+", "short:1+"}));
+
+  // The sparse policy's default: the third step's chunk runs past 128.
+  cache::PagePool default_pool{512, kShape.block_size};
+  config.sparse.fixed_compaction = false;
+  Scheduler d{config, default_pool};
+  Submit(d, "long", 200);
+  ASSERT_EQ(Step(d), std::vector<std::string>{"long:64"});
+  Sequence* other = Submit(d, "short", 10);
+  ASSERT_EQ(Step(d), (std::vector<std::string>{"long:54", "short:10+"}));
+  Sample(other);
+  EXPECT_EQ(Step(d), (std::vector<std::string>{"long:63", "short:1+"}));
 }
 
 // A newcomer whose prompt is longer than the limit gets the limit every step until its prompt

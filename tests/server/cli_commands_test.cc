@@ -141,6 +141,9 @@ TEST(CliCommandTest, OutOfRangeFlagsAreRefusedByName) {
        "full"},
       {"--policy full --obs-window 8", "--obs-window applies to --policy sparse or offload"},
       {"--retain-factor 2", "--retain-factor applies to --policy sparse or offload"},
+      {"--fixed-compaction",
+       "--fixed-compaction applies to --policy sparse or offload (the V store); the policy is "
+       "full"},
   };
   for (const auto& [flags, message] : cases) {
     int rc = 0;

@@ -119,9 +119,14 @@ TEST(ServerTopThetaTest, OffloadPolicyServesTheFullPolicysTextAndReportsHostMemo
   const std::string path = tmp.File("theta_const_offload.json");
   ConstantTheta(path);
   ASSERT_FALSE(::testing::Test::HasFailure());
+  // (With --fixed-compaction, which the offload policy takes as the sparse one does.)
   ServerProcess server({"--theta", path, "--policy", "offload", "--local-window", "32",
-                        "--keep-fraction", "0.05", "--offload-memory", "64M"});
+                        "--keep-fraction", "0.05", "--offload-memory", "64M",
+                        "--fixed-compaction"});
   ASSERT_TRUE(server.started());
+  const std::string log = ReadFileOrDie(server.log_path());
+  EXPECT_NE(log.find("V store: compacted at every 512 prompt tokens and after decode steps"),
+            std::string::npos) << log;
   auto stub = server.stub();
   {
     grpc::ClientContext ctx;
