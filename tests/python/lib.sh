@@ -22,7 +22,7 @@ free_port() {
 
 # start_server BIN FLAG...: `BIN serve` on the default model, on 127.0.0.1 with the given flags;
 # sets server_pid and returns once it serves (exits 1, with its log, if it dies first or does
-# not serve within 60 s).
+# not serve within 180 s, as the C++ tests' ServerProcess waits).
 start_server() {
   local bin="$1"
   shift
@@ -31,13 +31,13 @@ start_server() {
     >"$server_log" 2>&1 &
   server_pid=$!
   trap 'kill $server_pid 2>/dev/null || true; wait $server_pid 2>/dev/null || true; rm -f "$server_log"' EXIT
-  for _ in $(seq 1 300); do
+  for _ in $(seq 1 900); do
     grep -q "serving thetaserve" "$server_log" && return 0
     kill -0 "$server_pid" 2>/dev/null || { cat "$server_log"; echo "server died"; exit 1; }
     sleep 0.2
   done
   cat "$server_log"
-  echo "the server did not serve within 60 s"
+  echo "the server did not serve within 180 s"
   exit 1
 }
 

@@ -24,7 +24,7 @@ TEST_F(ServerE2ETest, MetricsPassPromtoolAndMoveWithRequests) {
   const double gen_before = MetricValue(before, "thetaserve_generation_tokens_total");
   const double done_before = MetricValue(before, "thetaserve_requests_total{outcome=\"length\"}");
   // Scrape while requests run (seen running: an empty scrape passes promtool too).
-  constexpr int kTokens = 64;
+  constexpr int kTokens = 128;  // long enough that the four surely run together
   std::vector<std::thread> load;
   std::vector<grpc::Status> statuses(4);
   for (int i = 0; i < 4; ++i) {
