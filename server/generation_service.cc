@@ -69,15 +69,21 @@ absl::Status GenerationService::SubmitChoices(scheduler::Request req, int n,
   return SubmitPrompts(&id, std::move(prompts), n, make_sink);
 }
 
-absl::Status GenerationService::TrackCall(const std::string& id, size_t prompts, int n) {
+std::vector<std::string> GenerationService::CallIds(const std::string& id, size_t prompts, int n) {
   const bool several = prompts > 1;
-  std::vector<std::string> ids;  // the call's, each group's, each completion's
+  std::vector<std::string> ids;
   if (several) ids.push_back(id);
   for (size_t p = 0; p < prompts; ++p) {
     const std::string prompt_id = several ? absl::StrCat(id, "-", p) : id;
     ids.push_back(prompt_id);  // its group's (n > 1) or its one completion's
     for (int i = 0; n > 1 && i < n; ++i) ids.push_back(absl::StrCat(prompt_id, "/", i));
   }
+  return ids;
+}
+
+absl::Status GenerationService::TrackCall(const std::string& id,
+                                          const std::vector<std::string>& ids, bool several,
+                                          int n) {
   const std::optional<std::string> taken = Track(ids);
   if (!taken) return absl::OkStatus();
   if (*taken == id) {
@@ -98,14 +104,14 @@ absl::Status GenerationService::SubmitPrompts(std::string* id,
   const bool several = prompts.size() > 1;
   // The ids are tracked before the requests are made, so that a call whose id is taken can go
   // on under another with the same requests.
-  absl::Status tracked = TrackCall(*id, prompts.size(), n);
+  std::vector<std::string> ids = CallIds(*id, prompts.size(), n);
+  absl::Status tracked = TrackCall(*id, ids, several, n);
   if (absl::IsAlreadyExists(tracked) && taken == TakenId::kSuffix) {
     *id = absl::StrCat(*id, "-", RandomHex128().substr(0, 8));
-    tracked = TrackCall(*id, prompts.size(), n);
+    ids = CallIds(*id, prompts.size(), n);
+    tracked = TrackCall(*id, ids, several, n);
   }
   if (!tracked.ok()) return tracked;
-  std::vector<std::string> ids;  // tracked: the call's, each group's, each completion's
-  if (several) ids.push_back(*id);
   std::vector<scheduler::Request> requests;
   std::vector<std::shared_ptr<ChoiceGroup>> groups;  // [request]: its prompt's group, or null
   std::vector<int> prompt_of;                         // [request]: p
@@ -117,9 +123,7 @@ absl::Status GenerationService::SubmitPrompts(std::string* id,
     std::vector<scheduler::Request> choices = SplitChoices(std::move(prompt), n);
     auto group = choices.size() > 1 ? std::make_shared<ChoiceGroup>(prompt_id, int(choices.size()))
                                     : nullptr;
-    if (group) ids.push_back(prompt_id);
     for (auto& r : choices) {
-      ids.push_back(r.id);
       requests.push_back(std::move(r));
       groups.push_back(group);
       prompt_of.push_back(int(p));

@@ -92,9 +92,13 @@ class GenerationService final : public GenerationBase {
   // Adds all of `ids` to the ids in flight, or none when one of them already is: then returns
   // that one.
   std::optional<std::string> Track(const std::vector<std::string>& ids);
-  // Tracks the ids a call named `id` takes (SubmitPrompts'), or returns the error for the one
-  // in flight.
-  absl::Status TrackCall(const std::string& id, size_t prompts, int n);
+  // The ids a call named `id` of `prompts` prompts, n completions each, takes (SplitChoices'
+  // names): the call's (several prompts), each prompt's (its group's for n > 1, else its one
+  // completion's) and each completion's (n > 1).
+  static std::vector<std::string> CallIds(const std::string& id, size_t prompts, int n);
+  // Tracks `ids` (CallIds'), or returns the error naming the one in flight.
+  absl::Status TrackCall(const std::string& id, const std::vector<std::string>& ids, bool several,
+                         int n);
 
   scheduler::Engine* engine_;
   const model::Model* model_;

@@ -203,10 +203,7 @@ TEST_F(EngineTest, SparsePolicyOutputDoesNotDependOnTheLoad) {
 // add a row's mass in no fixed order, so two rows within rounding of each other at the
 // budget's edge could swap, run to run; 8 runs in a row passed.)
 TEST_F(EngineTest, MassBudgetOutputDoesNotDependOnTheLoad) {
-  cache::SparsePolicy policy;
-  policy.enabled = true;
-  policy.local_window = 32;
-  policy.sink_tokens = 4;
+  cache::SparsePolicy policy = MassBudgetPolicy();
   policy.keep_fraction = 0.1;
   ExpectSparseOutputsIndependentOfTheLoad(policy);
 }
