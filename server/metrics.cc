@@ -2,6 +2,8 @@
 
 #include <exception>
 #include <iterator>
+#include <utility>
+#include <vector>
 
 #include "prometheus/text_serializer.h"
 
@@ -27,6 +29,7 @@ Histogram::BucketBoundaries CountBuckets() {
 
 Metrics::Metrics(const MetricsInfo& info)
     : registry_(std::make_shared<prometheus::Registry>()),
+      process_(std::make_shared<ProcessMetrics>()),
       requests_(BuildCounter()
                     .Name("thetaserve_requests_total")
                     .Help("Requests by outcome: the finish reason, or rejected at submission")
@@ -217,6 +220,7 @@ bool Metrics::StartExposer(const std::string& address, std::string* error) {
   try {
     exposer_ = std::make_unique<prometheus::Exposer>(address);
     exposer_->RegisterCollectable(registry_);
+    exposer_->RegisterCollectable(process_);
     return true;
   } catch (const std::exception& e) {
     *error = e.what();
@@ -226,7 +230,9 @@ bool Metrics::StartExposer(const std::string& address, std::string* error) {
 
 std::string Metrics::Serialize() const {
   prometheus::TextSerializer serializer;
-  return serializer.Serialize(registry_->Collect());
+  std::vector<prometheus::MetricFamily> families = registry_->Collect();
+  for (prometheus::MetricFamily& f : process_->Collect()) families.push_back(std::move(f));
+  return serializer.Serialize(families);
 }
 
 void Metrics::OnRejected(absl::StatusCode code) {

@@ -20,6 +20,7 @@
 #include "scheduler/request.h"
 #include "scheduler/stats.h"
 #include "server/http_server.h"
+#include "server/process_metrics.h"
 
 namespace thetaserve::server {
 
@@ -68,11 +69,13 @@ class Metrics {
   void ResumeCounts(const scheduler::EngineCounters& so_far);
 
   std::shared_ptr<prometheus::Registry> registry() const { return registry_; }
-  // The text exposition (what /metrics serves), for tests and tools.
+  // The text exposition (what /metrics serves: the registry's series, then the process_* ones),
+  // for the HTTP API's /metrics, tests and tools.
   std::string Serialize() const;
 
  private:
   std::shared_ptr<prometheus::Registry> registry_;
+  std::shared_ptr<ProcessMetrics> process_;  // read at each scrape
   std::unique_ptr<prometheus::Exposer> exposer_;
   // HoldCounts/ResumeCounts (the main thread) against OnEngineStats (the engine's).
   std::mutex count_mu_;

@@ -298,14 +298,9 @@ int RunServe(const std::vector<std::string>& argv) {
     return usage(absl::InvalidArgumentError("--offload-memory needs --policy offload"));
   }
   if (absl::Status st = CheckModelFlag(args.GetString("model")); !st.ok()) return usage(st);
-  auto theta = ParseThetaOptions(args);
+  auto theta = ParseThetaOptions(args, {"fixed-compaction"});
   if (!theta.ok()) return usage(theta.status());
   theta->sparse.fixed_compaction = args.Has("fixed-compaction");
-  if (theta->sparse.fixed_compaction && !theta->sparse.enabled) {
-    return usage(absl::InvalidArgumentError(absl::StrCat(
-        "--fixed-compaction applies to --policy sparse or offload (the V store); the policy is ",
-        theta->policy)));
-  }
   if (absl::Status st = LoadThetaFile(*theta); !st.ok()) return fail(st);
 
   // TLS files are read now: a typo fails in a moment, not after the model loads.

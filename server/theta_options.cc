@@ -41,7 +41,8 @@ std::string ThetaOptions::mode() const {
   return absl::StrCat("top-theta-", model::PlacementName(table->placement));
 }
 
-absl::StatusOr<ThetaOptions> ParseThetaOptions(const CliArgs& args) {
+absl::StatusOr<ThetaOptions> ParseThetaOptions(const CliArgs& args,
+                                               std::initializer_list<const char*> more_v_store_flags) {
   ThetaOptions out;
   const std::string sdc = args.GetString("sdc", "exact");
   if (sdc == "exact") out.config.sdc = kernels::SdcMode::kExact;
@@ -85,12 +86,15 @@ absl::StatusOr<ThetaOptions> ParseThetaOptions(const CliArgs& args) {
   // The V store's flags under --policy full did nothing, silently (and eval's report named a
   // keep_fraction it had not used): most likely the policy was forgotten.
   if (!out.sparse.enabled) {
-    for (const char* flag :
-         {"local-window", "sink-tokens", "obs-window", "retain-factor", "keep-fraction"}) {
-      if (args.Has(flag)) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "--", flag, " applies to --policy sparse or offload (the V store); the policy is ",
-            out.policy));
+    for (std::initializer_list<const char*> flags :
+         {{"local-window", "sink-tokens", "obs-window", "retain-factor", "keep-fraction"},
+          more_v_store_flags}) {
+      for (const char* flag : flags) {
+        if (args.Has(flag)) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "--", flag, " applies to --policy sparse or offload (the V store); the policy is ",
+              out.policy));
+        }
       }
     }
   }

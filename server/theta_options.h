@@ -2,6 +2,7 @@
 // sparse V policy, and the loading of a θ file against a model.
 #pragma once
 
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <vector>
@@ -35,7 +36,10 @@ struct ThetaOptions {
 // θ file they name, before the model loads (it does nothing without --theta); CheckThetaForModel
 // holds the file against the loaded model (a file calibrated for another model is an
 // INVALID_ARGUMENT that names both fingerprints).
-absl::StatusOr<ThetaOptions> ParseThetaOptions(const CliArgs& args);
+// `more_v_store_flags`: flags of the V store that only the calling command takes (serve's
+// --fixed-compaction), refused without a V-store policy as the shared ones are.
+absl::StatusOr<ThetaOptions> ParseThetaOptions(
+    const CliArgs& args, std::initializer_list<const char*> more_v_store_flags = {});
 absl::Status LoadThetaFile(ThetaOptions& options);
 absl::Status CheckThetaForModel(const ThetaOptions& options, const model::Model& model);
 

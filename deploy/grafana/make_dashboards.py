@@ -293,6 +293,19 @@ def serving():
     p.append(L.place(timeseries("Batch size", "Mean sequences and mean tokens per engine step over the rate interval.",
                                 targets(("sum(%s) / sum(%s)" % (rate("thetaserve_batch_size_sum"), rate("thetaserve_batch_size_count")), "sequences per step"),
                                         ("sum(%s) / sum(%s)" % (rate("thetaserve_batch_tokens_sum"), rate("thetaserve_batch_tokens_count")), "tokens per step"))), 12, 8))
+
+    p.append(L.row("Process"))
+    p.append(L.place(timeseries("Resident memory", "Resident memory of each selected instance's server process (process_resident_memory_bytes, read from /proc at each scrape): the weights, the KV page pool and the host offload pool once touched, and what serving allocates. Steady under steady load; growth while the load stays level is a leak.",
+                                targets((sel("process_resident_memory_bytes"), "{{instance}}")),
+                                unit="bytes"), 8, 8))
+    p.append(L.place(timeseries("CPU use", "CPU time the server process used per second of wall time (rate of process_cpu_seconds_total), per instance: 1 = one core busy. On a CPU backend the engine's threads (--threads) account for most of it.",
+                                targets(("rate(%s[%s])" % (sel("process_cpu_seconds_total"), RI), "{{instance}}")),
+                                unit="none"), 8, 8))
+    p.append(L.place(timeseries("Threads and open descriptors", "Threads (process_threads) and open file descriptors (process_open_fds: sockets, the model file, logs) of each instance's server process; descriptors as a fraction of their limit (process_max_fds) on the right axis (the ThetaserveFileDescriptorsNearLimit alert fires above 90% for 10 minutes). Both should come back down when clients leave.",
+                                targets((sel("process_threads"), "threads {{instance}}"),
+                                        (sel("process_open_fds"), "open fds {{instance}}"),
+                                        ("%s / %s" % (sel("process_open_fds"), sel("process_max_fds")), "fds / limit {{instance}}")),
+                                right=("C", "percentunit")), 8, 8))
     return dashboard("thetaserve-serving", "thetaserve / Serving",
                      "Requests, latency, throughput and preemptions of thetaserve.", p)
 
