@@ -55,7 +55,7 @@ void SequenceKv::EnsureStride(int64_t blocks) {
     std::copy_n(hits_.begin() + t * hits_stride_, hits_stride_, hits.begin() + t * new_hits);
   }
   hits_.swap(hits);
-  std::vector<float> mass(tables * new_hits, 0.0f);
+  std::vector<kernels::MassUnits> mass(tables * new_hits, 0);
   for (int64_t t = 0; t < tables; ++t) {
     std::copy_n(hit_mass_.begin() + t * hits_stride_, hits_stride_, mass.begin() + t * new_hits);
   }
@@ -158,15 +158,15 @@ void SequenceKv::CompactV(PagePool& pool, int64_t length, const SparsePolicy& po
   // overwritten). What is left of the freed tail pages goes back to the pool.
   const int64_t recent = length - policy.obs_window;  // queries at positions >= recent decide
   std::vector<uint8_t> keep(limit - v_tail_start_);
-  std::vector<std::pair<float, int64_t>> ranked;
+  std::vector<std::pair<double, int64_t>> ranked;
   for (int64_t t = 0; t < tables; ++t) {
     const int32_t* hit = hits_.data() + t * hits_stride_;
     if (policy.keep_fraction > 0) {
       // The mass budget: rank the leaving rows by mean retained probability.
-      const float* mass = hit_mass_.data() + t * hits_stride_;
+      const kernels::MassUnits* mass = hit_mass_.data() + t * hits_stride_;
       ranked.clear();
       for (int64_t p = v_tail_start_; p < limit; ++p) {
-        ranked.emplace_back(mass[p] / static_cast<float>(length - p), p);
+        ranked.emplace_back(kernels::MassValue(mass[p]) / double(length - p), p);
       }
       const int64_t budget = std::min<int64_t>(
           ranked.size(), static_cast<int64_t>(std::ceil(policy.keep_fraction * double(ranked.size()))));

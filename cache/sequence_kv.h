@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "cache/page_pool.h"
+#include "kernels/paged_kv.h"  // MassUnits
 
 namespace thetaserve::cache {
 
@@ -139,7 +140,7 @@ class SequenceKv {
   int32_t* hits() { return hits_.data(); }
   int32_t hits_stride() const { return hits_stride_; }
   // Retained mass per row [tables, hits_stride] (see SeqPageTables::hit_mass).
-  float* hit_mass() { return hit_mass_.data(); }
+  kernels::MassUnits* hit_mass() { return hit_mass_.data(); }
 
   // V rows stored in the KV pool (tail + sparse), summed over tables, for `length` computed
   // tokens; and V rows in the host store.
@@ -219,7 +220,7 @@ class SequenceKv {
   std::vector<float> v_sum_;     // [tables, head_dim]
   std::vector<int32_t> hits_;    // [tables, hits_stride], -1 = never retained
   int32_t hits_stride_ = 0;
-  std::vector<float> hit_mass_;  // [tables, hits_stride]
+  std::vector<kernels::MassUnits> hit_mass_;  // [tables, hits_stride]
 };
 
 }  // namespace thetaserve::cache

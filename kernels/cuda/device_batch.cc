@@ -189,8 +189,8 @@ size_t DeviceBatch::Plan(const ForwardBatch& batch, int32_t num_tables, const Kv
                          num_tables);
     }
     if (with_hits && p.hit_mass) {
-      so.mass = add_back(p.hit_mass, size_t(p.hits_stride) * sizeof(float), width * sizeof(float),
-                         num_tables);
+      so.mass = add_back(p.hit_mass, size_t(p.hits_stride) * sizeof(MassUnits),
+                         width * sizeof(MassUnits), num_tables);
     }
   }
   copies_off_ = Add(nullptr, 0, copies_.size() * sizeof(DevTableCopy), 1);
@@ -277,7 +277,7 @@ absl::Status DeviceBatch::Upload(const ForwardBatch& batch, int32_t num_tables,
     if (d.v_host_count) d.v_host_count = reinterpret_cast<const int32_t*>(dev + so.hcount);
     if (d.v_sum) d.v_sum = reinterpret_cast<float*>(dev + so.vsum);
     if (so.hits != kNone) d.hits = reinterpret_cast<int32_t*>(dev + so.hits);
-    if (so.mass != kNone) d.hit_mass = reinterpret_cast<float*>(dev + so.mass);
+    if (so.mass != kNone) d.hit_mass = reinterpret_cast<MassUnits*>(dev + so.mass);
   }
   FillStaging(host);
   std::memcpy(host + rows_off_, host_rows_.data(), host_rows_.size() * sizeof(DevRow));

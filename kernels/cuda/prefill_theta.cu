@@ -95,7 +95,7 @@ __global__ void __launch_bounds__(128) PrefillThetaKernel(PrefillArgs a) {
   // Per token of the tile: the keys some head keeps, and keeps by the retain factor.
   __shared__ unsigned long long s_any[kMmaRows], s_strong[kMmaRows];
   __shared__ unsigned long long s_kept;  // the tile's keys any row of the block keeps
-  __shared__ float s_mass[kMmaKeys];     // the tile's retained mass per key (hit_mass)
+  __shared__ MassUnits s_mass[kMmaKeys];  // the tile's retained mass per key (hit_mass)
   __shared__ unsigned s_found[4];        // store entries each warp found in the tile
   __shared__ unsigned long long s_count[kThetaCounters];
 
@@ -112,7 +112,7 @@ __global__ void __launch_bounds__(128) PrefillThetaKernel(PrefillArgs a) {
                    q3[kTileElems + at], q3[2 * kTileElems + at]);
   }
   if (threadIdx.x < kMmaRows) s_any[threadIdx.x] = s_strong[threadIdx.x] = 0;
-  if (threadIdx.x < kMmaKeys) s_mass[threadIdx.x] = 0.0f;
+  if (threadIdx.x < kMmaKeys) s_mass[threadIdx.x] = 0;
   if (threadIdx.x < kThetaCounters) s_count[threadIdx.x] = 0;
 
   // S = Q·Kᵀ over the K tile `kt`, as PrefillMmaKernel forms it (Q's parts hi, mid, lo).
@@ -201,7 +201,7 @@ __global__ void __launch_bounds__(128) PrefillThetaKernel(PrefillArgs a) {
   int32_t sparse_base = 0, host_base = 0;
   const int32_t mark_from = pages.hits_begin;
   int32_t* hits = pages.hits ? pages.hits + blk.lh * pages.hits_stride : nullptr;
-  float* hit_mass = pages.hit_mass ? pages.hit_mass + blk.lh * pages.hits_stride : nullptr;
+  MassUnits* hit_mass = pages.hit_mass ? pages.hit_mass + blk.lh * pages.hits_stride : nullptr;
 
   // The tile at j0's V rows from the tail, kNoRow elsewhere (the stores' are filled in later).
   auto tail_rows = [&](uint32_t* vrow, int32_t j0) {
@@ -340,7 +340,7 @@ __global__ void __launch_bounds__(128) PrefillThetaKernel(PrefillArgs a) {
           if (hit_mass) {  // the warp's 16 rows' mass at this key, to one shared sum per key
 #pragma unroll
             for (int x = 4; x <= 16; x <<= 1) mass += __shfl_xor_sync(0xffffffffu, mass, x);
-            if (g == 0 && mass != 0.0f) atomicAdd(&s_mass[jj], mass);
+            if (g == 0 && mass != 0.0f) atomicAdd(&s_mass[jj], ToMassUnits(mass));
           }
         }
       }
@@ -365,10 +365,10 @@ __global__ void __launch_bounds__(128) PrefillThetaKernel(PrefillArgs a) {
     }
     // A thread per key adds the tile's retained mass (KeepPass adds a token's at a time).
     if (hit_mass && threadIdx.x < kMmaKeys) {
-      const float mass = s_mass[threadIdx.x];
-      s_mass[threadIdx.x] = 0.0f;
+      const MassUnits mass = s_mass[threadIdx.x];
+      s_mass[threadIdx.x] = 0;
       const int32_t j = j0 + int32_t(threadIdx.x);
-      if (mass != 0.0f && j >= mark_from) atomicAdd(hit_mass + (j - mark_from), mass);
+      if (mass != 0 && j >= mark_from) atomicAdd(hit_mass + (j - mark_from), mass);
     }
     // A thread per token counts the tile's kept keys once and marks them (KeepPass's visit).
     if (int(threadIdx.x) < blk.tile.ntok) {

@@ -99,7 +99,8 @@ __device__ __forceinline__ void SplitPass2(const SplitArgs& a, int32_t split_ind
   const int32_t mark_from = seq.pages.hits_begin;
   int32_t* hits = seq.pages.hits ? seq.pages.hits + lh * seq.pages.hits_stride : nullptr;
   // Retained mass: Σ over the group's heads that keep j of its probability e/D_full.
-  float* hit_mass = seq.pages.hit_mass ? seq.pages.hit_mass + lh * seq.pages.hits_stride : nullptr;
+  MassUnits* hit_mass =
+      seq.pages.hit_mass ? seq.pages.hit_mass + lh * seq.pages.hits_stride : nullptr;
   if (tail > 0) {
     const int32_t n = min(a.chunk, L - j0);
     unsigned long long retained = 0;
@@ -132,7 +133,7 @@ __device__ __forceinline__ void SplitPass2(const SplitArgs& a, int32_t split_ind
               for (int h = 0; h < kG; ++h) {
                 if (kept >> h & 1u) mass += expf(x[h]) * st.inv_d[h];
               }
-              atomicAdd(hit_mass + (j - mark_from), mass);
+              atomicAdd(hit_mass + (j - mark_from), ToMassUnits(mass));
             }
           }
         }
@@ -233,7 +234,7 @@ __device__ __forceinline__ void SplitPass2(const SplitArgs& a, int32_t split_ind
     // positions loop above marked them.
     if (tail == 0 && i >= mark_from) {
       if (hits && (entry & kStrongRow)) atomicMax(hits + (i - mark_from), row.pos);
-      if (hit_mass) atomicAdd(hit_mass + (i - mark_from), mass);
+      if (hit_mass) atomicAdd(hit_mass + (i - mark_from), ToMassUnits(mass));
     }
     return host;
   });

@@ -113,7 +113,7 @@ class AttentionCase {
   double total_mass() const {
     double sum = 0;
     for (const Seq& q : seqs_) {
-      for (float m : q.mass_cpu) sum += m;
+      for (MassUnits m : q.mass_cpu) sum += MassValue(m);
     }
     return sum;
   }
@@ -179,7 +179,7 @@ class AttentionCase {
     int32_t host_stride = 1;
     int32_t window = 0;  // positions with marks: [v_tail_start, end)
     std::vector<int32_t> hits_cpu, hits_gpu;
-    std::vector<float> mass_cpu, mass_gpu;
+    std::vector<MassUnits> mass_cpu, mass_gpu;  // fixed point (kernels/paged_kv.h)
     std::vector<float> vsum_cpu, vsum_gpu;
   };
   Shape s_;

@@ -34,7 +34,7 @@ struct HostSeq {
         k(size_t(kTables) * stride),
         v(size_t(kTables) * stride),
         hits(size_t(kTables) * capacity, -1),
-        mass(size_t(kTables) * capacity, 0.0f),
+        mass(size_t(kTables) * capacity, 0),
         v_sum(size_t(kTables) * kHeadDim, 0.0f) {
     std::iota(k.begin(), k.end(), 0);
     std::iota(v.begin(), v.end(), int32_t(k.size()));
@@ -57,7 +57,8 @@ struct HostSeq {
   }
   int32_t pos, stride;
   std::vector<int32_t> k, v, hits;
-  std::vector<float> mass, v_sum;
+  std::vector<MassUnits> mass;
+  std::vector<float> v_sum;
 };
 
 size_t Round16(size_t n) { return (n + 15) / 16 * 16; }
@@ -70,6 +71,8 @@ TEST(DeviceBatchTest, CopiesOnlyTheMarkWindowNotTheContext) {
   const size_t vsum = size_t(kTables) * kHeadDim * sizeof(float);
   const size_t tables = 2 * Round16(size_t(kTables) * seq.stride * sizeof(int32_t));
   const size_t window = size_t(kTables) * (pos + 1 - begin) * sizeof(int32_t);
+  // The retained mass is 64-bit fixed point (kernels/paged_kv.h): twice a mark's bytes.
+  const size_t mass_window = size_t(kTables) * (pos + 1 - begin) * sizeof(MassUnits);
   const size_t fixed = 16 + Round16(sizeof(DevRow)) + Round16(sizeof(DevSeq)) + tables + vsum;
 
   DeviceBatch db;
@@ -84,8 +87,9 @@ TEST(DeviceBatchTest, CopiesOnlyTheMarkWindowNotTheContext) {
   }
   {  // mass budget: mass only
     const std::vector<SeqChunk> seqs = {seq.Chunk(begin, false, true)};
-    EXPECT_EQ(db.Plan(ForwardBatch{tokens, seqs}, kTables, kLayout, true), fixed + Round16(window));
-    EXPECT_EQ(db.download_bytes(), vsum + window);
+    EXPECT_EQ(db.Plan(ForwardBatch{tokens, seqs}, kTables, kLayout, true),
+              fixed + Round16(mass_window));
+    EXPECT_EQ(db.download_bytes(), vsum + mass_window);
   }
   {  // the policy reads neither (full V): V sums only
     const std::vector<SeqChunk> seqs = {seq.Chunk(begin, false, false)};
@@ -399,10 +403,10 @@ TEST(DeviceBatchTest, MarksAndMassRoundTripThroughTheirWindowOnly) {
   const int32_t capacity = seq.stride * kBlock;
   for (size_t i = 0; i < seq.hits.size(); ++i) {
     seq.hits[i] = int32_t(i % 1000);
-    seq.mass[i] = float(i % 997) + 0.5f;
+    seq.mass[i] = MassUnits(i % 997) << 31;
   }
   const std::vector<int32_t> hits0 = seq.hits;
-  const std::vector<float> mass0 = seq.mass;
+  const std::vector<MassUnits> mass0 = seq.mass;
   const std::vector<int32_t> tokens = {7};
   const std::vector<SeqChunk> seqs = {seq.Chunk(begin, true, true)};
   DeviceBatch db;
@@ -410,7 +414,7 @@ TEST(DeviceBatchTest, MarksAndMassRoundTripThroughTheirWindowOnly) {
   // The host changes everything after the upload; the download must restore exactly the
   // window [begin, pos] of every table from the device copy and leave the rest alone.
   for (int32_t& h : seq.hits) h = -7;
-  for (float& m : seq.mass) m = -7.0f;
+  for (MassUnits& m : seq.mass) m = 7;
   ASSERT_TRUE(db.Download(nullptr).ok());
   for (int32_t t = 0; t < kTables; ++t) {
     for (int32_t p = 0; p < capacity; ++p) {
@@ -418,7 +422,7 @@ TEST(DeviceBatchTest, MarksAndMassRoundTripThroughTheirWindowOnly) {
       const size_t at = size_t(t) * capacity + p;
       const bool in = p >= begin && p <= pos;
       ASSERT_EQ(seq.hits[at], in ? hits0[at] : -7) << "table " << t << " position " << p;
-      ASSERT_EQ(seq.mass[at], in ? mass0[at] : -7.0f) << "table " << t << " position " << p;
+      ASSERT_EQ(seq.mass[at], in ? mass0[at] : 7u) << "table " << t << " position " << p;
     }
   }
 }

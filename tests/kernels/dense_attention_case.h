@@ -38,8 +38,13 @@ struct PagedSeq {
   // Top-θ's records (hit marks, retained mass per position) and VMC's running V sum.
   bool record = false;
   std::vector<int32_t> hits;  // [kKvHeads, stride * kBlock]
-  std::vector<float> mass;    // same shape
+  std::vector<kernels::MassUnits> mass;  // same shape, in fixed point (kernels/paged_kv.h)
   std::vector<float> v_sum;   // [kKvHeads, head_dim] (only its presence matters here)
+  std::vector<float> MassValues() const {
+    std::vector<float> values(mass.size());
+    for (size_t i = 0; i < mass.size(); ++i) values[i] = float(kernels::MassValue(mass[i]));
+    return values;
+  }
   // Top-θ's V stores (kernels/paged_kv.h), where tail_start > 0 (SetStores): positions below
   // it are in the sparse store, in the host store, or were dropped. A store's row r is row r
   // of the sequence's own V pages, in the pool (sparse) or in the host pool (host_pool_, the
@@ -175,7 +180,7 @@ class DenseAttentionTest : public ::testing::TestWithParam<std::pair<int, int>> 
     for (auto& s : seqs_) {
       s.record = cfg.active();
       s.hits.assign(kKvHeads * s.stride * kBlock, -1);
-      s.mass.assign(kKvHeads * s.stride * kBlock, 0.0f);
+      s.mass.assign(kKvHeads * s.stride * kBlock, 0);
       s.v_sum.assign(kKvHeads * d_, 0.0f);
     }
     const std::vector<SeqChunk> chunks = Chunks(split);
@@ -224,7 +229,6 @@ class DenseAttentionTest : public ::testing::TestWithParam<std::pair<int, int>> 
       AttentionStats want_stats, got_stats;
       want_stats.Reset(1);
       got_stats.Reset(1);
-      // One thread: the retained mass is summed over queries in the same order.
       const std::vector<float> exact = Run(false, 1, nullptr, cfg);
       const std::vector<float> want = Run(false, 1, &want_stats, cfg, &widened);
       std::vector<PagedSeq> want_seqs = seqs_;

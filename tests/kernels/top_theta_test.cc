@@ -171,7 +171,7 @@ class HandBuiltTest : public ::testing::Test {
   std::vector<float> scores_[kGroup];
   float vsum_[kD] = {0, 0, 0, 0};
   std::vector<int32_t> hits_;
-  std::vector<float> mass_;  // retained mass per position; empty: not recorded
+  std::vector<MassUnits> mass_;  // retained mass per position; empty: not recorded
   int32_t sparse_count_ = 0;
 };
 
@@ -242,14 +242,16 @@ TEST_F(HandBuiltTest, RetainedMassIsTheSumOfTheRetainingHeadsProbabilities) {
   model::ThetaTable table = ConstantTable(1, kGroup, 0.25f, 2, model::ThetaPlacement::kPreSoftmax);
   TopThetaConfig cfg;
   cfg.table = &table;
-  mass_.assign(8, 0.0f);
+  mass_.assign(8, 0);
   Run(cfg, nullptr);
   Run(cfg, nullptr);
   const double d0 = 1 + 2 * std::exp(-1.0) + std::exp(-0.5) + std::exp(-2.0);
   const double d1 = 4 * std::exp(-1.0) + 1;
   const std::vector<float> want = {float(2 / d0), 0, float(2 * std::exp(-0.5) / d0), 0,
                                    float(2 / d1), 0, 0, 0};
-  EXPECT_TRUE(testing::AllClose(mass_, want, 1e-6f, 1e-5f));
+  std::vector<float> got(mass_.size());
+  for (size_t j = 0; j < got.size(); ++j) got[j] = float(MassValue(mass_[j]));
+  EXPECT_TRUE(testing::AllClose(got, want, 1e-6f, 1e-5f));
 }
 
 TEST_F(HandBuiltTest, PostSoftmaxThresholdIsOnProbabilities) {
