@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cmath>
 #include <functional>
+#include <type_traits>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
@@ -36,6 +37,16 @@ int64_t SequenceKv::PagesToReach(int64_t length, const SparsePolicy& policy, int
   return k_more + std::max<int64_t>(0, v_bound - v_now);
 }
 
+int32_t* SequenceKv::hits() {
+  if (hits_.empty()) hits_.assign(shape_.tables() * hits_stride_, -1);
+  return hits_.data();
+}
+
+MassUnits* SequenceKv::hit_mass() {
+  if (hit_mass_.empty()) hit_mass_.assign(shape_.tables() * hits_stride_, 0);
+  return hit_mass_.data();
+}
+
 void SequenceKv::EnsureStride(int64_t blocks) {
   if (blocks <= stride_) return;
   const int32_t new_stride = static_cast<int32_t>(std::max<int64_t>(blocks, 2 * int64_t(stride_)));
@@ -48,18 +59,18 @@ void SequenceKv::EnsureStride(int64_t blocks) {
   }
   k_table_.swap(k);
   v_table_.swap(v);
-  // Hit bits are indexed by absolute position.
+  // Marks and mass are indexed by absolute position (each moved only once made).
   const int32_t new_hits = new_stride * shape_.block_size;
-  std::vector<int32_t> hits(tables * new_hits, -1);
-  for (int64_t t = 0; t < tables; ++t) {
-    std::copy_n(hits_.begin() + t * hits_stride_, hits_stride_, hits.begin() + t * new_hits);
-  }
-  hits_.swap(hits);
-  std::vector<kernels::MassUnits> mass(tables * new_hits, 0);
-  for (int64_t t = 0; t < tables; ++t) {
-    std::copy_n(hit_mass_.begin() + t * hits_stride_, hits_stride_, mass.begin() + t * new_hits);
-  }
-  hit_mass_.swap(mass);
+  auto widen = [&](auto& rows, auto unset) {
+    if (rows.empty()) return;
+    std::remove_reference_t<decltype(rows)> wide(tables * new_hits, unset);
+    for (int64_t t = 0; t < tables; ++t) {
+      std::copy_n(rows.begin() + t * hits_stride_, hits_stride_, wide.begin() + t * new_hits);
+    }
+    rows.swap(wide);
+  };
+  widen(hits_, int32_t{-1});
+  widen(hit_mass_, MassUnits{0});
   hits_stride_ = new_hits;
   stride_ = new_stride;
   ++k_epoch_;  // every row of both tables moved
@@ -160,13 +171,12 @@ void SequenceKv::CompactV(PagePool& pool, int64_t length, const SparsePolicy& po
   std::vector<uint8_t> keep(limit - v_tail_start_);
   std::vector<std::pair<double, int64_t>> ranked;
   for (int64_t t = 0; t < tables; ++t) {
-    const int32_t* hit = hits_.data() + t * hits_stride_;
     if (policy.keep_fraction > 0) {
       // The mass budget: rank the leaving rows by mean retained probability.
-      const kernels::MassUnits* mass = hit_mass_.data() + t * hits_stride_;
+      const MassUnits* mass = hit_mass() + t * hits_stride_;
       ranked.clear();
       for (int64_t p = v_tail_start_; p < limit; ++p) {
-        ranked.emplace_back(kernels::MassValue(mass[p]) / double(length - p), p);
+        ranked.emplace_back(MassValue(mass[p]) / double(length - p), p);
       }
       const int64_t budget = std::min<int64_t>(
           ranked.size(), static_cast<int64_t>(std::ceil(policy.keep_fraction * double(ranked.size()))));
@@ -174,6 +184,7 @@ void SequenceKv::CompactV(PagePool& pool, int64_t length, const SparsePolicy& po
       std::fill(keep.begin(), keep.end(), 0);
       for (int64_t i = 0; i < budget; ++i) keep[ranked[i].second - v_tail_start_] = ranked[i].first > 0;
     } else {
+      const int32_t* hit = hits() + t * hits_stride_;
       for (int64_t p = v_tail_start_; p < limit; ++p) keep[p - v_tail_start_] = hit[p] >= recent;
     }
     int32_t* pages = sparse_.pages.data() + t * sparse_.page_stride;

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "cache/page_pool.h"
-#include "kernels/paged_kv.h"  // MassUnits
+#include "base/mass_units.h"
 
 namespace thetaserve::cache {
 
@@ -136,11 +136,14 @@ class SequenceKv {
   int32_t host_pos_stride() const { return host_.pos_stride; }
   bool has_host_store() const { return !host_.count.empty(); }
   // Running V sums [tables, head_dim]; per row the latest retaining query [tables, hits_stride].
+  // The marks and the retained mass below are made on first use: a sequence whose policy
+  // records neither (dense V) holds neither (12 bytes a position and table: ~35 MB for one
+  // 32k-token sequence of SmolLM2's 90 tables).
   float* v_sum() { return v_sum_.data(); }
-  int32_t* hits() { return hits_.data(); }
+  int32_t* hits();
   int32_t hits_stride() const { return hits_stride_; }
-  // Retained mass per row [tables, hits_stride] (see SeqPageTables::hit_mass).
-  kernels::MassUnits* hit_mass() { return hit_mass_.data(); }
+  // Retained mass per row [tables, hits_stride] (see SeqPageTables::hit_mass), fixed point.
+  MassUnits* hit_mass();
 
   // V rows stored in the KV pool (tail + sparse), summed over tables, for `length` computed
   // tokens; and V rows in the host store.
@@ -218,9 +221,9 @@ class SequenceKv {
   PagePool* host_pool_ = nullptr;  // where host_'s pages came from (set by the first offload)
 
   std::vector<float> v_sum_;     // [tables, head_dim]
-  std::vector<int32_t> hits_;    // [tables, hits_stride], -1 = never retained
+  std::vector<int32_t> hits_;    // [tables, hits_stride], -1 = never retained; or empty
   int32_t hits_stride_ = 0;
-  std::vector<kernels::MassUnits> hit_mass_;  // [tables, hits_stride]
+  std::vector<MassUnits> hit_mass_;  // [tables, hits_stride]; or empty
 };
 
 }  // namespace thetaserve::cache

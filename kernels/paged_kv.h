@@ -5,6 +5,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "base/mass_units.h"
+
 #if defined(__CUDACC__)
 #define TS_HOST_DEVICE __host__ __device__
 #else
@@ -12,19 +14,6 @@
 #endif
 
 namespace thetaserve::kernels {
-
-// The retained mass (SeqPageTables::hit_mass) is summed in fixed point, 2^-32 to the unit:
-// integer adds give the same sum in any order, so however many threads or blocks add to a row,
-// and in whatever order, the sum's bits are the same (float adds are not associative, and the
-// mass budget ranks rows by these sums). A row's mass below 2^-32 counts as 0.
-using MassUnits = unsigned long long;  // CUDA's 64-bit atomicAdd type
-inline constexpr float kMassUnitsPerOne = 4294967296.0f;  // 2^32
-TS_HOST_DEVICE inline MassUnits ToMassUnits(float mass) {
-  return static_cast<MassUnits>(mass * kMassUnitsPerOne);  // exact scaling, then truncation
-}
-TS_HOST_DEVICE inline double MassValue(MassUnits units) {
-  return static_cast<double>(units) / kMassUnitsPerOne;
-}
 
 // Storage of the page pool: page p holds `block_size` rows of `head_dim` elements of the KV
 // dtype (bf16 on the GPU; f32, f16, fp8 or q8_0 blocks on the CPU, whose StoredLayout widens
@@ -88,7 +77,7 @@ struct SeqPageTables {
   // layout as `hits` (stride and window); null: not recorded.
   // Both are written by many threads of one attention call at once (the CPU's workers, a
   // kernel's blocks): every write is an atomic max (hits) or add (hit_mass, in fixed point:
-  // MassUnits above, so that the sums do not depend on the order of the adds).
+  // base/mass_units.h, so that the sums do not depend on the order of the adds).
   MassUnits* hit_mass = nullptr;
 
   TS_HOST_DEVICE int32_t KPage(int64_t lh, int64_t pos, int32_t block_size) const {

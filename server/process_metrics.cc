@@ -3,6 +3,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -23,14 +24,24 @@ absl::StatusOr<std::string> ReadFile(const char* path) {
   return text.str();
 }
 
-absl::StatusOr<double> BootTimeSeconds() {
+absl::StatusOr<double> ReadBootTime() {
   absl::StatusOr<std::string> stat = ReadFile("/proc/stat");
   if (!stat.ok()) return stat.status();
   std::istringstream lines(*stat);
   for (std::string line; std::getline(lines, line);) {
-    if (line.starts_with("btime ")) return std::stod(line.substr(6));
+    if (!line.starts_with("btime ")) continue;
+    char* end = nullptr;
+    const double btime = std::strtod(line.c_str() + 6, &end);
+    if (end != line.c_str() + 6) return btime;
   }
   return absl::InternalError("no btime line in /proc/stat");
+}
+
+// Read once: the kernel derives btime from the clock less the uptime, and it can move by a
+// second between reads on some hosts, which would move the start time with it.
+absl::StatusOr<double> BootTimeSeconds() {
+  static const absl::StatusOr<double> boot = ReadBootTime();
+  return boot;
 }
 
 prometheus::MetricFamily Family(const char* name, const char* help, prometheus::MetricType type,
@@ -76,13 +87,13 @@ absl::StatusOr<ProcessSample> ReadProcessSample() {
   std::error_code error;
   std::filesystem::directory_iterator fds("/proc/self/fd", error);
   if (error) return absl::UnavailableError("cannot list /proc/self/fd: " + error.message());
-  for (; fds != std::filesystem::directory_iterator(); fds.increment(error)) {
-    if (error) return absl::UnavailableError("cannot list /proc/self/fd: " + error.message());
+  for (; !error && fds != std::filesystem::directory_iterator(); fds.increment(error)) {
     ++s.open_fds;
   }
+  if (error) return absl::UnavailableError("cannot list /proc/self/fd: " + error.message());
   --s.open_fds;  // the descriptor the listing itself holds open
   rlimit limit{};
-  if (getrlimit(RLIMIT_NOFILE, &limit) == 0) s.max_fds = int64_t(limit.rlim_cur);
+  s.max_fds = getrlimit(RLIMIT_NOFILE, &limit) == 0 ? int64_t(limit.rlim_cur) : -1;
   return s;
 }
 
@@ -90,13 +101,11 @@ std::vector<prometheus::MetricFamily> ProcessMetrics::Collect() const {
   absl::StatusOr<ProcessSample> s = ReadProcessSample();
   if (!s.ok()) return {};
   using prometheus::MetricType;
-  return {
+  std::vector<prometheus::MetricFamily> families = {
       Family("process_cpu_seconds_total", "Total user and system CPU time spent in seconds.",
              MetricType::Counter, s->cpu_seconds),
       Family("process_open_fds", "Number of open file descriptors.", MetricType::Gauge,
              double(s->open_fds)),
-      Family("process_max_fds", "Maximum number of open file descriptors.", MetricType::Gauge,
-             double(s->max_fds)),
       Family("process_virtual_memory_bytes", "Virtual memory size in bytes.", MetricType::Gauge,
              s->virtual_bytes),
       Family("process_resident_memory_bytes", "Resident memory size in bytes.",
@@ -107,6 +116,11 @@ std::vector<prometheus::MetricFamily> ProcessMetrics::Collect() const {
       Family("process_threads", "Number of OS threads in the process.", MetricType::Gauge,
              double(s->threads)),
   };
+  if (s->max_fds >= 0) {  // unknown: no series (a 0 would make open / max infinite)
+    families.push_back(Family("process_max_fds", "Maximum number of open file descriptors.",
+                              MetricType::Gauge, double(s->max_fds)));
+  }
+  return families;
 }
 
 }  // namespace thetaserve::server

@@ -22,17 +22,18 @@ struct ProcessSample {
   double virtual_bytes = 0;       // virtual memory size
   double start_time_seconds = 0;  // since the Unix epoch
   int64_t open_fds = 0;           // descriptors open (not counting the one that lists them)
-  int64_t max_fds = 0;            // the soft RLIMIT_NOFILE
+  int64_t max_fds = 0;            // the soft RLIMIT_NOFILE; -1 when unknown (not exported)
   int64_t threads = 0;
 };
 
-// One reading of /proc/self (stat, fd/) and /proc/stat (the boot time); an error names the file
-// it could not read or parse.
+// One reading of /proc/self (stat, fd/) and /proc/stat (the boot time, read once per process);
+// an error names the file it could not read or parse.
 absl::StatusOr<ProcessSample> ReadProcessSample();
 
 class ProcessMetrics : public prometheus::Collectable {
  public:
-  // The seven families of one ReadProcessSample; none when it fails.
+  // The seven families of one ReadProcessSample (six when the descriptor limit is unknown);
+  // none when it fails.
   std::vector<prometheus::MetricFamily> Collect() const override;
 };
 

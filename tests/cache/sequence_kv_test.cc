@@ -269,7 +269,7 @@ TEST(SequenceKvTest, RandomOffloadCompactionsKeepEveryRowWhereItIsListed) {
         kv_rows[page * bs + p % bs] = tag(s, t, p);
         if (rng() % 3 == 0) q.kv->hits()[t * q.kv->hits_stride() + p] = int32_t(q.len + n - 1);
         if (rng() % 2 == 0) {
-          q.kv->hit_mass()[t * q.kv->hits_stride() + p] = kernels::ToMassUnits(float(rng() % 100) / 50);
+          q.kv->hit_mass()[t * q.kv->hits_stride() + p] = ToMassUnits(float(rng() % 100) / 50);
         }
       }
     }
@@ -348,12 +348,12 @@ TEST(SequenceKvTest, MassBudgetKeepsTheRowsWithTheHighestMeanRetainedProbability
   // 1.5 / 15 = 0.100, 3 has 1.6 / 13 ≈ 0.123, 4 has 0.3 / 12 = 0.025, 6 has 1.05 / 10 = 0.105,
   // 7 has 0.95 / 9 ≈ 0.106: position 1 has less total mass than 3 but more than 6 and 7,
   // and still ranks below them (it was seen by more queries).
-  kernels::MassUnits* mass = kv.hit_mass();
-  mass[1] = kernels::ToMassUnits(1.5f);
-  mass[3] = kernels::ToMassUnits(1.6f);
-  mass[4] = kernels::ToMassUnits(0.3f);
-  mass[6] = kernels::ToMassUnits(1.05f);
-  mass[7] = kernels::ToMassUnits(0.95f);
+  MassUnits* mass = kv.hit_mass();
+  mass[1] = ToMassUnits(1.5f);
+  mass[3] = ToMassUnits(1.6f);
+  mass[4] = ToMassUnits(0.3f);
+  mass[6] = ToMassUnits(1.05f);
+  mass[7] = ToMassUnits(0.95f);
   SparsePolicy policy{true, /*local_window=*/8, /*sink_tokens=*/1, /*obs_window=*/4};
   policy.keep_fraction = 0.5;  // 4 of the 8 leaving rows at most; row 0 is a sink anyway
   std::vector<RowMove> moves;
@@ -368,7 +368,7 @@ TEST(SequenceKvTest, MassBudgetKeepsTheRowsWithTheHighestMeanRetainedProbability
   // A budget larger than the rows with any mass keeps only those: no mass, no row.
   SequenceKv kv2(shape);
   kv2.Grow(pool, 16);
-  kv2.hit_mass()[5] = kernels::ToMassUnits(0.2f);
+  kv2.hit_mass()[5] = ToMassUnits(0.2f);
   policy.keep_fraction = 1.0;
   kv2.CompactV(pool, 16, policy, &moves, &r);
   ASSERT_EQ(kv2.sparse_count()[0], 2);
@@ -403,7 +403,7 @@ TEST(SequenceKvTest, PagesToReachBoundsWhatAMassBudgetSequenceEverHolds) {
       for (int64_t t = 0; t < shape.tables(); ++t) {
         for (int64_t p = len; p < len + n; ++p) {
           rng = rng * 1664525u + 1013904223u;
-          kv.hit_mass()[t * kv.hits_stride() + p] = kernels::ToMassUnits(1.0f + float(rng >> 16));
+          kv.hit_mass()[t * kv.hits_stride() + p] = ToMassUnits(1.0f + float(rng >> 16));
         }
       }
       len += n;

@@ -44,8 +44,6 @@ TEST_P(DenseAttentionTest, LongDecodeRowsSplitByKeyChunksGiveTheWholeRowsBits) {
     tile_stats.Reset(1);
     whole_stats.Reset(1);
     split_stats.Reset(1);
-    // One thread wherever retained mass is recorded: its sums over queries then come in the
-    // same order.
     const std::vector<float> tile = Run(/*split=*/false, 1, &tile_stats, cfg);
     EXPECT_FALSE(rows_split_);
     const std::vector<PagedSeq> tile_seqs = seqs_;

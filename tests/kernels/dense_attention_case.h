@@ -38,11 +38,11 @@ struct PagedSeq {
   // Top-θ's records (hit marks, retained mass per position) and VMC's running V sum.
   bool record = false;
   std::vector<int32_t> hits;  // [kKvHeads, stride * kBlock]
-  std::vector<kernels::MassUnits> mass;  // same shape, in fixed point (kernels/paged_kv.h)
+  std::vector<MassUnits> mass;  // same shape, in fixed point (kernels/paged_kv.h)
   std::vector<float> v_sum;   // [kKvHeads, head_dim] (only its presence matters here)
   std::vector<float> MassValues() const {
     std::vector<float> values(mass.size());
-    for (size_t i = 0; i < mass.size(); ++i) values[i] = float(kernels::MassValue(mass[i]));
+    for (size_t i = 0; i < mass.size(); ++i) values[i] = float(MassValue(mass[i]));
     return values;
   }
   // Top-θ's V stores (kernels/paged_kv.h), where tail_start > 0 (SetStores): positions below

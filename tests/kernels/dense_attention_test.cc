@@ -61,7 +61,7 @@ TEST_P(DenseAttentionTest, TopThetaPrefillChunkEqualsItsTokensAloneWithTheSameRe
   alone_stats.Reset(1);
   const std::vector<float> whole = Run(/*split=*/false, /*threads=*/2, &whole_stats, cfg);
   std::vector<std::vector<int32_t>> whole_hits;
-  std::vector<std::vector<kernels::MassUnits>> whole_mass;
+  std::vector<std::vector<MassUnits>> whole_mass;
   for (const auto& s : seqs_) {
     whole_hits.push_back(s.hits);
     whole_mass.push_back(s.mass);
@@ -75,7 +75,7 @@ TEST_P(DenseAttentionTest, TopThetaPrefillChunkEqualsItsTokensAloneWithTheSameRe
     EXPECT_TRUE(std::any_of(whole_hits[s].begin(), whole_hits[s].end(), [](int32_t h) { return h >= 0; }))
         << "no hit marks recorded for sequence " << s;
     EXPECT_TRUE(std::any_of(whole_mass[s].begin(), whole_mass[s].end(),
-                            [](kernels::MassUnits m) { return m > 0; }))
+                            [](MassUnits m) { return m > 0; }))
         << "no retained mass recorded for sequence " << s;
     EXPECT_EQ(whole_hits[s], seqs_[s].hits) << "sequence " << s << "; seed " << seed_;
     // Sums over the queries, added by other threads in another order: the same bits (fixed

@@ -200,8 +200,7 @@ TEST_F(EngineTest, SparsePolicyOutputDoesNotDependOnTheLoad) {
 
 // The same with a mass budget (10% of the rows leaving the tail together, by mean retained
 // probability): the rows ranked together are those between two compaction points. (Threads
-// add a row's mass in no fixed order, so two rows within rounding of each other at the
-// budget's edge could swap, run to run; 8 runs in a row passed.)
+// add a row's mass in no fixed order; in fixed point, base/mass_units.h, its sum is the same.)
 TEST_F(EngineTest, MassBudgetOutputDoesNotDependOnTheLoad) {
   cache::SparsePolicy policy = MassBudgetPolicy();
   policy.keep_fraction = 0.1;
