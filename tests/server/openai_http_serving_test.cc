@@ -239,8 +239,9 @@ TEST_F(OpenAiHttpTest, AVanishedClientFreesItsPagesStreamingOrNot) {
 // mid-generation — HTTP clients gone from a stream or a whole completion, gRPC streams
 // cancelled — and after each, once nothing runs and no HTTP connection is open, the process
 // holds no KV page and no more descriptors than after the two warm-up rounds, and threads at
-// most 2 more (gRPC's pools were once seen to grow by 2 in a later round; a thread kept per
-// request would add 12 a round). Read from outside, through the server's own process_* series
+// most 4 more (gRPC's executor and timer pools grow with load, bounded by the cores: seen
+// growing by 2 in a later round, and from 1 to 4 and 1 to 2 under bursts of 32 requests; a
+// thread kept per request would add 12 a round). Read from outside, through the server's own process_* series
 // (docs/metrics.md). Seen failing with a descriptor, and with a thread, kept per request.
 TEST_F(OpenAiHttpTest, ClientsThatLeaveLeaveNoThreadsDescriptorsOrPages) {
   ASSERT_TRUE(server_->started());
@@ -301,13 +302,13 @@ TEST_F(OpenAiHttpTest, ClientsThatLeaveLeaveNoThreadsDescriptorsOrPages) {
     round();
     // A handler thread may still be on its way out: up to 5 s to come back down.
     Held later = held();
-    for (int i = 0; i < 50 && (later.threads > warm.threads + 2 || later.fds > warm.fds); ++i) {
+    for (int i = 0; i < 50 && (later.threads > warm.threads + 4 || later.fds > warm.fds); ++i) {
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
       later = held();
     }
     std::printf("round %d: %g threads, %g descriptors (after the warm-up: %g, %g)\n", r,
                 later.threads, later.fds, warm.threads, warm.fds);
-    EXPECT_LE(later.threads, warm.threads + 2);
+    EXPECT_LE(later.threads, warm.threads + 4);
     EXPECT_LE(later.fds, warm.fds);
   }
 }
