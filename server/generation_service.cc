@@ -69,23 +69,18 @@ absl::Status GenerationService::SubmitChoices(scheduler::Request req, int n,
   return SubmitPrompts(&id, std::move(prompts), n, make_sink);
 }
 
-std::vector<std::string> GenerationService::CallIds(const std::string& id, size_t prompts, int n) {
+absl::StatusOr<std::vector<std::string>> GenerationService::TrackCall(const std::string& id,
+                                                                       size_t prompts, int n) {
   const bool several = prompts > 1;
-  std::vector<std::string> ids;
+  std::vector<std::string> ids;  // the call's, each prompt's, each completion's
   if (several) ids.push_back(id);
   for (size_t p = 0; p < prompts; ++p) {
     const std::string prompt_id = several ? absl::StrCat(id, "-", p) : id;
     ids.push_back(prompt_id);  // its group's (n > 1) or its one completion's
     for (int i = 0; n > 1 && i < n; ++i) ids.push_back(absl::StrCat(prompt_id, "/", i));
   }
-  return ids;
-}
-
-absl::Status GenerationService::TrackCall(const std::string& id,
-                                          const std::vector<std::string>& ids, bool several,
-                                          int n) {
   const std::optional<std::string> taken = Track(ids);
-  if (!taken) return absl::OkStatus();
+  if (!taken) return ids;
   if (*taken == id) {
     return absl::AlreadyExistsError(absl::StrCat("request_id '", id, "' is already in flight"));
   }
@@ -104,14 +99,12 @@ absl::Status GenerationService::SubmitPrompts(std::string* id,
   const bool several = prompts.size() > 1;
   // The ids are tracked before the requests are made, so that a call whose id is taken can go
   // on under another with the same requests.
-  std::vector<std::string> ids = CallIds(*id, prompts.size(), n);
-  absl::Status tracked = TrackCall(*id, ids, several, n);
-  if (absl::IsAlreadyExists(tracked) && taken == TakenId::kSuffix) {
+  absl::StatusOr<std::vector<std::string>> ids = TrackCall(*id, prompts.size(), n);
+  if (absl::IsAlreadyExists(ids.status()) && taken == TakenId::kSuffix) {
     *id = absl::StrCat(*id, "-", RandomHex128().substr(0, 8));
-    ids = CallIds(*id, prompts.size(), n);
-    tracked = TrackCall(*id, ids, several, n);
+    ids = TrackCall(*id, prompts.size(), n);
   }
-  if (!tracked.ok()) return tracked;
+  if (!ids.ok()) return ids.status();
   std::vector<scheduler::Request> requests;
   std::vector<std::shared_ptr<ChoiceGroup>> groups;  // [request]: its prompt's group, or null
   std::vector<int> prompt_of;                         // [request]: p
@@ -140,7 +133,7 @@ absl::Status GenerationService::SubmitPrompts(std::string* id,
   int refused = -1;
   absl::Status st = engine_->SubmitAll(std::move(requests), std::move(sinks), &refused);
   if (!st.ok()) {
-    for (const std::string& t : ids) Untrack(t);
+    for (const std::string& t : *ids) Untrack(t);
     if (refused >= 0 && refused_prompt) *refused_prompt = prompt_of[refused];
   }
   return st;

@@ -10,6 +10,7 @@
 #include <set>
 #include <string>
 
+#include "absl/status/statusor.h"
 #include "grpcpp/grpcpp.h"
 #include "model/model.h"
 #include "scheduler/engine.h"
@@ -92,13 +93,11 @@ class GenerationService final : public GenerationBase {
   // Adds all of `ids` to the ids in flight, or none when one of them already is: then returns
   // that one.
   std::optional<std::string> Track(const std::vector<std::string>& ids);
-  // The ids a call named `id` of `prompts` prompts, n completions each, takes (SplitChoices'
-  // names): the call's (several prompts), each prompt's (its group's for n > 1, else its one
-  // completion's) and each completion's (n > 1).
-  static std::vector<std::string> CallIds(const std::string& id, size_t prompts, int n);
-  // Tracks `ids` (CallIds'), or returns the error naming the one in flight.
-  absl::Status TrackCall(const std::string& id, const std::vector<std::string>& ids, bool several,
-                         int n);
+  // Tracks the ids a call named `id` of `prompts` prompts, n completions each, takes
+  // (SplitChoices' names: the call's for several prompts, each prompt's — its group's for
+  // n > 1, else its one completion's — and each completion's for n > 1) and returns them, or
+  // the error naming the one in flight.
+  absl::StatusOr<std::vector<std::string>> TrackCall(const std::string& id, size_t prompts, int n);
 
   scheduler::Engine* engine_;
   const model::Model* model_;

@@ -86,15 +86,14 @@ absl::StatusOr<ThetaOptions> ParseThetaOptions(const CliArgs& args,
   // The V store's flags under --policy full did nothing, silently (and eval's report named a
   // keep_fraction it had not used): most likely the policy was forgotten.
   if (!out.sparse.enabled) {
-    for (std::initializer_list<const char*> flags :
-         {{"local-window", "sink-tokens", "obs-window", "retain-factor", "keep-fraction"},
-          more_v_store_flags}) {
-      for (const char* flag : flags) {
-        if (args.Has(flag)) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "--", flag, " applies to --policy sparse or offload (the V store); the policy is ",
-              out.policy));
-        }
+    std::vector<const char*> flags = {"local-window", "sink-tokens", "obs-window",
+                                      "retain-factor", "keep-fraction"};
+    flags.insert(flags.end(), more_v_store_flags);
+    for (const char* flag : flags) {
+      if (args.Has(flag)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--", flag, " applies to --policy sparse or offload (the V store); the policy is ",
+            out.policy));
       }
     }
   }
