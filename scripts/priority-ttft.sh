@@ -9,22 +9,16 @@
 # Env: REPEATS (3), MAX_SEQS (4), BATCH (8), OUTPUT (128), URGENT (4), PORT (8202),
 # THETASERVE_BIN (build/thetaserve).
 set -euo pipefail
-root="$(cd "$(dirname "$0")/.." && pwd)"
-cd "$root"
+cd "$(dirname "$0")/.."
 REPEATS=${REPEATS:-3}
 MAX_SEQS=${MAX_SEQS:-4}
 BATCH=${BATCH:-8}
 OUTPUT=${OUTPUT:-128}
 URGENT=${URGENT:-4}
 PORT=${PORT:-8202}
-bin="${THETASERVE_BIN:-$root/build/thetaserve}"
-model="$root/models/SmolLM2-135M-Instruct.Q4_1.gguf"
-[ -f "$model" ] || bash scripts/fetch-model.sh
-[ -x "$bin" ] || bash scripts/build.sh
 source scripts/lib/serve.sh
 source scripts/lib/rounds.sh
-log=$(mktemp -d)
-trap 'serve_stop; rm -rf "$log"' EXIT
+rounds_setup
 SERVE_PROBE=(curl -sf --max-time 5 "localhost:$PORT/health")
 round_serve() {
   serve_start "$log/server.log" "$bin" serve --model "$model" --port 0 --metrics-port 0 \

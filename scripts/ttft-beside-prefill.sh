@@ -9,20 +9,14 @@
 # Env: REPEATS (3), WORDS (5000: the long prompt, ~1 token each), SHORT_WORDS (0: the later
 # request's prompt is "Short one"; N: N words), PORT (8201), THETASERVE_BIN (build/thetaserve).
 set -euo pipefail
-root="$(cd "$(dirname "$0")/.." && pwd)"
-cd "$root"
+cd "$(dirname "$0")/.."
 REPEATS=${REPEATS:-3}
 WORDS=${WORDS:-5000}
 SHORT_WORDS=${SHORT_WORDS:-0}
 PORT=${PORT:-8201}
-bin="${THETASERVE_BIN:-$root/build/thetaserve}"
-model="$root/models/SmolLM2-135M-Instruct.Q4_1.gguf"
-[ -f "$model" ] || bash scripts/fetch-model.sh
-[ -x "$bin" ] || bash scripts/build.sh
 source scripts/lib/serve.sh
 source scripts/lib/rounds.sh
-log=$(mktemp -d)
-trap 'serve_stop; rm -rf "$log"' EXIT
+rounds_setup
 SERVE_PROBE=(curl -sf --max-time 5 "localhost:$PORT/health")
 round_serve() {
   local flags=()

@@ -12,8 +12,7 @@
 # prompt), CHARS (14000 characters of data/austen.txt from OFFSET 200000), PORT (8202),
 # DEVICE (auto), THETASERVE_BIN (build/thetaserve).
 set -euo pipefail
-root="$(cd "$(dirname "$0")/.." && pwd)"
-cd "$root"
+cd "$(dirname "$0")/.."
 REPEATS=${REPEATS:-3}
 DECODERS=${DECODERS:-8}
 OUTPUT=${OUTPUT:-512}
@@ -21,15 +20,10 @@ CHARS=${CHARS:-14000}
 OFFSET=${OFFSET:-200000}
 PORT=${PORT:-8202}
 DEVICE=${DEVICE:-auto}
-bin="${THETASERVE_BIN:-$root/build/thetaserve}"
-model="$root/models/SmolLM2-135M-Instruct.Q4_1.gguf"
-[ -f "$model" ] || bash scripts/fetch-model.sh
-if [ ! -f data/austen.txt ] || [ ! -f data/kjv.txt ]; then bash scripts/fetch-corpora.sh; fi
-[ -x "$bin" ] || bash scripts/build.sh
 source scripts/lib/serve.sh
 source scripts/lib/rounds.sh
-log=$(mktemp -d)
-trap 'serve_stop; rm -rf "$log"' EXIT
+rounds_setup
+if [ ! -f data/austen.txt ] || [ ! -f data/kjv.txt ]; then bash scripts/fetch-corpora.sh; fi
 theta="${THETA:-}"
 if [ -z "$theta" ]; then
   theta="$log/theta.json"

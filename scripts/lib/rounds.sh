@@ -6,6 +6,9 @@
 #   rounds "$log/results" --scheduling-policy fcfs priority
 #   rounds_medians "$log/results" policy "urgent_ttft_s:urgent TTFT s:.2f" ...
 #
+# rounds_setup (from the repository root) sets bin (THETASERVE_BIN, else build/thetaserve, built
+# when missing) and model (the default model, fetched when missing), makes a temporary folder
+# $log, and on exit stops the server and removes it.
 # rounds RESULTS NAME CONFIG... runs REPEATS rounds (the caller sets it); in each, for each
 # CONFIG, round_serve starts a server, round_client measures, its line is printed as
 # "round R/REPEATS, NAME CONFIG: LINE" and kept in RESULTS, and serve_stop stops the server.
@@ -15,6 +18,15 @@
 # configuration (in the rounds' order) under HEADER, its number of rounds, then for each column
 # the median of KEY over its rounds' JSON lines, formatted with FORMAT (".2f") under TITLE.
 # shellcheck shell=bash
+
+rounds_setup() {
+  bin="${THETASERVE_BIN:-$PWD/build/thetaserve}"
+  model="$PWD/models/SmolLM2-135M-Instruct.Q4_1.gguf"
+  [ -f "$model" ] || bash scripts/fetch-model.sh
+  [ -x "$bin" ] || bash scripts/build.sh
+  log=$(mktemp -d)
+  trap 'serve_stop; rm -rf "$log"' EXIT
+}
 
 rounds() {
   local results=$1 name=$2 rep config line
