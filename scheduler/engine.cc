@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -199,15 +200,32 @@ absl::Status Engine::SubmitAll(std::vector<Request> requests,
     // had run). The token budget, KV room or a group's shared prompt may hold some of them
     // back: they count once a step has left them waiting (so a burst can pass the bound by
     // at most the free slots). This call's own requests count in full.
-    int64_t queued = pending_ - finishing_ - stats_.running;
+    // Requests picked to make room for earlier arrivals are leaving.
+    int64_t queued = pending_ - finishing_ - stats_.running - displaced_unsettled_;
     if (scheduler_waiting_ == 0) {
       queued -= std::min<int64_t>(queued, config_.scheduler.max_num_seqs - stats_.running);
     }
-    if (queued + int64_t(seqs.size()) > config_.max_queue) {
+    const bool by_priority = config_.scheduler.policy == SchedulingPolicy::kPriority;
+    int64_t least_urgent = std::numeric_limits<int64_t>::min();
+    for (const auto& seq : seqs) least_urgent = std::max(least_urgent, seq->request().priority);
+    const int64_t over = queued + int64_t(seqs.size()) - config_.max_queue;
+    if (over > 0 && !(by_priority && PickDisplaced(least_urgent, over))) {
+      // By priority, fewer than `over` requests waiting are less urgent and have never run.
+      const std::string displace =
+          by_priority ? absl::StrFormat(", fewer than %d of them both less urgent than priority "
+                                        "%d and not yet started",
+                                        over, least_urgent)
+                      : "";
       if (seqs.size() > 1) {
         return absl::ResourceExhaustedError(absl::StrFormat(
-            "the request queue cannot take %d more (%d waiting, at most %d); retry later",
-            seqs.size(), queued, config_.max_queue));
+            "the request queue cannot take %d more (%d waiting, at most %d%s); retry later",
+            seqs.size(), queued, config_.max_queue, displace));
+      }
+      if (by_priority) {
+        return absl::ResourceExhaustedError(absl::StrFormat(
+            "the request queue is full (%d waiting, none both less urgent than priority %d and "
+            "not yet started); retry later",
+            queued, least_urgent));
       }
       return absl::ResourceExhaustedError(absl::StrFormat(
           "the request queue is full (%d waiting); retry later", queued));
@@ -215,11 +233,63 @@ absl::Status Engine::SubmitAll(std::vector<Request> requests,
     pending_ += int64_t(seqs.size());
     for (auto& seq : seqs) {
       seq->serial = ++submitted_;
+      if (by_priority) {
+        seq->displaceable = true;
+        displaceable_.emplace(seq->request().priority, seq->serial);
+      }
       inbox_.push_back(std::move(seq));
     }
   }
   cv_.notify_one();
   return absl::OkStatus();
+}
+
+bool Engine::PickDisplaced(int64_t priority, int64_t count) {
+  std::vector<std::pair<int64_t, uint64_t>> picked;
+  for (auto it = displaceable_.rbegin();
+       it != displaceable_.rend() && it->first > priority && int64_t(picked.size()) < count; ++it) {
+    picked.push_back(*it);
+  }
+  if (int64_t(picked.size()) < count) return false;
+  for (const auto& key : picked) {
+    displaceable_.erase(key);
+    displaced_.push_back(key.second);
+  }
+  displaced_unsettled_ += count;
+  return true;
+}
+
+void Engine::EndDisplaced(const std::vector<uint64_t>& serials) {
+  int64_t ended = 0;
+  for (uint64_t serial : serials) {
+    Sequence* victim = nullptr;
+    for (const auto& seq : scheduler_.waiting()) {
+      if (seq->serial == serial && !seq->first_scheduled) victim = seq.get();
+    }
+    if (!victim) continue;
+    Finish(victim, FinishReason::kCancelled,
+           absl::ResourceExhaustedError(absl::StrFormat(
+               "the request queue is full and a more urgent request took this one's place "
+               "(priority %d, the least urgent waiting); retry later",
+               victim->request().priority)));
+    ++counters_.requests_displaced;
+    ++ended;
+  }
+  // pending_ counts the ended ones until their sinks are told, as finishing.
+  std::lock_guard<std::mutex> lock(mu_);
+  displaced_unsettled_ -= int64_t(serials.size());
+  finishing_ += ended;
+}
+
+void Engine::SettleDisplaceable(Sequence& seq) {
+  if (!seq.displaceable) return;
+  seq.displaceable = false;
+  no_longer_displaceable_.emplace_back(seq.request().priority, seq.serial);
+}
+
+void Engine::DropSettledLocked() {
+  for (const auto& key : no_longer_displaceable_) displaceable_.erase(key);
+  no_longer_displaceable_.clear();
 }
 
 void Engine::Cancel(const std::string& request_id, absl::Status why) {
@@ -297,10 +367,12 @@ void Engine::PublishStats(const StepStats* step, int64_t finishing, bool schedul
 void Engine::DrainInbox() {
   std::vector<std::unique_ptr<Sequence>> arrived;
   std::vector<PendingCancel> cancels;
+  std::vector<uint64_t> displaced;
   {
     std::lock_guard<std::mutex> lock(mu_);
     arrived.swap(inbox_);
     cancels.swap(cancels_);
+    displaced.swap(displaced_);
   }
   for (auto& seq : arrived) scheduler_.AddWaiting(std::move(seq));
   for (const PendingCancel& c : cancels) {
@@ -308,6 +380,7 @@ void Engine::DrainInbox() {
       if (seq->serial <= c.serial) Finish(seq, FinishReason::kCancelled, c.why);
     }
   }
+  if (!displaced.empty()) EndDisplaced(displaced);
 }
 
 void Engine::CheckDeadlines() {
@@ -326,6 +399,7 @@ void Engine::CheckDeadlines() {
 }
 
 void Engine::Finish(Sequence* seq, FinishReason reason, absl::Status status) {
+  SettleDisplaceable(*seq);
   std::unique_ptr<Sequence> owned = scheduler_.Remove(seq);
   const auto now = Clock::now();
   const auto arrival = owned->request().arrival;
@@ -350,6 +424,7 @@ void Engine::DeliverFinished(const StepStats* step, bool scheduled) {
   for (auto& [seq, info] : finished_) seq->sink().OnFinish(info);
   {
     std::lock_guard<std::mutex> lock(mu_);
+    DropSettledLocked();
     pending_ -= finishing_;
     finishing_ = 0;
     if (pending_ == 0 && stats_.running == 0 && stats_.waiting == 0) idle_cv_.notify_all();
@@ -568,6 +643,11 @@ void Engine::Loop() {
     CheckDeadlines();
     DeliverFinished(nullptr, /*scheduled=*/false);  // cancellations and deadlines
     StepPlan plan = scheduler_.Schedule();
+    for (const ScheduledChunk& sc : plan.chunks) SettleDisplaceable(*sc.seq);
+    if (!no_longer_displaceable_.empty()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      DropSettledLocked();
+    }
     if (plan.empty()) {
       // Submit checked that every request fits the pool alone, so an empty plan with work
       // waiting can only be a sequence that no longer fits; fail it rather than spin.

@@ -8,6 +8,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -26,7 +27,11 @@ struct EngineConfig {
   SchedulerConfig scheduler;
   int64_t kv_cache_bytes = int64_t(256) << 20;  // K and V pages together
   int32_t block_size = 16;
-  int64_t max_queue = 1024;  // waiting requests before Submit says RESOURCE_EXHAUSTED
+  // Waiting requests before Submit says RESOURCE_EXHAUSTED. Under the priority policy a
+  // request finding the queue full takes the place of the least urgent request waiting that
+  // has never run, if that one is strictly less urgent (the latest of them to arrive); it ends
+  // with RESOURCE_EXHAUSTED as if refused, and a batch of them cannot keep urgent work out.
+  int64_t max_queue = 1024;
   cache::SparsePolicy sparse;  // V policy: disabled = "full"
   // The offload policy's host pool (sparse.offload): V rows moved out of the KV pool, in
   // host memory of this many bytes (pages of the KV pool's page size). When it is full, rows
@@ -62,7 +67,8 @@ class Engine {
 
   // Thread-safe. Validates what the engine must (length against the pool and context) and
   // queues the request; the sink hears everything else. Errors: RESOURCE_EXHAUSTED when the
-  // queue is full, UNAVAILABLE when draining, INVALID_ARGUMENT when it can never fit.
+  // queue is full (and, by priority, no request waiting is less urgent: see max_queue),
+  // UNAVAILABLE when draining, INVALID_ARGUMENT when it can never fit.
   absl::Status Submit(Request request, std::shared_ptr<TokenSink> sink);
   // Thread-safe. Queues all of the requests or none of them (a group's completions, a call's
   // prompts: the queue must hold them all). requests[i] reports to sinks[i]. When one request
@@ -121,6 +127,16 @@ class Engine {
   // `scheduled`: no arrivals were drained since the last Schedule (see PublishStats).
   void DeliverFinished(const StepStats* step = nullptr, bool scheduled = true);
   void CheckDeadlines();
+  // By priority: under mu_, picks the `count` requests that `priority` displaces from a full
+  // queue (the least urgent that never ran, strictly less urgent than it, latest first) and
+  // takes them off displaceable_; false (nothing taken) when there are not that many.
+  bool PickDisplaced(int64_t priority, int64_t count);
+  // Ends the requests SubmitAll picked (those that have started or ended meanwhile go on).
+  void EndDisplaced(const std::vector<uint64_t>& serials);
+  // A sequence that first ran or finished is no longer displaceable: noted here, taken off
+  // displaceable_ by DropSettledLocked (under mu_).
+  void SettleDisplaceable(Sequence& seq);
+  void DropSettledLocked();
   // `finishing`: sequences removed but whose sinks are not yet told (still in pending_).
   // `scheduled` false: between DrainInbox and Schedule, when the scheduler's waiting
   // sequences include arrivals the step is about to start (scheduler_waiting_ keeps the last
@@ -161,6 +177,11 @@ class Engine {
   int64_t pending_ = 0;  // inbox + waiting + running, for the queue limit and WaitIdle
   int64_t finishing_ = 0;  // of pending_: finished, sinks not yet told (DeliverFinished)
   int64_t scheduler_waiting_ = 0;  // the scheduler's waiting sequences after the last Schedule
+  // By priority: the queued requests that have never run, by (priority, serial); those picked
+  // to make room (their serials), and how many of them pending_ still counts.
+  std::set<std::pair<int64_t, uint64_t>> displaceable_;
+  std::vector<uint64_t> displaced_;
+  int64_t displaced_unsettled_ = 0;
   bool stop_ = false;
   std::condition_variable idle_cv_;
   EngineStats stats_;  // snapshot, guarded by mu_
@@ -177,6 +198,8 @@ class Engine {
   std::vector<int32_t> argmax_;  // a step's greedy picks (ForwardBatch::argmax), per logits row
   std::vector<int32_t> tokens_;
   std::vector<kernels::SeqChunk> chunks_;
+  // Sequences that left displaceable_ (first ran or finished), taken off it under mu_.
+  std::vector<std::pair<int64_t, uint64_t>> no_longer_displaceable_;
   kernels::AttentionStats attn_stats_;
   std::vector<double> layer_kept_ratio_;
   EngineCounters counters_;

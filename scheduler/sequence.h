@@ -98,6 +98,9 @@ class Sequence {
 
   // Order of submission (Engine::SubmitAll): a cancel reaches only requests submitted before it.
   uint64_t serial = 0;
+  // Under the priority policy, listed among the queued requests that have never run (those a
+  // more urgent arrival may displace from a full queue) until it first runs or finishes.
+  bool displaceable = false;
 
   // Timing, for FinishInfo.
   std::optional<Clock::time_point> first_scheduled;

@@ -15,6 +15,9 @@ struct EngineCounters {
   int64_t generation_tokens = 0;  // tokens sampled
   int64_t argmax_tokens = 0;  // of those, picked by the backend (EngineConfig::backend_argmax)
   int64_t requests_finished = 0;
+  // Waiting requests that never ran, ended with RESOURCE_EXHAUSTED to make room in a full
+  // queue (EngineConfig::max_queue) for a more urgent one (priority policy only).
+  int64_t requests_displaced = 0;
   // Attention savings (Top-θ). Rows are counted per (layer, KV head); under dense attention
   // read == read_dense and kept == dense.
   int64_t v_rows_read = 0;

@@ -75,6 +75,12 @@ Metrics::Metrics(const MetricsInfo& info)
                                       "request of an earlier priority start (--scheduling-policy "
                                       "priority)")
                                 .Register(*registry_).Add({})),
+      requests_displaced_(BuildCounter().Name("thetaserve_requests_displaced_total")
+                              .Help("Waiting requests that never ran, ended with "
+                                    "RESOURCE_EXHAUSTED so that a more urgent request could "
+                                    "take their place in a full queue (--max-queue, "
+                                    "--scheduling-policy priority)")
+                              .Register(*registry_).Add({})),
       pages_total_(BuildGauge().Name("thetaserve_kv_pages_capacity")
                        .Help("Pages in the KV page pool").Register(*registry_).Add({})),
       page_bytes_(BuildGauge().Name("thetaserve_kv_page_size_bytes")
@@ -320,6 +326,7 @@ void Metrics::OnEngineStats(const scheduler::EngineStats& s, const scheduler::St
   advance(generation_tokens_, k.generation_tokens, b.generation_tokens);
   advance(preemptions_, k.preemptions, b.preemptions);
   advance(priority_preemptions_, k.priority_preemptions, b.priority_preemptions);
+  advance(requests_displaced_, k.requests_displaced, b.requests_displaced);
   advance(v_rows_read_, k.v_rows_read, b.v_rows_read);
   advance(v_rows_read_dense_, k.v_rows_read_dense, b.v_rows_read_dense);
   advance(attn_elements_kept_, k.attn_elements_kept, b.attn_elements_kept);

@@ -103,6 +103,7 @@ class Metrics {
   prometheus::Counter& generation_tokens_;
   prometheus::Counter& preemptions_;
   prometheus::Counter& priority_preemptions_;
+  prometheus::Counter& requests_displaced_;
   prometheus::Gauge& pages_total_;
   prometheus::Gauge& page_bytes_;
   prometheus::Gauge* pages_used_k_;

@@ -430,7 +430,13 @@ void OpenAiHttpServer::Generate(const HttpRequest& http, HttpResponder& out, boo
     }
     // A failed completion fails the call (ServiceSink cancelled the others, which have ended).
     if (const scheduler::FinishInfo* failed = FirstFailure(taken)) {
-      return SendError(out, HttpStatusFor(failed->status), std::string(failed->status.message()));
+      // Displaced from a full queue, or the server stopping: as a refusal at submission says.
+      HttpHeaders extra;
+      if (absl::IsResourceExhausted(failed->status) || absl::IsUnavailable(failed->status)) {
+        extra.push_back({"Retry-After", "1"});
+      }
+      return SendError(out, HttpStatusFor(failed->status), std::string(failed->status.message()),
+                       extra);
     }
     out.Send(200, "application/json", DumpJson(builder.Complete(infos())),
              {{"X-Request-Id", id_header}});

@@ -246,8 +246,9 @@ def serving():
     p.append(L.place(timeseries("Request rate by outcome", "Requests per second by how they ended: stop (stop string or token), length (max_tokens), eos, cancelled (client gone, deadline, Abort, drain), error, rejected (refused at submission: queue full, draining, bad input).",
                                 targets(("sum by (outcome) (%s)" % rate("thetaserve_requests_total"), "{{outcome}}")),
                                 unit="reqps", stack=True), 8, 8))
-    p.append(L.place(timeseries("Refusals by code", "Requests refused at submission per second, by the gRPC status code they were answered with (the HTTP API's are counted by the same codes): RESOURCE_EXHAUSTED = the waiting queue at --max-queue (the ThetaserveQueueFull alert), UNAVAILABLE = loading or draining, INVALID_ARGUMENT = bad input, UNAUTHENTICATED = a missing or wrong API key, ALREADY_EXISTS = a request_id already in flight.",
-                                targets(("sum by (code) (%s)" % rate("thetaserve_requests_rejected_total"), "{{code}}")),
+    p.append(L.place(timeseries("Refusals by code", "Requests refused at submission per second, by the gRPC status code they were answered with (the HTTP API's are counted by the same codes): RESOURCE_EXHAUSTED = the waiting queue at --max-queue (the ThetaserveQueueFull alert), UNAVAILABLE = loading or draining, INVALID_ARGUMENT = bad input, UNAUTHENTICATED = a missing or wrong API key, ALREADY_EXISTS = a request_id already in flight; and 'displaced': requests accepted, then ended with RESOURCE_EXHAUSTED while waiting so that a more urgent one could take their place in the full queue (--scheduling-policy priority; counted by the alert too).",
+                                targets(("sum by (code) (%s)" % rate("thetaserve_requests_rejected_total"), "{{code}}"),
+                                        ("sum(%s)" % rate("thetaserve_requests_displaced_total"), "displaced")),
                                 unit="reqps", stack=True), 8, 8))
     p.append(L.place(timeseries("Running and waiting requests", "Sequences in the running batch and sequences waiting (queued, or preempted for recompute), summed over the selected instances.",
                                 targets(("sum(%s)" % sel("thetaserve_requests_running"), "running"),

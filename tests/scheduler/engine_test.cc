@@ -2,6 +2,7 @@
 // sampling, narrow pages, chunked prefill and preemption (tiny pools) change nothing, stats and
 // cancellation are exact, and every page comes back.
 #include <algorithm>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -455,6 +456,127 @@ TEST_F(EngineTest, ABurstThatFitsTheFreeSlotsIsNotQueued) {
             std::string::npos) << st;
   for (int i = 0; i < 4; ++i) engine->Cancel(absl::StrCat("burst/", i));
   for (int i = 0; i < 4; ++i) ASSERT_TRUE(sinks[i]->Wait(300));
+  ASSERT_TRUE(engine->WaitIdle(10));
+}
+
+// By priority, a request that finds the queue full takes the place of the least urgent request
+// waiting that has never run — the latest of that priority to arrive — if that one is strictly
+// less urgent: it ends with RESOURCE_EXHAUSTED (as if refused), and the queue's bound holds.
+// A request no waiting one is less urgent than is refused as before, and so is a group with
+// fewer less urgent requests than it needs; one that ran and was preempted is never displaced.
+TEST_F(EngineTest, AMoreUrgentRequestTakesTheQueuePlaceOfTheLeastUrgent) {
+  EngineConfig config;
+  config.kv_cache_bytes = int64_t(64) << 20;
+  config.max_queue = 2;
+  config.scheduler.max_num_seqs = 1;  // one runs, the rest wait
+  config.scheduler.policy = SchedulingPolicy::kPriority;
+  auto engine = CpuEngine(config);
+  ASSERT_NE(engine, nullptr);
+  std::map<std::string, std::shared_ptr<CollectingSink>> sinks;
+  auto submit = [&](const std::string& id, int64_t priority, int max_tokens = 4) {
+    Request r = MakeRequest(id, "Hello", max_tokens);
+    r.stopping.ignore_eos = true;
+    r.priority = priority;
+    sinks[id] = std::make_shared<CollectingSink>();
+    return engine->Submit(r, sinks[id]);
+  };
+  // The running request is the most urgent: nothing preempts it.
+  ASSERT_TRUE(submit("busy", 0, 400).ok());
+  while (engine->Stats().running == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ASSERT_TRUE(submit("batch-a", 5).ok());
+  ASSERT_TRUE(submit("batch-b", 5).ok());
+  // The queue is full; a third batch request is refused, and the message says why.
+  absl::Status st = submit("batch-c", 5);
+  EXPECT_EQ(st.code(), absl::StatusCode::kResourceExhausted) << st;
+  EXPECT_NE(std::string(st.message()).find(
+                "full (2 waiting, none both less urgent than priority 5 and not yet started)"),
+            std::string::npos) << st;
+  // A more urgent one takes batch-b's place (the later of the two).
+  ASSERT_TRUE(submit("urgent-1", 3).ok());
+  ASSERT_TRUE(sinks["batch-b"]->Wait(60));
+  EXPECT_EQ(sinks["batch-b"]->info.status.code(), absl::StatusCode::kResourceExhausted)
+      << sinks["batch-b"]->info.status;
+  EXPECT_NE(std::string(sinks["batch-b"]->info.status.message())
+                .find("a more urgent request took this one's place (priority 5"),
+            std::string::npos) << sinks["batch-b"]->info.status;
+  EXPECT_TRUE(sinks["batch-b"]->tokens.empty());
+  // The next takes batch-a's; after that nothing waiting is less urgent than 3.
+  ASSERT_TRUE(submit("urgent-2", 3).ok());
+  ASSERT_TRUE(sinks["batch-a"]->Wait(60));
+  EXPECT_EQ(sinks["batch-a"]->info.status.code(), absl::StatusCode::kResourceExhausted);
+  st = submit("urgent-3", 3);
+  EXPECT_EQ(st.code(), absl::StatusCode::kResourceExhausted) << st;
+  // A group needing two places where one request is less urgent is refused whole.
+  std::vector<Request> group;
+  std::vector<std::shared_ptr<TokenSink>> group_sinks;
+  for (int i = 0; i < 2; ++i) {
+    group.push_back(MakeRequest(absl::StrCat("group/", i), "Hello", 4));
+    group.back().priority = 1;
+    group.back().stopping.ignore_eos = true;
+    group_sinks.push_back(std::make_shared<CollectingSink>());
+  }
+  ASSERT_TRUE(submit("urgent-4", 2).ok());  // takes urgent-2's place: waiting are urgent-1, -4
+  ASSERT_TRUE(sinks["urgent-2"]->Wait(60));
+  EXPECT_EQ(sinks["urgent-2"]->info.status.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(engine->SubmitAll(group, group_sinks).ok()) << "both waiting are less urgent than 1";
+  ASSERT_TRUE(sinks["urgent-1"]->Wait(60));
+  ASSERT_TRUE(sinks["urgent-4"]->Wait(60));
+  EXPECT_EQ(sinks["urgent-1"]->info.status.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(sinks["urgent-4"]->info.status.code(), absl::StatusCode::kResourceExhausted);
+  st = engine->SubmitAll(group, group_sinks);
+  EXPECT_EQ(st.code(), absl::StatusCode::kResourceExhausted) << st;
+  EXPECT_NE(std::string(st.message()).find("fewer than 2 of them both less urgent than priority 1"),
+            std::string::npos) << st;
+  const EngineStats stats = engine->Stats();
+  EXPECT_EQ(stats.counters.requests_displaced, 5);
+  EXPECT_LE(stats.waiting, config.max_queue) << "the bound holds";
+  EXPECT_FALSE(sinks["busy"]->Wait(0)) << "the running request goes on";
+  engine->Cancel("busy");
+  ASSERT_TRUE(sinks["busy"]->Wait(300));
+  for (auto& sk : group_sinks) {
+    ASSERT_TRUE(static_cast<CollectingSink&>(*sk).Wait(300));
+    EXPECT_TRUE(static_cast<CollectingSink&>(*sk).info.status.ok());
+    EXPECT_EQ(static_cast<CollectingSink&>(*sk).tokens.size(), 4u);
+  }
+  ASSERT_TRUE(engine->WaitIdle(10));
+  const auto& pool = engine->pool_for_tests();
+  EXPECT_EQ(pool.num_free(), pool.num_pages()) << "pages leaked";
+}
+
+// A request that ran and was preempted back into the queue is not displaced: its work is not
+// thrown away for an arrival (it waits as a queued one, but was admitted once).
+TEST_F(EngineTest, APreemptedRequestIsNotDisplaced) {
+  EngineConfig config;
+  config.kv_cache_bytes = int64_t(64) << 20;
+  config.max_queue = 1;
+  config.scheduler.max_num_seqs = 1;
+  config.scheduler.policy = SchedulingPolicy::kPriority;
+  auto engine = CpuEngine(config);
+  ASSERT_NE(engine, nullptr);
+  std::map<std::string, std::shared_ptr<CollectingSink>> sinks;
+  auto submit = [&](const std::string& id, int64_t priority, int max_tokens) {
+    Request r = MakeRequest(id, "Hello", max_tokens);
+    r.stopping.ignore_eos = true;
+    r.priority = priority;
+    sinks[id] = std::make_shared<CollectingSink>();
+    return engine->Submit(r, sinks[id]);
+  };
+  ASSERT_TRUE(submit("batch", 5, 400).ok());
+  while (engine->Stats().running == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  // An urgent request preempts the batch one, which waits, having run.
+  ASSERT_TRUE(submit("urgent", 0, 400).ok());
+  while (engine->Stats().counters.priority_preemptions == 0) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  const absl::Status st = submit("medium", 3, 4);
+  EXPECT_EQ(st.code(), absl::StatusCode::kResourceExhausted) << st;
+  EXPECT_FALSE(sinks["batch"]->Wait(0));
+  EXPECT_EQ(engine->Stats().counters.requests_displaced, 0);
+  engine->Cancel("urgent");
+  engine->Cancel("batch");
+  ASSERT_TRUE(sinks["urgent"]->Wait(300));
+  ASSERT_TRUE(sinks["batch"]->Wait(300));
+  EXPECT_TRUE(absl::IsCancelled(sinks["batch"]->info.status)) << sinks["batch"]->info.status;
   ASSERT_TRUE(engine->WaitIdle(10));
 }
 

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -270,6 +271,69 @@ TEST(OpenAiHttpLifecycleTest, ChatWithoutMaxTokensTakesWhatIsLeftOfTheContext) {
                                    chat_of(words + 5).dump());
   EXPECT_EQ(full.status, 400) << full.body;
   EXPECT_EQ(full.body.find("max_tokens = 16"), std::string::npos) << full.body;
+}
+
+// --scheduling-policy priority, one slot, --max-queue 1: an urgent request finding the queue
+// full of a batch request that has not started takes its place. The batch request's client
+// hears what a refusal says — here an HTTP completion: 429 with Retry-After — the urgent one
+// runs, a request no waiting one is less urgent than is refused, and the metric counts one.
+TEST(OpenAiHttpLifecycleTest, AnUrgentRequestTakesAWaitingBatchRequestsPlace) {
+  const int http_port = FreePort();
+  ServerProcess server({"--http-port", std::to_string(http_port), "--max-num-seqs", "1",
+                        "--max-queue", "1", "--scheduling-policy", "priority"});
+  ASSERT_TRUE(server.started());
+  auto stub = server.stub();
+  // Long enough that the urgent request still waits when the last request below is sent.
+  auto busy_req = Prompt("Once upon a time", 200);
+  busy_req.mutable_stopping()->set_ignore_eos(true);
+  StreamResult busy;
+  std::thread busy_thread([&] {
+    auto s = server.stub();
+    busy = Generate(*s, busy_req, 300);
+  });
+  ASSERT_TRUE(WaitForRunning(*stub, 1));
+  HttpResult batch;
+  std::thread batch_thread([&] {
+    batch = HttpCall(http_port, "POST", "/v1/completions",
+                     R"({"prompt": "Hello", "max_tokens": 4, "priority": 5})");
+  });
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (Status(*stub).waiting() < 1 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_EQ(Status(*stub).waiting(), 1u) << "the batch request never queued";
+  auto urgent_req = Prompt("The capital of France is", 4);
+  urgent_req.set_priority(1);
+  StreamResult urgent;
+  std::thread urgent_thread([&] {
+    auto s = server.stub();
+    urgent = Generate(*s, urgent_req, 300);
+  });
+  batch_thread.join();
+  EXPECT_EQ(batch.status, 429) << batch.body;
+  EXPECT_EQ(batch.headers["retry-after"], "1");
+  EXPECT_NE(batch.body.find("a more urgent request took this one's place"), std::string::npos)
+      << batch.body;
+  // The urgent request now waits in the only place; one of its own priority is refused.
+  auto same_req = Prompt("Hello", 4);
+  same_req.set_priority(1);
+  StreamResult same = Generate(*stub, same_req, 60);
+  EXPECT_EQ(same.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+      << same.status.error_message();
+  EXPECT_NE(same.status.error_message().find("none both less urgent than priority 1"),
+            std::string::npos) << same.status.error_message();
+  urgent_thread.join();
+  busy_thread.join();
+  ASSERT_TRUE(urgent.status.ok()) << urgent.status.error_message();
+  EXPECT_EQ(urgent.complete.usage().completion_tokens(), 4u);
+  ASSERT_TRUE(busy.status.ok()) << busy.status.error_message();
+  EXPECT_EQ(busy.complete.usage().completion_tokens(), 200u);
+  const std::string metrics = server.ScrapeMetrics();
+  EXPECT_EQ(MetricValue(metrics, "thetaserve_requests_displaced_total"), 1);
+  EXPECT_EQ(MetricValue(metrics, "thetaserve_requests_rejected_total{code=\"RESOURCE_EXHAUSTED\"}"),
+            1);
+  EXPECT_EQ(MetricValue(metrics, "thetaserve_kv_pages_free"),
+            MetricValue(metrics, "thetaserve_kv_pages_capacity"));
 }
 
 TEST(OpenAiHttpLifecycleTest, AStreamCutOffByShutdownEndsWithAnErrorEvent) {
