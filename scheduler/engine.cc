@@ -233,7 +233,9 @@ absl::Status Engine::SubmitAll(std::vector<Request> requests,
     pending_ += int64_t(seqs.size());
     for (auto& seq : seqs) {
       seq->serial = ++submitted_;
-      if (by_priority) {
+      // Not a member of a group or call: ending one would end them all (ServiceSink), those
+      // that ran too.
+      if (by_priority && seq->request().group_id.empty() && seq->request().call_id.empty()) {
         seq->displaceable = true;
         displaceable_.emplace(seq->request().priority, seq->serial);
       }
@@ -253,28 +255,36 @@ bool Engine::PickDisplaced(int64_t priority, int64_t count) {
   if (int64_t(picked.size()) < count) return false;
   for (const auto& key : picked) {
     displaceable_.erase(key);
-    displaced_.push_back(key.second);
+    displaced_.insert(key.second);
   }
   displaced_unsettled_ += count;
   return true;
 }
 
-void Engine::EndDisplaced(const std::vector<uint64_t>& serials) {
+void Engine::EndDisplaced() {
+  std::set<uint64_t> serials;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    serials.swap(displaced_);
+  }
+  if (serials.empty()) return;
+  // Each picked request is still waiting and has never run: one that started or ended since
+  // was taken off displaced_ when it did (DropSettledLocked).
   int64_t ended = 0;
-  for (uint64_t serial : serials) {
-    Sequence* victim = nullptr;
-    for (const auto& seq : scheduler_.waiting()) {
-      if (seq->serial == serial && !seq->first_scheduled) victim = seq.get();
-    }
-    if (!victim) continue;
+  for (const auto& seq : scheduler_.waiting()) {
+    if (serials.count(seq->serial)) displacing_.push_back(seq.get());
+  }
+  for (Sequence* victim : displacing_) {
     Finish(victim, FinishReason::kCancelled,
            absl::ResourceExhaustedError(absl::StrFormat(
                "the request queue is full and a more urgent request took this one's place "
-               "(priority %d, the least urgent waiting); retry later",
+               "(its priority %d was the least urgent of the requests waiting to start); "
+               "retry later",
                victim->request().priority)));
     ++counters_.requests_displaced;
     ++ended;
   }
+  displacing_.clear();
   // pending_ counts the ended ones until their sinks are told, as finishing.
   std::lock_guard<std::mutex> lock(mu_);
   displaced_unsettled_ -= int64_t(serials.size());
@@ -288,7 +298,10 @@ void Engine::SettleDisplaceable(Sequence& seq) {
 }
 
 void Engine::DropSettledLocked() {
-  for (const auto& key : no_longer_displaceable_) displaceable_.erase(key);
+  for (const auto& key : no_longer_displaceable_) {
+    // Picked but started or ended first: it leaves the queue (or has left it) by itself.
+    if (!displaceable_.erase(key) && displaced_.erase(key.second)) --displaced_unsettled_;
+  }
   no_longer_displaceable_.clear();
 }
 
@@ -354,6 +367,8 @@ void Engine::PublishStats(const StepStats* step, int64_t finishing, bool schedul
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (scheduled) scheduler_waiting_ = s.waiting;
+    // Before `finishing` counts them, ended sequences can no longer be picked to make room.
+    DropSettledLocked();
     s.waiting += static_cast<int64_t>(inbox_.size());
     s.last_step = step ? *step : stats_.last_step;
     stats_ = s;
@@ -367,12 +382,10 @@ void Engine::PublishStats(const StepStats* step, int64_t finishing, bool schedul
 void Engine::DrainInbox() {
   std::vector<std::unique_ptr<Sequence>> arrived;
   std::vector<PendingCancel> cancels;
-  std::vector<uint64_t> displaced;
   {
     std::lock_guard<std::mutex> lock(mu_);
     arrived.swap(inbox_);
     cancels.swap(cancels_);
-    displaced.swap(displaced_);
   }
   for (auto& seq : arrived) scheduler_.AddWaiting(std::move(seq));
   for (const PendingCancel& c : cancels) {
@@ -380,7 +393,6 @@ void Engine::DrainInbox() {
       if (seq->serial <= c.serial) Finish(seq, FinishReason::kCancelled, c.why);
     }
   }
-  if (!displaced.empty()) EndDisplaced(displaced);
 }
 
 void Engine::CheckDeadlines() {
@@ -424,7 +436,6 @@ void Engine::DeliverFinished(const StepStats* step, bool scheduled) {
   for (auto& [seq, info] : finished_) seq->sink().OnFinish(info);
   {
     std::lock_guard<std::mutex> lock(mu_);
-    DropSettledLocked();
     pending_ -= finishing_;
     finishing_ = 0;
     if (pending_ == 0 && stats_.running == 0 && stats_.waiting == 0) idle_cv_.notify_all();
@@ -641,9 +652,12 @@ void Engine::Loop() {
     }
     DrainInbox();
     CheckDeadlines();
-    DeliverFinished(nullptr, /*scheduled=*/false);  // cancellations and deadlines
+    EndDisplaced();
+    DeliverFinished(nullptr, /*scheduled=*/false);  // cancellations, deadlines, displaced
     StepPlan plan = scheduler_.Schedule();
+    // Started (those preempted again in the same step too).
     for (const ScheduledChunk& sc : plan.chunks) SettleDisplaceable(*sc.seq);
+    for (Sequence* seq : plan.preempted) SettleDisplaceable(*seq);
     if (!no_longer_displaceable_.empty()) {
       std::lock_guard<std::mutex> lock(mu_);
       DropSettledLocked();

@@ -131,8 +131,8 @@ class Engine {
   // queue (the least urgent that never ran, strictly less urgent than it, latest first) and
   // takes them off displaceable_; false (nothing taken) when there are not that many.
   bool PickDisplaced(int64_t priority, int64_t count);
-  // Ends the requests SubmitAll picked (those that have started or ended meanwhile go on).
-  void EndDisplaced(const std::vector<uint64_t>& serials);
+  // Ends the requests SubmitAll picked (after deadlines: an expired one is told so).
+  void EndDisplaced();
   // A sequence that first ran or finished is no longer displaceable: noted here, taken off
   // displaceable_ by DropSettledLocked (under mu_).
   void SettleDisplaceable(Sequence& seq);
@@ -177,10 +177,11 @@ class Engine {
   int64_t pending_ = 0;  // inbox + waiting + running, for the queue limit and WaitIdle
   int64_t finishing_ = 0;  // of pending_: finished, sinks not yet told (DeliverFinished)
   int64_t scheduler_waiting_ = 0;  // the scheduler's waiting sequences after the last Schedule
-  // By priority: the queued requests that have never run, by (priority, serial); those picked
-  // to make room (their serials), and how many of them pending_ still counts.
+  // By priority: the queued requests that have never run (single requests: not of a group or
+  // a call), by (priority, serial); those picked to make room (serials) that the engine has
+  // not ended yet, and how many picked requests pending_ still counts.
   std::set<std::pair<int64_t, uint64_t>> displaceable_;
-  std::vector<uint64_t> displaced_;
+  std::set<uint64_t> displaced_;
   int64_t displaced_unsettled_ = 0;
   bool stop_ = false;
   std::condition_variable idle_cv_;
@@ -200,6 +201,7 @@ class Engine {
   std::vector<kernels::SeqChunk> chunks_;
   // Sequences that left displaceable_ (first ran or finished), taken off it under mu_.
   std::vector<std::pair<int64_t, uint64_t>> no_longer_displaceable_;
+  std::vector<Sequence*> displacing_;  // EndDisplaced's
   kernels::AttentionStats attn_stats_;
   std::vector<double> layer_kept_ratio_;
   EngineCounters counters_;

@@ -22,6 +22,11 @@ grpc::ServerUnaryReactor* FinishUnary(grpc::CallbackServerContext* ctx, const gr
   return reactor;
 }
 
+// Prompt p's request id in a call `id` of one prompt or several.
+std::string PromptId(const std::string& id, size_t p, bool several) {
+  return several ? absl::StrCat(id, "-", p) : id;
+}
+
 }  // namespace
 
 grpc::Status ToGrpcStatus(const absl::Status& status) {
@@ -75,7 +80,7 @@ absl::StatusOr<std::vector<std::string>> GenerationService::TrackCall(const std:
   std::vector<std::string> ids;  // the call's, each prompt's, each completion's
   if (several) ids.push_back(id);
   for (size_t p = 0; p < prompts; ++p) {
-    const std::string prompt_id = several ? absl::StrCat(id, "-", p) : id;
+    const std::string prompt_id = PromptId(id, p, several);
     ids.push_back(prompt_id);  // its group's (n > 1) or its one completion's
     for (int i = 0; n > 1 && i < n; ++i) ids.push_back(absl::StrCat(prompt_id, "/", i));
   }
@@ -110,7 +115,7 @@ absl::Status GenerationService::SubmitPrompts(std::string* id,
   std::vector<int> prompt_of;                         // [request]: p
   for (size_t p = 0; p < prompts.size(); ++p) {
     scheduler::Request& prompt = prompts[p];
-    prompt.id = several ? absl::StrCat(*id, "-", p) : *id;
+    prompt.id = PromptId(*id, p, several);
     if (several) prompt.call_id = *id;
     const std::string prompt_id = prompt.id;
     std::vector<scheduler::Request> choices = SplitChoices(std::move(prompt), n);

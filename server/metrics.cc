@@ -225,8 +225,7 @@ Metrics::Metrics(const MetricsInfo& info)
 bool Metrics::StartExposer(const std::string& address, std::string* error) {
   try {
     exposer_ = std::make_unique<prometheus::Exposer>(address);
-    exposer_->RegisterCollectable(registry_);
-    exposer_->RegisterCollectable(process_);
+    for (const auto& c : Collectables()) exposer_->RegisterCollectable(c);
     return true;
   } catch (const std::exception& e) {
     *error = e.what();
@@ -236,8 +235,10 @@ bool Metrics::StartExposer(const std::string& address, std::string* error) {
 
 std::string Metrics::Serialize() const {
   prometheus::TextSerializer serializer;
-  std::vector<prometheus::MetricFamily> families = registry_->Collect();
-  for (prometheus::MetricFamily& f : process_->Collect()) families.push_back(std::move(f));
+  std::vector<prometheus::MetricFamily> families;
+  for (const auto& c : Collectables()) {
+    for (prometheus::MetricFamily& f : c->Collect()) families.push_back(std::move(f));
+  }
   return serializer.Serialize(families);
 }
 

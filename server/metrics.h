@@ -74,6 +74,11 @@ class Metrics {
   std::string Serialize() const;
 
  private:
+  // What the metrics port and Serialize expose, in that order.
+  std::vector<std::shared_ptr<prometheus::Collectable>> Collectables() const {
+    return {registry_, process_};
+  }
+
   std::shared_ptr<prometheus::Registry> registry_;
   std::shared_ptr<ProcessMetrics> process_;  // read at each scrape
   std::unique_ptr<prometheus::Exposer> exposer_;

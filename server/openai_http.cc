@@ -3,11 +3,14 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <initializer_list>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/strip.h"
@@ -30,6 +33,22 @@ constexpr milliseconds kKeepAliveInterval{15'000};  // SSE comment during a long
 void SendError(HttpResponder& out, int status, std::string_view message,
                const HttpHeaders& extra = {}) {
   out.Send(status, "application/json", OpenAiErrorBody(status, message), extra);
+}
+
+// Whether a route that takes `methods` takes req's; if not, answers 405 naming them ("use GET
+// or POST", HEAD going without saying) with Allow.
+bool MethodAllowed(const HttpRequest& req, HttpResponder& out,
+                   std::initializer_list<const char*> methods) {
+  for (const char* m : methods) {
+    if (req.method == m) return true;
+  }
+  std::vector<std::string> use;
+  for (const char* m : methods) {
+    if (std::string_view(m) != "HEAD") use.push_back(m);
+  }
+  SendError(out, 405, absl::StrCat("use ", absl::StrJoin(use, " or ")),
+            {{"Allow", absl::StrJoin(methods, ", ")}});
+  return false;
 }
 
 bool SendEvent(HttpResponder& out, const Json& j) {
@@ -128,10 +147,9 @@ void OpenAiHttpServer::Handle(const HttpRequest& req, HttpResponder& out) {
   }
   // /ping is vLLM's (Amazon SageMaker's health check, which may POST it): /health's answer.
   if (req.path == "/health" || req.path == "/ping") {
-    const bool ping = req.path == "/ping";
-    if (req.method != "GET" && req.method != "HEAD" && !(ping && req.method == "POST")) {
-      return SendError(out, 405, ping ? "use GET or POST" : "use GET",
-                       {{"Allow", ping ? "GET, HEAD, POST" : "GET, HEAD"}});
+    if (req.path == "/ping" ? !MethodAllowed(req, out, {"GET", "HEAD", "POST"})
+                            : !MethodAllowed(req, out, {"GET", "HEAD"})) {
+      return;
     }
     if (service_->ready() && !service_->engine().draining()) {
       out.Send(200, "application/json", R"({"status":"serving"})");
@@ -142,24 +160,20 @@ void OpenAiHttpServer::Handle(const HttpRequest& req, HttpResponder& out) {
     return;
   }
   if (req.path == "/version") {  // vLLM's: what a client or probe can check it talks to
-    if (req.method != "GET" && req.method != "HEAD") {
-      return SendError(out, 405, "use GET", {{"Allow", "GET, HEAD"}});
-    }
+    if (!MethodAllowed(req, out, {"GET", "HEAD"})) return;
     out.Send(200, "application/json", DumpJson(Json{{"version", THETASERVE_VERSION}}));
     return;
   }
   if (req.path == "/metrics") {
     // The Prometheus exposition here too, as vLLM serves it on its API port (scrape configs
     // written for vLLM find it); no API key, as the --metrics-port endpoint.
-    if (req.method != "GET" && req.method != "HEAD") {
-      return SendError(out, 405, "use GET", {{"Allow", "GET, HEAD"}});
-    }
+    if (!MethodAllowed(req, out, {"GET", "HEAD"})) return;
     if (service_->metrics() == nullptr) return SendError(out, 404, "no metrics in this server");
     out.Send(200, "text/plain; version=0.0.4; charset=utf-8", service_->metrics()->Serialize());
     return;
   }
   if (req.path == "/v1/completions" || req.path == "/v1/chat/completions") {
-    if (req.method != "POST") return SendError(out, 405, "use POST", {{"Allow", "POST"}});
+    if (!MethodAllowed(req, out, {"POST"})) return;
     if (!Authorized(req, out)) {
       // Counted as the gRPC API counts a Generate call with a wrong key.
       if (service_->metrics()) service_->metrics()->OnRejected(absl::StatusCode::kUnauthenticated);
@@ -168,14 +182,12 @@ void OpenAiHttpServer::Handle(const HttpRequest& req, HttpResponder& out) {
     return Generate(req, out, req.path == "/v1/chat/completions");
   }
   if (req.path == "/tokenize" || req.path == "/detokenize") {
-    if (req.method != "POST") return SendError(out, 405, "use POST", {{"Allow", "POST"}});
+    if (!MethodAllowed(req, out, {"POST"})) return;
     if (!Authorized(req, out)) return;
     return req.path == "/tokenize" ? Tokenize(req, out) : Detokenize(req, out);
   }
   if (req.path == "/v1/models" || req.path.starts_with("/v1/models/")) {
-    if (req.method != "GET" && req.method != "HEAD") {
-      return SendError(out, 405, "use GET", {{"Allow", "GET, HEAD"}});
-    }
+    if (!MethodAllowed(req, out, {"GET", "HEAD"})) return;
     if (!Authorized(req, out)) return;
     return Models(req, out);
   }

@@ -497,7 +497,7 @@ TEST_F(EngineTest, AMoreUrgentRequestTakesTheQueuePlaceOfTheLeastUrgent) {
   EXPECT_EQ(sinks["batch-b"]->info.status.code(), absl::StatusCode::kResourceExhausted)
       << sinks["batch-b"]->info.status;
   EXPECT_NE(std::string(sinks["batch-b"]->info.status.message())
-                .find("a more urgent request took this one's place (priority 5"),
+                .find("a more urgent request took this one's place (its priority 5 was"),
             std::string::npos) << sinks["batch-b"]->info.status;
   EXPECT_TRUE(sinks["batch-b"]->tokens.empty());
   // The next takes batch-a's; after that nothing waiting is less urgent than 3.
@@ -541,6 +541,45 @@ TEST_F(EngineTest, AMoreUrgentRequestTakesTheQueuePlaceOfTheLeastUrgent) {
   ASSERT_TRUE(engine->WaitIdle(10));
   const auto& pool = engine->pool_for_tests();
   EXPECT_EQ(pool.num_free(), pool.num_pages()) << "pages leaked";
+}
+
+// Nor is a completion of an n > 1 group (or a prompt of a call of several): ending one would
+// end every one of them, those that ran too.
+TEST_F(EngineTest, AGroupsCompletionsAreNotDisplaced) {
+  EngineConfig config;
+  config.kv_cache_bytes = int64_t(64) << 20;
+  config.max_queue = 2;
+  config.scheduler.max_num_seqs = 1;
+  config.scheduler.policy = SchedulingPolicy::kPriority;
+  auto engine = CpuEngine(config);
+  ASSERT_NE(engine, nullptr);
+  Request busy = MakeRequest("busy", "Hello", 400);
+  busy.stopping.ignore_eos = true;
+  auto busy_sink = std::make_shared<CollectingSink>();
+  ASSERT_TRUE(engine->Submit(busy, busy_sink).ok());
+  while (engine->Stats().running == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  std::vector<Request> group;
+  std::vector<std::shared_ptr<TokenSink>> group_sinks;
+  for (int i = 0; i < 2; ++i) {
+    group.push_back(MakeRequest(absl::StrCat("g/", i), "Hello", 4));
+    group.back().priority = 5;
+    group.back().group_id = "g";
+    group.back().group_index = i;
+    group_sinks.push_back(std::make_shared<CollectingSink>());
+  }
+  ASSERT_TRUE(engine->SubmitAll(group, group_sinks).ok());
+  Request urgent = MakeRequest("urgent", "Hello", 4);
+  urgent.priority = 1;
+  const absl::Status st = engine->Submit(urgent, std::make_shared<CollectingSink>());
+  EXPECT_EQ(st.code(), absl::StatusCode::kResourceExhausted) << st;
+  EXPECT_EQ(engine->Stats().counters.requests_displaced, 0);
+  engine->Cancel("busy");
+  ASSERT_TRUE(busy_sink->Wait(300));
+  for (auto& sk : group_sinks) {
+    ASSERT_TRUE(static_cast<CollectingSink&>(*sk).Wait(300));
+    EXPECT_TRUE(static_cast<CollectingSink&>(*sk).info.status.ok());
+  }
+  ASSERT_TRUE(engine->WaitIdle(10));
 }
 
 // A request that ran and was preempted back into the queue is not displaced: its work is not

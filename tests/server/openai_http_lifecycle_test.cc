@@ -10,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "gtest/gtest.h"
 #include "tests/server/openai_http_e2e.h"
 #include "tests/test_util.h"
@@ -283,33 +284,49 @@ TEST(OpenAiHttpLifecycleTest, AnUrgentRequestTakesAWaitingBatchRequestsPlace) {
                         "--max-queue", "1", "--scheduling-policy", "priority"});
   ASSERT_TRUE(server.started());
   auto stub = server.stub();
-  // Long enough that the urgent request still waits when the last request below is sent.
-  auto busy_req = Prompt("Once upon a time", 200);
+  // The most urgent request holds the one slot until it is aborted below, however slowly
+  // this machine runs.
+  auto busy_req = Prompt("Once upon a time", 4000);
   busy_req.mutable_stopping()->set_ignore_eos(true);
-  StreamResult busy;
-  std::thread busy_thread([&] {
+  busy_req.set_request_id("busy");
+  StreamResult busy, urgent;
+  HttpResult batch;
+  std::vector<std::thread> threads;
+  auto abort_busy = [&] {
+    grpc::ClientContext ctx;
+    v1::AbortRequest abort;
+    abort.set_request_id("busy");
+    v1::AbortResponse found;
+    return server.stub()->Abort(&ctx, abort, &found).ok();
+  };
+  // Whatever fails below, the threads end (the busy request is aborted) before they go.
+  absl::Cleanup join = [&] {
+    abort_busy();
+    for (auto& t : threads) {
+      if (t.joinable()) t.join();
+    }
+  };
+  threads.emplace_back([&] {
     auto s = server.stub();
-    busy = Generate(*s, busy_req, 300);
+    busy = Generate(*s, busy_req, 600);
   });
   ASSERT_TRUE(WaitForRunning(*stub, 1));
-  HttpResult batch;
-  std::thread batch_thread([&] {
+  threads.emplace_back([&] {
     batch = HttpCall(http_port, "POST", "/v1/completions",
                      R"({"prompt": "Hello", "max_tokens": 4, "priority": 5})");
   });
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
   while (Status(*stub).waiting() < 1 && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   ASSERT_EQ(Status(*stub).waiting(), 1u) << "the batch request never queued";
   auto urgent_req = Prompt("The capital of France is", 4);
   urgent_req.set_priority(1);
-  StreamResult urgent;
-  std::thread urgent_thread([&] {
+  threads.emplace_back([&] {
     auto s = server.stub();
-    urgent = Generate(*s, urgent_req, 300);
+    urgent = Generate(*s, urgent_req, 600);
   });
-  batch_thread.join();
+  threads[1].join();
   EXPECT_EQ(batch.status, 429) << batch.body;
   EXPECT_EQ(batch.headers["retry-after"], "1");
   EXPECT_NE(batch.body.find("a more urgent request took this one's place"), std::string::npos)
@@ -322,12 +339,13 @@ TEST(OpenAiHttpLifecycleTest, AnUrgentRequestTakesAWaitingBatchRequestsPlace) {
       << same.status.error_message();
   EXPECT_NE(same.status.error_message().find("none both less urgent than priority 1"),
             std::string::npos) << same.status.error_message();
-  urgent_thread.join();
-  busy_thread.join();
+  EXPECT_TRUE(abort_busy());
+  threads[0].join();
+  threads[2].join();
+  threads.clear();
+  EXPECT_EQ(busy.complete.finish_reason(), v1::FINISH_REASON_CANCELLED);
   ASSERT_TRUE(urgent.status.ok()) << urgent.status.error_message();
   EXPECT_EQ(urgent.complete.usage().completion_tokens(), 4u);
-  ASSERT_TRUE(busy.status.ok()) << busy.status.error_message();
-  EXPECT_EQ(busy.complete.usage().completion_tokens(), 200u);
   const std::string metrics = server.ScrapeMetrics();
   EXPECT_EQ(MetricValue(metrics, "thetaserve_requests_displaced_total"), 1);
   EXPECT_EQ(MetricValue(metrics, "thetaserve_requests_rejected_total{code=\"RESOURCE_EXHAUSTED\"}"),

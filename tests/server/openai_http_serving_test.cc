@@ -39,7 +39,10 @@ TEST_F(OpenAiHttpTest, HttpRequestsAreCountedByRouteAndStatus) {
   EXPECT_EQ(HttpCall(http_port_, "GET", "/v1/models").status, 200);
   EXPECT_EQ(HttpCall(http_port_, "GET", "/health").status, 200);
   EXPECT_EQ(HttpCall(http_port_, "GET", "/version").status, 200);
-  EXPECT_EQ(HttpCall(http_port_, "POST", "/version", "{}").status, 405);
+  const HttpResult post_version = HttpCall(http_port_, "POST", "/version", "{}");
+  EXPECT_EQ(post_version.status, 405);
+  EXPECT_EQ(post_version.headers.at("allow"), "GET, HEAD");
+  EXPECT_EQ(Json::parse(post_version.body)["error"]["message"], "use GET");
   // vLLM's /ping (SageMaker's health check): /health's answer, to GET and POST.
   const HttpResult ping = HttpCall(http_port_, "GET", "/ping");
   EXPECT_EQ(ping.status, 200);
@@ -48,8 +51,12 @@ TEST_F(OpenAiHttpTest, HttpRequestsAreCountedByRouteAndStatus) {
   const HttpResult put = HttpCall(http_port_, "PUT", "/ping", "");
   EXPECT_EQ(put.status, 405);
   EXPECT_EQ(put.headers.at("allow"), "GET, HEAD, POST");
+  EXPECT_EQ(Json::parse(put.body)["error"]["message"], "use GET or POST");
   EXPECT_EQ(HttpCall(http_port_, "GET", "/v1/models/nope").status, 404);
-  EXPECT_EQ(HttpCall(http_port_, "GET", "/v1/completions").status, 405);
+  const HttpResult get_completions = HttpCall(http_port_, "GET", "/v1/completions");
+  EXPECT_EQ(get_completions.status, 405);
+  EXPECT_EQ(get_completions.headers.at("allow"), "POST");
+  EXPECT_EQ(Json::parse(get_completions.body)["error"]["message"], "use POST");
   EXPECT_EQ(Post("/v1/completions", {{"prompt", "x"}, {"temperature", "hot"}}).status, 400);
   EXPECT_EQ(Post("/v1/completions", {{"prompt", "Hello"}, {"max_tokens", 1}}).status, 200);
   EXPECT_EQ(Post("/v1/embeddings", {{"input", "x"}}).status, 404);
