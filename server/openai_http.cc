@@ -433,6 +433,17 @@ void OpenAiHttpServer::Generate(const HttpRequest& http, HttpResponder& out, boo
     output->Take(kPollInterval, &taken);
     if (shared) shared->Share(taken);
   };
+  // A failed completion fails the call (ServiceSink cancelled the others, which have ended).
+  // Answered before anything else was sent: its HTTP status, as a refusal at submission is
+  // (displaced from a full queue: 429; the server stopping: 503, and the connection closes).
+  auto send_failure = [&](const scheduler::FinishInfo& failed) {
+    HttpHeaders extra = {{"X-Request-Id", id_header}};
+    if (absl::IsUnavailable(failed.status)) out.CloseAfter();
+    if (absl::IsResourceExhausted(failed.status) || absl::IsUnavailable(failed.status)) {
+      extra.push_back({"Retry-After", "1"});
+    }
+    SendError(out, HttpStatusFor(failed.status), std::string(failed.status.message()), extra);
+  };
   if (!call->stream) {
     while (true) {
       take();
@@ -440,25 +451,27 @@ void OpenAiHttpServer::Generate(const HttpRequest& http, HttpResponder& out, boo
       if (all_finished()) break;
       if (out.ClientGone()) return cancel("the client went away");
     }
-    // A failed completion fails the call (ServiceSink cancelled the others, which have ended).
-    if (const scheduler::FinishInfo* failed = FirstFailure(taken)) {
-      // Displaced from a full queue, or the server stopping: as a refusal at submission says.
-      HttpHeaders extra;
-      if (absl::IsResourceExhausted(failed->status) || absl::IsUnavailable(failed->status)) {
-        extra.push_back({"Retry-After", "1"});
-      }
-      return SendError(out, HttpStatusFor(failed->status), std::string(failed->status.message()),
-                       extra);
-    }
+    if (const scheduler::FinishInfo* failed = FirstFailure(taken)) return send_failure(*failed);
     out.Send(200, "application/json", DumpJson(builder.Complete(infos())),
              {{"X-Request-Id", id_header}});
     return;
   }
 
-  bool ok = out.StartChunked(200, "text/event-stream",
-                             {{"Cache-Control", "no-cache"}, {"X-Request-Id", id_header}});
-  for (int i = 0; ok && chat && i < n; ++i) ok = SendEvent(out, builder.RoleChunk(i));
+  // The stream's head goes out with its first event (for chat, the role chunks first), or
+  // after kKeepAliveInterval of silence (a long queue or prefill: proxies see bytes), so a
+  // request that fails before either — displaced from a full queue, the server stopping —
+  // gets its HTTP status (a client's retry logic reads 429 and 503, not an event in a 200).
+  bool started = false;
   auto last_write = std::chrono::steady_clock::now();
+  auto start = [&] {
+    started = true;
+    bool ok = out.StartChunked(200, "text/event-stream",
+                               {{"Cache-Control", "no-cache"}, {"X-Request-Id", id_header}});
+    for (int i = 0; ok && chat && i < n; ++i) ok = SendEvent(out, builder.RoleChunk(i));
+    last_write = std::chrono::steady_clock::now();
+    return ok;
+  };
+  bool ok = true;
   const scheduler::FinishInfo* failed = nullptr;
   while (ok) {
     take();
@@ -466,6 +479,19 @@ void OpenAiHttpServer::Generate(const HttpRequest& http, HttpResponder& out, boo
     // came with the failure still goes out.
     const bool failed_before = failed != nullptr;
     failed = FirstFailure(taken);
+    if (!started) {
+      bool news = std::chrono::steady_clock::now() - last_write > kKeepAliveInterval;
+      for (int i = 0; i < n; ++i) {
+        news |= !taken[i].delta.token_ids.empty() || taken[i].delta.prompt != nullptr ||
+                (taken[i].finished_now && !failed);
+      }
+      if (!news && failed && all_finished()) return send_failure(*failed);
+      if (!news) {
+        if (out.ClientGone()) break;
+        continue;
+      }
+      if (!(ok = start())) break;
+    }
     for (int i = 0; ok && !failed_before && i < n; ++i) {
       const scheduler::TokenDelta& delta = taken[i].delta;
       if (!delta.token_ids.empty() || delta.prompt) {

@@ -274,10 +274,11 @@ TEST(OpenAiHttpLifecycleTest, ChatWithoutMaxTokensTakesWhatIsLeftOfTheContext) {
   EXPECT_EQ(full.body.find("max_tokens = 16"), std::string::npos) << full.body;
 }
 
-// --scheduling-policy priority, one slot, --max-queue 1: an urgent request finding the queue
-// full of a batch request that has not started takes its place. The batch request's client
-// hears what a refusal says — here an HTTP completion: 429 with Retry-After — the urgent one
-// runs, a request no waiting one is less urgent than is refused, and the metric counts one.
+// --scheduling-policy priority, one slot, --max-queue 1: a request finding the queue full of a
+// less urgent one that has not started takes its place. The displaced request's client hears
+// what a refusal says — over HTTP 429 with Retry-After, for a stream too (its head waits for
+// its first event) — the urgent one runs, a request no waiting one is less urgent than is
+// refused, and the metric counts each displacement.
 TEST(OpenAiHttpLifecycleTest, AnUrgentRequestTakesAWaitingBatchRequestsPlace) {
   const int http_port = FreePort();
   ServerProcess server({"--http-port", std::to_string(http_port), "--max-num-seqs", "1",
@@ -290,7 +291,7 @@ TEST(OpenAiHttpLifecycleTest, AnUrgentRequestTakesAWaitingBatchRequestsPlace) {
   busy_req.mutable_stopping()->set_ignore_eos(true);
   busy_req.set_request_id("busy");
   StreamResult busy, urgent;
-  HttpResult batch;
+  HttpResult whole, streamed;
   std::vector<std::thread> threads;
   auto abort_busy = [&] {
     grpc::ClientContext ctx;
@@ -312,25 +313,38 @@ TEST(OpenAiHttpLifecycleTest, AnUrgentRequestTakesAWaitingBatchRequestsPlace) {
   });
   ASSERT_TRUE(WaitForRunning(*stub, 1));
   threads.emplace_back([&] {
-    batch = HttpCall(http_port, "POST", "/v1/completions",
+    whole = HttpCall(http_port, "POST", "/v1/completions",
                      R"({"prompt": "Hello", "max_tokens": 4, "priority": 5})");
   });
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
   while (Status(*stub).waiting() < 1 && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
-  ASSERT_EQ(Status(*stub).waiting(), 1u) << "the batch request never queued";
+  ASSERT_EQ(Status(*stub).waiting(), 1u) << "the first batch request never queued";
+  // A streamed batch request of priority 4 takes the whole one's place (priority 5) ...
+  threads.emplace_back([&] {
+    streamed = HttpCall(http_port, "POST", "/v1/completions",
+                        R"({"prompt": "Hello", "max_tokens": 4, "priority": 4, "stream": true})");
+  });
+  threads[1].join();
+  EXPECT_EQ(whole.status, 429) << whole.body;
+  EXPECT_EQ(whole.headers["retry-after"], "1");
+  EXPECT_FALSE(whole.headers["x-request-id"].empty());
+  EXPECT_NE(whole.body.find("a more urgent request took this one's place (its priority 5 was"),
+            std::string::npos) << whole.body;
+  // ... and an urgent one (priority 1) takes the streamed one's.
   auto urgent_req = Prompt("The capital of France is", 4);
   urgent_req.set_priority(1);
   threads.emplace_back([&] {
     auto s = server.stub();
     urgent = Generate(*s, urgent_req, 600);
   });
-  threads[1].join();
-  EXPECT_EQ(batch.status, 429) << batch.body;
-  EXPECT_EQ(batch.headers["retry-after"], "1");
-  EXPECT_NE(batch.body.find("a more urgent request took this one's place"), std::string::npos)
-      << batch.body;
+  threads[2].join();
+  EXPECT_EQ(streamed.status, 429) << streamed.body;
+  EXPECT_EQ(streamed.headers["retry-after"], "1");
+  EXPECT_EQ(streamed.headers["content-type"], "application/json");
+  EXPECT_NE(streamed.body.find("took this one's place (its priority 4 was"), std::string::npos)
+      << streamed.body;
   // The urgent request now waits in the only place; one of its own priority is refused.
   auto same_req = Prompt("Hello", 4);
   same_req.set_priority(1);
@@ -341,17 +355,63 @@ TEST(OpenAiHttpLifecycleTest, AnUrgentRequestTakesAWaitingBatchRequestsPlace) {
             std::string::npos) << same.status.error_message();
   EXPECT_TRUE(abort_busy());
   threads[0].join();
-  threads[2].join();
-  threads.clear();
+  threads[3].join();
   EXPECT_EQ(busy.complete.finish_reason(), v1::FINISH_REASON_CANCELLED);
   ASSERT_TRUE(urgent.status.ok()) << urgent.status.error_message();
   EXPECT_EQ(urgent.complete.usage().completion_tokens(), 4u);
   const std::string metrics = server.ScrapeMetrics();
-  EXPECT_EQ(MetricValue(metrics, "thetaserve_requests_displaced_total"), 1);
+  EXPECT_EQ(MetricValue(metrics, "thetaserve_requests_displaced_total"), 2);
   EXPECT_EQ(MetricValue(metrics, "thetaserve_requests_rejected_total{code=\"RESOURCE_EXHAUSTED\"}"),
             1);
   EXPECT_EQ(MetricValue(metrics, "thetaserve_kv_pages_free"),
             MetricValue(metrics, "thetaserve_kv_pages_capacity"));
+}
+
+// A stream's head goes out with its first event; a stream that waits in the queue gets it,
+// with its role chunk, after 15 s of silence (proxies see bytes), then its tokens as usual.
+TEST(OpenAiHttpLifecycleTest, AStreamWaitingInTheQueueGetsItsHeadAfterFifteenSeconds) {
+  const int http_port = FreePort();
+  ServerProcess server({"--http-port", std::to_string(http_port), "--max-num-seqs", "1"});
+  ASSERT_TRUE(server.started());
+  auto stub = server.stub();
+  auto busy_req = Prompt("Once upon a time", 4000);
+  busy_req.mutable_stopping()->set_ignore_eos(true);
+  busy_req.set_request_id("busy");
+  StreamResult busy;
+  std::thread busy_thread([&] {
+    auto s = server.stub();
+    busy = Generate(*s, busy_req, 600);
+  });
+  absl::Cleanup join = [&] {
+    grpc::ClientContext ctx;
+    v1::AbortRequest abort;
+    abort.set_request_id("busy");
+    v1::AbortResponse found;
+    server.stub()->Abort(&ctx, abort, &found);
+    busy_thread.join();
+  };
+  ASSERT_TRUE(WaitForRunning(*stub, 1));
+  HttpConnection c(http_port);
+  const Json body = {{"messages", {{{"role", "user"}, {"content", "Say hello."}}}},
+                     {"max_tokens", 4}, {"stream", true}};
+  const auto sent = std::chrono::steady_clock::now();
+  ASSERT_TRUE(c.SendRaw(RequestHead("/v1/chat/completions", body.dump())));
+  HttpResult r = c.ReadHead(60);
+  const double waited =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - sent).count();
+  ASSERT_EQ(r.status, 200);
+  EXPECT_GE(waited, 14.5) << "the head went out before the request had anything to send";
+  EXPECT_LT(waited, 40);
+  EXPECT_EQ(Status(*stub).waiting(), 1u) << "still waiting";
+  std::string role;
+  ASSERT_TRUE(c.ReadChunk(&role, 10));
+  EXPECT_NE(role.find(R"("role":"assistant")"), std::string::npos) << role;
+  std::move(join).Invoke();  // the busy request ends: this one runs
+  c.ReadBody(&r, 120);
+  const auto events = SseData(r.body);
+  ASSERT_FALSE(events.empty());
+  EXPECT_EQ(events.back(), "[DONE]");
+  EXPECT_EQ(busy.complete.finish_reason(), v1::FINISH_REASON_CANCELLED);
 }
 
 TEST(OpenAiHttpLifecycleTest, AStreamCutOffByShutdownEndsWithAnErrorEvent) {
