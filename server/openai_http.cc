@@ -28,7 +28,8 @@ using Json = nlohmann::ordered_json;
 using std::chrono::milliseconds;
 
 constexpr milliseconds kPollInterval{100};     // how often a waiting handler checks its client
-constexpr milliseconds kKeepAliveInterval{15'000};  // SSE comment during a long silence
+// An SSE comment during a long silence of a stream (once its head is out).
+constexpr milliseconds kKeepAliveInterval{15'000};
 
 void SendError(HttpResponder& out, int status, std::string_view message,
                const HttpHeaders& extra = {}) {
@@ -458,20 +459,26 @@ void OpenAiHttpServer::Generate(const HttpRequest& http, HttpResponder& out, boo
   }
 
   // The stream's head goes out with its first event (for chat, the role chunks first), or
-  // after kKeepAliveInterval of silence (a long queue or prefill: proxies see bytes), so a
-  // request that fails before either — displaced from a full queue, the server stopping —
-  // gets its HTTP status (a client's retry logic reads 429 and 503, not an event in a 200).
+  // after --stream-head-timeout without one (a long queue or prefill: then an SSE comment,
+  // so proxies see bytes), so a request that fails before either — displaced from a full
+  // queue, the server stopping — gets its HTTP status (a client's retry logic reads 429 and
+  // 503, not an event in a 200).
+  const auto head_by = std::chrono::steady_clock::now() +
+                       std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                           std::chrono::duration<double>(options_.stream_head_timeout_s));
   bool started = false;
   auto last_write = std::chrono::steady_clock::now();
-  auto start = [&] {
+  auto start = [&](bool timed_out) {
     started = true;
     bool ok = out.StartChunked(200, "text/event-stream",
                                {{"Cache-Control", "no-cache"}, {"X-Request-Id", id_header}});
     for (int i = 0; ok && chat && i < n; ++i) ok = SendEvent(out, builder.RoleChunk(i));
+    if (ok && timed_out) ok = out.WriteChunk(": keep-alive\n\n");
     last_write = std::chrono::steady_clock::now();
     return ok;
   };
   bool ok = true;
+  if (options_.stream_head_timeout_s <= 0) ok = start(false);
   const scheduler::FinishInfo* failed = nullptr;
   while (ok) {
     take();
@@ -480,17 +487,24 @@ void OpenAiHttpServer::Generate(const HttpRequest& http, HttpResponder& out, boo
     const bool failed_before = failed != nullptr;
     failed = FirstFailure(taken);
     if (!started) {
-      bool news = std::chrono::steady_clock::now() - last_write > kKeepAliveInterval;
-      for (int i = 0; i < n; ++i) {
-        news |= !taken[i].delta.token_ids.empty() || taken[i].delta.prompt != nullptr ||
-                (taken[i].finished_now && !failed);
-      }
-      if (!news && failed && all_finished()) return send_failure(*failed);
-      if (!news) {
+      // A failure before the head: its status once the others (cancelled) have ended; what
+      // they sent meanwhile is dropped as it is after a failure in a stream.
+      if (failed) {
+        if (all_finished()) return send_failure(*failed);
         if (out.ClientGone()) break;
         continue;
       }
-      if (!(ok = start())) break;
+      bool news = false;
+      for (int i = 0; i < n; ++i) {
+        news |= !taken[i].delta.token_ids.empty() || taken[i].delta.prompt != nullptr ||
+                taken[i].finished_now;
+      }
+      const bool timed_out = !news && std::chrono::steady_clock::now() >= head_by;
+      if (!news && !timed_out) {
+        if (out.ClientGone()) break;
+        continue;
+      }
+      if (!(ok = start(timed_out))) break;
     }
     for (int i = 0; ok && !failed_before && i < n; ++i) {
       const scheduler::TokenDelta& delta = taken[i].delta;

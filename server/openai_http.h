@@ -31,6 +31,9 @@ struct OpenAiHttpOptions {
   int max_connections = 4096;     // open at once (--max-http-connections); more get 503
   // Origins a browser page may call from (CORS): "*" for any, as vLLM's default; empty: none.
   std::vector<std::string> allowed_origins = {"*"};
+  // How long a stream's head (200) waits for its first event (--stream-head-timeout): a
+  // request that fails before it gets its HTTP status. 0: sent at once, as vLLM sends it.
+  double stream_head_timeout_s = 15;
 };
 
 class OpenAiHttpServer {

@@ -57,6 +57,9 @@ constexpr char kUsage[] =
     "  --max-http-connections N     HTTP API connections open at once; more get 503 (default\n"
     "                               4096; an idle or arriving one holds no thread, but a\n"
     "                               descriptor: the process's limit is raised to allow them)\n"
+    "  --stream-head-timeout S      seconds a stream's response head waits for its first\n"
+    "                               event, so a request that fails while queued gets its\n"
+    "                               HTTP status (429, 503) (default 15; 0: at once, as vLLM)\n"
     "  --max-model-len N            context served, prompt and output together, at most the\n"
     "                               model's (default: the model's); shortens the longest\n"
     "                               request and the CPU's default KV cache with it\n"
@@ -186,7 +189,7 @@ int RunServe(const std::vector<std::string>& argv) {
   std::map<std::string, bool> known = {
       {"model", true}, {"host", true}, {"port", true}, {"metrics-port", true},
       {"http-port", true}, {"served-model-name", true}, {"allowed-origins", true},
-      {"max-http-connections", true}, {"max-model-len", true},
+      {"max-http-connections", true}, {"stream-head-timeout", true}, {"max-model-len", true},
       {"max-num-seqs", true}, {"max-num-batched-tokens", true}, {"long-prefill-tokens", true},
       {"scheduling-policy", true},
       {"kv-cache-memory", true},
@@ -207,6 +210,7 @@ int RunServe(const std::vector<std::string>& argv) {
   auto metrics_port = args.GetInt("metrics-port", 9090, 0, 65535);  // 0 = off
   auto http_port = args.GetInt("http-port", 0, 0, 65535);            // 0 = off
   auto max_http = args.GetInt("max-http-connections", 4096, 1, 1'000'000);
+  auto stream_head = args.GetDouble("stream-head-timeout", 15, 0, 3600);
   auto max_model_len = args.GetInt("max-model-len", 1, 1, kMaxCountFlag);  // used when given
   auto max_seqs = args.GetInt("max-num-seqs", 64, 1, kMaxCountFlag);
   auto max_tokens = args.GetInt("max-num-batched-tokens", 512, 1, kMaxCountFlag);
@@ -231,14 +235,14 @@ int RunServe(const std::vector<std::string>& argv) {
   auto kv_dtype = ParseKvDtypeFlag(args.GetString("kv-cache-dtype", "auto"));
   for (const absl::Status& st :
        {port.status(), metrics_port.status(), http_port.status(), max_http.status(),
-        max_model_len.status(),
+        stream_head.status(), max_model_len.status(),
         max_seqs.status(),
         max_tokens.status(), long_prefill.status(), kv_spec.status(), block_size.status(),
         max_queue.status(), threads.status(), drain.status(), stats_interval.status(),
         device.status(), kv_dtype.status()}) {
     if (!st.ok()) return usage(st);
   }
-  for (const char* flag : {"served-model-name", "max-http-connections"}) {
+  for (const char* flag : {"served-model-name", "max-http-connections", "stream-head-timeout"}) {
     if (args.Has(flag) && *http_port == 0) {
       return usage(absl::InvalidArgumentError(absl::StrCat("--", flag, " needs --http-port")));
     }
@@ -463,6 +467,7 @@ int RunServe(const std::vector<std::string>& argv) {
     ho.port = static_cast<int>(*http_port);
     ho.api_key = api_key;
     ho.allowed_origins = origins;
+    ho.stream_head_timeout_s = *stream_head;
     ho.max_connections = HttpConnectionsAllowed(static_cast<int>(*max_http));
     ho.served_model_name = served_names.empty()
                                ? DefaultServedModelName(args.GetString("model"))

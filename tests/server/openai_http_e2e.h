@@ -36,8 +36,8 @@ inline std::string RequestHead(const std::string& path, const std::string& body)
          "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
 }
 
-// Sends a streaming request on `c` and reads the response's head (sent once the request is in
-// the engine).
+// Sends a streaming request on `c` and reads the response's head (sent with the stream's first
+// event, or after --stream-head-timeout).
 inline HttpResult OpenStream(HttpConnection& c, const Json& body) {
   if (!c.SendRaw(RequestHead("/v1/completions", body.dump()))) return {};
   return c.ReadHead(60);

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/cleanup/cleanup.h"
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "tests/server/openai_http_e2e.h"
 #include "tests/test_util.h"
@@ -143,6 +144,8 @@ TEST(OpenAiHttpLifecycleTest, FlagErrorsAreRefusedBeforeTheModelLoads) {
         std::vector<std::string>{"--served-model-name", "x"},
         std::vector<std::string>{"--allowed-origins", "*"},
         std::vector<std::string>{"--max-http-connections", "10"},
+        std::vector<std::string>{"--stream-head-timeout", "5"},
+        std::vector<std::string>{"--http-port", "8001", "--stream-head-timeout", "-1"},
         std::vector<std::string>{"--max-model-len", "0"},
         std::vector<std::string>{"--http-port", "8001", "--max-http-connections", "0"},
         std::vector<std::string>{"--http-port", "8001", "--allowed-origins", "app.example.com"}}) {
@@ -287,7 +290,7 @@ TEST(OpenAiHttpLifecycleTest, AnUrgentRequestTakesAWaitingBatchRequestsPlace) {
   auto stub = server.stub();
   // The most urgent request holds the one slot until it is aborted below, however slowly
   // this machine runs.
-  auto busy_req = Prompt("Once upon a time", 4000);
+  auto busy_req = Prompt("Once upon a time", 8000);
   busy_req.mutable_stopping()->set_ignore_eos(true);
   busy_req.set_request_id("busy");
   StreamResult busy, urgent;
@@ -368,50 +371,68 @@ TEST(OpenAiHttpLifecycleTest, AnUrgentRequestTakesAWaitingBatchRequestsPlace) {
 }
 
 // A stream's head goes out with its first event; a stream that waits in the queue gets it,
-// with its role chunk, after 15 s of silence (proxies see bytes), then its tokens as usual.
-TEST(OpenAiHttpLifecycleTest, AStreamWaitingInTheQueueGetsItsHeadAfterFifteenSeconds) {
-  const int http_port = FreePort();
-  ServerProcess server({"--http-port", std::to_string(http_port), "--max-num-seqs", "1"});
-  ASSERT_TRUE(server.started());
-  auto stub = server.stub();
-  auto busy_req = Prompt("Once upon a time", 4000);
-  busy_req.mutable_stopping()->set_ignore_eos(true);
-  busy_req.set_request_id("busy");
-  StreamResult busy;
-  std::thread busy_thread([&] {
-    auto s = server.stub();
-    busy = Generate(*s, busy_req, 600);
-  });
-  absl::Cleanup join = [&] {
-    grpc::ClientContext ctx;
-    v1::AbortRequest abort;
-    abort.set_request_id("busy");
-    v1::AbortResponse found;
-    server.stub()->Abort(&ctx, abort, &found);
-    busy_thread.join();
-  };
-  ASSERT_TRUE(WaitForRunning(*stub, 1));
-  HttpConnection c(http_port);
-  const Json body = {{"messages", {{{"role", "user"}, {"content", "Say hello."}}}},
-                     {"max_tokens", 4}, {"stream", true}};
-  const auto sent = std::chrono::steady_clock::now();
-  ASSERT_TRUE(c.SendRaw(RequestHead("/v1/chat/completions", body.dump())));
-  HttpResult r = c.ReadHead(60);
-  const double waited =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - sent).count();
-  ASSERT_EQ(r.status, 200);
-  EXPECT_GE(waited, 14.5) << "the head went out before the request had anything to send";
-  EXPECT_LT(waited, 40);
-  EXPECT_EQ(Status(*stub).waiting(), 1u) << "still waiting";
-  std::string role;
-  ASSERT_TRUE(c.ReadChunk(&role, 10));
-  EXPECT_NE(role.find(R"("role":"assistant")"), std::string::npos) << role;
-  std::move(join).Invoke();  // the busy request ends: this one runs
-  c.ReadBody(&r, 120);
-  const auto events = SseData(r.body);
-  ASSERT_FALSE(events.empty());
-  EXPECT_EQ(events.back(), "[DONE]");
-  EXPECT_EQ(busy.complete.finish_reason(), v1::FINISH_REASON_CANCELLED);
+// with its role chunk and a comment, after --stream-head-timeout (2 s here; 15 by default) of
+// silence, then its tokens as usual. With 0 the head goes out at once, as vLLM sends it.
+TEST(OpenAiHttpLifecycleTest, AStreamWaitingInTheQueueGetsItsHeadAfterTheTimeout) {
+  for (const char* timeout : {"2", "0"}) {
+    SCOPED_TRACE(absl::StrCat("--stream-head-timeout ", timeout));
+    const int http_port = FreePort();
+    ServerProcess server({"--http-port", std::to_string(http_port), "--max-num-seqs", "1",
+                          "--stream-head-timeout", timeout});
+    ASSERT_TRUE(server.started());
+    auto stub = server.stub();
+    // Runs until aborted below (at ~100 tokens/s on the CPU, over a minute).
+    auto busy_req = Prompt("Once upon a time", 8000);
+    busy_req.mutable_stopping()->set_ignore_eos(true);
+    busy_req.set_request_id("busy");
+    StreamResult busy;
+    std::thread busy_thread([&] {
+      auto s = server.stub();
+      busy = Generate(*s, busy_req, 600);
+    });
+    absl::Cleanup join = [&] {
+      grpc::ClientContext ctx;
+      v1::AbortRequest abort;
+      abort.set_request_id("busy");
+      v1::AbortResponse found;
+      server.stub()->Abort(&ctx, abort, &found);
+      busy_thread.join();
+    };
+    ASSERT_TRUE(WaitForRunning(*stub, 1));
+    HttpConnection c(http_port);
+    const Json body = {{"messages", {{{"role", "user"}, {"content", "Say hello."}}}},
+                       {"max_tokens", 4}, {"stream", true}};
+    const auto sent = std::chrono::steady_clock::now();
+    ASSERT_TRUE(c.SendRaw(RequestHead("/v1/chat/completions", body.dump())));
+    HttpResult r = c.ReadHead(60);
+    const double waited =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - sent).count();
+    ASSERT_EQ(r.status, 200);
+    if (std::string(timeout) == "2") {
+      EXPECT_GE(waited, 1.9) << "the head went out before the request had anything to send";
+      EXPECT_LT(waited, 30);
+    }
+    // The request waits (the busy one holds the only slot): the head came without a token.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (Status(*stub).waiting() < 1 && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    EXPECT_EQ(Status(*stub).waiting(), 1u);
+    EXPECT_EQ(Status(*stub).running(), 1u);
+    std::string role;
+    ASSERT_TRUE(c.ReadChunk(&role, 10));
+    EXPECT_NE(role.find(R"("role":"assistant")"), std::string::npos) << role;
+    std::move(join).Invoke();  // the busy request ends: this one runs
+    c.ReadBody(&r, 120);
+    const auto events = SseData(r.body);
+    ASSERT_FALSE(events.empty());
+    EXPECT_EQ(events.back(), "[DONE]");
+    EXPECT_EQ(busy.complete.finish_reason(), v1::FINISH_REASON_CANCELLED);
+    if (std::string(timeout) == "2") {
+      EXPECT_NE(r.body.find(": keep-alive"), std::string::npos)
+          << "a comment right after a head the timeout sent";
+    }
+  }
 }
 
 TEST(OpenAiHttpLifecycleTest, AStreamCutOffByShutdownEndsWithAnErrorEvent) {
