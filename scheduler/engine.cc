@@ -209,7 +209,10 @@ absl::Status Engine::SubmitAll(std::vector<Request> requests,
     int64_t least_urgent = std::numeric_limits<int64_t>::min();
     for (const auto& seq : seqs) least_urgent = std::max(least_urgent, seq->request().priority);
     const int64_t over = queued + int64_t(seqs.size()) - config_.max_queue;
-    if (over > 0 && !(by_priority && PickDisplaced(least_urgent, over))) {
+    // A call displaces at most as many as it adds: the queue may be past its bound already (a
+    // burst that the free slots took, then held back), which is not this call's to undo.
+    if (over > 0 &&
+        !(by_priority && PickDisplaced(least_urgent, std::min<int64_t>(over, seqs.size())))) {
       // By priority, fewer than `over` requests waiting are less urgent and have never run.
       const std::string displace =
           by_priority ? absl::StrFormat(", fewer than %d of them both less urgent than priority "
@@ -263,10 +266,7 @@ bool Engine::PickDisplaced(int64_t priority, int64_t count) {
 
 void Engine::EndDisplaced() {
   std::set<uint64_t> serials;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    serials.swap(displaced_);
-  }
+  serials.swap(displacing_serials_);
   if (serials.empty()) return;
   // Each picked request is still waiting and has never run: one that started or ended since
   // was taken off displaced_ when it did (DropSettledLocked).
@@ -386,6 +386,8 @@ void Engine::DrainInbox() {
     std::lock_guard<std::mutex> lock(mu_);
     arrived.swap(inbox_);
     cancels.swap(cancels_);
+    // Under the same lock: every request picked so far is among those drained.
+    displacing_serials_.swap(displaced_);
   }
   for (auto& seq : arrived) scheduler_.AddWaiting(std::move(seq));
   for (const PendingCancel& c : cancels) {

@@ -201,7 +201,8 @@ class Engine {
   std::vector<kernels::SeqChunk> chunks_;
   // Sequences that left displaceable_ (first ran or finished), taken off it under mu_.
   std::vector<std::pair<int64_t, uint64_t>> no_longer_displaceable_;
-  std::vector<Sequence*> displacing_;  // EndDisplaced's
+  std::set<uint64_t> displacing_serials_;  // picked, taken from displaced_ by DrainInbox
+  std::vector<Sequence*> displacing_;      // EndDisplaced's
   kernels::AttentionStats attn_stats_;
   std::vector<double> layer_kept_ratio_;
   EngineCounters counters_;

@@ -466,7 +466,7 @@ TEST_F(EngineTest, ABurstThatFitsTheFreeSlotsIsNotQueued) {
 // fewer less urgent requests than it needs; one that ran and was preempted is never displaced.
 TEST_F(EngineTest, AMoreUrgentRequestTakesTheQueuePlaceOfTheLeastUrgent) {
   EngineConfig config;
-  config.kv_cache_bytes = int64_t(64) << 20;
+  config.kv_cache_bytes = int64_t(128) << 20;
   config.max_queue = 2;
   config.scheduler.max_num_seqs = 1;  // one runs, the rest wait
   config.scheduler.policy = SchedulingPolicy::kPriority;
@@ -481,7 +481,7 @@ TEST_F(EngineTest, AMoreUrgentRequestTakesTheQueuePlaceOfTheLeastUrgent) {
     return engine->Submit(r, sinks[id]);
   };
   // The running request is the most urgent: nothing preempts it.
-  ASSERT_TRUE(submit("busy", 0, 400).ok());
+  ASSERT_TRUE(submit("busy", 0, 2000).ok());  // runs until cancelled below
   while (engine->Stats().running == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   ASSERT_TRUE(submit("batch-a", 5).ok());
   ASSERT_TRUE(submit("batch-b", 5).ok());
@@ -518,6 +518,20 @@ TEST_F(EngineTest, AMoreUrgentRequestTakesTheQueuePlaceOfTheLeastUrgent) {
   ASSERT_TRUE(submit("urgent-4", 2).ok());  // takes urgent-2's place: waiting are urgent-1, -4
   ASSERT_TRUE(sinks["urgent-2"]->Wait(60));
   EXPECT_EQ(sinks["urgent-2"]->info.status.code(), absl::StatusCode::kResourceExhausted);
+  // A group of two of priority 2 finds one request less urgent (urgent-1): too few; it takes
+  // nothing, and urgent-1 stays.
+  std::vector<Request> pair;
+  std::vector<std::shared_ptr<TokenSink>> pair_sinks;
+  for (int i = 0; i < 2; ++i) {
+    pair.push_back(MakeRequest(absl::StrCat("pair/", i), "Hello", 4));
+    pair.back().priority = 2;
+    pair_sinks.push_back(std::make_shared<CollectingSink>());
+  }
+  st = engine->SubmitAll(pair, pair_sinks);
+  EXPECT_EQ(st.code(), absl::StatusCode::kResourceExhausted) << st;
+  EXPECT_NE(std::string(st.message()).find("fewer than 2 of them both less urgent than priority 2"),
+            std::string::npos) << st;
+  EXPECT_FALSE(sinks["urgent-1"]->Wait(0.5)) << "displaced for a group that was refused";
   EXPECT_TRUE(engine->SubmitAll(group, group_sinks).ok()) << "both waiting are less urgent than 1";
   ASSERT_TRUE(sinks["urgent-1"]->Wait(60));
   ASSERT_TRUE(sinks["urgent-4"]->Wait(60));
@@ -547,13 +561,13 @@ TEST_F(EngineTest, AMoreUrgentRequestTakesTheQueuePlaceOfTheLeastUrgent) {
 // end every one of them, those that ran too.
 TEST_F(EngineTest, AGroupsCompletionsAreNotDisplaced) {
   EngineConfig config;
-  config.kv_cache_bytes = int64_t(64) << 20;
+  config.kv_cache_bytes = int64_t(128) << 20;
   config.max_queue = 2;
   config.scheduler.max_num_seqs = 1;
   config.scheduler.policy = SchedulingPolicy::kPriority;
   auto engine = CpuEngine(config);
   ASSERT_NE(engine, nullptr);
-  Request busy = MakeRequest("busy", "Hello", 400);
+  Request busy = MakeRequest("busy", "Hello", 2000);  // runs until cancelled below
   busy.stopping.ignore_eos = true;
   auto busy_sink = std::make_shared<CollectingSink>();
   ASSERT_TRUE(engine->Submit(busy, busy_sink).ok());
@@ -586,7 +600,7 @@ TEST_F(EngineTest, AGroupsCompletionsAreNotDisplaced) {
 // thrown away for an arrival (it waits as a queued one, but was admitted once).
 TEST_F(EngineTest, APreemptedRequestIsNotDisplaced) {
   EngineConfig config;
-  config.kv_cache_bytes = int64_t(64) << 20;
+  config.kv_cache_bytes = int64_t(128) << 20;
   config.max_queue = 1;
   config.scheduler.max_num_seqs = 1;
   config.scheduler.policy = SchedulingPolicy::kPriority;
@@ -600,10 +614,10 @@ TEST_F(EngineTest, APreemptedRequestIsNotDisplaced) {
     sinks[id] = std::make_shared<CollectingSink>();
     return engine->Submit(r, sinks[id]);
   };
-  ASSERT_TRUE(submit("batch", 5, 400).ok());
+  ASSERT_TRUE(submit("batch", 5, 2000).ok());  // both run until cancelled below
   while (engine->Stats().running == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   // An urgent request preempts the batch one, which waits, having run.
-  ASSERT_TRUE(submit("urgent", 0, 400).ok());
+  ASSERT_TRUE(submit("urgent", 0, 2000).ok());
   while (engine->Stats().counters.priority_preemptions == 0) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }

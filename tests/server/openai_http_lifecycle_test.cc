@@ -284,8 +284,10 @@ TEST(OpenAiHttpLifecycleTest, ChatWithoutMaxTokensTakesWhatIsLeftOfTheContext) {
 // refused, and the metric counts each displacement.
 TEST(OpenAiHttpLifecycleTest, AnUrgentRequestTakesAWaitingBatchRequestsPlace) {
   const int http_port = FreePort();
+  // (The displaced stream must still wait for its head: a long --stream-head-timeout.)
   ServerProcess server({"--http-port", std::to_string(http_port), "--max-num-seqs", "1",
-                        "--max-queue", "1", "--scheduling-policy", "priority"});
+                        "--max-queue", "1", "--scheduling-policy", "priority",
+                        "--stream-head-timeout", "300"});
   ASSERT_TRUE(server.started());
   auto stub = server.stub();
   // The most urgent request holds the one slot until it is aborted below, however slowly
