@@ -211,13 +211,13 @@ absl::Status Engine::SubmitAll(std::vector<Request> requests,
     const int64_t over = queued + int64_t(seqs.size()) - config_.max_queue;
     // A call displaces at most as many as it adds: the queue may be past its bound already (a
     // burst that the free slots took, then held back), which is not this call's to undo.
-    if (over > 0 &&
-        !(by_priority && PickDisplaced(least_urgent, std::min<int64_t>(over, seqs.size())))) {
-      // By priority, fewer than `over` requests waiting are less urgent and have never run.
+    const int64_t needed = std::min<int64_t>(over, seqs.size());
+    if (over > 0 && !(by_priority && PickDisplaced(least_urgent, needed))) {
+      // By priority, fewer than `needed` requests waiting are less urgent and have never run.
       const std::string displace =
           by_priority ? absl::StrFormat(", fewer than %d of them both less urgent than priority "
                                         "%d and not yet started",
-                                        over, least_urgent)
+                                        needed, least_urgent)
                       : "";
       if (seqs.size() > 1) {
         return absl::ResourceExhaustedError(absl::StrFormat(
