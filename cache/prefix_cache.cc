@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <random>
 
+#include "absl/container/flat_hash_map.h"
 #include "base/check.h"
 
 namespace thetaserve::cache {
@@ -75,6 +76,23 @@ PrefixCache::Match PrefixCache::Find(std::span<const int32_t> tokens, int64_t ma
     serial = it->second.serial;
   }
   return match;
+}
+
+int64_t PrefixCache::PagesHeldBeyond(const Match& match,
+                                     const std::vector<const SequenceKv*>& leaving,
+                                     const PagePool& pool) const {
+  const auto holders = SequenceKv::PageHolders(leaving);
+  int64_t n = 0;
+  auto count = [&](int32_t page) {
+    const auto it = holders.find(page);
+    n += pool.refcount(page) > 1 + (it == holders.end() ? 0 : it->second);
+  };
+  for (uint64_t key : match.keys) {
+    const Block& b = blocks_.at(key);
+    for (int32_t page : b.k_pages) count(page);
+    for (int32_t page : b.v_pages) count(page);
+  }
+  return n;
 }
 
 void PrefixCache::Adopt(const Match& match, SequenceKv& kv, PagePool& pool, Cursor* cursor) {

@@ -76,6 +76,11 @@ class PrefixCache {
   };
   Match Find(std::span<const int32_t> tokens, int64_t max_blocks, const PagePool& pool,
              std::string_view salt = {}) const;
+  // Of the run's pages, those a sequence holds other than `leaving`: once `leaving` released
+  // theirs, adopting the run takes none of these from the pool (the rest it pins: they would be
+  // reclaimable). A page is held beyond the cache's own reference by as many as hold it.
+  int64_t PagesHeldBeyond(const Match& match, const std::vector<const SequenceKv*>& leaving,
+                          const PagePool& pool) const;
   // Appends the matched blocks to `kv` (which must hold no blocks), marks them recently used
   // and moves `cursor` (from Start of the same salt) after them. `match` must come from Find
   // with nothing changed since.

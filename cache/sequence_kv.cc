@@ -247,12 +247,17 @@ int64_t SequenceKv::num_pages() const {
   return n;
 }
 
+absl::flat_hash_map<int32_t, int32_t> SequenceKv::PageHolders(
+    const std::vector<const SequenceKv*>& seqs) {
+  absl::flat_hash_map<int32_t, int32_t> holders;
+  for (const SequenceKv* kv : seqs) kv->ForEachPoolPage([&](int32_t page) { ++holders[page]; });
+  return holders;
+}
+
 int64_t SequenceKv::PagesFreedOnRelease(const std::vector<const SequenceKv*>& seqs,
                                         const PagePool& pool) {
-  absl::flat_hash_map<int32_t, int32_t> holders;  // page -> how many of seqs hold it
-  for (const SequenceKv* kv : seqs) kv->ForEachPoolPage([&](int32_t page) { ++holders[page]; });
   int64_t n = 0;
-  for (const auto& [page, count] : holders) {
+  for (const auto& [page, count] : PageHolders(seqs)) {
     n += pool.refcount(page) == count + int(pool.cached(page));
   }
   return n;

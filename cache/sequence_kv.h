@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "cache/page_pool.h"
 #include "base/mass_units.h"
 
@@ -97,6 +98,9 @@ class SequenceKv {
   // share among themselves (a group's prompt blocks) counts once.
   static int64_t PagesFreedOnRelease(const std::vector<const SequenceKv*>& seqs,
                                      const PagePool& pool);
+  // Each KV-pool page any of `seqs` holds -> how many of them hold it.
+  static absl::flat_hash_map<int32_t, int32_t> PageHolders(
+      const std::vector<const SequenceKv*>& seqs);
   int64_t num_host_pages() const;
 
   // Moves V rows of whole tail blocks that ended more than `local_window` rows before

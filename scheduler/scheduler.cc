@@ -93,15 +93,17 @@ class Scheduler::Step {
   void PlanRunningSequence(Sequence* seq);
   // Pages `s` needs to finish its prompt and take its first output token.
   int64_t ToFinishPrompt(const Sequence& s) const;
-  // By priority, a waiting sequence without a slot, or short of `pages` pages above what is
-  // reserved, preempts the last running sequence if that one's priority is later than its own
-  // (deferred and not planned yet: it comes after the waiting one), and tries again; only when
-  // preempting every running sequence of a later priority would surely give it the slot and
-  // the pages, so that no work is thrown away for nothing. Surely: a page a sequence of its
+  // By priority, a waiting sequence without a slot, or short of the pages it needs above what
+  // is reserved, preempts the last running sequence if that one's priority is later than its
+  // own (deferred and not planned yet: it comes after the waiting one), and tries again; only
+  // when preempting every running sequence of a later priority would surely give it the slot
+  // and the pages, so that no work is thrown away for nothing. Surely: a page a sequence of its
   // own or an earlier priority shares stays held (SequenceKv::PagesFreedOnRelease; pages the
   // later ones share among themselves, a group's prompt blocks, count). Sequences of its own
-  // priority are never preempted for it.
-  bool MakeWayFor(const Sequence& seq, int64_t pages);
+  // priority are never preempted for it. The pages it needs: its prompt's, but for the cached
+  // blocks it would adopt whose pages such a sequence holds (they stay; the cache's other
+  // blocks it would pin, so they count).
+  bool MakeWayFor(const Sequence& seq);
   // Plans the deferred sequences that come before `until` (all when null). Their pages were
   // reserved; what they take now is no longer.
   void PlanDeferred(const Sequence* until);
@@ -200,7 +202,7 @@ int64_t Scheduler::Step::ToFinishPrompt(const Sequence& s) const {
   return s.kv().PagesToReach(next, sched_.config_.sparse, sched_.config_.max_num_batched_tokens);
 }
 
-bool Scheduler::Step::MakeWayFor(const Sequence& seq, int64_t pages) {
+bool Scheduler::Step::MakeWayFor(const Sequence& seq) {
   if (!by_priority_) return false;
   std::vector<const cache::SequenceKv*> later;
   int64_t room = sched_.Available() - reserved_;
@@ -210,6 +212,14 @@ bool Scheduler::Step::MakeWayFor(const Sequence& seq, int64_t pages) {
     room += ToFinishPrompt(*r);
   }
   room += cache::SequenceKv::PagesFreedOnRelease(later, *sched_.pool_);
+  int64_t pages = ToFinishPrompt(seq);
+  if (sched_.prefix_ && seq.kv().blocks() == 0 && !seq.NeedsPromptScores()) {
+    const auto& tokens = seq.tokens();
+    const cache::PrefixCache::Match match =
+        sched_.prefix_->Find(tokens, (int64_t(tokens.size()) - 1) / sched_.pool_->block_size(),
+                             *sched_.pool_, seq.request().cache_salt);
+    pages -= sched_.prefix_->PagesHeldBeyond(match, later, *sched_.pool_);
+  }
   if (later.empty() || room < pages ||
       int64_t(sched_.running_.size() - later.size()) >= sched_.config_.max_num_seqs) {
     return false;
@@ -260,7 +270,7 @@ bool Scheduler::Step::AdoptCachedPrefix(Sequence& seq) {
       return false;
     }
     // By priority, the whole prompt's check (Start) fails too (adopting needs less), and may
-    // make way for it: what preempting frees counts cached blocks, which adopting would pin.
+    // make way for it (MakeWayFor asks for the prompt less the blocks that stay held).
   }
   if ((adopted || match.blocks() == 0) && seq.group_prompt_computed &&
       !seq.NeedsPromptScores() &&
@@ -315,13 +325,13 @@ void Scheduler::Step::Admit() {
     if (pool_short_ || budget_ <= 0) break;
     if (seq->NeedsPromptScores() && score_budget_ <= 0) break;  // this step scores no more
     if (int64_t(sched_.running_.size()) >= sched_.config_.max_num_seqs) {
-      if (MakeWayFor(*seq, ToFinishPrompt(*seq))) continue;
+      if (MakeWayFor(*seq)) continue;
       break;
     }
     if (sched_.prefix_ && seq->kv().blocks() == 0 && !AdoptCachedPrefix(*seq)) break;
     const int64_t whole = ToFinishPrompt(*seq);
     if (Start(w, whole)) continue;  // (waiting sequence w is the next one now)
-    if (MakeWayFor(*seq, whole)) continue;
+    if (MakeWayFor(*seq)) continue;  // (Start released what it adopted)
     break;
   }
   PlanDeferred(nullptr);
