@@ -211,6 +211,10 @@ bool Scheduler::Step::MakeWayFor(const Sequence& seq) {
     later.push_back(&r->kv());
     room += ToFinishPrompt(*r);
   }
+  if (later.empty() ||
+      int64_t(sched_.running_.size() - later.size()) >= sched_.config_.max_num_seqs) {
+    return false;
+  }
   room += cache::SequenceKv::PagesFreedOnRelease(later, *sched_.pool_);
   int64_t pages = ToFinishPrompt(seq);
   if (sched_.prefix_ && seq.kv().blocks() == 0 && !seq.NeedsPromptScores()) {
@@ -220,10 +224,7 @@ bool Scheduler::Step::MakeWayFor(const Sequence& seq) {
                              *sched_.pool_, seq.request().cache_salt);
     pages -= sched_.prefix_->PagesHeldBeyond(match, later, *sched_.pool_);
   }
-  if (later.empty() || room < pages ||
-      int64_t(sched_.running_.size() - later.size()) >= sched_.config_.max_num_seqs) {
-    return false;
-  }
+  if (room < pages) return false;
   reserved_ -= ToFinishPrompt(*sched_.running_.back());
   plan_.preempted.push_back(sched_.running_.back().get());
   sched_.Preempt(sched_.running_.size() - 1);

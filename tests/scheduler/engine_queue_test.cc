@@ -311,6 +311,7 @@ TEST_F(EngineQueueTest, AnArrivalDisplacesNoMoreThanItAdds) {
   config.max_queue = 1;
   config.scheduler.max_num_seqs = 3;
   config.scheduler.max_num_batched_tokens = 32;  // a's prompt takes several steps
+  config.scheduler.long_prefill_tokens = 0;       // a's chunk takes all the budget leaves
   config.scheduler.policy = SchedulingPolicy::kPriority;
   auto engine = CpuEngine(config);
   ASSERT_NE(engine, nullptr);
