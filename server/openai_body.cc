@@ -81,9 +81,13 @@ absl::StatusOr<int64_t> Integer(const In& body, const char* key) {
     return Invalid(key, "must be an integer below 2^63");
   }
   if (v.is_number_integer()) return v.get<int64_t>();
-  if (v.is_number_float() && std::floor(v.get<double>()) == v.get<double>() &&
-      std::fabs(v.get<double>()) < 9e15) {
-    return static_cast<int64_t>(v.get<double>());
+  if (v.is_number_float() && std::floor(v.get<double>()) == v.get<double>()) {
+    // Read as a float: written with a fraction or exponent (2.0, 1e3), or past 64 bits.
+    const double d = v.get<double>();
+    if (std::fabs(d) < 9e15) return static_cast<int64_t>(d);  // exact
+    if (d >= 0x1p63) return Invalid(key, "must be an integer below 2^63");
+    if (d < -0x1p63) return Invalid(key, "must be an integer at or above -2^63");
+    return Invalid(key, "must be an integer written in digits (no fraction or exponent) past 2^53");
   }
   return Invalid(key, "must be an integer");
 }

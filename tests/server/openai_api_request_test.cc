@@ -477,6 +477,19 @@ TEST(OpenAiApiTest, PriorityIsAnInteger) {
                           "priority must be an integer"));
   EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": "x", "priority": 9223372036854775808})"),
                           "priority must be an integer below 2^63"));
+  // Past 64 bits JSON's number is read as a float: still named for its range.
+  EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": "x", "priority": 1180591620717411303424})"),
+                          "priority must be an integer below 2^63"));
+  EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": "x", "priority": -1180591620717411303424})"),
+                          "priority must be an integer at or above -2^63"));
+  EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": "x", "priority": 1e17})"),
+                          "priority must be an integer written in digits"));
+  auto exact = Completion(R"({"prompt": "x", "priority": -3e2})");
+  ASSERT_TRUE(exact.ok()) << exact.status();
+  EXPECT_EQ(exact->request.priority(), -300);
+  auto digits = Completion(R"({"prompt": "x", "priority": -9223372036854775808})");
+  ASSERT_TRUE(digits.ok()) << digits.status();
+  EXPECT_EQ(digits->request.priority(), std::numeric_limits<int64_t>::min());
 }
 
 // vLLM's tokenization switches, on both routes: add_special_tokens (BOS before the prompt) and
