@@ -1,5 +1,5 @@
 """The OpenAI completions route on 127.0.0.1 as the one-question probes (ttft_beside_prefill.py,
-priority_ttft.py) send it: plain urllib, no dependencies."""
+priority_ttft.py, shared_prefix_urgent.py) send it: plain urllib, no dependencies."""
 import json
 import time
 import urllib.request
