@@ -8,13 +8,15 @@
 #   scripts/shared-prefix-urgent.sh      # 3 rounds (~1 min on 2 cores)
 #
 # Env: REPEATS (3), KV (48M: 2,176 tokens in f16, as the CPU backend stores them), PREFIX
-# (1100), BATCH (500), PORT (8203), THETASERVE_BIN (build/thetaserve).
+# (1100), BATCH (500), OUTPUT (250: U1's tokens; the batch request's 4×), PORT (8203),
+# THETASERVE_BIN (build/thetaserve).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPEATS=${REPEATS:-3}
 KV=${KV:-48M}
 PREFIX=${PREFIX:-1100}
 BATCH=${BATCH:-500}
+OUTPUT=${OUTPUT:-250}
 PORT=${PORT:-8203}
 source scripts/lib/serve.sh
 source scripts/lib/rounds.sh
@@ -26,9 +28,10 @@ round_serve() {
     --http-port "$PORT" --scheduling-policy priority --max-num-seqs 2 --kv-cache-memory "$1"
 }
 round_client() {
-  (cd bench/serve && python3 shared_prefix_urgent.py --port "$PORT" \
-    --corpus ../../data/kjv.txt --prefix "$PREFIX" --batch "$BATCH")
+  python3 bench/serve/shared_prefix_urgent.py --port "$PORT" --prefix "$PREFIX" \
+    --batch "$BATCH" --output "$OUTPUT"
 }
 rounds "$log/results" --kv-cache-memory "$KV"
 rounds_medians "$log/results" kv "u2_s:U2 s:.3f" "u1_s:U1 s:.2f" "batch_s:batch s:.2f" \
-  "priority_preemptions:priority preemptions:.0f"
+  "u2_ended_before_u1:U2 before U1:.0f" "preemptions:preemptions:.0f" \
+  "priority_preemptions:for priority:.0f"

@@ -82,12 +82,16 @@ absl::StatusOr<int64_t> Integer(const In& body, const char* key) {
   }
   if (v.is_number_integer()) return v.get<int64_t>();
   if (v.is_number_float() && std::floor(v.get<double>()) == v.get<double>()) {
-    // Read as a float: written with a fraction or exponent (2.0, 1e3), or past 64 bits.
+    // Read as a float: written with a fraction or exponent (2.0, 1e3), or past 64 bits. Below
+    // 2^52 a whole float is the integer written (a fraction would have survived rounding).
     const double d = v.get<double>();
-    if (std::fabs(d) < 9e15) return static_cast<int64_t>(d);  // exact
+    if (std::fabs(d) < 0x1p52) return static_cast<int64_t>(d);
     if (d >= 0x1p63) return Invalid(key, "must be an integer below 2^63");
-    if (d < -0x1p63) return Invalid(key, "must be an integer at or above -2^63");
-    return Invalid(key, "must be an integer written in digits (no fraction or exponent) past 2^53");
+    // -2^63 - 1 and a little beyond round to -2^63 itself: written in digits, it is read exactly.
+    if (d <= -0x1p63) {
+      return Invalid(key, "must be an integer at or above -2^63, written in digits");
+    }
+    return Invalid(key, "must be an integer written in digits (no fraction or exponent) past 2^52");
   }
   return Invalid(key, "must be an integer");
 }

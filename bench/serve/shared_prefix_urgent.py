@@ -6,9 +6,10 @@ BATCH other tokens, 4 × OUTPUT tokens), then U2 (priority 0, the same prefix an
 question, 4 tokens). With --max-num-seqs 2 and a KV cache that holds U1 and the batch request
 but not U2's whole prompt beside U1, U2 starts at once only if the scheduler counts the
 prefix U1 holds as no page to make way for (it then preempts the batch request); else it
-waits until the batch request is preempted for pages or ends. Prints one JSON line: U2's
-seconds (its whole request, 4 tokens), U1's and the batch request's, and the priority
-preemptions made before U2 ended. scripts/shared-prefix-urgent.sh runs it."""
+waits for a slot (U1's, when U1 ends; or the batch request's, preempted for pages). Prints one
+JSON line: U2's seconds (its whole request, 4 tokens), U1's and the batch request's, whether
+U2 ended before U1, and the preemptions (all, and those for an earlier priority) made before
+U2 ended. scripts/shared-prefix-urgent.sh runs it."""
 import argparse
 import json
 import re
@@ -19,10 +20,15 @@ import urllib.request
 from completions import post
 
 
-def priority_preemptions(port):
+def preemptions(port):
+    """The server's (preemptions, of which for an earlier priority) so far."""
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30).read().decode()
-    m = re.search(r"^thetaserve_priority_preemptions_total (\S+)$", text, re.M)
-    return float(m.group(1)) if m else float("nan")
+
+    def counter(name):
+        m = re.search(rf"^{name} (\S+)$", text, re.M)
+        return float(m.group(1)) if m else float("nan")
+    return (counter("thetaserve_preemptions_total"),
+            counter("thetaserve_priority_preemptions_total"))
 
 
 def tokens(port, text):
@@ -57,7 +63,9 @@ def main():
     prefix, prefix_tokens = text_of(args.port, words, 2000, args.prefix)
     batch, batch_tokens = text_of(args.port, words, 60000, args.batch)
     took = {}
+    ended = {}  # seconds from U1's start
     failures = []
+    t0 = time.time()
 
     def run(name, prompt, priority, max_tokens):
         t = time.time()
@@ -68,8 +76,9 @@ def main():
         except Exception as e:  # noqa: BLE001
             failures.append(f"{name}: {e!r}")
         took[name] = time.time() - t
+        ended[name] = time.time() - t0
 
-    before = priority_preemptions(args.port)
+    before = preemptions(args.port)
     u1 = threading.Thread(target=run, args=("u1", prefix + " And the first question:", 0,
                                             args.output))
     u1.start()
@@ -78,7 +87,7 @@ def main():
     b.start()
     time.sleep(2.0)  # the batch request decoding beside U1
     run("u2", prefix + " And a second question:", 0, 4)
-    preempted = priority_preemptions(args.port) - before
+    after = preemptions(args.port)
     u1.join()
     b.join()
     if failures:
@@ -86,7 +95,9 @@ def main():
     print(json.dumps({"prefix_tokens": prefix_tokens, "batch_tokens": batch_tokens,
                       "u2_s": round(took["u2"], 3), "u1_s": round(took["u1"], 2),
                       "batch_s": round(took["batch"], 2),
-                      "priority_preemptions": preempted}))
+                      "u2_ended_before_u1": ended["u2"] < ended["u1"],
+                      "preemptions": after[0] - before[0],
+                      "priority_preemptions": after[1] - before[1]}))
 
 
 if __name__ == "__main__":

@@ -482,6 +482,8 @@ TEST(OpenAiApiTest, PriorityIsAnInteger) {
                           "priority must be an integer below 2^63"));
   EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": "x", "priority": -1180591620717411303424})"),
                           "priority must be an integer at or above -2^63"));
+  EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": "x", "priority": -9223372036854775809})"),
+                          "priority must be an integer at or above -2^63"));
   EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": "x", "priority": 1e17})"),
                           "priority must be an integer written in digits"));
   auto exact = Completion(R"({"prompt": "x", "priority": -3e2})");
