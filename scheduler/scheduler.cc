@@ -107,6 +107,10 @@ class Scheduler::Step {
   // Plans the deferred sequences that come before `until` (all when null). Their pages were
   // reserved; what they take now is no longer.
   void PlanDeferred(const Sequence* until);
+  // The cached blocks `seq`'s tokens begin with that it may adopt: all of the tokens but the
+  // last (whose logits are needed); none while its prompt is to be scored (it needs every
+  // row's logits).
+  cache::PrefixCache::Match AdoptableMatch(const Sequence& seq) const;
   // Adopts the cached blocks `seq`'s tokens begin with, when the rest fits too; false: the
   // admission stops here (first come, first served: it must not be passed).
   bool AdoptCachedPrefix(Sequence& seq);
@@ -217,12 +221,8 @@ bool Scheduler::Step::MakeWayFor(const Sequence& seq) {
   }
   room += cache::SequenceKv::PagesFreedOnRelease(later, *sched_.pool_);
   int64_t pages = ToFinishPrompt(seq);
-  if (sched_.prefix_ && seq.kv().blocks() == 0 && !seq.NeedsPromptScores()) {
-    const auto& tokens = seq.tokens();
-    const cache::PrefixCache::Match match =
-        sched_.prefix_->Find(tokens, (int64_t(tokens.size()) - 1) / sched_.pool_->block_size(),
-                             *sched_.pool_, seq.request().cache_salt);
-    pages -= sched_.prefix_->PagesHeldBeyond(match, later, *sched_.pool_);
+  if (sched_.prefix_ && seq.kv().blocks() == 0) {
+    pages -= sched_.prefix_->PagesHeldBeyond(AdoptableMatch(seq), later, *sched_.pool_);
   }
   if (room < pages) return false;
   reserved_ -= ToFinishPrompt(*sched_.running_.back());
@@ -244,21 +244,22 @@ void Scheduler::Step::PlanDeferred(const Sequence* until) {
   }
 }
 
-// Cached blocks first: all of the tokens but the last (whose logits are needed) can come from
-// the prefix cache. Adopting pins them, so it happens only when the rest fits too. A sequence
-// whose prompt is still to be scored adopts nothing (it needs every row's logits) but offers
-// its blocks as any other.
+cache::PrefixCache::Match Scheduler::Step::AdoptableMatch(const Sequence& seq) const {
+  if (seq.NeedsPromptScores()) return {};
+  const auto& tokens = seq.tokens();
+  return sched_.prefix_->Find(tokens, (int64_t(tokens.size()) - 1) / sched_.pool_->block_size(),
+                              *sched_.pool_, seq.request().cache_salt);
+}
+
+// Cached blocks first (AdoptableMatch). Adopting pins them, so it happens only when the rest
+// fits too. A sequence whose prompt is still to be scored adopts nothing but offers its blocks
+// as any other.
 bool Scheduler::Step::AdoptCachedPrefix(Sequence& seq) {
   cache::PrefixCache& prefix = *sched_.prefix_;
   cache::PagePool& pool = *sched_.pool_;
-  const auto& tokens = seq.tokens();
   const int64_t bs = pool.block_size();
-  const std::string& salt = seq.request().cache_salt;
-  seq.cache_cursor = prefix.Start(salt);
-  const cache::PrefixCache::Match match =
-      seq.NeedsPromptScores()
-          ? cache::PrefixCache::Match{}
-          : prefix.Find(tokens, (int64_t(tokens.size()) - 1) / bs, pool, salt);
+  seq.cache_cursor = prefix.Start(seq.request().cache_salt);
+  const cache::PrefixCache::Match match = AdoptableMatch(seq);
   bool adopted = false;
   if (match.blocks() > 0) {
     const int64_t rest = ToFinishPrompt(seq) - 2 * match.blocks() * seq.kv().shape().tables();
