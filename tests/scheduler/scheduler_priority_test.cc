@@ -251,22 +251,32 @@ TEST_F(PriorityTest, PagesAGroupSharesAreRoomWhenTheWholeGroupIsPreempted) {
   s.Commit(plan);
 }
 
+// "early" (priority 0) has computed its 48-token prompt, whose three blocks the prefix cache
+// holds too, and taken its first token, in a pool of 24 pages.
+class EarlyPrefixTest : public PriorityTest {
+ protected:
+  void SetUp() override {
+    ASSERT_NO_FATAL_FAILURE(PriorityTest::SetUp());
+    for (int32_t t = 0; t < 48; ++t) prompt.push_back(3000 + t);
+    early = Submit(s, "early", prompt, 0);
+    ASSERT_EQ(Step(s), std::vector<std::string>{"early:48+"});
+    CacheBlocks(prefix, pool, *early);
+    ASSERT_EQ(early->cached_blocks, 3);
+    Sample(early);
+  }
+  cache::PagePool pool{24, kShape.block_size};
+  cache::PrefixCache prefix{kShape};
+  Scheduler s{Config(SchedulingPolicy::kPriority), pool, &prefix};
+  std::vector<int32_t> prompt;
+  Sequence* early = nullptr;
+};
+
 // The other side: "victim" (priority 5) adopted the first two blocks of "early"'s prompt
 // (priority 0), so those 8 pages stay held by early when victim goes: preempting it gives 8
 // pages (its own block, the one it would take next, the 4 free less what it reserved), short
 // of the 12 "mid" (priority 1, 40 tokens) needs. Victim keeps running; mid waits. (Counting
 // the pages victim shares with early, preempting it would have seemed to give 16.)
-TEST_F(PriorityTest, PagesSharedWithAnEarlierPriorityAreNoRoom) {
-  cache::PagePool pool{24, kShape.block_size};
-  cache::PrefixCache prefix{kShape};
-  Scheduler s{Config(SchedulingPolicy::kPriority), pool, &prefix};
-  std::vector<int32_t> prompt;
-  for (int32_t t = 0; t < 48; ++t) prompt.push_back(3000 + t);
-  Sequence* early = Submit(s, "early", prompt, 0);
-  ASSERT_EQ(Step(s), std::vector<std::string>{"early:48+"});
-  CacheBlocks(prefix, pool, *early);
-  ASSERT_EQ(early->cached_blocks, 3);
-  Sample(early);
+TEST_F(EarlyPrefixTest, PagesSharedWithAnEarlierPriorityAreNoRoom) {
   Sequence* victim = Submit(s, "victim", prompt, 5);
   ASSERT_EQ(Step(s), (std::vector<std::string>{"early:1+", "victim:16+"}));
   ASSERT_EQ(victim->cached_blocks, 2);
@@ -286,17 +296,7 @@ TEST_F(PriorityTest, PagesSharedWithAnEarlierPriorityAreNoRoom) {
 // needs 20 pages; adopting early's blocks, which stay held when "victim" (priority 5) goes, 8:
 // victim's 8 pages. Victim is preempted and urgent starts on the adopted prefix. (Asking for
 // the whole prompt's pages, victim kept running and urgent waited for it to finish.)
-TEST_F(PriorityTest, ABlockAnEarlierPriorityHoldsIsNoPageToMakeWayFor) {
-  cache::PagePool pool{24, kShape.block_size};
-  cache::PrefixCache prefix{kShape};
-  Scheduler s{Config(SchedulingPolicy::kPriority), pool, &prefix};
-  std::vector<int32_t> prompt;
-  for (int32_t t = 0; t < 48; ++t) prompt.push_back(3000 + t);
-  Sequence* early = Submit(s, "early", prompt, 0);
-  ASSERT_EQ(Step(s), std::vector<std::string>{"early:48+"});
-  CacheBlocks(prefix, pool, *early);
-  ASSERT_EQ(early->cached_blocks, 3);
-  Sample(early);
+TEST_F(EarlyPrefixTest, ABlockAnEarlierPriorityHoldsIsNoPageToMakeWayFor) {
   Sequence* victim = Submit(s, "victim", 28, 5);
   ASSERT_EQ(Step(s), (std::vector<std::string>{"early:1+", "victim:28+"}));
   ASSERT_EQ(pool.num_free(), 0);
