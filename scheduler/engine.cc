@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -56,6 +57,16 @@ cache::KvShape KvShapeOf(const kernels::Backend& backend, int32_t block_size) {
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& config,
                                                        kernels::Backend& backend) {
   const auto& c = backend.model().config();
+  const double aging = config.scheduler.priority_aging;
+  if (!(aging >= 0 && std::isfinite(aging))) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("--priority-aging is %g; it must be a finite number >= 0", aging));
+  }
+  if (aging > 0 && config.scheduler.policy != SchedulingPolicy::kPriority) {
+    return absl::InvalidArgumentError(
+        "--priority-aging ages request priorities, which only --scheduling-policy priority "
+        "has");
+  }
   const int64_t page_bytes = PageBytes(backend, config.block_size);
   const int64_t num_pages = config.kv_cache_bytes / page_bytes;
   const int64_t min_pages = 2 * c.num_layers * c.num_kv_heads;  // one block of K and V
@@ -98,6 +109,8 @@ Engine::Engine(const EngineConfig& config, kernels::Backend& backend, int64_t nu
       tokenizer_(&backend.model().tokenizer()),
       vocab_bytes_(VocabBytes(*tokenizer_, /*first=*/false)),
       first_vocab_bytes_(FirstVocabBytes(*tokenizer_, vocab_bytes_)) {
+  displaceable_ =
+      std::set<PriorityKey, InQueueOrder>(InQueueOrder{config.scheduler.priority_aging});
   if (config.sampling_threads > 1) {
     sampling_pool_ = std::make_unique<kernels::cpu::ThreadPool>(config.sampling_threads);
   }

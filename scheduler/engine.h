@@ -127,10 +127,12 @@ class Engine {
   // `scheduled`: no arrivals were drained since the last Schedule (see PublishStats).
   void DeliverFinished(const StepStats* step = nullptr, bool scheduled = true);
   void CheckDeadlines();
-  // By priority: under mu_, picks the `count` requests that `priority` displaces from a full
-  // queue (the least urgent that never ran, strictly less urgent than it, latest first) and
-  // takes them off displaceable_; false (nothing taken) when there are not that many.
-  bool PickDisplaced(int64_t priority, int64_t count);
+  // By priority: under mu_, picks the `count` requests that an `arrival` (its least urgent
+  // priority, now) displaces from a full queue (those that never ran, of a strictly later
+  // priority and after it in the order, the last first: with aging, one that has waited long
+  // enough is kept) and takes them off displaceable_; false (nothing taken) when there are
+  // not that many.
+  bool PickDisplaced(const PriorityKey& arrival, int64_t count);
   // Ends the requests SubmitAll picked (after deadlines: an expired one is told so).
   void EndDisplaced();
   // A sequence that first ran or finished is no longer displaceable: noted here, taken off
@@ -178,9 +180,15 @@ class Engine {
   int64_t finishing_ = 0;  // of pending_: finished, sinks not yet told (DeliverFinished)
   int64_t scheduler_waiting_ = 0;  // the scheduler's waiting sequences after the last Schedule
   // By priority: the queued requests that have never run (single requests: not of a group or
-  // a call), by (priority, serial); those picked to make room (serials) that the engine has
+  // a call), in the scheduler's order; those picked to make room (serials) that the engine has
   // not ended yet, and how many picked requests pending_ still counts.
-  std::set<std::pair<int64_t, uint64_t>> displaceable_;
+  struct InQueueOrder {
+    double aging = 0;  // SchedulerConfig::priority_aging
+    bool operator()(const PriorityKey& a, const PriorityKey& b) const {
+      return InPriorityOrder(a, b, aging);
+    }
+  };
+  std::set<PriorityKey, InQueueOrder> displaceable_;
   std::set<uint64_t> displaced_;
   int64_t displaced_unsettled_ = 0;
   bool stop_ = false;
@@ -200,7 +208,7 @@ class Engine {
   std::vector<int32_t> tokens_;
   std::vector<kernels::SeqChunk> chunks_;
   // Sequences that left displaceable_ (first ran or finished), taken off it under mu_.
-  std::vector<std::pair<int64_t, uint64_t>> no_longer_displaceable_;
+  std::vector<PriorityKey> no_longer_displaceable_;
   std::set<uint64_t> displacing_serials_;  // picked, taken from displaced_ by DrainInbox
   std::vector<Sequence*> displacing_;      // EndDisplaced's
   kernels::AttentionStats attn_stats_;

@@ -99,12 +99,18 @@ absl::Status Engine::SubmitAll(std::vector<Request> requests,
     // A call displaces at most as many as it adds: the queue may be past its bound already (a
     // burst that the free slots took, then held back), which is not this call's to undo.
     const int64_t needed = std::min<int64_t>(over, seqs.size());
-    if (over > 0 && !(by_priority && PickDisplaced(least_urgent, needed))) {
+    // Taken under mu_, as the serials are: submission times follow the serials.
+    const Clock::time_point now = Clock::now();
+    const PriorityKey arrival{least_urgent, now, std::numeric_limits<uint64_t>::max()};
+    if (over > 0 && !(by_priority && PickDisplaced(arrival, needed))) {
       // By priority, fewer than `needed` requests waiting are less urgent and have never run.
+      const std::string aged = config_.scheduler.priority_aging > 0
+                                   ? " (counting the priority waiting has gained them)"
+                                   : "";
       const std::string displace =
           by_priority ? absl::StrFormat(", fewer than %d of them both less urgent than priority "
-                                        "%d and not yet started",
-                                        needed, least_urgent)
+                                        "%d%s and not yet started",
+                                        needed, least_urgent, aged)
                       : "";
       if (seqs.size() > 1) {
         return absl::ResourceExhaustedError(absl::StrFormat(
@@ -113,9 +119,9 @@ absl::Status Engine::SubmitAll(std::vector<Request> requests,
       }
       if (by_priority) {
         return absl::ResourceExhaustedError(absl::StrFormat(
-            "the request queue is full (%d waiting, none both less urgent than priority %d and "
-            "not yet started); retry later",
-            queued, least_urgent));
+            "the request queue is full (%d waiting, none both less urgent than priority %d%s "
+            "and not yet started); retry later",
+            queued, least_urgent, aged));
       }
       return absl::ResourceExhaustedError(absl::StrFormat(
           "the request queue is full (%d waiting); retry later", queued));
@@ -123,11 +129,12 @@ absl::Status Engine::SubmitAll(std::vector<Request> requests,
     pending_ += int64_t(seqs.size());
     for (auto& seq : seqs) {
       seq->serial = ++submitted_;
+      seq->submitted = now;
       // Not a member of a group or call: ending one would end them all (ServiceSink), those
       // that ran too.
       if (by_priority && seq->request().group_id.empty() && seq->request().call_id.empty()) {
         seq->displaceable = true;
-        displaceable_.emplace(seq->request().priority, seq->serial);
+        displaceable_.insert(PriorityKeyOf(*seq));
       }
       inbox_.push_back(std::move(seq));
     }
@@ -136,16 +143,20 @@ absl::Status Engine::SubmitAll(std::vector<Request> requests,
   return absl::OkStatus();
 }
 
-bool Engine::PickDisplaced(int64_t priority, int64_t count) {
-  std::vector<std::pair<int64_t, uint64_t>> picked;
-  for (auto it = displaceable_.rbegin();
-       it != displaceable_.rend() && it->first > priority && int64_t(picked.size()) < count; ++it) {
+bool Engine::PickDisplaced(const PriorityKey& arrival, int64_t count) {
+  std::vector<PriorityKey> picked;
+  // Those after the arrival in the order, which are of a strictly later priority (submitted
+  // before it, they gained at least as much from aging).
+  for (auto it = displaceable_.rbegin(); it != displaceable_.rend() &&
+                                         displaceable_.key_comp()(arrival, *it) &&
+                                         int64_t(picked.size()) < count;
+       ++it) {
     picked.push_back(*it);
   }
   if (int64_t(picked.size()) < count) return false;
-  for (const auto& key : picked) {
+  for (const PriorityKey& key : picked) {
     displaceable_.erase(key);
-    displaced_.insert(key.second);
+    displaced_.insert(key.serial);
   }
   displaced_unsettled_ += count;
   return true;
@@ -181,13 +192,13 @@ void Engine::EndDisplaced() {
 void Engine::SettleDisplaceable(Sequence& seq) {
   if (!seq.displaceable) return;
   seq.displaceable = false;
-  no_longer_displaceable_.emplace_back(seq.request().priority, seq.serial);
+  no_longer_displaceable_.push_back(PriorityKeyOf(seq));
 }
 
 void Engine::DropSettledLocked() {
   for (const auto& key : no_longer_displaceable_) {
     // Picked but started or ended first: it leaves the queue (or has left it) by itself.
-    if (!displaceable_.erase(key) && displaced_.erase(key.second)) --displaced_unsettled_;
+    if (!displaceable_.erase(key) && displaced_.erase(key.serial)) --displaced_unsettled_;
   }
   no_longer_displaceable_.clear();
 }

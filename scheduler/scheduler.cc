@@ -1,6 +1,7 @@
 #include "scheduler/scheduler.h"
 
 #include <algorithm>
+#include <chrono>
 
 #include "base/check.h"
 
@@ -35,15 +36,33 @@ std::optional<SchedulingPolicy> ParseSchedulingPolicy(std::string_view name) {
   return std::nullopt;
 }
 
-bool Scheduler::Before(const Sequence& a, const Sequence& b) {
-  const int64_t pa = a.request().priority, pb = b.request().priority;
-  return pa != pb ? pa < pb : a.serial < b.serial;
+PriorityKey PriorityKeyOf(const Sequence& seq) {
+  return {seq.request().priority, seq.submitted, seq.serial};
+}
+
+bool InPriorityOrder(const PriorityKey& a, const PriorityKey& b, double aging) {
+  if (aging > 0) {
+    // Seconds on the steady clock (uptime-sized: a nanosecond's precision in a double).
+    auto aged = [aging](const PriorityKey& k) {
+      return double(k.priority) +
+             aging * std::chrono::duration<double>(k.submitted.time_since_epoch()).count();
+    };
+    const double ka = aged(a), kb = aged(b);
+    if (ka != kb) return ka < kb;
+  } else if (a.priority != b.priority) {
+    return a.priority < b.priority;  // exact, whatever the magnitudes
+  }
+  return a.serial < b.serial;
+}
+
+bool Scheduler::Before(const Sequence& a, const Sequence& b) const {
+  return InPriorityOrder(PriorityKeyOf(a), PriorityKeyOf(b), config_.priority_aging);
 }
 
 void Scheduler::Enqueue(std::unique_ptr<Sequence> seq, bool preempted) {
   seq->state = SequenceState::kWaiting;
   if (config_.policy == SchedulingPolicy::kPriority) {
-    auto at = std::upper_bound(waiting_.begin(), waiting_.end(), seq, InOrder{});
+    auto at = std::upper_bound(waiting_.begin(), waiting_.end(), seq, InOrder{this});
     waiting_.insert(at, std::move(seq));
   } else if (preempted) {
     waiting_.push_front(std::move(seq));
@@ -94,15 +113,15 @@ class Scheduler::Step {
   // Pages `s` needs to finish its prompt and take its first output token.
   int64_t ToFinishPrompt(const Sequence& s) const;
   // By priority, a waiting sequence without a slot, or short of the pages it needs above what
-  // is reserved, preempts the last running sequence if that one's priority is later than its
-  // own (deferred and not planned yet: it comes after the waiting one), and tries again; only
-  // when preempting every running sequence of a later priority would surely give it the slot
-  // and the pages, so that no work is thrown away for nothing. Surely: a page a sequence of its
-  // own or an earlier priority shares stays held (SequenceKv::PagesFreedOnRelease; pages the
-  // later ones share among themselves, a group's prompt blocks, count). Sequences of its own
-  // priority are never preempted for it. The pages it needs: its prompt's, but for the cached
-  // blocks it would adopt whose pages such a sequence holds (they stay; the cache's other
-  // blocks it would pin, so they count).
+  // is reserved, preempts the last of the later running sequences (of a strictly later
+  // priority and after it in the order, so deferred and not planned yet; with aging, one that
+  // has waited long enough is not later) and tries again; only when preempting every later
+  // sequence would surely give it the slot and the pages, so that no work is thrown away for
+  // nothing. Surely: a page a sequence that is not later shares stays held
+  // (SequenceKv::PagesFreedOnRelease; pages the later ones share among themselves, a group's
+  // prompt blocks, count). Sequences of its own priority are never preempted for it. The pages
+  // it needs: its prompt's, but for the cached blocks it would adopt whose pages a sequence
+  // that stays holds (the cache's other blocks it would pin, so they count).
   bool MakeWayFor(const Sequence& seq);
   // Plans the deferred sequences that come before `until` (all when null). Their pages were
   // reserved; what they take now is no longer.
@@ -186,7 +205,7 @@ void Scheduler::Step::PlanRunningSequence(Sequence* seq) {
 void Scheduler::Step::PlanRunning() {
   const Sequence* first_waiting = sched_.waiting_.empty() ? nullptr : sched_.waiting_.front().get();
   for (size_t i = 0; i < sched_.running_.size() && budget_ > 0; ++i) {
-    if (by_priority_ && first_waiting && Before(*first_waiting, *sched_.running_[i])) {
+    if (by_priority_ && first_waiting && sched_.Before(*first_waiting, *sched_.running_[i])) {
       for (size_t j = i; j < sched_.running_.size(); ++j) {
         deferred_.push_back(sched_.running_[j].get());
       }
@@ -208,12 +227,17 @@ int64_t Scheduler::Step::ToFinishPrompt(const Sequence& s) const {
 
 bool Scheduler::Step::MakeWayFor(const Sequence& seq) {
   if (!by_priority_) return false;
+  // Later: of a strictly later priority and after `seq` in the order (with aging, one that
+  // has waited long enough comes first: it is not preempted for `seq`).
   std::vector<const cache::SequenceKv*> later;
+  size_t last = 0;  // running_'s last later one: the first preempted
   int64_t room = sched_.Available() - reserved_;
-  for (const auto& r : sched_.running_) {
-    if (r->request().priority <= seq.request().priority) continue;
-    later.push_back(&r->kv());
-    room += ToFinishPrompt(*r);
+  for (size_t i = 0; i < sched_.running_.size(); ++i) {
+    const Sequence& r = *sched_.running_[i];
+    if (r.request().priority <= seq.request().priority || !sched_.Before(seq, r)) continue;
+    later.push_back(&r.kv());
+    last = i;
+    room += ToFinishPrompt(r);
   }
   if (later.empty() ||
       int64_t(sched_.running_.size() - later.size()) >= sched_.config_.max_num_seqs) {
@@ -225,9 +249,9 @@ bool Scheduler::Step::MakeWayFor(const Sequence& seq) {
     pages -= sched_.prefix_->PagesHeldBeyond(AdoptableMatch(seq), later, *sched_.pool_);
   }
   if (room < pages) return false;
-  reserved_ -= ToFinishPrompt(*sched_.running_.back());
-  plan_.preempted.push_back(sched_.running_.back().get());
-  sched_.Preempt(sched_.running_.size() - 1);
+  reserved_ -= ToFinishPrompt(*sched_.running_[last]);
+  plan_.preempted.push_back(sched_.running_[last].get());
+  sched_.Preempt(last);
   ++sched_.priority_preemptions_;
   return true;
 }
@@ -235,7 +259,7 @@ bool Scheduler::Step::MakeWayFor(const Sequence& seq) {
 void Scheduler::Step::PlanDeferred(const Sequence* until) {
   for (; next_deferred_ < deferred_.size() && budget_ > 0; ++next_deferred_) {
     Sequence* d = deferred_[next_deferred_];
-    if (until && Before(*until, *d)) return;
+    if (until && sched_.Before(*until, *d)) return;
     // Preempted by MakeWayFor (and, were there room for it, admitted again with a chunk).
     if (d->state != SequenceState::kRunning || Planned(d)) continue;
     const int64_t before = ToFinishPrompt(*d);
@@ -304,8 +328,9 @@ bool Scheduler::Step::Start(size_t w, int64_t whole) {
   std::unique_ptr<Sequence> admitted = std::move(sched_.waiting_[w]);
   sched_.waiting_.erase(sched_.waiting_.begin() + w);
   auto& running = sched_.running_;
-  auto at = by_priority_ ? std::upper_bound(running.begin(), running.end(), admitted, InOrder{})
-                         : running.end();
+  auto at = by_priority_
+                ? std::upper_bound(running.begin(), running.end(), admitted, InOrder{&sched_})
+                : running.end();
   running.insert(at, std::move(admitted));
   plan_.chunks.push_back({seq, n, seq->num_computed + n == int64_t(seq->tokens().size())});
   Spend(*seq, n);
@@ -349,7 +374,7 @@ StepPlan Scheduler::Step::Finish() {
   // The budget the others left goes back to the held chunks, oldest first (by priority, in
   // priority order), as far as the pool allows without preempting (their prompts' pages are
   // reserved already).
-  if (by_priority_) std::stable_sort(plan_.chunks.begin(), plan_.chunks.end(), InOrder{});
+  if (by_priority_) std::stable_sort(plan_.chunks.begin(), plan_.chunks.end(), InOrder{&sched_});
   for (size_t c = 0; held_ && budget_ > 0 && c < plan_.chunks.size(); ++c) {
     ScheduledChunk& chunk = plan_.chunks[c];
     Sequence& s = *chunk.seq;

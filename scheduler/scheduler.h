@@ -27,7 +27,8 @@ enum class SchedulingPolicy {
   // first, as it came earlier); pages short preempt the newest running sequence.
   kFcfs,
   // vLLM's --scheduling-policy priority: sequences go in order of Request::priority (lower
-  // first), then of submission. Waiting ones start in that order; each sequence's first
+  // first; with priority_aging, less the levels gained while waiting: InPriorityOrder), then
+  // of submission. Waiting ones start in that order; each sequence's first
   // chunk of the step's budget goes in that order across running and waiting ones, and what
   // is left back to the held chunks in that order too; pages short preempt the running
   // sequence that comes last; and a waiting sequence with no slot (max_num_seqs) or no room
@@ -38,6 +39,22 @@ enum class SchedulingPolicy {
 // "fcfs" or "priority" (serve --scheduling-policy, ModelInfo.scheduling_policy).
 const char* SchedulingPolicyName(SchedulingPolicy policy);
 std::optional<SchedulingPolicy> ParseSchedulingPolicy(std::string_view name);
+
+// Where a request stands in the priority policy's order.
+struct PriorityKey {
+  int64_t priority;
+  Clock::time_point submitted;  // Sequence::submitted
+  uint64_t serial;              // Sequence::serial
+};
+PriorityKey PriorityKeyOf(const Sequence& seq);
+// Whether `a` goes before `b`. Strict (aging 0, vLLM's): the lower priority, then the one
+// submitted first. With `aging` > 0 (priority levels per second, serve --priority-aging) every
+// request's priority improves by `aging` for each second since it was submitted, so a request
+// kept waiting by more urgent ones overtakes those submitted long enough after it. All gain at
+// the same rate, so the order of two requests never changes: priority + aging * (submission
+// time, in seconds) orders them, then the serial. A request of priority p therefore goes
+// before every request of priority q < p submitted more than (p - q) / aging seconds after it.
+bool InPriorityOrder(const PriorityKey& a, const PriorityKey& b, double aging);
 
 struct SchedulerConfig {
   int64_t max_num_batched_tokens = 512;  // token budget per step
@@ -55,6 +72,9 @@ struct SchedulerConfig {
   // (SequenceKv::PagesToReach).
   cache::SparsePolicy sparse;
   SchedulingPolicy policy = SchedulingPolicy::kFcfs;
+  // Under kPriority: priority levels a request gains per second since it was submitted
+  // (InPriorityOrder); 0: strict priorities. Finite and >= 0.
+  double priority_aging = 0;
 };
 
 // Under a sparse policy with fixed_compaction a prompt (or a preempted sequence's recompute)
@@ -115,15 +135,16 @@ class Scheduler {
   std::vector<Sequence*> FindAll(const std::string& id);
 
  private:
-  // Whether `a` goes before `b` under the priority policy: lower priority, then submitted first.
-  static bool Before(const Sequence& a, const Sequence& b);
+  // Whether `a` goes before `b` under the priority policy (InPriorityOrder).
+  bool Before(const Sequence& a, const Sequence& b) const;
   // Before, over what holds sequences (the waiting and running lists, the plan's chunks).
   struct InOrder {
+    const Scheduler* s;
     bool operator()(const std::unique_ptr<Sequence>& a, const std::unique_ptr<Sequence>& b) const {
-      return Before(*a, *b);
+      return s->Before(*a, *b);
     }
     bool operator()(const ScheduledChunk& a, const ScheduledChunk& b) const {
-      return Before(*a.seq, *b.seq);
+      return s->Before(*a.seq, *b.seq);
     }
   };
   class Step;  // one Schedule() call's planning (scheduler.cc)

@@ -98,6 +98,9 @@ class Sequence {
 
   // Order of submission (Engine::SubmitAll): a cancel reaches only requests submitted before it.
   uint64_t serial = 0;
+  // When it was submitted (with its serial; later serials, never earlier times): the priority
+  // policy's aging counts from here (SchedulerConfig::priority_aging).
+  Clock::time_point submitted{};
   // Under the priority policy, listed among the queued requests that have never run (those a
   // more urgent arrival may displace from a full queue) until it first runs or finishes.
   bool displaceable = false;

@@ -234,6 +234,7 @@ grpc::ServerUnaryReactor* GenerationService::GetModelInfo(grpc::CallbackServerCo
   info->set_kv_cache_dtype(options_.kv_cache_dtype);
   info->set_matmul_activations(options_.matmul_activations);
   info->set_scheduling_policy(scheduler::SchedulingPolicyName(engine_->config().scheduler.policy));
+  info->set_priority_aging(engine_->config().scheduler.priority_aging);
   return FinishUnary(ctx, grpc::Status::OK);
 }
 

@@ -77,6 +77,12 @@ constexpr char kUsage[] =
     "                               first, and a waiting request with no slot or no KV room\n"
     "                               preempts running ones of a strictly later priority when\n"
     "                               that lets it start\n"
+    "  --priority-aging R           with --scheduling-policy priority: priority levels a\n"
+    "                               request gains per second since it arrived, so work kept\n"
+    "                               waiting by more urgent requests is not starved: a request\n"
+    "                               of priority p goes before those of priority q < p that\n"
+    "                               arrive more than (p - q) / R seconds after it (default 0:\n"
+    "                               strict priorities, as vLLM's)\n"
     "  --kv-cache-memory SIZE|PCT%  KV page pool size, e.g. 512M, or a share of the memory\n"
     "                               free once the model is loaded, less 1 GiB for per-step\n"
     "                               buffers, e.g. 90% (default 90% on a GPU; on the CPU\n"
@@ -191,7 +197,7 @@ int RunServe(const std::vector<std::string>& argv) {
       {"http-port", true}, {"served-model-name", true}, {"allowed-origins", true},
       {"max-http-connections", true}, {"stream-head-timeout", true}, {"max-model-len", true},
       {"max-num-seqs", true}, {"max-num-batched-tokens", true}, {"long-prefill-tokens", true},
-      {"scheduling-policy", true},
+      {"scheduling-policy", true}, {"priority-aging", true},
       {"kv-cache-memory", true},
       {"block-size", true}, {"max-queue", true}, {"threads", true}, {"device", true},
       {"drain-timeout", true}, {"tls-cert", true}, {"tls-key", true}, {"api-key", true},
@@ -226,6 +232,8 @@ int RunServe(const std::vector<std::string>& argv) {
   auto max_queue = args.GetInt("max-queue", 1024, 1, kMaxCountFlag);
   auto threads = args.GetInt("threads", 0, 0, kMaxThreadsFlag);
   auto drain = args.GetDouble("drain-timeout", 30, 0, 86400);
+  // Levels per second; a million: any wait of a microsecond outranks a level.
+  auto aging = args.GetDouble("priority-aging", 0, 0, 1e6);
   auto stats_interval = args.GetDouble("log-stats-interval", 10, 0, 86400);  // 0 = off
   if (stats_interval.ok() && *stats_interval > 0 && *stats_interval < 0.1) {
     stats_interval = absl::InvalidArgumentError(absl::StrCat(
@@ -238,8 +246,8 @@ int RunServe(const std::vector<std::string>& argv) {
         stream_head.status(), max_model_len.status(),
         max_seqs.status(),
         max_tokens.status(), long_prefill.status(), kv_spec.status(), block_size.status(),
-        max_queue.status(), threads.status(), drain.status(), stats_interval.status(),
-        device.status(), kv_dtype.status()}) {
+        max_queue.status(), threads.status(), drain.status(), aging.status(),
+        stats_interval.status(), device.status(), kv_dtype.status()}) {
     if (!st.ok()) return usage(st);
   }
   for (const char* flag : {"served-model-name", "max-http-connections", "stream-head-timeout"}) {
@@ -284,6 +292,11 @@ int RunServe(const std::vector<std::string>& argv) {
     return usage(absl::InvalidArgumentError(absl::StrCat(
         "--scheduling-policy is '", args.GetString("scheduling-policy"),
         "'; it must be fcfs or priority")));
+  }
+  if (args.Has("priority-aging") && *policy != scheduler::SchedulingPolicy::kPriority) {
+    return usage(absl::InvalidArgumentError(
+        "--priority-aging ages request priorities, which only --scheduling-policy priority "
+        "has"));
   }
   const std::string prefix_caching = args.GetString("prefix-caching", "on");
   if (prefix_caching != "on" && prefix_caching != "off") {
@@ -350,6 +363,7 @@ int RunServe(const std::vector<std::string>& argv) {
   ec.scheduler.max_num_batched_tokens = *max_tokens;
   ec.scheduler.long_prefill_tokens = *long_prefill;
   ec.scheduler.policy = *policy;
+  ec.scheduler.priority_aging = *aging;
   // Defaults: 90% of a GPU's free memory; on the CPU, enough for one full-context sequence.
   const std::optional<int64_t> free_bytes = loaded->backend->FreeMemoryBytes();
   std::optional<int64_t> max_bytes;  // whole pages of at most MaxPoolRows rows

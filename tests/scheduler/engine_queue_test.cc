@@ -50,12 +50,14 @@ class GatedSink : public CollectingSink {
 class EngineQueueTest : public EngineTest {
  protected:
   // One request runs, the rest wait in a queue of `max_queue`, by priority.
-  std::unique_ptr<Engine> OneSlotByPriority(int64_t max_queue) {
+  // With `aging`: SchedulerConfig::priority_aging.
+  std::unique_ptr<Engine> OneSlotByPriority(int64_t max_queue, double aging = 0) {
     EngineConfig config;
     config.kv_cache_bytes = int64_t(128) << 20;
     config.max_queue = max_queue;
     config.scheduler.max_num_seqs = 1;
     config.scheduler.policy = SchedulingPolicy::kPriority;
+    config.scheduler.priority_aging = aging;
     return CpuEngine(config);
   }
   // Submits "Hello" as request `id` of `priority` for exactly `max_tokens` tokens; its sink is
@@ -65,12 +67,22 @@ class EngineQueueTest : public EngineTest {
     Request r = MakeRequest(id, "Hello", max_tokens);
     r.stopping.ignore_eos = true;
     r.priority = priority;
-    sinks_[id] = std::make_shared<CollectingSink>();
+    sinks_[id] = std::make_shared<TimedSink>();
     return engine.Submit(r, sinks_[id]);
   }
   static void WaitUntilOneRuns(const Engine& engine) {
     while (engine.Stats().running == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
+
+  // A CollectingSink that notes when its request finished.
+  class TimedSink : public CollectingSink {
+   public:
+    void OnFinish(const FinishInfo& i) override {
+      finished_at = Clock::now();
+      CollectingSink::OnFinish(i);
+    }
+    Clock::time_point finished_at;  // read after Wait
+  };
 
   std::map<std::string, std::shared_ptr<CollectingSink>> sinks_;
 };
@@ -356,6 +368,50 @@ TEST_F(EngineQueueTest, AnArrivalDisplacesNoMoreThanItAdds) {
   EXPECT_EQ(engine->Stats().counters.requests_displaced, 1);
   engine->Cancel("busy");
   ASSERT_TRUE(busy->Wait(300));
+  ASSERT_TRUE(engine->WaitIdle(10));
+  const auto& pool = engine->pool_for_tests();
+  EXPECT_EQ(pool.num_free(), pool.num_pages()) << "pages leaked";
+}
+
+// With aging (--priority-aging, here 1,000 levels a second: five levels in 5 ms), a request
+// that has waited long enough keeps its place in a full queue: an urgent arrival takes the
+// place of one only if it comes before it in the order (a later priority submitted just now),
+// and is refused when none does; and the request that waited starts first.
+TEST_F(EngineQueueTest, AgingKeepsAWaitingRequestFromBeingDisplaced) {
+  auto engine = OneSlotByPriority(/*max_queue=*/2, /*aging=*/1000);
+  ASSERT_NE(engine, nullptr);
+  ASSERT_TRUE(Submit(*engine, "busy", -1, 2000).ok());  // runs until cancelled below
+  WaitUntilOneRuns(*engine);
+  ASSERT_TRUE(Submit(*engine, "old", 5).ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // 100 levels gained
+  // A million levels later: a thousand seconds to wait before it outranks priority 0.
+  ASSERT_TRUE(Submit(*engine, "fresh", 1'000'000).ok());
+  // The queue is full: urgent-1 (priority 0) comes before fresh, not before old.
+  ASSERT_TRUE(Submit(*engine, "urgent-1", 0).ok());
+  ASSERT_TRUE(sinks_["fresh"]->Wait(60));
+  EXPECT_EQ(sinks_["fresh"]->info.status.code(), absl::StatusCode::kResourceExhausted)
+      << sinks_["fresh"]->info.status;
+  // Waiting: old, urgent-1. urgent-2 comes after both (old gained 100 levels; urgent-1 is of
+  // its priority and came first). Strict priorities would have displaced old.
+  absl::Status st = Submit(*engine, "urgent-2", 0);
+  EXPECT_EQ(st.code(), absl::StatusCode::kResourceExhausted) << st;
+  EXPECT_NE(std::string(st.message())
+                .find("none both less urgent than priority 0 (counting the priority waiting has "
+                      "gained them) and not yet started"),
+            std::string::npos) << st;
+  EXPECT_FALSE(sinks_["old"]->Wait(0.2)) << "old was displaced";
+  EXPECT_EQ(engine->Stats().counters.requests_displaced, 1);
+  engine->Cancel("busy");
+  for (const char* id : {"busy", "old", "urgent-1"}) ASSERT_TRUE(sinks_[id]->Wait(300)) << id;
+  for (const char* id : {"old", "urgent-1"}) {
+    EXPECT_TRUE(sinks_[id]->info.status.ok()) << id << ": " << sinks_[id]->info.status;
+    EXPECT_EQ(sinks_[id]->tokens.size(), 4u) << id;
+    EXPECT_EQ(sinks_[id]->info.preemptions, 0) << id;
+  }
+  auto finished = [&](const char* id) {
+    return static_cast<TimedSink&>(*sinks_[id]).finished_at;
+  };
+  EXPECT_LT(finished("old"), finished("urgent-1")) << "the request that waited goes first";
   ASSERT_TRUE(engine->WaitIdle(10));
   const auto& pool = engine->pool_for_tests();
   EXPECT_EQ(pool.num_free(), pool.num_pages()) << "pages leaked";

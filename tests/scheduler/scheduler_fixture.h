@@ -88,6 +88,7 @@ class LongPrefillTest : public SchedulerTest {
     auto seq = std::make_unique<Sequence>(r, std::make_shared<CollectingSink>(),
                                           model_->tokenizer(), kShape);
     seq->serial = ++serial_;
+    seq->submitted = now_;
     Sequence* out = seq.get();
     s.AddWaiting(std::move(seq));
     return out;
@@ -122,6 +123,7 @@ class LongPrefillTest : public SchedulerTest {
   }
   int next_ = 0;
   uint64_t serial_ = 0;
+  Clock::time_point now_{};  // Sequence::submitted of what Submit adds
   cache::PagePool held_pool_{512, kShape.block_size};
   Scheduler held_{Config(16), held_pool_};
 };

@@ -129,6 +129,12 @@ TEST(CliCommandTest, OutOfRangeFlagsAreRefusedByName) {
       {"--block-size 3000000000", "--block-size must be in [1, 65536], got 3000000000"},
       {"--block-size 0", "--block-size must be in [1, 65536], got 0"},
       {"--drain-timeout nan", "--drain-timeout must be in [0, 86400], got nan"},
+      {"--scheduling-policy priority --priority-aging -1",
+       "--priority-aging must be in [0, 1e+06], got -1"},
+      {"--scheduling-policy priority --priority-aging inf",
+       "--priority-aging must be in [0, 1e+06], got inf"},
+      {"--priority-aging 0.5",
+       "--priority-aging ages request priorities, which only --scheduling-policy priority has"},
       // A stats line every 10 ms would have the logger's thread spin on the engine's lock.
       {"--log-stats-interval 0.01", "--log-stats-interval is 0.01; it must be 0 (off) or at least 0.1"},
       {"--local-window 0", "--local-window must be in [1, 2147483647], got 0"},

@@ -408,5 +408,48 @@ TEST(ServerLifecycleTest, PriorityPolicyLetsAnUrgentRequestPreemptABatchOne) {
   EXPECT_EQ(alone.complete.preemptions(), 0u);
 }
 
+// --priority-aging 50: a request gains 50 priority levels a second. A batch request (priority
+// 5) that has run for half a second has gained 25, so an urgent one (priority 0) arriving then
+// comes after it: it waits for the slot instead of preempting it (strict, it would: above).
+TEST(ServerLifecycleTest, PriorityAgingKeepsARequestThatWaitedFromBeingPreempted) {
+  ServerProcess server(
+      {"--max-num-seqs", "1", "--scheduling-policy", "priority", "--priority-aging", "50"});
+  ASSERT_TRUE(server.started());
+  auto stub = server.stub();
+  {
+    grpc::ClientContext ctx;
+    v1::ModelInfo info;
+    ASSERT_TRUE(stub->GetModelInfo(&ctx, {}, &info).ok());
+    EXPECT_EQ(info.scheduling_policy(), "priority");
+    EXPECT_EQ(info.priority_aging(), 50);
+  }
+  auto batch_req = Prompt("Once upon a time", 300);
+  batch_req.mutable_stopping()->set_ignore_eos(true);
+  batch_req.set_priority(5);
+  StreamResult batch;
+  std::atomic<bool> batch_done{false};
+  std::thread batch_thread([&] {
+    auto s = server.stub();
+    batch = Generate(*s, batch_req, 300);
+    batch_done = true;
+  });
+  ASSERT_TRUE(WaitForRunning(*stub, 1));
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  const bool batch_running_when_urgent_came = !batch_done;
+  auto urgent_req = Prompt("The capital of France is", 4);
+  urgent_req.set_priority(0);
+  StreamResult urgent = Generate(*stub, urgent_req, 300);
+  const bool batch_done_before_urgent = batch_done;
+  batch_thread.join();
+  ASSERT_TRUE(urgent.status.ok()) << urgent.status.error_message();
+  ASSERT_TRUE(batch.status.ok()) << batch.status.error_message();
+  ASSERT_TRUE(batch_running_when_urgent_came) << "300 tokens took under half a second";
+  EXPECT_TRUE(batch_done_before_urgent) << "the urgent request preempted the batch one";
+  EXPECT_EQ(batch.complete.preemptions(), 0u);
+  EXPECT_EQ(batch.complete.usage().completion_tokens(), 300u);
+  const std::string metrics = server.ScrapeMetrics();
+  EXPECT_EQ(MetricValue(metrics, "thetaserve_priority_preemptions_total"), 0);
+}
+
 }  // namespace
 }  // namespace thetaserve::testing
