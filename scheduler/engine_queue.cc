@@ -173,12 +173,18 @@ void Engine::EndDisplaced() {
     if (serials.count(seq->serial)) displacing_.push_back(seq.get());
   }
   for (Sequence* victim : displacing_) {
+    const std::string why =
+        config_.scheduler.priority_aging > 0
+            ? absl::StrFormat("its priority %d, with what waiting had gained it, came last of "
+                              "the requests waiting to start",
+                              victim->request().priority)
+            : absl::StrFormat("its priority %d was the least urgent of the requests waiting to "
+                              "start",
+                              victim->request().priority);
     Finish(victim, FinishReason::kCancelled,
-           absl::ResourceExhaustedError(absl::StrFormat(
-               "the request queue is full and a more urgent request took this one's place "
-               "(its priority %d was the least urgent of the requests waiting to start); "
-               "retry later",
-               victim->request().priority)));
+           absl::ResourceExhaustedError(absl::StrCat(
+               "the request queue is full and a more urgent request took this one's place (",
+               why, "); retry later")));
     ++counters_.requests_displaced;
     ++ended;
   }

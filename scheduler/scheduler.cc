@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 
 #include "base/check.h"
 
@@ -42,10 +43,14 @@ PriorityKey PriorityKeyOf(const Sequence& seq) {
 
 bool InPriorityOrder(const PriorityKey& a, const PriorityKey& b, double aging) {
   if (aging > 0) {
-    // Seconds on the steady clock (uptime-sized: a nanosecond's precision in a double).
+    // Seconds on the steady clock (uptime-sized: a nanosecond's precision in a double). One
+    // rounding (fma), so a key is the same bits in every comparison whether or not the
+    // compiler would have fused a multiply and an add here and not there: the sorted lists
+    // and the engine's set rely on it.
     auto aged = [aging](const PriorityKey& k) {
-      return double(k.priority) +
-             aging * std::chrono::duration<double>(k.submitted.time_since_epoch()).count();
+      return std::fma(aging,
+                      std::chrono::duration<double>(k.submitted.time_since_epoch()).count(),
+                      double(k.priority));
     };
     const double ka = aged(a), kb = aged(b);
     if (ka != kb) return ka < kb;

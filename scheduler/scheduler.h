@@ -27,13 +27,13 @@ enum class SchedulingPolicy {
   // first, as it came earlier); pages short preempt the newest running sequence.
   kFcfs,
   // vLLM's --scheduling-policy priority: sequences go in order of Request::priority (lower
-  // first; with priority_aging, less the levels gained while waiting: InPriorityOrder), then
-  // of submission. Waiting ones start in that order; each sequence's first
+  // first; with priority_aging, less the levels gained since submission: InPriorityOrder),
+  // then of submission. Waiting ones start in that order; each sequence's first
   // chunk of the step's budget goes in that order across running and waiting ones, and what
   // is left back to the held chunks in that order too; pages short preempt the running
   // sequence that comes last; and a waiting sequence with no slot (max_num_seqs) or no room
-  // in the pool preempts running ones of a strictly later priority, last first, when
-  // preempting them all would surely let it start.
+  // in the pool preempts running ones of a strictly later priority that come after it in the
+  // order, last first, when preempting them all would surely let it start.
   kPriority,
 };
 // "fcfs" or "priority" (serve --scheduling-policy, ModelInfo.scheduling_policy).
@@ -54,6 +54,7 @@ PriorityKey PriorityKeyOf(const Sequence& seq);
 // the same rate, so the order of two requests never changes: priority + aging * (submission
 // time, in seconds) orders them, then the serial. A request of priority p therefore goes
 // before every request of priority q < p submitted more than (p - q) / aging seconds after it.
+// (Priorities past 2^53 in magnitude age coarsely: the sum is a double.)
 bool InPriorityOrder(const PriorityKey& a, const PriorityKey& b, double aging);
 
 struct SchedulerConfig {

@@ -293,7 +293,7 @@ int RunServe(const std::vector<std::string>& argv) {
         "--scheduling-policy is '", args.GetString("scheduling-policy"),
         "'; it must be fcfs or priority")));
   }
-  if (args.Has("priority-aging") && *policy != scheduler::SchedulingPolicy::kPriority) {
+  if (*aging > 0 && *policy != scheduler::SchedulingPolicy::kPriority) {
     return usage(absl::InvalidArgumentError(
         "--priority-aging ages request priorities, which only --scheduling-policy priority "
         "has"));

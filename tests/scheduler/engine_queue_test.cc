@@ -391,6 +391,10 @@ TEST_F(EngineQueueTest, AgingKeepsAWaitingRequestFromBeingDisplaced) {
   ASSERT_TRUE(sinks_["fresh"]->Wait(60));
   EXPECT_EQ(sinks_["fresh"]->info.status.code(), absl::StatusCode::kResourceExhausted)
       << sinks_["fresh"]->info.status;
+  EXPECT_NE(std::string(sinks_["fresh"]->info.status.message())
+                .find("(its priority 1000000, with what waiting had gained it, came last of the "
+                      "requests waiting to start)"),
+            std::string::npos) << sinks_["fresh"]->info.status;
   // Waiting: old, urgent-1. urgent-2 comes after both (old gained 100 levels; urgent-1 is of
   // its priority and came first). Strict priorities would have displaced old.
   absl::Status st = Submit(*engine, "urgent-2", 0);

@@ -439,13 +439,13 @@ TEST(ServerLifecycleTest, PriorityAgingKeepsARequestThatWaitedFromBeingPreempted
   auto urgent_req = Prompt("The capital of France is", 4);
   urgent_req.set_priority(0);
   StreamResult urgent = Generate(*stub, urgent_req, 300);
-  const bool batch_done_before_urgent = batch_done;
   batch_thread.join();
   ASSERT_TRUE(urgent.status.ok()) << urgent.status.error_message();
   ASSERT_TRUE(batch.status.ok()) << batch.status.error_message();
   ASSERT_TRUE(batch_running_when_urgent_came) << "300 tokens took under half a second";
-  EXPECT_TRUE(batch_done_before_urgent) << "the urgent request preempted the batch one";
-  EXPECT_EQ(batch.complete.preemptions(), 0u);
+  // (Whether the batch client saw its end before the urgent one saw its own is a race between
+  // the two client threads; the server's counts are not.)
+  EXPECT_EQ(batch.complete.preemptions(), 0u) << "the urgent request preempted the batch one";
   EXPECT_EQ(batch.complete.usage().completion_tokens(), 300u);
   const std::string metrics = server.ScrapeMetrics();
   EXPECT_EQ(MetricValue(metrics, "thetaserve_priority_preemptions_total"), 0);
