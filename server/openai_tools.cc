@@ -1,0 +1,160 @@
+// Chat's tools and tool_choice: the called function's parameters, or a list of calls, as the
+// output's guide (see openai_tools.h).
+#include "server/openai_tools.h"
+
+#include <algorithm>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
+#include "scheduler/guided_schema.h"
+
+namespace thetaserve::server {
+
+using openai_body::Bool;
+using openai_body::Given;
+using openai_body::In;
+using openai_body::Invalid;
+using openai_body::RawValue;
+using openai_body::String;
+
+namespace {
+
+// A function's parameters schema, checked alone so that an error names the function's own
+// (with tool_choice "required" they are guided inside a list's schema).
+absl::Status CheckParameters(const std::string& at, const std::string& schema) {
+  if (auto regex = scheduler::JsonSchemaRegex(schema); !regex.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        at, ".function.parameters: ", absl::StripPrefix(regex.status().message(), "guided_json: ")));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ParseToolCalls(const In& body, std::string_view body_text, OpenAiCall* call,
+                            const std::string& other_guide) {
+  if (!Given(body, "tool_choice") || body["tool_choice"] == "none") return absl::OkStatus();
+  const In& choice = body["tool_choice"];
+  auto* sp = call->request.mutable_sampling();
+  if (absl::StartsWith(other_guide, "response_format")) {
+    sp->set_json_object(false);
+    sp->clear_guided_json();
+    call->schema_field.clear();
+  } else if (!other_guide.empty()) {
+    return Invalid("tool_choice", absl::StrCat("and ", other_guide, " are both given; send one"));
+  }
+  if (!Given(body, "tools") || !body["tools"].is_array() || body["tools"].empty()) {
+    return Invalid("tools", "must be a non-empty list of functions when tool_choice calls one");
+  }
+  if (choice.is_object() &&
+      (!choice.contains("type") || choice["type"] != "function" || !Given(choice, "function") ||
+       !choice["function"].is_object() || !Given(choice["function"], "name") ||
+       !choice["function"]["name"].is_string())) {
+    return Invalid("tool_choice", "must be \"none\", \"required\" or {\"type\": \"function\", "
+                                  "\"function\": {\"name\": ...}}");
+  }
+  const std::string wanted = choice.is_object() ? choice["function"]["name"] : "";
+  // Each function's name and parameters (JSON schema text in the order sent; none, or {}: no
+  // parameters, the object {}).
+  const In& tools = body["tools"];
+  std::vector<std::string> names, parameters;
+  for (size_t i = 0; i < tools.size(); ++i) {
+    const std::string at = absl::StrCat("tools[", i, "]");
+    const In& t = tools[i];
+    if (!t.is_object() || !t.contains("type") || t["type"] != "function" ||
+        !Given(t, "function") || !t["function"].is_object()) {
+      return Invalid(at, "must be {\"type\": \"function\", \"function\": {...}}");
+    }
+    const In& f = t["function"];
+    auto name = Given(f, "name") ? String(f["name"], at + ".function.name")
+                                 : absl::StatusOr<std::string>(Invalid(at + ".function.name",
+                                                                       "is required"));
+    if (!name.ok()) return name.status();
+    if (name->empty() || name->size() > 64 ||
+        name->find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                "0123456789_-") != std::string::npos) {
+      return Invalid(at + ".function.name", "must be 1 to 64 letters, digits, _ or -");
+    }
+    if (std::find(names.begin(), names.end(), *name) != names.end()) {
+      return Invalid(at + ".function.name", absl::StrCat("repeats '", *name, "'"));
+    }
+    std::string schema =
+        R"({"type": "object", "properties": {}, "additionalProperties": false})";
+    if (Given(f, "parameters")) {
+      if (!f["parameters"].is_object()) {
+        return Invalid(at + ".function.parameters", "must be a JSON schema (an object)");
+      }
+      if (!f["parameters"].empty()) {
+        schema = std::string(
+            RawValue(body_text, {"tools", std::to_string(i), "function", "parameters"}));
+      }
+    }
+    // A named function's schema is checked where the request is (its errors then name
+    // call->schema_field); any other is not, as it is not called: a client sends its whole
+    // tool list.
+    if (wanted.empty()) {
+      if (auto status = CheckParameters(at, schema); !status.ok()) return status;
+    }
+    names.push_back(*name);
+    parameters.push_back(std::move(schema));
+  }
+  if (!wanted.empty()) {
+    auto it = std::find(names.begin(), names.end(), wanted);
+    if (it == names.end()) {
+      return Invalid("tool_choice.function.name", absl::StrCat("'", wanted, "' is not in tools"));
+    }
+    const size_t i = size_t(it - names.begin());
+    sp->set_guided_json(parameters[i]);
+    call->schema_field = absl::StrCat("tools[", i, "].function.parameters");
+    call->tool_calls = OpenAiCall::ToolCalls::kNamed;
+    call->tool_name = wanted;
+    return absl::OkStatus();
+  }
+  // "required": one call or more (one with parallel_tool_calls false), each a function's name
+  // and its parameters. The functions' definitions ($defs, definitions) move to the list's
+  // schema, where their "#/$defs/..." references find them (as vLLM does); two functions
+  // defining one name differently are refused.
+  auto parallel = Given(body, "parallel_tool_calls") ? Bool(body, "parallel_tool_calls")
+                                                     : absl::StatusOr<bool>(true);
+  if (!parallel.ok()) return parallel.status();
+  using Ordered = nlohmann::ordered_json;
+  Ordered defs = Ordered::object();
+  std::vector<std::string> alternatives;
+  for (size_t i = 0; i < names.size(); ++i) {
+    Ordered schema = Ordered::parse(parameters[i], nullptr, /*allow_exceptions=*/false);
+    for (const char* key : {"$defs", "definitions"}) {
+      if (!schema.is_object() || !schema.contains(key) || !schema[key].is_object()) continue;
+      for (auto& [name, def] : schema[key].items()) {
+        if (defs.contains(key) && defs[key].contains(name) && defs[key][name] != def) {
+          return Invalid(absl::StrCat("tools[", i, "].function.parameters.", key, ".", name),
+                         "is defined differently by another function; with tool_choice "
+                         "\"required\" the functions share their definitions");
+        }
+        defs[key][name] = def;
+      }
+      schema.erase(key);
+    }
+    alternatives.push_back(absl::StrCat(
+        R"({"type": "object", "properties": {"name": {"const": )", In(names[i]).dump(),
+        R"(}, "parameters": )", schema.dump(), R"(}, "required": ["name", "parameters"]})"));
+  }
+  std::string list = absl::StrCat(R"({"type": "array", "minItems": 1, )",
+                                  *parallel ? "" : R"("maxItems": 1, )",
+                                  R"("items": {"anyOf": [)", absl::StrJoin(alternatives, ", "),
+                                  "]}");
+  for (const auto& [key, value] : defs.items()) {
+    absl::StrAppend(&list, ", ", In(key).dump(), ": ", value.dump());
+  }
+  sp->set_guided_json(absl::StrCat(list, "}"));
+  call->schema_field = "tools";
+  call->tool_calls = OpenAiCall::ToolCalls::kRequired;
+  return absl::OkStatus();
+}
+
+
+}  // namespace thetaserve::server
