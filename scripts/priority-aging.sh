@@ -4,7 +4,7 @@
 # the default model (--scheduling-policy priority, MAX_SEQS slots); medians printed last
 # (docs/results.md, "Priority aging").
 #
-#   scripts/priority-aging.sh            # 3 rounds of 0 and 1 level a second (~5 min on 2 cores)
+#   scripts/priority-aging.sh            # 3 rounds of 0 and 1 level a second (~3 min on 2 cores)
 #
 # Env: REPEATS (3), AGING (1), MAX_SEQS (2), URGENT (4 clients), URGENT_OUTPUT (16), BATCH (2),
 # BATCH_OUTPUT (64), DURATION (30 s of urgent requests), PORT (8204), THETASERVE_BIN
