@@ -141,6 +141,22 @@ class PriorityTest : public LongPrefillTest {
     for (const Sequence* s : seqs) out.push_back(s->request().id);
     return out;
   }
+  // The 48 tokens 3000…3047: three whole blocks.
+  static std::vector<int32_t> Prompt48() {
+    std::vector<int32_t> prompt;
+    for (int32_t t = 0; t < 48; ++t) prompt.push_back(3000 + t);
+    return prompt;
+  }
+  // Prompt48() as `id` of `priority`, computed alone in one step of `s`, its three blocks
+  // offered to `prefix`, its first token taken.
+  void RunCachedPrompt(Scheduler& s, cache::PrefixCache& prefix, cache::PagePool& pool,
+                       const std::string& id, int64_t priority, Sequence** out) {
+    Sequence* seq = *out = Submit(s, id, Prompt48(), priority);
+    ASSERT_EQ(Step(s), std::vector<std::string>{absl::StrCat(id, ":48+")});
+    CacheBlocks(prefix, pool, *seq);
+    ASSERT_EQ(seq->cached_blocks, 3);
+    Sample(seq);
+  }
   static std::vector<std::string> Waiting(const Scheduler& s) {
     std::vector<std::string> out;
     for (const auto& w : s.waiting()) out.push_back(w->request().id);

@@ -162,12 +162,8 @@ class PriorityCacheTest : public PriorityTest {
   // victim and early running, the pool full; victim's prompt is `shared`.
   void SetUp() override {
     ASSERT_NO_FATAL_FAILURE(PriorityTest::SetUp());
-    for (int32_t i = 0; i < 48; ++i) shared.push_back(3000 + i);
-    victim = Submit(s, "victim", shared, 5);
-    ASSERT_EQ(Step(s), std::vector<std::string>{"victim:48+"});
-    CacheBlocks(prefix, pool, *victim);
-    ASSERT_EQ(victim->cached_blocks, 3);
-    Sample(victim);
+    shared = Prompt48();
+    ASSERT_NO_FATAL_FAILURE(RunCachedPrompt(s, prefix, pool, "victim", 5, &victim));
     early = Submit(s, "early", 40, 0);
     ASSERT_EQ(Step(s), (std::vector<std::string>{"early:40+", "victim:1+"}));
     ASSERT_EQ(pool.num_free(), 0);
@@ -226,7 +222,7 @@ TEST_F(PriorityTest, PagesAGroupSharesAreRoomWhenTheWholeGroupIsPreempted) {
     r.group_id = kGroup;
     r.group_index = i;
     r.priority = 5;
-    for (int32_t t = 0; t < 48; ++t) r.prompt.push_back(3000 + t);
+    r.prompt = Prompt48();
     r.stopping.max_tokens = 64;
     auto seq = std::make_unique<Sequence>(r, std::make_shared<CollectingSink>(),
                                           model_->tokenizer(), kShape);
@@ -257,12 +253,8 @@ class EarlyPrefixTest : public PriorityTest {
  protected:
   void SetUp() override {
     ASSERT_NO_FATAL_FAILURE(PriorityTest::SetUp());
-    for (int32_t t = 0; t < 48; ++t) prompt.push_back(3000 + t);
-    early = Submit(s, "early", prompt, 0);
-    ASSERT_EQ(Step(s), std::vector<std::string>{"early:48+"});
-    CacheBlocks(prefix, pool, *early);
-    ASSERT_EQ(early->cached_blocks, 3);
-    Sample(early);
+    prompt = Prompt48();
+    ASSERT_NO_FATAL_FAILURE(RunCachedPrompt(s, prefix, pool, "early", 0, &early));
   }
   cache::PagePool pool{24, kShape.block_size};
   cache::PrefixCache prefix{kShape};

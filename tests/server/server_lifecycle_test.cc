@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <thread>
@@ -363,48 +364,65 @@ TEST(ServerLifecycleTest, FullQueueIsResourceExhausted) {
   threads[1].join();
 }
 
+// A server with one slot by priority (and `aging`, --priority-aging, unless 0): a batch
+// request (priority 5, `batch_tokens` tokens, EOS ignored) runs on a thread of its own; once
+// it runs, and `delay` later, an urgent one (priority 0, 4 tokens) is sent from this thread.
+struct UrgentBesideBatch {
+  v1::ModelInfo info;
+  v1::GenerateRequest batch_req;
+  StreamResult batch, urgent;
+  bool batch_done_when_urgent_came = false;
+  bool batch_done_when_urgent_ended = false;
+};
+void RunUrgentBesideBatch(ServerProcess& server, int batch_tokens, double aging,
+                          std::chrono::milliseconds delay, UrgentBesideBatch* out) {
+  auto stub = server.stub();
+  grpc::ClientContext ctx;
+  ASSERT_TRUE(stub->GetModelInfo(&ctx, {}, &out->info).ok());
+  out->batch_req = Prompt("Once upon a time", batch_tokens);
+  out->batch_req.mutable_stopping()->set_ignore_eos(true);
+  out->batch_req.set_priority(5);
+  std::atomic<bool> batch_done{false};
+  std::thread batch_thread([&] {
+    auto s = server.stub();
+    out->batch = Generate(*s, out->batch_req, 300);
+    batch_done = true;
+  });
+  const bool running = WaitForRunning(*stub, 1);
+  if (running) std::this_thread::sleep_for(delay);
+  out->batch_done_when_urgent_came = batch_done;
+  auto urgent_req = Prompt("The capital of France is", 4);
+  urgent_req.set_priority(0);
+  if (running) out->urgent = Generate(*stub, urgent_req, 300);
+  out->batch_done_when_urgent_ended = batch_done;
+  batch_thread.join();
+  ASSERT_TRUE(running) << "the batch request never ran";
+  ASSERT_TRUE(out->urgent.status.ok()) << out->urgent.status.error_message();
+  ASSERT_TRUE(out->batch.status.ok()) << out->batch.status.error_message();
+  EXPECT_EQ(out->info.scheduling_policy(), "priority");
+  EXPECT_EQ(out->info.priority_aging(), aging);
+}
+
 // --scheduling-policy priority with one slot: an urgent request (priority 0) arriving while a
 // long batch request (priority 5) runs preempts it, finishes first, and the batch request then
 // recomputes what it had and ends with the text it gets alone (greedy, CPU: the same bits).
 TEST(ServerLifecycleTest, PriorityPolicyLetsAnUrgentRequestPreemptABatchOne) {
   ServerProcess server({"--max-num-seqs", "1", "--scheduling-policy", "priority"});
   ASSERT_TRUE(server.started());
+  UrgentBesideBatch run;
+  ASSERT_NO_FATAL_FAILURE(RunUrgentBesideBatch(server, 160, 0, {}, &run));
+  EXPECT_FALSE(run.batch_done_when_urgent_ended) << "the urgent request waited for the batch one";
+  EXPECT_EQ(run.urgent.complete.preemptions(), 0u);
+  EXPECT_EQ(run.batch.complete.preemptions(), 1u);
+  EXPECT_EQ(run.batch.complete.usage().completion_tokens(), 160u);
   auto stub = server.stub();
-  {
-    grpc::ClientContext ctx;
-    v1::ModelInfo info;
-    ASSERT_TRUE(stub->GetModelInfo(&ctx, {}, &info).ok());
-    EXPECT_EQ(info.scheduling_policy(), "priority");
-  }
-  auto batch_req = Prompt("Once upon a time", 160);
-  batch_req.mutable_stopping()->set_ignore_eos(true);
-  batch_req.set_priority(5);
-  StreamResult batch;
-  std::atomic<bool> batch_done{false};
-  std::thread batch_thread([&] {
-    auto s = server.stub();
-    batch = Generate(*s, batch_req, 300);
-    batch_done = true;
-  });
-  ASSERT_TRUE(WaitForRunning(*stub, 1));
-  auto urgent_req = Prompt("The capital of France is", 4);
-  urgent_req.set_priority(0);
-  StreamResult urgent = Generate(*stub, urgent_req, 300);
-  const bool batch_done_before_urgent = batch_done;
-  batch_thread.join();
-  ASSERT_TRUE(urgent.status.ok()) << urgent.status.error_message();
-  ASSERT_TRUE(batch.status.ok()) << batch.status.error_message();
-  EXPECT_FALSE(batch_done_before_urgent) << "the urgent request waited for the batch one";
-  EXPECT_EQ(urgent.complete.preemptions(), 0u);
-  EXPECT_EQ(batch.complete.preemptions(), 1u);
-  EXPECT_EQ(batch.complete.usage().completion_tokens(), 160u);
   EXPECT_EQ(Status(*stub).preemptions(), 1u);
   const std::string metrics = server.ScrapeMetrics();
   EXPECT_EQ(MetricValue(metrics, "thetaserve_preemptions_total"), 1);
   EXPECT_EQ(MetricValue(metrics, "thetaserve_priority_preemptions_total"), 1);
-  StreamResult alone = Generate(*stub, batch_req, 300);
+  StreamResult alone = Generate(*stub, run.batch_req, 300);
   ASSERT_TRUE(alone.status.ok()) << alone.status.error_message();
-  EXPECT_EQ(batch.ids, alone.ids) << "the preempted request recomputed its tokens as they were";
+  EXPECT_EQ(run.batch.ids, alone.ids) << "the preempted request recomputed its tokens as they were";
   EXPECT_EQ(alone.complete.preemptions(), 0u);
 }
 
@@ -415,38 +433,14 @@ TEST(ServerLifecycleTest, PriorityAgingKeepsARequestThatWaitedFromBeingPreempted
   ServerProcess server(
       {"--max-num-seqs", "1", "--scheduling-policy", "priority", "--priority-aging", "50"});
   ASSERT_TRUE(server.started());
-  auto stub = server.stub();
-  {
-    grpc::ClientContext ctx;
-    v1::ModelInfo info;
-    ASSERT_TRUE(stub->GetModelInfo(&ctx, {}, &info).ok());
-    EXPECT_EQ(info.scheduling_policy(), "priority");
-    EXPECT_EQ(info.priority_aging(), 50);
-  }
-  auto batch_req = Prompt("Once upon a time", 300);
-  batch_req.mutable_stopping()->set_ignore_eos(true);
-  batch_req.set_priority(5);
-  StreamResult batch;
-  std::atomic<bool> batch_done{false};
-  std::thread batch_thread([&] {
-    auto s = server.stub();
-    batch = Generate(*s, batch_req, 300);
-    batch_done = true;
-  });
-  ASSERT_TRUE(WaitForRunning(*stub, 1));
-  std::this_thread::sleep_for(std::chrono::milliseconds(500));
-  const bool batch_running_when_urgent_came = !batch_done;
-  auto urgent_req = Prompt("The capital of France is", 4);
-  urgent_req.set_priority(0);
-  StreamResult urgent = Generate(*stub, urgent_req, 300);
-  batch_thread.join();
-  ASSERT_TRUE(urgent.status.ok()) << urgent.status.error_message();
-  ASSERT_TRUE(batch.status.ok()) << batch.status.error_message();
-  ASSERT_TRUE(batch_running_when_urgent_came) << "300 tokens took under half a second";
+  UrgentBesideBatch run;
+  ASSERT_NO_FATAL_FAILURE(
+      RunUrgentBesideBatch(server, 300, 50, std::chrono::milliseconds(500), &run));
+  ASSERT_FALSE(run.batch_done_when_urgent_came) << "300 tokens took under half a second";
   // (Whether the batch client saw its end before the urgent one saw its own is a race between
   // the two client threads; the server's counts are not.)
-  EXPECT_EQ(batch.complete.preemptions(), 0u) << "the urgent request preempted the batch one";
-  EXPECT_EQ(batch.complete.usage().completion_tokens(), 300u);
+  EXPECT_EQ(run.batch.complete.preemptions(), 0u) << "the urgent request preempted the batch one";
+  EXPECT_EQ(run.batch.complete.usage().completion_tokens(), 300u);
   const std::string metrics = server.ScrapeMetrics();
   EXPECT_EQ(MetricValue(metrics, "thetaserve_priority_preemptions_total"), 0);
 }
