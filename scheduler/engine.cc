@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cmath>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -57,15 +56,10 @@ cache::KvShape KvShapeOf(const kernels::Backend& backend, int32_t block_size) {
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& config,
                                                        kernels::Backend& backend) {
   const auto& c = backend.model().config();
-  const double aging = config.scheduler.priority_aging;
-  if (!(aging >= 0 && std::isfinite(aging))) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("--priority-aging is %g; it must be a finite number >= 0", aging));
-  }
-  if (aging > 0 && config.scheduler.policy != SchedulingPolicy::kPriority) {
-    return absl::InvalidArgumentError(
-        "--priority-aging ages request priorities, which only --scheduling-policy priority "
-        "has");
+  if (absl::Status st =
+          CheckPriorityAging(config.scheduler.policy, config.scheduler.priority_aging);
+      !st.ok()) {
+    return st;
   }
   const int64_t page_bytes = PageBytes(backend, config.block_size);
   const int64_t num_pages = config.kv_cache_bytes / page_bytes;

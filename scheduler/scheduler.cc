@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 
+#include "absl/strings/str_format.h"
 #include "base/check.h"
 
 namespace thetaserve::scheduler {
@@ -58,6 +59,19 @@ bool InPriorityOrder(const PriorityKey& a, const PriorityKey& b, double aging) {
     return a.priority < b.priority;  // exact, whatever the magnitudes
   }
   return a.serial < b.serial;
+}
+
+absl::Status CheckPriorityAging(SchedulingPolicy policy, double aging) {
+  if (!(aging >= 0 && std::isfinite(aging))) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("--priority-aging is %g; it must be a finite number >= 0", aging));
+  }
+  if (aging > 0 && policy != SchedulingPolicy::kPriority) {
+    return absl::InvalidArgumentError(
+        "--priority-aging ages request priorities, which only --scheduling-policy priority "
+        "has");
+  }
+  return absl::OkStatus();
 }
 
 bool Scheduler::Before(const Sequence& a, const Sequence& b) const {

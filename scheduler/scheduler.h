@@ -14,6 +14,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "cache/page_pool.h"
 #include "cache/prefix_cache.h"
 #include "cache/sequence_kv.h"
@@ -56,6 +57,9 @@ PriorityKey PriorityKeyOf(const Sequence& seq);
 // before every request of priority q < p submitted more than (p - q) / aging seconds after it.
 // (Priorities past 2^53 in magnitude age coarsely: the sum is a double.)
 bool InPriorityOrder(const PriorityKey& a, const PriorityKey& b, double aging);
+// INVALID_ARGUMENT unless `aging` is finite and >= 0, and 0 unless `policy` is kPriority
+// (serve checks it before loading the model, Engine::Create again).
+absl::Status CheckPriorityAging(SchedulingPolicy policy, double aging);
 
 struct SchedulerConfig {
   int64_t max_num_batched_tokens = 512;  // token budget per step

@@ -293,10 +293,8 @@ int RunServe(const std::vector<std::string>& argv) {
         "--scheduling-policy is '", args.GetString("scheduling-policy"),
         "'; it must be fcfs or priority")));
   }
-  if (*aging > 0 && *policy != scheduler::SchedulingPolicy::kPriority) {
-    return usage(absl::InvalidArgumentError(
-        "--priority-aging ages request priorities, which only --scheduling-policy priority "
-        "has"));
+  if (absl::Status st = scheduler::CheckPriorityAging(*policy, *aging); !st.ok()) {
+    return usage(st);
   }
   const std::string prefix_caching = args.GetString("prefix-caching", "on");
   if (prefix_caching != "on" && prefix_caching != "off") {
