@@ -5,7 +5,7 @@
 //  2. Sampler::Sample for a batch of rows on the engine thread alone and on a pool of sampling
 //     threads (EngineConfig::sampling_threads), as a step samples them;
 //  3. what narrowing a row costs (allowed_token_ids, bad_words, a guided choice's, regex's,
-//     JSON object's or JSON schema's next tokens found by Guide::Allowed in the vocabulary
+//     JSON object's, JSON schema's or GBNF grammar's next tokens found by Guide::Allowed in the vocabulary
 //     indexed by bytes, plus the masked Sample), per row, against the same Sample without it;
 //     ratio = with ÷ without; a schema's compile time;
 //     "next": the tokens the guide lets through; "cold": a new guide's Allowed alone (its walk
@@ -30,6 +30,7 @@
 #include "kernels/cpu/thread_pool.h"
 #include "scheduler/guided_choice.h"
 #include "scheduler/guided_json.h"
+#include "scheduler/guided_grammar.h"
 #include "scheduler/guided_regex.h"
 #include "scheduler/guided_schema.h"
 #include "scheduler/sampler.h"
@@ -269,5 +270,27 @@ int main(int argc, char** argv) {
       "{\"steps\": [{\"explanation\": \"x");
   std::printf("json_schema (steps, final_answer): %d states, compiled in %.2f ms (median)\n",
               schema->num_states(), ts::bench::Median(compile));
+  // GBNF grammars: JSON (recursive, as llama.cpp's json.gbnf), where few and where most of the
+  // vocabulary may come; the parse is rebuilt from the output's bytes at every Allowed, so a
+  // long output costs its length (2 KiB of JSON before the string).
+  const char* kJsonGbnf = R"g(root ::= object
+value ::= object | array | string | number | ("true" | "false" | "null") ws
+object ::= "{" ws (string ":" ws value ("," ws string ":" ws value)*)? "}" ws
+array ::= "[" ws (value ("," ws value)*)? "]" ws
+string ::= "\"" ([^"\\\x7F\x00-\x1F] | "\\" (["\\/bfnrt] | "u" [0-9a-fA-F]{4}))* "\"" ws
+number ::= "-"? ([0-9] | [1-9] [0-9]{0,15}) ("." [0-9]+)? ([eE] [-+]? [0-9]{1,3})? ws
+ws ::= | " " | "\n" [ \t]{0,20}
+)g";
+  auto gbnf = [&] { return GuidePtr(*ts::scheduler::GrammarGuide::Compile(kJsonGbnf)); };
+  if (!ts::scheduler::GrammarGuide::Compile(kJsonGbnf).ok()) {
+    std::fprintf(stderr, "the JSON grammar did not compile\n");
+    return 1;
+  }
+  run("guided_grammar JSON: after {\"a\":", base, gbnf, "{\"a\":");
+  run("guided_grammar JSON: inside a string", base, gbnf, "{\"a\": \"x");
+  std::string long_json = "{\"a\": [";
+  while (long_json.size() < 2048) long_json += "{\"k\": [1, 2.5, true], \"s\": \"text\"}, ";
+  long_json += "\"x";
+  run("guided_grammar JSON: in a string after 2 KiB", base, gbnf, long_json);
   return 0;
 }

@@ -11,6 +11,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -25,6 +26,15 @@ constexpr int64_t kMaxGuideCacheBytesTotal = int64_t(64) << 20;  // all guides'
 
 // Bytes held by every GuideCache alive (for the bound over all guides, and tests).
 std::atomic<int64_t>& GuideCacheBytesHeld();
+
+// What a key holds: a grammar's keys (its parse's stacks) are strings of up to 4 KiB.
+template <typename Key>
+int64_t GuideKeyBytes(const Key&) {
+  return int64_t(sizeof(Key));
+}
+inline int64_t GuideKeyBytes(const std::string& key) {
+  return int64_t(sizeof(std::string) + key.size());
+}
 
 template <typename Key>
 class GuideCache {
@@ -51,7 +61,7 @@ class GuideCache {
     }
     walk(allowed);
     auto made = std::make_shared<Entry>(*allowed, vocab.size());
-    const int64_t bytes = made->bytes();
+    const int64_t bytes = made->bytes() + GuideKeyBytes(key);
     absl::MutexLock lock(&mu_);
     if (held_ + bytes > kMaxGuideCacheBytes) return;
     if (GuideCacheBytesHeld().fetch_add(bytes) + bytes > kMaxGuideCacheBytesTotal) {

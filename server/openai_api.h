@@ -61,6 +61,7 @@ struct OpenAiCall {
   // body is read, naming the client's own fields.)
   bool structured_choice = false;
   bool structured_regex = false;
+  bool structured_grammar = false;  // structured_outputs.grammar, not guided_grammar
   // Where the JSON schema came from (guided_json, structured_outputs.json or
   // response_format.json_schema.schema), to name it in errors; empty: none.
   std::string schema_field;

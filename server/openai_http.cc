@@ -315,6 +315,9 @@ void OpenAiHttpServer::Generate(const HttpRequest& http, HttpResponder& out, boo
     if (call->structured_regex) {
       absl::StrReplaceAll({{"sampling.guided_regex", "structured_outputs.regex"}}, &message);
     }
+    if (call->structured_grammar) {
+      absl::StrReplaceAll({{"sampling.guided_grammar", "structured_outputs.grammar"}}, &message);
+    }
     if (call->tool_calls == OpenAiCall::ToolCalls::kRequired &&
         absl::StrContains(message, "too large")) {
       // The list's schema is the server's: say what the client can change.

@@ -286,8 +286,27 @@ absl::Status ParseSampling(const In& body, std::string_view body_text, OpenAiCal
     sp->set_guided_json(std::string(schema_text));
     call->schema_field = schema_field;
   }
+  // A GBNF grammar: guided_grammar or structured_outputs.grammar (false: none).
+  bool grammar_by_new_name = false;
+  auto grammar = structured("guided_grammar", "grammar", &grammar_by_new_name);
+  if (!grammar.ok()) return grammar.status();
+  std::string grammar_field;
+  if (*grammar && !(grammar_by_new_name && **grammar == false)) {
+    grammar_field = field;
+    auto text = String(**grammar, field);
+    if (!text.ok()) return text.status();
+    if (text->empty()) return Invalid(field, "is empty");
+    if (const std::string other = !schema_field.empty() ? schema_field : earlier();
+        !other.empty()) {
+      return Invalid(field, absl::StrCat("and ", other, " are both given; send one"));
+    }
+    sp->set_guided_grammar(*text);
+    call->structured_grammar = grammar_by_new_name;
+  }
   if (auto status = ParseToolCalls(body, body_text, call,
-                                   !schema_field.empty() ? schema_field : earlier());
+                                   !grammar_field.empty() ? grammar_field
+                                   : !schema_field.empty() ? schema_field
+                                                           : earlier());
       !status.ok()) {
     return status;
   }
@@ -415,10 +434,6 @@ absl::Status RefuseUnsupported(const In& body, OpenAiEndpoint endpoint) {
   }
   // vLLM's extensions that would change what is generated, were they dropped: a client that
   // trusts a constraint must not get unconstrained text with a 200.
-  if (Given(body, "guided_grammar")) {
-    return Unsupported("guided_grammar", "no grammars; guided_choice, guided_regex, "
-                                         "guided_json and response_format are taken");
-  }
   // JSON's whitespace is JSON's own (a bounded run of space, tab, CR and LF), never a pattern
   // of the client's.
   constexpr const char* kWhitespace =
@@ -429,11 +444,10 @@ absl::Status RefuseUnsupported(const In& body, OpenAiEndpoint endpoint) {
   if (Given(body, "structured_outputs")) {
     const In& so = body["structured_outputs"];
     if (!so.is_object()) return Invalid("structured_outputs", "must be an object");
-    for (const char* key : {"grammar", "structural_tag"}) {
-      if (Given(so, key) && so[key] != false) {
-        return Unsupported(absl::StrCat("structured_outputs.", key),
-                           "no grammars; choice, regex, json and json_object are taken");
-      }
+    if (Given(so, "structural_tag") && so["structural_tag"] != false) {
+      return Unsupported("structured_outputs.structural_tag",
+                         "no structural tags; choice, regex, json, json_object and grammar are "
+                         "taken");
     }
     if (Given(so, "whitespace_pattern")) {
       return Unsupported("structured_outputs.whitespace_pattern", kWhitespace);

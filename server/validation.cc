@@ -10,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "model/tokenizer_utf8.h"
 #include "scheduler/guided_json.h"
+#include "scheduler/guided_grammar.h"
 #include "scheduler/guided_regex.h"
 #include "scheduler/guided_schema.h"
 
@@ -335,6 +336,22 @@ absl::StatusOr<TokenConstraints> BuildTokenConstraints(const v1::SamplingParams&
                           absl::StrCat("sampling.", schema.status().message()));
     }
     out.guide = std::move(*schema);
+  }
+  if (!sp.guided_grammar().empty()) {
+    if (out.guide) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "sampling.guided_grammar and ",
+          !sp.guided_json().empty() ? "sampling.guided_json"
+          : sp.json_object()        ? "sampling.json_object"
+                                    : earlier,
+          " are both given; send one"));
+    }
+    auto grammar = scheduler::GrammarGuide::Compile(sp.guided_grammar());
+    if (!grammar.ok()) {
+      return absl::Status(grammar.status().code(),
+                          absl::StrCat("sampling.", grammar.status().message()));
+    }
+    out.guide = std::move(*grammar);
   }
   return out;
 }

@@ -153,5 +153,25 @@ TEST(GuideCacheTest, MemoryIsBoundedAndGivenBack) {
   EXPECT_EQ(GuideCacheBytesHeld().load(), before);
 }
 
+// A grammar's keys (its parse's stacks, up to 4 KiB) count against the bound as the answers do.
+TEST(GuideCacheTest, LongKeysCountAgainstTheBound) {
+  const TokenBytesIndex vocab({"a", "b"});
+  const int64_t before = GuideCacheBytesHeld().load();
+  {
+    GuideCache<std::string> cache;
+    std::vector<int32_t> got;
+    for (int i = 0; i < 1000; ++i) {
+      const std::string key = std::string(4000, 'k') + std::to_string(i);
+      cache.Allowed(vocab, key, [](std::vector<int32_t>* ids) { *ids = {0}; }, &got);
+      EXPECT_EQ(got, std::vector<int32_t>{0});
+    }
+    // About 250 held, not 1000 (4 MB of keys).
+    const int64_t held = GuideCacheBytesHeld().load() - before;
+    EXPECT_LE(held, kMaxGuideCacheBytes);
+    EXPECT_GT(held, kMaxGuideCacheBytes / 2);
+  }
+  EXPECT_EQ(GuideCacheBytesHeld().load(), before);
+}
+
 }  // namespace
 }  // namespace thetaserve::scheduler

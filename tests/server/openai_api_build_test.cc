@@ -15,6 +15,7 @@
 #include "model/model.h"
 #include "model/tokenizer.h"
 #include "scheduler/guided_choice.h"
+#include "scheduler/guided_grammar.h"
 #include "scheduler/guided_json.h"
 #include "scheduler/guided_regex.h"
 #include "scheduler/request.h"
@@ -79,6 +80,36 @@ TEST_F(OpenAiResponseTest, VllmsSamplingExtensionsReachTheEngineRequest) {
       "structured_outputs": {"regex": "b"}})"), "are both given; send one"));
   EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": "x", "guided_regex": ["a"]})"),
                           "guided_regex must be a string"));
+  // A GBNF grammar: guided_grammar, or structured_outputs.grammar (false: none).
+  for (const char* body :
+       {R"({"prompt": "x", "guided_grammar": "root ::= (\"yes\" | \"no\") \"!\""})",
+        R"({"prompt": "x", "structured_outputs": {"grammar": "root ::= (\"yes\" | \"no\") \"!\""}})"}) {
+    auto guided = build(body);
+    ASSERT_TRUE(guided.ok()) << guided.status();
+    auto* grammar = dynamic_cast<const scheduler::GrammarGuide*>(guided->guide.get());
+    ASSERT_NE(grammar, nullptr) << body;
+    EXPECT_TRUE(grammar->Complete("no!")) << body;
+    EXPECT_FALSE(grammar->Accepts("no")) << body;
+  }
+  auto no_grammar = build(R"({"prompt": "x", "structured_outputs": {"grammar": false}})");
+  ASSERT_TRUE(no_grammar.ok()) << no_grammar.status();
+  EXPECT_EQ(no_grammar->guide, nullptr);
+  EXPECT_EQ(build(R"({"prompt": "x", "guided_grammar": "root ::= value"})").status().message(),
+            "guided_grammar: line 1, column 10: rule 'value' is used but not defined");
+  EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": "x", "guided_grammar": "root ::= \"a\"",
+      "structured_outputs": {"grammar": "root ::= \"b\""}})"),
+      "guided_grammar and structured_outputs.grammar are both given; send one"));
+  EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": "x", "guided_grammar": 5})"),
+                          "guided_grammar must be a string"));
+  EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": "x", "guided_grammar": ""})"),
+                          "guided_grammar is empty"));
+  EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": "x", "guided_regex": "a",
+      "guided_grammar": "root ::= \"a\""})"),
+      "guided_grammar and guided_regex are both given; send one"));
+  EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": "x", "response_format": {"type": "json_schema",
+      "json_schema": {"schema": {"type": "null"}}}, "structured_outputs": {"grammar": "root ::= \"a\""}})"),
+      "structured_outputs.grammar and response_format.json_schema.schema are both given; send "
+      "one"));
   // One JSON object: response_format json_object, or structured_outputs.json_object.
   for (const char* body : {R"({"prompt": "x", "response_format": {"type": "json_object"}})",
                            R"({"prompt": "x", "structured_outputs": {"json_object": true}})"}) {

@@ -217,11 +217,8 @@ TEST(OpenAiApiTest, WhatTheServerCannotHonourIsRefusedByName) {
   // each is refused by name on both routes.
   const std::pair<std::string, std::string> dropped[] = {
       {R"("response_format": {"type": "grammar"})", "response_format is not supported"},
-      {R"("guided_grammar": "root ::= x")", "guided_grammar is not supported"},
       {R"("structured_outputs": {"structural_tag": "{}"})",
        "structured_outputs.structural_tag is not supported"},
-      {R"("structured_outputs": {"grammar": "root ::= x", "choice": ["a"]})",
-       "structured_outputs.grammar is not supported"},
       {R"("guided_whitespace_pattern": " ?", "response_format": {"type": "json_object"})",
        "guided_whitespace_pattern is not supported"},
       {R"("structured_outputs": {"json_object": true, "whitespace_pattern": ""})",

@@ -1,6 +1,6 @@
 // Guided output over the OpenAI-compatible HTTP API end to end (the real binary with SmolLM2):
-// guided_choice, guided_regex, response_format json_object and json_schema, guided_json, and
-// tool calls; each answer checked against what guided it.
+// guided_choice, guided_regex, guided_grammar, response_format json_object and json_schema,
+// guided_json, and tool calls; each answer checked against what guided it.
 #include <algorithm>
 #include <regex>
 #include <set>
@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "gtest/gtest.h"
+#include "scheduler/guided_grammar.h"
 #include "scheduler/guided_json.h"
 #include "tests/server/openai_http_e2e.h"
 
@@ -138,6 +139,93 @@ TEST_F(OpenAiHttpTest, GuidedRegexAnswersMatchThePattern) {
   EXPECT_EQ(answered.text, greedy_phone);  // the same guide over gRPC
   EXPECT_TRUE(std::regex_match(answered.text, phone_re)) << answered.text;
   EXPECT_EQ(answered.complete.finish_reason(), v1::FINISH_REASON_STOP);
+}
+
+// guided_grammar on the real model: a recursive grammar (arithmetic, nested brackets) guides
+// every answer: whole texts of the grammar where they end with stop, the start of one where
+// max_tokens cut them (greedy; sampled, n of them, streamed alike; chat with
+// structured_outputs.grammar; gRPC's guided_grammar gives the greedy answer again). A grammar
+// that cannot be read is refused with its line and column, naming the field as sent.
+TEST_F(OpenAiHttpTest, GuidedGrammarAnswersAreTextsOfTheGrammar) {
+  ASSERT_TRUE(server_->started());
+  auto post = [&](const std::string& path, const Json& body) {
+    HttpResult r = Post(path, body);
+    EXPECT_EQ(r.status, 200) << r.body;
+    return r.status == 200 ? Json::parse(r.body) : Json();
+  };
+  const std::string arithmetic = R"g(root ::= expr " = " [0-9]{1,4}
+expr ::= term ((" + " | " - ") term)*
+term ::= factor (" * " factor)*
+factor ::= [1-9] [0-9]? | "(" expr ")"
+)g";
+  auto guide = scheduler::GrammarGuide::Compile(arithmetic);
+  ASSERT_TRUE(guide.ok()) << guide.status();
+  auto check = [&](const scheduler::GrammarGuide& g, const Json& choice, const std::string& text) {
+    if (choice["finish_reason"] == "stop") {
+      EXPECT_TRUE(g.Accepts(text)) << text;
+    } else {
+      EXPECT_EQ(choice["finish_reason"], "length") << text;
+      EXPECT_TRUE(g.LeadsOn(text)) << text;
+    }
+  };
+  Json j = post("/v1/completions", {{"prompt", "Some sums: 2 + 3 = 5, 4 * 6 = 24, and"},
+                                    {"max_tokens", 24}, {"temperature", 0},
+                                    {"guided_grammar", arithmetic}});
+  const std::string greedy = j["choices"][0]["text"];
+  check(**guide, j["choices"][0], greedy);
+  EXPECT_FALSE(greedy.empty());
+
+  const Json sampled = {{"prompt", "A calculation:"}, {"max_tokens", 24}, {"temperature", 1.2},
+                        {"n", 4}, {"seed", 3}, {"guided_grammar", arithmetic}};
+  j = post("/v1/completions", sampled);
+  ASSERT_EQ(j["choices"].size(), 4u);
+  int whole = 0;
+  for (const Json& c : j["choices"]) {
+    check(**guide, c, c["text"]);
+    whole += c["finish_reason"] == "stop";
+  }
+  StreamedAlike(sampled, j);
+
+  // Brackets nest as deep as the model likes: no regular expression writes this.
+  const std::string nested = R"g(root ::= list
+list ::= "[" (item (", " item)*)? "]"
+item ::= list | [a-z]+
+)g";
+  auto lists = scheduler::GrammarGuide::Compile(nested);
+  ASSERT_TRUE(lists.ok()) << lists.status();
+  j = post("/v1/chat/completions",
+           {{"messages", {{{"role", "user"}, {"content", "Write a nested list of fruits."}}}},
+            {"temperature", 0}, {"max_tokens", 40},
+            {"structured_outputs", {{"grammar", nested}}}});
+  check(**lists, j["choices"][0], j["choices"][0]["message"]["content"]);
+
+  auto error_of = [&](const Json& body) {
+    HttpResult r = Post("/v1/completions", body);
+    EXPECT_EQ(r.status, 400) << r.body;
+    return r.status == 400 ? Json::parse(r.body)["error"] : Json();
+  };
+  Json e = error_of({{"prompt", "x"}, {"guided_grammar", "root ::= expr\nexpr ::= expr \"+\" [0-9] | [0-9]"}});
+  EXPECT_TRUE(e["message"].get<std::string>().starts_with(
+      "guided_grammar: line 2, column 1: rule 'expr' is left-recursive (expr -> expr")) << e;
+  EXPECT_EQ(e["param"], "guided_grammar");
+  e = error_of({{"prompt", "x"}, {"structured_outputs", {{"grammar", "root ::= [a-"}}}});
+  EXPECT_EQ(e["message"], "structured_outputs.grammar: line 1, column 10: a class without its "
+                          "closing ]");
+  EXPECT_EQ(e["param"], "structured_outputs.grammar");
+
+  auto stub = server_->stub();
+  v1::GenerateRequest bad = Prompt("x", 4);
+  bad.mutable_sampling()->set_guided_grammar("root ::= \"a\" b");
+  StreamResult refused = Generate(*stub, bad);
+  EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(refused.status.error_message(),
+            "sampling.guided_grammar: line 1, column 14: rule 'b' is used but not defined");
+  v1::GenerateRequest good = Prompt("Some sums: 2 + 3 = 5, 4 * 6 = 24, and", 24);
+  good.mutable_sampling()->set_guided_grammar(arithmetic);
+  StreamResult answered = Generate(*stub, good);
+  ASSERT_TRUE(answered.status.ok()) << answered.status.error_message();
+  EXPECT_EQ(answered.text, greedy);  // the same guide over gRPC
+  std::printf("greedy: \"%s\"; sampled whole: %d of 4\n", greedy.c_str(), whole);
 }
 
 // response_format json_object on the real model: greedy answers are JSON objects that end with

@@ -1,0 +1,404 @@
+#include "scheduler/guided_grammar.h"
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+
+namespace thetaserve::scheduler {
+
+namespace {
+
+constexpr int32_t kEmpty = 0;              // the node of the empty stack: the text is whole
+constexpr size_t kMaxCachedKeyBytes = 4096;  // a deeper parse is walked, not remembered
+
+}  // namespace
+
+struct GrammarGuide::ParseState {
+  std::vector<int32_t> stacks;  // node ids, each once
+  uint32_t partial = 0;         // the bits of a character read so far
+  uint8_t owed = 0;             // its continuation bytes still to come
+  uint8_t lo = 0x80, hi = 0xBF;  // the range the next of them must be in
+};
+
+// The stack nodes one call makes (so the sampling threads share nothing but the grammar) and
+// the steps over them. A node is a position in grammar.elements still to be read (a class or
+// a rule) over the stack below it; node 0 is the empty stack.
+class GrammarGuide::Parse {
+ public:
+  using State = ParseState;
+
+  explicit Parse(const Grammar& g) : g_(g) {
+    pos_.push_back(-1);
+    parent_.push_back(-1);
+    mark_.push_back(0);
+    ascii_row_.push_back(-1);
+  }
+
+  // The stacks before any text; false when there are too many.
+  bool Start(State* s) {
+    work_.clear();
+    for (int32_t a : g_.rules[g_.root]) {
+      work_.push_back(g_.elements[a].kind == GrammarElement::kEnd ? kEmpty : Node(a, kEmpty));
+    }
+    return Expand(&s->stacks) && !s->stacks.empty();
+  }
+
+  // The state after `b`; false where no text of the grammar has it next.
+  bool Next(const State& s, uint8_t b, State* out) {
+    if (s.owed == 0 && b < 0x80) return Advance(s.stacks, b, out);
+    uint32_t bits;
+    if (s.owed == 0) {  // a character's first byte: what the next may be (RFC 3629)
+      uint8_t lo = 0x80, hi = 0xBF, owed;
+      if (b >= 0xC2 && b <= 0xDF) {
+        owed = 1;
+      } else if (b >= 0xE0 && b <= 0xEF) {
+        owed = 2;
+        if (b == 0xE0) lo = 0xA0;
+        if (b == 0xED) hi = 0x9F;
+      } else if (b >= 0xF0 && b <= 0xF4) {
+        owed = 3;
+        if (b == 0xF0) lo = 0x90;
+        if (b == 0xF4) hi = 0x8F;
+      } else {
+        return false;
+      }
+      bits = b & (0x3F >> owed);
+      // The characters it can begin: those bits then the next byte's range, then anything.
+      const int shift = 6 * (owed - 1);
+      const uint32_t first = ((bits << 6) | (lo & 0x3F)) << shift;
+      const uint32_t last = (((bits << 6) | (hi & 0x3F)) << shift) | ((1u << shift) - 1);
+      if (!AnyTakes(s.stacks, first, last)) return false;
+      *out = {s.stacks, bits, owed, lo, hi};
+      return true;
+    }
+    if (b < s.lo || b > s.hi) return false;
+    bits = s.partial << 6 | (b & 0x3F);
+    if (s.owed == 1) return Advance(s.stacks, bits, out);
+    const int shift = 6 * (s.owed - 1);
+    if (!AnyTakes(s.stacks, bits << shift, (bits << shift) | ((1u << shift) - 1))) return false;
+    *out = {s.stacks, bits, uint8_t(s.owed - 1), 0x80, 0xBF};
+    return true;
+  }
+
+  // The state after `bytes` more; false where they leave the grammar.
+  bool Read(std::string_view bytes, State* s) {
+    State next;
+    for (char c : bytes) {
+      if (!Next(*s, uint8_t(c), &next)) return false;
+      std::swap(*s, next);
+    }
+    return true;
+  }
+
+  // The state Key wrote, its stacks made again here; false past kMaxGrammarNodes.
+  bool Restore(std::string_view key, State* s) {
+    constexpr size_t kTail = sizeof(uint32_t) + 3;
+    s->stacks.clear();
+    std::vector<int32_t> positions;
+    for (size_t at = 0; at + kTail < key.size(); at += sizeof(int32_t)) {
+      int32_t pos;
+      std::memcpy(&pos, key.data() + at, sizeof(pos));
+      if (pos >= 0) {
+        positions.push_back(pos);
+        continue;
+      }
+      int32_t node = kEmpty;  // the positions run from the top down
+      for (auto it = positions.rbegin(); it != positions.rend() && node >= 0; ++it) {
+        node = Node(*it, node);
+      }
+      if (node < 0) return false;
+      s->stacks.push_back(node);
+      positions.clear();
+    }
+    const char* tail = key.data() + key.size() - kTail;
+    std::memcpy(&s->partial, tail, sizeof(uint32_t));
+    s->owed = uint8_t(tail[4]);
+    s->lo = uint8_t(tail[5]);
+    s->hi = uint8_t(tail[6]);
+    return true;
+  }
+
+  static bool Whole(const State& s) {
+    return s.owed == 0 && std::find(s.stacks.begin(), s.stacks.end(), kEmpty) != s.stacks.end();
+  }
+  static bool Ended(const State& s) {
+    return s.owed == 0 && s.stacks.size() == 1 && s.stacks[0] == kEmpty;
+  }
+
+  // The state by what it holds (the same in every call, whatever the node ids): each stack's
+  // positions from the top, the stacks sorted, then the character being read. Empty past
+  // kMaxCachedKeyBytes (such a state is neither remembered nor restored).
+  std::string Key(const State& s) const {
+    std::vector<std::string> stacks;
+    size_t bytes = 0;
+    for (int32_t node : s.stacks) {
+      std::string one;
+      for (int32_t n = node; n != kEmpty; n = parent_[n]) {
+        one.append(reinterpret_cast<const char*>(&pos_[n]), sizeof(int32_t));
+        if ((bytes += sizeof(int32_t)) > kMaxCachedKeyBytes) return "";
+      }
+      stacks.push_back(std::move(one));
+    }
+    std::sort(stacks.begin(), stacks.end());
+    std::string key;
+    for (const std::string& one : stacks) {
+      key.append(one);
+      key.append(4, '\xFF');  // no position is -1
+    }
+    key.append(reinterpret_cast<const char*>(&s.partial), sizeof(s.partial));
+    key.push_back(char(s.owed));
+    key.push_back(char(s.lo));
+    key.push_back(char(s.hi));
+    return key;
+  }
+
+ private:
+  // The node for `pos` over `parent`, made once; -1 past kMaxGrammarNodes.
+  int32_t Node(int32_t pos, int32_t parent) {
+    if (parent < 0) return -1;
+    const uint64_t key = uint64_t(uint32_t(pos)) << 32 | uint32_t(parent);
+    auto [it, added] = index_.try_emplace(key, int32_t(pos_.size()));
+    if (added) {
+      if (pos_.size() >= size_t(kMaxGrammarNodes)) {
+        index_.erase(it);
+        return -1;
+      }
+      pos_.push_back(pos);
+      parent_.push_back(parent);
+      mark_.push_back(0);
+      ascii_row_.push_back(-1);
+    }
+    return it->second;
+  }
+
+  // The stack once the top of `node` has been read: the next element of its alternative over
+  // the same stack, or at the alternative's end the stack below.
+  int32_t After(int32_t node) {
+    const int32_t next = pos_[node] + 1;
+    return g_.elements[next].kind == GrammarElement::kEnd ? parent_[node]
+                                                          : Node(next, parent_[node]);
+  }
+
+  // The stacks work_'s reach with a class (or nothing) on top, into *out: a rule on top
+  // becomes each of its alternatives. false past the bounds.
+  bool Expand(std::vector<int32_t>* out) {
+    out->clear();
+    ++epoch_;
+    while (!work_.empty()) {
+      const int32_t node = work_.back();
+      work_.pop_back();
+      if (node < 0) return false;
+      if (mark_[node] == epoch_) continue;
+      mark_[node] = epoch_;
+      if (node == kEmpty || g_.elements[pos_[node]].kind == GrammarElement::kClass) {
+        out->push_back(node);
+        if (out->size() > size_t(kMaxGrammarStacks)) return false;
+        continue;
+      }
+      const int32_t then = After(node);
+      if (then < 0) return false;
+      for (int32_t a : g_.rules[g_.elements[pos_[node]].value]) {
+        work_.push_back(g_.elements[a].kind == GrammarElement::kEnd ? then : Node(a, then));
+      }
+    }
+    return true;
+  }
+
+  // The stacks after the character `cp`; false when none takes it.
+  // Each stack's moves are remembered (a walk meets the same stacks under many prefixes: a
+  // string's, after any of its characters), so the stacks are the union of theirs.
+  bool Advance(const std::vector<int32_t>& stacks, uint32_t cp, State* out) {
+    ranges_.clear();
+    for (int32_t node : stacks) {
+      if (node == kEmpty) continue;
+      const auto range = Move(node, cp);
+      if (range.first < 0) return false;
+      if (range.first < range.second) ranges_.push_back(range);
+    }
+    out->partial = 0;
+    out->owed = 0;
+    out->lo = 0x80;
+    out->hi = 0xBF;
+    out->stacks.clear();
+    if (ranges_.size() == 1) {
+      out->stacks.assign(moved_.begin() + ranges_[0].first, moved_.begin() + ranges_[0].second);
+      return true;
+    }
+    ++epoch_;
+    for (const auto& [begin, end] : ranges_) {
+      for (int32_t i = begin; i < end; ++i) {
+        const int32_t node = moved_[i];
+        if (mark_[node] == epoch_) continue;
+        mark_[node] = epoch_;
+        out->stacks.push_back(node);
+      }
+    }
+    return !out->stacks.empty() && out->stacks.size() <= size_t(kMaxGrammarStacks);
+  }
+
+  // The stacks `node` becomes once its top reads `cp` (none where the top does not take it),
+  // as [begin, end) of moved_; begin -1 past the bounds. ASCII moves of the first nodes met sit
+  // in a table by node (no hashing: most of a walk's steps), the others in a map.
+  std::pair<int32_t, int32_t> Move(int32_t node, uint32_t cp) {
+    const uint64_t key = uint64_t(node) << 21 | cp;  // code points < 2^21
+    int32_t row = -1;
+    if (cp < 128) {
+      row = ascii_row_[node];
+      if (row < 0 && ascii_moves_.size() < kMaxAsciiRows) {
+        row = ascii_row_[node] = int32_t(ascii_moves_.size());
+        ascii_moves_.emplace_back();
+        ascii_moves_.back().fill({-2, -2});  // not yet known
+      }
+    }
+    if (row >= 0) {
+      if (ascii_moves_[row][cp].first != -2) return ascii_moves_[row][cp];
+    } else if (auto it = moves_.find(key); it != moves_.end()) {
+      return it->second;
+    }
+    std::pair<int32_t, int32_t> range(int32_t(moved_.size()), int32_t(moved_.size()));
+    if (g_.classes[g_.elements[pos_[node]].value].Contains(cp)) {
+      work_.clear();
+      work_.push_back(After(node));
+      if (!Expand(&expanded_)) return {-1, -1};
+      moved_.insert(moved_.end(), expanded_.begin(), expanded_.end());
+      range.second = int32_t(moved_.size());
+    }
+    if (row >= 0) {
+      ascii_moves_[row][cp] = range;
+    } else {
+      moves_.emplace(key, range);
+    }
+    return range;
+  }
+
+  // Some stack takes a character in [lo, hi].
+  bool AnyTakes(const std::vector<int32_t>& stacks, uint32_t lo, uint32_t hi) const {
+    for (int32_t node : stacks) {
+      if (node != kEmpty && g_.classes[g_.elements[pos_[node]].value].Overlaps(lo, hi)) {
+        return true;
+      }
+    }
+    return false;
+  }
+
+  const Grammar& g_;
+  std::vector<int32_t> pos_;     // [node]
+  std::vector<int32_t> parent_;  // [node]
+  std::vector<uint32_t> mark_;   // [node]: the Expand that reached it last
+  uint32_t epoch_ = 0;
+  absl::flat_hash_map<uint64_t, int32_t> index_;  // (pos, parent) -> node
+  std::vector<int32_t> work_;
+  std::vector<int32_t> expanded_;
+  absl::flat_hash_map<uint64_t, std::pair<int32_t, int32_t>> moves_;  // (node, cp) -> moved_
+  static constexpr size_t kMaxAsciiRows = 1024;  // 1 KiB each
+  std::vector<int32_t> ascii_row_;                // [node]: its row of ascii_moves_, or -1
+  std::vector<std::array<std::pair<int32_t, int32_t>, 128>> ascii_moves_;  // [row][cp]
+  std::vector<int32_t> moved_;
+  std::vector<std::pair<int32_t, int32_t>> ranges_;  // one Advance's
+};
+
+absl::StatusOr<std::shared_ptr<const GrammarGuide>> GrammarGuide::Compile(std::string_view text) {
+  auto grammar = ParseGrammar(text);
+  if (!grammar.ok()) return grammar.status();
+  auto guide = std::shared_ptr<GrammarGuide>(new GrammarGuide(std::move(*grammar)));
+  Parse parse(guide->grammar_);
+  Parse::State start;
+  if (!parse.Start(&start)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "guided_grammar: the grammar's start has more than ", kMaxGrammarStacks,
+        " parses open at once; make its alternatives differ sooner"));
+  }
+  return std::shared_ptr<const GrammarGuide>(std::move(guide));
+}
+
+bool GrammarGuide::StateAfter(std::string_view so_far, Parse* parse, ParseState* state,
+                              std::string* key) const {
+  bool seen = false;
+  size_t from = 0;
+  {
+    absl::MutexLock lock(&seen_mu_);
+    for (const Seen& s : seen_) {
+      if ((!seen || s.text.size() > from) && so_far.starts_with(s.text)) {
+        seen = true;
+        from = s.text.size();
+        *key = s.key;
+      }
+    }
+  }
+  if (!(seen ? parse->Restore(*key, state) : parse->Start(state)) ||
+      !parse->Read(so_far.substr(from), state)) {
+    return false;
+  }
+  if (seen && from == so_far.size()) return true;
+  *key = parse->Key(*state);
+  if (key->empty() || so_far.size() > kMaxGrammarSeenBytes) return true;
+  absl::MutexLock lock(&seen_mu_);
+  // The output this one grew from gives way to it (one entry per output being written), then
+  // the oldest to the bounds.
+  for (auto it = seen_.begin(); it != seen_.end();) {
+    if (so_far.starts_with(it->text)) {
+      seen_bytes_ -= it->text.size();
+      it = seen_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  seen_.push_back({std::string(so_far), *key});
+  seen_bytes_ += so_far.size();
+  while (seen_.size() > size_t(kMaxGrammarSeen) || seen_bytes_ > kMaxGrammarSeenBytes) {
+    seen_bytes_ -= seen_.front().text.size();
+    seen_.erase(seen_.begin());
+  }
+  return true;
+}
+
+void GrammarGuide::Allowed(std::string_view so_far, const TokenBytesIndex& vocab,
+                           std::vector<int32_t>* allowed) const {
+  allowed->clear();
+  Parse parse(grammar_);
+  Parse::State state;
+  std::string key;
+  if (!StateAfter(so_far, &parse, &state, &key) || Parse::Ended(state)) return;
+  auto walk = [&](std::vector<int32_t>* ids) {
+    ids->clear();
+    vocab.Walk(
+        state,
+        [&parse](const Parse::State& s, uint8_t b, Parse::State* next) {
+          return parse.Next(s, b, next);
+        },
+        ids);
+    vocab.SortIds(ids);
+  };
+  if (key.empty()) {
+    walk(allowed);
+    return;
+  }
+  cache_.Allowed(vocab, key, walk, allowed);
+}
+
+bool GrammarGuide::Accepts(std::string_view so_far) const {
+  Parse parse(grammar_);
+  Parse::State state;
+  std::string key;
+  return StateAfter(so_far, &parse, &state, &key) && Parse::Whole(state);
+}
+
+bool GrammarGuide::LeadsOn(std::string_view so_far) const {
+  Parse parse(grammar_);
+  Parse::State state;
+  std::string key;
+  return StateAfter(so_far, &parse, &state, &key);
+}
+
+bool GrammarGuide::Complete(std::string_view so_far) const {
+  Parse parse(grammar_);
+  Parse::State state;
+  std::string key;
+  return StateAfter(so_far, &parse, &state, &key) && Parse::Ended(state);
+}
+
+}  // namespace thetaserve::scheduler

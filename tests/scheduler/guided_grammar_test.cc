@@ -1,0 +1,371 @@
+// GrammarGuide: the texts a GBNF grammar matches (against hand-made cases, and against the
+// regular-expression guide on random grammars both can write), the tokens it lets through,
+// UTF-8 split across tokens, recursion, and the grammars it refuses.
+#include "scheduler/guided_grammar.h"
+
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "scheduler/guided_regex.h"
+
+namespace thetaserve::scheduler {
+namespace {
+
+std::shared_ptr<const GrammarGuide> MustCompile(const std::string& text) {
+  auto g = GrammarGuide::Compile(text);
+  EXPECT_TRUE(g.ok()) << text << ": " << g.status();
+  return g.ok() ? *g : nullptr;
+}
+
+std::vector<int32_t> Allowed(const Guide& g, std::string_view so_far,
+                             const TokenBytesIndex& vocab) {
+  std::vector<int32_t> ids;
+  g.Allowed(so_far, vocab, &ids);
+  return ids;
+}
+
+// A JSON grammar in GBNF (as llama.cpp's grammars/json.gbnf is written).
+constexpr const char* kJson = R"(
+root   ::= object
+value  ::= object | array | string | number | ("true" | "false" | "null") ws
+
+object ::=
+  "{" ws (
+            string ":" ws value
+    ("," ws string ":" ws value)*
+  )? "}" ws
+
+array  ::=
+  "[" ws (
+            value
+    ("," ws value)*
+  )? "]" ws
+
+string ::=
+  "\"" (
+    [^"\\\x7F\x00-\x1F] |
+    "\\" (["\\/bfnrt] | "u" [0-9a-fA-F]{4}) # escapes
+  )* "\"" ws
+
+number ::= ("-"? ([0-9] | [1-9] [0-9]{0,15})) ("." [0-9]+)? ([eE] [-+]? [0-9]{1,3})? ws
+
+# Optional space: by convention, applied in this grammar after literal chars when allowed
+ws ::= | " " | "\n" [ \t]{0,20}
+)";
+
+TEST(GrammarGuideTest, WholeTextsAreThoseTheGrammarMatches) {
+  struct Case {
+    const char* grammar;
+    const char* text;
+    bool match;
+  };
+  const Case cases[] = {
+      {R"(root ::= "yes" | "no")", "yes", true},
+      {R"(root ::= "yes" | "no")", "no", true},
+      {R"(root ::= "yes" | "no")", "ye", false},
+      {R"(root ::= "yes" | "no")", "yesno", false},
+      {R"(root ::= "yes" | "no")", "", false},
+      // Recursion: balanced parentheses.
+      {R"g(root ::= "(" root ")" root | "")g", "", true},
+      {R"g(root ::= "(" root ")" root | "")g", "(()())()", true},
+      {R"g(root ::= "(" root ")" root | "")g", "(()", false},
+      {R"g(root ::= "(" root ")" root | "")g", "())(", false},
+      // Rules defined after their use, names with '-' and '_', comments, lines.
+      {"root ::= greeting \" \" who # a comment\ngreeting ::= \"hi\" | \"hello\"\n"
+       "who ::= my-name | your_name\nmy-name ::= \"me\"\nyour_name ::= \"you\"",
+       "hello you", true},
+      {"root ::= greeting \" \" who\ngreeting ::= \"hi\" | \"hello\"\nwho ::= \"me\"",
+       "hi  me", false},
+      // A rule goes on after ::= and '|' at a line's end, and inside a group.
+      {"root ::=\n  \"a\" |\n  (\"b\"\n   \"c\")", "bc", true},
+      {"root ::=\n  \"a\" |\n  (\"b\"\n   \"c\")", "a", true},
+      // ... and, as xgrammar reads it, on the next lines until one begins a rule.
+      {"root ::= \"a\"\n  | \"b\" # b\n\n  | \"c\"\n  \"d\"\nx ::= \"e\"", "cd", true},
+      {"root ::= \"a\"\n  | \"b\" # b\n\n  | \"c\"\n  \"d\"\nx ::= \"e\"", "b", true},
+      {"root ::= \"a\"\n  | \"b\" # b\n\n  | \"c\"\n  \"d\"\nx ::= \"e\"", "c", false},
+      {"root ::= \"a\"\n  | \"b\" # b\n\n  | \"c\"\n  \"d\"\nx ::= \"e\"", "e", false},
+      // Classes, negation, ranges, any character, escapes.
+      {R"(root ::= [a-c0-9]+)", "ab09c", true},
+      {R"(root ::= [a-c0-9]+)", "abd", false},
+      {R"(root ::= [^a-c]+)", "xyz\n", true},
+      {R"(root ::= [^a-c]+)", "xaz", false},
+      {R"(root ::= .+)", "any\nthing é", true},
+      {R"(root ::= [\]\-\\]+)", "]-\\", true},
+      {R"(root ::= "\x41\u00e9\U0001F600\t\"")", "Aé😀\t\"", true},
+      {R"(root ::= [α-ω]+ " " [^α-ω]+)", "λόγος abc", false},  // ό is outside α-ω
+      {R"(root ::= [α-ω]+ " " [^α-ω]+)", "λογος abc", true},
+      // Repetitions of characters, literals and groups.
+      {R"(root ::= "ab"+)", "ababab", true},
+      {R"(root ::= "ab"+)", "aba", false},
+      {R"(root ::= "ab"*)", "", true},
+      {R"(root ::= "x" "ab"? "y")", "xy", true},
+      {R"(root ::= "x" "ab"? "y")", "xaby", true},
+      {R"(root ::= "x" "ab"? "y")", "xababy", false},
+      {R"(root ::= [0-9]{2,3} ("-" [0-9]{,2}){2} "!"{1,})", "12--5!!", true},
+      {R"(root ::= [0-9]{2,3} ("-" [0-9]{,2}){2} "!"{1,})", "1--5!", false},
+      {R"(root ::= [0-9]{2,3} ("-" [0-9]{,2}){2} "!"{1,})", "1234--5!", false},
+      {R"(root ::= [0-9]{2,3} ("-" [0-9]{,2}){2} "!"{1,})", "123-99-!", true},
+      {R"(root ::= [0-9]{2,3} ("-" [0-9]{,2}){2} "!"{1,})", "123-999-!", false},
+      {R"(root ::= [0-9]{2,3} ("-" [0-9]{,2}){2} "!"{1,})", "12--", false},
+      {R"(root ::= "a"{3})", "aaa", true},
+      {R"(root ::= "a"{3})", "aaaa", false},
+      // A cycle back to a rule at an alternative's end is not left recursion.
+      {R"(root ::= ("a"?)*)", "aaa", true},
+      {"root ::= a\na ::= b | \"x\"\nb ::= a | \"y\"", "y", true},
+      // JSON.
+      {kJson, R"({"a": [1, -2.5e10, true, null, {"b": "c\"\u00e9"}], "d": {}})", true},
+      {kJson, R"({"a": [1, 2,]})", false},
+      {kJson, R"({"a": 01})", false},
+      {kJson, R"([1])", false},
+      {kJson, R"({"a" 1})", false},
+  };
+  for (const Case& c : cases) {
+    auto g = MustCompile(c.grammar);
+    ASSERT_NE(g, nullptr);
+    EXPECT_EQ(g->Accepts(c.text), c.match) << c.grammar << "\non \"" << c.text << "\"";
+  }
+}
+
+TEST(GrammarGuideTest, CompleteWhereNothingMayFollow) {
+  auto g = MustCompile(R"(root ::= "yes" | "yes!" | "no")");
+  ASSERT_NE(g, nullptr);
+  EXPECT_TRUE(g->Accepts("yes"));
+  EXPECT_FALSE(g->Complete("yes"));  // "yes!" may follow
+  EXPECT_TRUE(g->Complete("yes!"));
+  EXPECT_TRUE(g->Complete("no"));
+  EXPECT_FALSE(g->Complete("n"));
+  auto json = MustCompile(kJson);
+  ASSERT_NE(json, nullptr);
+  EXPECT_TRUE(json->Accepts("{}"));
+  EXPECT_FALSE(json->Complete("{}"));  // whitespace may follow
+  EXPECT_TRUE(json->Complete("{} "));  // ws is one space at most: nothing more
+}
+
+TEST(GrammarGuideTest, TheNextTokensKeepTheOutputOnTheWayToAWholeText) {
+  //                        0    1    2     3     4     5    6  (special)  7
+  TokenBytesIndex vocab({"(", ")", "()", "((", "x", ")(", "", "())"});
+  auto g = MustCompile(R"g(root ::= "(" root ")" root | "x")g");
+  ASSERT_NE(g, nullptr);
+  EXPECT_EQ(Allowed(*g, "", vocab), (std::vector<int32_t>{0, 3, 4}));
+  // After "(": another, or x; not ")" (root is not empty here).
+  EXPECT_EQ(Allowed(*g, "(", vocab), (std::vector<int32_t>{0, 3, 4}));
+  // ")(" closes the group and opens the root after it; "()" and "())" open one inside.
+  EXPECT_EQ(Allowed(*g, "(x", vocab), (std::vector<int32_t>{1, 5}));
+  EXPECT_EQ(Allowed(*g, "((x", vocab), (std::vector<int32_t>{1, 5}));
+  EXPECT_EQ(Allowed(*g, "(x)", vocab), (std::vector<int32_t>{0, 3, 4}));
+  EXPECT_TRUE(g->Accepts("(x)x"));
+  EXPECT_TRUE(g->LeadsOn("((x)"));
+  EXPECT_FALSE(g->LeadsOn("(x))"));
+  EXPECT_TRUE(Allowed(*g, "(x)x", vocab).empty());
+  EXPECT_TRUE(Allowed(*g, ")", vocab).empty());
+}
+
+// A character's bytes may be split between tokens (byte-level BPE): the first half is let
+// through only where a character the grammar takes begins with it.
+TEST(GrammarGuideTest, ACharacterSplitBetweenTokensIsFollowedByteByByte) {
+  const std::string alpha = "α";  // CE B1
+  const std::string omega = "ω";  // CF 89
+  //                      0                   1                   2      3    4
+  TokenBytesIndex vocab({alpha.substr(0, 1), alpha.substr(1), alpha, "a", omega.substr(0, 1)});
+  auto g = MustCompile(R"(root ::= "α"+)");
+  ASSERT_NE(g, nullptr);
+  EXPECT_EQ(Allowed(*g, "", vocab), (std::vector<int32_t>{0, 2}));
+  EXPECT_EQ(Allowed(*g, alpha.substr(0, 1), vocab), (std::vector<int32_t>{1}));
+  EXPECT_FALSE(g->Accepts(alpha.substr(0, 1)));
+  EXPECT_EQ(Allowed(*g, alpha, vocab), (std::vector<int32_t>{0, 2}));
+  auto range = MustCompile(R"(root ::= [ά-ϊ])");  // U+03AC-U+03CA: CE AC … CF 8A
+  ASSERT_NE(range, nullptr);
+  EXPECT_EQ(Allowed(*range, "", vocab), (std::vector<int32_t>{0, 2, 4}));
+  auto none = MustCompile(R"(root ::= [^α-ω])");  // CE 91 … CF 89 out; other CE/CF bytes in
+  ASSERT_NE(none, nullptr);
+  EXPECT_EQ(Allowed(*none, "", vocab), (std::vector<int32_t>{0, 3, 4}));
+  EXPECT_EQ(Allowed(*none, "\xce", vocab), std::vector<int32_t>{});  // 1: B1 is α
+}
+
+// Random grammars that a regular expression can also write, and random texts: both guides
+// must take the same texts and let the same tokens through (two independent automata: the
+// regular expression's is a DFA over bytes).
+TEST(GrammarGuideTest, MatchesWhatTheSameRegularExpressionMatches) {
+  const uint32_t seed = std::random_device{}();
+  std::mt19937 rng(seed);
+  const std::vector<std::string> letters = {"a", "b", "1", "é"};
+  // Writes one random expression both ways, and a text it matches.
+  std::function<void(int, std::string*, std::string*)> make = [&](int depth, std::string* re,
+                                                                  std::string* gbnf) {
+    const int kind = depth == 0 ? int(rng() % 3) : int(rng() % 8);
+    std::string r1, g1, r2, g2;
+    switch (kind) {
+      case 0: {  // a literal
+        std::string lit;
+        for (int k = 1 + int(rng() % 3); k > 0; --k) lit += letters[rng() % letters.size()];
+        *re = "(?:" + lit + ")";
+        *gbnf = "\"" + lit + "\"";
+        return;
+      }
+      case 1: {
+        const bool negated = rng() % 2;
+        const std::string set = letters[rng() % 3] + letters[rng() % 3];
+        *re = std::string("[") + (negated ? "^" : "") + set + "]";
+        *gbnf = *re;
+        return;
+      }
+      case 2:
+        *re = ".";
+        *gbnf = ".";
+        return;
+      case 3:
+        make(depth - 1, &r1, &g1);
+        make(depth - 1, &r2, &g2);
+        *re = "(?:" + r1 + r2 + ")";
+        *gbnf = "(" + g1 + " " + g2 + ")";
+        return;
+      case 4:
+        make(depth - 1, &r1, &g1);
+        make(depth - 1, &r2, &g2);
+        *re = "(?:" + r1 + "|" + r2 + ")";
+        *gbnf = "(" + g1 + " | " + g2 + ")";
+        return;
+      default: {
+        make(depth - 1, &r1, &g1);
+        const char* quantifiers[] = {"*", "+", "?", "{2}", "{1,3}", "{,2}", "{2,}"};
+        const std::string q = quantifiers[rng() % 7];
+        *re = "(?:" + r1 + ")" + q;
+        *gbnf = "(" + g1 + ")" + q;
+        return;
+      }
+    }
+  };
+  int compared = 0, matched = 0;
+  for (int round = 0; round < 60; ++round) {
+    std::string re, gbnf;
+    make(3, &re, &gbnf);
+    auto regex = RegexGuide::Compile(re);
+    if (!regex.ok()) continue;  // past the automaton's bounds
+    auto grammar = MustCompile("root ::= " + gbnf);
+    ASSERT_NE(grammar, nullptr) << "seed " << seed;
+    std::vector<std::string> tokens(200);
+    for (std::string& t : tokens) {
+      for (int k = 1 + int(rng() % 4); k > 0; --k) {
+        const std::string& l = letters[rng() % letters.size()];
+        t += rng() % 8 == 0 ? l.substr(0, 1) : l;  // now and then half of é
+      }
+    }
+    TokenBytesIndex vocab(tokens);
+    // Texts: random ones, and ones grown by the guides' own next tokens (so most lead on).
+    for (int t = 0; t < 40; ++t) {
+      std::string text;
+      const bool grow = t % 2 == 0;
+      for (int k = int(rng() % 7); k > 0; --k) {
+        if (grow) {
+          const auto next = Allowed(**regex, text, vocab);
+          if (next.empty()) break;
+          text += tokens[next[rng() % next.size()]];
+        } else {
+          text += letters[rng() % letters.size()];
+        }
+      }
+      const std::string where = "seed " + std::to_string(seed) + ": " + re + " vs " + gbnf +
+                                " on \"" + text + "\"";
+      EXPECT_EQ(grammar->Accepts(text), (*regex)->Accepts(text)) << where;
+      EXPECT_EQ(grammar->Complete(text), (*regex)->Complete(text)) << where;
+      EXPECT_EQ(Allowed(*grammar, text, vocab), Allowed(**regex, text, vocab)) << where;
+      ++compared;
+      matched += (*regex)->Accepts(text);
+    }
+  }
+  EXPECT_GT(compared, 1000) << "seed " << seed;
+  EXPECT_GT(matched, 50) << "seed " << seed;  // the comparison saw matches, not only misses
+}
+
+// A guide remembers the parses of the outputs it has read, so a step reads only the bytes since
+// the last: grown byte by byte (characters split included), two outputs in turn, its answers are
+// a new guide's.
+TEST(GrammarGuideTest, RememberedParsesAnswerAsANewGuideDoes) {
+  const std::string text = R"({"a": [1, {"b": "cé\n"}, [[true]], -2.5e3], "d": {"e": null}})";
+  const std::string other = R"({"a": [1, 2], "x": "é"})";
+  TokenBytesIndex vocab({"{", "\"", "a", "[", "1", ",", " ", "}", "]", "é", "\xc3", "\xa9",
+                         "true", ":", "\": ", "]]", "e3"});
+  auto g = MustCompile(kJson);
+  ASSERT_NE(g, nullptr);
+  for (size_t n = 0; n <= text.size(); ++n) {
+    for (const std::string& t : {text, other}) {
+      if (n > t.size()) continue;
+      const std::string so_far = t.substr(0, n);
+      auto fresh = MustCompile(kJson);
+      ASSERT_NE(fresh, nullptr);
+      EXPECT_TRUE(g->LeadsOn(so_far)) << so_far;
+      EXPECT_EQ(g->Accepts(so_far), fresh->Accepts(so_far)) << so_far;
+      EXPECT_EQ(g->Complete(so_far), fresh->Complete(so_far)) << so_far;
+      EXPECT_EQ(Allowed(*g, so_far, vocab), Allowed(*fresh, so_far, vocab)) << so_far;
+      EXPECT_FALSE(g->LeadsOn(so_far + "\x01")) << so_far;  // never in JSON, even in a string
+    }
+  }
+  EXPECT_TRUE(g->Accepts(text));
+  EXPECT_TRUE(g->Accepts(other));
+}
+
+// A grammar ambiguous enough keeps one parse per way of reading the text so far; past
+// kMaxGrammarStacks of them the output goes no further.
+TEST(GrammarGuideTest, AnAmbiguityPastTheBoundEndsTheText) {
+  // After n x's, one stack per number of y's still allowed.
+  auto g = MustCompile("root ::= \"x\" root opt | \"\"\nopt ::= \"y\" | \"\"");
+  ASSERT_NE(g, nullptr);
+  EXPECT_TRUE(g->Accepts(std::string(1000, 'x') + std::string(900, 'y')));
+  EXPECT_FALSE(g->Accepts(std::string(1100, 'x')));
+}
+
+TEST(GrammarGuideTest, RefusesWhatItCannotParseAndSaysWhere) {
+  auto refused = [](const std::string& text, const std::string& why) {
+    auto g = GrammarGuide::Compile(text);
+    if (g.ok()) return ::testing::AssertionFailure() << text << " compiled";
+    if (g.status().code() != absl::StatusCode::kInvalidArgument ||
+        g.status().message().find(why) == std::string_view::npos) {
+      return ::testing::AssertionFailure() << text << ": " << g.status();
+    }
+    return ::testing::AssertionSuccess();
+  };
+  EXPECT_TRUE(refused("value ::= \"a\"", "no rule 'root'"));
+  EXPECT_TRUE(refused("root ::= value", "line 1, column 10: rule 'value' is used but not defined"));
+  EXPECT_TRUE(refused("root ::= \"a\"\nroot ::= \"b\"", "line 2, column 1: rule 'root' is "
+                                                         "defined twice"));
+  EXPECT_TRUE(refused("root ::= \"a", "line 1, column 10: a literal without its closing \""));
+  EXPECT_TRUE(refused("root ::= [a-", "a class without its closing ]"));
+  EXPECT_TRUE(refused("root ::= [z-a]", "a class range whose end comes before its start"));
+  EXPECT_TRUE(refused("root ::= (\"a\"", "a group without its closing )"));
+  EXPECT_TRUE(refused("root ::= \"a\")", "line 1, column 13: a ) without its opening ("));
+  EXPECT_TRUE(refused("root ::= * \"a\"", "'*' with nothing before it to repeat"));
+  EXPECT_TRUE(refused("root ::= \"a\"{3,2}", "{m,n} with n below m"));
+  EXPECT_TRUE(refused("root ::= \"a\"{1001}", "a repetition count above 1000"));
+  EXPECT_TRUE(refused("root ::= \"a\"{x}", "expected {m}, {m,}, {,n} or {m,n}"));
+  EXPECT_TRUE(refused("root = \"a\"", "expected ::= after the rule name 'root'"));
+  EXPECT_TRUE(refused("::= \"a\"", "expected a rule's name"));
+  EXPECT_TRUE(refused("start: \"a\"", "expected ::= after the rule name 'start' (the grammar is "
+                                      "GBNF, as llama.cpp and vLLM's xgrammar backend read it"));
+  EXPECT_TRUE(refused("?start: expr", "Lark's `name: ...` is not read"));
+  EXPECT_TRUE(refused("root ::= \"\\q\"", "unknown escape \\q"));
+  EXPECT_TRUE(refused("root ::= \"\\uD800\"", "U+D800, which is not a character"));
+  EXPECT_TRUE(refused("root ::= \"\xff\"", "not valid UTF-8"));
+  EXPECT_TRUE(refused("root ::= \"a\" ~", "unexpected '~'"));
+  EXPECT_TRUE(refused("root ::= <[1000]>", "unexpected '<'"));  // llama.cpp's token ids
+  EXPECT_TRUE(refused("root ::= [^\\x00-\\U0010FFFF]", "no text matches rule 'root'"));
+  EXPECT_TRUE(refused("root ::= a\na ::= \"(\" a \")\"", "no text matches rule 'root'"));
+  EXPECT_TRUE(refused("root ::= root \"a\" | \"b\"",
+                      "rule 'root' is left-recursive (root -> root before reading"));
+  EXPECT_TRUE(refused("root ::= expr\nexpr ::= term | sum\nsum ::= expr \"+\" term\n"
+                      "term ::= [0-9]",
+                      "rule 'sum' is left-recursive (sum -> expr -> sum"));
+  EXPECT_TRUE(refused("root ::= \"a\"? root \"b\" | \"c\"", "left-recursive"));
+  EXPECT_TRUE(refused(std::string(kMaxGrammarBytes + 1, ' '), "at most 65536"));
+  std::string wide = "root ::=";  // 201 copies of 1000 characters
+  for (int i = 0; i < 201; ++i) wide += " \"a\"{1000}";
+  EXPECT_TRUE(refused(wide, "more than 200000 elements"));
+  std::string deep = "root ::= ";
+  for (int i = 0; i < 70; ++i) deep += "(";
+  EXPECT_TRUE(refused(deep, "groups nested more than 64 deep"));
+}
+
+}  // namespace
+}  // namespace thetaserve::scheduler
