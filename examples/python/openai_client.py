@@ -75,6 +75,12 @@ def check(client, model):
                   response_format=Solution, temperature=0, max_tokens=300)
     assert solved.choices[0].finish_reason == "stop", solved
     assert isinstance(solved.choices[0].message.parsed, Solution), solved
+    # vLLM's extensions go in extra_body, as vLLM's docs send them: here a GBNF grammar.
+    graded = client.completions.create(
+        model=model, prompt="Is the sky blue? Answer:", max_tokens=8, temperature=0,
+        extra_body={"guided_grammar": 'root ::= " " ("yes" | "no") "."'})
+    assert graded.choices[0].text in (" yes.", " no."), graded
+    assert graded.choices[0].finish_reason == "stop", graded
     # Tools: a function named in tool_choice is called (its arguments guided to its
     # parameters' schema), streamed or not alike; "required" calls one or more; the result goes
     # back as a role "tool" message.
