@@ -4,6 +4,7 @@
 // order is vLLM's strict one.
 #include <chrono>
 #include <climits>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -131,6 +132,22 @@ TEST_F(AgingTest, MakingWayPreemptsTheLastLaterRequestNotTheLastRunning) {
   EXPECT_EQ(ById(plan), (std::vector<std::string>{"s:10+", "y:1+"}));
   EXPECT_EQ(s.num_priority_preemptions(), 1);
   s.Commit(plan);
+}
+
+// --priority-aging 0 (the default) is no aging, which either policy takes; a rate above 0 only
+// the priority policy (fcfs has no priorities to age); a rate that is not a finite number >= 0
+// neither.
+TEST(AgingFlagTest, ZeroAgingIsTakenByEitherPolicyAndARateOnlyByPriority) {
+  EXPECT_TRUE(CheckPriorityAging(SchedulingPolicy::kFcfs, 0).ok());
+  EXPECT_TRUE(CheckPriorityAging(SchedulingPolicy::kPriority, 0).ok());
+  EXPECT_TRUE(CheckPriorityAging(SchedulingPolicy::kPriority, 0.5).ok());
+  EXPECT_EQ(CheckPriorityAging(SchedulingPolicy::kFcfs, 0.5).message(),
+            "--priority-aging ages request priorities, which only --scheduling-policy priority "
+            "has");
+  for (double bad : {-1.0, std::numeric_limits<double>::infinity(),
+                     std::numeric_limits<double>::quiet_NaN()}) {
+    EXPECT_FALSE(CheckPriorityAging(SchedulingPolicy::kPriority, bad).ok()) << bad;
+  }
 }
 
 }  // namespace
