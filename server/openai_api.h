@@ -61,7 +61,9 @@ struct OpenAiCall {
   // body is read, naming the client's own fields.)
   bool structured_choice = false;
   bool structured_regex = false;
-  bool structured_grammar = false;  // structured_outputs.grammar, not guided_grammar
+  // The grammar's field as sent (guided_grammar, structured_outputs.grammar or llama.cpp's
+  // grammar), named in its errors; empty: none.
+  std::string grammar_field;
   // Where the JSON schema came from (guided_json, structured_outputs.json or
   // response_format.json_schema.schema), to name it in errors; empty: none.
   std::string schema_field;

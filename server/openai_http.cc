@@ -315,8 +315,8 @@ void OpenAiHttpServer::Generate(const HttpRequest& http, HttpResponder& out, boo
     if (call->structured_regex) {
       absl::StrReplaceAll({{"sampling.guided_regex", "structured_outputs.regex"}}, &message);
     }
-    if (call->structured_grammar) {
-      absl::StrReplaceAll({{"sampling.guided_grammar", "structured_outputs.grammar"}}, &message);
+    if (!call->grammar_field.empty()) {
+      absl::StrReplaceAll({{"sampling.guided_grammar", call->grammar_field}}, &message);
     }
     if (call->tool_calls == OpenAiCall::ToolCalls::kRequired &&
         absl::StrContains(message, "too large")) {

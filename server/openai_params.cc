@@ -286,10 +286,19 @@ absl::Status ParseSampling(const In& body, std::string_view body_text, OpenAiCal
     sp->set_guided_json(std::string(schema_text));
     call->schema_field = schema_field;
   }
-  // A GBNF grammar: guided_grammar or structured_outputs.grammar (false: none).
+  // A GBNF grammar: guided_grammar or structured_outputs.grammar (false: none), or llama.cpp
+  // server's `grammar` (which its OpenAI-compatible routes take: dropped, a llama.cpp client's
+  // answer would be unconstrained).
   bool grammar_by_new_name = false;
   auto grammar = structured("guided_grammar", "grammar", &grammar_by_new_name);
   if (!grammar.ok()) return grammar.status();
+  if (Given(body, "grammar") && body["grammar"] != "") {  // llama.cpp's default: none
+    if (*grammar) {
+      return Invalid("grammar", absl::StrCat("and ", field, " are both given; send one"));
+    }
+    grammar = &body["grammar"];
+    field = "grammar";
+  }
   std::string grammar_field;
   if (*grammar && !(grammar_by_new_name && **grammar == false)) {
     grammar_field = field;
@@ -301,7 +310,7 @@ absl::Status ParseSampling(const In& body, std::string_view body_text, OpenAiCal
       return Invalid(field, absl::StrCat("and ", other, " are both given; send one"));
     }
     sp->set_guided_grammar(*text);
-    call->structured_grammar = grammar_by_new_name;
+    call->grammar_field = field;
   }
   if (auto status = ParseToolCalls(body, body_text, call,
                                    !grammar_field.empty() ? grammar_field

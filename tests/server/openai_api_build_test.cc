@@ -94,6 +94,20 @@ TEST_F(OpenAiResponseTest, VllmsSamplingExtensionsReachTheEngineRequest) {
   auto no_grammar = build(R"({"prompt": "x", "structured_outputs": {"grammar": false}})");
   ASSERT_TRUE(no_grammar.ok()) << no_grammar.status();
   EXPECT_EQ(no_grammar->guide, nullptr);
+  // llama.cpp server's name for it (its default, "", is none).
+  auto llama_cpp = build(R"({"prompt": "x", "grammar": "root ::= \"yes\" | \"no\""})");
+  ASSERT_TRUE(llama_cpp.ok()) << llama_cpp.status();
+  auto* llama_grammar = dynamic_cast<const scheduler::GrammarGuide*>(llama_cpp->guide.get());
+  ASSERT_NE(llama_grammar, nullptr);
+  EXPECT_TRUE(llama_grammar->Complete("yes"));
+  no_grammar = build(R"({"prompt": "x", "grammar": ""})");
+  ASSERT_TRUE(no_grammar.ok()) << no_grammar.status();
+  EXPECT_EQ(no_grammar->guide, nullptr);
+  EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": "x", "guided_grammar": "root ::= \"a\"",
+      "grammar": "root ::= \"b\""})"),
+      "grammar and guided_grammar are both given; send one"));
+  EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": "x", "grammar": 3})"),
+                          "grammar must be a string"));
   EXPECT_EQ(build(R"({"prompt": "x", "guided_grammar": "root ::= value"})").status().message(),
             "guided_grammar: line 1, column 10: rule 'value' is used but not defined");
   EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": "x", "guided_grammar": "root ::= \"a\"",

@@ -212,6 +212,9 @@ item ::= list | [a-z]+
   EXPECT_EQ(e["message"], "structured_outputs.grammar: line 1, column 10: a class without its "
                           "closing ]");
   EXPECT_EQ(e["param"], "structured_outputs.grammar");
+  e = error_of({{"prompt", "x"}, {"grammar", "root ::= \"a\" b"}});  // llama.cpp's name
+  EXPECT_EQ(e["message"], "grammar: line 1, column 14: rule 'b' is used but not defined");
+  EXPECT_EQ(e["param"], "grammar");
 
   auto stub = server_->stub();
   v1::GenerateRequest bad = Prompt("x", 4);
