@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <functional>
 #include <limits>
+#include <map>
+#include <set>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
@@ -83,7 +85,8 @@ class GbnfParser {
   std::vector<int> generated_;      // [rule]: rules generated inside it so far
   std::vector<std::vector<Sequence>> bodies_;
   std::vector<CharClass> classes_;
-  absl::flat_hash_map<uint32_t, int32_t> char_classes_;  // one-character classes by code point
+  // Classes by their ranges, each made once (so alternatives alike are seen to be alike).
+  std::map<std::vector<std::pair<uint32_t, uint32_t>>, int32_t> class_ids_;
   int64_t elements_ = 0;
 };
 
@@ -141,13 +144,8 @@ int32_t GbnfParser::RuleId(std::string_view name) {
 }
 
 int32_t GbnfParser::NewRule(int32_t inside) {
-  // A name no rule as written can have ('_' then a number may be a user's: "<name>_1" with
-  // the numbers counting on until the name is free).
-  std::string name;
-  do {
-    name = absl::StrCat(names_[inside], "_", ++generated_[inside]);
-  } while (ids_.contains(name));
-  const int32_t id = RuleId(name);
+  // A name no rule as written can have ('#' is no name's character), for messages.
+  const int32_t id = RuleId(absl::StrCat(names_[inside], "#", ++generated_[inside]));
   defined_at_[id] = pos_;
   return id;
 }
@@ -214,9 +212,9 @@ absl::StatusOr<uint32_t> GbnfParser::ParseChar() {
   }
   if (c < 0x80) return uint32_t(c);
   // UTF-8 in the grammar's text.
-  int more = c >= 0xF0 ? 3 : c >= 0xE0 ? 2 : c >= 0xC0 ? 1 : -1;
-  uint32_t cp = c & (0x3F >> more);
+  const int more = c >= 0xF0 ? 3 : c >= 0xE0 ? 2 : c >= 0xC0 ? 1 : -1;
   if (more < 0 || c > 0xF4) return ErrorAt(start, "the grammar is not valid UTF-8");
+  uint32_t cp = c & (0x3F >> more);
   for (int i = 0; i < more; ++i) {
     const uint8_t b = uint8_t(Peek());
     if ((b & 0xC0) != 0x80) return ErrorAt(start, "the grammar is not valid UTF-8");
@@ -243,12 +241,9 @@ absl::StatusOr<int> GbnfParser::ParseCount() {
 }
 
 int32_t GbnfParser::ClassId(std::vector<std::pair<uint32_t, uint32_t>> ranges) {
-  if (ranges.size() == 1 && ranges[0].first == ranges[0].second) {
-    auto [it, added] = char_classes_.try_emplace(ranges[0].first, int32_t(classes_.size()));
-    if (!added) return it->second;
-  }
-  classes_.push_back(CharClass{std::move(ranges)});
-  return int32_t(classes_.size() - 1);
+  auto [it, added] = class_ids_.try_emplace(ranges, int32_t(classes_.size()));
+  if (added) classes_.push_back(CharClass{std::move(ranges)});
+  return it->second;
 }
 
 absl::Status GbnfParser::Repeat(int32_t rule, Sequence* seq, size_t from, int min, int max) {
@@ -471,7 +466,13 @@ absl::StatusOr<Grammar> GbnfParser::Parse() {
   g.classes = std::move(classes_);
   g.rules.resize(bodies_.size());
   for (size_t id = 0; id < bodies_.size(); ++id) {
+    // An alternative written twice is read once (twice, every text it matches would have two
+    // parses, each a stack to move at every character).
+    std::set<std::vector<std::pair<int, int32_t>>> written;
     for (const Sequence& alternative : bodies_[id]) {
+      std::vector<std::pair<int, int32_t>> items;
+      for (const GrammarElement& e : alternative) items.emplace_back(int(e.kind), e.value);
+      if (!written.insert(std::move(items)).second) continue;
       g.rules[id].push_back(int32_t(g.elements.size()));
       g.elements.insert(g.elements.end(), alternative.begin(), alternative.end());
       g.elements.push_back({GrammarElement::kEnd, 0});
@@ -504,6 +505,20 @@ absl::StatusOr<Grammar> GbnfParser::Parse() {
   if (!productive[g.root]) {
     return ErrorAt(defined_at_[g.root], "no text matches rule 'root' (every alternative needs "
                                         "a rule that never ends, or an empty class)");
+  }
+  // An alternative that matches no text (it needs such a rule or class) is dropped: a guide
+  // must not let the output into it, where nothing could ever end it.
+  for (std::vector<int32_t>& alternatives : g.rules) {
+    std::erase_if(alternatives, [&](int32_t a) {
+      for (int32_t p = a; g.elements[p].kind != GrammarElement::kEnd; ++p) {
+        const GrammarElement& e = g.elements[p];
+        if (e.kind == GrammarElement::kClass ? g.classes[e.value].ranges.empty()
+                                             : !productive[e.value]) {
+          return true;
+        }
+      }
+      return false;
+    });
   }
   if (auto s = CheckLeftRecursion(g); !s.ok()) return s;
   return g;

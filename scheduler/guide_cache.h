@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -27,7 +28,7 @@ constexpr int64_t kMaxGuideCacheBytesTotal = int64_t(64) << 20;  // all guides'
 // Bytes held by every GuideCache alive (for the bound over all guides, and tests).
 std::atomic<int64_t>& GuideCacheBytesHeld();
 
-// What a key holds: a grammar's keys (its parse's stacks) are strings of up to 4 KiB.
+// What a key holds: a grammar's keys (its parse's stacks) are strings of up to 64 KiB.
 template <typename Key>
 int64_t GuideKeyBytes(const Key&) {
   return int64_t(sizeof(Key));
@@ -45,7 +46,8 @@ class GuideCache {
   ~GuideCache() { GuideCacheBytesHeld().fetch_sub(held_); }
 
   // The next tokens from `key` in `vocab` into *allowed (ascending): remembered, or found by
-  // walk(allowed) and remembered while the bounds allow.
+  // walk(allowed) and remembered while the bounds allow (and, where walk returns a bool, when
+  // it returns true: a walk cut short by a guide's own bounds found only some of them).
   template <typename Walk>
   void Allowed(const TokenBytesIndex& vocab, const Key& key, const Walk& walk,
                std::vector<int32_t>* allowed) const {
@@ -59,7 +61,12 @@ class GuideCache {
       entry->Read(allowed);
       return;
     }
-    walk(allowed);
+    if constexpr (std::is_same_v<std::invoke_result_t<const Walk&, std::vector<int32_t>*>,
+                                 bool>) {
+      if (!walk(allowed)) return;
+    } else {
+      walk(allowed);
+    }
     auto made = std::make_shared<Entry>(*allowed, vocab.size());
     const int64_t bytes = made->bytes() + GuideKeyBytes(key);
     absl::MutexLock lock(&mu_);

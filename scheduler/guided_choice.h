@@ -29,7 +29,16 @@ class TokenBytesIndex {
   // where. Tokens that share a prefix share its steps, and a prefix that leads nowhere skips
   // every token under it at once.
   template <typename State, typename Step>
-  void Walk(const State& start, const Step& step, std::vector<int32_t>* ids) const;
+  void Walk(const State& start, const Step& step, std::vector<int32_t>* ids) const {
+    Walk(start, step, ids, [](State*) {});
+  }
+  // The same; restart(&state) is called each time the walk goes back to `start` (a token that
+  // shares no byte with the one before), where state is a copy of start the caller may replace
+  // with an equal one (a guide whose states hold ids into memory of its own may free that
+  // memory there and make the start's again).
+  template <typename State, typename Step, typename Restart>
+  void Walk(const State& start, const Step& step, std::vector<int32_t>* ids,
+            const Restart& restart) const;
   // The token ids ascending: `ids` (any order, no repeats) marked, then read in order, cheaper
   // than a sort when a loose guide lets most of the vocabulary through.
   void SortIds(std::vector<int32_t>* ids) const;
@@ -77,8 +86,9 @@ class ChoiceGuide : public Guide {
   std::vector<std::string> choices_;  // sorted, unique
 };
 
-template <typename State, typename Step>
-void TokenBytesIndex::Walk(const State& start, const Step& step, std::vector<int32_t>* ids) const {
+template <typename State, typename Step, typename Restart>
+void TokenBytesIndex::Walk(const State& start, const Step& step, std::vector<int32_t>* ids,
+                           const Restart& restart) const {
   std::vector<State> states(max_len_ + 1);  // [d]: the state after the token's first d bytes
   states[0] = start;
   // states[0 … valid] hold for the first bytes of the token walked last, and so for as many of
@@ -90,6 +100,7 @@ void TokenBytesIndex::Walk(const State& start, const Step& step, std::vector<int
   while (i < sorted_.size()) {
     const std::string_view t = sorted_[i].first;
     size_t d = std::min<size_t>(valid, common_[i]);
+    if (d == 0) restart(&states[0]);
     bool live = true;
     for (; d < t.size(); ++d) {
       if (!step(states[d], static_cast<uint8_t>(t[d]), &states[d + 1])) {

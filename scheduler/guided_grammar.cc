@@ -13,7 +13,9 @@ namespace thetaserve::scheduler {
 namespace {
 
 constexpr int32_t kEmpty = 0;              // the node of the empty stack: the text is whole
-constexpr size_t kMaxCachedKeyBytes = 4096;  // a deeper parse is walked, not remembered
+constexpr size_t kMaxCachedKeyBytes = 65536;  // a larger parse is walked, not remembered
+constexpr size_t kResetNodes = 1 << 18;       // a walk frees its nodes past this many
+constexpr size_t kMaxRememberedStacks = 8;    // more move together (Parse::Advance)
 
 }  // namespace
 
@@ -47,8 +49,9 @@ class GrammarGuide::Parse {
     return Expand(&s->stacks) && !s->stacks.empty();
   }
 
-  // The state after `b`; false where no text of the grammar has it next.
+  // The state after `b`; false where no text of the grammar has it next (or past the bounds).
   bool Next(const State& s, uint8_t b, State* out) {
+    if (exceeded_ || !Spend(1)) return false;
     if (s.owed == 0 && b < 0x80) return Advance(s.stacks, b, out);
     uint32_t bits;
     if (s.owed == 0) {  // a character's first byte: what the next may be (RFC 3629)
@@ -122,6 +125,27 @@ class GrammarGuide::Parse {
     return true;
   }
 
+  // A bound was passed: what this parse found since is not all there is.
+  bool exceeded() const { return exceeded_; }
+  size_t nodes() const { return pos_.size(); }
+  // A walk has kMaxGrammarWork of its own (what reading the output took aside), so what it
+  // finds depends on the state alone.
+  void RestartWork() { work_done_ = 0; }
+
+  // Forgets every node but the empty stack's (a walk's, between first bytes: its states hold
+  // ids no longer; the start's is made again with Restore).
+  void Reset() {
+    // erase, not resize(1): GCC 12 warns of the growth path resize has and this never takes.
+    pos_.erase(pos_.begin() + 1, pos_.end());
+    parent_.erase(parent_.begin() + 1, parent_.end());
+    mark_.erase(mark_.begin() + 1, mark_.end());
+    ascii_row_.erase(ascii_row_.begin() + 1, ascii_row_.end());
+    index_.clear();
+    moves_.clear();
+    moved_.clear();
+    ascii_moves_.clear();
+  }
+
   static bool Whole(const State& s) {
     return s.owed == 0 && std::find(s.stacks.begin(), s.stacks.end(), kEmpty) != s.stacks.end();
   }
@@ -165,6 +189,7 @@ class GrammarGuide::Parse {
     if (added) {
       if (pos_.size() >= size_t(kMaxGrammarNodes)) {
         index_.erase(it);
+        exceeded_ = true;
         return -1;
       }
       pos_.push_back(pos);
@@ -191,7 +216,7 @@ class GrammarGuide::Parse {
     while (!work_.empty()) {
       const int32_t node = work_.back();
       work_.pop_back();
-      if (node < 0) return false;
+      if (node < 0 || !Spend(1)) return false;
       if (mark_[node] == epoch_) continue;
       mark_[node] = epoch_;
       if (node == kEmpty || g_.elements[pos_[node]].kind == GrammarElement::kClass) {
@@ -210,8 +235,22 @@ class GrammarGuide::Parse {
 
   // The stacks after the character `cp`; false when none takes it.
   // Each stack's moves are remembered (a walk meets the same stacks under many prefixes: a
-  // string's, after any of its characters), so the stacks are the union of theirs.
+  // string's, after any of its characters), so the stacks are the union of theirs. Many stacks
+  // (an ambiguous grammar's) are moved together instead: their expansions share one visit of
+  // each node, where apart each would walk what the others walk too.
   bool Advance(const std::vector<int32_t>& stacks, uint32_t cp, State* out) {
+    out->partial = 0;
+    out->owed = 0;
+    out->lo = 0x80;
+    out->hi = 0xBF;
+    if (stacks.size() > kMaxRememberedStacks) {
+      work_.clear();
+      for (int32_t node : stacks) {
+        if (node == kEmpty) continue;
+        if (g_.classes[g_.elements[pos_[node]].value].Contains(cp)) work_.push_back(After(node));
+      }
+      return Expand(&out->stacks) && !out->stacks.empty();
+    }
     ranges_.clear();
     for (int32_t node : stacks) {
       if (node == kEmpty) continue;
@@ -219,10 +258,6 @@ class GrammarGuide::Parse {
       if (range.first < 0) return false;
       if (range.first < range.second) ranges_.push_back(range);
     }
-    out->partial = 0;
-    out->owed = 0;
-    out->lo = 0x80;
-    out->hi = 0xBF;
     out->stacks.clear();
     if (ranges_.size() == 1) {
       out->stacks.assign(moved_.begin() + ranges_[0].first, moved_.begin() + ranges_[0].second);
@@ -230,6 +265,7 @@ class GrammarGuide::Parse {
     }
     ++epoch_;
     for (const auto& [begin, end] : ranges_) {
+      if (!Spend(end - begin)) return false;
       for (int32_t i = begin; i < end; ++i) {
         const int32_t node = moved_[i];
         if (mark_[node] == epoch_) continue;
@@ -263,7 +299,7 @@ class GrammarGuide::Parse {
     if (g_.classes[g_.elements[pos_[node]].value].Contains(cp)) {
       work_.clear();
       work_.push_back(After(node));
-      if (!Expand(&expanded_)) return {-1, -1};
+      if (!Expand(&expanded_) || !Spend(int64_t(expanded_.size()))) return {-1, -1};
       moved_.insert(moved_.end(), expanded_.begin(), expanded_.end());
       range.second = int32_t(moved_.size());
     }
@@ -273,6 +309,12 @@ class GrammarGuide::Parse {
       moves_.emplace(key, range);
     }
     return range;
+  }
+
+  bool Spend(int64_t work) {
+    work_done_ += work;
+    if (work_done_ > kMaxGrammarWork) exceeded_ = true;
+    return !exceeded_;
   }
 
   // Some stack takes a character in [lo, hi].
@@ -299,6 +341,8 @@ class GrammarGuide::Parse {
   std::vector<std::array<std::pair<int32_t, int32_t>, 128>> ascii_moves_;  // [row][cp]
   std::vector<int32_t> moved_;
   std::vector<std::pair<int32_t, int32_t>> ranges_;  // one Advance's
+  int64_t work_done_ = 0;
+  bool exceeded_ = false;
 };
 
 absl::StatusOr<std::shared_ptr<const GrammarGuide>> GrammarGuide::Compile(std::string_view text) {
@@ -341,16 +385,16 @@ bool GrammarGuide::StateAfter(std::string_view so_far, Parse* parse, ParseState*
   // the oldest to the bounds.
   for (auto it = seen_.begin(); it != seen_.end();) {
     if (so_far.starts_with(it->text)) {
-      seen_bytes_ -= it->text.size();
+      seen_bytes_ -= it->text.size() + it->key.size();
       it = seen_.erase(it);
     } else {
       ++it;
     }
   }
   seen_.push_back({std::string(so_far), *key});
-  seen_bytes_ += so_far.size();
+  seen_bytes_ += so_far.size() + key->size();
   while (seen_.size() > size_t(kMaxGrammarSeen) || seen_bytes_ > kMaxGrammarSeenBytes) {
-    seen_bytes_ -= seen_.front().text.size();
+    seen_bytes_ -= seen_.front().text.size() + seen_.front().key.size();
     seen_.erase(seen_.begin());
   }
   return true;
@@ -363,15 +407,24 @@ void GrammarGuide::Allowed(std::string_view so_far, const TokenBytesIndex& vocab
   Parse::State state;
   std::string key;
   if (!StateAfter(so_far, &parse, &state, &key) || Parse::Ended(state)) return;
+  // Between first bytes the walk frees the nodes it made past kResetNodes (a grammar that
+  // makes nodes at every character would reach kMaxGrammarNodes within one walk).
   auto walk = [&](std::vector<int32_t>* ids) {
     ids->clear();
+    parse.RestartWork();
     vocab.Walk(
         state,
         [&parse](const Parse::State& s, uint8_t b, Parse::State* next) {
           return parse.Next(s, b, next);
         },
-        ids);
+        ids,
+        [&](Parse::State* start) {
+          if (parse.nodes() < kResetNodes || key.empty()) return;
+          parse.Reset();
+          if (!parse.Restore(key, start)) start->stacks.clear();
+        });
     vocab.SortIds(ids);
+    return !parse.exceeded();  // else only some of them: not remembered
   };
   if (key.empty()) {
     walk(allowed);

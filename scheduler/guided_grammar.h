@@ -23,10 +23,16 @@
 
 namespace thetaserve::scheduler {
 
-// Parses open at once (an ambiguous grammar's) and stack nodes made for one step: past either,
-// the output cannot go on (it ends there, as where nothing may follow).
+// Parses open at once (an ambiguous grammar's): a token that would open more is not let
+// through.
 constexpr int kMaxGrammarStacks = 1024;
+// What one call (a step's Allowed, Accepts or Complete) may spend: stack nodes held at once
+// (a vocabulary walk frees them between first bytes) and work (stack nodes expanded and
+// copied). Past either the call stops: the tokens found so far are the step's (not
+// remembered), a text not yet read through does not lead on. No grammar a person writes comes
+// near them; a grammar built to be ambiguous (a thousand alternatives alike) does.
 constexpr int kMaxGrammarNodes = 1 << 20;
+constexpr int64_t kMaxGrammarWork = 20000000;
 // Outputs whose parse a guide remembers (newest first), and their bytes in all.
 constexpr int kMaxGrammarSeen = 16;
 constexpr size_t kMaxGrammarSeenBytes = 256 << 10;

@@ -5,6 +5,7 @@
 
 #include <functional>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -115,6 +116,8 @@ TEST(GrammarGuideTest, WholeTextsAreThoseTheGrammarMatches) {
       // A cycle back to a rule at an alternative's end is not left recursion.
       {R"(root ::= ("a"?)*)", "aaa", true},
       {"root ::= a\na ::= b | \"x\"\nb ::= a | \"y\"", "y", true},
+      // The rules made for groups and repetitions take no name a rule can have.
+      {"root ::= (\"a\") root_1\nroot_1 ::= \"b\"", "ab", true},
       // JSON.
       {kJson, R"({"a": [1, -2.5e10, true, null, {"b": "c\"\u00e9"}], "d": {}})", true},
       {kJson, R"({"a": [1, 2,]})", false},
@@ -307,6 +310,85 @@ TEST(GrammarGuideTest, RememberedParsesAnswerAsANewGuideDoes) {
   EXPECT_TRUE(g->Accepts(other));
 }
 
+// An alternative that can never end (a rule that never ends, a class with no character) is
+// never entered: the guide lets through only what leads to a whole text.
+TEST(GrammarGuideTest, AlternativesThatNeverEndAreNeverEntered) {
+  TokenBytesIndex vocab({"a", "b", "c", "ab"});
+  for (const char* text : {"root ::= \"a\" x | \"b\"\nx ::= \"c\" x",
+                           "root ::= \"a\" [^\\x00-\\U0010FFFF] | \"b\""}) {
+    auto g = MustCompile(text);
+    ASSERT_NE(g, nullptr);
+    EXPECT_EQ(Allowed(*g, "", vocab), std::vector<int32_t>{1}) << text;
+    EXPECT_FALSE(g->LeadsOn("a")) << text;
+    EXPECT_TRUE(g->Complete("b")) << text;
+  }
+}
+
+// The synthetic vocabulary of the sampler bench: 49,152 distinct strings of 1–8 letters, half
+// after a space.
+std::vector<std::string> LetterVocabulary() {
+  std::mt19937 rng(1);
+  std::set<std::string> seen;
+  std::vector<std::string> tokens;
+  while (tokens.size() < 49152) {
+    std::string t = tokens.size() % 2 ? " " : "";
+    for (int n = 1 + int(rng() % 8); n > 0; --n) t += char('a' + rng() % 26);
+    if (seen.insert(t).second) tokens.push_back(t);
+  }
+  return tokens;
+}
+
+// A grammar that makes stack nodes at every character (each letter opens a level that its
+// capital closes) would pass kMaxGrammarNodes within one walk of a large vocabulary; the walk
+// frees them between first bytes and finds every token a token-by-token check finds.
+TEST(GrammarGuideTest, AWalkOfALargeVocabularyFindsEveryToken) {
+  std::string text = "root ::= p\np ::= \"\"";
+  for (char c = 'a'; c <= 'z'; ++c) {
+    text += std::string(" | \"") + c + "\" p \"" + char(c - 'a' + 'A') + "\"";
+  }
+  auto g = MustCompile(text);
+  ASSERT_NE(g, nullptr);
+  const std::vector<std::string> tokens = LetterVocabulary();
+  TokenBytesIndex vocab(tokens);
+  for (const std::string so_far : {"", "ab"}) {
+    std::vector<int32_t> want;
+    for (int32_t id = 0; id < int32_t(tokens.size()); ++id) {
+      if (g->LeadsOn(so_far + tokens[id])) want.push_back(id);
+    }
+    EXPECT_EQ(want.size(), 24576u);  // the tokens without a space
+    EXPECT_EQ(Allowed(*g, so_far, vocab), want) << "after \"" << so_far << "\"";
+  }
+}
+
+// Grammars built to be ambiguous. A thousand alternatives alike: a thousand stacks move
+// together, sharing their expansions (where each expanded apart, one walk of this vocabulary
+// took a minute and a half). A thousand-fold repetition inside a repetition: after 100
+// characters a hundred ways to read them, each a stack a hundred deep, too large to remember,
+// and a walk past kMaxGrammarWork: it stops there, every token it let through leading on, and
+// the next call stops at the same place.
+TEST(GrammarGuideTest, GrammarsBuiltToBeAmbiguousStayBounded) {
+  const std::vector<std::string> tokens = LetterVocabulary();  // every one [a-z ]+
+  TokenBytesIndex vocab(tokens);
+  std::string text = "root ::= item*\nitem ::= [a-z ]";
+  for (int i = 1; i < 1000; ++i) text += " | [a-z ]";
+  auto alike = MustCompile(text);
+  ASSERT_NE(alike, nullptr);
+  EXPECT_EQ(Allowed(*alike, "", vocab).size(), tokens.size());
+  EXPECT_EQ(Allowed(*alike, "ab c", vocab).size(), tokens.size());
+
+  auto nested = MustCompile("root ::= ([a-z ]{0,1000})*");
+  ASSERT_NE(nested, nullptr);
+  const std::string so_far(100, 'a');
+  const std::vector<int32_t> allowed = Allowed(*nested, so_far, vocab);
+  EXPECT_LT(allowed.size(), tokens.size());  // every token leads on: the walk stopped
+  EXPECT_GT(allowed.size(), 0u);
+  for (size_t i = 0; i < allowed.size(); i += 97) {
+    EXPECT_TRUE(nested->LeadsOn(so_far + tokens[allowed[i]])) << tokens[allowed[i]];
+  }
+  EXPECT_EQ(Allowed(*nested, so_far, vocab), allowed);
+  EXPECT_TRUE(nested->Accepts(so_far + " b"));
+}
+
 // A grammar ambiguous enough keeps one parse per way of reading the text so far; past
 // kMaxGrammarStacks of them the output goes no further.
 TEST(GrammarGuideTest, AnAmbiguityPastTheBoundEndsTheText) {
@@ -348,6 +430,7 @@ TEST(GrammarGuideTest, RefusesWhatItCannotParseAndSaysWhere) {
   EXPECT_TRUE(refused("root ::= \"\\q\"", "unknown escape \\q"));
   EXPECT_TRUE(refused("root ::= \"\\uD800\"", "U+D800, which is not a character"));
   EXPECT_TRUE(refused("root ::= \"\xff\"", "not valid UTF-8"));
+  EXPECT_TRUE(refused("root ::= \"\x80\"", "not valid UTF-8"));  // a continuation byte alone
   EXPECT_TRUE(refused("root ::= \"a\" ~", "unexpected '~'"));
   EXPECT_TRUE(refused("root ::= <[1000]>", "unexpected '<'"));  // llama.cpp's token ids
   EXPECT_TRUE(refused("root ::= [^\\x00-\\U0010FFFF]", "no text matches rule 'root'"));
