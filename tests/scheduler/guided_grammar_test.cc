@@ -7,6 +7,7 @@
 #include <random>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -387,6 +388,47 @@ TEST(GrammarGuideTest, GrammarsBuiltToBeAmbiguousStayBounded) {
   }
   EXPECT_EQ(Allowed(*nested, so_far, vocab), allowed);
   EXPECT_TRUE(nested->Accepts(so_far + " b"));
+}
+
+// One guide is shared by a call's completions and read by the sampling threads at once: its
+// remembered parses and next tokens are locked. Four threads read prefixes of two outputs in
+// different orders and get what one thread got.
+TEST(GrammarGuideTest, ThreadsSharingAGuideGetWhatOneThreadGets) {
+  const std::vector<std::string> texts = {R"({"a": [1, {"b": "c"}], "d": true})",
+                                          R"({"x": "yz", "w": [[], {}]})"};
+  TokenBytesIndex vocab({"{", "\"", "a", "[", "1", ",", " ", "}", "]", "true", ":", "\": ",
+                         "x", "yz", "[]", "{}"});
+  std::vector<std::string> prefixes;
+  for (const std::string& t : texts) {
+    for (size_t n = 0; n <= t.size(); ++n) prefixes.push_back(t.substr(0, n));
+  }
+  std::vector<std::vector<int32_t>> want;
+  std::vector<bool> whole;
+  {
+    auto alone = MustCompile(kJson);
+    ASSERT_NE(alone, nullptr);
+    for (const std::string& p : prefixes) {
+      want.push_back(Allowed(*alone, p, vocab));
+      whole.push_back(alone->Accepts(p));
+    }
+  }
+  auto shared = MustCompile(kJson);
+  ASSERT_NE(shared, nullptr);
+  std::vector<int> wrong(4, 0);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (int round = 0; round < 20; ++round) {
+        for (size_t i = 0; i < prefixes.size(); ++i) {
+          const size_t k = (i * 7 + size_t(t) * 13 + size_t(round)) % prefixes.size();
+          wrong[t] += Allowed(*shared, prefixes[k], vocab) != want[k];
+          wrong[t] += shared->Accepts(prefixes[k]) != whole[k];
+        }
+      }
+    });
+  }
+  for (std::thread& th : threads) th.join();
+  EXPECT_EQ(wrong, std::vector<int>(4, 0));
 }
 
 // A grammar ambiguous enough keeps one parse per way of reading the text so far; past
