@@ -12,8 +12,12 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "grpcpp/grpcpp.h"
+#include "scheduler/guided_grammar.h"
+#include "scheduler/guided_regex.h"
+#include "scheduler/guided_schema.h"
 #include "server/cli_args.h"
 #include "server/commands.h"
 #include "server/validation.h"
@@ -34,6 +38,11 @@ constexpr char kUsage[] =
     "                         (skip_special_tokens false)\n"
     "  --logit-bias ID:B,...  add B (in [-100, 100]) to token ID's logit\n"
     "  --n N                  N completions of the prompt (printed one after another)\n"
+    "  --guided-regex RE      the output matches RE whole (Python's re syntax)\n"
+    "  --guided-json SCHEMA   the output is JSON the JSON schema describes (@FILE: read it)\n"
+    "  --json-object          the output is one JSON object\n"
+    "  --guided-grammar G     the output is text the GBNF grammar G matches, its rule root\n"
+    "                         (@FILE: read it); one guide at most\n"
     "  --priority N           lower goes first (a server run with --scheduling-policy\n"
     "                         priority; another refuses any but 0)\n"
     "  --api-key KEY          sent as 'authorization: Bearer KEY' (or THETASERVE_API_KEY)\n"
@@ -69,6 +78,56 @@ absl::StatusOr<std::vector<std::pair<uint32_t, float>>> ParseLogitBias(const std
   return out;
 }
 
+// --guided-regex, --guided-json, --json-object, --guided-grammar into the request's sampling,
+// each checked as the server checks it (its message naming the flag), a value "@FILE" read
+// from the file; NotFound: a file that cannot be read.
+absl::Status SetGuide(const CliArgs& args, v1::SamplingParams* sp) {
+  auto text = [&](const std::string& flag) -> absl::StatusOr<std::string> {
+    const std::string value = args.GetString(flag);
+    if (!value.starts_with("@")) return value;
+    std::ifstream in(value.substr(1), std::ios::binary);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    if (!in) return absl::NotFoundError(absl::StrCat("cannot read --", flag, " ", value));
+    return ss.str();
+  };
+  int guides = 0;
+  for (const char* flag : {"guided-regex", "guided-json", "json-object", "guided-grammar"}) {
+    guides += args.Has(flag);
+  }
+  if (guides > 1) {
+    return absl::InvalidArgumentError(
+        "--guided-regex, --guided-json, --json-object and --guided-grammar: give one");
+  }
+  sp->set_json_object(args.Has("json-object"));
+  for (const auto& [flag, field] :
+       {std::pair<const char*, const char*>{"guided-regex", "guided_regex"},
+        {"guided-json", "guided_json"},
+        {"guided-grammar", "guided_grammar"}}) {
+    if (!args.Has(flag)) continue;
+    auto value = text(flag);
+    if (!value.ok()) return value.status();
+    if (value->empty()) return absl::InvalidArgumentError(absl::StrCat("--", flag, " is empty"));
+    absl::Status checked;
+    if (std::string_view(flag) == "guided-regex") {
+      sp->set_guided_regex(*value);
+      checked = scheduler::RegexGuide::Compile(*value).status();
+    } else if (std::string_view(flag) == "guided-json") {
+      sp->set_guided_json(*value);
+      checked = scheduler::CompileJsonSchema(*value).status();
+    } else {
+      sp->set_guided_grammar(*value);
+      checked = scheduler::GrammarGuide::Compile(*value).status();
+    }
+    if (!checked.ok()) {
+      std::string message(checked.message());
+      absl::StrReplaceAll({{absl::StrCat(field, ":"), absl::StrCat("--", flag, ":")}}, &message);
+      return absl::InvalidArgumentError(message);
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 int RunClient(const std::vector<std::string>& argv) {
@@ -77,7 +136,8 @@ int RunClient(const std::vector<std::string>& argv) {
       {"temperature", true}, {"top-p", true},      {"top-k", true},       {"seed", true},
       {"stop", true},        {"api-key", true},    {"tls-ca", true},      {"timeout", true},
       {"min-tokens", true},  {"ignore-eos", false}, {"logit-bias", true}, {"n", true},
-      {"priority", true},    {"special-tokens", false}};
+      {"priority", true},    {"special-tokens", false}, {"guided-regex", true},
+      {"guided-json", true}, {"json-object", false}, {"guided-grammar", true}};
   CliArgs args;
   if (auto exit = ParseCommandLine("client", argv, known, kUsage, &args)) return *exit;
   auto usage = [](const absl::Status& st) { return ReportFailure("client", st, kExitUsage); };
@@ -120,6 +180,10 @@ int RunClient(const std::vector<std::string>& argv) {
   for (const auto& [token, b] : *bias) (*req.mutable_sampling()->mutable_logit_bias())[token] = b;
   req.set_n(static_cast<uint32_t>(*n));
   req.set_priority(*priority);
+  if (absl::Status st = SetGuide(args, req.mutable_sampling()); !st.ok()) {
+    return st.code() == absl::StatusCode::kNotFound ? ReportFailure("client", st, kExitUsage)
+                                                    : usage(st);
+  }
   // The server's checks of the sampling fields, so a value it would refuse is a bad command
   // line here (the token ids are the server's to check: it knows the vocabulary).
   auto sampling = BuildSampling(req.sampling(), std::numeric_limits<uint32_t>::max());

@@ -61,6 +61,20 @@ TEST(CliCommandTest, EveryCommandTellsABadCommandLineFromAFailedRun) {
        "thetaserve client: --temperature = -1; it must be >= 0 (0 = greedy)"},
       {"client --prompt hi --addr localhost:1 --top-p 7",
        "thetaserve client: --top-p = 7; it must be in (0, 1]"},
+      // The guides, checked as the server checks them.
+      {"client --prompt hi --addr localhost:1 --guided-grammar 'root ::= x'",
+       "thetaserve client: --guided-grammar: line 1, column 10: rule 'x' is used but not "
+       "defined"},
+      {"client --prompt hi --addr localhost:1 --guided-regex '(a'",
+       "thetaserve client: --guided-regex: missing ), unterminated subpattern"},
+      {"client --prompt hi --addr localhost:1 --guided-json '{\"type\": \"object\", "
+       "\"minProperties\": 1}'",
+       "thetaserve client: --guided-json: #: keyword minProperties is not supported"},
+      {"client --prompt hi --addr localhost:1 --guided-regex a --json-object",
+       "thetaserve client: --guided-regex, --guided-json, --json-object and --guided-grammar: "
+       "give one"},
+      {"client --prompt hi --addr localhost:1 --guided-grammar @/nonexistent.gbnf",
+       "thetaserve client: cannot read --guided-grammar @/nonexistent.gbnf"},
       {"health --timeout 0", "thetaserve health: --timeout must be in [0.01, 3600], got 0"},
       {"generate --prompt hi --ignore-eos=maybe",
        "thetaserve generate: flag --ignore-eos is a switch: --ignore-eos or "

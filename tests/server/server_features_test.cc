@@ -417,6 +417,25 @@ TEST_F(ServerE2ETest, ClientCommandSendsNLogitBiasAndMinTokens) {
   EXPECT_NE(refused.find("INVALID_ARGUMENT: sampling.logit_bias has token id 4000000, outside the "
                          "vocabulary"),
             std::string::npos) << refused;
+  // --guided-grammar, given or read from a file: the text the grammar guides gRPC to.
+  const std::string grammar = R"g(root ::= " " ("yes" | "no") ", because " [a-z ]{5,40} ".")g";
+  auto guided = Prompt("Is the sea salty? Answer:", 40);
+  guided.mutable_sampling()->set_guided_grammar(grammar);
+  StreamResult answer = Generate(*stub, guided);
+  ASSERT_TRUE(answer.status.ok()) << answer.status.error_message();
+  EXPECT_EQ(answer.complete.finish_reason(), v1::FINISH_REASON_STOP) << answer.text;
+  const std::string file = ::testing::TempDir() + "/client_grammar.gbnf";
+  {
+    std::ofstream out(file);
+    out << grammar;
+  }
+  const std::string ask = base + " --prompt 'Is the sea salty? Answer:' --max-tokens 40";
+  EXPECT_EQ(RunCommand(ask + " --guided-grammar @" + file + " 2>/dev/null", &rc),
+            answer.text + "\n");
+  EXPECT_EQ(rc, 0);
+  EXPECT_EQ(RunCommand(ask + " --guided-grammar '" + grammar + "' 2>/dev/null", &rc),
+            answer.text + "\n");
+  EXPECT_EQ(rc, 0);
 }
 
 }  // namespace
