@@ -42,7 +42,7 @@ struct GrammarElement {
 struct Grammar {
   std::vector<GrammarElement> elements;     // every alternative, each ended by kEnd
   std::vector<std::vector<int32_t>> rules;  // [rule]: where each alternative begins in elements
-  std::vector<std::string> names;           // [rule]: as written, or <rule>_<n> for a group or
+  std::vector<std::string> names;           // [rule]: as written, or <rule>#<n> for a group or
                                             // repetition inside <rule>
   std::vector<CharClass> classes;
   int32_t root = 0;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdint>
 #include <cstring>
 #include <utility>
 
@@ -128,8 +129,8 @@ class GrammarGuide::Parse {
   // A bound was passed: what this parse found since is not all there is.
   bool exceeded() const { return exceeded_; }
   size_t nodes() const { return pos_.size(); }
-  // A walk has kMaxGrammarWork of its own (what reading the output took aside), so what it
-  // finds depends on the state alone.
+  // A walk has kMaxGrammarWork of its own (what reading the output took aside; what the
+  // parse remembered from reading it may still save some).
   void RestartWork() { work_done_ = 0; }
 
   // Forgets every node but the empty stack's (a walk's, between first bytes: its states hold
@@ -155,15 +156,15 @@ class GrammarGuide::Parse {
 
   // The state by what it holds (the same in every call, whatever the node ids): each stack's
   // positions from the top, the stacks sorted, then the character being read. Empty past
-  // kMaxCachedKeyBytes (such a state is neither remembered nor restored).
-  std::string Key(const State& s) const {
+  // `limit` bytes of positions.
+  std::string Key(const State& s, size_t limit) const {
     std::vector<std::string> stacks;
     size_t bytes = 0;
     for (int32_t node : s.stacks) {
       std::string one;
       for (int32_t n = node; n != kEmpty; n = parent_[n]) {
         one.append(reinterpret_cast<const char*>(&pos_[n]), sizeof(int32_t));
-        if ((bytes += sizeof(int32_t)) > kMaxCachedKeyBytes) return "";
+        if ((bytes += sizeof(int32_t)) > limit) return "";
       }
       stacks.push_back(std::move(one));
     }
@@ -243,6 +244,7 @@ class GrammarGuide::Parse {
     out->owed = 0;
     out->lo = 0x80;
     out->hi = 0xBF;
+    if (!Spend(int64_t(stacks.size()))) return false;
     if (stacks.size() > kMaxRememberedStacks) {
       work_.clear();
       for (int32_t node : stacks) {
@@ -318,7 +320,8 @@ class GrammarGuide::Parse {
   }
 
   // Some stack takes a character in [lo, hi].
-  bool AnyTakes(const std::vector<int32_t>& stacks, uint32_t lo, uint32_t hi) const {
+  bool AnyTakes(const std::vector<int32_t>& stacks, uint32_t lo, uint32_t hi) {
+    if (!Spend(int64_t(stacks.size()))) return false;
     for (int32_t node : stacks) {
       if (node != kEmpty && g_.classes[g_.elements[pos_[node]].value].Overlaps(lo, hi)) {
         return true;
@@ -378,8 +381,8 @@ bool GrammarGuide::StateAfter(std::string_view so_far, Parse* parse, ParseState*
     return false;
   }
   if (seen && from == so_far.size()) return true;
-  *key = parse->Key(*state);
-  if (key->empty() || so_far.size() > kMaxGrammarSeenBytes) return true;
+  *key = parse->Key(*state, kMaxGrammarSeenBytes);
+  if (key->empty() || so_far.size() + key->size() > kMaxGrammarSeenBytes) return true;
   absl::MutexLock lock(&seen_mu_);
   // The output this one grew from gives way to it (one entry per output being written), then
   // the oldest to the bounds.
@@ -408,7 +411,9 @@ void GrammarGuide::Allowed(std::string_view so_far, const TokenBytesIndex& vocab
   std::string key;
   if (!StateAfter(so_far, &parse, &state, &key) || Parse::Ended(state)) return;
   // Between first bytes the walk frees the nodes it made past kResetNodes (a grammar that
-  // makes nodes at every character would reach kMaxGrammarNodes within one walk).
+  // makes nodes at every character would reach kMaxGrammarNodes within one walk), and makes
+  // the start again from its key, whatever its size.
+  const std::string restore = key.empty() ? parse.Key(state, SIZE_MAX) : key;
   auto walk = [&](std::vector<int32_t>* ids) {
     ids->clear();
     parse.RestartWork();
@@ -419,14 +424,14 @@ void GrammarGuide::Allowed(std::string_view so_far, const TokenBytesIndex& vocab
         },
         ids,
         [&](Parse::State* start) {
-          if (parse.nodes() < kResetNodes || key.empty()) return;
+          if (parse.nodes() < kResetNodes) return;
           parse.Reset();
-          if (!parse.Restore(key, start)) start->stacks.clear();
+          if (!parse.Restore(restore, start)) start->stacks.clear();
         });
     vocab.SortIds(ids);
     return !parse.exceeded();  // else only some of them: not remembered
   };
-  if (key.empty()) {
+  if (key.empty() || key.size() > kMaxCachedKeyBytes) {
     walk(allowed);
     return;
   }

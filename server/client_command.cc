@@ -1,6 +1,8 @@
 // `thetaserve client`: streams one completion from a running server to stdout.
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <map>
@@ -79,13 +81,19 @@ absl::StatusOr<std::vector<std::pair<uint32_t, float>>> ParseLogitBias(const std
 }
 
 // --guided-regex, --guided-json, --json-object, --guided-grammar into the request's sampling,
-// each checked as the server checks it (its message naming the flag), a value "@FILE" read
-// from the file; NotFound: a file that cannot be read.
+// each checked as the server checks it (its message naming the flag); a schema or grammar
+// "@FILE" is read from the file (a pattern is taken as it is: '@' begins many); NotFound: a
+// file that cannot be read.
 absl::Status SetGuide(const CliArgs& args, v1::SamplingParams* sp) {
   auto text = [&](const std::string& flag) -> absl::StatusOr<std::string> {
     const std::string value = args.GetString(flag);
-    if (!value.starts_with("@")) return value;
-    std::ifstream in(value.substr(1), std::ios::binary);
+    if (flag == "guided-regex" || !value.starts_with("@")) return value;
+    const std::string path = value.substr(1);
+    std::error_code error;
+    if (!std::filesystem::is_regular_file(path, error)) {
+      return absl::NotFoundError(absl::StrCat("cannot read --", flag, " ", value, ": not a file"));
+    }
+    std::ifstream in(path, std::ios::binary);
     std::stringstream ss;
     ss << in.rdbuf();
     if (!in) return absl::NotFoundError(absl::StrCat("cannot read --", flag, " ", value));
@@ -119,9 +127,9 @@ absl::Status SetGuide(const CliArgs& args, v1::SamplingParams* sp) {
       sp->set_guided_grammar(*value);
       checked = scheduler::GrammarGuide::Compile(*value).status();
     }
-    if (!checked.ok()) {
+    if (!checked.ok()) {  // "guided_grammar: ..." or "guided_grammar has ..."
       std::string message(checked.message());
-      absl::StrReplaceAll({{absl::StrCat(field, ":"), absl::StrCat("--", flag, ":")}}, &message);
+      if (message.starts_with(field)) message.replace(0, strlen(field), absl::StrCat("--", flag));
       return absl::InvalidArgumentError(message);
     }
   }
@@ -181,7 +189,8 @@ int RunClient(const std::vector<std::string>& argv) {
   req.set_n(static_cast<uint32_t>(*n));
   req.set_priority(*priority);
   if (absl::Status st = SetGuide(args, req.mutable_sampling()); !st.ok()) {
-    return st.code() == absl::StatusCode::kNotFound ? ReportFailure("client", st, kExitUsage)
+    // An unreadable file fails the run (as --tls-ca's does); a bad value is a bad command line.
+    return st.code() == absl::StatusCode::kNotFound ? ReportFailure("client", st, kExitFailed)
                                                     : usage(st);
   }
   // The server's checks of the sampling fields, so a value it would refuse is a bad command

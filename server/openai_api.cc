@@ -365,7 +365,7 @@ std::string ErrorParam(std::string_view message) {
       "add_generation_prompt", "add_special_tokens", "allowed_token_ids", "bad_words",
       "best_of", "cache_salt", "chat_template", "chat_template_kwargs",
       "continue_final_message", "echo", "frequency_penalty", "function_call", "functions",
-      "grammar",
+      "grammar", "grammar_lazy",
       "guided_choice", "guided_grammar", "guided_json", "guided_regex",
       "guided_whitespace_pattern", "ignore_eos",
       "include_stop_str_in_output", "logit_bias", "logprobs", "max_completion_tokens",

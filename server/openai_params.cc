@@ -293,11 +293,17 @@ absl::Status ParseSampling(const In& body, std::string_view body_text, OpenAiCal
   auto grammar = structured("guided_grammar", "grammar", &grammar_by_new_name);
   if (!grammar.ok()) return grammar.status();
   if (Given(body, "grammar") && body["grammar"] != "") {  // llama.cpp's default: none
-    if (*grammar) {
+    if (*grammar && !(grammar_by_new_name && **grammar == false)) {
       return Invalid("grammar", absl::StrCat("and ", field, " are both given; send one"));
     }
     grammar = &body["grammar"];
     field = "grammar";
+    grammar_by_new_name = false;
+    // llama.cpp's lazy grammar applies from a trigger on; this one from the first token.
+    if (Given(body, "grammar_lazy") && body["grammar_lazy"] != false) {
+      return Unsupported("grammar_lazy", "the grammar applies from the first token (no "
+                                         "triggers)");
+    }
   }
   std::string grammar_field;
   if (*grammar && !(grammar_by_new_name && **grammar == false)) {

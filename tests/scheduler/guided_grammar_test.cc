@@ -359,6 +359,11 @@ TEST(GrammarGuideTest, AWalkOfALargeVocabularyFindsEveryToken) {
     EXPECT_EQ(want.size(), 24576u);  // the tokens without a space
     EXPECT_EQ(Allowed(*g, so_far, vocab), want) << "after \"" << so_far << "\"";
   }
+  // 2,500 levels open: 27 stacks 2,500 deep, a state too large to remember (its key 270 KB),
+  // made again from its whole key after each reset. Every token without a space leads on.
+  const std::vector<int32_t> deep = Allowed(*g, std::string(2500, 'a'), vocab);
+  EXPECT_EQ(deep.size(), 24576u);
+  for (int32_t id : deep) EXPECT_NE(tokens[id][0], ' ') << tokens[id];
 }
 
 // Grammars built to be ambiguous. A thousand alternatives alike: a thousand stacks move
@@ -386,6 +391,8 @@ TEST(GrammarGuideTest, GrammarsBuiltToBeAmbiguousStayBounded) {
   for (size_t i = 0; i < allowed.size(); i += 97) {
     EXPECT_TRUE(nested->LeadsOn(so_far + tokens[allowed[i]])) << tokens[allowed[i]];
   }
+  // Again, its parse of so_far remembered now (read again, or made from what was remembered).
+  EXPECT_EQ(Allowed(*nested, so_far, vocab), allowed);
   EXPECT_EQ(Allowed(*nested, so_far, vocab), allowed);
   EXPECT_TRUE(nested->Accepts(so_far + " b"));
 }

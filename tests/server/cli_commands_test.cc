@@ -41,6 +41,12 @@ TEST(CliCommandTest, EveryCommandTellsABadCommandLineFromAFailedRun) {
     }
   }
   // Values out of range or of the wrong kind, before anything starts.
+  // A grammar past the 64 KiB bound, in a file (70,009 bytes).
+  const std::string big_grammar = ::testing::TempDir() + "/big.gbnf";
+  {
+    std::ofstream out(big_grammar);
+    out << "root ::= \"" << std::string(69998, 'a') << "\"";
+  }
   const std::pair<std::string, std::string> usage_errors[] = {
       {"client --prompt hi --addr localhost:99999",
        "thetaserve client: --addr 'localhost:99999' is not HOST:PORT with a port in [1, 65535]"},
@@ -73,8 +79,8 @@ TEST(CliCommandTest, EveryCommandTellsABadCommandLineFromAFailedRun) {
       {"client --prompt hi --addr localhost:1 --guided-regex a --json-object",
        "thetaserve client: --guided-regex, --guided-json, --json-object and --guided-grammar: "
        "give one"},
-      {"client --prompt hi --addr localhost:1 --guided-grammar @/nonexistent.gbnf",
-       "thetaserve client: cannot read --guided-grammar @/nonexistent.gbnf"},
+      {"client --prompt hi --addr localhost:1 --guided-grammar @" + big_grammar,
+       "thetaserve client: --guided-grammar has 70009 bytes; at most 65536"},
       {"health --timeout 0", "thetaserve health: --timeout must be in [0.01, 3600], got 0"},
       {"generate --prompt hi --ignore-eos=maybe",
        "thetaserve generate: flag --ignore-eos is a switch: --ignore-eos or "
@@ -111,6 +117,13 @@ TEST(CliCommandTest, EveryCommandTellsABadCommandLineFromAFailedRun) {
       {"client --prompt hi --timeout 5 --addr " + nobody, "thetaserve client: UNAVAILABLE: "},
       {"client --prompt hi --tls-ca /nonexistent.pem --addr " + nobody,
        "thetaserve client: cannot read --tls-ca /nonexistent.pem"},
+      {"client --prompt hi --guided-grammar @/nonexistent.gbnf --addr " + nobody,
+       "thetaserve client: cannot read --guided-grammar @/nonexistent.gbnf: not a file"},
+      {"client --prompt hi --guided-json @/tmp --addr " + nobody,
+       "thetaserve client: cannot read --guided-json @/tmp: not a file"},
+      // A pattern is taken as it is ('@' begins many): it reached for the server.
+      {"client --prompt hi --timeout 5 --guided-regex '@[a-z]+' --addr " + nobody,
+       "thetaserve client: UNAVAILABLE: "},
   };
   for (const auto& [args, message] : failures) {
     const std::string out = RunCommand(bin + " " + args + " 2>&1", &rc);

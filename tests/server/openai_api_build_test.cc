@@ -108,6 +108,12 @@ TEST_F(OpenAiResponseTest, VllmsSamplingExtensionsReachTheEngineRequest) {
       "grammar and guided_grammar are both given; send one"));
   EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": "x", "grammar": 3})"),
                           "grammar must be a string"));
+  auto beside_false = build(R"({"prompt": "x", "grammar": "root ::= \"a\"",
+      "structured_outputs": {"grammar": false}})");
+  ASSERT_TRUE(beside_false.ok()) << beside_false.status();
+  EXPECT_NE(dynamic_cast<const scheduler::GrammarGuide*>(beside_false->guide.get()), nullptr);
+  EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": "x", "grammar": "root ::= \"a\"",
+      "grammar_lazy": true})"), "grammar_lazy is not supported"));
   EXPECT_EQ(build(R"({"prompt": "x", "guided_grammar": "root ::= value"})").status().message(),
             "guided_grammar: line 1, column 10: rule 'value' is used but not defined");
   EXPECT_TRUE(RefusedWith(Completion(R"({"prompt": "x", "guided_grammar": "root ::= \"a\"",
