@@ -15,33 +15,42 @@ struct SequenceCheck {
 };
 
 SequenceCheck CheckSequence(std::string_view s, size_t i) {
-  const auto b0 = static_cast<uint8_t>(s[i]);
-  if (b0 < 0x80) return {1, 1};
-  int needed = 0;
-  uint8_t lo = 0x80, hi = 0xBF;  // allowed range of the second byte
-  if (b0 >= 0xC2 && b0 <= 0xDF) {
-    needed = 2;
-  } else if (b0 >= 0xE0 && b0 <= 0xEF) {
-    needed = 3;
-    if (b0 == 0xE0) lo = 0xA0;
-    if (b0 == 0xED) hi = 0x9F;
-  } else if (b0 >= 0xF0 && b0 <= 0xF4) {
-    needed = 4;
-    if (b0 == 0xF0) lo = 0x90;
-    if (b0 == 0xF4) hi = 0x8F;
-  } else {
-    return {0, 0};
-  }
+  Utf8Lead lead;
+  if (!Utf8LeadOf(static_cast<uint8_t>(s[i]), &lead)) return {0, 0};
+  const int needed = lead.length;
   int valid = 1;
   for (int k = 1; k < needed && i + k < s.size(); ++k) {
     const auto b = static_cast<uint8_t>(s[i + k]);
-    const uint8_t l = k == 1 ? lo : 0x80;
-    const uint8_t h = k == 1 ? hi : 0xBF;
+    const uint8_t l = k == 1 ? lead.second_lo : 0x80;
+    const uint8_t h = k == 1 ? lead.second_hi : 0xBF;
     if (b < l || b > h) break;
     ++valid;
   }
   return {valid, needed};
 }
+
+}  // namespace
+
+bool Utf8LeadOf(uint8_t b, Utf8Lead* lead) {
+  *lead = Utf8Lead();
+  if (b < 0x80) return true;
+  if (b >= 0xC2 && b <= 0xDF) {
+    lead->length = 2;
+  } else if (b >= 0xE0 && b <= 0xEF) {
+    lead->length = 3;
+    if (b == 0xE0) lead->second_lo = 0xA0;
+    if (b == 0xED) lead->second_hi = 0x9F;
+  } else if (b >= 0xF0 && b <= 0xF4) {
+    lead->length = 4;
+    if (b == 0xF0) lead->second_lo = 0x90;
+    if (b == 0xF4) lead->second_hi = 0x8F;
+  } else {
+    return false;
+  }
+  return true;
+}
+
+namespace {
 
 struct ByteTables {
   std::array<uint32_t, 256> to_unicode{};

@@ -24,6 +24,16 @@ uint32_t DecodeUtf8At(std::string_view s, size_t i, int* len);
 
 void AppendUtf8(uint32_t cp, std::string* out);
 
+// What a character's first byte says (RFC 3629, Unicode Table 3-7): the bytes the character
+// has in all, and the range its second byte must be in (which keeps out overlong forms,
+// surrogates and code points past U+10FFFF). False for a byte no character begins with (a
+// continuation byte, C0, C1, F5–FF). An ASCII byte is a character of 1.
+struct Utf8Lead {
+  int length = 1;
+  uint8_t second_lo = 0x80, second_hi = 0xBF;
+};
+bool Utf8LeadOf(uint8_t b, Utf8Lead* lead);
+
 // Like Rust's String::from_utf8_lossy (and Python's errors="replace"): every maximal
 // ill-formed subsequence becomes one U+FFFD.
 std::string Utf8Lossy(std::string_view bytes);

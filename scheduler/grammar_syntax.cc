@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "model/tokenizer_utf8.h"
 
 namespace thetaserve::scheduler {
 
@@ -212,19 +213,10 @@ absl::StatusOr<uint32_t> GbnfParser::ParseChar() {
   }
   if (c < 0x80) return uint32_t(c);
   // UTF-8 in the grammar's text.
-  const int more = c >= 0xF0 ? 3 : c >= 0xE0 ? 2 : c >= 0xC0 ? 1 : -1;
-  if (more < 0 || c > 0xF4) return ErrorAt(start, "the grammar is not valid UTF-8");
-  uint32_t cp = c & (0x3F >> more);
-  for (int i = 0; i < more; ++i) {
-    const uint8_t b = uint8_t(Peek());
-    if ((b & 0xC0) != 0x80) return ErrorAt(start, "the grammar is not valid UTF-8");
-    cp = cp << 6 | (b & 0x3F);
-    ++pos_;
-  }
-  const uint32_t least[] = {0, 0x80, 0x800, 0x10000};
-  if (cp < least[more] || cp > kMaxCodePoint || (cp >= 0xD800 && cp <= 0xDFFF)) {
-    return ErrorAt(start, "the grammar is not valid UTF-8");
-  }
+  int length = 1;
+  const uint32_t cp = model::DecodeUtf8At(text_, start, &length);
+  if (cp == model::kInvalidCodePoint) return ErrorAt(start, "the grammar is not valid UTF-8");
+  pos_ = start + size_t(length);
   return cp;
 }
 

@@ -8,6 +8,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "model/tokenizer_utf8.h"
 
 namespace thetaserve::scheduler {
 
@@ -55,21 +56,10 @@ class GrammarGuide::Parse {
     if (exceeded_ || !Spend(1)) return false;
     if (s.owed == 0 && b < 0x80) return Advance(s.stacks, b, out);
     uint32_t bits;
-    if (s.owed == 0) {  // a character's first byte: what the next may be (RFC 3629)
-      uint8_t lo = 0x80, hi = 0xBF, owed;
-      if (b >= 0xC2 && b <= 0xDF) {
-        owed = 1;
-      } else if (b >= 0xE0 && b <= 0xEF) {
-        owed = 2;
-        if (b == 0xE0) lo = 0xA0;
-        if (b == 0xED) hi = 0x9F;
-      } else if (b >= 0xF0 && b <= 0xF4) {
-        owed = 3;
-        if (b == 0xF0) lo = 0x90;
-        if (b == 0xF4) hi = 0x8F;
-      } else {
-        return false;
-      }
+    if (s.owed == 0) {  // a character's first byte: what the next may be
+      model::Utf8Lead lead;
+      if (!model::Utf8LeadOf(b, &lead)) return false;
+      const uint8_t owed = uint8_t(lead.length - 1), lo = lead.second_lo, hi = lead.second_hi;
       bits = b & (0x3F >> owed);
       // The characters it can begin: those bits then the next byte's range, then anything.
       const int shift = 6 * (owed - 1);
