@@ -49,7 +49,7 @@ std::vector<std::pair<uint32_t, uint32_t>> Normalize(
 
 class GbnfParser {
  public:
-  explicit GbnfParser(std::string_view text) : text_(text) {}
+  GbnfParser(std::string_view text, size_t max_bytes) : text_(text), max_bytes_(max_bytes) {}
 
   absl::StatusOr<Grammar> Parse();
 
@@ -78,6 +78,7 @@ class GbnfParser {
   absl::Status CheckLeftRecursion(const Grammar& g) const;
 
   std::string_view text_;
+  size_t max_bytes_;
   size_t pos_ = 0;
   absl::flat_hash_map<std::string, int32_t> ids_;
   std::vector<std::string> names_;
@@ -402,9 +403,9 @@ absl::StatusOr<std::vector<Sequence>> GbnfParser::ParseAlternatives(int32_t rule
 }
 
 absl::StatusOr<Grammar> GbnfParser::Parse() {
-  if (text_.size() > size_t(kMaxGrammarBytes)) {
+  if (text_.size() > max_bytes_) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "guided_grammar has %d bytes; at most %d", text_.size(), kMaxGrammarBytes));
+        "guided_grammar has %d bytes; at most %d", text_.size(), max_bytes_));
   }
   SkipSpace(true);
   while (!AtEnd()) {
@@ -642,8 +643,8 @@ bool CharClass::Overlaps(uint32_t lo, uint32_t hi) const {
   return it != ranges.end() && it->first <= hi;
 }
 
-absl::StatusOr<Grammar> ParseGrammar(std::string_view text) {
-  return GbnfParser(text).Parse();
+absl::StatusOr<Grammar> ParseGrammar(std::string_view text, size_t max_bytes) {
+  return GbnfParser(text, max_bytes).Parse();
 }
 
 }  // namespace thetaserve::scheduler

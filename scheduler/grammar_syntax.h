@@ -57,7 +57,9 @@ struct Grammar {
 // Refused, each with its line and column: a rule used but not defined or defined twice, no
 // root, a root that matches no text, and left recursion (a rule that can reach itself again
 // before reading a character, with more to read after: `expr ::= expr "+" term`; write it with a
-// repetition, `expr ::= term ("+" term)*`).
-absl::StatusOr<Grammar> ParseGrammar(std::string_view text);
+// repetition, `expr ::= term ("+" term)*`). A client's grammar has at most kMaxGrammarBytes; one
+// the server builds (from a JSON schema) may have up to `max_bytes`.
+absl::StatusOr<Grammar> ParseGrammar(std::string_view text,
+                                     size_t max_bytes = kMaxGrammarBytes);
 
 }  // namespace thetaserve::scheduler

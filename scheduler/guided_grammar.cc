@@ -338,8 +338,9 @@ class GrammarGuide::Parse {
   bool exceeded_ = false;
 };
 
-absl::StatusOr<std::shared_ptr<const GrammarGuide>> GrammarGuide::Compile(std::string_view text) {
-  auto grammar = ParseGrammar(text);
+absl::StatusOr<std::shared_ptr<const GrammarGuide>> GrammarGuide::Compile(std::string_view text,
+                                                                       size_t max_bytes) {
+  auto grammar = ParseGrammar(text, max_bytes);
   if (!grammar.ok()) return grammar.status();
   auto guide = std::shared_ptr<GrammarGuide>(new GrammarGuide(std::move(*grammar)));
   Parse parse(guide->grammar_);

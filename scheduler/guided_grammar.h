@@ -39,8 +39,9 @@ constexpr size_t kMaxGrammarSeenBytes = 256 << 10;
 
 class GrammarGuide : public Guide {
  public:
-  // Parses the grammar (errors begin "guided_grammar: ").
-  static absl::StatusOr<std::shared_ptr<const GrammarGuide>> Compile(std::string_view text);
+  // Parses the grammar (errors begin "guided_grammar: "); `max_bytes` as ParseGrammar's.
+  static absl::StatusOr<std::shared_ptr<const GrammarGuide>> Compile(
+      std::string_view text, size_t max_bytes = kMaxGrammarBytes);
 
   void Allowed(std::string_view so_far, const TokenBytesIndex& vocab,
                std::vector<int32_t>* allowed) const override;

@@ -121,6 +121,9 @@ struct Nfa {
       case RegexNode::Kind::kAlt:
         for (int kid : node.kids) Build(nodes, kid, from, to);
         return;
+      case RegexNode::Kind::kCall:  // ParseRegex reads none here (no calls)
+        too_big = true;
+        return;
       case RegexNode::Kind::kRepeat: {
         const int kid = node.kids[0];
         int32_t at = from;

@@ -13,9 +13,14 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
+#include "absl/strings/match.h"
+#include "absl/strings/strip.h"
 #include "nlohmann/json.hpp"
+#include "scheduler/guided_grammar.h"
 #include "scheduler/guided_json.h"
+#include "scheduler/guided_regex.h"
 #include "scheduler/json_text_regex.h"
+#include "scheduler/regex_syntax.h"
 #include "scheduler/schema_scalars.h"
 
 namespace thetaserve::scheduler {
@@ -47,10 +52,18 @@ std::string PointerToken(const std::string& key) {
   return absl::StrReplaceAll(key, {{"~", "~0"}, {"/", "~1"}});
 }
 
+// A $ref target that refers to itself (through other schemas or directly): a rule of the
+// schema's grammar, called as (?&N) where it recurs (N its index).
+struct RecursiveRef {
+  std::string pointer;  // the target's, "#/$defs/node"
+  std::string regex;    // its expression, calls included
+};
+
 class SchemaRegex {
  public:
   const std::vector<std::pair<std::string, std::string>>& counted() const { return counted_; }
   int any_uses() const { return any_uses_; }
+  std::vector<RecursiveRef>& recursive() { return recursive_; }
 
   explicit SchemaRegex(const Json& root) : root_(root) {
     ws_ = absl::StrCat("[ \\t\\n\\r]{0,", kJsonSchemaWhitespace, "}");
@@ -223,20 +236,49 @@ class SchemaRegex {
     } catch (const nlohmann::json::exception&) {
       return Refuse(path + "/$ref", absl::StrCat(target_path, " points at nothing in the schema"));
     }
+    // A reference to a target being built: the target is a rule, called here (which no
+    // regular expression can say: the schema is then guided by a grammar).
     if (std::find(expanding_.begin(), expanding_.end(), target) != expanding_.end()) {
-      return Refuse(path + "/$ref",
-                    absl::StrCat(target_path, " is recursive; recursive schemas cannot be guided"));
+      auto [it, added] = called_.emplace(target, int(recursive_.size()));
+      if (added) {
+        if (recursive_.size() >= size_t(kMaxJsonSchemaRecursions)) {
+          return Refuse(path + "/$ref", absl::StrFormat("more than %d definitions are recursive",
+                                                        kMaxJsonSchemaRecursions));
+        }
+        recursive_.push_back({target_path, ""});
+      }
+      *out = absl::StrCat("(?&", it->second, ")");
+      return Charge(path, *out);
     }
     // A part referred to again is built once.
     if (auto it = refs_.find(target); it != refs_.end()) {
       *out = it->second;
       return Charge(path, *out);
     }
+    return Expand(target, target_path, depth + 1, out);
+  }
+
+ public:
+  // The whole schema, which "#" refers to.
+  absl::Status Whole(std::string* out) { return Expand(&root_, "#", 0, out); }
+
+ private:
+  // `target`'s expression (at `depth`); a call of its rule where it proved recursive.
+  absl::Status Expand(const Json* target, const std::string& target_path, int depth,
+                      std::string* out) {
     expanding_.push_back(target);
-    auto status = Value(*target, target_path, depth + 1, out);
+    std::string body;
+    auto status = Value(*target, target_path, depth, &body);
     expanding_.pop_back();
-    if (status.ok()) refs_[target] = *out;
-    return status;
+    if (!status.ok()) return status;
+    if (auto it = called_.find(target); it != called_.end()) {
+      recursive_[size_t(it->second)].regex = std::move(body);
+      *out = absl::StrCat("(?&", it->second, ")");
+    } else {
+      *out = std::move(body);
+    }
+    refs_[target] = *out;
+    return absl::OkStatus();
   }
 
   absl::Status Enum(const Json& s, const std::vector<std::string>& constraining,
@@ -448,6 +490,8 @@ class SchemaRegex {
   std::vector<std::pair<std::string, std::string>> counted_;
   std::vector<const Json*> expanding_;  // the $ref targets being expanded, for recursion
   std::map<const Json*, std::string> refs_;  // the $ref targets built
+  std::map<const Json*, int> called_;        // the recursive ones: their index in recursive_
+  std::vector<RecursiveRef> recursive_;
   std::vector<std::string> any_;             // [levels]: Any(levels)
   int any_uses_ = 0;                         // places that take any value
   size_t spent_ = 0;                     // bytes of expression built, pieces included
@@ -459,6 +503,7 @@ struct Built {
   std::string regex;
   std::vector<std::pair<std::string, std::string>> counted;
   int any_uses = 0;
+  std::vector<RecursiveRef> recursive;  // none: `regex` is the whole schema's
 };
 
 absl::StatusOr<Built> Build(std::string_view schema) {
@@ -475,11 +520,187 @@ absl::StatusOr<Built> Build(std::string_view schema) {
   if (root.is_discarded()) return absl::InvalidArgumentError("guided_json: is not valid JSON");
   Built built;
   SchemaRegex builder(root);
-  auto status = builder.Value(root, "#", 0, &built.regex);
+  auto status = builder.Whole(&built.regex);
   if (!status.ok()) return status;
   built.counted = builder.counted();
   built.any_uses = builder.any_uses();
+  built.recursive = std::move(builder.recursive());
   return built;
+}
+
+// GBNF (grammar_syntax.h) written from patterns (ParseRegex's trees, calls included): a pattern
+// becomes a rule; its alternations and counted repetitions rules of their own, each written
+// once however often it recurs (whitespace, a string's character), so that the text has no
+// groups and the grammar's parse expands each count once.
+class GbnfWriter {
+ public:
+  // Rule `name` matches `pattern`; its calls (?&N) are of call_names[N].
+  absl::Status Add(const std::string& name, std::string_view pattern,
+                   const std::vector<std::string>& call_names) {
+    std::vector<RegexNode> nodes;
+    auto root = ParseRegex(pattern, &nodes, /*calls=*/true);
+    if (!root.ok()) return root.status();
+    call_names_ = &call_names;
+    absl::StrAppend(&text_, name, " ::= ", Write(nodes, *root), "\n");
+    return absl::OkStatus();
+  }
+
+  // The rules added, then the rules their parts became.
+  std::string Text() const { return absl::StrCat(text_, parts_); }
+
+ private:
+  // A code point in a literal or class: printable ASCII as itself (but for the characters
+  // that would end or open something), the rest as \uHHHH or \UHHHHHHHH.
+  static std::string Char(uint32_t cp, bool in_class) {
+    if (!in_class && (cp == '"' || cp == '\\')) return std::string{'\\', char(cp)};
+    const bool special = in_class && (cp == '"' || cp == '\\' || cp == ']' || cp == '-' ||
+                                      cp == '^' || cp == '[');
+    if (cp >= 0x20 && cp < 0x7F && !special) return std::string(1, char(cp));
+    return cp < 0x10000 ? absl::StrFormat("\\u%04X", cp) : absl::StrFormat("\\U%08X", cp);
+  }
+
+  static std::string Class(const CodePointRanges& ranges) {
+    if (ranges.empty()) return absl::StrFormat("[^\\u0000-\\U%08X]", kMaxCodePoint);  // none
+    std::string out = "[";
+    for (const auto& [lo, hi] : ranges) {
+      absl::StrAppend(&out, Char(lo, true));
+      if (hi != lo) absl::StrAppend(&out, "-", Char(hi, true));
+    }
+    return out + "]";
+  }
+
+  static bool OneChar(const RegexNode& n) {
+    return n.kind == RegexNode::Kind::kClass && n.ranges.size() == 1 &&
+           n.ranges[0].first == n.ranges[0].second;
+  }
+
+  // The rule whose one alternative or alternatives `body` is: one per body.
+  std::string Named(std::string body) {
+    auto [it, added] = named_.emplace(std::move(body), "");
+    if (added) {
+      it->second = absl::StrCat("p", named_.size());
+      absl::StrAppend(&parts_, it->second, " ::= ", it->first, "\n");
+    }
+    return it->second;
+  }
+
+  // Node `n` as a sequence of GBNF elements.
+  std::string Write(const std::vector<RegexNode>& nodes, int n) {
+    const RegexNode& node = nodes[size_t(n)];
+    switch (node.kind) {
+      case RegexNode::Kind::kEmpty:
+        return "\"\"";
+      case RegexNode::Kind::kClass:
+        return OneChar(node) ? absl::StrCat("\"", Char(node.ranges[0].first, false), "\"")
+                             : Class(node.ranges);
+      case RegexNode::Kind::kCall:
+        return (*call_names_)[size_t(node.min)];
+      case RegexNode::Kind::kConcat: {
+        // Characters in a row one literal.
+        std::vector<std::string> items;
+        std::string literal;
+        for (int kid : node.kids) {
+          if (OneChar(nodes[size_t(kid)])) {
+            literal += Char(nodes[size_t(kid)].ranges[0].first, false);
+            continue;
+          }
+          if (!literal.empty()) items.push_back(absl::StrCat("\"", literal, "\""));
+          literal.clear();
+          items.push_back(Write(nodes, kid));
+        }
+        if (!literal.empty()) items.push_back(absl::StrCat("\"", literal, "\""));
+        return absl::StrJoin(items, " ");
+      }
+      case RegexNode::Kind::kAlt: {
+        std::vector<std::string> alternatives;
+        for (int kid : node.kids) alternatives.push_back(Write(nodes, kid));
+        return Named(absl::StrJoin(alternatives, " | "));
+      }
+      case RegexNode::Kind::kRepeat: {
+        if (node.max == 0) return "\"\"";
+        const RegexNode& kid = nodes[size_t(node.kids[0])];
+        std::string item = Write(nodes, node.kids[0]);
+        // One element (a class, a character, a rule) is repeated as it is; more, as a rule.
+        if (!(kid.kind == RegexNode::Kind::kClass || kid.kind == RegexNode::Kind::kCall ||
+              kid.kind == RegexNode::Kind::kAlt)) {
+          item = Named(std::move(item));
+        }
+        if (node.min == 0 && node.max == 1) return item + "?";
+        if (node.min == 0 && node.max < 0) return item + "*";
+        if (node.min == 1 && node.max < 0) return item + "+";
+        if (node.min == 1 && node.max == 1) return item;
+        const std::string count = node.max < 0        ? absl::StrCat("{", node.min, ",}")
+                                  : node.min == node.max ? absl::StrCat("{", node.min, "}")
+                                                         : absl::StrCat("{", node.min, ",",
+                                                                        node.max, "}");
+        return Named(item + count);
+      }
+    }
+    return "\"\"";
+  }
+
+  const std::vector<std::string>* call_names_ = nullptr;
+  std::map<std::string, std::string> named_;  // a part's body, its rule's name
+  std::string text_, parts_;
+};
+
+// The rule name of recursive definition `i` at `pointer`: "ref<i>-" and the pointer's letters
+// and digits ("#/$defs/tree_node" is ref0-defs-tree-node).
+std::string RuleName(size_t i, const std::string& pointer) {
+  std::string name = absl::StrCat("ref", i);
+  for (char c : pointer) {
+    const bool word = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9');
+    if (!word && name.back() == '-') continue;
+    name += word ? c : '-';
+    if (name.size() >= 48) break;
+  }
+  while (name.back() == '-') name.pop_back();
+  return name;
+}
+
+absl::StatusOr<std::string> BuiltGrammar(const Built& built, std::vector<std::string>* names) {
+  names->clear();
+  for (size_t i = 0; i < built.recursive.size(); ++i) {
+    names->push_back(RuleName(i, built.recursive[i].pointer));
+  }
+  GbnfWriter writer;
+  if (auto status = writer.Add("root", built.regex, *names); !status.ok()) return status;
+  for (size_t i = 0; i < built.recursive.size(); ++i) {
+    if (auto status = writer.Add((*names)[i], built.recursive[i].regex, *names); !status.ok()) {
+      return status;
+    }
+  }
+  return writer.Text();
+}
+
+// The schema's grammar compiled, its refusals said of the schema.
+absl::StatusOr<std::shared_ptr<const Guide>> CompileGrammar(const Built& built) {
+  std::vector<std::string> names;
+  auto text = BuiltGrammar(built, &names);
+  if (!text.ok()) return text.status();
+  auto guide = GrammarGuide::Compile(*text, kMaxJsonSchemaGrammarBytes);
+  if (guide.ok()) return std::shared_ptr<const Guide>(std::move(*guide));
+  const std::string why(guide.status().message());
+  constexpr const char* kEndless = "no text matches rule 'root'";
+  if (absl::StrContains(why, kEndless)) {
+    // The recursive definitions that never end: each read as the root.
+    const std::string rules = text->substr(text->find('\n') + 1);
+    std::vector<std::string> endless;
+    for (size_t i = 0; i < names.size(); ++i) {
+      auto alone = ParseGrammar(absl::StrCat("root ::= ", names[i], "\n", rules),
+                                kMaxJsonSchemaGrammarBytes);
+      if (!alone.ok() && absl::StrContains(alone.status().message(), kEndless)) {
+        endless.push_back(built.recursive[i].pointer);
+      }
+    }
+    return absl::InvalidArgumentError(absl::StrCat(
+        "guided_json: #: no JSON text matches the schema: its recursion never ends (",
+        endless.empty() ? "a definition" : absl::StrJoin(endless, ", "),
+        " always holds itself again, through required properties or items)"));
+  }
+  std::string message(absl::StripPrefix(why, "guided_grammar: "));
+  return absl::InvalidArgumentError(
+      absl::StrCat("guided_json: the schema cannot be guided: its grammar: ", message));
 }
 
 }  // namespace
@@ -487,14 +708,30 @@ absl::StatusOr<Built> Build(std::string_view schema) {
 absl::StatusOr<std::string> JsonSchemaRegex(std::string_view schema) {
   auto built = Build(schema);
   if (!built.ok()) return built.status();
+  if (!built->recursive.empty()) {
+    return SchemaRefused(built->recursive[0].pointer,
+                         "is recursive, which no regular expression can say (JsonSchemaGrammar "
+                         "can)");
+  }
   return std::move(built->regex);
 }
 
-absl::StatusOr<std::shared_ptr<const RegexGuide>> CompileJsonSchema(std::string_view schema) {
+absl::StatusOr<std::string> JsonSchemaGrammar(std::string_view schema) {
   auto built = Build(schema);
   if (!built.ok()) return built.status();
+  std::vector<std::string> names;
+  return BuiltGrammar(*built, &names);
+}
+
+absl::StatusOr<std::shared_ptr<const Guide>> CompileJsonSchema(std::string_view schema) {
+  auto built = Build(schema);
+  if (!built.ok()) return built.status();
+  if (!built->recursive.empty()) return CompileGrammar(*built);
   auto guide = RegexGuide::Compile(built->regex, kMaxJsonSchemaRegexBytes);
   if (!guide.ok()) {
+    // An automaton too large (a long string's or list's count, any value in many places):
+    // the grammar, which holds a count as a chain of its item and each part once.
+    if (auto grammar = CompileGrammar(*built); grammar.ok()) return grammar;
     std::string why(guide.status().message());
     absl::StrReplaceAll({{"guided_regex: ", ""}, {"the pattern", "its regular expression"}},
                         &why);
@@ -512,7 +749,7 @@ absl::StatusOr<std::shared_ptr<const RegexGuide>> CompileJsonSchema(std::string_
     return absl::InvalidArgumentError(absl::StrCat("guided_json: the schema cannot be guided: ",
                                                    why, any));
   }
-  return guide;
+  return std::shared_ptr<const Guide>(std::move(*guide));
 }
 
 }  // namespace thetaserve::scheduler

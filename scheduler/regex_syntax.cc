@@ -67,7 +67,7 @@ CodePointRanges ClassEscape(char c) {
 
 class Parser {
  public:
-  explicit Parser(std::string_view p) : p_(p) {}
+  Parser(std::string_view p, bool calls) : p_(p), calls_(calls) {}
 
   absl::StatusOr<int> Parse(std::vector<RegexNode>* nodes) {
     nodes_ = nodes;
@@ -348,6 +348,19 @@ class Parser {
       }
       ++pos_;
       if (Peek('?')) {
+        if (calls_ && p_.substr(pos_).starts_with("?&")) {
+          pos_ += 2;
+          const int n = Number();
+          if (n < 0 || !Peek(')')) {
+            return RegexRefused(absl::StrFormat("expected (?&N) at position %d", at));
+          }
+          ++pos_;
+          --nesting_;
+          RegexNode call;
+          call.kind = RegexNode::Kind::kCall;
+          call.min = n;
+          return Add(std::move(call));
+        }
         if (p_.substr(pos_).starts_with("?:")) {
           pos_ += 2;
         } else if (p_.substr(pos_).starts_with("?P<")) {
@@ -394,6 +407,7 @@ class Parser {
   }
 
   std::string_view p_;
+  bool calls_ = false;  // (?&N) is a call
   size_t pos_ = 0;
   int nesting_ = 0;  // groups open
   bool at_start_ = true;  // nothing can have come before the next atom
@@ -402,8 +416,9 @@ class Parser {
 
 }  // namespace
 
-absl::StatusOr<int> ParseRegex(std::string_view pattern, std::vector<RegexNode>* nodes) {
-  return Parser(pattern).Parse(nodes);
+absl::StatusOr<int> ParseRegex(std::string_view pattern, std::vector<RegexNode>* nodes,
+                               bool calls) {
+  return Parser(pattern, calls).Parse(nodes);
 }
 
 absl::Status RegexRefused(std::string_view what) {

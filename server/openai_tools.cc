@@ -24,12 +24,13 @@ using openai_body::String;
 
 namespace {
 
-// A function's parameters schema, checked alone so that an error names the function's own
+// A function's parameters schema, compiled alone so that an error names the function's own
 // (with tool_choice "required" they are guided inside a list's schema).
 absl::Status CheckParameters(const std::string& at, const std::string& schema) {
-  if (auto regex = scheduler::JsonSchemaRegex(schema); !regex.ok()) {
+  if (auto guide = scheduler::CompileJsonSchema(schema); !guide.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        at, ".function.parameters: ", absl::StripPrefix(regex.status().message(), "guided_json: ")));
+        at, ".function.parameters: ",
+        absl::StripPrefix(guide.status().message(), "guided_json: ")));
   }
   return absl::OkStatus();
 }

@@ -1,7 +1,8 @@
 // JSON schemas as guides: what each keyword lets through and keeps out; integer bounds exact;
 // random texts walked through a schema's automaton are JSON that the schema describes (checked
 // by a small validator here, and parsed by nlohmann's parser); what cannot be guided is refused
-// with where it is in the schema.
+// with where it is in the schema. Recursive schemas (and those too large for an automaton) are
+// guided by their GBNF grammar, which agrees with the automaton wherever both exist.
 #include "scheduler/guided_schema.h"
 
 #include <functional>
@@ -14,6 +15,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "scheduler/guided_grammar.h"
+#include "scheduler/guided_regex.h"
 #include "model/tokenizer_utf8.h"
 #include "nlohmann/json.hpp"
 
@@ -22,15 +25,22 @@ namespace {
 
 using Json = nlohmann::ordered_json;
 
-std::shared_ptr<const RegexGuide> Guide(std::string_view schema) {
+std::shared_ptr<const scheduler::Guide> Compiled(std::string_view schema) {
   auto guide = CompileJsonSchema(schema);
   EXPECT_TRUE(guide.ok()) << schema << ": " << guide.status();
   return guide.ok() ? *guide : nullptr;
 }
 
+// The schema's guide, which must be an automaton (not a grammar).
+std::shared_ptr<const RegexGuide> Automaton(std::string_view schema) {
+  auto guide = std::dynamic_pointer_cast<const RegexGuide>(Compiled(schema));
+  EXPECT_TRUE(guide) << schema << " is not guided by an automaton";
+  return guide;
+}
+
 void ExpectTakes(std::string_view schema, std::initializer_list<const char*> good,
                  std::initializer_list<const char*> bad) {
-  auto guide = Guide(schema);
+  auto guide = Compiled(schema);
   if (!guide) return;
   for (const char* text : good) EXPECT_TRUE(guide->Accepts(text)) << schema << " ⊭ " << text;
   for (const char* text : bad) EXPECT_FALSE(guide->Accepts(text)) << schema << " ⊨ " << text;
@@ -127,7 +137,7 @@ TEST(JsonSchemaGuideTest, IntegerBoundsAreExact) {
       schema["exclusiveMinimum"] = lo - 1;
       schema["exclusiveMaximum"] = hi + 1;
     }
-    auto guide = Guide(schema.dump());
+    auto guide = Automaton(schema.dump());
     ASSERT_TRUE(guide) << "seed " << seed;
     for (int n = -1500; n <= 1500; ++n) {
       const bool in = (kind == 2 || n >= lo) && (kind == 1 || n <= hi);
@@ -260,7 +270,7 @@ TEST(JsonSchemaGuideTest, RandomTextsItAcceptsAreValidInstances) {
     "required": ["id", "name"]
   })");
   const Json& usable = schema;
-  auto guide = Guide(usable.dump());
+  auto guide = Automaton(usable.dump());
   ASSERT_TRUE(guide);
   const uint32_t seed = std::random_device{}();
   std::mt19937 rng(seed);
@@ -308,9 +318,8 @@ TEST(JsonSchemaGuideTest, WhatCannotBeGuidedIsRefusedWithWhere) {
        "guided_json: #/properties/a: keyword multipleOf is not supported"},
       {R"({"properties": {"a/b": {"type": "strin"}}})",
        "guided_json: #/properties/a~1b/type: strin is not a JSON schema type"},
-      {R"({"$defs": {"n": {"type": "array", "items": {"$ref": "#/$defs/n"}}},
-           "$ref": "#/$defs/n"})",
-       "guided_json: #/$defs/n/items/$ref: #/$defs/n is recursive"},
+      {R"({"type": "object", "properties": {"next": {"$ref": "#"}}, "required": ["next"]})",
+       "guided_json: #: no JSON text matches the schema: its recursion never ends (#"},
       {R"({"$ref": "#/$defs/missing"})", "#/$defs/missing points at nothing"},
       {R"({"type": "number", "maximum": 5})", "guided_json: #/maximum: bounds on a number"},
       {R"({"type": "integer", "minimum": 5, "maximum": 4})", "no integer lies within"},
@@ -413,11 +422,6 @@ TEST(JsonSchemaGuideTest, ReviewedEdges) {
        "guided_json: #/properties/a: is required, and false matches nothing"},
       {R"({"type": "integer", "minimum": 1000000000000000001})",
        "#/minimum: must be a number"},
-      // Counts the automaton cannot hold are named, not left to a position in the expression.
-      {R"({"properties": {"bio": {"type": "string", "maxLength": 800}}})",
-       "guided_json: #/properties/bio/maxLength: the count is too large to guide"},
-      {R"({"type": "array", "items": {"type": "string", "maxLength": 20}, "maxItems": 400})",
-       "guided_json: #/maxItems: the count is too large to guide"},
   };
   for (const auto& [schema, message] : refused) {
     auto guide = CompileJsonSchema(schema);
@@ -425,6 +429,233 @@ TEST(JsonSchemaGuideTest, ReviewedEdges) {
     EXPECT_NE(std::string(guide.status().message()).find(message), std::string::npos)
         << schema << " → " << guide.status().message();
   }
+}
+
+
+// Recursive schemas, as pydantic writes them for a model that holds itself: guided by the
+// schema's grammar, to any depth.
+TEST(JsonSchemaGuideTest, RecursiveSchemasAreGuidedByAGrammar) {
+  const char* tree = R"({"$defs": {"Node": {"title": "Node", "type": "object",
+      "properties": {"value": {"type": "integer"},
+                     "children": {"type": "array", "items": {"$ref": "#/$defs/Node"}}},
+      "required": ["value", "children"]}}, "$ref": "#/$defs/Node"})";
+  auto guide = Compiled(tree);
+  ASSERT_TRUE(guide);
+  EXPECT_TRUE(std::dynamic_pointer_cast<const GrammarGuide>(guide));
+  std::string deep = R"({"value": 0, "children": []})";
+  for (int i = 1; i <= 40; ++i) {
+    deep = absl::StrCat(R"({"value": )", i, R"(, "children": [)", deep, ", ", deep.size() < 200 ? deep : "{\"value\": 1, \"children\": []}", "]}");
+  }
+  EXPECT_TRUE(guide->Accepts(deep));
+  ExpectTakes(tree,
+              {R"({"value": 1, "children": []})",
+               R"({"value": 1, "children": [{"value": 2, "children": [{"value": 3, "children": []}]}]})"},
+              {R"({"value": 1})", R"({"value": 1, "children": [{"value": 2}]})",
+               R"({"value": 1, "children": [{"value": "2", "children": []}]})",
+               R"({"value": 1, "children": [[]]})"});
+  // The whole schema ("#") recurs: a linked list.
+  ExpectTakes(R"({"type": "object", "properties": {"v": {"type": "string"},
+                 "next": {"anyOf": [{"$ref": "#"}, {"type": "null"}]}}, "required": ["v", "next"]})",
+              {R"({"v": "a", "next": null})", R"({"v": "a", "next": {"v": "b", "next": null}})"},
+              {R"({"v": "a", "next": {"v": "b"}})", R"({"v": "a", "next": 1})"});
+  // Definitions that hold each other: an expression of terms, a term a number or a bracketed
+  // expression.
+  const char* expression = R"({"$defs": {
+      "expr": {"type": "object", "properties": {"terms": {"type": "array", "minItems": 1,
+               "items": {"$ref": "#/$defs/term"}}}, "required": ["terms"]},
+      "term": {"anyOf": [{"type": "number"}, {"$ref": "#/$defs/expr"}]}},
+      "$ref": "#/$defs/expr"})";
+  ExpectTakes(expression,
+              {R"({"terms": [1]})", R"({"terms": [1, {"terms": [2.5, {"terms": [3]}]}]})"},
+              {R"({"terms": []})", R"({"terms": [{"terms": []}]})", R"({"terms": ["1"]})"});
+  // Its grammar, as JsonSchemaGrammar writes it: each recursive definition a rule.
+  auto grammar = JsonSchemaGrammar(expression);
+  ASSERT_TRUE(grammar.ok()) << grammar.status();
+  EXPECT_NE(grammar->find("root ::= ref0-defs-expr\nref0-defs-expr ::= \"{\" "),
+            std::string::npos)
+      << *grammar;
+  EXPECT_EQ(grammar->find("ref1"), std::string::npos) << *grammar;  // term is written in expr
+  EXPECT_TRUE(GrammarGuide::Compile(*grammar, kMaxJsonSchemaGrammarBytes).ok());
+  // A regular expression cannot say it.
+  auto regex = JsonSchemaRegex(tree);
+  ASSERT_FALSE(regex.ok());
+  EXPECT_NE(std::string(regex.status().message()).find("#/$defs/Node: is recursive"),
+            std::string::npos)
+      << regex.status();
+  // A definition that is one of its own alternatives adds nothing to the others.
+  ExpectTakes(R"({"$defs": {"a": {"anyOf": [{"$ref": "#/$defs/a"}, {"type": "null"}]}},
+                 "$ref": "#/$defs/a"})",
+              {"null"}, {"1", "[]", R"("a")"});
+}
+
+// Random texts walked through a recursive schema's grammar (bytes chosen among those it lets
+// through) are valid instances, nested more than an automaton's any-value could be.
+TEST(JsonSchemaGuideTest, RandomTextsOfARecursiveSchemaAreValidInstances) {
+  const Json schema = Json::parse(R"({"$defs": {"Node": {"type": "object",
+      "properties": {"name": {"type": "string", "maxLength": 3},
+                     "kids": {"type": "array", "items": {"$ref": "#/$defs/Node"}, "maxItems": 3},
+                     "weight": {"type": ["integer", "null"], "minimum": -5, "maximum": 5}},
+      "required": ["name"]}}, "$ref": "#/$defs/Node"})");
+  auto guide = std::dynamic_pointer_cast<const GrammarGuide>(Compiled(schema.dump()));
+  ASSERT_TRUE(guide);
+  std::vector<std::string> bytes;  // a vocabulary of the 256 bytes: token b is byte b
+  for (int b = 0; b < 256; ++b) bytes.push_back(std::string(1, char(b)));
+  const TokenBytesIndex vocab(std::move(bytes));
+  const uint32_t seed = std::random_device{}();
+  std::mt19937 rng(seed);
+  int deepest = 0;
+  for (int sample = 0; sample < 60; ++sample) {
+    std::string text;
+    int depth = 0, digits = 0;
+    while (true) {
+      std::vector<uint8_t> next, closing, non_digit;
+      std::vector<int32_t> allowed;
+      guide->Allowed(text, vocab, &allowed);
+      for (int32_t b : allowed) {
+        next.push_back(uint8_t(b));
+        if (b == '"' || b == ']' || b == '}') closing.push_back(uint8_t(b));
+        if (b < '0' || b > '9') non_digit.push_back(uint8_t(b));
+      }
+      if (guide->Accepts(text) && (next.empty() || rng() % 4 == 0)) break;
+      ASSERT_FALSE(next.empty()) << text << " seed " << seed;
+      // Opening favoured while the text is shallow, closing the deeper it is (so that texts
+      // end), whitespace seldom.
+      std::vector<uint8_t> opening, solid;
+      for (uint8_t b : next) {
+        if (b == '{' || b == '[' || b == ',' || b == 'k') opening.push_back(b);
+        if (b != ' ' && b != '\t' && b != '\n' && b != '\r') solid.push_back(b);
+      }
+      const int roll = int(rng() % 12);
+      const std::vector<uint8_t>& from =
+          !closing.empty() && roll < depth - 2              ? closing
+          : !opening.empty() && depth < 6 && roll >= 6      ? opening
+          : digits >= 1 && !non_digit.empty()               ? non_digit
+          : !solid.empty() && rng() % 10 != 0               ? solid
+                                                            : next;
+      const uint8_t b = from[rng() % from.size()];
+      digits = b >= '0' && b <= '9' ? digits + 1 : 0;
+      depth += b == '{' ? 1 : b == '}' ? -1 : 0;
+      deepest = std::max(deepest, depth);
+      text += char(b);
+      ASSERT_LT(text.size(), 20000u) << "seed " << seed;
+    }
+    const Json v = Json::parse(text, nullptr, false);
+    ASSERT_FALSE(v.is_discarded()) << text << " seed " << seed;
+    EXPECT_TRUE(Valid(v, schema, schema)) << text << " seed " << seed;
+  }
+  EXPECT_GT(deepest, kJsonSchemaAnyLevels + 1) << "seed " << seed;
+}
+
+// Where a schema's automaton exists, its grammar (JsonSchemaGrammar, as a recursive schema's
+// is written) agrees with it: on texts the automaton leads to, every prefix of them, and the
+// same texts with a byte changed, added or taken out.
+TEST(JsonSchemaGuideTest, GrammarAgreesWithTheAutomaton) {
+  const char* schemas[] = {
+      R"({"type": "object", "properties": {"name": {"type": "string"},
+         "age": {"type": "integer"}}, "required": ["name", "age"]})",
+      R"({"properties": {"a": {"type": "boolean"}, "b": {"type": "null"},
+         "c": {"type": "number"}}, "required": ["b"]})",
+      R"({"type": "array", "items": {"type": "string", "maxLength": 2}, "minItems": 1,
+         "maxItems": 3})",
+      R"({"type": "array", "items": {"enum": ["x", 1, null, {"k": [true]}]}})",
+      R"({"prefixItems": [{"type": "integer"}, {"const": "end"}]})",
+      R"({"anyOf": [{"type": "string", "minLength": 3}, {"type": "null"}]})",
+      R"({"type": ["integer", "boolean"]})",
+      "{}",
+      R"({"type": "object", "additionalProperties": {"type": "integer", "minimum": -3}})",
+      R"({"type": "integer", "minimum": -37, "maximum": 1234})",
+      R"({"type": "integer", "exclusiveMinimum": 99, "exclusiveMaximum": 100000})",
+      R"({"type": "number"})",
+      R"({"type": "string", "format": "date-time"})",
+      R"({"type": "string", "format": "uuid"})",
+      R"({"type": "string", "pattern": "^[a-z]+(-[0-9]{2,3})?$"})",
+      R"({"properties": {"é😀": {"const": "q\"\\\u0001"}, "a\"b": {"type": "boolean"}}})",
+  };
+  const uint32_t seed = std::random_device{}();
+  std::mt19937 rng(seed);
+  const std::string palette = "{}[],:\"\\0123456789-.eE+ \ntruefalsnl\x01\xc3\xa9\xf0\x9f";
+  for (const char* schema : schemas) {
+    auto automaton = Automaton(schema);
+    auto text = JsonSchemaGrammar(schema);
+    ASSERT_TRUE(automaton && text.ok()) << schema << ": " << text.status();
+    auto grammar = GrammarGuide::Compile(*text, kMaxJsonSchemaGrammarBytes);
+    ASSERT_TRUE(grammar.ok()) << schema << ": " << grammar.status() << "\n" << *text;
+    auto leads = [&](const std::string& t) {
+      return automaton->Step(RegexGuide::kStart, t) != RegexGuide::kDead;
+    };
+    auto agree = [&](const std::string& t) {
+      ASSERT_EQ((*grammar)->LeadsOn(t), leads(t)) << schema << " on '" << t << "' seed " << seed
+                                                  << "\n" << *text;
+      ASSERT_EQ((*grammar)->Accepts(t), automaton->Accepts(t))
+          << schema << " on '" << t << "' seed " << seed << "\n" << *text;
+    };
+    for (int sample = 0; sample < 25; ++sample) {
+      std::string t;
+      int32_t state = RegexGuide::kStart;
+      while (true) {
+        std::vector<uint8_t> next, closing;
+        for (int b = 0; b < 256; ++b) {
+          if (automaton->Step(state, std::string(1, char(b))) == RegexGuide::kDead) continue;
+          next.push_back(uint8_t(b));
+          if (b == '"' || b == ']' || b == '}') closing.push_back(uint8_t(b));
+        }
+        if (automaton->Accepts(t) && (next.empty() || rng() % 4 == 0)) break;
+        ASSERT_FALSE(next.empty());
+        const auto& from = !closing.empty() && rng() % 5 == 0 ? closing : next;
+        const uint8_t b = from[rng() % from.size()];
+        t += char(b);
+        state = automaton->Step(state, std::string(1, char(b)));
+        if (t.size() > 400) break;
+      }
+      for (size_t n = 0; n <= t.size(); ++n) agree(t.substr(0, n));
+      for (int m = 0; m < 8; ++m) {
+        std::string changed = t;
+        const size_t at = changed.empty() ? 0 : rng() % changed.size();
+        const char c = palette[rng() % palette.size()];
+        if (m % 3 == 0 && !changed.empty()) {
+          changed[at] = c;
+        } else if (m % 3 == 1) {
+          changed.insert(changed.begin() + ptrdiff_t(at), c);
+        } else if (!changed.empty()) {
+          changed.erase(at, 1);
+        }
+        agree(changed);
+      }
+    }
+  }
+}
+
+// A count too large for an automaton (a string of 800 characters, 400 items) is guided by the
+// grammar, exactly; one too large for both is refused, the count named.
+TEST(JsonSchemaGuideTest, CountsTooLargeForAnAutomatonAreGuidedByTheGrammar) {
+  auto bio = Compiled(R"({"properties": {"bio": {"type": "string", "maxLength": 800}}})");
+  ASSERT_TRUE(bio);
+  EXPECT_TRUE(std::dynamic_pointer_cast<const GrammarGuide>(bio));
+  EXPECT_TRUE(bio->Accepts(absl::StrCat(R"({"bio": ")", std::string(800, 'x'), "\"}")));
+  EXPECT_TRUE(bio->Accepts(absl::StrCat(R"({"bio": ")", std::string(400, 'x'), "\\n\"}")));
+  EXPECT_FALSE(bio->Accepts(absl::StrCat(R"({"bio": ")", std::string(801, 'x'), "\"}")));
+  EXPECT_TRUE(bio->Accepts("{}"));
+  auto list = Compiled(
+      R"({"type": "array", "items": {"type": "string", "maxLength": 20}, "maxItems": 400})");
+  ASSERT_TRUE(list);
+  std::string items = "[\"a\"";
+  for (int i = 1; i < 400; ++i) items += ", \"b\"";
+  EXPECT_TRUE(list->Accepts(items + "]"));
+  EXPECT_FALSE(list->Accepts(items + ", \"c\"]"));
+  EXPECT_FALSE(list->Accepts(R"(["123456789012345678901"])"));
+  // Every count different and required: the grammar's expanded counts pass its bound too.
+  Json many = {{"type", "object"}, {"properties", Json::object()}, {"required", Json::array()}};
+  for (int i = 0; i < 80; ++i) {
+    const std::string name = absl::StrCat("f", i);
+    many["properties"][name] = {{"type", "string"}, {"maxLength", 900 + i}};
+    many["required"].push_back(name);
+  }
+  auto refused = CompileJsonSchema(many.dump());
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(std::string(refused.status().message())
+                .find("guided_json: #/properties/f0/maxLength: the count is too large to guide"),
+            std::string::npos)
+      << refused.status();
 }
 
 }  // namespace

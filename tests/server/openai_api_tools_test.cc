@@ -159,6 +159,28 @@ TEST(OpenAiApiTest, ToolChoiceGuidesTheCall) {
       {"name": "b", "parameters": {"q": {"x": 2}}}])"));
   EXPECT_TRUE(RefusedWith(with_defs(R"({"type": "string"})"),
                           "tools[1].function.parameters.$defs.P is defined differently"));
+  // A recursive definition (a tree of files) is guided in the list's schema too, to any depth.
+  auto tree = Chat(R"({"messages": [{"role": "user", "content": "x"}], "tools": [
+      {"type": "function", "function": {"name": "make", "parameters": {"$defs": {"Entry":
+          {"type": "object", "properties": {"name": {"type": "string"}, "inside": {"type":
+          "array", "items": {"$ref": "#/$defs/Entry"}}}, "required": ["name"]}},
+          "type": "object", "properties": {"root": {"$ref": "#/$defs/Entry"}},
+          "required": ["root"]}}}], "tool_choice": "required"})");
+  ASSERT_TRUE(tree.ok()) << tree.status();
+  auto tree_guide = scheduler::CompileJsonSchema(tree->request.sampling().guided_json());
+  ASSERT_TRUE(tree_guide.ok()) << tree_guide.status();
+  EXPECT_TRUE((*tree_guide)->Accepts(R"([{"name": "make", "parameters": {"root": {"name": "/",
+      "inside": [{"name": "a", "inside": [{"name": "b", "inside": [{"name": "c"}]}]}]}}}])"));
+  EXPECT_FALSE((*tree_guide)->Accepts(R"([{"name": "make", "parameters": {"root": {"name": "/",
+      "inside": [{"name": "a", "inside": [{"inside": []}]}]}}}])"));
+  // Recursion with no end is refused naming the function.
+  EXPECT_TRUE(RefusedWith(
+      Chat(R"({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function",
+          "function": {"name": "f", "parameters": {"type": "object", "properties": {"p":
+          {"$ref": "#/$defs/L"}}, "required": ["p"], "$defs": {"L": {"type": "array",
+          "minItems": 1, "items": {"$ref": "#/$defs/L"}}}}}}], "tool_choice": "required"})"),
+      "tools[0].function.parameters: #: no JSON text matches the schema: its recursion never "
+      "ends (#/$defs/L always holds itself again"));
   ASSERT_TRUE(other_unsupported.ok()) << other_unsupported.status();
   EXPECT_EQ(other_unsupported->tool_calls, OpenAiCall::ToolCalls::kNamed);
 }

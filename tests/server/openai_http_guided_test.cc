@@ -2,6 +2,7 @@
 // guided_choice, guided_regex, guided_grammar, response_format json_object and json_schema,
 // guided_json, and tool calls; each answer checked against what guided it.
 #include <algorithm>
+#include <functional>
 #include <regex>
 #include <set>
 #include <string>
@@ -12,6 +13,7 @@
 #include "gtest/gtest.h"
 #include "scheduler/guided_grammar.h"
 #include "scheduler/guided_json.h"
+#include "scheduler/guided_schema.h"
 #include "tests/server/openai_http_e2e.h"
 
 namespace thetaserve::testing {
@@ -378,6 +380,109 @@ TEST_F(OpenAiHttpTest, JsonSchemaAnswersFollowTheSchema) {
   EXPECT_EQ(post("/v1/completions", sampled)["choices"], j["choices"]);
 }
 
+// A recursive JSON schema (as pydantic writes a model that holds itself: sections of
+// sections) guides the answer to whatever depth the model writes, through the schema's grammar:
+// on chat's response_format json_schema (greedy, and over gRPC alike) and completions'
+// guided_json (sampled, n of them, streamed alike). Answers that end with stop are instances
+// (checked level by level); ones cut by max_tokens lead on in the schema's grammar. A string of
+// 800 characters, more than an automaton holds, is guided too.
+TEST_F(OpenAiHttpTest, RecursiveJsonSchemasAreGuidedToAnyDepth) {
+  ASSERT_TRUE(server_->started());
+  auto post = [&](const std::string& path, const std::string& body) {
+    HttpResult r = HttpCall(http_port_, "POST", path, body);
+    EXPECT_EQ(r.status, 200) << r.body;
+    return r.status == 200 ? Json::parse(r.body) : Json();
+  };
+  const std::string outline = R"({"$defs": {"Section": {"title": "Section", "type": "object",
+      "properties": {"title": {"type": "string", "maxLength": 40},
+                     "subsections": {"type": "array", "items": {"$ref": "#/$defs/Section"},
+                                     "maxItems": 3}},
+      "required": ["title", "subsections"]}}, "$ref": "#/$defs/Section"})";
+  auto guide = scheduler::CompileJsonSchema(outline);
+  ASSERT_TRUE(guide.ok()) << guide.status();
+  // A section: its title, then at most 3 sections, in that order and nothing else.
+  std::function<bool(const nlohmann::ordered_json&)> section =
+      [&](const nlohmann::ordered_json& v) {
+        if (!v.is_object() || v.size() != 2 || v.begin().key() != "title" ||
+            !v["title"].is_string() || !v.contains("subsections") ||
+            !v["subsections"].is_array() || v["subsections"].size() > 3) {
+          return false;
+        }
+        for (const auto& kid : v["subsections"]) {
+          if (!section(kid)) return false;
+        }
+        return true;
+      };
+  int deepest = 0;
+  auto check = [&](const Json& choice, const std::string& text) {
+    if (choice["finish_reason"] == "stop") {
+      ASSERT_TRUE(Json::accept(text)) << text;
+      EXPECT_TRUE(section(nlohmann::ordered_json::parse(text))) << text;
+      EXPECT_TRUE((*guide)->Accepts(text)) << text;
+    } else {
+      EXPECT_EQ(choice["finish_reason"], "length") << text;
+      auto grammar = std::dynamic_pointer_cast<const scheduler::GrammarGuide>(*guide);
+      ASSERT_TRUE(grammar);
+      EXPECT_TRUE(grammar->LeadsOn(text)) << text;
+    }
+    int depth = 0;
+    for (char c : text) {
+      depth += c == '{' ? 1 : c == '}' ? -1 : 0;
+      deepest = std::max(deepest, depth);
+    }
+  };
+  Json j = post("/v1/chat/completions", absl::StrCat(R"({"messages": [{"role": "user",
+      "content": "Outline a short guide to baking bread as nested sections."}],
+      "temperature": 0, "max_tokens": 160, "response_format": {"type": "json_schema",
+      "json_schema": {"name": "outline", "schema": )", outline, "}}}"));
+  const std::string greedy = j["choices"][0]["message"]["content"];
+  check(j["choices"][0], greedy);
+
+  const std::string sampled = absl::StrCat(R"({"prompt": "A book's table of contents as JSON:",
+      "max_tokens": 120, "temperature": 1.0, "n": 3, "seed": 11, "guided_json": )", outline,
+                                           "}");
+  j = post("/v1/completions", sampled);
+  ASSERT_EQ(j["choices"].size(), 3u);
+  for (const Json& c : j["choices"]) check(c, c["text"]);
+  Json resent = Json::parse(sampled);
+  resent["guided_json"] = outline;
+  StreamedAlike(resent, j);
+  EXPECT_GE(deepest, 2) << "no answer wrote a section inside a section";
+
+  auto stub = server_->stub();
+  v1::GenerateRequest req =
+      GreedyChat("Outline a short guide to baking bread as nested sections.", 160);
+  req.mutable_sampling()->set_guided_json(outline);
+  StreamResult answered = Generate(*stub, req);
+  ASSERT_TRUE(answered.status.ok()) << answered.status.error_message();
+  EXPECT_EQ(answered.text, greedy);
+
+  // Recursion with no end is refused, naming where.
+  HttpResult bad = HttpCall(http_port_, "POST", "/v1/completions",
+                            R"({"prompt": "x", "guided_json": {"type": "object",
+      "properties": {"next": {"$ref": "#"}}, "required": ["next"]}})");
+  EXPECT_EQ(bad.status, 400);
+  EXPECT_TRUE(Json::parse(bad.body)["error"]["message"].get<std::string>().starts_with(
+      "guided_json: #: no JSON text matches the schema: its recursion never ends"))
+      << bad.body;
+  // A count past the automaton's bounds: guided by the grammar.
+  const std::string bio_schema =
+      R"({"type": "object", "properties": {"bio": {"type": "string", "maxLength": 800}},
+          "required": ["bio"]})";
+  auto bio_guide = scheduler::CompileJsonSchema(bio_schema);
+  ASSERT_TRUE(bio_guide.ok()) << bio_guide.status();
+  auto bio_grammar = std::dynamic_pointer_cast<const scheduler::GrammarGuide>(*bio_guide);
+  ASSERT_TRUE(bio_grammar);
+  j = post("/v1/completions", absl::StrCat(R"({"prompt": "A person, as JSON:", "max_tokens": 30,
+      "temperature": 0, "guided_json": )", bio_schema, "}"));
+  const std::string bio = j["choices"][0]["text"];
+  if (j["choices"][0]["finish_reason"] == "stop") {
+    EXPECT_TRUE(bio_grammar->Accepts(bio)) << bio;
+  } else {
+    EXPECT_TRUE(bio_grammar->LeadsOn(bio) && bio.find("\"bio\"") != std::string::npos) << bio;
+  }
+}
+
 // Tools over real HTTP with the real model: a named function's call (streamed alike), calls
 // when "required", and the result sent back as a tool message, answered as text.
 TEST_F(OpenAiHttpTest, ToolCallsFollowTheirFunctionsParameters) {
@@ -462,7 +567,8 @@ TEST_F(OpenAiHttpTest, ToolCallsFollowTheirFunctionsParameters) {
   const std::string ping_args =
       Json::parse(r.body)["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"];
   EXPECT_TRUE(Json::parse(ping_args).empty() && Json::parse(ping_args).is_object()) << ping_args;
-  // Too many functions for a list of calls: the message says what to change.
+  // Forty functions: a list of calls too large for an automaton, guided by the schema's
+  // grammar.
   Json many = required;
   many["tools"] = Json::array();
   for (int i = 0; i < 40; ++i) {
@@ -470,6 +576,29 @@ TEST_F(OpenAiHttpTest, ToolCallsFollowTheirFunctionsParameters) {
         R"({"type": "function", "function": {"name": "f)", i, R"(", "parameters": {"type":
         "object", "properties": {"a": {"type": "string"}, "b": {"type": "integer"},
         "c": {"type": "boolean"}}, "required": ["a", "b", "c"]}}})")));
+  }
+  r = Post("/v1/chat/completions", many);
+  ASSERT_EQ(r.status, 200) << r.body;
+  const Json many_answer = Json::parse(r.body)["choices"][0];
+  EXPECT_EQ(many_answer["finish_reason"], "tool_calls") << r.body;
+  for (const Json& c : many_answer["message"]["tool_calls"]) {
+    const std::string name = c["function"]["name"];
+    EXPECT_TRUE(name.size() >= 2 && name[0] == 'f' && std::stoi(name.substr(1)) < 40) << name;
+    const Json args = Json::parse(c["function"]["arguments"].get<std::string>());
+    EXPECT_TRUE(args.size() == 3 && args["a"].is_string() && args["b"].is_number_integer() &&
+                args["c"].is_boolean())
+        << args;
+  }
+  // Too large for the grammar too (each of 240 strings a count of its own): the message says
+  // what to change.
+  many["tools"] = Json::array();
+  for (int i = 0; i < 80; ++i) {
+    many["tools"].push_back(Json::parse(absl::StrCat(
+        R"({"type": "function", "function": {"name": "f)", i, R"(", "parameters": {"type":
+        "object", "properties": {"a": {"type": "string", "maxLength": )", 700 + 3 * i,
+        R"(}, "b": {"type": "string", "maxLength": )", 701 + 3 * i,
+        R"(}, "c": {"type": "string", "maxLength": )", 702 + 3 * i,
+        R"(}}, "required": ["a", "b", "c"]}}})")));
   }
   r = Post("/v1/chat/completions", many);
   EXPECT_EQ(r.status, 400) << r.body;
