@@ -26,6 +26,8 @@
 namespace thetaserve::scheduler {
 namespace {
 
+static_assert(kMaxJsonSchemaRecursions <= kMaxRegexRepeat);  // ParseRegex reads (?&N) as a count
+
 using Json = SchemaJson;
 
 // Keywords that only annotate: read past.
@@ -584,7 +586,72 @@ class GbnfWriter {
     return it->second;
   }
 
-  // Node `n` as a sequence of GBNF elements.
+  // Alternatives (each a sequence of elements) as one rule, those that begin alike written
+  // once up to where they part: {"children": [...], "name": ...} | {"children": [...],
+  // "version": ...} is {"children": [...], ("name": ... | "version": ...). Else a parse
+  // would hold both through the shared part, and where that part recurs (a tree of either)
+  // the parses would double at each level.
+  std::string Alternatives(const std::vector<std::vector<std::string>>& alternatives) {
+    std::vector<std::string> bodies;
+    std::vector<bool> done(alternatives.size(), false);
+    for (size_t i = 0; i < alternatives.size(); ++i) {
+      if (done[i]) continue;
+      const std::vector<std::string>& first = alternatives[i];
+      std::vector<size_t> alike;  // the alternatives that begin as this one
+      for (size_t j = i; j < alternatives.size(); ++j) {
+        if (!done[j] && (alternatives[j].empty() ? first.empty()
+                                                 : !first.empty() &&
+                                                       alternatives[j][0] == first[0])) {
+          alike.push_back(j);
+          done[j] = true;
+        }
+      }
+      if (first.empty()) {
+        bodies.push_back("\"\"");
+        continue;
+      }
+      if (alike.size() == 1) {
+        bodies.push_back(absl::StrJoin(first, " "));
+        continue;
+      }
+      size_t shared = first.size();
+      for (size_t j : alike) {
+        size_t k = 0;
+        while (k < shared && k < alternatives[j].size() && alternatives[j][k] == first[k]) ++k;
+        shared = k;
+      }
+      std::vector<std::vector<std::string>> rests;
+      for (size_t j : alike) {
+        rests.emplace_back(alternatives[j].begin() + ptrdiff_t(shared), alternatives[j].end());
+      }
+      bodies.push_back(absl::StrCat(
+          absl::StrJoin(first.begin(), first.begin() + ptrdiff_t(shared), " "), " ",
+          Alternatives(rests)));
+    }
+    return Named(absl::StrJoin(bodies, " | "));
+  }
+
+  // Node `n` as a sequence of GBNF elements, characters in a row one literal.
+  std::vector<std::string> Items(const std::vector<RegexNode>& nodes, int n) {
+    const RegexNode& node = nodes[size_t(n)];
+    if (node.kind == RegexNode::Kind::kEmpty) return {};
+    if (node.kind != RegexNode::Kind::kConcat) return {Write(nodes, n)};
+    std::vector<std::string> items;
+    std::string literal;
+    for (int kid : node.kids) {
+      if (OneChar(nodes[size_t(kid)])) {
+        literal += Char(nodes[size_t(kid)].ranges[0].first, false);
+        continue;
+      }
+      if (!literal.empty()) items.push_back(absl::StrCat("\"", literal, "\""));
+      literal.clear();
+      for (std::string& item : Items(nodes, kid)) items.push_back(std::move(item));
+    }
+    if (!literal.empty()) items.push_back(absl::StrCat("\"", literal, "\""));
+    return items;
+  }
+
+  // Node `n` as GBNF elements in a row.
   std::string Write(const std::vector<RegexNode>& nodes, int n) {
     const RegexNode& node = nodes[size_t(n)];
     switch (node.kind) {
@@ -596,25 +663,13 @@ class GbnfWriter {
       case RegexNode::Kind::kCall:
         return (*call_names_)[size_t(node.min)];
       case RegexNode::Kind::kConcat: {
-        // Characters in a row one literal.
-        std::vector<std::string> items;
-        std::string literal;
-        for (int kid : node.kids) {
-          if (OneChar(nodes[size_t(kid)])) {
-            literal += Char(nodes[size_t(kid)].ranges[0].first, false);
-            continue;
-          }
-          if (!literal.empty()) items.push_back(absl::StrCat("\"", literal, "\""));
-          literal.clear();
-          items.push_back(Write(nodes, kid));
-        }
-        if (!literal.empty()) items.push_back(absl::StrCat("\"", literal, "\""));
-        return absl::StrJoin(items, " ");
+        const std::vector<std::string> items = Items(nodes, n);
+        return items.empty() ? "\"\"" : absl::StrJoin(items, " ");
       }
       case RegexNode::Kind::kAlt: {
-        std::vector<std::string> alternatives;
-        for (int kid : node.kids) alternatives.push_back(Write(nodes, kid));
-        return Named(absl::StrJoin(alternatives, " | "));
+        std::vector<std::vector<std::string>> alternatives;
+        for (int kid : node.kids) alternatives.push_back(Items(nodes, kid));
+        return Alternatives(alternatives);
       }
       case RegexNode::Kind::kRepeat: {
         if (node.max == 0) return "\"\"";
@@ -674,33 +729,64 @@ absl::StatusOr<std::string> BuiltGrammar(const Built& built, std::vector<std::st
 }
 
 // The schema's grammar compiled, its refusals said of the schema.
+// `items` joined by ", ", at most three of them named.
+std::string FirstFew(const std::vector<std::string>& items) {
+  if (items.size() <= 3) return absl::StrJoin(items, ", ");
+  return absl::StrCat(absl::StrJoin(items.begin(), items.begin() + 3, ", "), ", and ",
+                      items.size() - 3, " more");
+}
+
+// A refusal of the schema's grammar (`text`, ParseGrammar's or GrammarGuide::Compile's `why`)
+// said of the schema.
+absl::Status GrammarRefused(const Built& built, const std::vector<std::string>& names,
+                            const std::string& text, const std::string& why) {
+  if (absl::StrContains(why, "no text matches rule 'root'")) {
+    // The recursive definitions that never end: the rules left with no alternative once the
+    // grammar is read with a root that matches the empty text or any of them.
+    std::string probe = "root ::= \"\"";
+    for (const std::string& name : names) absl::StrAppend(&probe, " | ", name);
+    absl::StrAppend(&probe, "\n", text.substr(text.find('\n') + 1));
+    std::vector<std::string> endless;
+    if (auto g = ParseGrammar(probe, 2 * kMaxJsonSchemaGrammarBytes); g.ok()) {
+      for (size_t i = 0; i < names.size(); ++i) {
+        const auto it = std::find(g->names.begin(), g->names.end(), names[i]);
+        if (it != g->names.end() && g->rules[size_t(it - g->names.begin())].empty()) {
+          endless.push_back(built.recursive[i].pointer);
+        }
+      }
+    }
+    return absl::InvalidArgumentError(absl::StrCat(
+        "guided_json: #: no JSON text matches the schema: its recursion never ends (",
+        endless.empty() ? "a definition" : FirstFew(endless),
+        endless.size() > 1 ? ": each" : "",
+        " always holds itself again, through required properties or items)"));
+  }
+  if (absl::StrContains(why, "elements with its repetitions expanded")) {
+    std::vector<std::string> counts;
+    for (const auto& [where, part] : built.counted) counts.push_back(where);
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "guided_json: the schema is too large to guide: its grammar would hold more than %d "
+        "classes and references with its counts expanded (a count of n costs about 3n%s)",
+        kMaxGrammarElements, counts.empty() ? "" : absl::StrCat("; its counts: ",
+                                                                FirstFew(counts))));
+  }
+  if (absl::StrContains(why, "guided_grammar has ")) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("guided_json: the schema is too large to guide: its grammar ",
+                     absl::StripPrefix(why, "guided_grammar ")));
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "guided_json: the schema cannot be guided: its grammar: ",
+      absl::StripPrefix(why, "guided_grammar: ")));
+}
+
 absl::StatusOr<std::shared_ptr<const Guide>> CompileGrammar(const Built& built) {
   std::vector<std::string> names;
   auto text = BuiltGrammar(built, &names);
   if (!text.ok()) return text.status();
   auto guide = GrammarGuide::Compile(*text, kMaxJsonSchemaGrammarBytes);
   if (guide.ok()) return std::shared_ptr<const Guide>(std::move(*guide));
-  const std::string why(guide.status().message());
-  constexpr const char* kEndless = "no text matches rule 'root'";
-  if (absl::StrContains(why, kEndless)) {
-    // The recursive definitions that never end: each read as the root.
-    const std::string rules = text->substr(text->find('\n') + 1);
-    std::vector<std::string> endless;
-    for (size_t i = 0; i < names.size(); ++i) {
-      auto alone = ParseGrammar(absl::StrCat("root ::= ", names[i], "\n", rules),
-                                kMaxJsonSchemaGrammarBytes);
-      if (!alone.ok() && absl::StrContains(alone.status().message(), kEndless)) {
-        endless.push_back(built.recursive[i].pointer);
-      }
-    }
-    return absl::InvalidArgumentError(absl::StrCat(
-        "guided_json: #: no JSON text matches the schema: its recursion never ends (",
-        endless.empty() ? "a definition" : absl::StrJoin(endless, ", "),
-        " always holds itself again, through required properties or items)"));
-  }
-  std::string message(absl::StripPrefix(why, "guided_grammar: "));
-  return absl::InvalidArgumentError(
-      absl::StrCat("guided_json: the schema cannot be guided: its grammar: ", message));
+  return GrammarRefused(built, names, *text, std::string(guide.status().message()));
 }
 
 }  // namespace
@@ -721,6 +807,18 @@ absl::StatusOr<std::string> JsonSchemaGrammar(std::string_view schema) {
   if (!built.ok()) return built.status();
   std::vector<std::string> names;
   return BuiltGrammar(*built, &names);
+}
+
+absl::Status CheckJsonSchema(std::string_view schema) {
+  auto built = Build(schema);
+  if (!built.ok() || built->recursive.empty()) return built.status();
+  std::vector<std::string> names;
+  auto text = BuiltGrammar(*built, &names);
+  if (!text.ok()) return text.status();
+  if (auto g = ParseGrammar(*text, kMaxJsonSchemaGrammarBytes); !g.ok()) {
+    return GrammarRefused(*built, names, *text, std::string(g.status().message()));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::shared_ptr<const Guide>> CompileJsonSchema(std::string_view schema) {

@@ -47,6 +47,11 @@ absl::StatusOr<std::string> JsonSchemaRegex(std::string_view schema);
 // schema's, `ref<i>-<pointer>` each recursive definition's, `p<n>` their parts'.
 absl::StatusOr<std::string> JsonSchemaGrammar(std::string_view schema);
 
+// What the schema's guide would refuse short of building it (an automaton can take 30 ms;
+// a tool list's functions are checked each): JsonSchemaRegex's refusals, or for a recursive
+// schema its grammar's (recursion that never ends, past the grammar's bounds).
+absl::Status CheckJsonSchema(std::string_view schema);
+
 // The guide for `schema`: JsonSchemaRegex compiled (its automaton's bounds are guided_regex's);
 // a recursive schema's JsonSchemaGrammar (a GrammarGuide, its bounds guided_grammar's), and so
 // too a schema whose automaton would pass guided_regex's bounds (a string of 800 characters):

@@ -24,15 +24,43 @@ using openai_body::String;
 
 namespace {
 
-// A function's parameters schema, compiled alone so that an error names the function's own
-// (with tool_choice "required" they are guided inside a list's schema).
+// A function's parameters schema, checked alone so that an error names the function's own
+// (with tool_choice "required" they are guided inside a list's schema, compiled once).
 absl::Status CheckParameters(const std::string& at, const std::string& schema) {
-  if (auto guide = scheduler::CompileJsonSchema(schema); !guide.ok()) {
+  if (auto status = scheduler::CheckJsonSchema(schema); !status.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        at, ".function.parameters: ",
-        absl::StripPrefix(guide.status().message(), "guided_json: ")));
+        at, ".function.parameters: ", absl::StripPrefix(status.message(), "guided_json: ")));
   }
   return absl::OkStatus();
+}
+
+// A function's references to its own parameters ("#", "#/properties/...") made references
+// to where the parameters are in the list's schema (`at`); those into its definitions stay, as
+// the definitions move to the list's top. Values (const, enum, default, examples) are data,
+// not schemas, and are left as they are.
+void RebaseRefs(const std::string& at, nlohmann::ordered_json* schema) {
+  if (schema->is_array()) {
+    for (auto& item : *schema) RebaseRefs(at, &item);
+    return;
+  }
+  if (!schema->is_object()) return;
+  for (auto& [key, value] : schema->items()) {
+    if (key == "const" || key == "enum" || key == "default" || key == "examples") continue;
+    if (key == "$ref" && value.is_string()) {
+      const std::string ref = value.get<std::string>();
+      if ((ref == "#" || ref.starts_with("#/")) && !ref.starts_with("#/$defs/") &&
+          !ref.starts_with("#/definitions/")) {
+        value = absl::StrCat(at, ref.substr(1));
+      }
+      continue;
+    }
+    if ((key == "properties" || key == "$defs" || key == "definitions") && value.is_object()) {
+      // Names, each a schema (a property may be called "const").
+      for (auto& [name, sub] : value.items()) RebaseRefs(at, &sub);
+      continue;
+    }
+    RebaseRefs(at, &value);
+  }
 }
 
 }  // namespace
@@ -128,6 +156,7 @@ absl::Status ParseToolCalls(const In& body, std::string_view body_text, OpenAiCa
   std::vector<std::string> alternatives;
   for (size_t i = 0; i < names.size(); ++i) {
     Ordered schema = Ordered::parse(parameters[i], nullptr, /*allow_exceptions=*/false);
+    RebaseRefs(absl::StrCat("#/items/anyOf/", i, "/properties/parameters"), &schema);
     for (const char* key : {"$defs", "definitions"}) {
       if (!schema.is_object() || !schema.contains(key) || !schema[key].is_object()) continue;
       for (auto& [name, def] : schema[key].items()) {

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "scheduler/guided_grammar.h"
@@ -38,10 +39,15 @@ std::shared_ptr<const RegexGuide> Automaton(std::string_view schema) {
   return guide;
 }
 
+enum class By { kAutomaton, kGrammar };
+
+// The schema's guide, of the kind said, takes each good text whole and no bad one.
 void ExpectTakes(std::string_view schema, std::initializer_list<const char*> good,
-                 std::initializer_list<const char*> bad) {
+                 std::initializer_list<const char*> bad, By by = By::kAutomaton) {
   auto guide = Compiled(schema);
   if (!guide) return;
+  EXPECT_EQ(std::dynamic_pointer_cast<const GrammarGuide>(guide) != nullptr, by == By::kGrammar)
+      << schema;
   for (const char* text : good) EXPECT_TRUE(guide->Accepts(text)) << schema << " ⊭ " << text;
   for (const char* text : bad) EXPECT_FALSE(guide->Accepts(text)) << schema << " ⊨ " << text;
 }
@@ -452,12 +458,13 @@ TEST(JsonSchemaGuideTest, RecursiveSchemasAreGuidedByAGrammar) {
                R"({"value": 1, "children": [{"value": 2, "children": [{"value": 3, "children": []}]}]})"},
               {R"({"value": 1})", R"({"value": 1, "children": [{"value": 2}]})",
                R"({"value": 1, "children": [{"value": "2", "children": []}]})",
-               R"({"value": 1, "children": [[]]})"});
+               R"({"value": 1, "children": [[]]})"},
+              By::kGrammar);
   // The whole schema ("#") recurs: a linked list.
   ExpectTakes(R"({"type": "object", "properties": {"v": {"type": "string"},
                  "next": {"anyOf": [{"$ref": "#"}, {"type": "null"}]}}, "required": ["v", "next"]})",
               {R"({"v": "a", "next": null})", R"({"v": "a", "next": {"v": "b", "next": null}})"},
-              {R"({"v": "a", "next": {"v": "b"}})", R"({"v": "a", "next": 1})"});
+              {R"({"v": "a", "next": {"v": "b"}})", R"({"v": "a", "next": 1})"}, By::kGrammar);
   // Definitions that hold each other: an expression of terms, a term a number or a bracketed
   // expression.
   const char* expression = R"({"$defs": {
@@ -467,7 +474,8 @@ TEST(JsonSchemaGuideTest, RecursiveSchemasAreGuidedByAGrammar) {
       "$ref": "#/$defs/expr"})";
   ExpectTakes(expression,
               {R"({"terms": [1]})", R"({"terms": [1, {"terms": [2.5, {"terms": [3]}]}]})"},
-              {R"({"terms": []})", R"({"terms": [{"terms": []}]})", R"({"terms": ["1"]})"});
+              {R"({"terms": []})", R"({"terms": [{"terms": []}]})", R"({"terms": ["1"]})"},
+              By::kGrammar);
   // Its grammar, as JsonSchemaGrammar writes it: each recursive definition a rule.
   auto grammar = JsonSchemaGrammar(expression);
   ASSERT_TRUE(grammar.ok()) << grammar.status();
@@ -485,7 +493,41 @@ TEST(JsonSchemaGuideTest, RecursiveSchemasAreGuidedByAGrammar) {
   // A definition that is one of its own alternatives adds nothing to the others.
   ExpectTakes(R"({"$defs": {"a": {"anyOf": [{"$ref": "#/$defs/a"}, {"type": "null"}]}},
                  "$ref": "#/$defs/a"})",
-              {"null"}, {"1", "[]", R"("a")"});
+              {"null"}, {"1", "[]", R"("a")"}, By::kGrammar);
+}
+
+// A union of objects that begin alike (pydantic's Dir | Pkg, both with their children first):
+// the alternatives are written once up to where they part, so a parse does not hold both
+// through each level (which would double the parses at every level: past 1,024, about ten
+// levels down, the guide would let no deeper text through).
+TEST(JsonSchemaGuideTest, AlikeAlternativesAroundARecursionNestDeep) {
+  const char* tree = R"({"$defs": {
+      "Dir": {"type": "object", "properties": {"children": {"type": "array",
+              "items": {"$ref": "#/$defs/Node"}}, "name": {"type": "string"}},
+              "required": ["children", "name"]},
+      "Pkg": {"type": "object", "properties": {"children": {"type": "array",
+              "items": {"$ref": "#/$defs/Node"}}, "version": {"type": "integer"}},
+              "required": ["children", "version"]},
+      "Node": {"anyOf": [{"$ref": "#/$defs/Dir"}, {"$ref": "#/$defs/Pkg"}]}},
+      "$ref": "#/$defs/Node"})";
+  auto guide = Compiled(tree);
+  ASSERT_TRUE(guide);
+  std::string deep = R"({"children": [], "version": 1})";
+  for (int level = 1; level <= 40; ++level) {
+    deep = absl::StrCat(R"({"children": [)", deep, "], ",
+                        level % 2 ? R"("name": "d")" : R"("version": 2)", "}");
+    ASSERT_TRUE(guide->Accepts(deep)) << "level " << level << ": " << deep;
+  }
+  EXPECT_FALSE(guide->Accepts(absl::StrCat(R"({"children": [)", deep, R"(], "size": 1})")));
+  // Its grammar writes the shared beginning once.
+  auto grammar = JsonSchemaGrammar(tree);
+  ASSERT_TRUE(grammar.ok()) << grammar.status();
+  size_t children = 0;
+  for (size_t at = grammar->find("children"); at != std::string::npos;
+       at = grammar->find("children", at + 1)) {
+    ++children;
+  }
+  EXPECT_EQ(children, 1u) << *grammar;
 }
 
 // Random texts walked through a recursive schema's grammar (bytes chosen among those it lets
@@ -571,10 +613,18 @@ TEST(JsonSchemaGuideTest, GrammarAgreesWithTheAutomaton) {
       R"({"type": "string", "pattern": "^[a-z]+(-[0-9]{2,3})?$"})",
       R"({"properties": {"é😀": {"const": "q\"\\\u0001"}, "a\"b": {"type": "boolean"}}})",
   };
+  // A pattern whose classes hold the characters GBNF's classes escape, a negated class, a
+  // count of none, characters past U+FFFF.
+  const std::string pattern =
+      Json({{"type", "string"},
+            {"pattern", R"(^[\]\-^\[#a-c]+(?:[^\x00-\x1f"\\x-z\d]{0}|[😀-😂]{1,2}|\.)?é?$)"}})
+          .dump();
+  std::vector<std::string> all(std::begin(schemas), std::end(schemas));
+  all.push_back(pattern);
   const uint32_t seed = std::random_device{}();
   std::mt19937 rng(seed);
   const std::string palette = "{}[],:\"\\0123456789-.eE+ \ntruefalsnl\x01\xc3\xa9\xf0\x9f";
-  for (const char* schema : schemas) {
+  for (const std::string& schema : all) {
     auto automaton = Automaton(schema);
     auto text = JsonSchemaGrammar(schema);
     ASSERT_TRUE(automaton && text.ok()) << schema << ": " << text.status();
@@ -656,6 +706,52 @@ TEST(JsonSchemaGuideTest, CountsTooLargeForAnAutomatonAreGuidedByTheGrammar) {
                 .find("guided_json: #/properties/f0/maxLength: the count is too large to guide"),
             std::string::npos)
       << refused.status();
+  // The same counts in a recursive schema (no automaton to name them): the grammar's bound,
+  // said of the schema, its counts named.
+  many["properties"]["kids"] = {{"type", "array"}, {"items", {{"$ref", "#"}}}};
+  refused = CompileJsonSchema(many.dump());
+  ASSERT_FALSE(refused.ok());
+  EXPECT_TRUE(absl::StartsWith(
+      refused.status().message(),
+      "guided_json: the schema is too large to guide: its grammar would hold more than 200000 "
+      "classes and references with its counts expanded (a count of n costs about 3n; its "
+      "counts: #/properties/f0/maxLength, #/properties/f1/maxLength, "
+      "#/properties/f2/maxLength, and 77 more)"))
+      << refused.status();
+  EXPECT_EQ(CheckJsonSchema(many.dump()).message(), refused.status().message());
+}
+
+// Recursion that never ends, in many definitions: each found in one reading of the grammar,
+// three of them named.
+TEST(JsonSchemaGuideTest, EndlessRecursionNamesItsDefinitions) {
+  Json schema = {{"$defs", Json::object()}, {"type", "object"}, {"properties", Json::object()},
+                 {"required", Json::array()}};
+  for (int i = 0; i < 200; ++i) {
+    const std::string name = absl::StrCat("d", i);
+    schema["$defs"][name] = {{"type", "object"},
+                             {"properties", {{"n", {{"$ref", "#/$defs/" + name}}}}},
+                             {"required", {"n"}}};
+    schema["properties"][name] = {{"$ref", "#/$defs/" + name}};
+    schema["required"].push_back(name);
+  }
+  auto refused = CompileJsonSchema(schema.dump());
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().message(),
+            "guided_json: #: no JSON text matches the schema: its recursion never ends "
+            "(#/$defs/d0, #/$defs/d1, #/$defs/d2, and 197 more: each always holds itself "
+            "again, through required properties or items)");
+  EXPECT_EQ(CheckJsonSchema(schema.dump()).message(), refused.status().message());
+  // Not required, the endless definitions are never written; the rest is guided.
+  Json optional = {{"$defs", schema["$defs"]}, {"type", "object"},
+                   {"properties", Json::object()}};
+  for (int i = 0; i < 5; ++i) {
+    optional["properties"][absl::StrCat("d", i)] = {{"$ref", absl::StrCat("#/$defs/d", i)}};
+  }
+  optional["properties"]["ok"] = {{"type", "boolean"}};
+  auto guide = CompileJsonSchema(optional.dump());
+  ASSERT_TRUE(guide.ok()) << guide.status();
+  EXPECT_TRUE((*guide)->Accepts(R"({"ok": true})"));
+  EXPECT_FALSE((*guide)->Accepts(R"({"d0": {"n": {}}, "ok": true})"));
 }
 
 }  // namespace

@@ -173,6 +173,23 @@ TEST(OpenAiApiTest, ToolChoiceGuidesTheCall) {
       "inside": [{"name": "a", "inside": [{"name": "b", "inside": [{"name": "c"}]}]}]}}}])"));
   EXPECT_FALSE((*tree_guide)->Accepts(R"([{"name": "make", "parameters": {"root": {"name": "/",
       "inside": [{"name": "a", "inside": [{"inside": []}]}]}}}])"));
+  // A function's parameters that refer to themselves ("#": a linked list) are found where
+  // they are in the list's schema, not at its top.
+  auto list = Chat(R"({"messages": [{"role": "user", "content": "x"}], "tools": [
+      {"type": "function", "function": {"name": "g", "parameters": {"type": "object"}}},
+      {"type": "function", "function": {"name": "f", "parameters": {"type": "object",
+          "properties": {"v": {"type": "integer"}, "next": {"anyOf": [{"$ref": "#"},
+          {"type": "null"}]}, "const": {"$ref": "#/properties/v"}},
+          "required": ["v", "next"]}}}], "tool_choice": "required"})");
+  ASSERT_TRUE(list.ok()) << list.status();
+  auto list_guide = scheduler::CompileJsonSchema(list->request.sampling().guided_json());
+  ASSERT_TRUE(list_guide.ok()) << list_guide.status();
+  EXPECT_TRUE((*list_guide)->Accepts(
+      R"([{"name": "f", "parameters": {"v": 1, "next": {"v": 2, "next": null, "const": 3}}}])"));
+  EXPECT_FALSE((*list_guide)->Accepts(R"([{"name": "f", "parameters": {"v": 1, "next":
+      [{"name": "f", "parameters": {"v": 2, "next": null}}]}}])"));
+  EXPECT_FALSE((*list_guide)->Accepts(
+      R"([{"name": "f", "parameters": {"v": 1, "next": null, "const": "x"}}])"));
   // Recursion with no end is refused naming the function.
   EXPECT_TRUE(RefusedWith(
       Chat(R"({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function",
