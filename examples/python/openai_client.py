@@ -11,7 +11,7 @@ calls tests/python/openai_client_test.sh relies on and fails loudly if any answe
 import argparse
 import json
 import sys
-from typing import Optional
+from typing import Annotated, Optional
 
 import openai
 import pydantic
@@ -75,6 +75,19 @@ def check(client, model):
                   response_format=Solution, temperature=0, max_tokens=300)
     assert solved.choices[0].finish_reason == "stop", solved
     assert isinstance(solved.choices[0].message.parsed, Solution), solved
+    # A model that holds itself (a tree of parts): pydantic writes a $ref back to its own
+    # definition, which the server guides through the schema's grammar, to any depth.
+    class Part(pydantic.BaseModel):
+        title: Annotated[str, pydantic.Field(max_length=40)]
+        subsections: Annotated[list["Part"], pydantic.Field(max_length=3)]
+
+    Part.model_rebuild()
+    tree = chat(model=model,
+                messages=[{"role": "user", "content": "List the parts of a car as a tree."}],
+                response_format=Part, temperature=0, max_tokens=300)
+    assert tree.choices[0].finish_reason == "stop", tree
+    parsed = tree.choices[0].message.parsed
+    assert isinstance(parsed, Part) and parsed.subsections and parsed.subsections[0].subsections, tree
     # vLLM's extensions go in extra_body, as vLLM's docs send them: here a GBNF grammar.
     graded = client.completions.create(
         model=model, prompt="Is the sky blue? Answer:", max_tokens=8, temperature=0,
