@@ -64,7 +64,6 @@ struct RecursiveRef {
 class SchemaRegex {
  public:
   const std::vector<std::pair<std::string, std::string>>& counted() const { return counted_; }
-  int any_uses() const { return any_uses_; }
   std::vector<RecursiveRef>& recursive() { return recursive_; }
 
   explicit SchemaRegex(const Json& root) : root_(root) {
@@ -78,7 +77,6 @@ class SchemaRegex {
     }
     if (s.is_boolean()) {
       if (s == false) return Refuse(path, "false matches nothing");
-      ++any_uses_;
       *out = Any(kJsonSchemaAnyLevels);
       return Charge(path, *out);
     }
@@ -138,8 +136,7 @@ class SchemaRegex {
         if (std::find(types.begin(), types.end(), type) == types.end()) types.push_back(type);
       }
       if (types.empty()) {  // any value
-        ++any_uses_;
-        *out = Any(kJsonSchemaAnyLevels);
+          *out = Any(kJsonSchemaAnyLevels);
         return Charge(path, *out);
       }
       if (types.size() > 1) {
@@ -386,8 +383,7 @@ class SchemaRegex {
       // most kJsonSchemaAnyLevels deep with the object).
       std::string value;
       if (extra == true) {
-        ++any_uses_;
-        value = Any(kJsonSchemaAnyLevels - 1);
+          value = Any(kJsonSchemaAnyLevels - 1);
       } else {
         auto status = Value(extra, path + "/additionalProperties", depth + 1, &value);
         if (!status.ok()) return status;
@@ -469,7 +465,6 @@ class SchemaRegex {
       auto status = Value(s["items"], path + "/items", depth + 1, &item);
       if (!status.ok()) return status;
     } else {  // any values
-      ++any_uses_;
       item = Any(kJsonSchemaAnyLevels - 1);
     }
     const int more_lo = std::max(lo, 1) - 1;
@@ -487,24 +482,22 @@ class SchemaRegex {
   const Json& root_;
   std::string ws_;   // whitespace between tokens
   std::string sep_;  // a comma between items, whitespace around it
-  // The parts with counted repeats (where the automaton grows with the count) and their
-  // expressions: the first to blame when the whole is too large.
+  // The parts with counted repeats (where the automaton and the grammar grow with the count)
+  // and their expressions: the ones to blame when the whole is too large.
   std::vector<std::pair<std::string, std::string>> counted_;
   std::vector<const Json*> expanding_;  // the $ref targets being expanded, for recursion
   std::map<const Json*, std::string> refs_;  // the $ref targets built
   std::map<const Json*, int> called_;        // the recursive ones: their index in recursive_
   std::vector<RecursiveRef> recursive_;
   std::vector<std::string> any_;             // [levels]: Any(levels)
-  int any_uses_ = 0;                         // places that take any value
   size_t spent_ = 0;                     // bytes of expression built, pieces included
 };
 
-// A schema's regular expression, with what to blame should it be too large: the parts with
-// counted repeats, and how many places take any value.
+// A schema's regular expression, with what to blame should it be too large (the parts with
+// counted repeats), and its recursive definitions.
 struct Built {
   std::string regex;
-  std::vector<std::pair<std::string, std::string>> counted;
-  int any_uses = 0;
+  std::vector<std::pair<std::string, double>> counted;  // where each count is, and its value
   std::vector<RecursiveRef> recursive;  // none: `regex` is the whole schema's
 };
 
@@ -524,8 +517,15 @@ absl::StatusOr<Built> Build(std::string_view schema) {
   SchemaRegex builder(root);
   auto status = builder.Whole(&built.regex);
   if (!status.ok()) return status;
-  built.counted = builder.counted();
-  built.any_uses = builder.any_uses();
+  for (const auto& [where, part] : builder.counted()) {
+    double count = 0;
+    try {
+      const Json& value = root.at(Json::json_pointer(where.substr(1)));
+      if (value.is_number()) count = value.get<double>();
+    } catch (const nlohmann::json::exception&) {
+    }
+    built.counted.push_back({where, count});
+  }
   built.recursive = std::move(builder.recursive());
   return built;
 }
@@ -586,32 +586,81 @@ class GbnfWriter {
     return it->second;
   }
 
-  // Alternatives (each a sequence of elements) as one rule, those that begin alike written
-  // once up to where they part: {"children": [...], "name": ...} | {"children": [...],
-  // "version": ...} is {"children": [...], ("name": ... | "version": ...). Else a parse
-  // would hold both through the shared part, and where that part recurs (a tree of either)
-  // the parses would double at each level.
-  std::string Alternatives(const std::vector<std::vector<std::string>>& alternatives) {
-    std::vector<std::string> bodies;
-    std::vector<bool> done(alternatives.size(), false);
-    for (size_t i = 0; i < alternatives.size(); ++i) {
-      if (done[i]) continue;
-      const std::vector<std::string>& first = alternatives[i];
-      std::vector<size_t> alike;  // the alternatives that begin as this one
-      for (size_t j = i; j < alternatives.size(); ++j) {
-        if (!done[j] && (alternatives[j].empty() ? first.empty()
-                                                 : !first.empty() &&
-                                                       alternatives[j][0] == first[0])) {
-          alike.push_back(j);
-          done[j] = true;
-        }
+  // An item that is a literal (`"..."`, not `""`).
+  static bool Literal(const std::string& item) {
+    return item.size() >= 3 && item.front() == '"' && item.back() == '"';
+  }
+
+  // The code point of an item that is one character's literal (Char's escapes).
+  static bool OneCharItem(const std::string& item, uint32_t* cp) {
+    if (!Literal(item)) return false;
+    const std::string_view c = std::string_view(item).substr(1, item.size() - 2);
+    if (c.size() == 1) {
+      *cp = uint8_t(c[0]);
+      return true;
+    }
+    if (c.size() == 2 && c[0] == '\\') {
+      *cp = uint8_t(c[1]);
+      return true;
+    }
+    if ((c.size() == 6 && c.starts_with("\\u")) || (c.size() == 10 && c.starts_with("\\U"))) {
+      *cp = uint32_t(std::stoul(std::string(c.substr(2)), nullptr, 16));
+      return true;
+    }
+    return false;
+  }
+
+  // Items in a row, literals next to each other one literal.
+  static std::string Join(std::vector<std::string>::const_iterator begin,
+                          std::vector<std::string>::const_iterator end) {
+    std::vector<std::string> out;
+    for (auto it = begin; it != end; ++it) {
+      if (!out.empty() && Literal(out.back()) && Literal(*it)) {
+        out.back().pop_back();
+        out.back() += it->substr(1);
+      } else {
+        out.push_back(*it);
       }
+    }
+    return out.empty() ? "\"\"" : absl::StrJoin(out, " ");
+  }
+
+  // Alternatives (each a sequence of elements, a literal's characters each one) as one rule,
+  // written as a trie: those that begin alike once up to where they part, so that a parse
+  // holds one of them through the shared part. {"children": [...], "name": ...} |
+  // {"children": [...], "version": ...} is {"children": [...], ("name": ... | "version": ...)
+  // (else the parses would double at each level of a tree of either), and an enum of 2,000
+  // strings is a tree of characters (else entering it would open 2,000 parses, past what a
+  // parse may hold). Characters that part with the same rest after them are one class.
+  std::string Alternatives(const std::vector<std::vector<std::string>>& alternatives) {
+    std::vector<std::vector<size_t>> groups;  // by first item, in order
+    std::map<std::string, size_t> group_of;
+    for (size_t j = 0; j < alternatives.size(); ++j) {
+      const std::string first = alternatives[j].empty() ? "" : alternatives[j][0];
+      auto [it, added] = group_of.emplace(first, groups.size());
+      if (added) groups.emplace_back();
+      groups[it->second].push_back(j);
+    }
+    std::vector<std::string> bodies;
+    // A rest after one character: its body's index, and the characters before it.
+    std::map<std::string, std::pair<size_t, std::vector<uint32_t>>> char_then;
+    for (const std::vector<size_t>& alike : groups) {
+      const std::vector<std::string>& first = alternatives[alike[0]];
       if (first.empty()) {
         bodies.push_back("\"\"");
         continue;
       }
       if (alike.size() == 1) {
-        bodies.push_back(absl::StrJoin(first, " "));
+        uint32_t cp = 0;
+        if (OneCharItem(first[0], &cp)) {
+          const std::string rest = first.size() == 1 ? "" : Join(first.begin() + 1, first.end());
+          auto [it, added] = char_then.emplace(rest, std::make_pair(bodies.size(),
+                                                                    std::vector<uint32_t>()));
+          if (added) bodies.emplace_back();
+          it->second.second.push_back(cp);
+          continue;
+        }
+        bodies.push_back(Join(first.begin(), first.end()));
         continue;
       }
       size_t shared = first.size();
@@ -624,30 +673,37 @@ class GbnfWriter {
       for (size_t j : alike) {
         rests.emplace_back(alternatives[j].begin() + ptrdiff_t(shared), alternatives[j].end());
       }
-      bodies.push_back(absl::StrCat(
-          absl::StrJoin(first.begin(), first.begin() + ptrdiff_t(shared), " "), " ",
-          Alternatives(rests)));
+      bodies.push_back(absl::StrCat(Join(first.begin(), first.begin() + ptrdiff_t(shared)), " ",
+                                    Alternatives(rests)));
+    }
+    for (auto& [rest, at] : char_then) {
+      std::vector<uint32_t>& chars = at.second;
+      std::sort(chars.begin(), chars.end());
+      CodePointRanges ranges;
+      for (uint32_t cp : chars) {
+        if (!ranges.empty() && ranges.back().second + 1 >= cp) {
+          ranges.back().second = cp;
+        } else {
+          ranges.push_back({cp, cp});
+        }
+      }
+      const std::string head = chars.size() == 1
+                                   ? absl::StrCat("\"", Char(chars[0], false), "\"")
+                                   : Class(ranges);
+      bodies[at.first] = rest.empty() ? head : absl::StrCat(head, " ", rest);
     }
     return Named(absl::StrJoin(bodies, " | "));
   }
 
-  // Node `n` as a sequence of GBNF elements, characters in a row one literal.
+  // Node `n` as a sequence of GBNF elements, each character of a literal one.
   std::vector<std::string> Items(const std::vector<RegexNode>& nodes, int n) {
     const RegexNode& node = nodes[size_t(n)];
     if (node.kind == RegexNode::Kind::kEmpty) return {};
     if (node.kind != RegexNode::Kind::kConcat) return {Write(nodes, n)};
     std::vector<std::string> items;
-    std::string literal;
     for (int kid : node.kids) {
-      if (OneChar(nodes[size_t(kid)])) {
-        literal += Char(nodes[size_t(kid)].ranges[0].first, false);
-        continue;
-      }
-      if (!literal.empty()) items.push_back(absl::StrCat("\"", literal, "\""));
-      literal.clear();
       for (std::string& item : Items(nodes, kid)) items.push_back(std::move(item));
     }
-    if (!literal.empty()) items.push_back(absl::StrCat("\"", literal, "\""));
     return items;
   }
 
@@ -664,7 +720,7 @@ class GbnfWriter {
         return (*call_names_)[size_t(node.min)];
       case RegexNode::Kind::kConcat: {
         const std::vector<std::string> items = Items(nodes, n);
-        return items.empty() ? "\"\"" : absl::StrJoin(items, " ");
+        return Join(items.begin(), items.end());
       }
       case RegexNode::Kind::kAlt: {
         std::vector<std::vector<std::string>> alternatives;
@@ -758,17 +814,25 @@ absl::Status GrammarRefused(const Built& built, const std::vector<std::string>& 
     return absl::InvalidArgumentError(absl::StrCat(
         "guided_json: #: no JSON text matches the schema: its recursion never ends (",
         endless.empty() ? "a definition" : FirstFew(endless),
-        endless.size() > 1 ? ": each" : "",
-        " always holds itself again, through required properties or items)"));
+        endless.size() > 1 ? ": each" : "", " always holds itself again)"));
   }
   if (absl::StrContains(why, "elements with its repetitions expanded")) {
+    // The counts, largest first.
+    std::vector<std::pair<std::string, double>> counted = built.counted;
+    std::stable_sort(counted.begin(), counted.end(),
+                     [](const auto& a, const auto& b) { return a.second > b.second; });
     std::vector<std::string> counts;
-    for (const auto& [where, part] : built.counted) counts.push_back(where);
+    for (const auto& [where, part] : counted) counts.push_back(where);
     return absl::InvalidArgumentError(absl::StrFormat(
         "guided_json: the schema is too large to guide: its grammar would hold more than %d "
         "classes and references with its counts expanded (a count of n costs about 3n%s)",
         kMaxGrammarElements, counts.empty() ? "" : absl::StrCat("; its counts: ",
                                                                 FirstFew(counts))));
+  }
+  if (absl::StrContains(why, "parses open at once")) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "guided_json: the schema cannot be guided: more than %d of its alternatives (anyOf, "
+        "enum, types) are open at its start; make them differ sooner", kMaxGrammarStacks));
   }
   if (absl::StrContains(why, "guided_grammar has ")) {
     return absl::InvalidArgumentError(
@@ -815,7 +879,7 @@ absl::Status CheckJsonSchema(std::string_view schema) {
   std::vector<std::string> names;
   auto text = BuiltGrammar(*built, &names);
   if (!text.ok()) return text.status();
-  if (auto g = ParseGrammar(*text, kMaxJsonSchemaGrammarBytes); !g.ok()) {
+  if (auto g = GrammarGuide::Compile(*text, kMaxJsonSchemaGrammarBytes); !g.ok()) {
     return GrammarRefused(*built, names, *text, std::string(g.status().message()));
   }
   return absl::OkStatus();
@@ -826,28 +890,11 @@ absl::StatusOr<std::shared_ptr<const Guide>> CompileJsonSchema(std::string_view 
   if (!built.ok()) return built.status();
   if (!built->recursive.empty()) return CompileGrammar(*built);
   auto guide = RegexGuide::Compile(built->regex, kMaxJsonSchemaRegexBytes);
-  if (!guide.ok()) {
-    // An automaton too large (a long string's or list's count, any value in many places):
-    // the grammar, which holds a count as a chain of its item and each part once.
-    if (auto grammar = CompileGrammar(*built); grammar.ok()) return grammar;
-    std::string why(guide.status().message());
-    absl::StrReplaceAll({{"guided_regex: ", ""}, {"the pattern", "its regular expression"}},
-                        &why);
-    // Too large: a count the automaton cannot hold alone is named where it is.
-    for (const auto& [where, part] : built->counted) {
-      if (RegexGuide::Compile(part, kMaxJsonSchemaRegexBytes).ok()) continue;
-      return absl::InvalidArgumentError(absl::StrCat(
-          "guided_json: ", where, ": the count is too large to guide (each string character "
-          "or array item is states of the automaton; docs/api.md gives the bounds): ", why));
-    }
-    // Places that take any value are the other large parts.
-    const std::string any = built->any_uses == 0 ? "" : absl::StrFormat(
-        " (it takes any value in %d places, each about 1,500 to 2,900 automaton states)",
-        built->any_uses);
-    return absl::InvalidArgumentError(absl::StrCat("guided_json: the schema cannot be guided: ",
-                                                   why, any));
-  }
-  return std::shared_ptr<const Guide>(std::move(*guide));
+  if (guide.ok()) return std::shared_ptr<const Guide>(std::move(*guide));
+  // An automaton too large (a long string's or list's count, any value in many places): the
+  // grammar, which holds a count as a chain of its item and each part once; what it cannot
+  // hold is the schema's bound.
+  return CompileGrammar(*built);
 }
 
 }  // namespace thetaserve::scheduler

@@ -318,6 +318,22 @@ void OpenAiHttpServer::Generate(const HttpRequest& http, HttpResponder& out, boo
     if (!call->grammar_field.empty()) {
       absl::StrReplaceAll({{"sampling.guided_grammar", call->grammar_field}}, &message);
     }
+    if (call->tool_calls == OpenAiCall::ToolCalls::kRequired) {
+      // Where in the list's schema a function's parameters are, said as the client sent them.
+      constexpr std::string_view kItem = "#/items/anyOf/", kParameters = "/properties/parameters";
+      for (size_t at = message.find(kItem); at != std::string::npos;
+           at = message.find(kItem, at + 1)) {
+        const size_t digits = at + kItem.size();
+        const size_t end = message.find_first_not_of("0123456789", digits);
+        if (end == digits || end == std::string::npos ||
+            message.compare(end, kParameters.size(), kParameters) != 0) {
+          continue;
+        }
+        message.replace(at, end + kParameters.size() - at,
+                        absl::StrCat("tools[", message.substr(digits, end - digits),
+                                     "].function.parameters#"));
+      }
+    }
     if (call->tool_calls == OpenAiCall::ToolCalls::kRequired &&
         absl::StrContains(message, "too large")) {
       // The list's schema is the server's: say what the client can change.

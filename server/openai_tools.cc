@@ -34,9 +34,9 @@ absl::Status CheckParameters(const std::string& at, const std::string& schema) {
   return absl::OkStatus();
 }
 
-// A function's references to its own parameters ("#", "#/properties/...") made references
-// to where the parameters are in the list's schema (`at`); those into its definitions stay, as
-// the definitions move to the list's top. Values (const, enum, default, examples) are data,
+// A function's references into its own parameters ("#", "#/properties/...", "#/$defs/...")
+// made references to where the parameters are in the list's schema (`at`), definitions
+// included: each function keeps its own. Values (const, enum, default, examples) are data,
 // not schemas, and are left as they are.
 void RebaseRefs(const std::string& at, nlohmann::ordered_json* schema) {
   if (schema->is_array()) {
@@ -48,10 +48,7 @@ void RebaseRefs(const std::string& at, nlohmann::ordered_json* schema) {
     if (key == "const" || key == "enum" || key == "default" || key == "examples") continue;
     if (key == "$ref" && value.is_string()) {
       const std::string ref = value.get<std::string>();
-      if ((ref == "#" || ref.starts_with("#/")) && !ref.starts_with("#/$defs/") &&
-          !ref.starts_with("#/definitions/")) {
-        value = absl::StrCat(at, ref.substr(1));
-      }
+      if (ref == "#" || ref.starts_with("#/")) value = absl::StrCat(at, ref.substr(1));
       continue;
     }
     if ((key == "properties" || key == "$defs" || key == "definitions") && value.is_object()) {
@@ -145,30 +142,16 @@ absl::Status ParseToolCalls(const In& body, std::string_view body_text, OpenAiCa
     return absl::OkStatus();
   }
   // "required": one call or more (one with parallel_tool_calls false), each a function's name
-  // and its parameters. The functions' definitions ($defs, definitions) move to the list's
-  // schema, where their "#/$defs/..." references find them (as vLLM does); two functions
-  // defining one name differently are refused.
+  // and its parameters, whose references ("#/$defs/...") are rebased to where the parameters
+  // are in the list's schema.
   auto parallel = Given(body, "parallel_tool_calls") ? Bool(body, "parallel_tool_calls")
                                                      : absl::StatusOr<bool>(true);
   if (!parallel.ok()) return parallel.status();
   using Ordered = nlohmann::ordered_json;
-  Ordered defs = Ordered::object();
   std::vector<std::string> alternatives;
   for (size_t i = 0; i < names.size(); ++i) {
     Ordered schema = Ordered::parse(parameters[i], nullptr, /*allow_exceptions=*/false);
     RebaseRefs(absl::StrCat("#/items/anyOf/", i, "/properties/parameters"), &schema);
-    for (const char* key : {"$defs", "definitions"}) {
-      if (!schema.is_object() || !schema.contains(key) || !schema[key].is_object()) continue;
-      for (auto& [name, def] : schema[key].items()) {
-        if (defs.contains(key) && defs[key].contains(name) && defs[key][name] != def) {
-          return Invalid(absl::StrCat("tools[", i, "].function.parameters.", key, ".", name),
-                         "is defined differently by another function; with tool_choice "
-                         "\"required\" the functions share their definitions");
-        }
-        defs[key][name] = def;
-      }
-      schema.erase(key);
-    }
     alternatives.push_back(absl::StrCat(
         R"({"type": "object", "properties": {"name": {"const": )", In(names[i]).dump(),
         R"(}, "parameters": )", schema.dump(), R"(}, "required": ["name", "parameters"]})"));
@@ -176,11 +159,8 @@ absl::Status ParseToolCalls(const In& body, std::string_view body_text, OpenAiCa
   std::string list = absl::StrCat(R"({"type": "array", "minItems": 1, )",
                                   *parallel ? "" : R"("maxItems": 1, )",
                                   R"("items": {"anyOf": [)", absl::StrJoin(alternatives, ", "),
-                                  "]}");
-  for (const auto& [key, value] : defs.items()) {
-    absl::StrAppend(&list, ", ", In(key).dump(), ": ", value.dump());
-  }
-  sp->set_guided_json(absl::StrCat(list, "}"));
+                                  "]}}");
+  sp->set_guided_json(std::move(list));
   call->schema_field = "tools";
   call->tool_calls = OpenAiCall::ToolCalls::kRequired;
   return absl::OkStatus();

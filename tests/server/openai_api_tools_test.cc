@@ -139,8 +139,8 @@ TEST(OpenAiApiTest, ToolChoiceGuidesTheCall) {
       "tools[0].function.parameters: #/properties/to/format: \"email\" is not supported"));
   EXPECT_TRUE(RefusedWith(chat(R"(, "tool_choice": 5)"), "tool_choice must be \"none\""));
   EXPECT_TRUE(RefusedWith(chat(R"(, "tool_choice": "bogus")"), "tool_choice must be \"none\""));
-  // "required": the functions' definitions meet at the list's top, where their references
-  // find them; one name defined two ways is refused.
+  // "required": each function's references find its own definitions in the list's schema
+  // (two functions may define one name alike, or two ways).
   const std::string point = R"({"type": "object", "properties": {"x": {"type": "integer"}},
       "required": ["x"]})";
   auto with_defs = [&](const std::string& second_point) {
@@ -157,8 +157,26 @@ TEST(OpenAiApiTest, ToolChoiceGuidesTheCall) {
   ASSERT_TRUE(shared_guide.ok()) << shared_guide.status();
   EXPECT_TRUE((*shared_guide)->Accepts(R"([{"name": "a", "parameters": {"p": {"x": 1}}},
       {"name": "b", "parameters": {"q": {"x": 2}}}])"));
-  EXPECT_TRUE(RefusedWith(with_defs(R"({"type": "string"})"),
-                          "tools[1].function.parameters.$defs.P is defined differently"));
+  auto apart = with_defs(R"({"type": "string"})");
+  ASSERT_TRUE(apart.ok()) << apart.status();
+  auto apart_guide = scheduler::CompileJsonSchema(apart->request.sampling().guided_json());
+  ASSERT_TRUE(apart_guide.ok()) << apart_guide.status();
+  EXPECT_TRUE((*apart_guide)->Accepts(R"([{"name": "a", "parameters": {"p": {"x": 1}}},
+      {"name": "b", "parameters": {"q": "two"}}])"));
+  EXPECT_FALSE((*apart_guide)->Accepts(R"([{"name": "b", "parameters": {"q": {"x": 2}}}])"));
+  EXPECT_FALSE((*apart_guide)->Accepts(R"([{"name": "a", "parameters": {"p": "one"}}])"));
+  // Alike functions whose definitions refer to "#" (each its own parameters).
+  const std::string own = R"({"$defs": {"node": {"anyOf": [{"type": "null"}, {"$ref": "#"}]}},
+      "type": "object", "properties": {"next": {"$ref": "#/$defs/node"}}, "required": ["next"]})";
+  auto twins = Chat(absl::StrCat(R"({"messages": [{"role": "user", "content": "x"}], "tools": [
+      {"type": "function", "function": {"name": "a", "parameters": )", own, R"(}},
+      {"type": "function", "function": {"name": "b", "parameters": )", own, R"(}}],
+      "tool_choice": "required"})"));
+  ASSERT_TRUE(twins.ok()) << twins.status();
+  auto twins_guide = scheduler::CompileJsonSchema(twins->request.sampling().guided_json());
+  ASSERT_TRUE(twins_guide.ok()) << twins_guide.status();
+  EXPECT_TRUE((*twins_guide)->Accepts(
+      R"([{"name": "b", "parameters": {"next": {"next": {"next": null}}}}])"));
   // A recursive definition (a tree of files) is guided in the list's schema too, to any depth.
   auto tree = Chat(R"({"messages": [{"role": "user", "content": "x"}], "tools": [
       {"type": "function", "function": {"name": "make", "parameters": {"$defs": {"Entry":

@@ -606,6 +606,11 @@ TEST_F(OpenAiHttpTest, ToolCallsFollowTheirFunctionsParameters) {
   EXPECT_EQ(too_many.rfind("tools: with tool_choice \"required\" the functions' parameters, as "
                            "a list of calls, are too large to guide", 0), 0u)
       << too_many;
+  // The largest counts named where the client sent them.
+  EXPECT_NE(too_many.find("its counts: tools[79].function.parameters#/properties/c/maxLength, "
+                          "tools[79].function.parameters#/properties/b/maxLength"),
+            std::string::npos)
+      << too_many;
 
   // The result goes back; the answer is text.
   Json answer = {{"messages", {{{"role", "user"}, {"content", "What is the weather in Paris?"}},
