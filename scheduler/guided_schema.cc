@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <set>
@@ -536,19 +537,30 @@ absl::StatusOr<Built> Build(std::string_view schema) {
 // groups and the grammar's parse expands each count once.
 class GbnfWriter {
  public:
-  // Rule `name` matches `pattern`; its calls (?&N) are of call_names[N].
-  absl::Status Add(const std::string& name, std::string_view pattern,
-                   const std::vector<std::string>& call_names) {
+  // The grammar whose root matches `root`, and rule names[N] patterns[N], which calls (?&N)
+  // in any of them call.
+  static absl::StatusOr<std::string> Grammar(std::string_view root,
+                                             const std::vector<std::string>& names,
+                                             const std::vector<std::string>& patterns) {
+    GbnfWriter w;
+    w.call_names_ = names;
+    for (size_t i = 0; i < names.size(); ++i) w.call_of_[names[i]] = i;
+    w.calls_.resize(patterns.size());
+    for (size_t i = 0; i < patterns.size(); ++i) {
+      auto top = ParseRegex(patterns[i], &w.calls_[i].nodes, /*calls=*/true);
+      if (!top.ok()) return top.status();
+      w.calls_[i].top = *top;
+    }
     std::vector<RegexNode> nodes;
-    auto root = ParseRegex(pattern, &nodes, /*calls=*/true);
-    if (!root.ok()) return root.status();
-    call_names_ = &call_names;
-    absl::StrAppend(&text_, name, " ::= ", Write(nodes, *root), "\n");
-    return absl::OkStatus();
+    auto top = ParseRegex(root, &nodes, /*calls=*/true);
+    if (!top.ok()) return top.status();
+    std::string text = absl::StrCat("root ::= ", w.Write(nodes, *top), "\n");
+    for (size_t i = 0; i < patterns.size(); ++i) {
+      absl::StrAppend(&text, names[i], " ::= ", w.Write(w.calls_[i].nodes, w.calls_[i].top),
+                      "\n");
+    }
+    return absl::StrCat(text, w.parts_);
   }
-
-  // The rules added, then the rules their parts became.
-  std::string Text() const { return absl::StrCat(text_, parts_); }
 
  private:
   // A code point in a literal or class: printable ASCII as itself (but for the characters
@@ -580,10 +592,25 @@ class GbnfWriter {
   std::string Named(std::string body) {
     auto [it, added] = named_.emplace(std::move(body), "");
     if (added) {
-      it->second = absl::StrCat("p", named_.size());
+      it->second = absl::StrCat("p", ++parts_named_);
       absl::StrAppend(&parts_, it->second, " ::= ", it->first, "\n");
     }
     return it->second;
+  }
+
+  // A called rule's body as a sequence of items, where it is one (not an alternation) and
+  // not being read already: what a leading call in an alternative is read as, so that
+  // alternatives calling rules that begin alike part where the rules do.
+  const std::vector<std::string>* CallItems(size_t n) {
+    Call& call = calls_[n];
+    if (call.state == Call::kUnread) {
+      call.state = Call::kReading;
+      if (call.nodes[size_t(call.top)].kind != RegexNode::Kind::kAlt) {
+        call.items = Items(call.nodes, call.top);
+      }
+      call.state = Call::kRead;
+    }
+    return call.state == Call::kRead && !call.items.empty() ? &call.items : nullptr;
   }
 
   // An item that is a literal (`"..."`, not `""`).
@@ -632,7 +659,48 @@ class GbnfWriter {
   // (else the parses would double at each level of a tree of either), and an enum of 2,000
   // strings is a tree of characters (else entering it would open 2,000 parses, past what a
   // parse may hold). Characters that part with the same rest after them are one class.
-  std::string Alternatives(const std::vector<std::vector<std::string>>& alternatives) {
+  std::string Alternatives(const std::vector<std::vector<std::string>>& given) {
+    // The same alternatives are the same rule, named before it is written: a rule that holds
+    // them again (a tree's children, under a leading call read as its rule) calls itself.
+    std::string key;
+    for (const auto& alternative : given) {
+      absl::StrAppend(&key, absl::StrJoin(alternative, " "), "\n");
+    }
+    if (auto it = alternatives_named_.find(key); it != alternatives_named_.end()) {
+      return it->second;
+    }
+    const std::string name = absl::StrCat("p", ++parts_named_);
+    alternatives_named_[key] = name;
+    // A leading call is read as its rule's items, and a leading rule of alternatives (written
+    // whole before) as its alternatives, each then the rest: (X | Y) R is X R | Y R. So
+    // alternatives that part only inside such a rule (two objects whose first members are
+    // alternatives, each beginning with the same property) part there, not before it.
+    std::vector<std::vector<std::string>> alternatives;
+    std::function<void(std::vector<std::string>, int)> read = [&](std::vector<std::string> a,
+                                                                  int depth) {
+      if (depth < kMaxCallsRead && !a.empty()) {
+        if (auto call = call_of_.find(a[0]); call != call_of_.end()) {
+          if (const std::vector<std::string>* items = CallItems(call->second)) {
+            a.erase(a.begin());
+            a.insert(a.begin(), items->begin(), items->end());
+            read(std::move(a), depth + 1);
+            return;
+          }
+        }
+        auto spread = alternatives_of_.find(a[0]);
+        if (spread != alternatives_of_.end() &&
+            given.size() + spread->second.size() <= size_t(kMaxSpread)) {
+          for (const std::vector<std::string>& b : spread->second) {
+            std::vector<std::string> spread_a = b;
+            spread_a.insert(spread_a.end(), a.begin() + 1, a.end());
+            read(std::move(spread_a), depth + 1);
+          }
+          return;
+        }
+      }
+      alternatives.push_back(std::move(a));
+    };
+    for (const auto& alternative : given) read(alternative, 0);
     std::vector<std::vector<size_t>> groups;  // by first item, in order
     std::map<std::string, size_t> group_of;
     for (size_t j = 0; j < alternatives.size(); ++j) {
@@ -692,7 +760,9 @@ class GbnfWriter {
                                    : Class(ranges);
       bodies[at.first] = rest.empty() ? head : absl::StrCat(head, " ", rest);
     }
-    return Named(absl::StrJoin(bodies, " | "));
+    absl::StrAppend(&parts_, name, " ::= ", absl::StrJoin(bodies, " | "), "\n");
+    alternatives_of_[name] = std::move(alternatives);
+    return name;
   }
 
   // Node `n` as a sequence of GBNF elements, each character of a literal one.
@@ -717,7 +787,7 @@ class GbnfWriter {
         return OneChar(node) ? absl::StrCat("\"", Char(node.ranges[0].first, false), "\"")
                              : Class(node.ranges);
       case RegexNode::Kind::kCall:
-        return (*call_names_)[size_t(node.min)];
+        return call_names_[size_t(node.min)];
       case RegexNode::Kind::kConcat: {
         const std::vector<std::string> items = Items(nodes, n);
         return Join(items.begin(), items.end());
@@ -750,9 +820,26 @@ class GbnfWriter {
     return "\"\"";
   }
 
-  const std::vector<std::string>* call_names_ = nullptr;
-  std::map<std::string, std::string> named_;  // a part's body, its rule's name
-  std::string text_, parts_;
+  // Leading calls and rules of alternatives read as what they hold, one inside another, at
+  // most; and the alternatives a rule of alternatives may be spread into.
+  static constexpr int kMaxCallsRead = 4;
+  static constexpr int kMaxSpread = 64;
+
+  struct Call {  // a called rule
+    std::vector<RegexNode> nodes;
+    int top = 0;
+    enum { kUnread, kReading, kRead } state = kUnread;
+    std::vector<std::string> items;  // its body, where it is a sequence
+  };
+  std::vector<std::string> call_names_;
+  std::map<std::string, size_t> call_of_;  // a called rule's name: its index
+  std::vector<Call> calls_;
+  std::map<std::string, std::string> named_;               // a part's body: its rule's name
+  std::map<std::string, std::string> alternatives_named_;  // alternatives: their rule's name
+  // A rule of alternatives written whole: its alternatives, as read.
+  std::map<std::string, std::vector<std::vector<std::string>>> alternatives_of_;
+  int parts_named_ = 0;
+  std::string parts_;
 };
 
 // The rule name of recursive definition `i` at `pointer`: "ref<i>-" and the pointer's letters
@@ -774,17 +861,11 @@ absl::StatusOr<std::string> BuiltGrammar(const Built& built, std::vector<std::st
   for (size_t i = 0; i < built.recursive.size(); ++i) {
     names->push_back(RuleName(i, built.recursive[i].pointer));
   }
-  GbnfWriter writer;
-  if (auto status = writer.Add("root", built.regex, *names); !status.ok()) return status;
-  for (size_t i = 0; i < built.recursive.size(); ++i) {
-    if (auto status = writer.Add((*names)[i], built.recursive[i].regex, *names); !status.ok()) {
-      return status;
-    }
-  }
-  return writer.Text();
+  std::vector<std::string> patterns;
+  for (const RecursiveRef& r : built.recursive) patterns.push_back(r.regex);
+  return GbnfWriter::Grammar(built.regex, *names, patterns);
 }
 
-// The schema's grammar compiled, its refusals said of the schema.
 // `items` joined by ", ", at most three of them named.
 std::string FirstFew(const std::vector<std::string>& items) {
   if (items.size() <= 3) return absl::StrJoin(items, ", ");
@@ -844,6 +925,7 @@ absl::Status GrammarRefused(const Built& built, const std::vector<std::string>& 
       absl::StripPrefix(why, "guided_grammar: ")));
 }
 
+// The schema's grammar compiled, its refusals said of the schema.
 absl::StatusOr<std::shared_ptr<const Guide>> CompileGrammar(const Built& built) {
   std::vector<std::string> names;
   auto text = BuiltGrammar(built, &names);

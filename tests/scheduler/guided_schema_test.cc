@@ -15,6 +15,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "gtest/gtest.h"
 #include "scheduler/guided_grammar.h"
 #include "scheduler/guided_regex.h"
@@ -528,6 +529,27 @@ TEST(JsonSchemaGuideTest, AlikeAlternativesAroundARecursionNestDeep) {
     ++children;
   }
   EXPECT_EQ(children, 1u) << *grammar;
+  // As pydantic writes Union[Dir, Pkg] with children: list[Union[Dir, Pkg]]: each a recursive
+  // definition of its own, the union's alternatives calls of them; and with children optional
+  // (pydantic's default []), where the objects' first members are alternatives themselves.
+  for (const char* children : {R"("required": ["children", "name"])", R"("required": ["name"])"}) {
+    const std::string pydantic = absl::StrCat(R"({"$defs": {
+        "Dir": {"properties": {"children": {"items": {"anyOf": [{"$ref": "#/$defs/Dir"},
+                {"$ref": "#/$defs/Pkg"}]}, "type": "array"}, "name": {"type": "string"}},
+                )", children, R"(, "type": "object"},
+        "Pkg": {"properties": {"children": {"items": {"anyOf": [{"$ref": "#/$defs/Dir"},
+                {"$ref": "#/$defs/Pkg"}]}, "type": "array"}, "version": {"type": "integer"}},
+                )", absl::StrReplaceAll(children, {{"name", "version"}}), R"(, "type": "object"}},
+        "anyOf": [{"$ref": "#/$defs/Dir"}, {"$ref": "#/$defs/Pkg"}], "title": "Tree"})");
+    auto union_guide = Compiled(pydantic);
+    ASSERT_TRUE(union_guide);
+    std::string nested = R"({"children": [], "version": 1})";
+    for (int level = 1; level <= 40; ++level) {
+      nested = absl::StrCat(R"({"children": [)", nested, "], ",
+                            level % 2 ? R"("name": "d")" : R"("version": 2)", "}");
+      ASSERT_TRUE(union_guide->Accepts(nested)) << "level " << level << ", " << children;
+    }
+  }
 }
 
 // Enums of thousands of values in a grammar: a tree of their characters, so that entering one
