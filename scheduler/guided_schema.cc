@@ -675,12 +675,20 @@ class GbnfWriter {
     // whole before) as its alternatives, each then the rest: (X | Y) R is X R | Y R. So
     // alternatives that part only inside such a rule (two objects whose first members are
     // alternatives, each beginning with the same property) part there, not before it.
+    // A call read here is not read again by the alternatives nested below (its rule's own
+    // alternatives spread there would read it again, each time with more after it, without
+    // end); and reads are counted, in all, against kMaxReads (unfolding calls of calls is
+    // exponential).
     std::vector<std::vector<std::string>> alternatives;
+    std::vector<size_t> read_calls;
     std::function<void(std::vector<std::string>, int)> read = [&](std::vector<std::string> a,
                                                                   int depth) {
-      if (depth < kMaxCallsRead && !a.empty()) {
-        if (auto call = call_of_.find(a[0]); call != call_of_.end()) {
+      if (depth < kMaxCallsRead && !a.empty() && reads_ < kMaxReads) {
+        if (auto call = call_of_.find(a[0]);
+            call != call_of_.end() && !open_calls_.count(call->second)) {
           if (const std::vector<std::string>* items = CallItems(call->second)) {
+            ++reads_;
+            read_calls.push_back(call->second);
             a.erase(a.begin());
             a.insert(a.begin(), items->begin(), items->end());
             read(std::move(a), depth + 1);
@@ -689,7 +697,8 @@ class GbnfWriter {
         }
         auto spread = alternatives_of_.find(a[0]);
         if (spread != alternatives_of_.end() &&
-            given.size() + spread->second.size() <= size_t(kMaxSpread)) {
+            alternatives.size() + spread->second.size() <= size_t(kMaxSpread)) {
+          ++reads_;
           for (const std::vector<std::string>& b : spread->second) {
             std::vector<std::string> spread_a = b;
             spread_a.insert(spread_a.end(), a.begin() + 1, a.end());
@@ -701,6 +710,10 @@ class GbnfWriter {
       alternatives.push_back(std::move(a));
     };
     for (const auto& alternative : given) read(alternative, 0);
+    std::vector<size_t> opened;
+    for (size_t call : read_calls) {
+      if (open_calls_.insert(call).second) opened.push_back(call);
+    }
     std::vector<std::vector<size_t>> groups;  // by first item, in order
     std::map<std::string, size_t> group_of;
     for (size_t j = 0; j < alternatives.size(); ++j) {
@@ -760,6 +773,7 @@ class GbnfWriter {
                                    : Class(ranges);
       bodies[at.first] = rest.empty() ? head : absl::StrCat(head, " ", rest);
     }
+    for (size_t call : opened) open_calls_.erase(call);
     absl::StrAppend(&parts_, name, " ::= ", absl::StrJoin(bodies, " | "), "\n");
     alternatives_of_[name] = std::move(alternatives);
     return name;
@@ -824,6 +838,7 @@ class GbnfWriter {
   // most; and the alternatives a rule of alternatives may be spread into.
   static constexpr int kMaxCallsRead = 4;
   static constexpr int kMaxSpread = 64;
+  static constexpr int kMaxReads = 1024;  // calls read and rules spread, in all
 
   struct Call {  // a called rule
     std::vector<RegexNode> nodes;
@@ -840,6 +855,8 @@ class GbnfWriter {
   std::map<std::string, std::vector<std::vector<std::string>>> alternatives_of_;
   int parts_named_ = 0;
   std::string parts_;
+  std::set<size_t> open_calls_;  // calls read by the alternatives being written
+  int reads_ = 0;                // calls read and rules spread
 };
 
 // The rule name of recursive definition `i` at `pointer`: "ref<i>-" and the pointer's letters

@@ -550,6 +550,31 @@ TEST(JsonSchemaGuideTest, AlikeAlternativesAroundARecursionNestDeep) {
       ASSERT_TRUE(union_guide->Accepts(nested)) << "level " << level << ", " << children;
     }
   }
+  // A union of definitions that each hold themselves (pydantic's Union[X, Y] with
+  // a: Optional[X] in X and Optional[Y] in Y; required, and with pydantic's default null):
+  // reading the union's calls as their definitions once, not again below (which did not end:
+  // the grammar grew until memory ran out).
+  for (const char* a : {R"("required": ["a", "x"])", R"("required": ["x"])"}) {
+    const std::string xy = absl::StrCat(R"({"$defs": {
+        "X": {"type": "object", "properties": {"a": {"anyOf": [{"$ref": "#/$defs/X"},
+              {"type": "null"}], "default": null}, "x": {"type": "integer"}}, )", a, R"(},
+        "Y": {"type": "object", "properties": {"a": {"anyOf": [{"$ref": "#/$defs/Y"},
+              {"type": "null"}], "default": null}, "y": {"type": "integer"}}, )",
+        absl::StrReplaceAll(a, {{"x", "y"}}), R"(}},
+        "anyOf": [{"$ref": "#/$defs/X"}, {"$ref": "#/$defs/Y"}]})");
+    auto text = JsonSchemaGrammar(xy);
+    ASSERT_TRUE(text.ok()) << text.status();
+    EXPECT_LT(text->size(), 4096u) << *text;
+    auto xy_guide = Compiled(xy);
+    ASSERT_TRUE(xy_guide);
+    std::string x = R"({"a": null, "x": 0})", y = R"({"a": null, "y": 0})";
+    for (int level = 1; level <= 40; ++level) {
+      x = absl::StrCat(R"({"a": )", x, R"(, "x": 1})");
+      y = absl::StrCat(R"({"a": )", y, R"(, "y": 1})");
+      ASSERT_TRUE(xy_guide->Accepts(x) && xy_guide->Accepts(y)) << "level " << level << ", " << a;
+    }
+    EXPECT_FALSE(xy_guide->Accepts(R"({"a": {"a": null, "y": 0}, "x": 1})")) << a;
+  }
 }
 
 // Enums of thousands of values in a grammar: a tree of their characters, so that entering one
