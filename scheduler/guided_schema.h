@@ -35,8 +35,8 @@ constexpr int kJsonSchemaWhitespace = 16;          // whitespace bytes in a row 
 // an additionalProperties schema; an array without items), objects and arrays nested at most
 // this deep (the object or array included).
 constexpr int kJsonSchemaAnyLevels = 2;
-constexpr int kMaxJsonSchemaRecursions = 256;           // recursive definitions
-constexpr int kMaxJsonSchemaGrammarBytes = 1 << 19;     // a recursive schema's grammar text
+constexpr int kMaxJsonSchemaRecursions = 256;        // recursive definitions
+constexpr int kMaxJsonSchemaGrammarBytes = 1 << 19;  // a schema's grammar text
 
 // The regular expression (Python's re syntax, as guided_regex takes) of the JSON texts that
 // `schema` (JSON text) describes. INVALID_ARGUMENT "guided_json: <pointer>: <what>" where the
@@ -48,8 +48,8 @@ absl::StatusOr<std::string> JsonSchemaRegex(std::string_view schema);
 absl::StatusOr<std::string> JsonSchemaGrammar(std::string_view schema);
 
 // What the schema's guide would refuse short of building it (an automaton can take 30 ms;
-// a tool list's functions are checked each): JsonSchemaRegex's refusals, or for a recursive
-// schema its grammar's (recursion that never ends, past the grammar's bounds).
+// a tool list's functions are checked each): JsonSchemaRegex's refusals but recursion, and for
+// a recursive schema its grammar's (recursion that never ends, past the grammar's bounds).
 absl::Status CheckJsonSchema(std::string_view schema);
 
 // The guide for `schema`: JsonSchemaRegex compiled (its automaton's bounds are guided_regex's);
