@@ -253,16 +253,20 @@ int main(int argc, char** argv) {
           "required": ["explanation", "output"], "additionalProperties": false}},
       "final_answer": {"type": "string"}},
       "required": ["steps", "final_answer"], "additionalProperties": false})";
-  std::shared_ptr<const ts::scheduler::RegexGuide> schema;
-  std::vector<double> compile;
-  for (int r = 0; r < repeats; ++r) {
-    compile.push_back(TimeMs([&] {
-      auto compiled = ts::scheduler::CompileJsonSchema(kSteps);
-      if (compiled.ok()) {
-        schema = std::dynamic_pointer_cast<const ts::scheduler::RegexGuide>(*compiled);
-      }
-    }, 1));
-  }
+  // The median ms to compile `json_schema`, its guide into *guide (null where it did not).
+  auto compile_ms = [&](const char* json_schema, GuidePtr* guide) {
+    std::vector<double> ms;
+    for (int r = 0; r < repeats; ++r) {
+      ms.push_back(TimeMs([&] {
+        auto compiled = ts::scheduler::CompileJsonSchema(json_schema);
+        *guide = compiled.ok() ? *compiled : nullptr;
+      }, 1));
+    }
+    return ts::bench::Median(ms);
+  };
+  GuidePtr steps;
+  const double steps_ms = compile_ms(kSteps, &steps);
+  auto schema = std::dynamic_pointer_cast<const ts::scheduler::RegexGuide>(steps);
   if (!schema) {
     std::fprintf(stderr, "the steps schema did not compile\n");
     return 1;
@@ -271,27 +275,23 @@ int main(int argc, char** argv) {
       [&] { return GuidePtr(*ts::scheduler::CompileJsonSchema(kSteps)); },
       "{\"steps\": [{\"explanation\": \"x");
   std::printf("json_schema (steps, final_answer): %d states, compiled in %.2f ms (median)\n",
-              schema->num_states(), ts::bench::Median(compile));
+              schema->num_states(), steps_ms);
   // A recursive schema (a tree, as pydantic writes a model holding itself) is guided by its
   // grammar: the same strings, three levels down.
   const char* kTree = R"({"$defs": {"Node": {"type": "object", "properties": {
       "name": {"type": "string"}, "children": {"type": "array", "items": {"$ref": "#/$defs/Node"}}},
       "required": ["name", "children"]}}, "$ref": "#/$defs/Node"})";
-  std::vector<double> tree_compile;
-  for (int r = 0; r < repeats; ++r) {
-    bool ok = false;
-    tree_compile.push_back(
-        TimeMs([&] { ok = ts::scheduler::CompileJsonSchema(kTree).ok(); }, 1));
-    if (!ok) {
-      std::fprintf(stderr, "the tree schema did not compile\n");
-      return 1;
-    }
+  GuidePtr tree;
+  const double tree_ms = compile_ms(kTree, &tree);
+  if (!tree) {
+    std::fprintf(stderr, "the tree schema did not compile\n");
+    return 1;
   }
   run("json_schema, recursive: in a string", base,
       [&] { return GuidePtr(*ts::scheduler::CompileJsonSchema(kTree)); },
       "{\"name\": \"a\", \"children\": [{\"name\": \"b\", \"children\": [{\"name\": \"x");
   std::printf("json_schema (a tree, recursive): its grammar compiled in %.2f ms (median)\n",
-              ts::bench::Median(tree_compile));
+              tree_ms);
   // GBNF grammars: JSON (recursive, as llama.cpp's json.gbnf), where few and where most of the
   // vocabulary may come; the parse is rebuilt from the output's bytes at every Allowed, so a
   // long output costs its length (2 KiB of JSON before the string).

@@ -64,7 +64,7 @@ struct RecursiveRef {
 
 class SchemaRegex {
  public:
-  const std::vector<std::pair<std::string, std::string>>& counted() const { return counted_; }
+  const std::vector<std::pair<std::string, int>>& counted() const { return counted_; }
   std::vector<RecursiveRef>& recursive() { return recursive_; }
 
   explicit SchemaRegex(const Json& root) : root_(root) {
@@ -475,7 +475,8 @@ class SchemaRegex {
     const std::string body = List(item, repeat);
     *out = absl::StrCat(open, lo == 0 ? absl::StrCat(RegexGroup(body), "?") : body, close);
     if (min->has_value() || max->has_value()) {
-      counted_.push_back({absl::StrCat(path, max->has_value() ? "/maxItems" : "/minItems"), *out});
+      counted_.push_back(
+          {absl::StrCat(path, max->has_value() ? "/maxItems" : "/minItems"), max->value_or(lo)});
     }
     return Charge(path, *out);
   }
@@ -483,9 +484,9 @@ class SchemaRegex {
   const Json& root_;
   std::string ws_;   // whitespace between tokens
   std::string sep_;  // a comma between items, whitespace around it
-  // The parts with counted repeats (where the automaton and the grammar grow with the count)
-  // and their expressions: the ones to blame when the whole is too large.
-  std::vector<std::pair<std::string, std::string>> counted_;
+  // The counted repeats (where the automaton and the grammar grow with the count) and their
+  // counts: the ones to blame when the whole is too large.
+  std::vector<std::pair<std::string, int>> counted_;
   std::vector<const Json*> expanding_;  // the $ref targets being expanded, for recursion
   std::map<const Json*, std::string> refs_;  // the $ref targets built
   std::map<const Json*, int> called_;        // the recursive ones: their index in recursive_
@@ -498,7 +499,7 @@ class SchemaRegex {
 // counted repeats), and its recursive definitions.
 struct Built {
   std::string regex;
-  std::vector<std::pair<std::string, double>> counted;  // where each count is, and its value
+  std::vector<std::pair<std::string, int>> counted;  // where each count is, and its value
   std::vector<RecursiveRef> recursive;  // none: `regex` is the whole schema's
 };
 
@@ -518,15 +519,7 @@ absl::StatusOr<Built> Build(std::string_view schema) {
   SchemaRegex builder(root);
   auto status = builder.Whole(&built.regex);
   if (!status.ok()) return status;
-  for (const auto& [where, part] : builder.counted()) {
-    double count = 0;
-    try {
-      const Json& value = root.at(Json::json_pointer(where.substr(1)));
-      if (value.is_number()) count = value.get<double>();
-    } catch (const nlohmann::json::exception&) {
-    }
-    built.counted.push_back({where, count});
-  }
+  built.counted = builder.counted();
   built.recursive = std::move(builder.recursive());
   return built;
 }
@@ -916,7 +909,7 @@ absl::Status GrammarRefused(const Built& built, const std::vector<std::string>& 
   }
   if (absl::StrContains(why, "elements with its repetitions expanded")) {
     // The counts, largest first.
-    std::vector<std::pair<std::string, double>> counted = built.counted;
+    std::vector<std::pair<std::string, int>> counted = built.counted;
     std::stable_sort(counted.begin(), counted.end(),
                      [](const auto& a, const auto& b) { return a.second > b.second; });
     std::vector<std::string> counts;

@@ -102,7 +102,7 @@ absl::StatusOr<std::optional<int>> SchemaCount(const SchemaJson& s, const char* 
 }
 
 absl::Status StringSchemaRegex(const SchemaJson& s, const std::string& path, std::string* out,
-                               std::vector<std::pair<std::string, std::string>>* counted) {
+                               std::vector<std::pair<std::string, int>>* counted) {
   auto min = SchemaCount(s, "minLength", path);
   if (!min.ok()) return min.status();
   auto max = SchemaCount(s, "maxLength", path);
@@ -142,8 +142,8 @@ absl::Status StringSchemaRegex(const SchemaJson& s, const std::string& path, std
                                               : absl::StrCat("{", lo, ",}");
   *out = absl::StrCat("\"", kJsonStringChar, repeat, "\"");
   if (min->has_value() || max->has_value()) {
-    counted->push_back(
-        {absl::StrCat(path, max->has_value() ? "/maxLength" : "/minLength"), *out});
+    counted->push_back({absl::StrCat(path, max->has_value() ? "/maxLength" : "/minLength"),
+                        max->value_or(lo)});
   }
   return absl::OkStatus();
 }

@@ -27,10 +27,10 @@ absl::StatusOr<std::optional<int>> SchemaCount(const SchemaJson& s, const char* 
 
 // Schema `s` of type string, at `path`: a JSON string with minLength/maxLength, a pattern it
 // contains (unanchored, as JSON schema's patterns search) or a format (date, time, date-time,
-// uuid). Lengths are counted repeats: (path, expression) goes to `counted` (the automaton
-// grows with them; the first to blame when the whole is too large).
+// uuid). Lengths are counted repeats: (where, count) goes to `counted` (the automaton and the
+// grammar grow with them; the ones to blame when the whole is too large).
 absl::Status StringSchemaRegex(const SchemaJson& s, const std::string& path, std::string* out,
-                               std::vector<std::pair<std::string, std::string>>* counted);
+                               std::vector<std::pair<std::string, int>>* counted);
 // Type integer: any of minimum, maximum, exclusiveMinimum, exclusiveMaximum (whole numbers,
 // rounded inwards, within ±1e18).
 absl::Status IntegerSchemaRegex(const SchemaJson& s, const std::string& path, std::string* out);

@@ -497,6 +497,18 @@ TEST(JsonSchemaGuideTest, RecursiveSchemasAreGuidedByAGrammar) {
               {"null"}, {"1", "[]", R"("a")"}, By::kGrammar);
 }
 
+// Dir and Pkg objects nested 40 deep (each holding the next in its children, a Pkg
+// innermost, Dir and Pkg by turns): each level taken whole, the deepest into *nested.
+void ExpectDirPkgTreesNest(const scheduler::Guide& guide, const std::string& what,
+                           std::string* nested) {
+  *nested = R"({"children": [], "version": 1})";
+  for (int level = 1; level <= 40; ++level) {
+    *nested = absl::StrCat(R"({"children": [)", *nested, "], ",
+                           level % 2 ? R"("name": "d")" : R"("version": 2)", "}");
+    ASSERT_TRUE(guide.Accepts(*nested)) << "level " << level << ", " << what << ": " << *nested;
+  }
+}
+
 // A union of objects that begin alike (pydantic's Dir | Pkg, both with their children first):
 // the alternatives are written once up to where they part, so a parse does not hold both
 // through each level (which would double the parses at every level: past 1,024, about ten
@@ -513,12 +525,8 @@ TEST(JsonSchemaGuideTest, AlikeAlternativesAroundARecursionNestDeep) {
       "$ref": "#/$defs/Node"})";
   auto guide = Compiled(tree);
   ASSERT_TRUE(guide);
-  std::string deep = R"({"children": [], "version": 1})";
-  for (int level = 1; level <= 40; ++level) {
-    deep = absl::StrCat(R"({"children": [)", deep, "], ",
-                        level % 2 ? R"("name": "d")" : R"("version": 2)", "}");
-    ASSERT_TRUE(guide->Accepts(deep)) << "level " << level << ": " << deep;
-  }
+  std::string deep;
+  ExpectDirPkgTreesNest(*guide, "Node", &deep);
   EXPECT_FALSE(guide->Accepts(absl::StrCat(R"({"children": [)", deep, R"(], "size": 1})")));
   // Its grammar writes the shared beginning once.
   auto grammar = JsonSchemaGrammar(tree);
@@ -543,12 +551,8 @@ TEST(JsonSchemaGuideTest, AlikeAlternativesAroundARecursionNestDeep) {
         "anyOf": [{"$ref": "#/$defs/Dir"}, {"$ref": "#/$defs/Pkg"}], "title": "Tree"})");
     auto union_guide = Compiled(pydantic);
     ASSERT_TRUE(union_guide);
-    std::string nested = R"({"children": [], "version": 1})";
-    for (int level = 1; level <= 40; ++level) {
-      nested = absl::StrCat(R"({"children": [)", nested, "], ",
-                            level % 2 ? R"("name": "d")" : R"("version": 2)", "}");
-      ASSERT_TRUE(union_guide->Accepts(nested)) << "level " << level << ", " << children;
-    }
+    std::string nested;
+    ExpectDirPkgTreesNest(*union_guide, children, &nested);
   }
   // A union of definitions that each hold themselves (pydantic's Union[X, Y] with
   // a: Optional[X] in X and Optional[Y] in Y; required, and with pydantic's default null):
