@@ -4,7 +4,9 @@
 #include <array>
 #include <cstdint>
 #include <cstring>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
@@ -15,6 +17,7 @@ namespace thetaserve::scheduler {
 namespace {
 
 constexpr int32_t kEmpty = 0;              // the node of the empty stack: the text is whole
+constexpr int32_t kJoin = -2;              // pos_ of a join: parent_ is its index in joins_
 constexpr size_t kMaxCachedKeyBytes = 65536;  // a larger parse is walked, not remembered
 constexpr size_t kResetNodes = 1 << 18;       // a walk frees its nodes past this many
 constexpr size_t kMaxRememberedStacks = 8;    // more move together (Parse::Advance)
@@ -30,12 +33,16 @@ struct GrammarGuide::ParseState {
 
 // The stack nodes one call makes (so the sampling threads share nothing but the grammar) and
 // the steps over them. A node is a position in grammar.elements still to be read (a class or
-// a rule) over the stack below it; node 0 is the empty stack.
+// a rule) over the stack below it; node 0 is the empty stack. A join is several stacks at
+// once, each a node: stacks with the same top become one node over the join of what lies
+// under them (a graph-structured stack, as a GLR parser keeps), so alternatives that part
+// and then read the same thing (two array forms of the same items, a rule that nests) keep one
+// stack per top, where apart they would double at every level of nesting.
 class GrammarGuide::Parse {
  public:
   using State = ParseState;
 
-  explicit Parse(const Grammar& g) : g_(g) {
+  explicit Parse(const Grammar& g) : g_(g), top_mark_(g.elements.size(), 0) {
     pos_.push_back(-1);
     parent_.push_back(-1);
     mark_.push_back(0);
@@ -91,23 +98,30 @@ class GrammarGuide::Parse {
   // The state Key wrote, its stacks made again here; false past kMaxGrammarNodes.
   bool Restore(std::string_view key, State* s) {
     constexpr size_t kTail = sizeof(uint32_t) + 3;
-    s->stacks.clear();
-    std::vector<int32_t> positions;
-    for (size_t at = 0; at + kTail < key.size(); at += sizeof(int32_t)) {
-      int32_t pos;
-      std::memcpy(&pos, key.data() + at, sizeof(pos));
-      if (pos >= 0) {
-        positions.push_back(pos);
-        continue;
-      }
-      int32_t node = kEmpty;  // the positions run from the top down
-      for (auto it = positions.rbegin(); it != positions.rend() && node >= 0; ++it) {
-        node = Node(*it, node);
+    size_t at = 0;
+    auto next = [&]() {
+      int32_t v;
+      std::memcpy(&v, key.data() + at, sizeof(v));
+      at += sizeof(v);
+      return v;
+    };
+    std::vector<int32_t> ids = {kEmpty};  // [the key's number for a node]
+    std::vector<int32_t> members;
+    for (int32_t entries = next(); entries > 0; --entries) {
+      const int32_t pos = next();
+      int32_t node;
+      if (pos == kJoin) {
+        members.clear();
+        for (int32_t n = next(); n > 0; --n) members.push_back(ids[next()]);
+        node = Join(&members);
+      } else {
+        node = Node(pos, ids[next()]);
       }
       if (node < 0) return false;
-      s->stacks.push_back(node);
-      positions.clear();
+      ids.push_back(node);
     }
+    s->stacks.clear();
+    for (int32_t n = next(); n > 0; --n) s->stacks.push_back(ids[next()]);
     const char* tail = key.data() + key.size() - kTail;
     std::memcpy(&s->partial, tail, sizeof(uint32_t));
     s->owed = uint8_t(tail[4]);
@@ -132,6 +146,8 @@ class GrammarGuide::Parse {
     mark_.erase(mark_.begin() + 1, mark_.end());
     ascii_row_.erase(ascii_row_.begin() + 1, ascii_row_.end());
     index_.clear();
+    joins_.clear();
+    join_index_.clear();
     moves_.clear();
     moved_.clear();
     ascii_moves_.clear();
@@ -144,26 +160,74 @@ class GrammarGuide::Parse {
     return s.owed == 0 && s.stacks.size() == 1 && s.stacks[0] == kEmpty;
   }
 
-  // The state by what it holds (the same in every call, whatever the node ids): each stack's
-  // positions from the top, the stacks sorted, then the character being read. Empty past
-  // `limit` bytes of positions.
+  // The state by what it holds (the same in every call, whatever the node ids): the nodes under
+  // its stacks by height above the empty stack, each height's sorted by what they hold (a
+  // node's position and the number the key gave its parent, a join's members' numbers) and
+  // numbered in that order, then the stacks' numbers sorted, then the character being read.
+  // A tail shared by many stacks is written once. Empty past `limit` bytes.
   std::string Key(const State& s, size_t limit) const {
-    std::vector<std::string> stacks;
-    size_t bytes = 0;
-    for (int32_t node : s.stacks) {
-      std::string one;
-      for (int32_t n = node; n != kEmpty; n = parent_[n]) {
-        one.append(reinterpret_cast<const char*>(&pos_[n]), sizeof(int32_t));
-        if ((bytes += sizeof(int32_t)) > limit) return "";
+    // Heights, children first (a depth-first walk that finishes a node once all under it are).
+    absl::flat_hash_map<int32_t, int32_t> height = {{kEmpty, 0}};
+    std::vector<std::vector<int32_t>> levels;
+    std::vector<int32_t> dfs;
+    for (int32_t top : s.stacks) dfs.push_back(top);
+    while (!dfs.empty()) {
+      const int32_t n = dfs.back();
+      if (height.contains(n)) {
+        dfs.pop_back();
+        continue;
       }
-      stacks.push_back(std::move(one));
+      const auto [begin, end] = Under(n);
+      int32_t h = 0;
+      bool ready = true;
+      for (const int32_t* c = begin; c != end; ++c) {
+        if (auto it = height.find(*c); it != height.end()) {
+          h = std::max(h, it->second);
+        } else {
+          dfs.push_back(*c);
+          ready = false;
+        }
+      }
+      if (!ready) continue;
+      dfs.pop_back();
+      height[n] = h + 1;
+      if (levels.size() <= size_t(h)) levels.resize(h + 1);
+      levels[h].push_back(n);
+      if (height.size() * 3 * sizeof(int32_t) > limit) return "";
     }
-    std::sort(stacks.begin(), stacks.end());
-    std::string key;
-    for (const std::string& one : stacks) {
-      key.append(one);
-      key.append(4, '\xFF');  // no position is -1
+    absl::flat_hash_map<int32_t, int32_t> number = {{kEmpty, 0}};
+    std::vector<int32_t> words = {int32_t(height.size() - 1)};
+    std::vector<std::vector<int32_t>> held;
+    std::vector<size_t> order;
+    for (const std::vector<int32_t>& level : levels) {
+      held.assign(level.size(), {});
+      for (size_t i = 0; i < level.size(); ++i) {
+        const int32_t n = level[i];
+        if (pos_[n] == kJoin) {
+          const std::vector<int32_t>& members = joins_[parent_[n]];
+          held[i] = {kJoin, int32_t(members.size())};
+          for (int32_t m : members) held[i].push_back(number.at(m));
+          std::sort(held[i].begin() + 2, held[i].end());
+        } else {
+          held[i] = {pos_[n], number.at(parent_[n])};
+        }
+      }
+      order.resize(level.size());
+      for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+      std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return held[a] < held[b]; });
+      for (size_t i : order) {
+        number[level[i]] = int32_t(number.size());
+        words.insert(words.end(), held[i].begin(), held[i].end());
+      }
+      if (words.size() * sizeof(int32_t) > limit) return "";
     }
+    std::vector<int32_t> tops;
+    for (int32_t top : s.stacks) tops.push_back(number.at(top));
+    std::sort(tops.begin(), tops.end());
+    words.push_back(int32_t(tops.size()));
+    words.insert(words.end(), tops.begin(), tops.end());
+    if (words.size() * sizeof(int32_t) > limit) return "";
+    std::string key(reinterpret_cast<const char*>(words.data()), words.size() * sizeof(int32_t));
     key.append(reinterpret_cast<const char*>(&s.partial), sizeof(s.partial));
     key.push_back(char(s.owed));
     key.push_back(char(s.lo));
@@ -191,6 +255,84 @@ class GrammarGuide::Parse {
     return it->second;
   }
 
+  // The node that is the stacks `members` (none of them a join) at once, made once; the stack
+  // itself where there is one; -1 past kMaxGrammarNodes. Sorts *members.
+  int32_t Join(std::vector<int32_t>* members) {
+    std::sort(members->begin(), members->end());
+    members->erase(std::unique(members->begin(), members->end()), members->end());
+    if (members->size() == 1) return members->front();
+    auto [it, added] = join_index_.try_emplace(*members, int32_t(pos_.size()));
+    if (added) {
+      if (pos_.size() >= size_t(kMaxGrammarNodes)) {
+        join_index_.erase(it);
+        exceeded_ = true;
+        return -1;
+      }
+      pos_.push_back(kJoin);
+      parent_.push_back(int32_t(joins_.size()));
+      joins_.push_back(*members);
+      mark_.push_back(0);
+      ascii_row_.push_back(-1);
+    }
+    return it->second;
+  }
+
+  // What lies directly under `n`, as [begin, end): a join's members, else its parent.
+  std::pair<const int32_t*, const int32_t*> Under(int32_t n) const {
+    if (pos_[n] == kJoin) {
+      const std::vector<int32_t>& members = joins_[parent_[n]];
+      return {members.data(), members.data() + members.size()};
+    }
+    return {&parent_[n], &parent_[n] + 1};
+  }
+
+  // Stacks with the same top become one over the join of what lies under them; false past the
+  // bounds (kMaxGrammarStacks counts the stacks so merged).
+  bool Merge(std::vector<int32_t>* stacks) {
+    if (stacks->size() > 1) {
+      if (!Spend(int64_t(stacks->size()))) return false;
+      ++top_epoch_;
+      bool alike = false;
+      for (int32_t node : *stacks) {
+        if (node == kEmpty) continue;
+        uint32_t& mark = top_mark_[pos_[node]];
+        alike |= mark == top_epoch_;
+        mark = top_epoch_;
+      }
+      if (alike) {
+        by_top_.clear();
+        for (int32_t node : *stacks) by_top_.emplace_back(node == kEmpty ? -1 : pos_[node], node);
+        std::sort(by_top_.begin(), by_top_.end());
+        stacks->clear();
+        for (size_t i = 0; i < by_top_.size();) {
+          size_t j = i + 1;
+          while (j < by_top_.size() && by_top_[j].first == by_top_[i].first) ++j;
+          if (j == i + 1) {
+            stacks->push_back(by_top_[i].second);
+            i = j;
+            continue;
+          }
+          members_.clear();
+          for (size_t k = i; k < j; ++k) {
+            const int32_t under = parent_[by_top_[k].second];
+            if (under != kEmpty && pos_[under] == kJoin) {
+              const auto [begin, end] = Under(under);
+              members_.insert(members_.end(), begin, end);
+            } else {
+              members_.push_back(under);
+            }
+          }
+          const int32_t under = Join(&members_);
+          const int32_t node = under < 0 ? -1 : Node(by_top_[i].first, under);
+          if (node < 0) return false;
+          stacks->push_back(node);
+          i = j;
+        }
+      }
+    }
+    return stacks->size() <= size_t(kMaxGrammarStacks);
+  }
+
   // The stack once the top of `node` has been read: the next element of its alternative over
   // the same stack, or at the alternative's end the stack below.
   int32_t After(int32_t node) {
@@ -210,9 +352,14 @@ class GrammarGuide::Parse {
       if (node < 0 || !Spend(1)) return false;
       if (mark_[node] == epoch_) continue;
       mark_[node] = epoch_;
-      if (node == kEmpty || g_.elements[pos_[node]].kind == GrammarElement::kClass) {
+      if (node == kEmpty || (pos_[node] >= 0 &&
+                             g_.elements[pos_[node]].kind == GrammarElement::kClass)) {
         out->push_back(node);
-        if (out->size() > size_t(kMaxGrammarStacks)) return false;
+        continue;
+      }
+      if (pos_[node] == kJoin) {
+        const auto [begin, end] = Under(node);
+        work_.insert(work_.end(), begin, end);
         continue;
       }
       const int32_t then = After(node);
@@ -221,10 +368,10 @@ class GrammarGuide::Parse {
         work_.push_back(g_.elements[a].kind == GrammarElement::kEnd ? then : Node(a, then));
       }
     }
-    return true;
+    return Merge(out);
   }
 
-  // The stacks after the character `cp`; false when none takes it.
+  // The stacks after the character `cp` (merged: Merge); false when none takes it.
   // Each stack's moves are remembered (a walk meets the same stacks under many prefixes: a
   // string's, after any of its characters), so the stacks are the union of theirs. Many stacks
   // (an ambiguous grammar's) are moved together instead: their expansions share one visit of
@@ -265,7 +412,7 @@ class GrammarGuide::Parse {
         out->stacks.push_back(node);
       }
     }
-    return !out->stacks.empty() && out->stacks.size() <= size_t(kMaxGrammarStacks);
+    return !out->stacks.empty() && Merge(&out->stacks);
   }
 
   // The stacks `node` becomes once its top reads `cp` (none where the top does not take it),
@@ -321,11 +468,17 @@ class GrammarGuide::Parse {
   }
 
   const Grammar& g_;
-  std::vector<int32_t> pos_;     // [node]
-  std::vector<int32_t> parent_;  // [node]
+  std::vector<int32_t> pos_;     // [node]: its top, or kJoin
+  std::vector<int32_t> parent_;  // [node]: the stack under it, or a join's index in joins_
   std::vector<uint32_t> mark_;   // [node]: the Expand that reached it last
   uint32_t epoch_ = 0;
   absl::flat_hash_map<uint64_t, int32_t> index_;  // (pos, parent) -> node
+  std::vector<std::vector<int32_t>> joins_;        // [join]: its members, sorted
+  absl::flat_hash_map<std::vector<int32_t>, int32_t> join_index_;  // members -> node
+  std::vector<uint32_t> top_mark_;  // [position]: the Merge that met a stack topped by it last
+  uint32_t top_epoch_ = 0;
+  std::vector<std::pair<int32_t, int32_t>> by_top_;  // one Merge's (top, node)
+  std::vector<int32_t> members_;                      // one join's, as it is made
   std::vector<int32_t> work_;
   std::vector<int32_t> expanded_;
   absl::flat_hash_map<uint64_t, std::pair<int32_t, int32_t>> moves_;  // (node, cp) -> moved_

@@ -2,9 +2,12 @@
 // (grammar_syntax.h) matches. The parse is the set of its possible stacks, as llama.cpp's
 // grammar sampler keeps them: each stack the rule positions still to be read, its top a
 // character class; a character moves every stack whose top takes it and drops the others. Stacks
-// share their tails (one node per position and the stack under it, each node made once), so a
-// copy of the parse is a short list of node ids, cheap enough to take at every byte of the
-// vocabulary walk (guided_choice.h's TokenBytesIndex::Walk). Bytes are read as UTF-8: a
+// share their tails (one node per position and the stack under it, each node made once), and
+// stacks with the same top are one, over the join of the stacks under them (a graph-structured
+// stack): alternatives that part and then read the same thing (a rule that nests) keep one
+// stack per top, where apart they would double at every level. A copy of the parse is a short
+// list of node ids, cheap enough to take at every byte of the vocabulary walk
+// (guided_choice.h's TokenBytesIndex::Walk). Bytes are read as UTF-8: a
 // character split across tokens is let through only where some character the stacks take
 // begins with the bytes so far.
 #pragma once
@@ -23,8 +26,8 @@
 
 namespace thetaserve::scheduler {
 
-// Parses open at once (an ambiguous grammar's): a token that would open more is not let
-// through.
+// Stacks open at once, those with the same top joined (a rule of more alternatives than this,
+// each its own top, once entered): a token that would open more is not let through.
 constexpr int kMaxGrammarStacks = 1024;
 // What one call (a step's Allowed, Accepts or Complete) may spend: stack nodes held at once
 // (a vocabulary walk frees them between first bytes) and work (stack nodes expanded and

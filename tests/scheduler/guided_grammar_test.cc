@@ -3,6 +3,7 @@
 // UTF-8 split across tokens, recursion, and the grammars it refuses.
 #include "scheduler/guided_grammar.h"
 
+#include <algorithm>
 #include <functional>
 #include <random>
 #include <set>
@@ -359,8 +360,9 @@ TEST(GrammarGuideTest, AWalkOfALargeVocabularyFindsEveryToken) {
     EXPECT_EQ(want.size(), 24576u);  // the tokens without a space
     EXPECT_EQ(Allowed(*g, so_far, vocab), want) << "after \"" << so_far << "\"";
   }
-  // 2,500 levels open: 27 stacks 2,500 deep, a state too large to remember (its key 270 KB),
-  // made again from its whole key after each reset. Every token without a space leads on.
+  // 2,500 levels open: 27 stacks 2,500 deep sharing their tails, a key of about 20 KB (each
+  // level written once; written stack by stack it was 270 KB, too large to remember), the
+  // state made again from it after each reset. Every token without a space leads on.
   const std::vector<int32_t> deep = Allowed(*g, std::string(2500, 'a'), vocab);
   EXPECT_EQ(deep.size(), 24576u);
   for (int32_t id : deep) EXPECT_NE(tokens[id][0], ' ') << tokens[id];
@@ -369,9 +371,9 @@ TEST(GrammarGuideTest, AWalkOfALargeVocabularyFindsEveryToken) {
 // Grammars built to be ambiguous. A thousand alternatives alike: a thousand stacks move
 // together, sharing their expansions (where each expanded apart, one walk of this vocabulary
 // took a minute and a half). A thousand-fold repetition inside a repetition: after 100
-// characters a hundred ways to read them, each a stack a hundred deep, too large to remember,
-// and a walk past kMaxGrammarWork: it stops there, every token it let through leading on, and
-// the next call stops at the same place.
+// characters a hundred ways to read them, each its own top, and a walk past kMaxGrammarWork:
+// it stops there, every token it let through leading on, and the next call stops at the same
+// place.
 TEST(GrammarGuideTest, GrammarsBuiltToBeAmbiguousStayBounded) {
   const std::vector<std::string> tokens = LetterVocabulary();  // every one [a-z ]+
   TokenBytesIndex vocab(tokens);
@@ -438,14 +440,65 @@ TEST(GrammarGuideTest, ThreadsSharingAGuideGetWhatOneThreadGets) {
   EXPECT_EQ(wrong, std::vector<int>(4, 0));
 }
 
-// A grammar ambiguous enough keeps one parse per way of reading the text so far; past
-// kMaxGrammarStacks of them the output goes no further.
-TEST(GrammarGuideTest, AnAmbiguityPastTheBoundEndsTheText) {
-  // After n x's, one stack per number of y's still allowed.
-  auto g = MustCompile("root ::= \"x\" root opt | \"\"\nopt ::= \"y\" | \"\"");
+// Alternatives that part and then read the same thing keep one stack per top (the stacks under
+// them joined), where apart they doubled at every level: past kMaxGrammarStacks (ten levels of
+// two array forms, 1,024 x's here) the output went no further.
+TEST(GrammarGuideTest, AlternativesThatPartAndMeetAgainKeepOneParse) {
+  // After n x's, one way to read them per number of y's still allowed.
+  auto optional = MustCompile("root ::= \"x\" root opt | \"\"\nopt ::= \"y\" | \"\"");
+  ASSERT_NE(optional, nullptr);
+  const std::string xs(1500, 'x');
+  EXPECT_TRUE(optional->Accepts(xs + std::string(1000, 'y')));
+  EXPECT_TRUE(optional->Accepts(xs + std::string(1500, 'y')));
+  EXPECT_FALSE(optional->LeadsOn(xs + std::string(1501, 'y')));
+  EXPECT_FALSE(optional->LeadsOn(xs + "yx"));
+
+  // Two array forms of the same items, one of at most two: both enter the item at every level.
+  const std::string arrays =
+      "root ::= value\nvalue ::= many | few | \"0\"\n"
+      "many ::= \"[\" value (\",\" value)* \"]\"\nfew ::= \"[\" value (\",\" value)? \"]\"";
+  auto g = MustCompile(arrays);
   ASSERT_NE(g, nullptr);
-  EXPECT_TRUE(g->Accepts(std::string(1000, 'x') + std::string(900, 'y')));
-  EXPECT_FALSE(g->Accepts(std::string(1100, 'x')));
+  TokenBytesIndex vocab({"[", "]", ",", "0", "x", "]]", "0]"});
+  const std::string open(300, '[');
+  EXPECT_TRUE(g->Accepts(open + "0" + std::string(300, ']')));
+  EXPECT_TRUE(g->Accepts(open + "0,0,0" + std::string(300, ']')));
+  EXPECT_FALSE(g->LeadsOn(open + "0" + std::string(301, ']')));
+  EXPECT_EQ(Allowed(*g, open + "0", vocab), (std::vector<int32_t>{1, 2, 5}));
+  EXPECT_EQ(Allowed(*g, open, vocab), (std::vector<int32_t>{0, 3, 6}));
+  // Grown a token at a time from what it lets through, it answers as a new guide does (its
+  // remembered parses, keys of joined stacks, made again from those keys).
+  std::mt19937 rng(7);
+  std::string text;
+  for (int step = 0; step < 400; ++step) {
+    const std::vector<int32_t> next = Allowed(*g, text, vocab);
+    auto fresh = MustCompile(arrays);
+    ASSERT_NE(fresh, nullptr);
+    ASSERT_EQ(next, Allowed(*fresh, text, vocab)) << text;
+    ASSERT_EQ(g->Accepts(text), fresh->Accepts(text)) << text;
+    if (next.empty()) break;
+    // 150 levels deep, then any way on.
+    const int32_t id = step < 150 ? 0 : next[rng() % next.size()];
+    text += std::vector<std::string>{"[", "]", ",", "0", "x", "]]", "0]"}[id];
+  }
+  EXPECT_GE(std::count(text.begin(), text.end(), '['), 150) << text;
+  EXPECT_GE(text.size(), 400u) << text;
+}
+
+// Past kMaxGrammarStacks stacks at once (a rule of more alternatives than that, each its own
+// top) the output goes no further.
+TEST(GrammarGuideTest, AnAmbiguityPastTheBoundEndsTheText) {
+  auto wide = [](int n) {
+    std::string text = "root ::= \"x\" r\nr ::= \"a0\"";
+    for (int i = 1; i < n; ++i) text += " | \"a" + std::to_string(i) + "\"";
+    return text;
+  };
+  auto within = MustCompile(wide(1000));
+  ASSERT_NE(within, nullptr);
+  EXPECT_TRUE(within->Accepts("xa999"));
+  auto past = MustCompile(wide(1100));
+  ASSERT_NE(past, nullptr);
+  EXPECT_FALSE(past->LeadsOn("x"));
 }
 
 TEST(GrammarGuideTest, RefusesWhatItCannotParseAndSaysWhere) {

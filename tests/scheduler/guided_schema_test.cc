@@ -511,8 +511,8 @@ void ExpectDirPkgTreesNest(const scheduler::Guide& guide, const std::string& wha
 
 // A union of objects that begin alike (pydantic's Dir | Pkg, both with their children first):
 // the alternatives are written once up to where they part, so a parse does not hold both
-// through each level (which would double the parses at every level: past 1,024, about ten
-// levels down, the guide would let no deeper text through).
+// through each level (before the guide joined stacks with the same top, that doubled the
+// parses at every level: past 1,024, about ten levels down, no deeper text was let through).
 TEST(JsonSchemaGuideTest, AlikeAlternativesAroundARecursionNestDeep) {
   const char* tree = R"({"$defs": {
       "Dir": {"type": "object", "properties": {"children": {"type": "array",
@@ -579,6 +579,24 @@ TEST(JsonSchemaGuideTest, AlikeAlternativesAroundARecursionNestDeep) {
     }
     EXPECT_FALSE(xy_guide->Accepts(R"({"a": {"a": null, "y": 0}, "x": 1})")) << a;
   }
+  // Two array forms of the same items, one of at most two: the writer cannot join them (their
+  // counts differ), so both go on into the item at every level; the guide joins their parses
+  // (stacks with the same top are one), where apart they doubled at each level and stopped
+  // about ten down.
+  auto arrays = Compiled(R"({"$defs": {"T": {"anyOf": [
+      {"type": "array", "items": {"$ref": "#/$defs/T"}},
+      {"type": "array", "items": {"$ref": "#/$defs/T"}, "maxItems": 2},
+      {"type": "integer"}]}}, "$ref": "#/$defs/T"})");
+  ASSERT_TRUE(arrays);
+  std::string nested = "0";
+  for (int level = 1; level <= 60; ++level) {
+    nested = level % 3 ? absl::StrCat("[", nested, "]") : absl::StrCat("[1, ", nested, ", 2]");
+    ASSERT_TRUE(arrays->Accepts(nested)) << "level " << level << ": " << nested;
+  }
+  auto grammar_guide = std::dynamic_pointer_cast<const GrammarGuide>(arrays);
+  ASSERT_TRUE(grammar_guide);
+  EXPECT_FALSE(grammar_guide->LeadsOn(absl::StrCat(nested, "]")));
+  EXPECT_FALSE(grammar_guide->LeadsOn(absl::StrCat(nested, ", 1")));
 }
 
 // Enums of thousands of values in a grammar: a tree of their characters, so that entering one
