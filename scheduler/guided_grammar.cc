@@ -21,6 +21,11 @@ constexpr int32_t kJoin = -2;              // pos_ of a join: parent_ is its ind
 constexpr size_t kMaxCachedKeyBytes = 65536;  // a larger parse is walked, not remembered
 constexpr size_t kResetNodes = 1 << 18;       // a walk frees its nodes past this many
 constexpr size_t kMaxRememberedStacks = 8;    // more move together (Parse::Advance)
+// Stacks under one top. Joins do not merge their own members' alike tops, so a grammar whose
+// readings multiply under one top (`r ::= "b" r r r | ""`) doubles the graph at every
+// character; past this a call stops there (within milliseconds, where unbounded it took
+// 0.3–1.3 s a call to reach kMaxGrammarNodes).
+constexpr size_t kMaxJoinMembers = 4096;
 
 }  // namespace
 
@@ -256,8 +261,14 @@ class GrammarGuide::Parse {
   }
 
   // The node that is the stacks `members` (none of them a join) at once, made once; the stack
-  // itself where there is one; -1 past kMaxGrammarNodes. Sorts *members.
+  // itself where there is one; -1 past kMaxJoinMembers, kMaxGrammarNodes or the work bound (a
+  // join costs its members: sorted, hashed, compared). Sorts *members.
   int32_t Join(std::vector<int32_t>* members) {
+    if (!Spend(int64_t(members->size()))) return -1;
+    if (members->size() > kMaxJoinMembers) {
+      exceeded_ = true;
+      return -1;
+    }
     std::sort(members->begin(), members->end());
     members->erase(std::unique(members->begin(), members->end()), members->end());
     if (members->size() == 1) return members->front();

@@ -397,6 +397,14 @@ TEST(GrammarGuideTest, GrammarsBuiltToBeAmbiguousStayBounded) {
   EXPECT_EQ(Allowed(*nested, so_far, vocab), allowed);
   EXPECT_EQ(Allowed(*nested, so_far, vocab), allowed);
   EXPECT_TRUE(nested->Accepts(so_far + " b"));
+
+  // Readings that multiply under one top (joins keep their members' alike tops apart, so the
+  // graph doubles at each character): past kMaxJoinMembers stacks under one top the call stops
+  // there (a review measured 0.3-1.3 s a call reaching kMaxGrammarNodes before that bound).
+  auto multiplying = MustCompile("root ::= r\nr ::= g r r r | \"\"\ng ::= \"b\"");
+  ASSERT_NE(multiplying, nullptr);
+  EXPECT_TRUE(multiplying->Accepts(std::string(6, 'b')));
+  EXPECT_FALSE(multiplying->LeadsOn(std::string(30, 'b')));  // the bound, not the grammar
 }
 
 // One guide is shared by a call's completions and read by the sampling threads at once: its
