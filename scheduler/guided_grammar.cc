@@ -47,12 +47,7 @@ class GrammarGuide::Parse {
  public:
   using State = ParseState;
 
-  explicit Parse(const Grammar& g) : g_(g), top_mark_(g.elements.size(), 0) {
-    pos_.push_back(-1);
-    parent_.push_back(-1);
-    mark_.push_back(0);
-    ascii_row_.push_back(-1);
-  }
+  explicit Parse(const Grammar& g) : g_(g) { AddNode(-1, -1); }
 
   // The stacks before any text; false when there are too many.
   bool Start(State* s) {
@@ -246,16 +241,9 @@ class GrammarGuide::Parse {
     if (parent < 0) return -1;
     const uint64_t key = uint64_t(uint32_t(pos)) << 32 | uint32_t(parent);
     auto [it, added] = index_.try_emplace(key, int32_t(pos_.size()));
-    if (added) {
-      if (pos_.size() >= size_t(kMaxGrammarNodes)) {
-        index_.erase(it);
-        exceeded_ = true;
-        return -1;
-      }
-      pos_.push_back(pos);
-      parent_.push_back(parent);
-      mark_.push_back(0);
-      ascii_row_.push_back(-1);
+    if (added && !AddNode(pos, parent)) {
+      index_.erase(it);
+      return -1;
     }
     return it->second;
   }
@@ -274,18 +262,26 @@ class GrammarGuide::Parse {
     if (members->size() == 1) return members->front();
     auto [it, added] = join_index_.try_emplace(*members, int32_t(pos_.size()));
     if (added) {
-      if (pos_.size() >= size_t(kMaxGrammarNodes)) {
+      if (!AddNode(kJoin, int32_t(joins_.size()))) {
         join_index_.erase(it);
-        exceeded_ = true;
         return -1;
       }
-      pos_.push_back(kJoin);
-      parent_.push_back(int32_t(joins_.size()));
       joins_.push_back(*members);
-      mark_.push_back(0);
-      ascii_row_.push_back(-1);
     }
     return it->second;
+  }
+
+  // Appends node pos_.size(); false (and exceeded_) past kMaxGrammarNodes.
+  bool AddNode(int32_t pos, int32_t parent) {
+    if (pos_.size() >= size_t(kMaxGrammarNodes)) {
+      exceeded_ = true;
+      return false;
+    }
+    pos_.push_back(pos);
+    parent_.push_back(parent);
+    mark_.push_back(0);
+    ascii_row_.push_back(-1);
+    return true;
   }
 
   // What lies directly under `n`, as [begin, end): a join's members, else its parent.
@@ -302,46 +298,41 @@ class GrammarGuide::Parse {
   bool Merge(std::vector<int32_t>* stacks) {
     if (stacks->size() > 1) {
       if (!Spend(int64_t(stacks->size()))) return false;
-      ++top_epoch_;
-      bool alike = false;
-      for (int32_t node : *stacks) {
-        if (node == kEmpty) continue;
-        uint32_t& mark = top_mark_[pos_[node]];
-        alike |= mark == top_epoch_;
-        mark = top_epoch_;
-      }
-      if (alike) {
-        by_top_.clear();
-        for (int32_t node : *stacks) by_top_.emplace_back(node == kEmpty ? -1 : pos_[node], node);
-        std::sort(by_top_.begin(), by_top_.end());
+      by_top_.clear();
+      for (int32_t node : *stacks) by_top_.emplace_back(node == kEmpty ? -1 : pos_[node], node);
+      std::sort(by_top_.begin(), by_top_.end());
+      const auto alike = [](const auto& a, const auto& b) { return a.first == b.first; };
+      if (std::adjacent_find(by_top_.begin(), by_top_.end(), alike) != by_top_.end()) {
         stacks->clear();
-        for (size_t i = 0; i < by_top_.size();) {
-          size_t j = i + 1;
-          while (j < by_top_.size() && by_top_[j].first == by_top_[i].first) ++j;
-          if (j == i + 1) {
-            stacks->push_back(by_top_[i].second);
-            i = j;
-            continue;
-          }
-          members_.clear();
-          for (size_t k = i; k < j; ++k) {
-            const int32_t under = parent_[by_top_[k].second];
-            if (under != kEmpty && pos_[under] == kJoin) {
-              const auto [begin, end] = Under(under);
-              members_.insert(members_.end(), begin, end);
-            } else {
-              members_.push_back(under);
-            }
-          }
-          const int32_t under = Join(&members_);
-          const int32_t node = under < 0 ? -1 : Node(by_top_[i].first, under);
+        for (auto group = by_top_.begin(); group != by_top_.end();) {
+          const auto end = std::find_if(group, by_top_.end(),
+                                        [&](const auto& t) { return t.first != group->first; });
+          const int32_t node = end - group == 1 ? group->second : Joined(group, end);
           if (node < 0) return false;
           stacks->push_back(node);
-          i = j;
+          group = end;
         }
       }
     }
     return stacks->size() <= size_t(kMaxGrammarStacks);
+  }
+
+  // The node for the stacks [group, end) of by_top_ (one top): that top over the join of what
+  // lies under each; -1 past the bounds.
+  int32_t Joined(std::vector<std::pair<int32_t, int32_t>>::const_iterator group,
+                 std::vector<std::pair<int32_t, int32_t>>::const_iterator end) {
+    members_.clear();
+    for (auto it = group; it != end; ++it) {
+      const int32_t under = parent_[it->second];
+      if (under != kEmpty && pos_[under] == kJoin) {
+        const auto [begin, last] = Under(under);
+        members_.insert(members_.end(), begin, last);
+      } else {
+        members_.push_back(under);
+      }
+    }
+    const int32_t under = Join(&members_);
+    return under < 0 ? -1 : Node(group->first, under);
   }
 
   // The stack once the top of `node` has been read: the next element of its alternative over
@@ -486,8 +477,6 @@ class GrammarGuide::Parse {
   absl::flat_hash_map<uint64_t, int32_t> index_;  // (pos, parent) -> node
   std::vector<std::vector<int32_t>> joins_;        // [join]: its members, sorted
   absl::flat_hash_map<std::vector<int32_t>, int32_t> join_index_;  // members -> node
-  std::vector<uint32_t> top_mark_;  // [position]: the Merge that met a stack topped by it last
-  uint32_t top_epoch_ = 0;
   std::vector<std::pair<int32_t, int32_t>> by_top_;  // one Merge's (top, node)
   std::vector<int32_t> members_;                      // one join's, as it is made
   std::vector<int32_t> work_;
