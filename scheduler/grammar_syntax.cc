@@ -647,4 +647,44 @@ absl::StatusOr<Grammar> ParseGrammar(std::string_view text, size_t max_bytes) {
   return GbnfParser(text, max_bytes).Parse();
 }
 
+void FactorAlternatives(Grammar* g) {
+  // A rule's alternatives' tails are alternatives already (each runs on to its kEnd), so a
+  // group's new rule takes them where they lie; each new rule is factored in its turn.
+  absl::flat_hash_map<uint64_t, std::vector<int32_t>> by_first;
+  std::vector<uint64_t> firsts;  // in the order they were met, so the result does not depend on
+                                 // the map's
+  for (size_t id = 0; id < g->rules.size(); ++id) {
+    by_first.clear();
+    firsts.clear();
+    for (int32_t a : g->rules[id]) {
+      const GrammarElement& e = g->elements[a];
+      const uint64_t first = uint64_t(e.kind) << 32 | uint32_t(e.value);
+      auto [it, added] = by_first.try_emplace(first);
+      if (added) firsts.push_back(first);
+      it->second.push_back(a);
+    }
+    if (firsts.size() == g->rules[id].size()) continue;  // every alternative begins its own way
+    std::vector<int32_t> alternatives;
+    int tails = 0;
+    for (uint64_t first : firsts) {
+      const std::vector<int32_t>& group = by_first[first];
+      if (group.size() == 1 || g->elements[group[0]].kind == GrammarElement::kEnd) {
+        alternatives.push_back(group[0]);
+        continue;
+      }
+      const int32_t tail = int32_t(g->rules.size());
+      std::vector<int32_t> rest;
+      for (int32_t a : group) rest.push_back(a + 1);
+      g->rules.push_back(std::move(rest));
+      g->names.push_back(absl::StrCat(g->names[id], "#tail", ++tails));
+      const GrammarElement shared = g->elements[group[0]];
+      alternatives.push_back(int32_t(g->elements.size()));
+      g->elements.push_back(shared);
+      g->elements.push_back({GrammarElement::kRule, tail});
+      g->elements.push_back({GrammarElement::kEnd, 0});
+    }
+    g->rules[id] = std::move(alternatives);
+  }
+}
+
 }  // namespace thetaserve::scheduler

@@ -62,4 +62,11 @@ struct Grammar {
 absl::StatusOr<Grammar> ParseGrammar(std::string_view text,
                                      size_t max_bytes = kMaxGrammarBytes);
 
+// The same language with no rule holding two alternatives that begin with the same element:
+// `r ::= "ab" | "ac" | x y | x z` becomes `r ::= "a" r#tail1 | x r#tail2`, `r#tail1 ::= "b" |
+// "c"`, `r#tail2 ::= y | z` (and so on down each new rule), as a trie of the alternatives. A
+// parse then opens one stack per way a rule can begin, not one per alternative: a list of
+// 5,000 words open at once is at most a stack per first character.
+void FactorAlternatives(Grammar* g);
+
 }  // namespace thetaserve::scheduler

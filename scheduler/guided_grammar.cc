@@ -130,6 +130,88 @@ class GrammarGuide::Parse {
     return true;
   }
 
+  // A rule the grammar reaches (from the root) that would open more than kMaxGrammarStacks
+  // stacks as it begins (too many alternatives each beginning its own way), or one where
+  // reading a rule it refers to would (a run of rules that may match nothing, each with
+  // alternatives of its own): once there nothing could follow. -1 when none, or past `budget`
+  // work in all (a courtesy: the bound holds at run time whatever this finds). Stacks read
+  // into from below (past the end of several rules at once) are not checked.
+  int32_t TooWideRule(int64_t budget) {
+    std::vector<bool> reached(g_.rules.size(), false);
+    std::vector<int32_t> rules = {g_.root};
+    reached[g_.root] = true;
+    std::vector<int32_t> opened;
+    for (size_t i = 0; i < rules.size(); ++i) {
+      for (int32_t a : g_.rules[rules[i]]) {
+        for (int32_t p = a; g_.elements[p].kind != GrammarElement::kEnd; ++p) {
+          const GrammarElement& e = g_.elements[p];
+          if (e.kind != GrammarElement::kRule) continue;
+          if (!reached[e.value]) {
+            reached[e.value] = true;
+            rules.push_back(e.value);
+          }
+          RestartWork();
+          work_ = {Node(p, kEmpty)};
+          const bool fits = Expand(&opened);
+          budget -= work_done_;
+          if (!fits && !exceeded_) {
+            const bool wide = TooWide(e.value);
+            budget -= work_done_;
+            const int32_t named = Widest(wide ? e.value : rules[i], budget);
+            Reset();
+            return named;
+          }
+          if (exceeded_ || budget < 0) {
+            exceeded_ = false;
+            Reset();
+            return -1;
+          }
+        }
+      }
+    }
+    Reset();
+    return -1;
+  }
+
+  // Whether `rule`, entered over the empty stack, opens more than kMaxGrammarStacks stacks.
+  bool TooWide(int32_t rule) {
+    RestartWork();
+    work_.clear();
+    for (int32_t a : g_.rules[rule]) {
+      work_.push_back(g_.elements[a].kind == GrammarElement::kEnd ? kEmpty : Node(a, kEmpty));
+    }
+    std::vector<int32_t> opened;
+    const bool wide = !Expand(&opened) && !exceeded_;
+    exceeded_ = false;
+    return wide;
+  }
+
+  // The rule, of those `rule` (too wide) begins with, and theirs in turn, that is too wide
+  // itself and begins with none that is: the one to name (a list of a thousand rules, not the
+  // root that holds it). The deepest found within `budget` work.
+  int32_t Widest(int32_t rule, int64_t budget) {
+    std::vector<bool> seen(g_.rules.size(), false);
+    seen[rule] = true;
+    for (bool deeper = true; deeper;) {
+      deeper = false;
+      for (int32_t a : g_.rules[rule]) {
+        const GrammarElement& first = g_.elements[a];
+        if (first.kind == GrammarElement::kRule && !seen[first.value]) {
+          seen[first.value] = true;
+          const bool wide = TooWide(first.value);
+          budget -= work_done_;
+          if (budget < 0) return rule;
+          if (wide) {
+            rule = first.value;
+            deeper = true;
+            break;
+          }
+        }
+      }
+    }
+    return rule;
+  }
+
   // A bound was passed: what this parse found since is not all there is.
   bool exceeded() const { return exceeded_; }
   size_t nodes() const { return pos_.size(); }
@@ -495,14 +577,24 @@ absl::StatusOr<std::shared_ptr<const GrammarGuide>> GrammarGuide::Compile(std::s
                                                                        size_t max_bytes) {
   auto grammar = ParseGrammar(text, max_bytes);
   if (!grammar.ok()) return grammar.status();
+  FactorAlternatives(&*grammar);
   auto guide = std::shared_ptr<GrammarGuide>(new GrammarGuide(std::move(*grammar)));
-  Parse parse(guide->grammar_);
-  Parse::State start;
-  if (!parse.Start(&start)) {
+  const Grammar& g = guide->grammar_;
+  auto too_wide = [&g](int32_t rule) {
+    // A rule made inside another (a group, a repetition, a factored tail) is named by it.
+    const std::string& name = g.names[rule];
     return absl::InvalidArgumentError(absl::StrCat(
-        "guided_grammar: the grammar's start has more than ", kMaxGrammarStacks,
-        " parses open at once; make its alternatives differ sooner"));
+        "guided_grammar: rule '", name.substr(0, name.find('#')), "' can begin more than ",
+        kMaxGrammarStacks, " ways at once (alternatives that begin with different characters "
+        "or rules, and those of the rules they begin with): the guide follows at most ",
+        kMaxGrammarStacks, " parses open at once, so once in it nothing could follow"));
+  };
+  Parse parse(g);
+  if (const int32_t rule = parse.TooWideRule(kMaxGrammarWork / 20); rule >= 0) {
+    return too_wide(rule);
   }
+  Parse::State start;
+  if (!parse.Start(&start)) return too_wide(parse.Widest(g.root, kMaxGrammarWork / 20));
   return std::shared_ptr<const GrammarGuide>(std::move(guide));
 }
 

@@ -26,8 +26,9 @@
 
 namespace thetaserve::scheduler {
 
-// Stacks open at once, those with the same top joined (a rule of more alternatives than this,
-// each its own top, once entered): a token that would open more is not let through.
+// Stacks open at once, those with the same top joined. A rule that would open more as it begins
+// (more alternatives than this, each beginning its own way) is refused at Compile; at run time
+// a token that would open more (parses begun apart, each opening its own) is not let through.
 constexpr int kMaxGrammarStacks = 1024;
 // What one call (a step's Allowed, Accepts or Complete) may spend: stack nodes held at once
 // (a vocabulary walk frees them between first bytes) and work (stack nodes expanded and
@@ -42,7 +43,8 @@ constexpr size_t kMaxGrammarSeenBytes = 256 << 10;
 
 class GrammarGuide : public Guide {
  public:
-  // Parses the grammar (errors begin "guided_grammar: "); `max_bytes` as ParseGrammar's.
+  // Parses the grammar (errors begin "guided_grammar: ") and factors its alternatives
+  // (FactorAlternatives); `max_bytes` as ParseGrammar's.
   static absl::StatusOr<std::shared_ptr<const GrammarGuide>> Compile(
       std::string_view text, size_t max_bytes = kMaxGrammarBytes);
 
@@ -53,7 +55,7 @@ class GrammarGuide : public Guide {
   // Some text of the grammar begins with `so_far` (a cut output's check).
   bool LeadsOn(std::string_view so_far) const;
 
-  const Grammar& grammar() const { return grammar_; }
+  const Grammar& grammar() const { return grammar_; }  // as factored
 
  private:
   class Parse;

@@ -923,7 +923,8 @@ absl::Status GrammarRefused(const Built& built, const std::vector<std::string>& 
   if (absl::StrContains(why, "parses open at once")) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "guided_json: the schema cannot be guided: more than %d of its alternatives (anyOf, "
-        "enum, types) are open at its start; make them differ sooner", kMaxGrammarStacks));
+        "enum, types), each beginning its own way, would be open at once where a part of it "
+        "begins", kMaxGrammarStacks));
   }
   if (absl::StrContains(why, "guided_grammar has ")) {
     return absl::InvalidArgumentError(

@@ -1,17 +1,21 @@
 // GrammarGuide: the texts a GBNF grammar matches (against hand-made cases, and against the
 // regular-expression guide on random grammars both can write), the tokens it lets through,
-// UTF-8 split across tokens, recursion, and the grammars it refuses.
+// UTF-8 split across tokens, recursion (against an Earley recognizer on random grammars), and
+// the grammars it refuses.
 #include "scheduler/guided_grammar.h"
 
 #include <algorithm>
 #include <functional>
+#include <map>
 #include <random>
 #include <set>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "model/tokenizer_utf8.h"
 #include "scheduler/guided_regex.h"
 
 namespace thetaserve::scheduler {
@@ -285,6 +289,190 @@ TEST(GrammarGuideTest, MatchesWhatTheSameRegularExpressionMatches) {
   EXPECT_GT(matched, 50) << "seed " << seed;  // the comparison saw matches, not only misses
 }
 
+// An Earley recognizer over the grammar as written (ParseGrammar's: no factoring, no stacks, no
+// bounds): whether `text` is the beginning of some text of the grammar, and if so whether it is
+// one (*whole) and one nothing may follow (*complete). The text is whole characters.
+bool EarleyLeadsOn(const Grammar& g, std::string_view text, bool* whole, bool* complete) {
+  std::vector<uint32_t> cps;
+  for (size_t i = 0; i < text.size();) {
+    int len = 0;
+    cps.push_back(model::DecodeUtf8At(text, i, &len));
+    i += size_t(len);
+  }
+  using Item = std::tuple<int32_t, int32_t, int32_t>;  // rule, position, the set it began in
+  struct Set {
+    std::vector<Item> items;
+    std::set<Item> has;
+    std::map<int32_t, std::vector<Item>> waiting;  // [rule]: the items about to read it
+    std::set<int32_t> ended;                        // rules read whole within this set
+  };
+  std::vector<Set> sets(cps.size() + 1);
+  auto add = [&](size_t k, const Item& item) {
+    if (!sets[k].has.insert(item).second) return;
+    sets[k].items.push_back(item);
+    const GrammarElement& e = g.elements[std::get<1>(item)];
+    if (e.kind == GrammarElement::kRule) sets[k].waiting[e.value].push_back(item);
+  };
+  for (int32_t a : g.rules[g.root]) add(0, {g.root, a, 0});
+  for (size_t k = 0; k <= cps.size(); ++k) {
+    Set& set = sets[k];
+    for (size_t i = 0; i < set.items.size(); ++i) {  // predict and complete
+      const auto [rule, p, origin] = set.items[i];
+      const GrammarElement& e = g.elements[p];
+      if (e.kind == GrammarElement::kRule) {
+        for (int32_t a : g.rules[e.value]) add(k, {e.value, a, int32_t(k)});
+        if (set.ended.contains(e.value)) add(k, {rule, p + 1, origin});  // it matched nothing
+      } else if (e.kind == GrammarElement::kEnd) {
+        if (size_t(origin) == k) set.ended.insert(rule);
+        const auto it = sets[origin].waiting.find(rule);
+        if (it == sets[origin].waiting.end()) continue;
+        const std::vector<Item> waiting = it->second;  // a copy: add may grow it
+        for (const auto& [r2, p2, o2] : waiting) add(k, {r2, p2 + 1, o2});
+      }
+    }
+    if (k == cps.size()) break;
+    for (const auto& [rule, p, origin] : set.items) {  // scan
+      const GrammarElement& e = g.elements[p];
+      if (e.kind == GrammarElement::kClass && g.classes[e.value].Contains(cps[k])) {
+        add(k + 1, {rule, p + 1, origin});
+      }
+    }
+    if (sets[k + 1].items.empty()) return false;
+  }
+  *whole = false;
+  bool more = false;
+  for (const auto& [rule, p, origin] : sets.back().items) {
+    const GrammarElement& e = g.elements[p];
+    *whole |= rule == g.root && origin == 0 && e.kind == GrammarElement::kEnd;
+    more |= e.kind == GrammarElement::kClass;
+  }
+  *complete = *whole && !more;
+  return true;
+}
+
+struct EarleyComparison {
+  int grammars = 0, texts = 0, whole = 0;
+  int wrong = 0;   // a token let through, or an answer given, that Earley's contradicts
+  int missed = 0;  // texts whose next tokens lacked some Earley finds (the guide's bounds)
+  std::string first, first_wrong;  // the first of either, and of the wrong, to print
+};
+
+// Random grammars of up to four mutually recursive rules (literals, classes, references, groups,
+// alternatives, every repetition, empty alternatives) over a, b, c and é, each with texts grown
+// from its own next tokens and random ones over a vocabulary that splits é now and then: the
+// guide's answers against Earley's, every token of the vocabulary checked.
+EarleyComparison CompareWithEarley(uint32_t seed, int rounds) {
+  std::mt19937 rng(seed);
+  const std::vector<std::string> letters = {"a", "b", "c", "é"};
+  EarleyComparison out;
+  for (int round = 0; round < rounds; ++round) {
+    const int rules = 1 + int(rng() % 4);
+    std::function<std::string(int)> item = [&](int depth) -> std::string {
+      switch (depth <= 0 ? rng() % 3 : rng() % 7) {
+        case 0: {
+          std::string literal;
+          for (int k = 1 + int(rng() % 2); k > 0; --k) literal += letters[rng() % 4];
+          return "\"" + literal + "\"";
+        }
+        case 1: return "[" + letters[rng() % 3] + letters[rng() % 3] + "]";
+        case 2: return "r" + std::to_string(rng() % rules);
+        case 3: return "(" + item(depth - 1) + " " + item(depth - 1) + ")";
+        case 4: return "(" + item(depth - 1) + " | " + item(depth - 1) + ")";
+        default: {
+          const char* repeats[] = {"*", "+", "?", "{2}", "{1,3}", "{,2}"};
+          return "(" + item(depth - 1) + ")" + repeats[rng() % 6];
+        }
+      }
+    };
+    std::string text = "root ::= r0\n";
+    for (int r = 0; r < rules; ++r) {
+      text += 'r' + std::to_string(r) + " ::= ";
+      for (int a = 1 + int(rng() % 3); a > 0; --a) {
+        for (int k = 1 + int(rng() % 3); k > 0; --k) text += item(2) + " ";
+        if (a > 1) text += "| ";
+      }
+      if (rng() % 4 == 0) text += "| \"\"";
+      text += "\n";
+    }
+    auto guide = GrammarGuide::Compile(text);
+    if (!guide.ok()) continue;  // left-recursive, or no text
+    const Grammar written = *ParseGrammar(text);
+    ++out.grammars;
+    std::vector<std::string> tokens(150);
+    for (std::string& t : tokens) {
+      for (int k = 1 + int(rng() % 3); k > 0; --k) {
+        const std::string& l = letters[rng() % 4];
+        t += rng() % 8 == 0 ? l.substr(0, 1) : l;  // now and then half of é
+      }
+    }
+    TokenBytesIndex vocab(tokens);
+    const GrammarGuide& g = **guide;
+    for (int t = 0; t < 30; ++t) {
+      std::string so_far;
+      for (int k = int(rng() % 10); k > 0; --k) {
+        if (t % 3 != 0) {
+          const std::vector<int32_t> next = Allowed(g, so_far, vocab);
+          if (next.empty()) break;
+          const std::string& token = tokens[next[rng() % next.size()]];
+          if (!model::IsValidUtf8(so_far + token)) break;  // a split é: judged below
+          so_far += token;
+        } else {
+          so_far += letters[rng() % 4];
+        }
+      }
+      ++out.texts;
+      bool whole = false, complete = false;
+      const bool leads = EarleyLeadsOn(written, so_far, &whole, &complete);
+      out.whole += leads && whole;
+      std::string why;
+      // A parse the guide read through is exact; past a bound it answers no.
+      if (g.LeadsOn(so_far)) {
+        if (!leads) why = "leads on";
+        if (g.Accepts(so_far) != (leads && whole)) why += " accepts";
+        if (g.Complete(so_far) != (leads && complete)) why += " complete";
+      } else if (leads && so_far.size() < 4) {
+        why = "does not lead on (too short to pass a bound)";
+      }
+      const std::vector<int32_t> allowed = Allowed(g, so_far, vocab);
+      bool missed = false;
+      for (int32_t id = 0; id < int32_t(tokens.size()); ++id) {
+        const std::string next = so_far + tokens[id];
+        if (!model::IsValidUtf8(next)) continue;  // ends in half of é: not judged
+        bool w, c;
+        const bool in = std::binary_search(allowed.begin(), allowed.end(), id);
+        const bool ok = leads && EarleyLeadsOn(written, next, &w, &c);
+        if (in && !ok) why += " lets \"" + tokens[id] + "\" through";
+        missed |= ok && !in;
+      }
+      if (!why.empty() || missed) {
+        out.wrong += !why.empty();
+        out.missed += missed;
+        const std::string where = "seed " + std::to_string(seed) + " round " +
+                                  std::to_string(round) + " after \"" + so_far + "\": " +
+                                  (why.empty() ? "missed tokens" : why) + "\n" + text;
+        if (out.first.empty()) out.first = where;
+        if (out.first_wrong.empty() && !why.empty()) out.first_wrong = where;
+      }
+    }
+  }
+  return out;
+}
+
+// Against Earley on fresh random grammars: nothing let through, accepted or said complete that
+// Earley refuses (tokens the guide misses are its bounds', on grammars built ambiguous: not
+// counted here); on a seed whose grammars stay within the bounds, every answer Earley's.
+TEST(GrammarGuideTest, AnswersAsAnEarleyRecognizerDoes) {
+  const uint32_t seed = std::random_device{}();
+  const EarleyComparison fresh = CompareWithEarley(seed, 100);
+  EXPECT_EQ(fresh.wrong, 0) << fresh.first_wrong;
+  EXPECT_GT(fresh.grammars, 15) << "seed " << seed;
+  EXPECT_GT(fresh.whole, 100) << "seed " << seed;  // whole texts seen, not only refusals
+  const EarleyComparison exact = CompareWithEarley(1, 60);
+  EXPECT_EQ(exact.wrong + exact.missed, 0) << exact.first;
+  EXPECT_EQ(exact.grammars, 21);
+  EXPECT_EQ(exact.texts, 630);
+}
+
 // A guide remembers the parses of the outputs it has read, so a step reads only the bytes since
 // the last: grown byte by byte (characters split included), two outputs in turn, its answers are
 // a new guide's.
@@ -328,6 +516,12 @@ TEST(GrammarGuideTest, AlternativesThatNeverEndAreNeverEntered) {
 
 // The synthetic vocabulary of the sampler bench: 49,152 distinct strings of 1–8 letters, half
 // after a space.
+std::string Utf8(uint32_t cp) {
+  std::string out;
+  model::AppendUtf8(cp, &out);
+  return out;
+}
+
 std::vector<std::string> LetterVocabulary() {
   std::mt19937 rng(1);
   std::set<std::string> seen;
@@ -368,12 +562,10 @@ TEST(GrammarGuideTest, AWalkOfALargeVocabularyFindsEveryToken) {
   for (int32_t id : deep) EXPECT_NE(tokens[id][0], ' ') << tokens[id];
 }
 
-// Grammars built to be ambiguous. A thousand alternatives alike: a thousand stacks move
-// together, sharing their expansions (where each expanded apart, one walk of this vocabulary
-// took a minute and a half). A thousand-fold repetition inside a repetition: after 100
-// characters a hundred ways to read them, each its own top, and a walk past kMaxGrammarWork:
-// it stops there, every token it let through leading on, and the next call stops at the same
-// place.
+// Grammars built to be ambiguous. A thousand alternatives written alike are read as one. A
+// thousand-fold repetition inside a repetition: after 100 characters a hundred ways to read
+// them, each its own top, and a walk past kMaxGrammarWork: it stops there, every token it let
+// through leading on, and the next call stops at the same place.
 TEST(GrammarGuideTest, GrammarsBuiltToBeAmbiguousStayBounded) {
   const std::vector<std::string> tokens = LetterVocabulary();  // every one [a-z ]+
   TokenBytesIndex vocab(tokens);
@@ -383,6 +575,19 @@ TEST(GrammarGuideTest, GrammarsBuiltToBeAmbiguousStayBounded) {
   ASSERT_NE(alike, nullptr);
   EXPECT_EQ(Allowed(*alike, "", vocab).size(), tokens.size());
   EXPECT_EQ(Allowed(*alike, "ab c", vocab).size(), tokens.size());
+  // Each class one character apart (so not read once): a thousand stacks take every letter,
+  // and the walk stops at kMaxGrammarWork, every token it let through leading on.
+  text = "root ::= item*\nitem ::= [a-z ]";
+  for (int i = 1; i < 1000; ++i) text += " | [a-z " + Utf8(0x100 + i) + "]";
+  auto apart = MustCompile(text);
+  ASSERT_NE(apart, nullptr);
+  const std::vector<int32_t> some = Allowed(*apart, "ab c", vocab);
+  EXPECT_GT(some.size(), 0u);
+  EXPECT_LT(some.size(), tokens.size());
+  for (size_t i = 0; i < some.size(); i += 37) {
+    EXPECT_TRUE(apart->LeadsOn("ab c" + tokens[some[i]])) << tokens[some[i]];
+  }
+  EXPECT_TRUE(apart->Accepts("ab c" + Utf8(0x100 + 999)));
 
   auto nested = MustCompile("root ::= ([a-z ]{0,1000})*");
   ASSERT_NE(nested, nullptr);
@@ -493,19 +698,125 @@ TEST(GrammarGuideTest, AlternativesThatPartAndMeetAgainKeepOneParse) {
   EXPECT_GE(text.size(), 400u) << text;
 }
 
-// Past kMaxGrammarStacks stacks at once (a rule of more alternatives than that, each its own
-// top) the output goes no further.
-TEST(GrammarGuideTest, AnAmbiguityPastTheBoundEndsTheText) {
-  auto wide = [](int n) {
-    std::string text = "root ::= \"x\" r\nr ::= \"a0\"";
-    for (int i = 1; i < n; ++i) text += " | \"a" + std::to_string(i) + "\"";
+// Lists of words, as a grammar writes an enum. Alternatives that begin alike are read as a trie
+// (FactorAlternatives): 5,000 words all beginning "w" open one stack, where with a stack per
+// alternative they passed kMaxGrammarStacks and nothing was let through once in the list.
+TEST(GrammarGuideTest, AListOfThousandsOfWordsIsFollowed) {
+  std::string text = "root ::= item (\", \" item)*\nitem ::= \"w0\"";
+  for (int i = 1; i < 5000; ++i) text += " | \"w" + std::to_string(i) + "\"";
+  auto numbered = MustCompile(text);
+  ASSERT_NE(numbered, nullptr);
+  EXPECT_TRUE(numbered->Accepts("w4999"));
+  EXPECT_TRUE(numbered->Accepts("w0, w17, w4999, w500"));
+  EXPECT_FALSE(numbered->Accepts("w"));
+  EXPECT_FALSE(numbered->LeadsOn("w5000"));
+  EXPECT_FALSE(numbered->LeadsOn("w05"));
+  EXPECT_FALSE(numbered->LeadsOn("w17, x"));
+  // The next tokens are those a token-by-token check finds.
+  std::vector<std::string> tokens = {"w", ", ", ", w", "x", ",", " "};
+  for (int i = 0; i < 10000; i += 7) tokens.push_back(std::to_string(i));
+  for (int i = 0; i < 600; i += 3) tokens.push_back(std::string("w") += std::to_string(i));
+  TokenBytesIndex vocab(tokens);
+  for (const std::string so_far : {"", "w", "w4", "w49", "w499", "w12, w3"}) {
+    std::vector<int32_t> want;
+    for (int32_t id = 0; id < int32_t(tokens.size()); ++id) {
+      if (numbered->LeadsOn(so_far + tokens[id])) want.push_back(id);
+    }
+    EXPECT_FALSE(want.empty()) << so_far;
+    EXPECT_EQ(Allowed(*numbered, so_far, vocab), want) << "after \"" << so_far << "\"";
+  }
+
+  // 3,000 words of the letters and é (so some begin with a split character), each a whole text
+  // and none of its prefixes that is not a word too.
+  std::mt19937 rng(3);
+  std::set<std::string> words;
+  while (words.size() < 3000) {
+    std::string w;
+    for (int n = 2 + int(rng() % 8); n > 0; --n) w += rng() % 13 ? std::string(1, char('a' + rng() % 26)) : "é";
+    words.insert(w);
+  }
+  text = "root ::= word\nword ::= ";
+  for (const std::string& w : words) text += (w == *words.begin() ? "\"" : " | \"") + w + "\"";
+  auto lexicon = MustCompile(text);
+  ASSERT_NE(lexicon, nullptr);
+  for (const std::string& w : words) {
+    ASSERT_TRUE(lexicon->Accepts(w)) << w;
+    ASSERT_TRUE(lexicon->Complete(w) == (words.lower_bound(w + "a") == words.end() ||
+                                         !words.lower_bound(w + "\x01")->starts_with(w)))
+        << w;
+    const std::string part = w.substr(0, w.size() - 1);
+    if (!words.contains(part) && model::IsValidUtf8(part)) {
+      ASSERT_FALSE(lexicon->Accepts(part)) << part;
+    }
+  }
+  EXPECT_FALSE(lexicon->LeadsOn("qqqqqqqqqq"));
+}
+
+// A rule that would open more than kMaxGrammarStacks stacks as it begins (alternatives each
+// beginning its own way, or a run of rules that may match nothing) is refused with its name:
+// once in it, the guide could let nothing through.
+TEST(GrammarGuideTest, ARuleThatBeginsTooManyWaysIsRefusedByName) {
+  auto each_own_way = [](int n) {  // n alternatives, each beginning with its own character
+    std::string text;
+    for (int i = 0; i < n; ++i) text += (i ? " | \"" : "\"") + Utf8(0x4E00 + i) + "x\"";
     return text;
   };
-  auto within = MustCompile(wide(1000));
+  auto within = MustCompile("root ::= \"x\" r\nr ::= " + each_own_way(1000));
   ASSERT_NE(within, nullptr);
-  EXPECT_TRUE(within->Accepts("xa999"));
-  auto past = MustCompile(wide(1100));
+  EXPECT_TRUE(within->Accepts("x" + Utf8(0x4E00 + 999) + "x"));
+  auto refused = [](const std::string& text, const std::string& rule) {
+    auto g = GrammarGuide::Compile(text);
+    if (g.ok()) return ::testing::AssertionFailure() << "compiled";
+    const std::string want = "rule '" + rule + "' can begin more than 1024 ways at once";
+    if (g.status().code() != absl::StatusCode::kInvalidArgument ||
+        g.status().message().find(want) == std::string_view::npos) {
+      return ::testing::AssertionFailure() << g.status();
+    }
+    return ::testing::AssertionSuccess();
+  };
+  EXPECT_TRUE(refused("root ::= \"x\" r\nr ::= " + each_own_way(1100), "r"));
+  EXPECT_TRUE(refused("root ::= " + each_own_way(1100), "root"));
+  EXPECT_TRUE(refused("root ::= \"x\" (" + each_own_way(1100) + ") \"y\"", "root"));
+  // A list of rules, each beginning alike (a rule is not read into the one referring to it):
+  // the list is named, not the rules around it.
+  std::string listed = "root ::= \"(\" (list | \"-\")* \")\"\nlist ::= r0";
+  for (int i = 1; i < 1100; ++i) listed += " | r" + std::to_string(i);
+  for (int i = 0; i < 1100; ++i) listed += "\nr" + std::to_string(i) + " ::= \"x" + std::to_string(i) + "\"";
+  EXPECT_TRUE(refused(listed, "list"));
+  // Twenty rules in a row that may each match nothing, sixty ways to begin each.
+  std::string run = "root ::= \"x\"";
+  std::string rules;
+  for (int i = 0; i < 20; ++i) {
+    run += " n" + std::to_string(i);
+    rules += "\nn" + std::to_string(i) + " ::= \"\"";
+    for (int j = 0; j < 60; ++j) rules += " | \"" + Utf8(0x4E00 + 60 * i + j) + "\"";
+  }
+  EXPECT_TRUE(refused(run + " \"y\"" + rules, "root"));
+  auto shorter = MustCompile(run.substr(0, run.find(" n16")) + " \"y\"" + rules);
+  ASSERT_NE(shorter, nullptr);  // sixteen: 961 ways
+  EXPECT_TRUE(shorter->Accepts("x" + Utf8(0x4E00 + 60 * 15) + "y"));
+}
+
+// Stacks opened together by parses that began apart are not checked at compile: past
+// kMaxGrammarStacks of them the output goes no further. Each of n rules reads "x" and then one of
+// forty characters of its own; after "x", 40n stacks are open.
+TEST(GrammarGuideTest, AnAmbiguityPastTheBoundEndsTheText) {
+  auto ambiguous = [](int n) {
+    std::string text = "root ::= p0";
+    for (int i = 1; i < n; ++i) text += " | p" + std::to_string(i);
+    for (int i = 0; i < n; ++i) {
+      text += "\np" + std::to_string(i) + " ::= \"x\" c" + std::to_string(i);
+      text += "\nc" + std::to_string(i) + " ::= \"" + Utf8(0x4E00 + 40 * i) + "\"";
+      for (int j = 1; j < 40; ++j) text += " | \"" + Utf8(0x4E00 + 40 * i + j) + "\"";
+    }
+    return text;
+  };
+  auto within = MustCompile(ambiguous(25));
+  ASSERT_NE(within, nullptr);
+  EXPECT_TRUE(within->Accepts("x" + Utf8(0x4E00 + 999)));
+  auto past = MustCompile(ambiguous(26));
   ASSERT_NE(past, nullptr);
+  EXPECT_TRUE(past->LeadsOn(""));
   EXPECT_FALSE(past->LeadsOn("x"));
 }
 
