@@ -21,10 +21,8 @@ constexpr int32_t kJoin = -2;              // pos_ of a join: parent_ is its ind
 constexpr size_t kMaxCachedKeyBytes = 65536;  // a larger parse is walked, not remembered
 constexpr size_t kResetNodes = 1 << 18;       // a walk frees its nodes past this many
 constexpr size_t kMaxRememberedStacks = 8;    // more move together (Parse::Advance)
-// Stacks under one top. Joins do not merge their own members' alike tops, so a grammar whose
-// readings multiply under one top (`r ::= "b" r r r | ""`) doubles the graph at every
-// character; past this a call stops there (within milliseconds, where unbounded it took
-// 0.3–1.3 s a call to reach kMaxGrammarNodes).
+// Stacks under one top (a join's members, their tops all different: at most one per grammar
+// position); past this a call stops there.
 constexpr size_t kMaxJoinMembers = 4096;
 
 }  // namespace
@@ -133,15 +131,14 @@ class GrammarGuide::Parse {
   // A rule the grammar reaches (from the root) that would open more than kMaxGrammarStacks
   // stacks as it begins (too many alternatives each beginning its own way), or one where
   // reading a rule it refers to would (a run of rules that may match nothing, each with
-  // alternatives of its own): once there nothing could follow. -1 when none, or past `budget`
-  // work in all (a courtesy: the bound holds at run time whatever this finds). Stacks read
+  // alternatives of its own): once there nothing could follow. -1 when none, or once *budget
+  // work is spent (a courtesy: the bound holds at run time whatever this finds). Stacks read
   // into from below (past the end of several rules at once) are not checked.
-  int32_t TooWideRule(int64_t budget) {
+  int32_t TooWideRule(int64_t* budget) {
     std::vector<bool> reached(g_.rules.size(), false);
     std::vector<int32_t> rules = {g_.root};
     reached[g_.root] = true;
-    std::vector<int32_t> opened;
-    for (size_t i = 0; i < rules.size(); ++i) {
+    for (size_t i = 0; i < rules.size() && *budget > 0; ++i) {
       for (int32_t a : g_.rules[rules[i]]) {
         for (int32_t p = a; g_.elements[p].kind != GrammarElement::kEnd; ++p) {
           const GrammarElement& e = g_.elements[p];
@@ -150,22 +147,14 @@ class GrammarGuide::Parse {
             reached[e.value] = true;
             rules.push_back(e.value);
           }
-          RestartWork();
           work_ = {Node(p, kEmpty)};
-          const bool fits = Expand(&opened);
-          budget -= work_done_;
-          if (!fits && !exceeded_) {
-            const bool wide = TooWide(e.value);
-            budget -= work_done_;
+          if (OpensTooMany(budget)) {
+            const bool wide = RuleTooWide(e.value, budget);
             const int32_t named = Widest(wide ? e.value : rules[i], budget);
             Reset();
             return named;
           }
-          if (exceeded_ || budget < 0) {
-            exceeded_ = false;
-            Reset();
-            return -1;
-          }
+          if (*budget <= 0) break;
         }
       }
     }
@@ -173,35 +162,19 @@ class GrammarGuide::Parse {
     return -1;
   }
 
-  // Whether `rule`, entered over the empty stack, opens more than kMaxGrammarStacks stacks.
-  bool TooWide(int32_t rule) {
-    RestartWork();
-    work_.clear();
-    for (int32_t a : g_.rules[rule]) {
-      work_.push_back(g_.elements[a].kind == GrammarElement::kEnd ? kEmpty : Node(a, kEmpty));
-    }
-    std::vector<int32_t> opened;
-    const bool wide = !Expand(&opened) && !exceeded_;
-    exceeded_ = false;
-    return wide;
-  }
-
   // The rule, of those `rule` (too wide) begins with, and theirs in turn, that is too wide
   // itself and begins with none that is: the one to name (a list of a thousand rules, not the
-  // root that holds it). The deepest found within `budget` work.
-  int32_t Widest(int32_t rule, int64_t budget) {
+  // root that holds it). The deepest found within *budget work.
+  int32_t Widest(int32_t rule, int64_t* budget) {
     std::vector<bool> seen(g_.rules.size(), false);
     seen[rule] = true;
-    for (bool deeper = true; deeper;) {
+    for (bool deeper = true; deeper && *budget > 0;) {
       deeper = false;
       for (int32_t a : g_.rules[rule]) {
         const GrammarElement& first = g_.elements[a];
         if (first.kind == GrammarElement::kRule && !seen[first.value]) {
           seen[first.value] = true;
-          const bool wide = TooWide(first.value);
-          budget -= work_done_;
-          if (budget < 0) return rule;
-          if (wide) {
+          if (RuleTooWide(first.value, budget)) {
             rule = first.value;
             deeper = true;
             break;
@@ -212,7 +185,7 @@ class GrammarGuide::Parse {
     return rule;
   }
 
-  // A bound was passed: what this parse found since is not all there is.
+  // A bound was passed: what this parse found since is not all there is.  // A bound was passed: what this parse found since is not all there is.
   bool exceeded() const { return exceeded_; }
   size_t nodes() const { return pos_.size(); }
   // A walk has kMaxGrammarWork of its own (what reading the output took aside; what the
@@ -226,6 +199,7 @@ class GrammarGuide::Parse {
     pos_.erase(pos_.begin() + 1, pos_.end());
     parent_.erase(parent_.begin() + 1, parent_.end());
     mark_.erase(mark_.begin() + 1, mark_.end());
+    flat_mark_.erase(flat_mark_.begin() + 1, flat_mark_.end());
     ascii_row_.erase(ascii_row_.begin() + 1, ascii_row_.end());
     index_.clear();
     joins_.clear();
@@ -318,6 +292,34 @@ class GrammarGuide::Parse {
   }
 
  private:
+  // Whether `rule`, entered over the empty stack, opens more than kMaxGrammarStacks stacks
+  // (OpensTooMany).
+  bool RuleTooWide(int32_t rule, int64_t* budget) {
+    work_.clear();
+    for (int32_t a : g_.rules[rule]) {
+      work_.push_back(g_.elements[a].kind == GrammarElement::kEnd ? kEmpty : Node(a, kEmpty));
+    }
+    return OpensTooMany(budget);
+  }
+
+  // Whether the stacks work_ opens pass kMaxGrammarStacks, the empty stack not counted (where
+  // the text may end there, the stack below goes on, and what it opens may be tops already
+  // counted). Spends at most *budget (less what it spent); false once that is spent.
+  bool OpensTooMany(int64_t* budget) {
+    RestartWork();
+    work_limit_ = std::min(kMaxGrammarWork, *budget);
+    std::vector<int32_t> opened;
+    const bool fits = Expand(&opened);
+    const bool past = exceeded_;
+    *budget -= work_done_;
+    work_limit_ = kMaxGrammarWork;
+    exceeded_ = false;
+    RestartWork();
+    if (fits || past) return false;
+    return opened.size() - size_t(std::count(opened.begin(), opened.end(), kEmpty)) >
+           size_t(kMaxGrammarStacks);
+  }
+
   // The node for `pos` over `parent`, made once; -1 past kMaxGrammarNodes.
   int32_t Node(int32_t pos, int32_t parent) {
     if (parent < 0) return -1;
@@ -362,6 +364,7 @@ class GrammarGuide::Parse {
     pos_.push_back(pos);
     parent_.push_back(parent);
     mark_.push_back(0);
+    flat_mark_.push_back(0);
     ascii_row_.push_back(-1);
     return true;
   }
@@ -375,47 +378,171 @@ class GrammarGuide::Parse {
     return {&parent_[n], &parent_[n] + 1};
   }
 
-  // Stacks with the same top become one over the join of what lies under them; false past the
+  // Stacks with the same top become one over the union of what lies under them; false past the
   // bounds (kMaxGrammarStacks counts the stacks so merged).
   bool Merge(std::vector<int32_t>* stacks) {
     if (stacks->size() > 1) {
       if (!Spend(int64_t(stacks->size()))) return false;
-      by_top_.clear();
-      for (int32_t node : *stacks) by_top_.emplace_back(node == kEmpty ? -1 : pos_[node], node);
-      std::sort(by_top_.begin(), by_top_.end());
-      const auto alike = [](const auto& a, const auto& b) { return a.first == b.first; };
-      if (std::adjacent_find(by_top_.begin(), by_top_.end(), alike) != by_top_.end()) {
-        stacks->clear();
-        for (auto group = by_top_.begin(); group != by_top_.end();) {
-          const auto end = std::find_if(group, by_top_.end(),
-                                        [&](const auto& t) { return t.first != group->first; });
-          const int32_t node = end - group == 1 ? group->second : Joined(group, end);
+      if (GroupByTop(*stacks, &grouped_)) {
+        *stacks = grouped_.alone;
+        for (const auto& [top, nodes] : grouped_.shared) {
+          std::vector<int32_t> under;
+          for (int32_t node : nodes) under.push_back(parent_[node]);
+          const int32_t u = Union(std::move(under));
+          const int32_t node = u < 0 ? -1 : Node(top, u);
           if (node < 0) return false;
           stacks->push_back(node);
-          group = end;
         }
       }
     }
     return stacks->size() <= size_t(kMaxGrammarStacks);
   }
 
-  // The node for the stacks [group, end) of by_top_ (one top): that top over the join of what
-  // lies under each; -1 past the bounds.
-  int32_t Joined(std::vector<std::pair<int32_t, int32_t>>::const_iterator group,
-                 std::vector<std::pair<int32_t, int32_t>>::const_iterator end) {
-    members_.clear();
-    for (auto it = group; it != end; ++it) {
-      const int32_t under = parent_[it->second];
-      if (under != kEmpty && pos_[under] == kJoin) {
-        const auto [begin, last] = Under(under);
-        members_.insert(members_.end(), begin, last);
+  // Nodes by top (GroupByTop): those alone at their top, and (top, nodes) for each top that
+  // several share.
+  struct Grouped {
+    std::vector<int32_t> alone;
+    std::vector<std::pair<int32_t, std::vector<int32_t>>> shared;
+  };
+
+  // `nodes` (none a join) by top into *out; false (*out as it was) when no two share one. A few
+  // are sorted; many are counted by top in top_mark_ and top_count_, made on first use (8 bytes
+  // a grammar position, where most calls never need them).
+  bool GroupByTop(const std::vector<int32_t>& nodes, Grouped* out) {
+    if (nodes.size() <= kMaxRememberedStacks) {
+      std::vector<std::pair<int32_t, int32_t>>& by_top = by_top_;
+      by_top.clear();
+      for (int32_t node : nodes) by_top.emplace_back(pos_[node], node);
+      const auto end = by_top.end();
+      std::sort(by_top.begin(), end);
+      const auto alike = [](const auto& a, const auto& b) { return a.first == b.first; };
+      if (std::adjacent_find(by_top.begin(), end, alike) == end) return false;
+      out->alone.clear();
+      out->shared.clear();
+      for (auto group = by_top.begin(); group != end;) {
+        const auto last = std::find_if(group, end, [&](const auto& t) { return !alike(t, *group); });
+        if (last - group == 1) {
+          out->alone.push_back(group->second);
+        } else {
+          out->shared.emplace_back(group->first, std::vector<int32_t>());
+          for (auto it = group; it != last; ++it) out->shared.back().second.push_back(it->second);
+        }
+        group = last;
+      }
+      return true;
+    }
+    if (top_mark_.empty()) {
+      top_mark_.assign(g_.elements.size() + 1, 0);
+      top_count_.assign(g_.elements.size() + 1, 0);
+    }
+    auto slot = [&](int32_t node) { return size_t(pos_[node] + 1); };  // kEmpty's top is -1
+    ++top_epoch_;
+    bool alike = false;
+    for (int32_t node : nodes) {
+      const size_t at = slot(node);
+      if (top_mark_[at] == top_epoch_) {
+        ++top_count_[at];
+        alike = true;
       } else {
-        members_.push_back(under);
+        top_mark_[at] = top_epoch_;
+        top_count_[at] = 1;
       }
     }
-    const int32_t under = Join(&members_);
-    return under < 0 ? -1 : Node(group->first, under);
+    if (!alike) return false;
+    ++top_epoch_;  // now: marked once the top's group is made, top_count_ its index
+    out->alone.clear();
+    out->shared.clear();
+    for (int32_t node : nodes) {
+      const size_t at = slot(node);
+      if (top_mark_[at] != top_epoch_) {
+        if (top_count_[at] == 1) {
+          out->alone.push_back(node);
+          continue;
+        }
+        top_mark_[at] = top_epoch_;
+        top_count_[at] = uint32_t(out->shared.size());
+        out->shared.emplace_back(pos_[node], std::vector<int32_t>());
+      }
+      out->shared[top_count_[at]].second.push_back(node);
+    }
+    return true;
   }
+
+  // The node for the union of the stacks `stacks` (nodes; a join among them stands for its
+  // members): one node per set of stacks, whatever nodes it is made from. Alike tops become one
+  // node over the union of what lies under them, and so on down, so a join's members' tops all
+  // differ, and readings that multiply under one top (`r ::= "b" r r r | ""`, three ways to
+  // read each "b" more) keep a node per way the stacks differ, not per reading. Iterative (the
+  // graph may be thousands of levels deep): a set waits on the sets below it, each made once
+  // (join_index_ remembers every set made, as made or as asked for). -1 past the bounds.
+  int32_t Union(std::vector<int32_t> stacks) {
+    Flatten(&stacks);
+    if (stacks.size() == 1) return stacks[0];
+    std::vector<std::vector<int32_t>> todo;
+    todo.push_back(std::move(stacks));
+    Grouped grouped;
+    std::vector<int32_t> members;
+    while (true) {
+      const size_t at = todo.size() - 1;  // todo[at]: the set to make (pushes move it)
+      int32_t made = -1;
+      if (auto found = join_index_.find(todo[at]); found != join_index_.end()) {
+        made = found->second;
+      } else {
+        if (!Spend(int64_t(todo[at].size()))) return -1;
+        const bool alike = GroupByTop(todo[at], &grouped);
+        members = alike ? grouped.alone : todo[at];
+        bool ready = true;
+        if (!alike) grouped.shared.clear();
+        for (const auto& [top, nodes] : grouped.shared) {
+          std::vector<int32_t> under;
+          for (int32_t node : nodes) under.push_back(parent_[node]);
+          Flatten(&under);
+          int32_t u = under.size() == 1 ? under[0] : -1;
+          if (u < 0) {
+            if (auto found = join_index_.find(under); found != join_index_.end()) {
+              u = found->second;
+            }
+          }
+          if (u < 0) {
+            todo.push_back(std::move(under));
+            ready = false;
+          } else if (ready) {
+            const int32_t node = Node(top, u);
+            if (node < 0) return -1;
+            members.push_back(node);
+          }
+        }
+        if (!ready) continue;  // the sets below first
+        made = Join(&members);
+        if (made < 0) return -1;
+        if (alike) join_index_.try_emplace(todo[at], made);
+      }
+      todo.pop_back();
+      if (todo.empty()) return made;
+    }
+  }
+
+  // Each join in *nodes replaced by its members; sorted, each once.
+  void Flatten(std::vector<int32_t>* nodes) {
+    ++flat_epoch_;
+    flat_.clear();
+    auto add = [&](int32_t node) {
+      if (flat_mark_[node] == flat_epoch_) return;
+      flat_mark_[node] = flat_epoch_;
+      flat_.push_back(node);
+    };
+    for (int32_t node : *nodes) {
+      if (pos_[node] != kJoin) {
+        add(node);
+        continue;
+      }
+      const auto [begin, end] = Under(node);
+      for (const int32_t* m = begin; m != end; ++m) add(*m);
+    }
+    std::sort(flat_.begin(), flat_.end());
+    nodes->swap(flat_);
+  }
+
 
   // The stack once the top of `node` has been read: the next element of its alternative over
   // the same stack, or at the alternative's end the stack below.
@@ -536,7 +663,7 @@ class GrammarGuide::Parse {
 
   bool Spend(int64_t work) {
     work_done_ += work;
-    if (work_done_ > kMaxGrammarWork) exceeded_ = true;
+    if (work_done_ > work_limit_) exceeded_ = true;
     return !exceeded_;
   }
 
@@ -556,11 +683,17 @@ class GrammarGuide::Parse {
   std::vector<int32_t> parent_;  // [node]: the stack under it, or a join's index in joins_
   std::vector<uint32_t> mark_;   // [node]: the Expand that reached it last
   uint32_t epoch_ = 0;
+  std::vector<uint32_t> flat_mark_;  // [node]: the Flatten that met it last
+  uint32_t flat_epoch_ = 0;
+  std::vector<int32_t> flat_;        // one Flatten's
   absl::flat_hash_map<uint64_t, int32_t> index_;  // (pos, parent) -> node
   std::vector<std::vector<int32_t>> joins_;        // [join]: its members, sorted
   absl::flat_hash_map<std::vector<int32_t>, int32_t> join_index_;  // members -> node
-  std::vector<std::pair<int32_t, int32_t>> by_top_;  // one Merge's (top, node)
-  std::vector<int32_t> members_;                      // one join's, as it is made
+  Grouped grouped_;                 // one Merge's
+  std::vector<std::pair<int32_t, int32_t>> by_top_;  // one GroupByTop's (top, node)
+  std::vector<uint32_t> top_mark_;  // [top + 1]: the GroupByTop pass that met it last
+  std::vector<uint32_t> top_count_;  // [top + 1]: its nodes, then its group's index
+  uint32_t top_epoch_ = 0;
   std::vector<int32_t> work_;
   std::vector<int32_t> expanded_;
   absl::flat_hash_map<uint64_t, std::pair<int32_t, int32_t>> moves_;  // (node, cp) -> moved_
@@ -570,6 +703,7 @@ class GrammarGuide::Parse {
   std::vector<int32_t> moved_;
   std::vector<std::pair<int32_t, int32_t>> ranges_;  // one Advance's
   int64_t work_done_ = 0;
+  int64_t work_limit_ = kMaxGrammarWork;  // less while Compile checks widths
   bool exceeded_ = false;
 };
 
@@ -590,11 +724,17 @@ absl::StatusOr<std::shared_ptr<const GrammarGuide>> GrammarGuide::Compile(std::s
         kMaxGrammarStacks, " parses open at once, so once in it nothing could follow"));
   };
   Parse parse(g);
-  if (const int32_t rule = parse.TooWideRule(kMaxGrammarWork / 20); rule >= 0) {
-    return too_wide(rule);
-  }
+  int64_t budget = kMaxGrammarWork / 20;  // the widths' checks, in all
+  if (const int32_t rule = parse.TooWideRule(&budget); rule >= 0) return too_wide(rule);
   Parse::State start;
-  if (!parse.Start(&start)) return too_wide(parse.Widest(g.root, kMaxGrammarWork / 20));
+  if (!parse.Start(&start)) {
+    if (parse.exceeded()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "guided_grammar: the grammar's start is past the guide's bounds (", kMaxGrammarNodes,
+          " stack nodes, ", kMaxGrammarWork, " steps of work to open it)"));
+    }
+    return too_wide(parse.Widest(g.root, &budget));
+  }
   return std::shared_ptr<const GrammarGuide>(std::move(guide));
 }
 
