@@ -185,7 +185,7 @@ class GrammarGuide::Parse {
     return rule;
   }
 
-  // A bound was passed: what this parse found since is not all there is.  // A bound was passed: what this parse found since is not all there is.
+  // A bound was passed: what this parse found since is not all there is.
   bool exceeded() const { return exceeded_; }
   size_t nodes() const { return pos_.size(); }
   // A walk has kMaxGrammarWork of its own (what reading the output took aside; what the
@@ -204,6 +204,7 @@ class GrammarGuide::Parse {
     index_.clear();
     joins_.clear();
     join_index_.clear();
+    union_index_.clear();
     moves_.clear();
     moved_.clear();
     ascii_moves_.clear();
@@ -476,36 +477,32 @@ class GrammarGuide::Parse {
   // graph may be thousands of levels deep): a set waits on the sets below it, each made once
   // (join_index_ remembers every set made, as made or as asked for). -1 past the bounds.
   int32_t Union(std::vector<int32_t> stacks) {
-    Flatten(&stacks);
-    if (stacks.size() == 1) return stacks[0];
+    std::sort(stacks.begin(), stacks.end());
+    stacks.erase(std::unique(stacks.begin(), stacks.end()), stacks.end());
     std::vector<std::vector<int32_t>> todo;
-    todo.push_back(std::move(stacks));
+    int32_t made = Known(stacks, &todo);
+    if (made != kUnknown) return made;
     Grouped grouped;
     std::vector<int32_t> members;
     while (true) {
       const size_t at = todo.size() - 1;  // todo[at]: the set to make (pushes move it)
-      int32_t made = -1;
+      made = -1;
       if (auto found = join_index_.find(todo[at]); found != join_index_.end()) {
         made = found->second;
       } else {
         if (!Spend(int64_t(todo[at].size()))) return -1;
         const bool alike = GroupByTop(todo[at], &grouped);
         members = alike ? grouped.alone : todo[at];
-        bool ready = true;
         if (!alike) grouped.shared.clear();
+        bool ready = true;
         for (const auto& [top, nodes] : grouped.shared) {
           std::vector<int32_t> under;
           for (int32_t node : nodes) under.push_back(parent_[node]);
-          Flatten(&under);
-          int32_t u = under.size() == 1 ? under[0] : -1;
-          if (u < 0) {
-            if (auto found = join_index_.find(under); found != join_index_.end()) {
-              u = found->second;
-            }
-          }
-          if (u < 0) {
-            todo.push_back(std::move(under));
+          const int32_t u = Known(std::move(under), &todo);
+          if (u == kUnknown) {
             ready = false;
+          } else if (u < 0) {
+            return -1;
           } else if (ready) {
             const int32_t node = Node(top, u);
             if (node < 0) return -1;
@@ -518,14 +515,43 @@ class GrammarGuide::Parse {
         if (alike) join_index_.try_emplace(todo[at], made);
       }
       todo.pop_back();
-      if (todo.empty()) return made;
+      if (todo.empty()) {
+        union_index_.try_emplace(std::move(stacks), made);
+        return made;
+      }
     }
   }
 
-  // Each join in *nodes replaced by its members; sorted, each once.
-  void Flatten(std::vector<int32_t>* nodes) {
+  // The node for the union of `stacks` where it is known: one stack, or a set made before (as
+  // asked for, or flattened: remembered under both, so a merge met again costs its stacks, not
+  // their joins' members). Else kUnknown, and the flattened set pushed onto *todo; -1 past the
+  // bounds.
+  static constexpr int32_t kUnknown = -3;
+  int32_t Known(std::vector<int32_t> stacks, std::vector<std::vector<int32_t>>* todo) {
+    std::sort(stacks.begin(), stacks.end());
+    stacks.erase(std::unique(stacks.begin(), stacks.end()), stacks.end());
+    if (stacks.size() == 1) return stacks[0];
+    if (auto found = union_index_.find(stacks); found != union_index_.end()) return found->second;
+    std::vector<int32_t> flat = stacks;
+    if (!Flatten(&flat)) return -1;
+    int32_t u = flat.size() == 1 ? flat[0] : kUnknown;
+    if (u == kUnknown) {
+      if (auto found = join_index_.find(flat); found != join_index_.end()) u = found->second;
+    }
+    if (u == kUnknown) {
+      todo->push_back(std::move(flat));
+    } else {
+      union_index_.try_emplace(std::move(stacks), u);
+    }
+    return u;
+  }
+
+  // Each join in *nodes replaced by its members; sorted, each once. Costs what it touches;
+  // false past the work bound.
+  bool Flatten(std::vector<int32_t>* nodes) {
     ++flat_epoch_;
     flat_.clear();
+    size_t touched = nodes->size();
     auto add = [&](int32_t node) {
       if (flat_mark_[node] == flat_epoch_) return;
       flat_mark_[node] = flat_epoch_;
@@ -537,12 +563,13 @@ class GrammarGuide::Parse {
         continue;
       }
       const auto [begin, end] = Under(node);
+      touched += size_t(end - begin);
       for (const int32_t* m = begin; m != end; ++m) add(*m);
     }
     std::sort(flat_.begin(), flat_.end());
     nodes->swap(flat_);
+    return Spend(int64_t(touched));
   }
-
 
   // The stack once the top of `node` has been read: the next element of its alternative over
   // the same stack, or at the alternative's end the stack below.
@@ -689,6 +716,8 @@ class GrammarGuide::Parse {
   absl::flat_hash_map<uint64_t, int32_t> index_;  // (pos, parent) -> node
   std::vector<std::vector<int32_t>> joins_;        // [join]: its members, sorted
   absl::flat_hash_map<std::vector<int32_t>, int32_t> join_index_;  // members -> node
+  // The stacks a Union was asked for (joins among them) -> node, once found.
+  absl::flat_hash_map<std::vector<int32_t>, int32_t> union_index_;
   Grouped grouped_;                 // one Merge's
   std::vector<std::pair<int32_t, int32_t>> by_top_;  // one GroupByTop's (top, node)
   std::vector<uint32_t> top_mark_;  // [top + 1]: the GroupByTop pass that met it last
@@ -731,7 +760,8 @@ absl::StatusOr<std::shared_ptr<const GrammarGuide>> GrammarGuide::Compile(std::s
     if (parse.exceeded()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "guided_grammar: the grammar's start is past the guide's bounds (", kMaxGrammarNodes,
-          " stack nodes, ", kMaxGrammarWork, " steps of work to open it)"));
+          " stack nodes, ", kMaxJoinMembers, " stacks under one top, ", kMaxGrammarWork,
+          " steps of work to open it)"));
     }
     return too_wide(parse.Widest(g.root, &budget));
   }
