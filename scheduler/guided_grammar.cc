@@ -421,7 +421,8 @@ class GrammarGuide::Parse {
       out->alone.clear();
       out->shared.clear();
       for (auto group = by_top.begin(); group != end;) {
-        const auto last = std::find_if(group, end, [&](const auto& t) { return !alike(t, *group); });
+        const auto last =
+            std::find_if(group, end, [&](const auto& t) { return !alike(t, *group); });
         if (last - group == 1) {
           out->alone.push_back(group->second);
         } else {
@@ -475,7 +476,8 @@ class GrammarGuide::Parse {
   // differ, and readings that multiply under one top (`r ::= "b" r r r | ""`, three ways to
   // read each "b" more) keep a node per way the stacks differ, not per reading. Iterative (the
   // graph may be thousands of levels deep): a set waits on the sets below it, each made once
-  // (join_index_ remembers every set made, as made or as asked for). -1 past the bounds.
+  // (join_index_ remembers every set made, flattened, and union_index_ every set asked for, as
+  // asked). -1 past the bounds.
   int32_t Union(std::vector<int32_t> stacks) {
     std::sort(stacks.begin(), stacks.end());
     stacks.erase(std::unique(stacks.begin(), stacks.end()), stacks.end());

@@ -742,7 +742,9 @@ TEST(GrammarGuideTest, AListOfThousandsOfWordsIsFollowed) {
   std::set<std::string> words;
   while (words.size() < 3000) {
     std::string w;
-    for (int n = 2 + int(rng() % 8); n > 0; --n) w += rng() % 13 ? std::string(1, char('a' + rng() % 26)) : "é";
+    for (int n = 2 + int(rng() % 8); n > 0; --n) {
+      w += rng() % 13 ? std::string(1, char('a' + rng() % 26)) : "é";
+    }
     words.insert(w);
   }
   text = "root ::= word\nword ::= ";
@@ -791,7 +793,9 @@ TEST(GrammarGuideTest, ARuleThatBeginsTooManyWaysIsRefusedByName) {
   // the list is named, not the rules around it.
   std::string listed = "root ::= \"(\" (list | \"-\")* \")\"\nlist ::= r0";
   for (int i = 1; i < 1100; ++i) listed += " | r" + std::to_string(i);
-  for (int i = 0; i < 1100; ++i) listed += "\nr" + std::to_string(i) + " ::= \"x" + std::to_string(i) + "\"";
+  for (int i = 0; i < 1100; ++i) {
+    listed += "\nr" + std::to_string(i) + " ::= \"x" + std::to_string(i) + "\"";
+  }
   EXPECT_TRUE(refused(listed, "list"));
   // Twenty rules in a row that may each match nothing, sixty ways to begin each.
   std::string run = "root ::= \"x\"";
