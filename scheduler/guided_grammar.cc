@@ -24,6 +24,8 @@ constexpr size_t kMaxRememberedStacks = 8;    // more move together (Parse::Adva
 // Stacks under one top (a join's members, their tops all different: at most one per grammar
 // position); past this a call stops there.
 constexpr size_t kMaxJoinMembers = 4096;
+// Sets of stacks a call numbers, with their moves by ASCII byte (512 bytes each).
+constexpr size_t kMaxNumberedSets = 4096;
 
 }  // namespace
 
@@ -32,6 +34,7 @@ struct GrammarGuide::ParseState {
   uint32_t partial = 0;         // the bits of a character read so far
   uint8_t owed = 0;             // its continuation bytes still to come
   uint8_t lo = 0x80, hi = 0xBF;  // the range the next of them must be in
+  int32_t set = -1;              // stacks' number in its Parse's sets_, or -1 (not numbered)
 };
 
 // The stack nodes one call makes (so the sampling threads share nothing but the grammar) and
@@ -49,17 +52,15 @@ class GrammarGuide::Parse {
 
   // The stacks before any text; false when there are too many.
   bool Start(State* s) {
-    work_.clear();
-    for (int32_t a : g_.rules[g_.root]) {
-      work_.push_back(g_.elements[a].kind == GrammarElement::kEnd ? kEmpty : Node(a, kEmpty));
-    }
+    OpenRule(g_.root);
+    s->set = -1;
     return Expand(&s->stacks) && !s->stacks.empty();
   }
 
   // The state after `b`; false where no text of the grammar has it next (or past the bounds).
   bool Next(const State& s, uint8_t b, State* out) {
     if (exceeded_ || !Spend(1)) return false;
-    if (s.owed == 0 && b < 0x80) return Advance(s.stacks, b, out);
+    if (s.owed == 0 && b < 0x80) return Step(s, b, out);
     uint32_t bits;
     if (s.owed == 0) {  // a character's first byte: what the next may be
       model::Utf8Lead lead;
@@ -71,7 +72,7 @@ class GrammarGuide::Parse {
       const uint32_t first = ((bits << 6) | (lo & 0x3F)) << shift;
       const uint32_t last = (((bits << 6) | (hi & 0x3F)) << shift) | ((1u << shift) - 1);
       if (!AnyTakes(s.stacks, first, last)) return false;
-      *out = {s.stacks, bits, owed, lo, hi};
+      *out = {s.stacks, bits, owed, lo, hi, s.set};
       return true;
     }
     if (b < s.lo || b > s.hi) return false;
@@ -79,7 +80,7 @@ class GrammarGuide::Parse {
     if (s.owed == 1) return Advance(s.stacks, bits, out);
     const int shift = 6 * (s.owed - 1);
     if (!AnyTakes(s.stacks, bits << shift, (bits << shift) | ((1u << shift) - 1))) return false;
-    *out = {s.stacks, bits, uint8_t(s.owed - 1), 0x80, 0xBF};
+    *out = {s.stacks, bits, uint8_t(s.owed - 1), 0x80, 0xBF, s.set};
     return true;
   }
 
@@ -96,6 +97,7 @@ class GrammarGuide::Parse {
   // The state Key wrote, its stacks made again here; false past kMaxGrammarNodes.
   bool Restore(std::string_view key, State* s) {
     constexpr size_t kTail = sizeof(uint32_t) + 3;
+    s->set = -1;
     size_t at = 0;
     auto next = [&]() {
       int32_t v;
@@ -208,6 +210,9 @@ class GrammarGuide::Parse {
     moves_.clear();
     moved_.clear();
     ascii_moves_.clear();
+    set_index_.clear();
+    sets_.clear();
+    set_moves_.clear();
   }
 
   static bool Whole(const State& s) {
@@ -296,11 +301,16 @@ class GrammarGuide::Parse {
   // Whether `rule`, entered over the empty stack, opens more than kMaxGrammarStacks stacks
   // (OpensTooMany).
   bool RuleTooWide(int32_t rule, int64_t* budget) {
+    OpenRule(rule);
+    return OpensTooMany(budget);
+  }
+
+  // work_ := `rule`'s alternatives over the empty stack (an empty alternative: the empty stack).
+  void OpenRule(int32_t rule) {
     work_.clear();
     for (int32_t a : g_.rules[rule]) {
       work_.push_back(g_.elements[a].kind == GrammarElement::kEnd ? kEmpty : Node(a, kEmpty));
     }
-    return OpensTooMany(budget);
   }
 
   // Whether the stacks work_ opens pass kMaxGrammarStacks, the empty stack not counted (where
@@ -387,10 +397,7 @@ class GrammarGuide::Parse {
       if (GroupByTop(*stacks, &grouped_)) {
         *stacks = grouped_.alone;
         for (const auto& [top, nodes] : grouped_.shared) {
-          std::vector<int32_t> under;
-          for (int32_t node : nodes) under.push_back(parent_[node]);
-          const int32_t u = Union(std::move(under));
-          const int32_t node = u < 0 ? -1 : Node(top, u);
+          const int32_t node = OverUnion(top, nodes, nullptr);
           if (node < 0) return false;
           stacks->push_back(node);
         }
@@ -411,16 +418,15 @@ class GrammarGuide::Parse {
   // a grammar position, where most calls never need them).
   bool GroupByTop(const std::vector<int32_t>& nodes, Grouped* out) {
     if (nodes.size() <= kMaxRememberedStacks) {
-      std::vector<std::pair<int32_t, int32_t>>& by_top = by_top_;
-      by_top.clear();
-      for (int32_t node : nodes) by_top.emplace_back(pos_[node], node);
-      const auto end = by_top.end();
-      std::sort(by_top.begin(), end);
+      by_top_.clear();
+      for (int32_t node : nodes) by_top_.emplace_back(pos_[node], node);
+      const auto end = by_top_.end();
+      std::sort(by_top_.begin(), end);
       const auto alike = [](const auto& a, const auto& b) { return a.first == b.first; };
-      if (std::adjacent_find(by_top.begin(), end, alike) == end) return false;
+      if (std::adjacent_find(by_top_.begin(), end, alike) == end) return false;
       out->alone.clear();
       out->shared.clear();
-      for (auto group = by_top.begin(); group != end;) {
+      for (auto group = by_top_.begin(); group != end;) {
         const auto last =
             std::find_if(group, end, [&](const auto& t) { return !alike(t, *group); });
         if (last - group == 1) {
@@ -479,10 +485,8 @@ class GrammarGuide::Parse {
   // (join_index_ remembers every set made, flattened, and union_index_ every set asked for, as
   // asked). -1 past the bounds.
   int32_t Union(std::vector<int32_t> stacks) {
-    std::sort(stacks.begin(), stacks.end());
-    stacks.erase(std::unique(stacks.begin(), stacks.end()), stacks.end());
     std::vector<std::vector<int32_t>> todo;
-    int32_t made = Known(stacks, &todo);
+    int32_t made = Known(&stacks, &todo);
     if (made != kUnknown) return made;
     Grouped grouped;
     std::vector<int32_t> members;
@@ -498,16 +502,12 @@ class GrammarGuide::Parse {
         if (!alike) grouped.shared.clear();
         bool ready = true;
         for (const auto& [top, nodes] : grouped.shared) {
-          std::vector<int32_t> under;
-          for (int32_t node : nodes) under.push_back(parent_[node]);
-          const int32_t u = Known(std::move(under), &todo);
-          if (u == kUnknown) {
+          const int32_t node = OverUnion(top, nodes, &todo);
+          if (node == kUnknown) {
             ready = false;
-          } else if (u < 0) {
+          } else if (node < 0) {
             return -1;
           } else if (ready) {
-            const int32_t node = Node(top, u);
-            if (node < 0) return -1;
             members.push_back(node);
           }
         }
@@ -518,32 +518,54 @@ class GrammarGuide::Parse {
       }
       todo.pop_back();
       if (todo.empty()) {
-        union_index_.try_emplace(std::move(stacks), made);
+        if (HasJoin(stacks)) union_index_.try_emplace(std::move(stacks), made);
         return made;
       }
     }
   }
 
-  // The node for the union of `stacks` where it is known: one stack, or a set made before (as
-  // asked for, or flattened: remembered under both, so a merge met again costs its stacks, not
-  // their joins' members). Else kUnknown, and the flattened set pushed onto *todo; -1 past the
+  // The node `top` over the union of what lies under `nodes` (alike tops): made at once (todo
+  // null: Union), or kUnknown with the set to make first pushed onto *todo. -1 past the bounds.
+  int32_t OverUnion(int32_t top, const std::vector<int32_t>& nodes,
+                    std::vector<std::vector<int32_t>>* todo) {
+    std::vector<int32_t> under;
+    under.reserve(nodes.size());
+    for (int32_t node : nodes) under.push_back(parent_[node]);
+    const int32_t u = todo == nullptr ? Union(std::move(under)) : Known(&under, todo);
+    return u < 0 ? u : Node(top, u);
+  }
+
+  bool HasJoin(const std::vector<int32_t>& nodes) const {
+    return std::any_of(nodes.begin(), nodes.end(), [&](int32_t n) { return pos_[n] == kJoin; });
+  }
+
+  // The node for the union of *stacks (sorted here, each once) where it is known: one stack, or
+  // a set made before. A set with joins among it is remembered as asked for as well as
+  // flattened, so a merge met again costs its stacks, not their joins' members; one without is
+  // its own flattening. Else kUnknown, and the flattened set pushed onto *todo; -1 past the
   // bounds.
   static constexpr int32_t kUnknown = -3;
-  int32_t Known(std::vector<int32_t> stacks, std::vector<std::vector<int32_t>>* todo) {
-    std::sort(stacks.begin(), stacks.end());
-    stacks.erase(std::unique(stacks.begin(), stacks.end()), stacks.end());
-    if (stacks.size() == 1) return stacks[0];
-    if (auto found = union_index_.find(stacks); found != union_index_.end()) return found->second;
-    std::vector<int32_t> flat = stacks;
-    if (!Flatten(&flat)) return -1;
+  int32_t Known(std::vector<int32_t>* stacks, std::vector<std::vector<int32_t>>* todo) {
+    std::sort(stacks->begin(), stacks->end());
+    stacks->erase(std::unique(stacks->begin(), stacks->end()), stacks->end());
+    if (stacks->size() == 1) return stacks->front();
+    const bool joins = HasJoin(*stacks);
+    if (joins) {
+      if (auto found = union_index_.find(*stacks); found != union_index_.end()) {
+        return found->second;
+      }
+    }
+    // Without joins the lookup costs what the caller paid for these stacks already.
+    std::vector<int32_t> flat = *stacks;
+    if (joins && !Flatten(&flat)) return -1;
     int32_t u = flat.size() == 1 ? flat[0] : kUnknown;
     if (u == kUnknown) {
       if (auto found = join_index_.find(flat); found != join_index_.end()) u = found->second;
     }
     if (u == kUnknown) {
       todo->push_back(std::move(flat));
-    } else {
-      union_index_.try_emplace(std::move(stacks), u);
+    } else if (joins) {
+      union_index_.try_emplace(*stacks, u);
     }
     return u;
   }
@@ -611,6 +633,49 @@ class GrammarGuide::Parse {
     return Merge(out);
   }
 
+  // The state after the ASCII byte `b` (a whole character; none owed). A walk meets the same
+  // stacks under many prefixes (a string's, after any of its characters): each set of stacks is
+  // numbered as met and its moves by byte remembered, so a step met again is a lookup and a
+  // copy, where Advance would look up every stack's move and merge them.
+  bool Step(const State& s, uint8_t b, State* out) {
+    const int32_t set = s.set >= 0 ? s.set : Number(s.stacks);
+    if (set < 0) return Advance(s.stacks, b, out);
+    int32_t to = set_moves_[set][b];
+    if (to == kDeadMove) return false;
+    if (to == kUnknownMove) {
+      if (!Advance(s.stacks, b, out)) {
+        if (!exceeded_) set_moves_[set][b] = kDeadMove;  // past the bounds: not the grammar's
+        return false;
+      }
+      to = Number(out->stacks);
+      if (to < 0) return true;  // too many sets: this move is Advance's each time
+      set_moves_[set][b] = to;
+      out->set = to;
+      return true;
+    }
+    out->stacks = sets_[to];
+    out->partial = 0;
+    out->owed = 0;
+    out->lo = 0x80;
+    out->hi = 0xBF;
+    out->set = to;
+    return true;
+  }
+
+  // The number of the set `stacks` (as ordered), made on first meeting; -1 past
+  // kMaxNumberedSets.
+  static constexpr int32_t kUnknownMove = -2, kDeadMove = -1;
+  int32_t Number(const std::vector<int32_t>& stacks) {
+    if (auto found = set_index_.find(stacks); found != set_index_.end()) return found->second;
+    if (sets_.size() >= kMaxNumberedSets) return -1;
+    const int32_t set = int32_t(sets_.size());
+    set_index_.emplace(stacks, set);
+    sets_.push_back(stacks);
+    set_moves_.emplace_back();
+    set_moves_.back().fill(kUnknownMove);
+    return set;
+  }
+
   // The stacks after the character `cp` (merged: Merge); false when none takes it.
   // Each stack's moves are remembered (a walk meets the same stacks under many prefixes: a
   // string's, after any of its characters), so the stacks are the union of theirs. Many stacks
@@ -621,6 +686,7 @@ class GrammarGuide::Parse {
     out->owed = 0;
     out->lo = 0x80;
     out->hi = 0xBF;
+    out->set = -1;
     if (!Spend(int64_t(stacks.size()))) return false;
     if (stacks.size() > kMaxRememberedStacks) {
       work_.clear();
@@ -733,6 +799,9 @@ class GrammarGuide::Parse {
   std::vector<std::array<std::pair<int32_t, int32_t>, 128>> ascii_moves_;  // [row][cp]
   std::vector<int32_t> moved_;
   std::vector<std::pair<int32_t, int32_t>> ranges_;  // one Advance's
+  absl::flat_hash_map<std::vector<int32_t>, int32_t> set_index_;  // stacks -> their number
+  std::vector<std::vector<int32_t>> sets_;                         // [number]: the stacks
+  std::vector<std::array<int32_t, 128>> set_moves_;  // [number][byte]: a number, or k*Move
   int64_t work_done_ = 0;
   int64_t work_limit_ = kMaxGrammarWork;  // less while Compile checks widths
   bool exceeded_ = false;
