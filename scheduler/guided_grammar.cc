@@ -77,7 +77,7 @@ class GrammarGuide::Parse {
     }
     if (b < s.lo || b > s.hi) return false;
     bits = s.partial << 6 | (b & 0x3F);
-    if (s.owed == 1) return Advance(s.stacks, bits, out);
+    if (s.owed == 1) return Step(s, bits, out);
     const int shift = 6 * (s.owed - 1);
     if (!AnyTakes(s.stacks, bits << shift, (bits << shift) | ((1u << shift) - 1))) return false;
     *out = {s.stacks, bits, uint8_t(s.owed - 1), 0x80, 0xBF, s.set};
@@ -213,6 +213,7 @@ class GrammarGuide::Parse {
     set_index_.clear();
     sets_.clear();
     set_moves_.clear();
+    set_wide_moves_.clear();
   }
 
   static bool Whole(const State& s) {
@@ -633,25 +634,35 @@ class GrammarGuide::Parse {
     return Merge(out);
   }
 
-  // The state after the ASCII byte `b` (a whole character; none owed). A walk meets the same
-  // stacks under many prefixes (a string's, after any of its characters): each set of stacks is
-  // numbered as met and its moves by byte remembered, so a step met again is a lookup and a
-  // copy, where Advance would look up every stack's move and merge them.
-  bool Step(const State& s, uint8_t b, State* out) {
+  // The state after the character `cp` (its last byte read). A walk meets the same stacks under
+  // many prefixes (a string's, after any of its characters): each set of stacks is numbered as
+  // met and its moves by character remembered (ASCII in a row per set, others in a map), so a
+  // step met again is a lookup and a copy, where Advance would look up every stack's move and
+  // merge them.
+  bool Step(const State& s, uint32_t cp, State* out) {
     const int32_t set = s.set >= 0 ? s.set : Number(s.stacks);
-    if (set < 0) return Advance(s.stacks, b, out);
-    int32_t to = set_moves_[set][b];
+    if (set < 0) return Advance(s.stacks, cp, out);
+    const bool ascii = cp < 128;
+    int32_t to = kUnknownMove;
+    if (ascii) {
+      to = set_moves_[set][cp];
+    } else if (auto found = set_wide_moves_.find(uint64_t(set) << 21 | cp);
+               found != set_wide_moves_.end()) {
+      to = found->second;
+    }
     if (to == kDeadMove) return false;
     if (to == kUnknownMove) {
-      if (!Advance(s.stacks, b, out)) {
-        if (!exceeded_) set_moves_[set][b] = kDeadMove;  // past the bounds: not the grammar's
-        return false;
+      const bool moved = Advance(s.stacks, cp, out);
+      if (!moved && exceeded_) return false;  // past the bounds: not the grammar's answer
+      to = moved ? Number(out->stacks) : kDeadMove;
+      if (to == -1 && moved) return true;  // too many sets: this move is Advance's each time
+      if (ascii) {
+        set_moves_[set][cp] = to;
+      } else if (set_wide_moves_.size() < kMaxNumberedSets * 8) {
+        set_wide_moves_.emplace(uint64_t(set) << 21 | cp, to);
       }
-      to = Number(out->stacks);
-      if (to < 0) return true;  // too many sets: this move is Advance's each time
-      set_moves_[set][b] = to;
-      out->set = to;
-      return true;
+      out->set = moved ? to : -1;
+      return moved;
     }
     out->stacks = sets_[to];
     out->partial = 0;
@@ -802,6 +813,7 @@ class GrammarGuide::Parse {
   absl::flat_hash_map<std::vector<int32_t>, int32_t> set_index_;  // stacks -> their number
   std::vector<std::vector<int32_t>> sets_;                         // [number]: the stacks
   std::vector<std::array<int32_t, 128>> set_moves_;  // [number][byte]: a number, or k*Move
+  absl::flat_hash_map<uint64_t, int32_t> set_wide_moves_;  // (number, cp >= 128) -> the same
   int64_t work_done_ = 0;
   int64_t work_limit_ = kMaxGrammarWork;  // less while Compile checks widths
   bool exceeded_ = false;
