@@ -24,8 +24,10 @@ constexpr size_t kMaxRememberedStacks = 8;    // more move together (Parse::Adva
 // Stacks under one top (a join's members, their tops all different: at most one per grammar
 // position); past this a call stops there.
 constexpr size_t kMaxJoinMembers = 4096;
-// Sets of stacks a call numbers, with their moves by ASCII byte (512 bytes each).
+// Sets of stacks a call numbers (Parse::Step), and their stacks in all: each set held twice (a
+// list and a map's key) and its moves by ASCII byte in a row of 512 bytes, at most about 6 MB.
 constexpr size_t kMaxNumberedSets = 4096;
+constexpr size_t kMaxNumberedStacks = 1 << 18;
 
 }  // namespace
 
@@ -214,6 +216,7 @@ class GrammarGuide::Parse {
     sets_.clear();
     set_moves_.clear();
     set_wide_moves_.clear();
+    numbered_stacks_ = 0;
   }
 
   static bool Whole(const State& s) {
@@ -664,6 +667,8 @@ class GrammarGuide::Parse {
       out->set = moved ? to : -1;
       return moved;
     }
+    // A copy of a set costs a step per 64 stacks (a memcpy, where Advance touches each).
+    if (!Spend(int64_t(sets_[to].size() / 64))) return false;
     out->stacks = sets_[to];
     out->partial = 0;
     out->owed = 0;
@@ -673,12 +678,15 @@ class GrammarGuide::Parse {
     return true;
   }
 
-  // The number of the set `stacks` (as ordered), made on first meeting; -1 past
-  // kMaxNumberedSets.
+  // The number of the set `stacks` (as ordered), made on first meeting; -1 for one stack (its
+  // moves are remembered by Move already) and past kMaxNumberedSets or kMaxNumberedStacks (then
+  // the steps are Advance's).
   static constexpr int32_t kUnknownMove = -2, kDeadMove = -1;
   int32_t Number(const std::vector<int32_t>& stacks) {
+    if (stacks.size() < 2 || sets_.size() >= kMaxNumberedSets) return -1;  // not looked up
     if (auto found = set_index_.find(stacks); found != set_index_.end()) return found->second;
-    if (sets_.size() >= kMaxNumberedSets) return -1;
+    if (numbered_stacks_ + stacks.size() > kMaxNumberedStacks) return -1;
+    numbered_stacks_ += stacks.size();
     const int32_t set = int32_t(sets_.size());
     set_index_.emplace(stacks, set);
     sets_.push_back(stacks);
@@ -814,6 +822,7 @@ class GrammarGuide::Parse {
   std::vector<std::vector<int32_t>> sets_;                         // [number]: the stacks
   std::vector<std::array<int32_t, 128>> set_moves_;  // [number][byte]: a number, or k*Move
   absl::flat_hash_map<uint64_t, int32_t> set_wide_moves_;  // (number, cp >= 128) -> the same
+  size_t numbered_stacks_ = 0;                             // in sets_, in all
   int64_t work_done_ = 0;
   int64_t work_limit_ = kMaxGrammarWork;  // less while Compile checks widths
   bool exceeded_ = false;

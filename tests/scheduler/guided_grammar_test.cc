@@ -571,10 +571,11 @@ TEST(GrammarGuideTest, AWalkOfALargeVocabularyFindsEveryToken) {
   for (int32_t id : deep) EXPECT_NE(tokens[id][0], ' ') << tokens[id];
 }
 
-// Grammars built to be ambiguous. A thousand alternatives written alike are read as one. A
-// thousand-fold repetition inside a repetition: after 100 characters a hundred ways to read
-// them, each its own top, and a walk past kMaxGrammarWork: it stops there, every token it let
-// through leading on, and the next call stops at the same place.
+// Grammars built to be ambiguous. A thousand alternatives written alike are read as one; a
+// thousand one character apart, and a thousand-fold repetition inside a repetition (after 100
+// characters a hundred ways to read them, each its own top), come back to the same sets of
+// stacks, each moved once per character. One whose stacks differ at every prefix stops at the
+// bounds, letting through the tokens before it in byte order.
 TEST(GrammarGuideTest, GrammarsBuiltToBeAmbiguousStayBounded) {
   const std::vector<std::string> tokens = LetterVocabulary();  // every one [a-z ]+
   TokenBytesIndex vocab(tokens);
@@ -611,6 +612,14 @@ TEST(GrammarGuideTest, GrammarsBuiltToBeAmbiguousStayBounded) {
   const std::vector<int32_t> some = Allowed(*history, "ab", vocab);
   EXPECT_GT(some.size(), 0u);
   EXPECT_LT(some.size(), tokens.size());  // every token leads on: the walk stopped
+  // The walk goes in byte order: what it let through is the first tokens in that order.
+  std::vector<int32_t> by_bytes(tokens.size());
+  for (size_t i = 0; i < by_bytes.size(); ++i) by_bytes[i] = int32_t(i);
+  std::sort(by_bytes.begin(), by_bytes.end(),
+            [&](int32_t a, int32_t b) { return tokens[a] < tokens[b]; });
+  by_bytes.resize(std::min(some.size(), by_bytes.size()));
+  std::sort(by_bytes.begin(), by_bytes.end());
+  EXPECT_EQ(some, by_bytes);
   for (size_t i = 0; i < some.size(); i += 37) {
     EXPECT_TRUE(history->LeadsOn("ab" + tokens[some[i]])) << tokens[some[i]];
   }
