@@ -251,15 +251,16 @@ SampleResult Sampler::Sample(std::span<float> logits, std::span<const int32_t> p
       return t >= 0 && t < vocab && possible(logits[t]);
     });
     if (none && !hard) return;
-    auto next = keep.begin();
-    for (int32_t t = 0; t < vocab; ++t) {
-      if (next != keep.end() && *next == t) {
-        if (none) logits[t] = 0.0f;
-        while (next != keep.end() && *next == t) ++next;  // repeats, if any
-      } else {
-        logits[t] = kNever;
-      }
+    // The gaps between kept tokens filled (a guide inside a string keeps most of the row: a
+    // few runs to fill, where a test per token of the row cost as much as the walk's copy).
+    int64_t from = 0;  // tokens [from, t) are not kept
+    for (int32_t t : keep) {
+      if (t < from || t >= vocab) continue;  // a repeat, or out of range
+      std::fill(logits.begin() + from, logits.begin() + t, kNever);
+      if (none) logits[t] = 0.0f;
+      from = t + 1;
     }
+    std::fill(logits.begin() + from, logits.end(), kNever);
   };
   // `ban` never, unless nothing else would be possible.
   std::vector<std::pair<int32_t, float>>& undo = sc.undo;

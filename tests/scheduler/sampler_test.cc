@@ -338,6 +338,48 @@ TEST(SamplerTest, OnlyTheGivenNextTokensAreSampled) {
   }
 }
 
+// The masks leave exactly the kept tokens (ascending, a repeat among them) as they were and
+// every other token of the row never: kept sets dense and sparse, with and without the row's
+// first and last tokens, on a row larger than any run; and where none of the kept is
+// possible, the kept (and only they) equally likely.
+TEST(SamplerTest, ARowIsMaskedToExactlyTheKeptTokens) {
+  constexpr int kVocab = 10007;
+  const float never = -std::numeric_limits<float>::infinity();
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> logit(-5.0f, 5.0f);
+  SamplingParams p;
+  p.temperature = 0;
+  Sampler s(p);
+  for (int round = 0; round < 24; ++round) {
+    const double density = (round % 4 == 0) ? 0.999 : (round % 4 == 1) ? 0.5 : 0.01;
+    std::vector<int32_t> keep;
+    for (int32_t t = 0; t < kVocab; ++t) {
+      if (std::bernoulli_distribution(density)(rng)) keep.push_back(t);
+    }
+    if (round % 3 == 0) keep.insert(keep.begin(), 0);
+    if (round % 5 == 0) keep.push_back(kVocab - 1);
+    keep.erase(std::unique(keep.begin(), keep.end()), keep.end());
+    if (keep.empty()) keep.push_back(kVocab / 2);
+    if (keep.size() > 2) keep.insert(keep.begin() + 1, keep[1]);  // a repeat
+    const std::set<int32_t> kept(keep.begin(), keep.end());
+    std::vector<float> row(kVocab);
+    for (float& l : row) l = logit(rng);
+    const bool none = round % 6 == 5;  // none of the kept possible
+    if (none) {
+      for (int32_t t : kept) row[t] = never;
+    }
+    std::vector<float> masked = row;
+    const int32_t token = s.Sample(masked, {}, {}, {}, keep).token;
+    EXPECT_TRUE(kept.contains(token)) << "round " << round << ": " << token;
+    int wrong = 0;
+    for (int32_t t = 0; t < kVocab; ++t) {
+      const float want = !kept.contains(t) ? never : none ? 0.0f : row[t];
+      wrong += masked[t] != want;
+    }
+    EXPECT_EQ(wrong, 0) << "round " << round << ", " << kept.size() << " kept";
+  }
+}
+
 // A mask that would leave no token at all is not applied: the more binding one holds (the
 // guide over allowed_token_ids over bad words over min_tokens' bans), never token 0 of an
 // all -inf row.
