@@ -100,12 +100,17 @@ class GuideCache {
         allowed->assign(ids_.begin(), ids_.end());
         return;
       }
-      allowed->clear();
-      allowed->reserve(count_);
+      allowed->resize(count_);
+      int32_t* out = allowed->data();
       for (size_t w = 0; w < bits_.size(); ++w) {
-        for (uint64_t word = bits_[w]; word != 0; word &= word - 1) {
-          allowed->push_back(int32_t(w * 64 + size_t(__builtin_ctzll(word))));
+        const int32_t base = int32_t(w * 64);
+        uint64_t word = bits_[w];
+        if (word == ~uint64_t(0)) {  // most of them where most of the vocabulary passes
+          for (int32_t i = 0; i < 64; ++i) out[i] = base + i;
+          out += 64;
+          continue;
         }
+        for (; word != 0; word &= word - 1) *out++ = base + int32_t(__builtin_ctzll(word));
       }
     }
     int64_t bytes() const {
