@@ -74,7 +74,7 @@ class GrammarGuide::Parse {
       const uint32_t first = ((bits << 6) | (lo & 0x3F)) << shift;
       const uint32_t last = (((bits << 6) | (hi & 0x3F)) << shift) | ((1u << shift) - 1);
       if (!AnyTakes(s.stacks, first, last)) return false;
-      *out = {s.stacks, bits, owed, lo, hi, s.set};
+      Carry(s, bits, owed, lo, hi, out);
       return true;
     }
     if (b < s.lo || b > s.hi) return false;
@@ -82,8 +82,19 @@ class GrammarGuide::Parse {
     if (s.owed == 1) return Step(s, bits, out);
     const int shift = 6 * (s.owed - 1);
     if (!AnyTakes(s.stacks, bits << shift, (bits << shift) | ((1u << shift) - 1))) return false;
-    *out = {s.stacks, bits, uint8_t(s.owed - 1), 0x80, 0xBF, s.set};
+    Carry(s, bits, uint8_t(s.owed - 1), 0x80, 0xBF, out);
     return true;
+  }
+
+  // *out: s's stacks (copied into out's own buffer, not a new one) partway through a character.
+  static void Carry(const State& s, uint32_t partial, uint8_t owed, uint8_t lo, uint8_t hi,
+                    State* out) {
+    out->stacks = s.stacks;
+    out->partial = partial;
+    out->owed = owed;
+    out->lo = lo;
+    out->hi = hi;
+    out->set = s.set;
   }
 
   // The state after `bytes` more; false where they leave the grammar.
