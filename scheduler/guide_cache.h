@@ -90,7 +90,7 @@ class GuideCache {
       if (ids.size() * 32 > vocab_size) {
         bits_.assign((vocab_size + 63) / 64, 0);
         for (int32_t id : ids) bits_[size_t(id) / 64] |= uint64_t(1) << (id % 64);
-        count_ = ids.size();
+        for (uint64_t word : bits_) count_ += size_t(__builtin_popcountll(word));  // Read's size
       } else {
         ids_ = ids;
       }

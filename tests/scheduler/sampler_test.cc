@@ -338,7 +338,8 @@ TEST(SamplerTest, OnlyTheGivenNextTokensAreSampled) {
   }
 }
 
-// The masks leave exactly the kept tokens (ascending, a repeat among them) as they were and
+// The masks leave exactly the kept tokens (ascending, a repeat among them, ids past the row
+// ignored) as they were and
 // every other token of the row never: kept sets dense and sparse, with and without the row's
 // first and last tokens, on a row larger than any run; and where none of the kept is
 // possible, the kept (and only they) equally likely.
@@ -361,7 +362,8 @@ TEST(SamplerTest, ARowIsMaskedToExactlyTheKeptTokens) {
     keep.erase(std::unique(keep.begin(), keep.end()), keep.end());
     if (keep.empty()) keep.push_back(kVocab / 2);
     if (keep.size() > 2) keep.insert(keep.begin() + 1, keep[1]);  // a repeat
-    const std::set<int32_t> kept(keep.begin(), keep.end());
+    std::set<int32_t> kept(keep.begin(), keep.end());
+    if (round % 4 == 2) keep.push_back(kVocab + 3);  // past the row (a larger tokenizer's id)
     std::vector<float> row(kVocab);
     for (float& l : row) l = logit(rng);
     const bool none = round % 6 == 5;  // none of the kept possible
