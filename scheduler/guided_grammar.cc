@@ -497,8 +497,8 @@ class GrammarGuide::Parse {
   // differ, and readings that multiply under one top (`r ::= "b" r r r | ""`, three ways to
   // read each "b" more) keep a node per way the stacks differ, not per reading. Iterative (the
   // graph may be thousands of levels deep): a set waits on the sets below it, each made once
-  // (join_index_ remembers every set made, flattened, and union_index_ every set asked for, as
-  // asked). -1 past the bounds.
+  // (join_index_ remembers every set made, flattened, and union_index_ those asked for with
+  // joins among them, as asked). -1 past the bounds.
   int32_t Union(std::vector<int32_t> stacks) {
     std::vector<std::vector<int32_t>> todo;
     int32_t made = Known(&stacks, &todo);

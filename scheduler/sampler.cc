@@ -251,8 +251,9 @@ SampleResult Sampler::Sample(std::span<float> logits, std::span<const int32_t> p
       return t >= 0 && t < vocab && possible(logits[t]);
     });
     if (none && !hard) return;
-    // The gaps between kept tokens filled (a guide inside a string keeps most of the row: a
-    // few runs to fill, where a test per token of the row cost as much as the walk's copy).
+    // The gaps between kept tokens filled: a row that keeps most of the vocabulary (a guide
+    // inside a string) has few gaps, one that keeps a few tokens few fills (a test per token of
+    // the row was most of the mask's cost).
     int64_t from = 0;  // tokens [from, t) are not kept
     for (int32_t t : keep) {
       if (t < from || t >= vocab) continue;  // a repeat, or out of range
