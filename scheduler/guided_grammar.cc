@@ -564,22 +564,21 @@ class GrammarGuide::Parse {
     std::sort(stacks->begin(), stacks->end());
     stacks->erase(std::unique(stacks->begin(), stacks->end()), stacks->end());
     if (stacks->size() == 1) return stacks->front();
-    const bool joins = HasJoin(*stacks);
-    if (joins) {
-      if (auto found = union_index_.find(*stacks); found != union_index_.end()) {
-        return found->second;
-      }
+    if (!HasJoin(*stacks)) {  // its own flattening (the lookup costs what the caller paid)
+      if (auto found = join_index_.find(*stacks); found != join_index_.end()) return found->second;
+      todo->push_back(*stacks);
+      return kUnknown;
     }
-    // Without joins the lookup costs what the caller paid for these stacks already.
+    if (auto found = union_index_.find(*stacks); found != union_index_.end()) return found->second;
     std::vector<int32_t> flat = *stacks;
-    if (joins && !Flatten(&flat)) return -1;
+    if (!Flatten(&flat)) return -1;
     int32_t u = flat.size() == 1 ? flat[0] : kUnknown;
     if (u == kUnknown) {
       if (auto found = join_index_.find(flat); found != join_index_.end()) u = found->second;
     }
     if (u == kUnknown) {
       todo->push_back(std::move(flat));
-    } else if (joins) {
+    } else {
       union_index_.try_emplace(*stacks, u);
     }
     return u;
@@ -681,12 +680,17 @@ class GrammarGuide::Parse {
     // A copy of a set costs a step per 64 stacks (a memcpy, where Advance touches each).
     if (!Spend(int64_t(sets_[to].size() / 64))) return false;
     out->stacks = sets_[to];
+    BetweenCharacters(to, out);
+    return true;
+  }
+
+  // *out's character read whole (none owed), its stacks numbered `set` (or -1).
+  static void BetweenCharacters(int32_t set, State* out) {
     out->partial = 0;
     out->owed = 0;
     out->lo = 0x80;
     out->hi = 0xBF;
-    out->set = to;
-    return true;
+    out->set = set;
   }
 
   // The number of the set `stacks` (as ordered), made on first meeting; -1 for one stack (its
@@ -712,11 +716,7 @@ class GrammarGuide::Parse {
   // (an ambiguous grammar's) are moved together instead: their expansions share one visit of
   // each node, where apart each would walk what the others walk too.
   bool Advance(const std::vector<int32_t>& stacks, uint32_t cp, State* out) {
-    out->partial = 0;
-    out->owed = 0;
-    out->lo = 0x80;
-    out->hi = 0xBF;
-    out->set = -1;
+    BetweenCharacters(-1, out);
     if (!Spend(int64_t(stacks.size()))) return false;
     if (stacks.size() > kMaxRememberedStacks) {
       work_.clear();
